@@ -1,0 +1,36 @@
+# Set-up on a fresh machine is part of every target: the virtual environment is created if missing.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+export MPLBACKEND := Agg
+export FLWR_TELEMETRY_ENABLED := 0
+export FLWR_DISABLE_UPDATE_CHECK := 1
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
+export HF_DATASETS_OFFLINE := 1
+export HF_HUB_OFFLINE := 1
+
+.PHONY: demo test test-all lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[flower,dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)  ## the main job: the default experiment on the embedded digits data
+	$(VENV)/bin/fedistill run
+
+test: $(STAMP)  ## the fast test suite (what CI runs)
+	$(PY) -m pytest
+
+test-all: $(STAMP)  ## every test, slow ones included
+	$(PY) -m pytest -m ""
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,118 @@
+"""What an algorithm is: client logic + server logic + options, registered by name.
+
+The run loop builds one client per site from that site's private data (`ClientContext`) and one
+server from public facts only (`ServerContext`); the two halves meet only through a Fleet.
+"""
+
+from __future__ import annotations
+
+import difflib
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedistill.data.base import DatasetInfo, ImageSet
+from fedistill.errors import UserError
+from fedistill.experiment.config import RunConfig
+from fedistill.federation.client import ClientLogic
+from fedistill.federation.fleet import Fleet
+
+
+@dataclass
+class ClientContext:
+    """Everything one site holds: its private splits, plus the shared evaluation set and config."""
+
+    client_id: int
+    train: ImageSet
+    val: ImageSet  # the client's shard of the held-out validation split
+    test: ImageSet  # the client's IID shard of the test set ("local accuracy")
+    info: DatasetInfo
+    config: RunConfig
+    options: Any
+    global_test: ImageSet  # the evaluation harness's test set, for reporting a local model's accuracy
+
+
+@dataclass
+class ServerContext:
+    """What the server may know: the config, public dataset facts and the evaluation harness."""
+
+    info: DatasetInfo
+    config: RunConfig
+    options: Any
+    num_clients: int
+    evaluate: Callable[[nn.Module], dict[str, float]]  # test-set harness for server-side models
+
+
+class ServerLogic(ABC):
+    """Drives the protocol one round at a time, so the run loop can checkpoint between rounds."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+
+    def setup(self, fleet: Fleet) -> None:  # noqa: B027 - optional hook
+        """Round-0 work before the first round (for example building the global model)."""
+
+    @abstractmethod
+    def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
+        """One round of the protocol; returns metrics to stream to metrics.jsonl."""
+
+    @abstractmethod
+    def evaluate(self, fleet: Fleet, round: int) -> dict[str, float]:
+        """Test metrics of the current model(s); must include `test_accuracy`."""
+
+    def models(self) -> dict[str, nn.Module]:
+        """Server-side models to export at the end of a run (name -> module)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Restore what state_dict() returned (stateless servers ignore it)."""
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    pass
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    summary: str
+    client: Callable[[ClientContext], ClientLogic]
+    server: Callable[[ServerContext], ServerLogic]
+    options: type = NoOptions
+    pooled: bool = False  # True: one client holds all training data (not federated)
+
+
+ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def register(algorithm: Algorithm) -> Algorithm:
+    ALGORITHMS[algorithm.name] = algorithm
+    return algorithm
+
+
+def get_algorithm(name: str) -> Algorithm:
+    from fedistill import algorithms as _  # noqa: F401  (import registers every algorithm)
+
+    if name not in ALGORITHMS:
+        close = difflib.get_close_matches(name, list(ALGORITHMS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise UserError(f"unknown algorithm {name!r}{hint} (known: {', '.join(sorted(ALGORITHMS))})")
+    return ALGORITHMS[name]
+
+
+def algorithm_names() -> list[str]:
+    from fedistill import algorithms as _  # noqa: F401
+
+    return sorted(ALGORITHMS)
+
+
+def clone_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}

@@ -1,0 +1,161 @@
+"""The `fedistill` command: run, list, summary.
+
+A user mistake (unknown name, bad value, missing file, unreadable config) ends with one line on
+stderr and exit code 2; a run that cannot go on (a diverging loss, too few clients) with one line
+and exit code 1, the details in the run's run.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from fedistill.errors import FederationError, UserError
+
+#: CLI flag -> config key, for the flags that are shortcuts of config keys.
+FLAG_KEYS = {
+    "algorithm": "algorithm",
+    "dataset": "dataset",
+    "data_dir": "data_dir",
+    "model": "model",
+    "clients": "clients",
+    "alpha": "alpha",
+    "partition": "partition",
+    "rounds": "rounds",
+    "local_epochs": "local_epochs",
+    "local_steps": "local_steps",
+    "batch_size": "batch_size",
+    "lr": "lr",
+    "seed": "seed",
+    "out": "out",
+    "name": "name",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedistill",
+        description="Federated learning by distillation (FedIOD, FedDF, FedMD-CG, baselines).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser(
+        "run", help="run one or more algorithms side by side (default: the demo on digits)"
+    )
+    run.add_argument("--algorithm", help="algorithm name, or several separated by commas")
+    run.add_argument("--dataset", help="dataset name (see `fedistill list`)")
+    run.add_argument("--data-dir", help="folder holding the dataset files")
+    run.add_argument("--download", action="store_true", help="download missing dataset files (md5-checked)")
+    run.add_argument("--model", help="model name (see `fedistill list`)")
+    run.add_argument("--clients", type=int, help="number of clients K")
+    run.add_argument("--alpha", type=float, help="Dirichlet concentration (smaller: more heterogeneous)")
+    run.add_argument("--partition", help="partitioner name (see `fedistill list`)")
+    run.add_argument("--rounds", type=int, help="communication rounds")
+    run.add_argument("--local-epochs", type=int, help="local epochs per round")
+    run.add_argument("--local-steps", type=int, help="local mini-batch steps per round (overrides epochs)")
+    run.add_argument("--batch-size", type=int)
+    run.add_argument("--lr", type=float)
+    run.add_argument("--seed", type=int)
+    run.add_argument("--out", help="parent folder of run directories (default: runs)")
+    run.add_argument("--name", help="run directory name under --out (default: <dataset>-<time>)")
+    run.add_argument("--config", metavar="FILE.toml", help="a TOML config file")
+    run.add_argument(
+        "--set", metavar="KEY=VALUE", action="append", default=[], help="any config key, e.g. fedprox.mu=0.1"
+    )
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue a run directory from its last checkpoint")
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    commands.add_parser("list", help="list algorithms, datasets, models and partitioners")
+
+    summary = commands.add_parser("summary", help="show the results of a run directory")
+    summary.add_argument("run_dir")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    from fedistill.experiment.config import RunConfig, build_config, load_toml, parse_assignment
+
+    layers: list[dict[str, Any]] = []
+    if args.config:
+        layers.append(load_toml(args.config))
+    flags = {key: getattr(args, flag) for flag, key in FLAG_KEYS.items() if getattr(args, flag) is not None}
+    if args.download:
+        flags["download"] = True
+    layers.append(flags)
+    layers.append(dict(parse_assignment(item) for item in args.set))
+    return build_config(RunConfig(), *layers)
+
+
+def command_run(args: argparse.Namespace) -> int:
+    from fedistill.experiment.runner import default_name, resume_suite, run_suite
+    from fedistill.experiment.summary import print_results
+
+    if args.resume:
+        suite_dir = Path(args.resume)
+        summaries = resume_suite(suite_dir, progress=not args.quiet)
+    else:
+        config = config_from_args(args)
+        suite_dir = Path(config.out) / (config.name or default_name(config))
+        if (suite_dir / "config.toml").exists():
+            raise UserError(f"{suite_dir} already holds a run; use --resume {suite_dir} or another --name")
+        summaries = run_suite(config, suite_dir, progress=not args.quiet)
+    print_results(summaries, title=f"results in {suite_dir}")
+    return 0
+
+
+def command_list(_: argparse.Namespace) -> int:
+    from fedistill.algorithms import ALGORITHMS, algorithm_names
+    from fedistill.data.partition import PARTITIONERS
+    from fedistill.data.registry import dataset_names
+    from fedistill.models import model_names
+
+    print("algorithms:")
+    for name in algorithm_names():
+        print(f"  {name:<14} {ALGORITHMS[name].summary}")
+    print("datasets:     " + ", ".join(dataset_names()))
+    print("models:       " + ", ".join(model_names()))
+    print("partitioners: " + ", ".join(sorted(PARTITIONERS)))
+    return 0
+
+
+def command_summary(args: argparse.Namespace) -> int:
+    from fedistill.experiment.summary import print_results, read_summary
+
+    run_dir = Path(args.run_dir)
+    if (run_dir / "summary.json").is_file():
+        summaries = [read_summary(run_dir)]
+    else:
+        summaries = [read_summary(d) for d in sorted(run_dir.iterdir()) if (d / "summary.json").is_file()]
+    if not summaries:
+        raise UserError(
+            f"{run_dir} holds no finished run (no summary.json); resume it with --resume {run_dir}"
+        )
+    print_results(summaries, title=str(run_dir))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("fedistill").setLevel(logging.INFO)
+    handlers = {"run": command_run, "list": command_list, "summary": command_summary}
+    try:
+        return handlers[args.command](args)
+    except UserError as exc:
+        print(f"fedistill: error: {exc}", file=sys.stderr)
+        return 2
+    except FederationError as exc:
+        print(f"fedistill: run stopped: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("fedistill: interrupted; continue with --resume RUN_DIR", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

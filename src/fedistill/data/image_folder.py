@@ -1,0 +1,118 @@
+"""`image-folder`: a user's own images laid out as `train/<class>/*` and `test/<class>/*`.
+
+Class names sorted alphabetically give the label order, so the labels are the same
+on every machine. Every image is converted to RGB or greyscale and resized to a
+square `image_size` with bilinear filtering (the aspect ratio is not kept), so the
+models see the same tensor shape as with the built-in datasets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
+from fedistill.errors import ConfigError, DataError
+
+IMAGE_SUFFIXES = frozenset(
+    {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+)
+LAYOUT = "<data_dir>/train/<class>/*.png|jpg|... and <data_dir>/test/<class>/*"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _class_dirs(split_dir: Path) -> dict[str, Path]:
+    if not split_dir.is_dir():
+        raise DataError(f"image-folder: {split_dir} is not a folder; expected the layout {LAYOUT}")
+    dirs = {p.name: p for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    if not dirs:
+        raise DataError(f"image-folder: {split_dir} has no class subfolders; expected the layout {LAYOUT}")
+    return dict(sorted(dirs.items()))
+
+
+def _image_files(class_dir: Path) -> list[Path]:
+    return sorted(
+        p
+        for p in class_dir.iterdir()
+        if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_SUFFIXES
+    )
+
+
+def _load_image(path: Path, mode: str, image_size: int) -> np.ndarray:
+    try:
+        with Image.open(path) as img:
+            img = img.convert(mode)
+            if img.size != (image_size, image_size):
+                img = img.resize((image_size, image_size), Image.Resampling.BILINEAR)
+            arr = np.asarray(img, dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise DataError(f"image-folder: cannot read image {path} ({e})") from e
+    return arr[None, :, :] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+
+
+def _load_split(
+    split_dir: Path, classes: dict[str, Path], label_of: dict[str, int], mode: str, image_size: int
+) -> ImageSet:
+    images: list[np.ndarray] = []
+    labels: list[int] = []
+    for name, class_dir in classes.items():
+        for path in _image_files(class_dir):
+            images.append(_load_image(path, mode, image_size))
+            labels.append(label_of[name])
+    if not images:
+        raise DataError(f"image-folder: {split_dir} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+    x = torch.from_numpy(np.stack(images))
+    return ImageSet(x, torch.tensor(labels, dtype=torch.int64))
+
+
+def load_image_folder(
+    data_dir: str | Path,
+    *,
+    channels: int = 3,
+    image_size: int = 32,
+    crop_padding: int = 0,
+    horizontal_flip: bool = False,
+) -> LoadedDataset:
+    """Load `data_dir/train` and `data_dir/test`; mean/std are per channel over the training images."""
+    if not _is_int(channels) or channels not in (1, 3):
+        raise ConfigError(f"image-folder option channels must be 1 or 3, got {channels!r}")
+    if not _is_int(image_size) or image_size < 1:
+        raise ConfigError(f"image-folder option image_size must be a positive integer, got {image_size!r}")
+    if not _is_int(crop_padding) or crop_padding < 0:
+        raise ConfigError(f"image-folder option crop_padding must be an integer >= 0, got {crop_padding!r}")
+    root = Path(data_dir)
+    train_classes = _class_dirs(root / "train")
+    test_classes = _class_dirs(root / "test")
+    unknown = sorted(set(test_classes) - set(train_classes))
+    if unknown:
+        raise DataError(
+            f"image-folder: test classes {unknown} under {root / 'test'} have no folder under "
+            f"{root / 'train'}; every test class must also be a training class"
+        )
+    for class_dir in train_classes.values():
+        if not _image_files(class_dir):
+            raise DataError(f"image-folder: training class folder {class_dir} holds no images")
+    label_of = {name: i for i, name in enumerate(train_classes)}
+    mode = "RGB" if channels == 3 else "L"
+    train = _load_split(root / "train", train_classes, label_of, mode, image_size)
+    test = _load_split(root / "test", test_classes, label_of, mode, image_size)
+    pixels = train.x.double().div(255.0).transpose(0, 1).reshape(channels, -1)
+    std = pixels.std(dim=1).clamp_min(1e-3)  # a constant-colour channel must not divide by zero
+    info = DatasetInfo(
+        name="image-folder",
+        channels=channels,
+        image_size=image_size,
+        num_classes=len(train_classes),
+        mean=tuple(float(m) for m in pixels.mean(dim=1)),
+        std=tuple(float(s) for s in std),
+        crop_padding=crop_padding,
+        horizontal_flip=horizontal_flip,
+        class_names=tuple(train_classes),
+    )
+    return LoadedDataset(info=info, train=train, test=test)

@@ -1,0 +1,119 @@
+"""Batch transforms in plain tensor ops: normalisation, random crop + flip, and the batch iterator.
+
+Augmentation runs on the raw uint8 (or [0, 1]) images, before normalisation, so
+the crop's padding is black (0) exactly as in the torchvision recipe
+`RandomCrop(32, padding=4)` the papers use; normalising afterwards turns that
+black into -mean/std, not into 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from fedistill.data.base import DatasetInfo, ImageSet
+from fedistill.errors import ConfigError
+
+
+def _stats(info: DatasetInfo, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.dim() != 4 or x.shape[1] != info.channels:
+        raise ValueError(f"expected images (B, {info.channels}, H, W) for {info.name}, got {tuple(x.shape)}")
+    mean = torch.tensor(info.mean, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
+    std = torch.tensor(info.std, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
+    return mean, std
+
+
+def normalize(x01: torch.Tensor, info: DatasetInfo) -> torch.Tensor:
+    """(x - mean) / std per channel, for float images in [0, 1]."""
+    mean, std = _stats(info, x01)
+    return (x01.float() - mean) / std
+
+
+def to_float(x_uint8: torch.Tensor, info: DatasetInfo) -> torch.Tensor:
+    """uint8 images (B, C, H, W) -> normalised float32: (x / 255 - mean) / std."""
+    return normalize(x_uint8.float() / 255.0, info)
+
+
+def _random_crop(x: torch.Tensor, padding: int, generator: torch.Generator | None) -> torch.Tensor:
+    """Zero-pad by `padding` on every side, then cut an HxW window at a per-sample random offset."""
+    b, c, h, w = x.shape
+    padded = torch.nn.functional.pad(x, (padding, padding, padding, padding))  # zeros = black
+    gen_device = generator.device if generator is not None else torch.device("cpu")
+    dy = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=gen_device).to(x.device)
+    dx = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=gen_device).to(x.device)
+    rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]  # (B, 1, H, 1)
+    cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]  # (B, 1, 1, W)
+    batch = torch.arange(b, device=x.device)[:, None, None, None]
+    chan = torch.arange(c, device=x.device)[None, :, None, None]
+    return padded[batch, chan, rows, cols]  # output[i, k, r, s] = padded[i, k, dy[i] + r, dx[i] + s]
+
+
+def _random_flip(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    gen_device = generator.device if generator is not None else torch.device("cpu")
+    flip = torch.rand(x.shape[0], generator=generator, device=gen_device).to(x.device) < 0.5
+    return torch.where(flip[:, None, None, None], x.flip(3), x)
+
+
+def _augment(x: torch.Tensor, info: DatasetInfo, generator: torch.Generator | None) -> torch.Tensor:
+    if info.crop_padding > 0:
+        x = _random_crop(x, info.crop_padding, generator)
+    if info.horizontal_flip:
+        x = _random_flip(x, generator)
+    return x
+
+
+def augment(x: torch.Tensor, info: DatasetInfo, generator: torch.Generator | None) -> torch.Tensor:
+    """Training augmentation of a batch (B, C, H, W): random crop with `info.crop_padding` black padding,
+    then a horizontal flip with p=0.5 if `info.horizontal_flip`; the input unchanged when neither applies.
+
+    Give it uint8 or [0, 1] images (not normalised ones) so the padding is black. The crop
+    offsets are drawn first, then the flips, all from `generator` (the global RNG if None).
+    """
+    return _augment(x, info, generator)
+
+
+def batches(
+    images: ImageSet,
+    info: DatasetInfo,
+    batch_size: int,
+    *,
+    shuffle: bool,
+    generator: torch.Generator | None,
+    augment: bool,
+    drop_last: bool = False,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """One epoch of (normalised float32 x, int64 y) batches.
+
+    With `shuffle`, each sample appears exactly once per epoch in a random order; the
+    order and the augmentation are drawn from `generator` (the global RNG if None), so
+    the same generator state gives the same batches. Augmentation is applied to the
+    uint8 images before normalisation.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    n = len(images)
+    if shuffle:  # drawn now, not at the first next(), so creating the iterator fixes the order
+        gen_device = generator.device if generator is not None else torch.device("cpu")
+        order = torch.randperm(n, generator=generator, device=gen_device).to(images.y.device)
+    else:
+        order = torch.arange(n, device=images.y.device)
+    stop = n - n % batch_size if drop_last else n
+    return _batches(images, info, order, batch_size, stop, generator, augment)
+
+
+def _batches(
+    images: ImageSet,
+    info: DatasetInfo,
+    order: torch.Tensor,
+    batch_size: int,
+    stop: int,
+    generator: torch.Generator | None,
+    augment: bool,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    for start in range(0, stop, batch_size):
+        idx = order[start : start + batch_size]
+        x = images.x[idx]
+        if augment:
+            x = _augment(x, info, generator)
+        yield to_float(x, info), images.y[idx]

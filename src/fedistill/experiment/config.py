@@ -1,0 +1,196 @@
+"""Run configuration: one flat set of common keys plus one table of options per algorithm.
+
+Sources, later ones winning: the defaults below, a TOML file (`--config`), CLI flags, `--set k=v`.
+The resolved configuration is written to the run directory as `config.toml`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from fedistill.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every key of a run. Algorithm-specific options live in `options[algorithm_name]`."""
+
+    algorithm: str = "fedavg,standalone,centralized"  # comma-separated: several runs side by side
+    dataset: str = "digits"
+    data_dir: str = "data"
+    download: bool = False
+    model: str = "resnet8"
+    norm: str = "batch"  # batch | group | none
+    group_norm_groups: int = 2
+    clients: int = 10
+    partition: str = "dirichlet"
+    alpha: float = 0.5
+    val_fraction: float = 0.1  # held out from the training data, FedDF-style
+    val_mode: str = "random"  # random | tail
+    fraction: float = 1.0  # clients sampled per round
+    rounds: int = 10
+    local_epochs: int = 1
+    local_steps: int = 0  # > 0: this many mini-batch steps per round instead of epochs
+    batch_size: int = 32
+    optimizer: str = "sgd"  # sgd | adam
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    augment: str = "auto"  # auto (the dataset's usual augmentation) | on | off
+    seed: int = 0
+    out: str = "runs"
+    name: str = ""  # run directory name; empty: <dataset>-<algorithm>-seed<seed>
+    eval_every: int = 1
+    checkpoint_every: int = 1
+    timeout: float = 0.0  # seconds a client may take to answer; 0: no limit
+    min_clients: int = 1  # fewer replies than this stop the run
+    max_message_mb: float = 512.0
+    threads: int = 0  # torch intra-op threads; 0: leave torch's default
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def algorithms(self) -> list[str]:
+        return [a.strip() for a in self.algorithm.split(",") if a.strip()]
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}
+        data.update({name: dict(values) for name, values in sorted(self.options.items())})
+        return data
+
+
+_COMMON = {f.name: f for f in fields(RunConfig) if f.name != "options"}
+
+
+def _check_value(key: str, value: Any, annotation: Any) -> Any:
+    """Coerce ints to floats where a float is declared; reject anything of the wrong type."""
+    hint = annotation if not isinstance(annotation, str) else eval(annotation, vars(typing))
+    if isinstance(hint, types.UnionType):
+        for option in typing.get_args(hint):
+            try:
+                return _check_value(key, value, option)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key} = {value!r} is not a {hint}")
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    origin = typing.get_origin(hint) or hint
+    if origin is typing.Any:
+        return value
+    if hint is int and isinstance(value, bool):
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if not isinstance(value, origin):
+        raise ConfigError(f"{key} must be {getattr(hint, '__name__', hint)}, got {value!r}")
+    return value
+
+
+def _unknown(key: str, valid: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(valid))}"
+    return ConfigError(f"unknown config key {key!r}{hint}")
+
+
+def parse_value(text: str) -> Any:
+    """A `--set` value: a TOML literal if it parses (1, 0.5, true, [1,2]), else a plain string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise ConfigError(f"--set expects key=value, got {text!r}")
+    key, _, value = text.partition("=")
+    return key.strip(), parse_value(value.strip())
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def build_config(base: RunConfig | None = None, *layers: dict[str, Any]) -> RunConfig:
+    """Merge layers of keys (nested tables or dotted keys) onto `base`, checking every key and type."""
+    common: dict[str, Any] = {}
+    options: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (base or RunConfig()).options.items()}
+    for layer in layers:
+        for key, value in layer.items():
+            if isinstance(value, dict):
+                options.setdefault(key, {}).update(value)
+            elif "." in key:
+                section, _, sub = key.partition(".")
+                options.setdefault(section, {})[sub] = value
+            elif key in _COMMON:
+                common[key] = _check_value(key, value, _COMMON[key].type)
+            else:
+                raise _unknown(key, list(_COMMON))
+    config = dataclasses.replace(base or RunConfig(), **common, options=options)
+    validate(config)
+    return config
+
+
+def validate(config: RunConfig) -> None:
+    """Range checks that do not need the registries (those check names when they are used)."""
+    checks = [
+        (config.clients >= 1, "clients must be >= 1"),
+        (config.rounds >= 1, "rounds must be >= 1"),
+        (0.0 < config.fraction <= 1.0, "fraction must be in (0, 1]"),
+        (0.0 <= config.val_fraction < 1.0, "val_fraction must be in [0, 1)"),
+        (config.local_epochs >= 1 or config.local_steps >= 1, "local_epochs or local_steps must be >= 1"),
+        (config.local_steps >= 0, "local_steps must be >= 0"),
+        (config.batch_size >= 1, "batch_size must be >= 1"),
+        (config.lr > 0, "lr must be > 0"),
+        (config.eval_every >= 1, "eval_every must be >= 1"),
+        (config.checkpoint_every >= 1, "checkpoint_every must be >= 1"),
+        (config.min_clients >= 1, "min_clients must be >= 1"),
+        (config.timeout >= 0, "timeout must be >= 0"),
+        (config.max_message_mb > 0, "max_message_mb must be > 0"),
+        (config.augment in ("auto", "on", "off"), "augment must be auto, on or off"),
+        (config.val_mode in ("random", "tail"), "val_mode must be random or tail"),
+        (config.optimizer in ("sgd", "adam"), "optimizer must be sgd or adam"),
+        (bool(config.algorithms), "algorithm must name at least one algorithm"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def options_for(config: RunConfig, name: str, options_type: type) -> Any:
+    """The algorithm's options dataclass filled from `config.options[name]`, every key checked."""
+    given = dict(config.options.get(name, {}))
+    known = {f.name: f for f in fields(options_type)}
+    values = {}
+    for key, value in given.items():
+        if key not in known:
+            raise _unknown(f"{name}.{key}", [f"{name}.{k}" for k in known])
+        values[key] = _check_value(f"{name}.{key}", value, known[key].type)
+    options = options_type(**values)
+    check = getattr(options, "validate", None)
+    if check is not None:
+        check()
+    return options
+
+
+def write_config(config: RunConfig, path: Path) -> None:
+    path.write_text(tomli_w.dumps(config.to_dict()), encoding="utf-8")
+
+
+def read_config(path: Path) -> RunConfig:
+    return build_config(RunConfig(), load_toml(path))

@@ -1,0 +1,45 @@
+"""The run directory: where a run writes everything it produces, streamed as it goes.
+
+config.toml  partition.npz  partition.json  metrics.jsonl  ledger.jsonl
+checkpoints/  models/  plots/  summary.json  summary.md  run.log
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import IO, Any
+
+
+class MetricsWriter:
+    """Appends one JSON line per round to metrics.jsonl and flushes it, so a crash loses nothing."""
+
+    def __init__(self, path: Path, *, resume_at: int | None = None) -> None:
+        self.path = path
+        self.rows: list[dict[str, Any]] = []
+        if resume_at is not None and path.exists():
+            self.rows = read_jsonl(path)[:resume_at]
+            path.write_text("".join(json.dumps(r) + "\n" for r in self.rows), encoding="utf-8")
+            self._file: IO[str] = path.open("a", encoding="utf-8")
+        else:
+            self._file = path.open("w", encoding="utf-8")
+
+    def write(self, row: dict[str, Any]) -> None:
+        row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        self.rows.append(row)
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    tmp.replace(path)

@@ -1,0 +1,288 @@
+"""The run loop: data and partition, clients and server, rounds, checkpoints, summary.
+
+Each round is reproducible from (seed, round) and the checkpointed states alone, so a killed run
+resumed with `--resume` ends with exactly the metrics of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+import fedistill
+from fedistill.algorithms.base import Algorithm, ClientContext, ServerContext, algorithm_names, get_algorithm
+from fedistill.algorithms.training import evaluate_model
+from fedistill.data.base import LoadedDataset
+from fedistill.data.partition import FederatedSplit, load_split, make_split, save_split
+from fedistill.data.registry import load_dataset
+from fedistill.errors import ConfigError
+from fedistill.experiment.checkpoint import latest_checkpoint, read_checkpoint, save_model, write_checkpoint
+from fedistill.experiment.config import RunConfig, options_for, read_config, write_config
+from fedistill.experiment.plots import plot_learning_curves, plot_partition
+from fedistill.experiment.rundir import MetricsWriter, read_jsonl
+from fedistill.experiment.summary import read_summary, write_suite_results, write_summary
+from fedistill.federation.inprocess import InProcessFleet
+from fedistill.federation.ledger import Ledger
+from fedistill.seeding import derive_seed
+
+log = logging.getLogger("fedistill")
+
+#: Sections of `config.options` that are not algorithm names.
+NON_ALGORITHM_SECTIONS = {"partition"}
+
+
+@dataclass
+class Prepared:
+    """The data side of a run, shared by every algorithm of a suite."""
+
+    dataset: LoadedDataset
+    split: FederatedSplit
+
+
+def prepare_data(config: RunConfig) -> Prepared:
+    dataset = load_dataset(config.dataset, config.data_dir, download=config.download)
+    split = make_split(
+        dataset.train.y.numpy(),
+        dataset.test.y.numpy(),
+        config.clients,
+        method=config.partition,
+        alpha=config.alpha,
+        seed=derive_seed(config.seed, "partition"),
+        num_classes=dataset.info.num_classes,
+        val_fraction=config.val_fraction,
+        val_mode=config.val_mode,
+        **config.options.get("partition", {}),
+    )
+    return Prepared(dataset, split)
+
+
+def check_sections(config: RunConfig) -> None:
+    known = set(algorithm_names()) | NON_ALGORITHM_SECTIONS
+    for section in config.options:
+        if section not in known:
+            raise ConfigError(f"unknown config table [{section}]; tables are algorithm names or [partition]")
+
+
+def client_contexts(
+    config: RunConfig, algorithm: Algorithm, options: Any, data: Prepared
+) -> list[ClientContext]:
+    train, test, split, info = data.dataset.train, data.dataset.test, data.split, data.dataset.info
+    if algorithm.pooled:
+        everything = np.sort(np.concatenate(split.client_train))
+        return [
+            ClientContext(
+                0, train.subset(everything), train.subset(split.server_val), test, info, config, options, test
+            )
+        ]
+    return [
+        ClientContext(
+            k,
+            train.subset(split.client_train[k]),
+            train.subset(split.client_val[k]),
+            test.subset(split.client_test[k]),
+            info,
+            config,
+            options,
+            test,
+        )
+        for k in range(len(split.client_train))
+    ]
+
+
+def _peak_memory_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def versions() -> dict[str, str]:
+    return {
+        "fedistill": fedistill.__version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+    }
+
+
+def run_algorithm(
+    config: RunConfig, run_dir: Path, data: Prepared, *, resume: bool = False, progress: bool = True
+) -> dict[str, Any]:
+    """Run one algorithm in `run_dir` (a fresh one, or resume it from its last checkpoint)."""
+    algorithm = get_algorithm(config.algorithm)
+    options = options_for(config, algorithm.name, algorithm.options)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "plots").mkdir(exist_ok=True)
+    checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
+    if checkpoint is None:
+        write_config(config, run_dir / "config.toml")
+        save_split(data.split, run_dir)
+        plot_partition(
+            data.split.train_counts,
+            run_dir / "plots" / "partition.png",
+            class_names=data.dataset.info.class_names or None,
+            title=f"{config.dataset}: {config.partition} (alpha={config.alpha}), {config.clients} clients",
+        )
+    elif load_split(run_dir).hash() != data.split.hash():
+        raise ConfigError(
+            f"{run_dir}: the saved partition differs from the one this config makes; cannot resume"
+        )
+
+    handler = logging.FileHandler(run_dir / "run.log", mode="a" if checkpoint else "w")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    try:
+        return _loop(config, algorithm, options, run_dir, data, checkpoint, progress)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+
+
+def _loop(
+    config: RunConfig,
+    algorithm: Algorithm,
+    options: Any,
+    run_dir: Path,
+    data: Prepared,
+    checkpoint: Path | None,
+    progress: bool,
+) -> dict[str, Any]:
+    info, test = data.dataset.info, data.dataset.test
+    contexts = client_contexts(config, algorithm, options, data)
+    clients = {ctx.client_id: algorithm.client(ctx) for ctx in contexts}
+    server = algorithm.server(
+        ServerContext(info, config, options, len(clients), lambda model: evaluate_model(model, test, info))
+    )
+    state = read_checkpoint(checkpoint) if checkpoint else None
+    runner_state = state["runner"] if state else {"round": 0, "ledger": 0, "metrics": 0, "elapsed": 0.0}
+    ledger = Ledger(run_dir / "ledger.jsonl", resume_at=runner_state["ledger"] if state else None)
+    metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_at=runner_state["metrics"] if state else None)
+    fleet = InProcessFleet(
+        clients, ledger, max_bytes=int(config.max_message_mb * 2**20), timeout=config.timeout or None
+    )
+    if state:
+        server.load_state_dict(state["server"])
+        for cid, client in clients.items():
+            client.load_state_dict(state.get(f"client_{cid:03d}", {}))
+        fleet.dropped = {int(k): v for k, v in runner_state.get("dropped", {}).items()}
+        log.info("resumed %s from round %d", algorithm.name, runner_state["round"])
+    else:
+        server.setup(fleet)
+
+    start_round = runner_state["round"] + 1
+    started = time.perf_counter() - runner_state["elapsed"]
+    last_eval: dict[str, float] = dict(runner_state.get("last_eval", {}))
+    bar = tqdm(
+        range(start_round, config.rounds + 1),
+        initial=start_round - 1,
+        total=config.rounds,
+        desc=f"{algorithm.name:>12}",
+        unit="round",
+        disable=not progress,
+        leave=False,
+        file=sys.stderr,
+    )
+    try:
+        for round in bar:
+            fleet.round = round
+            round_start = time.perf_counter()
+            row: dict[str, Any] = {"round": round, **server.run_round(fleet, round)}
+            if round % config.eval_every == 0 or round == config.rounds:
+                last_eval = server.evaluate(fleet, round)
+                row.update(last_eval)
+            row["round_time_s"] = time.perf_counter() - round_start
+            metrics.write(row)
+            ledger.flush()
+            if "test_accuracy" in row:
+                bar.set_postfix(test_acc=f"{row['test_accuracy']:.4f}")
+            if round % config.checkpoint_every == 0 or round == config.rounds:
+                runner_state = {
+                    "round": round,
+                    "ledger": ledger.count,
+                    "metrics": len(metrics.rows),
+                    "elapsed": time.perf_counter() - started,
+                    "dropped": {str(k): v for k, v in fleet.dropped.items()},
+                    "last_eval": last_eval,
+                }
+                parts = {"runner": runner_state, "server": server.state_dict()}
+                parts |= {f"client_{cid:03d}": c.state_dict() for cid, c in clients.items()}
+                write_checkpoint(run_dir / "checkpoints", f"round_{round:05d}", parts)
+    finally:
+        bar.close()
+        ledger.close()
+        metrics.close()
+
+    (run_dir / "models").mkdir(exist_ok=True)
+    for name, module in server.models().items():
+        save_model(module, run_dir / "models" / f"{name}.safetensors", {"algorithm": algorithm.name})
+    plot_learning_curves(
+        {algorithm.name: metrics.rows}, run_dir / "plots" / "learning_curve.png", title=f"{config.dataset}"
+    )
+    summary = {
+        "algorithm": algorithm.name,
+        "description": algorithm.summary,
+        "federated": not algorithm.pooled,
+        "dataset": config.dataset,
+        "model": config.model,
+        "clients": len(clients),
+        "rounds": config.rounds,
+        "seed": config.seed,
+        "partition": {
+            "method": config.partition,
+            "alpha": config.alpha,
+            "hash": data.split.hash(),
+            "sizes": [len(idx) for idx in data.split.client_train],
+        },
+        "final": last_eval,
+        "test_accuracy": last_eval.get("test_accuracy"),
+        "wall_time_s": time.perf_counter() - started,
+        "peak_memory_mb": _peak_memory_mb(),
+        "communication": ledger.totals.summary(),
+        "dropped_clients": {str(k): v for k, v in fleet.dropped.items()},
+        "versions": versions(),
+    }
+    write_summary(run_dir, summary)
+    return summary
+
+
+def default_name(config: RunConfig) -> str:
+    return f"{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_suite(
+    config: RunConfig, suite_dir: Path, *, resume: bool = False, progress: bool = True
+) -> list[dict[str, Any]]:
+    """Run every algorithm named in the config side by side on the same partition."""
+    check_sections(config)
+    for name in config.algorithms:
+        get_algorithm(name)  # fail on a bad name before any work
+    if config.threads > 0:
+        torch.set_num_threads(config.threads)
+    suite_dir.mkdir(parents=True, exist_ok=True)
+    write_config(config, suite_dir / "config.toml")
+    data = prepare_data(config)
+    summaries = []
+    for name in config.algorithms:
+        run_dir = suite_dir / name
+        if resume and (run_dir / "summary.json").is_file():
+            summaries.append(read_summary(run_dir))
+            continue
+        summaries.append(
+            run_algorithm(config.replace(algorithm=name), run_dir, data, resume=resume, progress=progress)
+        )
+    curves = {s["algorithm"]: read_jsonl(suite_dir / s["algorithm"] / "metrics.jsonl") for s in summaries}
+    write_suite_results(suite_dir, summaries, curves)
+    return summaries
+
+
+def resume_suite(suite_dir: Path, *, progress: bool = True) -> list[dict[str, Any]]:
+    if not (suite_dir / "config.toml").is_file():
+        raise ConfigError(f"{suite_dir} is not a run directory (no config.toml); nothing to resume")
+    return run_suite(read_config(suite_dir / "config.toml"), suite_dir, resume=True, progress=progress)

@@ -1,0 +1,136 @@
+"""Run summaries: summary.json (machine-readable), summary.md (for people) and the results table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from fedistill.experiment.plots import plot_learning_curves
+from fedistill.experiment.rundir import write_json
+from fedistill.federation.ledger import DOWN, UP
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f}"
+
+
+def accuracy_cell(final: dict[str, Any]) -> str:
+    cell = _percent(final.get("test_accuracy"))
+    if final.get("test_accuracy_std") is not None:
+        cell += f" ± {100 * final['test_accuracy_std']:.2f}"
+    return cell
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    write_json(run_dir / "summary.json", summary)
+    (run_dir / "summary.md").write_text(summary_markdown(summary), encoding="utf-8")
+
+
+def summary_markdown(s: dict[str, Any]) -> str:
+    comm, part = s["communication"], s["partition"]
+    lines = [
+        f"# {s['algorithm']} on {s['dataset']}",
+        "",
+        s["description"] + ("" if s["federated"] else "  **(not federated: data pooled)**"),
+        "",
+        f"- model: {s['model']}; clients: {s['clients']}; rounds: {s['rounds']}; seed: {s['seed']}",
+        f"- partition: {part['method']} (alpha {part['alpha']}), hash `{part['hash'][:16]}`",
+        f"- wall time: {s['wall_time_s']:.1f} s; peak memory: {s['peak_memory_mb']:.0f} MB",
+        "",
+        "## Final metrics",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        *[f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in s["final"].items()],
+        "",
+        "## What crossed the boundary",
+        "",
+        "| direction | client | kind | bytes |",
+        "|---|---|---|---|",
+    ]
+    for direction in (UP, DOWN):
+        for client, kinds in comm[direction]["per_client"].items():
+            for kind, size in kinds.items():
+                lines.append(f"| {direction} | {client} | {kind} | {size:,} |")
+    lines += ["", "| direction | kind | total bytes |", "|---|---|---|"]
+    for direction in (UP, DOWN):
+        for kind, size in comm[direction]["per_kind"].items():
+            lines.append(f"| {direction} | {kind} | {size:,} ({human_bytes(size)}) |")
+    if s["dropped_clients"]:
+        lines += ["", "## Dropped clients", ""]
+        lines += [f"- client {c}: {why}" for c, why in s["dropped_clients"].items()]
+    lines += ["", f"Versions: {', '.join(f'{k} {v}' for k, v in s['versions'].items())}", ""]
+    return "\n".join(lines)
+
+
+def results_rows(summaries: list[dict[str, Any]]) -> list[dict[str, str]]:
+    rows = []
+    for s in summaries:
+        comm = s["communication"]
+        rows.append(
+            {
+                "algorithm": s["algorithm"] + ("" if s["federated"] else " (pooled)"),
+                "test acc %": accuracy_cell(s["final"]),
+                "local acc %": _percent(s["final"].get("local_accuracy")),
+                "rounds": str(s["rounds"]),
+                "clients sent": human_bytes(comm[UP]["total_bytes"]),
+                "of it parameters": human_bytes(comm[UP]["per_kind"].get("parameters", 0)),
+                "time s": f"{s['wall_time_s']:.1f}",
+            }
+        )
+    return rows
+
+
+def results_table(summaries: list[dict[str, Any]], title: str = "") -> Table:
+    rows = results_rows(summaries)
+    table = Table(title=title or None)
+    for column in rows[0] if rows else []:
+        table.add_column(column, justify="left" if column == "algorithm" else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row.values())
+    return table
+
+
+def results_markdown(summaries: list[dict[str, Any]]) -> str:
+    rows = results_rows(summaries)
+    if not rows:
+        return ""
+    header = list(rows[0])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row.values()) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_suite_results(
+    suite_dir: Path, summaries: list[dict[str, Any]], curves: dict[str, list[dict[str, Any]]]
+) -> None:
+    first = summaries[0]
+    text = (
+        f"# Results: {first['dataset']}, {first['clients']} clients, "
+        f"{first['partition']['method']} alpha {first['partition']['alpha']}, seed {first['seed']}\n\n"
+        + results_markdown(summaries)
+    )
+    (suite_dir / "results.md").write_text(text, encoding="utf-8")
+    write_json(suite_dir / "results.json", summaries)
+    (suite_dir / "plots").mkdir(exist_ok=True)
+    plot_learning_curves(curves, suite_dir / "plots" / "test_accuracy.png", title=first["dataset"])
+
+
+def print_results(summaries: list[dict[str, Any]], title: str = "", console: Console | None = None) -> None:
+    (console or Console()).print(results_table(summaries, title))

@@ -1,0 +1,55 @@
+"""Client logic: the site-side half of an algorithm. It owns private data and local models.
+
+A client answers typed requests. Subclasses mark handler methods with `@handles("train")`; the
+base class dispatches by message type and refuses types it does not know.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from fedistill.errors import FederationError
+from fedistill.federation.messages import Message
+
+Handler = Callable[[Any, Message], Message]
+
+
+def handles(message_type: str) -> Callable[[Handler], Handler]:
+    def mark(method: Handler) -> Handler:
+        method.__handles__ = message_type  # type: ignore[attr-defined]
+        return method
+
+    return mark
+
+
+class ClientLogic:
+    """Dispatches messages to handler methods. State for checkpoints goes through state_dict()."""
+
+    _handlers: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        handlers = {}
+        for klass in reversed(cls.__mro__):
+            for name, member in vars(klass).items():
+                message_type = getattr(member, "__handles__", None)
+                if message_type is not None:
+                    handlers[message_type] = name
+        cls._handlers = handlers
+
+    def handle(self, message: Message) -> Message:
+        name = self._handlers.get(message.type)
+        if name is None:
+            raise FederationError(
+                f"{type(self).__name__} does not handle {message.type!r}; it handles {sorted(self._handlers)}"
+            )
+        return getattr(self, name)(message)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Local state to checkpoint on the client's own disk (never sent). Empty for stateless clients."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise FederationError(f"{type(self).__name__} keeps no state but a checkpoint holds some")

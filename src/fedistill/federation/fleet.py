@@ -1,0 +1,73 @@
+"""The fleet: how server logic reaches clients. Transports (in-process, Flower) implement it.
+
+Server logic only ever sees client ids and replies; it never holds a client object. A reply is
+either a message or an error (the client failed or did not answer in time), as in Flower's Grid.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from fedistill.errors import FederationError
+from fedistill.federation.ledger import Ledger
+from fedistill.federation.messages import Message
+
+
+@dataclass(frozen=True)
+class Reply:
+    client: int
+    message: Message | None
+    error: str | None = None  # set when the client failed or timed out
+
+    @property
+    def ok(self) -> bool:
+        return self.message is not None
+
+
+class Fleet(ABC):
+    """Send requests to clients and gather their replies, recording every message in the ledger."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.round = 0  # set by the run loop; stamped on every ledger record
+        self.dropped: dict[int, str] = {}  # client -> why it was dropped (first failure)
+
+    @property
+    @abstractmethod
+    def clients(self) -> list[int]:
+        """The ids of the clients this fleet can reach, in a fixed order."""
+
+    @abstractmethod
+    def send(
+        self, requests: Mapping[int, Message], *, step: int | None = None, timeout: float | None = None
+    ) -> dict[int, Reply]:
+        """Deliver one request per client and return one reply per client (message or error)."""
+
+    def broadcast(
+        self,
+        message: Message,
+        clients: Iterable[int] | None = None,
+        *,
+        step: int | None = None,
+        timeout: float | None = None,
+    ) -> dict[int, Reply]:
+        targets = self.clients if clients is None else list(clients)
+        return self.send(dict.fromkeys(targets, message), step=step, timeout=timeout)
+
+    def note_failure(self, reply: Reply) -> None:
+        self.dropped.setdefault(reply.client, f"round {self.round}: {reply.error}")
+
+
+def successful(
+    replies: Mapping[int, Reply], *, minimum: int = 1, what: str = "replies"
+) -> dict[int, Message]:
+    """The messages of the clients that answered; a clear error when fewer than `minimum` did."""
+    good = {cid: r.message for cid, r in replies.items() if r.message is not None}
+    if len(good) < minimum:
+        errors = "; ".join(f"client {cid}: {r.error}" for cid, r in replies.items() if not r.ok)
+        raise FederationError(
+            f"only {len(good)} of {len(replies)} clients returned {what} (need {minimum}). {errors}"
+        )
+    return good

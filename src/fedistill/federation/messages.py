@@ -1,0 +1,221 @@
+"""Messages: the only thing that crosses the client/server boundary.
+
+A message is a type name plus named numeric arrays and plain scalars, grouped by *content kind*
+(parameters, logits, input-gradients, ...). Grouping by kind is what lets the ledger say exactly
+what left each client, and it maps one-to-one onto Flower's RecordDict (one record per kind).
+Nothing here is ever pickled: arrays are plain numeric NumPy arrays, scalars are bool/int/float/str.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from fedistill.errors import FederationError
+
+#: Every content kind a message may carry. The ledger summarises bytes per kind.
+CONTENT_KINDS = frozenset(
+    {
+        "parameters",  # model weights or weight updates
+        "logits",  # model outputs on some inputs
+        "input-gradients",  # gradients of a loss with respect to inputs
+        "output-gradients",  # gradients of a loss with respect to a model's outputs
+        "synthetic-inputs",  # generated (not real) inputs
+        "discriminator-outputs",  # a discriminator's scores on inputs
+        "label-statistics",  # class counts or label distributions
+        "metrics",  # evaluation or training numbers
+        "config",  # instructions: round, learning rate, number of steps, ...
+    }
+)
+
+ALLOWED_DTYPES = frozenset(
+    {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}
+)
+Scalar = bool | int | float | str
+
+#: The default cap on one message's payload; large models raise it in the run config.
+DEFAULT_MAX_BYTES = 512 * 1024 * 1024
+
+_TYPE_PATTERN = re.compile(r"^(train|evaluate|query)(\.[A-Za-z_][A-Za-z0-9_]*)?$")
+
+
+def _as_array(value: np.ndarray | torch.Tensor) -> np.ndarray:
+    """Snapshot a tensor or array as a read-only NumPy array owned by the message."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach()
+        if value.dtype == torch.bfloat16:
+            value = value.float()
+        array = value.cpu().numpy().copy()
+    elif isinstance(value, np.ndarray):
+        array = np.array(value, copy=True)
+    else:
+        raise TypeError(f"message arrays must be torch tensors or numpy arrays, got {type(value).__name__}")
+    array.flags.writeable = False
+    return array
+
+
+@dataclass(frozen=True)
+class Message:
+    """A typed request or reply. Build with `Message.build`, which snapshots and checks the payload.
+
+    `type` follows Flower's convention: `train`, `evaluate` or `query.<action>`.
+    `arrays` and `scalars` map a content kind to a dict of named values.
+    """
+
+    type: str
+    arrays: Mapping[str, Mapping[str, np.ndarray]] = field(default_factory=dict)
+    scalars: Mapping[str, Mapping[str, Scalar]] = field(default_factory=dict)
+
+    @staticmethod
+    def build(
+        type: str,
+        arrays: Mapping[str, Mapping[str, np.ndarray | torch.Tensor]] | None = None,
+        scalars: Mapping[str, Mapping[str, Scalar]] | None = None,
+    ) -> Message:
+        message = Message(
+            type=type,
+            arrays={
+                kind: {name: _as_array(v) for name, v in named.items()}
+                for kind, named in (arrays or {}).items()
+            },
+            scalars={kind: dict(named) for kind, named in (scalars or {}).items()},
+        )
+        check_structure(message)
+        return message
+
+    # --- reading -----------------------------------------------------------------------------
+    def array(self, kind: str, name: str) -> np.ndarray:
+        try:
+            return self.arrays[kind][name]
+        except KeyError:
+            raise FederationError(f"message {self.type!r} has no array {kind}/{name}") from None
+
+    def tensor(self, kind: str, name: str) -> torch.Tensor:
+        """A tensor sharing memory with the payload. Receivers must not modify it in place."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only arrays: torch warns, we never write
+            return torch.from_numpy(self.array(kind, name))
+
+    def tensors(self, kind: str) -> dict[str, torch.Tensor]:
+        return {name: self.tensor(kind, name) for name in self.arrays.get(kind, {})}
+
+    def scalar(self, kind: str, name: str, default: Scalar | None = None) -> Scalar:
+        value = self.scalars.get(kind, {}).get(name, default)
+        if value is None:
+            raise FederationError(f"message {self.type!r} has no scalar {kind}/{name}")
+        return value
+
+    # --- accounting --------------------------------------------------------------------------
+    def bytes_by_kind(self) -> dict[str, int]:
+        """Payload bytes per content kind: array bytes plus 8 bytes per number and UTF-8 length of strings."""
+        sizes: dict[str, int] = {}
+        for kind, named in self.arrays.items():
+            sizes[kind] = sizes.get(kind, 0) + sum(int(a.nbytes) for a in named.values())
+        for kind, named in self.scalars.items():
+            sizes[kind] = sizes.get(kind, 0) + sum(_scalar_bytes(v) for v in named.values())
+        return sizes
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.bytes_by_kind().values())
+
+
+def _scalar_bytes(value: Scalar) -> int:
+    return len(value.encode("utf-8")) if isinstance(value, str) else 8
+
+
+def check_structure(message: Message) -> None:
+    """The checks every message passes on creation and on receipt, whatever its type."""
+    if not _TYPE_PATTERN.match(message.type):
+        raise FederationError(f"message type {message.type!r} is not 'train', 'evaluate' or 'query.<action>'")
+    for kind, named in message.arrays.items():
+        _check_kind(kind, message.type)
+        for name, array in named.items():
+            if not isinstance(array, np.ndarray):
+                raise FederationError(
+                    f"{message.type}: {kind}/{name} is {type(array).__name__}, not an array"
+                )
+            if array.dtype.name not in ALLOWED_DTYPES:
+                allowed = ", ".join(sorted(ALLOWED_DTYPES))
+                raise FederationError(
+                    f"{message.type}: {kind}/{name} has dtype {array.dtype}; allowed: {allowed}"
+                )
+    for kind, named in message.scalars.items():
+        _check_kind(kind, message.type)
+        for name, value in named.items():
+            if not isinstance(value, bool | int | float | str):
+                raise FederationError(
+                    f"{message.type}: scalar {kind}/{name} is {type(value).__name__}; only bool/int/float/str"
+                )
+
+
+def _check_kind(kind: str, message_type: str) -> None:
+    if kind not in CONTENT_KINDS:
+        raise FederationError(
+            f"{message_type}: unknown content kind {kind!r}; known: {sorted(CONTENT_KINDS)}"
+        )
+
+
+def check_on_receipt(message: Message, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    """Structure, a size cap and finite values: what a receiver checks before any handler sees it."""
+    check_structure(message)
+    size = message.nbytes
+    if size > max_bytes:
+        raise FederationError(
+            f"{message.type}: payload of {size:,} bytes exceeds the cap of {max_bytes:,} (set max_message_mb)"
+        )
+    for kind, named in message.arrays.items():
+        for name, array in named.items():
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise FederationError(f"{message.type}: {kind}/{name} contains NaN or infinite values")
+    for kind, named in message.scalars.items():
+        for name, value in named.items():
+            if isinstance(value, float) and not np.isfinite(value):
+                raise FederationError(f"{message.type}: scalar {kind}/{name} is {value}")
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """The dtype and shape a receiver expects; None in the shape accepts any length on that axis."""
+
+    dtype: str
+    shape: tuple[int | None, ...]
+
+    @staticmethod
+    def of(tensor: torch.Tensor | np.ndarray) -> ArraySpec:
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        return ArraySpec(dtype, tuple(tensor.shape))
+
+    def matches(self, array: np.ndarray) -> bool:
+        if array.dtype.name != self.dtype or array.ndim != len(self.shape):
+            return False
+        return all(e is None or e == s for e, s in zip(self.shape, array.shape, strict=True))
+
+
+def expect_arrays(message: Message, kind: str, specs: Mapping[str, ArraySpec], *, exact: bool = True) -> None:
+    """Check that `message` carries the arrays `specs` declares under `kind` (and, if exact, no others)."""
+    got = message.arrays.get(kind, {})
+    missing = [name for name in specs if name not in got]
+    if missing:
+        raise FederationError(f"{message.type}: missing {kind} arrays {missing[:5]}")
+    if exact:
+        extra = [name for name in got if name not in specs]
+        if extra:
+            raise FederationError(f"{message.type}: unexpected {kind} arrays {extra[:5]}")
+    for name, spec in specs.items():
+        array = got[name]
+        if not spec.matches(array):
+            raise FederationError(
+                f"{message.type}: {kind}/{name} is {array.dtype.name}{list(array.shape)}, "
+                f"expected {spec.dtype}{list(spec.shape)}"
+            )
+
+
+def state_specs(state: Mapping[str, torch.Tensor]) -> dict[str, ArraySpec]:
+    """Array specs for a model's state dict: what a parameters message for that model must look like."""
+    return {name: ArraySpec.of(t) for name, t in state.items()}

@@ -1,0 +1,69 @@
+"""The shape every model in the registry shares: a feature extractor followed by a classifier head.
+
+Decoupling methods (FedPer, LG-FedAvg, FedMD-CG) exchange only one of the two parts, so the split must
+be visible in the parameter names: every ``state_dict`` key starts with ``extractor.`` or
+``classifier.``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from fedistill.data.base import DatasetInfo
+from fedistill.errors import ConfigError
+
+EXTRACTOR_PREFIX = "extractor."
+CLASSIFIER_PREFIX = "classifier."
+
+
+class Classifier(nn.Module):
+    """``forward(x) = classifier(extractor(x))``.
+
+    ``extractor`` maps an image batch (B, C, H, W) to flat features (B, feature_dim); ``classifier``
+    maps features to logits (B, num_classes).
+    """
+
+    def __init__(self, extractor: nn.Module, classifier: nn.Module, *, feature_dim: int, num_classes: int):
+        super().__init__()
+        self.extractor = extractor
+        self.classifier = classifier
+        self.feature_dim = int(feature_dim)
+        self.num_classes = int(num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.extractor(x))
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of parameters (trainable or not); buffers such as BatchNorm running stats are excluded."""
+    return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def output_dim(module: nn.Module, info: DatasetInfo) -> int:
+    """Flat output size of ``module`` on one image of ``info``'s shape.
+
+    Runs in eval mode so that BatchNorm running statistics are left untouched (and a 1×1 map with a
+    batch of one is allowed); the module's training flag is restored afterwards.
+    """
+    was_training = module.training
+    module.eval()
+    try:
+        out = module(torch.zeros(1, info.channels, info.image_size, info.image_size))
+    finally:
+        module.train(was_training)
+    return int(out[0].numel())
+
+
+def unknown_choice(kind: str, value: object, valid: Iterable[str]) -> ConfigError:
+    """A ConfigError naming the valid choices and, when one is close, the likely intended one."""
+    valid = list(valid)
+    message = f"unknown {kind} {value!r}; valid: {', '.join(valid)}"
+    close = difflib.get_close_matches(str(value), valid, n=1)
+    if close:
+        message += f" (did you mean {close[0]!r}?)"
+    return ConfigError(message)

@@ -1,0 +1,18 @@
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+SHARED_DATA = Path(
+    os.environ.get("FEDISTILL_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
+)
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """The folder with the MNIST and Fashion-MNIST originals, or skip when this machine lacks it."""
+    if not (SHARED_DATA / "mnist" / "train-images-idx3-ubyte.gz").is_file():
+        pytest.skip(f"MNIST files not found under {SHARED_DATA}")
+    return SHARED_DATA

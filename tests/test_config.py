@@ -1,0 +1,68 @@
+"""Configuration: layering, types, unknown keys, TOML round trip."""
+
+import pytest
+
+from fedistill.errors import ConfigError
+from fedistill.experiment.config import (
+    RunConfig,
+    build_config,
+    load_toml,
+    options_for,
+    parse_assignment,
+    read_config,
+    write_config,
+)
+
+
+def test_layers_override_in_order_and_coerce_ints_to_floats():
+    config = build_config(RunConfig(), {"rounds": 3, "alpha": 1}, {"rounds": 5}, {"fedprox.mu": 0.5})
+    assert config.rounds == 5
+    assert config.alpha == 1.0 and isinstance(config.alpha, float)
+    assert config.options == {"fedprox": {"mu": 0.5}}
+
+
+def test_set_values_parse_as_toml_literals():
+    assert parse_assignment("rounds=3") == ("rounds", 3)
+    assert parse_assignment("alpha = 0.1") == ("alpha", 0.1)
+    assert parse_assignment("dataset=mnist") == ("dataset", "mnist")
+    assert parse_assignment("download=true") == ("download", True)
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_assignment("rounds")
+
+
+@pytest.mark.parametrize(
+    ("layer", "message"),
+    [
+        ({"roundz": 3}, "did you mean 'rounds'"),
+        ({"rounds": "three"}, "rounds must be int"),
+        ({"rounds": 0}, "rounds must be >= 1"),
+        ({"fraction": 1.5}, "fraction must be in"),
+        ({"clients": True}, "clients must be an integer"),
+        ({"augment": "maybe"}, "augment must be"),
+    ],
+)
+def test_bad_keys_and_values_say_what_to_change(layer, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(RunConfig(), layer)
+
+
+def test_algorithm_options_are_checked():
+    from fedistill.algorithms.fedavg import FedProxOptions
+
+    config = build_config(RunConfig(), {"fedprox": {"mu": 0.2}})
+    assert options_for(config, "fedprox", FedProxOptions).mu == 0.2
+    with pytest.raises(ConfigError, match=r"did you mean 'fedprox\.mu'"):
+        options_for(build_config(RunConfig(), {"fedprox.muu": 1.0}), "fedprox", FedProxOptions)
+    with pytest.raises(ConfigError, match="mu must be >= 0"):
+        options_for(build_config(RunConfig(), {"fedprox.mu": -1.0}), "fedprox", FedProxOptions)
+
+
+def test_toml_round_trip_and_unreadable_files(tmp_path):
+    config = build_config(RunConfig(), {"rounds": 4, "fedavgm": {"server_momentum": 0.5}})
+    write_config(config, tmp_path / "config.toml")
+    assert read_config(tmp_path / "config.toml") == config
+    (tmp_path / "bad.toml").write_text("rounds = [", encoding="utf-8")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_toml(tmp_path / "bad.toml")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_toml(tmp_path / "missing.toml")

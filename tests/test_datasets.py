@@ -1,0 +1,496 @@
+"""Dataset loaders on small files written in each published format, and the real MNIST files if present."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import pickle
+import struct
+import tarfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fedistill.data.cifar import RestrictedUnpickler, load_cifar10, restricted_loads
+from fedistill.data.files import download, md5_bytes, md5_file, require_file
+from fedistill.data.idx import IMAGES_MAGIC, LABELS_MAGIC, read_idx, read_idx_pair
+from fedistill.data.registry import dataset_names, describe_files, load_dataset
+from fedistill.errors import ConfigError, DataError, UserError
+
+SHARED_DATA = Path(
+    os.environ.get("FEDISTILL_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
+)
+MNIST_TRAIN_IMAGES_MD5 = "f68b3c2dcbeaaa9fbdd348bbdeb94873"
+
+
+# ---------------------------------------------------------------- writers for the published formats
+
+
+def idx_bytes(arr: np.ndarray) -> bytes:
+    magic = IMAGES_MAGIC if arr.ndim == 3 else LABELS_MAGIC
+    header = struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in arr.shape)
+    return header + arr.astype(np.uint8).tobytes()
+
+
+def write_idx(path: Path, arr: np.ndarray, *, gz: bool = True) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = idx_bytes(arr)
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+def py2_pickle(obj: object) -> bytes:
+    """Pickle the way Python 2's cPickle wrote the CIFAR batches: protocol 2, str as BINSTRING,
+    numpy arrays rebuilt by `numpy.core.multiarray._reconstruct` (numpy 1.x paths)."""
+    out = bytearray(b"\x80\x02")
+
+    def save(o: object) -> None:
+        if o is None:
+            out.extend(b"N")
+        elif isinstance(o, bool):
+            out.extend(b"\x88" if o else b"\x89")
+        elif isinstance(o, int):
+            out.extend(b"J" + struct.pack("<i", o))
+        elif isinstance(o, bytes):
+            out.extend(b"T" + struct.pack("<i", len(o)) + o)
+        elif isinstance(o, tuple):
+            out.extend(b"(")
+            for v in o:
+                save(v)
+            out.extend(b"t")
+        elif isinstance(o, list):
+            out.extend(b"](")
+            for v in o:
+                save(v)
+            out.extend(b"e")
+        elif isinstance(o, dict):
+            out.extend(b"}(")
+            for k, v in o.items():
+                save(k)
+                save(v)
+            out.extend(b"u")
+        elif isinstance(o, np.ndarray):
+            assert o.dtype == np.uint8
+            out.extend(b"cnumpy.core.multiarray\n_reconstruct\n(cnumpy\nndarray\n")
+            save((0,))
+            save(b"b")
+            out.extend(b"tR")  # _reconstruct(ndarray, (0,), 'b')
+            out.extend(b"(J\x01\x00\x00\x00")  # state: (1, shape, dtype, fortran, data)
+            save(tuple(o.shape))
+            out.extend(b"cnumpy\ndtype\n")
+            save((b"u1", False, True))
+            out.extend(b"R")
+            save((3, b"|", None, None, None, -1, -1, 0))
+            out.extend(b"b")  # dtype.__setstate__
+            out.extend(b"\x89")
+            save(np.ascontiguousarray(o).tobytes())
+            out.extend(b"tb")  # ndarray.__setstate__
+        else:
+            raise TypeError(type(o))
+
+    save(obj)
+    out.extend(b".")
+    return bytes(out)
+
+
+def cifar_images(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=(n, 3 * 32 * 32), dtype=np.uint8)
+
+
+def cifar10_files(n: int = 3) -> dict[str, bytes]:
+    files = {}
+    for i, name in enumerate([*(f"data_batch_{k}" for k in range(1, 6)), "test_batch"]):
+        labels = [(i + j) % 10 for j in range(n)]
+        batch = {b"batch_label": name.encode(), b"labels": labels, b"data": cifar_images(n, i)}
+        batch[b"filenames"] = [f"img{j}.png".encode() for j in range(n)]
+        files[name] = py2_pickle(batch)
+    names = [
+        b"airplane",
+        b"automobile",
+        b"bird",
+        b"cat",
+        b"deer",
+        b"dog",
+        b"frog",
+        b"horse",
+        b"ship",
+        b"truck",
+    ]
+    files["batches.meta"] = py2_pickle({b"label_names": names, b"num_cases_per_batch": n, b"num_vis": 3072})
+    return files
+
+
+def cifar100_files(n: int = 4) -> dict[str, bytes]:
+    files = {}
+    for i, name in enumerate(["train", "test"]):
+        fine = [(7 * j + i) % 100 for j in range(n)]
+        batch = {
+            b"data": cifar_images(n, 10 + i),
+            b"fine_labels": fine,
+            b"coarse_labels": [f % 20 for f in fine],
+        }
+        files[name] = py2_pickle(batch)
+    files["meta"] = py2_pickle(
+        {
+            b"fine_label_names": [f"fine{k}".encode() for k in range(100)],
+            b"coarse_label_names": [f"coarse{k}".encode() for k in range(20)],
+        }
+    )
+    return files
+
+
+def write_folder(folder: Path, files: dict[str, bytes]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+
+
+def write_tar_gz(path: Path, prefix: str, files: dict[str, bytes]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"{prefix}/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def mnist_like(n: int, seed: int, *, size: int = 28, classes: int = 10, first: int = 0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (n, size, size), dtype=np.uint8), rng.integers(first, first + classes, n)
+
+
+def write_mnist_dir(folder: Path, *, gz: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    x, y = mnist_like(5, 0)
+    xt, yt = mnist_like(3, 1)
+    sfx = ".gz" if gz else ""
+    write_idx(folder / f"train-images-idx3-ubyte{sfx}", x, gz=gz)
+    write_idx(folder / f"train-labels-idx1-ubyte{sfx}", y, gz=gz)
+    write_idx(folder / f"t10k-images-idx3-ubyte{sfx}", xt, gz=gz)
+    write_idx(folder / f"t10k-labels-idx1-ubyte{sfx}", yt, gz=gz)
+    return x, y
+
+
+# ---------------------------------------------------------------- files.py
+
+
+def test_md5_and_require_file(tmp_path: Path) -> None:
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"hello" * 1000)
+    assert md5_file(path, chunk_size=7) == md5_bytes(b"hello" * 1000)
+    assert require_file(path, md5_file(path)) == path
+    with pytest.raises(DataError) as e:
+        require_file(path, "0" * 32, url="https://example.org/a.bin")
+    msg = str(e.value)
+    assert (
+        str(path) in msg and "0" * 32 in msg and md5_file(path) in msg and "https://example.org/a.bin" in msg
+    )
+    assert require_file(path, "0" * 32, verify=False) == path
+    with pytest.raises(DataError, match=r"missing dataset file .*nope\.bin.*--download"):
+        require_file(tmp_path / "nope.bin", "1" * 32, url="https://example.org/nope.bin")
+
+
+def test_download_verifies_and_renames_atomically(tmp_path: Path) -> None:
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"payload")
+    dest = tmp_path / "out" / "dest.bin"
+    assert download(src.as_uri(), dest, md5_bytes(b"payload")) == dest
+    assert dest.read_bytes() == b"payload"
+    bad = tmp_path / "out" / "bad.bin"
+    with pytest.raises(DataError, match="expected " + "0" * 32):
+        download(src.as_uri(), bad, "0" * 32)
+    assert not bad.exists()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["dest.bin"]  # no temp files left
+
+
+def test_download_unreachable_says_where_to_put_the_file(tmp_path: Path) -> None:
+    dest = tmp_path / "x.gz"
+    with pytest.raises(DataError) as e:
+        download("http://127.0.0.1:1/x.gz", dest, "ab" * 16, timeout=5)
+    assert str(dest) in str(e.value) and "ab" * 16 in str(e.value)
+    assert not dest.exists()
+
+
+# ---------------------------------------------------------------- idx.py
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_idx_pair_gz_and_raw(tmp_path: Path, gz: bool) -> None:
+    x, y = mnist_like(4, 2, size=5)
+    images = read_idx_pair(write_idx(tmp_path / "i", x, gz=gz), write_idx(tmp_path / "l", y, gz=gz))
+    assert images.x.shape == (4, 1, 5, 5) and images.x.dtype == torch.uint8
+    assert torch.equal(images.x[:, 0], torch.from_numpy(x)) and images.y.tolist() == y.tolist()
+
+
+def test_idx_errors_name_the_file(tmp_path: Path) -> None:
+    x, y = mnist_like(4, 2, size=5)
+    images, labels = write_idx(tmp_path / "imgs.gz", x), write_idx(tmp_path / "labs.gz", y)
+    with pytest.raises(DataError, match=r"labs\.gz is not an IDX images file.*0x00000801.*0x00000803"):
+        read_idx(labels, magic=IMAGES_MAGIC)
+    short = tmp_path / "short"
+    short.write_bytes(idx_bytes(x)[:-3])
+    with pytest.raises(DataError, match="short is truncated"):
+        read_idx(short, magic=IMAGES_MAGIC)
+    with pytest.raises(DataError, match=r"imgs\.gz holds 4 images but .*three\.gz holds 3 labels"):
+        read_idx_pair(images, write_idx(tmp_path / "three.gz", y[:3]))
+    broken = tmp_path / "broken.gz"
+    broken.write_bytes(gzip.compress(idx_bytes(x))[:40])
+    with pytest.raises(DataError, match=r"broken\.gz is a corrupt gzip file"):
+        read_idx(broken, magic=IMAGES_MAGIC)
+
+
+# ---------------------------------------------------------------- MNIST / Fashion-MNIST layout
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_mnist_layout_loads(tmp_path: Path, gz: bool) -> None:
+    x, y = write_mnist_dir(tmp_path / "fashion-mnist", gz=gz)
+    ds = load_dataset("fashion-mnist", tmp_path, verify=False)
+    assert (len(ds.train), len(ds.test)) == (5, 3)
+    assert torch.equal(ds.train.x[:, 0], torch.from_numpy(x)) and ds.train.y.tolist() == y.tolist()
+    assert ds.info.mean == (0.1307,) and ds.info.std == (0.3081,) and ds.info.image_size == 28
+    assert (
+        ds.info.crop_padding == 0 and not ds.info.horizontal_flip and ds.info.class_names[9] == "Ankle boot"
+    )
+
+
+def test_mnist_md5_mismatch_is_rejected(tmp_path: Path) -> None:
+    write_mnist_dir(tmp_path / "mnist")
+    with pytest.raises(DataError) as e:
+        load_dataset("mnist", tmp_path)
+    msg = str(e.value)
+    assert str(tmp_path / "mnist" / "train-images-idx3-ubyte.gz") in msg and MNIST_TRAIN_IMAGES_MD5 in msg
+
+
+def test_mnist_missing_files_say_where_to_put_them(tmp_path: Path) -> None:
+    with pytest.raises(DataError) as e:
+        load_dataset("mnist", tmp_path)
+    msg = str(e.value)
+    assert str(tmp_path / "mnist" / "train-images-idx3-ubyte.gz") in msg and MNIST_TRAIN_IMAGES_MD5 in msg
+    assert "https://ossci-datasets.s3.amazonaws.com/mnist/train-images-idx3-ubyte.gz" in msg
+
+
+def test_labels_out_of_range_are_rejected(tmp_path: Path) -> None:
+    folder = tmp_path / "mnist"
+    write_mnist_dir(folder)
+    write_idx(folder / "t10k-labels-idx1-ubyte.gz", np.array([1, 2, 10]))
+    with pytest.raises(
+        DataError, match=r"t10k-labels-idx1-ubyte\.gz: labels must be in 0\.\.9, found 1\.\.10"
+    ):
+        load_dataset("mnist", tmp_path, verify=False)
+
+
+# ---------------------------------------------------------------- CIFAR
+
+
+def test_cifar10_folder_and_archive_agree(tmp_path: Path) -> None:
+    files = cifar10_files()
+    write_folder(tmp_path / "a" / "cifar10" / "cifar-10-batches-py", files)
+    write_tar_gz(tmp_path / "b" / "cifar10" / "cifar-10-python.tar.gz", "cifar-10-batches-py", files)
+    a = load_dataset("cifar10", tmp_path / "a", verify=False)
+    b = load_dataset("cifar10", tmp_path / "b", verify=False)
+    assert a.train.x.shape == (15, 3, 32, 32) and a.test.x.shape == (3, 3, 32, 32)
+    assert torch.equal(a.train.x, b.train.x) and torch.equal(a.test.y, b.test.y)
+    # rows are 1024 red, 1024 green, 1024 blue bytes: channel 1, pixel (2, 5) is byte 1024 + 2 * 32 + 5
+    assert int(a.train.x[0, 1, 2, 5]) == int(cifar_images(3, 0)[0, 1024 + 2 * 32 + 5])
+    assert a.train.y[:4].tolist() == [0, 1, 2, 1]
+    assert a.info.class_names[0] == "airplane" and a.info.crop_padding == 4 and a.info.horizontal_flip
+    assert a.info.mean == (0.4914, 0.4822, 0.4465) and a.info.std == (0.2023, 0.1994, 0.2010)
+
+
+def test_cifar10_archive_checksum_mismatch(tmp_path: Path) -> None:
+    archive = tmp_path / "cifar10" / "cifar-10-python.tar.gz"
+    write_tar_gz(archive, "cifar-10-batches-py", cifar10_files())
+    with pytest.raises(DataError) as e:
+        load_dataset("cifar10", tmp_path)
+    assert str(archive) in str(e.value) and "c58f30108f718f92721af3b95e74349a" in str(e.value)
+
+
+def test_cifar10_batch_checksum_mismatch(tmp_path: Path) -> None:
+    write_folder(tmp_path / "cifar-10-batches-py", cifar10_files())
+    with pytest.raises(DataError) as e:
+        load_cifar10(tmp_path)
+    assert "data_batch_1" in str(e.value) and "c99cafc152244af753f735de768cd75f" in str(e.value)
+
+
+def test_cifar10_missing_everything(tmp_path: Path) -> None:
+    with pytest.raises(DataError) as e:
+        load_dataset("cifar10", tmp_path)
+    msg = str(e.value)
+    assert (
+        str(tmp_path / "cifar10" / "cifar-10-python.tar.gz") in msg
+        and "c58f30108f718f92721af3b95e74349a" in msg
+    )
+
+
+def test_cifar100_fine_and_coarse(tmp_path: Path) -> None:
+    files = cifar100_files()
+    write_tar_gz(tmp_path / "cifar100" / "cifar-100-python.tar.gz", "cifar-100-python", files)
+    fine = load_dataset("cifar100", tmp_path, verify=False)
+    assert fine.info.num_classes == 100 and fine.info.class_names[7] == "fine7"
+    assert fine.train.y.tolist() == [0, 7, 14, 21] and fine.test.x.shape == (4, 3, 32, 32)
+    assert fine.info.mean == (0.5071, 0.4867, 0.4408)
+    coarse = load_dataset("cifar100", tmp_path, verify=False, labels="coarse")
+    assert coarse.info.num_classes == 20 and coarse.train.y.tolist() == [0, 7, 14, 1]
+    with pytest.raises(ConfigError):
+        load_dataset("cifar100", tmp_path, verify=False, labels="medium")
+
+
+class _Evil:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_restricted_unpickler_refuses_code(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    evil = pickle.dumps({b"data": _Evil(marker)}, protocol=2)
+    with pytest.raises(DataError, match=r"refused"):
+        restricted_loads(evil, "evil_batch")
+    assert not marker.exists()
+    # the same file as a CIFAR batch is refused by the loader, not run
+    files = cifar10_files()
+    files["test_batch"] = evil
+    write_folder(tmp_path / "cifar10" / "cifar-10-batches-py", files)
+    with pytest.raises(DataError, match=r"test_batch.*refused"):
+        load_dataset("cifar10", tmp_path, verify=False)
+    assert not marker.exists()
+
+
+def test_restricted_unpickler_reads_real_batch_format() -> None:
+    arr = np.arange(6, dtype=np.uint8).reshape(2, 3)
+    for data in (py2_pickle({b"data": arr}), pickle.dumps({b"data": arr}, protocol=4)):
+        got = RestrictedUnpickler(io.BytesIO(data), source="x").load()
+        assert np.array_equal(got[b"data"], arr) and got[b"data"].dtype == np.uint8
+    with pytest.raises(DataError, match="not a valid CIFAR python batch"):
+        restricted_loads(b"\x80\x02garbage", "junk")
+
+
+# ---------------------------------------------------------------- EMNIST
+
+
+def _emnist_files(split: str, first_label: int) -> tuple[dict[str, bytes], np.ndarray]:
+    x, y = mnist_like(4, 3, classes=3, first=first_label)
+    xt, yt = mnist_like(2, 4, classes=3, first=first_label)
+    stem = f"emnist-{split}"
+    files = {
+        f"{stem}-train-images-idx3-ubyte.gz": gzip.compress(idx_bytes(x)),
+        f"{stem}-train-labels-idx1-ubyte.gz": gzip.compress(idx_bytes(y)),
+        f"{stem}-test-images-idx3-ubyte.gz": gzip.compress(idx_bytes(xt)),
+        f"{stem}-test-labels-idx1-ubyte.gz": gzip.compress(idx_bytes(yt)),
+    }
+    return files, (x, y)
+
+
+def test_emnist_loose_files_are_transposed(tmp_path: Path) -> None:
+    files, (x, y) = _emnist_files("balanced", 0)
+    write_folder(tmp_path / "emnist", files)
+    ds = load_dataset("emnist-balanced", tmp_path)
+    assert torch.equal(ds.train.x[:, 0], torch.from_numpy(x).transpose(1, 2))
+    assert (
+        ds.train.y.tolist() == y.tolist() and ds.info.num_classes == 47 and ds.info.name == "emnist-balanced"
+    )
+
+
+def test_emnist_letters_in_zip(tmp_path: Path) -> None:
+    files, (_, y) = _emnist_files("letters", 1)
+    (tmp_path / "emnist").mkdir()
+    with zipfile.ZipFile(tmp_path / "emnist" / "gzip.zip", "w") as zf:
+        for name, data in files.items():
+            zf.writestr(f"gzip/{name}", data)
+    ds = load_dataset("emnist-letters", tmp_path, verify=False)
+    assert ds.train.y.tolist() == (y - 1).tolist() and ds.info.num_classes == 26
+    assert ds.info.class_names[0] == "A" and ds.train.x.shape == (4, 1, 28, 28)
+    with pytest.raises(DataError, match="58c8d27c78d21e728a6bc7b3cc06412e"):
+        load_dataset("emnist-letters", tmp_path)  # the fake zip is not the official one
+
+
+# ---------------------------------------------------------------- image-folder
+
+
+def _png(path: Path, color: tuple[int, int, int], size: tuple[int, int] = (10, 6)) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, color).save(path)
+
+
+def test_image_folder(tmp_path: Path) -> None:
+    _png(tmp_path / "train" / "cat" / "a.png", (255, 0, 0))
+    _png(tmp_path / "train" / "cat" / "b.jpg", (255, 0, 0))
+    _png(tmp_path / "train" / "ant" / "c.png", (0, 0, 255))
+    _png(tmp_path / "test" / "cat" / "d.png", (255, 0, 0))
+    (tmp_path / "train" / "ant" / "notes.txt").write_text("not an image")
+    ds = load_dataset("image-folder", tmp_path, image_size=8)
+    assert ds.info.class_names == ("ant", "cat") and ds.info.num_classes == 2
+    assert ds.train.x.shape == (3, 3, 8, 8) and ds.train.y.tolist() == [0, 1, 1] and ds.test.y.tolist() == [1]
+    assert int(ds.train.x[0, 2].min()) == 255 and int(ds.train.x[1, 0].min()) >= 250  # jpeg is lossy
+    assert ds.info.mean[0] == pytest.approx(2 / 3, abs=0.01) and ds.info.mean[2] == pytest.approx(
+        1 / 3, abs=0.01
+    )
+    grey = load_dataset("image-folder", tmp_path, channels=1)
+    assert grey.train.x.shape == (3, 1, 32, 32) and grey.info.channels == 1
+
+
+def test_image_folder_errors(tmp_path: Path) -> None:
+    _png(tmp_path / "train" / "cat" / "a.png", (1, 2, 3))
+    _png(tmp_path / "test" / "dog" / "b.png", (1, 2, 3))
+    with pytest.raises(DataError, match="dog"):
+        load_dataset("image-folder", tmp_path)
+    (tmp_path / "test" / "dog" / "b.png").unlink()
+    (tmp_path / "test" / "dog").rmdir()
+    (tmp_path / "test" / "cat").mkdir()
+    (tmp_path / "test" / "cat" / "bad.png").write_bytes(b"not a png")
+    with pytest.raises(DataError, match=r"bad\.png"):
+        load_dataset("image-folder", tmp_path)
+    with pytest.raises(ConfigError):
+        load_dataset("image-folder", tmp_path, channels=2)
+
+
+# ---------------------------------------------------------------- digits and the registry
+
+
+def test_digits_split_is_fixed_and_stratified() -> None:
+    a, b = load_dataset("digits"), load_dataset("digits")
+    assert a.train.x.shape == (1437, 1, 8, 8) and a.test.x.shape == (360, 1, 8, 8)
+    assert a.train.x.dtype == torch.uint8 and a.train.y.dtype == torch.int64 and int(a.train.x.max()) == 255
+    assert torch.equal(a.train.x, b.train.x) and torch.equal(a.test.y, b.test.y)
+    assert a.test.y.bincount().min() >= 35  # stratified: each digit about 36 times in 360
+    assert set(a.train.x.unique().tolist()) <= {round(v * 255 / 16) for v in range(17)}
+    pixels = a.train.x.double() / 255
+    assert a.info.mean[0] == pytest.approx(float(pixels.mean())) and a.info.std[0] == pytest.approx(
+        float(pixels.std())
+    )
+
+
+def test_registry_names_and_errors(tmp_path: Path) -> None:
+    assert dataset_names()[0] == "digits" and {"mnist", "emnist-byclass", "cifar100", "image-folder"} <= set(
+        dataset_names()
+    )
+    with pytest.raises(UserError, match=r"Did you mean 'cifar10'.*Valid names: digits"):
+        load_dataset("cifr10")
+    with pytest.raises(
+        DataError, match=r"(?s)no data directory.*<data_dir>/cifar10/cifar-10-python\.tar\.gz"
+    ):
+        load_dataset("cifar10")
+    with pytest.raises(ConfigError, match="labels"):
+        load_dataset("digits", labels="coarse")
+    assert "58c8d27c78d21e728a6bc7b3cc06412e" in describe_files("emnist-digits")
+    assert str(tmp_path / "mnist" / "t10k-labels-idx1-ubyte.gz") in describe_files("MNIST", tmp_path)
+    assert "cifar-100-python.tar.gz" in describe_files("cifar-100")
+
+
+# ---------------------------------------------------------------- the real files, when available
+
+
+@pytest.mark.parametrize("name", ["mnist", "fashion-mnist"])
+def test_real_mnist_files(name: str) -> None:
+    if not (SHARED_DATA / name / "train-images-idx3-ubyte.gz").is_file():
+        pytest.skip(f"no {name} files under {SHARED_DATA} (set FEDISTILL_SHARED_DATA)")
+    ds = load_dataset(name, SHARED_DATA)  # verify=True: md5s must match
+    assert (len(ds.train), len(ds.test)) == (60000, 10000)
+    assert ds.train.x.shape == (60000, 1, 28, 28) and sorted(ds.train.y.unique().tolist()) == list(range(10))

@@ -1,0 +1,100 @@
+"""The in-process transport: dispatch, failures, timeouts and the ledger it writes."""
+
+import time
+
+import numpy as np
+import pytest
+
+from fedistill.errors import FederationError
+from fedistill.federation.client import ClientLogic, handles
+from fedistill.federation.fleet import successful
+from fedistill.federation.inprocess import InProcessFleet
+from fedistill.federation.ledger import DOWN, UP, Ledger, read_ledger
+from fedistill.federation.messages import Message
+
+
+class Echo(ClientLogic):
+    def __init__(self, cid: int, mode: str = "ok") -> None:
+        self.cid, self.mode = cid, mode
+
+    @handles("query.echo")
+    def echo(self, message: Message) -> Message:
+        if self.mode == "crash":
+            raise RuntimeError("disk full")
+        if self.mode == "slow":
+            time.sleep(0.05)
+        if self.mode == "nan":
+            return Message.build("query.echo", arrays={"logits": {"z": np.array([np.nan])}})
+        x = message.array("synthetic-inputs", "x")
+        return Message.build(
+            "query.echo", arrays={"logits": {"z": x * self.cid}}, scalars={"metrics": {"id": self.cid}}
+        )
+
+
+def _request() -> Message:
+    return Message.build("query.echo", arrays={"synthetic-inputs": {"x": np.ones(4, np.float32)}})
+
+
+def test_broadcast_reaches_every_client_and_ledger_records_both_directions(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    fleet = InProcessFleet({i: Echo(i) for i in range(3)}, ledger)
+    fleet.round = 7
+    replies = fleet.broadcast(_request(), step=2)
+    assert [r.message.scalar("metrics", "id") for r in replies.values()] == [0, 1, 2]
+    ledger.close()
+    records = read_ledger(tmp_path / "ledger.jsonl")
+    assert len(records) == 6
+    assert {(r["direction"], r["client"]) for r in records} == {(d, c) for d in (DOWN, UP) for c in range(3)}
+    assert all(r["round"] == 7 and r["step"] == 2 and r["type"] == "query.echo" for r in records)
+    down = [r for r in records if r["direction"] == DOWN]
+    up = [r for r in records if r["direction"] == UP]
+    assert all(r["kinds"] == {"synthetic-inputs": 16} for r in down)
+    assert all(r["kinds"] == {"logits": 16, "metrics": 8} for r in up)
+    summary = ledger.totals.summary()
+    assert summary[UP]["per_kind"] == {"logits": 48, "metrics": 24}
+    assert summary[UP]["per_client"]["1"] == {"logits": 16, "metrics": 8}
+    assert ledger.totals.sent_by_clients("parameters") == 0
+
+
+def test_failing_and_invalid_clients_become_error_replies_and_are_logged(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    fleet = InProcessFleet({0: Echo(0), 1: Echo(1, "crash"), 2: Echo(2, "nan")}, ledger)
+    fleet.round = 3
+    replies = fleet.broadcast(_request())
+    assert replies[0].ok
+    assert not replies[1].ok and "disk full" in replies[1].error
+    assert not replies[2].ok and "NaN" in replies[2].error
+    assert set(fleet.dropped) == {1, 2} and fleet.dropped[1].startswith("round 3")
+    failures = ledger.totals.summary()["failures"]
+    assert [(f["client"], f["status"]) for f in failures] == [(1, "failed"), (2, "failed")]
+    good = successful(replies, minimum=1)
+    assert list(good) == [0]
+    with pytest.raises(FederationError, match=r"only 1 of 3 clients.*client 1: RuntimeError: disk full"):
+        successful(replies, minimum=2)
+
+
+def test_slow_client_times_out():
+    fleet = InProcessFleet({0: Echo(0), 1: Echo(1, "slow")}, Ledger(None))
+    replies = fleet.broadcast(_request(), timeout=0.02)
+    assert replies[0].ok
+    assert not replies[1].ok and replies[1].error.startswith("timed out")
+    assert fleet.ledger.totals.failures[0]["status"] == "timeout"
+
+
+def test_unknown_message_type_is_refused():
+    fleet = InProcessFleet({0: Echo(0)}, Ledger(None))
+    reply = fleet.broadcast(Message.build("train"))[0]
+    assert not reply.ok and "does not handle 'train'" in reply.error
+
+
+def test_ledger_resume_truncates_to_checkpoint(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(path)
+    fleet = InProcessFleet({0: Echo(0)}, ledger)
+    for _ in range(3):
+        fleet.broadcast(_request())
+    ledger.close()
+    resumed = Ledger(path, resume_at=2)
+    assert resumed.count == 2
+    resumed.close()
+    assert len(read_ledger(path)) == 2

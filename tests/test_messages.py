@@ -1,0 +1,96 @@
+"""Messages: structure, snapshots, validation on receipt, byte accounting."""
+
+import numpy as np
+import pytest
+import torch
+
+from fedistill.errors import FederationError
+from fedistill.federation.messages import (
+    ArraySpec,
+    Message,
+    check_on_receipt,
+    expect_arrays,
+    state_specs,
+)
+
+
+def test_build_snapshots_and_freezes_arrays():
+    weight = torch.ones(2, 3)
+    message = Message.build("train", arrays={"parameters": {"w": weight}}, scalars={"config": {"round": 1}})
+    weight.add_(1)  # the sender changing its tensor afterwards must not change what was sent
+    assert message.array("parameters", "w").sum() == 6
+    assert not message.array("parameters", "w").flags.writeable
+    assert message.tensor("parameters", "w").dtype == torch.float32
+
+
+def test_bytes_by_kind_counts_arrays_and_scalars():
+    message = Message.build(
+        "query.distill",
+        arrays={"logits": {"z": np.zeros((4, 10), np.float32)}, "input-gradients": {"g": np.zeros((4, 64))}},
+        scalars={"metrics": {"loss": 0.5, "name": "abc"}},
+    )
+    assert message.bytes_by_kind() == {"logits": 160, "input-gradients": 2048, "metrics": 8 + 3}
+    assert message.nbytes == 160 + 2048 + 11
+
+
+@pytest.mark.parametrize("bad_type", ["fit", "query.", "train.x-y", "evaluate.1a"])
+def test_message_type_follows_flower_convention(bad_type):
+    with pytest.raises(FederationError, match="is not 'train'"):
+        Message.build(bad_type)
+
+
+def test_unknown_kind_and_object_arrays_are_refused():
+    with pytest.raises(FederationError, match="unknown content kind 'weights'"):
+        Message.build("train", arrays={"weights": {"w": np.zeros(2)}})
+    with pytest.raises(FederationError, match="dtype object"):
+        Message.build("train", arrays={"parameters": {"w": np.array([{"a": 1}], dtype=object)}})
+    with pytest.raises(FederationError, match="only bool/int/float/str"):
+        Message.build("train", scalars={"config": {"x": [1, 2]}})
+    with pytest.raises(TypeError, match="torch tensors or numpy arrays"):
+        Message.build("train", arrays={"parameters": {"w": [1.0, 2.0]}})
+
+
+def test_receipt_rejects_non_finite_values_and_oversized_payloads():
+    nan = Message.build("train", arrays={"parameters": {"w": np.array([1.0, np.nan])}})
+    with pytest.raises(FederationError, match="parameters/w contains NaN"):
+        check_on_receipt(nan)
+    inf = Message.build("train", scalars={"metrics": {"loss": float("inf")}})
+    with pytest.raises(FederationError, match="metrics/loss is inf"):
+        check_on_receipt(inf)
+    big = Message.build("train", arrays={"parameters": {"w": np.zeros(1000, np.float32)}})
+    with pytest.raises(FederationError, match="exceeds the cap of 1,000"):
+        check_on_receipt(big, max_bytes=1000)
+    check_on_receipt(big, max_bytes=4000)
+
+
+def test_expect_arrays_checks_names_dtypes_and_shapes():
+    model = torch.nn.Linear(3, 2)
+    specs = state_specs(model.state_dict())
+    good = Message.build("train", arrays={"parameters": model.state_dict()})
+    expect_arrays(good, "parameters", specs)
+    wrong_shape = Message.build(
+        "train", arrays={"parameters": {"weight": torch.zeros(2, 4), "bias": torch.zeros(2)}}
+    )
+    with pytest.raises(
+        FederationError, match=r"parameters/weight is float32\[2, 4\], expected float32\[2, 3\]"
+    ):
+        expect_arrays(wrong_shape, "parameters", specs)
+    wrong_dtype = Message.build(
+        "train",
+        arrays={"parameters": {"weight": torch.zeros(2, 3, dtype=torch.float64), "bias": torch.zeros(2)}},
+    )
+    with pytest.raises(FederationError, match="float64"):
+        expect_arrays(wrong_dtype, "parameters", specs)
+    missing = Message.build("train", arrays={"parameters": {"weight": torch.zeros(2, 3)}})
+    with pytest.raises(FederationError, match=r"missing parameters arrays \['bias'\]"):
+        expect_arrays(missing, "parameters", specs)
+    extra = Message.build("train", arrays={"parameters": {**model.state_dict(), "evil": torch.zeros(1)}})
+    with pytest.raises(FederationError, match="unexpected parameters arrays"):
+        expect_arrays(extra, "parameters", specs)
+
+
+def test_array_spec_wildcard_axis():
+    spec = ArraySpec("float32", (None, 10))
+    assert spec.matches(np.zeros((7, 10), np.float32))
+    assert not spec.matches(np.zeros((7, 9), np.float32))
+    assert not spec.matches(np.zeros((7, 10), np.float64))

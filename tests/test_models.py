@@ -1,0 +1,215 @@
+"""Models: shapes, the extractor/classifier split, parameter counts, norm options, init, gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedistill.data.base import DatasetInfo
+from fedistill.errors import ConfigError
+from fedistill.models import Classifier, build_model, count_parameters, model_names
+from fedistill.models.norm import make_norm2d
+
+
+def make_info(name: str, channels: int, size: int, classes: int) -> DatasetInfo:
+    return DatasetInfo(name, channels, size, classes, (0.5,) * channels, (0.25,) * channels)
+
+
+DIGITS = make_info("digits", 1, 8, 10)
+MNIST = make_info("mnist", 1, 28, 10)
+FMNIST = make_info("fashion-mnist", 1, 28, 10)
+CIFAR10 = make_info("cifar10", 3, 32, 10)
+CIFAR100 = make_info("cifar100", 3, 32, 100)
+INFOS = [DIGITS, MNIST, CIFAR10, CIFAR100]
+
+WIDE = "resnet8-wide"  # 4.9M parameters: built once, in the fixture below
+SMALL = [name for name in model_names() if name != WIDE]
+NORMED = ["resnet8", "resnet20", "resnet32", "lenet-fedmdcg"]
+UNNORMED = ["lenet5", "mlp"]
+
+
+@pytest.fixture(scope="module")
+def wide() -> Classifier:
+    torch.manual_seed(0)
+    return build_model(WIDE, CIFAR10)
+
+
+def batch(info: DatasetInfo, n: int = 4) -> torch.Tensor:
+    return torch.randn(n, info.channels, info.image_size, info.image_size)
+
+
+def check_shapes(model: Classifier, info: DatasetInfo) -> None:
+    x = batch(info, 3)
+    assert model.extractor(x).shape == (3, model.feature_dim)
+    assert model(x).shape == (3, info.num_classes)
+    assert model.num_classes == info.num_classes
+
+
+def test_registry_lists_every_model():
+    assert model_names() == sorted(
+        ["lenet-fedmdcg", "lenet5", "mlp", "resnet20", "resnet32", "resnet8", "resnet8-wide"]
+    )
+
+
+@pytest.mark.parametrize("info", INFOS, ids=lambda i: f"{i.name}-{i.image_size}")
+@pytest.mark.parametrize("name", SMALL)
+def test_shapes_and_split(name: str, info: DatasetInfo):
+    model = build_model(name, info)
+    assert isinstance(model, Classifier)
+    check_shapes(model, info)
+    keys = model.state_dict().keys()
+    assert all(k.startswith(("extractor.", "classifier.")) for k in keys)
+    assert any(k.startswith("classifier.") for k in keys)
+
+
+@pytest.mark.parametrize("size", [8, 28, 32])
+def test_wide_resnet_shapes_any_size(wide: Classifier, size: int):
+    info = make_info("cifar10", 3, size, 10)
+    assert wide.feature_dim == 2048
+    check_shapes(wide, info)
+    assert all(k.startswith(("extractor.", "classifier.")) for k in wide.state_dict())
+
+
+def test_resnet8_parameter_count_matches_feddf():
+    n10 = count_parameters(build_model("resnet8", CIFAR10))
+    assert n10 == 78_042
+    assert abs(n10 - 78_000) / 78_000 < 0.01
+    assert count_parameters(build_model("resnet8", CIFAR100)) == 83_892
+
+
+def test_wide_resnet_parameter_count(wide: Classifier):
+    # FedIOD's released resnet8_t has 4,932,344 with its unused linear2 (20,490) and emb (100).
+    assert count_parameters(wide) == 4_911_754
+
+
+def test_other_parameter_counts():
+    assert count_parameters(build_model("resnet20", CIFAR10)) == 272_474
+    assert count_parameters(build_model("resnet32", CIFAR10)) == 466_906
+    assert count_parameters(build_model("mlp", MNIST)) == 199_210  # McMahan et al.'s 2NN
+    assert count_parameters(build_model("lenet5", MNIST)) == 61_706
+    assert count_parameters(build_model("lenet5", CIFAR10)) == 62_006
+
+
+@pytest.mark.parametrize(
+    ("info", "h"),
+    [(MNIST, 64), (FMNIST, 128), (CIFAR10, 128), (make_info("emnist-digits", 1, 28, 10), 128), (DIGITS, 16)],
+    ids=lambda v: v.name if isinstance(v, DatasetInfo) else str(v),
+)
+def test_lenet_fedmdcg_latent_matches_released_configs(info: DatasetInfo, h: int):
+    model = build_model("lenet-fedmdcg", info)
+    assert model.feature_dim == h
+    fc1, fc2 = model.classifier
+    expected_fc1 = {"mnist": 32, "digits": 32, "fashion-mnist": 64}.get(info.name, 128)
+    assert (fc1.in_features, fc1.out_features, fc2.out_features) == (h, expected_fc1, info.num_classes)
+    # fc1 → fc2 with no non-linearity in between
+    assert all(isinstance(m, nn.Linear) for m in model.classifier)
+
+
+def test_lenet5_has_classic_geometry():
+    for info in (MNIST, CIFAR10):
+        assert build_model("lenet5", info).extractor.fc1.in_features == 16 * 5 * 5
+    assert build_model("lenet5", DIGITS).extractor.fc1.in_features == 16 * 2 * 2
+
+
+def norm_types(model: nn.Module) -> list[type]:
+    kinds = (nn.BatchNorm1d, nn.BatchNorm2d, nn.GroupNorm)
+    return [type(m) for m in model.modules() if isinstance(m, kinds)]
+
+
+@pytest.mark.parametrize("name", NORMED)
+def test_group_norm_replaces_every_batch_norm(name: str):
+    n_batch = len(norm_types(build_model(name, MNIST)))
+    assert n_batch > 0
+    grouped = build_model(name, MNIST, norm="group", group_norm_groups=2)
+    assert norm_types(grouped) == [nn.GroupNorm] * n_batch
+    assert all(m.num_groups == 2 for m in grouped.modules() if isinstance(m, nn.GroupNorm))
+    plain = build_model(name, MNIST, norm="none")
+    assert norm_types(plain) == []
+    check_shapes(plain, MNIST)
+
+
+def test_group_norm_on_wide_resnet():
+    model = build_model(WIDE, make_info("cifar10", 3, 8, 10), norm="group", group_norm_groups=4)
+    assert set(norm_types(model)) == {nn.GroupNorm}
+
+
+@pytest.mark.parametrize("name", UNNORMED)
+def test_models_without_norm_layers(name: str):
+    for norm in ("batch", "none"):
+        assert norm_types(build_model(name, MNIST, norm=norm)) == []
+    with pytest.raises(ConfigError, match="no norm layers"):
+        build_model(name, MNIST, norm="group")
+
+
+def test_group_count_must_divide_channels():
+    with pytest.raises(ConfigError, match="6 channels"):
+        build_model("lenet-fedmdcg", MNIST, norm="group", group_norm_groups=4)
+
+
+def test_make_norm2d():
+    assert isinstance(make_norm2d("batch", 8, groups=2), nn.BatchNorm2d)
+    assert make_norm2d("group", 8, groups=4).num_groups == 4
+    assert isinstance(make_norm2d("none", 8, groups=2), nn.Identity)
+    with pytest.raises(ConfigError, match="did you mean 'group'"):
+        make_norm2d("groups", 8, groups=2)
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_init_is_deterministic_under_seed(name: str):
+    def build(seed: int) -> dict[str, torch.Tensor]:
+        torch.manual_seed(seed)
+        return build_model(name, CIFAR10).state_dict()
+
+    a, b, c = build(0), build(0), build(1)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
+def test_build_leaves_batch_norm_statistics_untouched():
+    model = build_model("lenet-fedmdcg", MNIST)
+    assert model.training
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            assert int(m.num_batches_tracked) == 0
+            assert torch.equal(m.running_mean, torch.zeros_like(m.running_mean))
+
+
+def test_resnet8_uses_feddf_init():
+    model = build_model("resnet8", CIFAR10)
+    conv = model.extractor.layer3[0].conv2  # 3×3, 64 output channels
+    assert abs(conv.weight.std().item() - (2 / (9 * 64)) ** 0.5) < 0.005
+    norm = model.extractor.layer3[0].norm2
+    assert torch.equal(norm.weight, torch.ones(64)) and torch.equal(norm.bias, torch.zeros(64))
+
+
+def check_gradients(model: Classifier, info: DatasetInfo) -> None:
+    model.train()
+    model.zero_grad()
+    F.cross_entropy(model(batch(info)), torch.randint(info.num_classes, (4,))).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_gradient_reaches_every_parameter(name: str):
+    torch.manual_seed(0)
+    check_gradients(build_model(name, CIFAR10), CIFAR10)
+
+
+def test_gradient_reaches_every_wide_parameter(wide: Classifier):
+    torch.manual_seed(0)
+    check_gradients(wide, make_info("cifar10", 3, 8, 10))
+
+
+def test_unknown_model_name():
+    with pytest.raises(ConfigError, match=r"unknown model 'resnet9'.*resnet8-wide.*did you mean 'resnet8'"):
+        build_model("resnet9", CIFAR10)
+
+
+def test_unknown_norm():
+    with pytest.raises(ConfigError, match="did you mean 'batch'"):
+        build_model("resnet8", CIFAR10, norm="batchnorm")
+    with pytest.raises(ConfigError, match="valid: batch, group, none"):
+        build_model("mlp", CIFAR10, norm="layer")

@@ -1,0 +1,284 @@
+"""Partitioners, holdout, split files and the two plots, on synthetic labels."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fedistill.data.partition import (
+    PARTITIONERS,
+    class_counts,
+    holdout,
+    iid_shards,
+    load_split,
+    make_split,
+    partition,
+    save_split,
+)
+from fedistill.errors import DataError, PartitionError, UserError
+from fedistill.experiment.plots import plot_learning_curves, plot_partition
+
+NUM_CLASSES = 10
+LABELS = np.repeat(np.arange(NUM_CLASSES), 100)  # 10 classes x 100 samples, sorted like a class-ordered file
+TEST_LABELS = np.tile(np.arange(NUM_CLASSES), 30)
+LOCAL = [name for name in PARTITIONERS if name != "dirichlet-flwr"]  # flwr-datasets is slow to import
+DIRICHLET = [name for name in LOCAL if name != "iid"]
+
+
+def _split(method: str, labels=LABELS, k: int = 10, alpha: float | None = 0.5, seed: int = 0, **options):
+    return partition(labels, k, method=method, alpha=alpha, seed=seed, num_classes=NUM_CLASSES, **options)
+
+
+def _fractions(parts: list[np.ndarray]) -> np.ndarray:
+    counts = class_counts(LABELS, parts, NUM_CLASSES)
+    return counts / counts.sum(axis=1, keepdims=True)
+
+
+def _png(path) -> bool:
+    return path.is_file() and path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# proportions
+
+
+def test_iid_is_exactly_balanced_per_class():
+    counts = class_counts(LABELS, _split("iid", alpha=None), NUM_CLASSES)
+    assert counts.shape == (10, NUM_CLASSES) and counts.dtype == np.int64
+    assert (counts == 10).all()
+    uneven = class_counts(LABELS, _split("iid", k=7, alpha=None), NUM_CLASSES)  # 100 = 7*14 + 2
+    assert set(np.unique(uneven)) <= {14, 15}
+    assert uneven.sum(axis=1).max() - uneven.sum(axis=1).min() <= 1
+
+
+@pytest.mark.parametrize("method", DIRICHLET)
+def test_large_alpha_is_nearly_uniform(method):
+    fractions = _fractions(_split(method, alpha=1000.0))
+    total_variation = np.abs(fractions - 1 / NUM_CLASSES).sum(axis=1).mean() / 2
+    # dirichlet-equal samples later clients from what is left, so it is noisier than the others.
+    assert total_variation < (0.2 if method == "dirichlet-equal" else 0.05)
+
+
+@pytest.mark.parametrize("method", DIRICHLET)
+def test_tiny_alpha_gives_about_one_class_per_client(method):
+    fractions = _fractions(_split(method, alpha=0.05, seed=0))
+    effective_classes = (1 / (fractions**2).sum(axis=1)).mean()
+    assert effective_classes < 2.5
+
+
+# ------------------------------------------------------------------------------------------------
+# coverage, determinism, sizes
+
+
+@pytest.mark.parametrize("method", LOCAL)
+def test_make_split_covers_every_sample_exactly_once(method):
+    alpha = None if method == "iid" else 0.5
+    split = make_split(LABELS, TEST_LABELS, 10, method=method, alpha=alpha, seed=3, num_classes=NUM_CLASSES)
+    train = np.concatenate([*split.client_train, split.server_val])
+    assert np.array_equal(np.sort(train), np.arange(LABELS.size))  # 900 = 10*90, so no leftover
+    assert split.server_val.size == 100
+    assert (np.bincount(LABELS[split.server_val], minlength=NUM_CLASSES) == 10).all()  # stratified
+    assert np.array_equal(np.sort(np.concatenate(split.client_val)), split.server_val)
+    assert np.array_equal(np.sort(np.concatenate(split.client_test)), np.arange(TEST_LABELS.size))
+    assert (class_counts(TEST_LABELS, split.client_test, NUM_CLASSES) == 3).all()
+    assert np.array_equal(split.train_counts, class_counts(LABELS, split.client_train, NUM_CLASSES))
+    assert all(p.dtype == np.int64 for p in split.client_train)
+
+
+@pytest.mark.parametrize("method", LOCAL)
+def test_same_seed_same_split_other_seed_other_split(method):
+    alpha = None if method == "iid" else 0.5
+    first, again, other = (_split(method, alpha=alpha, seed=s) for s in (7, 7, 8))
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    assert any(not np.array_equal(a, b) for a, b in zip(first, other, strict=True))
+
+
+def test_dirichlet_equal_gives_every_client_floor_n_over_k():
+    for k in (7, 10, 13):
+        parts = _split("dirichlet-equal", k=k, alpha=0.3, seed=1)
+        assert [p.size for p in parts] == [LABELS.size // k] * k
+        assert np.unique(np.concatenate(parts)).size == (LABELS.size // k) * k  # disjoint
+
+
+def test_dirichlet_balanced_respects_min_size_per_group():
+    labels = np.repeat(np.arange(NUM_CLASSES), 200)
+    parts = partition(labels, 20, method="dirichlet-balanced", alpha=0.1, seed=2, num_classes=NUM_CLASSES)
+    sizes = np.array([p.size for p in parts])
+    assert sizes.sum() == labels.size and np.unique(np.concatenate(parts)).size == labels.size
+    for group in (sizes[:10], sizes[10:]):  # two groups of 10 clients, 1000 samples each
+        assert group.sum() == 1000
+        assert group.min() >= int(0.5 * 1000 / 10)
+
+
+def test_dirichlet_keeps_file_order_when_asked():
+    parts = _split("dirichlet", alpha=1.0, shuffle_within_class=False)
+    for part in parts:
+        for c in range(NUM_CLASSES):
+            of_class = part[LABELS[part] == c]
+            assert np.array_equal(of_class, np.sort(of_class))
+    # consecutive chunks: client k's block of class c ends where client k+1's begins
+    starts = [p[LABELS[p] == 0] for p in parts]
+    assert np.array_equal(np.concatenate(starts), np.flatnonzero(LABELS == 0))
+
+
+def test_dirichlet_flwr_runs_and_turns_exhausted_retries_into_partition_error():
+    pytest.importorskip("flwr_datasets")
+    parts = _split("dirichlet-flwr", alpha=0.5, seed=1)
+    again = _split("dirichlet-flwr", alpha=0.5, seed=1)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(LABELS.size))
+    small = np.repeat(np.arange(NUM_CLASSES), 20)
+    with pytest.raises(PartitionError, match=r"at least 10 samples in 10 attempts.*raise alpha"):
+        partition(small, 20, method="dirichlet-flwr", alpha=0.05, seed=0, num_classes=NUM_CLASSES)
+
+
+# ------------------------------------------------------------------------------------------------
+# error paths
+
+
+@pytest.mark.parametrize("method", DIRICHLET)
+@pytest.mark.parametrize(
+    ("alpha", "message"),
+    [
+        (0, r"alpha must be > 0 \(got 0\); use a small positive value"),
+        (-1.0, r"alpha must be > 0 \(got -1.0\)"),
+        (float("inf"), r"alpha must be finite \(got inf\)"),
+        (None, r"needs alpha"),
+    ],
+)
+def test_bad_alpha_is_rejected(method, alpha, message):
+    with pytest.raises(PartitionError, match=message):
+        _split(method, alpha=alpha)
+
+
+def test_more_clients_than_samples_is_rejected():
+    with pytest.raises(
+        PartitionError, match=r"num_clients=1001 is more than the 1000 samples.*lower num_clients"
+    ):
+        _split("iid", k=1001, alpha=None)
+    with pytest.raises(PartitionError, match=r"num_clients must be a positive integer \(got 0\)"):
+        _split("dirichlet", k=0)
+
+
+@pytest.mark.parametrize(
+    ("method", "options", "message"),
+    [
+        ("dirichlet-balanced", {"min_fraction": 1.0, "max_retries": 3}, r"after 3 attempts.*raise alpha"),
+        (
+            "dirichlet-unbalanced",
+            {"min_size": 100, "max_retries": 5},
+            r"at least 100 samples after 5 attempts",
+        ),
+    ],
+)
+def test_exhausted_retries_raise(method, options, message):
+    with pytest.raises(PartitionError, match=message):
+        _split(method, alpha=0.05, **options)
+
+
+def test_client_without_data_is_named():
+    with pytest.raises(PartitionError, match=r"client \d+ received no training samples.*raise alpha, lower"):
+        _split("dirichlet", k=50, alpha=0.01)
+    with pytest.raises(PartitionError, match=r"client 9 received no training samples"):
+        _split("dirichlet-equal", alpha=0.01, seed=4)  # client 8 took everything left
+
+
+def test_unknown_names_are_rejected_with_a_suggestion():
+    with pytest.raises(
+        UserError,
+        match=r"unknown partitioner 'dirichlet-balance' \(did you mean 'dirichlet-balanced'\?\); "
+        r"valid: dirichlet,",
+    ):
+        _split("dirichlet-balance")
+    with pytest.raises(UserError, match=r"unknown option 'group_sise'.*did you mean 'group_size'"):
+        _split("dirichlet-balanced", group_sise=5)
+    with pytest.raises(UserError, match=r"labels must lie in \[0, 10\)"):
+        partition(LABELS + 1, 10, method="iid", alpha=None, seed=0, num_classes=NUM_CLASSES)
+
+
+# ------------------------------------------------------------------------------------------------
+# holdout and shards
+
+
+def test_holdout_modes():
+    train, held = holdout(LABELS, 0.1, seed=0, mode="tail")
+    assert np.array_equal(held, np.arange(900, 1000)) and np.array_equal(train, np.arange(900))
+    train, held = holdout(LABELS, 0.1, seed=0)
+    assert (np.bincount(LABELS[held], minlength=NUM_CLASSES) == 10).all()
+    assert np.array_equal(np.sort(np.concatenate([train, held])), np.arange(LABELS.size))
+    train, held = holdout(LABELS, 0.0, seed=0)
+    assert held.size == 0 and train.size == LABELS.size
+    with pytest.raises(UserError, match=r"must lie in \[0, 1\)"):
+        holdout(LABELS, 1.0, seed=0)
+    with pytest.raises(UserError, match=r"unknown holdout mode 'last'"):
+        holdout(LABELS, 0.1, seed=0, mode="last")
+
+
+def test_iid_shards_and_empty_holdout():
+    shards = iid_shards(TEST_LABELS, 3, seed=0)
+    assert (class_counts(TEST_LABELS, shards, NUM_CLASSES) == 10).all()
+    split = make_split(
+        LABELS, TEST_LABELS, 5, method="iid", alpha=None, seed=0, num_classes=NUM_CLASSES, val_fraction=0
+    )
+    assert split.server_val.size == 0 and all(v.size == 0 for v in split.client_val)
+    with pytest.raises(PartitionError, match=r"cannot give each of 400 clients an evaluation shard"):
+        iid_shards(TEST_LABELS, 400, seed=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# files
+
+
+def test_save_load_round_trip_and_tamper_detection(tmp_path):
+    split = make_split(
+        LABELS,
+        TEST_LABELS,
+        10,
+        method="dirichlet-balanced",
+        alpha=0.3,
+        seed=5,
+        num_classes=NUM_CLASSES,
+        group_size=5,
+    )
+    save_split(split, tmp_path)
+    meta = json.loads((tmp_path / "partition.json").read_text())
+    assert meta["hash"] == split.hash() and meta["options"] == {"group_size": 5}
+    assert meta["client_train_sizes"] == [p.size for p in split.client_train]
+    loaded = load_split(tmp_path)
+    assert loaded.hash() == split.hash()
+    assert all(np.array_equal(a, b) for a, b in zip(loaded.client_train, split.client_train, strict=True))
+    assert np.array_equal(loaded.train_counts, split.train_counts)
+
+    arrays = dict(split.arrays())
+    arrays["client_train_0"] = arrays["client_train_0"][:-1]
+    np.savez(tmp_path / "partition.npz", **arrays)
+    with pytest.raises(DataError, match=r"does not match partition.json.*create the split again"):
+        load_split(tmp_path)
+
+    save_split(split, tmp_path)
+    meta["seed"] = 6
+    (tmp_path / "partition.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=r"does not match partition.json"):
+        load_split(tmp_path)
+    with pytest.raises(DataError, match=r"does not exist"):
+        load_split(tmp_path / "missing")
+
+
+# ------------------------------------------------------------------------------------------------
+# plots
+
+
+def test_plots_write_png(tmp_path):
+    counts = class_counts(LABELS, _split("dirichlet-balanced", alpha=0.1), NUM_CLASSES)
+    assert _png(plot_partition(counts, tmp_path / "partition.png", title="alpha=0.1"))
+    rows = [
+        {"round": r, "algorithm": name, "test_accuracy": 0.1 + 0.01 * r * (i + 1), "loss": 1 / (r + 1)}
+        for i, name in enumerate(("fedavg", "feddf"))
+        for r in range(20)
+    ]
+    rows.append({"round": 20, "algorithm": "fedavg"})  # no metric: skipped
+    out = plot_learning_curves(rows, tmp_path / "curves" / "acc.png", metrics=("test_accuracy", "loss"))
+    assert _png(out)
+    assert _png(plot_learning_curves({"a": rows[:5], "b": rows[20:25]}, tmp_path / "overlay.png"))
