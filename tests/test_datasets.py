@@ -471,7 +471,7 @@ def test_registry_names_and_errors(tmp_path: Path) -> None:
     assert dataset_names()[0] == "digits" and {"mnist", "emnist-byclass", "cifar100", "image-folder"} <= set(
         dataset_names()
     )
-    with pytest.raises(UserError, match=r"Did you mean 'cifar10'.*Valid names: digits"):
+    with pytest.raises(UserError, match=r"did you mean 'cifar10'.*valid: digits"):
         load_dataset("cifr10")
     with pytest.raises(
         DataError, match=r"(?s)no data directory.*<data_dir>/cifar10/cifar-10-python\.tar\.gz"

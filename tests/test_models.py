@@ -204,7 +204,7 @@ def test_gradient_reaches_every_wide_parameter(wide: Classifier):
 
 
 def test_unknown_model_name():
-    with pytest.raises(ConfigError, match=r"unknown model 'resnet9'.*resnet8-wide.*did you mean 'resnet8'"):
+    with pytest.raises(ConfigError, match=r"unknown model 'resnet9'; did you mean 'resnet8'.*resnet8-wide"):
         build_model("resnet9", CIFAR10)
 
 

@@ -19,3 +19,12 @@ class PartitionError(UserError):
 
 class FederationError(RuntimeError):
     """The protocol cannot go on: too few clients answered, a message failed validation, ..."""
+
+
+def unknown_name(kind: str, value: object, valid: list[str], error: type[UserError] = UserError) -> UserError:
+    """The error for a name that is not one of `valid`: it lists them and suggests the closest one."""
+    import difflib
+
+    close = difflib.get_close_matches(str(value), valid, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return error(f"unknown {kind} {value!r}{hint} (valid: {', '.join(valid)})")

@@ -6,7 +6,6 @@ server from public facts only (`ServerContext`); the two halves meet only throug
 
 from __future__ import annotations
 
-import difflib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ import torch
 from torch import nn
 
 from fedistill.data.base import DatasetInfo, ImageSet
-from fedistill.errors import UserError
+from fedistill.errors import unknown_name
 from fedistill.experiment.config import RunConfig
 from fedistill.federation.client import ClientLogic
 from fedistill.federation.fleet import Fleet
@@ -102,9 +101,7 @@ def get_algorithm(name: str) -> Algorithm:
     from fedistill import algorithms as _  # noqa: F401  (import registers every algorithm)
 
     if name not in ALGORITHMS:
-        close = difflib.get_close_matches(name, list(ALGORITHMS), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise UserError(f"unknown algorithm {name!r}{hint} (known: {', '.join(sorted(ALGORITHMS))})")
+        raise unknown_name("algorithm", name, sorted(ALGORITHMS))
     return ALGORITHMS[name]
 
 

@@ -21,7 +21,6 @@ same inputs and seed give the same split on every machine. The original codes us
 
 from __future__ import annotations
 
-import difflib
 import functools
 import hashlib
 import inspect
@@ -35,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from fedistill.errors import DataError, PartitionError, UserError
+from fedistill.errors import DataError, PartitionError, UserError, unknown_name
 
 Partitioner = Callable[..., list[np.ndarray]]
 
@@ -119,11 +118,6 @@ def _check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
-def _suggest(name: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(name, valid, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _check_nonempty(parts: list[np.ndarray], method: str, alpha: float | None) -> None:
     for client, part in enumerate(parts):
         if part.size == 0:
@@ -152,11 +146,7 @@ def _register(name: str, *, dirichlet: bool) -> Callable[[Partitioner], Partitio
         ) -> list[np.ndarray]:
             unknown = sorted(set(options) - set(allowed))
             if unknown:
-                hint = _suggest(unknown[0], allowed)
-                raise UserError(
-                    f"unknown option {unknown[0]!r} for partitioner {name!r}{hint}; "
-                    f"valid options: {', '.join(allowed) or 'none'}"
-                )
+                raise unknown_name(f"{name} option", unknown[0], list(allowed))
             y = _as_labels(labels, num_classes)
             k = _check_num_clients(num_clients, y.size)
             a = _check_alpha(alpha, name) if dirichlet else None
@@ -478,10 +468,7 @@ def partition(
 def get_partitioner(method: str) -> Partitioner:
     """The partitioner called ``method``, or a UserError that lists the valid names."""
     if method not in PARTITIONERS:
-        valid = sorted(PARTITIONERS)
-        raise UserError(
-            f"unknown partitioner {method!r}{_suggest(str(method), valid)}; valid: {', '.join(valid)}"
-        )
+        raise unknown_name("partitioner", method, sorted(PARTITIONERS))
     return PARTITIONERS[method]
 
 

@@ -8,7 +8,6 @@ download and every file with a published md5 is checked (unless `verify=False`).
 
 from __future__ import annotations
 
-import difflib
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from fedistill.data.digits import load_digits_dataset
 from fedistill.data.files import RemoteFile, fetch_or_require
 from fedistill.data.idx import read_idx_pair
 from fedistill.data.image_folder import LAYOUT, load_image_folder
-from fedistill.errors import ConfigError, DataError, UserError
+from fedistill.errors import ConfigError, DataError, UserError, unknown_name
 
 MNIST_URL = "https://ossci-datasets.s3.amazonaws.com/mnist/"
 FASHION_MNIST_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
@@ -319,9 +318,7 @@ def _resolve(name: str) -> str:
     key = _ALIASES.get(key, key)
     if key in _REGISTRY:
         return key
-    close = difflib.get_close_matches(key, [*_REGISTRY, *_ALIASES], n=1)
-    hint = f" Did you mean {_ALIASES.get(close[0], close[0])!r}?" if close else ""
-    raise UserError(f"unknown dataset {name!r}.{hint} Valid names: {', '.join(_REGISTRY)}")
+    raise unknown_name("dataset", name, list(_REGISTRY))
 
 
 def describe_files(name: str, data_dir: str | Path | None = None) -> str:

@@ -7,7 +7,6 @@ The resolved configuration is written to the run directory as `config.toml`.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import tomllib
 import types
 import typing
@@ -17,7 +16,7 @@ from typing import Any
 
 import tomli_w
 
-from fedistill.errors import ConfigError
+from fedistill.errors import ConfigError, unknown_name
 
 
 @dataclass(frozen=True)
@@ -96,9 +95,7 @@ def _check_value(key: str, value: Any, annotation: Any) -> Any:
 
 
 def _unknown(key: str, valid: list[str]) -> ConfigError:
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(valid))}"
-    return ConfigError(f"unknown config key {key!r}{hint}")
+    return unknown_name("config key", key, sorted(valid), ConfigError)  # type: ignore[return-value]
 
 
 def parse_value(text: str) -> Any:

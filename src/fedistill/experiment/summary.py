@@ -86,11 +86,11 @@ def results_rows(summaries: list[dict[str, Any]]) -> list[dict[str, str]]:
         rows.append(
             {
                 "algorithm": s["algorithm"] + ("" if s["federated"] else " (pooled)"),
-                "test acc %": accuracy_cell(s["final"]),
-                "local acc %": _percent(s["final"].get("local_accuracy")),
+                "test %": accuracy_cell(s["final"]),
+                "local %": _percent(s["final"].get("local_accuracy")),
                 "rounds": str(s["rounds"]),
-                "clients sent": human_bytes(comm[UP]["total_bytes"]),
-                "of it parameters": human_bytes(comm[UP]["per_kind"].get("parameters", 0)),
+                "up": human_bytes(comm[UP]["total_bytes"]),
+                "params up": human_bytes(comm[UP]["per_kind"].get("parameters", 0)),
                 "time s": f"{s['wall_time_s']:.1f}",
             }
         )

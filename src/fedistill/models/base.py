@@ -7,14 +7,13 @@ be visible in the parameter names: every ``state_dict`` key starts with ``extrac
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from fedistill.data.base import DatasetInfo
-from fedistill.errors import ConfigError
+from fedistill.errors import ConfigError, unknown_name
 
 EXTRACTOR_PREFIX = "extractor."
 CLASSIFIER_PREFIX = "classifier."
@@ -61,9 +60,4 @@ def output_dim(module: nn.Module, info: DatasetInfo) -> int:
 
 def unknown_choice(kind: str, value: object, valid: Iterable[str]) -> ConfigError:
     """A ConfigError naming the valid choices and, when one is close, the likely intended one."""
-    valid = list(valid)
-    message = f"unknown {kind} {value!r}; valid: {', '.join(valid)}"
-    close = difflib.get_close_matches(str(value), valid, n=1)
-    if close:
-        message += f" (did you mean {close[0]!r}?)"
-    return ConfigError(message)
+    return unknown_name(kind, value, list(valid), ConfigError)  # type: ignore[return-value]

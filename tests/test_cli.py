@@ -1,0 +1,72 @@
+"""The command line: user mistakes end in one line and exit code 2; list and summary work."""
+
+import pytest
+
+from fedistill.cli import main
+
+FAST = ["--clients", "3", "--rounds", "1", "--model", "mlp", "--quiet"]
+
+
+def _error_line(capsys, lines: int = 1) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    assert err.startswith("fedistill: error: ")
+    assert len(err.splitlines()) == lines, err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--dataset", "mnistt"], "did you mean 'mnist'"),
+        (["--algorithm", "fedavgg"], "did you mean 'fedavg'"),
+        (["--model", "resnet9"], "resnet9"),
+        (["--partition", "dirichlet", "--alpha", "0"], "alpha must be > 0"),
+        (["--partition", "nope"], "nope"),
+        (["--clients", "5000"], "5000"),
+        (["--set", "roundz=3"], "did you mean 'rounds'"),
+        (["--set", "[weird]"], "key=value"),
+        (["--config", "missing.toml"], "does not exist"),
+    ],
+)
+def test_user_mistakes_exit_2_with_one_line(tmp_path, capsys, argv, expected):
+    code = main(["run", *FAST, "--out", str(tmp_path), *argv])
+    assert code == 2
+    assert expected in _error_line(capsys)
+
+
+def test_missing_dataset_file_names_file_and_checksum(tmp_path, capsys):
+    code = main(
+        ["run", *FAST, "--dataset", "mnist", "--data-dir", str(tmp_path / "nothing"), "--out", str(tmp_path)]
+    )
+    assert code == 2
+    text = _error_line(capsys, lines=7)  # the error, then exactly which files go where, then --download
+    assert "missing dataset files" in text.splitlines()[0]
+    assert "train-images-idx3-ubyte.gz  md5 f68b3c2dcbeaaa9fbdd348bbdeb94873" in text
+
+
+def test_run_list_summary_and_refusal_to_overwrite(tmp_path, capsys):
+    argv = ["run", *FAST, "--algorithm", "fedavg", "--out", str(tmp_path), "--name", "x"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "fedavg" in out and "test %" in out
+    assert main(["summary", str(tmp_path / "x")]) == 0
+    assert "fedavg" in capsys.readouterr().out
+    assert main(argv) == 2
+    assert "--resume" in _error_line(capsys)
+    assert main(["summary", str(tmp_path)]) == 2
+    _error_line(capsys)
+    assert main(["list"]) == 0
+    listing = capsys.readouterr().out
+    for name in (
+        "fedavg",
+        "fedprox",
+        "fedavgm",
+        "standalone",
+        "centralized",
+        "digits",
+        "cifar10",
+        "resnet8",
+        "dirichlet-equal",
+    ):
+        assert name in listing
