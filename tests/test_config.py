@@ -6,6 +6,7 @@ from fedistill.errors import ConfigError
 from fedistill.experiment.config import (
     RunConfig,
     build_config,
+    for_algorithm,
     load_toml,
     options_for,
     parse_assignment,
@@ -55,6 +56,15 @@ def test_algorithm_options_are_checked():
         options_for(build_config(RunConfig(), {"fedprox.muu": 1.0}), "fedprox", FedProxOptions)
     with pytest.raises(ConfigError, match="mu must be >= 0"):
         options_for(build_config(RunConfig(), {"fedprox.mu": -1.0}), "fedprox", FedProxOptions)
+
+
+def test_algorithm_tables_override_common_keys_for_that_algorithm_only():
+    config = build_config(RunConfig(), {"lr": 0.1, "fedprox": {"lr": 0.01, "mu": 0.5}})
+    prox = for_algorithm(config, "fedprox")
+    assert prox.lr == 0.01 and prox.options["fedprox"] == {"mu": 0.5} and prox.algorithm == "fedprox"
+    assert for_algorithm(config, "fedavg").lr == 0.1
+    with pytest.raises(ConfigError, match="lr must be > 0"):
+        for_algorithm(build_config(RunConfig(), {"fedavg.lr": -1.0}), "fedavg")
 
 
 def test_toml_round_trip_and_unreadable_files(tmp_path):

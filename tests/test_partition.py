@@ -192,7 +192,9 @@ def test_unknown_names_are_rejected_with_a_suggestion():
         r"\(valid: dirichlet,",
     ):
         _split("dirichlet-balance")
-    with pytest.raises(UserError, match=r"unknown dirichlet-balanced option 'group_sise'; did you mean 'group_size'"):
+    with pytest.raises(
+        UserError, match=r"unknown dirichlet-balanced option 'group_sise'; did you mean 'group_size'"
+    ):
         _split("dirichlet-balanced", group_sise=5)
     with pytest.raises(UserError, match=r"labels must lie in \[0, 10\)"):
         partition(LABELS + 1, 10, method="iid", alpha=None, seed=0, num_classes=NUM_CLASSES)

@@ -185,6 +185,23 @@ def options_for(config: RunConfig, name: str, options_type: type) -> Any:
     return options
 
 
+#: Common keys an algorithm's table may override for that algorithm alone (per-method settings).
+PER_ALGORITHM_KEYS = frozenset(
+    {"model", "rounds", "local_epochs", "local_steps", "batch_size", "optimizer", "lr", "momentum",
+     "weight_decay", "augment", "norm"}
+)  # fmt: skip
+
+
+def for_algorithm(config: RunConfig, name: str) -> RunConfig:
+    """The config of one algorithm of a suite: its table's common keys (e.g. `[fedprox] lr`) win."""
+    section = dict(config.options.get(name, {}))
+    common = {key: section.pop(key) for key in list(section) if key in PER_ALGORITHM_KEYS}
+    options = {k: v for k, v in config.options.items() if k != name}
+    if section:
+        options[name] = section
+    return build_config(config.replace(algorithm=name, options=options), common)
+
+
 def write_config(config: RunConfig, path: Path) -> None:
     path.write_text(tomli_w.dumps(config.to_dict()), encoding="utf-8")
 

@@ -27,7 +27,7 @@ from fedistill.data.partition import FederatedSplit, load_split, make_split, sav
 from fedistill.data.registry import load_dataset
 from fedistill.errors import ConfigError
 from fedistill.experiment.checkpoint import latest_checkpoint, read_checkpoint, save_model, write_checkpoint
-from fedistill.experiment.config import RunConfig, options_for, read_config, write_config
+from fedistill.experiment.config import RunConfig, for_algorithm, options_for, read_config, write_config
 from fedistill.experiment.plots import plot_learning_curves, plot_partition
 from fedistill.experiment.rundir import MetricsWriter, read_jsonl
 from fedistill.experiment.summary import read_summary, write_suite_results, write_summary
@@ -275,7 +275,7 @@ def run_suite(
             summaries.append(read_summary(run_dir))
             continue
         summaries.append(
-            run_algorithm(config.replace(algorithm=name), run_dir, data, resume=resume, progress=progress)
+            run_algorithm(for_algorithm(config, name), run_dir, data, resume=resume, progress=progress)
         )
     curves = {s["algorithm"]: read_jsonl(suite_dir / s["algorithm"] / "metrics.jsonl") for s in summaries}
     write_suite_results(suite_dir, summaries, curves)
