@@ -4,6 +4,13 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ.setdefault(
+    "OMP_NUM_THREADS", "1"
+)  # tiny models: one thread is as fast and immune to oversubscription
+
+import torch
+
+torch.set_num_threads(1)
 
 SHARED_DATA = Path(
     os.environ.get("FEDISTILL_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,6 +45,8 @@ class ServerContext:
     options: Any
     num_clients: int
     evaluate: Callable[[nn.Module], dict[str, float]]  # test-set harness for server-side models
+    run_dir: Path | None = None  # where the server may write artifacts (plots, samples)
+    test_labels: torch.Tensor | None = None  # evaluation harness only: scores logits clients report on it
 
 
 class ServerLogic(ABC):
@@ -62,6 +65,11 @@ class ServerLogic(ABC):
     @abstractmethod
     def evaluate(self, fleet: Fleet, round: int) -> dict[str, float]:
         """Test metrics of the current model(s); must include `test_accuracy`."""
+
+    def final_evaluate(self, fleet: Fleet, last: dict[str, float]) -> dict[str, float]:
+        """The metrics reported for the run: by default `last`, the last round's evaluation. Methods
+        that keep the best model by validation override this to report that model instead."""
+        return last
 
     def models(self) -> dict[str, nn.Module]:
         """Server-side models to export at the end of a run (name -> module)."""

@@ -162,3 +162,30 @@ def plot_learning_curves(
         fig.suptitle(title)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def plot_image_grid(
+    images: np.ndarray,
+    path: str | Path,
+    *,
+    labels: Sequence[str] | None = None,
+    columns: int = 8,
+    title: str = "",
+) -> Path:
+    """A grid of images in [0, 1] with shape (N, C, H, W) (C = 1 or 3), e.g. a generator's samples."""
+    images = np.clip(np.asarray(images, dtype=np.float32), 0.0, 1.0)
+    n = images.shape[0]
+    rows = max(1, math.ceil(n / columns))
+    fig = _new_figure(columns * 1.0, rows * 1.0 + (0.4 if title else 0.0))
+    for i in range(n):
+        ax = fig.add_subplot(rows, columns, i + 1)
+        image = images[i].transpose(1, 2, 0)
+        ax.imshow(image[..., 0] if image.shape[-1] == 1 else image, cmap="gray", vmin=0.0, vmax=1.0)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        if labels is not None:
+            ax.set_title(str(labels[i]), fontsize=7, pad=1)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)

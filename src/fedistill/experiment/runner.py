@@ -158,7 +158,15 @@ def _loop(
     contexts = client_contexts(config, algorithm, options, data)
     clients = {ctx.client_id: algorithm.client(ctx) for ctx in contexts}
     server = algorithm.server(
-        ServerContext(info, config, options, len(clients), lambda model: evaluate_model(model, test, info))
+        ServerContext(
+            info,
+            config,
+            options,
+            len(clients),
+            lambda model: evaluate_model(model, test, info),
+            run_dir,
+            test.y,
+        )
     )
     state = read_checkpoint(checkpoint) if checkpoint else None
     runner_state = state["runner"] if state else {"round": 0, "ledger": 0, "metrics": 0, "elapsed": 0.0}
@@ -214,6 +222,7 @@ def _loop(
                 parts = {"runner": runner_state, "server": server.state_dict()}
                 parts |= {f"client_{cid:03d}": c.state_dict() for cid, c in clients.items()}
                 write_checkpoint(run_dir / "checkpoints", f"round_{round:05d}", parts)
+        final = server.final_evaluate(fleet, last_eval)
     finally:
         bar.close()
         ledger.close()
@@ -240,8 +249,8 @@ def _loop(
             "hash": data.split.hash(),
             "sizes": [len(idx) for idx in data.split.client_train],
         },
-        "final": last_eval,
-        "test_accuracy": last_eval.get("test_accuracy"),
+        "final": final,
+        "test_accuracy": final.get("test_accuracy"),
         "wall_time_s": time.perf_counter() - started,
         "peak_memory_mb": _peak_memory_mb(),
         "communication": ledger.totals.summary(),

@@ -1,0 +1,756 @@
+"""FedIOD: one-shot, data-free federated learning by input and output collaborative distillation.
+
+Stage 1 (nothing is sent): every client trains its own model T_k once, with any architecture.
+Stage 2: the server holds a generator G and the central student S; every client holds its frozen
+T_k and a patch discriminator D_k that it trains on its own data. One distillation step:
+
+1. server -> clients  `query.generate`: synthetic inputs x = G(w), and per-client loss weights.
+   Each client updates D_k on (x, a batch of its own data), then returns its logits T_k(x), its
+   density ratio D_k(x) / E[D_k(x')] (Eq. 8) and the input-gradient of the terms it can compute
+   alone: pi_k * L_gan^k (Eq. 2) and pi_k * H(T_k(x)) (Eq. 3).
+2. The server computes the terms that need every client at once, L_unique = -JSD (Eq. 4-5) and
+   -L_mimic (Eq. 9-10, S against the importance-weighted ensemble), and sends each client
+   `query.backprop`: the gradient with respect to its logits. Each client returns the matching
+   input-gradient. The server sums everything into dL/dx and updates G.
+3. server -> clients `query.student`: the inputs of all S-steps of this iteration in one message;
+   clients return logits and density ratios; the server takes the S-steps on L_mimic.
+
+No client ever sends parameters. Clients send label statistics only when the ensemble weighting
+needs them (Eq. 8 or the released code's class shares), and model selection uses the clients'
+validation splits (`evaluate.student`: S's parameters down, metrics up).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedistill.algorithms import fediod_losses as L
+from fedistill.algorithms.base import (
+    Algorithm,
+    ClientContext,
+    ServerContext,
+    ServerLogic,
+    clone_state,
+    register,
+)
+from fedistill.algorithms.training import LocalTraining, evaluate_model, new_model, train_local
+from fedistill.data.transforms import batches, to_float
+from fedistill.errors import ConfigError, FederationError
+from fedistill.experiment.config import RunConfig
+from fedistill.experiment.plots import plot_image_grid
+from fedistill.federation.client import ClientLogic, handles
+from fedistill.federation.fleet import Fleet, successful
+from fedistill.federation.messages import ArraySpec, Message, expect_arrays, state_specs
+from fedistill.metrics.generation import adapted_inception_score, class_coverage
+from fedistill.models.discriminator import build_discriminator
+from fedistill.models.generator import build_generator
+from fedistill.seeding import seeded, torch_generator
+
+log = logging.getLogger(__name__)
+
+PRESETS = ("paper", "official-code")
+WEIGHTINGS = ("eq8", "class-share", "uniform")
+MIMIC_MODES = ("l2", "kl", "kl-official", "l1")
+SELECTIONS = ("validation", "last", "best-on-test")
+
+
+@dataclass(frozen=True)
+class FedIODOptions:
+    """Defaults follow the paper; `preset = "official-code"` switches to the released code's choices."""
+
+    preset: str = "paper"
+    teachers: str = ""  # one model name for all clients, or a comma list cycled over clients; "" = `model`
+    student: str = ""  # "" = `model`
+    teacher_epochs: int = 30  # stage 1: local epochs of each teacher (uses the common lr/batch/optimizer)
+    batch_size: int = 64  # synthetic batch, and each client's real batch for D_k
+    iters_per_epoch: int | str = "max"  # max | min (over clients of ceil(n_k / batch)), or a number
+    student_steps: int = 5  # S-steps per G-step (the released code's 5)
+    latent_dim: int = 100
+    generator_width: int = 64
+    discriminator_width: int = 128
+    lr_generator: float = 1e-3  # the paper: Adam, cosine from 1e-3 to 0, for G, D_k and S
+    lr_discriminator: float = 2e-4  # 1e-3 lets every D_k win within an epoch on small data
+    lr_student: float = 1e-3
+    student_optimizer: str = "adam"  # adam | sgd (sgd: momentum 0.9, weight decay 3e-5 as the code)
+    schedule: str = "cosine"  # cosine | constant
+    gan_weighting: str = "pi"  # pi (Eq. 2) | average (Table 6 ablation)
+    gan_loss: str = "non-saturating"  # non-saturating | minimax
+    ensemble_weighting: str = "eq8"  # eq8 | class-share (the code) | uniform (Table 6 ablation)
+    mimic: str = "l2"  # l2 (tau -> infinity, Eq. 10) | kl (temperature tau) | kl-official | l1
+    tau: float = 1.0
+    use_conf: bool = True
+    use_unique: bool = True
+    js: str = "paper"  # paper (-JSD, Eq. 4-5) | official (the code's + (1/K) sum KL(M || P_k), clamped)
+    w_gan: float = 1.0
+    w_conf: float = 1.0
+    w_unique: float = 1.0
+    # Eq. 11 weighs every term 1. Measured on digits (K=5, 160 G-steps): with w_adv = 1 and no balance
+    # term G collapsed onto 1-2 classes and S stayed at chance (10%); with w_adv = 0.2 and the released
+    # code's class-balance term (w_balance = 10) every class stayed covered and S reached 62%.
+    # Set w_adv = 1, w_balance = 0 for the paper's literal weights.
+    w_adv: float = 0.2  # weight of -L_mimic in G's loss (G searches inputs where S lags)
+    w_balance: float = 10.0  # the released code's class-balance term (not in the paper)
+    selection: str = "validation"  # validation | last | best-on-test (only with the official-code preset)
+    collapse_share: float = 0.5  # warn when one class takes more than this share of G's samples
+    samples_every: int = 1  # save a grid of synthetic samples every N epochs (0: never)
+
+    def validate(self) -> None:
+        choices = {
+            "preset": PRESETS,
+            "ensemble_weighting": WEIGHTINGS,
+            "mimic": MIMIC_MODES,
+            "selection": SELECTIONS,
+            "gan_weighting": ("pi", "average"),
+            "gan_loss": ("non-saturating", "minimax"),
+            "js": ("paper", "official"),
+            "schedule": ("cosine", "constant"),
+            "student_optimizer": ("adam", "sgd"),
+        }
+        for key, valid in choices.items():
+            if getattr(self, key) not in valid:
+                raise ConfigError(
+                    f"fediod.{key} must be one of {', '.join(valid)}; got {getattr(self, key)!r}"
+                )
+        if self.selection == "best-on-test" and self.preset != "official-code":
+            raise ConfigError(
+                "fediod.selection = 'best-on-test' selects on the test set; it exists only to reproduce the "
+                "released code (set fediod.preset = 'official-code')"
+            )
+        if self.iters_per_epoch not in ("max", "min") and not (
+            isinstance(self.iters_per_epoch, int) and self.iters_per_epoch >= 1
+        ):
+            raise ConfigError(
+                f"fediod.iters_per_epoch must be max, min or a number; got {self.iters_per_epoch!r}"
+            )
+        for key in ("teacher_epochs", "batch_size", "student_steps", "latent_dim", "generator_width"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"fediod.{key} must be >= 1")
+        for key in ("lr_generator", "lr_discriminator", "lr_student", "tau"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"fediod.{key} must be > 0")
+
+    @property
+    def needs_label_counts(self) -> bool:
+        return self.ensemble_weighting in ("eq8", "class-share")
+
+
+#: What `preset = "official-code"` changes (notes §2.5-2.9): only keys the user did not set.
+OFFICIAL_CODE = {
+    "teachers": "resnet8-wide",
+    "student": "resnet8-wide",
+    "ensemble_weighting": "class-share",
+    "mimic": "kl-official",
+    "js": "official",
+    "w_unique": 5.0,
+    "w_adv": 0.2,
+    "w_balance": 10.0,
+    "lr_generator": 1e-4,
+    "lr_discriminator": 1e-4,
+    "lr_student": 5e-3,
+    "student_optimizer": "sgd",
+    "iters_per_epoch": "max",
+    "selection": "best-on-test",
+}
+
+
+def resolve_options(config: RunConfig, options: FedIODOptions) -> FedIODOptions:
+    if options.preset != "official-code":
+        return options
+    explicit = set(config.options.get("fediod", {}))
+    return dataclasses.replace(options, **{k: v for k, v in OFFICIAL_CODE.items() if k not in explicit})
+
+
+def teacher_name(options: FedIODOptions, config: RunConfig, client_id: int) -> str:
+    names = [n.strip() for n in (options.teachers or config.model).split(",") if n.strip()]
+    return names[client_id % len(names)]
+
+
+def cosine_lr(base: float, step: int, total: int, schedule: str) -> float:
+    if schedule == "constant" or total <= 0:
+        return base
+    return 0.5 * base * (1.0 + math.cos(math.pi * min(step, total) / total))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def _floats(values: Any) -> np.ndarray:
+    return np.asarray(values, dtype=np.float32)
+
+
+# ------------------------------------------------------------------------------------------------
+# Client
+# ------------------------------------------------------------------------------------------------
+class FedIODClient(ClientLogic):
+    """One site: trains T_k once, then answers the server's queries with its frozen T_k and D_k."""
+
+    def __init__(self, ctx: ClientContext) -> None:
+        self.ctx = ctx
+        self.options = resolve_options(ctx.config, ctx.options)
+        self.teacher = new_model(ctx.config, ctx.info, teacher_name(self.options, ctx.config, ctx.client_id))
+        self.discriminator = seeded(
+            ctx.config.seed,
+            lambda: build_discriminator(ctx.info, width=self.options.discriminator_width),
+            "discriminator-init",
+        )
+        self.d_optimizer = torch.optim.Adam(
+            self.discriminator.parameters(), lr=self.options.lr_discriminator, betas=(0.5, 0.999)
+        )
+        self.real_mean = 0.5  # running E_{x' in X'_k}[D_k(x')], refreshed at every D-step
+        self.pending: tuple[torch.Tensor, torch.Tensor] | None = None  # (x, T_k(x)) of the current G-step
+        self.student = new_model(ctx.config, ctx.info, self.options.student or ctx.config.model)
+        self.student_specs = state_specs(self.student.state_dict())
+
+    # --- stage 1 -------------------------------------------------------------------------------
+    @handles("train")
+    def train(self, message: Message) -> Message:
+        config = self.ctx.config
+        spec = dataclasses.replace(
+            LocalTraining.from_config(config, self.ctx.info), epochs=self.options.teacher_epochs, steps=0
+        )
+        generator = torch_generator(config.seed, "teacher-training", self.ctx.client_id)
+        metrics = train_local(self.teacher, self.ctx.train, self.ctx.info, spec, generator)
+        self.teacher.eval()
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        metrics["num_samples"] = len(self.ctx.train)
+        val = evaluate_model(self.teacher, self.ctx.val, self.ctx.info)
+        metrics["teacher_val_accuracy"] = val["accuracy"] if val["count"] else -1.0
+        arrays = {}
+        if message.scalar("config", "send_label_counts", False):
+            counts = torch.bincount(self.ctx.train.y, minlength=self.ctx.info.num_classes)
+            arrays["label-statistics"] = {"class_counts": counts.to(torch.int64)}
+        return Message.build("train", arrays=arrays, scalars={"metrics": metrics})
+
+    # --- stage 2: one G-step ---------------------------------------------------------------------
+    def _real_batch(self, step: int, size: int) -> torch.Tensor:
+        generator = torch_generator(self.ctx.config.seed, "real-batch", self.ctx.client_id, step)
+        n = len(self.ctx.train)
+        index = torch.randperm(n, generator=generator)[: min(size, n)]
+        images = self.ctx.train.subset(index)
+        x = next(
+            iter(
+                batches(images, self.ctx.info, len(images), shuffle=False, generator=generator, augment=False)
+            )
+        )[0]
+        return x
+
+    def _density_ratio(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return L.density_ratio(L.patch_scores(self.discriminator(x)), self.real_mean)
+
+    @handles("query.generate")
+    def generate(self, message: Message) -> Message:
+        expect_arrays(message, "synthetic-inputs", {"x": self._input_spec()})
+        step = int(message.scalar("config", "step"))
+        x = message.tensor("synthetic-inputs", "x")
+        # (1) D-step on (x, a batch of this site's data)
+        set_lr(self.d_optimizer, float(message.scalar("config", "lr_discriminator")))
+        real = self._real_batch(step, x.shape[0])
+        real_logits = self.discriminator(real)
+        d_loss = L.discriminator_loss(real_logits, self.discriminator(x))
+        self.d_optimizer.zero_grad(set_to_none=True)
+        d_loss.backward()
+        self.d_optimizer.step()
+        # E_{x' in X'_k}[D_k(x')] of Eq. 8, from this step's real batch (scored before the update)
+        self.real_mean = float(L.patch_scores(real_logits.detach()).mean())
+        # (2) the terms this site computes alone, and their gradient with respect to x
+        x = x.clone().requires_grad_(True)
+        logits = self.teacher(x)
+        fake_logits = self.discriminator(x)
+        gan = L.generator_gan_loss(fake_logits, mode=str(message.scalar("config", "gan_loss")))
+        conf = L.entropy(logits, float(message.scalar("config", "tau"))).mean()
+        local = (
+            float(message.scalar("config", "c_gan")) * gan + float(message.scalar("config", "c_conf")) * conf
+        )
+        # keep the teacher's graph: query.backprop pulls the server's output-gradients through it
+        (grad,) = torch.autograd.grad(local, x, retain_graph=True)
+        self.pending = (x, logits)
+        ratio = L.density_ratio(L.patch_scores(fake_logits.detach()), self.real_mean)
+        return Message.build(
+            "query.generate",
+            arrays={
+                "logits": {"z": logits.detach()},
+                "discriminator-outputs": {"ratio": ratio},
+                "input-gradients": {"local": grad},
+            },
+            scalars={"metrics": {"d_loss": d_loss.item(), "gan_loss": gan.item(), "entropy": conf.item()}},
+        )
+
+    @handles("query.backprop")
+    def backprop(self, message: Message) -> Message:
+        if self.pending is None:
+            raise FederationError("query.backprop arrived before query.generate")
+        x, logits = self.pending
+        expect_arrays(message, "output-gradients", {"z": ArraySpec("float32", tuple(logits.shape))})
+        (grad,) = torch.autograd.grad(logits, x, grad_outputs=message.tensor("output-gradients", "z"))
+        self.pending = None
+        return Message.build("query.backprop", arrays={"input-gradients": {"teacher": grad}})
+
+    # --- stage 2: the S-steps ---------------------------------------------------------------------
+    @handles("query.student")
+    def student_targets(self, message: Message) -> Message:
+        expect_arrays(message, "synthetic-inputs", {"x": self._input_spec()})
+        x = message.tensor("synthetic-inputs", "x")
+        with torch.no_grad():
+            logits = self.teacher(x)
+        arrays: dict[str, dict[str, torch.Tensor]] = {"logits": {"z": logits}}
+        if message.scalar("config", "want_ratio", False):
+            arrays["discriminator-outputs"] = {"ratio": self._density_ratio(x)}
+        return Message.build("query.student", arrays=arrays)
+
+    # --- evaluation ------------------------------------------------------------------------------
+    @handles("evaluate.student")
+    def evaluate_student(self, message: Message) -> Message:
+        expect_arrays(message, "parameters", self.student_specs)
+        self.student.load_state_dict(message.tensors("parameters"))
+        val = evaluate_model(self.student, self.ctx.val, self.ctx.info)
+        return Message.build(
+            "evaluate.student",
+            scalars={
+                "metrics": {
+                    "val_accuracy": val["accuracy"] if val["count"] else 0.0,
+                    "val_count": val["count"],
+                }
+            },
+        )
+
+    @handles("evaluate.teachers")
+    def evaluate_teacher(self, message: Message) -> Message:
+        """Evaluation only (not part of the protocol): the teacher's logits on the shared test set,
+        so the report can state the standalone accuracies and the ensemble's one-shot ceiling."""
+        x = to_float(self.ctx.global_test.x, self.ctx.info)
+        with torch.no_grad():
+            logits = torch.cat([self.teacher(chunk) for chunk in x.split(512)])
+        return Message.build("evaluate.teachers", arrays={"logits": {"z": logits}})
+
+    def _input_spec(self) -> ArraySpec:
+        info = self.ctx.info
+        return ArraySpec("float32", (None, info.channels, info.image_size, info.image_size))
+
+    def state_dict(self) -> dict:
+        return {
+            "teacher": clone_state(self.teacher),
+            "discriminator": clone_state(self.discriminator),
+            "d_optimizer": self.d_optimizer.state_dict(),
+            "real_mean": self.real_mean,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.teacher.load_state_dict(state["teacher"])
+        self.teacher.eval()
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        self.discriminator.load_state_dict(state["discriminator"])
+        self.d_optimizer.load_state_dict(state["d_optimizer"])
+        self.real_mean = float(state["real_mean"])
+
+
+# ------------------------------------------------------------------------------------------------
+# Server
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class Federation:
+    """What the server learned in stage 1: client sizes and (if the weighting needs them) class counts."""
+
+    clients: list[int]
+    sizes: torch.Tensor  # (K,)
+    counts: torch.Tensor | None  # (K, C)
+    teacher_val: dict[int, float] = field(default_factory=dict)
+
+    def pi(self, clients: list[int]) -> torch.Tensor:
+        sizes = torch.stack([self.sizes[self.clients.index(c)] for c in clients])
+        return sizes / sizes.sum()
+
+    def share(self, clients: list[int], num_classes: int) -> torch.Tensor:
+        if self.counts is None:
+            return torch.full((len(clients), num_classes), 1.0 / len(clients))
+        return L.class_share(torch.stack([self.counts[self.clients.index(c)] for c in clients]).float())
+
+
+class FedIODServer(ServerLogic):
+    def __init__(self, ctx: ServerContext) -> None:
+        super().__init__(ctx)
+        config, info = ctx.config, ctx.info
+        self.options = options = resolve_options(config, ctx.options)
+        self.generator = seeded(
+            config.seed,
+            lambda: build_generator(info, latent_dim=options.latent_dim, width=options.generator_width),
+            "generator-init",
+        )
+        self.student = new_model(config, info, options.student or config.model)
+        self.g_optimizer = torch.optim.Adam(
+            self.generator.parameters(), lr=options.lr_generator, betas=(0.5, 0.999)
+        )
+        if options.student_optimizer == "sgd":
+            self.s_optimizer: torch.optim.Optimizer = torch.optim.SGD(
+                self.student.parameters(), lr=options.lr_student, momentum=0.9, weight_decay=3e-5
+            )
+        else:
+            self.s_optimizer = torch.optim.Adam(self.student.parameters(), lr=options.lr_student)
+        self.federation: Federation | None = None
+        self.iters = 0
+        self.step = 0
+        self.best: dict[str, Any] = {"score": -1.0, "epoch": 0, "state": None}
+        self.reference: dict[str, float] = {}
+        self.last_coverage: dict[str, Any] = {}
+
+    # --- stage 1 ---------------------------------------------------------------------------------
+    def setup(self, fleet: Fleet) -> None:
+        config, options = self.ctx.config, self.options
+        request = Message.build(
+            "train", scalars={"config": {"send_label_counts": options.needs_label_counts}}
+        )
+        replies = successful(
+            fleet.broadcast(request, timeout=config.timeout or None),
+            minimum=min(config.min_clients, len(fleet.clients)),
+            what="trained teachers",
+        )
+        clients = sorted(replies)
+        sizes = torch.tensor([float(replies[c].scalar("metrics", "num_samples")) for c in clients])
+        counts = None
+        if options.needs_label_counts:
+            spec = {"class_counts": ArraySpec("int64", (self.ctx.info.num_classes,))}
+            for reply in replies.values():
+                expect_arrays(reply, "label-statistics", spec)
+            counts = torch.stack([replies[c].tensor("label-statistics", "class_counts") for c in clients])
+        self.federation = Federation(
+            clients,
+            sizes,
+            counts,
+            {c: float(replies[c].scalar("metrics", "teacher_val_accuracy")) for c in clients},
+        )
+        per_client = [math.ceil(float(s) / options.batch_size) for s in sizes]
+        if options.iters_per_epoch == "max":
+            self.iters = max(per_client)
+        elif options.iters_per_epoch == "min":
+            self.iters = min(per_client)
+        else:
+            self.iters = int(options.iters_per_epoch)
+        self.reference = self._teacher_report(fleet)
+        log.info(
+            "FedIOD stage 1 done: %d teachers, %d G-steps per epoch; %s",
+            len(clients),
+            self.iters,
+            self.reference,
+        )
+
+    def _teacher_report(self, fleet: Fleet) -> dict[str, float]:
+        """Standalone accuracies and the ensemble's accuracy (the one-shot ceiling), evaluation only."""
+        assert self.federation is not None
+        replies = successful(
+            fleet.broadcast(Message.build("evaluate.teachers"), self.federation.clients),
+            what="teacher logits",
+        )
+        clients = sorted(replies)
+        logits = torch.stack([replies[c].tensor("logits", "z") for c in clients])  # (K, N, C)
+        labels = self._test_labels()
+        acc = (logits.argmax(-1) == labels).float().mean(1)
+        pi = self.federation.pi(clients)
+        share = self.federation.share(clients, self.ctx.info.num_classes)
+        shares = share[:, None, :].expand_as(logits)
+        report = {
+            "teacher_mean_accuracy": float(acc.mean()),
+            "teacher_std_accuracy": float(acc.std(unbiased=False)),
+            "ensemble_accuracy": float(
+                (L.ensemble_logits(logits, shares).argmax(-1) == labels).float().mean()
+            ),
+            "ensemble_uniform_accuracy": float((logits.mean(0).argmax(-1) == labels).float().mean()),
+            "ensemble_pi_accuracy": float(
+                ((pi[:, None, None] * logits).sum(0).argmax(-1) == labels).float().mean()
+            ),
+        }
+        return report
+
+    def _test_labels(self) -> torch.Tensor:
+        if self.ctx.test_labels is None:
+            raise FederationError("FedIOD's teacher report needs the evaluation harness's test labels")
+        return self.ctx.test_labels
+
+    # --- stage 2 ---------------------------------------------------------------------------------
+    @property
+    def total_steps(self) -> int:
+        return self.iters * self.ctx.config.rounds
+
+    def _lrs(self) -> tuple[float, float, float]:
+        o = self.options
+        return tuple(
+            cosine_lr(b, self.step, self.total_steps, o.schedule)
+            for b in (o.lr_generator, o.lr_discriminator, o.lr_student)
+        )  # type: ignore[return-value]
+
+    def _weights(self, logits: torch.Tensor, ratio: torch.Tensor | None, clients: list[int]) -> torch.Tensor:
+        assert self.federation is not None
+        k, b, c = logits.shape
+        if self.options.ensemble_weighting == "uniform":
+            return L.uniform_weights(k, b, c)
+        share = self.federation.share(clients, c)
+        return L.importance_weights(share, ratio if self.options.ensemble_weighting == "eq8" else None)
+
+    def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for _ in range(self.iters):
+            for key, value in self.distillation_step(fleet).items():
+                totals[key] = totals.get(key, 0.0) + value / self.iters
+        self._samples(round)
+        return totals | {
+            f"coverage_{k}": v for k, v in self.last_coverage.items() if isinstance(v, float | int)
+        }
+
+    def distillation_step(self, fleet: Fleet) -> dict[str, float]:
+        assert self.federation is not None
+        options, config = self.options, self.ctx.config
+        lr_g, lr_d, lr_s = self._lrs()
+        set_lr(self.g_optimizer, lr_g)
+        set_lr(self.s_optimizer, lr_s)
+        clients = self.federation.clients
+        pi_all = self.federation.pi(clients)
+        gan_weight = pi_all if options.gan_weighting == "pi" else torch.full_like(pi_all, 1.0 / len(clients))
+        latent_gen = torch_generator(config.seed, "latent", self.step)
+        self.generator.train()
+        x = self.generator(self.generator.sample_latent(options.batch_size, latent_gen))
+        requests = {
+            cid: Message.build(
+                "query.generate",
+                arrays={"synthetic-inputs": {"x": x.detach()}},
+                scalars={
+                    "config": {
+                        "step": self.step,
+                        "lr_discriminator": lr_d,
+                        "c_gan": options.w_gan * float(gan_weight[i]),
+                        "c_conf": options.w_conf * float(pi_all[i]) if options.use_conf else 0.0,
+                        "tau": options.tau,
+                        "gan_loss": options.gan_loss,
+                    }
+                },
+            )
+            for i, cid in enumerate(clients)
+        }
+        timeout = config.timeout or None
+        replies = successful(
+            fleet.send(requests, step=self.step, timeout=timeout),
+            minimum=min(config.min_clients, len(clients)),
+            what="generator queries",
+        )
+        answered = sorted(replies)
+        pi = self.federation.pi(answered)
+        b, c = options.batch_size, self.ctx.info.num_classes
+        for reply in replies.values():
+            expect_arrays(reply, "logits", {"z": ArraySpec("float32", (b, c))})
+            expect_arrays(reply, "discriminator-outputs", {"ratio": ArraySpec("float32", (b,))})
+        logits = torch.stack([replies[cid].tensor("logits", "z") for cid in answered]).requires_grad_(True)
+        ratio = torch.stack([replies[cid].tensor("discriminator-outputs", "ratio") for cid in answered])
+        x_server = x.detach().requires_grad_(True)
+        weights = self._weights(logits.detach(), ratio, answered)
+        self.student.train()
+        mimic = L.mimic_loss(
+            self.student(x_server), L.ensemble_logits(logits, weights), mode=options.mimic, tau=options.tau
+        )
+        server_loss = -options.w_adv * mimic
+        unique = torch.zeros(())
+        if options.use_unique:
+            unique = (
+                L.unique_loss(logits, pi, options.tau)
+                if options.js == "paper"
+                else L.official_js_loss(logits, options.tau)
+            )
+            server_loss = server_loss + options.w_unique * unique
+        if options.w_balance:
+            server_loss = server_loss + options.w_balance * L.balance_loss(logits, pi)
+        grad_logits, grad_x = torch.autograd.grad(server_loss, [logits, x_server])
+        back = successful(
+            fleet.send(
+                {
+                    cid: Message.build("query.backprop", arrays={"output-gradients": {"z": grad_logits[i]}})
+                    for i, cid in enumerate(answered)
+                },
+                step=self.step,
+                timeout=timeout,
+            ),
+            minimum=min(config.min_clients, len(answered)),
+            what="input-gradients",
+        )
+        total = grad_x.clone()
+        for cid in answered:
+            total += replies[cid].tensor("input-gradients", "local")
+            if cid in back:
+                total += back[cid].tensor("input-gradients", "teacher")
+        self.g_optimizer.zero_grad(set_to_none=True)
+        x.backward(total)
+        self.g_optimizer.step()
+        s_loss = self._student_steps(fleet, answered)
+        self.step += 1
+        metrics = [r.scalar("metrics", k) for r in replies.values() for k in ("d_loss",)]
+        return {
+            "loss_mimic": mimic.item(),
+            "loss_unique": unique.item(),
+            "loss_student": s_loss,
+            "loss_discriminator": float(np.mean([float(m) for m in metrics])),
+            "loss_gan": float(np.mean([float(r.scalar("metrics", "gan_loss")) for r in replies.values()])),
+            "entropy": float(np.mean([float(r.scalar("metrics", "entropy")) for r in replies.values()])),
+        }
+
+    def _student_steps(self, fleet: Fleet, clients: list[int]) -> float:
+        options, config = self.options, self.ctx.config
+        n, b = options.student_steps, options.batch_size
+        latent_gen = torch_generator(config.seed, "student-latent", self.step)
+        with torch.no_grad():
+            xs = self.generator(self.generator.sample_latent(n * b, latent_gen))
+        want_ratio = options.ensemble_weighting == "eq8"
+        request = Message.build(
+            "query.student",
+            arrays={"synthetic-inputs": {"x": xs}},
+            scalars={"config": {"want_ratio": want_ratio}},
+        )
+        replies = successful(
+            fleet.broadcast(request, clients, step=self.step, timeout=config.timeout or None),
+            minimum=min(config.min_clients, len(clients)),
+            what="student targets",
+        )
+        answered = sorted(replies)
+        c = self.ctx.info.num_classes
+        for reply in replies.values():
+            expect_arrays(reply, "logits", {"z": ArraySpec("float32", (n * b, c))}, exact=False)
+        logits = torch.stack([replies[cid].tensor("logits", "z") for cid in answered])
+        ratio = (
+            torch.stack([replies[cid].tensor("discriminator-outputs", "ratio") for cid in answered])
+            if want_ratio
+            else None
+        )
+        targets = L.ensemble_logits(logits, self._weights(logits, ratio, answered))
+        self.last_coverage = class_coverage(targets)
+        self.last_coverage["adapted_is"] = adapted_inception_score(logits)
+        self.student.train()
+        losses = []
+        for j in range(n):
+            part = slice(j * b, (j + 1) * b)
+            loss = L.mimic_loss(self.student(xs[part]), targets[part], mode=options.mimic, tau=options.tau)
+            if not torch.isfinite(loss):
+                raise FederationError(
+                    f"the student's loss is {float(loss)} at step {self.step}; lower fediod.lr_student"
+                )
+            self.s_optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.s_optimizer.step()
+            losses.append(loss.item())
+        return float(np.mean(losses))
+
+    def _samples(self, epoch: int) -> None:
+        if self.last_coverage.get("max_share", 0.0) > self.options.collapse_share:
+            log.warning(
+                "epoch %d: generator collapse? one class takes %.0f%% of the samples",
+                epoch,
+                100 * self.last_coverage["max_share"],
+            )
+        every = self.options.samples_every
+        if not every or epoch % every or self.ctx.run_dir is None:
+            return
+        with torch.no_grad():
+            self.generator.eval()
+            images = self.generator.forward_unit(
+                self.generator.sample_latent(32, torch_generator(self.ctx.config.seed, "samples"))
+            )
+            self.generator.train()
+        plot_image_grid(
+            images.numpy(),
+            self.ctx.run_dir / "plots" / f"synthetic_epoch_{epoch:04d}.png",
+            title=f"G samples, epoch {epoch}",
+        )
+
+    # --- evaluation and model selection ----------------------------------------------------------
+    def evaluate(self, fleet: Fleet, round: int) -> dict[str, float]:
+        test = self.ctx.evaluate(self.student)
+        metrics = {"test_accuracy": test["accuracy"], "test_loss": test["loss"]}
+        selection = self.options.selection
+        if selection == "validation":
+            request = Message.build("evaluate.student", arrays={"parameters": self.student.state_dict()})
+            replies = successful(
+                fleet.broadcast(request, timeout=self.ctx.config.timeout or None), what="validation metrics"
+            )
+            counts = np.array([float(r.scalar("metrics", "val_count")) for r in replies.values()])
+            accs = np.array([float(r.scalar("metrics", "val_accuracy")) for r in replies.values()])
+            score = float(np.average(accs, weights=counts)) if counts.sum() > 0 else 0.0
+            metrics["val_accuracy"] = score
+        elif selection == "best-on-test":
+            score = test["accuracy"]
+        else:
+            score = float(round)
+        if score > self.best["score"]:
+            self.best = {"score": score, "epoch": round, "state": clone_state(self.student)}
+        return metrics
+
+    def final_evaluate(self, fleet: Fleet, last: dict[str, float]) -> dict[str, float]:
+        final = dict(last)
+        if self.best["state"] is not None:
+            self.student.load_state_dict(self.best["state"])
+            test = self.ctx.evaluate(self.student)
+            final |= {
+                "test_accuracy": test["accuracy"],
+                "test_loss": test["loss"],
+                "selected_epoch": self.best["epoch"],
+            }
+        final["selection"] = {
+            "validation": "best on the clients' validation splits",
+            "last": "last epoch",
+            "best-on-test": "best on the TEST set (official-code preset; not a valid protocol)",
+        }[self.options.selection]
+        final |= self.reference
+        if self.reference.get("ensemble_accuracy"):
+            final["fraction_of_ensemble"] = final["test_accuracy"] / self.reference["ensemble_accuracy"]
+        return final
+
+    def models(self) -> dict[str, nn.Module]:
+        return {"student": self.student, "generator": self.generator}
+
+    def state_dict(self) -> dict:
+        assert self.federation is not None
+        f = self.federation
+        return {
+            "generator": clone_state(self.generator),
+            "student": clone_state(self.student),
+            "g_optimizer": self.g_optimizer.state_dict(),
+            "s_optimizer": self.s_optimizer.state_dict(),
+            "step": self.step,
+            "iters": self.iters,
+            "best": self.best,
+            "reference": self.reference,
+            "federation": {
+                "clients": f.clients,
+                "sizes": f.sizes,
+                "counts": f.counts,
+                "teacher_val": {str(k): v for k, v in f.teacher_val.items()},
+            },
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.load_state_dict(state["generator"])
+        self.student.load_state_dict(state["student"])
+        self.g_optimizer.load_state_dict(state["g_optimizer"])
+        self.s_optimizer.load_state_dict(state["s_optimizer"])
+        self.step, self.iters = int(state["step"]), int(state["iters"])
+        self.best, self.reference = state["best"], dict(state["reference"])
+        f = state["federation"]
+        self.federation = Federation(
+            list(f["clients"]), f["sizes"], f["counts"], {int(k): v for k, v in f["teacher_val"].items()}
+        )
+
+
+register(
+    Algorithm(
+        "fediod",
+        "FedIOD: one-shot data-free input+output distillation (no client sends parameters)",
+        FedIODClient,
+        FedIODServer,
+        FedIODOptions,
+    )
+)

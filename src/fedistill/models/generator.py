@@ -1,0 +1,104 @@
+"""The image generator G of MosaicKD (Fang et al., NeurIPS'21) as used by FedIOD's released code.
+
+Layer by layer it is ``Generator(nz, ngf, img_size, nc)`` of those codes, with ``latent_dim`` = nz,
+``width`` = ngf and the image size and channel count taken from the dataset; the parameter names
+(``l1.0.*``, ``conv_blocks.N.*``) are theirs too, so released generator weights load unchanged.
+The two codes differ in one layer, the second upsampling: FedIOD uses bilinear, MosaicKD nearest.
+
+G ends in a sigmoid, so it draws images in [0, 1]; :meth:`Generator.forward` then normalises them with
+the dataset's mean and std, as FedIOD does before the images reach its discriminators, teachers and
+student, so they can go straight into classifiers trained on normalised data.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fedistill.data.base import DatasetInfo
+from fedistill.errors import ConfigError
+from fedistill.models.base import unknown_choice
+
+UPSAMPLE_MODES = ("bilinear", "nearest")
+
+
+def _check_positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+class Generator(nn.Module):
+    """z (B, latent_dim) → image (B, channels, image_size, image_size).
+
+    The image is built at a quarter of the final size (s = image_size // 4) and upsampled twice:
+    8×8 → 2 → 8, 28×28 → 7 → 28, 32×32 → 8 → 32.
+    """
+
+    def __init__(
+        self, info: DatasetInfo, *, latent_dim: int = 100, width: int = 64, upsample: str = "bilinear"
+    ):
+        super().__init__()
+        latent_dim = _check_positive("latent_dim", latent_dim)
+        width = _check_positive("generator width", width)
+        if upsample not in UPSAMPLE_MODES:
+            raise unknown_choice("upsample mode", upsample, UPSAMPLE_MODES)
+        if info.image_size <= 0 or info.image_size % 4 != 0:
+            raise ConfigError(
+                f"the generator needs an image size divisible by 4, got {info.image_size} "
+                f"(dataset {info.name!r})"
+            )
+        self.latent_dim = latent_dim
+        self.width = width
+        self.channels = info.channels
+        self.init_size = info.image_size // 4
+        second_upsample = (
+            nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+            if upsample == "bilinear"
+            else nn.Upsample(scale_factor=2, mode="nearest")
+        )
+        # Linear z → (4·width, s, s); both codes wrap it in a Sequential, hence the key "l1.0".
+        self.l1 = nn.Sequential(nn.Linear(latent_dim, 4 * width * self.init_size**2))
+        self.conv_blocks = nn.Sequential(
+            nn.BatchNorm2d(4 * width),  # no activation after this BN, as in both codes
+            nn.Upsample(scale_factor=2, mode="nearest"),
+            nn.Conv2d(4 * width, 2 * width, 3, stride=1, padding=1, bias=False),
+            nn.BatchNorm2d(2 * width),
+            nn.LeakyReLU(0.2, inplace=True),
+            second_upsample,  # FedIOD: bilinear; MosaicKD: nearest
+            nn.Conv2d(2 * width, width, 3, stride=1, padding=1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.LeakyReLU(0.2, inplace=True),
+            nn.Conv2d(width, info.channels, 3, stride=1, padding=1),
+            nn.Sigmoid(),
+        )
+        # Normalisation constants: buffers so they follow .to(device), not saved in the state dict.
+        mean = torch.tensor(info.mean, dtype=torch.float32).view(1, -1, 1, 1)
+        std = torch.tensor(info.std, dtype=torch.float32).view(1, -1, 1, 1)
+        self.register_buffer("mean", mean, persistent=False)
+        self.register_buffer("std", std, persistent=False)
+
+    def forward_unit(self, z: torch.Tensor) -> torch.Tensor:
+        """Images in [0, 1] (the sigmoid output), e.g. for plotting."""
+        out = self.l1(z)
+        out = out.view(out.shape[0], -1, self.init_size, self.init_size)
+        return self.conv_blocks(out)
+
+    def forward(self, z: torch.Tensor, *, unit: bool = False) -> torch.Tensor:
+        """Images normalised with the dataset's mean/std, or in [0, 1] when ``unit`` is true."""
+        x01 = self.forward_unit(z)
+        return x01 if unit else (x01 - self.mean) / self.std
+
+    def sample_latent(self, batch: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """z ~ N(0, I) of shape (batch, latent_dim), on this module's device."""
+        device = self.mean.device
+        gen_device = generator.device if generator is not None else device
+        z = torch.randn(batch, self.latent_dim, generator=generator, device=gen_device)
+        return z.to(device)
+
+
+def build_generator(
+    info: DatasetInfo, latent_dim: int = 100, width: int = 64, upsample: str = "bilinear"
+) -> Generator:
+    """FedIOD's generator for ``info`` (``upsample="nearest"``: MosaicKD's); ConfigError on bad values."""
+    return Generator(info, latent_dim=latent_dim, width=width, upsample=upsample)

@@ -1,0 +1,139 @@
+"""FedIOD across the message boundary: what crosses it, that the distributed gradient is the true
+one, and that the student learns on real data."""
+
+import copy
+
+import pytest
+import torch
+
+from fedistill.algorithms import fediod_losses as L
+from fedistill.algorithms.base import ServerContext
+from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
+from fedistill.algorithms.training import evaluate_model
+from fedistill.experiment.config import RunConfig, build_config, options_for
+from fedistill.experiment.runner import client_contexts, get_algorithm, prepare_data, run_suite
+from fedistill.federation.inprocess import InProcessFleet
+from fedistill.federation.ledger import UP, Ledger, read_ledger
+
+TINY = {
+    "clients": 3,
+    "alpha": 1.0,
+    "model": "lenet-fedmdcg",
+    "rounds": 2,
+    "batch_size": 32,
+    "fediod": {
+        "teacher_epochs": 2,
+        "iters_per_epoch": 2,
+        "batch_size": 16,
+        "student_steps": 2,
+        "generator_width": 8,
+        "discriminator_width": 8,
+        "latent_dim": 16,
+    },
+}
+
+
+def _config(**fediod) -> RunConfig:
+    layer = copy.deepcopy(TINY)
+    layer["fediod"].update(fediod)
+    return build_config(RunConfig(), layer, {"algorithm": "fediod"})
+
+
+def _build(config: RunConfig):
+    algorithm = get_algorithm("fediod")
+    options = options_for(config, "fediod", FedIODOptions)
+    data = prepare_data(config)
+    clients = {ctx.client_id: FedIODClient(ctx) for ctx in client_contexts(config, algorithm, options, data)}
+    test = data.dataset.test
+    ctx = ServerContext(
+        data.dataset.info, config, options, len(clients),
+        lambda m: evaluate_model(m, test, data.dataset.info), None, test.y,
+    )  # fmt: skip
+    return clients, FedIODServer(ctx)
+
+
+@pytest.mark.parametrize("weighting", ["eq8", "uniform"])
+def test_clients_send_no_parameters_and_label_counts_only_when_needed(tmp_path, weighting):
+    config = _config(ensemble_weighting=weighting)
+    summary = run_suite(config, tmp_path / "s", progress=False)[0]
+    up = summary["communication"][UP]["per_kind"]
+    assert "parameters" not in up
+    assert ("label-statistics" in up) == (weighting == "eq8")
+    records = read_ledger(tmp_path / "s" / "fediod" / "ledger.jsonl")
+    sent_by_clients = {kind for r in records if r["direction"] == UP for kind in r["kinds"]}
+    assert sent_by_clients <= {
+        "logits",
+        "discriminator-outputs",
+        "input-gradients",
+        "metrics",
+        "label-statistics",
+    }
+    types = {r["type"] for r in records}
+    assert {"train", "query.generate", "query.backprop", "query.student", "evaluate.student"} <= types
+    # one generate + one backprop + one student query per client per G-step
+    steps = 2 * 2
+    for kind in ("query.generate", "query.backprop", "query.student"):
+        assert sum(r["type"] == kind and r["direction"] == UP for r in records) == 3 * steps
+    assert summary["final"]["selection"].startswith("best on the clients' validation")
+    assert 0.0 <= summary["test_accuracy"] <= 1.0
+
+
+def test_distributed_generator_gradient_equals_the_centralised_one():
+    """The gradient G receives, assembled from what clients return, equals autograd through everything."""
+    config = _config(w_adv=0.7, w_unique=1.3, w_conf=0.9, w_gan=1.1)
+    clients, server = _build(config)
+    fleet = InProcessFleet(clients, Ledger(None))
+    server.setup(fleet)
+    g_before = copy.deepcopy(server.generator)
+    s_before = copy.deepcopy(server.student)
+    step = server.step
+    server.distillation_step(fleet)
+    protocol_grad = [p.grad.clone() for p in server.generator.parameters()]
+
+    # centralised reference: the same x, the clients' models (D_k as updated in this step), S before the step
+    from fedistill.seeding import torch_generator
+
+    options = server.options
+    g_before.train()
+    s_before.train()
+    x = g_before(g_before.sample_latent(options.batch_size, torch_generator(config.seed, "latent", step)))
+    ids = sorted(clients)
+    pi = server.federation.pi(ids)
+    z = torch.stack([clients[k].teacher(x) for k in ids])
+    d = [clients[k].discriminator(x) for k in ids]
+    loss = sum(
+        options.w_gan * pi[i] * L.generator_gan_loss(d[i]) + options.w_conf * pi[i] * L.entropy(z[i]).mean()
+        for i in range(len(ids))
+    )
+    with torch.no_grad():
+        ratio = torch.stack(
+            [L.density_ratio(L.patch_scores(clients[k].discriminator(x)), clients[k].real_mean) for k in ids]
+        )
+    weights = L.importance_weights(server.federation.share(ids, z.shape[-1]), ratio)
+    loss = loss + options.w_unique * L.unique_loss(z, pi)
+    loss = loss - options.w_adv * L.mimic_loss(s_before(x), L.ensemble_logits(z, weights))
+    reference = torch.autograd.grad(loss, list(g_before.parameters()))
+    for got, want in zip(protocol_grad, reference, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_official_code_preset_and_best_on_test_labelling():
+    options = options_for(
+        build_config(RunConfig(), {"fediod": {"preset": "official-code", "w_adv": 0.5}}),
+        "fediod",
+        FedIODOptions,
+    )
+    from fedistill.algorithms.fediod import resolve_options
+
+    config = build_config(RunConfig(), {"fediod": {"preset": "official-code", "w_adv": 0.5}})
+    resolved = resolve_options(config, options)
+    assert resolved.ensemble_weighting == "class-share" and resolved.mimic == "kl-official"
+    assert resolved.js == "official" and resolved.selection == "best-on-test"
+    assert resolved.w_adv == 0.5  # an explicit setting wins over the preset
+
+
+def test_best_on_test_outside_the_preset_is_refused():
+    from fedistill.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="official-code"):
+        options_for(build_config(RunConfig(), {"fediod.selection": "best-on-test"}), "fediod", FedIODOptions)
