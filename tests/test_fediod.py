@@ -110,7 +110,7 @@ def test_distributed_generator_gradient_equals_the_centralised_one():
             [L.density_ratio(L.patch_scores(clients[k].discriminator(x)), clients[k].real_mean) for k in ids]
         )
     weights = L.importance_weights(server.federation.share(ids, z.shape[-1]), ratio)
-    loss = loss + options.w_unique * L.unique_loss(z, pi)
+    loss = loss + options.w_unique * L.unique_loss(z, pi) + options.w_balance * L.balance_loss(z, pi)
     loss = loss - options.w_adv * L.mimic_loss(s_before(x), L.ensemble_logits(z, weights))
     reference = torch.autograd.grad(loss, list(g_before.parameters()))
     for got, want in zip(protocol_grad, reference, strict=True):
