@@ -47,7 +47,9 @@ def fedistill(args: list[str]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data-dir", default=str(HERE.parents[1] / "shared" / "data"))
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--seeds", default="0")
@@ -62,8 +64,14 @@ def main() -> None:
                       "--seed", str(seed), "--out", str(out)]  # fmt: skip
             fedistill([*common, "--algorithm", "fedavg,standalone", "--name", name])
             # Centralized: the same total number of SGD steps as the federation (10 clients x 20 steps).
-            fedistill([*common, "--algorithm", "centralized", "--local-steps", "200", "--name", name + "-central"])
-            for algorithm, folder in (("fedavg", name), ("standalone", name), ("centralized", name + "-central")):
+            fedistill(
+                [*common, "--algorithm", "centralized", "--local-steps", "200", "--name", name + "-central"]
+            )
+            for algorithm, folder in (
+                ("fedavg", name),
+                ("standalone", name),
+                ("centralized", name + "-central"),
+            ):
                 summary = json.loads((out / folder / algorithm / "summary.json").read_text())
                 final = summary["final"]
                 paper_local, paper_global = PAPER.get((algorithm, omega), (None, None))
@@ -72,7 +80,9 @@ def main() -> None:
                         "algorithm": algorithm,
                         "omega": omega,
                         "seed": seed,
-                        "local_accuracy": 100 * final["local_accuracy"] if "local_accuracy" in final else None,
+                        "local_accuracy": 100 * final["local_accuracy"]
+                        if "local_accuracy" in final
+                        else None,
                         "test_accuracy": 100 * final["test_accuracy"],
                         "test_accuracy_std": 100 * final.get("test_accuracy_std", 0.0),
                         "paper_local": paper_local,
@@ -112,8 +122,14 @@ def write(rows: list[dict], demo: list[dict], demo_time: float, args: argparse.N
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for r in rows:
-        local_gap = None if r["paper_local"] is None or r["local_accuracy"] is None else r["local_accuracy"] - r["paper_local"]
-        test = _fmt(r["test_accuracy"]) + (f" ± {r['test_accuracy_std']:.2f}" if r["test_accuracy_std"] else "")
+        local_gap = (
+            None
+            if r["paper_local"] is None or r["local_accuracy"] is None
+            else r["local_accuracy"] - r["paper_local"]
+        )
+        test = _fmt(r["test_accuracy"]) + (
+            f" ± {r['test_accuracy_std']:.2f}" if r["test_accuracy_std"] else ""
+        )
         global_gap = None
         if r["paper_global"] is not None and r["algorithm"] == "fedavg":
             global_gap = r["test_accuracy"] - r["paper_global"]

@@ -174,7 +174,9 @@ def test_discriminator_matches_released_layers_at_cifar_size():
 
 
 @pytest.mark.parametrize(
-    ("info", "width"), [(DIGITS, 32), (MNIST, 16), (CIFAR10, 16), (info_of_size(10, 2), 8)]
+    ("info", "width"),
+    [(DIGITS, 32), (MNIST, 16), (CIFAR10, 16), (info_of_size(10, 2), 8)],
+    ids=["digits", "mnist", "cifar10", "2x10x10"],
 )
 def test_discriminator_fast_path_equals_plain_convolution(info: DatasetInfo, width: int):
     torch.manual_seed(0)
