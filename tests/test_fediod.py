@@ -156,3 +156,31 @@ def test_student_beats_the_standalone_mean_on_digits(tmp_path):
     final = run_suite(config, tmp_path / "s", progress=False)[0]["final"]
     assert final["test_accuracy"] > final["teacher_mean_accuracy"] + 0.05, final
     assert final["fraction_of_ensemble"] > 0.5
+
+
+def test_an_interrupted_run_resumes_to_the_same_result(tmp_path, monkeypatch):
+    from fedistill.experiment.rundir import read_jsonl
+    from fedistill.experiment.runner import resume_suite
+
+    config = _config()
+    run_suite(config, tmp_path / "ref", progress=False)
+    original = FedIODServer.run_round
+
+    def crash_in_round_2(self, fleet, round):
+        if round == 2:
+            raise KeyboardInterrupt
+        return original(self, fleet, round)
+
+    monkeypatch.setattr(FedIODServer, "run_round", crash_in_round_2)
+    with pytest.raises(KeyboardInterrupt):
+        run_suite(config, tmp_path / "cut", progress=False)
+    monkeypatch.setattr(FedIODServer, "run_round", original)
+    resume_suite(tmp_path / "cut", progress=False)
+
+    def rows(path):
+        return [
+            {k: v for k, v in r.items() if not k.endswith("_s")}
+            for r in read_jsonl(path / "fediod" / "metrics.jsonl")
+        ]
+
+    assert rows(tmp_path / "cut") == rows(tmp_path / "ref")
