@@ -5,13 +5,14 @@ Stage 2: the server holds a generator G and the central student S; every client 
 T_k and a patch discriminator D_k that it trains on its own data. One distillation step:
 
 1. server -> clients  `query.generate`: synthetic inputs x = G(w), and per-client loss weights.
-   Each client updates D_k on (x, a batch of its own data), then returns its logits T_k(x), its
-   density ratio D_k(x) / E[D_k(x')] (Eq. 8) and the input-gradient of the terms it can compute
-   alone: pi_k * L_gan^k (Eq. 2) and pi_k * H(T_k(x)) (Eq. 3).
+   Each client updates D_k on (x, a batch of its own data), then returns its logits T_k(x) and its
+   density ratio D_k(x) / E[D_k(x')] (Eq. 8), keeping the graph of the terms it computes alone:
+   pi_k * L_gan^k (Eq. 2) and pi_k * H(T_k(x)) (Eq. 3).
 2. The server computes the terms that need every client at once, L_unique = -JSD (Eq. 4-5) and
    -L_mimic (Eq. 9-10, S against the importance-weighted ensemble), and sends each client
-   `query.backprop`: the gradient with respect to its logits. Each client returns the matching
-   input-gradient. The server sums everything into dL/dx and updates G.
+   `query.backprop`: the gradient with respect to its logits. Each client returns the input-gradient
+   of its local terms plus the server's terms pulled through T_k, in one backward pass. The server
+   adds the gradient through S and updates G with the sum dL/dx.
 3. server -> clients `query.student`: the inputs of all S-steps of this iteration in one message;
    clients return logits and density ratios; the server takes the S-steps on L_mimic.
 
@@ -207,7 +208,7 @@ class FedIODClient(ClientLogic):
             self.discriminator.parameters(), lr=self.options.lr_discriminator, betas=(0.5, 0.999)
         )
         self.real_mean = 0.5  # running E_{x' in X'_k}[D_k(x')], refreshed at every D-step
-        self.pending: tuple[torch.Tensor, torch.Tensor] | None = None  # (x, T_k(x)) of the current G-step
+        self.pending: tuple[torch.Tensor, ...] | None = None  # (x, T_k(x), local loss) of this G-step
         self.student = new_model(ctx.config, ctx.info, self.options.student or ctx.config.model)
         self.student_specs = state_specs(self.student.state_dict())
 
@@ -273,17 +274,12 @@ class FedIODClient(ClientLogic):
         local = (
             float(message.scalar("config", "c_gan")) * gan + float(message.scalar("config", "c_conf")) * conf
         )
-        # keep the teacher's graph: query.backprop pulls the server's output-gradients through it
-        (grad,) = torch.autograd.grad(local, x, retain_graph=True)
-        self.pending = (x, logits)
+        # keep the graph: query.backprop differentiates the local terms and the server's terms together
+        self.pending = (x, logits, local)
         ratio = L.density_ratio(L.patch_scores(fake_logits.detach()), self.real_mean)
         return Message.build(
             "query.generate",
-            arrays={
-                "logits": {"z": logits.detach()},
-                "discriminator-outputs": {"ratio": ratio},
-                "input-gradients": {"local": grad},
-            },
+            arrays={"logits": {"z": logits.detach()}, "discriminator-outputs": {"ratio": ratio}},
             scalars={"metrics": {"d_loss": d_loss.item(), "gan_loss": gan.item(), "entropy": conf.item()}},
         )
 
@@ -291,11 +287,13 @@ class FedIODClient(ClientLogic):
     def backprop(self, message: Message) -> Message:
         if self.pending is None:
             raise FederationError("query.backprop arrived before query.generate")
-        x, logits = self.pending
+        x, logits, local = self.pending
         expect_arrays(message, "output-gradients", {"z": ArraySpec("float32", tuple(logits.shape))})
-        (grad,) = torch.autograd.grad(logits, x, grad_outputs=message.tensor("output-gradients", "z"))
+        # d/dx [local terms + <dL_server/dz_k, T_k(x)>]: one backward pass through T_k and D_k
+        linearised = local + (logits * message.tensor("output-gradients", "z")).sum()
+        (grad,) = torch.autograd.grad(linearised, x)
         self.pending = None
-        return Message.build("query.backprop", arrays={"input-gradients": {"teacher": grad}})
+        return Message.build("query.backprop", arrays={"input-gradients": {"x": grad}})
 
     # --- stage 2: the S-steps ---------------------------------------------------------------------
     @handles("query.student")
@@ -581,10 +579,8 @@ class FedIODServer(ServerLogic):
             what="input-gradients",
         )
         total = grad_x.clone()
-        for cid in answered:
-            total += replies[cid].tensor("input-gradients", "local")
-            if cid in back:
-                total += back[cid].tensor("input-gradients", "teacher")
+        for reply in back.values():
+            total += reply.tensor("input-gradients", "x")
         self.g_optimizer.zero_grad(set_to_none=True)
         x.backward(total)
         self.g_optimizer.step()
