@@ -43,7 +43,7 @@ from fedistill.algorithms.base import (
     register,
 )
 from fedistill.algorithms.training import LocalTraining, evaluate_model, new_model, train_local
-from fedistill.data.transforms import batches, to_float
+from fedistill.data.transforms import to_float
 from fedistill.errors import ConfigError, FederationError
 from fedistill.experiment.config import RunConfig
 from fedistill.experiment.plots import plot_image_grid
@@ -238,13 +238,7 @@ class FedIODClient(ClientLogic):
         generator = torch_generator(self.ctx.config.seed, "real-batch", self.ctx.client_id, step)
         n = len(self.ctx.train)
         index = torch.randperm(n, generator=generator)[: min(size, n)]
-        images = self.ctx.train.subset(index)
-        x = next(
-            iter(
-                batches(images, self.ctx.info, len(images), shuffle=False, generator=generator, augment=False)
-            )
-        )[0]
-        return x
+        return to_float(self.ctx.train.x[index], self.ctx.info)
 
     def _density_ratio(self, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
