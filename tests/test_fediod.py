@@ -184,3 +184,12 @@ def test_an_interrupted_run_resumes_to_the_same_result(tmp_path, monkeypatch):
         ]
 
     assert rows(tmp_path / "cut") == rows(tmp_path / "ref")
+
+
+def test_heterogeneous_teachers_and_student(tmp_path):
+    config = _config(teachers="lenet5,lenet-fedmdcg,mlp", student="mlp")
+    clients, server = _build(config)
+    assert [type(clients[k].teacher).__name__ for k in sorted(clients)] == ["LeNet5", "LeNetFedMDCG", "MLP"]
+    summary = run_suite(config, tmp_path / "s", progress=False)[0]
+    assert "parameters" not in summary["communication"][UP]["per_kind"]
+    assert summary["final"]["teacher_mean_accuracy"] > 0
