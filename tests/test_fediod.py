@@ -188,7 +188,7 @@ def test_an_interrupted_run_resumes_to_the_same_result(tmp_path, monkeypatch):
 
 def test_heterogeneous_teachers_and_student(tmp_path):
     config = _config(teachers="lenet5,lenet-fedmdcg,mlp", student="mlp")
-    clients, server = _build(config)
+    clients, _ = _build(config)
     assert [type(clients[k].teacher).__name__ for k in sorted(clients)] == ["LeNet5", "LeNetFedMDCG", "MLP"]
     summary = run_suite(config, tmp_path / "s", progress=False)[0]
     assert "parameters" not in summary["communication"][UP]["per_kind"]
