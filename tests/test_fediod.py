@@ -139,7 +139,6 @@ def test_best_on_test_outside_the_preset_is_refused():
         options_for(build_config(RunConfig(), {"fediod.selection": "best-on-test"}), "fediod", FedIODOptions)
 
 
-@pytest.mark.slow
 def test_student_beats_the_standalone_mean_on_digits(tmp_path):
     """Real data, fixed seed: the distilled student must beat the mean of the clients' own models."""
     config = build_config(
