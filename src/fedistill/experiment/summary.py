@@ -133,4 +133,8 @@ def write_suite_results(
 
 
 def print_results(summaries: list[dict[str, Any]], title: str = "", console: Console | None = None) -> None:
-    (console or Console()).print(results_table(summaries, title))
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # logs and pipes: wide enough that no column is cut
+            console = Console(width=120)
+    console.print(results_table(summaries, title))
