@@ -95,7 +95,9 @@ def command_run(args: argparse.Namespace) -> int:
     from fedistill.experiment.summary import print_results
 
     if args.resume:
-        given = [flag for flag in FLAG_KEYS if getattr(args, flag) is not None] + (["set"] if args.set else [])
+        given = [flag for flag in FLAG_KEYS if getattr(args, flag) is not None] + (
+            ["set"] if args.set else []
+        )
         if given or args.config or args.download:
             raise UserError("--resume continues with the run's saved config.toml; drop the other options")
         suite_dir = Path(args.resume)
