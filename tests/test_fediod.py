@@ -132,6 +132,14 @@ def test_official_code_preset_and_best_on_test_labelling():
     assert resolved.w_adv == 0.5  # an explicit setting wins over the preset
 
 
+def test_validation_selection_needs_a_validation_split(tmp_path):
+    from fedistill.errors import ConfigError
+
+    config = build_config(_config(), {"val_fraction": 0.0})
+    with pytest.raises(ConfigError, match="val_fraction > 0"):
+        run_suite(config, tmp_path / "s", progress=False)
+
+
 def test_best_on_test_outside_the_preset_is_refused():
     from fedistill.errors import ConfigError
 

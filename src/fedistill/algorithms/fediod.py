@@ -375,6 +375,11 @@ class FedIODServer(ServerLogic):
         super().__init__(ctx)
         config, info = ctx.config, ctx.info
         self.options = options = resolve_options(config, ctx.options)
+        if options.selection == "validation" and config.val_fraction == 0:
+            raise ConfigError(
+                "fediod.selection = 'validation' needs validation splits: set val_fraction > 0 "
+                "or fediod.selection = 'last'"
+            )
         self.generator = seeded(
             config.seed,
             lambda: build_generator(info, latent_dim=options.latent_dim, width=options.generator_width),
