@@ -585,14 +585,16 @@ class FedIODServer(ServerLogic):
         self.g_optimizer.step()
         s_loss = self._student_steps(fleet, answered)
         self.step += 1
-        metrics = [r.scalar("metrics", k) for r in replies.values() for k in ("d_loss",)]
+        def client_mean(name: str) -> float:
+            return float(np.mean([float(r.scalar("metrics", name)) for r in replies.values()]))
+
         return {
             "loss_mimic": mimic.item(),
             "loss_unique": unique.item(),
             "loss_student": s_loss,
-            "loss_discriminator": float(np.mean([float(m) for m in metrics])),
-            "loss_gan": float(np.mean([float(r.scalar("metrics", "gan_loss")) for r in replies.values()])),
-            "entropy": float(np.mean([float(r.scalar("metrics", "entropy")) for r in replies.values()])),
+            "loss_discriminator": client_mean("d_loss"),
+            "loss_gan": client_mean("gan_loss"),
+            "entropy": client_mean("entropy"),
         }
 
     def _student_steps(self, fleet: Fleet, clients: list[int]) -> float:
