@@ -50,7 +50,9 @@ def main() -> None:
     parser.add_argument("--fedavg-rounds", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(HERE / "runs"))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra FedIOD config keys")
     args = parser.parse_args()
+    extra = [item for pair in args.set for item in ("--set", pair)]
     out = Path(args.out)
     rows = []
     for dataset in args.datasets.split(","):
@@ -60,7 +62,7 @@ def main() -> None:
                       "--alpha", str(alpha), "--model", args.model, "--seed", str(args.seed), "--out", str(out)]  # fmt: skip
             fedistill([*common, "--algorithm", "fediod", "--rounds", str(args.epochs), "--name", name,
                        "--set", f"fediod.teacher_epochs={args.teacher_epochs}",
-                       "--set", f"fediod.iters_per_epoch={args.iters}"])  # fmt: skip
+                       "--set", f"fediod.iters_per_epoch={args.iters}", *extra])  # fmt: skip
             fedistill([*common, "--algorithm", "fedavg", "--rounds", "1", "--local-epochs", str(args.teacher_epochs),
                        "--name", name + "-oneshot"])  # fmt: skip
             fedistill([*common, "--algorithm", "fedavg,centralized", "--rounds", str(args.fedavg_rounds),
@@ -92,7 +94,7 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
         "",
         f"Command: `python benchmarks/fediod_classification.py --datasets {args.datasets} --alphas {args.alphas} "
         f"--model {args.model} --epochs {args.epochs} --iters {args.iters} --teacher-epochs {args.teacher_epochs} "
-        f"--fedavg-rounds {args.fedavg_rounds} --seed {args.seed}`",
+        f"--fedavg-rounds {args.fedavg_rounds} --seed {args.seed}{''.join(' --set ' + s for s in args.set)}`",
         "",
         "| dataset | alpha | FedIOD | of ensemble | Standalone mean ± std | ensemble (ceiling) | one-shot FedAvg | FedAvg | Centralized | FedIOD wall s |",
         "|---|---|---|---|---|---|---|---|---|---|",
