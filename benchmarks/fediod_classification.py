@@ -50,7 +50,9 @@ def main() -> None:
     parser.add_argument("--fedavg-rounds", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(HERE / "runs"))
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra FedIOD config keys")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="extra FedIOD config keys"
+    )
     args = parser.parse_args()
     extra = [item for pair in args.set for item in ("--set", pair)]
     out = Path(args.out)

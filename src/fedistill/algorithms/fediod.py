@@ -585,6 +585,7 @@ class FedIODServer(ServerLogic):
         self.g_optimizer.step()
         s_loss = self._student_steps(fleet, answered)
         self.step += 1
+
         def client_mean(name: str) -> float:
             return float(np.mean([float(r.scalar("metrics", name)) for r in replies.values()]))
 

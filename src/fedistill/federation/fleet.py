@@ -33,6 +33,10 @@ class Fleet(ABC):
         self.ledger = ledger
         self.round = 0  # set by the run loop; stamped on every ledger record
         self.dropped: dict[int, str] = {}  # client -> why it was dropped (first failure)
+        # where a send's time goes: inside client handlers, and the rest of the send (transport:
+        # checks on receipt, ledger, and for networked transports serialisation and the network)
+        self.seconds_in_clients = 0.0
+        self.seconds_in_transport = 0.0
 
     @property
     @abstractmethod

@@ -48,6 +48,7 @@ class InProcessFleet(Fleet):
         self, requests: Mapping[int, Message], *, step: int | None = None, timeout: float | None = None
     ) -> dict[int, Reply]:
         timeout = self.timeout if timeout is None else timeout
+        started, in_clients = time.perf_counter(), self.seconds_in_clients
         replies: dict[int, Reply] = {}
         for cid in sorted(requests):
             request = requests[cid]
@@ -78,6 +79,7 @@ class InProcessFleet(Fleet):
                 )
                 self.note_failure(reply)
             replies[cid] = reply
+        self.seconds_in_transport += time.perf_counter() - started - (self.seconds_in_clients - in_clients)
         return replies
 
     def _deliver(self, cid: int, request: Message, timeout: float | None) -> Reply:
@@ -86,7 +88,9 @@ class InProcessFleet(Fleet):
         start = time.perf_counter()
         try:
             check_on_receipt(request, max_bytes=self.max_bytes)
+            handler_start = time.perf_counter()
             answer = self._clients[cid].handle(request)
+            self.seconds_in_clients += time.perf_counter() - handler_start
             check_on_receipt(answer, max_bytes=self.max_bytes)
         except Exception as exc:  # a failing client must not take the server down
             log.warning("client %d failed on %s: %s", cid, request.type, exc, exc_info=log.isEnabledFor(10))

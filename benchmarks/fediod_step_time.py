@@ -1,0 +1,102 @@
+"""Where one FedIOD distillation step spends its time, at K = 10 and K = 20 clients.
+
+For each K the same data, models and options; after stage 1 and two warm-up steps, `--steps`
+distillation steps are timed and split into client work (inside the clients' handlers), transport
+(checks on receipt and the ledger; in-process there is no serialisation) and server work (the rest:
+G and S forward/backward, the server's loss terms, building requests).
+
+    python benchmarks/fediod_step_time.py [--dataset digits] [--model lenet5] [--steps 10]
+
+Writes benchmarks/results/fediod_step_time_<dataset>.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from fedistill.algorithms.base import ServerContext
+from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
+from fedistill.algorithms.training import evaluate_model
+from fedistill.experiment.config import RunConfig, build_config, options_for
+from fedistill.experiment.runner import client_contexts, get_algorithm, prepare_data
+from fedistill.federation.inprocess import InProcessFleet
+from fedistill.federation.ledger import Ledger
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def measure(clients: int, args: argparse.Namespace) -> dict:
+    fediod = {"teacher_epochs": 1, "generator_width": args.width, "discriminator_width": args.width,
+              "student_steps": args.student_steps}  # fmt: skip
+    config = build_config(
+        RunConfig(),
+        {"algorithm": "fediod", "clients": clients, "dataset": args.dataset, "data_dir": args.data_dir,
+         "model": args.model, "fediod": fediod},
+    )  # fmt: skip
+    options = options_for(config, "fediod", FedIODOptions)
+    data = prepare_data(config)
+    contexts = client_contexts(config, get_algorithm("fediod"), options, data)
+    fleet = InProcessFleet({c.client_id: FedIODClient(c) for c in contexts}, Ledger(None))
+    test, info = data.dataset.test, data.dataset.info
+    server = FedIODServer(
+        ServerContext(info, config, options, clients, lambda m: evaluate_model(m, test, info), None, test.y)
+    )
+    server.setup(fleet)
+    for _ in range(2):
+        server.distillation_step(fleet)
+    fleet.seconds_in_clients = fleet.seconds_in_transport = 0.0
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        server.distillation_step(fleet)
+    total = (time.perf_counter() - start) / args.steps
+    client = fleet.seconds_in_clients / args.steps
+    transport = fleet.seconds_in_transport / args.steps
+    return {"clients": clients, "step_s": total, "client_s": client, "transport_s": transport,
+            "server_s": total - client - transport}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dataset", default="digits")
+    parser.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+    parser.add_argument("--model", default="lenet5")
+    parser.add_argument("--width", type=int, default=32, help="generator and discriminator width")
+    parser.add_argument("--student-steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = [measure(k, args) for k in (10, 20)]
+    command = (f"python benchmarks/fediod_step_time.py --dataset {args.dataset} --model {args.model} "
+               f"--width {args.width} --student-steps {args.student_steps} --steps {args.steps} --threads {args.threads}")  # fmt: skip
+    lines = [
+        "# FedIOD: time per distillation step (in-process transport, CPU)",
+        "",
+        f"Command: `{command}`",
+        "",
+        "| K | step (s) | client work | transport | server work | K=20 / K=10 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ratio = r["step_s"] / rows[0]["step_s"]
+        lines.append(
+            f"| {r['clients']} | {r['step_s']:.3f} | {r['client_s']:.3f} ({100 * r['client_s'] / r['step_s']:.0f}%) "
+            f"| {r['transport_s']:.3f} ({100 * r['transport_s'] / r['step_s']:.0f}%) "
+            f"| {r['server_s']:.3f} ({100 * r['server_s'] / r['step_s']:.0f}%) | {ratio:.2f} |"
+        )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = f"fediod_step_time_{args.dataset}"
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (RESULTS / f"{name}.json").write_text(json.dumps({"command": command, "rows": rows}, indent=2) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
