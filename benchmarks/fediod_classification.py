@@ -104,7 +104,9 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
         f"--model {args.model} --epochs {args.epochs} --iters {args.iters} --teacher-epochs {args.teacher_epochs} "
         f"--fedavg-rounds {args.fedavg_rounds} --seed {args.seed}{''.join(' --set ' + s for s in args.set)}"
     )
-    rows = merged([{**r, "seed": args.seed, "command": command} for r in rows], RESULTS / "fediod_classification.json")
+    rows = merged(
+        [{**r, "seed": args.seed, "command": command} for r in rows], RESULTS / "fediod_classification.json"
+    )
     lines = [
         "# FedIOD on MNIST-family data",
         "",
