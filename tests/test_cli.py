@@ -56,6 +56,8 @@ def test_run_list_summary_and_refusal_to_overwrite(tmp_path, capsys):
     assert "--resume" in _error_line(capsys)
     assert main(["summary", str(tmp_path)]) == 2
     _error_line(capsys)
+    assert main(["summary", str(tmp_path / "nowhere")]) == 2
+    assert "is not a folder" in _error_line(capsys)
     assert main(["run", "--resume", str(tmp_path / "x"), "--rounds", "3"]) == 2
     assert "saved config" in _error_line(capsys)
     assert main(["list"]) == 0

@@ -131,6 +131,8 @@ def command_summary(args: argparse.Namespace) -> int:
     from fedistill.experiment.summary import print_results, read_summary
 
     run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir} is not a folder; pass a run directory written by `fedistill run`")
     if (run_dir / "summary.json").is_file():
         summaries = [read_summary(run_dir)]
     else:

@@ -185,10 +185,6 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def _floats(values: Any) -> np.ndarray:
-    return np.asarray(values, dtype=np.float32)
-
-
 # ------------------------------------------------------------------------------------------------
 # Client
 # ------------------------------------------------------------------------------------------------
