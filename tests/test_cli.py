@@ -74,3 +74,15 @@ def test_run_list_summary_and_refusal_to_overwrite(tmp_path, capsys):
         "dirichlet-equal",
     ):
         assert name in listing
+
+
+def test_run_without_options_runs_the_demo_config(capsys):
+    from fedistill.cli import DEMO_CONFIG, build_parser, config_from_args
+
+    config = config_from_args(build_parser().parse_args(["run"]))
+    assert "running the demo" in capsys.readouterr().err
+    assert config.algorithms == ["fediod", "standalone", "fedavg", "centralized"]
+    assert config.dataset == "digits" and DEMO_CONFIG.is_file()
+    # any option means: the plain defaults, not the demo
+    plain = config_from_args(build_parser().parse_args(["run", "--rounds", "2"]))
+    assert plain.algorithm != config.algorithm and "fediod" not in plain.options

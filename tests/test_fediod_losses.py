@@ -24,6 +24,7 @@ from fedistill.algorithms.fediod_losses import (
     generator_gan_loss,
     importance_weights,
     jsd,
+    marginal_balance_loss,
     mimic_loss,
     official_js_loss,
     patch_scores,
@@ -430,3 +431,13 @@ def test_class_coverage_counts() -> None:
     assert class_coverage(logits, min_share=0.5)["classes_covered"] == 1
     balanced = class_coverage(torch.eye(3))
     _close(balanced["normalised_entropy"], 1.0)
+
+
+def test_marginal_balance_loss_hand_case() -> None:
+    # rows (1/4, 3/4) and (1/2, 1/2) -> marginal (3/8, 5/8)
+    logits = _t([[0.0, LN3], [0.0, 0.0]])
+    _close(marginal_balance_loss(logits), 3 / 8 * math.log2(3 / 8) + 5 / 8 * math.log2(5 / 8))
+    # a balanced marginal is the minimum: -log2(C)
+    _close(marginal_balance_loss(_t([[0.0, LN3], [LN3, 0.0]])), -1.0)
+    with pytest.raises(ValueError, match=r"\(B, C\)"):
+        marginal_balance_loss(_t([[[0.0, 1.0]]]))

@@ -36,6 +36,10 @@ FLAG_KEYS = {
 }
 
 
+#: What `fedistill run` runs when given no options: the main job on the embedded digits data.
+DEMO_CONFIG = Path(__file__).parent / "experiment" / "demo.toml"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedistill",
@@ -80,9 +84,12 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from fedistill.experiment.config import RunConfig, build_config, load_toml, parse_assignment
 
     layers: list[dict[str, Any]] = []
+    flags = {key: getattr(args, flag) for flag, key in FLAG_KEYS.items() if getattr(args, flag) is not None}
+    if not (args.config or flags or args.set or args.download):
+        print(f"fedistill: no options given, running the demo: {DEMO_CONFIG}", file=sys.stderr)
+        layers.append(load_toml(DEMO_CONFIG))
     if args.config:
         layers.append(load_toml(args.config))
-    flags = {key: getattr(args, flag) for flag, key in FLAG_KEYS.items() if getattr(args, flag) is not None}
     if args.download:
         flags["download"] = True
     layers.append(flags)

@@ -33,6 +33,7 @@ __all__ = [
     "generator_gan_loss",
     "importance_weights",
     "jsd",
+    "marginal_balance_loss",
     "mimic_loss",
     "official_js_loss",
     "patch_scores",
@@ -180,6 +181,20 @@ def balance_loss(teacher_logits: torch.Tensor, pi: torch.Tensor) -> torch.Tensor
     tiny = torch.finfo(marginal.dtype).tiny
     neg_entropy_bits = (marginal * torch.log2(marginal.clamp_min(tiny))).sum(dim=-1)  # (K,)
     return (pi.to(marginal.dtype) * neg_entropy_bits).sum()
+
+
+def marginal_balance_loss(logits: torch.Tensor) -> torch.Tensor:
+    """``sum_c pbar_c log2 pbar_c`` for one set of logits ``(B, C)``: the ensemble's class marginal.
+
+    With non-IID clients every teacher predicts mostly its own classes, so balancing each teacher's
+    marginal (`balance_loss`) cannot stop G from collapsing onto the classes the ensemble favours;
+    balancing the ensemble's marginal targets that collapse directly.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"logits must have shape (B, C), got {tuple(logits.shape)}")
+    marginal = torch.softmax(logits, dim=-1).mean(dim=0)
+    tiny = torch.finfo(marginal.dtype).tiny
+    return (marginal * torch.log2(marginal.clamp_min(tiny))).sum()
 
 
 # --------------------------------------------------------------------------------------------------
