@@ -33,6 +33,7 @@ FLAG_KEYS = {
     "seed": "seed",
     "out": "out",
     "name": "name",
+    "transport": "transport",
 }
 
 
@@ -66,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int)
     run.add_argument("--out", help="parent folder of run directories (default: runs)")
     run.add_argument("--name", help="run directory name under --out (default: <dataset>-<time>)")
+    run.add_argument(
+        "--transport",
+        choices=["inprocess", "flower"],
+        help="how messages travel (flower: its simulation engine)",
+    )
     run.add_argument("--config", metavar="FILE.toml", help="a TOML config file")
     run.add_argument(
         "--set", metavar="KEY=VALUE", action="append", default=[], help="any config key, e.g. fedprox.mu=0.1"

@@ -212,6 +212,7 @@ class FedIODClient(ClientLogic):
         )
         self.real_mean = 0.5  # running E_{x' in X'_k}[D_k(x')], refreshed at every D-step
         self.pending: tuple[torch.Tensor, ...] | None = None  # (x, T_k(x), local loss) of this G-step
+        self.pending_inputs: dict[str, Any] = {}  # what rebuilds `pending` in another process
         self.student = new_model(ctx.config, ctx.info, self.options.student or ctx.config.model)
         self.student_specs = state_specs(self.student.state_dict())
 
@@ -263,14 +264,11 @@ class FedIODClient(ClientLogic):
         # E_{x' in X'_k}[D_k(x')] of Eq. 8, from this step's real batch (scored before the update)
         self.real_mean = float(L.patch_scores(real_logits.detach()).mean())
         # (2) the terms this site computes alone, and their gradient with respect to x
-        x = x.clone().requires_grad_(True)
-        logits = self.teacher(x)
-        fake_logits = self.discriminator(x)
-        gan = L.generator_gan_loss(fake_logits, mode=str(message.scalar("config", "gan_loss")))
-        conf = L.entropy(logits, float(message.scalar("config", "tau"))).mean()
-        local = (
-            float(message.scalar("config", "c_gan")) * gan + float(message.scalar("config", "c_conf")) * conf
-        )
+        self.pending_inputs = {
+            "x": x.detach().clone(),
+            **{key: message.scalar("config", key) for key in ("c_gan", "c_conf", "tau", "gan_loss")},
+        }
+        x, logits, fake_logits, local, gan, conf = self._local_terms(self.pending_inputs)
         # keep the graph: query.backprop differentiates the local terms and the server's terms together
         self.pending = (x, logits, local)
         ratio = L.density_ratio(L.patch_scores(fake_logits.detach()), self.real_mean)
@@ -280,8 +278,23 @@ class FedIODClient(ClientLogic):
             scalars={"metrics": {"d_loss": d_loss.item(), "gan_loss": gan.item(), "entropy": conf.item()}},
         )
 
+    def _local_terms(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+        """pi_k L_gan^k + pi_k H(T_k(x)) on the current D_k, with the graph back to x."""
+        x = inputs["x"].clone().requires_grad_(True)
+        logits = self.teacher(x)
+        fake_logits = self.discriminator(x)
+        gan = L.generator_gan_loss(fake_logits, mode=str(inputs["gan_loss"]))
+        conf = L.entropy(logits, float(inputs["tau"])).mean()
+        local = float(inputs["c_gan"]) * gan + float(inputs["c_conf"]) * conf
+        return x, logits, fake_logits, local, gan, conf
+
     @handles("query.backprop")
     def backprop(self, message: Message) -> Message:
+        if self.pending is None and self.pending_inputs:
+            # this process did not answer query.generate (a Flower deployment starts one process per
+            # message): rebuild the same graph from the saved inputs and the saved D_k
+            x, logits, _, local, _, _ = self._local_terms(self.pending_inputs)
+            self.pending = (x, logits, local)
         if self.pending is None:
             raise FederationError("query.backprop arrived before query.generate")
         x, logits, local = self.pending
@@ -289,7 +302,7 @@ class FedIODClient(ClientLogic):
         # d/dx [local terms + <dL_server/dz_k, T_k(x)>]: one backward pass through T_k and D_k
         linearised = local + (logits * message.tensor("output-gradients", "z")).sum()
         (grad,) = torch.autograd.grad(linearised, x)
-        self.pending = None
+        self.pending, self.pending_inputs = None, {}
         return Message.build("query.backprop", arrays={"input-gradients": {"x": grad}})
 
     # --- stage 2: the S-steps ---------------------------------------------------------------------
@@ -339,6 +352,7 @@ class FedIODClient(ClientLogic):
             "discriminator": clone_state(self.discriminator),
             "d_optimizer": self.d_optimizer.state_dict(),
             "real_mean": self.real_mean,
+            "pending": dict(self.pending_inputs),  # between query.generate and query.backprop
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -349,6 +363,7 @@ class FedIODClient(ClientLogic):
         self.discriminator.load_state_dict(state["discriminator"])
         self.d_optimizer.load_state_dict(state["d_optimizer"])
         self.real_mean = float(state["real_mean"])
+        self.pending, self.pending_inputs = None, dict(state.get("pending") or {})
 
 
 # ------------------------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ class RunConfig:
     min_clients: int = 1  # fewer replies than this stop the run
     max_message_mb: float = 512.0
     threads: int = 0  # torch intra-op threads; 0: leave torch's default
+    transport: str = "inprocess"  # inprocess | flower (Flower's simulation engine)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -162,6 +163,7 @@ def validate(config: RunConfig) -> None:
         (config.augment in ("auto", "on", "off"), "augment must be auto, on or off"),
         (config.val_mode in ("random", "tail"), "val_mode must be random or tail"),
         (config.optimizer in ("sgd", "adam"), "optimizer must be sgd or adam"),
+        (config.transport in ("inprocess", "flower"), "transport must be inprocess or flower"),
         (bool(config.algorithms), "algorithm must name at least one algorithm"),
     ]
     for ok, message in checks:

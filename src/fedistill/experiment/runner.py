@@ -31,6 +31,7 @@ from fedistill.experiment.config import RunConfig, for_algorithm, options_for, r
 from fedistill.experiment.plots import plot_learning_curves, plot_partition
 from fedistill.experiment.rundir import MetricsWriter, read_jsonl
 from fedistill.experiment.summary import read_summary, write_suite_results, write_summary
+from fedistill.federation.fleet import Fleet
 from fedistill.federation.inprocess import InProcessFleet
 from fedistill.federation.ledger import Ledger
 from fedistill.seeding import derive_seed
@@ -113,9 +114,19 @@ def versions() -> dict[str, str]:
 
 
 def run_algorithm(
-    config: RunConfig, run_dir: Path, data: Prepared, *, resume: bool = False, progress: bool = True
+    config: RunConfig,
+    run_dir: Path,
+    data: Prepared,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    grid: Any = None,
 ) -> dict[str, Any]:
-    """Run one algorithm in `run_dir` (a fresh one, or resume it from its last checkpoint)."""
+    """Run one algorithm in `run_dir` (a fresh one, or resume it from its last checkpoint).
+
+    With a Flower `grid`, the clients live on Flower nodes and keep their own state; otherwise they
+    are built here and reached in-process.
+    """
     algorithm = get_algorithm(config.algorithm)
     options = options_for(config, algorithm.name, algorithm.options)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -139,7 +150,7 @@ def run_algorithm(
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(handler)
     try:
-        return _loop(config, algorithm, options, run_dir, data, checkpoint, progress)
+        return _loop(config, algorithm, options, run_dir, data, checkpoint, progress, grid)
     finally:
         logging.getLogger().removeHandler(handler)
         handler.close()
@@ -153,16 +164,21 @@ def _loop(
     data: Prepared,
     checkpoint: Path | None,
     progress: bool,
+    grid: Any = None,
 ) -> dict[str, Any]:
     info, test = data.dataset.info, data.dataset.test
-    contexts = client_contexts(config, algorithm, options, data)
-    clients = {ctx.client_id: algorithm.client(ctx) for ctx in contexts}
+    if grid is None:
+        contexts = client_contexts(config, algorithm, options, data)
+        clients = {ctx.client_id: algorithm.client(ctx) for ctx in contexts}
+        num_clients = len(clients)
+    else:
+        clients, num_clients = {}, config.clients  # they live on the Flower nodes
     server = algorithm.server(
         ServerContext(
             info,
             config,
             options,
-            len(clients),
+            num_clients,
             lambda model: evaluate_model(model, test, info),
             run_dir,
             test.y,
@@ -172,9 +188,7 @@ def _loop(
     runner_state = state["runner"] if state else {"round": 0, "ledger": 0, "metrics": 0, "elapsed": 0.0}
     ledger = Ledger(run_dir / "ledger.jsonl", resume_at=runner_state["ledger"] if state else None)
     metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_at=runner_state["metrics"] if state else None)
-    fleet = InProcessFleet(
-        clients, ledger, max_bytes=int(config.max_message_mb * 2**20), timeout=config.timeout or None
-    )
+    fleet = _fleet(config, algorithm, clients, ledger, grid)
     if state:
         server.load_state_dict(state["server"])
         for cid, client in clients.items():
@@ -240,7 +254,8 @@ def _loop(
         "federated": not algorithm.pooled,
         "dataset": config.dataset,
         "model": config.model,
-        "clients": len(clients),
+        "clients": num_clients,
+        "transport": "flower" if grid is not None else "inprocess",
         "rounds": config.rounds,
         "seed": config.seed,
         "partition": {
@@ -261,17 +276,43 @@ def _loop(
     return summary
 
 
+def _fleet(
+    config: RunConfig, algorithm: Algorithm, clients: dict[int, Any], ledger: Ledger, grid: Any
+) -> Fleet:
+    max_bytes, timeout = int(config.max_message_mb * 2**20), config.timeout or None
+    if grid is None:
+        return InProcessFleet(clients, ledger, max_bytes=max_bytes, timeout=timeout)
+    from fedistill.flower.grid_fleet import GridFleet
+
+    return GridFleet(
+        grid,
+        ledger,
+        algorithm=algorithm.name,
+        expected_clients=config.clients,
+        max_bytes=max_bytes,
+        timeout=timeout,
+    )
+
+
 def default_name(config: RunConfig) -> str:
     return f"{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def run_suite(
-    config: RunConfig, suite_dir: Path, *, resume: bool = False, progress: bool = True
+    config: RunConfig, suite_dir: Path, *, resume: bool = False, progress: bool = True, grid: Any = None
 ) -> list[dict[str, Any]]:
-    """Run every algorithm named in the config side by side on the same partition."""
+    """Run every algorithm named in the config side by side on the same partition.
+
+    `transport = "flower"` without a grid starts Flower's simulation engine, whose ServerApp comes
+    back here with its grid. Pooled algorithms (Centralized) are not federated: they run in-process.
+    """
     check_sections(config)
     for name in config.algorithms:
         get_algorithm(name)  # fail on a bad name before any work
+    if config.transport == "flower" and grid is None:
+        from fedistill.flower.simulation import run_simulation_suite
+
+        return run_simulation_suite(config, suite_dir, resume=resume, progress=progress)
     if config.threads > 0:
         torch.set_num_threads(config.threads)
     suite_dir.mkdir(parents=True, exist_ok=True)
@@ -283,8 +324,11 @@ def run_suite(
         if resume and (run_dir / "summary.json").is_file():
             summaries.append(read_summary(run_dir))
             continue
+        on_grid = grid if not get_algorithm(name).pooled else None
         summaries.append(
-            run_algorithm(for_algorithm(config, name), run_dir, data, resume=resume, progress=progress)
+            run_algorithm(
+                for_algorithm(config, name), run_dir, data, resume=resume, progress=progress, grid=on_grid
+            )
         )
     curves = {s["algorithm"]: read_jsonl(suite_dir / s["algorithm"] / "metrics.jsonl") for s in summaries}
     write_suite_results(suite_dir, summaries, curves)

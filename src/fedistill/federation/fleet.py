@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from fedistill.errors import FederationError
-from fedistill.federation.ledger import Ledger
+from fedistill.federation.ledger import DOWN, UP, Ledger
 from fedistill.federation.messages import Message
 
 
@@ -62,6 +62,37 @@ class Fleet(ABC):
 
     def note_failure(self, reply: Reply) -> None:
         self.dropped.setdefault(reply.client, f"round {self.round}: {reply.error}")
+
+    # --- what every transport writes to the ledger ------------------------------------------------
+    def record_request(self, client: int, request: Message, step: int | None) -> None:
+        self.ledger.record(
+            round=self.round, step=step, direction=DOWN, client=client, message=request, type=request.type
+        )
+
+    def record_reply(self, reply: Reply, request_type: str, step: int | None) -> None:
+        """The reply's bytes per kind, or its failure (which also marks the client as dropped)."""
+        if reply.ok:
+            self.ledger.record(
+                round=self.round,
+                step=step,
+                direction=UP,
+                client=reply.client,
+                message=reply.message,
+                type=request_type,
+            )
+            return
+        status = "timeout" if reply.error and reply.error.startswith("timed out") else "failed"
+        self.ledger.record(
+            round=self.round,
+            step=step,
+            direction=UP,
+            client=reply.client,
+            message=None,
+            type=request_type,
+            status=status,
+            error=reply.error,
+        )
+        self.note_failure(reply)
 
 
 def successful(

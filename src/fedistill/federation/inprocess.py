@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from fedistill.federation.client import ClientLogic
 from fedistill.federation.fleet import Fleet, Reply
-from fedistill.federation.ledger import DOWN, UP, Ledger
+from fedistill.federation.ledger import Ledger
 from fedistill.federation.messages import DEFAULT_MAX_BYTES, Message, check_on_receipt
 
 log = logging.getLogger(__name__)
@@ -52,32 +52,9 @@ class InProcessFleet(Fleet):
         replies: dict[int, Reply] = {}
         for cid in sorted(requests):
             request = requests[cid]
-            self.ledger.record(
-                round=self.round, step=step, direction=DOWN, client=cid, message=request, type=request.type
-            )
+            self.record_request(cid, request, step)
             reply = self._deliver(cid, request, timeout)
-            if reply.ok:
-                self.ledger.record(
-                    round=self.round,
-                    step=step,
-                    direction=UP,
-                    client=cid,
-                    message=reply.message,
-                    type=request.type,
-                )
-            else:
-                status = "timeout" if reply.error and reply.error.startswith("timed out") else "failed"
-                self.ledger.record(
-                    round=self.round,
-                    step=step,
-                    direction=UP,
-                    client=cid,
-                    message=None,
-                    type=request.type,
-                    status=status,
-                    error=reply.error,
-                )
-                self.note_failure(reply)
+            self.record_reply(reply, request.type, step)
             replies[cid] = reply
         self.seconds_in_transport += time.perf_counter() - started - (self.seconds_in_clients - in_clients)
         return replies

@@ -1,0 +1,116 @@
+"""Flower's `ServerApp` and `ClientApp` for every fedistill algorithm.
+
+`flwr run .` loads `server_app` and `client_app` (pyproject.toml, `[tool.flwr.app.components]`);
+they read the fedistill config from the run config (`[tool.flwr.app.config]`, `-c key=value`).
+`fedistill run --transport flower` builds its own pair around an explicit config instead.
+The ServerApp runs the same run loop as in-process, over a `GridFleet`; the ClientApp hands each
+message to the client logic of the algorithm named in the message's transport header.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, Error
+from flwr.app import Message as FlowerMessage
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from fedistill.algorithms.base import ALGORITHMS, algorithm_names
+from fedistill.errors import FederationError
+from fedistill.experiment.config import RunConfig, build_config
+from fedistill.federation.messages import Message, check_on_receipt
+from fedistill.flower.codec import from_records, header_of, to_records
+from fedistill.flower.grid_fleet import HELLO
+from fedistill.flower.node import node_for, partition_of
+
+log = logging.getLogger(__name__)
+
+#: Flower's error code for an exception inside a ClientApp.
+CLIENT_ERROR = 2
+
+
+def config_from_run_config(run_config: dict[str, Any]) -> RunConfig:
+    """`[tool.flwr.app.config]` keys are fedistill config keys; dotted keys reach algorithm tables."""
+    return build_config(RunConfig(), {key.replace("-", "_"): value for key, value in run_config.items()})
+
+
+def message_types() -> list[str]:
+    """Every message type some algorithm's client logic handles, plus the transport's hello."""
+    algorithm_names()  # imports (registers) every algorithm
+    types = {HELLO}
+    for algorithm in ALGORITHMS.values():
+        types.update(getattr(algorithm.client, "_handlers", {}))
+    return sorted(types)
+
+
+def make_client_app(config: RunConfig | None = None, state_root: Path | None = None) -> ClientApp:
+    app = ClientApp()
+
+    def handle(message: FlowerMessage, context: Context) -> FlowerMessage:
+        message_type = message.metadata.message_type
+        try:
+            run_config = config or config_from_run_config(dict(context.run_config))
+            if message_type == HELLO:
+                pid = partition_of(context, run_config)
+                answer = Message.build(HELLO, scalars={"metrics": {"partition_id": pid}})
+                return FlowerMessage(to_records(answer), reply_to=message)
+            algorithm = str(header_of(message.content).get("algorithm", ""))
+            if not algorithm:
+                raise FederationError(f"{message_type}: no algorithm in the transport header")
+            node = node_for(context, run_config, algorithm, state_root)
+            request = from_records(message.content, message_type)
+            check_on_receipt(request, max_bytes=int(run_config.max_message_mb * 2**20))
+            answer = node.client.handle(request)
+            node.commit(context)
+            return FlowerMessage(to_records(answer), reply_to=message)
+        except Exception as exc:  # the server sees an error reply, as for any failed client
+            log.warning("client failed on %s: %s", message_type, exc, exc_info=True)
+            return FlowerMessage(
+                Error(code=CLIENT_ERROR, reason=f"{type(exc).__name__}: {exc}"), reply_to=message
+            )
+
+    for message_type in message_types():
+        category, _, action = message_type.partition(".")
+        register = getattr(app, category)  # app.train / app.evaluate / app.query
+        decorator = register(action) if action else register()
+        decorator(handle)
+    return app
+
+
+def make_server_app(
+    config: RunConfig | None = None,
+    suite_dir: Path | None = None,
+    results: list | None = None,
+    errors: list | None = None,
+    *,
+    progress: bool = False,
+) -> ServerApp:
+    """`results`/`errors` collect the summaries or the exception when the caller is in-process."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        from fedistill.experiment.runner import default_name, run_suite
+
+        try:
+            run_config = config or config_from_run_config(dict(context.run_config))
+            target = suite_dir or Path(run_config.out) / (run_config.name or default_name(run_config))
+            summaries = run_suite(
+                run_config.replace(transport="flower"), target, grid=grid, progress=progress
+            )
+        except BaseException as exc:
+            if errors is None:
+                raise
+            errors.append(exc)
+            return
+        if results is not None:
+            results.extend(summaries)
+
+    return app
+
+
+server_app = make_server_app()
+client_app = make_client_app()

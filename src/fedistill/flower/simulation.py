@@ -1,0 +1,62 @@
+"""`fedistill run --transport flower`: the suite on Flower's simulation engine (Ray), one process.
+
+The ServerApp and ClientApp are the ones `flwr run .` uses, built around this run's config; the
+ServerApp's main is the ordinary run loop over a `GridFleet`. One virtual SuperNode per client.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from fedistill.errors import ConfigError, FederationError
+from fedistill.experiment.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+def backend_config(config: RunConfig) -> dict[str, Any]:
+    cpus = os.cpu_count() or 1
+    return {
+        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+        "init_args": {
+            "num_cpus": cpus,
+            "include_dashboard": False,
+            "logging_level": "error",
+            "log_to_driver": False,
+        },
+    }
+
+
+def run_simulation_suite(
+    config: RunConfig, suite_dir: Path, *, resume: bool = False, progress: bool = True
+) -> list[dict[str, Any]]:
+    if resume:
+        raise ConfigError("--resume is not supported for Flower runs yet; start the run again")
+    from flwr.simulation import run_simulation
+
+    from fedistill.flower.apps import make_client_app, make_server_app
+
+    results: list[dict[str, Any]] = []
+    errors: list[BaseException] = []
+    server_app = make_server_app(config, suite_dir, results, errors, progress=progress)
+    client_app = make_client_app(config, state_root=suite_dir / ".node-state")
+    flower_logger = logging.getLogger("flwr")
+    level = flower_logger.level
+    flower_logger.setLevel(logging.ERROR)
+    try:
+        run_simulation(
+            server_app=server_app,
+            client_app=client_app,
+            num_supernodes=config.clients,
+            backend_config=backend_config(config),  # type: ignore[arg-type]
+        )
+    finally:
+        flower_logger.setLevel(level)
+    if errors:
+        raise errors[0]
+    if not results:
+        raise FederationError("the Flower simulation ended without results; see the run's run.log")
+    return results
