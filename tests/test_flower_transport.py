@@ -1,0 +1,156 @@
+"""The Flower transport: lossless codec, the same results and ledger as in-process, faults."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+
+from fedistill.errors import FederationError
+from fedistill.experiment.config import RunConfig, build_config
+from fedistill.experiment.runner import run_suite
+from fedistill.federation.ledger import read_ledger
+from fedistill.federation.messages import Message
+from fedistill.flower import node as flower_node
+from fedistill.flower.apps import make_client_app
+from fedistill.flower.codec import from_records, header_of, to_records
+from flower_local_grid import LocalGrid
+
+SMALL_FEDIOD = {
+    "teacher_epochs": 2,
+    "iters_per_epoch": 3,
+    "generator_width": 16,
+    "discriminator_width": 16,
+    "student_steps": 2,
+}
+
+
+def _config(**keys) -> RunConfig:
+    base = {
+        "algorithm": "fedavg",
+        "clients": 3,
+        "rounds": 2,
+        "model": "lenet-fedmdcg",
+        "fediod": SMALL_FEDIOD,
+    }
+    return build_config(RunConfig(), {**base, **keys})
+
+
+def _traffic(run_dir: Path) -> Counter:
+    """Bytes per (direction, client, kind, type) from the ledger, without the transport's hello."""
+    totals: Counter = Counter()
+    for record in read_ledger(run_dir / "ledger.jsonl"):
+        if record["type"] != "query.hello":
+            for kind, size in record["kinds"].items():
+                totals[(record["direction"], record["client"], kind, record["type"])] += size
+    return totals
+
+
+def test_codec_round_trip_is_lossless() -> None:
+    message = Message.build(
+        "query.generate",
+        arrays={
+            "logits": {"z": torch.randn(4, 3)},
+            "parameters": {
+                "steps": np.array(7, dtype=np.int64),  # 0-d, like BatchNorm's counter
+                "mask": np.array([True, False]),
+                "half": np.arange(6, dtype=np.float16).reshape(2, 3)[:, ::2],  # not contiguous
+            },
+        },
+        scalars={"metrics": {"n": 3, "loss": 0.25, "name": "x", "flag": True}},
+    )
+    records = to_records(message, {"algorithm": "fediod"})
+    back = from_records(records, message.type)
+    assert header_of(records) == {"algorithm": "fediod"}
+    assert back.scalars == message.scalars
+    for kind, named in message.arrays.items():
+        for name, array in named.items():
+            got = back.arrays[kind][name]
+            assert got.dtype == array.dtype and got.shape == array.shape and np.array_equal(got, array)
+    assert back.bytes_by_kind() == message.bytes_by_kind()
+
+
+def test_codec_refuses_records_it_does_not_know() -> None:
+    content = RecordDict({"metrics": MetricRecord({"a": 1.0})})
+    with pytest.raises(FederationError, match="unexpected record 'metrics'"):
+        from_records(content, "train")
+    content = RecordDict({"secrets": ArrayRecord({"x": Array(np.zeros(2))})})
+    with pytest.raises(FederationError, match="unknown content kind 'secrets'"):
+        from_records(content, "train")
+
+
+def test_fedavg_and_fediod_over_a_flower_grid_match_in_process(tmp_path) -> None:
+    config = _config(algorithm="fedavg,fediod")
+    here = run_suite(config, tmp_path / "inprocess", progress=False)
+    grid = LocalGrid(make_client_app(config, state_root=tmp_path / "nodes"), config.clients)
+    there = run_suite(config.replace(transport="flower"), tmp_path / "flower", progress=False, grid=grid)
+    for a, b in zip(here, there, strict=True):
+        assert a["algorithm"] == b["algorithm"] and b["transport"] == "flower"
+        assert b["final"]["test_accuracy"] == pytest.approx(a["final"]["test_accuracy"], abs=1e-6)
+        name = a["algorithm"]
+        assert _traffic(tmp_path / "flower" / name) == _traffic(tmp_path / "inprocess" / name)
+    # the hello is in the ledger: every client told the server which partition it holds
+    hello = [
+        r for r in read_ledger(tmp_path / "flower" / "fedavg" / "ledger.jsonl") if r["type"] == "query.hello"
+    ]
+    assert sorted(r["client"] for r in hello if r["direction"] == "client->server") == [0, 1, 2]
+
+
+def test_client_state_survives_a_fresh_process_per_message(tmp_path) -> None:
+    """Deployment starts one ClientApp process per message: emulate it by forgetting every client
+    object between messages; the state on node storage must carry FedIOD through unchanged."""
+    config = _config(algorithm="fediod", rounds=1)
+    here = run_suite(config, tmp_path / "inprocess", progress=False)
+    app = make_client_app(config, state_root=tmp_path / "nodes")
+
+    def ephemeral(message, context):
+        flower_node._NODES.clear()
+        return app(message, context)
+
+    there = run_suite(
+        config.replace(transport="flower"),
+        tmp_path / "flower",
+        progress=False,
+        grid=LocalGrid(ephemeral, config.clients),
+    )
+    assert there[0]["final"]["test_accuracy"] == pytest.approx(here[0]["final"]["test_accuracy"], abs=1e-6)
+    assert there[0]["communication"]["client->server"]["per_kind"].get("parameters", 0) == 0
+
+
+def test_a_silent_node_times_out_and_the_run_goes_on_without_it(tmp_path) -> None:
+    config = _config(timeout=0.5, rounds=2)
+    grid = LocalGrid(make_client_app(config, state_root=tmp_path / "nodes"), config.clients, silent={1})
+    summary = run_suite(config.replace(transport="flower"), tmp_path / "run", progress=False, grid=grid)[0]
+    assert set(summary["dropped_clients"]) == {"1"}
+    assert "round 1: timed out" in summary["dropped_clients"]["1"]
+    timeouts = [
+        r for r in read_ledger(tmp_path / "run" / "fedavg" / "ledger.jsonl") if r["status"] == "timeout"
+    ]
+    assert timeouts and {r["client"] for r in timeouts} == {1}
+    assert summary["final"]["test_accuracy"] > 0.1
+
+
+def test_nodes_that_disagree_with_the_config_stop_the_run_with_a_clear_error(tmp_path) -> None:
+    config = _config(clients=2)
+    grid = LocalGrid(make_client_app(config, state_root=tmp_path / "nodes"), 3)
+    with pytest.raises(FederationError, match="num-partitions=3, the run has clients=2"):
+        run_suite(config.replace(transport="flower"), tmp_path / "run", progress=False, grid=grid)
+
+
+def test_flower_simulation_engine_gives_the_in_process_results(tmp_path) -> None:
+    """`fedistill run --transport flower`: Ray-backed simulation, same metrics and traffic."""
+    config = _config(algorithm="fedavg,fediod", rounds=1, clients=2)
+    here = run_suite(config, tmp_path / "inprocess", progress=False)
+    there = run_suite(config.replace(transport="flower"), tmp_path / "flower", progress=False)
+    for a, b in zip(here, there, strict=True):
+        assert b["final"]["test_accuracy"] == pytest.approx(a["final"]["test_accuracy"], abs=1e-6)
+        assert _traffic(tmp_path / "flower" / a["algorithm"]) == _traffic(
+            tmp_path / "inprocess" / a["algorithm"]
+        )
