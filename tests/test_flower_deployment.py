@@ -1,0 +1,204 @@
+"""`flwr run .` against real Flower processes: the local simulation SuperLink, and a deployment
+(SuperLink + SuperNodes on loopback, plain and TLS). Every run must agree with the same config run
+in-process: final test accuracy, and bytes per client and kind in the ledger (the transport's
+`query.hello` handshake left out).
+
+Slow (tens of seconds to minutes each): `pytest -m slow tests/test_flower_deployment.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import ssl
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is not installed (pip install -e '.[flower]')")
+
+from flower_processes import (  # noqa: E402 (after the skip)
+    REPO,
+    deployment,
+    flwr_bin,
+    flwr_run,
+    ledger_totals,
+    local_superlink,
+    round_times,
+)
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        shutil.which(flwr_bin("flwr")) is None or shutil.which(flwr_bin("flower-superlink")) is None,
+        reason="the flwr / flower-superlink commands are not installed",
+    ),
+]
+
+#: The run of tests A-C: FedAvg, 2 clients on digits (the app's defaults), `rounds` set per test.
+FEDAVG = {"algorithm": "fedavg", "dataset": "digits", "model": "lenet-fedmdcg", "clients": 2}
+#: Test D: FedIOD cut down to a few messages.
+FEDIOD = {
+    "algorithm": "fediod",
+    "dataset": "digits",
+    "model": "lenet-fedmdcg",
+    "clients": 2,
+    "rounds": 1,
+    "fediod.teacher_epochs": 1,
+    "fediod.iters_per_epoch": 2,
+    "fediod.generator_width": 16,
+    "fediod.discriminator_width": 16,
+}
+
+_REFERENCES: dict[str, Path] = {}
+
+
+def app_config() -> dict[str, Any]:
+    """`[tool.flwr.app.config]` of pyproject.toml: what `flwr run .` starts from."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    return dict(project["tool"]["flwr"]["app"]["config"])
+
+
+def reference_run(overrides: dict[str, Any], root: Path) -> Path:
+    """The same run config in-process (default transport): its algorithm's run directory."""
+    from fedistill.experiment.runner import run_suite
+    from fedistill.flower.apps import config_from_run_config
+
+    key = json.dumps(overrides, sort_keys=True)
+    if key not in _REFERENCES:
+        suite = root / f"reference-{len(_REFERENCES)}"
+        config = config_from_run_config({**app_config(), **overrides, "out": str(root), "name": suite.name})
+        assert config.transport == "inprocess"
+        run_suite(config, suite, progress=False)
+        _REFERENCES[key] = suite / config.algorithms[0]
+    return _REFERENCES[key]
+
+
+@pytest.fixture(scope="module")
+def reference_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("reference")
+
+
+def compare(run: Path, reference: Path, *, tol: float) -> dict[str, Any]:
+    """Assert a Flower run directory agrees with the in-process one; what was compared."""
+    got = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    want = json.loads((reference / "summary.json").read_text(encoding="utf-8"))
+    assert got["transport"] == "flower" and want["transport"] == "inprocess"
+    assert got["partition"]["hash"] == want["partition"]["hash"]
+    assert got["test_accuracy"] == pytest.approx(want["test_accuracy"], abs=tol), (
+        f"final test accuracy: Flower {got['test_accuracy']}, in-process {want['test_accuracy']}"
+    )
+    curve = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    ref_curve = [json.loads(line) for line in (reference / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("test_accuracy") for r in curve] == pytest.approx(
+        [r.get("test_accuracy") for r in ref_curve], abs=tol
+    )
+
+    hellos = [
+        json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines() if '"query.hello"' in line
+    ]
+    assert {(h["direction"], h["client"]) for h in hellos} == {
+        (d, c) for d in ("server->client", "client->server") for c in range(got["clients"])
+    }, "one query.hello each way per client"
+    totals, ref_totals = ledger_totals(run / "ledger.jsonl"), ledger_totals(reference / "ledger.jsonl")
+    assert totals == ref_totals, {
+        k: (totals.get(k), ref_totals.get(k))
+        for k in sorted(set(totals) | set(ref_totals))
+        if totals.get(k) != ref_totals.get(k)
+    }
+    assert not got["communication"]["failures"]
+    return {
+        "test_accuracy": got["test_accuracy"],
+        "reference_accuracy": want["test_accuracy"],
+        "round_time_s": round_times(run / "metrics.jsonl"),
+        "reference_round_time_s": round_times(reference / "metrics.jsonl"),
+    }
+
+
+def report(request: pytest.FixtureRequest, started: float, **facts: Any) -> None:
+    facts["wall_s"] = round(time.monotonic() - started, 1)
+    print(f"\n[{request.node.name}] {json.dumps(facts)}")
+
+
+def test_flwr_run_local_simulation_matches_inprocess(tmp_path, reference_root, request):
+    started = time.monotonic()
+    runs = tmp_path / "runs"
+    overrides = {**FEDAVG, "rounds": 2, "out": str(runs), "name": "local"}
+    with local_superlink(tmp_path) as procs:
+        run_s = flwr_run(
+            procs,
+            "local",
+            overrides,
+            federation_config="num_supernodes=2",
+            timeout=240,
+            summary=runs / "local" / "fedavg" / "summary.json",
+        )
+    reference = reference_run({**FEDAVG, "rounds": 2}, reference_root)
+    facts = compare(runs / "local" / "fedavg", reference, tol=1e-6)
+    report(request, started, flwr_run_s=round(run_s, 1), **facts)
+
+
+def _deployed_run(tmp_path: Path, tls: bool, overrides: dict[str, Any], timeout: float) -> tuple[Path, float]:
+    runs = tmp_path / "runs"
+    name = f"deploy-{'tls' if tls else 'insecure'}-{overrides['algorithm']}"
+    algorithm_dir = runs / name / overrides["algorithm"]
+    with deployment(tmp_path, 2, tls) as dep:
+        if tls:
+            _assert_tls(dep.address, dep.certificates["ca"])
+        run_s = dep.flwr_run(
+            {**overrides, "out": str(runs), "name": name},
+            timeout=timeout,
+            summary=algorithm_dir / "summary.json",
+        )
+        # the client state lived on the nodes' disks, one folder per (run, algorithm, partition)
+        for i, state_dir in enumerate(dep.state_dirs):
+            states = list(state_dir.glob(f"run-*/{overrides['algorithm']}-client-{i:03d}/state.safetensors"))
+            assert len(states) == 1, f"node {i}: client state files {states}"
+    return algorithm_dir, run_s
+
+
+def _assert_tls(address: str, ca: Path) -> None:
+    """The SuperLink speaks TLS with a certificate the CA vouches for, for the IP and for localhost."""
+    host, port = address.rsplit(":", 1)
+    context = ssl.create_default_context(cafile=str(ca))
+    for server_name in (host, "localhost"):
+        with (
+            socket.create_connection((host, int(port)), timeout=10) as raw,
+            context.wrap_socket(raw, server_hostname=server_name) as tls,
+        ):
+            assert tls.version() in ("TLSv1.2", "TLSv1.3")
+    with pytest.raises(ssl.SSLError):  # and only with that CA
+        untrusted = ssl.create_default_context()
+        with (
+            socket.create_connection((host, int(port)), timeout=10) as raw,
+            untrusted.wrap_socket(raw, server_hostname=host),
+        ):
+            pass
+
+
+@pytest.mark.timeout(480)
+def test_deployment_insecure_matches_inprocess(tmp_path, reference_root, request):
+    started = time.monotonic()
+    run, run_s = _deployed_run(tmp_path, False, {**FEDAVG, "rounds": 2}, timeout=360)
+    facts = compare(run, reference_run({**FEDAVG, "rounds": 2}, reference_root), tol=1e-6)
+    report(request, started, flwr_run_s=round(run_s, 1), **facts)
+
+
+@pytest.mark.timeout(480)
+def test_deployment_tls_matches_inprocess(tmp_path, reference_root, request):
+    started = time.monotonic()
+    run, run_s = _deployed_run(tmp_path, True, {**FEDAVG, "rounds": 1}, timeout=360)
+    facts = compare(run, reference_run({**FEDAVG, "rounds": 1}, reference_root), tol=1e-6)
+    report(request, started, flwr_run_s=round(run_s, 1), **facts)
+
+
+@pytest.mark.timeout(600)
+def test_deployment_fediod_matches_inprocess(tmp_path, reference_root, request):
+    started = time.monotonic()
+    run, run_s = _deployed_run(tmp_path, False, FEDIOD, timeout=480)
+    facts = compare(run, reference_run(FEDIOD, reference_root), tol=1e-5)
+    report(request, started, flwr_run_s=round(run_s, 1), **facts)
