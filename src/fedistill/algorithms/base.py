@@ -47,6 +47,7 @@ class ServerContext:
     evaluate: Callable[[nn.Module], dict[str, float]]  # test-set harness for server-side models
     run_dir: Path | None = None  # where the server may write artifacts (plots, samples)
     test_labels: torch.Tensor | None = None  # evaluation harness only: scores logits clients report on it
+    progress: bool = False  # whether the server may show its own progress bars (inner steps)
 
 
 class ServerLogic(ABC):

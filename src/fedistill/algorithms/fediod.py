@@ -26,12 +26,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from fedistill.algorithms import fediod_losses as L
 from fedistill.algorithms.base import (
@@ -514,9 +516,21 @@ class FedIODServer(ServerLogic):
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
         totals: dict[str, float] = {}
-        for _ in range(self.iters):
-            for key, value in self.distillation_step(fleet).items():
+        steps = tqdm(
+            range(self.iters),
+            desc=f"epoch {round} G-steps",
+            leave=False,
+            disable=not self.ctx.progress,
+            file=sys.stderr,
+        )
+        for _ in steps:
+            losses = self.distillation_step(fleet)
+            for key, value in losses.items():
                 totals[key] = totals.get(key, 0.0) + value / self.iters
+            steps.set_postfix(
+                mimic=f"{losses['loss_mimic']:.3f}", student=f"{losses['loss_student']:.3f}",
+                d=f"{losses['loss_discriminator']:.3f}", gan=f"{losses['loss_gan']:.3f}",
+            )  # fmt: skip
         self._samples(round)
         return totals | {
             f"coverage_{k}": v for k, v in self.last_coverage.items() if isinstance(v, float | int)

@@ -182,6 +182,7 @@ def _loop(
             lambda model: evaluate_model(model, test, info),
             run_dir,
             test.y,
+            progress,
         )
     )
     state = read_checkpoint(checkpoint) if checkpoint else None

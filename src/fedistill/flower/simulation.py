@@ -35,6 +35,8 @@ def run_simulation_suite(
 ) -> list[dict[str, Any]]:
     if resume:
         raise ConfigError("--resume is not supported for Flower runs yet; start the run again")
+    # Flower's home (apps, state) inside the run's own folder unless the user chose one
+    os.environ.setdefault("FLWR_HOME", str(suite_dir / ".flwr"))
     from flwr.simulation import run_simulation
 
     from fedistill.flower.apps import make_client_app, make_server_app
