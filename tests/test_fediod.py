@@ -70,10 +70,12 @@ def test_clients_send_no_parameters_and_label_counts_only_when_needed(tmp_path, 
     }
     types = {r["type"] for r in records}
     assert {"train", "query.generate", "query.backprop", "query.student", "evaluate.student"} <= types
-    # one generate + one backprop + one student query per client per G-step
-    steps = 2 * 2
-    for kind in ("query.generate", "query.backprop", "query.student"):
-        assert sum(r["type"] == kind and r["direction"] == UP for r in records) == 3 * steps
+    # one generate + one backprop per client per G-step; S-step targets ride on the next generate,
+    # so a separate student query happens once per epoch (2 epochs x 2 G-steps, 3 clients)
+    steps, epochs = 2 * 2, 2
+    expected = {"query.generate": 3 * steps, "query.backprop": 3 * steps, "query.student": 3 * epochs}
+    for kind, count in expected.items():
+        assert sum(r["type"] == kind and r["direction"] == UP for r in records) == count
     assert summary["final"]["selection"].startswith("best on the clients' validation")
     assert 0.0 <= summary["test_accuracy"] <= 1.0
 
@@ -200,3 +202,37 @@ def test_heterogeneous_teachers_and_student(tmp_path):
     summary = run_suite(config, tmp_path / "s", progress=False)[0]
     assert "parameters" not in summary["communication"][UP]["per_kind"]
     assert summary["final"]["teacher_mean_accuracy"] > 0
+
+
+def test_merged_student_queries_give_the_same_run_with_fewer_exchanges(tmp_path):
+    """Carrying step t's S-step inputs in step t+1's query.generate is the same arithmetic."""
+    from safetensors.torch import load_file
+
+    from fedistill.federation.ledger import read_ledger
+
+    base = {
+        "algorithm": "fediod",
+        "clients": 3,
+        "rounds": 2,
+        "model": "lenet-fedmdcg",
+        "fediod": {"teacher_epochs": 2, "iters_per_epoch": 4, "generator_width": 16},
+    }
+    runs = {}
+    for merged in (False, True):
+        config = build_config(RunConfig(), base, {"fediod.merge_student_queries": merged})
+        summary = run_suite(config, tmp_path / str(merged), progress=False)[0]
+        ledger = read_ledger(tmp_path / str(merged) / "fediod" / "ledger.jsonl")
+        runs[merged] = (summary, ledger)
+    (plain, plain_ledger), (merged, merged_ledger) = runs[False], runs[True]
+    assert merged["final"]["test_accuracy"] == plain["final"]["test_accuracy"]
+    assert merged["final"]["val_accuracy"] == plain["final"]["val_accuracy"]
+    students = [tmp_path / str(m) / "fediod" / "models" / "student.safetensors" for m in (False, True)]
+    a, b = (load_file(str(p)) for p in students)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6)
+
+    def student_queries(ledger):
+        return sum(1 for r in ledger if r["type"] == "query.student" and r["direction"] == "server->client")
+
+    assert student_queries(plain_ledger) == 2 * 4 * 3  # every G-step, every client
+    assert student_queries(merged_ledger) == 2 * 3  # once per epoch (the flush), every client

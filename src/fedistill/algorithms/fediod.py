@@ -76,6 +76,9 @@ class FedIODOptions:
     batch_size: int = 64  # synthetic batch, and each client's real batch for D_k
     iters_per_epoch: int | str = "max"  # max | min (over clients of ceil(n_k / batch)), or a number
     student_steps: int = 5  # S-steps per G-step (the released code's 5)
+    # Carry step t's S-step inputs in step t+1's query.generate (clients answer them before their
+    # D-step): the same arithmetic with 2 instead of 3 exchanges per G-step, plus one per epoch.
+    merge_student_queries: bool = True
     latent_dim: int = 100
     generator_width: int = 64
     discriminator_width: int = 128
@@ -252,7 +255,17 @@ class FedIODClient(ClientLogic):
 
     @handles("query.generate")
     def generate(self, message: Message) -> Message:
-        expect_arrays(message, "synthetic-inputs", {"x": self._input_spec()})
+        carried = "student_x" in message.arrays.get("synthetic-inputs", {})
+        specs = {"x": self._input_spec()} | ({"student_x": self._input_spec()} if carried else {})
+        expect_arrays(message, "synthetic-inputs", specs)
+        # the previous step's S-step targets first: with D_k as it was before this step's D-step
+        student = (
+            self._student_answer(
+                message.tensor("synthetic-inputs", "student_x"), bool(message.scalar("config", "want_ratio"))
+            )
+            if carried
+            else {}
+        )
         step = int(message.scalar("config", "step"))
         x = message.tensor("synthetic-inputs", "x")
         # (1) D-step on (x, a batch of this site's data)
@@ -274,9 +287,15 @@ class FedIODClient(ClientLogic):
         # keep the graph: query.backprop differentiates the local terms and the server's terms together
         self.pending = (x, logits, local)
         ratio = L.density_ratio(L.patch_scores(fake_logits.detach()), self.real_mean)
+        arrays: dict[str, dict[str, torch.Tensor]] = {
+            "logits": {"z": logits.detach()},
+            "discriminator-outputs": {"ratio": ratio},
+        }
+        for kind, named in student.items():
+            arrays[kind].update({f"student_{name}": value for name, value in named.items()})
         return Message.build(
             "query.generate",
-            arrays={"logits": {"z": logits.detach()}, "discriminator-outputs": {"ratio": ratio}},
+            arrays=arrays,
             scalars={"metrics": {"d_loss": d_loss.item(), "gan_loss": gan.item(), "entropy": conf.item()}},
         )
 
@@ -311,13 +330,18 @@ class FedIODClient(ClientLogic):
     @handles("query.student")
     def student_targets(self, message: Message) -> Message:
         expect_arrays(message, "synthetic-inputs", {"x": self._input_spec()})
-        x = message.tensor("synthetic-inputs", "x")
+        answer = self._student_answer(
+            message.tensor("synthetic-inputs", "x"), bool(message.scalar("config", "want_ratio", False))
+        )
+        return Message.build("query.student", arrays=answer)
+
+    def _student_answer(self, x: torch.Tensor, want_ratio: bool) -> dict[str, dict[str, torch.Tensor]]:
         with torch.no_grad():
             logits = self.teacher(x)
         arrays: dict[str, dict[str, torch.Tensor]] = {"logits": {"z": logits}}
-        if message.scalar("config", "want_ratio", False):
+        if want_ratio:
             arrays["discriminator-outputs"] = {"ratio": self._density_ratio(x)}
-        return Message.build("query.student", arrays=arrays)
+        return arrays
 
     # --- evaluation ------------------------------------------------------------------------------
     @handles("evaluate.student")
@@ -421,6 +445,7 @@ class FedIODServer(ServerLogic):
         self.best: dict[str, Any] = {"score": -1.0, "epoch": 0, "state": None}
         self.reference: dict[str, float] = {}
         self.last_coverage: dict[str, Any] = {}
+        self.carried: tuple[torch.Tensor, float] | None = None  # S-step inputs and lr, merged mode
 
     # --- stage 1 ---------------------------------------------------------------------------------
     def setup(self, fleet: Fleet) -> None:
@@ -515,7 +540,7 @@ class FedIODServer(ServerLogic):
         return L.importance_weights(share, ratio if self.options.ensemble_weighting == "eq8" else None)
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
-        totals: dict[str, float] = {}
+        values: dict[str, list[float]] = {}
         steps = tqdm(
             range(self.iters),
             desc=f"epoch {round} G-steps",
@@ -526,11 +551,15 @@ class FedIODServer(ServerLogic):
         for _ in steps:
             losses = self.distillation_step(fleet)
             for key, value in losses.items():
-                totals[key] = totals.get(key, 0.0) + value / self.iters
+                values.setdefault(key, []).append(value)
+            student = values.get("loss_student", [float("nan")])[-1]
             steps.set_postfix(
-                mimic=f"{losses['loss_mimic']:.3f}", student=f"{losses['loss_student']:.3f}",
+                mimic=f"{losses['loss_mimic']:.3f}", student=f"{student:.3f}",
                 d=f"{losses['loss_discriminator']:.3f}", gan=f"{losses['loss_gan']:.3f}",
             )  # fmt: skip
+        if self.carried is not None:  # the epoch's last S-steps, before evaluation and checkpoint
+            values.setdefault("loss_student", []).append(self._flush_student(fleet))
+        totals = {key: float(np.mean(v)) for key, v in values.items()}
         self._samples(round)
         return totals | {
             f"coverage_{k}": v for k, v in self.last_coverage.items() if isinstance(v, float | int)
@@ -548,12 +577,15 @@ class FedIODServer(ServerLogic):
         latent_gen = torch_generator(config.seed, "latent", self.step)
         self.generator.train()
         x = self.generator(self.generator.sample_latent(options.batch_size, latent_gen))
+        carried = self.carried
+        inputs = {"x": x.detach()} if carried is None else {"x": x.detach(), "student_x": carried[0]}
         requests = {
             cid: Message.build(
                 "query.generate",
-                arrays={"synthetic-inputs": {"x": x.detach()}},
+                arrays={"synthetic-inputs": inputs},
                 scalars={
                     "config": {
+                        **({"want_ratio": self._want_ratio()} if carried is not None else {}),
                         "step": self.step,
                         "lr_discriminator": lr_d,
                         "c_gan": options.w_gan * float(gan_weight[i]),
@@ -575,8 +607,14 @@ class FedIODServer(ServerLogic):
         pi = self.federation.pi(answered)
         b, c = options.batch_size, self.ctx.info.num_classes
         for reply in replies.values():
-            expect_arrays(reply, "logits", {"z": ArraySpec("float32", (b, c))})
-            expect_arrays(reply, "discriminator-outputs", {"ratio": ArraySpec("float32", (b,))})
+            expect_arrays(reply, "logits", {"z": ArraySpec("float32", (b, c))}, exact=carried is None)
+            expect_arrays(reply, "discriminator-outputs", {"ratio": ArraySpec("float32", (b,))}, exact=False)
+        s_losses = []
+        if carried is not None:  # step t-1's S-steps, at its learning rate, before this step's L_mimic
+            set_lr(self.s_optimizer, carried[1])
+            s_losses.append(self._student_update(carried[0], replies, "student_z", "student_ratio"))
+            set_lr(self.s_optimizer, lr_s)
+            self.carried = None
         logits = torch.stack([replies[cid].tensor("logits", "z") for cid in answered]).requires_grad_(True)
         ratio = torch.stack([replies[cid].tensor("discriminator-outputs", "ratio") for cid in answered])
         x_server = x.detach().requires_grad_(True)
@@ -618,7 +656,10 @@ class FedIODServer(ServerLogic):
         self.g_optimizer.zero_grad(set_to_none=True)
         x.backward(total)
         self.g_optimizer.step()
-        s_loss = self._student_steps(fleet, answered)
+        if options.merge_student_queries:
+            self.carried = (self._student_inputs(), lr_s)
+        else:
+            s_losses.append(self._student_steps(fleet, answered))
         self.step += 1
 
         def client_mean(name: str) -> float:
@@ -627,37 +668,58 @@ class FedIODServer(ServerLogic):
         return {
             "loss_mimic": mimic.item(),
             "loss_unique": unique.item(),
-            "loss_student": s_loss,
+            **({"loss_student": s_losses[0]} if s_losses else {}),
             "loss_discriminator": client_mean("d_loss"),
             "loss_gan": client_mean("gan_loss"),
             "entropy": client_mean("entropy"),
         }
 
-    def _student_steps(self, fleet: Fleet, clients: list[int]) -> float:
-        options, config = self.options, self.ctx.config
-        n, b = options.student_steps, options.batch_size
-        latent_gen = torch_generator(config.seed, "student-latent", self.step)
+    def _want_ratio(self) -> bool:
+        return self.options.ensemble_weighting == "eq8"
+
+    def _student_inputs(self) -> torch.Tensor:
+        n, b = self.options.student_steps, self.options.batch_size
+        latent_gen = torch_generator(self.ctx.config.seed, "student-latent", self.step)
         with torch.no_grad():
-            xs = self.generator(self.generator.sample_latent(n * b, latent_gen))
-        want_ratio = options.ensemble_weighting == "eq8"
+            return self.generator(self.generator.sample_latent(n * b, latent_gen))
+
+    def _student_steps(self, fleet: Fleet, clients: list[int], xs: torch.Tensor | None = None) -> float:
+        """One `query.student` exchange for the S-steps' targets, then the S-steps."""
+        config = self.ctx.config
+        xs = self._student_inputs() if xs is None else xs
         request = Message.build(
             "query.student",
             arrays={"synthetic-inputs": {"x": xs}},
-            scalars={"config": {"want_ratio": want_ratio}},
+            scalars={"config": {"want_ratio": self._want_ratio()}},
         )
         replies = successful(
             fleet.broadcast(request, clients, step=self.step, timeout=config.timeout or None),
             minimum=min(config.min_clients, len(clients)),
             what="student targets",
         )
+        return self._student_update(xs, replies, "z", "ratio")
+
+    def _flush_student(self, fleet: Fleet) -> float:
+        assert self.carried is not None and self.federation is not None
+        xs, lr = self.carried
+        self.carried = None
+        set_lr(self.s_optimizer, lr)
+        return self._student_steps(fleet, self.federation.clients, xs)
+
+    def _student_update(
+        self, xs: torch.Tensor, replies: dict[int, Message], z_name: str, ratio_name: str
+    ) -> float:
+        """The S-steps on L_mimic against the weighted ensemble of the clients' logits on `xs`."""
+        options = self.options
+        n, b = options.student_steps, options.batch_size
         answered = sorted(replies)
         c = self.ctx.info.num_classes
         for reply in replies.values():
-            expect_arrays(reply, "logits", {"z": ArraySpec("float32", (n * b, c))}, exact=False)
-        logits = torch.stack([replies[cid].tensor("logits", "z") for cid in answered])
+            expect_arrays(reply, "logits", {z_name: ArraySpec("float32", (n * b, c))}, exact=False)
+        logits = torch.stack([replies[cid].tensor("logits", z_name) for cid in answered])
         ratio = (
-            torch.stack([replies[cid].tensor("discriminator-outputs", "ratio") for cid in answered])
-            if want_ratio
+            torch.stack([replies[cid].tensor("discriminator-outputs", ratio_name) for cid in answered])
+            if self._want_ratio()
             else None
         )
         targets = L.ensemble_logits(logits, self._weights(logits, ratio, answered))

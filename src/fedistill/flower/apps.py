@@ -10,6 +10,7 @@ message to the client logic of the algorithm named in the message's transport he
 from __future__ import annotations
 
 import logging
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedistill.algorithms.base import ALGORITHMS, algorithm_names
 from fedistill.errors import FederationError
-from fedistill.experiment.config import RunConfig, build_config
+from fedistill.experiment.config import RunConfig, build_config, parse_assignment
 from fedistill.federation.messages import Message, check_on_receipt
 from fedistill.flower.codec import from_records, header_of, to_records
 from fedistill.flower.grid_fleet import HELLO
@@ -33,8 +34,14 @@ CLIENT_ERROR = 2
 
 
 def config_from_run_config(run_config: dict[str, Any]) -> RunConfig:
-    """`[tool.flwr.app.config]` keys are fedistill config keys; dotted keys reach algorithm tables."""
-    return build_config(RunConfig(), {key.replace("-", "_"): value for key, value in run_config.items()})
+    """`[tool.flwr.app.config]` keys are fedistill config keys; dotted keys reach algorithm tables.
+
+    Flower rejects `-c` keys that pyproject.toml does not declare, so any other key (e.g.
+    `fediod.teacher_epochs`) goes through the declared `set` key: `-c "set='fediod.teacher_epochs=1 lr=0.1'"`
+    (space-separated `key=value`, as `fedistill run --set`)."""
+    keys = {key.replace("-", "_"): value for key, value in run_config.items()}
+    assignments = dict(parse_assignment(item) for item in shlex.split(str(keys.pop("set", "") or "")))
+    return build_config(RunConfig(), keys, assignments)
 
 
 def message_types() -> list[str]:
