@@ -48,6 +48,9 @@ class ServerContext:
     run_dir: Path | None = None  # where the server may write artifacts (plots, samples)
     test_labels: torch.Tensor | None = None  # evaluation harness only: scores logits clients report on it
     progress: bool = False  # whether the server may show its own progress bars (inner steps)
+    # The held-out validation split (labelled) that FedDF's server keeps for model selection, early
+    # stopping and drop-worst; algorithms that select on the clients' shards ignore it.
+    validation: ImageSet | None = None
 
 
 class ServerLogic(ABC):

@@ -8,6 +8,7 @@ applies the average as a pseudo-gradient with momentum.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +22,7 @@ from fedistill.algorithms.base import (
     clone_state,
     register,
 )
+from fedistill.algorithms.drop_worst import accuracy, drop_worst_weights, predict_logits
 from fedistill.algorithms.training import (
     LocalTraining,
     average_states,
@@ -41,6 +43,7 @@ class FedAvgOptions:
     mu: float = 0.0  # FedProx proximal weight; 0 is plain FedAvg
     server_momentum: float = 0.0  # FedAvgM's beta; 0 is plain FedAvg
     server_lr: float = 1.0
+    drop_worst: bool = False  # FedDF's filter: leave out models at chance on the server's validation split
 
     def validate(self) -> None:
         if self.weighting not in ("samples", "uniform"):
@@ -79,9 +82,9 @@ def round_half_up(value: float) -> int:
 class FedAvgClient(ClientLogic):
     """Trains the received global model on private data and returns the trained parameters."""
 
-    def __init__(self, ctx: ClientContext) -> None:
+    def __init__(self, ctx: ClientContext, model_name: str | None = None) -> None:
         self.ctx = ctx
-        self.model = new_model(ctx.config, ctx.info)
+        self.model = new_model(ctx.config, ctx.info, model_name)
         self.specs = state_specs(self.model.state_dict())
         self.training = LocalTraining.from_config(ctx.config, ctx.info)
 
@@ -116,6 +119,8 @@ class FedAvgServer(ServerLogic):
         self.specs = state_specs(self.model.state_dict())
         self.momentum: dict[str, torch.Tensor] = {}
         self.last_local: dict[str, float] = {}
+        if self.options.drop_worst and (ctx.validation is None or len(ctx.validation) == 0):
+            raise ConfigError("drop_worst needs the server's validation split: set val_fraction > 0")
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
         config = self.ctx.config
@@ -137,20 +142,35 @@ class FedAvgServer(ServerLogic):
             expect_arrays(reply, "parameters", self.specs)
         states = [reply.tensors("parameters") for reply in replies.values()]
         counts = [float(reply.scalar("metrics", "num_samples")) for reply in replies.values()]
-        weights = counts if self.options.weighting == "samples" else [1.0] * len(states)
-        self._apply(average_states(states, weights))
+        kept = self._drop_worst(states) if self.options.drop_worst else list(range(len(states)))
+        weights = [counts[i] if self.options.weighting == "samples" else 1.0 for i in kept]
+        self._apply(average_states([states[i] for i in kept], weights))
         metrics = {
             "train_loss": float(
                 np.average([r.scalar("metrics", "train_loss") for r in replies.values()], weights=counts)
             ),
             "clients": len(replies),
         }
+        if self.options.drop_worst:
+            metrics["dropped"] = len(states) - len(kept)
         if evaluate_local:
             local_counts = [float(r.scalar("metrics", "local_count")) for r in replies.values()]
             local = [float(r.scalar("metrics", "local_accuracy")) for r in replies.values()]
             metrics["local_accuracy"] = float(np.average(local, weights=local_counts))
             self.last_local = {"local_accuracy": metrics["local_accuracy"]}
         return metrics
+
+    def _drop_worst(self, states: list[dict[str, torch.Tensor]]) -> list[int]:
+        """Indices of the received models that FedDF's drop-worst rule keeps (see drop_worst.py)."""
+        validation = self.ctx.validation
+        assert validation is not None
+        scratch = copy.deepcopy(self.model)
+        accuracies = []
+        for state in states:
+            scratch.load_state_dict(state)
+            accuracies.append(accuracy(predict_logits(scratch, validation, self.ctx.info), validation.y))
+        weights = drop_worst_weights(accuracies, self.ctx.info.num_classes)
+        return [i for i, w in enumerate(weights) if w > 0]
 
     def _apply(self, average: dict[str, torch.Tensor]) -> None:
         """Plain replacement, or FedAvgM: v = beta * v + (avg - w); w = w + server_lr * v."""

@@ -183,6 +183,7 @@ def _loop(
             run_dir,
             test.y,
             progress,
+            validation=data.dataset.train.subset(data.split.server_val),
         )
     )
     state = read_checkpoint(checkpoint) if checkpoint else None

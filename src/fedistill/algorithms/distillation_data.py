@@ -1,0 +1,227 @@
+"""Unlabeled inputs for FedDF's server-side distillation: where the fusion data comes from.
+
+FedDF never needs labels on the server: the ensemble of client models labels whatever it is shown.
+Three sources, picked by `feddf.source`:
+
+- `noise`: Gaussian images min-max scaled to [0, 1], as the released code's `random_data` (the
+  paper's worst case; needs no files, so it is the default).
+- `dataset:<name>`: a random subset of another dataset's training images (the paper: CIFAR-100 to
+  fuse CIFAR-10 models), resized and re-channelled to the federation's image shape. Only the images
+  are kept; the labels are dropped as soon as the dataset is loaded.
+- `generator:<path>`: samples of a frozen, pre-trained generator saved as safetensors (for example
+  FedIOD's `models/generator.safetensors`). Its architecture is read from the weights themselves.
+
+Every source returns normalised float32 batches (B, C, H, W) with the federation's mean and std, so
+they go straight into the clients' models.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from fedistill.data.base import DatasetInfo
+from fedistill.data.registry import load_dataset
+from fedistill.data.transforms import normalize, to_float
+from fedistill.errors import ConfigError
+from fedistill.models.generator import Generator, build_generator
+from fedistill.seeding import torch_generator
+
+SOURCE_KINDS = ("noise", "dataset", "generator")
+
+
+def parse_source(spec: str) -> tuple[str, str]:
+    """`noise`, `dataset:<name>` or `generator:<path>` -> (kind, argument)."""
+    kind, _, argument = spec.strip().partition(":")
+    kind = kind.strip().lower()
+    argument = argument.strip()
+    if kind == "noise" and not argument:
+        return kind, ""
+    if kind in ("dataset", "generator") and argument:
+        return kind, argument
+    raise ConfigError(
+        f"feddf.source must be 'noise', 'dataset:<name>' (e.g. dataset:fashion-mnist) or "
+        f"'generator:<path to a .safetensors file>'; got {spec!r}"
+    )
+
+
+def fit_images(x01: torch.Tensor, channels: int, size: int) -> torch.Tensor:
+    """Float images in [0, 1] (N, c, h, w) -> (N, channels, size, size), still in [0, 1].
+
+    Channels: 1 -> C repeats the grey image, C -> 1 averages the channels. Size: bilinear resampling,
+    with antialiasing when shrinking (28x28 MNIST to 8x8 digits would alias badly otherwise).
+    """
+    if x01.dim() != 4:
+        raise ValueError(f"expected images (N, C, H, W), got shape {tuple(x01.shape)}")
+    have = x01.shape[1]
+    if have != channels:
+        if have == 1:
+            x01 = x01.expand(-1, channels, -1, -1)
+        elif channels == 1:
+            x01 = x01.mean(dim=1, keepdim=True)
+        else:
+            raise ConfigError(f"cannot turn {have}-channel images into {channels}-channel ones")
+    if x01.shape[-2:] != (size, size):
+        shrinking = x01.shape[-1] > size or x01.shape[-2] > size
+        x01 = F.interpolate(
+            x01.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=shrinking
+        )
+    return x01.clamp(0.0, 1.0).contiguous()
+
+
+class DistillationSource(ABC):
+    """Draws batches of unlabeled, normalised inputs for the federation `info`."""
+
+    def __init__(self, info: DatasetInfo) -> None:
+        self.info = info
+
+    @property
+    @abstractmethod
+    def description(self) -> str:
+        """One line for the log and the summary."""
+
+    @abstractmethod
+    def batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
+        """(size, C, H, W) float32, normalised with the federation's mean and std."""
+
+
+class NoiseSource(DistillationSource):
+    """N(0, 1) images, min-max scaled to [0, 1] over the whole batch (the released code's scaling)."""
+
+    @property
+    def description(self) -> str:
+        return "Gaussian noise images"
+
+    def batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
+        shape = (size, self.info.channels, self.info.image_size, self.info.image_size)
+        noise = torch.randn(shape, generator=generator)
+        x01 = (noise - noise.min()) / (noise.max() - noise.min()).clamp_min(1e-12)
+        return normalize(x01, self.info)
+
+
+class ImagePool(DistillationSource):
+    """A fixed pool of unlabeled uint8 images already in the federation's shape; batches are drawn
+    uniformly without replacement inside a batch."""
+
+    def __init__(self, images: torch.Tensor, info: DatasetInfo, name: str) -> None:
+        super().__init__(info)
+        if images.dtype != torch.uint8 or images.dim() != 4 or len(images) == 0:
+            raise ConfigError(f"{name}: expected a non-empty uint8 image tensor, got {images.dtype}")
+        fitted = fit_images(images.float() / 255.0, info.channels, info.image_size)
+        self.images = (fitted * 255.0).round().to(torch.uint8)
+        self.name = name
+
+    @property
+    def description(self) -> str:
+        return f"{len(self.images)} unlabeled images of {self.name}"
+
+    def batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
+        index = torch.randperm(len(self.images), generator=generator)[: min(size, len(self.images))]
+        return to_float(self.images[index], self.info)
+
+
+def dataset_source(name: str, info: DatasetInfo, data_dir: str | Path, *, size: int, seed: int) -> ImagePool:
+    """`size` random training images of dataset `name` (all of them if size <= 0), labels dropped."""
+    images = load_dataset(name, data_dir).train.x  # only the images leave this line
+    if 0 < size < len(images):
+        keep = torch.randperm(len(images), generator=torch_generator(seed, "feddf-source-subset"))[:size]
+        images = images[keep.sort().values]
+    return ImagePool(images, info, name)
+
+
+def infer_generator_shape(state: dict[str, torch.Tensor]) -> dict[str, int]:
+    """latent_dim, width, channels and image_size of a `models.generator.Generator` from its weights."""
+    try:
+        linear = state["l1.0.weight"]  # (4 * width * s * s, latent_dim)
+        last = state["conv_blocks.9.weight"]  # (channels, width, 3, 3)
+    except KeyError as missing:
+        raise ConfigError(
+            f"the generator file lacks {missing}: it is not a fedistill/FedIOD generator "
+            f"(expected keys l1.0.weight and conv_blocks.*)"
+        ) from None
+    channels, width = int(last.shape[0]), int(last.shape[1])
+    init_size = math.isqrt(int(linear.shape[0]) // (4 * width))
+    if 4 * width * init_size**2 != linear.shape[0]:
+        raise ConfigError(f"the generator's first layer {tuple(linear.shape)} does not fit width {width}")
+    return {
+        "latent_dim": int(linear.shape[1]),
+        "width": width,
+        "channels": channels,
+        "image_size": 4 * init_size,
+    }
+
+
+def load_generator(path: str | Path, *, upsample: str = "bilinear") -> Generator:
+    """A frozen generator rebuilt from a safetensors file alone, in eval mode.
+
+    The shapes come from the weights (see `infer_generator_shape`); the one choice they do not
+    record is the second upsampling layer: FedIOD's `bilinear` (the default) or MosaicKD's `nearest`.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ConfigError(
+            f"feddf.source: generator file {path} does not exist "
+            "(a FedIOD run saves one as <run>/models/generator.safetensors)"
+        )
+    try:
+        state = load_file(str(path))
+    except Exception as exc:  # safetensors raises its own error types for corrupt files
+        raise ConfigError(f"feddf.source: {path} is not a readable safetensors file ({exc})") from None
+    shape = infer_generator_shape(state)
+    info = DatasetInfo(
+        name="generator",
+        channels=shape["channels"],
+        image_size=shape["image_size"],
+        num_classes=1,
+        mean=(0.0,) * shape["channels"],
+        std=(1.0,) * shape["channels"],
+    )
+    generator = build_generator(info, latent_dim=shape["latent_dim"], width=shape["width"], upsample=upsample)
+    generator.load_state_dict(state)
+    generator.eval()
+    generator.requires_grad_(False)
+    return generator
+
+
+class GeneratorSource(DistillationSource):
+    """Samples of a frozen generator (eval mode: BatchNorm uses its running statistics), taken in [0, 1]
+    and then fitted and normalised for the federation, so a generator trained on another image shape
+    or normalisation still works."""
+
+    def __init__(self, generator: Generator, info: DatasetInfo, name: str) -> None:
+        super().__init__(info)
+        self.generator = generator
+        self.name = name
+
+    @property
+    def description(self) -> str:
+        return f"samples of the frozen generator {self.name}"
+
+    @torch.no_grad()
+    def batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
+        x01 = self.generator.forward_unit(self.generator.sample_latent(size, generator))
+        return normalize(fit_images(x01, self.info.channels, self.info.image_size), self.info)
+
+
+def build_source(
+    spec: str,
+    info: DatasetInfo,
+    *,
+    data_dir: str | Path,
+    size: int,
+    seed: int,
+    upsample: str = "bilinear",
+) -> DistillationSource:
+    """The distillation source named by `spec` (see `parse_source`) for the federation `info`."""
+    kind, argument = parse_source(spec)
+    if kind == "noise":
+        return NoiseSource(info)
+    if kind == "dataset":
+        return dataset_source(argument, info, data_dir, size=size, seed=seed)
+    return GeneratorSource(load_generator(argument, upsample=upsample), info, argument)
