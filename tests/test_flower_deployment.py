@@ -200,3 +200,50 @@ def test_deployment_fediod_matches_inprocess(tmp_path, reference_root, request):
     run, run_s = _deployed_run(tmp_path, False, FEDIOD, timeout=480)
     facts = compare(run, reference_run(FEDIOD, reference_root), tol=1e-5)
     report(request, started, flwr_run_s=round(run_s, 1), **facts)
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_supernode_is_dropped_and_the_run_goes_on(tmp_path, request):
+    """Kill one SuperNode after round 1: the server notices (offline node or timeout), records the
+    drop in the summary and the ledger, and finishes the rounds with the other clients."""
+    import threading
+
+    started = time.monotonic()
+    runs, name = tmp_path / "runs", "deploy-kill"
+    algorithm_dir = runs / name / "fedavg"
+    overrides = {**FEDAVG, "clients": 3, "rounds": 3, "out": str(runs), "name": name,
+                 "set": "timeout=60 min_clients=1"}  # fmt: skip
+    with deployment(tmp_path, 3, False) as dep:
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                dep.flwr_run(overrides, timeout=540, summary=algorithm_dir / "summary.json")
+            except BaseException as exc:  # reported by the main thread
+                errors.append(exc)
+
+        runner = threading.Thread(target=run, daemon=True)
+        runner.start()
+        deadline = time.monotonic() + 300
+        metrics = algorithm_dir / "metrics.jsonl"
+        while time.monotonic() < deadline and not (metrics.is_file() and metrics.read_text().strip()):
+            time.sleep(0.5)
+        assert metrics.is_file(), "round 1 never finished:\n" + dep.procs.diagnostics()
+        killed_at = time.monotonic()
+        dep.supernodes[2].popen.kill()
+        runner.join(timeout=560)
+        assert not runner.is_alive(), "flwr run did not finish:\n" + dep.procs.diagnostics()
+        assert not errors, errors
+    summary = json.loads((algorithm_dir / "summary.json").read_text())
+    assert set(summary["dropped_clients"]) == {"2"}, summary["dropped_clients"]
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    records = [json.loads(line) for line in (algorithm_dir / "ledger.jsonl").read_text().splitlines()]
+    failed = [r for r in records if r["status"] != "ok"]
+    assert failed and {r["client"] for r in failed} == {2} and min(r["round"] for r in failed) >= 2
+    ok_up = [
+        r for r in records if r["direction"] == "client->server" and r["round"] == 3 and r["status"] == "ok"
+    ]
+    assert {r["client"] for r in ok_up} == {0, 1}
+    report(request, started, after_kill_s=round(time.monotonic() - killed_at, 1),
+           dropped=summary["dropped_clients"]["2"], test_accuracy=summary["test_accuracy"])  # fmt: skip

@@ -79,6 +79,9 @@ class FedDFOptions:
     patience: int = 4  # evaluations without improvement before stopping (the code: 1000 steps = 10)
     # True: the averaged model itself competes for "best" (the code's return_best_model_on_val, off there)
     fallback_to_average: bool = False
+    # adapt: the student trains in train mode, so BatchNorm statistics follow the distillation data (the
+    # code); frozen: BatchNorm layers stay in eval mode and keep the averaged clients' statistics.
+    student_bn: str = "adapt"
     drop_worst: str = "off"  # off | drop | weighted (ensemble weights proportional to validation accuracy)
     weighting: str = "samples"  # student initialisation: samples (Algorithm 1) | uniform (the code)
 
@@ -89,6 +92,7 @@ class FedDFOptions:
             "weighting": ("samples", "uniform"),
             "schedule": ("cosine", "constant"),
             "generator_upsample": ("bilinear", "nearest"),
+            "student_bn": ("adapt", "frozen"),
         }
         for key, valid in choices.items():
             if getattr(self, key) not in valid:
@@ -192,8 +196,8 @@ def distill(
     report.evaluations.append((0, start))
     best_accuracy, best_state = (start, clone_state(student)) if options.fallback_to_average else (-1.0, None)
     best_step, since_best = 0, 0
-    student.train()
     for step in range(1, options.steps + 1):
+        _train_mode(student, options.student_bn)
         if options.schedule == "cosine":
             lr = 0.5 * options.distill_lr * (1.0 + math.cos(math.pi * (step - 1) / options.steps))
             for group in optimizer.param_groups:
@@ -235,6 +239,15 @@ def distill(
         student.load_state_dict(best_state)
     report.selected_step, report.selected_accuracy = best_step, best_accuracy
     return report
+
+
+def _train_mode(student: nn.Module, bn: str) -> None:
+    """Train mode; with `bn = "frozen"` the BatchNorm layers stay in eval mode (running statistics)."""
+    student.train()
+    if bn == "frozen":
+        for module in student.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.eval()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -88,14 +88,23 @@ class GridFleet(Fleet):
     ) -> dict[int, Reply]:
         started = time.perf_counter()
         unknown = [cid for cid in requests if cid not in self.node_of]
+        # a node the SuperLink no longer lists (its heartbeats stopped) fails at once, not at the deadline
+        online = set(self.grid.get_node_ids())
+        offline = [cid for cid in requests if cid in self.node_of and self.node_of[cid] not in online]
         for cid in sorted(requests):
             self.record_request(cid, requests[cid], step)
-        by_node = {self.node_of[cid]: requests[cid] for cid in sorted(requests) if cid in self.node_of}
-        answers = self._exchange(by_node, step=step, timeout=timeout or self.timeout)
+        by_node = {
+            self.node_of[cid]: requests[cid]
+            for cid in sorted(requests)
+            if cid in self.node_of and cid not in offline
+        }
+        answers = self._exchange(by_node, step=step, timeout=timeout or self.timeout) if by_node else {}
         replies: dict[int, Reply] = {}
         for cid in sorted(requests):
             if cid in unknown:
                 reply = Reply(cid, None, f"unknown client {cid}")
+            elif cid in offline:
+                reply = Reply(cid, None, f"node {self.node_of[cid]} is offline (the SuperLink lost it)")
             else:
                 message, error = answers[self.node_of[cid]]
                 reply = Reply(cid, message, error)
