@@ -24,7 +24,7 @@ TINY = {
     "fediod": {
         "teacher_epochs": 2,
         "iters_per_epoch": 2,
-        "batch_size": 16,
+        "synthetic_batch_size": 16,
         "student_steps": 2,
         "generator_width": 8,
         "discriminator_width": 8,
@@ -98,7 +98,7 @@ def test_distributed_generator_gradient_equals_the_centralised_one():
     options = server.options
     g_before.train()
     s_before.train()
-    x = g_before(g_before.sample_latent(options.batch_size, torch_generator(config.seed, "latent", step)))
+    x = g_before(g_before.sample_latent(options.synthetic_batch_size, torch_generator(config.seed, "latent", step)))
     ids = sorted(clients)
     pi = server.federation.pi(ids)
     z = torch.stack([clients[k].teacher(x) for k in ids])

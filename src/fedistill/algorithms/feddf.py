@@ -19,7 +19,16 @@ paper distils on another real dataset, e.g. CIFAR-100 for CIFAR-10; noise is its
 here only because it needs no files; use `dataset:fashion-mnist` for MNIST-size federations).
 
 The student initialisation weights client models by sample count, as Algorithm 1 line 6 says; the
-released code averages uniformly (`weighting = "uniform"`).
+released code averages uniformly (`weighting = "uniform"`). Drop-worst (off by default) removes models
+before both the averaging and the ensemble, as the paper says; its `weighted` variant weighs the
+ensemble by validation accuracy, not the average. A group none of whose clients answered this round
+starts from its previous model and is still distilled from this round's ensemble.
+
+Measured on non-IID digits (5 clients, alpha 0.1, 5 local epochs, seed 0, 4 rounds, test accuracy):
+with BatchNorm models (lenet-fedmdcg) FedAvg 67.2%, FedDF on noise 17.5% and on Fashion-MNIST 62.8%,
+because the student's BatchNorm statistics follow the distillation data (`student_bn = "adapt"`, the
+released code); with them frozen (`student_bn = "frozen"`, hence the default) 71.7% and 70.0%.
+Without BatchNorm (mlp) FedDF on noise beats FedAvg by 12-16 points (see the tests).
 """
 
 from __future__ import annotations
@@ -79,9 +88,9 @@ class FedDFOptions:
     patience: int = 4  # evaluations without improvement before stopping (the code: 1000 steps = 10)
     # True: the averaged model itself competes for "best" (the code's return_best_model_on_val, off there)
     fallback_to_average: bool = False
-    # adapt: the student trains in train mode, so BatchNorm statistics follow the distillation data (the
-    # code); frozen: BatchNorm layers stay in eval mode and keep the averaged clients' statistics.
-    student_bn: str = "adapt"
+    # frozen: BatchNorm layers stay in eval mode and keep the averaged clients' statistics (measured
+    # better, see the module docstring); adapt: they follow the distillation data (the released code).
+    student_bn: str = "frozen"
     drop_worst: str = "off"  # off | drop | weighted (ensemble weights proportional to validation accuracy)
     weighting: str = "samples"  # student initialisation: samples (Algorithm 1) | uniform (the code)
 
@@ -182,8 +191,10 @@ def distill(
     generator: torch.Generator,
 ) -> DistillationReport:
     """Distil the weighted ensemble of `teachers` into `student` in place; leave the best-on-validation
-    student in it. Teachers run in eval mode; the student trains in train mode, so its BatchNorm
-    statistics adapt to the distillation data, as in the released code."""
+    student in it (the averaged start competes only with `fallback_to_average`). Teachers run in eval
+    mode; the student in train mode with its BatchNorm layers frozen by default (`student_bn =
+    "adapt"`, the released code, lets their statistics follow the distillation data). The last step
+    is always evaluated."""
     if not teachers:
         raise FederationError("FedDF has no teacher to distil from (every received model was dropped)")
     for teacher in teachers:

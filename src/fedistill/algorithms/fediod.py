@@ -73,7 +73,9 @@ class FedIODOptions:
     teachers: str = ""  # one model name for all clients, or a comma list cycled over clients; "" = `model`
     student: str = ""  # "" = `model`
     teacher_epochs: int = 30  # stage 1: local epochs of each teacher (uses the common lr/batch/optimizer)
-    batch_size: int = 64  # synthetic batch, and each client's real batch for D_k
+    # synthetic batch, and each client's real batch for D_k (named apart from the common `batch_size`,
+    # which an algorithm table overrides for local training: here, stage 1)
+    synthetic_batch_size: int = 64
     iters_per_epoch: int | str = "max"  # max | min (over clients of ceil(n_k / batch)), or a number
     student_steps: int = 5  # S-steps per G-step (the released code's 5)
     # Carry step t's S-step inputs in step t+1's query.generate (clients answer them before their
@@ -142,7 +144,13 @@ class FedIODOptions:
             raise ConfigError(
                 f"fediod.iters_per_epoch must be max, min or a number; got {self.iters_per_epoch!r}"
             )
-        for key in ("teacher_epochs", "batch_size", "student_steps", "latent_dim", "generator_width"):
+        for key in (
+            "teacher_epochs",
+            "synthetic_batch_size",
+            "student_steps",
+            "latent_dim",
+            "generator_width",
+        ):
             if getattr(self, key) < 1:
                 raise ConfigError(f"fediod.{key} must be >= 1")
         for key in ("lr_generator", "lr_discriminator", "lr_student", "tau"):
@@ -472,7 +480,7 @@ class FedIODServer(ServerLogic):
             counts,
             {c: float(replies[c].scalar("metrics", "teacher_val_accuracy")) for c in clients},
         )
-        per_client = [math.ceil(float(s) / options.batch_size) for s in sizes]
+        per_client = [math.ceil(float(s) / options.synthetic_batch_size) for s in sizes]
         if options.iters_per_epoch == "max":
             self.iters = max(per_client)
         elif options.iters_per_epoch == "min":
@@ -576,7 +584,7 @@ class FedIODServer(ServerLogic):
         gan_weight = pi_all if options.gan_weighting == "pi" else torch.full_like(pi_all, 1.0 / len(clients))
         latent_gen = torch_generator(config.seed, "latent", self.step)
         self.generator.train()
-        x = self.generator(self.generator.sample_latent(options.batch_size, latent_gen))
+        x = self.generator(self.generator.sample_latent(options.synthetic_batch_size, latent_gen))
         carried = self.carried
         inputs = {"x": x.detach()} if carried is None else {"x": x.detach(), "student_x": carried[0]}
         requests = {
@@ -605,7 +613,7 @@ class FedIODServer(ServerLogic):
         )
         answered = sorted(replies)
         pi = self.federation.pi(answered)
-        b, c = options.batch_size, self.ctx.info.num_classes
+        b, c = options.synthetic_batch_size, self.ctx.info.num_classes
         for reply in replies.values():
             expect_arrays(reply, "logits", {"z": ArraySpec("float32", (b, c))}, exact=carried is None)
             expect_arrays(reply, "discriminator-outputs", {"ratio": ArraySpec("float32", (b,))}, exact=False)
@@ -678,7 +686,7 @@ class FedIODServer(ServerLogic):
         return self.options.ensemble_weighting == "eq8"
 
     def _student_inputs(self) -> torch.Tensor:
-        n, b = self.options.student_steps, self.options.batch_size
+        n, b = self.options.student_steps, self.options.synthetic_batch_size
         latent_gen = torch_generator(self.ctx.config.seed, "student-latent", self.step)
         with torch.no_grad():
             return self.generator(self.generator.sample_latent(n * b, latent_gen))
@@ -711,7 +719,7 @@ class FedIODServer(ServerLogic):
     ) -> float:
         """The S-steps on L_mimic against the weighted ensemble of the clients' logits on `xs`."""
         options = self.options
-        n, b = options.student_steps, options.batch_size
+        n, b = options.student_steps, options.synthetic_batch_size
         answered = sorted(replies)
         c = self.ctx.info.num_classes
         for reply in replies.values():
