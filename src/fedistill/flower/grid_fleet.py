@@ -38,7 +38,7 @@ class GridFleet(Fleet):
         expected_clients: int,
         max_bytes: int = DEFAULT_MAX_BYTES,
         timeout: float | None = None,
-        connect_timeout: float = 120.0,
+        connect_timeout: float = 300.0,  # Ray workers start slowly on a loaded machine
         poll_s: float = 0.02,
     ) -> None:
         super().__init__(ledger)

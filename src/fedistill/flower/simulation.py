@@ -35,8 +35,6 @@ def run_simulation_suite(
 ) -> list[dict[str, Any]]:
     if resume:
         raise ConfigError("--resume is not supported for Flower runs yet; start the run again")
-    # Flower's home (apps, state) inside the run's own folder unless the user chose one
-    os.environ.setdefault("FLWR_HOME", str(suite_dir / ".flwr"))
     from flwr.simulation import run_simulation
 
     from fedistill.flower.apps import make_client_app, make_server_app
@@ -48,6 +46,10 @@ def run_simulation_suite(
     flower_logger = logging.getLogger("flwr")
     level = flower_logger.level
     flower_logger.setLevel(logging.ERROR)
+    # Flower's home (apps, state) inside the run's own folder unless the user chose one
+    own_home = "FLWR_HOME" not in os.environ
+    if own_home:
+        os.environ["FLWR_HOME"] = str(suite_dir / ".flwr")
     try:
         run_simulation(
             server_app=server_app,
@@ -57,6 +59,8 @@ def run_simulation_suite(
         )
     finally:
         flower_logger.setLevel(level)
+        if own_home:
+            del os.environ["FLWR_HOME"]
     if errors:
         raise errors[0]
     if not results:
