@@ -38,9 +38,10 @@ def main() -> None:
     parser.add_argument("--out", default=str(HERE / "runs"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--reuse", action="store_true", help="keep a finished run of the same name")
+    parser.add_argument("--tag", default="", help="suffix of the run name, to keep variants apart")
     args = parser.parse_args()
     out = Path(args.out)
-    run = f"heterogeneous-{args.dataset}-alpha{args.alpha:g}-seed{args.seed}"
+    run = f"heterogeneous-{args.dataset}-alpha{args.alpha:g}-seed{args.seed}{'-' + args.tag if args.tag else ''}"
     sets = [*args.set, f"fediod.teachers={args.teachers}", f"fediod.student={args.student}",
             f"fediod.teacher_epochs={args.teacher_epochs}", f"fediod.iters_per_epoch={args.iters}"]  # fmt: skip
     summary_path = out / run / "fediod" / "summary.json"
@@ -57,6 +58,7 @@ def main() -> None:
         "alpha": args.alpha,
         "teachers": args.teachers,
         "student": args.student,
+        "settings": " ".join(args.set),
         "student_accuracy": final["test_accuracy"],
         "standalone_mean": final["teacher_mean_accuracy"],
         "standalone_std": final["teacher_std_accuracy"],
@@ -65,21 +67,22 @@ def main() -> None:
         "wall_time_s": summary["wall_time_s"],
         "command": f"python benchmarks/fediod_heterogeneous.py --dataset {args.dataset} --alpha {args.alpha:g} "
         f"--teachers {args.teachers} --student {args.student} --epochs {args.epochs} --iters {args.iters} "
-        f"--teacher-epochs {args.teacher_epochs} --seed {args.seed}{''.join(' --set ' + s for s in args.set)}",
+        f"--teacher-epochs {args.teacher_epochs} --seed {args.seed}{''.join(' --set ' + s for s in args.set)}"
+        f"{' --tag ' + args.tag if args.tag else ''}",
     }
     path = RESULTS / "fediod_heterogeneous.json"
     old = json.loads(path.read_text()) if path.is_file() else []
     old = old if isinstance(old, list) else [old]
-    key = lambda r: (r["dataset"], r["alpha"], r["teachers"], r["student"])  # noqa: E731
+    key = lambda r: (r["dataset"], r["alpha"], r["teachers"], r["student"], r.get("settings", ""))  # noqa: E731
     rows = [r for r in old if key(r) != key(row)] + [row]
     lines = [
         "# FedIOD with heterogeneous clients",
         "",
         "Teachers cycled over the K = 10 clients from the `teachers` list; each row's command is in the JSON.",
         "",
-        "| dataset | alpha | teachers | student | FedIOD student % | Standalone mean ± std % | ensemble % | of ensemble | wall s |",
-        "|---|---|---|---|---|---|---|---|---|",
-        *[f"| {r['dataset']} | {r['alpha']:g} | {r['teachers']} | {r['student']} | {100 * r['student_accuracy']:.2f} "
+        "| dataset | alpha | teachers | student | settings | FedIOD student % | Standalone mean ± std % | ensemble % | of ensemble | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *[f"| {r['dataset']} | {r['alpha']:g} | {r['teachers']} | {r['student']} | {r.get('settings', '')} | {100 * r['student_accuracy']:.2f} "
           f"| {100 * r['standalone_mean']:.2f} ± {100 * r['standalone_std']:.2f} | {100 * r['ensemble_accuracy']:.2f} "
           f"| {100 * (r['fraction_of_ensemble'] or 0):.0f}% | {r['wall_time_s']:.0f} |" for r in rows],
     ]  # fmt: skip
