@@ -82,8 +82,9 @@ def write(results: list[dict], args: argparse.Namespace) -> None:
         f"--epochs {args.epochs} --iters {args.iters} --teacher-epochs {args.teacher_epochs} --seed {args.seed}"
         f"{''.join(' --set ' + s for s in args.set)}`",
         "",
-        "Every row: same partition, seed, teachers (stage 1 is seeded per client) and budget. The student",
-        "is selected on the clients' validation splits; 'of ensemble' = student / its teachers' ensemble.",
+        "Every row: same partition, seed and budget; stage 1 is seeded per client, but a different torch",
+        "thread count changes float rounding, so compare the teacher-mean and ensemble columns too. The",
+        "student is selected on the clients' validation splits; 'of ensemble' = student / its ensemble.",
         "",
         "| variant | switches | student test % | of ensemble | ensemble % | teacher mean % | wall s |",
         "|---|---|---|---|---|---|---|",
