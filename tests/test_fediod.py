@@ -98,7 +98,8 @@ def test_distributed_generator_gradient_equals_the_centralised_one():
     options = server.options
     g_before.train()
     s_before.train()
-    x = g_before(g_before.sample_latent(options.synthetic_batch_size, torch_generator(config.seed, "latent", step)))
+    latent_gen = torch_generator(config.seed, "latent", step)
+    x = g_before(g_before.sample_latent(options.synthetic_batch_size, latent_gen))
     ids = sorted(clients)
     pi = server.federation.pi(ids)
     z = torch.stack([clients[k].teacher(x) for k in ids])
