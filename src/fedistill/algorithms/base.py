@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from fedistill.data.base import DatasetInfo, ImageSet
-from fedistill.errors import unknown_name
+from fedistill.errors import ConfigError, unknown_name
 from fedistill.experiment.config import RunConfig
 from fedistill.federation.client import ClientLogic
 from fedistill.federation.fleet import Fleet
@@ -121,6 +121,14 @@ def algorithm_names() -> list[str]:
     from fedistill import algorithms as _  # noqa: F401
 
     return sorted(ALGORITHMS)
+
+
+def model_cycle(names: str, default: str, *, key: str) -> list[str]:
+    """A comma list of model names cycled over the clients (client k gets entry k % len); empty: `default`."""
+    cycle = [n.strip() for n in (names or default).split(",") if n.strip()]
+    if not cycle:
+        raise ConfigError(f"{key} names no model: {names!r}")
+    return cycle
 
 
 def clone_state(module: nn.Module) -> dict[str, torch.Tensor]:

@@ -50,6 +50,7 @@ from fedistill.algorithms.base import (
     ServerContext,
     ServerLogic,
     clone_state,
+    model_cycle,
     register,
 )
 from fedistill.algorithms.distillation_data import DistillationSource, build_source, parse_source
@@ -121,10 +122,7 @@ class FedDFOptions:
 
 def group_names(options: FedDFOptions, config: RunConfig) -> list[str]:
     """The per-client cycle of model names, as given (a name may repeat to weight the cycle)."""
-    names = [n.strip() for n in (options.groups or config.model).split(",") if n.strip()]
-    if not names:
-        raise ConfigError(f"feddf.groups names no model: {options.groups!r}")
-    return names
+    return model_cycle(options.groups, config.model, key="feddf.groups")
 
 
 def group_of(options: FedDFOptions, config: RunConfig, client_id: int) -> str:

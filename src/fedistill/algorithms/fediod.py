@@ -42,6 +42,7 @@ from fedistill.algorithms.base import (
     ServerContext,
     ServerLogic,
     clone_state,
+    model_cycle,
     register,
 )
 from fedistill.algorithms.training import LocalTraining, evaluate_model, new_model, train_local
@@ -190,7 +191,7 @@ def resolve_options(config: RunConfig, options: FedIODOptions) -> FedIODOptions:
 
 
 def teacher_name(options: FedIODOptions, config: RunConfig, client_id: int) -> str:
-    names = [n.strip() for n in (options.teachers or config.model).split(",") if n.strip()]
+    names = model_cycle(options.teachers, config.model, key="fediod.teachers")
     return names[client_id % len(names)]
 
 

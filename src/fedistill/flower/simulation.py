@@ -35,7 +35,12 @@ def run_simulation_suite(
 ) -> list[dict[str, Any]]:
     if resume:
         raise ConfigError("--resume is not supported for Flower runs yet; start the run again")
-    from flwr.simulation import run_simulation
+    try:
+        from flwr.simulation import run_simulation
+    except ImportError:
+        raise ConfigError(
+            "transport = flower needs Flower: pip install -e '.[flower]' (or fedistill[flower])"
+        ) from None
 
     from fedistill.flower.apps import make_client_app, make_server_app
 
