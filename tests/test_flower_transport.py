@@ -154,3 +154,56 @@ def test_flower_simulation_engine_gives_the_in_process_results(tmp_path) -> None
         assert _traffic(tmp_path / "flower" / a["algorithm"]) == _traffic(
             tmp_path / "inprocess" / a["algorithm"]
         )
+
+
+def _same_state(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def test_read_only_handlers_leave_client_state_unchanged_and_skip_the_node_write(tmp_path, monkeypatch):
+    """Nodes skip persisting state after read-only messages; that is only sound if those handlers
+    really leave state_dict() as it was, which this checks on every such message of a real run."""
+    import copy
+
+    from fedistill.federation.client import ClientLogic
+
+    checked: Counter = Counter()
+    handle = ClientLogic.handle
+
+    def checking(self, message):
+        if self.changes_state(message.type):
+            return handle(self, message)
+        before = copy.deepcopy(self.state_dict())
+        answer = handle(self, message)
+        after = self.state_dict()
+        changed = [key for key in before if not _same_state(before[key], after[key])]
+        assert not changed, f"{message.type} changed the client state: {changed}"
+        checked[message.type] += 1
+        return answer
+
+    monkeypatch.setattr(ClientLogic, "handle", checking)
+    config = _config(algorithm="fediod,standalone", rounds=1)
+    writes: Counter = Counter()
+    commit = flower_node.Node.commit
+    monkeypatch.setattr(flower_node.Node, "commit", lambda self, ctx: (writes.update([1]), commit(self, ctx)))
+    run_suite(
+        config.replace(transport="flower"),
+        tmp_path / "flower",
+        progress=False,
+        grid=LocalGrid(make_client_app(config, state_root=tmp_path / "nodes"), config.clients),
+    )
+    assert {"query.student", "evaluate.student", "evaluate.teachers", "evaluate"} <= set(checked)
+    records = [r for r in read_ledger(tmp_path / "flower" / "fediod" / "ledger.jsonl")]
+    records += read_ledger(tmp_path / "flower" / "standalone" / "ledger.jsonl")
+    state_changing = sum(
+        1
+        for r in records
+        if r["direction"] == "server->client" and r["type"] not in ("query.hello", *checked)
+    )
+    assert sum(writes.values()) == state_changing

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.func import functional_call
 from tqdm import tqdm
 
 from fedistill.algorithms import fediod_losses as L
@@ -259,8 +260,14 @@ class FedIODClient(ClientLogic):
         return to_float(self.ctx.train.x[index], self.ctx.info)
 
     def _density_ratio(self, x: torch.Tensor) -> torch.Tensor:
+        """Eq. 8's D_k(x) / E[D_k(x')] for S-step inputs. D_k's BatchNorm runs on batch statistics;
+        its running statistics are scored on copies, so answering leaves the client state as it was."""
+        buffers = {name: b.clone() for name, b in self.discriminator.named_buffers()}
         with torch.no_grad():
-            return L.density_ratio(L.patch_scores(self.discriminator(x)), self.real_mean)
+            scores = functional_call(
+                self.discriminator, (dict(self.discriminator.named_parameters()), buffers), (x,)
+            )
+        return L.density_ratio(L.patch_scores(scores), self.real_mean)
 
     @handles("query.generate")
     def generate(self, message: Message) -> Message:
@@ -336,7 +343,7 @@ class FedIODClient(ClientLogic):
         return Message.build("query.backprop", arrays={"input-gradients": {"x": grad}})
 
     # --- stage 2: the S-steps ---------------------------------------------------------------------
-    @handles("query.student")
+    @handles("query.student", read_only=True)
     def student_targets(self, message: Message) -> Message:
         expect_arrays(message, "synthetic-inputs", {"x": self._input_spec()})
         answer = self._student_answer(
@@ -353,7 +360,7 @@ class FedIODClient(ClientLogic):
         return arrays
 
     # --- evaluation ------------------------------------------------------------------------------
-    @handles("evaluate.student")
+    @handles("evaluate.student", read_only=True)
     def evaluate_student(self, message: Message) -> Message:
         expect_arrays(message, "parameters", self.student_specs)
         self.student.load_state_dict(message.tensors("parameters"))
@@ -368,7 +375,7 @@ class FedIODClient(ClientLogic):
             },
         )
 
-    @handles("evaluate.teachers")
+    @handles("evaluate.teachers", read_only=True)
     def evaluate_teacher(self, message: Message) -> Message:
         """Evaluation only (not part of the protocol): the teacher's logits on the shared test set,
         so the report can state the standalone accuracies and the ensemble's one-shot ceiling."""

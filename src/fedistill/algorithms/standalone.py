@@ -43,7 +43,7 @@ class StandaloneClient(ClientLogic):
         metrics["num_samples"] = len(self.ctx.train)
         return Message.build("train", scalars={"metrics": metrics})
 
-    @handles("evaluate")
+    @handles("evaluate", read_only=True)
     def evaluate(self, message: Message) -> Message:
         test = evaluate_model(self.model, self.ctx.global_test, self.ctx.info)
         local = evaluate_model(self.model, self.ctx.test, self.ctx.info)

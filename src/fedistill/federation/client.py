@@ -15,9 +15,13 @@ from fedistill.federation.messages import Message
 Handler = Callable[[Any, Message], Message]
 
 
-def handles(message_type: str) -> Callable[[Handler], Handler]:
+def handles(message_type: str, *, read_only: bool = False) -> Callable[[Handler], Handler]:
+    """Mark a handler; `read_only=True` promises it leaves `state_dict()` unchanged, so a transport
+    that persists client state between messages (Flower deployment) can skip the write."""
+
     def mark(method: Handler) -> Handler:
         method.__handles__ = message_type  # type: ignore[attr-defined]
+        method.__read_only__ = read_only  # type: ignore[attr-defined]
         return method
 
     return mark
@@ -27,16 +31,24 @@ class ClientLogic:
     """Dispatches messages to handler methods. State for checkpoints goes through state_dict()."""
 
     _handlers: ClassVar[dict[str, str]] = {}
+    _read_only: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        handlers = {}
+        handlers, read_only = {}, set()
         for klass in reversed(cls.__mro__):
             for name, member in vars(klass).items():
                 message_type = getattr(member, "__handles__", None)
                 if message_type is not None:
                     handlers[message_type] = name
-        cls._handlers = handlers
+                    read_only.discard(message_type)
+                    if getattr(member, "__read_only__", False):
+                        read_only.add(message_type)
+        cls._handlers, cls._read_only = handlers, frozenset(read_only)
+
+    def changes_state(self, message_type: str) -> bool:
+        """False for handlers marked read-only: their answer leaves `state_dict()` as it was."""
+        return message_type not in self._read_only
 
     def handle(self, message: Message) -> Message:
         name = self._handlers.get(message.type)

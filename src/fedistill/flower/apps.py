@@ -71,7 +71,8 @@ def make_client_app(config: RunConfig | None = None, state_root: Path | None = N
             request = from_records(message.content, message_type)
             check_on_receipt(request, max_bytes=int(run_config.max_message_mb * 2**20))
             answer = node.client.handle(request)
-            node.commit(context)
+            if node.client.changes_state(message_type):
+                node.commit(context)
             return FlowerMessage(to_records(answer), reply_to=message)
         except Exception as exc:  # the server sees an error reply, as for any failed client
             log.warning("client failed on %s: %s", message_type, exc, exc_info=True)
