@@ -1,0 +1,250 @@
+"""Gradient inversion (DLG, iDLG, multi-step updates) and the image metrics that score it."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedistill.metrics.image_quality import best_match_psnr, psnr, save_image_grid, ssim
+from fedistill.privacy.attacks import (
+    dlg_attack,
+    idlg_attack,
+    infer_labels,
+    match_distance,
+    update_to_gradient,
+)
+
+NUM_CLASSES = 10
+
+
+def sigmoid_lenet(seed: int = 0) -> nn.Module:
+    """The DLG paper's LeNet (Sigmoid, strided 5x5 convs, weights uniform in [-0.5, 0.5]) sized for 8x8."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Conv2d(1, 12, 5, padding=2, stride=2),
+        nn.Sigmoid(),
+        nn.Conv2d(12, 12, 5, padding=2, stride=2),
+        nn.Sigmoid(),
+        nn.Conv2d(12, 12, 5, padding=2, stride=1),
+        nn.Sigmoid(),
+        nn.Flatten(),
+        nn.Linear(12 * 2 * 2, NUM_CLASSES),
+    )
+    for p in model.parameters():
+        nn.init.uniform_(p, -0.5, 0.5)
+    return model
+
+
+def structured_image(seed: int) -> torch.Tensor:
+    """A smooth random 1x8x8 image in [0, 1]: three random plane waves, rescaled."""
+    g = torch.Generator().manual_seed(seed)
+    yy, xx = torch.meshgrid(torch.linspace(0, 1, 8), torch.linspace(0, 1, 8), indexing="ij")
+    image = torch.zeros(8, 8)
+    for _ in range(3):
+        fx, fy, phase = (torch.rand(3, generator=g) * torch.tensor([3.0, 3.0, 2 * math.pi])).tolist()
+        image += torch.cos(2 * math.pi * (fx * xx + fy * yy) + phase)
+    image = (image - image.min()) / (image.max() - image.min())
+    return image.reshape(1, 1, 8, 8)
+
+
+def client_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+    """What the client sends: the gradient of its mean cross-entropy, in parameter order."""
+    grads = torch.autograd.grad(F.cross_entropy(model(x), y), list(model.parameters()))
+    return [g.detach() for g in grads]
+
+
+# --- attacks ---------------------------------------------------------------------------------------
+
+
+def test_dlg_reconstructs_a_single_image_and_its_label() -> None:
+    model, x, y = sigmoid_lenet(), structured_image(1), torch.tensor([3])
+    grads = client_gradient(model, x, y)
+    start = time.process_time()
+    result = dlg_attack(
+        model,
+        grads,
+        x.shape,
+        NUM_CLASSES,
+        iterations=30,
+        max_iter_per_step=10,
+        generator=torch.Generator().manual_seed(0),
+    )
+    elapsed = time.process_time() - start
+    assert result.reconstruction.shape == x.shape
+    assert psnr(x, result.reconstruction).item() > 30.0
+    assert result.labels.tolist() == [3]
+    assert result.soft_labels is not None and result.soft_labels.shape == (1, NUM_CLASSES)
+    assert result.loss_history[-1] < 1e-6 < result.loss_history[0]
+    assert not result.diverged
+    assert elapsed < 5.0
+    assert all(p.grad is None for p in model.parameters())  # the attack leaves the model's .grad alone
+
+
+def test_dlg_dict_gradients_match_list_gradients() -> None:
+    model, x, y = sigmoid_lenet(), structured_image(2), torch.tensor([5])
+    grads = client_gradient(model, x, y)
+    named = {name: g for (name, _), g in zip(model.named_parameters(), grads, strict=True)}
+    kwargs = {"iterations": 2, "max_iter_per_step": 3}
+    a = dlg_attack(model, grads, x.shape, NUM_CLASSES, generator=torch.Generator().manual_seed(1), **kwargs)
+    b = dlg_attack(model, named, x.shape, NUM_CLASSES, generator=torch.Generator().manual_seed(1), **kwargs)
+    assert torch.equal(a.reconstruction, b.reconstruction)
+    assert a.loss_history == b.loss_history
+
+
+@pytest.mark.parametrize("label", [0, 4, 7, 9, 2])
+def test_idlg_infers_the_label_of_one_sample_exactly(label: int) -> None:
+    model, x = sigmoid_lenet(seed=label), structured_image(10 + label)
+    grads = client_gradient(model, x, torch.tensor([label]))
+    assert infer_labels(grads[-2]).tolist() == [label]
+
+
+def test_idlg_reconstructs_with_the_inferred_label() -> None:
+    model, x, y = sigmoid_lenet(), structured_image(3), torch.tensor([6])
+    grads = client_gradient(model, x, y)
+    result = idlg_attack(
+        model,
+        grads,
+        x.shape,
+        NUM_CLASSES,
+        iterations=30,
+        max_iter_per_step=10,
+        generator=torch.Generator().manual_seed(0),
+    )
+    assert result.labels.tolist() == [6]
+    assert result.soft_labels is None
+    assert psnr(x, result.reconstruction).item() > 30.0
+
+
+def test_batch_label_heuristic_returns_negative_rows() -> None:
+    model = sigmoid_lenet()
+    x = torch.cat([structured_image(20), structured_image(21)])
+    grads = client_gradient(model, x, torch.tensor([8, 1]))
+    assert sorted(infer_labels(grads[-2], batch_size=2).tolist()) == [1, 8]
+
+
+def test_update_to_gradient_is_exact_for_one_sgd_step() -> None:
+    model, x, y = sigmoid_lenet(), structured_image(4), torch.tensor([2])
+    old = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    exact = {name: p.grad.clone() for name, p in model.named_parameters()}
+    optimizer.step()
+    estimate = update_to_gradient(old, model.state_dict(), lr=0.1, steps=1)
+    assert estimate.keys() == exact.keys()
+    for name, g in exact.items():
+        torch.testing.assert_close(estimate[name], g, rtol=0, atol=1e-5)
+
+
+def test_update_to_gradient_averages_several_steps() -> None:
+    model = sigmoid_lenet()
+    old = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    seen: list[list[torch.Tensor]] = []
+    for step in range(3):
+        optimizer.zero_grad()
+        F.cross_entropy(model(structured_image(30 + step)), torch.tensor([step])).backward()
+        seen.append([p.grad.clone() for p in model.parameters()])
+        optimizer.step()
+    estimate = update_to_gradient(old, model.state_dict(), lr=0.05, steps=3)
+    for (name, _), *per_step in zip(model.named_parameters(), *seen, strict=True):
+        torch.testing.assert_close(estimate[name], torch.stack(per_step).mean(0), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="lr"):
+        update_to_gradient(old, model.state_dict(), lr=0.0, steps=1)
+
+
+def test_batchnorm_model_state_is_restored_and_buffers_in_dicts_are_skipped() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Sigmoid(), nn.Flatten())
+    model.append(nn.Linear(4 * 64, NUM_CLASSES))
+    x, y = torch.cat([structured_image(40), structured_image(41)]), torch.tensor([1, 7])
+    old = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    F.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    observed = update_to_gradient(old, model.state_dict(), lr=0.1, steps=1)
+    assert "1.running_mean" in observed and "1.num_batches_tracked" not in observed
+    model.eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for mode in ("train", "eval"):
+        result = dlg_attack(
+            model, observed, x.shape, NUM_CLASSES, iterations=2, max_iter_per_step=2, mode=mode
+        )
+        assert result.reconstruction.shape == x.shape
+    assert not model.training
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_bad_gradients_are_named() -> None:
+    model = sigmoid_lenet()
+    grads = client_gradient(model, structured_image(5), torch.tensor([0]))
+    with pytest.raises(ValueError, match="gradient tensors"):
+        dlg_attack(model, grads[:-1], (1, 1, 8, 8), NUM_CLASSES, iterations=1)
+    with pytest.raises(KeyError, match="nope"):
+        dlg_attack(model, {"nope": grads[0]}, (1, 1, 8, 8), NUM_CLASSES, iterations=1)
+    with pytest.raises(ValueError, match=r"0\.weight"):
+        dlg_attack(model, {"0.weight": grads[0][:1]}, (1, 1, 8, 8), NUM_CLASSES, iterations=1)
+
+
+def test_match_distance_is_squared_l2() -> None:
+    a = [torch.tensor([1.0, 2.0]), torch.tensor([[0.0]])]
+    b = [torch.tensor([0.0, 0.0]), torch.tensor([[3.0]])]
+    assert match_distance(a, b).item() == pytest.approx(1 + 4 + 9)
+
+
+# --- image metrics ---------------------------------------------------------------------------------
+
+
+def noisy_batch(scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    clean = torch.rand(3, 1, 16, 16, generator=g)
+    return clean, (clean + scale * torch.randn(clean.shape, generator=g)).clamp(0, 1)
+
+
+def test_psnr_and_ssim_of_identical_images() -> None:
+    clean, _ = noisy_batch(0.0)
+    assert torch.isinf(psnr(clean, clean)).all()
+    torch.testing.assert_close(ssim(clean, clean), torch.ones(3, dtype=torch.float64))
+    assert psnr(clean.numpy(), clean.numpy() + 0.1).tolist() == pytest.approx([20.0] * 3)
+
+
+def test_psnr_and_ssim_fall_with_noise() -> None:
+    psnrs, ssims = [], []
+    for scale in (0.01, 0.05, 0.2):
+        clean, noisy = noisy_batch(scale)
+        psnrs.append(psnr(clean, noisy).mean().item())
+        ssims.append(ssim(clean, noisy).mean().item())
+    assert psnrs[0] > psnrs[1] > psnrs[2]
+    assert 1.0 > ssims[0] > ssims[1] > ssims[2]
+
+
+def test_ssim_rejects_images_smaller_than_its_window() -> None:
+    image = torch.rand(1, 1, 8, 8)
+    with pytest.raises(ValueError, match="smaller sigma"):
+        ssim(image, image)
+    assert ssim(image, image, sigma=0.5).item() == pytest.approx(1.0)
+
+
+def test_best_match_psnr_handles_permuted_batches() -> None:
+    clean, noisy = noisy_batch(0.02)
+    perm = torch.tensor([2, 0, 1])
+    values, index = best_match_psnr(clean, noisy[perm])
+    assert index.tolist() == perm.tolist()
+    torch.testing.assert_close(values, psnr(clean, noisy)[perm])
+    _, nearest = best_match_psnr(clean, noisy[torch.tensor([1, 1, 1, 0])], one_to_one=False)
+    assert nearest.tolist() == [1, 1, 1, 0]
+
+
+def test_save_image_grid_writes_a_png(tmp_path: Path) -> None:
+    images = np.random.default_rng(0).random((5, 1, 8, 8))
+    path = save_image_grid(images, tmp_path / "grid" / "dlg.png", nrow=3, titles=[str(i) for i in range(5)])
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="titles"):
+        save_image_grid(images, tmp_path / "bad.png", nrow=3, titles=["a"])
