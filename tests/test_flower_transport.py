@@ -103,6 +103,21 @@ def test_fedavg_and_fediod_over_a_flower_grid_match_in_process(tmp_path) -> None
     assert sorted(r["client"] for r in hello if r["direction"] == "client->server") == [0, 1, 2]
 
 
+def test_feddf_and_the_partial_sharing_baselines_over_a_flower_grid_match_in_process(tmp_path) -> None:
+    """FedDF (server-side distillation, parameters both ways) and FedPer / LG-FedAvg (private parts kept
+    in the node's client state between rounds) give the in-process results and traffic on Flower."""
+    config = _config(algorithm="feddf,fedper,lgfedavg", rounds=2, feddf={"steps": 20, "eval_every_steps": 10})
+    here = run_suite(config, tmp_path / "inprocess", progress=False)
+    grid = LocalGrid(make_client_app(config, state_root=tmp_path / "nodes"), config.clients)
+    there = run_suite(config.replace(transport="flower"), tmp_path / "flower", progress=False, grid=grid)
+    for a, b in zip(here, there, strict=True):
+        for key in ("test_accuracy", "local_accuracy"):
+            if key in a["final"]:
+                assert b["final"][key] == pytest.approx(a["final"][key], abs=1e-6), (a["algorithm"], key)
+        name = a["algorithm"]
+        assert _traffic(tmp_path / "flower" / name) == _traffic(tmp_path / "inprocess" / name)
+
+
 def test_client_state_survives_a_fresh_process_per_message(tmp_path) -> None:
     """Deployment starts one ClientApp process per message: emulate it by forgetting every client
     object between messages; the state on node storage must carry FedIOD through unchanged."""
