@@ -24,6 +24,7 @@ class LocalGrid(Grid):
         run_config: dict | None = None,
         silent: Iterable[int] = (),
         run_id: int = 1,
+        node_config: dict | None = None,
     ) -> None:
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 0
         self.client_app = client_app
@@ -32,7 +33,11 @@ class LocalGrid(Grid):
             1000 + 7 * i: Context(
                 run_id=run_id,
                 node_id=1000 + 7 * i,
-                node_config={"partition-id": num_nodes - 1 - i, "num-partitions": num_nodes},
+                node_config={
+                    "partition-id": num_nodes - 1 - i,
+                    "num-partitions": num_nodes,
+                    **(node_config or {}),
+                },
                 state=RecordDict(),
                 run_config=dict(run_config or {}),
             )

@@ -222,3 +222,52 @@ def test_read_only_handlers_leave_client_state_unchanged_and_skip_the_node_write
         if r["direction"] == "server->client" and r["type"] not in ("query.hello", *checked)
     )
     assert sum(writes.values()) == state_changing
+
+
+@pytest.mark.slow
+def test_forwarding_client_app_and_node_workers_give_the_in_process_results(tmp_path) -> None:
+    """The forwarding ClientApp hands every message to one long-lived worker process per node; the
+    results and traffic are the in-process ones, and the workers stop when asked."""
+    from fedistill.flower.apps import config_from_run_config
+    from fedistill.flower.forward import client_app as forwarding_app
+    from fedistill.flower.forward import stop_worker
+
+    small = " ".join(f"fediod.{k}={v}" for k, v in SMALL_FEDIOD.items())
+    run_config = {
+        "algorithm": "fedavg,fediod",
+        "clients": 3,
+        "rounds": 2,
+        "model": "lenet-fedmdcg",
+        "set": small,
+    }
+    config = config_from_run_config(run_config)
+    here = run_suite(config, tmp_path / "inprocess", progress=False)
+    nodes = tmp_path / "nodes"
+    grid = LocalGrid(
+        forwarding_app, config.clients, run_config=run_config,
+        node_config={"state-dir": str(nodes), "worker": True, "worker-idle-s": 300.0},
+    )  # fmt: skip
+    try:
+        there = run_suite(config.replace(transport="flower"), tmp_path / "flower", progress=False, grid=grid)
+    finally:
+        stopped = [stop_worker(folder) for folder in sorted(nodes.glob("worker-node-*"))]
+    assert stopped == [True, True, True]
+    for a, b in zip(here, there, strict=True):
+        assert b["final"]["test_accuracy"] == pytest.approx(a["final"]["test_accuracy"], abs=1e-6)
+        assert _traffic(tmp_path / "flower" / a["algorithm"]) == _traffic(
+            tmp_path / "inprocess" / a["algorithm"]
+        )
+    for folder in sorted(nodes.glob("worker-node-*")):  # one worker per node served every message
+        log = (folder / "worker.log").read_text()
+        assert log.count("listening on") == 1 and "asked to stop" in log
+
+
+def test_a_node_worker_exits_when_idle(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "worker.key").write_bytes(b"k" * 32)
+    command = [sys.executable, "-m", "fedistill.flower.worker", "--socket", str(tmp_path / "worker.sock"),
+               "--key-file", str(tmp_path / "worker.key"), "--idle-s", "1"]  # fmt: skip
+    assert subprocess.run(command, timeout=120, capture_output=True).returncode == 0
+    assert not (tmp_path / "worker.sock").exists()

@@ -14,7 +14,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from flwr.app import Context, Error
+from flwr.app import Context, Error, RecordDict
 from flwr.app import Message as FlowerMessage
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
@@ -53,32 +53,46 @@ def message_types() -> list[str]:
     return sorted(types)
 
 
+def answer(
+    message_type: str,
+    content: RecordDict,
+    context: Context,
+    config: RunConfig | None = None,
+    state_root: Path | None = None,
+) -> RecordDict:
+    """The reply content to one message on this node (raises on failure). Shared by the ClientApp
+    and the node's long-lived worker (worker.py)."""
+    run_config = config or config_from_run_config(dict(context.run_config))
+    if message_type == HELLO:
+        pid = partition_of(context, run_config)
+        return to_records(Message.build(HELLO, scalars={"metrics": {"partition_id": pid}}))
+    algorithm = str(header_of(content).get("algorithm", ""))
+    if not algorithm:
+        raise FederationError(f"{message_type}: no algorithm in the transport header")
+    node = node_for(context, run_config, algorithm, state_root)
+    request = from_records(content, message_type)
+    check_on_receipt(request, max_bytes=int(run_config.max_message_mb * 2**20))
+    reply = node.client.handle(request)
+    if node.client.changes_state(message_type):
+        node.commit(context)
+    return to_records(reply)
+
+
+def error_reply(message: FlowerMessage, exc: BaseException) -> FlowerMessage:
+    """What the server sees when a client fails: an error reply, as for any failed Flower client."""
+    log.warning("client failed on %s: %s", message.metadata.message_type, exc, exc_info=True)
+    return FlowerMessage(Error(code=CLIENT_ERROR, reason=f"{type(exc).__name__}: {exc}"), reply_to=message)
+
+
 def make_client_app(config: RunConfig | None = None, state_root: Path | None = None) -> ClientApp:
     app = ClientApp()
 
     def handle(message: FlowerMessage, context: Context) -> FlowerMessage:
-        message_type = message.metadata.message_type
         try:
-            run_config = config or config_from_run_config(dict(context.run_config))
-            if message_type == HELLO:
-                pid = partition_of(context, run_config)
-                answer = Message.build(HELLO, scalars={"metrics": {"partition_id": pid}})
-                return FlowerMessage(to_records(answer), reply_to=message)
-            algorithm = str(header_of(message.content).get("algorithm", ""))
-            if not algorithm:
-                raise FederationError(f"{message_type}: no algorithm in the transport header")
-            node = node_for(context, run_config, algorithm, state_root)
-            request = from_records(message.content, message_type)
-            check_on_receipt(request, max_bytes=int(run_config.max_message_mb * 2**20))
-            answer = node.client.handle(request)
-            if node.client.changes_state(message_type):
-                node.commit(context)
-            return FlowerMessage(to_records(answer), reply_to=message)
-        except Exception as exc:  # the server sees an error reply, as for any failed client
-            log.warning("client failed on %s: %s", message_type, exc, exc_info=True)
-            return FlowerMessage(
-                Error(code=CLIENT_ERROR, reason=f"{type(exc).__name__}: {exc}"), reply_to=message
-            )
+            content = answer(message.metadata.message_type, message.content, context, config, state_root)
+            return FlowerMessage(content, reply_to=message)
+        except Exception as exc:
+            return error_reply(message, exc)
 
     for message_type in message_types():
         category, _, action = message_type.partition(".")
