@@ -7,7 +7,7 @@ server from public facts only (`ServerContext`); the two halves meet only throug
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,18 @@ class ServerContext:
     validation: ImageSet | None = None
 
 
+class StopRun(Exception):
+    """Raised by `ServerLogic.run_round` to end the run early and cleanly (for example when a client
+    refuses to exceed its privacy budget). The runner evaluates the current model(s), writes the
+    round's row, the final metrics and the summary (with this reason), as at the end of a full run.
+    `metrics` are the round's metrics so far."""
+
+    def __init__(self, reason: str, metrics: dict[str, float] | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.metrics = dict(metrics or {})
+
+
 class ServerLogic(ABC):
     """Drives the protocol one round at a time, so the run loop can checkpoint between rounds."""
 
@@ -91,6 +103,11 @@ class NoOptions:
     pass
 
 
+#: An evaluation-only oracle: (each client's ``state_dict()``, its training-set size, the config, the
+#: dataset facts, the test set) -> an accuracy. The runner reports it as ``global_accuracy_oracle``.
+Oracle = Callable[[Sequence[Mapping[str, Any]], Sequence[float], RunConfig, DatasetInfo, ImageSet], float]
+
+
 @dataclass(frozen=True)
 class Algorithm:
     name: str
@@ -99,6 +116,9 @@ class Algorithm:
     server: Callable[[ServerContext], ServerLogic]
     options: type = NoOptions
     pooled: bool = False  # True: one client holds all training data (not federated)
+    # Evaluation only, outside the protocol: the in-process runner calls it with the client objects'
+    # own states (never a message, never the ledger); see algorithms/oracle.py.
+    oracle: Oracle | None = None
 
 
 ALGORITHMS: dict[str, Algorithm] = {}

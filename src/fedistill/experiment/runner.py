@@ -20,7 +20,14 @@ import torch
 from tqdm import tqdm
 
 import fedistill
-from fedistill.algorithms.base import Algorithm, ClientContext, ServerContext, algorithm_names, get_algorithm
+from fedistill.algorithms.base import (
+    Algorithm,
+    ClientContext,
+    ServerContext,
+    StopRun,
+    algorithm_names,
+    get_algorithm,
+)
 from fedistill.algorithms.training import evaluate_model
 from fedistill.data.base import LoadedDataset
 from fedistill.data.partition import FederatedSplit, load_split, make_split, save_split
@@ -203,6 +210,7 @@ def _loop(
     start_round = runner_state["round"] + 1
     started = time.perf_counter() - runner_state["elapsed"]
     last_eval: dict[str, float] = dict(runner_state.get("last_eval", {}))
+    stopped: str | None = None  # why the server ended the run early (StopRun), if it did
     bar = tqdm(
         range(start_round, config.rounds + 1),
         initial=start_round - 1,
@@ -217,8 +225,13 @@ def _loop(
         for round in bar:
             fleet.round = round
             round_start = time.perf_counter()
-            row: dict[str, Any] = {"round": round, **server.run_round(fleet, round)}
-            if round % config.eval_every == 0 or round == config.rounds:
+            try:
+                row: dict[str, Any] = {"round": round, **server.run_round(fleet, round)}
+            except StopRun as stop:  # a clean early end: evaluate what there is, then the summary
+                stopped = stop.reason
+                log.warning("%s: %s", algorithm.name, stop.reason)
+                row = {"round": round, **stop.metrics, "stopped": True}
+            if stopped or round % config.eval_every == 0 or round == config.rounds:
                 last_eval = server.evaluate(fleet, round)
                 row.update(last_eval)
             row["round_time_s"] = time.perf_counter() - round_start
@@ -226,6 +239,8 @@ def _loop(
             ledger.flush()
             if "test_accuracy" in row:
                 bar.set_postfix(test_acc=f"{row['test_accuracy']:.4f}")
+            if stopped:
+                break
             if round % config.checkpoint_every == 0 or round == config.rounds:
                 runner_state = {
                     "round": round,
@@ -268,6 +283,7 @@ def _loop(
         },
         "final": final,
         "test_accuracy": final.get("test_accuracy"),
+        "stopped": stopped,
         "wall_time_s": time.perf_counter() - started,
         "peak_memory_mb": _peak_memory_mb(),
         "communication": ledger.totals.summary(),

@@ -2,6 +2,7 @@
 
 The mechanism (`sanitize`, `pate`) and the accountant (`accounting`) are separate pieces, as in
 Opacus: an algorithm sanitises what it sends and records the spend on that client's accountant.
+`budget` wires them into the algorithms: the ``dp_*`` options, each client's budget, refusals.
 """
 
 from fedistill.privacy.accounting import (
@@ -11,6 +12,7 @@ from fedistill.privacy.accounting import (
     PrivacyBudgetExceeded,
     calibrate_noise,
 )
+from fedistill.privacy.budget import ClientBudget, DPOptions
 from fedistill.privacy.pate import (
     DEFAULT_ORDERS,
     confident_gnmax,
@@ -32,7 +34,9 @@ __all__ = [
     "ACCOUNTANTS",
     "DEFAULT_ORDERS",
     "ClientAccountant",
+    "ClientBudget",
     "DPConfig",
+    "DPOptions",
     "PrivacyBudgetExceeded",
     "calibrate_noise",
     "clip_per_sample",

@@ -1,0 +1,398 @@
+"""Differential privacy wired into the algorithms: what leaves a DP client is clipped and noised as
+configured, each client's epsilon is Opacus' for its (noise, rate, steps, delta), the budget stops a run
+cleanly at the right step, and the accountants survive a resume."""
+
+import copy
+import math
+import warnings
+
+import pytest
+import torch
+from opacus.accountants import RDPAccountant
+from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
+from fedistill.algorithms.base import ServerContext, StopRun
+from fedistill.algorithms.fedavg import FedAvgClient, FedAvgOptions
+from fedistill.algorithms.feddf import FedDFClient, FedDFOptions
+from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
+from fedistill.algorithms.training import evaluate_model, new_model
+from fedistill.errors import ConfigError
+from fedistill.experiment.config import RunConfig, build_config, options_for
+from fedistill.experiment.rundir import read_jsonl
+from fedistill.experiment.runner import client_contexts, get_algorithm, prepare_data, resume_suite, run_suite
+from fedistill.federation.inprocess import InProcessFleet
+from fedistill.federation.ledger import Ledger
+from fedistill.federation.messages import Message
+
+pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha")  # sigma ~ 0 probes
+
+TINY = {
+    "clients": 3,
+    "alpha": 1.0,
+    "model": "lenet-fedmdcg",
+    "rounds": 2,
+    "batch_size": 32,
+    "fediod": {
+        "teacher_epochs": 2,
+        "iters_per_epoch": 2,
+        "synthetic_batch_size": 16,
+        "student_steps": 2,
+        "generator_width": 8,
+        "discriminator_width": 8,
+        "latent_dim": 16,
+        "dp_enabled": True,
+    },
+}
+B = TINY["fediod"]["synthetic_batch_size"]
+STEPS = TINY["fediod"]["iters_per_epoch"] * TINY["rounds"]
+
+
+def opacus_epsilon(noise: float, rate: float, steps: int, delta: float = 1e-5) -> float:
+    """Epsilon straight from Opacus' RDP analysis, with its accountant's default orders."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rdp = compute_rdp(q=rate, noise_multiplier=noise, steps=steps, orders=RDPAccountant.DEFAULT_ALPHAS)
+        eps, _ = get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)
+    return float(eps)
+
+
+def _fediod_config(**fediod) -> RunConfig:
+    layer = copy.deepcopy(TINY)
+    layer["fediod"].update(fediod)
+    return build_config(RunConfig(), layer, {"algorithm": "fediod"})
+
+
+class RecordingFleet(InProcessFleet):
+    """The in-process transport, keeping every reply as it crossed the boundary."""
+
+    def __init__(self, clients):
+        super().__init__(clients, Ledger(None))
+        self.replies: list[tuple[str, int, Message]] = []
+
+    def send(self, requests, *, step=None, timeout=None):
+        replies = super().send(requests, step=step, timeout=timeout)
+        types = {cid: m.type for cid, m in requests.items()}
+        self.replies += [(types[cid], cid, r.message) for cid, r in replies.items() if r.ok]
+        return replies
+
+
+def _fediod(config: RunConfig):
+    algorithm = get_algorithm("fediod")
+    options = options_for(config, "fediod", FedIODOptions)
+    data = prepare_data(config)
+    contexts = client_contexts(config, algorithm, options, data)
+    clients = {ctx.client_id: FedIODClient(ctx) for ctx in contexts}
+    test = data.dataset.test
+    ctx = ServerContext(
+        data.dataset.info, config, options, len(clients),
+        lambda m: evaluate_model(m, test, data.dataset.info), None, test.y,
+    )  # fmt: skip
+    server = FedIODServer(ctx)
+    fleet = RecordingFleet(clients)
+    server.setup(fleet)
+    return clients, server, fleet, {ctx.client_id: len(ctx.train) for ctx in contexts}
+
+
+def _input_gradients(fleet: RecordingFleet) -> dict[int, torch.Tensor]:
+    return {
+        cid: m.tensor("input-gradients", "x") for kind, cid, m in fleet.replies if kind == "query.backprop"
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# options
+# --------------------------------------------------------------------------------------------------
+
+
+def test_dp_options_are_checked_with_their_own_names():
+    def options(algorithm, options_type, **dp):
+        return options_for(build_config(RunConfig(), {algorithm: dp}), algorithm, options_type)
+
+    with pytest.raises(ConfigError, match="dp_enabled = true needs dp_noise_multiplier > 0"):
+        options("fediod", FedIODOptions, dp_enabled=True)
+    with pytest.raises(ConfigError, match="dp_enabled = false"):
+        options("fedavg", FedAvgOptions, dp_target_epsilon=4.0)
+    with pytest.raises(ConfigError, match="dp_clip_norm"):
+        options("feddf", FedDFOptions, dp_enabled=True, dp_noise_multiplier=1.0, dp_clip_norm=-1.0)
+    with pytest.raises(ConfigError, match="dp_accounting"):
+        options("fediod", FedIODOptions, dp_enabled=True, dp_noise_multiplier=1.0, dp_accounting="x")
+    dp = options("fedprox", FedAvgOptions, dp_enabled=True, dp_target_epsilon=3.0, dp_delta=1e-6).dp
+    assert (dp.enabled, dp.target_epsilon, dp.delta, dp.noise_multiplier) == (True, 3.0, 1e-6, 0.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# FedIOD: the sanitised input-gradients
+# --------------------------------------------------------------------------------------------------
+
+
+def test_every_fediod_input_gradient_that_leaves_a_client_is_clipped():
+    """Noise-free limit (noise multiplier 1e-9): each returned per-sample gradient has norm <= C."""
+    clip = 1e-3  # below the typical per-sample norm here, so the bound is active
+    clients, server, fleet, _ = _fediod(_fediod_config(dp_noise_multiplier=1e-9, dp_clip_norm=clip))
+    for _ in range(2):
+        server.distillation_step(fleet)
+    grads = [m.tensor("input-gradients", "x") for kind, _, m in fleet.replies if kind == "query.backprop"]
+    assert len(grads) == 2 * len(clients)
+    norms = torch.cat([g.flatten(1).norm(dim=1) for g in grads])
+    assert norms.numel() == 2 * len(clients) * B
+    assert norms.max() <= clip * (1 + 1e-4)
+    assert norms.min() > 0.99 * clip  # every one was above the bound and scaled onto it
+
+
+def test_fediod_noise_has_the_configured_scale():
+    """Same run with noise multiplier 1e-9 and 2: the first step's returned gradients differ by the noise
+    alone (same seed, same draw), which must be N(0, (sigma C)^2) per coordinate."""
+    sigma, clip = 2.0, 1e-3
+    returned = {}
+    for noise in (1e-9, sigma):
+        _, server, fleet, _ = _fediod(_fediod_config(dp_noise_multiplier=noise, dp_clip_norm=clip))
+        server.distillation_step(fleet)
+        returned[noise] = _input_gradients(fleet)
+    z = torch.cat([(returned[sigma][c] - returned[1e-9][c]).flatten() for c in returned[sigma]])
+    z = z.double() / (sigma * clip)
+    n = z.numel()
+    assert abs(float(z.mean())) < 4 / math.sqrt(n)
+    assert abs(float(z.std()) - 1.0) < 4 / math.sqrt(2 * n)
+    within = float((z.abs() < 1).double().mean())
+    assert abs(within - 0.6827) < 4 * math.sqrt(0.6827 * 0.3173 / n)
+
+
+# --------------------------------------------------------------------------------------------------
+# FedIOD: accounting, the summary, the budget stop, resume
+# --------------------------------------------------------------------------------------------------
+
+
+def test_fediod_epsilon_per_client_in_the_summary_equals_opacus(tmp_path):
+    noise = 1.3
+    config = _fediod_config(dp_noise_multiplier=noise)
+    summary = run_suite(config, tmp_path / "s", progress=False)[0]
+    final, sizes = summary["final"], summary["partition"]["sizes"]
+    expected = {k: opacus_epsilon(noise, min(B, n) / n, STEPS) for k, n in enumerate(sizes)}
+    for k, eps in expected.items():
+        assert final[f"epsilon_client_{k}"] == pytest.approx(eps, rel=1e-9)
+    assert final["epsilon_max"] == pytest.approx(max(expected.values()), rel=1e-9)
+    assert final["dp_delta"] == 1e-5 and final["dp_accounting"] == "d-step"
+    assert summary["stopped"] is None
+    rows = read_jsonl(tmp_path / "s" / "fediod" / "metrics.jsonl")
+    assert all("epsilon_max" in row for row in rows)  # reported every epoch
+    assert all(row["loss_discriminator"] is None for row in rows)  # the real-batch loss stays home
+
+
+def test_fediod_calibrated_noise_spends_the_target_over_the_planned_steps(tmp_path):
+    target = 3.0
+    summary = run_suite(_fediod_config(dp_target_epsilon=target), tmp_path / "s", progress=False)[0]
+    assert summary["stopped"] is None
+    for k in range(3):
+        assert target - 0.02 <= summary["final"][f"epsilon_client_{k}"] <= target
+
+
+def test_fediod_release_accounting_is_the_unamplified_batch_bound(tmp_path):
+    noise = 40.0
+    summary = run_suite(
+        _fediod_config(dp_noise_multiplier=noise, dp_accounting="release"), tmp_path / "s", progress=False
+    )[0]
+    expected = opacus_epsilon(noise / (2 * math.sqrt(B)), 1.0, STEPS)
+    for k in range(3):
+        assert summary["final"][f"epsilon_client_{k}"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_fediod_budget_stop_at_the_right_step_ends_the_run_cleanly(tmp_path):
+    noise = 1.0
+    probe = run_suite(_fediod_config(dp_noise_multiplier=noise), tmp_path / "probe", progress=False)[0]
+    rates = {k: min(B, n) / n for k, n in enumerate(probe["partition"]["sizes"])}
+    # a target just above the most exposed client's epsilon after 3 steps: its 4th step (G-step 3,
+    # the second of epoch 2) must be refused
+    target = max(opacus_epsilon(noise, q, 3) for q in rates.values()) + 1e-6
+    refusing = sorted(k for k, q in rates.items() if opacus_epsilon(noise, q, 4) > target)
+    assert refusing
+
+    config = _fediod_config(dp_noise_multiplier=noise, dp_target_epsilon=target)
+    summary = run_suite(config, tmp_path / "s", progress=False)[0]
+    run = tmp_path / "s" / "fediod"
+    assert summary["stopped"].startswith("stopped at G-step 3: client(s) ")
+    assert summary["stopped"].split("client(s) ")[1].startswith(", ".join(map(str, refusing)) + " refused")
+    assert "privacy budget exceeded" in summary["stopped"]
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [1, 2] and rows[-1]["stopped"] is True
+    assert "test_accuracy" in rows[-1]  # the partial epoch was evaluated
+    final = summary["final"]
+    for k, q in rates.items():
+        spent = 3 if k in refusing else 4
+        assert final[f"epsilon_client_{k}"] == pytest.approx(opacus_epsilon(noise, q, spent), rel=1e-9)
+        assert final[f"epsilon_client_{k}"] <= target
+    assert 0.0 <= final["test_accuracy"] <= 1.0 and final["selected_epoch"] in (1, 2)
+    assert (run / "summary.json").is_file() and "stopped early" in (run / "summary.md").read_text()
+    assert (run / "models" / "student.safetensors").is_file()
+    # the refusal crossed as a reply, not as a failure: nobody was dropped
+    assert summary["dropped_clients"] == {}
+
+
+def test_fediod_accountants_round_trip_through_resume(tmp_path, monkeypatch):
+    config = _fediod_config(dp_target_epsilon=4.0)
+    run_suite(config, tmp_path / "ref", progress=False)
+    original = FedIODServer.run_round
+
+    def crash_in_round_2(self, fleet, round):
+        if round == 2:
+            raise KeyboardInterrupt
+        return original(self, fleet, round)
+
+    monkeypatch.setattr(FedIODServer, "run_round", crash_in_round_2)
+    with pytest.raises(KeyboardInterrupt):
+        run_suite(config, tmp_path / "cut", progress=False)
+    monkeypatch.setattr(FedIODServer, "run_round", original)
+    resumed = resume_suite(tmp_path / "cut", progress=False)[0]
+
+    def rows(path):
+        return [
+            {k: v for k, v in r.items() if not k.endswith("_s")}
+            for r in read_jsonl(path / "fediod" / "metrics.jsonl")
+        ]
+
+    assert rows(tmp_path / "cut") == rows(tmp_path / "ref")
+    assert resumed["final"]["epsilon_max"] == pytest.approx(rows(tmp_path / "ref")[-1]["epsilon_max"])
+
+
+def test_fediod_client_state_keeps_the_accountant_and_the_calibrated_noise():
+    clients, server, fleet, _ = _fediod(_fediod_config(dp_target_epsilon=5.0))
+    server.distillation_step(fleet)
+    client = clients[0]
+    state = client.state_dict()
+    fresh = FedIODClient(client.ctx)
+    fresh.load_state_dict(copy.deepcopy(state))
+    assert fresh.budget.accountant.history == client.budget.accountant.history
+    assert fresh.budget.accountant.steps == 1
+    assert fresh.budget.noise == client.budget.noise > 0
+    assert fresh.budget.epsilon() == client.budget.epsilon() > 0
+
+
+# --------------------------------------------------------------------------------------------------
+# FedAvg family: the clipped and noised update
+# --------------------------------------------------------------------------------------------------
+
+SMALL = {"clients": 5, "alpha": 0.5, "rounds": 3, "model": "mlp", "batch_size": 32, "lr": 0.05}
+
+
+def _fedavg_client(cls, algorithm: str, **dp):
+    config = build_config(RunConfig(), SMALL, {"algorithm": algorithm, algorithm: {"dp_enabled": True, **dp}})
+    alg = get_algorithm(algorithm)
+    options = options_for(config, algorithm, alg.options)
+    ctx = client_contexts(config, alg, options, prepare_data(config))[0]
+    return cls(ctx), new_model(config, ctx.info).state_dict()
+
+
+def _train(client, global_state, round=1):
+    request = Message.build(
+        "train",
+        arrays={"parameters": global_state},
+        scalars={"config": {"round": round, "prox_mu": 0.0, "evaluate_local": False}},
+    )
+    return client.handle(request)
+
+
+def _update(reply, global_state) -> torch.Tensor:
+    sent = reply.tensors("parameters")
+    return torch.cat([(sent[k] - global_state[k]).flatten() for k in global_state])
+
+
+@pytest.mark.parametrize(("cls", "algorithm"), [(FedAvgClient, "fedavg"), (FedDFClient, "feddf")])
+def test_dp_client_updates_are_clipped_and_noised_as_configured(cls, algorithm):
+    clip, sigma = 0.05, 3.0
+    client, global_state = _fedavg_client(cls, algorithm, dp_noise_multiplier=1e-9, dp_clip_norm=clip)
+    clipped = _update(_train(client, global_state), global_state)
+    assert clip * 0.999 <= float(clipped.norm()) <= clip * (1 + 1e-6)  # the raw update is longer
+
+    noisy_client, _ = _fedavg_client(cls, algorithm, dp_noise_multiplier=sigma, dp_clip_norm=clip)
+    reply = _train(noisy_client, global_state)
+    z = (_update(reply, global_state) - clipped).double() / (sigma * clip)
+    n = z.numel()
+    assert abs(float(z.mean())) < 4 / math.sqrt(n)
+    assert abs(float(z.std()) - 1.0) < 4 / math.sqrt(2 * n)
+    assert "train_loss" not in reply.scalars["metrics"]  # computed on private data, not sanitised
+    assert reply.scalar("metrics", "noise_multiplier") == sigma
+
+
+def test_dp_refuses_batchnorm_models():
+    with pytest.raises(ConfigError, match="BatchNorm"):
+        config = build_config(
+            RunConfig(),
+            SMALL,
+            {"model": "lenet-fedmdcg", "fedavg": {"dp_enabled": True, "dp_noise_multiplier": 1.0}},
+        )
+        alg = get_algorithm("fedavg")
+        ctx = client_contexts(
+            config, alg, options_for(config, "fedavg", FedAvgOptions), prepare_data(config)
+        )[0]
+        FedAvgClient(ctx)
+
+
+def test_dp_fedavg_epsilons_with_client_sampling_and_budget_stop(tmp_path):
+    noise, fraction = 1.5, 0.6  # 3 of 5 clients per round: q = 0.6, one step per round for every client
+    dp = {"dp_enabled": True, "dp_noise_multiplier": noise, "dp_clip_norm": 0.5}
+    config = build_config(RunConfig(), SMALL, {"algorithm": "fedavg", "fraction": fraction, "fedavg": dp})
+    summary = run_suite(config, tmp_path / "s", progress=False)[0]
+    expected = opacus_epsilon(noise, 0.6, SMALL["rounds"])
+    for k in range(5):
+        assert summary["final"][f"epsilon_client_{k}"] == pytest.approx(expected, rel=1e-9)
+    assert summary["final"]["epsilon_max"] == pytest.approx(expected, rel=1e-9)
+    assert summary["final"]["dp_sample_rate"] == 0.6 and summary["final"]["dp_rounds"] == SMALL["rounds"]
+    assert summary["communication"]["client->server"]["per_kind"].keys() >= {"parameters", "metrics"}
+
+    target = opacus_epsilon(noise, 0.6, 2) + 1e-6  # round 3 must be refused
+    config = build_config(config, {"fedavg.dp_target_epsilon": target})
+    stopped = run_suite(config, tmp_path / "stop", progress=False)[0]
+    assert stopped["stopped"].startswith("stopped at round 3")
+    assert [r["round"] for r in read_jsonl(tmp_path / "stop" / "fedavg" / "metrics.jsonl")] == [1, 2, 3]
+    for k in range(5):  # every client caught up to the 2 completed rounds
+        assert stopped["final"][f"epsilon_client_{k}"] == pytest.approx(target - 1e-6, rel=1e-9)
+
+
+def test_dp_fedavg_client_state_round_trips():
+    client, global_state = _fedavg_client(FedAvgClient, "fedavg", dp_target_epsilon=6.0)
+    _train(client, global_state, round=1)
+    _train(client, global_state, round=3)  # not sampled in round 2: that round is recorded too
+    fresh, _ = _fedavg_client(FedAvgClient, "fedavg", dp_target_epsilon=6.0)
+    fresh.load_state_dict(copy.deepcopy(client.state_dict()))
+    assert fresh.budget.accountant.steps == client.budget.accountant.steps == 3
+    assert fresh.accounted_round == 3 and fresh.budget.noise == client.budget.noise
+    assert fresh.budget.epsilon() == pytest.approx(client.budget.epsilon())
+    with pytest.raises(Exception, match="keeps no state"):  # a client without DP refuses DP state
+        plain, _ = _fedavg_client(FedAvgClient, "fedavg", dp_target_epsilon=6.0)
+        plain.budget = None
+        plain.load_state_dict(client.state_dict())
+
+
+def test_stop_run_carries_the_partial_metrics():
+    stop = StopRun("why", {"a": 1.0})
+    assert str(stop) == "why" and stop.metrics == {"a": 1.0}
+
+
+def test_dp_over_flower_with_a_fresh_process_per_message_matches_in_process(tmp_path):
+    """The accountants live in the nodes' stored client state (a fresh ClientApp per message) and
+    `query.privacy` crosses Flower: the epsilons and results equal the in-process ones."""
+    pytest.importorskip("flwr")
+    from fedistill.flower import node as flower_node
+    from fedistill.flower.apps import make_client_app
+    from flower_local_grid import LocalGrid
+
+    layer = copy.deepcopy(TINY)
+    layer["fediod"].update(dp_noise_multiplier=1.3, dp_target_epsilon=50.0)
+    fedavg = {"dp_enabled": True, "dp_noise_multiplier": 1.0, "dp_clip_norm": 0.5}
+    config = build_config(
+        RunConfig(), layer, {"algorithm": "fedavg,fediod", "model": "mlp", "fraction": 0.67, "fedavg": fedavg}
+    )
+    here = run_suite(config, tmp_path / "inprocess", progress=False)
+    app = make_client_app(config, state_root=tmp_path / "nodes")
+
+    def ephemeral(message, context):
+        flower_node._NODES.clear()
+        return app(message, context)
+
+    grid = LocalGrid(ephemeral, config.clients)
+    there = run_suite(config.replace(transport="flower"), tmp_path / "flower", progress=False, grid=grid)
+    for a, b in zip(here, there, strict=True):
+        assert b["transport"] == "flower"
+        for k in range(3):
+            key = f"epsilon_client_{k}"
+            assert b["final"][key] == pytest.approx(a["final"][key], rel=1e-12) and a["final"][key] > 0
+        assert b["final"]["test_accuracy"] == pytest.approx(a["final"]["test_accuracy"], abs=1e-6)
