@@ -307,6 +307,17 @@ def test_two_architecture_groups_each_get_their_own_distilled_model(tmp_path):
         assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
 
 
+def test_without_distillation_feddf_is_fedavg_per_group(tmp_path):
+    """`distill = false` is the per-group FedAvg baseline: with one group it is FedAvg itself."""
+    runs = _suite(
+        tmp_path, algorithm="fedavg,feddf", feddf={"distill": False}, fedavg={"weighting": "samples"}
+    )
+    fedavg, feddf = runs
+    assert feddf["final"]["test_accuracy"] == pytest.approx(fedavg["final"]["test_accuracy"], abs=1e-6)
+    rows = read_jsonl(tmp_path / "suite" / "feddf" / "metrics.jsonl")
+    assert not any(key.startswith("distill_steps") for row in rows for key in row)
+
+
 def test_feddf_beats_fedavg_on_non_iid_digits(tmp_path):
     """Measured (mlp, 5 clients, alpha 0.1, 5 local epochs, noise as distillation data): seed 0 with 5
     rounds 81.4% FedAvg vs 93.3% FedDF; seeds 1 and 2 with 4 rounds 69.7 vs 82.5 and 57.2 vs 73.3.

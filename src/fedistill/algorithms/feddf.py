@@ -106,6 +106,9 @@ class FedDFOptions(DPOptions):
     # frozen: BatchNorm layers stay in eval mode and keep the averaged clients' statistics (measured
     # better, see the module docstring); adapt: they follow the distillation data (the released code).
     student_bn: str = "frozen"
+    # False: no distillation, each group's average goes back as it is (per-group FedAvg, the baseline
+    # FedDF's heterogeneous experiments compare against)
+    distill: bool = True
     drop_worst: str = "off"  # off | drop | weighted (ensemble weights proportional to validation accuracy)
     weighting: str = "samples"  # student initialisation: samples (Algorithm 1) | uniform (the code)
 
@@ -371,6 +374,10 @@ class FedDFServer(ServerLogic):
             if members:  # no member this round: the group's previous model is the starting point
                 shares = [counts[i] if options.weighting == "samples" else 1.0 for i in members]
                 student.load_state_dict(average_states([states[i] for i in members], shares))
+            if not options.distill:
+                selected.append(self._validate(student))
+                metrics |= {f"members_{name}": len(members), f"val_accuracy_{name}": selected[-1]}
+                continue
             report = distill(
                 student,
                 [teachers[i] for i in kept],
