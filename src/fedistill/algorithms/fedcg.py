@@ -35,7 +35,9 @@ Nor the repo's de-duplication of cached batches by label sum (a bug that drops s
 GAN stage): every batch of the round is used.
 
 Metrics as in fedper.py: ``local_accuracy`` (each client's full model after local training, on its
-own IID test shard, sample-weighted) and ``personal_test_accuracy``; there is no global model.
+own IID test shard, sample-weighted) and ``personal_test_accuracy``; there is no global model. The
+in-process runner adds the FedMD-CG paper's global accuracy, ``global_accuracy_oracle``: the average
+of the full local models, an evaluation-only oracle outside the protocol (algorithms/oracle.py).
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ from fedistill.algorithms.fedgen import (
 )
 from fedistill.algorithms.fedmdcg_losses import ramp_factor, sample_labels
 from fedistill.algorithms.fedper import check_split, part_of
+from fedistill.algorithms.oracle import average_local_models
 from fedistill.algorithms.training import LocalTraining, average_states, new_model
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.errors import ConfigError
@@ -579,5 +582,6 @@ register(
         FedCGClient,
         FedCGServer,
         FedCGOptions,
+        oracle=average_local_models,
     )
 )

@@ -31,6 +31,8 @@ data; the code counts the labels of the batches seen in the round, plus one.
 
 Metrics as in fedper.py: ``local_accuracy`` is each client's model just after local training on its
 own IID test shard (sample-weighted), ``personal_test_accuracy`` the mean of those models on the test set.
+The in-process runner adds the FedMD-CG paper's global accuracy, ``global_accuracy_oracle``: the
+average of the full local models, an evaluation-only oracle outside the protocol (algorithms/oracle.py).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from fedistill.algorithms.fedmdcg_losses import (
     sample_labels,
 )
 from fedistill.algorithms.fedper import check_split, part_of
+from fedistill.algorithms.oracle import average_local_models
 from fedistill.algorithms.training import LocalTraining, average_states, evaluate_model, new_model
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.data.transforms import batches
@@ -599,5 +602,6 @@ register(
         FedGenClient,
         FedGenServer,
         FedGenOptions,
+        oracle=average_local_models,
     )
 )

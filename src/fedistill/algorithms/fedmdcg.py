@@ -16,8 +16,9 @@ that imitates F_i's features. One round t (t = round − 1 of R):
 
 Metrics. ``local_accuracy`` is the paper's "local accuracy": each client's full model on its own IID
 test shard, sample-weighted (as in fedper.py). The paper's "global accuracy" averages the *full*
-local models, extractors included, which the protocol never moves; :func:`oracle_global_accuracy`
-computes it from the clients' own states, outside the protocol and the ledger, and labels it so.
+local models, extractors included, which the protocol never moves; the in-process runner reports it
+as ``global_accuracy_oracle``, computed from the clients' own states outside the protocol and the
+ledger (algorithms/oracle.py); :func:`oracle_global_accuracy` does the same from saved client states.
 
 Where the paper and the released code differ, ``preset = "official-code"`` switches to the code:
 uniform noise, the batch cache that is never cleared (with its label-sum de-duplication), label
@@ -48,7 +49,8 @@ from fedistill.algorithms.base import (
 )
 from fedistill.algorithms.fedavg import sample_clients
 from fedistill.algorithms.fedper import check_split, part_of
-from fedistill.algorithms.training import LocalTraining, average_states, evaluate_model, new_model
+from fedistill.algorithms.oracle import ORACLE_LABEL, ORACLE_METRIC, average_local_models
+from fedistill.algorithms.training import LocalTraining, evaluate_model, new_model
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.data.transforms import augment, to_float
 from fedistill.errors import ConfigError, FederationError
@@ -67,8 +69,6 @@ LAMBDAS = (  # stage 1 (ramped), then stage 2
     "lambda_kl", "lambda_ce_gen", "lambda_mse",
     "gen_lambda_ce", "gen_lambda_kl", "gen_lambda_mse", "gen_lambda_div",
 )  # fmt: skip
-ORACLE_METRIC = "oracle_global_accuracy"
-ORACLE_LABEL = "global accuracy (oracle: averages full local models, outside the protocol)"
 
 
 @dataclass(frozen=True)
@@ -644,11 +644,9 @@ def oracle_global_accuracy(
     """
     if not client_states:
         raise ConfigError("the global-accuracy oracle needs at least one client state")
-    model = decoupled_model(config, info)
-    model.load_state_dict(
-        average_states([s["model"] for s in client_states], [float(s["num_samples"]) for s in client_states])
-    )
-    return {ORACLE_METRIC: evaluate_model(model, test, info)["accuracy"]}
+    decoupled_model(config, info)  # the model must split into extractor and classifier
+    weights = [float(s["num_samples"]) for s in client_states]
+    return {ORACLE_METRIC: average_local_models(client_states, weights, config, info, test)}
 
 
 register(
@@ -656,10 +654,11 @@ register(
         "fedmdcg",
         "FedMD-CG: clients share a classifier and a feature generator (never the extractor); the "
         "server aggregates them by crossed data-free distillation. local_accuracy is the paper's local "
-        "accuracy; its global accuracy is no protocol metric (fedmdcg.oracle_global_accuracy gives the "
-        f"{ORACLE_LABEL})",
+        "accuracy. Its global accuracy averages the full local models, which the protocol never "
+        f"sends: global_accuracy_oracle, the {ORACLE_LABEL}",
         FedMDCGClient,
         FedMDCGServer,
         FedMDCGOptions,
+        oracle=average_local_models,
     )
 )

@@ -12,7 +12,8 @@ set, sample-weighted over the reporting clients. ``personal_test_accuracy`` is t
 models on the whole test set (what Standalone reports as ``test_accuracy``). There is no
 ``test_accuracy``: the server holds only the shared part, so no global model exists. The paper's
 "global test accuracy" averages whole local models on the server, which would need the private parts
-to leave the clients, against what these methods promise.
+to leave the clients, against what these methods promise; the in-process runner reports it as
+``global_accuracy_oracle``, an evaluation-only oracle outside the protocol (algorithms/oracle.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from fedistill.algorithms.base import (
     register,
 )
 from fedistill.algorithms.fedavg import sample_clients
+from fedistill.algorithms.oracle import average_local_models
 from fedistill.algorithms.training import (
     LocalTraining,
     average_states,
@@ -190,5 +192,6 @@ register(
         SharedPartClient,
         SharedPartServer,
         SharedPartOptions,
+        oracle=average_local_models,
     )
 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from fedistill.algorithms.base import Algorithm, register
 from fedistill.algorithms.fedper import SharedPartClient, SharedPartOptions, SharedPartServer
+from fedistill.algorithms.oracle import average_local_models
 from fedistill.models.base import CLASSIFIER_PREFIX
 
 
@@ -34,5 +35,6 @@ register(
         LGFedAvgClient,
         LGFedAvgServer,
         SharedPartOptions,
+        oracle=average_local_models,
     )
 )

@@ -2,7 +2,9 @@
 
 Standalone: each client trains its own model on its own data and nothing but metrics ever leaves
 it; the reported accuracy is the mean (and std) of the clients' models on the test set, as in
-FedIOD's table. Centralized is the same logic with a single client holding all training data:
+FedIOD's table. The FedMD-CG paper's "global accuracy" of Local Training averages the local models
+instead: the in-process runner reports it as ``global_accuracy_oracle`` (algorithms/oracle.py),
+outside the protocol. Centralized is the same logic with a single client holding all training data:
 not federated at all, the upper bound.
 """
 
@@ -17,6 +19,7 @@ from fedistill.algorithms.base import (
     clone_state,
     register,
 )
+from fedistill.algorithms.oracle import average_local_models
 from fedistill.algorithms.training import LocalTraining, evaluate_model, new_model, train_local
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.fleet import Fleet, successful
@@ -103,6 +106,7 @@ register(
         "Standalone: each client trains alone (mean and std of the local models)",
         StandaloneClient,
         StandaloneServer,
+        oracle=average_local_models,
     )
 )
 register(

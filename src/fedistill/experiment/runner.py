@@ -28,6 +28,7 @@ from fedistill.algorithms.base import (
     algorithm_names,
     get_algorithm,
 )
+from fedistill.algorithms.oracle import ORACLE_LABEL, ORACLE_METRIC
 from fedistill.algorithms.training import evaluate_model
 from fedistill.data.base import LoadedDataset
 from fedistill.data.partition import FederatedSplit, load_split, make_split, save_split
@@ -178,8 +179,19 @@ def _loop(
         contexts = client_contexts(config, algorithm, options, data)
         clients = {ctx.client_id: algorithm.client(ctx) for ctx in contexts}
         num_clients = len(clients)
+        sizes = {ctx.client_id: float(len(ctx.train)) for ctx in contexts}
     else:
-        clients, num_clients = {}, config.clients  # they live on the Flower nodes
+        clients, num_clients, sizes = {}, config.clients, {}  # they live on the Flower nodes
+
+    def oracle() -> float | None:
+        """The evaluation-only oracle (algorithms/oracle.py): it reads the client objects' own states,
+        in this process only; nothing is sent and nothing is written to the ledger."""
+        if algorithm.oracle is None or not clients:
+            return None
+        ids = sorted(clients)
+        states = [clients[c].state_dict() for c in ids]
+        return algorithm.oracle(states, [sizes[c] for c in ids], config, info, test)
+
     server = algorithm.server(
         ServerContext(
             info,
@@ -234,6 +246,8 @@ def _loop(
             if stopped or round % config.eval_every == 0 or round == config.rounds:
                 last_eval = server.evaluate(fleet, round)
                 row.update(last_eval)
+                if (value := oracle()) is not None:
+                    row[ORACLE_METRIC] = value
             row["round_time_s"] = time.perf_counter() - round_start
             metrics.write(row)
             ledger.flush()
@@ -254,6 +268,7 @@ def _loop(
                 parts |= {f"client_{cid:03d}": c.state_dict() for cid, c in clients.items()}
                 write_checkpoint(run_dir / "checkpoints", f"round_{round:05d}", parts)
         final = server.final_evaluate(fleet, last_eval)
+        final_oracle = oracle()
     finally:
         bar.close()
         ledger.close()
@@ -284,6 +299,8 @@ def _loop(
         "final": final,
         "test_accuracy": final.get("test_accuracy"),
         "stopped": stopped,
+        ORACLE_METRIC: final_oracle,
+        "oracle": _oracle_note(algorithm, grid),
         "wall_time_s": time.perf_counter() - started,
         "peak_memory_mb": _peak_memory_mb(),
         "communication": ledger.totals.summary(),
@@ -292,6 +309,18 @@ def _loop(
     }
     write_summary(run_dir, summary)
     return summary
+
+
+def _oracle_note(algorithm: Algorithm, grid: Any) -> str | None:
+    """What the summary says of the evaluation-only oracle (None: the algorithm declares none)."""
+    if algorithm.oracle is None:
+        return None
+    if grid is not None:
+        return (
+            f"{ORACLE_LABEL}: not computed on the Flower transport (the clients live on their nodes, "
+            "and the protocol never sends the full local models the oracle averages)"
+        )
+    return ORACLE_LABEL
 
 
 def _fleet(

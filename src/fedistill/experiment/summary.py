@@ -42,6 +42,14 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     (run_dir / "summary.md").write_text(summary_markdown(summary), encoding="utf-8")
 
 
+def oracle_line(s: dict[str, Any]) -> list[str]:
+    """The evaluation-only oracle (algorithms/oracle.py), under its label; none if the algorithm has none."""
+    if not s.get("oracle"):
+        return []
+    value = s.get("global_accuracy_oracle")
+    return [f"- {s['oracle']}" + ("" if value is None else f": **{value:.4f}** (`global_accuracy_oracle`)")]
+
+
 def summary_markdown(s: dict[str, Any]) -> str:
     comm, part = s["communication"], s["partition"]
     lines = [
@@ -53,6 +61,7 @@ def summary_markdown(s: dict[str, Any]) -> str:
         f"- partition: {part['method']} (alpha {part['alpha']}), hash `{part['hash'][:16]}`",
         f"- wall time: {s['wall_time_s']:.1f} s; peak memory: {s['peak_memory_mb']:.0f} MB",
         *([f"- **stopped early**: {s['stopped']}"] if s.get("stopped") else []),
+        *oracle_line(s),
         "",
         "## Final metrics",
         "",
