@@ -40,11 +40,22 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(HERE / "runs"))
     parser.add_argument("--reuse", action="store_true")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="FedDF run only")
     args = parser.parse_args()
     groups = args.groups.split(",")
     rows = []
-    for label, distill in (("per-group FedAvg", False), ("FedDF", True)):
-        name = f"feddf-heterogeneous-{args.dataset}-alpha{args.alpha:g}-seed{args.seed}-{'feddf' if distill else 'fedavg'}"
+    slug = (
+        args.source.split(":")[0] if args.source.startswith("generator:") else args.source.replace(":", "-")
+    )
+    extra = " ".join(args.set)
+    feddf_label = f"FedDF ({args.source.split('/')[-1]}{', ' + extra if extra else ''})"
+    for label, distill in (("per-group FedAvg", False), (feddf_label, True)):
+        kind = (
+            f"feddf-{slug}{'-' + '-'.join(args.set).replace('=', '-') if args.set else ''}"
+            if distill
+            else "fedavg"
+        )
+        name = f"feddf-heterogeneous-{args.dataset}-alpha{args.alpha:g}-seed{args.seed}-{kind}"
         summary_path = Path(args.out) / name / "feddf" / "summary.json"
         if not (args.reuse and summary_path.is_file()):
             subprocess.run(
@@ -54,7 +65,7 @@ def main() -> None:
                  "--local-epochs", str(args.local_epochs), "--seed", str(args.seed), "--out", args.out,
                  "--name", name, "--set", f"fraction={args.fraction}", "--set", f"feddf.groups={args.groups}",
                  "--set", f"feddf.distill={str(distill).lower()}", "--set", f"feddf.steps={args.steps}",
-                 "--set", f"feddf.source={args.source}"],
+                 "--set", f"feddf.source={args.source}", *[x for a in (args.set if distill else []) for x in ("--set", a)]],
                 check=True,
             )  # fmt: skip
         summary = json.loads(summary_path.read_text())
@@ -66,6 +77,12 @@ def main() -> None:
             "wall_time_s": summary["wall_time_s"],
         })  # fmt: skip
     command = " ".join(["python benchmarks/feddf_heterogeneous.py", *sys.argv[1:]])
+    for row in rows:
+        row["command"] = command
+    path = RESULTS / "feddf_heterogeneous.json"
+    if path.is_file():  # keep the rows of other distillation sources
+        fresh = {r["method"] for r in rows}
+        rows = [r for r in json.loads(path.read_text())["rows"] if r["method"] not in fresh] + rows
     lines = [
         f"# FedDF with heterogeneous architectures: {args.dataset}, K = {args.clients}, C = {args.fraction}, "
         f"alpha {args.alpha:g}",
@@ -73,7 +90,8 @@ def main() -> None:
         f"`{command}`",
         "",
         f"Groups cycled over clients: {', '.join(groups)}; {args.rounds} rounds x {args.local_epochs} local "
-        f"epochs; FedDF distils on `{args.source}` (up to {args.steps} steps per group and round). Test %:",
+        f"epochs; FedDF distils on the named source (up to {args.steps} steps per group and round); each row's "
+        "command is in the JSON. Test %:",
         "",
         f"| method | {' | '.join(groups)} | mean | wall s |",
         f"|---|{'---|' * len(groups)}---|---|",
@@ -85,9 +103,7 @@ def main() -> None:
     ]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "feddf_heterogeneous.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / "feddf_heterogeneous.json").write_text(
-        json.dumps({"command": command, "rows": rows}, indent=2)
-    )
+    path.write_text(json.dumps({"rows": rows}, indent=2))
     print("\n".join(lines))
 
 

@@ -11,6 +11,7 @@ os.environ.setdefault(
 import torch
 
 torch.set_num_threads(1)
+pytest.register_assert_rewrite("algorithm_helpers")  # its asserts report values like a test's
 
 SHARED_DATA = Path(
     os.environ.get("FEDISTILL_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")

@@ -6,20 +6,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedistill.algorithms.base import get_algorithm
-from fedistill.algorithms.fedper import SharedPartServer, part_of
+from algorithm_helpers import SMALL_NON_IID, Sent, check_resume_after_crash, make_client, run_recording
+from fedistill.algorithms.fedper import SharedPartServer
+from fedistill.algorithms.personalized import part_of
 from fedistill.algorithms.training import new_model
 from fedistill.errors import FederationError
 from fedistill.experiment.checkpoint import latest_checkpoint, read_checkpoint
-from fedistill.experiment.config import RunConfig, build_config, options_for
-from fedistill.experiment.rundir import read_jsonl
-from fedistill.experiment.runner import client_contexts, prepare_data, resume_suite, run_suite
-from fedistill.federation.fleet import Fleet, Reply
+from fedistill.experiment.config import RunConfig, build_config
+from fedistill.experiment.runner import prepare_data
 from fedistill.federation.ledger import DOWN, UP, read_ledger
 from fedistill.federation.messages import Message
 from fedistill.models.base import CLASSIFIER_PREFIX, EXTRACTOR_PREFIX
 
-SMALL = {"clients": 5, "alpha": 0.5, "rounds": 15, "model": "mlp", "batch_size": 32, "lr": 0.05, "seed": 0}
+SMALL = {**SMALL_NON_IID, "rounds": 15, "model": "mlp", "lr": 0.05}
 SHARED = {"fedper": EXTRACTOR_PREFIX, "lgfedavg": CLASSIFIER_PREFIX}
 PRIVATE = {"fedper": CLASSIFIER_PREFIX, "lgfedavg": EXTRACTOR_PREFIX}
 
@@ -29,30 +28,11 @@ def _config(**changes) -> RunConfig:
 
 
 @pytest.fixture(scope="module")
-def suite(tmp_path_factory) -> tuple[Path, dict[str, dict], dict[str, list[tuple[str, str, set[str]]]]]:
-    """One non-IID run of the four methods, with the parameter names of every message the ledger records."""
+def suite(tmp_path_factory) -> tuple[Path, dict[str, dict], dict[str, list[Sent]]]:
+    """One non-IID run of the four methods, with the array names of every message the ledger records."""
     out = tmp_path_factory.mktemp("decoupled") / "suite"
-    seen: dict[str, list[tuple[str, str, set[str]]]] = {}
-    request, reply = Fleet.record_request, Fleet.record_reply
-
-    def note(fleet: Fleet, direction: str, message: Message | None) -> None:
-        if message is not None:
-            names = set(message.arrays.get("parameters", {}))
-            seen.setdefault(fleet.ledger.path.parent.name, []).append((direction, message.type, names))
-
-    def record_request(self: Fleet, client: int, message: Message, step: int | None) -> None:
-        note(self, DOWN, message)
-        request(self, client, message, step)
-
-    def record_reply(self: Fleet, answer: Reply, request_type: str, step: int | None) -> None:
-        note(self, UP, answer.message)
-        reply(self, answer, request_type, step)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Fleet, "record_request", record_request)
-        patch.setattr(Fleet, "record_reply", record_reply)
-        summaries = run_suite(_config(algorithm="fedper,lgfedavg,fedavg,standalone"), out, progress=False)
-    return out, {s["algorithm"]: s for s in summaries}, seen
+    runs, seen = run_recording(_config(algorithm="fedper,lgfedavg,fedavg,standalone"), out)
+    return out, runs, seen
 
 
 @pytest.mark.parametrize("algorithm", ["fedper", "lgfedavg"])
@@ -64,9 +44,10 @@ def test_only_the_shared_part_travels(suite, algorithm):
 
     messages = seen[algorithm]
     assert len(messages) == 2 * 5 * 15  # every client, every round, both directions
-    for direction, kind, names in messages:
-        assert kind == "train" and names == set(shared), (direction, sorted(names - set(shared)))
-    assert {d for d, _, _ in messages} == {UP, DOWN}
+    for sent in messages:
+        names = sent.arrays.get("parameters", set())
+        assert sent.type == "train" and names == set(shared), (sent.direction, sorted(names - set(shared)))
+    assert {sent.direction for sent in messages} == {UP, DOWN}
 
     records = read_ledger(out / algorithm / "ledger.jsonl")
     assert len(records) == len(messages)
@@ -105,41 +86,16 @@ def test_local_accuracy_ordering_on_non_iid_digits(suite):
         assert 0.1 < final["personal_test_accuracy"] <= 1.0
 
 
-def _strip_times(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if not k.endswith("_s")} for row in rows]
-
-
 @pytest.mark.parametrize("algorithm", ["fedper", "lgfedavg"])
-def test_private_parts_survive_a_restart(tmp_path, monkeypatch, algorithm):
+def test_private_parts_survive_a_restart(tmp_path, algorithm):
     """A run that crashes in round 3 and resumes (every client rebuilt from its checkpointed state) ends
     with the same metrics as an uninterrupted one; fresh private parts would change them."""
-    config = _config(algorithm=algorithm, rounds=4)
-    reference = run_suite(config, tmp_path / "ref", progress=False)[0]
-    run_round = SharedPartServer.run_round
-
-    def crash_in_round_3(self: SharedPartServer, fleet: Fleet, round: int) -> dict[str, float]:
-        if round == 3:
-            raise RuntimeError("simulated crash")
-        return run_round(self, fleet, round)
-
-    monkeypatch.setattr(SharedPartServer, "run_round", crash_in_round_3)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        run_suite(config, tmp_path / "crashed", progress=False)
-    monkeypatch.setattr(SharedPartServer, "run_round", run_round)
-    resumed = resume_suite(tmp_path / "crashed", progress=False)[0]
-    assert resumed["final"] == reference["final"]
-    got = _strip_times(read_jsonl(tmp_path / "crashed" / algorithm / "metrics.jsonl"))
-    assert got == _strip_times(read_jsonl(tmp_path / "ref" / algorithm / "metrics.jsonl"))
+    check_resume_after_crash(_config(algorithm=algorithm, rounds=4), SharedPartServer, tmp_path)
 
 
 @pytest.mark.parametrize("algorithm", ["fedper", "lgfedavg"])
 def test_a_client_refuses_its_private_part(algorithm):
-    config = _config(algorithm=algorithm, rounds=1)
-    method = get_algorithm(algorithm)
-    ctx = client_contexts(
-        config, method, options_for(config, algorithm, method.options), prepare_data(config)
-    )[0]
-    client = method.client(ctx)
+    client = make_client(_config(algorithm=algorithm, rounds=1), algorithm)
     whole = Message.build(
         "train", arrays={"parameters": client.model.state_dict()}, scalars={"config": {"round": 1}}
     )

@@ -7,65 +7,32 @@ from pathlib import Path
 import pytest
 import torch
 
+from algorithm_helpers import SMALL_NON_IID, Sent, check_resume_after_crash, make_client, run_recording
 from fedistill.algorithms.base import get_algorithm
 from fedistill.algorithms.fedcg import FeatureDiscriminator, FedCGServer, train_gan
-from fedistill.algorithms.fedgen import (
-    GENERATOR_PREFIX,
-    FedGenOptions,
-    FedGenServer,
-    ensemble_teacher,
-    train_generator,
-)
+from fedistill.algorithms.fedgen import FedGenOptions, FedGenServer, ensemble_teacher, train_generator
 from fedistill.algorithms.fedmdcg_losses import label_weights
-from fedistill.algorithms.fedper import part_of
+from fedistill.algorithms.personalized import GENERATOR_PREFIX, part_of
 from fedistill.algorithms.training import new_model
 from fedistill.errors import ConfigError, FederationError
 from fedistill.experiment.config import RunConfig, build_config, options_for
-from fedistill.experiment.rundir import read_jsonl
-from fedistill.experiment.runner import client_contexts, prepare_data, resume_suite, run_suite
-from fedistill.federation.fleet import Fleet, Reply
-from fedistill.federation.ledger import DOWN, UP, read_ledger
+from fedistill.experiment.runner import prepare_data, run_suite
+from fedistill.federation.ledger import UP, read_ledger
 from fedistill.federation.messages import Message
 from fedistill.models.base import CLASSIFIER_PREFIX, EXTRACTOR_PREFIX
 from fedistill.models.feature_generator import FeatureGenerator
 
-SMALL = {"clients": 5, "alpha": 0.5, "rounds": 10, "model": "mlp", "batch_size": 32, "lr": 0.05, "seed": 0}
-Seen = dict[str, list[tuple[str, int, dict[str, set[str]]]]]  # run -> (direction, round, kind -> names)
+SMALL = {**SMALL_NON_IID, "rounds": 10, "model": "mlp", "lr": 0.05}
 
 
 def _config(**changes) -> RunConfig:
     return build_config(RunConfig(), SMALL, changes)
 
 
-def _run_recording(config: RunConfig, out: Path) -> tuple[dict[str, dict], Seen]:
-    """Run a suite, noting the array names of every message by content kind, as the ledger sees them."""
-    seen: Seen = {}
-    request, reply = Fleet.record_request, Fleet.record_reply
-
-    def note(fleet: Fleet, direction: str, message: Message | None) -> None:
-        if message is not None:
-            names = {kind: set(arrays) for kind, arrays in message.arrays.items()}
-            seen.setdefault(fleet.ledger.path.parent.name, []).append((direction, fleet.round, names))
-
-    def record_request(self: Fleet, client: int, message: Message, step: int | None) -> None:
-        note(self, DOWN, message)
-        request(self, client, message, step)
-
-    def record_reply(self: Fleet, answer: Reply, request_type: str, step: int | None) -> None:
-        note(self, UP, answer.message)
-        reply(self, answer, request_type, step)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Fleet, "record_request", record_request)
-        patch.setattr(Fleet, "record_reply", record_reply)
-        summaries = run_suite(config, out, progress=False)
-    return {s["algorithm"]: s for s in summaries}, seen
-
-
 @pytest.fixture(scope="module")
-def suite(tmp_path_factory) -> tuple[Path, dict[str, dict], Seen]:
+def suite(tmp_path_factory) -> tuple[Path, dict[str, dict], dict[str, list[Sent]]]:
     out = tmp_path_factory.mktemp("fedgen_fedcg") / "suite"
-    runs, seen = _run_recording(_config(algorithm="fedgen,fedcg,standalone"), out)
+    runs, seen = run_recording(_config(algorithm="fedgen,fedcg,standalone"), out)
     return out, runs, seen
 
 
@@ -74,14 +41,8 @@ def _names(prefix: str) -> set[str]:
     return set(part_of(new_model(config, prepare_data(config).dataset.info).state_dict(), prefix))
 
 
-def _client(algorithm: str, config: RunConfig):
-    method = get_algorithm(algorithm)
-    options = options_for(config, algorithm, method.options)
-    return method.client(client_contexts(config, method, options, prepare_data(config))[0])
-
-
 def _generator_names(algorithm: str) -> set[str]:
-    generator = _client(algorithm, _config(algorithm=algorithm)).generator
+    generator = make_client(_config(algorithm=algorithm), algorithm).generator
     return {GENERATOR_PREFIX + name for name in generator.state_dict()}
 
 
@@ -90,13 +51,13 @@ def test_fedgen_uploads_its_model_and_label_counts(suite):
     model, generator = _names(""), _generator_names("fedgen")
     messages = seen["fedgen"]
     assert len(messages) == 2 * 5 * 10
-    for direction, round, names in messages:
-        if direction == UP:  # the trained model and the class counts, nothing else
-            assert names == {"parameters": model, "label-statistics": {"class_counts"}}, round
-        elif round == 1:  # no trained generator yet: the initial model only
-            assert names == {"parameters": model}
+    for sent in messages:
+        if sent.direction == UP:  # the trained model and the class counts, nothing else
+            assert sent.arrays == {"parameters": model, "label-statistics": {"class_counts"}}, sent.round
+        elif sent.round == 1:  # no trained generator yet: the initial model only
+            assert sent.arrays == {"parameters": model}
         else:  # the averaged model, the generator and the global label counts to draw ŷ from
-            assert names == {"parameters": model | generator, "label-statistics": {"global_counts"}}
+            assert sent.arrays == {"parameters": model | generator, "label-statistics": {"global_counts"}}
     records = read_ledger(out / "fedgen" / "ledger.jsonl")
     assert {r["kinds"]["label-statistics"] for r in records if r["direction"] == UP} == {10 * 8}
     assert "test_accuracy" in runs["fedgen"]["final"]  # whole models are averaged: a global model exists
@@ -108,8 +69,8 @@ def test_fedcg_never_uploads_an_extractor(suite):
     assert _names(EXTRACTOR_PREFIX) and not shared & _names(EXTRACTOR_PREFIX)
     messages = seen["fedcg"]
     assert len(messages) == 2 * 5 * 10
-    for _, _, names in messages:  # both directions: classifier + generator; no label counts when averaging
-        assert names == {"parameters": shared}
+    for sent in messages:  # both directions: classifier + generator; no label counts when averaging
+        assert sent.arrays == {"parameters": shared}
     records = read_ledger(out / "fedcg" / "ledger.jsonl")
     assert all("label-statistics" not in r["kinds"] for r in records)
     assert "test_accuracy" not in runs["fedcg"]["final"]  # no global model: the extractors stay private
@@ -130,9 +91,9 @@ def test_local_accuracy_on_non_iid_digits(suite):
 def test_fedgen_sharing_only_classifiers_keeps_extractors_home(tmp_path):
     """The FedMD-CG paper's variant: only classifier.* (and label counts) leave a client."""
     config = _config(algorithm="fedgen", rounds=2, **{"fedgen.share": "classifier"})
-    runs, seen = _run_recording(config, tmp_path / "suite")
+    runs, seen = run_recording(config, tmp_path / "suite")
     head = _names(CLASSIFIER_PREFIX)
-    uploads = [names for direction, _, names in seen["fedgen"] if direction == UP]
+    uploads = [sent.arrays for sent in seen["fedgen"] if sent.direction == UP]
     assert len(uploads) == 10
     assert all(names == {"parameters": head, "label-statistics": {"class_counts"}} for names in uploads)
     assert "test_accuracy" not in runs["fedgen"]["final"]
@@ -142,8 +103,8 @@ def test_fedcg_distillation_asks_for_label_counts(tmp_path):
     config = _config(
         algorithm="fedcg", rounds=2, **{"fedcg.aggregation": "distill", "fedcg.distill_steps": 2}
     )
-    runs, seen = _run_recording(config, tmp_path / "suite")
-    uploads = [names for direction, _, names in seen["fedcg"] if direction == UP]
+    runs, seen = run_recording(config, tmp_path / "suite")
+    uploads = [sent.arrays for sent in seen["fedcg"] if sent.direction == UP]
     assert all(names["label-statistics"] == {"class_counts"} for names in uploads)
     assert all(not set(names["parameters"]) & _names(EXTRACTOR_PREFIX) for names in uploads)
     assert runs["fedcg"]["final"]["local_accuracy"] > 0
@@ -208,10 +169,6 @@ def test_fedcg_gan_moves_generated_features_to_real_ones():
     assert metrics["discriminator_loss"] > 0 and metrics["generator_loss"] > 0
 
 
-def _strip_times(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if not k.endswith("_s")} for row in rows]
-
-
 @pytest.mark.parametrize(
     ("algorithm", "server", "options"),
     [
@@ -219,30 +176,14 @@ def _strip_times(rows: list[dict]) -> list[dict]:
         ("fedcg", FedCGServer, {"fedcg.gamma_schedule": "constant"}),
     ],
 )
-def test_a_crashed_run_resumes_to_the_same_result(tmp_path, monkeypatch, algorithm, server, options):
+def test_a_crashed_run_resumes_to_the_same_result(tmp_path, algorithm, server, options):
     """Crash in round 3, resume from the round-2 checkpoint: private extractors, FedCG's discriminators and
     Adam states, FedGen's generator optimiser and label counts all come back, so the metrics match."""
-    config = _config(algorithm=algorithm, rounds=4, **options)
-    reference = run_suite(config, tmp_path / "ref", progress=False)[0]
-    run_round = server.run_round
-
-    def crash_in_round_3(self, fleet: Fleet, round: int) -> dict[str, float]:
-        if round == 3:
-            raise RuntimeError("simulated crash")
-        return run_round(self, fleet, round)
-
-    monkeypatch.setattr(server, "run_round", crash_in_round_3)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        run_suite(config, tmp_path / "crashed", progress=False)
-    monkeypatch.setattr(server, "run_round", run_round)
-    resumed = resume_suite(tmp_path / "crashed", progress=False)[0]
-    assert resumed["final"] == reference["final"]
-    got = _strip_times(read_jsonl(tmp_path / "crashed" / algorithm / "metrics.jsonl"))
-    assert got == _strip_times(read_jsonl(tmp_path / "ref" / algorithm / "metrics.jsonl"))
+    check_resume_after_crash(_config(algorithm=algorithm, rounds=4, **options), server, tmp_path)
 
 
 def test_a_fedcg_client_refuses_to_receive_an_extractor():
-    client = _client("fedcg", _config(algorithm="fedcg", rounds=1))
+    client = make_client(_config(algorithm="fedcg", rounds=1), "fedcg")
     whole = dict(client.model.state_dict()) | {
         GENERATOR_PREFIX + k: v for k, v in client.generator.state_dict().items()
     }

@@ -7,10 +7,9 @@ import pytest
 import torch
 from torch import nn
 
+from algorithm_helpers import SMALL_NON_IID, check_resume_after_crash, make_client, run_recording
 from fedistill.algorithms import fedmdcg_losses as L
-from fedistill.algorithms.base import get_algorithm
 from fedistill.algorithms.fedmdcg import (
-    GENERATOR_PREFIX,
     ORACLE_METRIC,
     FedMDCGOptions,
     FedMDCGServer,
@@ -18,13 +17,12 @@ from fedistill.algorithms.fedmdcg import (
     oracle_global_accuracy,
     resolve_options,
 )
-from fedistill.algorithms.fedper import part_of
+from fedistill.algorithms.personalized import GENERATOR_PREFIX, part_of
 from fedistill.errors import ConfigError, FederationError
 from fedistill.experiment.checkpoint import latest_checkpoint, read_checkpoint
 from fedistill.experiment.config import RunConfig, build_config, options_for
 from fedistill.experiment.rundir import read_jsonl
-from fedistill.experiment.runner import client_contexts, prepare_data, resume_suite, run_suite
-from fedistill.federation.fleet import Fleet, Reply
+from fedistill.experiment.runner import prepare_data, run_suite
 from fedistill.federation.ledger import DOWN, UP, read_ledger
 from fedistill.federation.messages import Message
 from fedistill.models.base import CLASSIFIER_PREFIX, EXTRACTOR_PREFIX
@@ -32,14 +30,11 @@ from fedistill.models.feature_generator import FeatureGenerator
 
 ROUNDS = 8
 SMALL = {
-    "clients": 5,
-    "alpha": 0.5,
+    **SMALL_NON_IID,
     "rounds": ROUNDS,
     "model": "lenet-fedmdcg",
-    "batch_size": 32,
     "lr": 0.1,
     "local_steps": 20,
-    "seed": 0,
     # A smaller generator and fewer server steps than the paper's, to keep the test fast. Eight rounds
     # stand for the paper's hundred, so G_i learns 10x faster than its 3e-4: at 3e-4 the global pair
     # reads only 25% of its own samples after 8 rounds (98% at 3e-3).
@@ -51,43 +46,17 @@ def _config(**changes) -> RunConfig:
     return build_config(RunConfig(), SMALL, changes)
 
 
-def _client(config: RunConfig, k: int = 0):
-    method = get_algorithm("fedmdcg")
-    options = options_for(config, "fedmdcg", method.options)
-    return method.client(client_contexts(config, method, options, prepare_data(config))[k])
-
-
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
-    """One non-IID run of FedMD-CG and Standalone, with the array names of every message recorded."""
+    """One non-IID run of FedMD-CG and Standalone, with the array names of every FedMD-CG message."""
     out = tmp_path_factory.mktemp("fedmdcg") / "suite"
-    seen: list[tuple[str, int, dict[str, set[str]]]] = []
-    request, reply = Fleet.record_request, Fleet.record_reply
-
-    def note(fleet: Fleet, direction: str, message: Message | None) -> None:
-        if message is not None and fleet.ledger.path.parent.name == "fedmdcg":
-            seen.append(
-                (direction, fleet.round, {kind: set(named) for kind, named in message.arrays.items()})
-            )
-
-    def record_request(self: Fleet, client: int, message: Message, step: int | None) -> None:
-        note(self, DOWN, message)
-        request(self, client, message, step)
-
-    def record_reply(self: Fleet, answer: Reply, request_type: str, step: int | None) -> None:
-        note(self, UP, answer.message)
-        reply(self, answer, request_type, step)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Fleet, "record_request", record_request)
-        patch.setattr(Fleet, "record_reply", record_reply)
-        summaries = run_suite(_config(algorithm="fedmdcg,standalone"), out, progress=False)
-    return out, {s["algorithm"]: s for s in summaries}, seen
+    runs, seen = run_recording(_config(algorithm="fedmdcg,standalone"), out)
+    return out, runs, seen["fedmdcg"]
 
 
 def _pair_names() -> tuple[set[str], int, int]:
     """The names that may travel, the bytes of one (C_i, G_i) upload, and the extractor's bytes."""
-    client = _client(_config())
+    client = make_client(_config(), "fedmdcg")
     model_state = client.model.state_dict()
     pair = part_of(model_state, CLASSIFIER_PREFIX) | {
         GENERATOR_PREFIX + k: v for k, v in client.generator.state_dict().items()
@@ -104,14 +73,14 @@ def test_only_classifier_generator_and_label_counts_leave_a_client(suite):
     names, pair_bytes, extractor_bytes = _pair_names()
     assert extractor_bytes > 0 and any(n.startswith(GENERATOR_PREFIX) for n in names)
 
-    ups = [arrays for direction, _, arrays in seen if direction == UP]
+    ups = [sent.arrays for sent in seen if sent.direction == UP]
     assert len(ups) == 5 * ROUNDS
     for arrays in ups:
         assert set(arrays) == {"parameters", "label-statistics"}
         assert arrays["parameters"] == names, sorted(arrays["parameters"] ^ names)
         assert not any(n.startswith(EXTRACTOR_PREFIX) for n in arrays["parameters"])
         assert arrays["label-statistics"] == {"class_counts"}
-    downs = [(r, arrays) for direction, r, arrays in seen if direction == DOWN]
+    downs = [(sent.round, sent.arrays) for sent in seen if sent.direction == DOWN]
     assert all(arrays == {} for r, arrays in downs if r == 1)  # nothing global exists before round 1
     for _, arrays in (d for d in downs if d[0] > 1):
         assert arrays == {"parameters": names, "label-statistics": {"label_distribution"}}
@@ -250,14 +219,14 @@ def test_the_batch_cache_and_label_counts_follow_the_preset():
     the cache keeps growing (only batches with a new label sum) and the counts are its label sums
     plus a floor of 0 in round 0 and 1 afterwards."""
     round1 = Message.build("train", scalars={"config": {"round": 1}})
-    client = _client(_config())
+    client = make_client(_config(), "fedmdcg")
     reply = client.handle(round1)
     assert client.cache == [] and client.state_dict()["cache_x"] == []
     expected = torch.bincount(client.ctx.train.y, minlength=10)
     assert torch.equal(reply.tensor("label-statistics", "class_counts"), expected)
     assert reply.scalar("metrics", "generator_steps") == 20
 
-    client = _client(_config(**{"fedmdcg.preset": "official-code"}))
+    client = make_client(_config(**{"fedmdcg.preset": "official-code"}), "fedmdcg")
     assert client.generator.noise == "uniform"
     reply = client.handle(round1)
     sums = [int(y.sum()) for _, y in client.cache]
@@ -268,7 +237,7 @@ def test_the_batch_cache_and_label_counts_follow_the_preset():
 
 
 def test_a_client_refuses_to_receive_an_extractor_and_needs_the_global_pair():
-    client = _client(_config())
+    client = make_client(_config(), "fedmdcg")
     whole = dict(client.model.state_dict()) | {
         GENERATOR_PREFIX + k: v for k, v in client.generator.state_dict().items()
     }
@@ -299,31 +268,12 @@ def test_bad_options_fail_with_the_option_name(key, value):
         options_for(config, "fedmdcg", FedMDCGOptions)
 
 
-def _strip_times(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if not k.endswith("_s")} for row in rows]
-
-
-def test_a_restart_under_the_official_preset_loses_nothing(tmp_path, monkeypatch):
+def test_a_restart_under_the_official_preset_loses_nothing(tmp_path):
     """Crash in round 3, resume from the checkpoint: the same metrics as an uninterrupted run. Under the
     official-code preset the never-cleared cache, G_i and both optimisers must all survive."""
     config = _config(algorithm="fedmdcg", rounds=3, **{"fedmdcg.preset": "official-code"})
-    reference = run_suite(config, tmp_path / "ref", progress=False)[0]
-    run_round = FedMDCGServer.run_round
-
-    def crash_in_round_3(self: FedMDCGServer, fleet: Fleet, round: int) -> dict[str, float]:
-        if round == 3:
-            raise RuntimeError("simulated crash")
-        return run_round(self, fleet, round)
-
-    monkeypatch.setattr(FedMDCGServer, "run_round", crash_in_round_3)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        run_suite(config, tmp_path / "crashed", progress=False)
-    monkeypatch.setattr(FedMDCGServer, "run_round", run_round)
-    resumed = resume_suite(tmp_path / "crashed", progress=False)[0]
-    assert resumed["final"] == reference["final"]
-    got = _strip_times(read_jsonl(tmp_path / "crashed" / "fedmdcg" / "metrics.jsonl"))
-    assert got == _strip_times(read_jsonl(tmp_path / "ref" / "fedmdcg" / "metrics.jsonl"))
-    state = read_checkpoint(latest_checkpoint(tmp_path / "crashed" / "fedmdcg" / "checkpoints"))
+    resumed = check_resume_after_crash(config, FedMDCGServer, tmp_path)
+    state = read_checkpoint(latest_checkpoint(resumed / "checkpoints"))
     assert len(state["client_000"]["cache_x"]) > 20  # the code's cache outlived its first round
 
 

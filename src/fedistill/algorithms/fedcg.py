@@ -34,10 +34,11 @@ between student and teachers (here every generator call draws its own ε, as in 
 Nor the repo's de-duplication of cached batches by label sum (a bug that drops some batches from the
 GAN stage): every batch of the round is used.
 
-Metrics as in fedper.py: ``local_accuracy`` (each client's full model after local training, on its
-own IID test shard, sample-weighted) and ``personal_test_accuracy``; there is no global model. The
-in-process runner adds the FedMD-CG paper's global accuracy, ``global_accuracy_oracle``: the average
-of the full local models, an evaluation-only oracle outside the protocol (algorithms/oracle.py).
+Metrics as in fedper.py (algorithms/personalized.py): ``local_accuracy`` (each client's full model
+after local training, on its own IID test shard, sample-weighted) and ``personal_test_accuracy``;
+there is no global model. The in-process runner adds the FedMD-CG paper's global accuracy,
+``global_accuracy_oracle``: the average of the full local models, an evaluation-only oracle outside
+the protocol (algorithms/oracle.py).
 """
 
 from __future__ import annotations
@@ -60,29 +61,32 @@ from fedistill.algorithms.base import (
     clone_state,
     register,
 )
-from fedistill.algorithms.fedavg import sample_clients
-from fedistill.algorithms.fedgen import (
-    GENERATOR_PREFIX,
-    build_generator,
-    check_finite,
+from fedistill.algorithms.fedgen import build_generator
+from fedistill.algorithms.fedmdcg_losses import ramp_factor, sample_labels
+from fedistill.algorithms.option_checks import (
+    check_choices,
     check_nonnegative,
     check_positive,
-    class_counts,
-    local_batches,
-    local_report,
     parse_widths,
-    prefixed,
+)
+from fedistill.algorithms.oracle import average_local_models
+from fedistill.algorithms.personalized import (
+    GENERATOR_PREFIX,
+    ask_sampled,
+    class_counts,
+    decoupled_model,
+    evaluates_local,
+    load_pair,
+    local_report,
+    pair_state,
     summarise_local,
     unprefixed,
 )
-from fedistill.algorithms.fedmdcg_losses import ramp_factor, sample_labels
-from fedistill.algorithms.fedper import check_split, part_of
-from fedistill.algorithms.oracle import average_local_models
-from fedistill.algorithms.training import LocalTraining, average_states, new_model
+from fedistill.algorithms.training import LocalTraining, average_states, check_finite, local_batches
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.errors import ConfigError
 from fedistill.federation.client import ClientLogic, handles
-from fedistill.federation.fleet import Fleet, successful
+from fedistill.federation.fleet import Fleet
 from fedistill.federation.messages import ArraySpec, Message, expect_arrays, state_specs
 from fedistill.models.base import CLASSIFIER_PREFIX, Classifier
 from fedistill.models.feature_generator import (
@@ -132,11 +136,7 @@ class FedCGOptions:
             "aggregation": ("average", "distill"),
             "discriminator_activation": DISCRIMINATOR_ACTIVATIONS,
         }
-        for key, valid in choices.items():
-            if getattr(self, key) not in valid:
-                raise ConfigError(
-                    f"fedcg.{key} must be one of {', '.join(valid)}; got {getattr(self, key)!r}"
-                )
+        check_choices("fedcg", self, choices)
         check_nonnegative("fedcg", self, "gamma gan_weight_decay noise_dim discriminator_hidden")
         check_positive(
             "fedcg",
@@ -356,8 +356,7 @@ class FedCGClient(ClientLogic):
     def __init__(self, ctx: ClientContext) -> None:
         self.ctx = ctx
         self.options: FedCGOptions = ctx.options
-        self.model = new_model(ctx.config, ctx.info)
-        check_split(self.model.state_dict(), CLASSIFIER_PREFIX, ctx.config.model)
+        self.model = decoupled_model(ctx.config, ctx.info, "FedCG")
         self.generator = build_generator(
             ctx.config, ctx.info, self.model, **generator_options(self.options, ctx.info)
         )
@@ -380,19 +379,15 @@ class FedCGClient(ClientLogic):
 
     def shared_state(self) -> dict[str, torch.Tensor]:
         """What leaves this client: the classifier and the generator, never the extractor."""
-        return part_of(self.model.state_dict(), CLASSIFIER_PREFIX) | prefixed(
-            self.generator.state_dict(), GENERATOR_PREFIX
-        )
+        return pair_state(self.model.classifier, self.generator)
 
     @handles("train")
     def train(self, message: Message) -> Message:
         expect_arrays(message, "parameters", self.specs)  # exactly C and G: nothing private comes in
-        received = message.tensors("parameters")
-        self.model.load_state_dict({**self.model.state_dict(), **part_of(received, CLASSIFIER_PREFIX)})
-        self.generator.load_state_dict(unprefixed(received, GENERATOR_PREFIX))
+        load_pair(message.tensors("parameters"), self.model.classifier, self.generator)
         round = int(message.scalar("config", "round"))
         seed, cid = self.ctx.config.seed, self.ctx.client_id
-        model: Classifier = self.model  # type: ignore[assignment]
+        model = self.model
         metrics, cache = train_toward_generator(
             model,
             self.generator,
@@ -450,8 +445,7 @@ class FedCGServer(ServerLogic):
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         self.options: FedCGOptions = ctx.options
-        model = new_model(ctx.config, ctx.info)  # same seed as the clients: the same starting classifier
-        check_split(model.state_dict(), CLASSIFIER_PREFIX, ctx.config.model)
+        model = decoupled_model(ctx.config, ctx.info, "FedCG")  # same seed as the clients: the same start
         self.classifier: nn.Module = model.classifier
         self.generator = build_generator(
             ctx.config, ctx.info, model, **generator_options(self.options, ctx.info)
@@ -470,14 +464,11 @@ class FedCGServer(ServerLogic):
         self.last_local: dict[str, float] = {}
 
     def shared_state(self) -> dict[str, torch.Tensor]:
-        return prefixed(self.classifier.state_dict(), CLASSIFIER_PREFIX) | prefixed(
-            self.generator.state_dict(), GENERATOR_PREFIX
-        )
+        return pair_state(self.classifier, self.generator)
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
         config, options = self.ctx.config, self.options
-        chosen = sample_clients(fleet.clients, config.fraction, config.seed, round)
-        evaluate_local = round % config.eval_every == 0 or round == config.rounds
+        evaluate_local = evaluates_local(config, round)
         distill = options.aggregation == "distill"
         request = Message.build(
             "train",
@@ -491,21 +482,13 @@ class FedCGServer(ServerLogic):
                 }
             },
         )
-        replies = list(
-            successful(
-                fleet.broadcast(request, chosen, timeout=config.timeout or None),
-                minimum=min(config.min_clients, len(chosen)),
-                what="trained classifiers and generators",
-            ).values()
-        )
+        replies = ask_sampled(fleet, request, config, round, "trained classifiers and generators")
         for reply in replies:
             expect_arrays(reply, "parameters", self.specs)
         states = [reply.tensors("parameters") for reply in replies]
         sizes = [float(r.scalar("metrics", "num_samples")) for r in replies]
         weights = sizes if options.weighting == "samples" else [1.0] * len(replies)
-        average = average_states(states, weights)
-        self.classifier.load_state_dict(unprefixed(average, CLASSIFIER_PREFIX))
-        self.generator.load_state_dict(unprefixed(average, GENERATOR_PREFIX))
+        load_pair(average_states(states, weights), self.classifier, self.generator)
 
         losses = [float(r.scalar("metrics", "train_loss")) for r in replies]
         metrics: dict[str, float] = {

@@ -66,6 +66,7 @@ from fedistill.algorithms.fedavg import (
     sample_clients,
     sampling_rate,
 )
+from fedistill.algorithms.option_checks import check_choices
 from fedistill.algorithms.training import average_states, evaluate_model, new_model
 from fedistill.errors import ConfigError, FederationError
 from fedistill.experiment.config import RunConfig
@@ -122,11 +123,7 @@ class FedDFOptions(DPOptions):
             "generator_upsample": ("bilinear", "nearest"),
             "student_bn": ("adapt", "frozen"),
         }
-        for key, valid in choices.items():
-            if getattr(self, key) not in valid:
-                raise ConfigError(
-                    f"feddf.{key} must be one of {', '.join(valid)}; got {getattr(self, key)!r}"
-                )
+        check_choices("feddf", self, choices)
         parse_source(self.source)
         for key in ("steps", "distill_batch_size", "eval_every_steps", "patience"):
             if getattr(self, key) < 1:

@@ -29,8 +29,9 @@ draws them uniformly (the server over labels some client holds more than one sam
 over all labels), ``label_sampling = "uniform"``. Label counts are those of the client's training
 data; the code counts the labels of the batches seen in the round, plus one.
 
-Metrics as in fedper.py: ``local_accuracy`` is each client's model just after local training on its
-own IID test shard (sample-weighted), ``personal_test_accuracy`` the mean of those models on the test set.
+Metrics as in fedper.py (algorithms/personalized.py): ``local_accuracy`` is each client's model just
+after local training on its own IID test shard (sample-weighted), ``personal_test_accuracy`` the mean
+of those models on the test set.
 The in-process runner adds the FedMD-CG paper's global accuracy, ``global_accuracy_oracle``: the
 average of the full local models, an evaluation-only oracle outside the protocol (algorithms/oracle.py).
 """
@@ -38,8 +39,6 @@ average of the full local models, an evaluation-only oracle outside the protocol
 from __future__ import annotations
 
 import copy
-import math
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,22 +55,37 @@ from fedistill.algorithms.base import (
     clone_state,
     register,
 )
-from fedistill.algorithms.fedavg import sample_clients
 from fedistill.algorithms.fedmdcg_losses import (
     diversity_div0,
     label_distribution,
     label_weights,
     sample_labels,
 )
-from fedistill.algorithms.fedper import check_split, part_of
+from fedistill.algorithms.option_checks import (
+    check_choices,
+    check_nonnegative,
+    check_positive,
+    parse_widths,
+)
 from fedistill.algorithms.oracle import average_local_models
-from fedistill.algorithms.training import LocalTraining, average_states, evaluate_model, new_model
+from fedistill.algorithms.personalized import (
+    GENERATOR_PREFIX,
+    ask_sampled,
+    class_counts,
+    decoupled_model,
+    evaluates_local,
+    local_report,
+    part_of,
+    prefixed,
+    summarise_local,
+    unprefixed,
+)
+from fedistill.algorithms.training import LocalTraining, average_states, check_finite, local_batches
 from fedistill.data.base import DatasetInfo, ImageSet
-from fedistill.data.transforms import batches
-from fedistill.errors import ConfigError, FederationError
+from fedistill.errors import ConfigError
 from fedistill.experiment.config import RunConfig
 from fedistill.federation.client import ClientLogic, handles
-from fedistill.federation.fleet import Fleet, successful
+from fedistill.federation.fleet import Fleet
 from fedistill.federation.messages import ArraySpec, Message, expect_arrays, state_specs
 from fedistill.models.base import CLASSIFIER_PREFIX, Classifier
 from fedistill.models.feature_generator import (
@@ -81,9 +95,6 @@ from fedistill.models.feature_generator import (
     feature_generator_for,
 )
 from fedistill.seeding import seeded, torch_generator
-
-#: Parameter names of a generator inside a "parameters" record, next to the model's own names.
-GENERATOR_PREFIX = "generator."
 
 
 @dataclass(frozen=True)
@@ -118,11 +129,7 @@ class FedGenOptions:
             "noise": NOISE_DISTRIBUTIONS,
             "label_input": LABEL_INPUTS,
         }
-        for key, valid in choices.items():
-            if getattr(self, key) not in valid:
-                raise ConfigError(
-                    f"fedgen.{key} must be one of {', '.join(valid)}; got {getattr(self, key)!r}"
-                )
+        check_choices("fedgen", self, choices)
         check_nonnegative(
             "fedgen",
             self,
@@ -139,116 +146,15 @@ class FedGenOptions:
 
 
 # ------------------------------------------------------------------------------------------------
-# Helpers shared with fedcg.py
+# The feature generator (shared with fedcg.py)
 # ------------------------------------------------------------------------------------------------
-def check_nonnegative(section: str, options: object, keys: str) -> None:
-    """Each of the space-separated option `keys` must be a finite number >= 0."""
-    for key in keys.split():
-        value = getattr(options, key)
-        if not math.isfinite(value) or value < 0:
-            raise ConfigError(f"{section}.{key} must be a finite number >= 0, got {value!r}")
-
-
-def check_positive(section: str, options: object, keys: str) -> None:
-    """Each of the space-separated option `keys` must be > 0."""
-    for key in keys.split():
-        value = getattr(options, key)
-        if not value > 0:
-            raise ConfigError(f"{section}.{key} must be > 0, got {value!r}")
-
-
-def parse_widths(key: str, text: str) -> tuple[int, ...]:
-    """'512,256' -> (512, 256); a ConfigError naming `key` for anything else."""
-    try:
-        widths = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise ConfigError(f"{key} must be comma-separated positive integers, got {text!r}") from None
-    if not widths or any(w <= 0 for w in widths):
-        raise ConfigError(f"{key} must be comma-separated positive integers, got {text!r}")
-    return widths
-
-
-def prefixed(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    return {prefix + name: value for name, value in state.items()}
-
-
-def unprefixed(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    """The entries under `prefix`, with the prefix removed (a submodule's own state dict)."""
-    return {name.removeprefix(prefix): value for name, value in state.items() if name.startswith(prefix)}
-
-
 def build_generator(
-    config: RunConfig, info: DatasetInfo, model: nn.Module, **options: object
+    config: RunConfig, info: DatasetInfo, model: Classifier, **options: object
 ) -> FeatureGenerator:
     """G for `model`'s features, initialised from the run seed: the server and every client start equal."""
-    if not isinstance(model, Classifier):
-        raise ConfigError(
-            f"model {config.model!r} is not split into extractor and classifier, which a feature "
-            "generator needs"
-        )
     return seeded(
         config.seed, lambda: feature_generator_for(model, info, **options), "feature-generator-init"
     )
-
-
-def local_batches(
-    data: ImageSet, info: DatasetInfo, spec: LocalTraining, generator: torch.Generator
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """The batches `train_local` would use: `spec.steps` mini-batches if > 0, else `spec.epochs` epochs."""
-    if len(data) < 2:
-        raise FederationError(f"a client needs at least 2 training samples, this one has {len(data)}")
-    drop_last = len(data) > spec.batch_size  # never a final batch of 1 under BatchNorm
-    steps, epoch = 0, 0
-    while True:
-        for x, y in batches(
-            data,
-            info,
-            spec.batch_size,
-            shuffle=True,
-            generator=generator,
-            augment=spec.augment,
-            drop_last=drop_last,
-        ):
-            yield x, y
-            steps += 1
-            if 0 < spec.steps <= steps:
-                return
-        epoch += 1
-        if spec.steps <= 0 and epoch >= spec.epochs:
-            return
-
-
-def check_finite(loss: torch.Tensor, what: str, step: int) -> None:
-    if not math.isfinite(loss.item()):
-        raise FederationError(
-            f"{what} diverged: loss is {loss.item()} at step {step} (lower the learning rate)"
-        )
-
-
-def local_report(ctx: ClientContext, model: nn.Module) -> dict[str, float]:
-    """The personal model's accuracy on the client's IID test shard and on the whole test set."""
-    local = evaluate_model(model, ctx.test, ctx.info)
-    personal = evaluate_model(model, ctx.global_test, ctx.info)
-    return {
-        "local_accuracy": local["accuracy"],
-        "local_count": local["count"],
-        "personal_test_accuracy": personal["accuracy"],
-    }
-
-
-def summarise_local(replies: list[Message]) -> dict[str, float]:
-    """Sample-weighted local accuracy and mean personal test accuracy over the reporting clients."""
-    local = [float(r.scalar("metrics", "local_accuracy")) for r in replies]
-    counts = [float(r.scalar("metrics", "local_count")) for r in replies]
-    personal = [float(r.scalar("metrics", "personal_test_accuracy")) for r in replies]
-    return {
-        "local_accuracy": float(np.average(local, weights=counts)),
-        "personal_test_accuracy": float(np.mean(personal)),
-    }
-
-
-def class_counts(data: ImageSet, num_classes: int) -> torch.Tensor:
-    return torch.bincount(data.y, minlength=num_classes).to(torch.int64)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -411,8 +317,7 @@ class FedGenClient(ClientLogic):
     def __init__(self, ctx: ClientContext) -> None:
         self.ctx = ctx
         self.options: FedGenOptions = ctx.options
-        self.model = new_model(ctx.config, ctx.info)
-        check_split(self.model.state_dict(), CLASSIFIER_PREFIX, ctx.config.model)
+        self.model = decoupled_model(ctx.config, ctx.info, "FedGen")
         self.prefix = shared_prefix(self.options)
         self.generator = build_generator(ctx.config, ctx.info, self.model, **generator_options(self.options))
         self.specs = state_specs(part_of(self.model.state_dict(), self.prefix))
@@ -439,7 +344,7 @@ class FedGenClient(ClientLogic):
         round = int(message.scalar("config", "round"))
         seed, cid = self.ctx.config.seed, self.ctx.client_id
         metrics = train_regularized(
-            self.model,  # type: ignore[arg-type]
+            self.model,
             self.generator if regularize else None,
             self.ctx.train,
             self.ctx.info,
@@ -477,8 +382,7 @@ class FedGenServer(ServerLogic):
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         self.options: FedGenOptions = ctx.options
-        self.model = new_model(ctx.config, ctx.info)
-        check_split(self.model.state_dict(), CLASSIFIER_PREFIX, ctx.config.model)
+        self.model = decoupled_model(ctx.config, ctx.info, "FedGen")
         self.prefix = shared_prefix(self.options)
         self.specs = state_specs(part_of(self.model.state_dict(), self.prefix))
         self.generator = build_generator(ctx.config, ctx.info, self.model, **generator_options(self.options))
@@ -524,15 +428,9 @@ class FedGenServer(ServerLogic):
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
         config, options = self.ctx.config, self.options
-        chosen = sample_clients(fleet.clients, config.fraction, config.seed, round)
-        evaluate_local = round % config.eval_every == 0 or round == config.rounds
-        replies = list(
-            successful(
-                fleet.broadcast(self._request(round, evaluate_local), chosen, timeout=config.timeout or None),
-                minimum=min(config.min_clients, len(chosen)),
-                what="trained parameters and label counts",
-            ).values()
-        )
+        evaluate_local = evaluates_local(config, round)
+        request = self._request(round, evaluate_local)
+        replies = ask_sampled(fleet, request, config, round, "trained parameters and label counts")
         count_spec = {"class_counts": ArraySpec("int64", (self.ctx.info.num_classes,))}
         for reply in replies:
             expect_arrays(reply, "parameters", self.specs)

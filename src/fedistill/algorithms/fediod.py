@@ -89,6 +89,7 @@ from fedistill.algorithms.base import (
     model_cycle,
     register,
 )
+from fedistill.algorithms.option_checks import check_choices
 from fedistill.algorithms.training import LocalTraining, evaluate_model, new_model, train_local
 from fedistill.data.transforms import to_float
 from fedistill.errors import ConfigError, FederationError
@@ -194,11 +195,7 @@ class FedIODOptions(DPOptions):
             "balance": ("ensemble", "teachers"),
             "dp_accounting": DP_ACCOUNTINGS,
         }
-        for key, valid in choices.items():
-            if getattr(self, key) not in valid:
-                raise ConfigError(
-                    f"fediod.{key} must be one of {', '.join(valid)}; got {getattr(self, key)!r}"
-                )
+        check_choices("fediod", self, choices)
         if self.selection == "best-on-test" and self.preset != "official-code":
             raise ConfigError(
                 "fediod.selection = 'best-on-test' selects on the test set; it exists only to reproduce the "

@@ -15,7 +15,7 @@ that imitates F_i's features. One round t (t = round − 1 of R):
    the crossed data-free distillation Σ_i w_{i,y}·(L1 + L2 + L3) (see :mod:`fedmdcg_losses`).
 
 Metrics. ``local_accuracy`` is the paper's "local accuracy": each client's full model on its own IID
-test shard, sample-weighted (as in fedper.py). The paper's "global accuracy" averages the *full*
+test shard, sample-weighted (algorithms/personalized.py). The paper's "global accuracy" averages the *full*
 local models, extractors included, which the protocol never moves; the in-process runner reports it
 as ``global_accuracy_oracle``, computed from the clients' own states outside the protocol and the
 ledger (algorithms/oracle.py); :func:`oracle_global_accuracy` does the same from saved client states.
@@ -47,22 +47,30 @@ from fedistill.algorithms.base import (
     clone_state,
     register,
 )
-from fedistill.algorithms.fedavg import sample_clients
-from fedistill.algorithms.fedper import check_split, part_of
+from fedistill.algorithms.option_checks import check_choices, check_nonnegative, check_positive
 from fedistill.algorithms.oracle import ORACLE_LABEL, ORACLE_METRIC, average_local_models
-from fedistill.algorithms.training import LocalTraining, evaluate_model, new_model
+from fedistill.algorithms.personalized import (
+    ask_sampled,
+    class_counts,
+    decoupled_model,
+    evaluates_local,
+    load_pair,
+    local_report,
+    pair_state,
+    summarise_local,
+)
+from fedistill.algorithms.training import LocalTraining
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.data.transforms import augment, to_float
 from fedistill.errors import ConfigError, FederationError
 from fedistill.experiment.config import RunConfig
 from fedistill.federation.client import ClientLogic, handles
-from fedistill.federation.fleet import Fleet, successful
+from fedistill.federation.fleet import Fleet
 from fedistill.federation.messages import ArraySpec, Message, expect_arrays, state_specs
-from fedistill.models.base import CLASSIFIER_PREFIX, Classifier
+from fedistill.models.base import Classifier
 from fedistill.models.feature_generator import FeatureGenerator, feature_generator_for
 from fedistill.seeding import seeded, torch_generator
 
-GENERATOR_PREFIX = "generator."
 PRESETS = ("paper", "official-code")
 LABEL_COUNTS = ("data", "cache")
 LAMBDAS = (  # stage 1 (ramped), then stage 2
@@ -122,27 +130,19 @@ class FedMDCGOptions:
             "diversity": L.DIVERSITY_TYPES,
             "label_counts": LABEL_COUNTS,
         }
-        for key, valid in choices.items():
-            if getattr(self, key) not in valid:
-                raise ConfigError(
-                    f"fedmdcg.{key} must be one of {', '.join(valid)}; got {getattr(self, key)!r}"
-                )
-        for key in ("generated_batch_size", "generator_passes", "server_steps", "server_batch_size"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"fedmdcg.{key} must be >= 1, got {getattr(self, key)!r}")
-        for key in ("ramp_power", "client_temperature", "generator_lr", "server_lr", "server_temperature"):
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"fedmdcg.{key} must be > 0, got {getattr(self, key)!r}")
-        for key in ("generator_weight_decay", "server_weight_decay"):
-            if not 0 <= getattr(self, key) < math.inf:
-                raise ConfigError(f"fedmdcg.{key} must be a finite number >= 0, got {getattr(self, key)!r}")
+        check_choices("fedmdcg", self, choices)
+        check_positive(
+            "fedmdcg",
+            self,
+            "generated_batch_size generator_passes server_steps server_batch_size "
+            "ramp_power client_temperature generator_lr server_lr server_temperature",
+        )
+        check_nonnegative("fedmdcg", self, "generator_weight_decay server_weight_decay")
         if self.noise_dim < 0:
             raise ConfigError(
                 f"fedmdcg.noise_dim must be >= 0 (0: the dataset's default), got {self.noise_dim}"
             )
-        for key in LAMBDAS:
-            if not 0 <= getattr(self, key) < math.inf:
-                raise ConfigError(f"fedmdcg.{key} must be a finite number >= 0, got {getattr(self, key)!r}")
+        check_nonnegative("fedmdcg", self, " ".join(LAMBDAS))
         self.hidden_dims()
 
     def local_lambdas(self) -> L.LocalModelLambdas:
@@ -185,17 +185,6 @@ def resolve_options(config: RunConfig, options: FedMDCGOptions) -> FedMDCGOption
     return dataclasses.replace(options, **{k: v for k, v in OFFICIAL_CODE.items() if k not in explicit})
 
 
-def decoupled_model(config: RunConfig, info: DatasetInfo) -> Classifier:
-    """The run's model, which must split into ``extractor.*`` and ``classifier.*``."""
-    model = new_model(config, info)
-    if not isinstance(model, Classifier):
-        raise ConfigError(
-            f"FedMD-CG needs a model split into extractor and classifier; {config.model!r} is not"
-        )
-    check_split(model.state_dict(), CLASSIFIER_PREFIX, config.model)
-    return model
-
-
 def new_generator(
     config: RunConfig, info: DatasetInfo, options: FedMDCGOptions, model: Classifier
 ) -> FeatureGenerator:
@@ -207,22 +196,6 @@ def new_generator(
         sizes["noise_dim"] = options.noise_dim
     return seeded(
         config.seed, lambda: feature_generator_for(model, info, **sizes), "model-init", "fedmdcg-generator"
-    )
-
-
-def pair_state(classifier: nn.Module, generator: nn.Module) -> dict[str, torch.Tensor]:
-    """What travels in both directions: ``classifier.*`` and ``generator.*`` entries, nothing else."""
-    return {CLASSIFIER_PREFIX + k: v for k, v in classifier.state_dict().items()} | {
-        GENERATOR_PREFIX + k: v for k, v in generator.state_dict().items()
-    }
-
-
-def load_pair(state: Mapping[str, torch.Tensor], classifier: nn.Module, generator: nn.Module) -> None:
-    classifier.load_state_dict(
-        {k.removeprefix(CLASSIFIER_PREFIX): v for k, v in part_of(state, CLASSIFIER_PREFIX).items()}
-    )
-    generator.load_state_dict(
-        {k.removeprefix(GENERATOR_PREFIX): v for k, v in part_of(state, GENERATOR_PREFIX).items()}
     )
 
 
@@ -246,7 +219,7 @@ class FedMDCGClient(ClientLogic):
     def __init__(self, ctx: ClientContext) -> None:
         self.ctx = ctx
         self.options = resolve_options(ctx.config, ctx.options)
-        self.model = decoupled_model(ctx.config, ctx.info)
+        self.model = decoupled_model(ctx.config, ctx.info, "FedMD-CG")
         self.generator = new_generator(ctx.config, ctx.info, self.options, self.model)  # G_i
         self.received = _frozen(new_generator(ctx.config, ctx.info, self.options, self.model))  # Ĝ
         self.training = LocalTraining.from_config(ctx.config, ctx.info)
@@ -280,13 +253,7 @@ class FedMDCGClient(ClientLogic):
             self.cache = []
         metrics["num_samples"] = len(self.ctx.train)
         if message.scalar("config", "evaluate_local", False):
-            local = evaluate_model(self.model, self.ctx.test, self.ctx.info)
-            personal = evaluate_model(self.model, self.ctx.global_test, self.ctx.info)
-            metrics |= {
-                "local_accuracy": local["accuracy"],
-                "local_count": local["count"],
-                "personal_test_accuracy": personal["accuracy"],
-            }
+            metrics |= local_report(self.ctx, self.model)
         return Message.build(
             "train",
             arrays={
@@ -414,7 +381,7 @@ class FedMDCGClient(ClientLogic):
         """The training split's class counts, or the code's: a floor (0 in round 0, else 1) + the cache's."""
         c = self.ctx.info.num_classes
         if self.options.label_counts == "data":
-            return torch.bincount(self.ctx.train.y, minlength=c).to(torch.int64)
+            return class_counts(self.ctx.train, c)
         counts = torch.full((c,), 0 if t == 0 else 1, dtype=torch.int64)
         for _, y in self.cache:
             counts += torch.bincount(y, minlength=c)
@@ -524,7 +491,7 @@ class FedMDCGServer(ServerLogic):
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         self.options = resolve_options(ctx.config, ctx.options)
-        model = decoupled_model(ctx.config, ctx.info)
+        model = decoupled_model(ctx.config, ctx.info, "FedMD-CG")
         self.classifier: nn.Module = model.classifier  # C_g; the extractor is dropped, never used
         self.generator = new_generator(ctx.config, ctx.info, self.options, model)  # G_g
         self.optimizer = torch.optim.Adam(
@@ -538,8 +505,7 @@ class FedMDCGServer(ServerLogic):
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
         config, options, info = self.ctx.config, self.options, self.ctx.info
-        chosen = sample_clients(fleet.clients, config.fraction, config.seed, round)
-        evaluate_local = round % config.eval_every == 0 or round == config.rounds
+        evaluate_local = evaluates_local(config, round)
         arrays: dict[str, dict[str, torch.Tensor]] = {}
         if self.distribution is not None:
             arrays = {
@@ -549,13 +515,7 @@ class FedMDCGServer(ServerLogic):
         request = Message.build(
             "train", arrays=arrays, scalars={"config": {"round": round, "evaluate_local": evaluate_local}}
         )
-        replies = list(
-            successful(
-                fleet.broadcast(request, chosen, timeout=config.timeout or None),
-                minimum=min(config.min_clients, len(chosen)),
-                what="classifiers, generators and label counts",
-            ).values()
-        )
+        replies = ask_sampled(fleet, request, config, round, "classifiers, generators and label counts")
         count_spec = {"class_counts": ArraySpec("int64", (info.num_classes,))}
         for reply in replies:
             expect_arrays(reply, "parameters", self.specs)
@@ -598,13 +558,7 @@ class FedMDCGServer(ServerLogic):
         rng = torch_generator(config.seed, "fedmdcg-server-probe", round)
         metrics["global_pair_accuracy"] = pair_accuracy(self.generator, self.classifier, counts, 512, rng)
         if evaluate_local:
-            local = [float(r.scalar("metrics", "local_accuracy")) for r in replies]
-            local_counts = [float(r.scalar("metrics", "local_count")) for r in replies]
-            personal = [float(r.scalar("metrics", "personal_test_accuracy")) for r in replies]
-            self.last_local = {
-                "local_accuracy": float(np.average(local, weights=local_counts)),
-                "personal_test_accuracy": float(np.mean(personal)),
-            }
+            self.last_local = summarise_local(replies)
             metrics |= self.last_local
         return metrics
 
@@ -644,7 +598,7 @@ def oracle_global_accuracy(
     """
     if not client_states:
         raise ConfigError("the global-accuracy oracle needs at least one client state")
-    decoupled_model(config, info)  # the model must split into extractor and classifier
+    decoupled_model(config, info, "FedMD-CG")  # the model must split into extractor and classifier
     weights = [float(s["num_samples"]) for s in client_states]
     return {ORACLE_METRIC: average_local_models(client_states, weights, config, info, test)}
 

@@ -18,7 +18,6 @@ to leave the clients, against what these methods promise; the in-process runner 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -34,18 +33,21 @@ from fedistill.algorithms.base import (
     clone_state,
     register,
 )
-from fedistill.algorithms.fedavg import sample_clients
 from fedistill.algorithms.oracle import average_local_models
-from fedistill.algorithms.training import (
-    LocalTraining,
-    average_states,
-    evaluate_model,
-    new_model,
-    train_local,
+from fedistill.algorithms.personalized import (
+    ask_sampled,
+    check_split,
+    evaluates_local,
+    local_report,
+    part_of,
+    prefixed,
+    summarise_local,
+    unprefixed,
 )
+from fedistill.algorithms.training import LocalTraining, average_states, new_model, train_local
 from fedistill.errors import ConfigError
 from fedistill.federation.client import ClientLogic, handles
-from fedistill.federation.fleet import Fleet, successful
+from fedistill.federation.fleet import Fleet
 from fedistill.federation.messages import Message, expect_arrays, state_specs
 from fedistill.models.base import EXTRACTOR_PREFIX
 from fedistill.seeding import torch_generator
@@ -58,21 +60,6 @@ class SharedPartOptions:
     def validate(self) -> None:
         if self.weighting not in ("samples", "uniform"):
             raise ConfigError(f"weighting must be 'samples' or 'uniform', got {self.weighting!r}")
-
-
-def part_of(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    """The entries of a state dict whose names start with `prefix` (one side of the model split)."""
-    return {name: value for name, value in state.items() if name.startswith(prefix)}
-
-
-def check_split(state: Mapping[str, torch.Tensor], prefix: str, model: str) -> None:
-    """Both sides of the split must be non-empty, else the method degenerates to FedAvg or Standalone."""
-    shared = part_of(state, prefix)
-    if not shared or len(shared) == len(state):
-        raise ConfigError(
-            f"model {model!r} has {len(shared)} of {len(state)} state entries under {prefix!r}; "
-            "partial sharing needs a model split into extractor.* and classifier.* parts"
-        )
 
 
 class SharedPartClient(ClientLogic):
@@ -99,13 +86,7 @@ class SharedPartClient(ClientLogic):
         metrics = train_local(self.model, self.ctx.train, self.ctx.info, self.training, generator)
         metrics["num_samples"] = len(self.ctx.train)
         if message.scalar("config", "evaluate_local", False):
-            local = evaluate_model(self.model, self.ctx.test, self.ctx.info)
-            personal = evaluate_model(self.model, self.ctx.global_test, self.ctx.info)
-            metrics |= {
-                "local_accuracy": local["accuracy"],
-                "local_count": local["count"],
-                "personal_test_accuracy": personal["accuracy"],
-            }
+            metrics |= local_report(self.ctx, self.model)
         return Message.build(
             "train", arrays={"parameters": self.shared_state()}, scalars={"metrics": metrics}
         )
@@ -133,40 +114,27 @@ class SharedPartServer(ServerLogic):
         self.last_local: dict[str, float] = {}
 
     def shared_state(self) -> dict[str, torch.Tensor]:
-        return {self.shared_prefix + name: value for name, value in self.part.state_dict().items()}
+        return prefixed(self.part.state_dict(), self.shared_prefix)
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
         config = self.ctx.config
-        chosen = sample_clients(fleet.clients, config.fraction, config.seed, round)
-        evaluate_local = round % config.eval_every == 0 or round == config.rounds
+        evaluate_local = evaluates_local(config, round)
         request = Message.build(
             "train",
             arrays={"parameters": self.shared_state()},
             scalars={"config": {"round": round, "evaluate_local": evaluate_local}},
         )
-        replies = list(
-            successful(
-                fleet.broadcast(request, chosen, timeout=config.timeout or None),
-                minimum=min(config.min_clients, len(chosen)),
-                what=f"trained {self.shared_prefix}* parameters",
-            ).values()
-        )
+        replies = ask_sampled(fleet, request, config, round, f"trained {self.shared_prefix}* parameters")
         for reply in replies:
             expect_arrays(reply, "parameters", self.specs)
         counts = [float(r.scalar("metrics", "num_samples")) for r in replies]
         weights = counts if self.options.weighting == "samples" else [1.0] * len(replies)
         average = average_states([r.tensors("parameters") for r in replies], weights)
-        self.part.load_state_dict({k.removeprefix(self.shared_prefix): v for k, v in average.items()})
+        self.part.load_state_dict(unprefixed(average, self.shared_prefix))
         losses = [float(r.scalar("metrics", "train_loss")) for r in replies]
         metrics = {"train_loss": float(np.average(losses, weights=counts)), "clients": len(replies)}
         if evaluate_local:
-            local = [float(r.scalar("metrics", "local_accuracy")) for r in replies]
-            local_counts = [float(r.scalar("metrics", "local_count")) for r in replies]
-            personal = [float(r.scalar("metrics", "personal_test_accuracy")) for r in replies]
-            self.last_local = {
-                "local_accuracy": float(np.average(local, weights=local_counts)),
-                "personal_test_accuracy": float(np.mean(personal)),
-            }
+            self.last_local = summarise_local(replies)
             metrics |= self.last_local
         return metrics
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +68,41 @@ def _prox_term(model: nn.Module, anchor: Mapping[str, torch.Tensor]) -> torch.Te
     return sum(((p - anchor[n]) ** 2).sum() for n, p in model.named_parameters())  # type: ignore[return-value]
 
 
+def local_batches(
+    data: ImageSet, info: DatasetInfo, spec: LocalTraining, generator: torch.Generator
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """One round's mini-batches: `spec.steps` of them if > 0, else `spec.epochs` epochs."""
+    if len(data) < 2:
+        raise FederationError(f"a client needs at least 2 training samples, this one has {len(data)}")
+    drop_last = len(data) > spec.batch_size  # never a final batch of 1 under BatchNorm
+    steps, epoch = 0, 0
+    while True:
+        for x, y in batches(
+            data,
+            info,
+            spec.batch_size,
+            shuffle=True,
+            generator=generator,
+            augment=spec.augment,
+            drop_last=drop_last,
+        ):
+            yield x, y
+            steps += 1
+            if 0 < spec.steps <= steps:
+                return
+        epoch += 1
+        if spec.steps <= 0 and epoch >= spec.epochs:
+            return
+
+
+def check_finite(loss: torch.Tensor, what: str, step: int) -> None:
+    """A clear error when a training loss is NaN or infinite."""
+    if not math.isfinite(loss.item()):
+        raise FederationError(
+            f"{what} diverged: loss is {loss.item()} at step {step} (lower the learning rate)"
+        )
+
+
 def train_local(
     model: nn.Module,
     data: ImageSet,
@@ -79,42 +114,21 @@ def train_local(
     prox_mu: float = 0.0,
 ) -> dict[str, float]:
     """Train `model` in place on `data`; FedProx's proximal term when `prox_mu` > 0."""
-    if len(data) < 2:
-        raise FederationError(f"a client needs at least 2 training samples, this one has {len(data)}")
     optimizer = optimizer or spec.make_optimizer(model.parameters())
     anchor = {n: p.detach().clone() for n, p in model.named_parameters()} if prox_mu > 0 else None
-    drop_last = len(data) > spec.batch_size  # never a final batch of 1 under BatchNorm
     model.train()
     total, count, steps = 0.0, 0, 0
-    target_steps = spec.steps if spec.steps > 0 else None
-    epoch = 0
-    while True:
-        for x, y in batches(
-            data,
-            info,
-            spec.batch_size,
-            shuffle=True,
-            generator=generator,
-            augment=spec.augment,
-            drop_last=drop_last,
-        ):
-            loss = F.cross_entropy(model(x), y)
-            objective = loss if anchor is None else loss + 0.5 * prox_mu * _prox_term(model, anchor)
-            if not math.isfinite(loss.item()):
-                raise FederationError(
-                    f"local training diverged: loss is {loss.item()} at step {steps} (lower lr)"
-                )
-            optimizer.zero_grad(set_to_none=True)
-            objective.backward()
-            optimizer.step()
-            total += loss.item() * len(y)
-            count += len(y)
-            steps += 1
-            if target_steps is not None and steps >= target_steps:
-                return {"train_loss": total / count, "steps": steps}
-        epoch += 1
-        if target_steps is None and epoch >= spec.epochs:
-            return {"train_loss": total / count, "steps": steps}
+    for x, y in local_batches(data, info, spec, generator):
+        loss = F.cross_entropy(model(x), y)
+        objective = loss if anchor is None else loss + 0.5 * prox_mu * _prox_term(model, anchor)
+        check_finite(loss, "local training", steps)
+        optimizer.zero_grad(set_to_none=True)
+        objective.backward()
+        optimizer.step()
+        total += loss.item() * len(y)
+        count += len(y)
+        steps += 1
+    return {"train_loss": total / count, "steps": steps}
 
 
 @torch.no_grad()

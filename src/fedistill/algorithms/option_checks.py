@@ -1,0 +1,45 @@
+"""Checks for an algorithm's options: each error names the option (``section.key``), its value and what
+it must be, so an options class's ``validate`` reads as a list of rules."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from fedistill.errors import ConfigError
+
+
+def check_choices(section: str, options: object, choices: Mapping[str, Sequence[str]]) -> None:
+    """Each option named in `choices` must be one of the values listed for it."""
+    for key, valid in choices.items():
+        if getattr(options, key) not in valid:
+            raise ConfigError(
+                f"{section}.{key} must be one of {', '.join(valid)}; got {getattr(options, key)!r}"
+            )
+
+
+def check_nonnegative(section: str, options: object, keys: str) -> None:
+    """Each of the space-separated option `keys` must be a finite number >= 0."""
+    for key in keys.split():
+        value = getattr(options, key)
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{section}.{key} must be a finite number >= 0, got {value!r}")
+
+
+def check_positive(section: str, options: object, keys: str) -> None:
+    """Each of the space-separated option `keys` must be > 0."""
+    for key in keys.split():
+        value = getattr(options, key)
+        if not value > 0:
+            raise ConfigError(f"{section}.{key} must be > 0, got {value!r}")
+
+
+def parse_widths(key: str, text: str) -> tuple[int, ...]:
+    """'512,256' -> (512, 256); a ConfigError naming `key` for anything else."""
+    try:
+        widths = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(f"{key} must be comma-separated positive integers, got {text!r}") from None
+    if not widths or any(w <= 0 for w in widths):
+        raise ConfigError(f"{key} must be comma-separated positive integers, got {text!r}")
+    return widths

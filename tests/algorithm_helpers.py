@@ -1,0 +1,95 @@
+"""Helpers for the end-to-end tests of the partial-sharing methods (FedPer, LG-FedAvg, FedGen, FedCG,
+FedMD-CG): a small non-IID setting, one client built as the runner builds it, a suite run that notes the
+array names of every message the ledger records, and the crash-and-resume check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from fedistill.algorithms.base import ServerLogic, get_algorithm
+from fedistill.experiment.config import RunConfig, options_for
+from fedistill.experiment.rundir import read_jsonl
+from fedistill.experiment.runner import client_contexts, prepare_data, resume_suite, run_suite
+from fedistill.federation.client import ClientLogic
+from fedistill.federation.fleet import Fleet, Reply
+from fedistill.federation.ledger import DOWN, UP
+from fedistill.federation.messages import Message
+
+#: Five clients on a Dirichlet(0.5) split of the embedded digits: small, quick and clearly non-IID.
+SMALL_NON_IID = {"clients": 5, "alpha": 0.5, "batch_size": 32, "seed": 0}
+
+
+def make_client(config: RunConfig, algorithm: str, k: int = 0) -> ClientLogic:
+    """Client `k` of `algorithm`, built from its private data as the runner builds it."""
+    method = get_algorithm(algorithm)
+    options = options_for(config, algorithm, method.options)
+    return method.client(client_contexts(config, method, options, prepare_data(config))[k])
+
+
+class Sent(NamedTuple):
+    """One message as the ledger records it, by array names."""
+
+    direction: str  # UP (client -> server) or DOWN
+    round: int
+    type: str
+    arrays: dict[str, set[str]]  # content kind -> array names
+
+
+def run_recording(config: RunConfig, out: Path) -> tuple[dict[str, dict], dict[str, list[Sent]]]:
+    """Run a suite, noting every message the ledger records; returns the summaries and the messages,
+    both by algorithm."""
+    seen: dict[str, list[Sent]] = {}
+    request, reply = Fleet.record_request, Fleet.record_reply
+
+    def note(fleet: Fleet, direction: str, message: Message | None) -> None:
+        if message is not None:
+            arrays = {kind: set(named) for kind, named in message.arrays.items()}
+            sent = Sent(direction, fleet.round, message.type, arrays)
+            seen.setdefault(fleet.ledger.path.parent.name, []).append(sent)
+
+    def record_request(self: Fleet, client: int, message: Message, step: int | None) -> None:
+        note(self, DOWN, message)
+        request(self, client, message, step)
+
+    def record_reply(self: Fleet, answer: Reply, request_type: str, step: int | None) -> None:
+        note(self, UP, answer.message)
+        reply(self, answer, request_type, step)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Fleet, "record_request", record_request)
+        patch.setattr(Fleet, "record_reply", record_reply)
+        summaries = run_suite(config, out, progress=False)
+    return {s["algorithm"]: s for s in summaries}, seen
+
+
+def _strip_times(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if not k.endswith("_s")} for row in rows]
+
+
+def check_resume_after_crash(
+    config: RunConfig, server: type[ServerLogic], out: Path, crash_round: int = 3
+) -> Path:
+    """Run `config` (one algorithm) once through, and once crashing in `crash_round` then resuming from
+    the checkpoint: the final metrics and every metrics row (timings aside) must be the same.
+    Returns the resumed run's directory."""
+    (algorithm,) = config.algorithms
+    reference = run_suite(config, out / "ref", progress=False)[0]
+    run_round = server.run_round
+
+    def crash(self: ServerLogic, fleet: Fleet, round: int) -> dict[str, float]:
+        if round == crash_round:
+            raise RuntimeError("simulated crash")
+        return run_round(self, fleet, round)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(server, "run_round", crash)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            run_suite(config, out / "crashed", progress=False)
+    resumed = resume_suite(out / "crashed", progress=False)[0]
+    assert resumed["final"] == reference["final"]
+    got = _strip_times(read_jsonl(out / "crashed" / algorithm / "metrics.jsonl"))
+    assert got == _strip_times(read_jsonl(out / "ref" / algorithm / "metrics.jsonl"))
+    return out / "crashed" / algorithm
