@@ -76,6 +76,7 @@ def summarise(cells: list[dict]) -> dict:
         "final_mean": statistics.fmean(finals),
         "final_std": statistics.stdev(finals) if len(finals) > 1 else 0.0,
         "best_mean": statistics.fmean(c["best"] for c in cells),
+        "last5_mean": statistics.fmean(c["last5"] for c in cells),
         "rounds_to_target": [c["rounds_to_target"] for c in cells],
         "seeds": [c["seed"] for c in cells],
     }
@@ -88,6 +89,7 @@ def measure(folder: Path, algorithm: str, target: float, seed: int) -> dict:
         "seed": seed,
         "final": 100 * summary["final"]["test_accuracy"],
         "best": max(acc for _, acc in points),
+        "last5": statistics.fmean(acc for _, acc in points[-5:]),  # steadier than one round's value
         "rounds_to_target": rounds_to(points, target),
         "wall_time_s": summary["wall_time_s"],
         "curve": points,
@@ -173,17 +175,41 @@ def write(args: argparse.Namespace, rows: list[dict]) -> None:
         "(Adam 1e-3, cosine, early stopping on the server's validation split). Test accuracy in %; "
         "rounds to target: the first round whose test accuracy reaches the target (one value per seed).",
         "",
-        "| dataset | alpha | method | final (mean ± std) | best | target | rounds to target | seeds |",
-        "|---|---|---|---|---|---|---|---|",
+        "| dataset | alpha | method | final (mean ± std) | mean of last 5 rounds | best | target "
+        "| rounds to target | seeds |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['dataset']} | {r['alpha']:g} | {r['method']} | {r['final_mean']:.2f} ± {r['final_std']:.2f} "
-            f"| {r['best_mean']:.2f} | {r['target']:g} | {fmt_rounds(r['rounds_to_target'], args.rounds)} "
+            f"| {r.get('last5_mean', float('nan')):.2f} | {r['best_mean']:.2f} | {r['target']:g} | {fmt_rounds(r['rounds_to_target'], args.rounds)} "
             f"| {len(r['seeds'])} |"
         )
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    plot_curves(rows, RESULTS / f"{stem}.png")
     print("\n".join(lines))
+
+
+def plot_curves(rows: list[dict], path: Path) -> None:
+    """Test accuracy per round, one panel per (dataset, alpha), one line per method (first seed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = sorted({(r["dataset"], r["alpha"]) for r in rows})
+    fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells), 3.6), squeeze=False)
+    for ax, (dataset, alpha) in zip(axes[0], cells, strict=True):
+        for r in rows:
+            if (r["dataset"], r["alpha"]) == (dataset, alpha):
+                rounds, acc = zip(*r["runs"][0]["curve"], strict=True)
+                ax.plot(rounds, acc, label=r["method"])
+        ax.set(title=f"{dataset}, alpha {alpha:g}", xlabel="round", ylabel="test accuracy %")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
