@@ -140,11 +140,14 @@ def test_flwr_run_local_simulation_matches_inprocess(tmp_path, reference_root, r
     report(request, started, flwr_run_s=round(run_s, 1), **facts)
 
 
-def _deployed_run(tmp_path: Path, tls: bool, overrides: dict[str, Any], timeout: float) -> tuple[Path, float]:
+def _deployed_run(
+    tmp_path: Path, tls: bool, overrides: dict[str, Any], timeout: float, *, worker: bool = False
+) -> tuple[Path, float]:
     runs = tmp_path / "runs"
     name = f"deploy-{'tls' if tls else 'insecure'}-{overrides['algorithm']}"
     algorithm_dir = runs / name / overrides["algorithm"]
-    with deployment(tmp_path, 2, tls) as dep:
+    node_config = (lambda i: {"worker": True}) if worker else None
+    with deployment(tmp_path, 2, tls, node_config=node_config) as dep:
         if tls:
             _assert_tls(dep.address, dep.certificates["ca"])
         run_s = dep.flwr_run(
@@ -199,6 +202,18 @@ def test_deployment_fediod_matches_inprocess(tmp_path, reference_root, request):
     started = time.monotonic()
     run, run_s = _deployed_run(tmp_path, False, FEDIOD, timeout=480)
     facts = compare(run, reference_run(FEDIOD, reference_root), tol=1e-5)
+    report(request, started, flwr_run_s=round(run_s, 1), **facts)
+
+
+@pytest.mark.timeout(600)
+def test_deployment_with_node_workers_matches_inprocess(tmp_path, reference_root, request):
+    """worker=true: every message goes through one long-lived worker per node; same results, and the
+    deployment harness ends the workers with the nodes (no process left behind)."""
+    started = time.monotonic()
+    run, run_s = _deployed_run(tmp_path, False, FEDIOD, timeout=480, worker=True)
+    facts = compare(run, reference_run(FEDIOD, reference_root), tol=1e-5)
+    logs = sorted((tmp_path / "deployment").parent.rglob("worker.log"))
+    assert len(logs) == 2 and all(log.read_text().count("listening on") == 1 for log in logs)
     report(request, started, flwr_run_s=round(run_s, 1), **facts)
 
 

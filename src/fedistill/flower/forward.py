@@ -6,12 +6,13 @@ imports torch and the algorithms and answers the message itself (`apps.client_ap
 `worker=true` it imports Flower and the standard library only and hands the message to the node's
 worker (worker.py), which keeps the client logic in memory; the first message starts the worker and
 it exits after `worker-idle-s` (default 900) without a message. The node's state directory (node
-config `state-dir`) holds the worker's socket, key and log.
+config `state-dir`) holds the worker's key and log; its socket is in the temp folder.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import secrets
@@ -68,8 +69,15 @@ def _key(folder: Path) -> bytes:
     return path.read_bytes()
 
 
+def socket_path(folder: Path) -> Path:
+    """The worker's socket: a short path in the temp folder, named after the node's folder, since Unix
+    socket paths are limited to about 100 bytes and state folders can be deeper than that."""
+    digest = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:20]
+    return Path(tempfile.gettempdir()) / f"fedistill-worker-{digest}.sock"
+
+
 def _connect(folder: Path, key: bytes):
-    return Client(str(folder / "worker.sock"), family="AF_UNIX", authkey=key)
+    return Client(str(socket_path(folder)), family="AF_UNIX", authkey=key)
 
 
 def connect_or_start(folder: Path, idle_s: float) -> Any:
@@ -84,7 +92,7 @@ def connect_or_start(folder: Path, idle_s: float) -> Any:
             pass
         with open(folder / "worker.log", "ab") as log:
             subprocess.Popen(
-                [sys.executable, "-m", "fedistill.flower.worker", "--socket", str(folder / "worker.sock"),
+                [sys.executable, "-m", "fedistill.flower.worker", "--socket", str(socket_path(folder)),
                  "--key-file", str(folder / "worker.key"), "--idle-s", str(idle_s)],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip

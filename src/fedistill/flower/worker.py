@@ -12,7 +12,7 @@ one reloads the state exactly as an ephemeral ClientApp would.
 The socket carries raw bytes: a length-prefixed JSON header and Flower's own protobuf encoding of
 the RecordDict (no pickle). Connections are authenticated with a per-node key file (mode 0600).
 
-    python -m fedistill.flower.worker --socket DIR/worker.sock --key-file DIR/worker.key [--idle-s 900]
+    python -m fedistill.flower.worker --socket PATH.sock --key-file DIR/worker.key [--idle-s 900]
 """
 
 from __future__ import annotations
