@@ -52,7 +52,7 @@ def describe(run: Path, transport: str, label: str, wall_s: float, per: int) -> 
     }
 
 
-def cli_run(overrides: dict, transport: str, root: Path, data_dir: str) -> float:
+def cli_run(overrides: dict, transport: str, root: Path, data_dir: str, threads: int) -> float:
     """One run through `fedistill run` (in-process or simulation), in its own process."""
     command = [sys.executable, "-m", "fedistill.cli", "run", "--quiet", "--transport", CLI_TRANSPORT[transport],
                "--data-dir", data_dir, "--out", str(root), "--name", overrides["name"]]  # fmt: skip
@@ -60,6 +60,8 @@ def cli_run(overrides: dict, transport: str, root: Path, data_dir: str) -> float
         command += [f"--{key}", str(overrides[key])]
     for item in overrides.get("set", "").split():
         command += ["--set", item]
+    if transport == "inprocess":  # the thread count of a simulation node, so the arithmetic is the same
+        command += ["--set", f"threads={threads}"]
     started = time.monotonic()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return time.monotonic() - started
@@ -78,6 +80,7 @@ def main() -> None:
     parser.add_argument("--fediod-iters", type=int, default=2)
     parser.add_argument("--variants", default="merged", help="FedIOD variants: merged,separate")
     parser.add_argument("--transports", default="inprocess,simulation,deployment,worker")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads in-process (a node uses 1)")
     args = parser.parse_args()
     base = {"dataset": args.dataset, "model": args.model, "clients": args.nodes}
     fediod_set = (f"fediod.teacher_epochs=1 fediod.iters_per_epoch={args.fediod_iters} "
@@ -94,7 +97,9 @@ def main() -> None:
         for transport in [t for t in transports if t in CLI_TRANSPORT]:
             for i, (label, overrides, per) in enumerate(runs):
                 name = f"{transport}-{i}"
-                wall = cli_run({**overrides, "name": name}, transport, root / "runs", args.data_dir)
+                wall = cli_run(
+                    {**overrides, "name": name}, transport, root / "runs", args.data_dir, args.threads
+                )
                 rows.append(
                     describe(root / "runs" / name / overrides["algorithm"], transport, label, wall, per)
                 )
