@@ -93,3 +93,22 @@ def check_resume_after_crash(
     got = _strip_times(read_jsonl(out / "crashed" / algorithm / "metrics.jsonl"))
     assert got == _strip_times(read_jsonl(out / "ref" / algorithm / "metrics.jsonl"))
     return out / "crashed" / algorithm
+
+
+#: The smallest FedIOD run that exercises every message type (3 clients, 2 epochs of 2 G-steps).
+TINY_FEDIOD = {
+    "clients": 3,
+    "alpha": 1.0,
+    "model": "lenet-fedmdcg",
+    "rounds": 2,
+    "batch_size": 32,
+    "fediod": {
+        "teacher_epochs": 2,
+        "iters_per_epoch": 2,
+        "synthetic_batch_size": 16,
+        "student_steps": 2,
+        "generator_width": 8,
+        "discriminator_width": 8,
+        "latent_dim": 16,
+    },
+}

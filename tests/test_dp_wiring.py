@@ -11,6 +11,7 @@ import torch
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
+from algorithm_helpers import TINY_FEDIOD
 from fedistill.algorithms.base import ServerContext, StopRun
 from fedistill.algorithms.fedavg import FedAvgClient, FedAvgOptions
 from fedistill.algorithms.feddf import FedDFClient, FedDFOptions
@@ -26,23 +27,7 @@ from fedistill.federation.messages import Message
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha")  # sigma ~ 0 probes
 
-TINY = {
-    "clients": 3,
-    "alpha": 1.0,
-    "model": "lenet-fedmdcg",
-    "rounds": 2,
-    "batch_size": 32,
-    "fediod": {
-        "teacher_epochs": 2,
-        "iters_per_epoch": 2,
-        "synthetic_batch_size": 16,
-        "student_steps": 2,
-        "generator_width": 8,
-        "discriminator_width": 8,
-        "latent_dim": 16,
-        "dp_enabled": True,
-    },
-}
+TINY = {**TINY_FEDIOD, "fediod": {**TINY_FEDIOD["fediod"], "dp_enabled": True}}
 B = TINY["fediod"]["synthetic_batch_size"]
 STEPS = TINY["fediod"]["iters_per_epoch"] * TINY["rounds"]
 

@@ -6,6 +6,7 @@ import copy
 import pytest
 import torch
 
+from algorithm_helpers import TINY_FEDIOD
 from fedistill.algorithms import fediod_losses as L
 from fedistill.algorithms.base import ServerContext
 from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
@@ -15,22 +16,7 @@ from fedistill.experiment.runner import client_contexts, get_algorithm, prepare_
 from fedistill.federation.inprocess import InProcessFleet
 from fedistill.federation.ledger import UP, Ledger, read_ledger
 
-TINY = {
-    "clients": 3,
-    "alpha": 1.0,
-    "model": "lenet-fedmdcg",
-    "rounds": 2,
-    "batch_size": 32,
-    "fediod": {
-        "teacher_epochs": 2,
-        "iters_per_epoch": 2,
-        "synthetic_batch_size": 16,
-        "student_steps": 2,
-        "generator_width": 8,
-        "discriminator_width": 8,
-        "latent_dim": 16,
-    },
-}
+TINY = TINY_FEDIOD
 
 
 def _config(**fediod) -> RunConfig:

@@ -24,13 +24,11 @@ from fedistill.errors import FederationError
 from fedistill.experiment.config import RunConfig, build_config, parse_assignment
 from fedistill.federation.messages import Message, check_on_receipt
 from fedistill.flower.codec import from_records, header_of, to_records
+from fedistill.flower.forward import CLIENT_ERROR
 from fedistill.flower.grid_fleet import HELLO
 from fedistill.flower.node import node_for, partition_of
 
 log = logging.getLogger(__name__)
-
-#: Flower's error code for an exception inside a ClientApp.
-CLIENT_ERROR = 2
 
 
 def config_from_run_config(run_config: dict[str, Any]) -> RunConfig:

@@ -31,8 +31,8 @@ from flwr.clientapp import ClientApp
 from flwr.common import serde
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-VERSIONS = "fedistill.versions"  # the node's state versions, as in node.py
-CLIENT_ERROR = 2  # Flower's error code for an exception inside a ClientApp, as in apps.py
+VERSIONS = "fedistill.versions"  # the node's state versions in `context.state` (node.py)
+CLIENT_ERROR = 2  # Flower's error code for an exception inside a ClientApp
 START_TIMEOUT_S = 120.0
 _HEADER = struct.Struct("!I")
 

@@ -24,8 +24,7 @@ from fedistill.errors import ConfigError
 from fedistill.experiment.checkpoint import load_state, save_state
 from fedistill.experiment.config import RunConfig, for_algorithm, options_for
 from fedistill.federation.client import ClientLogic
-
-VERSIONS = "fedistill.versions"
+from fedistill.flower.forward import VERSIONS
 
 
 @dataclass
