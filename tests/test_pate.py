@@ -13,6 +13,7 @@ from opacus.accountants.analysis.rdp import get_privacy_spent
 
 from fedistill.privacy.pate import (
     DEFAULT_ORDERS,
+    calibrate_sigma,
     confident_gnmax,
     confident_gnmax_rdp,
     gnmax_aggregate,
@@ -248,3 +249,22 @@ def test_epsilon_uses_opacus_conversion() -> None:
     assert eps == pytest.approx(direct, rel=1e-12)
     with pytest.raises(ValueError, match="orders"):
         rdp_to_epsilon(rdp[:3], 1e-5)
+
+
+def test_calibrated_gnmax_noise_spends_the_target_and_no_more() -> None:
+    votes = np.array([[7, 2, 1], [4, 3, 3], [10, 0, 0], [5, 5, 0]] * 25)
+
+    def epsilon_of(sigma: float) -> float:
+        return rdp_to_epsilon(gnmax_rdp(votes, sigma), 1e-5)[0]
+
+    sigma = calibrate_sigma(epsilon_of, 6.0)
+    assert epsilon_of(sigma) <= 6.0
+    assert epsilon_of(sigma * 0.999) > 6.0  # the smallest such noise, to the bisection's precision
+    # Data-independent check at the same noise: 100 queries of lambda / sigma^2 each, converted.
+    independent = rdp_to_epsilon(len(votes) * DEFAULT_ORDERS / sigma**2, 1e-5)[0]
+    assert independent >= epsilon_of(sigma) - 1e-9
+
+
+def test_calibration_refuses_an_unreachable_budget() -> None:
+    with pytest.raises(ValueError, match="out of reach"):
+        calibrate_sigma(lambda sigma: 10.0, 6.0)

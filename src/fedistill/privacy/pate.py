@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -41,6 +42,7 @@ from scipy.special import log_ndtr, logsumexp
 
 __all__ = [
     "DEFAULT_ORDERS",
+    "calibrate_sigma",
     "confident_gnmax",
     "confident_gnmax_rdp",
     "gnmax_aggregate",
@@ -281,3 +283,43 @@ def rdp_to_epsilon(rdp: ArrayLike, delta: float, orders: ArrayLike | None = None
         warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
         epsilon, order = get_privacy_spent(orders=lam, rdp=curve, delta=delta)
     return max(float(epsilon), 0.0), float(order)
+
+
+def calibrate_sigma(
+    epsilon_of: Callable[[float], float],
+    target_epsilon: float,
+    low: float = 0.05,
+    high: float = 1e5,
+    iterations: int = 60,
+) -> float:
+    """The smallest noise in ``[low, high]`` whose ``epsilon_of(sigma)`` is at most `target_epsilon`.
+
+    Bisection on ``log sigma``; `epsilon_of` is any epsilon-versus-noise curve, e.g. GNMax's
+    ``lambda s: rdp_to_epsilon(gnmax_rdp(votes, s), delta)[0]``, which falls as the noise grows. The
+    answer errs on the safe side (its epsilon never exceeds the target). Raises `ValueError` when even
+    `high` spends more than the target (for Confident-GNMax: the threshold checks alone).
+    """
+    if not (math.isfinite(target_epsilon) and target_epsilon > 0):
+        raise ValueError(f"target epsilon must be a finite number > 0, got {target_epsilon!r}")
+    with warnings.catch_warnings():
+        # The search probes extreme noise levels, where the best Rényi order sits at either end of
+        # the range; that says nothing about the answer.
+        warnings.filterwarnings("ignore", message="Optimal order is the")
+        return _bisect_sigma(epsilon_of, target_epsilon, low, high, iterations)
+
+
+def _bisect_sigma(
+    epsilon_of: Callable[[float], float], target_epsilon: float, low: float, high: float, iterations: int
+) -> float:
+    if epsilon_of(high) > target_epsilon:
+        raise ValueError(f"epsilon {target_epsilon:g} is out of reach even with sigma {high:g}")
+    if epsilon_of(low) <= target_epsilon:
+        return low
+    log_low, log_high = math.log(low), math.log(high)
+    for _ in range(iterations):
+        mid = (log_low + log_high) / 2
+        if epsilon_of(math.exp(mid)) > target_epsilon:
+            log_low = mid
+        else:
+            log_high = mid
+    return math.exp(log_high)
