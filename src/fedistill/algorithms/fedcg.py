@@ -79,6 +79,7 @@ from fedistill.algorithms.personalized import (
     load_pair,
     local_report,
     pair_state,
+    private_start,
     summarise_local,
     unprefixed,
 )
@@ -357,6 +358,7 @@ class FedCGClient(ClientLogic):
         self.ctx = ctx
         self.options: FedCGOptions = ctx.options
         self.model = decoupled_model(ctx.config, ctx.info, "FedCG")
+        private_start(self.model, ctx, CLASSIFIER_PREFIX)  # F_k never leaves the client
         self.generator = build_generator(
             ctx.config, ctx.info, self.model, **generator_options(self.options, ctx.info)
         )

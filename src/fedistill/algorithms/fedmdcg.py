@@ -57,6 +57,7 @@ from fedistill.algorithms.personalized import (
     load_pair,
     local_report,
     pair_state,
+    private_start,
     summarise_local,
 )
 from fedistill.algorithms.training import LocalTraining
@@ -67,7 +68,7 @@ from fedistill.experiment.config import RunConfig
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.fleet import Fleet
 from fedistill.federation.messages import ArraySpec, Message, expect_arrays, state_specs
-from fedistill.models.base import Classifier
+from fedistill.models.base import CLASSIFIER_PREFIX, Classifier
 from fedistill.models.feature_generator import FeatureGenerator, feature_generator_for
 from fedistill.seeding import seeded, torch_generator
 
@@ -220,6 +221,7 @@ class FedMDCGClient(ClientLogic):
         self.ctx = ctx
         self.options = resolve_options(ctx.config, ctx.options)
         self.model = decoupled_model(ctx.config, ctx.info, "FedMD-CG")
+        private_start(self.model, ctx, CLASSIFIER_PREFIX)  # F_i never leaves the client
         self.generator = new_generator(ctx.config, ctx.info, self.options, self.model)  # G_i
         self.received = _frozen(new_generator(ctx.config, ctx.info, self.options, self.model))  # Ĝ
         self.training = LocalTraining.from_config(ctx.config, ctx.info)

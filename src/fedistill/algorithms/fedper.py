@@ -41,6 +41,7 @@ from fedistill.algorithms.personalized import (
     local_report,
     part_of,
     prefixed,
+    private_start,
     summarise_local,
     unprefixed,
 )
@@ -71,6 +72,7 @@ class SharedPartClient(ClientLogic):
         self.ctx = ctx
         self.model = new_model(ctx.config, ctx.info)
         check_split(self.model.state_dict(), self.shared_prefix, ctx.config.model)
+        private_start(self.model, ctx, self.shared_prefix)
         self.specs = state_specs(self.shared_state())
         self.training = LocalTraining.from_config(ctx.config, ctx.info)
 

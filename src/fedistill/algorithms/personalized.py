@@ -5,6 +5,10 @@ FedPer and LG-FedAvg (fedper.py, lgfedavg.py), FedGen (fedgen.py), FedCG (fedcg.
 prefix (``extractor.*``, ``classifier.*``, ``generator.*``). Here are the pieces they share:
 
 - selecting and renaming those parts, and the checks that a model splits into them;
+- where the private part starts (`private_start`): from the run seed like every other site, as in the
+  papers' code, or (``private_init = "client"``) from a seed of the client's own, so that a server
+  that knows the run seed cannot rebuild it in the first round (gradient inversion of the shared
+  part's update then has no known private part to go through);
 - the class counts a client reports (ledger kind ``label-statistics``);
 - the round's request to the sampled clients;
 - the personal models' metrics. ``local_accuracy`` is FedMD-CG's "local test accuracy": each client's
@@ -30,6 +34,8 @@ from fedistill.experiment.config import RunConfig
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import Message
 from fedistill.models.base import CLASSIFIER_PREFIX, Classifier
+from fedistill.models.registry import build_model
+from fedistill.seeding import seeded
 
 #: Parameter names of a generator inside a "parameters" record, next to the model's own names.
 GENERATOR_PREFIX = "generator."
@@ -72,6 +78,26 @@ def check_split(state: Mapping[str, torch.Tensor], prefix: str, model: str) -> N
             f"model {model!r} has {len(shared)} of {len(state)} state entries under {prefix!r}; "
             "partial sharing needs a model split into extractor.* and classifier.* parts"
         )
+
+
+def private_start(model: nn.Module, ctx: ClientContext, shared_prefix: str) -> None:
+    """With ``private_init = "client"``, re-draw every entry outside `shared_prefix` from a per-client seed.
+
+    The model is built as `new_model` builds it, under a seed derived from the run seed *and* the
+    client id, so the private part is as reproducible as before but differs between sites and from
+    anything the server builds.
+    """
+    if ctx.config.private_init != "client":
+        return
+    config = ctx.config
+
+    def build() -> nn.Module:
+        norm, groups = config.norm, config.group_norm_groups
+        return build_model(config.model, ctx.info, norm=norm, group_norm_groups=groups)
+
+    fresh = seeded(config.seed, build, "private-init", ctx.client_id).state_dict()
+    state = model.state_dict()
+    model.load_state_dict({k: v if k.startswith(shared_prefix) else fresh[k] for k, v in state.items()})
 
 
 def decoupled_model(config: RunConfig, info: DatasetInfo, method: str) -> Classifier:

@@ -30,6 +30,7 @@ class RunConfig:
     model: str = "resnet8"
     norm: str = "batch"  # batch | group | none
     group_norm_groups: int = 2
+    private_init: str = "shared"  # shared | client: where the part a method keeps private starts
     clients: int = 10
     partition: str = "dirichlet"
     alpha: float = 0.5
@@ -162,6 +163,7 @@ def validate(config: RunConfig) -> None:
         (config.max_message_mb > 0, "max_message_mb must be > 0"),
         (config.augment in ("auto", "on", "off"), "augment must be auto, on or off"),
         (config.val_mode in ("random", "tail"), "val_mode must be random or tail"),
+        (config.private_init in ("shared", "client"), "private_init must be shared or client"),
         (config.optimizer in ("sgd", "adam"), "optimizer must be sgd or adam"),
         (config.transport in ("inprocess", "flower"), "transport must be inprocess or flower"),
         (bool(config.algorithms), "algorithm must name at least one algorithm"),
