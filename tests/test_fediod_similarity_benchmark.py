@@ -1,0 +1,91 @@
+"""A fast check of the FedIOD similarity benchmark (the paper's Figure 4) on a tiny FedIOD run on the embedded
+8x8 digits: the run's private sets are rebuilt whole, the report has one finite entry per client with its
+DLG row, and copies of private images count as memorised."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from algorithm_helpers import TINY_FEDIOD
+from fedistill.experiment.config import RunConfig, build_config
+from fedistill.experiment.runner import run_suite
+from fedistill.metrics.similarity import similarity_to_private
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "fediod_similarity", ROOT / "benchmarks" / "fediod_similarity.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fediod_similarity"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    layer = copy.deepcopy(TINY_FEDIOD)
+    layer["fediod"].update(teacher_epochs=1, iters_per_epoch=1)  # only its files are needed, not a good G
+    config = build_config(RunConfig(), layer, {"algorithm": "fediod", "rounds": 1})
+    out = tmp_path_factory.mktemp("suite")
+    run_suite(config, out, progress=False)
+    return out / "fediod"
+
+
+def _finite(report: dict, skip: tuple[str, ...] = ()) -> bool:
+    return all(math.isfinite(v) for k, v in report.items() if k not in skip)
+
+
+def test_report_has_one_finite_entry_per_client_with_its_dlg_row(bench, tiny_run, tmp_path) -> None:
+    argv = ["--run", str(tiny_run), "--synthetic", "64", "--dlg-images", "1", "--dlg-iterations", "5",
+            "--feature-epochs", "1", "--out", str(tmp_path)]  # fmt: skip
+    assert bench.main(argv) == 0
+    data = json.loads((tmp_path / "fediod_similarity_digits.json").read_text())
+    (entry,) = data["runs"]
+    assert entry["synthetic"] == entry["held_out"] == 64
+    assert [r["client"] for r in entry["results"]] == [0, 1, 2]
+    for row in entry["results"]:
+        assert row["fediod"]["synthetic"] == 64 and _finite(row["fediod"])
+        dlg = row["dlg"]
+        assert dlg["images"] == 1 and math.isfinite(dlg["psnr_mean"])
+        assert dlg["gradient_check_max"] < 1e-5  # the captured update is exactly lr x the image's gradient
+        # one reconstruction: FID is undefined (written as null), everything else is a number
+        similarity = dlg["similarity"]
+        assert similarity["fid"] is None and similarity["fid_held_out_same_n"] is None
+        assert similarity["memorised_pixel"] in (0.0, 1.0)
+        assert _finite(similarity, skip=("fid", "fid_held_out_same_n"))
+    text = (tmp_path / "fediod_similarity_digits.md").read_text()
+    assert "not comparable to the Inception-based FIDs" in text and "DLG" in text
+    assert (tmp_path / "fediod_similarity_digits.png").stat().st_size > 0
+
+
+def test_private_sets_are_every_training_image_a_client_holds(bench, tiny_run) -> None:
+    run = bench.load_run(tiny_run, "data")
+    sizes = [len(run.private(k)) for k in range(run.config.clients)]
+    split = run.data.split
+    assert sizes == [len(t) + len(v) for t, v in zip(split.client_train, split.client_val, strict=True)]
+    assert sum(sizes) == len(run.data.dataset.train)  # train shards and local validation shards cover it
+    synthetic = bench.sample_synthetic(run, 20, "batch")
+    assert synthetic.shape == (20, 1, 8, 8) and 0 <= float(synthetic.min()) <= float(synthetic.max()) <= 1
+    assert bench.sample_synthetic(run, 20, "batch").equal(synthetic)  # seeded by the run
+
+
+def test_copies_of_private_images_are_memorised(bench, tiny_run) -> None:
+    run = bench.load_run(tiny_run, "data")
+    reference = bench.reference_for(run.data.dataset.test, run.info, 1, 0)
+    private = run.private(0)
+    report = similarity_to_private(private, private, reference.held_out, reference.features)
+    assert report.pixel_nn_mean_synthetic == 0.0
+    assert report.memorised_pixel == report.memorised_feature == 1.0
+    assert report.memorised_pixel_held_out <= 0.05 + 1e-9
