@@ -176,7 +176,7 @@ def main() -> None:
             rows.append(gnmax_row(args, subset, plurality, target, rng, student_accuracy))
             if args.confident:
                 rows.append(confident_row(args, subset, plurality, target, rng, student_accuracy))
-            print(f"  {rows[-1]['row']}: {100 * rows[-1]['test_accuracy']:.2f}%", flush=True)
+            print(f"  {rows[-1]['row']}: {percent(rows[-1]['test_accuracy'])}%", flush=True)
     write(args, config, queries, rows, time.perf_counter() - started)
 
 
@@ -223,7 +223,7 @@ def confident_row(
     try:
         sigma2 = pate.calibrate_sigma(epsilon_of, target)
     except ValueError:  # the threshold checks alone spend more than the target
-        return {"row": row + ": out of reach (the threshold checks alone exceed it)", "test_accuracy": 0.0}
+        return {"row": row + ": out of reach (the threshold checks alone exceed it)", "test_accuracy": None}
     labels = pate.gnmax_aggregate(queries.votes[answered], sigma2, rng)
     x = queries.x[torch.as_tensor(answered)]
     return {
@@ -234,8 +234,12 @@ def confident_row(
         "epsilon_data_dependent": epsilon_of(sigma2),
         "answered": int(answered.sum()),
         "label_agreement": float((labels == plurality[answered]).mean()) if len(labels) else None,
-        "test_accuracy": accuracy(x, torch.as_tensor(labels)) if len(labels) else 0.0,
+        "test_accuracy": accuracy(x, torch.as_tensor(labels)) if len(labels) else None,
     }
+
+
+def percent(accuracy: float | None) -> float | None:
+    return None if accuracy is None else 100 * accuracy
 
 
 def write(
@@ -266,7 +270,7 @@ def write(
         *[
             f"| {r['row']} | {cell(r.get('sigma'), '.3g')} | {cell(r.get('epsilon_data_dependent'), '.2f')} "
             f"| {cell(r.get('epsilon_data_independent'), '.3g')} | {cell(r.get('answered'), 'd')} "
-            f"| {cell(r.get('label_agreement'), '.3f')} | {100 * r['test_accuracy']:.2f} |"
+            f"| {cell(r.get('label_agreement'), '.3f')} | {cell(percent(r['test_accuracy']), '.2f')} |"
             for r in rows
         ],
     ]  # fmt: skip
