@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -186,8 +187,23 @@ def write(args: argparse.Namespace, rows: list[dict]) -> None:
             f"| {len(r['seeds'])} |"
         )
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    plot_curves(rows, RESULTS / f"{stem}.png")
+    plot_curves(rows + (main_table_references(rows) if args.ablation else []), RESULTS / f"{stem}.png")
     print("\n".join(lines))
+
+
+def main_table_references(rows: list[dict]) -> list[dict]:
+    """The main table's FedAvg and FedDF (other-dataset source) curves of the ablation's cells, to plot
+    the ablation against."""
+    path = RESULTS / "feddf_classification.json"
+    if not path.is_file():
+        return []
+    cells = {(r["dataset"], r["alpha"]) for r in rows}
+    labels = {"fedavg": "fedavg (main table)", "feddf": "feddf[dataset:other] (main table)"}
+    return [
+        {**r, "method": labels[r["method"]]}
+        for r in json.loads(path.read_text())["rows"]
+        if (r["dataset"], r["alpha"]) in cells and r["method"] in labels
+    ]
 
 
 def plot_curves(rows: list[dict], path: Path) -> None:
@@ -203,7 +219,8 @@ def plot_curves(rows: list[dict], path: Path) -> None:
         for r in rows:
             if (r["dataset"], r["alpha"]) == (dataset, alpha):
                 rounds, acc = zip(*r["runs"][0]["curve"], strict=True)
-                ax.plot(rounds, acc, label=r["method"])
+                label = re.sub(r"\[generator:.*\]", "[generator]", r["method"])  # a long path otherwise
+                ax.plot(rounds, acc, label=label, linestyle="--" if "main table" in label else "-")
         ax.set(title=f"{dataset}, alpha {alpha:g}", xlabel="round", ylabel="test accuracy %")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
