@@ -24,3 +24,14 @@ def shared_data() -> Path:
     if not (SHARED_DATA / "mnist" / "train-images-idx3-ubyte.gz").is_file():
         pytest.skip(f"MNIST files not found under {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _model_registry_per_module():
+    """Models a test module registers (e.g. the attack benchmark's variants) do not leak into others."""
+    from fedistill.models import registry
+
+    before = dict(registry._MODELS)
+    yield
+    registry._MODELS.clear()
+    registry._MODELS.update(before)
