@@ -246,6 +246,8 @@ def write(
     args: argparse.Namespace, config: Any, queries: Queries, rows: list[dict[str, Any]], seconds: float
 ) -> None:
     command = " ".join(["python benchmarks/fediod_pate.py", *sys.argv[1:]])
+    run = Path(args.run).resolve()
+    shown = run.relative_to(HERE.parent) if run.is_relative_to(HERE.parent) else run
     consensus = queries.votes.max(1) / queries.votes.sum(1)
 
     def cell(value: Any, fmt: str) -> str:
@@ -256,7 +258,7 @@ def write(
         "",
         f"Command: `{command}` ({seconds:.0f} s)",
         "",
-        f"Run: `{args.run}`. {len(queries.x)} samples of its generator; each of the {config.clients} clients' "
+        f"Run: `{shown}`. {len(queries.x)} samples of its generator; each of the {config.clients} clients' "
         f"teachers votes on each (mean share of the plurality {consensus.mean():.2f}; all agree on "
         f"{(consensus == 1).mean():.0%}). A fresh `{config.model}` student learns from the released labels "
         f"alone ({args.student_steps} Adam steps at 1e-3, batch 64) and is tested on the test split.",
@@ -277,7 +279,7 @@ def write(
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / f"fediod_pate_{config.dataset}"
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    payload = {"command": command, "run": args.run, "seconds": seconds, "rows": rows}
+    payload = {"command": command, "run": str(shown), "seconds": seconds, "rows": rows}
     stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     print("\n".join(lines))
 

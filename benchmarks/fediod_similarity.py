@@ -670,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
                 "test_accuracy": reference.test_accuracy,
             },
             "runs": measured,
-            "plot": str(stem.with_suffix(".png")),
+            "plot": stem.with_suffix(".png").name,
             "seconds": time.perf_counter() - started,
             "machine": f"{platform.machine()} CPU, {args.threads} thread(s), torch {torch.__version__}",
         }

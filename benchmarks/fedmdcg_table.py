@@ -144,7 +144,9 @@ def measured(run_dir: Path) -> dict[str, Any]:
         "global": None if global_acc is None else 100 * global_acc,
         "global_source": source,
         "wall_time_s": summary["wall_time_s"],
-        "run_dir": str(run_dir),
+        "run_dir": str(run_dir.resolve().relative_to(ROOT))
+        if run_dir.resolve().is_relative_to(ROOT)
+        else str(run_dir),
     }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -89,7 +90,7 @@ def main() -> None:
                         "paper_global": paper_global,
                         "wall_time_s": summary["wall_time_s"],
                         "peak_memory_mb": summary["peak_memory_mb"],
-                        "run_dir": str(out / folder / algorithm),
+                        "run_dir": os.path.relpath(out / folder / algorithm, HERE.parent),
                     }
                 )
     demo_dir = out / "default-main-job"
