@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -137,10 +138,27 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    try:
+        args.epsilons = [float(e) for e in args.epsilons.split(",")]
+        args.query_counts = sorted({int(v) for v in args.query_counts.split(",")}, reverse=True)
+        args.confident = tuple(float(v) for v in args.confident.split(",")) if args.confident else ()
+    except ValueError as exc:
+        parser.error(f"--epsilons, --query-counts and --confident take comma-separated numbers ({exc})")
+    if (
+        len(args.confident) not in (0, 2)
+        or min(args.query_counts) < 1
+        or max(args.query_counts) > args.queries
+    ):
+        parser.error("--confident takes T,SIGMA1; --query-counts must lie in [1, --queries]")
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
 
     run = Path(args.run)
+    for need in ("config.toml", "summary.json", "models/generator.safetensors"):
+        if not (run / need).is_file():
+            sys.exit(
+                f"{run} is not a finished FedIOD run directory ({need} is missing); pass --run RUN/fediod"
+            )
     config = read_config(run / "config.toml")
     config = dataclasses.replace(config, data_dir=args.data_dir)
     data = prepare_data(config)
@@ -163,7 +181,7 @@ def main() -> None:
             "test_accuracy": student_accuracy(queries.x, queries.mean_logits, soft=True),
         },
     ]
-    for n in sorted({int(v) for v in args.query_counts.split(",")}, reverse=True):
+    for n in args.query_counts:
         subset = Queries(queries.x[:n], queries.votes[:n], queries.mean_logits[:n])
         plurality = subset.votes.argmax(1)
         rows.append({
@@ -172,7 +190,7 @@ def main() -> None:
             "answered": n,
             "test_accuracy": student_accuracy(subset.x, torch.as_tensor(plurality)),
         })  # fmt: skip
-        for target in [float(e) for e in args.epsilons.split(",")]:
+        for target in args.epsilons:
             rows.append(gnmax_row(args, subset, plurality, target, rng, student_accuracy))
             if args.confident:
                 rows.append(confident_row(args, subset, plurality, target, rng, student_accuracy))
@@ -208,7 +226,7 @@ def confident_row(
     args: argparse.Namespace, queries: Queries, plurality: np.ndarray, target: float, rng: Any, accuracy: Any
 ) -> dict[str, Any]:
     """Confident-GNMax at `target`: the threshold check's noise is fixed, the answer noise calibrated."""
-    threshold, sigma1 = (float(v) for v in args.confident.split(","))
+    threshold, sigma1 = args.confident
     answered, _ = pate.confident_gnmax(
         queries.votes, threshold, sigma1, 1.0, np.random.default_rng(args.seed)
     )
@@ -246,8 +264,7 @@ def write(
     args: argparse.Namespace, config: Any, queries: Queries, rows: list[dict[str, Any]], seconds: float
 ) -> None:
     command = " ".join(["python benchmarks/fediod_pate.py", *sys.argv[1:]])
-    run = Path(args.run).resolve()
-    shown = run.relative_to(HERE.parent) if run.is_relative_to(HERE.parent) else run
+    shown = os.path.relpath(args.run, HERE.parent)
     consensus = queries.votes.max(1) / queries.votes.sum(1)
 
     def cell(value: Any, fmt: str) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -144,9 +145,7 @@ def measured(run_dir: Path) -> dict[str, Any]:
         "global": None if global_acc is None else 100 * global_acc,
         "global_source": source,
         "wall_time_s": summary["wall_time_s"],
-        "run_dir": str(run_dir.resolve().relative_to(ROOT))
-        if run_dir.resolve().is_relative_to(ROOT)
-        else str(run_dir),
+        "run_dir": os.path.relpath(run_dir, ROOT),
     }
 
 

@@ -74,7 +74,6 @@ import os
 import platform
 import sys
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,10 +98,9 @@ from fedistill.federation.ledger import Ledger
 from fedistill.federation.messages import Message
 from fedistill.metrics.image_quality import best_match_psnr, save_image_grid, ssim
 from fedistill.models import build_model
-from fedistill.models.base import Classifier, output_dim
+from fedistill.models.base import Classifier
 from fedistill.models.discriminator import build_discriminator
-from fedistill.models.lenet import fedmdcg_widths
-from fedistill.models.norm import make_norm2d
+from fedistill.models.lenet import LeNetFedMDCG
 from fedistill.models.registry import model_names, register_model
 from fedistill.privacy.attacks import AttackResult, dlg_attack, idlg_attack, update_to_gradient
 from fedistill.seeding import seeded
@@ -141,23 +139,7 @@ VARIANTS = {
 
 def _lenet_variant(info: DatasetInfo, norm: str, groups: int, *, pool: bool) -> Classifier:
     """FedMD-CG's LeNet (see fedistill.models.lenet) with Sigmoid activations, with or without max-pool."""
-    c1, c2, hidden = fedmdcg_widths(info.name)
-    layers: OrderedDict[str, nn.Module] = OrderedDict()
-    in_channels = info.channels
-    for i, width in enumerate((c1, c2), start=1):
-        layers[f"conv{i}"] = nn.Conv2d(in_channels, width, 3, stride=2, padding=1)
-        layers[f"norm{i}"] = make_norm2d(norm, width, groups=groups)
-        layers[f"sigmoid{i}"] = nn.Sigmoid()
-        if pool:
-            layers[f"pool{i}"] = nn.MaxPool2d(2, ceil_mode=True)
-        in_channels = width
-    layers["flatten"] = nn.Flatten(1)
-    extractor = nn.Sequential(layers)
-    feature_dim = output_dim(extractor, info)
-    classifier = nn.Sequential(
-        OrderedDict(fc1=nn.Linear(feature_dim, hidden), fc2=nn.Linear(hidden, info.num_classes))
-    )
-    return Classifier(extractor, classifier, feature_dim=feature_dim, num_classes=info.num_classes)
+    return LeNetFedMDCG(info, norm, groups, activation="sigmoid", pool=pool)
 
 
 def register_variants() -> None:

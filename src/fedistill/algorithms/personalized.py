@@ -19,6 +19,7 @@ prefix (``extractor.*``, ``classifier.*``, ``generator.*``). Here are the pieces
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import numpy as np
@@ -34,8 +35,7 @@ from fedistill.experiment.config import RunConfig
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import Message
 from fedistill.models.base import CLASSIFIER_PREFIX, Classifier
-from fedistill.models.registry import build_model
-from fedistill.seeding import seeded
+from fedistill.seeding import derive_seed
 
 #: Parameter names of a generator inside a "parameters" record, next to the model's own names.
 GENERATOR_PREFIX = "generator."
@@ -83,19 +83,14 @@ def check_split(state: Mapping[str, torch.Tensor], prefix: str, model: str) -> N
 def private_start(model: nn.Module, ctx: ClientContext, shared_prefix: str) -> None:
     """With ``private_init = "client"``, re-draw every entry outside `shared_prefix` from a per-client seed.
 
-    The model is built as `new_model` builds it, under a seed derived from the run seed *and* the
-    client id, so the private part is as reproducible as before but differs between sites and from
-    anything the server builds.
+    The model comes from `new_model` under a seed derived from the run seed *and* the client id, so
+    the private part is as reproducible as before but differs between sites and from anything the
+    server builds.
     """
     if ctx.config.private_init != "client":
         return
-    config = ctx.config
-
-    def build() -> nn.Module:
-        norm, groups = config.norm, config.group_norm_groups
-        return build_model(config.model, ctx.info, norm=norm, group_norm_groups=groups)
-
-    fresh = seeded(config.seed, build, "private-init", ctx.client_id).state_dict()
+    seed = derive_seed(ctx.config.seed, "private-init", ctx.client_id)
+    fresh = new_model(dataclasses.replace(ctx.config, seed=seed), ctx.info).state_dict()
     state = model.state_dict()
     model.load_state_dict({k: v if k.startswith(shared_prefix) else fresh[k] for k, v in state.items()})
 

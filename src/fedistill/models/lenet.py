@@ -34,15 +34,29 @@ class LeNetFedMDCG(Classifier):
     it gives the released code's 2×2 maps (28→14→7→4→2, 32→16→8→4→2).
     """
 
-    def __init__(self, info: DatasetInfo, norm: str = "batch", groups: int = 2):
+    def __init__(
+        self,
+        info: DatasetInfo,
+        norm: str = "batch",
+        groups: int = 2,
+        *,
+        activation: str = "relu",
+        pool: bool = True,
+    ):
+        """`activation` ("relu" or "sigmoid") and `pool` give the variants gradient-inversion attacks
+        are studied on (DLG's Sigmoid LeNet without pooling); neither changes the state dict."""
+        activations = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid}
+        if activation not in activations:
+            raise ValueError(f"activation must be one of {sorted(activations)}, got {activation!r}")
         c1, c2, hidden = fedmdcg_widths(info.name)
         layers: OrderedDict[str, nn.Module] = OrderedDict()
         in_channels = info.channels
         for i, width in enumerate((c1, c2), start=1):
             layers[f"conv{i}"] = nn.Conv2d(in_channels, width, 3, stride=2, padding=1)
             layers[f"norm{i}"] = make_norm2d(norm, width, groups=groups)
-            layers[f"relu{i}"] = nn.ReLU()
-            layers[f"pool{i}"] = nn.MaxPool2d(2, ceil_mode=True)
+            layers[f"{activation}{i}"] = activations[activation]()
+            if pool:
+                layers[f"pool{i}"] = nn.MaxPool2d(2, ceil_mode=True)
             in_channels = width
         layers["flatten"] = nn.Flatten(1)
         extractor = nn.Sequential(layers)
