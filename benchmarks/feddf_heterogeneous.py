@@ -13,21 +13,17 @@ Writes benchmarks/results/feddf_heterogeneous.{md,json}.
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, add_seed_and_out, benchmark_parser, cell_name, run_fedistill
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--data-dir", default=str(HERE.parents[1] / "shared" / "data"))
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--dataset", default="digits")
     parser.add_argument("--groups", default="lenet-fedmdcg,mlp,resnet8")
     parser.add_argument("--clients", type=int, default=15)
@@ -37,8 +33,7 @@ def main() -> None:
     parser.add_argument("--local-epochs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--source", default="dataset:fashion-mnist")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(HERE / "runs"))
+    add_seed_and_out(parser)
     parser.add_argument("--reuse", action="store_true")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="FedDF run only")
     args = parser.parse_args()
@@ -55,20 +50,19 @@ def main() -> None:
             if distill
             else "fedavg"
         )
-        name = f"feddf-heterogeneous-{args.dataset}-alpha{args.alpha:g}-seed{args.seed}-{kind}"
-        summary_path = Path(args.out) / name / "feddf" / "summary.json"
-        if not (args.reuse and summary_path.is_file()):
-            subprocess.run(
-                [sys.executable, "-m", "fedistill.cli", "run", "--quiet", "--algorithm", "feddf",
-                 "--dataset", args.dataset, "--data-dir", args.data_dir, "--clients", str(args.clients),
-                 "--alpha", f"{args.alpha:g}", "--model", groups[0], "--rounds", str(args.rounds),
-                 "--local-epochs", str(args.local_epochs), "--seed", str(args.seed), "--out", args.out,
-                 "--name", name, "--set", f"fraction={args.fraction}", "--set", f"feddf.groups={args.groups}",
-                 "--set", f"feddf.distill={str(distill).lower()}", "--set", f"feddf.steps={args.steps}",
-                 "--set", f"feddf.source={args.source}", *[x for a in (args.set if distill else []) for x in ("--set", a)]],
-                check=True,
-            )  # fmt: skip
-        summary = json.loads(summary_path.read_text())
+        sets = [f"fraction={args.fraction}", f"feddf.groups={args.groups}", f"feddf.distill={str(distill).lower()}",
+                f"feddf.steps={args.steps}", f"feddf.source={args.source}", *(args.set if distill else [])]  # fmt: skip
+        summary = run_fedistill(
+            "feddf",
+            args,
+            name=f"feddf-heterogeneous-{cell_name(args)}-{kind}",
+            alpha=f"{args.alpha:g}",
+            model=groups[0],
+            rounds=args.rounds,
+            out=args.out,
+            sets=sets,
+            extra=["--local-epochs", str(args.local_epochs)],
+        )
         final = summary["final"]
         rows.append({
             "method": label,

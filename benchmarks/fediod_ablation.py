@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, add_fediod_run_options, cell_name, fediod_budget_sets, fediod_parser, run_fediod
 
 #: (row name, the switches that turn one component off) — Table 6's columns.
 ROWS = [
@@ -33,38 +33,15 @@ ROWS = [
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--data-dir", default=str(HERE.parents[1] / "shared" / "data"))
-    parser.add_argument("--dataset", default="fashion-mnist")
-    parser.add_argument("--alpha", type=float, default=0.1)
-    parser.add_argument("--clients", type=int, default=10)
+    parser = fediod_parser(__doc__)
     parser.add_argument("--model", default="lenet5")
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--iters", type=int, default=60)
-    parser.add_argument("--teacher-epochs", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(HERE / "runs"))
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--reuse", action="store_true", help="keep finished runs of the same name")
+    add_fediod_run_options(parser, reuse_help="keep finished runs of the same name")
     args = parser.parse_args()
-    out = Path(args.out)
     results = []
     for index, (name, switches) in enumerate(ROWS):
-        cell = f"{args.dataset}-alpha{args.alpha:g}-seed{args.seed}"
+        cell = cell_name(args)
         run = f"fediod-{cell}" if not switches else f"ablation-{cell}-{index}"
-        sets = [*args.set, f"fediod.teacher_epochs={args.teacher_epochs}", f"fediod.iters_per_epoch={args.iters}",
-                *switches]  # fmt: skip
-        command = [sys.executable, "-m", "fedistill.cli", "run", "--quiet", "--algorithm", "fediod",
-                   "--dataset", args.dataset, "--data-dir", args.data_dir, "--clients", str(args.clients),
-                   "--alpha", str(args.alpha), "--model", args.model, "--rounds", str(args.epochs),
-                   "--seed", str(args.seed), "--out", str(out), "--name", run,
-                   *[x for s in sets for x in ("--set", s)]]  # fmt: skip
-        done = (out / run / "fediod" / "summary.json").is_file()
-        if not (args.reuse and done):
-            subprocess.run(command, check=True)
-        summary = json.loads((out / run / "fediod" / "summary.json").read_text())
+        summary = run_fediod(args, run, args.model, [*args.set, *fediod_budget_sets(args), *switches])
         final = summary["final"]
         results.append({"row": name, "switches": switches, "run": run, "test_accuracy": final["test_accuracy"],
                         "ensemble_accuracy": final["ensemble_accuracy"],

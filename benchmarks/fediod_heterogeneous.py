@@ -11,47 +11,26 @@ Writes benchmarks/results/fediod_heterogeneous.{md,json}.
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, add_fediod_run_options, cell_name, fediod_budget_sets, fediod_parser, run_fediod
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--data-dir", default=str(HERE.parents[1] / "shared" / "data"))
-    parser.add_argument("--dataset", default="fashion-mnist")
-    parser.add_argument("--alpha", type=float, default=0.1)
-    parser.add_argument("--clients", type=int, default=10)
+    parser = fediod_parser(__doc__)
     parser.add_argument("--teachers", default="resnet8,lenet5", help="comma list, cycled over the clients")
     parser.add_argument("--student", default="resnet8")
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--iters", type=int, default=60)
-    parser.add_argument("--teacher-epochs", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(HERE / "runs"))
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--reuse", action="store_true", help="keep a finished run of the same name")
+    add_fediod_run_options(parser, reuse_help="keep a finished run of the same name")
     parser.add_argument("--tag", default="", help="suffix of the run name, to keep variants apart")
     args = parser.parse_args()
-    out = Path(args.out)
-    run = f"heterogeneous-{args.dataset}-alpha{args.alpha:g}-seed{args.seed}{'-' + args.tag if args.tag else ''}"
+    run = f"heterogeneous-{cell_name(args)}{'-' + args.tag if args.tag else ''}"
     sets = [*args.set, f"fediod.teachers={args.teachers}", f"fediod.student={args.student}",
-            f"fediod.teacher_epochs={args.teacher_epochs}", f"fediod.iters_per_epoch={args.iters}"]  # fmt: skip
-    summary_path = out / run / "fediod" / "summary.json"
-    if not (args.reuse and summary_path.is_file()):
-        subprocess.run([sys.executable, "-m", "fedistill.cli", "run", "--quiet", "--algorithm", "fediod",
-                        "--dataset", args.dataset, "--data-dir", args.data_dir, "--clients", str(args.clients),
-                        "--alpha", str(args.alpha), "--model", args.student, "--rounds", str(args.epochs),
-                        "--seed", str(args.seed), "--out", str(out), "--name", run,
-                        *[x for s in sets for x in ("--set", s)]], check=True)  # fmt: skip
-    summary = json.loads(summary_path.read_text())
+            *fediod_budget_sets(args)]  # fmt: skip
+    summary = run_fediod(args, run, args.student, sets)
     final = summary["final"]
     row = {
         "dataset": args.dataset,

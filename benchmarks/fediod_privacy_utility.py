@@ -16,53 +16,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, add_fediod_run_options, cell_name, fediod_budget_sets, fediod_parser, run_fediod
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--data-dir", default=str(HERE.parents[1] / "shared" / "data"))
-    parser.add_argument("--dataset", default="fashion-mnist")
-    parser.add_argument("--alpha", type=float, default=0.1)
-    parser.add_argument("--clients", type=int, default=10)
+    parser = fediod_parser(__doc__)
     parser.add_argument("--model", default="lenet5")
     parser.add_argument("--epsilons", default="3.5,6.0,7.7,10.0")
     parser.add_argument("--delta", type=float, default=1e-5)
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--iters", type=int, default=60)
-    parser.add_argument("--teacher-epochs", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(HERE / "runs"))
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--reuse", action="store_true", help="keep finished runs of the same name")
+    add_fediod_run_options(parser, reuse_help="keep finished runs of the same name")
     args = parser.parse_args()
-    out = Path(args.out)
     rows = [("no DP", None)] + [(f"epsilon {float(e):g}", float(e)) for e in args.epsilons.split(",")]
     results = []
     for label, epsilon in rows:
-        cell = f"{args.dataset}-alpha{args.alpha:g}-seed{args.seed}"
-        run = f"privacy-{cell}-" + ("nodp" if epsilon is None else f"eps{epsilon:g}")
+        run = f"privacy-{cell_name(args)}-" + ("nodp" if epsilon is None else f"eps{epsilon:g}")
         dp = [] if epsilon is None else ["fediod.dp_enabled=true", f"fediod.dp_target_epsilon={epsilon}",
                                          f"fediod.dp_delta={args.delta}"]  # fmt: skip
-        sets = [*args.set, f"fediod.teacher_epochs={args.teacher_epochs}", f"fediod.iters_per_epoch={args.iters}",
-                *dp]  # fmt: skip
-        if not (args.reuse and (out / run / "fediod" / "summary.json").is_file()):
-            subprocess.run(
-                [sys.executable, "-m", "fedistill.cli", "run", "--quiet", "--algorithm", "fediod",
-                 "--dataset", args.dataset, "--data-dir", args.data_dir, "--clients", str(args.clients),
-                 "--alpha", str(args.alpha), "--model", args.model, "--rounds", str(args.epochs),
-                 "--seed", str(args.seed), "--out", str(out), "--name", run,
-                 *[x for s in sets for x in ("--set", s)]],
-                check=True,
-            )  # fmt: skip
-        summary = json.loads((out / run / "fediod" / "summary.json").read_text())
+        summary = run_fediod(args, run, args.model, [*args.set, *fediod_budget_sets(args), *dp])
         final = summary["final"]
         results.append({
             "row": label,

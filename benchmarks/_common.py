@@ -1,0 +1,99 @@
+"""What the benchmark scripts that launch `fedistill run` processes share.
+
+Each benchmark row is one `fedistill run` process, and the scripts agree on where data, runs and
+results live, on the run names of a cell, and on `--reuse` (keep a run that has already written its
+summary). Keeping that here means the scripts differ only in their rows and their report tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+
+def benchmark_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A parser whose help is the script's docstring as written (its usage lines keep their layout)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", default=str(HERE.parents[1] / "shared" / "data"))
+    return parser
+
+
+def fediod_parser(doc: str | None) -> argparse.ArgumentParser:
+    """`benchmark_parser` with the data and partition options every FedIOD benchmark starts with."""
+    parser = benchmark_parser(doc)
+    parser.add_argument("--dataset", default="fashion-mnist")
+    parser.add_argument("--alpha", type=float, default=0.1)
+    parser.add_argument("--clients", type=int, default=10)
+    return parser
+
+
+def add_fediod_run_options(parser: argparse.ArgumentParser, reuse_help: str) -> None:
+    """The FedIOD budget (epochs, D-steps, teacher epochs), seed, run folder, `--set` and `--reuse`."""
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--iters", type=int, default=60)
+    parser.add_argument("--teacher-epochs", type=int, default=10)
+    add_seed_and_out(parser)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--reuse", action="store_true", help=reuse_help)
+
+
+def add_seed_and_out(parser: argparse.ArgumentParser) -> None:
+    """The seed and the folder the runs go to (benchmarks/runs unless told)."""
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(HERE / "runs"))
+
+
+def cell_name(args: argparse.Namespace) -> str:
+    """`<dataset>-alpha<alpha>-seed<seed>`: the part of a run name that says which cell it measures."""
+    return f"{args.dataset}-alpha{args.alpha:g}-seed{args.seed}"
+
+
+def fediod_budget_sets(args: argparse.Namespace) -> list[str]:
+    """The `--set` assignments that give a FedIOD run the budget asked for on the command line."""
+    return [f"fediod.teacher_epochs={args.teacher_epochs}", f"fediod.iters_per_epoch={args.iters}"]
+
+
+def run_fedistill(
+    algorithm: str,
+    args: argparse.Namespace,
+    *,
+    name: str,
+    alpha: str,
+    model: str,
+    rounds: int,
+    out: str | Path,
+    sets: Sequence[str],
+    extra: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Run `fedistill run` as its own process, unless `--reuse` finds it finished; return its summary.
+
+    `args` gives the dataset, data folder, clients, seed and `--reuse`; `alpha` comes as the text to
+    pass, `extra` are options that go after `--rounds`, and `sets` become `--set` options.
+    """
+    summary_path = Path(out) / name / algorithm / "summary.json"
+    if not (args.reuse and summary_path.is_file()):
+        subprocess.run(
+            [sys.executable, "-m", "fedistill.cli", "run", "--quiet", "--algorithm", algorithm,
+             "--dataset", args.dataset, "--data-dir", args.data_dir, "--clients", str(args.clients),
+             "--alpha", alpha, "--model", model, "--rounds", str(rounds), *extra,
+             "--seed", str(args.seed), "--out", str(out), "--name", name,
+             *[x for s in sets for x in ("--set", s)]],
+            check=True,
+        )  # fmt: skip
+    return json.loads(summary_path.read_text())
+
+
+def run_fediod(args: argparse.Namespace, name: str, model: str, sets: Sequence[str]) -> dict[str, Any]:
+    """`run_fedistill` for a FedIOD row: `--epochs` distillation epochs, runs under `--out`."""
+    out = Path(args.out)
+    return run_fedistill(
+        "fediod", args, name=name, alpha=str(args.alpha), model=model, rounds=args.epochs, out=out, sets=sets
+    )
