@@ -5,6 +5,7 @@ paper's protocol, and have its paper value and tolerance in configs/expected.tom
 numbers in its comment header). The reduced row runs the FedMD-CG omega = 1 config on a small
 Fashion-MNIST subset with fewer rounds and steps, next to Local Training on the same partition."""
 
+import importlib.util
 import re
 import tomllib
 from pathlib import Path
@@ -18,10 +19,11 @@ from fedistill.data.base import LoadedDataset
 from fedistill.data.registry import load_dataset
 from fedistill.errors import ConfigError
 from fedistill.experiment import runner
-from fedistill.experiment.config import RunConfig, build_config, load_toml, options_for
+from fedistill.experiment.config import RunConfig, build_config, load_toml, options_for, parse_assignment
 from fedistill.experiment.rundir import read_jsonl
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
 TABLE = sorted((CONFIGS / "fedmdcg-table").glob("*.toml"))
 HEADER = re.compile(r"paper: local ([\d.]+) ± ([\d.]+) % / global ([\d.]+) ± ([\d.]+) %")
 
@@ -112,3 +114,24 @@ def test_reduced_fedmdcg_row_beats_local_training_on_fashion_mnist(shared_data, 
         "label-statistics",
         "metrics",
     }
+
+
+def test_every_fedmdcg_variant_is_a_valid_override_of_the_table_config():
+    """benchmarks/fedmdcg_variants.py runs the table's FedMD-CG config with `--set` overrides: each must
+    parse as the CLI parses it and name a real FedMD-CG option, or a variant would silently be the
+    paper's run under another name."""
+    spec = importlib.util.spec_from_file_location(
+        "fedmdcg_variants", ROOT / "benchmarks" / "fedmdcg_variants.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    table = load_toml(CONFIGS / "fedmdcg-table" / "fashion-mnist-fedmdcg-omega1.toml")
+    paper = options_for(build_config(RunConfig(), table), "fedmdcg", get_algorithm("fedmdcg").options)
+    assert module.VARIANTS["paper"] == []
+    for name, sets in module.VARIANTS.items():
+        layer = dict(parse_assignment(item) for item in sets)
+        config = build_config(RunConfig(), table, layer)
+        options = options_for(config, "fedmdcg", get_algorithm("fedmdcg").options)
+        assert (options != paper) == (name != "paper"), name
+    assert module.run_name("mnist", "fedmdcg", 0.1, 2) == "mnist-fedmdcg-omega0.1-seed2-rounds100"
+    assert module.run_name("mnist", "fedmdcg", 1.0, 0, "no-ramp").endswith("rounds100-no-ramp")
