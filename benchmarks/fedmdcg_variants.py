@@ -33,6 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _common import benchmark_parser
 from fedmdcg_table import LABELS, ROOT, config_key, fedistill
 
 HERE = Path(__file__).resolve().parent
@@ -140,10 +141,7 @@ def plot(rows: list[dict[str, Any]], path: Path, dataset: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--dataset", default="fashion-mnist")
     parser.add_argument("--omegas", default="1,10")
     parser.add_argument("--variants", default="paper,official-code,no-server-kd")
