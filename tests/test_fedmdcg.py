@@ -197,6 +197,32 @@ def test_crossed_distillation_follows_the_client_that_holds_each_class():
         assert all(torch.equal(module.state_dict()[k], v) for k, v in state.items())
 
 
+def test_server_weight_decay_outweighs_a_near_converged_distillation_and_shrinks_the_head():
+    """Why FedMD-CG's clients start each round from a shrunken classifier (benchmarks/fedmdcg_variants.py).
+
+    The server's Adam (lr 3e-4, weight decay 1e-4: the code's) adds the decay to the gradient. When the
+    local pairs agree with the global one, the distillation gradient is ~0 and the decay alone steers
+    Adam's normalised steps: every head weight moves about lr per step towards 0, 50 steps a round. The
+    same run without weight decay leaves the head (almost) where it is."""
+    weights = [[0.05, -0.04], [0.03, 0.06]]  # the scale of a trained fc layer's weights
+
+    def shrink(weight_decay: float) -> torch.Tensor:
+        g0, c0 = _pair([[0.0, 1.0, 0.3], [0.0, 0.0, -0.5]], weights)
+        generator, head = _pair([[0.0, 1.0, 0.3], [0.0, 0.0, -0.5]], weights)  # agrees with its client
+        optimizer = torch.optim.Adam(
+            [*generator.parameters(), *head.parameters()], lr=3e-4, weight_decay=weight_decay
+        )
+        crossed_distillation_steps(
+            generator, head, [g0], [c0], torch.tensor([[5, 5]]), optimizer, steps=50, batch_size=32,
+            rng=torch.Generator().manual_seed(0),
+        )  # fmt: skip
+        return torch.tensor(weights).abs() - head.weight.detach().abs()
+
+    decayed, kept = shrink(1e-4), shrink(0.0)
+    assert decayed.min() > 0.4 * 50 * 3e-4, decayed  # 0.0075-0.015 of weights of 0.03-0.06: 20-30 %
+    assert kept.abs().max() < 0.1 * decayed.min(), kept  # without the decay the head barely moves
+
+
 def test_official_code_preset_switches_the_codes_bugs_on():
     paper = resolve_options(_config(), FedMDCGOptions())
     assert (paper.noise, paper.clear_cache, paper.dedup_label_sum, paper.softmax_bug) == (
