@@ -4,8 +4,8 @@ Every method of the paper on Fashion-MNIST (FedAvg, Local Training, FedPer, LG-F
 FedMD-CG) at omega in {10, 1, 0.1}, and FedAvg and FedMD-CG on MNIST, which stands in for the paper's
 EMNIST-digits column (the `emnist-digits` configs are that column itself, when its files are at hand).
 Each cell runs its config from configs/fedmdcg-table/ (K = 10, balanced Dirichlet `dirichlet-equal`,
-100 rounds of 20 local SGD steps of 64 at lr 0.05, the code's "Lenet") as its own `fedistill run`
-process, next to the paper's value from configs/expected.toml.
+100 rounds of 20 local SGD steps of 64 at lr 0.05, FedGen at its own 0.01, the code's "Lenet") as its
+own `fedistill run` process, next to the paper's value from configs/expected.toml.
 
     python benchmarks/fedmdcg_table.py --datasets fashion-mnist,mnist --omegas 10,1,0.1 \\
         --methods fedavg,standalone,fedper,lgfedavg,fedgen,fedcg,fedmdcg --seeds 0 --rounds 100 --reuse
@@ -183,7 +183,8 @@ def write_results(dataset: str, rows: list[dict[str, Any]], args: argparse.Names
         f"Command: `{command}` (each cell a separate `fedistill run` process).",
         "",
         "Protocol (configs/fedmdcg-table/): K = 10, balanced equal-size Dirichlet (`dirichlet-equal`), "
-        f"{args.rounds} rounds of 20 local SGD steps of batch 64 at lr 0.05, FedMD-CG's Lenet, all "
+        f"{args.rounds} rounds of 20 local SGD steps of batch 64 at lr 0.05 (FedGen: its own 0.01, at which "
+        "it does not diverge), FedMD-CG's Lenet, all "
         "clients every round, no validation holdout.",
         "Local accuracy: each client's model on its IID 1/K test shard, sample-weighted. Global accuracy: "
         "FedAvg's global model; every other method: `global_accuracy_oracle`, the average of the full "
