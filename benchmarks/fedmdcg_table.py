@@ -20,6 +20,8 @@ Writes <results>/fedmdcg_table_<dataset>.{md,json} (default benchmarks/results/)
 under --out (default benchmarks/runs/fedmdcg-table/). --reuse keeps finished runs and resumes
 interrupted ones; without it an existing run directory of the same cell is replaced.
 --update-expected writes the measured means into configs/expected.toml (full-length runs only).
+--seeds-for METHOD=SEEDS gives one method other seeds than --seeds (the table's three seeds for FedAvg
+and FedMD-CG next to one for the rest).
 """
 
 from __future__ import annotations
@@ -236,6 +238,13 @@ def main() -> None:
     parser.add_argument("--omegas", default="10,1,0.1")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--seeds", default="0")
+    parser.add_argument(
+        "--seeds-for",
+        action="append",
+        default=[],
+        metavar="METHOD=SEEDS",
+        help="other seeds for one method, e.g. fedmdcg=0,1,2 (repeatable)",
+    )
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--threads", type=int, default=0, help="torch threads per run (0: torch's default)")
     parser.add_argument("--reuse", action="store_true", help="keep finished runs, resume interrupted ones")
@@ -251,13 +260,19 @@ def main() -> None:
         parser.error(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
     omegas = [float(w) for w in args.omegas.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
+    method_seeds = {m: seeds for m in methods}
+    for item in args.seeds_for:
+        method, _, values = item.partition("=")
+        if method not in methods or not values:
+            parser.error(f"--seeds-for wants METHOD=SEEDS with METHOD one of --methods, got {item!r}")
+        method_seeds[method] = [int(v) for v in values.split(",")]
     expected = read_expected()
     command = "python benchmarks/fedmdcg_table.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in (
             ("datasets", args.datasets), ("omegas", args.omegas), ("methods", args.methods),
             ("seeds", args.seeds), ("rounds", args.rounds),
         )
-    ) + (" --reuse" if args.reuse else "")  # fmt: skip
+    ) + "".join(f" --seeds-for {item}" for item in args.seeds_for) + (" --reuse" if args.reuse else "")  # fmt: skip
 
     for dataset in [d.strip() for d in args.datasets.split(",") if d.strip()]:
         rows = []
@@ -269,7 +284,7 @@ def main() -> None:
                     "method": method,
                     "omega": omega,
                     "config": f"configs/{key}",
-                    "seeds": seeds,
+                    "seeds": method_seeds[method],
                     "paper_local": entry.get("paper_local"),
                     "paper_local_std": entry.get("paper_local_std"),
                     "paper_global": entry.get("paper_global"),
@@ -290,7 +305,7 @@ def main() -> None:
                     print(f"no config {CONFIGS / key}: skipped", file=sys.stderr)
                     rows.append(row)
                     continue
-                for seed in seeds:
+                for seed in method_seeds[method]:
                     started = time.perf_counter()
                     print(f"{dataset} {method} omega={omega:g} seed={seed} ...", file=sys.stderr, flush=True)
                     run_dir = run_cell(CONFIGS / key, dataset, method, omega, seed, args)
@@ -311,7 +326,7 @@ def main() -> None:
                         entry |= {
                             f"ours_{k}": round(row[k], 2) for k in ("local", "global") if row[k] is not None
                         }
-                        entry |= {"ours_seeds": seeds, "ours_rounds": args.rounds}
+                        entry |= {"ours_seeds": method_seeds[method], "ours_rounds": args.rounds}
         write_results(dataset, rows, args, command)
     if args.update_expected:
         write_expected(expected)
