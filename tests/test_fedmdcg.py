@@ -122,6 +122,9 @@ def test_local_accuracy_beats_standalone_on_non_iid_digits(suite):
     assert rows[0]["global_pair_accuracy"] < 0.3 < 0.9 < rows[-1]["global_pair_accuracy"]
     assert rows[-1]["generator_accuracy"] > 0.9  # each C_i reads its own G_i's features as their labels
     assert [r["ramp"] for r in rows][:2] == [0.0, pytest.approx((1 / 7) ** 3)]  # round 0: CE only
+    for r in rows:  # the head the clients get, next to the plain average it was distilled from
+        assert r["classifier_norm"] > 0 and r["classifier_norm_averaged"] > 0
+    assert rows[0]["classifier_norm"] < rows[0]["classifier_norm_averaged"]  # the weight decay's shrink
 
 
 def test_global_accuracy_oracle_reads_client_states_outside_the_protocol(suite):

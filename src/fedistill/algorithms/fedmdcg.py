@@ -475,6 +475,12 @@ def crossed_distillation_steps(
 
 
 @torch.no_grad()
+def parameter_norm(module: nn.Module) -> float:
+    """The L2 norm of all of a module's parameters: shows the server's weight decay shrinking C_g."""
+    return float(torch.linalg.vector_norm(torch.cat([p.flatten() for p in module.parameters()])))
+
+
+@torch.no_grad()
 def pair_accuracy(
     generator: FeatureGenerator, classifier: nn.Module, counts: torch.Tensor, size: int, rng: torch.Generator
 ) -> float:
@@ -538,6 +544,7 @@ class FedMDCGServer(ServerLogic):
             "clients": len(replies),
             "ramp": float(replies[0].scalar("metrics", "ramp")),  # the same λ-ramp factor at every client
         }
+        metrics["classifier_norm_averaged"] = parameter_norm(self.classifier)
         if options.server_distillation:
             heads, generators = [], []
             for state in states:
@@ -557,6 +564,7 @@ class FedMDCGServer(ServerLogic):
                 softmax_bug=options.softmax_bug,
                 rng=torch_generator(config.seed, "fedmdcg-server", round),
             )
+        metrics["classifier_norm"] = parameter_norm(self.classifier)  # what the clients start from
         rng = torch_generator(config.seed, "fedmdcg-server-probe", round)
         metrics["global_pair_accuracy"] = pair_accuracy(self.generator, self.classifier, counts, 512, rng)
         if evaluate_local:
