@@ -91,7 +91,9 @@ def row(label: str, omega: float, run_dir: Path, reference: bool = False) -> dic
     }
 
 
-def write_results(dataset: str, rows: list[dict[str, Any]], args: argparse.Namespace, command: str) -> None:
+def write_results(
+    dataset: str, rows: list[dict[str, Any]], args: argparse.Namespace, command: str, skipped: list[str]
+) -> None:
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     head = " | ".join(f"local r{r}" for r in ROUNDS_SHOWN)
@@ -112,9 +114,11 @@ def write_results(dataset: str, rows: list[dict[str, Any]], args: argparse.Names
         )
         glob = "-" if r["global_oracle"] is None else f"{r['global_oracle']:.2f}"
         lines.append(f"| {r['omega']:g} | {r['variant']} | {cells} | {glob} | {r['wall_time_s']:.0f} |")
+    if skipped:
+        lines += ["", "Not run (`--finished-only`): " + ", ".join(skipped) + "."]
     stem = results / f"fedmdcg_variants_{dataset}"
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    payload = {"command": command, "dataset": dataset, "seed": args.seed, "rows": rows}
+    payload = {"command": command, "dataset": dataset, "seed": args.seed, "rows": rows, "not_run": skipped}
     stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     plot(rows, stem.with_suffix(".png"), dataset)
 
@@ -126,12 +130,14 @@ def plot(rows: list[dict[str, Any]], path: Path, dataset: str) -> None:
     import matplotlib.pyplot as plt
 
     omegas = sorted({r["omega"] for r in rows}, reverse=True)
+    colors = {label: f"C{i}" for i, label in enumerate(dict.fromkeys(r["variant"] for r in rows))}
     fig, axes = plt.subplots(1, len(omegas), figsize=(5.5 * len(omegas), 4), squeeze=False)
     for ax, omega in zip(axes[0], omegas, strict=True):
         for r in (r for r in rows if r["omega"] == omega):
             rounds = sorted(r["local_by_round"])
             style = "--" if r["reference"] else "-"
-            ax.plot(rounds, [r["local_by_round"][n] for n in rounds], style, label=r["variant"])
+            curve = [r["local_by_round"][n] for n in rounds]
+            ax.plot(rounds, curve, style, color=colors[r["variant"]], label=r["variant"])
         ax.set(title=f"{dataset}, omega {omega:g}", xlabel="round", ylabel="local accuracy %")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -148,6 +154,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads per run (0: torch's default)")
     parser.add_argument("--reuse", action="store_true", help="keep finished runs, resume interrupted ones")
+    parser.add_argument(
+        "--finished-only", action="store_true", help="start no run: report the finished variants only"
+    )
     parser.add_argument("--out", default=str(HERE / "runs" / "fedmdcg-table"), help="run directories")
     parser.add_argument("--results", default=str(HERE / "results"), help="where the tables are written")
     args = parser.parse_args()
@@ -166,17 +175,23 @@ def main() -> None:
             )
     command = (
         f"python benchmarks/fedmdcg_variants.py --dataset {args.dataset} --omegas {args.omegas} "
-        f"--variants {','.join(variants)} --seed {args.seed}" + (" --reuse" if args.reuse else "")
+        f"--variants {','.join(variants)} --seed {args.seed}"
+        + (" --reuse" if args.reuse else "")
+        + (" --finished-only" if args.finished_only else "")
     )
-    rows = []
+    rows, skipped = [], []
     for omega in omegas:
         for variant in variants:
+            name = run_name(args.dataset, "fedmdcg", omega, args.seed, variant)
+            if args.finished_only and not (Path(args.out) / name / "fedmdcg" / "summary.json").is_file():
+                skipped.append(f"{variant} at omega {omega:g}")
+                continue
             rows.append(row(variant, omega, run_variant(args.dataset, omega, args.seed, variant, args)))
         for method in REFERENCES:
             ref = Path(args.out) / run_name(args.dataset, method, omega, args.seed) / method
             if (ref / "summary.json").is_file():
                 rows.append(row(f"{LABELS[method]} (table)", omega, ref, reference=True))
-    write_results(args.dataset, rows, args, command)
+    write_results(args.dataset, rows, args, command, skipped)
     print((Path(args.results) / f"fedmdcg_variants_{args.dataset}.md").read_text(encoding="utf-8"))
 
 
