@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,12 +114,26 @@ def fedistill(args: list[str]) -> None:
     subprocess.run([sys.executable, "-m", "fedistill.cli", "run", "--quiet", *args], check=True)
 
 
+def cell_name(dataset: str, method: str, omega: float, seed: int, rounds: int, variant: str = "") -> str:
+    """A cell's run name under --out; a variant (benchmarks/fedmdcg_variants.py) is appended to it."""
+    name = f"{dataset}-{method}-omega{omega:g}-seed{seed}-rounds{rounds}"
+    return f"{name}-{variant}" if variant else name
+
+
 def run_cell(
-    config: Path, dataset: str, method: str, omega: float, seed: int, args: argparse.Namespace
+    config: Path,
+    dataset: str,
+    method: str,
+    omega: float,
+    seed: int,
+    args: argparse.Namespace,
+    *,
+    variant: str = "",
+    sets: Sequence[str] = (),
 ) -> Path:
-    """Run (or reuse) one cell for one seed; returns the algorithm's run directory."""
+    """Run (or reuse) one cell for one seed, with `--set` overrides; returns the algorithm's run directory."""
     out = Path(args.out)
-    name = f"{dataset}-{method}-omega{omega:g}-seed{seed}-rounds{args.rounds}"
+    name = cell_name(dataset, method, omega, seed, args.rounds, variant)
     suite, run_dir = out / name, out / name / method
     if args.reuse and (run_dir / "summary.json").is_file():
         return run_dir
@@ -127,10 +142,10 @@ def run_cell(
         return run_dir
     if suite.exists():
         shutil.rmtree(suite)
-    extra = ["--set", f"threads={args.threads}"] if args.threads else []
+    sets = [*sets, *([f"threads={args.threads}"] if args.threads else [])]
     fedistill(
         ["--config", str(config), "--data-dir", args.data_dir, "--seed", str(seed), "--rounds", str(args.rounds),
-         "--out", str(out), "--name", name, *extra]
+         "--out", str(out), "--name", name, *[x for s in sets for x in ("--set", s)]]
     )  # fmt: skip
     return run_dir
 
@@ -259,13 +274,21 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
     omegas = [float(w) for w in args.omegas.split(",")]
-    seeds = [int(s) for s in args.seeds.split(",")]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds must be a comma list of integers, got {args.seeds!r}")
     method_seeds = {m: seeds for m in methods}
     for item in args.seeds_for:
         method, _, values = item.partition("=")
-        if method not in methods or not values:
-            parser.error(f"--seeds-for wants METHOD=SEEDS with METHOD one of --methods, got {item!r}")
-        method_seeds[method] = [int(v) for v in values.split(",")]
+        try:
+            method_seeds[method] = [int(v) for v in values.split(",")]
+        except ValueError:
+            method = ""
+        if method not in methods:
+            parser.error(
+                f"--seeds-for wants METHOD=SEEDS (METHOD one of --methods, integer seeds), got {item!r}"
+            )
     expected = read_expected()
     command = "python benchmarks/fedmdcg_table.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in (

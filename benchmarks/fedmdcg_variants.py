@@ -34,7 +34,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import benchmark_parser
-from fedmdcg_table import LABELS, ROOT, config_key, fedistill
+from fedistill.experiment.rundir import read_jsonl
+from fedmdcg_table import LABELS, ROOT, cell_name, config_key, run_cell
 
 HERE = Path(__file__).resolve().parent
 VARIANTS: dict[str, list[str]] = {
@@ -50,31 +51,23 @@ ROUNDS_SHOWN = (5, 10, 25, 50, 100)
 
 def run_name(dataset: str, method: str, omega: float, seed: int, variant: str = "paper") -> str:
     """The table's run name for ``paper`` (so its cell is reused), with the variant appended otherwise."""
-    name = f"{dataset}-{method}-omega{omega:g}-seed{seed}-rounds100"
-    return name if variant == "paper" else f"{name}-{variant}"
+    return cell_name(dataset, method, omega, seed, 100, "" if variant == "paper" else variant)
 
 
 def run_variant(dataset: str, omega: float, seed: int, variant: str, args: argparse.Namespace) -> Path:
     """Run (or reuse) one variant of the FedMD-CG cell; returns the algorithm's run directory."""
-    out, name = Path(args.out), run_name(dataset, "fedmdcg", omega, seed, variant)
-    run_dir = out / name / "fedmdcg"
-    if args.reuse and (run_dir / "summary.json").is_file():
-        return run_dir
-    if args.reuse and (out / name / "config.toml").is_file():
-        fedistill(["--resume", str(out / name)])
-        return run_dir
-    sets = [*VARIANTS[variant], *([f"threads={args.threads}"] if args.threads else [])]
-    fedistill(
-        ["--config", str(ROOT / "configs" / config_key(dataset, "fedmdcg", omega)), "--data-dir", args.data_dir,
-         "--seed", str(seed), "--out", str(out), "--name", name, *[x for s in sets for x in ("--set", s)]]
-    )  # fmt: skip
-    return run_dir
+    config = ROOT / "configs" / config_key(dataset, "fedmdcg", omega)
+    suffix = "" if variant == "paper" else variant
+    return run_cell(config, dataset, "fedmdcg", omega, seed, args, variant=suffix, sets=VARIANTS[variant])
 
 
 def curve(run_dir: Path) -> dict[int, float]:
     """Local accuracy (%) at every evaluated round of a run."""
-    rows = (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines())
-    return {r["round"]: 100 * r["local_accuracy"] for r in rows if "local_accuracy" in r}
+    return {
+        r["round"]: 100 * r["local_accuracy"]
+        for r in read_jsonl(run_dir / "metrics.jsonl")
+        if "local_accuracy" in r
+    }
 
 
 def row(label: str, omega: float, run_dir: Path, reference: bool = False) -> dict[str, Any]:
@@ -160,6 +153,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(HERE / "runs" / "fedmdcg-table"), help="run directories")
     parser.add_argument("--results", default=str(HERE / "results"), help="where the tables are written")
     args = parser.parse_args()
+    args.rounds = 100  # the table's length: run_cell names and runs cells by it
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
