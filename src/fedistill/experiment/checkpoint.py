@@ -2,7 +2,11 @@
 
 Nested state (a model's state dict, an optimiser's state dict, counters) is split into a flat
 tensor table and a JSON skeleton that points into it, so any state made of tensors, numbers,
-strings, lists and dicts round-trips exactly.
+strings, lists and dicts round-trips exactly: values, dtypes and memory layouts. The layout matters:
+a (32, 1, 8, 8) batch with strides (64, 1, 8, 1) is both contiguous and channels-last, and a
+convolution may pick a different kernel (and so round differently) for it than for the same values
+with strides (64, 64, 8, 1). safetensors stores contiguous data only, so the strides are kept in the
+skeleton and restored on load.
 """
 
 from __future__ import annotations
@@ -18,14 +22,32 @@ import torch
 from safetensors.torch import load_file, save_file
 
 _TENSOR = "__tensor__"
+_STRIDE = "__stride__"
 _INTKEYS = "__intkeys__"
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _with_strides(tensor: torch.Tensor, stride: list[int]) -> torch.Tensor:
+    """`tensor`'s values in the (dense, non-overlapping) layout `stride`."""
+    out = torch.empty_strided(tensor.shape, tuple(stride), dtype=tensor.dtype, device=tensor.device)
+    return out.copy_(tensor)
 
 
 def pack(state: Any, tensors: dict[str, torch.Tensor], path: str = "t") -> Any:
     """Replace every tensor in `state` by a reference into `tensors`; keep the rest as JSON."""
     if isinstance(state, torch.Tensor):
         key = f"{path}#{len(tensors)}"
-        tensors[key] = state.detach().contiguous().clone()
+        copy = state.detach().clone()  # the layout an in-memory copy keeps (dense layouts survive)
+        tensors[key] = copy.contiguous()
+        if copy.stride() != _contiguous_strides(tuple(copy.shape)):
+            return {_TENSOR: key, _STRIDE: list(copy.stride())}
         return {_TENSOR: key}
     if isinstance(state, dict):
         int_keys = all(isinstance(k, int) for k in state) and bool(state)
@@ -41,7 +63,8 @@ def pack(state: Any, tensors: dict[str, torch.Tensor], path: str = "t") -> Any:
 def unpack(skeleton: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(skeleton, dict):
         if _TENSOR in skeleton:
-            return tensors[skeleton[_TENSOR]]
+            tensor = tensors[skeleton[_TENSOR]]
+            return _with_strides(tensor, skeleton[_STRIDE]) if _STRIDE in skeleton else tensor
         if _INTKEYS in skeleton:
             return {int(k): unpack(v, tensors) for k, v in skeleton[_INTKEYS].items()}
         return {k: unpack(v, tensors) for k, v in skeleton.items()}
