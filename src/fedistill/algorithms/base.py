@@ -34,6 +34,7 @@ class ClientContext:
     config: RunConfig
     options: Any
     global_test: ImageSet  # the evaluation harness's test set, for reporting a local model's accuracy
+    cache_dir: Path | None = None  # the site's own cache of stage-1 models (algorithms/stage1.py); None: off
 
 
 @dataclass

@@ -90,6 +90,7 @@ from fedistill.algorithms.base import (
     register,
 )
 from fedistill.algorithms.option_checks import check_choices
+from fedistill.algorithms.stage1 import trained_once
 from fedistill.algorithms.training import LocalTraining, evaluate_model, new_model, train_local
 from fedistill.data.transforms import to_float
 from fedistill.errors import ConfigError, FederationError
@@ -301,7 +302,15 @@ class FedIODClient(ClientLogic):
             LocalTraining.from_config(config, self.ctx.info), epochs=self.options.teacher_epochs, steps=0
         )
         generator = torch_generator(config.seed, "teacher-training", self.ctx.client_id)
-        metrics = train_local(self.teacher, self.ctx.train, self.ctx.info, spec, generator)
+        architecture = teacher_name(self.options, config, self.ctx.client_id)
+        metrics = trained_once(
+            self.teacher,
+            self.ctx,
+            architecture,
+            spec,
+            lambda: train_local(self.teacher, self.ctx.train, self.ctx.info, spec, generator),
+            purpose="teacher",
+        )
         self.teacher.eval()
         for p in self.teacher.parameters():
             p.requires_grad_(False)
@@ -594,6 +603,10 @@ class FedIODServer(ServerLogic):
         else:
             self.iters = int(options.iters_per_epoch)
         self.reference = self._teacher_report(fleet)
+        # how many teachers came from their site's stage-1 cache (algorithms/stage1.py) instead of training
+        self.reference["teachers_from_cache"] = float(
+            sum(float(replies[c].scalar("metrics", "stage1_cached", 0.0)) for c in clients)
+        )
         log.info(
             "FedIOD stage 1 done: %d teachers, %d G-steps per epoch; %s",
             len(clients),

@@ -29,6 +29,7 @@ from fedistill.algorithms.base import (
     get_algorithm,
 )
 from fedistill.algorithms.oracle import ORACLE_LABEL, ORACLE_METRIC
+from fedistill.algorithms.stage1 import cache_folder
 from fedistill.algorithms.training import evaluate_model
 from fedistill.data.base import LoadedDataset
 from fedistill.data.partition import FederatedSplit, load_split, make_split, save_split
@@ -83,14 +84,22 @@ def check_sections(config: RunConfig) -> None:
 
 
 def client_contexts(
-    config: RunConfig, algorithm: Algorithm, options: Any, data: Prepared
+    config: RunConfig, algorithm: Algorithm, options: Any, data: Prepared, cache_dir: Path | None = None
 ) -> list[ClientContext]:
     train, test, split, info = data.dataset.train, data.dataset.test, data.split, data.dataset.info
     if algorithm.pooled:
         everything = np.sort(np.concatenate(split.client_train))
         return [
             ClientContext(
-                0, train.subset(everything), train.subset(split.server_val), test, info, config, options, test
+                0,
+                train.subset(everything),
+                train.subset(split.server_val),
+                test,
+                info,
+                config,
+                options,
+                test,
+                cache_dir,
             )
         ]
     return [
@@ -103,6 +112,7 @@ def client_contexts(
             config,
             options,
             test,
+            cache_dir,
         )
         for k in range(len(split.client_train))
     ]
@@ -176,7 +186,9 @@ def _loop(
 ) -> dict[str, Any]:
     info, test = data.dataset.info, data.dataset.test
     if grid is None:
-        contexts = client_contexts(config, algorithm, options, data)
+        contexts = client_contexts(
+            config, algorithm, options, data, cache_folder(config, beside=run_dir.parent.parent)
+        )
         clients = {ctx.client_id: algorithm.client(ctx) for ctx in contexts}
         num_clients = len(clients)
         sizes = {ctx.client_id: float(len(ctx.train)) for ctx in contexts}

@@ -20,6 +20,7 @@ import torch
 from flwr.app import ConfigRecord, Context
 
 from fedistill.algorithms.base import get_algorithm
+from fedistill.algorithms.stage1 import cache_folder
 from fedistill.errors import ConfigError
 from fedistill.experiment.checkpoint import load_state, save_state
 from fedistill.experiment.config import RunConfig, for_algorithm, options_for
@@ -75,14 +76,16 @@ def node_for(context: Context, config: RunConfig, algorithm_name: str, state_roo
         context.node_config.get("state-dir", Path(tempfile.gettempdir()) / "fedistill-nodes")
     )
     stem = Path(root) / f"run-{key[0]}" / f"{algorithm_name}-client-{pid:03d}" / "state"
-    client = _build_client(context, config, algorithm_name, pid)
+    client = _build_client(context, config, algorithm_name, pid, cache_folder(config, beside=Path(root)))
     if version > 0:
         client.load_state_dict(load_state(stem))
     node = _NODES[key] = Node(key, client, version, stem)
     return node
 
 
-def _build_client(context: Context, config: RunConfig, algorithm_name: str, pid: int) -> ClientLogic:
+def _build_client(
+    context: Context, config: RunConfig, algorithm_name: str, pid: int, cache_dir: Path | None
+) -> ClientLogic:
     from fedistill.experiment.runner import client_contexts, prepare_data
 
     # simulation workers share the machine's cores: one thread each unless the node says otherwise
@@ -98,5 +101,5 @@ def _build_client(context: Context, config: RunConfig, algorithm_name: str, pid:
         raise ConfigError(f"{algorithm_name} pools every client's data; it cannot run on Flower nodes")
     algo_config = for_algorithm(config, algorithm_name)
     options = options_for(algo_config, algorithm_name, algorithm.options)
-    contexts = client_contexts(algo_config, algorithm, options, _DATA[data_key])
+    contexts = client_contexts(algo_config, algorithm, options, _DATA[data_key], cache_dir)
     return algorithm.client(contexts[pid])

@@ -1,0 +1,70 @@
+"""Stage-1 models are trained once: a later run that needs exactly the same local models loads them
+from the sites' cache, ends with exactly the same results, and says so in its summary."""
+
+import logging
+
+from algorithm_helpers import TINY_FEDIOD, _strip_times
+
+from fedistill.experiment.config import RunConfig, build_config
+from fedistill.experiment.rundir import read_jsonl
+from fedistill.experiment.runner import run_suite
+
+VOLATILE = {"teachers_from_cache"}
+
+
+def _config(**changes) -> RunConfig:
+    fast = {"algorithm": "fediod", "rounds": 1, "fediod": {"iters_per_epoch": 1, "samples_every": 0}}
+    return build_config(RunConfig(), TINY_FEDIOD, fast, changes)
+
+
+def _run(config: RunConfig, folder) -> dict:
+    return run_suite(config, folder, progress=False)[0]
+
+
+def _same_results(a: dict, b: dict) -> bool:
+    keep = lambda final: {k: v for k, v in final.items() if k not in VOLATILE}  # noqa: E731
+    return keep(a["final"]) == keep(b["final"])
+
+
+def test_a_second_run_reuses_the_teachers_and_ends_identically(tmp_path):
+    first = _run(_config(), tmp_path / "first")
+    second = _run(_config(), tmp_path / "second")
+    assert first["final"]["teachers_from_cache"] == 0.0
+    assert second["final"]["teachers_from_cache"] == 3.0
+    assert _same_results(first, second)
+    rows = [_strip_times(read_jsonl(tmp_path / run / "fediod" / "metrics.jsonl")) for run in ("first", "second")]
+    assert rows[0] == rows[1]
+    assert len(list((tmp_path / ".cache" / "stage1").glob("teacher-*.safetensors"))) == 3
+    assert "teachers_from_cache | 3.0" in (tmp_path / "second" / "fediod" / "summary.md").read_text()
+
+
+def test_other_training_options_or_seed_train_afresh(tmp_path):
+    _run(_config(), tmp_path / "a")
+    longer = _run(_config(fediod={"teacher_epochs": 3}), tmp_path / "b")
+    reseeded = _run(_config(seed=1), tmp_path / "c")
+    assert longer["final"]["teachers_from_cache"] == 0.0
+    assert reseeded["final"]["teachers_from_cache"] == 0.0
+    assert len(list((tmp_path / ".cache" / "stage1").glob("*.safetensors"))) == 9
+
+
+def test_the_cache_can_be_turned_off_or_moved(tmp_path):
+    _run(_config(stage1_cache=False), tmp_path / "off")
+    assert not (tmp_path / ".cache").exists()
+    elsewhere = tmp_path / "shared-cache"
+    _run(_config(cache_dir=str(elsewhere)), tmp_path / "moved-1")
+    again = _run(_config(cache_dir=str(elsewhere)), tmp_path / "moved-2")
+    assert again["final"]["teachers_from_cache"] == 3.0
+    assert not (tmp_path / ".cache").exists()
+
+
+def test_a_damaged_cache_file_is_retrained_with_a_warning(tmp_path, caplog):
+    first = _run(_config(), tmp_path / "first")
+    damaged = sorted((tmp_path / ".cache" / "stage1").glob("*.safetensors"))[0]
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    with caplog.at_level(logging.WARNING):
+        second = _run(_config(), tmp_path / "second")
+    assert "unusable" in caplog.text
+    assert second["final"]["teachers_from_cache"] == 2.0
+    assert _same_results(first, second)
+    third = _run(_config(), tmp_path / "third")  # the damaged file was replaced by the retrained model
+    assert third["final"]["teachers_from_cache"] == 3.0
