@@ -34,9 +34,10 @@ def test_nested_state_round_trips_exactly(tmp_path):
     assert restored["round"] == 3 and restored["name"] == "x" and restored["none"] is None
 
 
-def test_new_checkpoint_replaces_old_one(tmp_path):
-    write_checkpoint(tmp_path, "round_00001", {"runner": {"round": 1}})
-    write_checkpoint(tmp_path, "round_00002", {"runner": {"round": 2}})
-    assert latest_checkpoint(tmp_path).name == "round_00002"
-    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["round_00002"]
+def test_the_two_newest_checkpoints_are_kept(tmp_path):
+    """The one before the newest is the fallback when the newest turns out damaged on resume."""
+    for round in (1, 2, 3):
+        write_checkpoint(tmp_path, f"round_{round:05d}", {"runner": {"round": round}})
+    assert latest_checkpoint(tmp_path).name == "round_00003"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["round_00002", "round_00003"]
     assert not list(tmp_path.rglob("*.pt")) and not list(tmp_path.rglob("*.pkl"))

@@ -103,8 +103,14 @@ def config_from_args(args: argparse.Namespace) -> Any:
     return build_config(RunConfig(), *layers)
 
 
+#: The run folder the current command writes, for the messages of an interrupted or failed run.
+_CURRENT_RUN: list[Path] = []
+
+
 def command_run(args: argparse.Namespace) -> int:
-    from fedistill.experiment.runner import default_name, resume_suite, run_suite
+    from fedistill.experiment import suite_dir as folder
+    from fedistill.experiment.config import read_config
+    from fedistill.experiment.runner import default_name, run_suite, validate_setup
     from fedistill.experiment.summary import print_results
 
     if args.resume:
@@ -113,14 +119,23 @@ def command_run(args: argparse.Namespace) -> int:
         )
         if given or args.config or args.download:
             raise UserError("--resume continues with the run's saved config.toml; drop the other options")
-        suite_dir = Path(args.resume)
-        summaries = resume_suite(suite_dir, progress=not args.quiet)
+        suite_dir = folder.resume_target(Path(args.resume))
+        config = read_config(suite_dir / "config.toml")
+        data = validate_setup(config)
+        _CURRENT_RUN.append(suite_dir)
+        with folder.locked(suite_dir):
+            summaries = run_suite(config, suite_dir, resume=True, progress=not args.quiet, data=data)
     else:
         config = config_from_args(args)
+        folder.check_name(config.name)
         suite_dir = Path(config.out) / (config.name or default_name(config))
-        if (suite_dir / "config.toml").exists():
+        if folder.run_started(suite_dir):
             raise UserError(f"{suite_dir} already holds a run; use --resume {suite_dir} or another --name")
-        summaries = run_suite(config, suite_dir, progress=not args.quiet)
+        data = validate_setup(config)  # nothing is written before the setup is valid
+        folder.create(suite_dir)
+        _CURRENT_RUN.append(suite_dir)
+        with folder.locked(suite_dir):
+            summaries = run_suite(config, suite_dir, progress=not args.quiet, data=data)
     print_results(summaries, title=f"results in {suite_dir}")
     return 0
 
@@ -151,9 +166,11 @@ def command_summary(args: argparse.Namespace) -> int:
     else:
         summaries = [read_summary(d) for d in sorted(run_dir.iterdir()) if (d / "summary.json").is_file()]
     if not summaries:
-        raise UserError(
-            f"{run_dir} holds no finished run (no summary.json); resume it with --resume {run_dir}"
-        )
+        if (run_dir / "config.toml").is_file():
+            raise UserError(
+                f"{run_dir} holds no finished run yet (no summary.json); finish it with --resume {run_dir}"
+            )
+        raise UserError(f"{run_dir} holds no run (no summary.json); pass a folder written by `fedistill run`")
     print_results(summaries, title=str(run_dir))
     return 0
 
@@ -172,8 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     except FederationError as exc:
         print(f"fedistill: run stopped: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # the disk filled up or the folder went away during a run
+        where = exc.filename or (_CURRENT_RUN[-1] if _CURRENT_RUN else "a file")
+        then = f"; once fixed, continue with --resume {_CURRENT_RUN[-1]}" if _CURRENT_RUN else ""
+        print(f"fedistill: run stopped: cannot write {where}: {exc.strerror or exc}{then}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
-        print("fedistill: interrupted; continue with --resume RUN_DIR", file=sys.stderr)
+        then = f"--resume {_CURRENT_RUN[-1]}" if _CURRENT_RUN else "--resume RUN_DIR"
+        print(f"fedistill: interrupted; continue with {then}", file=sys.stderr)
         return 130
 
 

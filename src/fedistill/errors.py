@@ -28,3 +28,7 @@ def unknown_name(kind: str, value: object, valid: list[str], error: type[UserErr
     close = difflib.get_close_matches(str(value), valid, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return error(f"unknown {kind} {value!r}{hint} (valid: {', '.join(valid)})")
+
+
+class RunDirError(UserError):
+    """A run directory that cannot be used as asked: damaged, locked, not a run, or unwritable."""

@@ -11,6 +11,7 @@ skeleton and restored on load.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -87,15 +88,35 @@ def load_state(path_stem: Path) -> Any:
     return unpack(skeleton, tensors)
 
 
-def write_checkpoint(directory: Path, name: str, parts: dict[str, Any]) -> Path:
-    """Write every part into a temporary folder, then rename it into place and move `latest`.
+MANIFEST = "manifest.json"
+#: Checkpoints kept: the newest and the one before it, so a damaged newest one has a fallback.
+KEEP = 2
 
-    A run killed at any moment leaves either the previous complete checkpoint or the new one.
+
+class DamagedCheckpoint(Exception):
+    """A checkpoint that fails verification: a missing or altered file, or unreadable content."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_checkpoint(directory: Path, name: str, parts: dict[str, Any]) -> Path:
+    """Write every part and a manifest of their sha256 into a temporary folder, rename it into place,
+    then move `latest` and drop all but the `KEEP` newest checkpoints.
+
+    A run killed at any moment leaves the previous complete checkpoints, or those plus the new one.
     """
     directory.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=directory))
     for part, state in parts.items():
         save_state(state, tmp / part)
+    files = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
+    (tmp / MANIFEST).write_text(json.dumps({"name": name, "files": files}, indent=1), encoding="utf-8")
     final = directory / name
     if final.exists():
         shutil.rmtree(final)
@@ -103,10 +124,18 @@ def write_checkpoint(directory: Path, name: str, parts: dict[str, Any]) -> Path:
     pointer = directory / ".latest.tmp"
     pointer.write_text(name, encoding="utf-8")
     os.replace(pointer, directory / "latest")
-    for old in directory.iterdir():  # keep only the newest checkpoint
-        if old.is_dir() and old.name != name:
+    keep = {p.name for p in checkpoints(directory)[:KEEP]} | {name}
+    for old in directory.iterdir():
+        if old.is_dir() and old.name not in keep:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def checkpoints(directory: Path) -> list[Path]:
+    """The complete checkpoint folders (temporary ones excluded), newest first."""
+    if not directory.is_dir():
+        return []
+    return sorted((p for p in directory.iterdir() if p.is_dir() and not p.name.startswith(".")), reverse=True)
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
@@ -117,8 +146,38 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return path if path.is_dir() else None
 
 
+def verify_checkpoint(path: Path) -> dict[str, Any]:
+    """Read a checkpoint after checking every file against its manifest; DamagedCheckpoint if not intact.
+
+    Checkpoints written before manifests existed are read without the hash check."""
+    manifest_path = path / MANIFEST
+    if manifest_path.is_file():
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            files = dict(manifest["files"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DamagedCheckpoint(f"its manifest is unreadable ({exc})") from None
+        for name, digest in files.items():
+            if not (path / name).is_file():
+                raise DamagedCheckpoint(f"{name} is missing")
+            if _sha256(path / name) != digest:
+                raise DamagedCheckpoint(f"{name} does not match its checksum")
+    try:
+        state = read_checkpoint(path)
+    except Exception as exc:  # truncated JSON or safetensors, a missing tensor file
+        raise DamagedCheckpoint(f"unreadable ({type(exc).__name__}: {exc})") from None
+    runner = state.get("runner")
+    if not isinstance(runner, dict) or not {"round", "ledger", "metrics", "elapsed"} <= set(runner):
+        raise DamagedCheckpoint("its runner state is missing or incomplete")
+    return state
+
+
 def read_checkpoint(path: Path) -> dict[str, Any]:
-    return {stem.stem: load_state(stem.with_suffix("")) for stem in sorted(path.glob("*.json"))}
+    return {
+        stem.stem: load_state(stem.with_suffix(""))
+        for stem in sorted(path.glob("*.json"))
+        if stem.name != MANIFEST
+    }
 
 
 def save_model(module: torch.nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:

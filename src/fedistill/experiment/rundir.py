@@ -18,8 +18,9 @@ class MetricsWriter:
     def __init__(self, path: Path, *, resume_at: int | None = None) -> None:
         self.path = path
         self.rows: list[dict[str, Any]] = []
-        if resume_at is not None and path.exists():
-            self.rows = read_jsonl(path)[:resume_at]
+        if resume_at is not None and path.exists():  # the first rows only: a torn last line is dropped
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()[:resume_at]
+            self.rows = [json.loads(line) for line in lines]
             path.write_text("".join(json.dumps(r) + "\n" for r in self.rows), encoding="utf-8")
             self._file: IO[str] = path.open("a", encoding="utf-8")
         else:

@@ -33,16 +33,18 @@ from fedistill.algorithms.stage1 import cache_folder
 from fedistill.algorithms.training import evaluate_model
 from fedistill.data.base import LoadedDataset
 from fedistill.data.partition import FederatedSplit, load_split, make_split, save_split
-from fedistill.data.registry import load_dataset
-from fedistill.errors import ConfigError
-from fedistill.experiment.checkpoint import latest_checkpoint, read_checkpoint, save_model, write_checkpoint
+from fedistill.data.registry import dataset_names, load_dataset
+from fedistill.errors import ConfigError, RunDirError, unknown_name
+from fedistill.experiment.checkpoint import save_model, write_checkpoint
 from fedistill.experiment.config import RunConfig, for_algorithm, options_for, read_config, write_config
 from fedistill.experiment.plots import plot_learning_curves, plot_partition
+from fedistill.experiment.resume import resume_point
 from fedistill.experiment.rundir import MetricsWriter, read_jsonl
 from fedistill.experiment.summary import read_summary, write_suite_results, write_summary
 from fedistill.federation.fleet import Fleet
 from fedistill.federation.inprocess import InProcessFleet
 from fedistill.federation.ledger import Ledger
+from fedistill.models import model_names
 from fedistill.seeding import derive_seed
 
 log = logging.getLogger("fedistill")
@@ -60,7 +62,9 @@ class Prepared:
 
 
 def prepare_data(config: RunConfig) -> Prepared:
-    dataset = load_dataset(config.dataset, config.data_dir, download=config.download)
+    dataset = load_dataset(
+        config.dataset, config.data_dir, download=config.download, **config.options.get(config.dataset, {})
+    )
     split = make_split(
         dataset.train.y.numpy(),
         dataset.test.y.numpy(),
@@ -77,10 +81,35 @@ def prepare_data(config: RunConfig) -> Prepared:
 
 
 def check_sections(config: RunConfig) -> None:
-    known = set(algorithm_names()) | NON_ALGORITHM_SECTIONS
+    """Every config table is an algorithm's, the dataset's or [partition], and every algorithm table is
+    valid for its algorithm, whether or not it runs (a typo in another table is still a typo)."""
+    algorithms, datasets = set(algorithm_names()), set(dataset_names())
     for section in config.options:
-        if section not in known:
-            raise ConfigError(f"unknown config table [{section}]; tables are algorithm names or [partition]")
+        if section in NON_ALGORITHM_SECTIONS or section == config.dataset:
+            continue
+        if section in datasets:
+            raise ConfigError(
+                f"config table [{section}] sets options of dataset {section!r}, "
+                f"but the run uses dataset {config.dataset!r}"
+            )
+        if section not in algorithms:
+            valid = sorted(algorithms | NON_ALGORITHM_SECTIONS | {config.dataset})
+            raise unknown_name("config table", section, valid, ConfigError)
+        algorithm = get_algorithm(section)
+        options_for(for_algorithm(config, section), section, algorithm.options)
+
+
+def validate_setup(config: RunConfig) -> Prepared:
+    """Everything a user's input can get wrong, checked before a run writes anything: names, config
+    tables, every running algorithm's options, its models, the dataset files and the partition."""
+    check_sections(config)
+    for name in config.algorithms:
+        algorithm = get_algorithm(name)
+        algo_config = for_algorithm(config, name)
+        options_for(algo_config, name, algorithm.options)
+        if algo_config.model not in model_names():
+            raise unknown_name("model", algo_config.model, model_names(), ConfigError)
+    return prepare_data(config)
 
 
 def client_contexts(
@@ -149,7 +178,8 @@ def run_algorithm(
     options = options_for(config, algorithm.name, algorithm.options)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "plots").mkdir(exist_ok=True)
-    checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
+    point = resume_point(run_dir) if resume else None
+    checkpoint, state = point if point is not None else (None, None)
     if checkpoint is None:
         write_config(config, run_dir / "config.toml")
         save_split(data.split, run_dir)
@@ -168,7 +198,7 @@ def run_algorithm(
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(handler)
     try:
-        return _loop(config, algorithm, options, run_dir, data, checkpoint, progress, grid)
+        return _loop(config, algorithm, options, run_dir, data, state, progress, grid)
     finally:
         logging.getLogger().removeHandler(handler)
         handler.close()
@@ -180,7 +210,7 @@ def _loop(
     options: Any,
     run_dir: Path,
     data: Prepared,
-    checkpoint: Path | None,
+    state: dict[str, Any] | None,
     progress: bool,
     grid: Any = None,
 ) -> dict[str, Any]:
@@ -217,7 +247,6 @@ def _loop(
             validation=data.dataset.train.subset(data.split.server_val),
         )
     )
-    state = read_checkpoint(checkpoint) if checkpoint else None
     runner_state = state["runner"] if state else {"round": 0, "ledger": 0, "metrics": 0, "elapsed": 0.0}
     ledger = Ledger(run_dir / "ledger.jsonl", resume_at=runner_state["ledger"] if state else None)
     metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_at=runner_state["metrics"] if state else None)
@@ -358,16 +387,24 @@ def default_name(config: RunConfig) -> str:
 
 
 def run_suite(
-    config: RunConfig, suite_dir: Path, *, resume: bool = False, progress: bool = True, grid: Any = None
+    config: RunConfig,
+    suite_dir: Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    grid: Any = None,
+    data: Prepared | None = None,
 ) -> list[dict[str, Any]]:
     """Run every algorithm named in the config side by side on the same partition.
+
+    The setup is validated before anything is written (`validate_setup`, or the caller passes the
+    `data` it validated). On resume, an algorithm with a summary is done; one whose summary is damaged
+    is finished again from its last checkpoint, which gives the same summary.
 
     `transport = "flower"` without a grid starts Flower's simulation engine, whose ServerApp comes
     back here with its grid. Pooled algorithms (Centralized) are not federated: they run in-process.
     """
-    check_sections(config)
-    for name in config.algorithms:
-        get_algorithm(name)  # fail on a bad name before any work
+    data = validate_setup(config) if data is None else data
     if config.transport == "flower" and grid is None:
         from fedistill.flower.simulation import run_simulation_suite
 
@@ -376,13 +413,15 @@ def run_suite(
         torch.set_num_threads(config.threads)
     suite_dir.mkdir(parents=True, exist_ok=True)
     write_config(config, suite_dir / "config.toml")
-    data = prepare_data(config)
     summaries = []
     for name in config.algorithms:
         run_dir = suite_dir / name
         if resume and (run_dir / "summary.json").is_file():
-            summaries.append(read_summary(run_dir))
-            continue
+            try:
+                summaries.append(read_summary(run_dir))
+                continue
+            except RunDirError as exc:
+                log.warning("%s; finishing %s again from its last checkpoint", exc, name)
         on_grid = grid if not get_algorithm(name).pooled else None
         summaries.append(
             run_algorithm(

@@ -9,13 +9,26 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from fedistill.errors import RunDirError
 from fedistill.experiment.plots import plot_learning_curves
 from fedistill.experiment.rundir import write_json
 from fedistill.federation.ledger import DOWN, UP
 
+#: What every summary.json holds; a file without them is damaged.
+SUMMARY_KEYS = ("algorithm", "description", "federated", "rounds", "final", "communication", "wall_time_s")
+
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    """A run's summary.json; RunDirError naming the file when it is damaged (`--resume` rebuilds it)."""
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise RunDirError(f"{path} is damaged ({type(exc).__name__}); --resume rebuilds it") from None
+    if not isinstance(summary, dict) or any(key not in summary for key in SUMMARY_KEYS):
+        missing = [k for k in SUMMARY_KEYS if not isinstance(summary, dict) or k not in summary]
+        raise RunDirError(f"{path} is damaged (missing {', '.join(missing)}); --resume rebuilds it")
+    return summary
 
 
 def human_bytes(n: float) -> str:

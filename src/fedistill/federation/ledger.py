@@ -76,7 +76,7 @@ class Ledger:
 
     def _replay(self, path: Path, keep: int) -> None:
         """Resume: keep the first `keep` records (those before the checkpoint), drop the rest."""
-        lines = path.read_text(encoding="utf-8").splitlines()[:keep]
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()[:keep]
         path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         for line in lines:
             self.totals.add(json.loads(line))

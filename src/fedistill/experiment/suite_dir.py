@@ -1,0 +1,97 @@
+"""The folder a `fedistill run` writes: which names make one, when it holds a run, and its lock.
+
+Two processes must never write one run: each run and each `--resume` holds an exclusive lock on
+`<run>/.lock` for as long as it writes, released by the operating system when the process ends, even
+on `kill -9`. A second process gets a clear message instead of garbling the first one's files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from fedistill.errors import RunDirError
+
+LOCK = ".lock"
+OWNER = ".lock-owner"
+
+
+def check_name(name: str) -> None:
+    """A run name is one plain folder name under --out, never a path."""
+    if not name:
+        return
+    if name in (".", "..") or "/" in name or os.sep in name or (os.altsep and os.altsep in name):
+        raise RunDirError(
+            f"--name {name!r} must be one plain folder name (no '/', not '.' or '..'); "
+            "put the parent folder in --out"
+        )
+
+
+def run_started(suite_dir: Path) -> bool:
+    """Whether `suite_dir` holds a run that did some work (a checkpoint, a summary or a metrics row).
+
+    A folder whose run failed before its first round holds none, and a new run may take its name."""
+    if not (suite_dir / "config.toml").is_file():
+        return False
+    for child in suite_dir.iterdir():
+        if not child.is_dir():
+            continue
+        if (child / "summary.json").is_file() or (child / "checkpoints" / "latest").is_file():
+            return True
+        metrics = child / "metrics.jsonl"
+        if metrics.is_file() and metrics.stat().st_size > 0:
+            return True
+    return False
+
+
+def resume_target(path: Path) -> Path:
+    """The suite folder `--resume PATH` means, or a message saying what PATH is and what to pass."""
+    if not path.is_dir():
+        raise RunDirError(f"{path} is not a folder; pass the run directory that `fedistill run` printed")
+    parent = path.parent
+    if (parent / "config.toml").is_file() and (path / "metrics.jsonl").exists():
+        raise RunDirError(
+            f"{path} is the {path.name} folder of the run {parent}; resume the run: --resume {parent}"
+        )
+    if not (path / "config.toml").is_file():
+        raise RunDirError(f"{path} is not a run directory (no config.toml); nothing to resume")
+    return path
+
+
+def create(suite_dir: Path) -> None:
+    """Create the run folder, or say in one line why it cannot be written."""
+    try:
+        suite_dir.mkdir(parents=True, exist_ok=True)
+        probe = suite_dir / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise RunDirError(
+            f"cannot write the run directory {suite_dir}: {reason}; choose another --out or --name"
+        ) from None
+
+
+@contextmanager
+def locked(suite_dir: Path) -> Iterator[None]:
+    """Hold the run's lock while the body writes it; RunDirError when another process holds it."""
+    lock = FileLock(str(suite_dir / LOCK), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        owner = (
+            (suite_dir / OWNER).read_text(encoding="utf-8").strip() if (suite_dir / OWNER).is_file() else "?"
+        )
+        raise RunDirError(
+            f"{suite_dir} is being written by another fedistill process (pid {owner}); "
+            "wait for it to finish, or stop it and continue with --resume"
+        ) from None
+    try:
+        (suite_dir / OWNER).write_text(str(os.getpid()), encoding="utf-8")
+        yield
+    finally:
+        lock.release()
