@@ -35,6 +35,13 @@ def run_started(suite_dir: Path) -> bool:
     """Whether `suite_dir` holds a run that did some work (a checkpoint, a summary or a metrics row).
 
     A folder whose run failed before its first round holds none, and a new run may take its name."""
+    try:
+        return _did_work(suite_dir)
+    except OSError:  # a name too long for the file system, a file in the way: `create` says which
+        return False
+
+
+def _did_work(suite_dir: Path) -> bool:
     if not (suite_dir / "config.toml").is_file():
         return False
     for child in suite_dir.iterdir():

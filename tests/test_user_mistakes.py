@@ -1,0 +1,231 @@
+"""No user mistake or fault costs a run: each case ends in its exit code and one clear line, never a
+traceback, and leaves a run directory that a later correct run or `--resume` can use."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fedistill.cli import main
+from fedistill.experiment.rundir import read_jsonl
+
+FAST = ["--algorithm", "fedavg", "--clients", "2", "--rounds", "3", "--model", "mlp", "--quiet"]
+
+
+def _run(out: Path, *extra: str) -> list[str]:
+    return ["run", *FAST, "--out", str(out), *extra]
+
+
+def _one_line(capsys, prefix: str = "fedistill: error: ", lines: int = 1) -> str:
+    """The message's first line; a missing dataset's message goes on with which files go where."""
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err, err
+    lines_ = [line for line in err.splitlines() if not line.startswith(("WARNING", "INFO"))]
+    assert len(lines_) == lines, err
+    lines = lines_
+    assert lines[0].startswith(prefix), err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One uninterrupted run: the metrics every repaired run must end with."""
+    out = tmp_path_factory.mktemp("reference")
+    assert main(_run(out, "--name", "ref")) == 0
+    return read_jsonl(out / "ref" / "fedavg" / "metrics.jsonl")
+
+
+def _same_as(reference: list[dict], run: Path) -> bool:
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "round_time_s"} for r in rows]  # noqa: E731
+    return strip(read_jsonl(run / "fedavg" / "metrics.jsonl")) == strip(reference)
+
+
+# --- 1. a failed setup writes nothing and blocks nothing ------------------------------------------
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--alpha", "0"],
+        ["--dataset", "nosuch"],
+        ["--model", "nosuch"],
+        ["--dataset", "mnist", "--data-dir", "/nonexistent"],
+        ["--set", "fedavg.weighting=nosuch"],
+        ["--set", "fedavg.nosuch=1"],
+    ],
+)
+def test_a_failed_setup_writes_nothing_and_the_name_stays_free(tmp_path, capsys, bad):
+    assert main(_run(tmp_path, "--name", "a", *bad)) == 2
+    _one_line(capsys, lines=7 if "--data-dir" in bad else 1)
+    assert not (tmp_path / "a").exists()
+    assert main(_run(tmp_path, "--name", "a")) == 0
+
+
+def test_a_folder_whose_run_never_started_does_not_count_as_a_run(tmp_path, capsys):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "config.toml").write_text('algorithm = "fedavg"\n')  # left by an older version
+    assert main(_run(tmp_path, "--name", "a")) == 0
+
+
+# --- 2. an unwritable --out -------------------------------------------------------------------------
+def test_an_unwritable_out_is_one_line_and_exit_2(tmp_path, capsys):
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    for out, name in [(a_file, "a"), (Path("/proc/fedistill"), "a"), (tmp_path, "n" * 300)]:
+        assert main(_run(out, "--name", name)) == 2
+        assert "cannot write the run directory" in _one_line(capsys)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_out_is_one_line_and_exit_2(tmp_path, capsys):
+    tmp_path.chmod(0o500)
+    try:
+        assert main(_run(tmp_path, "--name", "a")) == 2
+        assert "cannot write" in _one_line(capsys)
+    finally:
+        tmp_path.chmod(0o700)
+
+
+@pytest.mark.parametrize("name", ["../x", "/abs", ".", "..", "a/b"])
+def test_a_name_is_a_plain_folder_name(tmp_path, capsys, name):
+    assert main(_run(tmp_path, "--name", name)) == 2
+    assert "one plain folder name" in _one_line(capsys)
+
+
+# --- 3. damaged checkpoints -------------------------------------------------------------------------
+def _finished_then_cut(tmp_path: Path, rounds_done: int = 3) -> Path:
+    """A finished run made to look as if it was killed after `rounds_done` rounds."""
+    assert main(_run(tmp_path, "--name", "r")) == 0
+    run = tmp_path / "r" / "fedavg"
+    (run / "summary.json").unlink()
+    return run
+
+
+def _checkpoint(run: Path, round: int) -> Path:
+    return run / "checkpoints" / f"round_{round:05d}"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["truncate-safetensors", "truncate-json", "flip-byte", "missing-file", "empty-runner"],
+)
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog, reference, damage):
+    run = _finished_then_cut(tmp_path)
+    newest = _checkpoint(run, 3)
+    server = newest / "server.safetensors"
+    if damage == "truncate-safetensors":
+        server.write_bytes(server.read_bytes()[: server.stat().st_size // 2])
+    elif damage == "truncate-json":
+        (newest / "server.json").write_text('{"model": {')
+    elif damage == "flip-byte":
+        data = bytearray(server.read_bytes())
+        data[-1] ^= 0xFF
+        server.write_bytes(bytes(data))
+    elif damage == "missing-file":
+        (newest / "runner.json").unlink()
+    else:
+        (newest / "runner.json").write_text("{}")
+        (newest / "manifest.json").unlink()  # as a checkpoint written before manifests existed
+    assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 0
+    assert "resuming from round_00002" in caplog.text
+    assert _same_as(reference, tmp_path / "r")
+
+
+def test_no_intact_checkpoint_refuses_with_what_to_do(tmp_path, capsys):
+    run = _finished_then_cut(tmp_path)
+    for round in (2, 3):
+        (_checkpoint(run, round) / "server.json").write_text("{")
+    assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 2
+    line = _one_line(capsys)
+    assert "cannot be resumed without losing rounds" in line and "another --name" in line
+
+
+def test_a_latest_pointer_to_nothing_does_not_restart_silently(tmp_path, capsys):
+    run = _finished_then_cut(tmp_path)
+    for round in (2, 3):
+        for f in _checkpoint(run, round).iterdir():
+            f.unlink()
+        _checkpoint(run, round).rmdir()
+    assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 2
+    assert "the checkpoint folders are gone" in _one_line(capsys)
+
+
+def test_metrics_shorter_than_the_checkpoint_fall_back_to_a_covered_one(tmp_path, caplog, reference):
+    run = _finished_then_cut(tmp_path)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n" + lines[2][:10])  # a torn last line
+    assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 0
+    assert "metrics.jsonl holds 2 records" in caplog.text
+    assert _same_as(reference, tmp_path / "r")
+
+
+def test_a_torn_last_metrics_line_past_the_checkpoint_is_dropped(tmp_path, capsys, reference):
+    run = _finished_then_cut(tmp_path)
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"round": 4, "test_acc')
+    assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 0
+    assert _same_as(reference, tmp_path / "r")
+
+
+# --- 4. damaged summaries ---------------------------------------------------------------------------
+DAMAGED = [b'{"algorithm": "fe', b"[1, 2, 3]", b'{"algorithm": "fedavg"}', b"\xff\xfe"]
+
+
+@pytest.mark.parametrize("content", DAMAGED)
+def test_a_damaged_summary_is_named_and_resume_rebuilds_it(tmp_path, capsys, content):
+    assert main(_run(tmp_path, "--name", "r")) == 0
+    good = json.loads((tmp_path / "r" / "fedavg" / "summary.json").read_text())
+    (tmp_path / "r" / "fedavg" / "summary.json").write_bytes(content)
+    capsys.readouterr()
+    assert main(["summary", str(tmp_path / "r")]) == 2
+    line = _one_line(capsys)
+    assert "summary.json is damaged" in line and "--resume" in line
+    assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 0
+    rebuilt = json.loads((tmp_path / "r" / "fedavg" / "summary.json").read_text())
+    assert rebuilt["final"] == good["final"]
+    assert main(["summary", str(tmp_path / "r")]) == 0
+
+
+# --- 5. one writer per run ----------------------------------------------------------------------------
+def test_a_second_process_on_a_locked_run_gets_a_clear_message(tmp_path, capsys):
+    assert main(_run(tmp_path, "--name", "r")) == 0
+    holder = textwrap.dedent(
+        f"""
+        import sys, time
+        from fedistill.experiment.suite_dir import locked
+        from pathlib import Path
+        with locked(Path({str(tmp_path / "r")!r})):
+            print("locked", flush=True)
+            time.sleep(30)
+        """
+    )
+    process = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "locked"
+        capsys.readouterr()
+        assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 2
+        line = _one_line(capsys)
+        assert f"pid {process.pid}" in line and "another fedistill process" in line
+    finally:
+        process.kill()
+        process.wait()
+    assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 0  # the lock died with it
+
+
+# --- 6. --resume of an algorithm's folder -------------------------------------------------------------
+def test_resume_of_an_algorithm_folder_names_the_run(tmp_path, capsys):
+    assert main(_run(tmp_path, "--name", "r")) == 0
+    capsys.readouterr()
+    assert main(["run", "--resume", str(tmp_path / "r" / "fedavg"), "--quiet"]) == 2
+    line = _one_line(capsys)
+    assert f"--resume {tmp_path / 'r'}" in line
+    assert not (tmp_path / "r" / "fedavg" / "fedavg").exists()
+
+
+# --- smaller ones -------------------------------------------------------------------------------------------
+def test_summary_of_an_empty_folder_says_it_holds_no_run(tmp_path, capsys):
+    assert main(["summary", str(tmp_path)]) == 2
+    line = _one_line(capsys)
+    assert "holds no run" in line and "--resume" not in line
