@@ -163,8 +163,8 @@ class RecordingFleet(InProcessFleet):
         super().__init__(clients, Ledger(None))
         self.exchanges: list[tuple[dict[int, Message], dict[int, Reply]]] = []
 
-    def send(self, requests, *, step=None, timeout=None):  # type: ignore[override]
-        replies = super().send(requests, step=step, timeout=timeout)
+    def send(self, requests, *, step=None, timeout=None, expect=None):  # type: ignore[override]
+        replies = super().send(requests, step=step, timeout=timeout, expect=expect)
         self.exchanges.append((dict(requests), dict(replies)))
         return replies
 

@@ -54,9 +54,9 @@ def run_recording(config: RunConfig, out: Path) -> tuple[dict[str, dict], dict[s
         note(self, DOWN, message)
         request(self, client, message, step)
 
-    def record_reply(self: Fleet, answer: Reply, request_type: str, step: int | None) -> None:
+    def record_reply(self: Fleet, answer: Reply, request_type: str, step: int | None, expect=None) -> Reply:
         note(self, UP, answer.message)
-        reply(self, answer, request_type, step)
+        return reply(self, answer, request_type, step, expect)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Fleet, "record_request", record_request)

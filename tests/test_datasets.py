@@ -444,6 +444,10 @@ def test_image_folder_errors(tmp_path: Path) -> None:
     (tmp_path / "test" / "dog" / "b.png").unlink()
     (tmp_path / "test" / "dog").rmdir()
     (tmp_path / "test" / "cat").mkdir()
+    (tmp_path / "test" / "cat" / "good.png").write_bytes((tmp_path / "train" / "cat" / "a.png").read_bytes())
+    with pytest.raises(DataError, match=r"1 class folder\(s\) \(cat\); a classifier needs at least 2"):
+        load_dataset("image-folder", tmp_path)  # one class: every prediction would be "right"
+    _png(tmp_path / "train" / "dog" / "c.png", (4, 5, 6))
     (tmp_path / "test" / "cat" / "bad.png").write_bytes(b"not a png")
     with pytest.raises(DataError, match=r"bad\.png"):
         load_dataset("image-folder", tmp_path)

@@ -54,8 +54,8 @@ class RecordingFleet(InProcessFleet):
         super().__init__(clients, Ledger(None))
         self.replies: list[tuple[str, int, Message]] = []
 
-    def send(self, requests, *, step=None, timeout=None):
-        replies = super().send(requests, step=step, timeout=timeout)
+    def send(self, requests, *, step=None, timeout=None, expect=None):
+        replies = super().send(requests, step=step, timeout=timeout, expect=expect)
         types = {cid: m.type for cid, m in requests.items()}
         self.replies += [(types[cid], cid, r.message) for cid, r in replies.items() if r.ok]
         return replies

@@ -66,7 +66,7 @@ def test_failing_and_invalid_clients_become_error_replies_and_are_logged(tmp_pat
     assert not replies[2].ok and "NaN" in replies[2].error
     assert set(fleet.dropped) == {1, 2} and fleet.dropped[1].startswith("round 3")
     failures = ledger.totals.summary()["failures"]
-    assert [(f["client"], f["status"]) for f in failures] == [(1, "failed"), (2, "failed")]
+    assert [(f["client"], f["status"]) for f in failures] == [(1, "failed"), (2, "invalid")]
     good = successful(replies, minimum=1)
     assert list(good) == [0]
     with pytest.raises(FederationError, match=r"only 1 of 3 clients.*client 1: RuntimeError: disk full"):

@@ -51,6 +51,7 @@ from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.fleet import Fleet, Reply, successful
 from fedistill.federation.messages import Message, expect_arrays, state_specs
+from fedistill.federation.reply_spec import LOCAL_METRICS, TRAIN_METRICS, ReplySpec
 from fedistill.privacy.accounting import DPConfig, PrivacyBudgetExceeded
 from fedistill.privacy.budget import (
     PRIVACY_QUERY,
@@ -294,11 +295,12 @@ class FedAvgServer(ServerLogic):
                 "config": {"round": round, "prox_mu": self.options.mu, "evaluate_local": evaluate_local}
             },
         )
-        sent = fleet.broadcast(request, chosen, timeout=config.timeout or None)
+        expect = ReplySpec(
+            {"parameters": self.specs}, TRAIN_METRICS + (LOCAL_METRICS if evaluate_local else ())
+        )
+        sent = fleet.broadcast(request, chosen, timeout=config.timeout or None, expect=expect)
         self.privacy.check(sent, round)
         replies = successful(sent, minimum=min(config.min_clients, len(chosen)), what="trained parameters")
-        for reply in replies.values():
-            expect_arrays(reply, "parameters", self.specs)
         states = [reply.tensors("parameters") for reply in replies.values()]
         counts = [float(reply.scalar("metrics", "num_samples")) for reply in replies.values()]
         kept = self._drop_worst(states) if self.options.drop_worst else list(range(len(states)))

@@ -89,6 +89,7 @@ from fedistill.errors import ConfigError
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.fleet import Fleet
 from fedistill.federation.messages import ArraySpec, Message, expect_arrays, state_specs
+from fedistill.federation.reply_spec import TRAIN_LOSS, TRAIN_METRICS, ReplySpec
 from fedistill.models.base import CLASSIFIER_PREFIX, Classifier
 from fedistill.models.feature_generator import (
     LABEL_INPUTS,
@@ -484,9 +485,12 @@ class FedCGServer(ServerLogic):
                 }
             },
         )
-        replies = ask_sampled(fleet, request, config, round, "trained classifiers and generators")
-        for reply in replies:
-            expect_arrays(reply, "parameters", self.specs)
+        counts = {"class_counts": ArraySpec("int64", (self.ctx.info.num_classes,))}
+        expect = ReplySpec(
+            {"parameters": self.specs, **({"label-statistics": counts} if distill else {})},
+            (*TRAIN_METRICS, TRAIN_LOSS, "discriminator_loss", "generator_loss"),
+        )
+        replies = ask_sampled(fleet, request, config, round, "trained classifiers and generators", expect)
         states = [reply.tensors("parameters") for reply in replies]
         sizes = [float(r.scalar("metrics", "num_samples")) for r in replies]
         weights = sizes if options.weighting == "samples" else [1.0] * len(replies)
@@ -511,9 +515,6 @@ class FedCGServer(ServerLogic):
     def _distill(
         self, replies: list[Message], states: list[dict[str, torch.Tensor]], weights: list[float], round: int
     ) -> float:
-        spec = {"class_counts": ArraySpec("int64", (self.ctx.info.num_classes,))}
-        for reply in replies:
-            expect_arrays(reply, "label-statistics", spec)
         counts = torch.stack([r.tensor("label-statistics", "class_counts") for r in replies]).to(
             torch.float64
         )

@@ -71,7 +71,8 @@ from fedistill.algorithms.training import average_states, evaluate_model, new_mo
 from fedistill.errors import ConfigError, FederationError
 from fedistill.experiment.config import RunConfig
 from fedistill.federation.fleet import Fleet, successful
-from fedistill.federation.messages import Message, expect_arrays, state_specs
+from fedistill.federation.messages import Message, state_specs
+from fedistill.federation.reply_spec import LOCAL_METRICS, TRAIN_METRICS, ReplySpec
 from fedistill.privacy.budget import DPOptions
 from fedistill.seeding import torch_generator
 
@@ -333,12 +334,14 @@ class FedDFServer(ServerLogic):
             )
             for name, model in self.group_models.items()
         }
-        sent = fleet.send({cid: requests[self.group(cid)] for cid in chosen}, timeout=config.timeout or None)
+        needed = TRAIN_METRICS + (LOCAL_METRICS if evaluate_local else ())
+        expect = {cid: ReplySpec({"parameters": self.specs[self.group(cid)]}, needed) for cid in chosen}
+        sent = fleet.send(
+            {cid: requests[self.group(cid)] for cid in chosen}, timeout=config.timeout or None, expect=expect
+        )
         self.privacy.check(sent, round)
         replies = successful(sent, minimum=min(config.min_clients, len(chosen)), what="trained parameters")
         clients = sorted(replies)
-        for cid in clients:
-            expect_arrays(replies[cid], "parameters", self.specs[self.group(cid)])
         states = [replies[cid].tensors("parameters") for cid in clients]
         counts = [float(replies[cid].scalar("metrics", "num_samples")) for cid in clients]
         teachers = [self._frozen(self.group(cid), state) for cid, state in zip(clients, states, strict=True)]

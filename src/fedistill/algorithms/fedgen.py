@@ -87,6 +87,7 @@ from fedistill.experiment.config import RunConfig
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.fleet import Fleet
 from fedistill.federation.messages import ArraySpec, Message, expect_arrays, state_specs
+from fedistill.federation.reply_spec import TRAIN_LOSS, TRAIN_METRICS, ReplySpec
 from fedistill.models.base import CLASSIFIER_PREFIX, Classifier
 from fedistill.models.feature_generator import (
     LABEL_INPUTS,
@@ -430,11 +431,11 @@ class FedGenServer(ServerLogic):
         config, options = self.ctx.config, self.options
         evaluate_local = evaluates_local(config, round)
         request = self._request(round, evaluate_local)
-        replies = ask_sampled(fleet, request, config, round, "trained parameters and label counts")
         count_spec = {"class_counts": ArraySpec("int64", (self.ctx.info.num_classes,))}
-        for reply in replies:
-            expect_arrays(reply, "parameters", self.specs)
-            expect_arrays(reply, "label-statistics", count_spec)
+        expect = ReplySpec(
+            {"parameters": self.specs, "label-statistics": count_spec}, (*TRAIN_METRICS, TRAIN_LOSS)
+        )
+        replies = ask_sampled(fleet, request, config, round, "trained parameters and label counts", expect)
         states = [reply.tensors("parameters") for reply in replies]
         counts = torch.stack([r.tensor("label-statistics", "class_counts") for r in replies]).to(
             torch.float64

@@ -99,6 +99,7 @@ from fedistill.experiment.plots import plot_image_grid
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import ArraySpec, Message, expect_arrays, state_specs
+from fedistill.federation.reply_spec import TRAIN_METRICS, ReplySpec
 from fedistill.metrics.generation import adapted_inception_score, class_coverage
 from fedistill.models.discriminator import build_discriminator
 from fedistill.models.generator import build_generator
@@ -576,18 +577,22 @@ class FedIODServer(ServerLogic):
         request = Message.build(
             "train", scalars={"config": {"send_label_counts": options.needs_label_counts}}
         )
+        counts_spec = {"class_counts": ArraySpec("int64", (self.ctx.info.num_classes,))}
+        expect = ReplySpec(
+            {"label-statistics": counts_spec} if options.needs_label_counts else {},
+            (*TRAIN_METRICS, "teacher_val_accuracy"),
+        )
         replies = successful(
-            fleet.broadcast(request, timeout=config.timeout or None),
+            fleet.broadcast(request, timeout=config.timeout or None, expect=expect),
             minimum=min(config.min_clients, len(fleet.clients)),
             what="trained teachers",
         )
         clients = sorted(replies)
         sizes = torch.tensor([float(replies[c].scalar("metrics", "num_samples")) for c in clients])
+        if float(sizes.sum()) <= 0:
+            raise FederationError("every teacher reports 0 training samples; FedIOD cannot weight them")
         counts = None
         if options.needs_label_counts:
-            spec = {"class_counts": ArraySpec("int64", (self.ctx.info.num_classes,))}
-            for reply in replies.values():
-                expect_arrays(reply, "label-statistics", spec)
             counts = torch.stack([replies[c].tensor("label-statistics", "class_counts") for c in clients])
         self.federation = Federation(
             clients,
@@ -617,8 +622,10 @@ class FedIODServer(ServerLogic):
     def _teacher_report(self, fleet: Fleet) -> dict[str, float]:
         """Standalone accuracies and the ensemble's accuracy (the one-shot ceiling), evaluation only."""
         assert self.federation is not None
+        n, c = len(self._test_labels()), self.ctx.info.num_classes
+        expect = ReplySpec({"logits": {"z": ArraySpec("float32", (n, c))}})
         replies = successful(
-            fleet.broadcast(Message.build("evaluate.teachers"), self.federation.clients),
+            fleet.broadcast(Message.build("evaluate.teachers"), self.federation.clients, expect=expect),
             what="teacher logits",
         )
         clients = sorted(replies)
@@ -735,7 +742,15 @@ class FedIODServer(ServerLogic):
             for i, cid in enumerate(clients)
         }
         timeout = config.timeout or None
-        sent = fleet.send(requests, step=self.step, timeout=timeout)
+        b, c = options.synthetic_batch_size, self.ctx.info.num_classes
+        logits_spec = {"z": ArraySpec("float32", (b, c))}
+        ratio_spec = {"ratio": ArraySpec("float32", (b,))}
+        if carried is not None:  # step t-1's S-step targets ride along
+            logits_spec["student_z"] = ArraySpec("float32", (len(carried[0]), c))
+            if self._want_ratio():
+                ratio_spec["student_ratio"] = ArraySpec("float32", (len(carried[0]),))
+        expect = ReplySpec({"logits": logits_spec, "discriminator-outputs": ratio_spec})
+        sent = fleet.send(requests, step=self.step, timeout=timeout, expect=expect)
         self.epsilons.update(epsilons_of(sent))
         reason = refusal_reason(sent, f"G-step {self.step}")
         if reason is not None:
@@ -743,10 +758,6 @@ class FedIODServer(ServerLogic):
         replies = successful(sent, minimum=min(config.min_clients, len(clients)), what="generator queries")
         answered = sorted(replies)
         pi = self.federation.pi(answered)
-        b, c = options.synthetic_batch_size, self.ctx.info.num_classes
-        for reply in replies.values():
-            expect_arrays(reply, "logits", {"z": ArraySpec("float32", (b, c))}, exact=carried is None)
-            expect_arrays(reply, "discriminator-outputs", {"ratio": ArraySpec("float32", (b,))}, exact=False)
         s_losses = []
         if carried is not None:  # step t-1's S-steps, at its learning rate, before this step's L_mimic
             set_lr(self.s_optimizer, carried[1])
@@ -784,6 +795,7 @@ class FedIODServer(ServerLogic):
                 },
                 step=self.step,
                 timeout=timeout,
+                expect=ReplySpec({"input-gradients": {"x": ArraySpec("float32", tuple(x.shape))}}),
             ),
             minimum=min(config.min_clients, len(answered)),
             what="input-gradients",
@@ -833,8 +845,14 @@ class FedIODServer(ServerLogic):
             arrays={"synthetic-inputs": {"x": xs}},
             scalars={"config": {"want_ratio": self._want_ratio()}},
         )
+        c = self.ctx.info.num_classes
+        arrays = {"logits": {"z": ArraySpec("float32", (len(xs), c))}}
+        if self._want_ratio():
+            arrays["discriminator-outputs"] = {"ratio": ArraySpec("float32", (len(xs),))}
         replies = successful(
-            fleet.broadcast(request, clients, step=self.step, timeout=config.timeout or None),
+            fleet.broadcast(
+                request, clients, step=self.step, timeout=config.timeout or None, expect=ReplySpec(arrays)
+            ),
             minimum=min(config.min_clients, len(clients)),
             what="student targets",
         )
@@ -854,9 +872,6 @@ class FedIODServer(ServerLogic):
         options = self.options
         n, b = options.student_steps, options.synthetic_batch_size
         answered = sorted(replies)
-        c = self.ctx.info.num_classes
-        for reply in replies.values():
-            expect_arrays(reply, "logits", {z_name: ArraySpec("float32", (n * b, c))}, exact=False)
         logits = torch.stack([replies[cid].tensor("logits", z_name) for cid in answered])
         ratio = (
             torch.stack([replies[cid].tensor("discriminator-outputs", ratio_name) for cid in answered])
@@ -910,8 +925,10 @@ class FedIODServer(ServerLogic):
         selection = self.options.selection
         if selection == "validation":
             request = Message.build("evaluate.student", arrays={"parameters": self.student.state_dict()})
+            expect = ReplySpec(metrics=("val_accuracy", "val_count"))
             replies = successful(
-                fleet.broadcast(request, timeout=self.ctx.config.timeout or None), what="validation metrics"
+                fleet.broadcast(request, timeout=self.ctx.config.timeout or None, expect=expect),
+                what="validation metrics",
             )
             counts = np.array([float(r.scalar("metrics", "val_count")) for r in replies.values()])
             accs = np.array([float(r.scalar("metrics", "val_accuracy")) for r in replies.values()])

@@ -68,6 +68,7 @@ from fedistill.experiment.config import RunConfig
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.fleet import Fleet
 from fedistill.federation.messages import ArraySpec, Message, expect_arrays, state_specs
+from fedistill.federation.reply_spec import TRAIN_LOSS, TRAIN_METRICS, ReplySpec
 from fedistill.models.base import CLASSIFIER_PREFIX, Classifier
 from fedistill.models.feature_generator import FeatureGenerator, feature_generator_for
 from fedistill.seeding import seeded, torch_generator
@@ -524,11 +525,14 @@ class FedMDCGServer(ServerLogic):
         request = Message.build(
             "train", arrays=arrays, scalars={"config": {"round": round, "evaluate_local": evaluate_local}}
         )
-        replies = ask_sampled(fleet, request, config, round, "classifiers, generators and label counts")
         count_spec = {"class_counts": ArraySpec("int64", (info.num_classes,))}
-        for reply in replies:
-            expect_arrays(reply, "parameters", self.specs)
-            expect_arrays(reply, "label-statistics", count_spec)
+        expect = ReplySpec(
+            {"parameters": self.specs, "label-statistics": count_spec},
+            (*TRAIN_METRICS, TRAIN_LOSS, "generator_loss", "generator_accuracy", "ramp"),
+        )
+        replies = ask_sampled(
+            fleet, request, config, round, "classifiers, generators and label counts", expect
+        )
         sizes = [float(r.scalar("metrics", "num_samples")) for r in replies]
         states = [r.tensors("parameters") for r in replies]
         counts = torch.stack([r.tensor("label-statistics", "class_counts") for r in replies])

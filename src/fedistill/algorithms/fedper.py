@@ -50,6 +50,7 @@ from fedistill.errors import ConfigError
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.fleet import Fleet
 from fedistill.federation.messages import Message, expect_arrays, state_specs
+from fedistill.federation.reply_spec import TRAIN_LOSS, TRAIN_METRICS, ReplySpec
 from fedistill.models.base import EXTRACTOR_PREFIX
 from fedistill.seeding import torch_generator
 
@@ -126,9 +127,10 @@ class SharedPartServer(ServerLogic):
             arrays={"parameters": self.shared_state()},
             scalars={"config": {"round": round, "evaluate_local": evaluate_local}},
         )
-        replies = ask_sampled(fleet, request, config, round, f"trained {self.shared_prefix}* parameters")
-        for reply in replies:
-            expect_arrays(reply, "parameters", self.specs)
+        expect = ReplySpec({"parameters": self.specs}, (*TRAIN_METRICS, TRAIN_LOSS))
+        replies = ask_sampled(
+            fleet, request, config, round, f"trained {self.shared_prefix}* parameters", expect
+        )
         counts = [float(r.scalar("metrics", "num_samples")) for r in replies]
         weights = counts if self.options.weighting == "samples" else [1.0] * len(replies)
         average = average_states([r.tensors("parameters") for r in replies], weights)

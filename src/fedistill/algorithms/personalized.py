@@ -34,6 +34,7 @@ from fedistill.errors import ConfigError
 from fedistill.experiment.config import RunConfig
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import Message
+from fedistill.federation.reply_spec import LOCAL_METRICS, ReplySpec
 from fedistill.models.base import CLASSIFIER_PREFIX, Classifier
 from fedistill.seeding import derive_seed
 
@@ -129,12 +130,22 @@ def evaluates_local(config: RunConfig, round: int) -> bool:
     return round % config.eval_every == 0 or round == config.rounds
 
 
-def ask_sampled(fleet: Fleet, request: Message, config: RunConfig, round: int, what: str) -> list[Message]:
-    """Send `request` to the round's sample of clients; the replies, at least ``min_clients`` of them."""
+#: What a personalised method's client adds to its local metrics in evaluation rounds.
+PERSONAL_METRICS = (*LOCAL_METRICS, "personal_test_accuracy")
+
+
+def ask_sampled(
+    fleet: Fleet, request: Message, config: RunConfig, round: int, what: str, expect: ReplySpec
+) -> list[Message]:
+    """Send `request` to the round's sample of clients; the valid replies, at least ``min_clients``.
+
+    In evaluation rounds a valid reply also carries the personal metrics `summarise_local` reads."""
     chosen = sample_clients(fleet.clients, config.fraction, config.seed, round)
+    if evaluates_local(config, round):
+        expect = expect | ReplySpec(metrics=PERSONAL_METRICS)
     return list(
         successful(
-            fleet.broadcast(request, chosen, timeout=config.timeout or None),
+            fleet.broadcast(request, chosen, timeout=config.timeout or None, expect=expect),
             minimum=min(config.min_clients, len(chosen)),
             what=what,
         ).values()

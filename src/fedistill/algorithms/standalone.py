@@ -24,6 +24,7 @@ from fedistill.algorithms.training import LocalTraining, evaluate_model, new_mod
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import Message
+from fedistill.federation.reply_spec import LOCAL_METRICS, TRAIN_LOSS, TRAIN_METRICS, ReplySpec
 from fedistill.seeding import torch_generator
 
 
@@ -71,8 +72,9 @@ class StandaloneServer(ServerLogic):
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
         request = Message.build("train", scalars={"config": {"round": round}})
+        expect = ReplySpec(metrics=(*TRAIN_METRICS, TRAIN_LOSS))
         replies = successful(
-            fleet.broadcast(request, timeout=self.ctx.config.timeout or None),
+            fleet.broadcast(request, timeout=self.ctx.config.timeout or None, expect=expect),
             minimum=min(self.ctx.config.min_clients, len(fleet.clients)),
         )
         counts = [float(r.scalar("metrics", "num_samples")) for r in replies.values()]
@@ -81,8 +83,9 @@ class StandaloneServer(ServerLogic):
 
     def evaluate(self, fleet: Fleet, round: int) -> dict[str, float]:
         request = Message.build("evaluate", scalars={"config": {"round": round}})
+        expect = ReplySpec(metrics=("test_accuracy", "test_loss", *LOCAL_METRICS))
         replies = successful(
-            fleet.broadcast(request, timeout=self.ctx.config.timeout or None), what="metrics"
+            fleet.broadcast(request, timeout=self.ctx.config.timeout or None, expect=expect), what="metrics"
         )
         acc = np.array([float(r.scalar("metrics", "test_accuracy")) for r in replies.values()])
         loss = np.array([float(r.scalar("metrics", "test_loss")) for r in replies.values()])

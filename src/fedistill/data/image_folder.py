@@ -98,6 +98,11 @@ def load_image_folder(
     for class_dir in train_classes.values():
         if not _image_files(class_dir):
             raise DataError(f"image-folder: training class folder {class_dir} holds no images")
+    if len(train_classes) < 2:
+        raise DataError(
+            f"image-folder: {root / 'train'} holds {len(train_classes)} class folder(s) "
+            f"({', '.join(train_classes) or 'none'}); a classifier needs at least 2"
+        )
     label_of = {name: i for i, name in enumerate(train_classes)}
     mode = "RGB" if channels == 3 else "L"
     train = _load_split(root / "train", train_classes, label_of, mode, image_size)

@@ -7,6 +7,8 @@ The resolved configuration is written to the run directory as `config.toml`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
 import tomllib
 import types
 import typing
@@ -88,6 +90,8 @@ def _check_value(key: str, value: Any, annotation: Any) -> Any:
         raise ConfigError(f"{key} = {value!r} is not a {hint}")
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if hint is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key} must be a finite number, got {value!r}")
     origin = typing.get_origin(hint) or hint
     if origin is typing.Any:
         return value
@@ -99,7 +103,14 @@ def _check_value(key: str, value: Any, annotation: Any) -> Any:
 
 
 def _unknown(key: str, valid: list[str]) -> ConfigError:
-    return unknown_name("config key", key, sorted(valid), ConfigError)  # type: ignore[return-value]
+    """Unknown key; a did-you-mean only from keys close to it (for `table.key`, close in `key`)."""
+    section, dot, name = key.rpartition(".")
+    if not dot:
+        return unknown_name("config key", key, sorted(valid), ConfigError)  # type: ignore[return-value]
+    names = sorted(v.rpartition(".")[2] for v in valid)
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f"; did you mean '{section}.{close[0]}'?" if close else ""
+    return ConfigError(f"unknown config key {key!r}{hint} (valid: {', '.join(sorted(valid))})")
 
 
 def parse_value(text: str) -> Any:
@@ -119,6 +130,8 @@ def parse_assignment(text: str) -> tuple[str, Any]:
 
 def load_toml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"--config {path} is a folder; pass a TOML file (e.g. {path}/experiment.toml)")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
@@ -161,6 +174,11 @@ def validate(config: RunConfig) -> None:
         (config.eval_every >= 1, "eval_every must be >= 1"),
         (config.checkpoint_every >= 1, "checkpoint_every must be >= 1"),
         (config.min_clients >= 1, "min_clients must be >= 1"),
+        (
+            config.min_clients <= config.clients,
+            f"min_clients = {config.min_clients} is more than clients = {config.clients}; "
+            "no round could go on",
+        ),
         (config.timeout >= 0, "timeout must be >= 0"),
         (config.max_message_mb > 0, "max_message_mb must be > 0"),
         (config.augment in ("auto", "on", "off"), "augment must be auto, on or off"),

@@ -6,6 +6,7 @@ resumed with `--resume` ends with exactly the metrics of an uninterrupted run.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import platform
 import resource
@@ -94,7 +95,12 @@ def check_sections(config: RunConfig) -> None:
             )
         if section not in algorithms:
             valid = sorted(algorithms | NON_ALGORITHM_SECTIONS | {config.dataset})
-            raise unknown_name("config table", section, valid, ConfigError)
+            close = difflib.get_close_matches(section, valid, n=1)
+            hint = f"; did you mean [{close[0]}]?" if close else ""
+            raise ConfigError(
+                f"unknown config table [{section}]{hint}; tables are algorithm names, the dataset's "
+                f"name or [partition] (valid: {', '.join(valid)})"
+            )
         algorithm = get_algorithm(section)
         options_for(for_algorithm(config, section), section, algorithm.options)
 

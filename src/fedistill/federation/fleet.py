@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fedistill.errors import FederationError
 from fedistill.federation.ledger import DOWN, UP, Ledger
 from fedistill.federation.messages import Message
+from fedistill.federation.reply_spec import Expectation, spec_for
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,17 @@ class Fleet(ABC):
 
     @abstractmethod
     def send(
-        self, requests: Mapping[int, Message], *, step: int | None = None, timeout: float | None = None
+        self,
+        requests: Mapping[int, Message],
+        *,
+        step: int | None = None,
+        timeout: float | None = None,
+        expect: Expectation = None,
     ) -> dict[int, Reply]:
-        """Deliver one request per client and return one reply per client (message or error)."""
+        """Deliver one request per client and return one reply per client (message or error).
+
+        `expect` (reply_spec.py) declares what a valid reply holds; a reply that does not match becomes
+        an error reply naming what was wrong, exactly as a client that failed."""
 
     def broadcast(
         self,
@@ -56,9 +65,10 @@ class Fleet(ABC):
         *,
         step: int | None = None,
         timeout: float | None = None,
+        expect: Expectation = None,
     ) -> dict[int, Reply]:
         targets = self.clients if clients is None else list(clients)
-        return self.send(dict.fromkeys(targets, message), step=step, timeout=timeout)
+        return self.send(dict.fromkeys(targets, message), step=step, timeout=timeout, expect=expect)
 
     def note_failure(self, reply: Reply) -> None:
         self.dropped.setdefault(reply.client, f"round {self.round}: {reply.error}")
@@ -69,8 +79,31 @@ class Fleet(ABC):
             round=self.round, step=step, direction=DOWN, client=client, message=request, type=request.type
         )
 
-    def record_reply(self, reply: Reply, request_type: str, step: int | None) -> None:
-        """The reply's bytes per kind, or its failure (which also marks the client as dropped)."""
+    def record_reply(
+        self, reply: Reply, request_type: str, step: int | None, expect: Expectation = None
+    ) -> Reply:
+        """Record the reply's bytes per kind, or its failure (which also marks the client as dropped).
+
+        A reply that does not match `expect` is recorded with its bytes as `invalid` and comes back as
+        a failed reply; the caller keeps what this returns."""
+        spec = spec_for(expect, reply.client)
+        if reply.message is not None and spec is not None:
+            try:
+                spec.check(reply.message)
+            except FederationError as exc:
+                invalid = Reply(reply.client, None, f"invalid reply: {exc}")
+                self.ledger.record(
+                    round=self.round,
+                    step=step,
+                    direction=UP,
+                    client=reply.client,
+                    message=reply.message,
+                    type=request_type,
+                    status="invalid",
+                    error=invalid.error,
+                )
+                self.note_failure(invalid)
+                return invalid
         if reply.ok:
             self.ledger.record(
                 round=self.round,
@@ -80,8 +113,11 @@ class Fleet(ABC):
                 message=reply.message,
                 type=request_type,
             )
-            return
-        status = "timeout" if reply.error and reply.error.startswith("timed out") else "failed"
+            return reply
+        error = reply.error or ""
+        status = "failed"
+        if error.startswith(("timed out", "invalid")):
+            status = "timeout" if error.startswith("timed out") else "invalid"
         self.ledger.record(
             round=self.round,
             step=step,
@@ -93,6 +129,7 @@ class Fleet(ABC):
             error=reply.error,
         )
         self.note_failure(reply)
+        return reply
 
 
 def successful(

@@ -11,10 +11,12 @@ import logging
 import time
 from collections.abc import Mapping
 
+from fedistill.errors import FederationError
 from fedistill.federation.client import ClientLogic
 from fedistill.federation.fleet import Fleet, Reply
 from fedistill.federation.ledger import Ledger
 from fedistill.federation.messages import DEFAULT_MAX_BYTES, Message, check_on_receipt
+from fedistill.federation.reply_spec import Expectation
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,12 @@ class InProcessFleet(Fleet):
         return list(self._clients)
 
     def send(
-        self, requests: Mapping[int, Message], *, step: int | None = None, timeout: float | None = None
+        self,
+        requests: Mapping[int, Message],
+        *,
+        step: int | None = None,
+        timeout: float | None = None,
+        expect: Expectation = None,
     ) -> dict[int, Reply]:
         timeout = self.timeout if timeout is None else timeout
         started, in_clients = time.perf_counter(), self.seconds_in_clients
@@ -54,8 +61,7 @@ class InProcessFleet(Fleet):
             request = requests[cid]
             self.record_request(cid, request, step)
             reply = self._deliver(cid, request, timeout)
-            self.record_reply(reply, request.type, step)
-            replies[cid] = reply
+            replies[cid] = self.record_reply(reply, request.type, step, expect)
         self.seconds_in_transport += time.perf_counter() - started - (self.seconds_in_clients - in_clients)
         return replies
 
@@ -68,10 +74,13 @@ class InProcessFleet(Fleet):
             handler_start = time.perf_counter()
             answer = self._clients[cid].handle(request)
             self.seconds_in_clients += time.perf_counter() - handler_start
-            check_on_receipt(answer, max_bytes=self.max_bytes)
         except Exception as exc:  # a failing client must not take the server down
             log.warning("client %d failed on %s: %s", cid, request.type, exc, exc_info=log.isEnabledFor(10))
             return Reply(cid, None, f"{type(exc).__name__}: {exc}")
+        try:
+            check_on_receipt(answer, max_bytes=self.max_bytes)
+        except FederationError as exc:  # NaN, oversize, a malformed message: invalid, like any other fault
+            return Reply(cid, None, f"invalid reply: {exc}")
         elapsed = time.perf_counter() - start
         if timeout is not None and elapsed > timeout:
             return Reply(cid, None, f"timed out after {elapsed:.1f} s (limit {timeout:.1f} s)")

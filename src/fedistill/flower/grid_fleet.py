@@ -19,6 +19,7 @@ from fedistill.errors import FederationError
 from fedistill.federation.fleet import Fleet, Reply
 from fedistill.federation.ledger import Ledger
 from fedistill.federation.messages import DEFAULT_MAX_BYTES, Message, check_on_receipt
+from fedistill.federation.reply_spec import Expectation
 from fedistill.flower.codec import from_records, to_records
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,12 @@ class GridFleet(Fleet):
 
     # --- the Fleet interface ---------------------------------------------------------------------
     def send(
-        self, requests: Mapping[int, Message], *, step: int | None = None, timeout: float | None = None
+        self,
+        requests: Mapping[int, Message],
+        *,
+        step: int | None = None,
+        timeout: float | None = None,
+        expect: Expectation = None,
     ) -> dict[int, Reply]:
         started = time.perf_counter()
         unknown = [cid for cid in requests if cid not in self.node_of]
@@ -108,8 +114,7 @@ class GridFleet(Fleet):
             else:
                 message, error = answers[self.node_of[cid]]
                 reply = Reply(cid, message, error)
-            self.record_reply(reply, requests[cid].type, step)
-            replies[cid] = reply
+            replies[cid] = self.record_reply(reply, requests[cid].type, step, expect)
         self.seconds_in_transport += time.perf_counter() - started
         return replies
 
@@ -149,5 +154,5 @@ class GridFleet(Fleet):
             message = from_records(reply.content, message_type)
             check_on_receipt(message, max_bytes=self.max_bytes)
         except Exception as exc:  # a malformed reply is that client's failure, not the server's
-            return None, f"{type(exc).__name__}: {exc}"
+            return None, f"invalid reply: {exc}"
         return message, None

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedistill.errors import ConfigError
+from fedistill.federation import reply_spec
 from fedistill.federation.fleet import Reply
 from fedistill.federation.messages import Message
 from fedistill.privacy.accounting import ClientAccountant, DPConfig, PrivacyBudgetExceeded, calibrate_noise
@@ -38,7 +39,7 @@ __all__ = [
     "stop_reason",
 ]
 
-REFUSED = "privacy_budget_refused"
+REFUSED = reply_spec.REFUSED  # "privacy_budget_refused"
 """Metrics flag of a refusal reply."""
 
 PRIVACY_QUERY = "query.privacy"

@@ -1,0 +1,74 @@
+"""What a server expects back: declared once per request, checked by the fleet on receipt.
+
+Every invalid reply is treated alike, whatever is wrong with it (a wrong shape or dtype, a missing
+array or metric, a NaN, an oversize payload, a negative sample count): the fleet turns it into a
+failed reply naming the client and the fault, the ledger records it as `invalid`, the client is
+listed among the dropped ones in the summary, and the run goes on while at least `min_clients`
+answered. Server code therefore only ever reads replies that match what it asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from fedistill.federation.messages import ArraySpec, Message, expect_arrays
+
+#: The scalar every training reply carries: the weight of the client in averages.
+NUM_SAMPLES = "num_samples"
+#: What every local-training reply reports (its loss too, except under DP, which keeps it home), and
+#: what a reply with local evaluation adds.
+TRAIN_METRICS = (NUM_SAMPLES,)
+TRAIN_LOSS = "train_loss"
+LOCAL_METRICS = ("local_accuracy", "local_count")
+#: A client's refusal to exceed its privacy budget (privacy/budget.py) is a valid answer to any request.
+REFUSED = "privacy_budget_refused"
+
+
+@dataclass(frozen=True)
+class ReplySpec:
+    """Arrays per kind (exact: no other names under that kind, unless listed in `open_kinds`), and the
+    `metrics` scalars that must be finite numbers; `num_samples` must also be >= 0."""
+
+    arrays: Mapping[str, Mapping[str, ArraySpec]] = field(default_factory=dict)
+    metrics: tuple[str, ...] = ()
+    open_kinds: frozenset[str] = frozenset()
+
+    def check(self, message: Message) -> None:
+        """FederationError saying what is wrong with `message`; nothing when it is as expected."""
+        if message.scalars.get("metrics", {}).get(REFUSED) is True:
+            return
+        for kind, specs in self.arrays.items():
+            expect_arrays(message, kind, specs, exact=kind not in self.open_kinds)
+        metrics = message.scalars.get("metrics", {})
+        for name in self.metrics:
+            if name not in metrics:
+                raise _fault(message, f"missing metric {name!r}")
+            value = metrics[name]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise _fault(message, f"metric {name!r} is {value!r}, not a finite number")
+            if name == NUM_SAMPLES and value < 0:
+                raise _fault(message, f"metric {name!r} is {value}, a negative sample count")
+
+    def __or__(self, other: ReplySpec) -> ReplySpec:
+        return ReplySpec(
+            {**self.arrays, **other.arrays},
+            tuple(dict.fromkeys(self.metrics + other.metrics)),
+            self.open_kinds | other.open_kinds,
+        )
+
+
+def _fault(message: Message, what: str) -> Exception:
+    from fedistill.errors import FederationError
+
+    return FederationError(f"{message.type}: {what}")
+
+
+Expectation = ReplySpec | Mapping[int, ReplySpec] | None
+
+
+def spec_for(expect: Expectation, client: int) -> ReplySpec | None:
+    if expect is None or isinstance(expect, ReplySpec):
+        return expect
+    return expect.get(client)
