@@ -3,9 +3,11 @@ traceback, and leaves a run directory that a later correct run or `--resume` can
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -229,3 +231,87 @@ def test_summary_of_an_empty_folder_says_it_holds_no_run(tmp_path, capsys):
     assert main(["summary", str(tmp_path)]) == 2
     line = _one_line(capsys)
     assert "holds no run" in line and "--resume" not in line
+
+
+# --- Ctrl-C -------------------------------------------------------------------------------------------
+def test_ctrl_c_names_the_run_folder_and_resume_ends_like_an_uninterrupted_run(tmp_path):
+    argv = ["run", *FAST, "--rounds", "25", "--out", str(tmp_path)]
+    assert main([*argv, "--name", "ref"]) == 0
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fedistill.cli", *argv, "--name", "cut"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics = tmp_path / "cut" / "fedavg" / "metrics.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (
+        not metrics.is_file() or len(metrics.read_text().splitlines()) < 2
+    ):
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    assert f"interrupted; continue with --resume {tmp_path / 'cut'}" in err
+    assert main(["run", "--resume", str(tmp_path / "cut"), "--quiet"]) == 0
+    assert _same_as(read_jsonl(tmp_path / "ref" / "fedavg" / "metrics.jsonl"), tmp_path / "cut")
+
+
+# --- config and dataset options ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [
+        (["--lr", "inf"], "lr must be a finite number"),
+        (["--set", "lr=nan"], "lr must be a finite number"),
+        (["--set", "fediod.lr_student=inf"], "fediod.lr_student must be a finite number"),
+        (["--set", "fediod.nosuch=1"], "unknown config key 'fediod.nosuch'"),  # fediod is not running
+        (["--set", "fedavg.nosuch=1"], "unknown config key 'fedavg.nosuch' (valid"),  # no unrelated guess
+        (["--set", "fedavg.weightin='uniform'"], "did you mean 'fedavg.weighting'"),
+        (["--set", "min_clients=3"], "min_clients = 3 is more than clients = 2"),
+        (["--set", "cifar100.labels='coarse'"], "sets options of dataset 'cifar100', but the run uses"),
+        (["--set", "nosuch.key=1"], "unknown config table [nosuch]"),
+    ],
+)
+def test_config_mistakes_are_named_before_anything_is_written(tmp_path, capsys, bad, named):
+    assert main(_run(tmp_path, "--name", "a", *bad)) == 2
+    assert named in _one_line(capsys)
+    assert not (tmp_path / "a").exists()
+
+
+def test_config_given_a_folder_says_it_wants_a_file(tmp_path, capsys):
+    assert main(_run(tmp_path, "--config", str(tmp_path))) == 2
+    assert "is a folder; pass a TOML file" in _one_line(capsys)
+
+
+def _image_folder(root: Path, classes: list[str]) -> None:
+    from PIL import Image
+
+    for split in ("train", "test"):
+        for i, name in enumerate(classes):
+            for j in range(4 if split == "train" else 2):
+                (root / split / name).mkdir(parents=True, exist_ok=True)
+                Image.new("RGB", (8, 8), (40 * i, 10 * j, 255 - 40 * i)).save(
+                    root / split / name / f"{j}.png"
+                )
+
+
+def test_dataset_options_come_from_the_command_line_and_survive_resume(tmp_path, capsys):
+    data = tmp_path / "data"
+    _image_folder(data, ["ant", "bee"])
+    argv = _run(tmp_path, "--dataset", "image-folder", "--data-dir", str(data))
+    grey = ["--set", "image-folder.channels=1", "--set", "image-folder.image_size=8"]
+    assert main([*argv, "--name", "r", *grey]) == 0
+    assert "[image-folder]" in (tmp_path / "r" / "config.toml").read_text()
+    (tmp_path / "r" / "fedavg" / "summary.json").unlink()  # finish it again from its checkpoint
+    assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 0
+    assert main([*argv, "--name", "s", "--set", "image-folder.nosuch=1"]) == 2
+    assert "does not take option(s) nosuch" in _one_line(capsys)
+
+
+def test_a_one_class_image_folder_is_refused(tmp_path, capsys):
+    data = tmp_path / "data"
+    _image_folder(data, ["ant"])
+    assert main(_run(tmp_path, "--dataset", "image-folder", "--data-dir", str(data))) == 2
+    assert "a classifier needs at least 2" in _one_line(capsys)
