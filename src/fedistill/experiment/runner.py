@@ -36,6 +36,7 @@ from fedistill.data.base import LoadedDataset
 from fedistill.data.partition import FederatedSplit, load_split, make_split, save_split
 from fedistill.data.registry import dataset_names, load_dataset
 from fedistill.errors import ConfigError, RunDirError, unknown_name
+from fedistill.experiment import interrupt
 from fedistill.experiment.checkpoint import save_model, write_checkpoint
 from fedistill.experiment.config import RunConfig, for_algorithm, options_for, read_config, write_config
 from fedistill.experiment.plots import plot_learning_curves, plot_partition
@@ -282,6 +283,7 @@ def _loop(
     )
     try:
         for round in bar:
+            interrupt.check()  # Ctrl-C during a Flower simulation (experiment/interrupt.py)
             fleet.round = round
             round_start = time.perf_counter()
             try:

@@ -20,7 +20,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedistill.algorithms.base import ALGORITHMS, algorithm_names
-from fedistill.errors import FederationError
+from fedistill.errors import FederationError, UserError
 from fedistill.experiment.config import RunConfig, build_config, parse_assignment
 from fedistill.federation.messages import Message, check_on_receipt
 from fedistill.flower.codec import from_records, header_of, to_records
@@ -107,8 +107,13 @@ def make_server_app(
     errors: list | None = None,
     *,
     progress: bool = False,
+    resume: bool = False,
 ) -> ServerApp:
-    """`results`/`errors` collect the summaries or the exception when the caller is in-process."""
+    """`results`/`errors` collect the summaries or the exception when the caller is in-process.
+
+    Under `flwr run` a user mistake (a bad `-c` value, a missing file) is logged as one line, with no
+    traceback, and the ServerApp ends; `flwr run` itself exits 0 whatever a run's outcome, so that
+    line in the streamed log is where the user learns of it."""
     app = ServerApp()
 
     @app.main()
@@ -119,8 +124,14 @@ def make_server_app(
             run_config = config or config_from_run_config(dict(context.run_config))
             target = suite_dir or Path(run_config.out) / (run_config.name or default_name(run_config))
             summaries = run_suite(
-                run_config.replace(transport="flower"), target, grid=grid, progress=progress
+                run_config.replace(transport="flower"), target, grid=grid, progress=progress, resume=resume
             )
+        except UserError as exc:
+            if errors is None:
+                log.error("fedistill: error: %s", exc)
+                return
+            errors.append(exc)
+            return
         except BaseException as exc:
             if errors is None:
                 raise

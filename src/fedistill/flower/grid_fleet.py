@@ -16,6 +16,7 @@ from flwr.app import Message as FlowerMessage
 from flwr.serverapp import Grid
 
 from fedistill.errors import FederationError
+from fedistill.experiment import interrupt
 from fedistill.federation.fleet import Fleet, Reply
 from fedistill.federation.ledger import Ledger
 from fedistill.federation.messages import DEFAULT_MAX_BYTES, Message, check_on_receipt
@@ -133,6 +134,7 @@ class GridFleet(Fleet):
         pending = set(ids)
         deadline = time.monotonic() + timeout
         while pending:
+            interrupt.check()
             for reply in self.grid.pull_messages(list(pending)):
                 mid = reply.metadata.reply_to_message_id
                 if mid not in pending:

@@ -1,0 +1,104 @@
+"""Flower runs under a user's hand: Ctrl-C stops a simulation within seconds and `--resume` finishes it,
+a second Ctrl-C ends the process at once, and a bad `flwr run -c` value is one logged line."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr")
+
+from flwr.app import Context, RecordDict
+
+from fedistill.cli import main
+from fedistill.experiment.rundir import read_jsonl
+from fedistill.flower.apps import make_server_app
+
+ENV = {
+    **os.environ,
+    "MPLBACKEND": "Agg",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+}
+ARGV = ["--transport", "flower", "--algorithm", "fedavg", "--model", "mlp", "--clients", "2", "--quiet"]
+
+
+def _start(out: Path, rounds: int) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "fedistill.cli", "run", *ARGV, "--rounds", str(rounds)]
+    return subprocess.Popen(
+        [*argv, "--out", str(out), "--name", "r"], env=ENV, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _wait_for_rows(metrics: Path, rows: int, limit: float = 90.0) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= rows:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"{metrics} did not reach {rows} rows")
+
+
+def test_ctrl_c_stops_a_simulation_within_seconds_and_resume_finishes_it(tmp_path, capsys):
+    process = _start(tmp_path, rounds=200)
+    _wait_for_rows(tmp_path / "r" / "fedavg" / "metrics.jsonl", 2)
+    process.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    _, err = process.communicate(timeout=60)
+    assert time.monotonic() - started < 20
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    assert f"continue with --resume {tmp_path / 'r'}" in err
+    # the same name is not free (the run did work), and --resume finishes it instead of refusing
+    assert main(["run", *ARGV, "--rounds", "200", "--out", str(tmp_path), "--name", "r"]) == 2
+    assert "use --resume" in capsys.readouterr().err
+    config = (tmp_path / "r" / "config.toml").read_text().replace("rounds = 200", "rounds = 3")
+    (tmp_path / "r" / "config.toml").write_text(config)  # fewer rounds: only the restart matters here
+    assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 0
+    assert [row["round"] for row in read_jsonl(tmp_path / "r" / "fedavg" / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_a_second_ctrl_c_ends_the_process_at_once_without_a_traceback(tmp_path):
+    process = _start(tmp_path, rounds=200)
+    _wait_for_rows(tmp_path / "r" / "fedavg" / "metrics.jsonl", 1)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and "interrupted twice" in err
+
+
+@pytest.mark.parametrize(
+    ("run_config", "named"),
+    [
+        ({"algorithm": "nosuch"}, "unknown algorithm 'nosuch'"),
+        ({"set": "rounds=abc"}, "rounds must be int"),
+        ({"clients": 0}, "clients must be >= 1"),
+    ],
+)
+def test_a_bad_flwr_run_config_is_one_logged_line(tmp_path, caplog, run_config, named):
+    """What `flwr run . <federation> -c ...` hands the ServerApp: a user mistake is logged as one line
+    (no traceback) and the ServerApp ends; `flwr run` itself exits 0 whatever the run's outcome."""
+    app = make_server_app()
+    context = Context(
+        run_id=1,
+        node_id=0,
+        node_config={},
+        state=RecordDict(),
+        run_config={"out": str(tmp_path), **run_config},
+    )
+    with caplog.at_level(logging.ERROR):
+        app(None, context)  # the grid is never reached
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is None
+    assert errors[0].getMessage().startswith("fedistill: error: ") and named in errors[0].getMessage()
+    assert not any(tmp_path.iterdir())
