@@ -315,3 +315,24 @@ def test_a_one_class_image_folder_is_refused(tmp_path, capsys):
     _image_folder(data, ["ant"])
     assert main(_run(tmp_path, "--dataset", "image-folder", "--data-dir", str(data))) == 2
     assert "a classifier needs at least 2" in _one_line(capsys)
+
+
+def test_a_full_disk_during_a_run_stops_it_resumably(tmp_path, capsys, monkeypatch, reference):
+    import errno
+
+    from fedistill.experiment import runner
+
+    real = runner.write_checkpoint
+
+    def full_at_round_3(directory, name, parts):
+        if name == "round_00003":
+            raise OSError(errno.ENOSPC, "No space left on device", str(directory / name))
+        return real(directory, name, parts)
+
+    monkeypatch.setattr(runner, "write_checkpoint", full_at_round_3)
+    assert main(_run(tmp_path, "--name", "r")) == 1
+    line = _one_line(capsys, prefix="fedistill: run stopped: ")
+    assert "No space left on device" in line and f"--resume {tmp_path / 'r'}" in line
+    monkeypatch.setattr(runner, "write_checkpoint", real)
+    assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 0
+    assert _same_as(reference, tmp_path / "r")
