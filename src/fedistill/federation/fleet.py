@@ -86,49 +86,28 @@ class Fleet(ABC):
 
         A reply that does not match `expect` is recorded with its bytes as `invalid` and comes back as
         a failed reply; the caller keeps what this returns."""
-        spec = spec_for(expect, reply.client)
-        if reply.message is not None and spec is not None:
+        received, spec = reply.message, spec_for(expect, reply.client)
+        if received is not None and spec is not None:
             try:
-                spec.check(reply.message)
+                spec.check(received)
             except FederationError as exc:
-                invalid = Reply(reply.client, None, f"invalid reply: {exc}")
-                self.ledger.record(
-                    round=self.round,
-                    step=step,
-                    direction=UP,
-                    client=reply.client,
-                    message=reply.message,
-                    type=request_type,
-                    status="invalid",
-                    error=invalid.error,
-                )
-                self.note_failure(invalid)
-                return invalid
-        if reply.ok:
-            self.ledger.record(
-                round=self.round,
-                step=step,
-                direction=UP,
-                client=reply.client,
-                message=reply.message,
-                type=request_type,
-            )
-            return reply
+                reply = Reply(reply.client, None, f"invalid reply: {exc}")
         error = reply.error or ""
-        status = "failed"
-        if error.startswith(("timed out", "invalid")):
-            status = "timeout" if error.startswith("timed out") else "invalid"
+        status = "ok" if reply.ok else "timeout" if error.startswith("timed out") else "failed"
+        if error.startswith("invalid"):
+            status = "invalid"
         self.ledger.record(
             round=self.round,
             step=step,
             direction=UP,
             client=reply.client,
-            message=None,
+            message=received,  # an invalid reply's bytes crossed the boundary too
             type=request_type,
             status=status,
             error=reply.error,
         )
-        self.note_failure(reply)
+        if not reply.ok:
+            self.note_failure(reply)
         return reply
 
 
