@@ -89,8 +89,10 @@ from fedistill.algorithms.base import (
     model_cycle,
     register,
 )
+from fedistill.algorithms.bn_matching import batchnorm_statistics_loss
 from fedistill.algorithms.option_checks import check_choices
 from fedistill.algorithms.stage1 import trained_once
+from fedistill.algorithms.synthetic_pool import SyntheticPool
 from fedistill.algorithms.training import LocalTraining, evaluate_model, new_model, train_local
 from fedistill.data.transforms import to_float
 from fedistill.errors import ConfigError, FederationError
@@ -181,6 +183,11 @@ class FedIODOptions(DPOptions):
     # per-sample loss gradient). Measured on digits (B = 64, lenet-fedmdcg teachers, first epoch):
     # median norm 0.005, 90th percentile 0.01, max 0.02.
     dp_clip_norm: float = 0.01
+    # Stabilisers from the one-shot literature (0 = off, the paper). Measured on the digits demo (K = 10,
+    # alpha 0.5, lenet-fedmdcg, 100 G-steps, seeds 0-2; README "FedIOD" section): see `pool_size`.
+    w_bn: float = 0.0  # DeepInversion batch-norm statistic matching on each teacher (bn_matching.py)
+    pool_size: int = 0  # synthetic samples kept with their ensemble targets for replay (0: no pool)
+    pool_steps: int = 0  # extra S-steps per G-step on batches drawn from the pool
 
     def validate(self) -> None:
         self.validate_dp()
@@ -221,6 +228,11 @@ class FedIODOptions(DPOptions):
         for key in ("lr_generator", "lr_discriminator", "lr_student", "tau"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"fediod.{key} must be > 0")
+        for key in ("w_bn", "pool_size", "pool_steps"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"fediod.{key} must be >= 0")
+        if self.pool_steps and not self.pool_size:
+            raise ConfigError("fediod.pool_steps replays the pool: set fediod.pool_size > 0 too")
 
     @property
     def needs_label_counts(self) -> bool:
@@ -377,6 +389,7 @@ class FedIODClient(ClientLogic):
             "x": x.detach().clone(),
             "step": step,
             **{key: message.scalar("config", key) for key in ("c_gan", "c_conf", "tau", "gan_loss")},
+            "c_bn": float(message.scalar("config", "c_bn", 0.0)),
         }
         x, logits, fake_logits, local, gan, conf = self._local_terms(self.pending_inputs)
         # keep the graph: query.backprop differentiates the local terms and the server's terms together
@@ -406,13 +419,18 @@ class FedIODClient(ClientLogic):
         return {"epsilon": epsilon, "noise_multiplier": noise}
 
     def _local_terms(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, ...]:
-        """pi_k L_gan^k + pi_k H(T_k(x)) on the current D_k, with the graph back to x."""
+        """pi_k L_gan^k + pi_k H(T_k(x)) (+ pi_k w_bn L_bn(T_k, x)) on the current D_k, with the graph
+        back to x."""
         x = inputs["x"].clone().requires_grad_(True)
-        logits = self.teacher(x)
+        c_bn = float(inputs.get("c_bn", 0.0))
+        with batchnorm_statistics_loss(self.teacher if c_bn else nn.Identity()) as bn_terms:
+            logits = self.teacher(x)
         fake_logits = self.discriminator(x)
         gan = L.generator_gan_loss(fake_logits, mode=str(inputs["gan_loss"]))
         conf = L.entropy(logits, float(inputs["tau"])).mean()
         local = float(inputs["c_gan"]) * gan + float(inputs["c_conf"]) * conf
+        if bn_terms:
+            local = local + c_bn * torch.stack(bn_terms).sum()
         return x, logits, fake_logits, local, gan, conf
 
     @handles("query.backprop")
@@ -562,6 +580,7 @@ class FedIODServer(ServerLogic):
         self.last_coverage: dict[str, Any] = {}
         self.carried: tuple[torch.Tensor, float] | None = None  # S-step inputs and lr, merged mode
         self.epsilons: dict[int, float] = {}  # each client's latest reported epsilon (DP runs)
+        self.pool = SyntheticPool(options.pool_size)
         if options.dp_enabled:
             log.info(
                 "FedIOD with DP: input-gradients clipped to %g, accounting %r at delta %g; logits, density "
@@ -735,6 +754,7 @@ class FedIODServer(ServerLogic):
                         "c_conf": options.w_conf * float(pi_all[i]) if options.use_conf else 0.0,
                         "tau": options.tau,
                         "gan_loss": options.gan_loss,
+                        **({"c_bn": options.w_bn * float(pi_all[i])} if options.w_bn else {}),
                         **({"total_steps": self.total_steps} if options.dp_enabled else {}),
                     }
                 },
@@ -894,7 +914,22 @@ class FedIODServer(ServerLogic):
             loss.backward()
             self.s_optimizer.step()
             losses.append(loss.item())
+        if options.pool_size:
+            self.pool.add(xs, targets)
+            self._replay()
         return float(np.mean(losses))
+
+    def _replay(self) -> None:
+        """`pool_steps` S-steps on batches of earlier synthetic samples and their ensemble targets: the
+        student keeps fitting what G has left behind while G moves on (no new query to any client)."""
+        options = self.options
+        rng = torch_generator(self.ctx.config.seed, "pool", self.step)
+        for _ in range(options.pool_steps):
+            x, target = self.pool.sample(options.synthetic_batch_size, rng)
+            loss = L.mimic_loss(self.student(x), target, mode=options.mimic, tau=options.tau)
+            self.s_optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.s_optimizer.step()
 
     def _samples(self, epoch: int) -> None:
         if self.last_coverage.get("max_share", 0.0) > self.options.collapse_share:
@@ -980,6 +1015,7 @@ class FedIODServer(ServerLogic):
             "best": self.best,
             "reference": self.reference,
             "epsilons": {str(k): v for k, v in self.epsilons.items()},
+            "pool": self.pool.state_dict(),
             "federation": {
                 "clients": f.clients,
                 "sizes": f.sizes,
@@ -996,6 +1032,7 @@ class FedIODServer(ServerLogic):
         self.step, self.iters = int(state["step"]), int(state["iters"])
         self.best, self.reference = state["best"], dict(state["reference"])
         self.epsilons = {int(k): float(v) for k, v in state.get("epsilons", {}).items()}
+        self.pool.load_state_dict(state.get("pool", {}))
         f = state["federation"]
         self.federation = Federation(
             list(f["clients"]), f["sizes"], f["counts"], {int(k): v for k, v in f["teacher_val"].items()}

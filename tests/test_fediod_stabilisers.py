@@ -1,0 +1,125 @@
+"""FedIOD's optional stabilisers: batch-norm statistic matching on the clients' teachers and a replay pool
+of synthetic samples at the server. Each term is checked on a hand-computed case, its gradient through
+the message boundary equals autograd, nothing new crosses the boundary, and a resumed run is exact."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from algorithm_helpers import TINY_FEDIOD, check_resume_after_crash
+from fedistill.algorithms.base import ServerContext
+from fedistill.algorithms.bn_matching import batchnorm_statistics_loss
+from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
+from fedistill.algorithms.synthetic_pool import SyntheticPool
+from fedistill.algorithms.training import evaluate_model
+from fedistill.errors import ConfigError
+from fedistill.experiment.config import RunConfig, build_config, options_for
+from fedistill.experiment.runner import client_contexts, get_algorithm, prepare_data, run_suite
+from fedistill.federation.inprocess import InProcessFleet
+from fedistill.federation.ledger import UP, Ledger, read_ledger
+from fedistill.seeding import torch_generator
+
+
+def _config(**fediod) -> RunConfig:
+    layer = copy.deepcopy(TINY_FEDIOD)
+    layer["fediod"].update(fediod)
+    return build_config(RunConfig(), layer, {"algorithm": "fediod"})
+
+
+def test_batchnorm_statistics_loss_on_a_hand_computed_case():
+    bn = nn.BatchNorm2d(2)
+    bn.running_mean.copy_(torch.tensor([1.0, -1.0]))
+    bn.running_var.copy_(torch.tensor([2.0, 0.5]))
+    bn.eval()
+    # channel 0 holds 0 and 2 (mean 1, biased var 1); channel 1 holds 3 everywhere (mean 3, var 0)
+    x = torch.tensor([[[[0.0]], [[3.0]]], [[[2.0]], [[3.0]]]])
+    with batchnorm_statistics_loss(nn.Sequential(bn)) as terms:
+        bn(x)
+    # ||(1, 3) - (1, -1)|| + ||(1, 0) - (2, 0.5)|| = 4 + sqrt(1.25)
+    assert len(terms) == 1
+    assert float(terms[0]) == pytest.approx(4.0 + 1.25**0.5)
+    bn(x)  # outside the context nothing is recorded any more
+    assert len(terms) == 1
+    with batchnorm_statistics_loss(nn.Linear(2, 2)) as none:
+        nn.Linear(2, 2)(torch.zeros(1, 2))
+    assert none == []
+
+
+def _built(config: RunConfig):
+    algorithm = get_algorithm("fediod")
+    options = options_for(config, "fediod", FedIODOptions)
+    data = prepare_data(config)
+    clients = {c.client_id: FedIODClient(c) for c in client_contexts(config, algorithm, options, data)}
+    test = data.dataset.test
+    ctx = ServerContext(
+        data.dataset.info, config, options, len(clients),
+        lambda m: evaluate_model(m, test, data.dataset.info), None, test.y,
+    )  # fmt: skip
+    server = FedIODServer(ctx)
+    fleet = InProcessFleet(clients, Ledger(None))
+    server.setup(fleet)
+    return clients, server, fleet
+
+
+def test_the_bn_term_reaches_the_generator_exactly_through_the_clients():
+    """G's gradient with w_bn minus G's without equals autograd of sum_k w_bn pi_k L_bn(T_k, G(z))."""
+    w_bn = 5.0
+    grads = {}
+    for weight in (0.0, w_bn):
+        clients, server, fleet = _built(_config(w_bn=weight))
+        generator = copy.deepcopy(server.generator)
+        server.distillation_step(fleet)
+        grads[weight] = [p.grad.clone() for p in server.generator.parameters()]
+    latent = generator.sample_latent(server.options.synthetic_batch_size, torch_generator(0, "latent", 0))
+    x = generator(latent)
+    ids = sorted(clients)
+    pi = server.federation.pi(ids)
+    total = 0.0
+    for i, k in enumerate(ids):
+        with batchnorm_statistics_loss(clients[k].teacher) as terms:
+            clients[k].teacher(x)
+        total = total + w_bn * pi[i] * torch.stack(terms).sum()
+    reference = torch.autograd.grad(total, list(generator.parameters()))
+    for with_bn, without, want in zip(grads[w_bn], grads[0.0], reference, strict=True):
+        torch.testing.assert_close(with_bn - without, want, rtol=1e-4, atol=1e-6)
+
+
+def test_the_pool_keeps_the_newest_samples_and_samples_reproducibly():
+    pool = SyntheticPool(capacity=5)
+    for start in (0, 3, 6):
+        pool.add(torch.arange(start, start + 3.0)[:, None], torch.arange(start, start + 3.0)[:, None] * 10)
+    assert len(pool) == 5 and pool.x.flatten().tolist() == [4.0, 5.0, 6.0, 7.0, 8.0]
+    assert torch.equal(pool.targets, pool.x * 10)
+    a = pool.sample(4, torch.Generator().manual_seed(1))
+    b = pool.sample(4, torch.Generator().manual_seed(1))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], a[0] * 10)
+    restored = SyntheticPool(5)
+    restored.load_state_dict(pool.state_dict())
+    assert torch.equal(restored.x, pool.x)
+
+
+def test_the_stabilisers_send_nothing_new_and_no_parameters(tmp_path):
+    plain = run_suite(_config(), tmp_path / "plain", progress=False)[0]
+    stable = run_suite(_config(w_bn=10.0, pool_size=256, pool_steps=3), tmp_path / "stable", progress=False)[
+        0
+    ]
+    assert stable["communication"][UP]["per_kind"].get("parameters", 0) == 0
+
+    def kinds(run: str) -> list:
+        records = read_ledger(tmp_path / run / "fediod" / "ledger.jsonl")
+        return [(r["direction"], r["type"], sorted(r["kinds"])) for r in records]
+
+    assert kinds("stable") == kinds("plain")
+    assert stable["final"]["test_accuracy"] != plain["final"]["test_accuracy"]  # the options do act
+
+
+def test_a_resumed_run_with_the_stabilisers_is_exact(tmp_path):
+    config = build_config(_config(w_bn=10.0, pool_size=256, pool_steps=3), {"rounds": 3})
+    check_resume_after_crash(config, FedIODServer, tmp_path)
+
+
+def test_pool_steps_without_a_pool_are_refused():
+    with pytest.raises(ConfigError, match="pool_size"):
+        options_for(_config(pool_steps=2), "fediod", FedIODOptions)
