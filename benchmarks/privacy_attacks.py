@@ -85,8 +85,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from fedistill.algorithms import fediod_losses as FL
 from fedistill.algorithms.base import ClientContext, ServerContext, get_algorithm
+from fedistill.algorithms.fediod import losses as FL
 from fedistill.algorithms.training import new_model
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.data.registry import load_dataset

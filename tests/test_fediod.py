@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from algorithm_helpers import TINY_FEDIOD
-from fedistill.algorithms import fediod_losses as L
 from fedistill.algorithms.base import ServerContext
 from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
+from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.training import evaluate_model
 from fedistill.experiment.config import RunConfig, build_config, options_for
 from fedistill.experiment.runner import client_contexts, get_algorithm, prepare_data, run_suite

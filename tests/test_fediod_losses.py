@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from fedistill.algorithms.fediod_losses import (
+from fedistill.algorithms.fediod.losses import (
     MIMIC_MODES,
     balance_loss,
     class_share,

@@ -1,0 +1,324 @@
+"""FedIOD's client: one site. It trains its teacher T_k once, then answers the server's queries
+with its frozen T_k and its patch discriminator D_k; it never sends a parameter.
+
+Differential privacy (``dp_enabled = true``; the paper's "Privacy Analysis" appendix, Table 5)
+------------------------------------------------------------------------------------------
+*What is sanitised.* The paper "adopt[s] the DP analysis in DP-CGAN and GS-WGAN to measure the
+privacy cost of the gradients used to train the generator. By clipping and adding Gaussian noise to
+these gradients, it satisfies (eps, delta)-DP". The gradients used to train G that leave client k are
+its `query.backprop` reply: for every synthetic sample x_i, the gradient with respect to x_i of
+``c_gan L_gan^k(D_k(x)) + c_conf H(T_k(x)) + <dL_server/dz_k, T_k(x)>``, that is GS-WGAN's upstream
+gradient (what D_k sends back towards G) plus the two terms that flow through T_k. That whole
+per-sample input-gradient is sanitised at the client, after its backward pass and before the reply is
+built: scaled to L2 norm <= ``dp_clip_norm``, then N(0, (dp_noise_multiplier * dp_clip_norm)^2) added
+to every coordinate (`sanitize_per_sample`). Clipping only the D_k term and adding the T_k terms
+unclipped would leave the released tensor unbounded, so the sum is clipped. D_k's parameter gradient
+is not sanitised (that would be DP-CGAN's DP-SGD on D): D_k never leaves the client, the paper
+sanitises the generator's gradients, and D_k's BatchNorm mixes the samples of a batch, so per-sample
+clipping of its parameter gradients would bound nothing. The norm bound applies to the returned
+tensor, the gradient of batch-mean losses (about 1/B of a per-sample loss gradient): choose
+``dp_clip_norm`` on that scale.
+
+*Accounting* (``dp_accounting``), per client, on its own `ClientAccountant`:
+
+* ``"d-step"`` (default): the D-step's use of real data is a subsampled Gaussian mechanism with
+  sample rate ``q_k = B / n_k`` (the real batch over the client's data size) and the applied noise
+  multiplier, one accountant step per D-step (one per G-step). This is DP-CGAN's accounting, which the
+  paper cites; it is exact for a discriminator trained with DP-SGD. Here D_k carries unnoised state
+  from step to step, so it measures the cost the way the paper reports it, not a worst-case bound.
+* ``"release"``: the worst case for the gradient channel (GS-WGAN's bound without discriminator
+  subsampling). Each `query.backprop` releases B clipped per-sample gradients; removing one real
+  record may change D_k and so every one of them, each by up to 2C: an L2 sensitivity of
+  ``2 C sqrt(B)``. Each release is accounted as a Gaussian mechanism with noise multiplier
+  ``sigma / (2 sqrt(B))`` at sample rate 1.
+
+Neither covers T_k's logits (`query.generate`, `query.student`; the paper applies PATE to local
+outputs, `fedistill.privacy.pate`), Eq. 8's density ratios (from D_k and the mean score on the real
+batch), stage 1 (teacher training, label and sample counts) or the validation accuracies used for
+model selection. With DP on, clients leave their real-batch D-loss out of their metrics.
+
+*Budget.* ``dp_target_epsilon`` with no noise multiplier calibrates the noise once per client
+(`calibrate_noise`) for the planned number of G-steps, which the server sends. A client whose next
+step would exceed the target refuses it (`PrivacyBudgetExceeded`, answered as a refusal); the server
+then ends the run cleanly: the partial epoch is evaluated, the best student kept and the summary
+written with every client's epsilon (``epsilon_client_<k>``, ``epsilon_max``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from fedistill.algorithms.base import (
+    ClientContext,
+    clone_state,
+)
+from fedistill.algorithms.bn_matching import batchnorm_statistics_loss
+from fedistill.algorithms.fediod import losses as L
+from fedistill.algorithms.fediod.options import (
+    resolve_options,
+    set_lr,
+    teacher_name,
+)
+from fedistill.algorithms.stage1 import trained_once
+from fedistill.algorithms.training import LocalTraining, evaluate_model, new_model, train_local
+from fedistill.data.transforms import to_float
+from fedistill.errors import FederationError
+from fedistill.federation.client import ClientLogic, handles
+from fedistill.federation.messages import ArraySpec, Message, expect_arrays, state_specs
+from fedistill.models.discriminator import build_discriminator
+from fedistill.privacy.accounting import PrivacyBudgetExceeded
+from fedistill.privacy.budget import (
+    ClientBudget,
+    refusal,
+)
+from fedistill.privacy.sanitize import sanitize_per_sample
+from fedistill.seeding import seeded, torch_generator
+
+log = logging.getLogger(__name__)
+
+
+class FedIODClient(ClientLogic):
+    """One site: trains T_k once, then answers the server's queries with its frozen T_k and D_k."""
+
+    def __init__(self, ctx: ClientContext) -> None:
+        self.ctx = ctx
+        self.options = resolve_options(ctx.config, ctx.options)
+        self.teacher = new_model(ctx.config, ctx.info, teacher_name(self.options, ctx.config, ctx.client_id))
+        self.discriminator = seeded(
+            ctx.config.seed,
+            lambda: build_discriminator(ctx.info, width=self.options.discriminator_width),
+            "discriminator-init",
+        )
+        self.d_optimizer = torch.optim.Adam(
+            self.discriminator.parameters(), lr=self.options.lr_discriminator, betas=(0.5, 0.999)
+        )
+        self.real_mean = 0.5  # running E_{x' in X'_k}[D_k(x')], refreshed at every D-step
+        self.pending: tuple[torch.Tensor, ...] | None = None  # (x, T_k(x), local loss) of this G-step
+        self.pending_inputs: dict[str, Any] = {}  # what rebuilds `pending` in another process
+        self.student = new_model(ctx.config, ctx.info, self.options.student or ctx.config.model)
+        self.student_specs = state_specs(self.student.state_dict())
+        self.budget = ClientBudget(self.options.dp, ctx.client_id) if self.options.dp_enabled else None
+
+    # --- stage 1 -------------------------------------------------------------------------------
+    @handles("train")
+    def train(self, message: Message) -> Message:
+        config = self.ctx.config
+        spec = dataclasses.replace(
+            LocalTraining.from_config(config, self.ctx.info), epochs=self.options.teacher_epochs, steps=0
+        )
+        generator = torch_generator(config.seed, "teacher-training", self.ctx.client_id)
+        architecture = teacher_name(self.options, config, self.ctx.client_id)
+        metrics = trained_once(
+            self.teacher,
+            self.ctx,
+            architecture,
+            spec,
+            lambda: train_local(self.teacher, self.ctx.train, self.ctx.info, spec, generator),
+            purpose="teacher",
+        )
+        self.teacher.eval()
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        metrics["num_samples"] = len(self.ctx.train)
+        val = evaluate_model(self.teacher, self.ctx.val, self.ctx.info)
+        metrics["teacher_val_accuracy"] = val["accuracy"] if val["count"] else -1.0
+        arrays = {}
+        if message.scalar("config", "send_label_counts", False):
+            counts = torch.bincount(self.ctx.train.y, minlength=self.ctx.info.num_classes)
+            arrays["label-statistics"] = {"class_counts": counts.to(torch.int64)}
+        return Message.build("train", arrays=arrays, scalars={"metrics": metrics})
+
+    # --- stage 2: one G-step ---------------------------------------------------------------------
+    def _real_batch(self, step: int, size: int) -> torch.Tensor:
+        generator = torch_generator(self.ctx.config.seed, "real-batch", self.ctx.client_id, step)
+        n = len(self.ctx.train)
+        index = torch.randperm(n, generator=generator)[: min(size, n)]
+        return to_float(self.ctx.train.x[index], self.ctx.info)
+
+    def _density_ratio(self, x: torch.Tensor) -> torch.Tensor:
+        """Eq. 8's D_k(x) / E[D_k(x')] for S-step inputs. D_k's BatchNorm runs on batch statistics;
+        its running statistics are scored on copies, so answering leaves the client state as it was."""
+        buffers = {name: b.clone() for name, b in self.discriminator.named_buffers()}
+        with torch.no_grad():
+            scores = functional_call(
+                self.discriminator, (dict(self.discriminator.named_parameters()), buffers), (x,)
+            )
+        return L.density_ratio(L.patch_scores(scores), self.real_mean)
+
+    @handles("query.generate")
+    def generate(self, message: Message) -> Message:
+        carried = "student_x" in message.arrays.get("synthetic-inputs", {})
+        specs = {"x": self._input_spec()} | ({"student_x": self._input_spec()} if carried else {})
+        expect_arrays(message, "synthetic-inputs", specs)
+        step = int(message.scalar("config", "step"))
+        x = message.tensor("synthetic-inputs", "x")
+        dp_metrics: dict[str, float] = {}
+        if self.budget is not None:  # the step's privacy first: a refused step touches no data
+            try:
+                dp_metrics = self._spend(x.shape[0], int(message.scalar("config", "total_steps")))
+            except PrivacyBudgetExceeded as exc:
+                return refusal("query.generate", exc, self.budget.epsilon())
+        # the previous step's S-step targets first: with D_k as it was before this step's D-step
+        student = (
+            self._student_answer(
+                message.tensor("synthetic-inputs", "student_x"), bool(message.scalar("config", "want_ratio"))
+            )
+            if carried
+            else {}
+        )
+        # (1) D-step on (x, a batch of this site's data)
+        set_lr(self.d_optimizer, float(message.scalar("config", "lr_discriminator")))
+        real = self._real_batch(step, x.shape[0])
+        real_logits = self.discriminator(real)
+        d_loss = L.discriminator_loss(real_logits, self.discriminator(x))
+        self.d_optimizer.zero_grad(set_to_none=True)
+        d_loss.backward()
+        self.d_optimizer.step()
+        # E_{x' in X'_k}[D_k(x')] of Eq. 8, from this step's real batch (scored before the update)
+        self.real_mean = float(L.patch_scores(real_logits.detach()).mean())
+        # (2) the terms this site computes alone, and their gradient with respect to x
+        self.pending_inputs = {
+            "x": x.detach().clone(),
+            "step": step,
+            **{key: message.scalar("config", key) for key in ("c_gan", "c_conf", "tau", "gan_loss")},
+            "c_bn": float(message.scalar("config", "c_bn", 0.0)),
+        }
+        x, logits, fake_logits, local, gan, conf = self._local_terms(self.pending_inputs)
+        # keep the graph: query.backprop differentiates the local terms and the server's terms together
+        self.pending = (x, logits, local)
+        ratio = L.density_ratio(L.patch_scores(fake_logits.detach()), self.real_mean)
+        arrays: dict[str, dict[str, torch.Tensor]] = {
+            "logits": {"z": logits.detach()},
+            "discriminator-outputs": {"ratio": ratio},
+        }
+        for kind, named in student.items():
+            arrays[kind].update({f"student_{name}": value for name, value in named.items()})
+        # with DP on, the loss on the real batch stays here (it is not sanitised)
+        metrics = {"gan_loss": gan.item(), "entropy": conf.item()}
+        metrics |= {"d_loss": d_loss.item()} if self.budget is None else dp_metrics
+        return Message.build("query.generate", arrays=arrays, scalars={"metrics": metrics})
+
+    def _spend(self, batch: int, planned_steps: int) -> dict[str, float]:
+        """Record this G-step on the accountant (refusing it past the target); see the module docstring."""
+        assert self.budget is not None
+        n = len(self.ctx.train)
+        if self.options.dp_accounting == "d-step":
+            rate, scale = min(batch, n) / n, 1.0
+        else:  # release: B per-sample gradients, each may move by 2C: L2 sensitivity 2C sqrt(B)
+            rate, scale = 1.0, 2.0 * math.sqrt(batch)
+        noise = self.budget.noise_multiplier(rate, planned_steps, scale)
+        epsilon = self.budget.spend(noise / scale, rate)
+        return {"epsilon": epsilon, "noise_multiplier": noise}
+
+    def _local_terms(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+        """pi_k L_gan^k + pi_k H(T_k(x)) (+ pi_k w_bn L_bn(T_k, x)) on the current D_k, with the graph
+        back to x."""
+        x = inputs["x"].clone().requires_grad_(True)
+        c_bn = float(inputs.get("c_bn", 0.0))
+        with batchnorm_statistics_loss(self.teacher if c_bn else nn.Identity()) as bn_terms:
+            logits = self.teacher(x)
+        fake_logits = self.discriminator(x)
+        gan = L.generator_gan_loss(fake_logits, mode=str(inputs["gan_loss"]))
+        conf = L.entropy(logits, float(inputs["tau"])).mean()
+        local = float(inputs["c_gan"]) * gan + float(inputs["c_conf"]) * conf
+        if bn_terms:
+            local = local + c_bn * torch.stack(bn_terms).sum()
+        return x, logits, fake_logits, local, gan, conf
+
+    @handles("query.backprop")
+    def backprop(self, message: Message) -> Message:
+        if self.pending is None and self.pending_inputs:
+            # this process did not answer query.generate (a Flower deployment starts one process per
+            # message): rebuild the same graph from the saved inputs and the saved D_k
+            x, logits, _, local, _, _ = self._local_terms(self.pending_inputs)
+            self.pending = (x, logits, local)
+        if self.pending is None:
+            raise FederationError("query.backprop arrived before query.generate")
+        x, logits, local = self.pending
+        expect_arrays(message, "output-gradients", {"z": ArraySpec("float32", tuple(logits.shape))})
+        # d/dx [local terms + <dL_server/dz_k, T_k(x)>]: one backward pass through T_k and D_k
+        linearised = local + (logits * message.tensor("output-gradients", "z")).sum()
+        (grad,) = torch.autograd.grad(linearised, x)
+        if self.budget is not None:  # the sanitisation point: every per-sample gradient that leaves
+            assert self.budget.noise is not None
+            noise = torch_generator(
+                self.ctx.config.seed, "dp-input-gradients", self.ctx.client_id, self.pending_inputs["step"]
+            )
+            grad = sanitize_per_sample(grad, self.options.dp_clip_norm, self.budget.noise, noise)
+        self.pending, self.pending_inputs = None, {}
+        return Message.build("query.backprop", arrays={"input-gradients": {"x": grad}})
+
+    # --- stage 2: the S-steps ---------------------------------------------------------------------
+    @handles("query.student", read_only=True)
+    def student_targets(self, message: Message) -> Message:
+        expect_arrays(message, "synthetic-inputs", {"x": self._input_spec()})
+        answer = self._student_answer(
+            message.tensor("synthetic-inputs", "x"), bool(message.scalar("config", "want_ratio", False))
+        )
+        return Message.build("query.student", arrays=answer)
+
+    def _student_answer(self, x: torch.Tensor, want_ratio: bool) -> dict[str, dict[str, torch.Tensor]]:
+        with torch.no_grad():
+            logits = self.teacher(x)
+        arrays: dict[str, dict[str, torch.Tensor]] = {"logits": {"z": logits}}
+        if want_ratio:
+            arrays["discriminator-outputs"] = {"ratio": self._density_ratio(x)}
+        return arrays
+
+    # --- evaluation ------------------------------------------------------------------------------
+    @handles("evaluate.student", read_only=True)
+    def evaluate_student(self, message: Message) -> Message:
+        expect_arrays(message, "parameters", self.student_specs)
+        self.student.load_state_dict(message.tensors("parameters"))
+        val = evaluate_model(self.student, self.ctx.val, self.ctx.info)
+        return Message.build(
+            "evaluate.student",
+            scalars={
+                "metrics": {
+                    "val_accuracy": val["accuracy"] if val["count"] else 0.0,
+                    "val_count": val["count"],
+                }
+            },
+        )
+
+    @handles("evaluate.teachers", read_only=True)
+    def evaluate_teacher(self, message: Message) -> Message:
+        """Evaluation only (not part of the protocol): the teacher's logits on the shared test set,
+        so the report can state the standalone accuracies and the ensemble's one-shot ceiling."""
+        x = to_float(self.ctx.global_test.x, self.ctx.info)
+        with torch.no_grad():
+            logits = torch.cat([self.teacher(chunk) for chunk in x.split(512)])
+        return Message.build("evaluate.teachers", arrays={"logits": {"z": logits}})
+
+    def _input_spec(self) -> ArraySpec:
+        info = self.ctx.info
+        return ArraySpec("float32", (None, info.channels, info.image_size, info.image_size))
+
+    def state_dict(self) -> dict:
+        return {
+            "teacher": clone_state(self.teacher),
+            "discriminator": clone_state(self.discriminator),
+            "d_optimizer": self.d_optimizer.state_dict(),
+            "real_mean": self.real_mean,
+            "pending": dict(self.pending_inputs),  # between query.generate and query.backprop
+            **({"dp": self.budget.state_dict()} if self.budget is not None else {}),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.teacher.load_state_dict(state["teacher"])
+        self.teacher.eval()
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        self.discriminator.load_state_dict(state["discriminator"])
+        self.d_optimizer.load_state_dict(state["d_optimizer"])
+        self.real_mean = float(state["real_mean"])
+        self.pending, self.pending_inputs = None, dict(state.get("pending") or {})
+        if self.budget is not None and "dp" in state:
+            self.budget.load_state_dict(state["dp"])

@@ -1,0 +1,185 @@
+"""FedIOD's options: the paper's defaults, the released code's preset, and the stabilisers."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+
+from fedistill.algorithms.base import (
+    model_cycle,
+)
+from fedistill.algorithms.option_checks import check_choices
+from fedistill.errors import ConfigError
+from fedistill.experiment.config import RunConfig
+from fedistill.privacy.budget import (
+    DPOptions,
+)
+
+log = logging.getLogger(__name__)
+
+
+PRESETS = ("paper", "official-code")
+WEIGHTINGS = ("eq8", "class-share", "uniform")
+MIMIC_MODES = ("l2", "kl", "kl-official", "l1")
+SELECTIONS = ("validation", "last", "best-on-test")
+DP_ACCOUNTINGS = ("d-step", "release")
+
+
+@dataclass(frozen=True)
+class FedIODOptions(DPOptions):
+    """Defaults follow the paper; `preset = "official-code"` switches to the released code's choices.
+
+    The ``dp_*`` options (see `DPOptions` and the module docstring) sanitise the input-gradients.
+    """
+
+    preset: str = "paper"
+    teachers: str = ""  # one model name for all clients, or a comma list cycled over clients; "" = `model`
+    student: str = ""  # "" = `model`
+    teacher_epochs: int = 30  # stage 1: local epochs of each teacher (uses the common lr/batch/optimizer)
+    # synthetic batch, and each client's real batch for D_k (named apart from the common `batch_size`,
+    # which an algorithm table overrides for local training: here, stage 1)
+    synthetic_batch_size: int = 64
+    iters_per_epoch: int | str = "max"  # max | min (over clients of ceil(n_k / batch)), or a number
+    student_steps: int = 5  # S-steps per G-step (the released code's 5)
+    # Carry step t's S-step inputs in step t+1's query.generate (clients answer them before their
+    # D-step): the same arithmetic with 2 instead of 3 exchanges per G-step, plus one per epoch.
+    merge_student_queries: bool = True
+    latent_dim: int = 100
+    generator_width: int = 64
+    discriminator_width: int = 128
+    lr_generator: float = 1e-3  # the paper: Adam, cosine from 1e-3 to 0, for G, D_k and S
+    lr_discriminator: float = 2e-4  # 1e-3 lets every D_k win within an epoch on small data
+    lr_student: float = 1e-3
+    student_optimizer: str = "adam"  # adam | sgd (sgd: momentum 0.9, weight decay 3e-5 as the code)
+    schedule: str = "cosine"  # cosine | constant
+    gan_weighting: str = "pi"  # pi (Eq. 2) | average (Table 6 ablation)
+    gan_loss: str = "non-saturating"  # non-saturating | minimax
+    ensemble_weighting: str = "eq8"  # eq8 | class-share (the code) | uniform (Table 6 ablation)
+    mimic: str = "l2"  # l2 (tau -> infinity, Eq. 10) | kl (temperature tau) | kl-official | l1
+    tau: float = 1.0
+    use_conf: bool = True
+    use_unique: bool = True
+    js: str = "paper"  # paper (-JSD, Eq. 4-5) | official (the code's + (1/K) sum KL(M || P_k), clamped)
+    w_gan: float = 1.0
+    w_conf: float = 1.0
+    w_unique: float = 1.0
+    # Eq. 11 weighs every term 1. Measured on digits (K=5, 160 G-steps): with w_adv = 1 and no balance
+    # term G collapsed onto 1-2 classes and S stayed at chance (10%); with w_adv = 0.2 and the released
+    # code's class-balance term (w_balance = 10) every class stayed covered and S reached 62%.
+    # Set w_adv = 1, w_balance = 0 for the paper's literal weights.
+    w_adv: float = 0.2  # weight of -L_mimic in G's loss (G searches inputs where S lags)
+    w_balance: float = 10.0  # the released code's class-balance term (not in the paper)
+    # teachers: the code's per-teacher class marginals; ensemble: the weighted ensemble's (Eq. 9) marginal.
+    # Measured on digits (K=10, alpha 0.5, lenet-fedmdcg, 100 G-steps; S test %, teachers -> ensemble):
+    # 30 teacher epochs 44.4 -> 41.7, with lr_student = lr_generator = 3e-3 54.7 -> 61.9, 60 teacher
+    # epochs 10.0 (G collapsed onto one class in epoch 1) -> 24.4. Not yet measured on MNIST-size data.
+    balance: str = "teachers"
+    selection: str = "validation"  # validation | last | best-on-test (only with the official-code preset)
+    collapse_share: float = 0.5  # warn when one class takes more than this share of G's samples
+    samples_every: int = 1  # save a grid of synthetic samples every N epochs (0: never)
+    dp_accounting: str = "d-step"  # d-step (q = B / n_k per D-step, the paper's) | release (worst case)
+    # The bound is on each returned per-sample input-gradient (a batch-mean loss's, so ~1/B of a
+    # per-sample loss gradient). Measured on digits (B = 64, lenet-fedmdcg teachers, first epoch):
+    # median norm 0.005, 90th percentile 0.01, max 0.02.
+    dp_clip_norm: float = 0.01
+    # Stabilisers from the one-shot literature (0 = off, the paper). Measured on the digits demo (K = 10,
+    # alpha 0.5, lenet-fedmdcg, 100 G-steps, seeds 0-2; README "FedIOD" section): see `pool_size`.
+    w_bn: float = 0.0  # DeepInversion batch-norm statistic matching on each teacher (bn_matching.py)
+    pool_size: int = 0  # synthetic samples kept with their ensemble targets for replay (0: no pool)
+    pool_steps: int = 0  # extra S-steps per G-step on batches drawn from the pool
+
+    def validate(self) -> None:
+        self.validate_dp()
+        choices = {
+            "preset": PRESETS,
+            "ensemble_weighting": WEIGHTINGS,
+            "mimic": MIMIC_MODES,
+            "selection": SELECTIONS,
+            "gan_weighting": ("pi", "average"),
+            "gan_loss": ("non-saturating", "minimax"),
+            "js": ("paper", "official"),
+            "schedule": ("cosine", "constant"),
+            "student_optimizer": ("adam", "sgd"),
+            "balance": ("ensemble", "teachers"),
+            "dp_accounting": DP_ACCOUNTINGS,
+        }
+        check_choices("fediod", self, choices)
+        if self.selection == "best-on-test" and self.preset != "official-code":
+            raise ConfigError(
+                "fediod.selection = 'best-on-test' selects on the test set; it exists only to reproduce the "
+                "released code (set fediod.preset = 'official-code')"
+            )
+        if self.iters_per_epoch not in ("max", "min") and not (
+            isinstance(self.iters_per_epoch, int) and self.iters_per_epoch >= 1
+        ):
+            raise ConfigError(
+                f"fediod.iters_per_epoch must be max, min or a number; got {self.iters_per_epoch!r}"
+            )
+        for key in (
+            "teacher_epochs",
+            "synthetic_batch_size",
+            "student_steps",
+            "latent_dim",
+            "generator_width",
+        ):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"fediod.{key} must be >= 1")
+        for key in ("lr_generator", "lr_discriminator", "lr_student", "tau"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"fediod.{key} must be > 0")
+        for key in ("w_bn", "pool_size", "pool_steps"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"fediod.{key} must be >= 0")
+        if self.pool_steps and not self.pool_size:
+            raise ConfigError("fediod.pool_steps replays the pool: set fediod.pool_size > 0 too")
+
+    @property
+    def needs_label_counts(self) -> bool:
+        return self.ensemble_weighting in ("eq8", "class-share")
+
+
+#: What `preset = "official-code"` changes (notes §2.5-2.9): only keys the user did not set.
+OFFICIAL_CODE = {
+    "teachers": "resnet8-wide",
+    "student": "resnet8-wide",
+    "ensemble_weighting": "class-share",
+    "mimic": "kl-official",
+    "js": "official",
+    "w_unique": 5.0,
+    "w_adv": 0.2,
+    "w_balance": 10.0,
+    "balance": "teachers",
+    "lr_generator": 1e-4,
+    "lr_discriminator": 1e-4,
+    "lr_student": 5e-3,
+    "student_optimizer": "sgd",
+    "iters_per_epoch": "max",
+    "selection": "best-on-test",
+}
+
+
+def resolve_options(config: RunConfig, options: FedIODOptions) -> FedIODOptions:
+    if options.preset != "official-code":
+        return options
+    explicit = set(config.options.get("fediod", {}))
+    return dataclasses.replace(options, **{k: v for k, v in OFFICIAL_CODE.items() if k not in explicit})
+
+
+def teacher_name(options: FedIODOptions, config: RunConfig, client_id: int) -> str:
+    names = model_cycle(options.teachers, config.model, key="fediod.teachers")
+    return names[client_id % len(names)]
+
+
+def cosine_lr(base: float, step: int, total: int, schedule: str) -> float:
+    if schedule == "constant" or total <= 0:
+        return base
+    return 0.5 * base * (1.0 + math.cos(math.pi * min(step, total) / total))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
