@@ -1,9 +1,16 @@
-"""Where one FedIOD distillation step spends its time, at K = 10 and K = 20 clients.
+"""Where one FedIOD distillation step spends its time, at K = 10 and K = 20 clients, and how much of
+this CPU's arithmetic it uses.
 
 For each K the same data, models and options; after stage 1 and two warm-up steps, `--steps`
 distillation steps are timed and split into client work (inside the clients' handlers), transport
 (checks on receipt and the ledger; in-process there is no serialisation) and server work (the rest:
 G and S forward/backward, the server's loss terms, building requests).
+
+FLOPs: one more step runs under `torch.utils.flop_counter.FlopCounterMode`, which counts the
+matrix products and convolutions of every forward and backward pass in it (clients' and server's;
+element-wise ops are not counted, so the achieved rate is a lower bound). Achieved FLOP/s = that
+count / the mean step time, next to this machine's single-thread fp32 matmul peak measured in the
+same run (the best of five 2048 x 2048 products at one thread).
 
     python benchmarks/fediod_step_time.py [--dataset digits] [--model lenet5] [--steps 10]
 
@@ -18,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from fedistill.algorithms.base import ServerContext
 from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
@@ -56,8 +64,24 @@ def measure(clients: int, args: argparse.Namespace) -> dict:
     total = (time.perf_counter() - start) / args.steps
     client = fleet.seconds_in_clients / args.steps
     transport = fleet.seconds_in_transport / args.steps
+    with FlopCounterMode(display=False) as counter:
+        server.distillation_step(fleet)
+    flops = counter.get_total_flops()
     return {"clients": clients, "step_s": total, "client_s": client, "transport_s": transport,
-            "server_s": total - client - transport}  # fmt: skip
+            "server_s": total - client - transport, "gflop_per_step": flops / 1e9,
+            "gflops_achieved": flops / 1e9 / total}  # fmt: skip
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """This machine's fp32 matmul rate at the current thread count (best of `repeats`)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
 
 
 def main() -> None:
@@ -73,6 +97,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    peak = matmul_peak_gflops()
     rows = [measure(k, args) for k in (10, 20)]
     command = (f"python benchmarks/fediod_step_time.py --dataset {args.dataset} --model {args.model} "
                f"--width {args.width} --student-steps {args.student_steps} --steps {args.steps} --threads {args.threads}")  # fmt: skip
@@ -81,20 +106,25 @@ def main() -> None:
         "",
         f"Command: `{command}`",
         "",
-        "| K | step (s) | client work | transport | server work | K=20 / K=10 |",
-        "|---|---|---|---|---|---|",
+        f"Single-thread fp32 matmul peak of this machine, same run: {peak:.1f} GFLOP/s "
+        f"(2048 x 2048, {args.threads} thread(s)).",
+        "",
+        "| K | step (s) | client work | transport | server work | K=20 / K=10 | GFLOP / step | GFLOP/s | of peak |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ratio = r["step_s"] / rows[0]["step_s"]
         lines.append(
             f"| {r['clients']} | {r['step_s']:.3f} | {r['client_s']:.3f} ({100 * r['client_s'] / r['step_s']:.0f}%) "
             f"| {r['transport_s']:.3f} ({100 * r['transport_s'] / r['step_s']:.0f}%) "
-            f"| {r['server_s']:.3f} ({100 * r['server_s'] / r['step_s']:.0f}%) | {ratio:.2f} |"
+            f"| {r['server_s']:.3f} ({100 * r['server_s'] / r['step_s']:.0f}%) | {ratio:.2f} "
+            f"| {r['gflop_per_step']:.1f} | {r['gflops_achieved']:.1f} | {100 * r['gflops_achieved'] / peak:.0f}% |"
         )
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = f"fediod_step_time_{args.dataset}"
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (RESULTS / f"{name}.json").write_text(json.dumps({"command": command, "rows": rows}, indent=2) + "\n")
+    record = {"command": command, "matmul_peak_gflops": peak, "rows": rows}
+    (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
     print("\n".join(lines))
 
 

@@ -12,6 +12,7 @@ from algorithm_helpers import TINY_FEDIOD, check_resume_after_crash
 from fedistill.algorithms.base import ServerContext
 from fedistill.algorithms.bn_matching import batchnorm_statistics_loss
 from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
+from fedistill.algorithms.fediod.calibration import calibrated
 from fedistill.algorithms.synthetic_pool import SyntheticPool
 from fedistill.algorithms.training import evaluate_model
 from fedistill.errors import ConfigError
@@ -123,3 +124,20 @@ def test_a_resumed_run_with_the_stabilisers_is_exact(tmp_path):
 def test_pool_steps_without_a_pool_are_refused():
     with pytest.raises(ConfigError, match="pool_size"):
         options_for(_config(pool_steps=2), "fediod", FedIODOptions)
+
+
+def test_scaled_teacher_logits_put_mixed_architectures_on_one_scale():
+    pattern = torch.tensor([[2.0, 0.0, -2.0], [1.0, 0.0, -1.0]])
+    logits = torch.stack([pattern, 4 * pattern])  # a teacher whose logits are 4x larger
+    scaled = calibrated(logits, "scaled")
+    torch.testing.assert_close(scaled[0], scaled[1])
+    ratio = scaled[0, 0] / scaled[0, 1]  # within a teacher, a confident sample stays more confident
+    torch.testing.assert_close(ratio[[0, 2]], torch.tensor([2.0, 2.0]))
+    assert calibrated(logits, "raw") is logits
+
+
+def test_mixed_teachers_with_scaled_logits_run_and_share_no_parameters(tmp_path):
+    config = build_config(_config(teacher_logits="scaled", teachers="lenet-fedmdcg,mlp"), {"rounds": 1})
+    summary = run_suite(config, tmp_path, progress=False)[0]
+    assert summary["communication"][UP]["per_kind"].get("parameters", 0) == 0
+    assert summary["final"]["ensemble_accuracy"] > 0.1

@@ -12,6 +12,7 @@ import torch
 from fedistill.algorithms.base import (
     model_cycle,
 )
+from fedistill.algorithms.fediod.calibration import TEACHER_LOGITS
 from fedistill.algorithms.option_checks import check_choices
 from fedistill.errors import ConfigError
 from fedistill.experiment.config import RunConfig
@@ -91,6 +92,7 @@ class FedIODOptions(DPOptions):
     w_bn: float = 0.0  # DeepInversion batch-norm statistic matching on each teacher (bn_matching.py)
     pool_size: int = 0  # synthetic samples kept with their ensemble targets for replay (0: no pool)
     pool_steps: int = 0  # extra S-steps per G-step on batches drawn from the pool
+    teacher_logits: str = "raw"  # raw (the paper) | scaled: one logit scale for mixed architectures
 
     def validate(self) -> None:
         self.validate_dp()
@@ -106,6 +108,7 @@ class FedIODOptions(DPOptions):
             "student_optimizer": ("adam", "sgd"),
             "balance": ("ensemble", "teachers"),
             "dp_accounting": DP_ACCOUNTINGS,
+            "teacher_logits": TEACHER_LOGITS,
         }
         check_choices("fediod", self, choices)
         if self.selection == "best-on-test" and self.preset != "official-code":

@@ -22,6 +22,7 @@ from fedistill.algorithms.base import (
     clone_state,
 )
 from fedistill.algorithms.fediod import losses as L
+from fedistill.algorithms.fediod.calibration import calibrated
 from fedistill.algorithms.fediod.options import (
     cosine_lr,
     resolve_options,
@@ -165,9 +166,10 @@ class FedIODServer(StudentSteps, ServerLogic):
             what="teacher logits",
         )
         clients = sorted(replies)
-        logits = torch.stack([replies[c].tensor("logits", "z") for c in clients])  # (K, N, C)
+        raw = torch.stack([replies[c].tensor("logits", "z") for c in clients])  # (K, N, C)
+        logits = calibrated(raw, self.options.teacher_logits)
         labels = self._test_labels()
-        acc = (logits.argmax(-1) == labels).float().mean(1)
+        acc = (raw.argmax(-1) == labels).float().mean(1)
         pi = self.federation.pi(clients)
         share = self.federation.share(clients, self.ctx.info.num_classes)
         shares = share[:, None, :].expand_as(logits)
@@ -301,7 +303,8 @@ class FedIODServer(StudentSteps, ServerLogic):
             s_losses.append(self._student_update(carried[0], replies, "student_z", "student_ratio"))
             set_lr(self.s_optimizer, lr_s)
             self.carried = None
-        logits = torch.stack([replies[cid].tensor("logits", "z") for cid in answered]).requires_grad_(True)
+        raw = torch.stack([replies[cid].tensor("logits", "z") for cid in answered]).requires_grad_(True)
+        logits = calibrated(raw, options.teacher_logits)  # the gradient still goes to what clients sent
         ratio = torch.stack([replies[cid].tensor("discriminator-outputs", "ratio") for cid in answered])
         x_server = x.detach().requires_grad_(True)
         weights = self._weights(logits.detach(), ratio, answered)
@@ -323,7 +326,7 @@ class FedIODServer(StudentSteps, ServerLogic):
             else:
                 balance = L.balance_loss(logits, pi)
             server_loss = server_loss + options.w_balance * balance
-        grad_logits, grad_x = torch.autograd.grad(server_loss, [logits, x_server])
+        grad_logits, grad_x = torch.autograd.grad(server_loss, [raw, x_server])
         back = successful(
             fleet.send(
                 {

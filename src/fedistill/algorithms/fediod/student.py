@@ -14,6 +14,7 @@ from fedistill.algorithms.base import (
     clone_state,
 )
 from fedistill.algorithms.fediod import losses as L
+from fedistill.algorithms.fediod.calibration import calibrated
 from fedistill.algorithms.fediod.options import (
     set_lr,
 )
@@ -76,7 +77,9 @@ class StudentSteps:
         options = self.options
         n, b = options.student_steps, options.synthetic_batch_size
         answered = sorted(replies)
-        logits = torch.stack([replies[cid].tensor("logits", z_name) for cid in answered])
+        logits = calibrated(
+            torch.stack([replies[cid].tensor("logits", z_name) for cid in answered]), options.teacher_logits
+        )
         ratio = (
             torch.stack([replies[cid].tensor("discriminator-outputs", ratio_name) for cid in answered])
             if self._want_ratio()
