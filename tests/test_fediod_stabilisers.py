@@ -141,3 +141,13 @@ def test_mixed_teachers_with_scaled_logits_run_and_share_no_parameters(tmp_path)
     summary = run_suite(config, tmp_path, progress=False)[0]
     assert summary["communication"][UP]["per_kind"].get("parameters", 0) == 0
     assert summary["final"]["ensemble_accuracy"] > 0.1
+
+
+def test_a_collapsed_generator_stops_the_run_with_the_best_student(tmp_path, caplog):
+    """collapse_share = 0 counts every epoch as collapsed: with a patience of 2 the run of 4 epochs
+    stops cleanly after epoch 2 and reports the best validated student."""
+    config = build_config(_config(collapse_share=0.0, collapse_patience=2), {"rounds": 4})
+    summary = run_suite(config, tmp_path, progress=False)[0]
+    assert "stayed collapsed for 2 epochs" in summary["stopped"]
+    assert summary["final"]["selected_epoch"] in (1, 2)
+    assert "generator collapse?" in caplog.text

@@ -81,6 +81,9 @@ class FedIODOptions(DPOptions):
     balance: str = "teachers"
     selection: str = "validation"  # validation | last | best-on-test (only with the official-code preset)
     collapse_share: float = 0.5  # warn when one class takes more than this share of G's samples
+    # > 0: after this many epochs in a row with a collapsed G, stop cleanly with the best validated
+    # student instead of spending the remaining epochs on one class (0: warn only, the default)
+    collapse_patience: int = 0
     samples_every: int = 1  # save a grid of synthetic samples every N epochs (0: never)
     dp_accounting: str = "d-step"  # d-step (q = B / n_k per D-step, the paper's) | release (worst case)
     # The bound is on each returned per-sample input-gradient (a batch-mean loss's, so ~1/B of a
@@ -134,7 +137,7 @@ class FedIODOptions(DPOptions):
         for key in ("lr_generator", "lr_discriminator", "lr_student", "tau"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"fediod.{key} must be > 0")
-        for key in ("w_bn", "pool_size", "pool_steps"):
+        for key in ("w_bn", "pool_size", "pool_steps", "collapse_patience"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"fediod.{key} must be >= 0")
         if self.pool_steps and not self.pool_size:

@@ -99,6 +99,7 @@ class FedIODServer(StudentSteps, ServerLogic):
         self.carried: tuple[torch.Tensor, float] | None = None  # S-step inputs and lr, merged mode
         self.epsilons: dict[int, float] = {}  # each client's latest reported epsilon (DP runs)
         self.pool = SyntheticPool(options.pool_size)
+        self.collapsed_epochs = 0  # epochs in a row with a collapsed G (`collapse_patience`)
         if options.dp_enabled:
             log.info(
                 "FedIOD with DP: input-gradients clipped to %g, accounting %r at delta %g; logits, density "
@@ -240,6 +241,9 @@ class FedIODServer(StudentSteps, ServerLogic):
         totals = {key: float(np.mean(v)) for key, v in values.items()}
         self._samples(round)
         coverage = {f"coverage_{k}": v for k, v in self.last_coverage.items() if isinstance(v, float | int)}
+        collapsed = self._collapse_check(round)
+        if collapsed is not None:
+            raise StopRun(collapsed, totals | coverage | self._privacy_metrics())
         return totals | coverage | self._privacy_metrics()
 
     def _privacy_metrics(self) -> dict[str, float]:
@@ -384,6 +388,7 @@ class FedIODServer(StudentSteps, ServerLogic):
             "reference": self.reference,
             "epsilons": {str(k): v for k, v in self.epsilons.items()},
             "pool": self.pool.state_dict(),
+            "collapsed_epochs": self.collapsed_epochs,
             "federation": {
                 "clients": f.clients,
                 "sizes": f.sizes,
@@ -401,6 +406,7 @@ class FedIODServer(StudentSteps, ServerLogic):
         self.best, self.reference = state["best"], dict(state["reference"])
         self.epsilons = {int(k): float(v) for k, v in state.get("epsilons", {}).items()}
         self.pool.load_state_dict(state.get("pool", {}))
+        self.collapsed_epochs = int(state.get("collapsed_epochs", 0))
         f = state["federation"]
         self.federation = Federation(
             list(f["clients"]), f["sizes"], f["counts"], {int(k): v for k, v in f["teacher_val"].items()}

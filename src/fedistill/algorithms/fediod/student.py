@@ -118,13 +118,25 @@ class StudentSteps:
             loss.backward()
             self.s_optimizer.step()
 
-    def _samples(self, epoch: int) -> None:
-        if self.last_coverage.get("max_share", 0.0) > self.options.collapse_share:
-            log.warning(
-                "epoch %d: generator collapse? one class takes %.0f%% of the samples",
-                epoch,
-                100 * self.last_coverage["max_share"],
+    def _collapse_check(self, epoch: int) -> str | None:
+        """Warn when one class takes more than `collapse_share` of G's samples; after
+        `collapse_patience` such epochs in a row, the reason to stop (None: go on)."""
+        share = self.last_coverage.get("max_share", 0.0)
+        if share <= self.options.collapse_share:
+            self.collapsed_epochs = 0
+            return None
+        self.collapsed_epochs += 1
+        log.warning("epoch %d: generator collapse? one class takes %.0f%% of the samples", epoch, 100 * share)
+        patience = self.options.collapse_patience
+        if patience and self.collapsed_epochs >= patience:
+            return (
+                f"the generator stayed collapsed for {self.collapsed_epochs} epochs (one class over "
+                f"{100 * self.options.collapse_share:.0f}% of its samples); "
+                "stopped with the best validated student"
             )
+        return None
+
+    def _samples(self, epoch: int) -> None:
         every = self.options.samples_every
         if not every or epoch % every or self.ctx.run_dir is None:
             return
