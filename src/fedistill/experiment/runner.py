@@ -258,6 +258,7 @@ def _loop(
     ledger = Ledger(run_dir / "ledger.jsonl", resume_at=runner_state["ledger"] if state else None)
     metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_at=runner_state["metrics"] if state else None)
     fleet = _fleet(config, algorithm, clients, ledger, grid)
+    started = time.perf_counter() - runner_state["elapsed"]  # wall time includes set-up (stage 1)
     if state:
         server.load_state_dict(state["server"])
         for cid, client in clients.items():
@@ -268,7 +269,7 @@ def _loop(
         server.setup(fleet)
 
     start_round = runner_state["round"] + 1
-    started = time.perf_counter() - runner_state["elapsed"]
+    setup_s = time.perf_counter() - started if not state else None
     last_eval: dict[str, float] = dict(runner_state.get("last_eval", {}))
     stopped: str | None = None  # why the server ended the run early (StopRun), if it did
     bar = tqdm(
@@ -351,6 +352,7 @@ def _loop(
         ORACLE_METRIC: final_oracle,
         "oracle": _oracle_note(algorithm, grid),
         "wall_time_s": time.perf_counter() - started,
+        "setup_time_s": setup_s,  # before round 1 (FedIOD: stage 1); None when resumed
         "peak_memory_mb": _peak_memory_mb(),
         "communication": ledger.totals.summary(),
         "dropped_clients": {str(k): v for k, v in fleet.dropped.items()},

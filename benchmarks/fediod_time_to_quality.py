@@ -1,0 +1,182 @@
+"""FedIOD's time to quality: its validated student against wall time and generator steps, next to
+FedAvg's test accuracy against wall time on the same partition (one run each, same seed).
+
+For each dataset and alpha (K clients, Dirichlet partition): one FedIOD run and one FedAvg run, each
+its own `fedistill run` process. From their metrics.jsonl and summaries:
+  - FedIOD's *validated* student at epoch r: the test accuracy of the student the clients' validation
+    splits rate best among epochs 1..r (what `selection = "validation"` would hand over if the run
+    stopped there), as a fraction of the teachers' weighted ensemble (the one-shot ceiling);
+  - the wall time at epoch r: stage 1 and set-up (the run's wall time less its epochs; stage 1 always
+    trains, the stage-1 cache is off) plus the epochs so far, so it over-counts by the final
+    evaluation;
+  - the wall time and G-steps to reach 0.90 and 0.95 of the ensemble ("-": not reached);
+  - FedAvg's test accuracy against its own wall time, and when it first reaches FedIOD's final
+    validated accuracy.
+
+    python benchmarks/fediod_time_to_quality.py --datasets fashion-mnist,mnist --alphas 0.1,1 \\
+        [--model lenet-fedmdcg] [--epochs 8] [--iters 30] [--teacher-epochs 10] [--fedavg-rounds 50] \\
+        [--threads 1] [--set fediod.KEY=VALUE ...] [--reuse]
+
+The FedIOD runs use the demo's stabilisers (batch-norm matching, replay pool, KL mimicry) unless
+`--paper` is given. Writes benchmarks/results/fediod_time_to_quality_<dataset>-alpha<alpha>.{md,json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from _common import RESULTS, add_seed_and_out, benchmark_parser, run_fedistill
+from fedistill.experiment.rundir import read_jsonl
+
+STABILISERS = ["fediod.w_bn=10.0", "fediod.pool_size=20000", "fediod.pool_steps=10", "fediod.mimic='kl'"]
+THRESHOLDS = (0.90, 0.95)
+
+
+def fediod_curve(run: Path, iters: int) -> dict[str, Any]:
+    summary = json.loads((run / "summary.json").read_text())
+    rows = read_jsonl(run / "metrics.jsonl")
+    ensemble = summary["final"]["ensemble_accuracy"]
+    start = summary["wall_time_s"] - sum(r["round_time_s"] for r in rows)
+    points, best_val, elapsed = [], -1.0, start
+    chosen = 0.0
+    for r in rows:
+        elapsed += r["round_time_s"]
+        if r.get("val_accuracy") is not None and r["val_accuracy"] > best_val:
+            best_val, chosen = r["val_accuracy"], r["test_accuracy"]
+        points.append({"epoch": r["round"], "g_steps": r["round"] * iters, "wall_s": elapsed,
+                       "validated_accuracy": chosen, "of_ensemble": chosen / ensemble})  # fmt: skip
+    reached = {}
+    for threshold in THRESHOLDS:
+        first = next((p for p in points if p["of_ensemble"] >= threshold), None)
+        reached[f"{threshold:.2f}"] = None if first is None else {k: first[k] for k in ("wall_s", "g_steps")}
+    return {"ensemble_accuracy": ensemble, "stage1_and_setup_s": start, "points": points, "reached": reached,
+            "wall_time_s": summary["wall_time_s"], "final": points[-1]}  # fmt: skip
+
+
+def fedavg_curve(run: Path) -> dict[str, Any]:
+    summary = json.loads((run / "summary.json").read_text())
+    rows = read_jsonl(run / "metrics.jsonl")
+    elapsed = summary["wall_time_s"] - sum(r["round_time_s"] for r in rows)
+    points = []
+    for r in rows:
+        elapsed += r["round_time_s"]
+        points.append({"round": r["round"], "wall_s": elapsed, "test_accuracy": r.get("test_accuracy")})
+    return {"points": points, "final": points[-1], "wall_time_s": summary["wall_time_s"]}
+
+
+def cell(args: argparse.Namespace, dataset: str, alpha: str) -> dict[str, Any]:
+    args.dataset, args.alpha = dataset, float(alpha)
+    name = f"ttq-{dataset}-alpha{alpha}-seed{args.seed}"
+    threads = [f"threads={args.threads}", "stage1_cache=false"]  # stage 1 is timed, never reused
+    fediod_sets = [*threads, f"fediod.teacher_epochs={args.teacher_epochs}", f"fediod.iters_per_epoch={args.iters}",
+                   *([] if args.paper else STABILISERS), *args.set]  # fmt: skip
+    common = {"alpha": alpha, "model": args.model, "out": args.out}
+    run_fedistill("fediod", args, name=f"{name}-fediod", rounds=args.epochs, sets=fediod_sets, **common)
+    # FedAvg on the same partition (same data, K, alpha and seed), one local epoch per round
+    run_fedistill("fedavg", args, name=f"{name}-fedavg", rounds=args.fedavg_rounds, sets=threads,
+                  extra=["--local-epochs", "1"], **common)  # fmt: skip
+    out = Path(args.out)
+    fediod = fediod_curve(out / f"{name}-fediod" / "fediod", args.iters)
+    fedavg = fedavg_curve(out / f"{name}-fedavg" / "fedavg")
+    run = out / name
+    target = fediod["final"]["validated_accuracy"]
+    first = next((p for p in fedavg["points"] if (p["test_accuracy"] or 0) >= target), None)
+    fedavg["reaches_fediod_final"] = (
+        None if first is None else {"round": first["round"], "wall_s": first["wall_s"]}
+    )
+    return {"dataset": dataset, "alpha": float(alpha), "runs": f"{run}-{{fediod,fedavg}}", "fediod": fediod,
+            "fedavg": fedavg}  # fmt: skip
+
+
+def _at(reached: dict[str, Any] | None) -> str:
+    return "-" if reached is None else f"{reached['wall_s']:.0f} s / {reached['g_steps']} G-steps"
+
+
+def report(result: dict[str, Any], command: str) -> str:
+    f, a = result["fediod"], result["fedavg"]
+    final = f["final"]
+    catch = a["reaches_fediod_final"]
+    lines = [
+        f"# FedIOD time to quality: {result['dataset']}, alpha {result['alpha']:g}",
+        "",
+        f"Command: `{command}`",
+        "",
+        "| method | final test % | of ensemble | wall time (s) | to 0.90 of ensemble | to 0.95 of ensemble |",
+        "|---|---|---|---|---|---|",
+        f"| FedIOD (validated student) | {100 * final['validated_accuracy']:.2f} | {final['of_ensemble']:.3f} "
+        f"| {f['wall_time_s']:.0f} | {_at(f['reached']['0.90'])} | {_at(f['reached']['0.95'])} |",
+        f"| FedAvg | {100 * (a['final']['test_accuracy'] or 0):.2f} | - | {a['wall_time_s']:.0f} | - | - |",
+        "",
+        f"Teachers' weighted ensemble: {100 * f['ensemble_accuracy']:.2f}%. FedIOD's stage 1 and set-up: "
+        f"{f['stage1_and_setup_s']:.0f} s. FedAvg first reaches FedIOD's final validated accuracy "
+        + ("never" if catch is None else f"in round {catch['round']}, after {catch['wall_s']:.0f} s")
+        + ".",
+        "",
+        "| epoch | G-steps | wall s | validated % | of ensemble |",
+        "|---|---|---|---|---|",
+        *[
+            f"| {p['epoch']} | {p['g_steps']} | {p['wall_s']:.0f} | {100 * p['validated_accuracy']:.2f} "
+            f"| {p['of_ensemble']:.3f} |"
+            for p in f["points"]
+        ],
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    f, a = result["fediod"], result["fedavg"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([p["wall_s"] for p in f["points"]], [100 * p["validated_accuracy"] for p in f["points"]],
+            marker="o", label="FedIOD (validated student)")  # fmt: skip
+    ax.plot([p["wall_s"] for p in a["points"]], [100 * (p["test_accuracy"] or 0) for p in a["points"]],
+            label="FedAvg")  # fmt: skip
+    for threshold in THRESHOLDS:
+        ax.axhline(100 * threshold * f["ensemble_accuracy"], ls=":", lw=1, color="grey")
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"{result['dataset']}, alpha {result['alpha']:g} (dotted: 0.90 / 0.95 of the ensemble)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = benchmark_parser(__doc__)
+    parser.add_argument("--datasets", default="fashion-mnist,mnist")
+    parser.add_argument("--alphas", default="0.1,1")
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--model", default="lenet-fedmdcg")
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--teacher-epochs", type=int, default=10)
+    parser.add_argument("--fedavg-rounds", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--paper", action="store_true", help="FedIOD without the stabilisers")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--reuse", action="store_true", help="keep runs that already finished")
+    add_seed_and_out(parser)
+    args = parser.parse_args()
+    for dataset in args.datasets.split(","):
+        for alpha in args.alphas.split(","):
+            result = cell(args, dataset, alpha)
+            command = (f"python benchmarks/fediod_time_to_quality.py --datasets {dataset} --alphas {alpha} "
+                       f"--model {args.model} --epochs {args.epochs} --iters {args.iters} "
+                       f"--teacher-epochs {args.teacher_epochs} --fedavg-rounds {args.fedavg_rounds} "
+                       f"--threads {args.threads}" + (" --paper" if args.paper else "")
+                       + "".join(f" --set {item}" for item in args.set))  # fmt: skip
+            stem = f"fediod_time_to_quality_{dataset}-alpha{alpha}"
+            (RESULTS / f"{stem}.md").write_text(report(result, command), encoding="utf-8")
+            (RESULTS / f"{stem}.json").write_text(json.dumps(result | {"command": command}, indent=2) + "\n")
+            plot(result, RESULTS / f"{stem}.png")
+            print(report(result, command))
+
+
+if __name__ == "__main__":
+    main()
