@@ -121,3 +121,23 @@ TINY_FEDIOD = {
         "latent_dim": 16,
     },
 }
+
+
+def fediod_parts(config: RunConfig) -> tuple[dict[int, ClientLogic], ServerLogic, dict[int, int]]:
+    """FedIOD's client objects and server for `config`, outside the runner (stage 1 not yet run), and
+    each client's training-set size."""
+    from fedistill.algorithms.base import ServerContext
+    from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
+    from fedistill.algorithms.training import evaluate_model
+
+    options = options_for(config, "fediod", FedIODOptions)
+    data = prepare_data(config)
+    contexts = client_contexts(config, get_algorithm("fediod"), options, data)
+    clients = {ctx.client_id: FedIODClient(ctx) for ctx in contexts}
+    test, info = data.dataset.test, data.dataset.info
+    server = FedIODServer(
+        ServerContext(
+            info, config, options, len(clients), lambda m: evaluate_model(m, test, info), None, test.y
+        )
+    )
+    return clients, server, {ctx.client_id: len(ctx.train) for ctx in contexts}

@@ -11,12 +11,12 @@ import torch
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
-from algorithm_helpers import TINY_FEDIOD
-from fedistill.algorithms.base import ServerContext, StopRun
+from algorithm_helpers import TINY_FEDIOD, fediod_parts
+from fedistill.algorithms.base import StopRun
 from fedistill.algorithms.fedavg import FedAvgClient, FedAvgOptions
 from fedistill.algorithms.feddf import FedDFClient, FedDFOptions
 from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
-from fedistill.algorithms.training import evaluate_model, new_model
+from fedistill.algorithms.training import new_model
 from fedistill.errors import ConfigError
 from fedistill.experiment.config import RunConfig, build_config, options_for
 from fedistill.experiment.rundir import read_jsonl
@@ -62,20 +62,10 @@ class RecordingFleet(InProcessFleet):
 
 
 def _fediod(config: RunConfig):
-    algorithm = get_algorithm("fediod")
-    options = options_for(config, "fediod", FedIODOptions)
-    data = prepare_data(config)
-    contexts = client_contexts(config, algorithm, options, data)
-    clients = {ctx.client_id: FedIODClient(ctx) for ctx in contexts}
-    test = data.dataset.test
-    ctx = ServerContext(
-        data.dataset.info, config, options, len(clients),
-        lambda m: evaluate_model(m, test, data.dataset.info), None, test.y,
-    )  # fmt: skip
-    server = FedIODServer(ctx)
+    clients, server, sizes = fediod_parts(config)
     fleet = RecordingFleet(clients)
     server.setup(fleet)
-    return clients, server, fleet, {ctx.client_id: len(ctx.train) for ctx in contexts}
+    return clients, server, fleet, sizes
 
 
 def _input_gradients(fleet: RecordingFleet) -> dict[int, torch.Tensor]:

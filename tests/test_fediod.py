@@ -6,13 +6,11 @@ import copy
 import pytest
 import torch
 
-from algorithm_helpers import TINY_FEDIOD
-from fedistill.algorithms.base import ServerContext
-from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
+from algorithm_helpers import TINY_FEDIOD, fediod_parts
+from fedistill.algorithms.fediod import FedIODOptions, FedIODServer
 from fedistill.algorithms.fediod import losses as L
-from fedistill.algorithms.training import evaluate_model
 from fedistill.experiment.config import RunConfig, build_config, options_for
-from fedistill.experiment.runner import client_contexts, get_algorithm, prepare_data, run_suite
+from fedistill.experiment.runner import run_suite
 from fedistill.federation.inprocess import InProcessFleet
 from fedistill.federation.ledger import UP, Ledger, read_ledger
 
@@ -26,16 +24,8 @@ def _config(**fediod) -> RunConfig:
 
 
 def _build(config: RunConfig):
-    algorithm = get_algorithm("fediod")
-    options = options_for(config, "fediod", FedIODOptions)
-    data = prepare_data(config)
-    clients = {ctx.client_id: FedIODClient(ctx) for ctx in client_contexts(config, algorithm, options, data)}
-    test = data.dataset.test
-    ctx = ServerContext(
-        data.dataset.info, config, options, len(clients),
-        lambda m: evaluate_model(m, test, data.dataset.info), None, test.y,
-    )  # fmt: skip
-    return clients, FedIODServer(ctx)
+    clients, server, _ = fediod_parts(config)
+    return clients, server
 
 
 @pytest.mark.parametrize("weighting", ["eq8", "uniform"])

@@ -8,16 +8,14 @@ import pytest
 import torch
 from torch import nn
 
-from algorithm_helpers import TINY_FEDIOD, check_resume_after_crash
-from fedistill.algorithms.base import ServerContext
+from algorithm_helpers import TINY_FEDIOD, check_resume_after_crash, fediod_parts
 from fedistill.algorithms.bn_matching import batchnorm_statistics_loss
-from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
+from fedistill.algorithms.fediod import FedIODOptions, FedIODServer
 from fedistill.algorithms.fediod.calibration import calibrated
 from fedistill.algorithms.synthetic_pool import SyntheticPool
-from fedistill.algorithms.training import evaluate_model
 from fedistill.errors import ConfigError
 from fedistill.experiment.config import RunConfig, build_config, options_for
-from fedistill.experiment.runner import client_contexts, get_algorithm, prepare_data, run_suite
+from fedistill.experiment.runner import run_suite
 from fedistill.federation.inprocess import InProcessFleet
 from fedistill.federation.ledger import UP, Ledger, read_ledger
 from fedistill.seeding import torch_generator
@@ -49,16 +47,7 @@ def test_batchnorm_statistics_loss_on_a_hand_computed_case():
 
 
 def _built(config: RunConfig):
-    algorithm = get_algorithm("fediod")
-    options = options_for(config, "fediod", FedIODOptions)
-    data = prepare_data(config)
-    clients = {c.client_id: FedIODClient(c) for c in client_contexts(config, algorithm, options, data)}
-    test = data.dataset.test
-    ctx = ServerContext(
-        data.dataset.info, config, options, len(clients),
-        lambda m: evaluate_model(m, test, data.dataset.info), None, test.y,
-    )  # fmt: skip
-    server = FedIODServer(ctx)
+    clients, server, _ = fediod_parts(config)
     fleet = InProcessFleet(clients, Ledger(None))
     server.setup(fleet)
     return clients, server, fleet
