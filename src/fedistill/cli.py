@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("fedistill").setLevel(logging.INFO)
     handlers = {"run": command_run, "list": command_list, "summary": command_summary}
+    _CURRENT_RUN.clear()  # a message names only this command's run
     try:
         return handlers[args.command](args)
     except UserError as exc:
