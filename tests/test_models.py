@@ -26,7 +26,7 @@ INFOS = [DIGITS, MNIST, CIFAR10, CIFAR100]
 
 WIDE = "resnet8-wide"  # 4.9M parameters: built once, in the fixture below
 SMALL = [name for name in model_names() if name != WIDE]
-NORMED = ["resnet8", "resnet20", "resnet32", "lenet-fedmdcg"]
+NORMED = ["resnet8", "resnet20", "resnet32", "lenet-fedmdcg", "small-cnn"]
 UNNORMED = ["lenet5", "mlp"]
 
 
@@ -49,7 +49,7 @@ def check_shapes(model: Classifier, info: DatasetInfo) -> None:
 
 def test_registry_lists_every_model():
     assert model_names() == sorted(
-        ["lenet-fedmdcg", "lenet5", "mlp", "resnet20", "resnet32", "resnet8", "resnet8-wide"]
+        ["lenet-fedmdcg", "lenet5", "mlp", "resnet20", "resnet32", "resnet8", "resnet8-wide", "small-cnn"]
     )
 
 

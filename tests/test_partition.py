@@ -23,7 +23,8 @@ from fedistill.experiment.plots import plot_learning_curves, plot_partition
 NUM_CLASSES = 10
 LABELS = np.repeat(np.arange(NUM_CLASSES), 100)  # 10 classes x 100 samples, sorted like a class-ordered file
 TEST_LABELS = np.tile(np.arange(NUM_CLASSES), 30)
-LOCAL = [name for name in PARTITIONERS if name != "dirichlet-flwr"]  # flwr-datasets is slow to import
+# flwr-datasets is slow to import; `natural` takes its sites from the data (tested on its own below)
+LOCAL = [name for name in PARTITIONERS if name not in ("dirichlet-flwr", "natural")]
 DIRICHLET = [name for name in LOCAL if name != "iid"]
 
 
@@ -284,3 +285,14 @@ def test_plots_write_png(tmp_path):
     out = plot_learning_curves(rows, tmp_path / "curves" / "acc.png", metrics=("test_accuracy", "loss"))
     assert _png(out)
     assert _png(plot_learning_curves({"a": rows[:5], "b": rows[20:25]}, tmp_path / "overlay.png"))
+
+
+def test_natural_cuts_the_ordered_groups_into_contiguous_sites():
+    groups = np.repeat(np.arange(10), [3, 1, 4, 1, 5, 9, 2, 6, 5, 3])  # ten subjects in the protocol's order
+    parts = partition(groups, 4, method="natural", alpha=None, seed=0, num_classes=10)
+    assert [sorted(set(groups[p])) for p in parts] == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(groups.size))
+    again = partition(groups, 4, method="natural", alpha=None, seed=99, num_classes=10)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))  # the data fix the sites
+    with pytest.raises(PartitionError, match="10 groups in its data, fewer than 11 clients"):
+        partition(groups, 11, method="natural", alpha=None, seed=0, num_classes=10)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -20,20 +21,42 @@ class DatasetInfo:
     crop_padding: int = 0  # random-crop padding used by the training augmentation (0 = no crop)
     horizontal_flip: bool = False  # flip is wrong for digits and letters, right for natural images
     class_names: tuple[str, ...] = field(default=())
+    # What a target is and how a model is trained and scored: the name of a task in fedistill.tasks
+    # (classification, semantic-segmentation, instance-segmentation, reconstruction). For the
+    # segmentation tasks `num_classes` counts pixel classes (background included).
+    task: str = "classification"
 
 
 @dataclass
 class ImageSet:
-    """Images as uint8 (N, C, H, W) and labels as int64 (N,); normalisation happens per batch."""
+    """Images (N, C, H, W) and their targets; normalisation happens per batch.
+
+    Images are uint8 (0..255) or float32 in [0, 1] (reconstruction keeps the precision of its source).
+    Targets are int64: one class per image (N,) for classification, or one value per pixel (N, H, W):
+    a class per pixel (semantic segmentation), an instance id per pixel (instance segmentation, 0 =
+    background), or the condition of a reconstruction task (the foreground mask).
+    """
 
     x: torch.Tensor
     y: torch.Tensor
 
     def __post_init__(self) -> None:
-        if self.x.dtype != torch.uint8 or self.x.dim() != 4:
-            raise ValueError(f"images must be uint8 (N, C, H, W), got {self.x.dtype} {tuple(self.x.shape)}")
-        if self.y.dtype != torch.int64 or self.y.shape != (self.x.shape[0],):
-            raise ValueError(f"labels must be int64 (N,), got {self.y.dtype} {tuple(self.y.shape)}")
+        if self.x.dtype not in (torch.uint8, torch.float32) or self.x.dim() != 4:
+            raise ValueError(
+                f"images must be uint8 or float32 (N, C, H, W), got {self.x.dtype} {tuple(self.x.shape)}"
+            )
+        n = self.x.shape[0]
+        per_pixel = (n, *self.x.shape[2:])
+        if self.y.dtype != torch.int64 or tuple(self.y.shape) not in ((n,), per_pixel):
+            raise ValueError(
+                f"targets must be int64 (N,) or (N, H, W) matching the images, got {self.y.dtype} "
+                f"{tuple(self.y.shape)} for images {tuple(self.x.shape)}"
+            )
+
+    @property
+    def dense(self) -> bool:
+        """Whether the targets are per pixel (segmentation, reconstruction) rather than per image."""
+        return self.y.dim() == 3
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -48,3 +71,9 @@ class LoadedDataset:
     info: DatasetInfo
     train: ImageSet
     test: ImageSet
+    # Natural groups, for datasets whose sites are given rather than drawn (the `natural` partitioner):
+    # an int per sample, in the protocol's order (e.g. BraTS subjects sorted by tumour size, one organ
+    # per group for TCGA's cross-organ split); test groups name the test source of each test sample.
+    train_groups: np.ndarray | None = None
+    test_groups: np.ndarray | None = None
+    group_names: tuple[str, ...] = field(default=())

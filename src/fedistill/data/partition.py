@@ -226,6 +226,24 @@ def iid(
     return _deal_by_class(labels, num_clients, _rng(seed))
 
 
+@_register("natural", dirichlet=False)
+def natural(
+    labels: np.ndarray, num_clients: int, *, alpha: float | None, seed: int, num_classes: int
+) -> list[np.ndarray]:
+    """Sites given by the data: ``labels`` are the dataset's natural groups (subjects in the protocol's
+    order, organs, source datasets), and the sorted groups are cut into ``num_clients`` contiguous runs
+    of near-equal length, each client taking every sample of its groups. Chang et al.'s BraTS split (the
+    training subjects sorted by tumour size, cut into K sites) and one organ per site are both this.
+    ``alpha`` and ``seed`` are unused: the split is fixed by the data."""
+    groups = np.unique(labels)
+    if num_clients > groups.size:
+        raise PartitionError(
+            f"the natural partition has {groups.size} groups in its data, fewer than {num_clients} clients; "
+            "lower the number of clients"
+        )
+    return [np.flatnonzero(np.isin(labels, run)) for run in np.array_split(groups, num_clients)]
+
+
 @_register("dirichlet", dirichlet=True)
 def dirichlet(
     labels: np.ndarray,

@@ -30,9 +30,10 @@ def normalize(x01: torch.Tensor, info: DatasetInfo) -> torch.Tensor:
     return (x01.float() - mean) / std
 
 
-def to_float(x_uint8: torch.Tensor, info: DatasetInfo) -> torch.Tensor:
-    """uint8 images (B, C, H, W) -> normalised float32: (x / 255 - mean) / std."""
-    return normalize(x_uint8.float() / 255.0, info)
+def to_float(x: torch.Tensor, info: DatasetInfo) -> torch.Tensor:
+    """uint8 images (B, C, H, W) -> normalised float32: (x / 255 - mean) / std; float32 images are
+    taken to be in [0, 1] already."""
+    return normalize(x.float() / 255.0 if x.dtype == torch.uint8 else x.float(), info)
 
 
 def _random_crop(x: torch.Tensor, padding: int, generator: torch.Generator | None) -> torch.Tensor:

@@ -63,18 +63,30 @@ class Prepared:
     split: FederatedSplit
 
 
+def partition_labels(dataset: LoadedDataset) -> tuple[np.ndarray, np.ndarray, int]:
+    """What the partitioner splits by: the class of each image, or, for per-pixel targets, the
+    dataset's natural groups (one group when it names none); and how many values they take."""
+    if not dataset.train.dense:
+        return dataset.train.y.numpy(), dataset.test.y.numpy(), dataset.info.num_classes
+    train = dataset.train_groups if dataset.train_groups is not None else np.zeros(len(dataset.train))
+    test = dataset.test_groups if dataset.test_groups is not None else np.zeros(len(dataset.test))
+    train, test = np.asarray(train, dtype=np.int64), np.asarray(test, dtype=np.int64)
+    return train, test, int(max(train.max(initial=0), test.max(initial=0))) + 1
+
+
 def prepare_data(config: RunConfig) -> Prepared:
     dataset = load_dataset(
         config.dataset, config.data_dir, download=config.download, **config.options.get(config.dataset, {})
     )
+    train_labels, test_labels, num_labels = partition_labels(dataset)
     split = make_split(
-        dataset.train.y.numpy(),
-        dataset.test.y.numpy(),
+        train_labels,
+        test_labels,
         config.clients,
         method=config.partition,
         alpha=config.alpha,
         seed=derive_seed(config.seed, "partition"),
-        num_classes=dataset.info.num_classes,
+        num_classes=num_labels,
         val_fraction=config.val_fraction,
         val_mode=config.val_mode,
         **config.options.get("partition", {}),

@@ -17,6 +17,7 @@ from fedistill.models.lenet import lenet5, lenet_fedmdcg
 from fedistill.models.mlp import mlp
 from fedistill.models.norm import check_norm
 from fedistill.models.resnet import resnet8, resnet8_wide, resnet20, resnet32
+from fedistill.models.small_cnn import small_cnn
 
 ModelFactory = Callable[[DatasetInfo, str, int], Classifier]
 
@@ -35,6 +36,7 @@ _MODELS: dict[str, ModelSpec] = {
     "lenet-fedmdcg": ModelSpec(lenet_fedmdcg),
     "lenet5": ModelSpec(lenet5, has_norm=False),
     "mlp": ModelSpec(mlp, has_norm=False),
+    "small-cnn": ModelSpec(small_cnn),
 }
 
 
