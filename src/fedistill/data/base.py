@@ -77,3 +77,7 @@ class LoadedDataset:
     train_groups: np.ndarray | None = None
     test_groups: np.ndarray | None = None
     group_names: tuple[str, ...] = field(default=())
+    # Per-test-sample facts a task's metrics need, each an array of len(test): "subject" (the volume or
+    # whole image a slice or patch came from: per-volume data range, stitching patches back), "row" and
+    # "col" (a patch's top-left corner in its whole image), "height" and "width" (the whole image's size).
+    test_meta: dict[str, np.ndarray] = field(default_factory=dict)
