@@ -25,7 +25,7 @@ CIFAR100 = make_info("cifar100", 3, 32, 100)
 INFOS = [DIGITS, MNIST, CIFAR10, CIFAR100]
 
 WIDE = "resnet8-wide"  # 4.9M parameters: built once, in the fixture below
-SMALL = [name for name in model_names() if name != WIDE]
+SMALL = [name for name in model_names("classification") if name != WIDE]
 NORMED = ["resnet8", "resnet20", "resnet32", "lenet-fedmdcg", "small-cnn"]
 UNNORMED = ["lenet5", "mlp"]
 
@@ -48,9 +48,10 @@ def check_shapes(model: Classifier, info: DatasetInfo) -> None:
 
 
 def test_registry_lists_every_model():
-    assert model_names() == sorted(
+    assert model_names("classification") == sorted(
         ["lenet-fedmdcg", "lenet5", "mlp", "resnet20", "resnet32", "resnet8", "resnet8-wide", "small-cnn"]
     )
+    assert model_names() == sorted([*model_names("classification"), "unet", "unet-chang", "unet-fastmri"])
 
 
 @pytest.mark.parametrize("info", INFOS, ids=lambda i: f"{i.name}-{i.image_size}")

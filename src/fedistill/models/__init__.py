@@ -1,6 +1,7 @@
-"""Classifiers split into a feature extractor and a classifier head, built by name for a dataset."""
+"""Models built by name for a dataset and its task: classifiers split into a feature extractor and a
+classifier head, segmentation and reconstruction U-Nets."""
 
 from fedistill.models.base import Classifier, count_parameters
-from fedistill.models.registry import build_model, model_names, register_model
+from fedistill.models.registry import build_model, model_names, model_options, register_model
 
-__all__ = ["Classifier", "build_model", "count_parameters", "model_names", "register_model"]
+__all__ = ["Classifier", "build_model", "count_parameters", "model_names", "model_options", "register_model"]

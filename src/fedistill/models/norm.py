@@ -2,6 +2,9 @@
 
 FedDF's code switches BatchNorm for GroupNorm(g, ·) with ``--group_norm_num_groups g``; GroupNorm keeps
 no running statistics, which matters when client data are non-IID and models are averaged.
+
+The classifiers offer ``NORMS``; the dense-prediction nets also offer ``"instance"`` (InstanceNorm2d
+without affine parameters or running statistics), the norm of fastMRI's U-Net and of CycleGAN's nets.
 """
 
 from __future__ import annotations
@@ -12,17 +15,19 @@ from fedistill.errors import ConfigError
 from fedistill.models.base import unknown_choice
 
 NORMS = ("batch", "group", "none")
+DENSE_NORMS = ("batch", "group", "instance", "none")
 
 
-def check_norm(norm: str) -> None:
-    """Raise ConfigError unless ``norm`` is one of NORMS."""
-    if norm not in NORMS:
-        raise unknown_choice("norm", norm, NORMS)
+def check_norm(norm: str, valid: tuple[str, ...] = NORMS) -> None:
+    """Raise ConfigError unless ``norm`` is one of ``valid`` (by default NORMS)."""
+    if norm not in valid:
+        raise unknown_choice("norm", norm, valid)
 
 
 def make_norm2d(norm: str, channels: int, *, groups: int) -> nn.Module:
-    """BatchNorm2d (``"batch"``), GroupNorm(groups, channels) (``"group"``) or Identity (``"none"``)."""
-    check_norm(norm)
+    """BatchNorm2d (``"batch"``), GroupNorm(groups, channels) (``"group"``), InstanceNorm2d
+    (``"instance"``) or Identity (``"none"``)."""
+    check_norm(norm, DENSE_NORMS)
     if norm == "batch":
         return nn.BatchNorm2d(channels)
     if norm == "group":
@@ -32,4 +37,6 @@ def make_norm2d(norm: str, channels: int, *, groups: int) -> nn.Module:
                 f"{channels} channels cannot be split into {groups} groups"
             )
         return nn.GroupNorm(groups, channels)
+    if norm == "instance":
+        return nn.InstanceNorm2d(channels)  # affine=False, no running statistics: as pix2pix and fastMRI
     return nn.Identity()

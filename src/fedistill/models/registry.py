@@ -1,31 +1,60 @@
-"""Model names → constructors. Every constructor takes ``(info, norm, groups)`` and returns a Classifier.
+"""Model names → constructors, and the tasks each model serves.
 
-Models without norm layers (``mlp``, ``lenet5``) accept ``norm="batch"`` (the default, so that a
-run-wide setting can stay at its default) and ``"none"``, and reject ``"group"``: an explicit request
-for GroupNorm that the model cannot honour is an error, not something to ignore silently.
+Every constructor takes ``(info, norm, groups, **options)``. Classifiers (task ``classification``)
+return a Classifier; segmentation nets (``semantic-segmentation``, ``instance-segmentation``) map images
+(B, channels, H, W) to per-pixel logits (B, num_classes, H, W); reconstruction nets (``reconstruction``)
+map them to images (B, channels, H, W). ``build_model`` refuses a model for a dataset whose task it
+does not serve.
+
+Each model offers a set of norms and has a default one, used when ``norm`` is not given: BatchNorm for
+the classifiers and the segmentation U-Nets, InstanceNorm for fastMRI's U-Net. Models without norm
+layers (``mlp``, ``lenet5``) accept ``norm="batch"`` (the default, so that a run-wide setting can stay at
+its default) and ``"none"``, and reject ``"group"``: an explicit request for GroupNorm that the model
+cannot honour is an error, not something to ignore silently.
+
+Per-model options are the constructor's keyword-only parameters (``options={"width": 32}``); any other
+name is refused, and the constructor checks the values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+from torch import nn
 
 from fedistill.data.base import DatasetInfo
 from fedistill.errors import ConfigError
 from fedistill.models.base import Classifier, unknown_choice
+from fedistill.models.fastmri_unet import unet_fastmri
 from fedistill.models.lenet import lenet5, lenet_fedmdcg
 from fedistill.models.mlp import mlp
-from fedistill.models.norm import check_norm
+from fedistill.models.norm import DENSE_NORMS, NORMS, check_norm
 from fedistill.models.resnet import resnet8, resnet8_wide, resnet20, resnet32
 from fedistill.models.small_cnn import small_cnn
+from fedistill.models.unet import unet, unet_chang
 
-ModelFactory = Callable[[DatasetInfo, str, int], Classifier]
+CLASSIFICATION = ("classification",)
+SEGMENTATION = ("semantic-segmentation", "instance-segmentation")
+RECONSTRUCTION = ("reconstruction",)
+
+ModelFactory = Callable[..., nn.Module]
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     factory: ModelFactory
     has_norm: bool = True
+    tasks: tuple[str, ...] = CLASSIFICATION
+    norms: tuple[str, ...] = NORMS
+    default_norm: str = "batch"
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The factory's keyword-only parameters: the options a user may set."""
+        params = inspect.signature(self.factory).parameters.values()
+        return tuple(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
 _MODELS: dict[str, ModelSpec] = {
@@ -37,37 +66,97 @@ _MODELS: dict[str, ModelSpec] = {
     "lenet5": ModelSpec(lenet5, has_norm=False),
     "mlp": ModelSpec(mlp, has_norm=False),
     "small-cnn": ModelSpec(small_cnn),
+    "unet": ModelSpec(unet, tasks=SEGMENTATION, norms=DENSE_NORMS),
+    "unet-chang": ModelSpec(unet_chang, tasks=SEGMENTATION, norms=DENSE_NORMS),
+    "unet-fastmri": ModelSpec(unet_fastmri, tasks=RECONSTRUCTION, norms=DENSE_NORMS, default_norm="instance"),
 }
 
 
-def register_model(name: str, factory: ModelFactory, *, has_norm: bool = True) -> None:
-    """Add a model under ``name``; ``factory(info, norm, groups)`` must return a Classifier."""
+def register_model(
+    name: str,
+    factory: ModelFactory,
+    *,
+    has_norm: bool = True,
+    tasks: tuple[str, ...] = CLASSIFICATION,
+    norms: tuple[str, ...] = NORMS,
+    default_norm: str = "batch",
+) -> None:
+    """Add a model under ``name``; ``factory(info, norm, groups, **options)`` must return a Classifier
+    for classification, and a module of the output shape the registry describes for the other tasks."""
     if name in _MODELS:
         raise ValueError(f"model {name!r} is already registered")
-    _MODELS[name] = ModelSpec(factory, has_norm)
+    if default_norm not in norms:
+        raise ValueError(f"default norm {default_norm!r} of model {name!r} is not among its norms {norms}")
+    _MODELS[name] = ModelSpec(factory, has_norm, tuple(tasks), tuple(norms), default_norm)
 
 
-def model_names() -> list[str]:
-    """The registered model names, sorted."""
-    return sorted(_MODELS)
+def model_names(task: str | None = None) -> list[str]:
+    """The registered model names, sorted; only those serving ``task`` when it is given."""
+    return sorted(name for name, spec in _MODELS.items() if task is None or task in spec.tasks)
+
+
+def model_options(name: str) -> tuple[str, ...]:
+    """The options model ``name`` accepts in ``build_model(..., options=...)``."""
+    if name not in _MODELS:
+        raise unknown_choice("model", name, model_names())
+    return _MODELS[name].options
 
 
 def build_model(
-    name: str, info: DatasetInfo, *, norm: str = "batch", group_norm_groups: int = 2
-) -> Classifier:
-    """Build model ``name`` for ``info``'s image shape and class count.
+    name: str,
+    info: DatasetInfo,
+    *,
+    norm: str | None = None,
+    group_norm_groups: int = 2,
+    options: Mapping[str, object] | None = None,
+) -> nn.Module:
+    """Build model ``name`` for ``info``'s task, image shape and class count.
 
-    ``norm`` is ``"batch"``, ``"group"`` (GroupNorm with ``group_norm_groups`` groups) or ``"none"``.
+    ``norm`` is ``"batch"``, ``"group"`` (GroupNorm with ``group_norm_groups`` groups), ``"none"`` or, for
+    the dense-prediction nets, ``"instance"``; None means the model's default. ``options`` sets the
+    model's own options (``model_options(name)``).
     """
     if name not in _MODELS:
         raise unknown_choice("model", name, model_names())
-    check_norm(norm)
     spec = _MODELS[name]
+    _check_task(name, spec, info)
+    norm = spec.default_norm if norm is None else norm
+    _check_norm(name, spec, norm)
+    kwargs = _check_options(name, spec, options)
+    model = spec.factory(info, norm, group_norm_groups, **kwargs)
+    if info.task in CLASSIFICATION and not isinstance(model, Classifier):
+        raise TypeError(f"model {name!r} must build a Classifier, got {type(model).__name__}")
+    return model
+
+
+def _check_task(name: str, spec: ModelSpec, info: DatasetInfo) -> None:
+    if info.task in spec.tasks:
+        return
+    serving = model_names(info.task)
+    which = f"models for it: {', '.join(serving)}" if serving else "no registered model serves it"
+    raise ConfigError(
+        f"model {name!r} serves {', '.join(spec.tasks)}, not the {info.task!r} task of dataset "
+        f"{info.name!r}; {which}"
+    )
+
+
+def _check_norm(name: str, spec: ModelSpec, norm: str) -> None:
+    if norm not in DENSE_NORMS:
+        check_norm(norm, spec.norms)  # an unknown name: the error lists the model's norms
+    if norm not in spec.norms:
+        raise ConfigError(f"model {name!r} offers norm {', '.join(spec.norms)}, not {norm!r}")
     if not spec.has_norm and norm == "group":
         raise ConfigError(
             f"model {name!r} has no norm layers, so norm='group' cannot apply; use 'batch' or 'none'"
         )
-    model = spec.factory(info, norm, group_norm_groups)
-    if not isinstance(model, Classifier):
-        raise TypeError(f"model {name!r} must build a Classifier, got {type(model).__name__}")
-    return model
+
+
+def _check_options(name: str, spec: ModelSpec, options: Mapping[str, object] | None) -> dict[str, object]:
+    options = dict(options or {})
+    valid = spec.options
+    for key in options:
+        if key not in valid:
+            if not valid:
+                raise ConfigError(f"model {name!r} takes no options, got {key!r}")
+            raise unknown_choice(f"option of model {name!r}", key, valid)
+    return options
