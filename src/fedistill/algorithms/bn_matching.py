@@ -20,18 +20,22 @@ from torch import nn
 
 
 @contextmanager
-def batchnorm_statistics_loss(model: nn.Module) -> Iterator[list[torch.Tensor]]:
+def batchnorm_statistics_loss(
+    model: nn.Module, rows: torch.Tensor | None = None
+) -> Iterator[list[torch.Tensor]]:
     """While active, every forward pass of `model` appends L_bn's per-layer terms to the yielded list.
 
     Use: ``with batchnorm_statistics_loss(teacher) as terms: logits = teacher(x)``; then ``sum(terms)``.
-    A model without BatchNorm layers yields no terms (the loss is 0).
+    A model without BatchNorm layers yields no terms (the loss is 0). `rows` (a boolean mask over the
+    batch) takes the statistics over those samples only: FedIOD's per-client mixture matches a
+    teacher's statistics on the samples meant for its site.
     """
     terms: list[torch.Tensor] = []
 
     def hook(
         module: nn.modules.batchnorm._BatchNorm, args: tuple[torch.Tensor, ...], _: torch.Tensor
     ) -> None:
-        h = args[0]
+        h = args[0] if rows is None else args[0][rows]
         dims = [0, *range(2, h.dim())]
         mean, var = h.mean(dims), h.var(dims, unbiased=False)
         assert module.running_mean is not None and module.running_var is not None

@@ -36,10 +36,20 @@ class Generator(nn.Module):
     """
 
     def __init__(
-        self, info: DatasetInfo, *, latent_dim: int = 100, width: int = 64, upsample: str = "bilinear"
+        self,
+        info: DatasetInfo,
+        *,
+        latent_dim: int = 100,
+        width: int = 64,
+        upsample: str = "bilinear",
+        condition_dim: int = 0,
     ):
+        """`condition_dim` > 0 makes G conditional: its input is z followed by a condition vector of
+        that length (FedIOD's per-client mixture feeds the one-hot of the client a sample is for)."""
         super().__init__()
         latent_dim = _check_positive("latent_dim", latent_dim)
+        if isinstance(condition_dim, bool) or not isinstance(condition_dim, int) or condition_dim < 0:
+            raise ConfigError(f"condition_dim must be a non-negative integer, got {condition_dim!r}")
         width = _check_positive("generator width", width)
         if upsample not in UPSAMPLE_MODES:
             raise unknown_choice("upsample mode", upsample, UPSAMPLE_MODES)
@@ -49,6 +59,7 @@ class Generator(nn.Module):
                 f"(dataset {info.name!r})"
             )
         self.latent_dim = latent_dim
+        self.condition_dim = condition_dim
         self.width = width
         self.channels = info.channels
         self.init_size = info.image_size // 4
@@ -58,7 +69,7 @@ class Generator(nn.Module):
             else nn.Upsample(scale_factor=2, mode="nearest")
         )
         # Linear z → (4·width, s, s); both codes wrap it in a Sequential, hence the key "l1.0".
-        self.l1 = nn.Sequential(nn.Linear(latent_dim, 4 * width * self.init_size**2))
+        self.l1 = nn.Sequential(nn.Linear(latent_dim + condition_dim, 4 * width * self.init_size**2))
         self.conv_blocks = nn.Sequential(
             nn.BatchNorm2d(4 * width),  # no activation after this BN, as in both codes
             nn.Upsample(scale_factor=2, mode="nearest"),
@@ -98,7 +109,11 @@ class Generator(nn.Module):
 
 
 def build_generator(
-    info: DatasetInfo, latent_dim: int = 100, width: int = 64, upsample: str = "bilinear"
+    info: DatasetInfo,
+    latent_dim: int = 100,
+    width: int = 64,
+    upsample: str = "bilinear",
+    condition_dim: int = 0,
 ) -> Generator:
     """FedIOD's generator for ``info`` (``upsample="nearest"``: MosaicKD's); ConfigError on bad values."""
-    return Generator(info, latent_dim=latent_dim, width=width, upsample=upsample)
+    return Generator(info, latent_dim=latent_dim, width=width, upsample=upsample, condition_dim=condition_dim)

@@ -154,11 +154,15 @@ class FedIODClient(ClientLogic):
 
     @handles("query.generate")
     def generate(self, message: Message) -> Message:
-        carried = "student_x" in message.arrays.get("synthetic-inputs", {})
+        inputs = message.arrays.get("synthetic-inputs", {})
+        carried, mixture = "student_x" in inputs, "own" in inputs
         specs = {"x": self._input_spec()} | ({"student_x": self._input_spec()} if carried else {})
+        if mixture:  # per-client mixture: which of the batch's samples G drew for this site
+            specs["own"] = ArraySpec("float32", (self._batch_of(inputs),))
         expect_arrays(message, "synthetic-inputs", specs)
         step = int(message.scalar("config", "step"))
         x = message.tensor("synthetic-inputs", "x")
+        own = message.tensor("synthetic-inputs", "own") > 0.5 if mixture else None
         dp_metrics: dict[str, float] = {}
         if self.budget is not None:  # the step's privacy first: a refused step touches no data
             try:
@@ -177,7 +181,8 @@ class FedIODClient(ClientLogic):
         set_lr(self.d_optimizer, float(message.scalar("config", "lr_discriminator")))
         real = self._real_batch(step, x.shape[0])
         real_logits = self.discriminator(real)
-        d_loss = L.discriminator_loss(real_logits, self.discriminator(x))
+        fake = x if own is None or not bool(own.any()) else x[own]
+        d_loss = L.discriminator_loss(real_logits, self.discriminator(fake))
         self.d_optimizer.zero_grad(set_to_none=True)
         d_loss.backward()
         self.d_optimizer.step()
@@ -189,6 +194,7 @@ class FedIODClient(ClientLogic):
             "step": step,
             **{key: message.scalar("config", key) for key in ("c_gan", "c_conf", "tau", "gan_loss")},
             "c_bn": float(message.scalar("config", "c_bn", 0.0)),
+            **({"own": own.clone()} if own is not None else {}),
         }
         x, logits, fake_logits, local, gan, conf = self._local_terms(self.pending_inputs)
         # keep the graph: query.backprop differentiates the local terms and the server's terms together
@@ -222,11 +228,14 @@ class FedIODClient(ClientLogic):
         back to x."""
         x = inputs["x"].clone().requires_grad_(True)
         c_bn = float(inputs.get("c_bn", 0.0))
-        with batchnorm_statistics_loss(self.teacher if c_bn else nn.Identity()) as bn_terms:
+        own = inputs.get("own")  # per-client mixture: this site's terms see its own samples only
+        rows = own if own is not None and bool(own.any()) else None
+        with batchnorm_statistics_loss(self.teacher if c_bn else nn.Identity(), rows) as bn_terms:
             logits = self.teacher(x)
         fake_logits = self.discriminator(x)
-        gan = L.generator_gan_loss(fake_logits, mode=str(inputs["gan_loss"]))
-        conf = L.entropy(logits, float(inputs["tau"])).mean()
+        mine = slice(None) if rows is None else rows
+        gan = L.generator_gan_loss(fake_logits[mine], mode=str(inputs["gan_loss"]))
+        conf = L.entropy(logits[mine], float(inputs["tau"])).mean()
         local = float(inputs["c_gan"]) * gan + float(inputs["c_conf"]) * conf
         if bn_terms:
             local = local + c_bn * torch.stack(bn_terms).sum()
@@ -296,6 +305,11 @@ class FedIODClient(ClientLogic):
         with torch.no_grad():
             logits = torch.cat([self.teacher(chunk) for chunk in x.split(512)])
         return Message.build("evaluate.teachers", arrays={"logits": {"z": logits}})
+
+    @staticmethod
+    def _batch_of(inputs: dict[str, Any]) -> int:
+        x = inputs.get("x")
+        return int(x.shape[0]) if x is not None and len(x.shape) >= 1 else 0
 
     def _input_spec(self) -> ArraySpec:
         info = self.ctx.info

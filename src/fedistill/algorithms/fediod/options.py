@@ -96,6 +96,12 @@ class FedIODOptions(DPOptions):
     pool_size: int = 0  # synthetic samples kept with their ensemble targets for replay (0: no pool)
     pool_steps: int = 0  # extra S-steps per G-step on batches drawn from the pool
     teacher_logits: str = "raw"  # raw (the paper) | scaled: one logit scale for mixed architectures
+    # shared (the paper): one G whose every sample must fool every D_k (Eq. 2), which pulls G towards what
+    # all sites' data have in common. per-client: G(z, one-hot k) draws a mixture, a share pi_k of each
+    # batch meant for site k; D_k, its L_gan, L_conf and batch-norm terms see only those samples, so the
+    # mixture approximates the union of the sites' data, sum_k pi_k P_k. Every teacher still labels every
+    # sample. Each client receives which samples are its own (a 0/1 vector); nothing else changes.
+    generator_mixture: str = "shared"
 
     def validate(self) -> None:
         self.validate_dp()
@@ -112,6 +118,7 @@ class FedIODOptions(DPOptions):
             "balance": ("ensemble", "teachers"),
             "dp_accounting": DP_ACCOUNTINGS,
             "teacher_logits": TEACHER_LOGITS,
+            "generator_mixture": ("shared", "per-client"),
         }
         check_choices("fediod", self, choices)
         if self.selection == "best-on-test" and self.preset != "official-code":

@@ -77,7 +77,12 @@ class FedIODServer(StudentSteps, ServerLogic):
             )
         self.generator = seeded(
             config.seed,
-            lambda: build_generator(info, latent_dim=options.latent_dim, width=options.generator_width),
+            lambda: build_generator(
+                info,
+                latent_dim=options.latent_dim,
+                width=options.generator_width,
+                condition_dim=ctx.num_clients if options.generator_mixture == "per-client" else 0,
+            ),
             "generator-init",
         )
         self.student = new_model(config, info, options.student or config.model)
@@ -204,6 +209,26 @@ class FedIODServer(StudentSteps, ServerLogic):
             for b in (o.lr_generator, o.lr_discriminator, o.lr_student)
         )  # type: ignore[return-value]
 
+    def _latent(self, batch: int, rng: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """G's input for `batch` samples and, with the per-client mixture, each sample's site (its
+        position among the federation's clients): a share pi_k of the batch for site k, at least one
+        sample each when the batch has room, and the site's one-hot appended to z."""
+        z = self.generator.sample_latent(batch, rng)
+        if self.options.generator_mixture != "per-client":
+            return z, None
+        assert self.federation is not None
+        pi = self.federation.pi(self.federation.clients)
+        k = len(pi)
+        floor = 1 if batch >= k else 0
+        quota = pi.double() * (batch - floor * k)
+        counts = quota.floor().long() + floor
+        extra = batch - int(counts.sum())
+        if extra > 0:  # largest remainders first
+            counts[torch.argsort(quota - quota.floor(), descending=True, stable=True)[:extra]] += 1
+        owner = torch.repeat_interleave(torch.arange(k), counts)
+        onehot = torch.nn.functional.one_hot(owner, self.generator.condition_dim).to(z)
+        return torch.cat([z, onehot], 1), owner
+
     def _weights(self, logits: torch.Tensor, ratio: torch.Tensor | None, clients: list[int]) -> torch.Tensor:
         assert self.federation is not None
         k, b, c = logits.shape
@@ -261,13 +286,18 @@ class FedIODServer(StudentSteps, ServerLogic):
         gan_weight = pi_all if options.gan_weighting == "pi" else torch.full_like(pi_all, 1.0 / len(clients))
         latent_gen = torch_generator(config.seed, "latent", self.step)
         self.generator.train()
-        x = self.generator(self.generator.sample_latent(options.synthetic_batch_size, latent_gen))
+        latent, owner = self._latent(options.synthetic_batch_size, latent_gen)
+        x = self.generator(latent)
         carried = self.carried
         inputs = {"x": x.detach()} if carried is None else {"x": x.detach(), "student_x": carried[0]}
+
+        def own(i: int) -> dict[str, torch.Tensor]:  # per-client mixture: which samples are site i's
+            return {} if owner is None else {"own": (owner == i).to(torch.float32)}
+
         requests = {
             cid: Message.build(
                 "query.generate",
-                arrays={"synthetic-inputs": inputs},
+                arrays={"synthetic-inputs": inputs | own(i)},
                 scalars={
                     "config": {
                         **({"want_ratio": self._want_ratio()} if carried is not None else {}),

@@ -39,7 +39,7 @@ class StudentSteps:
         n, b = self.options.student_steps, self.options.synthetic_batch_size
         latent_gen = torch_generator(self.ctx.config.seed, "student-latent", self.step)
         with torch.no_grad():
-            return self.generator(self.generator.sample_latent(n * b, latent_gen))
+            return self.generator(self._latent(n * b, latent_gen)[0])
 
     def _student_steps(self, fleet: Fleet, clients: list[int], xs: torch.Tensor | None = None) -> float:
         """One `query.student` exchange for the S-steps' targets, then the S-steps."""
@@ -143,7 +143,7 @@ class StudentSteps:
         with torch.no_grad():
             self.generator.eval()
             images = self.generator.forward_unit(
-                self.generator.sample_latent(32, torch_generator(self.ctx.config.seed, "samples"))
+                self._latent(32, torch_generator(self.ctx.config.seed, "samples"))[0]
             )
             self.generator.train()
         plot_image_grid(
