@@ -1,13 +1,17 @@
 """Datasets by name: `load_dataset("cifar10", data_dir)` and the text that says which files go where.
 
 File-based datasets live in a subfolder of `data_dir` (`mnist/`, `fashion-mnist/`,
-`emnist/`, `cifar10/`, `cifar100/`); `image-folder` uses `data_dir` itself and
-`digits` needs no files. Nothing is fetched unless `download=True`, and every
-download and every file with a published md5 is checked (unless `verify=False`).
+`emnist/`, `cifar10/`, `cifar100/`; the segmentation sets `brats/`, `monuseg/`, `cpm17/`,
+`tnbc/`, and `brain-mri/`, `nuclei/` for the semi-synthetic ones); `image-folder` and
+`nuclei-cross-site` use `data_dir` itself, and `digits` and `mni152-synthetic-lesions` need
+no files. Nothing is fetched unless `download=True`, and every download and every file with
+a published md5 is checked (unless `verify=False`). The medical sets cannot be downloaded
+(registration required, or they ship with the data folder), so `download` does not apply.
 """
 
 from __future__ import annotations
 
+import importlib
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -94,6 +98,10 @@ _ALIASES = {
     "cifar-10": "cifar10",
     "cifar-100": "cifar100",
     "imagefolder": "image-folder",
+    "tcga": "monuseg",
+    "cell17": "cpm17",
+    "cpm-17": "cpm17",
+    "brats2018": "brats",
 }
 
 
@@ -257,6 +265,27 @@ def _no_files(text: str) -> Callable[[str], str]:
     return lambda folder: text
 
 
+def _medical(module: str, loader: str, needs_folder: bool = True) -> Callable[..., LoadedDataset]:
+    """A loader of fedistill.data.medical, imported on first use (it pulls in nibabel, scikit-image, ...)."""
+
+    def load(folder: Path | None, download: bool, verify: bool, **options: object) -> LoadedDataset:
+        function = getattr(importlib.import_module(f"fedistill.data.medical.{module}"), loader)
+        return function(folder, **options) if needs_folder else function(**options)
+
+    return load
+
+
+def _medical_text(module: str, function: str = "describe") -> Callable[[str], str]:
+    def describe(folder: str) -> str:
+        return getattr(importlib.import_module(f"fedistill.data.medical.{module}"), function)(folder)
+
+    return describe
+
+
+_PATCH_OPTIONS = ("patch_size", "stride", "scale")
+_SYNTHETIC_BRAIN_OPTIONS = ("image_size", "train_subjects", "test_subjects", "seed", "slices")
+
+
 _REGISTRY: dict[str, _Entry] = {
     "digits": _Entry(
         None,
@@ -303,6 +332,63 @@ _REGISTRY: dict[str, _Entry] = {
         ),
         options=("channels", "image_size", "crop_padding", "horizontal_flip"),
     ),
+    "brats": _Entry(
+        "brats",
+        _medical("brats", "load_brats"),
+        _medical_text("brats"),
+        options=(
+            "modality",
+            "grades",
+            "image_size",
+            "train_subjects",
+            "test_subjects",
+            "slices",
+            "intensity",
+        ),
+    ),
+    "monuseg": _Entry(
+        "monuseg",
+        _medical("monuseg", "load_monuseg"),
+        _medical_text("monuseg"),
+        options=("split", "organs", "train_per_organ", "test_per_organ", *_PATCH_OPTIONS),
+    ),
+    "cpm17": _Entry("cpm17", _medical("cpm17", "load_cpm17"), _medical_text("cpm17"), options=_PATCH_OPTIONS),
+    "tnbc": _Entry(
+        "tnbc", _medical("tnbc", "load_tnbc"), _medical_text("tnbc"), options=("test_slides", *_PATCH_OPTIONS)
+    ),
+    "nuclei-cross-site": _Entry(
+        "",
+        _medical("cross_site", "load_cross_site"),
+        _medical_text("cross_site"),
+        options=(*_PATCH_OPTIONS, "tcga_split", "tnbc_test_slides"),
+    ),
+    "brats-synthetic-lesions": _Entry(
+        "brain-mri",
+        _medical("brain_synthetic", "load_brats_synthetic"),
+        _medical_text("brain_synthetic", "describe_brain_mri"),
+        options=(*_SYNTHETIC_BRAIN_OPTIONS, "real_test"),
+    ),
+    "brain-lesions-real": _Entry(
+        "brain-mri",
+        _medical("brain_synthetic", "load_real_lesions"),
+        _medical_text("brain_synthetic", "describe_brain_mri"),
+        options=("image_size", "slices"),
+    ),
+    "mni152-synthetic-lesions": _Entry(
+        None,
+        _medical("brain_synthetic", "load_mni152_synthetic", needs_folder=False),
+        _no_files(
+            "mni152-synthetic-lesions needs no files: semi-synthetic lesions painted into the MNI152 "
+            "template that ships inside the nilearn package."
+        ),
+        options=_SYNTHETIC_BRAIN_OPTIONS,
+    ),
+    "nuclei-synthetic-sites": _Entry(
+        "nuclei",
+        _medical("nuclei_synthetic", "load_nuclei_synthetic"),
+        _medical_text("nuclei_synthetic"),
+        options=("image_size", "patch_size", "stride", "train_images", "test_images", "seed"),
+    ),
 }
 
 
@@ -339,7 +425,8 @@ def load_dataset(
     **options: object,
 ) -> LoadedDataset:
     """Load dataset `name` (see `dataset_names()`); `options` are dataset-specific (cifar100: labels;
-    image-folder: channels, image_size, crop_padding, horizontal_flip).
+    image-folder: channels, image_size, crop_padding, horizontal_flip; the medical sets: see
+    fedistill.data.medical).
 
     `download` fetches missing files (md5-checked) for the datasets that have a canonical URL;
     `verify=False` skips the md5 check of local files (their format is still checked).

@@ -1,0 +1,181 @@
+"""BraTS 2018-2020 whole-tumour segmentation on 2D axial slices, with Chang et al.'s (2020) protocol.
+
+Layouts read (the folder itself or one level below, e.g. `MICCAI_BraTS_2018_Data_Training/`):
+  2018/2019: `HGG/<subject>/<subject>_<modality>.nii.gz` and `LGG/<subject>/...`;
+  2020:      `<subject>/<subject>_<modality>.nii.gz` plus `name_mapping.csv` (columns `Grade` and
+             `BraTS_2020_subject_ID`), which says which subjects are HGG and which LGG.
+Modalities are t1, t1ce, t2, flair; the labels are `<subject>_seg` (uncompressed `.nii` works too; a
+subject folder with no `_seg` file but exactly one file named like `*seg*.nii*`, as one BraTS 2020
+subject has, uses that one).
+
+Protocol (defaults): T2 of the HGG subjects, whole tumour = label > 0. The subjects sorted by name are
+split as Chang et al.'s released code does: the first 40 are the test set, the next 170 the training
+set. A folder with fewer than 210 subjects is split in the same 40:170 proportion (at least one test
+subject), and a log line says so; subjects beyond 210 are left out, also logged. Training subjects are
+ranked by tumour volume for the `natural` partition (Chang et al.'s size-sorted sites). Slices: those
+with tumour (see `volumes.select_slices`); intensities: 0.5th-99.5th percentile of each volume's brain.
+The 240×240 slices are resized to `image_size` (default 128 for CPU work; 240 keeps BraTS' grid; the
+paper trains on 224×224 random crops of resized slices, which is augmentation, not part of the data).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+from pathlib import Path
+
+from fedistill.data.base import LoadedDataset
+from fedistill.data.medical import options as opt
+from fedistill.data.medical.slice_sets import SubjectSlices, slice_dataset, subject_slices
+from fedistill.data.medical.volumes import SLICE_RULES, axial_slices, read_volume, scale_to_uint8
+from fedistill.errors import DataError
+
+log = logging.getLogger(__name__)
+
+NAME = "brats"
+MODALITIES = ("t1", "t1ce", "t2", "flair")
+GRADES = ("hgg", "lgg")
+INTENSITY_MODES = ("volume-percentile", "slice-max")
+CHANG_TRAIN, CHANG_TEST = 170, 40
+LAYOUT = (
+    "BraTS 2018/2019: <folder>/HGG/<subject>/<subject>_t2.nii.gz and <subject>_seg.nii.gz (and LGG/...); "
+    "BraTS 2020: <folder>/<subject>/<subject>_t2.nii.gz, <subject>_seg.nii.gz and <folder>/name_mapping.csv"
+)
+
+
+def describe(folder: str) -> str:
+    return (
+        f"BraTS 2018-2020 (brain tumour segmentation): put the training data under {folder}/, as released:\n"
+        f"  {folder}/HGG/<subject>/<subject>_<t1|t1ce|t2|flair|seg>.nii.gz and {folder}/LGG/...\n"
+        "  (2018, 2019),\n"
+        f"  or {folder}/<subject>/<subject>_<...>.nii.gz with {folder}/name_mapping.csv (2020);\n"
+        "  the release's own top folder (e.g. MICCAI_BraTS_2018_Data_Training/) may sit in between.\n"
+        "BraTS needs a registration with the challenge (CBICA Image Processing Portal, or Synapse for 2020) "
+        "and cannot be downloaded automatically."
+    )
+
+
+def _modality_file(folder: Path, subject: str, modality: str) -> Path | None:
+    for suffix in (".nii.gz", ".nii"):
+        path = folder / f"{subject}_{modality}{suffix}"
+        if path.is_file():
+            return path
+    if modality == "seg":
+        odd = sorted(p for p in folder.glob("*.nii*") if "seg" in p.name.lower())
+        if len(odd) == 1:
+            return odd[0]
+    return None
+
+
+def _roots(folder: Path) -> list[Path]:
+    """The folder and its subfolders: a release's own top folder may sit in between."""
+    if not folder.is_dir():
+        raise DataError(f"BraTS folder {folder} does not exist.\n" + describe(str(folder)))
+    return [folder, *sorted(p for p in folder.iterdir() if p.is_dir())]
+
+
+def _grade_folders(folder: Path) -> dict[str, dict[str, Path]]:
+    """{grade: {subject: folder}} from the 2018/2019 HGG/LGG layout or the 2020 name_mapping.csv."""
+    for root in _roots(folder):
+        by_grade = {g: root / g.upper() for g in GRADES if (root / g.upper()).is_dir()}
+        if by_grade:
+            return {g: {p.name: p for p in sorted(d.iterdir()) if p.is_dir()} for g, d in by_grade.items()}
+        mapping = root / "name_mapping.csv"
+        if mapping.is_file():
+            return _from_name_mapping(root, mapping)
+    raise DataError(
+        f"no BraTS subjects under {folder}: found neither HGG/ and LGG/ folders nor name_mapping.csv.\n"
+        + describe(str(folder))
+    )
+
+
+def _from_name_mapping(root: Path, mapping: Path) -> dict[str, dict[str, Path]]:
+    try:
+        with mapping.open(newline="", encoding="utf-8-sig") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise DataError(f"cannot read {mapping} ({e})") from e
+    if not rows or not {"Grade", "BraTS_2020_subject_ID"} <= set(rows[0]):
+        raise DataError(f"{mapping} lacks the columns Grade and BraTS_2020_subject_ID")
+    out: dict[str, dict[str, Path]] = {g: {} for g in GRADES}
+    for row in rows:
+        grade, subject = row["Grade"].strip().lower(), row["BraTS_2020_subject_ID"].strip()
+        if grade in out and (root / subject).is_dir():
+            out[grade][subject] = root / subject
+    return out
+
+
+def split_subjects(names: list[str], train: int, test: int) -> tuple[list[str], list[str]]:
+    """Chang et al.'s split: names sorted, the first `test` for testing and the next `train` for training;
+    fewer subjects than train + test are split in the same proportion."""
+    names = sorted(names)
+    if len(names) < 2:
+        raise DataError(f"BraTS needs at least 2 subjects (one to train, one to test); found {len(names)}")
+    if len(names) < train + test:
+        wanted = (train, test)
+        test = min(len(names) - 1, max(1, round(len(names) * test / (train + test))))
+        train = len(names) - test
+        log.warning(
+            "brats: %d subjects found, fewer than the %d + %d asked for; split in the same proportion: "
+            "%d for training, %d for testing",
+            len(names),
+            *wanted,
+            train,
+            test,
+        )
+    elif len(names) > train + test:
+        log.info(
+            "brats: %d subjects found; the last %d by name are not used",
+            len(names),
+            len(names) - train - test,
+        )
+    return names[test : test + train], names[:test]
+
+
+def _subject(
+    folder: Path, subject: str, modality: str, image_size: int, rule: str, intensity: str
+) -> SubjectSlices:
+    paths = {m: _modality_file(folder, subject, m) for m in (modality, "seg")}
+    missing = [f"{folder}/{subject}_{m}.nii.gz" for m, p in paths.items() if p is None]
+    if missing:
+        raise DataError(f"BraTS subject {subject} lacks {', '.join(missing)} (or .nii)")
+    volume, zooms = read_volume(paths[modality])
+    label, _ = read_volume(paths["seg"])
+    if label.shape != volume.shape:
+        raise DataError(f"{paths['seg']} has shape {label.shape} but {paths[modality]} has {volume.shape}")
+    images, tumour = axial_slices(volume), axial_slices(label) > 0
+    brain = images > 0
+    scaled = scale_to_uint8(images, brain, intensity, str(paths[modality]))
+    return subject_slices(subject, scaled, tumour, brain, (zooms[1], zooms[0], zooms[2]), rule, image_size)
+
+
+def load_brats(
+    folder: Path,
+    *,
+    modality: str = "t2",
+    grades: object = "hgg",
+    image_size: int = 128,
+    train_subjects: int = CHANG_TRAIN,
+    test_subjects: int = CHANG_TEST,
+    slices: str = "tumour",
+    intensity: str = "volume-percentile",
+) -> LoadedDataset:
+    modality = opt.choice(NAME, "modality", modality, MODALITIES)
+    wanted = opt.name_list(NAME, "grades", grades, GRADES)
+    image_size = opt.positive_int(NAME, "image_size", image_size, minimum=8)
+    train_subjects = opt.positive_int(NAME, "train_subjects", train_subjects)
+    test_subjects = opt.positive_int(NAME, "test_subjects", test_subjects)
+    rule = opt.choice(NAME, "slices", slices, SLICE_RULES)
+    intensity = opt.choice(NAME, "intensity", intensity, INTENSITY_MODES)
+    by_grade = _grade_folders(Path(folder))
+    subjects = {name: path for g in wanted for name, path in by_grade.get(g, {}).items()}
+    if not subjects:
+        raise DataError(
+            f"no {'/'.join(g.upper() for g in wanted)} subjects under {folder}.\n" + describe(str(folder))
+        )
+    train_names, test_names = split_subjects(list(subjects), train_subjects, test_subjects)
+
+    def build(names: list[str]) -> list[SubjectSlices]:
+        return [_subject(subjects[n], n, modality, image_size, rule, intensity) for n in names]
+
+    return slice_dataset(NAME, build(train_names), build(test_names), image_size)
