@@ -49,7 +49,19 @@ def check_shapes(model: Classifier, info: DatasetInfo) -> None:
 
 def test_registry_lists_every_model():
     assert model_names("classification") == sorted(
-        ["lenet-fedmdcg", "lenet5", "mlp", "resnet20", "resnet32", "resnet8", "resnet8-wide", "small-cnn"]
+        [
+            "lenet-fedmdcg",
+            "lenet5",
+            "mlp",
+            "resnet20",
+            "resnet32",
+            "resnet8",
+            "resnet8-binary",
+            "resnet8-wide",
+            "shufflenetv2",
+            "small-cnn",
+            "vgg9",
+        ]
     )
     assert model_names() == sorted([*model_names("classification"), "unet", "unet-chang", "unet-fastmri"])
 

@@ -7,10 +7,11 @@ map them to images (B, channels, H, W). ``build_model`` refuses a model for a da
 does not serve.
 
 Each model offers a set of norms and has a default one, used when ``norm`` is not given: BatchNorm for
-the classifiers and the segmentation U-Nets, InstanceNorm for fastMRI's U-Net. Models without norm
-layers (``mlp``, ``lenet5``) accept ``norm="batch"`` (the default, so that a run-wide setting can stay at
-its default) and ``"none"``, and reject ``"group"``: an explicit request for GroupNorm that the model
-cannot honour is an error, not something to ignore silently.
+the classifiers and the segmentation U-Nets, none for ``vgg9`` (FedDF's Table 3 trains it without
+normalisation), InstanceNorm for fastMRI's U-Net. Models without norm layers (``mlp``, ``lenet5``) accept
+``norm="batch"`` (the default, so that a run-wide setting can stay at its default) and ``"none"``, and
+reject ``"group"``: an explicit request for GroupNorm that the model cannot honour is an error, not
+something to ignore silently.
 
 Per-model options are the constructor's keyword-only parameters (``options={"width": 32}``); any other
 name is refused, and the constructor checks the values.
@@ -27,13 +28,16 @@ from torch import nn
 from fedistill.data.base import DatasetInfo
 from fedistill.errors import ConfigError
 from fedistill.models.base import Classifier, unknown_choice
+from fedistill.models.binary import resnet8_binary
 from fedistill.models.fastmri_unet import unet_fastmri
 from fedistill.models.lenet import lenet5, lenet_fedmdcg
 from fedistill.models.mlp import mlp
 from fedistill.models.norm import DENSE_NORMS, NORMS, check_norm
 from fedistill.models.resnet import resnet8, resnet8_wide, resnet20, resnet32
+from fedistill.models.shufflenet import shufflenetv2
 from fedistill.models.small_cnn import small_cnn
 from fedistill.models.unet import unet, unet_chang
+from fedistill.models.vgg import vgg9
 
 CLASSIFICATION = ("classification",)
 SEGMENTATION = ("semantic-segmentation", "instance-segmentation")
@@ -62,6 +66,9 @@ _MODELS: dict[str, ModelSpec] = {
     "resnet20": ModelSpec(resnet20),
     "resnet32": ModelSpec(resnet32),
     "resnet8-wide": ModelSpec(resnet8_wide),
+    "resnet8-binary": ModelSpec(resnet8_binary),
+    "shufflenetv2": ModelSpec(shufflenetv2),
+    "vgg9": ModelSpec(vgg9, default_norm="none"),
     "lenet-fedmdcg": ModelSpec(lenet_fedmdcg),
     "lenet5": ModelSpec(lenet5, has_norm=False),
     "mlp": ModelSpec(mlp, has_norm=False),

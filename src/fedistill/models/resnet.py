@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +51,8 @@ class ResNet(Classifier):
     """Stem, three stages (strides 1/2/2) of ``blocks_per_stage`` BasicBlocks, average pool, Linear.
 
     ``widths`` = (stem, stage 1, stage 2, stage 3) channels. The pool averages to a ``pool_size`` ×
-    ``pool_size`` map, so the feature dimension is ``widths[-1] * pool_size**2``.
+    ``pool_size`` map, so the feature dimension is ``widths[-1] * pool_size**2``. ``block`` and the
+    stem's ``activation`` let a variant (the binarized ResNet-8) keep this layout and its parameter names.
     """
 
     def __init__(
@@ -62,17 +64,19 @@ class ResNet(Classifier):
         pool_size: int = 1,
         norm: str = "batch",
         groups: int = 2,
+        block: type[BasicBlock] = BasicBlock,
+        activation: Callable[[], nn.Module] = nn.ReLU,
     ):
         stem_width, *stage_widths = widths
         layers: OrderedDict[str, nn.Module] = OrderedDict()
         layers["conv"] = nn.Conv2d(info.channels, stem_width, 3, stride=1, padding=1, bias=False)
         layers["norm"] = make_norm2d(norm, stem_width, groups=groups)
-        layers["relu"] = nn.ReLU()
+        layers["act"] = activation()
         in_channels = stem_width
         for stage, (width, stride) in enumerate(zip(stage_widths, (1, 2, 2), strict=True), start=1):
             blocks = []
             for i in range(blocks_per_stage):
-                blocks.append(BasicBlock(in_channels, width, stride if i == 0 else 1, norm, groups))
+                blocks.append(block(in_channels, width, stride if i == 0 else 1, norm, groups))
                 in_channels = width
             layers[f"layer{stage}"] = nn.Sequential(*blocks)
         layers["pool"] = nn.AdaptiveAvgPool2d(pool_size)
@@ -100,11 +104,14 @@ def init_feddf(model: nn.Module) -> None:
             nn.init.zeros_(m.bias)
 
 
+CIFAR_WIDTHS = (16, 16, 32, 64)  # FedDF's ResNet_cifar: stem and the three stages
+
+
 def cifar_resnet(info: DatasetInfo, depth: int, norm: str = "batch", groups: int = 2) -> ResNet:
     """FedDF's ``ResNet_cifar`` of depth 6n + 2: n BasicBlocks per stage of 16/32/64 channels."""
     if (depth - 2) % 6 != 0:
         raise ValueError(f"CIFAR ResNet depth must be 6n + 2, got {depth}")
-    model = ResNet(info, widths=(16, 16, 32, 64), blocks_per_stage=(depth - 2) // 6, norm=norm, groups=groups)
+    model = ResNet(info, widths=CIFAR_WIDTHS, blocks_per_stage=(depth - 2) // 6, norm=norm, groups=groups)
     init_feddf(model)
     return model
 
