@@ -120,6 +120,12 @@ class Algorithm:
     # Evaluation only, outside the protocol: the in-process runner calls it with the client objects'
     # own states (never a message, never the ledger); see algorithms/oracle.py.
     oracle: Oracle | None = None
+    # The tasks it runs on (fedistill.tasks); the run refuses any other with a clear message.
+    tasks: tuple[str, ...] = ("classification",)
+
+
+#: For `Algorithm.tasks`: every task there is.
+ALL_TASKS = ("classification", "semantic-segmentation", "instance-segmentation", "reconstruction")
 
 
 ALGORITHMS: dict[str, Algorithm] = {}
@@ -136,6 +142,13 @@ def get_algorithm(name: str) -> Algorithm:
     if name not in ALGORITHMS:
         raise unknown_name("algorithm", name, sorted(ALGORITHMS))
     return ALGORITHMS[name]
+
+
+def for_task(task: str) -> list[str]:
+    """The registered algorithms that run on `task`."""
+    from fedistill import algorithms as _  # noqa: F401
+
+    return sorted(name for name, algorithm in ALGORITHMS.items() if task in algorithm.tasks)
 
 
 def algorithm_names() -> list[str]:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from fedistill.algorithms.base import (
+    ALL_TASKS,
     Algorithm,
     ClientContext,
     ServerContext,
@@ -44,14 +45,18 @@ from fedistill.algorithms.training import (
     LocalTraining,
     average_states,
     evaluate_model,
+    local_metric_names,
+    local_metrics,
     new_model,
+    task_of,
+    test_metrics,
     train_local,
 )
 from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.fleet import Fleet, Reply, successful
 from fedistill.federation.messages import Message, expect_arrays, state_specs
-from fedistill.federation.reply_spec import LOCAL_METRICS, TRAIN_METRICS, ReplySpec
+from fedistill.federation.reply_spec import TRAIN_METRICS, ReplySpec
 from fedistill.privacy.accounting import DPConfig, PrivacyBudgetExceeded
 from fedistill.privacy.budget import (
     PRIVACY_QUERY,
@@ -185,8 +190,10 @@ class FedAvgClient(ClientLogic):
             metrics = {k: v for k, v in metrics.items() if k != "train_loss"} | dp_metrics
             self.model.load_state_dict(state)  # the local accuracy below is that of what is sent
         if message.scalar("config", "evaluate_local", False):
-            local = evaluate_model(self.model, self.ctx.test, self.ctx.info)
-            metrics |= {"local_accuracy": local["accuracy"], "local_count": local["count"]}
+            task = self.training.task
+            metrics |= local_metrics(
+                task, evaluate_model(self.model, self.ctx.test, self.ctx.info, task=task)
+            )
         return Message.build("train", arrays={"parameters": state}, scalars={"metrics": metrics})
 
     # --- differential privacy (module docstring) ---------------------------------------------------
@@ -281,8 +288,13 @@ class FedAvgServer(ServerLogic):
         self.momentum: dict[str, torch.Tensor] = {}
         self.last_local: dict[str, float] = {}
         self.privacy = PrivacyReport(self.options, sampling_rate(ctx.config.fraction, ctx.num_clients))
+        self.task = task_of(ctx.config, ctx.info)
         if self.options.drop_worst and (ctx.validation is None or len(ctx.validation) == 0):
             raise ConfigError("drop_worst needs the server's validation split: set val_fraction > 0")
+        if self.options.drop_worst and self.task.name != "classification":
+            raise ConfigError(
+                f"drop_worst ranks models by validation accuracy: classification only, not {self.task.name}"
+            )
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
         config = self.ctx.config
@@ -295,8 +307,9 @@ class FedAvgServer(ServerLogic):
                 "config": {"round": round, "prox_mu": self.options.mu, "evaluate_local": evaluate_local}
             },
         )
+        local_name, local_count = local_metric_names(self.task)
         expect = ReplySpec(
-            {"parameters": self.specs}, TRAIN_METRICS + (LOCAL_METRICS if evaluate_local else ())
+            {"parameters": self.specs}, TRAIN_METRICS + ((local_name, local_count) if evaluate_local else ())
         )
         sent = fleet.broadcast(request, chosen, timeout=config.timeout or None, expect=expect)
         self.privacy.check(sent, round)
@@ -310,10 +323,10 @@ class FedAvgServer(ServerLogic):
         if self.options.drop_worst:
             metrics["dropped"] = len(states) - len(kept)
         if evaluate_local:
-            local_counts = [float(r.scalar("metrics", "local_count")) for r in replies.values()]
-            local = [float(r.scalar("metrics", "local_accuracy")) for r in replies.values()]
-            metrics["local_accuracy"] = float(np.average(local, weights=local_counts))
-            self.last_local = {"local_accuracy": metrics["local_accuracy"]}
+            local_counts = [float(r.scalar("metrics", local_count)) for r in replies.values()]
+            local = [float(r.scalar("metrics", local_name)) for r in replies.values()]
+            metrics[local_name] = float(np.average(local, weights=local_counts))
+            self.last_local = {local_name: metrics[local_name]}
         self.privacy.rounds_done = round
         return metrics | self.privacy.metrics()
 
@@ -348,8 +361,7 @@ class FedAvgServer(ServerLogic):
         self.model.load_state_dict(new)
 
     def evaluate(self, fleet: Fleet, round: int) -> dict[str, float]:
-        result = self.ctx.evaluate(self.model)
-        return {"test_accuracy": result["accuracy"], "test_loss": result["loss"], **self.last_local}
+        return test_metrics(self.ctx.evaluate(self.model)) | self.last_local
 
     def final_evaluate(self, fleet: Fleet, last: dict[str, float]) -> dict[str, float]:
         return dict(last) | self.privacy.final(fleet, self.ctx.config.timeout or None)
@@ -373,13 +385,32 @@ class FedAvgServer(ServerLogic):
 
 
 register(
-    Algorithm("fedavg", "FedAvg: average locally trained models", FedAvgClient, FedAvgServer, FedAvgOptions)
-)
-register(
     Algorithm(
-        "fedprox", "FedProx: FedAvg with a proximal term (mu)", FedAvgClient, FedAvgServer, FedProxOptions
+        "fedavg",
+        "FedAvg: average locally trained models",
+        FedAvgClient,
+        FedAvgServer,
+        FedAvgOptions,
+        tasks=ALL_TASKS,
     )
 )
 register(
-    Algorithm("fedavgm", "FedAvgM: FedAvg with server momentum", FedAvgClient, FedAvgServer, FedAvgMOptions)
+    Algorithm(
+        "fedprox",
+        "FedProx: FedAvg with a proximal term (mu)",
+        FedAvgClient,
+        FedAvgServer,
+        FedProxOptions,
+        tasks=ALL_TASKS,
+    )
+)
+register(
+    Algorithm(
+        "fedavgm",
+        "FedAvgM: FedAvg with server momentum",
+        FedAvgClient,
+        FedAvgServer,
+        FedAvgMOptions,
+        tasks=ALL_TASKS,
+    )
 )

@@ -28,8 +28,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from fedistill.algorithms.base import ClientContext
-from fedistill.algorithms.training import LocalTraining
+from fedistill.algorithms.training import LocalTraining, train_local
 from fedistill.experiment.config import RunConfig
+from fedistill.seeding import torch_generator
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ def stage1_key(ctx: ClientContext, architecture: str, spec: LocalTraining, purpo
         "norm": config.norm,
         "group_norm_groups": config.group_norm_groups,
         "training": dataclasses.asdict(spec),
+        "task": spec.task.name,
         "seed": config.seed,
         "client": ctx.client_id,
         "torch": torch.__version__,
@@ -104,6 +106,26 @@ def trained_once(
     metrics = train()
     _store(model, path, metrics)
     return metrics | {"stage1_cached": 0.0}
+
+
+def train_teacher(model: nn.Module, ctx: ClientContext, architecture: str, epochs: int) -> dict[str, float]:
+    """A one-shot method's stage-1 model of this site, trained (or loaded) exactly as FedIOD's teacher.
+
+    Every method that distils local models trained once (FedIOD, DENSE, Co-Boosting) goes through here,
+    so on the same config and seed they all distil the same models and share one cache entry per site:
+    the run's common local-training options with `epochs` epochs, the site's "teacher-training" random
+    stream, and the cache purpose "teacher".
+    """
+    spec = dataclasses.replace(LocalTraining.from_config(ctx.config, ctx.info), epochs=epochs, steps=0)
+    generator = torch_generator(ctx.config.seed, "teacher-training", ctx.client_id)
+    return trained_once(
+        model,
+        ctx,
+        architecture,
+        spec,
+        lambda: train_local(model, ctx.train, ctx.info, spec, generator),
+        purpose="teacher",
+    )
 
 
 def _metadata(path: Path) -> dict[str, str]:

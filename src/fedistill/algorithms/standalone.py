@@ -13,18 +13,29 @@ from __future__ import annotations
 import numpy as np
 
 from fedistill.algorithms.base import (
+    ALL_TASKS,
     Algorithm,
     ClientContext,
+    ServerContext,
     ServerLogic,
     clone_state,
     register,
 )
 from fedistill.algorithms.oracle import average_local_models
-from fedistill.algorithms.training import LocalTraining, evaluate_model, new_model, train_local
+from fedistill.algorithms.training import (
+    LocalTraining,
+    evaluate_model,
+    local_metric_names,
+    local_metrics,
+    new_model,
+    task_of,
+    test_metrics,
+    train_local,
+)
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import Message
-from fedistill.federation.reply_spec import LOCAL_METRICS, TRAIN_LOSS, TRAIN_METRICS, ReplySpec
+from fedistill.federation.reply_spec import TRAIN_LOSS, TRAIN_METRICS, ReplySpec
 from fedistill.seeding import torch_generator
 
 
@@ -49,14 +60,10 @@ class StandaloneClient(ClientLogic):
 
     @handles("evaluate", read_only=True)
     def evaluate(self, message: Message) -> Message:
-        test = evaluate_model(self.model, self.ctx.global_test, self.ctx.info)
-        local = evaluate_model(self.model, self.ctx.test, self.ctx.info)
-        metrics = {
-            "test_accuracy": test["accuracy"],
-            "test_loss": test["loss"],
-            "local_accuracy": local["accuracy"],
-            "local_count": local["count"],
-        }
+        task = self.training.task
+        test = evaluate_model(self.model, self.ctx.global_test, self.ctx.info, task=task)
+        local = evaluate_model(self.model, self.ctx.test, self.ctx.info, task=task)
+        metrics = test_metrics(test) | local_metrics(task, local)
         return Message.build("evaluate", scalars={"metrics": metrics})
 
     def state_dict(self) -> dict:
@@ -69,6 +76,10 @@ class StandaloneClient(ClientLogic):
 
 class StandaloneServer(ServerLogic):
     """Tells every client to train, then gathers their test metrics: no model crosses the boundary."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        super().__init__(ctx)
+        self.task = task_of(ctx.config, ctx.info)
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
         request = Message.build("train", scalars={"config": {"round": round}})
@@ -83,23 +94,30 @@ class StandaloneServer(ServerLogic):
 
     def evaluate(self, fleet: Fleet, round: int) -> dict[str, float]:
         request = Message.build("evaluate", scalars={"config": {"round": round}})
-        expect = ReplySpec(metrics=("test_accuracy", "test_loss", *LOCAL_METRICS))
-        replies = successful(
-            fleet.broadcast(request, timeout=self.ctx.config.timeout or None, expect=expect), what="metrics"
+        headline = f"test_{self.task.headline}"
+        local_name, local_count = local_metric_names(self.task)
+        expect = ReplySpec(metrics=(headline, "test_loss", local_name, local_count))
+        replies = list(
+            successful(
+                fleet.broadcast(request, timeout=self.ctx.config.timeout or None, expect=expect),
+                what="metrics",
+            ).values()
         )
-        acc = np.array([float(r.scalar("metrics", "test_accuracy")) for r in replies.values()])
-        loss = np.array([float(r.scalar("metrics", "test_loss")) for r in replies.values()])
-        local = np.array([float(r.scalar("metrics", "local_accuracy")) for r in replies.values()])
-        local_counts = np.array([float(r.scalar("metrics", "local_count")) for r in replies.values()])
-        metrics = {"test_accuracy": float(acc.mean()), "test_loss": float(loss.mean())}
-        if len(acc) > 1:
+        # every test metric all clients report: the mean over the clients' models
+        shared = set.intersection(*(set(r.scalars["metrics"]) for r in replies))
+        names = [n for n in replies[0].scalars["metrics"] if n.startswith("test_") and n in shared]
+        metrics = {n: float(np.mean([float(r.scalar("metrics", n)) for r in replies])) for n in names}
+        values = np.array([float(r.scalar("metrics", headline)) for r in replies])
+        if len(values) > 1:  # the spread over the sites (Standalone's "mean ± std" of the papers' tables)
             metrics |= {
-                "test_accuracy_std": float(acc.std()),
-                "test_accuracy_min": float(acc.min()),
-                "test_accuracy_max": float(acc.max()),
+                f"{headline}_std": float(values.std()),
+                f"{headline}_min": float(values.min()),
+                f"{headline}_max": float(values.max()),
             }
+        local = np.array([float(r.scalar("metrics", local_name)) for r in replies])
+        local_counts = np.array([float(r.scalar("metrics", local_count)) for r in replies])
         if local_counts.sum() > 0:
-            metrics["local_accuracy"] = float(np.average(local, weights=local_counts))
+            metrics[local_name] = float(np.average(local, weights=local_counts))
         return metrics
 
 
@@ -110,6 +128,7 @@ register(
         StandaloneClient,
         StandaloneServer,
         oracle=average_local_models,
+        tasks=ALL_TASKS,
     )
 )
 register(
@@ -119,5 +138,6 @@ register(
         StandaloneClient,
         StandaloneServer,
         pooled=True,
+        tasks=ALL_TASKS,
     )
 )

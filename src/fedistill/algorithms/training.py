@@ -2,25 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fedistill.data.base import DatasetInfo, ImageSet
-from fedistill.data.transforms import batches
 from fedistill.errors import FederationError
 from fedistill.experiment.config import RunConfig
 from fedistill.models import build_model
 from fedistill.seeding import seeded
+from fedistill.tasks import Classification, Inputs, Task, make_task
 
 
 @dataclass(frozen=True)
 class LocalTraining:
-    """How a client trains in one round: epochs, or a fixed number of mini-batch steps."""
+    """How a client trains in one round: epochs, or a fixed number of mini-batch steps, on its task."""
 
     epochs: int
     steps: int
@@ -30,11 +31,12 @@ class LocalTraining:
     momentum: float
     weight_decay: float
     augment: bool
+    task: Task = field(default_factory=Classification)
 
     @staticmethod
     def from_config(config: RunConfig, info: DatasetInfo) -> LocalTraining:
-        usual = info.crop_padding > 0 or info.horizontal_flip
-        augment = {"auto": usual, "on": True, "off": False}[config.augment]
+        task = task_of(config, info)
+        augment = {"auto": task.usual_augment(info), "on": True, "off": False}[config.augment]
         return LocalTraining(
             epochs=config.local_epochs,
             steps=config.local_steps,
@@ -44,6 +46,7 @@ class LocalTraining:
             momentum=config.momentum,
             weight_decay=config.weight_decay,
             augment=augment,
+            task=task,
         )
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
@@ -52,12 +55,26 @@ class LocalTraining:
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
 
+def task_of(config: RunConfig, info: DatasetInfo) -> Task:
+    """The run's task: the one the dataset declares, with the `[task]` table's options."""
+    return make_task(info, config.options.get("task", {}))
+
+
 def new_model(config: RunConfig, info: DatasetInfo, name: str | None = None) -> nn.Module:
-    """The run's model, initialised from the run seed: every site and the server start identical."""
+    """The run's model, initialised from the run seed: every site and the server start identical.
+    Its output is sized for the task (e.g. three classes per pixel for instance segmentation), and
+    the `[model]` table's options reach every model that takes them."""
+    task = task_of(config, info)
+    channels = task.output_channels(info)
+    sized = info if channels == info.num_classes else dataclasses.replace(info, num_classes=channels)
     return seeded(
         config.seed,
         lambda: build_model(
-            name or config.model, info, norm=config.norm, group_norm_groups=config.group_norm_groups
+            name or config.model,
+            sized,
+            norm=None if config.norm == "auto" else config.norm,
+            group_norm_groups=config.group_norm_groups,
+            options=config.options.get("model") or None,
         ),
         "model-init",
         name or config.model,
@@ -70,14 +87,14 @@ def _prox_term(model: nn.Module, anchor: Mapping[str, torch.Tensor]) -> torch.Te
 
 def local_batches(
     data: ImageSet, info: DatasetInfo, spec: LocalTraining, generator: torch.Generator
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+) -> Iterator[tuple[Inputs, torch.Tensor]]:
     """One round's mini-batches: `spec.steps` of them if > 0, else `spec.epochs` epochs."""
     if len(data) < 2:
         raise FederationError(f"a client needs at least 2 training samples, this one has {len(data)}")
     drop_last = len(data) > spec.batch_size  # never a final batch of 1 under BatchNorm
     steps, epoch = 0, 0
     while True:
-        for x, y in batches(
+        for x, y in spec.task.batches(
             data,
             info,
             spec.batch_size,
@@ -119,35 +136,48 @@ def train_local(
     model.train()
     total, count, steps = 0.0, 0, 0
     for x, y in local_batches(data, info, spec, generator):
-        loss = F.cross_entropy(model(x), y)
+        loss = spec.task.loss(spec.task.predict(model, x), y)
         objective = loss if anchor is None else loss + 0.5 * prox_mu * _prox_term(model, anchor)
         check_finite(loss, "local training", steps)
         optimizer.zero_grad(set_to_none=True)
         objective.backward()
         optimizer.step()
-        total += loss.item() * len(y)
-        count += len(y)
+        total += loss.item() * y.shape[0]
+        count += y.shape[0]
         steps += 1
     return {"train_loss": total / count, "steps": steps}
 
 
-@torch.no_grad()
 def evaluate_model(
-    model: nn.Module, data: ImageSet, info: DatasetInfo, batch_size: int = 512
+    model: nn.Module,
+    data: ImageSet,
+    info: DatasetInfo,
+    batch_size: int = 512,
+    *,
+    task: Task | None = None,
+    meta: Mapping[str, np.ndarray] | None = None,
+    groups: Sequence[str] | None = None,
 ) -> dict[str, float]:
-    """Accuracy and mean cross-entropy of `model` on `data`, in eval mode."""
-    was_training = model.training
-    model.eval()
-    correct, loss, count = 0, 0.0, 0
-    for x, y in batches(data, info, batch_size, shuffle=False, generator=None, augment=False):
-        logits = model(x)
-        loss += F.cross_entropy(logits, y, reduction="sum").item()
-        correct += int((logits.argmax(1) == y).sum())
-        count += len(y)
-    model.train(was_training)
-    if count == 0:
-        return {"accuracy": float("nan"), "loss": float("nan"), "count": 0}
-    return {"accuracy": correct / count, "loss": loss / count, "count": count}
+    """The task's metrics of `model` on `data`, in eval mode (classification: accuracy and mean
+    cross-entropy); `task` defaults to the dataset's with default options."""
+    task = task or make_task(info)
+    return task.evaluate(model, data, info, batch_size=batch_size, meta=meta, groups=groups)
+
+
+def test_metrics(result: Mapping[str, float]) -> dict[str, float]:
+    """`evaluate_model`'s result as a round's test metrics: test_accuracy, test_loss, test_dice, ..."""
+    return {f"test_{key}": float(value) for key, value in result.items() if key != "count"}
+
+
+def local_metric_names(task: Task) -> tuple[str, str]:
+    """What a client reports of its model on its own share of the test set: the task's headline
+    ("local accuracy" for classification, FedMD-CG's) and how many samples it scored."""
+    return f"local_{task.headline}", "local_count"
+
+
+def local_metrics(task: Task, result: Mapping[str, float]) -> dict[str, float]:
+    name, count = local_metric_names(task)
+    return {name: float(result[task.headline]), count: float(result["count"])}
 
 
 def average_states(

@@ -30,7 +30,7 @@ class RunConfig:
     data_dir: str = "data"
     download: bool = False
     model: str = "resnet8"
-    norm: str = "batch"  # batch | group | none
+    norm: str = "auto"  # auto (the model's own: batch; instance for unet-fastmri) | batch | group | none
     group_norm_groups: int = 2
     private_init: str = "shared"  # shared | client: where the part a method keeps private starts
     clients: int = 10

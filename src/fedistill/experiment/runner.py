@@ -27,15 +27,16 @@ from fedistill.algorithms.base import (
     ServerContext,
     StopRun,
     algorithm_names,
+    for_task,
     get_algorithm,
 )
 from fedistill.algorithms.oracle import ORACLE_LABEL, ORACLE_METRIC
 from fedistill.algorithms.stage1 import cache_folder
-from fedistill.algorithms.training import evaluate_model
+from fedistill.algorithms.training import evaluate_model, task_of
 from fedistill.data.base import LoadedDataset
 from fedistill.data.partition import FederatedSplit, load_split, make_split, save_split
 from fedistill.data.registry import dataset_names, load_dataset
-from fedistill.errors import ConfigError, RunDirError, unknown_name
+from fedistill.errors import ConfigError, DataError, RunDirError, unknown_name
 from fedistill.experiment import interrupt
 from fedistill.experiment.checkpoint import save_model, write_checkpoint
 from fedistill.experiment.config import RunConfig, for_algorithm, options_for, read_config, write_config
@@ -52,7 +53,7 @@ from fedistill.seeding import derive_seed
 log = logging.getLogger("fedistill")
 
 #: Sections of `config.options` that are not algorithm names.
-NON_ALGORITHM_SECTIONS = {"partition"}
+NON_ALGORITHM_SECTIONS = {"partition", "task", "model"}
 
 
 @dataclass
@@ -72,6 +73,14 @@ def partition_labels(dataset: LoadedDataset) -> tuple[np.ndarray, np.ndarray, in
     test = dataset.test_groups if dataset.test_groups is not None else np.zeros(len(dataset.test))
     train, test = np.asarray(train, dtype=np.int64), np.asarray(test, dtype=np.int64)
     return train, test, int(max(train.max(initial=0), test.max(initial=0))) + 1
+
+
+def source_names(dataset: LoadedDataset) -> list[str] | None:
+    """Each test sample's source (site, organ, dataset) by name, for per-source metrics; None without."""
+    if dataset.test_groups is None:
+        return None
+    names = dataset.group_names
+    return [names[g] if 0 <= g < len(names) else str(g) for g in np.asarray(dataset.test_groups).tolist()]
 
 
 def prepare_data(config: RunConfig) -> Prepared:
@@ -128,7 +137,28 @@ def validate_setup(config: RunConfig) -> Prepared:
         options_for(algo_config, name, algorithm.options)
         if algo_config.model not in model_names():
             raise unknown_name("model", algo_config.model, model_names(), ConfigError)
-    return prepare_data(config)
+    data = prepare_data(config)
+    info = data.dataset.info
+    task = task_of(config, info)
+    for what, images in (("training set", data.dataset.train), ("test set", data.dataset.test)):
+        try:
+            task.check(info, images, f"{config.dataset} {what}")
+        except ValueError as exc:
+            raise DataError(str(exc)) from exc
+    for name in config.algorithms:
+        algorithm = get_algorithm(name)
+        if task.name not in algorithm.tasks:
+            raise ConfigError(
+                f"{name} runs on {', '.join(algorithm.tasks)} only, and dataset {config.dataset!r} is a "
+                f"{task.name} task; algorithms for it: {', '.join(for_task(task.name))}"
+            )
+        model = for_algorithm(config, name).model
+        if model not in model_names(task.name):
+            raise ConfigError(
+                f"model {model!r} does not serve {task.name} (dataset {config.dataset!r}); "
+                f"models that do: {', '.join(model_names(task.name))}"
+            )
+    return data
 
 
 def client_contexts(
@@ -202,10 +232,11 @@ def run_algorithm(
     if checkpoint is None:
         write_config(config, run_dir / "config.toml")
         save_split(data.split, run_dir)
+        grouped = data.dataset.train.dense  # per-pixel targets: the partition splits natural groups
         plot_partition(
             data.split.train_counts,
             run_dir / "plots" / "partition.png",
-            class_names=data.dataset.info.class_names or None,
+            class_names=(data.dataset.group_names if grouped else data.dataset.info.class_names) or None,
             title=f"{config.dataset}: {config.partition} (alpha={config.alpha}), {config.clients} clients",
         )
     elif load_split(run_dir).hash() != data.split.hash():
@@ -234,6 +265,8 @@ def _loop(
     grid: Any = None,
 ) -> dict[str, Any]:
     info, test = data.dataset.info, data.dataset.test
+    task, test_sources = task_of(config, info), source_names(data.dataset)
+    headline = f"test_{task.headline}"
     if grid is None:
         contexts = client_contexts(
             config, algorithm, options, data, cache_folder(config, beside=run_dir.parent.parent)
@@ -247,8 +280,8 @@ def _loop(
     def oracle() -> float | None:
         """The evaluation-only oracle (algorithms/oracle.py): it reads the client objects' own states,
         in this process only; nothing is sent and nothing is written to the ledger."""
-        if algorithm.oracle is None or not clients:
-            return None
+        if algorithm.oracle is None or not clients or task.name != "classification":
+            return None  # FedMD-CG's "global accuracy" is a classification table's column
         ids = sorted(clients)
         states = [clients[c].state_dict() for c in ids]
         return algorithm.oracle(states, [sizes[c] for c in ids], config, info, test)
@@ -259,7 +292,9 @@ def _loop(
             config,
             options,
             num_clients,
-            lambda model: evaluate_model(model, test, info),
+            lambda model: evaluate_model(
+                model, test, info, task=task, meta=data.dataset.test_meta, groups=test_sources
+            ),
             run_dir,
             test.y,
             progress,
@@ -313,8 +348,8 @@ def _loop(
             row["round_time_s"] = time.perf_counter() - round_start
             metrics.write(row)
             ledger.flush()
-            if "test_accuracy" in row:
-                bar.set_postfix(test_acc=f"{row['test_accuracy']:.4f}")
+            if headline in row:
+                bar.set_postfix({headline: f"{row[headline]:.4f}"})
             if stopped:
                 break
             if round % config.checkpoint_every == 0 or round == config.rounds:
@@ -340,13 +375,19 @@ def _loop(
     for name, module in server.models().items():
         save_model(module, run_dir / "models" / f"{name}.safetensors", {"algorithm": algorithm.name})
     plot_learning_curves(
-        {algorithm.name: metrics.rows}, run_dir / "plots" / "learning_curve.png", title=f"{config.dataset}"
+        {algorithm.name: metrics.rows},
+        run_dir / "plots" / "learning_curve.png",
+        title=f"{config.dataset}",
+        metrics=(headline,),
     )
     summary = {
         "algorithm": algorithm.name,
         "description": algorithm.summary,
         "federated": not algorithm.pooled,
         "dataset": config.dataset,
+        "task": task.name,
+        "headline": headline,
+        "columns": [list(column) for column in task.columns],
         "model": config.model,
         "clients": num_clients,
         "transport": "flower" if grid is not None else "inprocess",

@@ -43,11 +43,29 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f}"
 
 
-def accuracy_cell(final: dict[str, Any]) -> str:
-    cell = _percent(final.get("test_accuracy"))
-    if final.get("test_accuracy_std") is not None:
-        cell += f" ± {100 * final['test_accuracy_std']:.2f}"
+#: The results table's metric columns of a classification run (summaries written before tasks existed).
+CLASSIFICATION_COLUMNS = (("accuracy", "test %", "percent"),)
+
+
+def _formatted(value: float | None, style: str) -> str:
+    if value is None:
+        return "-"
+    if style == "percent":
+        return f"{100 * value:.2f}"
+    return f"{value:.4f}" if style == "float4" else f"{value:.2f}"
+
+
+def metric_cell(final: dict[str, Any], metric: str, style: str = "percent") -> str:
+    """`test_<metric>` of a run's final metrics, with the spread over the sites where there is one."""
+    cell = _formatted(final.get(f"test_{metric}"), style)
+    spread = final.get(f"test_{metric}_std")
+    if spread is not None:
+        cell += " ± " + _formatted(spread, style)
     return cell
+
+
+def accuracy_cell(final: dict[str, Any]) -> str:
+    return metric_cell(final, "accuracy")
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
@@ -103,20 +121,23 @@ def summary_markdown(s: dict[str, Any]) -> str:
 
 
 def results_rows(summaries: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """One row per run: its task's metric columns (`summary["columns"]`), the local headline, traffic."""
     rows = []
     for s in summaries:
         comm = s["communication"]
-        rows.append(
-            {
-                "algorithm": s["algorithm"] + ("" if s["federated"] else " (pooled)"),
-                "test %": accuracy_cell(s["final"]),
-                "local %": _percent(s["final"].get("local_accuracy")),
-                "rounds": str(s["rounds"]),
-                "up": human_bytes(comm[UP]["total_bytes"]),
-                "params up": human_bytes(comm[UP]["per_kind"].get("parameters", 0)),
-                "time s": f"{s['wall_time_s']:.1f}",
-            }
-        )
+        columns = [tuple(c) for c in s.get("columns") or CLASSIFICATION_COLUMNS]
+        headline, _, style = columns[0]
+        row = {"algorithm": s["algorithm"] + ("" if s["federated"] else " (pooled)")}
+        row |= {title: metric_cell(s["final"], metric, style) for metric, title, style in columns}
+        local_title = "local %" if style == "percent" else f"local {headline}"
+        row[local_title] = _formatted(s["final"].get(f"local_{headline}"), style)
+        row |= {
+            "rounds": str(s["rounds"]),
+            "up": human_bytes(comm[UP]["total_bytes"]),
+            "params up": human_bytes(comm[UP]["per_kind"].get("parameters", 0)),
+            "time s": f"{s['wall_time_s']:.1f}",
+        }
+        rows.append(row)
     return rows
 
 
@@ -152,7 +173,10 @@ def write_suite_results(
     (suite_dir / "results.md").write_text(text, encoding="utf-8")
     write_json(suite_dir / "results.json", summaries)
     (suite_dir / "plots").mkdir(exist_ok=True)
-    plot_learning_curves(curves, suite_dir / "plots" / "test_accuracy.png", title=first["dataset"])
+    headline = first.get("headline", "test_accuracy")
+    plot_learning_curves(
+        curves, suite_dir / "plots" / f"{headline}.png", title=first["dataset"], metrics=(headline,)
+    )
 
 
 def print_results(summaries: list[dict[str, Any]], title: str = "", console: Console | None = None) -> None:

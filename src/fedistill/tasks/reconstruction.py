@@ -1,0 +1,157 @@
+"""MRI reconstruction: from the zero-filled image of an undersampled Cartesian k-space to the fully
+sampled slice.
+
+A dataset stores the fully sampled magnitude slices (float32 in [0, 1], each volume's maximum at 1) as its
+images and each slice's brain foreground mask as its targets; the task undersamples on the fly. The
+masks follow fastMRI (`fedistill.data.mri.masks`): random or equispaced columns at an acceleration, a
+fully sampled centre that counts inside the budget, one seeded mask per slice (slice i of a set always
+gets the same mask) or one fixed mask. k-space is simulated from magnitude images, so it has no phase.
+An optional data-consistency step puts the measured lines back into the network's output.
+
+Loss: L1 (default) or L2 between output and target, as the protocol the paper follows. Metrics: SSIM,
+PSNR and NMSE per volume with the volume's maximum as data range (fastMRI's evaluation), then averaged
+over volumes, overall and per test source. FedIOD on this task compares output images and conditions
+its generator on the brain's foreground mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedistill.data.base import DatasetInfo, ImageSet
+from fedistill.data.mri.kspace import data_consistency, undersample
+from fedistill.data.mri.masks import MASK_KINDS, MASK_MODES, SliceMasks, mask_function
+from fedistill.errors import ConfigError
+from fedistill.metrics.reconstruction import ReconstructionScores
+from fedistill.tasks.base import Inputs, Task
+from fedistill.tasks.dense_batches import dense_batches
+
+
+@dataclass(frozen=True)
+class Reconstruction(Task):
+    name = "reconstruction"
+    target = "image"
+    headline = "ssim"
+    distils = "output images"
+    condition = "foreground mask"
+    columns = (("ssim", "SSIM", "float4"), ("psnr", "PSNR dB", "float"))
+
+    acceleration: float = 4.0
+    center_fraction: float = 0.08
+    mask: str = "random"  # random | equispaced | equispaced-exact (fastMRI's mask functions)
+    mask_mode: str = "per-slice"  # per-slice (seeded by the slice's index) | fixed (one mask for all)
+    mask_seed: int = 0
+    loss_kind: str = "l1"  # l1 | l2
+    data_consistency: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mask not in MASK_KINDS:
+            raise ConfigError(f"task.mask must be one of {', '.join(MASK_KINDS)}, got {self.mask!r}")
+        if self.mask_mode not in MASK_MODES:
+            raise ConfigError(
+                f"task.mask_mode must be one of {', '.join(MASK_MODES)}, got {self.mask_mode!r}"
+            )
+        if self.loss_kind not in ("l1", "l2"):
+            raise ConfigError(f"task.loss_kind must be l1 or l2, got {self.loss_kind!r}")
+        _ = self.masks  # builds the mask function: bad accelerations/fractions fail here, before any work
+
+    @property
+    def masks(self) -> SliceMasks:
+        func = mask_function(self.mask, (self.center_fraction,), (self.acceleration,))
+        return SliceMasks(func, self.mask_mode, self.mask_seed)
+
+    def check(self, info: DatasetInfo, data: ImageSet, what: str) -> None:
+        super().check(info, data, what)
+        if data.x.dtype != torch.float32:
+            raise ValueError(f"{what}: reconstruction needs float32 images in [0, 1], got {data.x.dtype}")
+
+    def usual_augment(self, info: DatasetInfo) -> bool:
+        return False
+
+    def output_channels(self, info: DatasetInfo) -> int:
+        return info.channels
+
+    def undersampled(self, x: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(zero-filled image, measured k-space, mask) of the slices `x` (B, 1, H, W) in [0, 1]."""
+        mask = self.masks(indices, x.shape[-1]).to(x.device)
+        kspace, zero_filled = undersample(x, mask)
+        return zero_filled.to(x.dtype), kspace, mask
+
+    def batches(
+        self,
+        data: ImageSet,
+        info: DatasetInfo,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        generator: torch.Generator | None,
+        augment: bool,
+        drop_last: bool = False,
+    ) -> Iterator[tuple[Inputs, torch.Tensor]]:
+        """(inputs, target images): inputs are the zero-filled images, or with data consistency the
+        tuple (zero-filled, measured k-space, mask)."""
+        for x, _, idx in dense_batches(
+            data, info, batch_size, shuffle=shuffle, generator=generator, augment=augment, drop_last=drop_last
+        ):
+            zero_filled, kspace, mask = self.undersampled(x, idx)
+            yield ((zero_filled, kspace, mask) if self.data_consistency else zero_filled), x
+
+    def predict(self, model: nn.Module, inputs: Inputs) -> torch.Tensor:
+        if isinstance(inputs, torch.Tensor):
+            return model(inputs)
+        zero_filled, kspace, mask = inputs
+        return data_consistency(model(zero_filled), kspace, mask)
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.l1_loss(outputs, targets) if self.loss_kind == "l1" else F.mse_loss(outputs, targets)
+
+    @torch.no_grad()
+    def evaluate(
+        self,
+        model: nn.Module,
+        data: ImageSet,
+        info: DatasetInfo,
+        *,
+        batch_size: int = 64,
+        meta: Mapping[str, np.ndarray] | None = None,
+        groups: Sequence[str] | None = None,
+    ) -> dict[str, float]:
+        """SSIM, PSNR, NMSE per volume (`meta["subject"]`; each slice its own volume without it), averaged
+        over volumes; `ssim_<source>` etc. per source when `groups` name each slice's source."""
+        n = len(data)
+        if n == 0:
+            return {"ssim": float("nan"), "loss": float("nan"), "count": 0}
+        subjects = np.asarray(meta["subject"]) if meta and len(meta.get("subject", ())) == n else np.arange(n)
+        sources = [str(g) for g in groups] if groups is not None else None
+        was_training = model.training
+        model.eval()
+        scores, loss = ReconstructionScores(), 0.0
+        for inputs, target, idx in self._indexed(data, info, batch_size):
+            output = self.predict(model, inputs)
+            loss += self.loss(output, target).item() * len(target)
+            picked = idx.numpy()
+            scores.update(
+                target.numpy(),
+                output.clamp(min=0).numpy(),
+                subjects[picked],
+                None if sources is None else [sources[i] for i in picked],
+            )
+        model.train(was_training)
+        summary = scores.summary()
+        metrics = {key: summary[key] for key in ("ssim", "psnr", "nmse")} | {"loss": loss / n, "count": n}
+        for source, values in scores.by_source().items():
+            metrics |= {f"{key}_{source}": values[key] for key in ("ssim", "psnr", "nmse")}
+        return metrics
+
+    def _indexed(
+        self, data: ImageSet, info: DatasetInfo, batch_size: int
+    ) -> Iterator[tuple[Inputs, torch.Tensor, torch.Tensor]]:
+        for x, _, idx in dense_batches(data, info, batch_size, shuffle=False, generator=None, augment=False):
+            zero_filled, kspace, mask = self.undersampled(x, idx)
+            yield ((zero_filled, kspace, mask) if self.data_consistency else zero_filled), x, idx

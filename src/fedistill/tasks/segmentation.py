@@ -1,0 +1,250 @@
+"""Segmentation tasks: a class per pixel (brain tumour) or an instance per pixel (nuclei).
+
+Semantic segmentation trains with cross-entropy plus soft Dice (the paper's BraTS setting: "cross-entropy
+loss and dice loss") and reports Dice, sensitivity, specificity and HD95 of the foreground per image.
+
+Instance segmentation follows the paper's nuclei setting: the net predicts three classes per pixel
+(background, nucleus inside, nucleus contour), trained with cross-entropy that gives the foreground and
+the contours more weight than the background; instances come back from the prediction through one
+post-processing function (`instances_from_three_class`: seeds where "inside" wins, grown over the
+foreground), and the report adds object-level Dice and AJI (Eq. 12). Patched test sets are stitched back
+into whole images first (`test_meta`), so every metric is a whole-image one, as the paper's.
+
+FedIOD on these tasks compares per-pixel logits and conditions its generator on a label mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from skimage.segmentation import find_boundaries
+from torch import nn
+
+from fedistill.data.base import DatasetInfo, ImageSet
+from fedistill.errors import ConfigError
+from fedistill.metrics.instances import aji, instances_from_three_class, object_dice
+from fedistill.metrics.segmentation import SegmentationScores
+from fedistill.tasks.base import Inputs, Task
+from fedistill.tasks.dense_batches import dense_batches
+
+SEMANTIC_LOSSES = ("ce+dice", "ce")
+
+
+def soft_dice_loss(logits: torch.Tensor, targets: torch.Tensor, eps: float = 1.0) -> torch.Tensor:
+    """1 - mean over foreground classes of the soft Dice of softmax(logits) with the one-hot targets,
+    pixels of the whole batch pooled (smoothed by `eps`, so an empty class gives a finite value)."""
+    probs = logits.softmax(1)
+    onehot = F.one_hot(targets, logits.shape[1]).permute(0, 3, 1, 2).to(probs)
+    dims = (0, 2, 3)
+    inter = (probs * onehot).sum(dims)
+    sizes = probs.sum(dims) + onehot.sum(dims)
+    dice = (2 * inter + eps) / (sizes + eps)
+    return 1.0 - dice[1:].mean()
+
+
+@dataclass(frozen=True)
+class SemanticSegmentation(Task):
+    name = "semantic-segmentation"
+    target = "mask"
+    headline = "dice"
+    distils = "per-pixel logits"
+    condition = "label mask"
+    columns = (("dice", "Dice %", "percent"), ("hd95", "HD95 px", "float"))
+
+    loss_kind: str = "ce+dice"
+    dice_weight: float = 1.0
+    hd95: bool = True  # HD95 costs a distance transform per image; off for quick runs
+
+    def __post_init__(self) -> None:
+        if self.loss_kind not in SEMANTIC_LOSSES:
+            raise ConfigError(
+                f"task.loss_kind must be one of {', '.join(SEMANTIC_LOSSES)}, got {self.loss_kind!r}"
+            )
+        if not self.dice_weight >= 0:
+            raise ConfigError(f"task.dice_weight must be >= 0, got {self.dice_weight!r}")
+
+    def usual_augment(self, info: DatasetInfo) -> bool:
+        return True  # the paper's segmentation nets train with random rotations and flips
+
+    def batches(
+        self,
+        data: ImageSet,
+        info: DatasetInfo,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        generator: torch.Generator | None,
+        augment: bool,
+        drop_last: bool = False,
+    ) -> Iterator[tuple[Inputs, torch.Tensor]]:
+        for x, y, _ in dense_batches(
+            data, info, batch_size, shuffle=shuffle, generator=generator, augment=augment, drop_last=drop_last
+        ):
+            yield x, self.pixel_targets(y)
+
+    def pixel_targets(self, y: torch.Tensor) -> torch.Tensor:
+        """The per-pixel class the net learns from a stored target."""
+        return y
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        ce = F.cross_entropy(outputs, targets)
+        if self.loss_kind == "ce" or self.dice_weight == 0:
+            return ce
+        return ce + self.dice_weight * soft_dice_loss(outputs, targets)
+
+    @torch.no_grad()
+    def _outputs(
+        self, model: nn.Module, data: ImageSet, info: DatasetInfo, batch_size: int
+    ) -> tuple[torch.Tensor, float]:
+        """Softmax probabilities of every sample (N, C, H, W) and the mean training loss."""
+        was_training = model.training
+        model.eval()
+        probs, loss = [], 0.0
+        for x, y, _ in dense_batches(data, info, batch_size, shuffle=False, generator=None, augment=False):
+            logits = model(x)
+            loss += self.loss(logits, self.pixel_targets(y)).item() * len(y)
+            probs.append(logits.softmax(1))
+        model.train(was_training)
+        return torch.cat(probs), loss / max(len(data), 1)
+
+    def evaluate(
+        self,
+        model: nn.Module,
+        data: ImageSet,
+        info: DatasetInfo,
+        *,
+        batch_size: int = 64,
+        meta: Mapping[str, np.ndarray] | None = None,
+        groups: Sequence[str] | None = None,
+    ) -> dict[str, float]:
+        """Dice, sensitivity, specificity and HD95 of the foreground (any class > 0), per image, then
+        averaged; per source too (`dice_<source>`) when `groups` name each sample's source."""
+        if len(data) == 0:
+            return {"dice": float("nan"), "loss": float("nan"), "count": 0}
+        probs, loss = self._outputs(model, data, info, batch_size)
+        scores = SegmentationScores(compute_hd95=self.hd95)
+        scores.update((data.y > 0).numpy(), (probs.argmax(1) > 0).numpy(), _group_list(groups, len(data)))
+        return _segmentation_metrics(scores, loss, len(data))
+
+
+@dataclass(frozen=True)
+class InstanceSegmentation(SemanticSegmentation):
+    name = "instance-segmentation"
+    target = "instance map"
+    condition = "label mask"
+    columns = (
+        ("dice", "Dice %", "percent"),
+        ("object_dice", "Obj-Dice %", "percent"),
+        ("aji", "AJI %", "percent"),
+        ("hd95", "HD95 px", "float"),
+    )
+
+    loss_kind: str = "ce"
+    foreground_weight: float = 2.0  # the paper weighs foreground and contours above the background
+    contour_weight: float = 5.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (self.foreground_weight > 0 and self.contour_weight > 0):
+            raise ConfigError("task.foreground_weight and task.contour_weight must be > 0")
+
+    def output_channels(self, info: DatasetInfo) -> int:
+        return 3  # background, nucleus inside, nucleus contour
+
+    def pixel_targets(self, y: torch.Tensor) -> torch.Tensor:
+        """Instance ids (B, H, W) -> 0 background, 1 inside, 2 contour (each instance's inner boundary, so
+        touching nuclei stay apart)."""
+        instances = y.numpy()
+        boundaries = np.stack([find_boundaries(m, connectivity=1, mode="inner") for m in instances])
+        contour = boundaries & (instances > 0)
+        classes = (instances > 0).astype(np.int64)
+        classes[contour] = 2
+        return torch.from_numpy(classes)
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        weight = torch.tensor([1.0, self.foreground_weight, self.contour_weight], dtype=outputs.dtype)
+        ce = F.cross_entropy(outputs, targets, weight=weight.to(outputs.device))
+        if self.loss_kind == "ce" or self.dice_weight == 0:
+            return ce
+        return ce + self.dice_weight * soft_dice_loss(outputs, targets)
+
+    def evaluate(
+        self,
+        model: nn.Module,
+        data: ImageSet,
+        info: DatasetInfo,
+        *,
+        batch_size: int = 64,
+        meta: Mapping[str, np.ndarray] | None = None,
+        groups: Sequence[str] | None = None,
+    ) -> dict[str, float]:
+        """Dice and HD95 of the foreground, object-level Dice and AJI of the instances, on whole images
+        (patches stitched back when `meta` places them) or on the samples as they are."""
+        if len(data) == 0:
+            return {"dice": float("nan"), "loss": float("nan"), "count": 0}
+        probs, loss = self._outputs(model, data, info, batch_size)
+        wholes = _whole_images(probs.numpy(), data.y.numpy(), meta, _group_list(groups, len(data)))
+        scores = SegmentationScores(compute_hd95=self.hd95)
+        object_dices, ajis, by_group = [], [], {}
+        for prob, truth, group in wholes:
+            predicted = instances_from_three_class(prob[0], prob[1], prob[2])
+            scores.update(truth > 0, predicted > 0, group)
+            od, a = object_dice(truth, predicted), aji(truth, predicted)
+            object_dices.append(od)
+            ajis.append(a)
+            if group is not None:
+                by_group.setdefault(group, []).append((od, a))
+        metrics = _segmentation_metrics(scores, loss, len(data))
+        metrics |= {"object_dice": float(np.mean(object_dices)), "aji": float(np.mean(ajis))}
+        for group, values in sorted(by_group.items()):
+            metrics[f"object_dice_{group}"] = float(np.mean([v[0] for v in values]))
+            metrics[f"aji_{group}"] = float(np.mean([v[1] for v in values]))
+        return metrics
+
+
+def _group_list(groups: Sequence[str] | None, n: int) -> list[str | None]:
+    if groups is None:
+        return [None] * n
+    if len(groups) != n:
+        raise ValueError(f"{len(groups)} group names for {n} samples")
+    return [str(g) for g in groups]
+
+
+def _segmentation_metrics(scores: SegmentationScores, loss: float, count: int) -> dict[str, float]:
+    summary = scores.summary()
+    metrics = {
+        "dice": summary["mean_dice"],
+        "pooled_dice": summary["pooled_dice"],
+        "sensitivity": summary["mean_sensitivity"],
+        "specificity": summary["mean_specificity"],
+        "loss": loss,
+        "count": count,
+    }
+    if "mean_hd95" in summary:
+        metrics["hd95"] = summary["mean_hd95"]
+    for group, values in scores.by_group().items():
+        metrics[f"dice_{group}"] = values["mean_dice"]
+        if "mean_hd95" in values:
+            metrics[f"hd95_{group}"] = values["mean_hd95"]
+    return metrics
+
+
+def _whole_images(
+    probs: np.ndarray, truth: np.ndarray, meta: Mapping[str, np.ndarray] | None, groups: list[str | None]
+) -> list[tuple[np.ndarray, np.ndarray, str | None]]:
+    """(probabilities (3, H, W), instance map (H, W), source) per whole image: patches stitched back when
+    `meta` places them (`row`, `col`, `height`, `width`, `subject`, `image_instances`), else per sample."""
+    needed = ("subject", "row", "col", "height", "width", "image_instances")
+    if meta is None or any(key not in meta for key in needed) or len(meta["subject"]) != len(probs):
+        return [(p, t, g) for p, t, g in zip(probs, truth, groups, strict=True)]
+    from fedistill.data.medical.patches import stitch_by_meta, stitch_instances
+
+    stitched = stitch_by_meta(probs, meta)
+    instances = stitch_instances(np.asarray(meta["image_instances"]), meta)
+    subjects = np.asarray(meta["subject"])
+    first = {int(s): groups[int(np.flatnonzero(subjects == s)[0])] for s in np.unique(subjects)}
+    return [(stitched[s], instances[s], first[s]) for s in sorted(stitched)]
