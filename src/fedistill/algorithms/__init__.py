@@ -6,6 +6,8 @@ from fedistill.algorithms import (  # noqa: F401
     feddf,
     fedgen,
     fediod,
+    fedkd,
+    fedmd,
     fedmdcg,
     fedper,
     lgfedavg,

@@ -28,6 +28,8 @@ CONTENT_KINDS = frozenset(
         "synthetic-inputs",  # generated (not real) inputs
         "discriminator-outputs",  # a discriminator's scores on inputs
         "label-statistics",  # class counts or label distributions
+        "public-data",  # inputs (and labels) of a public dataset, sent by the server
+        "votes",  # quantised model outputs: one-hot votes or few-bit probabilities (PATE-style)
         "metrics",  # evaluation or training numbers
         "config",  # instructions: round, learning rate, number of steps, ...
     }

@@ -1,0 +1,270 @@
+"""FedMD and FedKD: their defining steps by hand, what crosses the boundary (never parameters), that
+each beats training alone on non-IID digits, clear errors, invalid replies, and exact resume.
+
+The comparison setting: five clients on a Dirichlet(0.5) split of digits, the public set being the
+held-out 30% of the training split, which the partition draws before it deals the rest to the clients,
+so no client trains on it. It runs in seconds and is fair: Standalone trains on exactly the same private
+shards (same seed, same partition) for as many private epochs as FedMD's clients (5 set-up + 5 revisit),
+FedMD must also beat its own clients before collaboration (`start_test_accuracy`, transfer learning on
+the same public set, the paper's baseline), and FedKD's student is compared with the very local models
+it distils (`teacher_mean_accuracy`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from algorithm_helpers import Sent, check_resume_after_crash, make_client, run_recording
+from fedistill.algorithms.base import ServerContext
+from fedistill.algorithms.fedkd import (
+    FedKDClient,
+    FedKDOptions,
+    FedKDServer,
+    VotesSpec,
+    aggregate,
+    calibrate,
+    quantise,
+)
+from fedistill.algorithms.fedmd import FedMDClient, FedMDOptions, FedMDServer, consensus, digest_loss
+from fedistill.algorithms.public_data import build_public
+from fedistill.errors import ConfigError, FederationError
+from fedistill.experiment.config import RunConfig, build_config
+from fedistill.experiment.runner import prepare_data, run_suite
+from fedistill.federation.ledger import DOWN, UP
+from fedistill.federation.messages import ArraySpec, Message
+from fedistill.privacy import pate
+
+#: The comparison: non-IID digits, the held-out 30% as public data, a small CNN.
+COMPARE = {
+    "clients": 5,
+    "alpha": 0.5,
+    "batch_size": 32,
+    "seed": 0,
+    "val_fraction": 0.3,
+    "model": "small-cnn",
+    "rounds": 5,
+    "standalone": {"rounds": 10},  # as many private epochs as FedMD's 5 set-up + 5 revisit epochs
+    "fedmd": {"transfer_epochs": 5, "private_epochs": 5},
+    "fedkd": {"rounds": 10, "teacher_epochs": 10},
+}
+#: The smallest runs that exercise every message type, for resume and invalid replies.
+TINY = {
+    "clients": 3,
+    "alpha": 1.0,
+    "batch_size": 32,
+    "seed": 0,
+    "val_fraction": 0.2,
+    "model": "mlp",
+    "rounds": 3,
+    "fedmd": {"models": "mlp,small-cnn", "transfer_epochs": 1, "private_epochs": 1, "alignment_size": 100},
+    "fedkd": {
+        "teacher_epochs": 2,
+        "output": "probs",
+        "bits": 3,
+        "client_noise": 0.05,
+        "pate_epsilon": 8.0,
+        "public_size": 150,
+    },
+}
+
+
+def _config(base: dict, **changes) -> RunConfig:
+    return build_config(RunConfig(), base, changes)
+
+
+# --- the defining steps, by hand --------------------------------------------------------------------
+def test_fedmd_consensus_is_the_mean_of_the_scores_and_the_digest_loss_its_distance():
+    a = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])
+    b = torch.tensor([[3.0, 0.0, -1.0], [2.0, -2.0, 4.0]])
+    target = consensus([a, b])
+    assert torch.equal(target, torch.tensor([[2.0, 1.0, 1.0], [1.0, -1.0, 2.0]]))
+
+    scores = torch.tensor([[1.0, 1.0, 4.0], [1.0, -1.0, 2.0]])  # differs from the target by (-1, 0, 3), 0
+    assert digest_loss(scores, target, "l1").item() == pytest.approx(4 / 6)
+    assert digest_loss(scores, target, "mse").item() == pytest.approx(10 / 6)
+    p = [math.exp(v) / sum(math.exp(u) for u in (2, 1, 1)) for v in (2, 1, 1)]
+    q = [math.exp(v) / sum(math.exp(u) for u in (1, 1, 4)) for v in (1, 1, 4)]
+    by_hand = sum(pi * math.log(pi / qi) for pi, qi in zip(p, q, strict=True)) / 2  # second row: 0
+    assert digest_loss(scores, target, "kl").item() == pytest.approx(by_hand, rel=1e-5)
+
+
+def test_fedkd_quantises_to_votes_and_levels_that_sum_exactly():
+    probs = torch.tensor([[0.2, 0.5, 0.3], [0.5, 0.5, 0.0]])
+    assert quantise(probs, "one-hot", 8).tolist() == [[0, 1, 0], [1, 0, 0]]  # ties: the lower class
+    # 2 bits: 3 levels. 0.5/0.3/0.2 -> 1.5/0.9/0.6: floors 1/0/0, the two units left go to the largest
+    # remainders (0.9, 0.6); 0.1/0.7/0.2 -> 0.3/2.1/0.6: floors 0/2/0, one unit left, to 0.6.
+    got = quantise(torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.7, 0.2]]), "probs", 2)
+    assert got.dtype == torch.uint8 and got.tolist() == [[1, 1, 1], [0, 2, 1]]
+    many = torch.softmax(torch.randn(200, 10, generator=torch.Generator().manual_seed(0)) * 3, 1)
+    assert (quantise(many, "probs", 4).sum(1) == 15).all()
+
+
+def test_fedkd_aggregates_votes_into_the_plurality_without_noise():
+    one_hot = lambda classes: torch.eye(3, dtype=torch.uint8)[classes]  # noqa: E731
+    votes = [one_hot([2, 0]), one_hot([2, 1]), one_hot([0, 2])]  # image 0: 2, 2, 0; image 1: 0, 1, 2
+    counts, labels = aggregate(votes, 1, 0.0, np.random.default_rng(0))
+    assert counts.tolist() == [[1, 0, 2], [1, 1, 1]] and labels.tolist() == [2, 0]  # a tie: the lower class
+    levels = [torch.tensor([[1, 1, 1]], dtype=torch.uint8), torch.tensor([[0, 2, 1]], dtype=torch.uint8)]
+    counts, labels = aggregate(levels, 3, 0.0, np.random.default_rng(0))
+    assert counts[0].tolist() == pytest.approx([1 / 3, 1, 2 / 3]) and labels.tolist() == [1]
+
+    rng = np.random.default_rng(1)
+    many = [torch.eye(10, dtype=torch.uint8)[torch.from_numpy(rng.integers(0, 10, 50))] for _ in range(7)]
+    counts, labels = aggregate(many, 1, 0.0, np.random.default_rng(2))
+    assert np.array_equal(labels, counts.argmax(1)) and counts.sum(1).tolist() == [7.0] * 50
+
+
+def test_fedkd_calibrates_gnmax_to_its_budget_with_the_pate_analysis():
+    sigma = calibrate(FedKDOptions(pate_epsilon=5.0), 100)
+    epsilon = lambda s: pate.rdp_to_epsilon(100 * pate.rdp_gnmax_data_independent(s), 1e-5)[0]  # noqa: E731
+    assert epsilon(sigma) <= 5.0 < epsilon(0.99 * sigma)
+    assert calibrate(FedKDOptions(pate_sigma=3.0), 100) == 3.0
+
+
+def test_fedkd_refuses_votes_that_are_not_votes():
+    spec = VotesSpec({"votes": {"votes": ArraySpec("uint8", (2, 3))}}, levels=1)
+    good = Message.build(
+        "query.votes", arrays={"votes": {"votes": np.array([[0, 1, 0], [1, 0, 0]], np.uint8)}}
+    )
+    spec.check(good)
+    for bad in ([[1, 1, 0], [1, 0, 0]], [[0, 0, 0], [1, 0, 0]], [[0, 2, 0], [1, 0, 0]]):
+        message = Message.build("query.votes", arrays={"votes": {"votes": np.array(bad, np.uint8)}})
+        with pytest.raises(FederationError, match="sum to 1"):
+            spec.check(message)
+
+
+# --- clear errors -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        (FedMDOptions(public="noise"), "no labels"),
+        (FedMDOptions(public="generator:g.safetensors"), "no labels"),
+        (FedMDOptions(public="mnist"), "fedmd.public must be 'holdout'"),
+        (FedMDOptions(digest_loss="l2"), "fedmd.digest_loss"),
+        (FedMDOptions(alignment_size=0), "fedmd.alignment_size"),
+        (FedKDOptions(bits=9), "fedkd.bits"),
+        (FedKDOptions(pate_sigma=1.0, pate_epsilon=1.0), "not both"),
+        (FedKDOptions(output="soft"), "fedkd.output"),
+        (FedKDOptions(public="dataset:"), "fedkd.public must be"),
+    ],
+)
+def test_bad_options_are_refused_by_name(options, match):
+    with pytest.raises(ConfigError, match=match):
+        options.validate()
+
+
+def _server_context(config: RunConfig, validation: bool = True) -> ServerContext:
+    data = prepare_data(config)
+    held = data.dataset.train.subset(data.split.server_val) if validation else None
+    return ServerContext(data.dataset.info, config, None, config.clients, lambda m: {}, validation=held)
+
+
+def test_public_data_is_never_the_clients_own_and_holdout_needs_one():
+    config = _config(TINY)
+    with pytest.raises(ConfigError, match="clients' private data"):
+        build_public("dataset:digits", _server_context(config), size=0, key="fedmd.public", labelled=True)
+    with pytest.raises(ConfigError, match="val_fraction > 0"):
+        build_public("holdout", _server_context(config, False), size=0, key="fedkd.public", labelled=False)
+    with pytest.raises(ConfigError, match="public_size > 0"):
+        build_public("noise", _server_context(config), size=0, key="fedkd.public", labelled=False)
+    public = build_public("holdout", _server_context(config), size=50, key="fedmd.public", labelled=True)
+    assert len(public) == 50 and public.labels is not None and public.images.dtype == torch.uint8
+
+
+def test_fedkd_distils_the_same_stage1_models_as_fediod():
+    config = _config(TINY, fediod={"teacher_epochs": 2})
+    kd, iod = make_client(config, "fedkd", 1), make_client(config, "fediod", 1)
+    kd.handle(Message.build("train"))
+    iod.handle(Message.build("train"))
+    assert kd.teacher.state_dict().keys() == iod.teacher.state_dict().keys()
+    assert all(torch.equal(v, iod.teacher.state_dict()[k]) for k, v in kd.teacher.state_dict().items())
+
+
+# --- end to end: what crosses, and better than alone -------------------------------------------------
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory) -> tuple[dict[str, dict], dict[str, list[Sent]]]:
+    out = tmp_path_factory.mktemp("fedmd-fedkd") / "suite"
+    return run_recording(_config(COMPARE, algorithm="standalone,fedmd,fedkd"), out)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "kinds"), [("fedmd", {"logits", "metrics"}), ("fedkd", {"votes", "metrics"})]
+)
+def test_no_parameters_cross_the_boundary(compared, algorithm, kinds):
+    runs, seen = compared
+    communication = runs[algorithm]["communication"]
+    assert set(communication[UP]["per_kind"]) == kinds
+    assert "parameters" not in communication[DOWN]["per_kind"]
+    assert all("parameters" not in sent.arrays for sent in seen[algorithm])
+    up = {sent.type for sent in seen[algorithm] if sent.direction == UP and sent.arrays}
+    assert up == ({"query.scores"} if algorithm == "fedmd" else {"query.votes"})
+
+
+def test_fedmd_beats_standalone_and_its_own_start(compared):
+    runs, _ = compared
+    fedmd, alone = runs["fedmd"]["final"], runs["standalone"]["final"]
+    assert fedmd["test_accuracy"] > alone["test_accuracy"] + 0.2, (fedmd, alone)
+    assert fedmd["test_accuracy"] > fedmd["start_test_accuracy"], fedmd
+    assert fedmd["local_accuracy"] > alone["local_accuracy"]
+
+
+def test_fedkd_student_beats_the_local_models_it_distils(compared):
+    runs, _ = compared
+    fedkd = runs["fedkd"]["final"]
+    assert fedkd["test_accuracy"] > fedkd["teacher_mean_accuracy"] + 0.2, fedkd
+    assert fedkd["test_accuracy"] > runs["standalone"]["final"]["test_accuracy"]
+    assert fedkd["public_label_accuracy"] > 0.8 and fedkd["plurality_agreement"] == 1.0
+    assert "pate_sigma" not in fedkd  # no noise, no privacy claim
+
+
+# --- invalid replies and resume ----------------------------------------------------------------------
+def test_invalid_scores_and_votes_drop_the_client_and_the_run_goes_on(tmp_path, monkeypatch):
+    scores, votes = FedMDClient.scores, FedKDClient.votes
+
+    def bad_scores(self, message):
+        reply = scores(self, message)
+        if self.ctx.client_id != 1:
+            return reply
+        return Message.build(
+            "query.scores", arrays={"logits": {"scores": reply.tensor("logits", "scores")[:5]}}
+        )
+
+    def bad_votes(self, message):
+        reply = votes(self, message)
+        if self.ctx.client_id != 0:
+            return reply
+        return Message.build("query.votes", arrays={"votes": {"votes": 2 * reply.tensor("votes", "votes")}})
+
+    monkeypatch.setattr(FedMDClient, "scores", bad_scores)
+    monkeypatch.setattr(FedKDClient, "votes", bad_votes)
+    runs = {s["algorithm"]: s for s in run_suite(_config(TINY, algorithm="fedmd,fedkd", rounds=1), tmp_path)}
+    assert set(runs["fedmd"]["dropped_clients"]) == {"1"} and set(runs["fedkd"]["dropped_clients"]) == {"0"}
+    for name in ("fedmd", "fedkd"):
+        (failure,) = runs[name]["communication"]["failures"]
+        assert failure["status"] == "invalid"
+    assert runs["fedkd"]["final"]["voters"] == 2.0
+
+
+def test_fedmd_resumes_exactly(tmp_path):
+    run = check_resume_after_crash(_config(TINY, algorithm="fedmd"), FedMDServer, tmp_path, crash_round=2)
+    final = (run / "summary.md").read_text()
+    assert "test_accuracy_small-cnn" in final and "start_test_accuracy" in final
+
+
+def test_fedkd_resumes_exactly_and_reports_its_pate_epsilon(tmp_path):
+    run = check_resume_after_crash(_config(TINY, algorithm="fedkd"), FedKDServer, tmp_path, crash_round=2)
+    final = run_final(run)
+    sigma, queries = final["pate_sigma"], int(final["pate_queries"])
+    assert queries == 150 and sigma > 0
+    independent = pate.rdp_to_epsilon(queries * pate.rdp_gnmax_data_independent(sigma), 1e-5)[0]
+    assert final["pate_epsilon_data_independent"] == pytest.approx(independent) and independent <= 8.0
+    assert final["pate_epsilon_data_dependent"] <= independent + 1e-9
+
+
+def run_final(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())["final"]
