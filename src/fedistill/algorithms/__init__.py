@@ -1,6 +1,8 @@
 """Algorithms: importing this package registers every one of them by name."""
 
 from fedistill.algorithms import (  # noqa: F401
+    coboosting,
+    dense,
     fedavg,
     fedcg,
     feddf,

@@ -46,7 +46,6 @@ written with every client's epsilon (``epsilon_client_<k>``, ``epsilon_max``).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from typing import Any
@@ -66,8 +65,8 @@ from fedistill.algorithms.fediod.options import (
     set_lr,
     teacher_name,
 )
-from fedistill.algorithms.stage1 import trained_once
-from fedistill.algorithms.training import LocalTraining, evaluate_model, new_model, train_local
+from fedistill.algorithms.stage1 import train_teacher
+from fedistill.algorithms.training import evaluate_model, new_model
 from fedistill.data.transforms import to_float
 from fedistill.errors import FederationError
 from fedistill.federation.client import ClientLogic, handles
@@ -109,20 +108,8 @@ class FedIODClient(ClientLogic):
     # --- stage 1 -------------------------------------------------------------------------------
     @handles("train")
     def train(self, message: Message) -> Message:
-        config = self.ctx.config
-        spec = dataclasses.replace(
-            LocalTraining.from_config(config, self.ctx.info), epochs=self.options.teacher_epochs, steps=0
-        )
-        generator = torch_generator(config.seed, "teacher-training", self.ctx.client_id)
-        architecture = teacher_name(self.options, config, self.ctx.client_id)
-        metrics = trained_once(
-            self.teacher,
-            self.ctx,
-            architecture,
-            spec,
-            lambda: train_local(self.teacher, self.ctx.train, self.ctx.info, spec, generator),
-            purpose="teacher",
-        )
+        architecture = teacher_name(self.options, self.ctx.config, self.ctx.client_id)
+        metrics = train_teacher(self.teacher, self.ctx, architecture, self.options.teacher_epochs)
         self.teacher.eval()
         for p in self.teacher.parameters():
             p.requires_grad_(False)
