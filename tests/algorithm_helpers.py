@@ -128,16 +128,25 @@ def fediod_parts(config: RunConfig) -> tuple[dict[int, ClientLogic], ServerLogic
     each client's training-set size."""
     from fedistill.algorithms.base import ServerContext
     from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
-    from fedistill.algorithms.training import evaluate_model
+    from fedistill.algorithms.training import evaluate_model, task_of
+    from fedistill.experiment.runner import score_first
 
     options = options_for(config, "fediod", FedIODOptions)
     data = prepare_data(config)
     contexts = client_contexts(config, get_algorithm("fediod"), options, data)
     clients = {ctx.client_id: FedIODClient(ctx) for ctx in contexts}
     test, info = data.dataset.test, data.dataset.info
+    task = task_of(config, info)
     server = FedIODServer(
         ServerContext(
-            info, config, options, len(clients), lambda m: evaluate_model(m, test, info), None, test.y
+            info,
+            config,
+            options,
+            len(clients),
+            lambda m: evaluate_model(m, test, info, task=task),
+            None,
+            test.y,
+            score=lambda outputs: score_first(task, data.dataset, outputs, None),
         )
     )
     return clients, server, {ctx.client_id: len(ctx.train) for ctx in contexts}

@@ -52,6 +52,9 @@ class ServerContext:
     # The held-out validation split (labelled) that FedDF's server keeps for model selection, early
     # stopping and drop-worst; algorithms that select on the clients' shards ignore it.
     validation: ImageSet | None = None
+    # Evaluation harness: the task's metrics of given outputs (an ensemble's, say) on the first
+    # len(outputs) test samples, for servers that hold outputs rather than a model
+    score: Callable[[torch.Tensor], dict[str, float]] | None = None
 
 
 class StopRun(Exception):

@@ -63,7 +63,7 @@ def task_of(config: RunConfig, info: DatasetInfo) -> Task:
 def new_model(config: RunConfig, info: DatasetInfo, name: str | None = None) -> nn.Module:
     """The run's model, initialised from the run seed: every site and the server start identical.
     Its output is sized for the task (e.g. three classes per pixel for instance segmentation), and
-    the `[model]` table's options reach every model that takes them."""
+    the `[model_options]` table reaches every model that takes its keys."""
     task = task_of(config, info)
     channels = task.output_channels(info)
     sized = info if channels == info.num_classes else dataclasses.replace(info, num_classes=channels)
@@ -74,7 +74,7 @@ def new_model(config: RunConfig, info: DatasetInfo, name: str | None = None) -> 
             sized,
             norm=None if config.norm == "auto" else config.norm,
             group_norm_groups=config.group_norm_groups,
-            options=config.options.get("model") or None,
+            options=config.options.get("model_options") or None,
         ),
         "model-init",
         name or config.model,

@@ -392,6 +392,22 @@ _REGISTRY: dict[str, _Entry] = {
 }
 
 
+def _mri_entries() -> dict[str, _Entry]:
+    """The MRI reconstruction datasets (fedistill.data.mri), loaded through the same interface."""
+    from fedistill.data.mri import ENTRIES
+
+    def loader(name: str) -> Callable[..., LoadedDataset]:
+        return lambda folder, download, verify, **options: ENTRIES[name].load(folder, **options)
+
+    return {
+        name: _Entry(entry.subdir, loader(name), entry.describe, options=tuple(entry.options))
+        for name, entry in ENTRIES.items()
+    }
+
+
+_REGISTRY.update(_mri_entries())
+
+
 def dataset_names() -> list[str]:
     """The dataset names `load_dataset` accepts, default (`digits`) first."""
     return list(_REGISTRY)

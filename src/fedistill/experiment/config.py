@@ -146,10 +146,14 @@ def build_config(base: RunConfig | None = None, *layers: dict[str, Any]) -> RunC
     options: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (base or RunConfig()).options.items()}
     for layer in layers:
         for key, value in layer.items():
+            if isinstance(value, dict) or "." in key:
+                section, _, sub = key.partition(".")
+                if section in _COMMON:
+                    hint = "; model options go in [model_options]" if section == "model" else ""
+                    raise ConfigError(f"{section} is a key, not a table: {key} cannot be set{hint}")
             if isinstance(value, dict):
                 options.setdefault(key, {}).update(value)
             elif "." in key:
-                section, _, sub = key.partition(".")
                 options.setdefault(section, {})[sub] = value
             elif key in _COMMON:
                 common[key] = _check_value(key, value, _COMMON[key].type)

@@ -49,11 +49,12 @@ from fedistill.federation.inprocess import InProcessFleet
 from fedistill.federation.ledger import Ledger
 from fedistill.models import model_names
 from fedistill.seeding import derive_seed
+from fedistill.tasks import Task
 
 log = logging.getLogger("fedistill")
 
 #: Sections of `config.options` that are not algorithm names.
-NON_ALGORITHM_SECTIONS = {"partition", "task", "model"}
+NON_ALGORITHM_SECTIONS = {"partition", "task", "model_options"}
 
 
 @dataclass
@@ -81,6 +82,17 @@ def source_names(dataset: LoadedDataset) -> list[str] | None:
         return None
     names = dataset.group_names
     return [names[g] if 0 <= g < len(names) else str(g) for g in np.asarray(dataset.test_groups).tolist()]
+
+
+def score_first(
+    task: Task, dataset: LoadedDataset, outputs: torch.Tensor, sources: list[str] | None
+) -> dict[str, float]:
+    """The task's metrics of `outputs` on the first len(outputs) test samples (evaluation harness)."""
+    n, test = len(outputs), dataset.test
+    subset = test if n == len(test) else test.subset(torch.arange(n))
+    meta = {key: np.asarray(value)[:n] for key, value in dataset.test_meta.items()}
+    groups = None if sources is None else sources[:n]
+    return task.score(outputs, subset, dataset.info, meta=meta, groups=groups)
 
 
 def prepare_data(config: RunConfig) -> Prepared:
@@ -299,6 +311,7 @@ def _loop(
             test.y,
             progress,
             validation=data.dataset.train.subset(data.split.server_val),
+            score=lambda outputs: score_first(task, data.dataset, outputs, test_sources),
         )
     )
     runner_state = state["runner"] if state else {"round": 0, "ledger": 0, "metrics": 0, "elapsed": 0.0}

@@ -30,6 +30,7 @@ CONTENT_KINDS = frozenset(
         "label-statistics",  # class counts or label distributions
         "public-data",  # inputs (and labels) of a public dataset, sent by the server
         "votes",  # quantised model outputs: one-hot votes or few-bit probabilities (PATE-style)
+        "label-masks",  # per-pixel label masks (a site's private labels when it sends them)
         "metrics",  # evaluation or training numbers
         "config",  # instructions: round, learning rate, number of steps, ...
     }

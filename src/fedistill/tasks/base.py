@@ -93,5 +93,33 @@ class Task(ABC):
         `meta` are the set's per-sample facts (`LoadedDataset.test_meta`), `groups` each sample's
         source name, for per-source metrics."""
 
+    @torch.no_grad()
+    def outputs(
+        self, model: nn.Module, data: ImageSet, info: DatasetInfo, batch_size: int = 64
+    ) -> torch.Tensor:
+        """`model`'s outputs on every sample of `data`, in order, in eval mode (logits or images)."""
+        was_training = model.training
+        model.eval()
+        chunks = [
+            self.predict(model, inputs)
+            for inputs, _ in self.batches(
+                data, info, batch_size, shuffle=False, generator=None, augment=False
+            )
+        ]
+        model.train(was_training)
+        return torch.cat(chunks) if chunks else torch.zeros(0)
+
+    def score(
+        self,
+        outputs: torch.Tensor,
+        data: ImageSet,
+        info: DatasetInfo,
+        *,
+        meta: Mapping[str, np.ndarray] | None = None,
+        groups: Sequence[str] | None = None,
+    ) -> dict[str, float]:
+        """The task's metrics of given outputs on `data` (an ensemble's, say), without a model."""
+        raise NotImplementedError(f"task {self.name!r} cannot score outputs without a model")
+
     def options(self) -> dict[str, Any]:
         return asdict(self)

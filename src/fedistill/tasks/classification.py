@@ -68,3 +68,22 @@ class Classification(Task):
         if count == 0:
             return {"accuracy": float("nan"), "loss": float("nan"), "count": 0}
         return {"accuracy": correct / count, "loss": loss / count, "count": count}
+
+    def score(
+        self,
+        outputs: torch.Tensor,
+        data: ImageSet,
+        info: DatasetInfo,
+        *,
+        meta: Mapping[str, np.ndarray] | None = None,
+        groups: Sequence[str] | None = None,
+    ) -> dict[str, float]:
+        """Accuracy and mean cross-entropy of given logits (N, C)."""
+        if len(data) == 0:
+            return {"accuracy": float("nan"), "loss": float("nan"), "count": 0}
+        loss = F.cross_entropy(outputs, data.y).item()
+        return {
+            "accuracy": float((outputs.argmax(1) == data.y).float().mean()),
+            "loss": loss,
+            "count": len(data),
+        }

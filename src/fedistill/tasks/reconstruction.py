@@ -111,7 +111,6 @@ class Reconstruction(Task):
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.l1_loss(outputs, targets) if self.loss_kind == "l1" else F.mse_loss(outputs, targets)
 
-    @torch.no_grad()
     def evaluate(
         self,
         model: nn.Module,
@@ -122,36 +121,33 @@ class Reconstruction(Task):
         meta: Mapping[str, np.ndarray] | None = None,
         groups: Sequence[str] | None = None,
     ) -> dict[str, float]:
-        """SSIM, PSNR, NMSE per volume (`meta["subject"]`; each slice its own volume without it), averaged
-        over volumes; `ssim_<source>` etc. per source when `groups` name each slice's source."""
+        if len(data) == 0:
+            return {"ssim": float("nan"), "loss": float("nan"), "count": 0}
+        return self.score(self.outputs(model, data, info, batch_size), data, info, meta=meta, groups=groups)
+
+    def score(
+        self,
+        outputs: torch.Tensor,
+        data: ImageSet,
+        info: DatasetInfo,
+        *,
+        meta: Mapping[str, np.ndarray] | None = None,
+        groups: Sequence[str] | None = None,
+    ) -> dict[str, float]:
+        """SSIM, PSNR, NMSE of output images (N, 1, H, W) per volume (`meta["subject"]`; each slice its own
+        volume without it), averaged over volumes; `ssim_<source>` etc. per source when `groups` name each
+        slice's source."""
         n = len(data)
         if n == 0:
             return {"ssim": float("nan"), "loss": float("nan"), "count": 0}
         subjects = np.asarray(meta["subject"]) if meta and len(meta.get("subject", ())) == n else np.arange(n)
-        sources = [str(g) for g in groups] if groups is not None else None
-        was_training = model.training
-        model.eval()
-        scores, loss = ReconstructionScores(), 0.0
-        for inputs, target, idx in self._indexed(data, info, batch_size):
-            output = self.predict(model, inputs)
-            loss += self.loss(output, target).item() * len(target)
-            picked = idx.numpy()
-            scores.update(
-                target.numpy(),
-                output.clamp(min=0).numpy(),
-                subjects[picked],
-                None if sources is None else [sources[i] for i in picked],
-            )
-        model.train(was_training)
+        scores = ReconstructionScores()
+        scores.update(
+            data.x.numpy(), outputs.clamp(min=0).numpy(), subjects, groups and [str(g) for g in groups]
+        )
         summary = scores.summary()
-        metrics = {key: summary[key] for key in ("ssim", "psnr", "nmse")} | {"loss": loss / n, "count": n}
+        loss = self.loss(outputs, data.x).item()
+        metrics = {key: summary[key] for key in ("ssim", "psnr", "nmse")} | {"loss": loss, "count": n}
         for source, values in scores.by_source().items():
             metrics |= {f"{key}_{source}": values[key] for key in ("ssim", "psnr", "nmse")}
         return metrics
-
-    def _indexed(
-        self, data: ImageSet, info: DatasetInfo, batch_size: int
-    ) -> Iterator[tuple[Inputs, torch.Tensor, torch.Tensor]]:
-        for x, _, idx in dense_batches(data, info, batch_size, shuffle=False, generator=None, augment=False):
-            zero_filled, kspace, mask = self.undersampled(x, idx)
-            yield ((zero_filled, kspace, mask) if self.data_consistency else zero_filled), x, idx

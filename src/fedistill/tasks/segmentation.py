@@ -96,21 +96,6 @@ class SemanticSegmentation(Task):
             return ce
         return ce + self.dice_weight * soft_dice_loss(outputs, targets)
 
-    @torch.no_grad()
-    def _outputs(
-        self, model: nn.Module, data: ImageSet, info: DatasetInfo, batch_size: int
-    ) -> tuple[torch.Tensor, float]:
-        """Softmax probabilities of every sample (N, C, H, W) and the mean training loss."""
-        was_training = model.training
-        model.eval()
-        probs, loss = [], 0.0
-        for x, y, _ in dense_batches(data, info, batch_size, shuffle=False, generator=None, augment=False):
-            logits = model(x)
-            loss += self.loss(logits, self.pixel_targets(y)).item() * len(y)
-            probs.append(logits.softmax(1))
-        model.train(was_training)
-        return torch.cat(probs), loss / max(len(data), 1)
-
     def evaluate(
         self,
         model: nn.Module,
@@ -121,13 +106,28 @@ class SemanticSegmentation(Task):
         meta: Mapping[str, np.ndarray] | None = None,
         groups: Sequence[str] | None = None,
     ) -> dict[str, float]:
-        """Dice, sensitivity, specificity and HD95 of the foreground (any class > 0), per image, then
-        averaged; per source too (`dice_<source>`) when `groups` name each sample's source."""
         if len(data) == 0:
             return {"dice": float("nan"), "loss": float("nan"), "count": 0}
-        probs, loss = self._outputs(model, data, info, batch_size)
+        return self.score(self.outputs(model, data, info, batch_size), data, info, meta=meta, groups=groups)
+
+    def score(
+        self,
+        outputs: torch.Tensor,
+        data: ImageSet,
+        info: DatasetInfo,
+        *,
+        meta: Mapping[str, np.ndarray] | None = None,
+        groups: Sequence[str] | None = None,
+    ) -> dict[str, float]:
+        """Dice, sensitivity, specificity and HD95 of the foreground (any class > 0) of per-pixel logits
+        (N, C, H, W), per image, then averaged; per source too (`dice_<source>`) when `groups` name each
+        sample's source."""
+        if len(data) == 0:
+            return {"dice": float("nan"), "loss": float("nan"), "count": 0}
+        loss = self.loss(outputs, self.pixel_targets(data.y)).item()
         scores = SegmentationScores(compute_hd95=self.hd95)
-        scores.update((data.y > 0).numpy(), (probs.argmax(1) > 0).numpy(), _group_list(groups, len(data)))
+        truth, predicted = (data.y > 0).numpy(), (outputs.argmax(1) > 0).numpy()
+        scores.update(truth, predicted, _group_list(groups, len(data)))
         return _segmentation_metrics(scores, loss, len(data))
 
 
@@ -172,13 +172,12 @@ class InstanceSegmentation(SemanticSegmentation):
             return ce
         return ce + self.dice_weight * soft_dice_loss(outputs, targets)
 
-    def evaluate(
+    def score(
         self,
-        model: nn.Module,
+        outputs: torch.Tensor,
         data: ImageSet,
         info: DatasetInfo,
         *,
-        batch_size: int = 64,
         meta: Mapping[str, np.ndarray] | None = None,
         groups: Sequence[str] | None = None,
     ) -> dict[str, float]:
@@ -186,8 +185,9 @@ class InstanceSegmentation(SemanticSegmentation):
         (patches stitched back when `meta` places them) or on the samples as they are."""
         if len(data) == 0:
             return {"dice": float("nan"), "loss": float("nan"), "count": 0}
-        probs, loss = self._outputs(model, data, info, batch_size)
-        wholes = _whole_images(probs.numpy(), data.y.numpy(), meta, _group_list(groups, len(data)))
+        loss = self.loss(outputs, self.pixel_targets(data.y)).item()
+        probs = outputs.softmax(1).numpy()
+        wholes = _whole_images(probs, data.y.numpy(), meta, _group_list(groups, len(data)))
         scores = SegmentationScores(compute_hd95=self.hd95)
         object_dices, ajis, by_group = [], [], {}
         for prob, truth, group in wholes:

@@ -25,7 +25,7 @@ differential privacy sanitises), `server.py` (the protocol's driver), `student.p
 the replay pool), `losses.py` (every term of Eq. 2-11).
 """
 
-from fedistill.algorithms.base import Algorithm, register
+from fedistill.algorithms.base import ALL_TASKS, Algorithm, register
 from fedistill.algorithms.fediod.client import FedIODClient
 from fedistill.algorithms.fediod.options import (
     OFFICIAL_CODE,
@@ -54,5 +54,6 @@ register(
         FedIODClient,
         FedIODServer,
         FedIODOptions,
+        tasks=ALL_TASKS,
     )
 )

@@ -65,13 +65,16 @@ from fedistill.algorithms.fediod.options import (
     set_lr,
     teacher_name,
 )
+from fedistill.algorithms.fediod.task_view import TaskView
 from fedistill.algorithms.stage1 import train_teacher
-from fedistill.algorithms.training import evaluate_model, new_model
+from fedistill.algorithms.training import evaluate_model, new_model, task_of
 from fedistill.data.transforms import to_float
 from fedistill.errors import FederationError
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.messages import ArraySpec, Message, expect_arrays, state_specs
 from fedistill.models.discriminator import build_discriminator
+from fedistill.models.perceptual import PerceptualLoss, encoder_features
+from fedistill.models.pix2pix import build_conditional_discriminator
 from fedistill.privacy.accounting import PrivacyBudgetExceeded
 from fedistill.privacy.budget import (
     ClientBudget,
@@ -89,12 +92,11 @@ class FedIODClient(ClientLogic):
     def __init__(self, ctx: ClientContext) -> None:
         self.ctx = ctx
         self.options = resolve_options(ctx.config, ctx.options)
+        self.view = TaskView(task_of(ctx.config, ctx.info), ctx.info, ctx.config.seed)
         self.teacher = new_model(ctx.config, ctx.info, teacher_name(self.options, ctx.config, ctx.client_id))
-        self.discriminator = seeded(
-            ctx.config.seed,
-            lambda: build_discriminator(ctx.info, width=self.options.discriminator_width),
-            "discriminator-init",
-        )
+        self.discriminator = seeded(ctx.config.seed, self._build_discriminator, "discriminator-init")
+        self.uploaded = torch.zeros(0, dtype=torch.int64)  # training indices of the masks sent (query.masks)
+        self.features: nn.Module | None = None  # T_k's frozen encoder, for the perceptual term
         self.d_optimizer = torch.optim.Adam(
             self.discriminator.parameters(), lr=self.options.lr_discriminator, betas=(0.5, 0.999)
         )
@@ -105,6 +107,23 @@ class FedIODClient(ClientLogic):
         self.student_specs = state_specs(self.student.state_dict())
         self.budget = ClientBudget(self.options.dp, ctx.client_id) if self.options.dp_enabled else None
 
+    def _build_discriminator(self) -> nn.Module:
+        options, info = self.options, self.ctx.info
+        if self.view.conditional:
+            return build_conditional_discriminator(
+                info,
+                self.view.condition_classes,
+                width=options.discriminator_width,
+                layers=options.discriminator_layers,
+            )
+        return build_discriminator(info, width=options.discriminator_width)
+
+    def _judge(self, x: torch.Tensor, masks: torch.Tensor | None) -> torch.Tensor:
+        """D_k's patch logits of images (with their masks for a conditional D_k)."""
+        if masks is None:
+            return self.discriminator(x)
+        return self.discriminator(self.view.one_hot(masks), x)
+
     # --- stage 1 -------------------------------------------------------------------------------
     @handles("train")
     def train(self, message: Message) -> Message:
@@ -114,41 +133,71 @@ class FedIODClient(ClientLogic):
         for p in self.teacher.parameters():
             p.requires_grad_(False)
         metrics["num_samples"] = len(self.ctx.train)
-        val = evaluate_model(self.teacher, self.ctx.val, self.ctx.info)
-        metrics["teacher_val_accuracy"] = val["accuracy"] if val["count"] else -1.0
+        headline = self.view.task.headline
+        val = evaluate_model(self.teacher, self.ctx.val, self.ctx.info, task=self.view.task)
+        metrics[f"teacher_val_{headline}"] = val[headline] if val["count"] else -1.0
         arrays = {}
         if message.scalar("config", "send_label_counts", False):
-            counts = torch.bincount(self.ctx.train.y, minlength=self.ctx.info.num_classes)
-            arrays["label-statistics"] = {"class_counts": counts.to(torch.int64)}
+            arrays["label-statistics"] = {"class_counts": self.view.label_counts(self.ctx.train)}
         return Message.build("train", arrays=arrays, scalars={"metrics": metrics})
 
+    @handles("query.masks")
+    def masks(self, message: Message) -> Message:
+        """The label masks G is conditioned on (dense tasks, `mask_source = "clients"`): those of this
+        site's training samples in a seeded order, at most `limit` of them (0: all). The site keeps the
+        order, so a synthetic image can later be paired with the real image of its mask."""
+        limit = int(message.scalar("config", "limit", 0))
+        order = torch.randperm(
+            len(self.ctx.train),
+            generator=torch_generator(self.ctx.config.seed, "mask-upload", self.ctx.client_id),
+        )
+        self.uploaded = order[:limit] if limit else order
+        masks = self.view.condition_of(self.ctx.train.y[self.uploaded]).to(torch.uint8)
+        return Message.build("query.masks", arrays={"label-masks": {"masks": masks}})
+
     # --- stage 2: one G-step ---------------------------------------------------------------------
-    def _real_batch(self, step: int, size: int) -> torch.Tensor:
+    def _real_batch(self, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A batch of this site's images for D_k, with their masks when D_k is conditional."""
         generator = torch_generator(self.ctx.config.seed, "real-batch", self.ctx.client_id, step)
         n = len(self.ctx.train)
         index = torch.randperm(n, generator=generator)[: min(size, n)]
-        return to_float(self.ctx.train.x[index], self.ctx.info)
+        masks = self.view.condition_of(self.ctx.train.y[index]) if self.view.conditional else None
+        return to_float(self.ctx.train.x[index], self.ctx.info), masks
 
-    def _density_ratio(self, x: torch.Tensor) -> torch.Tensor:
-        """Eq. 8's D_k(x) / E[D_k(x')] for S-step inputs. D_k's BatchNorm runs on batch statistics;
-        its running statistics are scored on copies, so answering leaves the client state as it was."""
+    def _density_ratio(self, x: torch.Tensor, masks: torch.Tensor | None) -> torch.Tensor:
+        """Eq. 8's D_k(x) / E[D_k(x')] for S-step inputs (per pixel on dense tasks). D_k's BatchNorm runs
+        on batch statistics; its running statistics are scored on copies, so answering leaves the client
+        state as it was."""
         buffers = {name: b.clone() for name, b in self.discriminator.named_buffers()}
+        args = (x,) if masks is None else (self.view.one_hot(masks), x)
         with torch.no_grad():
             scores = functional_call(
-                self.discriminator, (dict(self.discriminator.named_parameters()), buffers), (x,)
+                self.discriminator, (dict(self.discriminator.named_parameters()), buffers), args
             )
-        return L.density_ratio(L.patch_scores(scores), self.real_mean)
+        return self.view.pixel_ratio(scores, self.real_mean)
+
+    def _masks(self, message: Message, name: str, batch: int) -> torch.Tensor | None:
+        """The conditioning masks of a batch of synthetic images (dense tasks), checked on receipt."""
+        if not self.view.conditional:
+            return None
+        size = self.ctx.info.image_size
+        expect_arrays(message, "label-masks", {name: ArraySpec("uint8", (batch, size, size))}, exact=False)
+        return message.tensor("label-masks", name).to(torch.int64)
 
     @handles("query.generate")
     def generate(self, message: Message) -> Message:
         inputs = message.arrays.get("synthetic-inputs", {})
         carried, mixture = "student_x" in inputs, "own" in inputs
         specs = {"x": self._input_spec()} | ({"student_x": self._input_spec()} if carried else {})
-        if mixture:  # per-client mixture: which of the batch's samples G drew for this site
-            specs["own"] = ArraySpec("float32", (self._batch_of(inputs),))
+        batch = self._batch_of(inputs)
+        if mixture:  # which of the batch's samples G drew for this site
+            specs["own"] = ArraySpec("float32", (batch,))
+            if "pair" in inputs:
+                specs["pair"] = ArraySpec("int64", (batch,))
         expect_arrays(message, "synthetic-inputs", specs)
         step = int(message.scalar("config", "step"))
         x = message.tensor("synthetic-inputs", "x")
+        masks = self._masks(message, "m", batch)
         own = message.tensor("synthetic-inputs", "own") > 0.5 if mixture else None
         dp_metrics: dict[str, float] = {}
         if self.budget is not None:  # the step's privacy first: a refused step touches no data
@@ -157,19 +206,23 @@ class FedIODClient(ClientLogic):
             except PrivacyBudgetExceeded as exc:
                 return refusal("query.generate", exc, self.budget.epsilon())
         # the previous step's S-step targets first: with D_k as it was before this step's D-step
-        student = (
-            self._student_answer(
-                message.tensor("synthetic-inputs", "student_x"), bool(message.scalar("config", "want_ratio"))
+        student = {}
+        if carried:
+            student_x = message.tensor("synthetic-inputs", "student_x")
+            student = self._student_answer(
+                student_x,
+                self._masks(message, "student_m", len(student_x)),
+                bool(message.scalar("config", "want_ratio")),
+                int(message.scalar("config", "student_index", 0)),
             )
-            if carried
-            else {}
-        )
-        # (1) D-step on (x, a batch of this site's data)
+        # (1) D-step on (x, a batch of this site's data); a conditional D_k judges (mask, image) pairs
         set_lr(self.d_optimizer, float(message.scalar("config", "lr_discriminator")))
-        real = self._real_batch(step, x.shape[0])
-        real_logits = self.discriminator(real)
-        fake = x if own is None or not bool(own.any()) else x[own]
-        d_loss = L.discriminator_loss(real_logits, self.discriminator(fake))
+        real, real_masks = self._real_batch(step, x.shape[0])
+        real_logits = self._judge(real, real_masks)
+        mine = slice(None) if own is None or not bool(own.any()) else own
+        d_loss = L.discriminator_loss(
+            real_logits, self._judge(x[mine], None if masks is None else masks[mine])
+        )
         self.d_optimizer.zero_grad(set_to_none=True)
         d_loss.backward()
         self.d_optimizer.step()
@@ -179,14 +232,18 @@ class FedIODClient(ClientLogic):
         self.pending_inputs = {
             "x": x.detach().clone(),
             "step": step,
+            "index": int(message.scalar("config", "index", 0)),
             **{key: message.scalar("config", key) for key in ("c_gan", "c_conf", "tau", "gan_loss")},
             "c_bn": float(message.scalar("config", "c_bn", 0.0)),
+            "c_perceptual": float(message.scalar("config", "c_perceptual", 0.0)),
             **({"own": own.clone()} if own is not None else {}),
+            **({"masks": masks.clone()} if masks is not None else {}),
+            **({"pair": message.tensor("synthetic-inputs", "pair").clone()} if "pair" in inputs else {}),
         }
         x, logits, fake_logits, local, gan, conf = self._local_terms(self.pending_inputs)
         # keep the graph: query.backprop differentiates the local terms and the server's terms together
         self.pending = (x, logits, local)
-        ratio = L.density_ratio(L.patch_scores(fake_logits.detach()), self.real_mean)
+        ratio = self.view.pixel_ratio(fake_logits.detach(), self.real_mean)
         arrays: dict[str, dict[str, torch.Tensor]] = {
             "logits": {"z": logits.detach()},
             "discriminator-outputs": {"ratio": ratio},
@@ -211,22 +268,37 @@ class FedIODClient(ClientLogic):
         return {"epsilon": epsilon, "noise_multiplier": noise}
 
     def _local_terms(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, ...]:
-        """pi_k L_gan^k + pi_k H(T_k(x)) (+ pi_k w_bn L_bn(T_k, x)) on the current D_k, with the graph
-        back to x."""
+        """pi_k L_gan^k + pi_k H(T_k(x)) (+ pi_k w_bn L_bn(T_k, x), + pi_k w_perc L_perc) on the current
+        D_k, with the graph back to x. On dense tasks H is the mean per-pixel entropy."""
         x = inputs["x"].clone().requires_grad_(True)
         c_bn = float(inputs.get("c_bn", 0.0))
-        own = inputs.get("own")  # per-client mixture: this site's terms see its own samples only
+        own, masks = inputs.get("own"), inputs.get("masks")  # a site's terms see its own samples only
         rows = own if own is not None and bool(own.any()) else None
-        with batchnorm_statistics_loss(self.teacher if c_bn else nn.Identity(), rows) as bn_terms:
-            logits = self.teacher(x)
-        fake_logits = self.discriminator(x)
         mine = slice(None) if rows is None else rows
+        with batchnorm_statistics_loss(self.teacher if c_bn else nn.Identity(), rows) as bn_terms:
+            logits = self.teacher(self.view.model_input(x, int(inputs.get("index", 0))))
+        fake_logits = self._judge(x, masks)
         gan = L.generator_gan_loss(fake_logits[mine], mode=str(inputs["gan_loss"]))
-        conf = L.entropy(logits[mine], float(inputs["tau"])).mean()
+        conf = L.entropy(self.view.rows(logits[mine]), float(inputs["tau"])).mean()
         local = float(inputs["c_gan"]) * gan + float(inputs["c_conf"]) * conf
         if bn_terms:
             local = local + c_bn * torch.stack(bn_terms).sum()
+        c_perceptual = float(inputs.get("c_perceptual", 0.0))
+        if c_perceptual and "pair" in inputs:
+            local = local + c_perceptual * self._perceptual(x, inputs["pair"])
         return x, logits, fake_logits, local, gan, conf
+
+    def _perceptual(self, x: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
+        """Johnson et al.'s perceptual loss between each own synthetic image and the real image of the mask
+        it was drawn from, on features of this site's own T_k encoder (nothing new leaves the site)."""
+        paired = pair >= 0
+        if not bool(paired.any()):
+            return torch.zeros(())
+        if self.features is None:
+            self.features = encoder_features(self.teacher)
+        index = self.uploaded[pair[paired]]
+        real = to_float(self.ctx.train.x[index], self.ctx.info)
+        return PerceptualLoss(self.features)(x[paired], real)
 
     @handles("query.backprop")
     def backprop(self, message: Message) -> Message:
@@ -255,17 +327,23 @@ class FedIODClient(ClientLogic):
     @handles("query.student", read_only=True)
     def student_targets(self, message: Message) -> Message:
         expect_arrays(message, "synthetic-inputs", {"x": self._input_spec()})
+        x = message.tensor("synthetic-inputs", "x")
         answer = self._student_answer(
-            message.tensor("synthetic-inputs", "x"), bool(message.scalar("config", "want_ratio", False))
+            x,
+            self._masks(message, "m", len(x)),
+            bool(message.scalar("config", "want_ratio", False)),
+            int(message.scalar("config", "index", 0)),
         )
         return Message.build("query.student", arrays=answer)
 
-    def _student_answer(self, x: torch.Tensor, want_ratio: bool) -> dict[str, dict[str, torch.Tensor]]:
+    def _student_answer(
+        self, x: torch.Tensor, masks: torch.Tensor | None, want_ratio: bool, index: int
+    ) -> dict[str, dict[str, torch.Tensor]]:
         with torch.no_grad():
-            logits = self.teacher(x)
+            logits = self.teacher(self.view.model_input(x, index))
         arrays: dict[str, dict[str, torch.Tensor]] = {"logits": {"z": logits}}
         if want_ratio:
-            arrays["discriminator-outputs"] = {"ratio": self._density_ratio(x)}
+            arrays["discriminator-outputs"] = {"ratio": self._density_ratio(x, masks)}
         return arrays
 
     # --- evaluation ------------------------------------------------------------------------------
@@ -273,12 +351,13 @@ class FedIODClient(ClientLogic):
     def evaluate_student(self, message: Message) -> Message:
         expect_arrays(message, "parameters", self.student_specs)
         self.student.load_state_dict(message.tensors("parameters"))
-        val = evaluate_model(self.student, self.ctx.val, self.ctx.info)
+        headline = self.view.task.headline
+        val = evaluate_model(self.student, self.ctx.val, self.ctx.info, task=self.view.task)
         return Message.build(
             "evaluate.student",
             scalars={
                 "metrics": {
-                    "val_accuracy": val["accuracy"] if val["count"] else 0.0,
+                    f"val_{headline}": val[headline] if val["count"] else 0.0,
                     "val_count": val["count"],
                 }
             },
@@ -288,10 +367,15 @@ class FedIODClient(ClientLogic):
     def evaluate_teacher(self, message: Message) -> Message:
         """Evaluation only (not part of the protocol): the teacher's logits on the shared test set,
         so the report can state the standalone accuracies and the ensemble's one-shot ceiling."""
-        x = to_float(self.ctx.global_test.x, self.ctx.info)
-        with torch.no_grad():
-            logits = torch.cat([self.teacher(chunk) for chunk in x.split(512)])
-        return Message.build("evaluate.teachers", arrays={"logits": {"z": logits}})
+        if not self.view.dense:
+            x = to_float(self.ctx.global_test.x, self.ctx.info)
+            with torch.no_grad():
+                logits = torch.cat([self.teacher(chunk) for chunk in x.split(512)])
+            return Message.build("evaluate.teachers", arrays={"logits": {"z": logits}})
+        samples = int(message.scalar("config", "samples", len(self.ctx.global_test)))
+        test = self.ctx.global_test.subset(torch.arange(samples))
+        outputs = self.view.task.outputs(self.teacher, test, self.ctx.info)
+        return Message.build("evaluate.teachers", arrays={"logits": {"z": outputs}})
 
     @staticmethod
     def _batch_of(inputs: dict[str, Any]) -> int:
@@ -309,6 +393,7 @@ class FedIODClient(ClientLogic):
             "d_optimizer": self.d_optimizer.state_dict(),
             "real_mean": self.real_mean,
             "pending": dict(self.pending_inputs),  # between query.generate and query.backprop
+            "uploaded": self.uploaded,
             **({"dp": self.budget.state_dict()} if self.budget is not None else {}),
         }
 
@@ -321,5 +406,6 @@ class FedIODClient(ClientLogic):
         self.d_optimizer.load_state_dict(state["d_optimizer"])
         self.real_mean = float(state["real_mean"])
         self.pending, self.pending_inputs = None, dict(state.get("pending") or {})
+        self.uploaded = state.get("uploaded", torch.zeros(0, dtype=torch.int64))
         if self.budget is not None and "dp" in state:
             self.budget.load_state_dict(state["dp"])

@@ -102,6 +102,17 @@ class FedIODOptions(DPOptions):
     # mixture approximates the union of the sites' data, sum_k pi_k P_k. Every teacher still labels every
     # sample. Each client receives which samples are its own (a 0/1 vector); nothing else changes.
     generator_mixture: str = "shared"
+    # Dense tasks (segmentation, reconstruction; see task_view.py): G is pix2pix's ResNet generator on the
+    # one-hot label mask (plus `noise_channels` of seeded noise), D_k the conditional PatchGAN.
+    mask_source: str = "clients"  # clients (AsynDGAN and the paper: masks cross, kind label-masks) | prior
+    mask_pool: int = 0  # masks a site uploads once (0: all of its training masks)
+    generator_blocks: int = 9  # ResNet blocks of the conditional G (the paper's 9)
+    noise_channels: int = 2  # noise next to the one-hot mask (pix2pix's dropout noise is not seeded)
+    discriminator_layers: int = 3  # the 70 x 70 PatchGAN
+    # the perceptual term the paper adds to L_gan (Johnson et al.): features of the site's own T_k
+    # encoder, between G(m) and the real image of m, so only with masks the site uploaded
+    w_perceptual: float = 1.0
+    reference_samples: int = 0  # test samples the ensemble ceiling is measured on (0: all)
 
     def validate(self) -> None:
         self.validate_dp()
@@ -119,6 +130,7 @@ class FedIODOptions(DPOptions):
             "dp_accounting": DP_ACCOUNTINGS,
             "teacher_logits": TEACHER_LOGITS,
             "generator_mixture": ("shared", "per-client"),
+            "mask_source": ("clients", "prior"),
         }
         check_choices("fediod", self, choices)
         if self.selection == "best-on-test" and self.preset != "official-code":
@@ -138,13 +150,24 @@ class FedIODOptions(DPOptions):
             "student_steps",
             "latent_dim",
             "generator_width",
+            "generator_blocks",
+            "discriminator_layers",
         ):
             if getattr(self, key) < 1:
                 raise ConfigError(f"fediod.{key} must be >= 1")
         for key in ("lr_generator", "lr_discriminator", "lr_student", "tau"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"fediod.{key} must be > 0")
-        for key in ("w_bn", "pool_size", "pool_steps", "collapse_patience"):
+        for key in (
+            "w_bn",
+            "pool_size",
+            "pool_steps",
+            "collapse_patience",
+            "mask_pool",
+            "noise_channels",
+            "w_perceptual",
+            "reference_samples",
+        ):
             if getattr(self, key) < 0:
                 raise ConfigError(f"fediod.{key} must be >= 0")
         if self.pool_steps and not self.pool_size:

@@ -21,6 +21,7 @@ from fedistill.algorithms.base import (
     StopRun,
     clone_state,
 )
+from fedistill.algorithms.fediod import draws
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import calibrated
 from fedistill.algorithms.fediod.options import (
@@ -28,14 +29,17 @@ from fedistill.algorithms.fediod.options import (
     resolve_options,
     set_lr,
 )
+from fedistill.algorithms.fediod.reference import teacher_report, upload_masks
 from fedistill.algorithms.fediod.student import StudentSteps
+from fedistill.algorithms.fediod.task_view import TaskView
 from fedistill.algorithms.synthetic_pool import SyntheticPool
-from fedistill.algorithms.training import new_model
+from fedistill.algorithms.training import new_model, task_of
 from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import ArraySpec, Message
 from fedistill.federation.reply_spec import TRAIN_METRICS, ReplySpec
 from fedistill.models.generator import build_generator
+from fedistill.models.pix2pix import build_conditional_generator
 from fedistill.privacy.budget import (
     epsilon_summary,
     epsilons_of,
@@ -75,16 +79,8 @@ class FedIODServer(StudentSteps, ServerLogic):
                 "fediod.selection = 'validation' needs validation splits: set val_fraction > 0 "
                 "or fediod.selection = 'last'"
             )
-        self.generator = seeded(
-            config.seed,
-            lambda: build_generator(
-                info,
-                latent_dim=options.latent_dim,
-                width=options.generator_width,
-                condition_dim=ctx.num_clients if options.generator_mixture == "per-client" else 0,
-            ),
-            "generator-init",
-        )
+        self.view = TaskView(task_of(config, info), info, config.seed)
+        self.generator = seeded(config.seed, self._build_generator, "generator-init")
         self.student = new_model(config, info, options.student or config.model)
         self.g_optimizer = torch.optim.Adam(
             self.generator.parameters(), lr=options.lr_generator, betas=(0.5, 0.999)
@@ -105,6 +101,9 @@ class FedIODServer(StudentSteps, ServerLogic):
         self.epsilons: dict[int, float] = {}  # each client's latest reported epsilon (DP runs)
         self.pool = SyntheticPool(options.pool_size)
         self.collapsed_epochs = 0  # epochs in a row with a collapsed G (`collapse_patience`)
+        self.mask_pools: list[
+            torch.Tensor
+        ] = []  # each site's uploaded masks (dense tasks, mask_source clients)
         if options.dp_enabled:
             log.info(
                 "FedIOD with DP: input-gradients clipped to %g, accounting %r at delta %g; logits, density "
@@ -114,16 +113,39 @@ class FedIODServer(StudentSteps, ServerLogic):
                 options.dp_delta,
             )
 
+    @property
+    def _teacher_val_metric(self) -> str:
+        return f"teacher_val_{self.view.task.headline}"
+
+    def _build_generator(self) -> nn.Module:
+        options, info = self.options, self.ctx.info
+        if self.view.conditional:
+            return build_conditional_generator(
+                info,
+                self.view.condition_classes,
+                noise_channels=options.noise_channels,
+                width=options.generator_width,
+                blocks=options.generator_blocks,
+                dropout=False,  # pix2pix's dropout noise would come from torch's global stream
+            )
+        mixture = options.generator_mixture == "per-client"
+        return build_generator(
+            info,
+            latent_dim=options.latent_dim,
+            width=options.generator_width,
+            condition_dim=self.ctx.num_clients if mixture else 0,
+        )
+
     # --- stage 1 ---------------------------------------------------------------------------------
     def setup(self, fleet: Fleet) -> None:
         config, options = self.ctx.config, self.options
         request = Message.build(
             "train", scalars={"config": {"send_label_counts": options.needs_label_counts}}
         )
-        counts_spec = {"class_counts": ArraySpec("int64", (self.ctx.info.num_classes,))}
+        counts_spec = {"class_counts": ArraySpec("int64", (self.view.outputs,))}
         expect = ReplySpec(
             {"label-statistics": counts_spec} if options.needs_label_counts else {},
-            (*TRAIN_METRICS, "teacher_val_accuracy"),
+            (*TRAIN_METRICS, self._teacher_val_metric),
         )
         replies = successful(
             fleet.broadcast(request, timeout=config.timeout or None, expect=expect),
@@ -141,7 +163,7 @@ class FedIODServer(StudentSteps, ServerLogic):
             clients,
             sizes,
             counts,
-            {c: float(replies[c].scalar("metrics", "teacher_val_accuracy")) for c in clients},
+            {c: float(replies[c].scalar("metrics", self._teacher_val_metric)) for c in clients},
         )
         per_client = [math.ceil(float(s) / options.synthetic_batch_size) for s in sizes]
         if options.iters_per_epoch == "max":
@@ -150,7 +172,9 @@ class FedIODServer(StudentSteps, ServerLogic):
             self.iters = min(per_client)
         else:
             self.iters = int(options.iters_per_epoch)
-        self.reference = self._teacher_report(fleet)
+        self.reference = teacher_report(self, fleet)
+        if self.view.conditional and options.mask_source == "clients":
+            self.mask_pools = upload_masks(self, fleet)
         # how many teachers came from their site's stage-1 cache (algorithms/stage1.py) instead of training
         self.reference["teachers_from_cache"] = float(
             sum(float(replies[c].scalar("metrics", "stage1_cached", 0.0)) for c in clients)
@@ -161,41 +185,6 @@ class FedIODServer(StudentSteps, ServerLogic):
             self.iters,
             self.reference,
         )
-
-    def _teacher_report(self, fleet: Fleet) -> dict[str, float]:
-        """Standalone accuracies and the ensemble's accuracy (the one-shot ceiling), evaluation only."""
-        assert self.federation is not None
-        n, c = len(self._test_labels()), self.ctx.info.num_classes
-        expect = ReplySpec({"logits": {"z": ArraySpec("float32", (n, c))}})
-        replies = successful(
-            fleet.broadcast(Message.build("evaluate.teachers"), self.federation.clients, expect=expect),
-            what="teacher logits",
-        )
-        clients = sorted(replies)
-        raw = torch.stack([replies[c].tensor("logits", "z") for c in clients])  # (K, N, C)
-        logits = calibrated(raw, self.options.teacher_logits)
-        labels = self._test_labels()
-        acc = (raw.argmax(-1) == labels).float().mean(1)
-        pi = self.federation.pi(clients)
-        share = self.federation.share(clients, self.ctx.info.num_classes)
-        shares = share[:, None, :].expand_as(logits)
-        report = {
-            "teacher_mean_accuracy": float(acc.mean()),
-            "teacher_std_accuracy": float(acc.std(unbiased=False)),
-            "ensemble_accuracy": float(
-                (L.ensemble_logits(logits, shares).argmax(-1) == labels).float().mean()
-            ),
-            "ensemble_uniform_accuracy": float((logits.mean(0).argmax(-1) == labels).float().mean()),
-            "ensemble_pi_accuracy": float(
-                ((pi[:, None, None] * logits).sum(0).argmax(-1) == labels).float().mean()
-            ),
-        }
-        return report
-
-    def _test_labels(self) -> torch.Tensor:
-        if self.ctx.test_labels is None:
-            raise FederationError("FedIOD's teacher report needs the evaluation harness's test labels")
-        return self.ctx.test_labels
 
     # --- stage 2 ---------------------------------------------------------------------------------
     @property
@@ -209,25 +198,30 @@ class FedIODServer(StudentSteps, ServerLogic):
             for b in (o.lr_generator, o.lr_discriminator, o.lr_student)
         )  # type: ignore[return-value]
 
-    def _latent(self, batch: int, rng: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """G's input for `batch` samples and, with the per-client mixture, each sample's site (its
-        position among the federation's clients): a share pi_k of the batch for site k, at least one
-        sample each when the batch has room, and the site's one-hot appended to z."""
-        z = self.generator.sample_latent(batch, rng)
-        if self.options.generator_mixture != "per-client":
-            return z, None
+    def _draw(self, batch: int, rng: torch.Generator) -> draws.Draw:
+        """What G draws `batch` samples from (see draws.py)."""
         assert self.federation is not None
         pi = self.federation.pi(self.federation.clients)
-        k = len(pi)
-        floor = 1 if batch >= k else 0
-        quota = pi.double() * (batch - floor * k)
-        counts = quota.floor().long() + floor
-        extra = batch - int(counts.sum())
-        if extra > 0:  # largest remainders first
-            counts[torch.argsort(quota - quota.floor(), descending=True, stable=True)[:extra]] += 1
-        owner = torch.repeat_interleave(torch.arange(k), counts)
-        onehot = torch.nn.functional.one_hot(owner, self.generator.condition_dim).to(z)
-        return torch.cat([z, onehot], 1), owner
+        if not self.view.conditional:
+            z = self.generator.sample_latent(batch, rng)
+            if self.options.generator_mixture != "per-client":
+                return draws.Draw(z, None)
+            owner = draws.owners(pi, batch)
+            onehot = torch.nn.functional.one_hot(owner, self.generator.condition_dim).to(z)
+            return draws.Draw(torch.cat([z, onehot], 1), owner)
+        owner = draws.owners(pi, batch)
+        if self.mask_pools:
+            masks, pair = draws.from_uploads(self.mask_pools, owner, rng)
+        else:
+            masks, pair = draws.prior_masks(self.view, batch, rng), torch.full((batch,), -1)
+        return draws.Draw(self.view.one_hot(masks), owner, masks, pair)
+
+    def _generate(self, draw: draws.Draw, rng: torch.Generator) -> torch.Tensor:
+        """G's images for a draw (noise channels of conditional G from `rng`)."""
+        if not self.view.conditional:
+            return self.generator(draw.latent)
+        noise = self.generator.sample_noise(draw.latent, rng) if self.generator.noise_channels else None
+        return self.generator(draw.latent, noise)
 
     def _weights(self, logits: torch.Tensor, ratio: torch.Tensor | None, clients: list[int]) -> torch.Tensor:
         assert self.federation is not None
@@ -286,21 +280,34 @@ class FedIODServer(StudentSteps, ServerLogic):
         gan_weight = pi_all if options.gan_weighting == "pi" else torch.full_like(pi_all, 1.0 / len(clients))
         latent_gen = torch_generator(config.seed, "latent", self.step)
         self.generator.train()
-        latent, owner = self._latent(options.synthetic_batch_size, latent_gen)
-        x = self.generator(latent)
+        draw = self._draw(options.synthetic_batch_size, latent_gen)
+        x = self._generate(draw, latent_gen)
         carried = self.carried
-        inputs = {"x": x.detach()} if carried is None else {"x": x.detach(), "student_x": carried[0]}
+        inputs = {"x": x.detach()} if carried is None else {"x": x.detach(), "student_x": carried.x}
+        masks = {} if draw.masks is None else {"m": draw.masks.to(torch.uint8)}
+        if carried is not None and carried.masks is not None:
+            masks["student_m"] = carried.masks.to(torch.uint8)
 
-        def own(i: int) -> dict[str, torch.Tensor]:  # per-client mixture: which samples are site i's
-            return {} if owner is None else {"own": (owner == i).to(torch.float32)}
+        def own(i: int) -> dict[str, torch.Tensor]:  # which samples are site i's (mixture, masks)
+            if draw.owner is None:
+                return {}
+            mine = {"own": (draw.owner == i).to(torch.float32)}
+            if draw.pair is not None and self.mask_pools:  # the uploaded mask each own sample came from
+                mine["pair"] = torch.where(draw.owner == i, draw.pair, torch.full_like(draw.pair, -1))
+            return mine
+
+        def arrays(i: int) -> dict[str, dict[str, torch.Tensor]]:
+            return {"synthetic-inputs": inputs | own(i)} | ({"label-masks": masks} if masks else {})
 
         requests = {
             cid: Message.build(
                 "query.generate",
-                arrays={"synthetic-inputs": inputs | own(i)},
+                arrays=arrays(i),
                 scalars={
                     "config": {
                         **({"want_ratio": self._want_ratio()} if carried is not None else {}),
+                        **({"student_index": carried.index} if carried is not None else {}),
+                        "index": self._mask_index(self.step, 0),
                         "step": self.step,
                         "lr_discriminator": lr_d,
                         "c_gan": options.w_gan * float(gan_weight[i]),
@@ -308,6 +315,11 @@ class FedIODServer(StudentSteps, ServerLogic):
                         "tau": options.tau,
                         "gan_loss": options.gan_loss,
                         **({"c_bn": options.w_bn * float(pi_all[i])} if options.w_bn else {}),
+                        **(
+                            {"c_perceptual": options.w_perceptual * float(pi_all[i])}
+                            if options.w_perceptual and self.mask_pools
+                            else {}
+                        ),
                         **({"total_steps": self.total_steps} if options.dp_enabled else {}),
                     }
                 },
@@ -315,13 +327,13 @@ class FedIODServer(StudentSteps, ServerLogic):
             for i, cid in enumerate(clients)
         }
         timeout = config.timeout or None
-        b, c = options.synthetic_batch_size, self.ctx.info.num_classes
-        logits_spec = {"z": ArraySpec("float32", (b, c))}
-        ratio_spec = {"ratio": ArraySpec("float32", (b,))}
+        b, view = options.synthetic_batch_size, self.view
+        logits_spec = {"z": ArraySpec("float32", view.output_shape(b))}
+        ratio_spec = {"ratio": ArraySpec("float32", view.ratio_shape(b))}
         if carried is not None:  # step t-1's S-step targets ride along
-            logits_spec["student_z"] = ArraySpec("float32", (len(carried[0]), c))
+            logits_spec["student_z"] = ArraySpec("float32", view.output_shape(len(carried.x)))
             if self._want_ratio():
-                ratio_spec["student_ratio"] = ArraySpec("float32", (len(carried[0]),))
+                ratio_spec["student_ratio"] = ArraySpec("float32", view.ratio_shape(len(carried.x)))
         expect = ReplySpec({"logits": logits_spec, "discriminator-outputs": ratio_spec})
         sent = fleet.send(requests, step=self.step, timeout=timeout, expect=expect)
         self.epsilons.update(epsilons_of(sent))
@@ -333,18 +345,21 @@ class FedIODServer(StudentSteps, ServerLogic):
         pi = self.federation.pi(answered)
         s_losses = []
         if carried is not None:  # step t-1's S-steps, at its learning rate, before this step's L_mimic
-            set_lr(self.s_optimizer, carried[1])
-            s_losses.append(self._student_update(carried[0], replies, "student_z", "student_ratio"))
+            set_lr(self.s_optimizer, carried.lr)
+            s_losses.append(self._student_update(carried, replies, "student_z", "student_ratio"))
             set_lr(self.s_optimizer, lr_s)
             self.carried = None
         raw = torch.stack([replies[cid].tensor("logits", "z") for cid in answered]).requires_grad_(True)
-        logits = calibrated(raw, options.teacher_logits)  # the gradient still goes to what clients sent
+        # the gradient still goes to what clients sent; dense outputs become one row per pixel
+        logits = calibrated(view.stacked_rows(raw), options.teacher_logits)
         ratio = torch.stack([replies[cid].tensor("discriminator-outputs", "ratio") for cid in answered])
+        ratio = ratio.reshape(len(answered), -1)
         x_server = x.detach().requires_grad_(True)
         weights = self._weights(logits.detach(), ratio, answered)
         self.student.train()
         ensemble = L.ensemble_logits(logits, weights)
-        mimic = L.mimic_loss(self.student(x_server), ensemble, mode=options.mimic, tau=options.tau)
+        student_out = view.rows(self.student(view.model_input(x_server, self._mask_index(self.step, 0))))
+        mimic = L.mimic_loss(student_out, ensemble, mode=options.mimic, tau=options.tau)
         server_loss = -options.w_adv * mimic
         unique = torch.zeros(())
         if options.use_unique:
@@ -381,7 +396,7 @@ class FedIODServer(StudentSteps, ServerLogic):
         x.backward(total)
         self.g_optimizer.step()
         if options.merge_student_queries:
-            self.carried = (self._student_inputs(), lr_s)
+            self.carried = self._student_inputs(lr_s)
         else:
             s_losses.append(self._student_steps(fleet, answered))
         self.step += 1
@@ -401,6 +416,12 @@ class FedIODServer(StudentSteps, ServerLogic):
             "entropy": client_mean("entropy"),
         }
 
+    def _mask_index(self, step: int, offset: int) -> int:
+        """Where the undersampling masks of a batch start in the synthetic mask stream (reconstruction):
+        G-step `step`'s batch at offset 0, its S-step inputs after it."""
+        per_step = self.options.synthetic_batch_size * (1 + self.options.student_steps)
+        return step * per_step + offset
+
     def models(self) -> dict[str, nn.Module]:
         return {"student": self.student, "generator": self.generator}
 
@@ -419,6 +440,7 @@ class FedIODServer(StudentSteps, ServerLogic):
             "epsilons": {str(k): v for k, v in self.epsilons.items()},
             "pool": self.pool.state_dict(),
             "collapsed_epochs": self.collapsed_epochs,
+            "mask_pools": {str(i): pool for i, pool in enumerate(self.mask_pools)},
             "federation": {
                 "clients": f.clients,
                 "sizes": f.sizes,
@@ -437,6 +459,8 @@ class FedIODServer(StudentSteps, ServerLogic):
         self.epsilons = {int(k): float(v) for k, v in state.get("epsilons", {}).items()}
         self.pool.load_state_dict(state.get("pool", {}))
         self.collapsed_epochs = int(state.get("collapsed_epochs", 0))
+        pools = state.get("mask_pools", {})
+        self.mask_pools = [pools[str(i)] for i in range(len(pools))]
         f = state["federation"]
         self.federation = Federation(
             list(f["clients"]), f["sizes"], f["counts"], {int(k): v for k, v in f["teacher_val"].items()}

@@ -6,6 +6,7 @@ pool, the grids of G's samples, and model selection on the clients' validation s
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,6 +19,7 @@ from fedistill.algorithms.fediod.calibration import calibrated
 from fedistill.algorithms.fediod.options import (
     set_lr,
 )
+from fedistill.algorithms.training import test_metrics
 from fedistill.errors import FederationError
 from fedistill.experiment.plots import plot_image_grid
 from fedistill.federation.fleet import Fleet, successful
@@ -29,31 +31,47 @@ from fedistill.seeding import torch_generator
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class StudentBatch:
+    """The inputs of one G-step's S-steps: G's images, their masks (dense tasks), the learning rate they
+    are taken at and where their undersampling masks start (reconstruction)."""
+
+    x: torch.Tensor
+    masks: torch.Tensor | None
+    lr: float
+    index: int
+
+
 class StudentSteps:
     """The S-steps of `FedIODServer` (the attributes they use are set up there)."""
 
     def _want_ratio(self) -> bool:
         return self.options.ensemble_weighting == "eq8"
 
-    def _student_inputs(self) -> torch.Tensor:
+    def _student_inputs(self, lr: float) -> StudentBatch:
         n, b = self.options.student_steps, self.options.synthetic_batch_size
         latent_gen = torch_generator(self.ctx.config.seed, "student-latent", self.step)
         with torch.no_grad():
-            return self.generator(self._latent(n * b, latent_gen)[0])
+            draw = self._draw(n * b, latent_gen)
+            x = self._generate(draw, latent_gen)
+        return StudentBatch(x, draw.masks, lr, self._mask_index(self.step, b))
 
-    def _student_steps(self, fleet: Fleet, clients: list[int], xs: torch.Tensor | None = None) -> float:
+    def _student_steps(self, fleet: Fleet, clients: list[int], batch: StudentBatch | None = None) -> float:
         """One `query.student` exchange for the S-steps' targets, then the S-steps."""
         config = self.ctx.config
-        xs = self._student_inputs() if xs is None else xs
+        batch = self._student_inputs(self.s_optimizer.param_groups[0]["lr"]) if batch is None else batch
+        xs = batch.x
+        arrays_down = {"synthetic-inputs": {"x": xs}}
+        if batch.masks is not None:
+            arrays_down["label-masks"] = {"m": batch.masks.to(torch.uint8)}
         request = Message.build(
             "query.student",
-            arrays={"synthetic-inputs": {"x": xs}},
-            scalars={"config": {"want_ratio": self._want_ratio()}},
+            arrays=arrays_down,
+            scalars={"config": {"want_ratio": self._want_ratio(), "index": batch.index}},
         )
-        c = self.ctx.info.num_classes
-        arrays = {"logits": {"z": ArraySpec("float32", (len(xs), c))}}
+        arrays = {"logits": {"z": ArraySpec("float32", self.view.output_shape(len(xs)))}}
         if self._want_ratio():
-            arrays["discriminator-outputs"] = {"ratio": ArraySpec("float32", (len(xs),))}
+            arrays["discriminator-outputs"] = {"ratio": ArraySpec("float32", self.view.ratio_shape(len(xs)))}
         replies = successful(
             fleet.broadcast(
                 request, clients, step=self.step, timeout=config.timeout or None, expect=ReplySpec(arrays)
@@ -61,38 +79,45 @@ class StudentSteps:
             minimum=min(config.min_clients, len(clients)),
             what="student targets",
         )
-        return self._student_update(xs, replies, "z", "ratio")
+        return self._student_update(batch, replies, "z", "ratio")
 
     def _flush_student(self, fleet: Fleet) -> float:
         assert self.carried is not None and self.federation is not None
-        xs, lr = self.carried
+        batch = self.carried
         self.carried = None
-        set_lr(self.s_optimizer, lr)
-        return self._student_steps(fleet, self.federation.clients, xs)
+        set_lr(self.s_optimizer, batch.lr)
+        return self._student_steps(fleet, self.federation.clients, batch)
 
     def _student_update(
-        self, xs: torch.Tensor, replies: dict[int, Message], z_name: str, ratio_name: str
+        self, batch: StudentBatch, replies: dict[int, Message], z_name: str, ratio_name: str
     ) -> float:
-        """The S-steps on L_mimic against the weighted ensemble of the clients' logits on `xs`."""
-        options = self.options
+        """The S-steps on L_mimic against the weighted ensemble of the clients' outputs on the batch."""
+        options, view = self.options, self.view
         n, b = options.student_steps, options.synthetic_batch_size
         answered = sorted(replies)
-        logits = calibrated(
-            torch.stack([replies[cid].tensor("logits", z_name) for cid in answered]), options.teacher_logits
-        )
+        raw = torch.stack([replies[cid].tensor("logits", z_name) for cid in answered])
+        logits = calibrated(view.stacked_rows(raw), options.teacher_logits)
         ratio = (
             torch.stack([replies[cid].tensor("discriminator-outputs", ratio_name) for cid in answered])
             if self._want_ratio()
             else None
         )
+        if ratio is not None:
+            ratio = ratio.reshape(len(answered), -1)
         targets = L.ensemble_logits(logits, self._weights(logits, ratio, answered))
-        self.last_coverage = class_coverage(targets)
-        self.last_coverage["adapted_is"] = adapted_inception_score(logits)
+        if not view.dense:
+            self.last_coverage = class_coverage(targets)
+            self.last_coverage["adapted_is"] = adapted_inception_score(logits)
+        per_sample = targets.reshape(len(batch.x), -1, targets.shape[-1])  # (B, rows per sample, C)
+        inputs = view.model_input(batch.x, batch.index)
         self.student.train()
         losses = []
         for j in range(n):
             part = slice(j * b, (j + 1) * b)
-            loss = L.mimic_loss(self.student(xs[part]), targets[part], mode=options.mimic, tau=options.tau)
+            out = view.rows(self.student(inputs[part]))
+            loss = L.mimic_loss(
+                out, per_sample[part].reshape(-1, targets.shape[-1]), mode=options.mimic, tau=options.tau
+            )
             if not torch.isfinite(loss):
                 raise FederationError(
                     f"the student's loss is {float(loss)} at step {self.step}; lower fediod.lr_student"
@@ -102,18 +127,21 @@ class StudentSteps:
             self.s_optimizer.step()
             losses.append(loss.item())
         if options.pool_size:
-            self.pool.add(xs, targets)
+            self.pool.add(inputs, targets if not view.dense else per_sample)
             self._replay()
         return float(np.mean(losses))
 
     def _replay(self) -> None:
         """`pool_steps` S-steps on batches of earlier synthetic samples and their ensemble targets: the
         student keeps fitting what G has left behind while G moves on (no new query to any client)."""
-        options = self.options
+        options, view = self.options, self.view
         rng = torch_generator(self.ctx.config.seed, "pool", self.step)
         for _ in range(options.pool_steps):
             x, target = self.pool.sample(options.synthetic_batch_size, rng)
-            loss = L.mimic_loss(self.student(x), target, mode=options.mimic, tau=options.tau)
+            out = view.rows(self.student(x))
+            loss = L.mimic_loss(
+                out, target.reshape(-1, target.shape[-1]), mode=options.mimic, tau=options.tau
+            )
             self.s_optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.s_optimizer.step()
@@ -137,41 +165,57 @@ class StudentSteps:
         return None
 
     def _samples(self, epoch: int) -> None:
+        """A grid of G's samples; for a conditional G each sample under its conditioning mask (Figure 6)."""
         every = self.options.samples_every
         if not every or epoch % every or self.ctx.run_dir is None:
             return
+        rng = torch_generator(self.ctx.config.seed, "samples")
+        count = 8 if self.view.conditional else 32
         with torch.no_grad():
             self.generator.eval()
-            images = self.generator.forward_unit(
-                self._latent(32, torch_generator(self.ctx.config.seed, "samples"))[0]
-            )
+            draw = self._draw(count, rng)
+            if self.view.conditional:
+                noise = (
+                    self.generator.sample_noise(draw.latent, rng) if self.generator.noise_channels else None
+                )
+                images = self.generator.forward_unit(draw.latent, noise)
+            else:
+                images = self.generator.forward_unit(draw.latent)
             self.generator.train()
+        grid, labels = images.numpy(), None
+        if draw.masks is not None:  # masks above their images
+            masks = (draw.masks > 0).float()[:, None].expand(-1, images.shape[1], -1, -1).numpy()
+            grid = np.concatenate([masks, grid])
+            labels = ["mask"] * count + ["G(mask)"] * count
         plot_image_grid(
-            images.numpy(),
+            grid,
             self.ctx.run_dir / "plots" / f"synthetic_epoch_{epoch:04d}.png",
+            labels=labels,
+            columns=count if self.view.conditional else 8,
             title=f"G samples, epoch {epoch}",
         )
 
     # --- evaluation and model selection ----------------------------------------------------------
-
-    # --- evaluation and model selection ----------------------------------------------------------
     def evaluate(self, fleet: Fleet, round: int) -> dict[str, float]:
-        test = self.ctx.evaluate(self.student)
-        metrics = {"test_accuracy": test["accuracy"], "test_loss": test["loss"]}
+        test = test_metrics(self.ctx.evaluate(self.student))
+        headline = self.view.task.headline
+        metrics = {f"test_{headline}": test[f"test_{headline}"], "test_loss": test["test_loss"]}
+        if self.view.dense:
+            metrics = test
         selection = self.options.selection
         if selection == "validation":
             request = Message.build("evaluate.student", arrays={"parameters": self.student.state_dict()})
-            expect = ReplySpec(metrics=("val_accuracy", "val_count"))
+            expect = ReplySpec(metrics=(f"val_{headline}", "val_count"))
             replies = successful(
                 fleet.broadcast(request, timeout=self.ctx.config.timeout or None, expect=expect),
                 what="validation metrics",
             )
             counts = np.array([float(r.scalar("metrics", "val_count")) for r in replies.values()])
-            accs = np.array([float(r.scalar("metrics", "val_accuracy")) for r in replies.values()])
-            score = float(np.average(accs, weights=counts)) if counts.sum() > 0 else 0.0
-            metrics["val_accuracy"] = score
+            scores = np.array([float(r.scalar("metrics", f"val_{headline}")) for r in replies.values()])
+            score = float(np.average(scores, weights=counts)) if counts.sum() > 0 else 0.0
+            metrics[f"val_{headline}"] = score
         elif selection == "best-on-test":
-            score = test["accuracy"]
+            score = metrics[f"test_{headline}"]
         else:
             score = float(round)
         if score > self.best["score"]:
@@ -180,14 +224,13 @@ class StudentSteps:
 
     def final_evaluate(self, fleet: Fleet, last: dict[str, float]) -> dict[str, float]:
         final = dict(last)
+        headline = self.view.task.headline
         if self.best["state"] is not None:
             self.student.load_state_dict(self.best["state"])
-            test = self.ctx.evaluate(self.student)
-            final |= {
-                "test_accuracy": test["accuracy"],
-                "test_loss": test["loss"],
-                "selected_epoch": self.best["epoch"],
-            }
+            test = test_metrics(self.ctx.evaluate(self.student))
+            if not self.view.dense:
+                test = {key: test[key] for key in (f"test_{headline}", "test_loss")}
+            final |= test | {"selected_epoch": self.best["epoch"]}
         final["selection"] = {
             "validation": "best on the clients' validation splits",
             "last": "last epoch",
@@ -196,6 +239,6 @@ class StudentSteps:
         final |= self.reference
         if self.options.dp_enabled:
             final |= self._privacy_metrics() | {"dp_accounting": self.options.dp_accounting}
-        if self.reference.get("ensemble_accuracy"):
-            final["fraction_of_ensemble"] = final["test_accuracy"] / self.reference["ensemble_accuracy"]
+        if self.reference.get(f"ensemble_{headline}"):
+            final["fraction_of_ensemble"] = final[f"test_{headline}"] / self.reference[f"ensemble_{headline}"]
         return final

@@ -1,0 +1,112 @@
+"""What FedIOD's server learns once, after stage 1: the ensemble's ceiling and the sites' masks.
+
+The ceiling is evaluation only (`evaluate.teachers`: each site's outputs on the evaluation harness's
+test samples, scored by the harness): the teachers' standalone scores and their weighted ensemble's,
+which the student is measured against (`fraction_of_ensemble`). The masks are protocol: with
+`mask_source = "clients"` every site uploads the label masks of its training samples once
+(`query.masks`, kind `label-masks`), as AsynDGAN's and the paper's G is conditioned on them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from fedistill.algorithms.fediod import losses as L
+from fedistill.algorithms.fediod.calibration import calibrated
+from fedistill.errors import FederationError
+from fedistill.federation.fleet import Fleet, successful
+from fedistill.federation.messages import ArraySpec, Message
+from fedistill.federation.reply_spec import ReplySpec
+
+if TYPE_CHECKING:
+    from fedistill.algorithms.fediod.server import FedIODServer
+
+
+def teacher_report(server: FedIODServer, fleet: Fleet) -> dict[str, float]:
+    """Standalone scores and the ensemble's score (the one-shot ceiling), evaluation only."""
+    assert server.federation is not None
+    if not server.view.dense:
+        return _classification_report(server, fleet)
+    n = _reference_count(server)
+    shape = server.view.output_shape(n)
+    expect = ReplySpec({"logits": {"z": ArraySpec("float32", shape)}})
+    request = Message.build("evaluate.teachers", scalars={"config": {"samples": n}})
+    replies = successful(
+        fleet.broadcast(request, server.federation.clients, expect=expect), what="teacher outputs"
+    )
+    clients = sorted(replies)
+    raw = torch.stack([replies[c].tensor("logits", "z") for c in clients])  # (K, N, ...)
+    score = server.ctx.score
+    if score is None:
+        raise FederationError("FedIOD's teacher report needs the evaluation harness")
+    headline = server.view.task.headline
+    view = server.view
+    rows = calibrated(view.stacked_rows(raw), server.options.teacher_logits)
+    share = server.federation.share(clients, view.outputs)
+    ensemble = L.ensemble_logits(rows, share[:, None, :])
+    teachers = [score(raw[i])[headline] for i in range(len(clients))]
+    return {
+        f"teacher_mean_{headline}": float(torch.tensor(teachers).mean()),
+        f"teacher_std_{headline}": float(torch.tensor(teachers).std(unbiased=False)),
+        f"ensemble_{headline}": score(view.unrows(ensemble, raw.shape[1:]))[headline],
+        f"ensemble_uniform_{headline}": score(view.unrows(rows.mean(0), raw.shape[1:]))[headline],
+        "reference_samples": float(n),
+    }
+
+
+def _reference_count(server: FedIODServer) -> int:
+    labels = server.ctx.test_labels
+    if labels is None:
+        raise FederationError("FedIOD's teacher report needs the evaluation harness's test set")
+    limit = server.options.reference_samples
+    return len(labels) if not limit else min(limit, len(labels))
+
+
+def _classification_report(server: FedIODServer, fleet: Fleet) -> dict[str, float]:
+    assert server.federation is not None
+    labels = server.ctx.test_labels
+    if labels is None:
+        raise FederationError("FedIOD's teacher report needs the evaluation harness's test labels")
+    n, c = len(labels), server.ctx.info.num_classes
+    expect = ReplySpec({"logits": {"z": ArraySpec("float32", (n, c))}})
+    replies = successful(
+        fleet.broadcast(Message.build("evaluate.teachers"), server.federation.clients, expect=expect),
+        what="teacher logits",
+    )
+    clients = sorted(replies)
+    raw = torch.stack([replies[c].tensor("logits", "z") for c in clients])  # (K, N, C)
+    logits = calibrated(raw, server.options.teacher_logits)
+    acc = (raw.argmax(-1) == labels).float().mean(1)
+    pi = server.federation.pi(clients)
+    share = server.federation.share(clients, c)
+    shares = share[:, None, :].expand_as(logits)
+    return {
+        "teacher_mean_accuracy": float(acc.mean()),
+        "teacher_std_accuracy": float(acc.std(unbiased=False)),
+        "ensemble_accuracy": float((L.ensemble_logits(logits, shares).argmax(-1) == labels).float().mean()),
+        "ensemble_uniform_accuracy": float((logits.mean(0).argmax(-1) == labels).float().mean()),
+        "ensemble_pi_accuracy": float(
+            ((pi[:, None, None] * logits).sum(0).argmax(-1) == labels).float().mean()
+        ),
+    }
+
+
+def upload_masks(server: FedIODServer, fleet: Fleet) -> list[torch.Tensor]:
+    """Every site's uploaded label masks, in site order (`query.masks`, once)."""
+    assert server.federation is not None
+    size = server.ctx.info.image_size
+    request = Message.build("query.masks", scalars={"config": {"limit": server.options.mask_pool}})
+    expect = ReplySpec({"label-masks": {"masks": ArraySpec("uint8", (None, size, size))}})
+    config = server.ctx.config
+    replies = successful(
+        fleet.broadcast(request, server.federation.clients, timeout=config.timeout or None, expect=expect),
+        minimum=len(server.federation.clients),
+        what="label masks",
+    )
+    pools = [replies[c].tensor("label-masks", "masks").to(torch.int64) for c in server.federation.clients]
+    empty = [c for c, pool in zip(server.federation.clients, pools, strict=True) if len(pool) == 0]
+    if empty:
+        raise FederationError(f"client(s) {empty} uploaded no masks; G has nothing to draw for them")
+    return pools

@@ -1,0 +1,145 @@
+"""FedIOD on every task: what its models see of a synthetic image and how their outputs line up.
+
+Every FedIOD term (Eq. 3-10) is written for logits of shape (samples, classes). The dense tasks reuse
+them unchanged by treating each pixel as a sample:
+
+- segmentation: T_k and S return per-pixel logits (B, C, H, W); their rows are the B·H·W pixels, so
+  L_conf is the mean per-pixel entropy, L_unique the mean per-pixel JSD, and L_mimic the mean per-pixel
+  (logit) error. **Eq. 8 per pixel**: pi_hat_k^c(x, p) = s_k^c · D_k(m, x)[p] / E[D_k(m', x')], where
+  s_k^c = n_k^c / sum_j n_j^c counts *pixels* of class c at site k (the share of site k in what the
+  federation knows of class c), and D_k(m, x)[p] is the sigmoid of D_k's patch logit whose patch
+  covers pixel p (the patch map upsampled to the image, nearest), divided by its mean over site k's real
+  pairs. Normalised over k for every pixel and class, Eq. 9's ensemble A(x)[p] = sum_k pi_k(x, p) ⊙
+  z_k(x)[p] weighs, at every pixel, the sites that know that class and judge that region realistic.
+- reconstruction: T_k and S return images (B, 1, H, W), one row per pixel with one "logit"; the share
+  is the site's share of all training slices (there are no classes), so pi_k(x, p) ∝ pi_k · D_k ratio
+  at p. Entropy and JSD are defined on probabilities, which an image output does not have: with one
+  column both vanish, so L_conf and L_unique are 0 and G's signal is realism (D_k), the batch-norm term
+  and L_mimic's hardness. T_k and S see the zero-filled image of an undersampled k-space of G's image;
+  the masks are drawn from a seeded stream both sides know, so the server sends only G's image.
+
+The dense tasks condition G on a label mask (segmentation) or the brain's foreground mask
+(reconstruction): G(one-hot m [, noise]) draws the image, and D_k judges (m, x) pairs. Which site a
+sample is for follows its mask: masks a site uploaded are its own; masks from a server prior are dealt
+out in shares pi_k. Site k's L_gan, L_conf, batch-norm and perceptual terms cover its own samples only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from fedistill.data.base import DatasetInfo, ImageSet
+from fedistill.data.mri.masks import SliceMasks
+from fedistill.seeding import derive_seed
+from fedistill.tasks import Reconstruction, Task
+
+
+@dataclass(frozen=True)
+class TaskView:
+    task: Task
+    info: DatasetInfo
+    seed: int
+
+    @property
+    def dense(self) -> bool:
+        return self.task.target != "class index"
+
+    @property
+    def conditional(self) -> bool:
+        """Whether G is conditioned on a mask (the dense tasks) rather than drawn from noise alone."""
+        return self.dense
+
+    @property
+    def condition_classes(self) -> int:
+        """Channels of the one-hot condition: the mask's classes (instance maps: background, nucleus)."""
+        return 2 if self.task.target in ("instance map", "image") else self.info.num_classes
+
+    @property
+    def outputs(self) -> int:
+        """Columns of a row: classes (per image or per pixel), or 1 for an image output."""
+        return self.task.output_channels(self.info) if self.task.target != "image" else 1
+
+    def condition_of(self, targets: torch.Tensor) -> torch.Tensor:
+        """The mask G and D_k are conditioned on, from a site's stored targets (B, H, W): the class map,
+        the nuclei's foreground (instance ids > 0) or the brain's foreground."""
+        if self.task.target == "mask":
+            return targets
+        return (targets > 0).to(torch.int64)
+
+    def one_hot(self, masks: torch.Tensor) -> torch.Tensor:
+        """(B, H, W) int masks -> (B, classes, H, W) float."""
+        return F.one_hot(masks.long(), self.condition_classes).permute(0, 3, 1, 2).to(torch.float32)
+
+    def model_input(self, x: torch.Tensor, first_index: int) -> torch.Tensor:
+        """What T_k and S see of G's images x: x itself, or for reconstruction the zero-filled image of
+        its undersampled k-space, with masks for samples first_index, first_index + 1, ... of a seeded
+        stream both the server and the clients draw (the task's mask function and mode)."""
+        if not isinstance(self.task, Reconstruction):
+            return x
+        task = self.task
+        masks = SliceMasks(
+            task.masks.func, task.mask_mode, derive_seed(self.seed, "fediod-synthetic-masks") % (2**31)
+        )
+        index = torch.arange(x.shape[0]) + first_index  # a stream of its own seed, apart from data sets
+        mask = masks(index, x.shape[-1]).to(x.device)
+        from fedistill.data.mri.kspace import zero_filled
+
+        # G's images are normalised with the dataset's mean and std; reconstruction data have mean 0
+        # and std 1, so x is in [0, 1] and goes through the k-space as it is
+        return zero_filled(x, mask).to(x.dtype)
+
+    def rows(self, out: torch.Tensor) -> torch.Tensor:
+        """Outputs -> rows (samples, columns): (B, C) stays; (B, C, H, W) -> (B·H·W, C) pixel rows."""
+        if out.dim() == 2:
+            return out
+        return out.movedim(-3, -1).reshape(-1, out.shape[-3])
+
+    def unrows(self, rows: torch.Tensor, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
+        """The inverse of `rows` for outputs of `shape` (B, C) or (B, C, H, W)."""
+        if len(shape) == 2:
+            return rows
+        b, c, h, w = shape
+        return rows.reshape(b, h, w, c).movedim(-1, 1)
+
+    def stacked_rows(self, out: torch.Tensor) -> torch.Tensor:
+        """Teachers' outputs (K, B, ...) -> (K, rows, columns)."""
+        return torch.stack([self.rows(o) for o in out])
+
+    def pixel_rows(self, values: torch.Tensor) -> torch.Tensor:
+        """A per-sample (B,) or per-pixel (B, H, W) quantity -> one value per row."""
+        return values.reshape(-1)
+
+    def output_shape(self, batch: int) -> tuple[int, ...]:
+        """The shape of T_k's reply on a batch (what the server's ReplySpec expects)."""
+        if not self.dense:
+            return (batch, self.outputs)
+        s = self.info.image_size
+        return (batch, self.task.output_channels(self.info), s, s)
+
+    def ratio_shape(self, batch: int) -> tuple[int, ...]:
+        return (batch,) if not self.dense else (batch, self.info.image_size, self.info.image_size)
+
+    def label_counts(self, data: ImageSet) -> torch.Tensor:
+        """What Eq. 8's share counts at a site: images per class, pixels per class (segmentation; nuclei by
+        the task's pixel classes), or the number of slices (reconstruction: one column)."""
+        if not self.dense:
+            return torch.bincount(data.y, minlength=self.info.num_classes).to(torch.int64)
+        if self.task.target == "image":
+            return torch.tensor([len(data)], dtype=torch.int64)
+        classes = self.task.pixel_targets(data.y)  # type: ignore[attr-defined]
+        return torch.bincount(classes.reshape(-1), minlength=self.outputs).to(torch.int64)
+
+    def pixel_ratio(self, patch_logits: torch.Tensor, real_mean: float) -> torch.Tensor:
+        """Eq. 8's D_k ratio per pixel: sigmoid of each patch logit, upsampled (nearest) to the image,
+        over the mean score of the site's real pairs; (B,) for classification's per-sample ratio."""
+        if not self.dense:
+            from fedistill.algorithms.fediod.losses import density_ratio, patch_scores
+
+            return density_ratio(patch_scores(patch_logits), real_mean)
+        scores = torch.sigmoid(patch_logits.detach().float())
+        size = self.info.image_size
+        maps = F.interpolate(scores, size=(size, size), mode="nearest")[:, 0]
+        return maps / max(float(real_mean), 1e-8)
