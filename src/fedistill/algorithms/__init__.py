@@ -12,6 +12,7 @@ from fedistill.algorithms import (  # noqa: F401
     fedmd,
     fedmdcg,
     fedper,
+    flmrcm,
     lgfedavg,
     standalone,
 )

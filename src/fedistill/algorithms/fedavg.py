@@ -175,14 +175,7 @@ class FedAvgClient(ClientLogic):
         received = message.tensors("parameters")
         self.model.load_state_dict(received)
         generator = torch_generator(self.ctx.config.seed, "local-training", self.ctx.client_id, round)
-        metrics = train_local(
-            self.model,
-            self.ctx.train,
-            self.ctx.info,
-            self.training,
-            generator,
-            prox_mu=float(message.scalar("config", "prox_mu", 0.0)),
-        )
+        metrics = self.local_update(message, generator)
         metrics["num_samples"] = len(self.ctx.train)
         state = self.model.state_dict()
         if self.budget is not None:
@@ -195,6 +188,18 @@ class FedAvgClient(ClientLogic):
                 task, evaluate_model(self.model, self.ctx.test, self.ctx.info, task=task)
             )
         return Message.build("train", arrays={"parameters": state}, scalars={"metrics": metrics})
+
+    def local_update(self, message: Message, generator: torch.Generator) -> dict[str, float]:
+        """One round's training of `self.model`, which holds the received weights; variants that change
+        the local objective (FL-MRCM's alignment) override this and keep the rest of the round."""
+        return train_local(
+            self.model,
+            self.ctx.train,
+            self.ctx.info,
+            self.training,
+            generator,
+            prox_mu=float(message.scalar("config", "prox_mu", 0.0)),
+        )
 
     # --- differential privacy (module docstring) ---------------------------------------------------
     def _spend(self, round: int, *, enforce: bool) -> dict[str, float]:
@@ -280,6 +285,9 @@ class PrivacyReport:
 
 
 class FedAvgServer(ServerLogic):
+    #: Further metrics the clients may report, averaged (uniformly) over the replies that carry them.
+    reply_metrics: tuple[str, ...] = ()
+
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         self.options: FedAvgOptions = ctx.options
@@ -298,7 +306,7 @@ class FedAvgServer(ServerLogic):
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
         config = self.ctx.config
-        chosen = sample_clients(fleet.clients, config.fraction, config.seed, round)
+        chosen = self.participants(fleet, round)
         evaluate_local = round % config.eval_every == 0 or round == config.rounds
         request = Message.build(
             "train",
@@ -311,7 +319,8 @@ class FedAvgServer(ServerLogic):
         expect = ReplySpec(
             {"parameters": self.specs}, TRAIN_METRICS + ((local_name, local_count) if evaluate_local else ())
         )
-        sent = fleet.broadcast(request, chosen, timeout=config.timeout or None, expect=expect)
+        requests = self.requests(fleet, round, request, chosen)
+        sent = fleet.send(requests, timeout=config.timeout or None, expect=expect)
         self.privacy.check(sent, round)
         replies = successful(sent, minimum=min(config.min_clients, len(chosen)), what="trained parameters")
         states = [reply.tensors("parameters") for reply in replies.values()]
@@ -320,6 +329,7 @@ class FedAvgServer(ServerLogic):
         weights = [counts[i] if self.options.weighting == "samples" else 1.0 for i in kept]
         self._apply(average_states([states[i] for i in kept], weights))
         metrics = {"train_loss": mean_metric(replies, "train_loss", counts), "clients": len(replies)}
+        metrics |= {name: mean_metric(replies, name) for name in self.reply_metrics}
         if self.options.drop_worst:
             metrics["dropped"] = len(states) - len(kept)
         if evaluate_local:
@@ -329,6 +339,15 @@ class FedAvgServer(ServerLogic):
             self.last_local = {local_name: metrics[local_name]}
         self.privacy.rounds_done = round
         return metrics | self.privacy.metrics()
+
+    def participants(self, fleet: Fleet, round: int) -> list[int]:
+        """The clients that train this round: a seeded sample of `fraction` of them."""
+        config = self.ctx.config
+        return sample_clients(fleet.clients, config.fraction, config.seed, round)
+
+    def requests(self, fleet: Fleet, round: int, request: Message, chosen: list[int]) -> dict[int, Message]:
+        """What each chosen client is sent: the same training request (variants add to some of them)."""
+        return dict.fromkeys(chosen, request)
 
     def _drop_worst(self, states: list[dict[str, torch.Tensor]]) -> list[int]:
         """Indices of the received models that FedDF's drop-worst rule keeps (see drop_worst.py)."""

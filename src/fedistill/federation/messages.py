@@ -31,6 +31,7 @@ CONTENT_KINDS = frozenset(
         "public-data",  # inputs (and labels) of a public dataset, sent by the server
         "votes",  # quantised model outputs: one-hot votes or few-bit probabilities (PATE-style)
         "label-masks",  # per-pixel label masks (a site's private labels when it sends them)
+        "latent-features",  # a model's intermediate features of private inputs (FL-MRCM's target site)
         "metrics",  # evaluation or training numbers
         "config",  # instructions: round, learning rate, number of steps, ...
     }

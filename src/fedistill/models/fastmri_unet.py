@@ -23,6 +23,9 @@ halved; here both sides must be multiples of ``2^num_pool_layers`` and other siz
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -127,6 +130,19 @@ class FastMRIUnet(nn.Module):
         ):
             x = conv(torch.cat([transpose_conv(x), skip], dim=1))
         return x
+
+    @contextmanager
+    def bottleneck_features(self) -> Iterator[list[torch.Tensor]]:
+        """Within the block, every pass through the net (``forward`` or ``encode``) appends its bottleneck
+        features, (B, chans·2^num_pool_layers, H / 2^num_pool_layers, W / 2^num_pool_layers) and still in
+        the autograd graph, to the list it yields: FL-MRCM aligns them across sites while the outputs, the
+        parameter names and any wrapper (data consistency) stay as they are."""
+        captured: list[torch.Tensor] = []
+        handle = self.conv.register_forward_hook(lambda _module, _inputs, output: captured.append(output))
+        try:
+            yield captured
+        finally:
+            handle.remove()
 
     def encoder_module(self) -> nn.Module:
         """The down path as a module returning every level's features (shares this net's weights)."""
