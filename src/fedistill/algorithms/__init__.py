@@ -1,6 +1,7 @@
 """Algorithms: importing this package registers every one of them by name."""
 
 from fedistill.algorithms import (  # noqa: F401
+    asyndgan,
     coboosting,
     dense,
     fedavg,

@@ -66,6 +66,7 @@ from fedistill.algorithms.fediod.options import (
     teacher_name,
 )
 from fedistill.algorithms.fediod.task_view import TaskView
+from fedistill.algorithms.mask_upload import site_masks
 from fedistill.algorithms.stage1 import train_teacher
 from fedistill.algorithms.training import evaluate_model, new_model, task_of
 from fedistill.data.transforms import to_float
@@ -147,12 +148,7 @@ class FedIODClient(ClientLogic):
         site's training samples in a seeded order, at most `limit` of them (0: all). The site keeps the
         order, so a synthetic image can later be paired with the real image of its mask."""
         limit = int(message.scalar("config", "limit", 0))
-        order = torch.randperm(
-            len(self.ctx.train),
-            generator=torch_generator(self.ctx.config.seed, "mask-upload", self.ctx.client_id),
-        )
-        self.uploaded = order[:limit] if limit else order
-        masks = self.view.condition_of(self.ctx.train.y[self.uploaded]).to(torch.uint8)
+        self.uploaded, masks = site_masks(self.ctx, limit, self.view.condition_of)
         return Message.build("query.masks", arrays={"label-masks": {"masks": masks}})
 
     # --- stage 2: one G-step ---------------------------------------------------------------------

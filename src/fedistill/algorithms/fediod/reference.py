@@ -15,6 +15,7 @@ import torch
 
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import calibrated
+from fedistill.algorithms.mask_upload import collect_masks
 from fedistill.errors import FederationError
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import ArraySpec, Message
@@ -96,17 +97,11 @@ def _classification_report(server: FedIODServer, fleet: Fleet) -> dict[str, floa
 def upload_masks(server: FedIODServer, fleet: Fleet) -> list[torch.Tensor]:
     """Every site's uploaded label masks, in site order (`query.masks`, once)."""
     assert server.federation is not None
-    size = server.ctx.info.image_size
-    request = Message.build("query.masks", scalars={"config": {"limit": server.options.mask_pool}})
-    expect = ReplySpec({"label-masks": {"masks": ArraySpec("uint8", (None, size, size))}})
-    config = server.ctx.config
-    replies = successful(
-        fleet.broadcast(request, server.federation.clients, timeout=config.timeout or None, expect=expect),
-        minimum=len(server.federation.clients),
-        what="label masks",
+    pools, _ = collect_masks(
+        fleet,
+        server.federation.clients,
+        size=server.ctx.info.image_size,
+        limit=server.options.mask_pool,
+        timeout=server.ctx.config.timeout or None,
     )
-    pools = [replies[c].tensor("label-masks", "masks").to(torch.int64) for c in server.federation.clients]
-    empty = [c for c, pool in zip(server.federation.clients, pools, strict=True) if len(pool) == 0]
-    if empty:
-        raise FederationError(f"client(s) {empty} uploaded no masks; G has nothing to draw for them")
     return pools
