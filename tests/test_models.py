@@ -63,7 +63,8 @@ def test_registry_lists_every_model():
             "vgg9",
         ]
     )
-    assert model_names() == sorted([*model_names("classification"), "unet", "unet-chang", "unet-fastmri"])
+    dense = ["unet", "unet-chang", "unet-fastmri"]
+    assert model_names() == sorted([*model_names("classification"), *dense, "distilbert"])
 
 
 @pytest.mark.parametrize("info", INFOS, ids=lambda i: f"{i.name}-{i.image_size}")

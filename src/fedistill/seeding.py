@@ -7,7 +7,8 @@ lets a resumed run end exactly where an uninterrupted one does.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 import numpy as np
@@ -35,3 +36,13 @@ def seeded(seed: int, build: Callable[[], T], *purpose: object) -> T:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, *purpose))
         return build()
+
+
+@contextmanager
+def global_rng(seed: int) -> Iterator[None]:
+    """Torch's global CPU RNG seeded with `seed` inside the block and restored after it: for the draws a
+    model makes without a generator (dropout), so that they too follow the run's seed and a resumed
+    run draws what an uninterrupted one does."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield

@@ -127,8 +127,10 @@ class Algorithm:
     tasks: tuple[str, ...] = ("classification",)
 
 
-#: For `Algorithm.tasks`: every task there is.
+#: For `Algorithm.tasks`: every image task there is.
 ALL_TASKS = ("classification", "semantic-segmentation", "instance-segmentation", "reconstruction")
+#: Token-id inputs: for the methods that exchange only parameters or logits, never generated inputs.
+TEXT_TASKS = ("text-classification",)
 
 
 ALGORITHMS: dict[str, Algorithm] = {}

@@ -1,7 +1,7 @@
 """Unlabeled inputs for FedDF's server-side distillation: where the fusion data comes from.
 
 FedDF never needs labels on the server: the ensemble of client models labels whatever it is shown.
-Three sources, picked by `feddf.source`:
+Four sources, picked by `feddf.source`:
 
 - `noise`: Gaussian images min-max scaled to [0, 1], as the released code's `random_data` (the
   paper's worst case; needs no files, so it is the default).
@@ -10,9 +10,15 @@ Three sources, picked by `feddf.source`:
   are kept; the labels are dropped as soon as the dataset is loaded.
 - `generator:<path>`: samples of a frozen, pre-trained generator saved as safetensors (for example
   FedIOD's `models/generator.safetensors`). Its architecture is read from the weights themselves.
+- `holdout`: the inputs of the server's held-out split (`val_fraction` of the training set, drawn
+  before the partition, so no client trains on it), without their labels; the server keeps a share of
+  it labelled for validation (`split_holdout`). The paper's text experiments: half of AG News' or
+  SST-2's training set fine-tunes the clients, the other half is the unlabelled distillation text.
 
-Every source returns normalised float32 batches (B, C, H, W) with the federation's mean and std, so
-they go straight into the clients' models.
+Every image source returns normalised float32 batches (B, C, H, W) with the federation's mean and std,
+so they go straight into the clients' models. A text federation (token ids) distils on texts only:
+`holdout`, or `dataset:<another text dataset>` tokenised by the federation's own tokenizer; noise and
+generators make images, and are refused.
 """
 
 from __future__ import annotations
@@ -24,29 +30,45 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from fedistill.data.base import DatasetInfo
-from fedistill.data.registry import load_dataset
+from fedistill.data.base import DatasetInfo, ImageSet
+from fedistill.data.registry import dataset_options, load_dataset
 from fedistill.data.transforms import normalize, to_float
 from fedistill.errors import ConfigError
 from fedistill.models.generator import Generator, build_generator
 from fedistill.seeding import torch_generator
+from fedistill.tasks.text import trim_padding
 
-SOURCE_KINDS = ("noise", "dataset", "generator")
+SOURCE_KINDS = ("noise", "dataset", "generator", "holdout")
 
 
 def parse_source(spec: str) -> tuple[str, str]:
-    """`noise`, `dataset:<name>` or `generator:<path>` -> (kind, argument)."""
+    """`noise`, `holdout`, `dataset:<name>` or `generator:<path>` -> (kind, argument)."""
     kind, _, argument = spec.strip().partition(":")
     kind = kind.strip().lower()
     argument = argument.strip()
-    if kind == "noise" and not argument:
+    if kind in ("noise", "holdout") and not argument:
         return kind, ""
     if kind in ("dataset", "generator") and argument:
         return kind, argument
     raise ConfigError(
-        f"feddf.source must be 'noise', 'dataset:<name>' (e.g. dataset:fashion-mnist) or "
-        f"'generator:<path to a .safetensors file>'; got {spec!r}"
+        f"feddf.source must be 'noise', 'holdout' (the held-out split's inputs), 'dataset:<name>' (e.g. "
+        f"dataset:fashion-mnist) or 'generator:<path to a .safetensors file>'; got {spec!r}"
     )
+
+
+def split_holdout(held: ImageSet | None, share: float, seed: int) -> tuple[ImageSet, ImageSet]:
+    """The server's held-out split cut at random (from the run seed) into (validation, distillation
+    inputs): `share` of it, at least one sample, keeps its labels for model selection; the rest is
+    distilled on, its labels never read."""
+    n = 0 if held is None else len(held)
+    keep = max(1, round(share * n))
+    if held is None or keep >= n:
+        raise ConfigError(
+            f"feddf.source = 'holdout' distils on the held-out split, which has {n} samples: too few to "
+            f"keep {keep} for validation and distil on the rest; raise val_fraction (the paper: 0.5)"
+        )
+    order = torch.randperm(n, generator=torch_generator(seed, "feddf-holdout"))
+    return held.subset(order[:keep].sort().values), held.subset(order[keep:].sort().values)
 
 
 def fit_images(x01: torch.Tensor, channels: int, size: int) -> torch.Tensor:
@@ -124,13 +146,77 @@ class ImagePool(DistillationSource):
         return to_float(self.images[index], self.info)
 
 
+class TokenPool(DistillationSource):
+    """A fixed pool of unlabeled texts as token ids (N, L) of the federation's tokenizer; batches are drawn
+    uniformly without replacement inside a batch and cut to their longest text."""
+
+    def __init__(self, ids: torch.Tensor, info: DatasetInfo, name: str) -> None:
+        super().__init__(info)
+        if ids.dtype != torch.int64 or ids.dim() != 2 or len(ids) == 0 or info.text is None:
+            raise ConfigError(
+                f"{name}: expected non-empty token ids (N, L), got {ids.dtype} {tuple(ids.shape)}"
+            )
+        self.ids = ids
+        self.name = name
+
+    @property
+    def description(self) -> str:
+        return f"{len(self.ids)} unlabeled texts of {self.name}"
+
+    def batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
+        """(size, L') int64 token ids, L' the batch's longest text."""
+        assert self.info.text is not None
+        index = torch.randperm(len(self.ids), generator=generator)[: min(size, len(self.ids))]
+        return trim_padding(self.ids[index], self.info.text.pad_id)
+
+
+def _subset(samples: torch.Tensor, size: int, seed: int) -> torch.Tensor:
+    """`size` random rows of `samples` (all of them if size <= 0), in their order."""
+    if 0 < size < len(samples):
+        keep = torch.randperm(len(samples), generator=torch_generator(seed, "feddf-source-subset"))[:size]
+        samples = samples[keep.sort().values]
+    return samples
+
+
 def dataset_source(name: str, info: DatasetInfo, data_dir: str | Path, *, size: int, seed: int) -> ImagePool:
     """`size` random training images of dataset `name` (all of them if size <= 0), labels dropped."""
+    if "model_dir" in dataset_options(name):
+        raise ConfigError(f"feddf.source = 'dataset:{name}' is a text dataset; {info.name} distils on images")
     images = load_dataset(name, data_dir).train.x  # only the images leave this line
-    if 0 < size < len(images):
-        keep = torch.randperm(len(images), generator=torch_generator(seed, "feddf-source-subset"))[:size]
-        images = images[keep.sort().values]
-    return ImagePool(images, info, name)
+    return ImagePool(_subset(images, size, seed), info, name)
+
+
+def text_source(
+    kind: str,
+    argument: str,
+    info: DatasetInfo,
+    *,
+    data_dir: str | Path,
+    size: int,
+    seed: int,
+    held_out: ImageSet | None,
+) -> TokenPool:
+    """A text federation's source: the held-out texts, or another text dataset's training texts read by
+    the federation's tokenizer (a fixed random subset of `size`, all if size <= 0), labels dropped."""
+    assert info.text is not None
+    if kind in ("noise", "generator"):
+        raise ConfigError(
+            f"feddf.source = {kind!r} makes images, which mean nothing to a text model ({info.name}): use "
+            "'holdout' (texts held out of the training set, the paper's choice; e.g. val_fraction = 0.5) or "
+            "'dataset:<another text dataset>' (e.g. dataset:sst2)"
+        )
+    if kind == "holdout":
+        if held_out is None or len(held_out) == 0:
+            raise ConfigError("feddf.source = 'holdout' needs the held-out split: set val_fraction > 0")
+        return TokenPool(held_out.x, info, f"the held-out split of {info.name}")
+    if "model_dir" not in dataset_options(argument):
+        raise ConfigError(
+            f"feddf.source = 'dataset:{argument}' is an image dataset; {info.name} distils on texts "
+            "(dataset:ag-news, dataset:sst2 or holdout)"
+        )
+    options = {"model_dir": info.text.tokenizer, "max_length": info.text.max_length}
+    loaded = load_dataset(argument, data_dir, **options, max_train_samples=max(size, 0))  # tokenise no more
+    return TokenPool(loaded.train.x, info, argument)  # only the texts leave this function
 
 
 def infer_generator_shape(state: dict[str, torch.Tensor]) -> dict[str, int]:
@@ -217,11 +303,19 @@ def build_source(
     size: int,
     seed: int,
     upsample: str = "bilinear",
+    held_out: ImageSet | None = None,
 ) -> DistillationSource:
-    """The distillation source named by `spec` (see `parse_source`) for the federation `info`."""
+    """The distillation source named by `spec` (see `parse_source`) for the federation `info`;
+    `held_out` are the inputs a `holdout` source draws from."""
     kind, argument = parse_source(spec)
+    if info.text is not None:
+        return text_source(kind, argument, info, data_dir=data_dir, size=size, seed=seed, held_out=held_out)
     if kind == "noise":
         return NoiseSource(info)
+    if kind == "holdout":
+        if held_out is None or len(held_out) == 0:
+            raise ConfigError("feddf.source = 'holdout' needs the held-out split: set val_fraction > 0")
+        return ImagePool(held_out.x, info, f"the held-out split of {info.name}")
     if kind == "dataset":
         return dataset_source(argument, info, data_dir, size=size, seed=seed)
     return GeneratorSource(load_generator(argument, upsample=upsample), info, argument)

@@ -32,6 +32,7 @@ import torch
 
 from fedistill.algorithms.base import (
     ALL_TASKS,
+    TEXT_TASKS,
     Algorithm,
     ClientContext,
     ServerContext,
@@ -299,7 +300,7 @@ class FedAvgServer(ServerLogic):
         self.task = task_of(ctx.config, ctx.info)
         if self.options.drop_worst and (ctx.validation is None or len(ctx.validation) == 0):
             raise ConfigError("drop_worst needs the server's validation split: set val_fraction > 0")
-        if self.options.drop_worst and self.task.name != "classification":
+        if self.options.drop_worst and self.task.target != "class index":
             raise ConfigError(
                 f"drop_worst ranks models by validation accuracy: classification only, not {self.task.name}"
             )
@@ -410,7 +411,7 @@ register(
         FedAvgClient,
         FedAvgServer,
         FedAvgOptions,
-        tasks=ALL_TASKS,
+        tasks=(*ALL_TASKS, *TEXT_TASKS),
     )
 )
 register(
@@ -420,7 +421,7 @@ register(
         FedAvgClient,
         FedAvgServer,
         FedProxOptions,
-        tasks=ALL_TASKS,
+        tasks=(*ALL_TASKS, *TEXT_TASKS),
     )
 )
 register(
@@ -430,6 +431,6 @@ register(
         FedAvgClient,
         FedAvgServer,
         FedAvgMOptions,
-        tasks=ALL_TASKS,
+        tasks=(*ALL_TASKS, *TEXT_TASKS),
     )
 )

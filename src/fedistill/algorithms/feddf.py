@@ -30,6 +30,14 @@ because the student's BatchNorm statistics follow the distillation data (`studen
 released code); with them frozen (`student_bn = "frozen"`, hence the default) 71.7% and 70.0%.
 Without BatchNorm (mlp) FedDF on noise beats FedAvg by 12-16 points (see the tests).
 
+Text (AG News, SST-2; token ids and a DistilBERT): `source = "holdout"` is the paper's protocol (Figure
+3): with `val_fraction = 0.5` the clients fine-tune on half of the training set and the server distils
+on the other half's texts without their labels, keeping `holdout_val_share` of them (default 2%: 1% of
+the training set, the paper's SST-2 validation split) labelled for model selection. `dataset:<another
+text dataset>` works too; noise and generators, which make images, are refused for text. The
+student's dropout, like every random draw, follows the run seed (`global_rng` per step), so a resumed
+run is exact.
+
 Differential privacy: the ``dp_*`` options clip and noise each client's update exactly as for FedAvg
 (user-level, at the client; see `fedistill.algorithms.fedavg`). The ensemble the server distils is
 then made of the noisy models, and each client's epsilon is in the run's summary.
@@ -49,6 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedistill.algorithms.base import (
+    TEXT_TASKS,
     Algorithm,
     ClientContext,
     ServerContext,
@@ -57,7 +66,12 @@ from fedistill.algorithms.base import (
     model_cycle,
     register,
 )
-from fedistill.algorithms.distillation_data import DistillationSource, build_source, parse_source
+from fedistill.algorithms.distillation_data import (
+    DistillationSource,
+    build_source,
+    parse_source,
+    split_holdout,
+)
 from fedistill.algorithms.drop_worst import accuracy, drop_worst_weights, predict_logits
 from fedistill.algorithms.fedavg import (
     FedAvgClient,
@@ -74,7 +88,7 @@ from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import Message, state_specs
 from fedistill.federation.reply_spec import LOCAL_METRICS, TRAIN_METRICS, ReplySpec
 from fedistill.privacy.budget import DPOptions
-from fedistill.seeding import torch_generator
+from fedistill.seeding import derive_seed, global_rng, torch_generator
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +104,9 @@ class FedDFOptions(DPOptions):
     """
 
     groups: str = ""  # comma list of model names cycled over clients (client k: k % len); "" = `model`
-    source: str = "noise"  # noise | dataset:<name> | generator:<path to .safetensors>
+    source: str = "noise"  # noise | holdout | dataset:<name> | generator:<path to .safetensors>
     source_size: int = 10000  # images drawn from a `dataset:` source (<= 0: all of its training images)
+    holdout_val_share: float = 0.02  # holdout: the held-out share kept labelled to validate on
     generator_upsample: str = "bilinear"  # a `generator:` source's second upsampling (FedIOD: bilinear)
     steps: int = 500  # distillation steps per group and round (the paper: 10^4)
     distill_batch_size: int = 64  # the README runs' 64
@@ -134,6 +149,8 @@ class FedDFOptions(DPOptions):
                 raise ConfigError(f"feddf.{key} must be > 0, got {getattr(self, key)}")
         if self.clip_grad_norm < 0:
             raise ConfigError(f"feddf.clip_grad_norm must be >= 0 (0: off), got {self.clip_grad_norm}")
+        if not 0 < self.holdout_val_share < 1:
+            raise ConfigError(f"feddf.holdout_val_share must be in (0, 1), got {self.holdout_val_share}")
 
 
 def group_names(options: FedDFOptions, config: RunConfig) -> list[str]:
@@ -230,8 +247,10 @@ def distill(
         x = source.batch(options.distill_batch_size, generator)
         with torch.no_grad():
             targets = torch.stack([teacher(x) for teacher in teachers])
+        with global_rng(derive_seed(generator.initial_seed(), "student-dropout", step)):
+            outputs = student(x)
         loss = ensemble_loss(
-            student(x),
+            outputs,
             targets,
             w,
             mode=options.loss,
@@ -300,6 +319,10 @@ class FedDFServer(ServerLogic):
             )
         self.validation = ctx.validation
         kind, argument = parse_source(self.options.source)
+        held_out = None  # holdout: part of the held-out split stays labelled, the rest is distilled on
+        if kind == "holdout":
+            share = self.options.holdout_val_share
+            self.validation, held_out = split_holdout(ctx.validation, share, config.seed)
         if kind == "dataset" and argument.strip().lower() == config.dataset.strip().lower():
             raise ConfigError(
                 f"feddf.source = {self.options.source!r} is the federation's own dataset: the server "
@@ -315,6 +338,7 @@ class FedDFServer(ServerLogic):
             size=self.options.source_size,
             seed=config.seed,
             upsample=self.options.generator_upsample,
+            held_out=held_out,
         )
         log.info("FedDF distils on %s", self.source.description)
         self.last_local: dict[str, float] = {}
@@ -455,5 +479,6 @@ register(
         FedDFClient,
         FedDFServer,
         FedDFOptions,
+        tasks=("classification", *TEXT_TASKS),
     )
 )

@@ -14,6 +14,7 @@ import numpy as np
 
 from fedistill.algorithms.base import (
     ALL_TASKS,
+    TEXT_TASKS,
     Algorithm,
     ClientContext,
     ServerContext,
@@ -128,7 +129,7 @@ register(
         StandaloneClient,
         StandaloneServer,
         oracle=average_local_models,
-        tasks=ALL_TASKS,
+        tasks=(*ALL_TASKS, *TEXT_TASKS),
     )
 )
 register(
@@ -138,6 +139,6 @@ register(
         StandaloneClient,
         StandaloneServer,
         pooled=True,
-        tasks=ALL_TASKS,
+        tasks=(*ALL_TASKS, *TEXT_TASKS),
     )
 )

@@ -9,8 +9,23 @@ import torch
 
 
 @dataclass(frozen=True)
+class TextInfo:
+    """How a text dataset's token ids were made, for the models that read them: the tokenizer of the
+    local model folder `tokenizer`, ids below `vocab_size`, padded with `pad_id` to at most `max_length`
+    tokens (the attention mask is `ids != pad_id`)."""
+
+    tokenizer: str
+    vocab_size: int
+    pad_id: int
+    max_length: int
+
+
+@dataclass(frozen=True)
 class DatasetInfo:
-    """What models and transforms need to know about a dataset."""
+    """What models and transforms need to know about a dataset.
+
+    A text dataset (`text` set) has channels 1, mean 0 and std 1, and `image_size` is its sequence
+    length; nothing normalises or augments token ids."""
 
     name: str
     channels: int
@@ -22,17 +37,19 @@ class DatasetInfo:
     horizontal_flip: bool = False  # flip is wrong for digits and letters, right for natural images
     class_names: tuple[str, ...] = field(default=())
     # What a target is and how a model is trained and scored: the name of a task in fedistill.tasks
-    # (classification, semantic-segmentation, instance-segmentation, reconstruction). For the
-    # segmentation tasks `num_classes` counts pixel classes (background included).
+    # (classification, semantic-segmentation, instance-segmentation, reconstruction, text-classification).
+    # For the segmentation tasks `num_classes` counts pixel classes (background included).
     task: str = "classification"
+    text: TextInfo | None = None  # token-id inputs: how they were tokenised (None: images)
 
 
 @dataclass
 class ImageSet:
     """Images (N, C, H, W) and their targets; normalisation happens per batch.
 
-    Images are uint8 (0..255) or float32 in [0, 1] (reconstruction keeps the precision of its source).
-    Targets are int64: one class per image (N,) for classification, or one value per pixel (N, H, W):
+    Images are uint8 (0..255) or float32 in [0, 1] (reconstruction keeps the precision of its source);
+    texts are int64 token ids (N, L), padded at the end (`DatasetInfo.text`). Targets are int64: one
+    class per image or text (N,) for classification, or one value per pixel (N, H, W):
     a class per pixel (semantic segmentation), an instance id per pixel (instance segmentation, 0 =
     background), or the condition of a reconstruction task (the foreground mask).
     """
@@ -41,9 +58,11 @@ class ImageSet:
     y: torch.Tensor
 
     def __post_init__(self) -> None:
-        if self.x.dtype not in (torch.uint8, torch.float32) or self.x.dim() != 4:
+        image = self.x.dtype in (torch.uint8, torch.float32) and self.x.dim() == 4
+        if not image and not self.tokens:
             raise ValueError(
-                f"images must be uint8 or float32 (N, C, H, W), got {self.x.dtype} {tuple(self.x.shape)}"
+                "images must be uint8 or float32 (N, C, H, W) and texts int64 token ids (N, L), got "
+                f"{self.x.dtype} {tuple(self.x.shape)}"
             )
         n = self.x.shape[0]
         per_pixel = (n, *self.x.shape[2:])
@@ -52,6 +71,11 @@ class ImageSet:
                 f"targets must be int64 (N,) or (N, H, W) matching the images, got {self.y.dtype} "
                 f"{tuple(self.y.shape)} for images {tuple(self.x.shape)}"
             )
+
+    @property
+    def tokens(self) -> bool:
+        """Whether the samples are token ids (N, L) rather than images."""
+        return self.x.dtype == torch.int64 and self.x.dim() == 2
 
     @property
     def dense(self) -> bool:

@@ -2,7 +2,8 @@
 
 File-based datasets live in a subfolder of `data_dir` (`mnist/`, `fashion-mnist/`,
 `emnist/`, `cifar10/`, `cifar100/`; the segmentation sets `brats/`, `monuseg/`, `cpm17/`,
-`tnbc/`, and `brain-mri/`, `nuclei/` for the semi-synthetic ones); `image-folder` and
+`tnbc/`, and `brain-mri/`, `nuclei/` for the semi-synthetic ones; the text sets `ag-news/`,
+`sst2/`, tokenised by a local model folder's tokenizer); `image-folder` and
 `nuclei-cross-site` use `data_dir` itself, and `digits` and `mni152-synthetic-lesions` need
 no files. Nothing is fetched unless `download=True`, and every download and every file with
 a published md5 is checked (unless `verify=False`). The medical sets cannot be downloaded
@@ -102,6 +103,8 @@ _ALIASES = {
     "cell17": "cpm17",
     "cpm-17": "cpm17",
     "brats2018": "brats",
+    "agnews": "ag-news",
+    "sst-2": "sst2",
 }
 
 
@@ -408,6 +411,22 @@ def _mri_entries() -> dict[str, _Entry]:
 _REGISTRY.update(_mri_entries())
 
 
+def _text_entries() -> dict[str, _Entry]:
+    """The text classification datasets (fedistill.data.text): token ids, no download."""
+    from fedistill.data.text import ENTRIES
+
+    def loader(name: str) -> Callable[..., LoadedDataset]:
+        return lambda folder, download, verify, **options: ENTRIES[name].load(folder, **options)
+
+    return {
+        name: _Entry(entry.subdir, loader(name), entry.describe, options=tuple(entry.options))
+        for name, entry in ENTRIES.items()
+    }
+
+
+_REGISTRY.update(_text_entries())
+
+
 def dataset_names() -> list[str]:
     """The dataset names `load_dataset` accepts, default (`digits`) first."""
     return list(_REGISTRY)
@@ -421,6 +440,11 @@ def _resolve(name: str) -> str:
     if key in _REGISTRY:
         return key
     raise unknown_name("dataset", name, list(_REGISTRY))
+
+
+def dataset_options(name: str) -> tuple[str, ...]:
+    """The options dataset `name` takes (a text dataset's include `model_dir`, its tokenizer)."""
+    return _REGISTRY[_resolve(name)].options
 
 
 def describe_files(name: str, data_dir: str | Path | None = None) -> str:
@@ -442,7 +466,7 @@ def load_dataset(
 ) -> LoadedDataset:
     """Load dataset `name` (see `dataset_names()`); `options` are dataset-specific (cifar100: labels;
     image-folder: channels, image_size, crop_padding, horizontal_flip; the medical sets: see
-    fedistill.data.medical).
+    fedistill.data.medical; the text sets: see fedistill.data.text).
 
     `download` fetches missing files (md5-checked) for the datasets that have a canonical URL;
     `verify=False` skips the md5 check of local files (their format is still checked).

@@ -84,7 +84,8 @@ def batches(
     augment: bool,
     drop_last: bool = False,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """One epoch of (normalised float32 x, int64 y) batches.
+    """One epoch of (normalised float32 x, int64 y) batches; token ids (text) pass through as they are,
+    neither normalised nor augmented.
 
     With `shuffle`, each sample appears exactly once per epoch in a random order; the
     order and the augmentation are drawn from `generator` (the global RNG if None), so
@@ -115,6 +116,9 @@ def _batches(
     for start in range(0, stop, batch_size):
         idx = order[start : start + batch_size]
         x = images.x[idx]
+        if images.tokens:
+            yield x, images.y[idx]
+            continue
         if augment:
             x = _augment(x, info, generator)
         yield to_float(x, info), images.y[idx]

@@ -3,7 +3,8 @@
 Every constructor takes ``(info, norm, groups, **options)``. Classifiers (task ``classification``)
 return a Classifier; segmentation nets (``semantic-segmentation``, ``instance-segmentation``) map images
 (B, channels, H, W) to per-pixel logits (B, num_classes, H, W); reconstruction nets (``reconstruction``)
-map them to images (B, channels, H, W). ``build_model`` refuses a model for a dataset whose task it
+map them to images (B, channels, H, W); text classifiers (``text-classification``) map token ids (B, L) to
+logits (B, num_classes). ``build_model`` refuses a model for a dataset whose task it
 does not serve.
 
 Each model offers a set of norms and has a default one, used when ``norm`` is not given: BatchNorm for
@@ -29,6 +30,7 @@ from fedistill.data.base import DatasetInfo
 from fedistill.errors import ConfigError
 from fedistill.models.base import Classifier, unknown_choice
 from fedistill.models.binary import resnet8_binary
+from fedistill.models.distilbert import distilbert
 from fedistill.models.fastmri_unet import unet_fastmri
 from fedistill.models.lenet import lenet5, lenet_fedmdcg
 from fedistill.models.mlp import mlp
@@ -42,6 +44,7 @@ from fedistill.models.vgg import vgg9
 CLASSIFICATION = ("classification",)
 SEGMENTATION = ("semantic-segmentation", "instance-segmentation")
 RECONSTRUCTION = ("reconstruction",)
+TEXT = ("text-classification",)
 
 ModelFactory = Callable[..., nn.Module]
 
@@ -76,6 +79,8 @@ _MODELS: dict[str, ModelSpec] = {
     "unet": ModelSpec(unet, tasks=SEGMENTATION, norms=DENSE_NORMS),
     "unet-chang": ModelSpec(unet_chang, tasks=SEGMENTATION, norms=DENSE_NORMS),
     "unet-fastmri": ModelSpec(unet_fastmri, tasks=RECONSTRUCTION, norms=DENSE_NORMS, default_norm="instance"),
+    # LayerNorm is part of the transformer, not a choice
+    "distilbert": ModelSpec(distilbert, tasks=TEXT, norms=("layer",), default_norm="layer"),
 }
 
 

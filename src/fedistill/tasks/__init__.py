@@ -16,9 +16,17 @@ from fedistill.tasks.base import Inputs, Task
 from fedistill.tasks.classification import Classification
 from fedistill.tasks.reconstruction import Reconstruction
 from fedistill.tasks.segmentation import InstanceSegmentation, SemanticSegmentation
+from fedistill.tasks.text import TextClassification
 
 TASKS: dict[str, type[Task]] = {
-    task.name: task for task in (Classification, SemanticSegmentation, InstanceSegmentation, Reconstruction)
+    task.name: task
+    for task in (
+        Classification,
+        SemanticSegmentation,
+        InstanceSegmentation,
+        Reconstruction,
+        TextClassification,
+    )
 }
 
 
@@ -46,5 +54,6 @@ __all__ = [
     "Reconstruction",
     "SemanticSegmentation",
     "Task",
+    "TextClassification",
     "make_task",
 ]

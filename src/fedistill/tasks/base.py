@@ -3,8 +3,8 @@
 A task says what a target is (a class index, a mask, an instance map, an image), how a batch becomes a
 model's inputs and targets, the local training loss, the metrics and the headline of a summary, what
 FedIOD's output distillation compares (per-image logits, per-pixel logits, output images) and what its
-generator is conditioned on. Classification, semantic and instance segmentation and reconstruction are
-tasks; a method written once runs on each task it makes sense for.
+generator is conditioned on. Classification, semantic and instance segmentation, reconstruction and text
+classification are tasks; a method written once runs on each task it makes sense for.
 
 Tasks are frozen dataclasses whose fields are the task's options (the `[task]` config table), so a task
 is a value: two runs with equal tasks train and score alike, and a stage-1 cache key can name it.

@@ -1,0 +1,70 @@
+"""AG News (Zhang et al. 2015): 4 news topics, 120,000 training and 7,600 test articles.
+
+The CSV files of the original release, as torchtext distributes them: `train.csv` and `test.csv`, one
+article a row, `"class index","title","description"` with class index 1-4 (World, Sports, Business,
+Sci/Tech) and no header (a header row, as some copies have, is skipped). The text is the title and the
+description joined by a space, the release's backslashes (its line breaks) turned into spaces.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from fedistill.data.base import LoadedDataset
+from fedistill.data.text.tokens import model_folder_text, require_files, text_dataset
+from fedistill.errors import DataError
+
+CLASSES = ("World", "Sports", "Business", "Sci/Tech")
+FILES = ("train.csv", "test.csv")
+DEFAULT_MAX_LENGTH = 128  # the released FedDF NLP code's --max_seq_len
+
+
+def read_ag_news(path: Path) -> tuple[list[str], list[int]]:
+    """(texts, class indices 0-3) of one AG News CSV file."""
+    texts, labels = [], []
+    with path.open(newline="", encoding="utf-8") as f:
+        for line, row in enumerate(csv.reader(f), start=1):
+            if line == 1 and row and not row[0].strip().isdigit():
+                continue  # a header row
+            if len(row) != 3:
+                raise DataError(
+                    f"{path}:{line}: expected 3 fields (class index, title, description), got {len(row)}"
+                )
+            label = row[0].strip()
+            if label not in ("1", "2", "3", "4"):
+                raise DataError(f"{path}:{line}: the class index must be 1-4, got {row[0]!r}")
+            texts.append(" ".join(part.replace("\\", " ").strip() for part in row[1:]))
+            labels.append(int(label) - 1)
+    if not texts:
+        raise DataError(f"{path} holds no articles")
+    return texts, labels
+
+
+def describe_ag_news(folder: str) -> str:
+    return (
+        f"AG News: put the CSV files of the original release (as torchtext distributes them) in {folder}/:\n"
+        f'  {folder}/train.csv  120,000 rows "class index","title","description" (class index 1-4)\n'
+        f"  {folder}/test.csv   7,600 rows, the same columns\n"
+        f"Texts are tokenised by a local model folder's tokenizer: {model_folder_text('ag-news')}."
+    )
+
+
+def load_ag_news(
+    folder: Path,
+    *,
+    model_dir: str = "",
+    max_length: int = DEFAULT_MAX_LENGTH,
+    max_train_samples: int = 0,
+    max_test_samples: int = 0,
+) -> LoadedDataset:
+    train, test = require_files(folder, FILES, describe_ag_news(str(folder)))
+    return text_dataset(
+        "ag-news",
+        {"train": read_ag_news(train), "test": read_ag_news(test)},
+        CLASSES,
+        model_dir=model_dir,
+        max_length=max_length,
+        max_train_samples=max_train_samples,
+        max_test_samples=max_test_samples,
+    )

@@ -1,0 +1,341 @@
+"""Text: AG News and SST-2 loaders on small files written here, a tokenizer built here, a tiny random
+DistilBERT, and FedAvg and FedDF fine-tuning it end to end (ledger, the held-out distillation texts,
+exact resume, clear errors)."""
+
+from __future__ import annotations
+
+import csv
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from algorithm_helpers import check_resume_after_crash
+from fedistill.algorithms import distillation_data as dd
+from fedistill.algorithms.feddf import FedDFServer
+from fedistill.cli import main
+from fedistill.data.registry import describe_files, load_dataset
+from fedistill.errors import ConfigError, DataError
+from fedistill.experiment.checkpoint import latest_checkpoint, read_checkpoint, save_model
+from fedistill.experiment.config import RunConfig, build_config
+from fedistill.experiment.rundir import read_jsonl
+from fedistill.experiment.runner import run_suite
+from fedistill.federation.ledger import DOWN, UP, read_ledger
+from fedistill.models import build_model
+from fedistill.seeding import seeded
+from fedistill.tasks import TextClassification, make_task
+
+TOPICS = [
+    ["war", "election", "minister", "treaty"],
+    ["match", "goal", "coach", "league"],
+    ["stocks", "market", "profit", "bank"],
+    ["software", "chip", "science", "space"],
+]
+MOODS = [["dull", "awful", "boring"], ["great", "moving", "funny"]]
+FILLER = ["the", "a", "of", "new", "report", "today", "says", "after", "big", "week", "film", "story"]
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+WORDS = SPECIAL + FILLER + [w for topic in TOPICS for w in topic] + [w for mood in MOODS for w in mood]
+TINY = {"dim": 16, "n_layers": 1, "n_heads": 2, "hidden_dim": 32}
+
+
+def _save_tokenizer(folder: Path) -> None:
+    """A WordLevel tokenizer in the layout transformers.AutoTokenizer reads (tokenizer.json and
+    tokenizer_config.json), adding [CLS] ... [SEP] as BERT's does."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.Lowercase()
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]"
+    )
+    fast.save_pretrained(str(folder))
+
+
+def _text(rng: np.random.Generator, keys: list[str], fill: int) -> str:
+    return " ".join(rng.choice(keys, 2).tolist() + rng.choice(FILLER, fill).tolist())
+
+
+def _write_ag_news(path: Path, rows: int, rng: np.random.Generator, header: bool = False) -> None:
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, quoting=csv.QUOTE_ALL)
+        if header:
+            writer.writerow(["Class Index", "Title", "Description"])
+        for _ in range(rows):
+            c = int(rng.integers(4))
+            writer.writerow([c + 1, _text(rng, TOPICS[c], 1), _text(rng, TOPICS[c], int(rng.integers(1, 8)))])
+
+
+def _write_sst2(path: Path, rows: int, rng: np.random.Generator) -> None:
+    lines = ["sentence\tlabel"]
+    for _ in range(rows):
+        c = int(rng.integers(2))
+        lines.append(f"{_text(rng, MOODS[c], int(rng.integers(0, 5)))}\t{c}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """data_dir with ag-news/ and sst2/, and model/ holding the tokenizer."""
+    root = tmp_path_factory.mktemp("text")
+    rng = np.random.default_rng(0)
+    _save_tokenizer(root / "model")
+    (root / "ag-news").mkdir()
+    _write_ag_news(root / "ag-news" / "train.csv", 400, rng)
+    _write_ag_news(root / "ag-news" / "test.csv", 60, rng)
+    (root / "sst2").mkdir()
+    _write_sst2(root / "sst2" / "train.tsv", 50, rng)
+    _write_sst2(root / "sst2" / "dev.tsv", 20, rng)
+    return root
+
+
+def _ag_news(root: Path, **options):
+    return load_dataset("ag-news", root, model_dir=str(root / "model"), **options)
+
+
+# --- data --------------------------------------------------------------------------------------------
+def test_ag_news_reads_the_csv_files_into_padded_token_ids(root, tmp_path):
+    data = _ag_news(root, max_length=12)
+    info = data.info
+    assert info.task == "text-classification" and info.num_classes == 4 and info.class_names[3] == "Sci/Tech"
+    assert info.text is not None and info.text.pad_id == 0 and info.text.vocab_size == len(WORDS)
+    assert len(data.train) == 400 and len(data.test) == 60 and data.train.tokens
+    x = data.train.x
+    assert x.dtype == torch.int64 and x.shape[1] <= 12 and bool((x[:, 0] == 2).all())  # [CLS] first
+    rows = list(csv.reader((root / "ag-news" / "train.csv").open()))
+    assert data.train.y.tolist() == [int(r[0]) - 1 for r in rows]
+    padded = x == 0
+    assert bool((padded[:, :-1] <= padded[:, 1:]).all())  # padding only at the end
+    # a header row is skipped, backslashes (the release's line breaks) become spaces
+    folder = tmp_path / "ag-news"
+    folder.mkdir()
+    _write_ag_news(folder / "train.csv", 5, np.random.default_rng(1), header=True)
+    (folder / "test.csv").write_text('"3","stocks\\market","profit"\n', encoding="utf-8")
+    other = load_dataset("ag-news", tmp_path, model_dir=str(root / "model"))
+    assert len(other.train) == 5 and other.test.y.tolist() == [2]
+    words = [WORDS.index(w) for w in ("stocks", "market", "profit")]
+    assert other.test.x[0].tolist() == [2, *words, 3]  # [CLS] stocks market profit [SEP]
+
+
+def test_max_samples_take_a_fixed_subset_and_max_length_truncates(root):
+    small = _ag_news(root, max_train_samples=50, max_test_samples=10, max_length=5)
+    again = _ag_news(root, max_train_samples=50, max_test_samples=10, max_length=5)
+    assert len(small.train) == 50 and len(small.test) == 10 and small.train.x.shape[1] == 5
+    assert torch.equal(small.train.x, again.train.x) and torch.equal(small.train.y, again.train.y)
+    assert bool((small.train.x[:, -1] == 3).all())  # truncated texts still end with [SEP]
+
+
+def test_sst2_reads_glue_tsv_and_dev_is_the_test_set(root, tmp_path):
+    data = load_dataset("sst-2", root, model_dir=str(root / "model"))
+    assert data.info.name == "sst2" and data.info.class_names == ("negative", "positive")
+    assert len(data.train) == 50 and len(data.test) == 20 and set(data.test.y.tolist()) <= {0, 1}
+    assert "GLUE's test.tsv has no labels" in describe_files("sst2", tmp_path)
+    folder = tmp_path / "sst2"
+    folder.mkdir()
+    (folder / "train.tsv").write_text("index\tsentence\n0\tgreat film\n", encoding="utf-8")
+    (folder / "dev.tsv").write_text("sentence\tlabel\ngreat film\t1\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"train\.tsv.*sentence and label.*no labels"):
+        load_dataset("sst2", tmp_path, model_dir=str(root / "model"))
+    (folder / "train.tsv").write_text("sentence\tlabel\ngreat film\t7\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"train\.tsv:2: the label must be 0 or 1"):
+        load_dataset("sst2", tmp_path, model_dir=str(root / "model"))
+
+
+def test_missing_files_and_model_folders_are_clear_errors(root, tmp_path):
+    with pytest.raises(DataError, match=r"(?s)missing dataset files .*ag-news/train\.csv.*class index 1-4"):
+        load_dataset("ag-news", tmp_path, model_dir=str(root / "model"))
+    with pytest.raises(DataError, match=r"ag-news needs a tokenizer: set ag-news\.model_dir"):
+        load_dataset("ag-news", root)
+    with pytest.raises(DataError, match=rf"model folder {tmp_path / 'nowhere'} does not exist"):
+        load_dataset("ag-news", root, model_dir=str(tmp_path / "nowhere"))
+    with pytest.raises(DataError, match=r"holds no tokenizer \(found: nothing\)"):
+        load_dataset("ag-news", root, model_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="max_length"):
+        load_dataset("ag-news", root, model_dir=str(root / "model"), max_length=1)
+
+
+def test_text_batches_cut_padding_and_carry_dropout_seeds(root):
+    data = _ag_news(root)
+    task = make_task(data.info)
+    assert isinstance(task, TextClassification) and not task.usual_augment(data.info)
+    train = task.batches(data.train, data.info, 8, shuffle=True, generator=torch.Generator(), augment=False)
+    (ids, seed), _ = next(train)
+    assert ids.shape[0] == 8 and bool((ids[:, -1] != 0).any()) and seed.dtype == torch.int64
+    ids, _ = next(task.batches(data.train, data.info, 8, shuffle=False, generator=None, augment=False))
+    assert torch.equal(ids, data.train.x[:8, : ids.shape[1]])
+    with pytest.raises(ConfigError, match="no augmentation"):
+        task.batches(data.train, data.info, 8, shuffle=False, generator=None, augment=True)
+
+
+# --- the model ---------------------------------------------------------------------------------------
+def test_distilbert_is_transformers_forward_with_a_plain_state_dict(root, tmp_path):
+    from transformers import DistilBertForSequenceClassification
+
+    info = _ag_news(root).info
+    model = seeded(0, lambda: build_model("distilbert", info, options=TINY)).eval()
+    state = model.state_dict()
+    assert all(k.startswith(("extractor.", "classifier.")) for k in state)
+    assert len({t.data_ptr() for t in state.values()}) == len(state)  # nothing tied or shared
+    hf = DistilBertForSequenceClassification(model.extractor.distilbert.config).eval()
+    hf.load_state_dict(
+        {k.split(".", 1)[1]: v for k, v in state.items() if k.startswith("extractor.")}, strict=False
+    )
+    hf.classifier.load_state_dict(model.classifier.state_dict())
+    ids = torch.tensor([[2, 20, 21, 5, 3, 0, 0], [2, 24, 3, 0, 0, 0, 0]])
+    want = hf(input_ids=ids, attention_mask=(ids != 0).long()).logits
+    assert torch.allclose(model(ids), want, atol=1e-6)
+    assert torch.allclose(model(ids[:, :5]), model(ids), atol=1e-5)  # padding changes nothing
+    save_model(model, tmp_path / "m.safetensors")
+    assert all(torch.equal(load_file(tmp_path / "m.safetensors")[k], v) for k, v in state.items())
+
+
+def test_distilbert_loads_a_pretrained_folder_and_refuses_a_missing_one(root, tmp_path):
+    from transformers import DistilBertConfig, DistilBertModel
+
+    info = _ag_news(root).info
+    folder = tmp_path / "pretrained"
+    config = DistilBertConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, hidden_dim=32)
+    body = seeded(1, lambda: DistilBertModel(config))
+    body.save_pretrained(str(folder))  # a checkpoint without a classification head, as distilbert-base
+    build = lambda: build_model("distilbert", info, options={"model_dir": str(folder)})  # noqa: E731
+    model, again = seeded(0, build), seeded(0, build)
+    assert model.training and model.num_classes == 4
+    for key, value in body.state_dict().items():
+        assert torch.equal(model.state_dict()[f"extractor.distilbert.{key}"], value)
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in model.state_dict().items())  # head: seeded
+    with pytest.raises(DataError, match=rf"model folder {tmp_path / 'none'} does not exist"):
+        build_model("distilbert", info, options={"model_dir": str(tmp_path / "none")})
+    with pytest.raises(DataError, match=r"holds no model \(config\.json and model\.safetensors\)"):
+        build_model("distilbert", info)  # the default: the tokenizer's folder, which has no weights
+    with pytest.raises(ConfigError, match="not both"):
+        build_model("distilbert", info, options={"model_dir": str(folder), "dim": 8})
+    with pytest.raises(ConfigError, match="embeds only 10"):
+        build_model("distilbert", info, options={**TINY, "vocab_size": 10})
+
+
+# --- federated fine-tuning ---------------------------------------------------------------------------
+def _config(root: Path, **changes) -> RunConfig:
+    settings = {
+        "algorithm": "fedavg",
+        "dataset": "ag-news",
+        "data_dir": str(root),
+        "clients": 3,
+        "alpha": 1.0,
+        "rounds": 3,
+        "model": "distilbert",
+        "optimizer": "adam",
+        "lr": 0.01,
+        "batch_size": 16,
+        "local_epochs": 3,
+        "val_fraction": 0.5,
+        "ag-news": {"model_dir": str(root / "model"), "max_length": 16},
+        "model_options": TINY,
+        "feddf": {"source": "holdout", "holdout_val_share": 0.1, "steps": 20, "eval_every_steps": 10},
+    }
+    return build_config(RunConfig(), settings, changes)
+
+
+@pytest.fixture(scope="module")
+def suite(root, tmp_path_factory) -> tuple[Path, dict[str, dict], list[str]]:
+    out = tmp_path_factory.mktemp("suite")
+    handler = _Records()
+    logging.getLogger("fedistill").addHandler(handler)
+    logging.getLogger("fedistill").setLevel(logging.INFO)
+    try:
+        summaries = run_suite(_config(root, algorithm="fedavg,feddf"), out, progress=False)
+    finally:
+        logging.getLogger("fedistill").removeHandler(handler)
+    return out, {s["algorithm"]: s for s in summaries}, handler.lines
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_fedavg_and_feddf_fine_tune_and_report_test_accuracy(suite):
+    _, summaries, _ = suite
+    for name in ("fedavg", "feddf"):
+        assert summaries[name]["task"] == "text-classification"
+        assert summaries[name]["headline"] == "test_accuracy"
+        assert summaries[name]["test_accuracy"] > 0.4  # chance: 0.25
+
+
+def test_fedavg_ledger_shows_parameters_both_ways(suite):
+    out, _, _ = suite
+    entries = read_ledger(out / "fedavg" / "ledger.jsonl")
+    assert {e["direction"] for e in entries if "parameters" in e["kinds"]} == {DOWN, UP}
+    assert all(set(e["kinds"]) <= {"parameters", "config", "metrics"} for e in entries)
+
+
+def test_feddf_distils_on_the_held_out_texts(suite):
+    out, _, logs = suite
+    held = 200  # val_fraction 0.5 of 400 texts; 10% of them stay labelled for validation
+    assert f"FedDF distils on {held - 20} unlabeled texts of the held-out split of ag-news" in logs
+    rows = read_jsonl(out / "feddf" / "metrics.jsonl")
+    assert all(row["distill_steps_distilbert"] >= 10 and row["teachers"] == 3 for row in rows)
+    assert all(row["distill_loss_last_distilbert"] < row["distill_loss_first_distilbert"] for row in rows)
+
+
+def test_a_checkpoint_and_the_exported_model_hold_the_same_tensors(suite):
+    out, _, _ = suite
+    run = out / "feddf"
+    state = read_checkpoint(latest_checkpoint(run / "checkpoints"))["server"]["models"]["distilbert"]
+    exported = load_file(run / "models" / "global.safetensors")
+    assert state.keys() == exported.keys() and all(torch.equal(state[k], exported[k]) for k in state)
+
+
+def test_a_resumed_feddf_run_is_exact(root, tmp_path):
+    check_resume_after_crash(
+        _config(root, algorithm="feddf", rounds=2, local_epochs=1), FedDFServer, tmp_path, 2
+    )
+
+
+def test_feddf_refuses_image_sources_for_text_and_reads_another_text_dataset(root):
+    info = _ag_news(root).info
+    for spec in ("noise", "generator:g.safetensors"):
+        with pytest.raises(ConfigError, match=r"mean nothing to a text model.*'holdout'"):
+            dd.build_source(spec, info, data_dir=root, size=0, seed=0)
+    with pytest.raises(ConfigError, match="is an image dataset"):
+        dd.build_source("dataset:digits", info, data_dir=root, size=0, seed=0)
+    source = dd.build_source("dataset:sst2", info, data_dir=root, size=30, seed=0)
+    batch = source.batch(8, torch.Generator().manual_seed(0))
+    assert (
+        source.description == "30 unlabeled texts of sst2" and batch.dtype == torch.int64 and len(batch) == 8
+    )
+    assert int(batch.max()) < info.text.vocab_size and bool((batch[:, 0] == 2).all())
+
+
+def test_the_holdout_source_splits_the_held_out_set_for_images_too():
+    digits = load_dataset("digits")
+    held = digits.train.subset(range(100))
+    validation, pool = dd.split_holdout(held, 0.1, seed=0)
+    assert len(validation) == 10 and len(pool) == 90
+    assert validation.x.shape[1:] == held.x.shape[1:] and not set(validation.y.tolist()) - set(
+        held.y.tolist()
+    )
+    source = dd.build_source("holdout", digits.info, data_dir=".", size=0, seed=0, held_out=pool)
+    assert source.description == "90 unlabeled images of the held-out split of digits"
+    with pytest.raises(ConfigError, match="raise val_fraction"):
+        dd.split_holdout(held.subset([0]), 0.1, seed=0)
+
+
+@pytest.mark.parametrize("key", ["ag-news.model_dir", "model_options.model_dir"])
+def test_a_missing_model_folder_is_one_clear_error(root, tmp_path, capsys, key):
+    argv = ["run", "--algorithm", "fedavg", "--dataset", "ag-news", "--data-dir", str(root), "--quiet"]
+    argv += ["--model", "distilbert"]
+    argv += ["--out", str(tmp_path), "--set", f"ag-news.model_dir={root / 'model'}"]
+    assert main([*argv, "--set", f"{key}={tmp_path / 'missing'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"model folder {tmp_path / 'missing'} does not exist" in err[0]
