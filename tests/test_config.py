@@ -76,3 +76,28 @@ def test_toml_round_trip_and_unreadable_files(tmp_path):
         load_toml(tmp_path / "bad.toml")
     with pytest.raises(ConfigError, match="does not exist"):
         load_toml(tmp_path / "missing.toml")
+
+
+def test_a_device_this_machine_lacks_or_a_bad_device_name_is_a_clear_mistake(tmp_path, capsys):
+    import torch
+
+    from fedistill.cli import main
+
+    missing = "mps" if torch.cuda.is_available() else "cuda"
+    for device, says in ((missing, "this machine has no"), ("gpu", "device must be auto, cpu, cuda")):
+        args = ["run", "--out", str(tmp_path), "--name", "x", "--rounds", "1", "--set", f'device="{device}"']
+        code = main(args)
+        assert code == 2
+        assert says in capsys.readouterr().err
+        assert not (tmp_path / "x").exists()
+
+
+def test_devices_resolve_auto_to_something_this_machine_has():
+    import torch
+
+    from fedistill import devices
+
+    auto = devices.resolve("auto")
+    assert auto.type in ("cpu", "cuda", "mps")
+    assert devices.resolve("cpu") == torch.device("cpu")
+    assert devices.on_device(torch.zeros(2)).device.type == devices.current().type

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from fedistill import devices
+
 
 class SyntheticPool:
     def __init__(self, capacity: int) -> None:
@@ -41,4 +43,6 @@ class SyntheticPool:
         return {"x": self.x, "targets": self.targets}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.x, self.targets = state.get("x"), state.get("targets")
+        x, targets = state.get("x"), state.get("targets")
+        self.x = None if x is None else devices.on_device(x)
+        self.targets = None if targets is None else devices.on_device(targets)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedistill import devices
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.errors import FederationError
 from fedistill.experiment.config import RunConfig
@@ -67,7 +68,7 @@ def new_model(config: RunConfig, info: DatasetInfo, name: str | None = None) -> 
     task = task_of(config, info)
     channels = task.output_channels(info)
     sized = info if channels == info.num_classes else dataclasses.replace(info, num_classes=channels)
-    return seeded(
+    model = seeded(
         config.seed,
         lambda: build_model(
             name or config.model,
@@ -78,7 +79,8 @@ def new_model(config: RunConfig, info: DatasetInfo, name: str | None = None) -> 
         ),
         "model-init",
         name or config.model,
-    )
+    )  # initialised on the CPU (the same weights everywhere), then moved
+    return model.to(devices.current())
 
 
 def _prox_term(model: nn.Module, anchor: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
+from fedistill import devices
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.errors import ConfigError
 
@@ -121,4 +122,4 @@ def _batches(
             continue
         if augment:
             x = _augment(x, info, generator)
-        yield to_float(x, info), images.y[idx]
+        yield devices.on_device(to_float(x, info)), devices.on_device(images.y[idx])

@@ -45,7 +45,7 @@ def pack(state: Any, tensors: dict[str, torch.Tensor], path: str = "t") -> Any:
     """Replace every tensor in `state` by a reference into `tensors`; keep the rest as JSON."""
     if isinstance(state, torch.Tensor):
         key = f"{path}#{len(tensors)}"
-        copy = state.detach().clone()  # the layout an in-memory copy keeps (dense layouts survive)
+        copy = state.detach().cpu().clone()  # the layout an in-memory copy keeps (dense layouts survive)
         tensors[key] = copy.contiguous()
         if copy.stride() != _contiguous_strides(tuple(copy.shape)):
             return {_TENSOR: key, _STRIDE: list(copy.stride())}

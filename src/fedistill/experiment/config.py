@@ -57,6 +57,7 @@ class RunConfig:
     min_clients: int = 1  # fewer replies than this stop the run
     max_message_mb: float = 512.0
     threads: int = 0  # torch intra-op threads; 0: leave torch's default
+    device: str = "auto"  # auto (CUDA, else MPS, else CPU) | cpu | cuda | cuda:N | mps (fedistill/devices.py)
     stage1_cache: bool = True  # reuse a site's stage-1 model when a run needs exactly it (stage1.py)
     cache_dir: str = ""  # where sites keep stage-1 models; "": `.cache` beside the run directory (in --out)
     transport: str = "inprocess"  # inprocess | flower (Flower's simulation engine)

@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 import fedistill
+from fedistill import devices
 from fedistill.algorithms.base import (
     Algorithm,
     ClientContext,
@@ -143,6 +144,7 @@ def validate_setup(config: RunConfig) -> Prepared:
     """Everything a user's input can get wrong, checked before a run writes anything: names, config
     tables, every running algorithm's options, its models, the dataset files and the partition."""
     check_sections(config)
+    devices.resolve(config.device)  # a device this machine lacks is a mistake named before any work
     for name in config.algorithms:
         algorithm = get_algorithm(name)
         algo_config = for_algorithm(config, name)
@@ -404,6 +406,7 @@ def _loop(
         "model": config.model,
         "clients": num_clients,
         "transport": "flower" if grid is not None else "inprocess",
+        "device": str(devices.current()),
         "rounds": config.rounds,
         "seed": config.seed,
         "partition": {
@@ -487,6 +490,7 @@ def run_suite(
         return run_simulation_suite(config, suite_dir, resume=resume, progress=progress)
     if config.threads > 0:
         torch.set_num_threads(config.threads)
+    devices.use(config.device)
     suite_dir.mkdir(parents=True, exist_ok=True)
     write_config(config, suite_dir / "config.toml")
     summaries = []

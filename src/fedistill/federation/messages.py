@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fedistill import devices
 from fedistill.errors import FederationError
 
 #: Every content kind a message may carry. The ledger summarises bytes per kind.
@@ -100,10 +101,11 @@ class Message:
             raise FederationError(f"message {self.type!r} has no array {kind}/{name}") from None
 
     def tensor(self, kind: str, name: str) -> torch.Tensor:
-        """A tensor sharing memory with the payload. Receivers must not modify it in place."""
+        """The array as a tensor on the run's device (on the CPU it shares memory with the payload).
+        Receivers must not modify it in place."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only arrays: torch warns, we never write
-            return torch.from_numpy(self.array(kind, name))
+            return devices.on_device(torch.from_numpy(self.array(kind, name)))
 
     def tensors(self, kind: str) -> dict[str, torch.Tensor]:
         return {name: self.tensor(kind, name) for name in self.arrays.get(kind, {})}

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from flwr.app import ConfigRecord, Context
 
+from fedistill import devices
 from fedistill.algorithms.base import get_algorithm
 from fedistill.algorithms.stage1 import cache_folder
 from fedistill.errors import ConfigError
@@ -90,6 +91,8 @@ def _build_client(
 
     # simulation workers share the machine's cores: one thread each unless the node says otherwise
     torch.set_num_threads(int(context.node_config.get("threads", config.threads or 1)))
+    # a node may run on its own accelerator: node config `device`, else the run's
+    devices.use(str(context.node_config.get("device", config.device)))
     data_dir = str(context.node_config.get("data-dir", config.data_dir))
     config = config.replace(data_dir=data_dir)
     data_key = repr(sorted(config.to_dict().items()))

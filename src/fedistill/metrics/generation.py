@@ -60,7 +60,7 @@ def class_coverage(logits: torch.Tensor, *, min_share: float = 0.01) -> dict[str
     if logits.dim() != 2 or logits.shape[0] == 0 or logits.shape[1] == 0:
         raise ValueError(f"logits must have shape (N, C) with N, C >= 1, got {tuple(logits.shape)}")
     num_samples, num_classes = logits.shape
-    counts = torch.bincount(logits.detach().argmax(dim=1), minlength=num_classes).tolist()
+    counts = torch.bincount(logits.detach().argmax(dim=1).cpu(), minlength=num_classes).tolist()
     shares = [count / num_samples for count in counts]
     ent = -sum(s * math.log(s) for s in shares if s > 0)
     normalised = ent / math.log(num_classes) if num_classes > 1 else 1.0

@@ -57,8 +57,10 @@ def clip_per_sample(grads: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor
 def _noise(
     shape: torch.Size, std: float, like: torch.Tensor, generator: torch.Generator | None
 ) -> torch.Tensor:
-    """Gaussian noise of standard deviation `std`; the generator must live on `like`'s device."""
-    noise = torch.randn(shape, generator=generator, dtype=like.dtype, device=like.device)
+    """Gaussian noise of standard deviation `std`, drawn on the generator's device (the CPU for the run's
+    seeded streams) and moved to `like`'s, so every device adds the same noise."""
+    gen_device = generator.device if generator is not None else like.device
+    noise = torch.randn(shape, generator=generator, dtype=like.dtype, device=gen_device).to(like.device)
     return noise * std
 
 

@@ -79,6 +79,7 @@ class Classification(Task):
         groups: Sequence[str] | None = None,
     ) -> dict[str, float]:
         """Accuracy and mean cross-entropy of given logits (N, C)."""
+        outputs = outputs.detach().cpu()
         if len(data) == 0:
             return {"accuracy": float("nan"), "loss": float("nan"), "count": 0}
         loss = F.cross_entropy(outputs, data.y).item()

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import torch
 
+from fedistill import devices
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.data.transforms import to_float
 from fedistill.errors import ConfigError
@@ -58,4 +59,4 @@ def dense_batches(
         x, y = images.x[idx], images.y[idx]
         if augment:
             x, y = joint_flip_rotate(x, y, generator)
-        yield to_float(x, info), y, idx
+        yield devices.on_device(to_float(x, info)), devices.on_device(y), idx

@@ -140,6 +140,7 @@ class Reconstruction(Task):
         n = len(data)
         if n == 0:
             return {"ssim": float("nan"), "loss": float("nan"), "count": 0}
+        outputs = outputs.detach().cpu()
         subjects = np.asarray(meta["subject"]) if meta and len(meta.get("subject", ())) == n else np.arange(n)
         scores = ReconstructionScores()
         scores.update(

@@ -124,6 +124,7 @@ class SemanticSegmentation(Task):
         sample's source."""
         if len(data) == 0:
             return {"dice": float("nan"), "loss": float("nan"), "count": 0}
+        outputs = outputs.detach().cpu()
         loss = self.loss(outputs, self.pixel_targets(data.y)).item()
         scores = SegmentationScores(compute_hd95=self.hd95)
         truth, predicted = (data.y > 0).numpy(), (outputs.argmax(1) > 0).numpy()
@@ -158,12 +159,12 @@ class InstanceSegmentation(SemanticSegmentation):
     def pixel_targets(self, y: torch.Tensor) -> torch.Tensor:
         """Instance ids (B, H, W) -> 0 background, 1 inside, 2 contour (each instance's inner boundary, so
         touching nuclei stay apart)."""
-        instances = y.numpy()
+        instances = y.cpu().numpy()
         boundaries = np.stack([find_boundaries(m, connectivity=1, mode="inner") for m in instances])
         contour = boundaries & (instances > 0)
         classes = (instances > 0).astype(np.int64)
         classes[contour] = 2
-        return torch.from_numpy(classes)
+        return torch.from_numpy(classes).to(y.device)
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         weight = torch.tensor([1.0, self.foreground_weight, self.contour_weight], dtype=outputs.dtype)
@@ -185,6 +186,7 @@ class InstanceSegmentation(SemanticSegmentation):
         (patches stitched back when `meta` places them) or on the samples as they are."""
         if len(data) == 0:
             return {"dice": float("nan"), "loss": float("nan"), "count": 0}
+        outputs = outputs.detach().cpu()
         loss = self.loss(outputs, self.pixel_targets(data.y)).item()
         probs = outputs.softmax(1).numpy()
         wholes = _whole_images(probs, data.y.numpy(), meta, _group_list(groups, len(data)))

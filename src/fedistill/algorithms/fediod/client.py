@@ -54,6 +54,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from fedistill import devices
 from fedistill.algorithms.base import (
     ClientContext,
     clone_state,
@@ -158,7 +159,8 @@ class FedIODClient(ClientLogic):
         n = len(self.ctx.train)
         index = torch.randperm(n, generator=generator)[: min(size, n)]
         masks = self.view.condition_of(self.ctx.train.y[index]) if self.view.conditional else None
-        return to_float(self.ctx.train.x[index], self.ctx.info), masks
+        real = devices.on_device(to_float(self.ctx.train.x[index], self.ctx.info))
+        return real, None if masks is None else devices.on_device(masks)
 
     def _density_ratio(self, x: torch.Tensor, masks: torch.Tensor | None) -> torch.Tensor:
         """Eq. 8's D_k(x) / E[D_k(x')] for S-step inputs (per pixel on dense tasks). D_k's BatchNorm runs
@@ -292,8 +294,8 @@ class FedIODClient(ClientLogic):
             return torch.zeros(())
         if self.features is None:
             self.features = encoder_features(self.teacher)
-        index = self.uploaded[pair[paired]]
-        real = to_float(self.ctx.train.x[index], self.ctx.info)
+        index = self.uploaded[pair[paired].cpu()]
+        real = devices.on_device(to_float(self.ctx.train.x[index], self.ctx.info))
         return PerceptualLoss(self.features)(x[paired], real)
 
     @handles("query.backprop")
@@ -364,7 +366,7 @@ class FedIODClient(ClientLogic):
         """Evaluation only (not part of the protocol): the teacher's logits on the shared test set,
         so the report can state the standalone accuracies and the ensemble's one-shot ceiling."""
         if not self.view.dense:
-            x = to_float(self.ctx.global_test.x, self.ctx.info)
+            x = devices.on_device(to_float(self.ctx.global_test.x, self.ctx.info))
             with torch.no_grad():
                 logits = torch.cat([self.teacher(chunk) for chunk in x.split(512)])
             return Message.build("evaluate.teachers", arrays={"logits": {"z": logits}})

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from fedistill import devices
 from fedistill.algorithms.base import (
     ServerContext,
     ServerLogic,
@@ -65,7 +66,7 @@ class Federation:
 
     def share(self, clients: list[int], num_classes: int) -> torch.Tensor:
         if self.counts is None:
-            return torch.full((len(clients), num_classes), 1.0 / len(clients))
+            return torch.full((len(clients), num_classes), 1.0 / len(clients), device=self.sizes.device)
         return L.class_share(torch.stack([self.counts[self.clients.index(c)] for c in clients]).float())
 
 
@@ -153,7 +154,9 @@ class FedIODServer(StudentSteps, ServerLogic):
             what="trained teachers",
         )
         clients = sorted(replies)
-        sizes = torch.tensor([float(replies[c].scalar("metrics", "num_samples")) for c in clients])
+        sizes = torch.tensor(
+            [float(replies[c].scalar("metrics", "num_samples")) for c in clients], device=devices.current()
+        )
         if float(sizes.sum()) <= 0:
             raise FederationError("every teacher reports 0 training samples; FedIOD cannot weight them")
         counts = None
@@ -213,7 +216,8 @@ class FedIODServer(StudentSteps, ServerLogic):
         if self.mask_pools:
             masks, pair = draws.from_uploads(self.mask_pools, owner, rng)
         else:
-            masks, pair = draws.prior_masks(self.view, batch, rng), torch.full((batch,), -1)
+            masks = devices.on_device(draws.prior_masks(self.view, batch, rng))
+            pair = torch.full((batch,), -1)
         return draws.Draw(self.view.one_hot(masks), owner, masks, pair)
 
     def _generate(self, draw: draws.Draw, rng: torch.Generator) -> torch.Tensor:
@@ -227,7 +231,7 @@ class FedIODServer(StudentSteps, ServerLogic):
         assert self.federation is not None
         k, b, c = logits.shape
         if self.options.ensemble_weighting == "uniform":
-            return L.uniform_weights(k, b, c)
+            return L.uniform_weights(k, b, c, device=logits.device)
         share = self.federation.share(clients, c)
         return L.importance_weights(share, ratio if self.options.ensemble_weighting == "eq8" else None)
 
@@ -460,8 +464,12 @@ class FedIODServer(StudentSteps, ServerLogic):
         self.pool.load_state_dict(state.get("pool", {}))
         self.collapsed_epochs = int(state.get("collapsed_epochs", 0))
         pools = state.get("mask_pools", {})
-        self.mask_pools = [pools[str(i)] for i in range(len(pools))]
+        self.mask_pools = [devices.on_device(pools[str(i)]) for i in range(len(pools))]
         f = state["federation"]
+        counts = None if f["counts"] is None else devices.on_device(f["counts"])
         self.federation = Federation(
-            list(f["clients"]), f["sizes"], f["counts"], {int(k): v for k, v in f["teacher_val"].items()}
+            list(f["clients"]),
+            devices.on_device(f["sizes"]),
+            counts,
+            {int(k): v for k, v in f["teacher_val"].items()},
         )

@@ -130,7 +130,7 @@ class TaskView:
         if self.task.target == "image":
             return torch.tensor([len(data)], dtype=torch.int64)
         classes = self.task.pixel_targets(data.y)  # type: ignore[attr-defined]
-        return torch.bincount(classes.reshape(-1), minlength=self.outputs).to(torch.int64)
+        return torch.bincount(classes.reshape(-1).cpu(), minlength=self.outputs).to(torch.int64)
 
     def pixel_ratio(self, patch_logits: torch.Tensor, real_mean: float) -> torch.Tensor:
         """Eq. 8's D_k ratio per pixel: sigmoid of each patch logit, upsampled (nearest) to the image,
