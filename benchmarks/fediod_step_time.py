@@ -30,6 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
+from fedistill import devices
 from fedistill.algorithms.base import ServerContext
 from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
 from fedistill.algorithms.training import evaluate_model
@@ -44,10 +45,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def measure(clients: int, args: argparse.Namespace) -> dict:
     fediod = {"teacher_epochs": 1, "generator_width": args.width, "discriminator_width": args.width,
               "student_steps": args.student_steps}  # fmt: skip
+    sync = torch.cuda.synchronize if devices.current().type == "cuda" else (lambda: None)
     config = build_config(
         RunConfig(),
         {"algorithm": "fediod", "clients": clients, "dataset": args.dataset, "data_dir": args.data_dir,
-         "model": args.model, "fediod": fediod},
+         "model": args.model, "fediod": fediod, "device": args.device},
     )  # fmt: skip
     options = options_for(config, "fediod", FedIODOptions)
     data = prepare_data(config)
@@ -61,9 +63,11 @@ def measure(clients: int, args: argparse.Namespace) -> dict:
     for _ in range(2):
         server.distillation_step(fleet)
     fleet.seconds_in_clients = fleet.seconds_in_transport = 0.0
+    sync()
     start = time.perf_counter()
     for _ in range(args.steps):
         server.distillation_step(fleet)
+    sync()
     total = (time.perf_counter() - start) / args.steps
     client = fleet.seconds_in_clients / args.steps
     transport = fleet.seconds_in_transport / args.steps
@@ -114,19 +118,22 @@ def main() -> None:
     parser.add_argument("--student-steps", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (the run's device key)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    devices.use(args.device)
     peak = matmul_peak_gflops()
     rows = [measure(k, args) for k in (10, 20)]
     command = (f"python benchmarks/fediod_step_time.py --dataset {args.dataset} --model {args.model} "
-               f"--width {args.width} --student-steps {args.student_steps} --steps {args.steps} --threads {args.threads}")  # fmt: skip
+               f"--width {args.width} --student-steps {args.student_steps} --steps {args.steps} --threads {args.threads}"
+               + ("" if args.device == "cpu" else f" --device {args.device}"))  # fmt: skip
     lines = [
         "# FedIOD: time per distillation step (in-process transport, CPU)",
         "",
         f"Command: `{command}`",
         "",
-        f"Single-thread fp32 matmul peak of this machine, same run: {peak:.1f} GFLOP/s "
-        f"(2048 x 2048, {args.threads} thread(s)).",
+        f"Device: {devices.current()}. Matmul peak of this machine's CPU, same run: {peak:.1f} GFLOP/s "
+        f"(fp32, 2048 x 2048, {args.threads} thread(s)).",
         "",
         "| K | step (s) | client work | transport | server work | K=20 / K=10 | GFLOP / step | GFLOP/s | of peak |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -140,7 +147,9 @@ def main() -> None:
             f"| {r['gflop_per_step']:.1f} | {r['gflops_achieved']:.1f} | {100 * r['gflops_achieved'] / peak:.0f}% |"
         )
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = f"fediod_step_time_{args.dataset}"
+    name = f"fediod_step_time_{args.dataset}" + (
+        "" if args.device == "cpu" else f"_{args.device.replace(':', '')}"
+    )
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     record = {"command": command, "matmul_peak_gflops": peak, "rows": rows}
     (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")

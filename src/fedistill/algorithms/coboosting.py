@@ -114,7 +114,7 @@ def ods_perturbation(
     direction (output-diversified sampling), the code's diversification of the pool's samples."""
     x = x.detach().requires_grad_(True)
     out = ensemble(x)
-    r = torch.rand(out.shape, generator=rng) * 2 - 1
+    r = (torch.rand(out.shape, generator=rng) * 2 - 1).to(out.device)
     (grad,) = torch.autograd.grad((r * F.softmax(out / temperature, dim=1)).sum(), x)
     return (x + eps * grad.sign()).detach()
 

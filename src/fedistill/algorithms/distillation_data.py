@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from fedistill import devices
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.data.registry import dataset_options, load_dataset
 from fedistill.data.transforms import normalize, to_float
@@ -122,7 +123,7 @@ class NoiseSource(DistillationSource):
         shape = (size, self.info.channels, self.info.image_size, self.info.image_size)
         noise = torch.randn(shape, generator=generator)
         x01 = (noise - noise.min()) / (noise.max() - noise.min()).clamp_min(1e-12)
-        return normalize(x01, self.info)
+        return devices.on_device(normalize(x01, self.info))
 
 
 class ImagePool(DistillationSource):
@@ -143,7 +144,7 @@ class ImagePool(DistillationSource):
 
     def batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
         index = torch.randperm(len(self.images), generator=generator)[: min(size, len(self.images))]
-        return to_float(self.images[index], self.info)
+        return devices.on_device(to_float(self.images[index], self.info))
 
 
 class TokenPool(DistillationSource):
@@ -167,7 +168,7 @@ class TokenPool(DistillationSource):
         """(size, L') int64 token ids, L' the batch's longest text."""
         assert self.info.text is not None
         index = torch.randperm(len(self.ids), generator=generator)[: min(size, len(self.ids))]
-        return trim_padding(self.ids[index], self.info.text.pad_id)
+        return devices.on_device(trim_padding(self.ids[index], self.info.text.pad_id))
 
 
 def _subset(samples: torch.Tensor, size: int, seed: int) -> torch.Tensor:

@@ -71,4 +71,6 @@ def predict_logits(
 
 
 def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    return float((logits.argmax(-1) == labels).float().mean()) if len(labels) else float("nan")
+    if not len(labels):
+        return float("nan")
+    return float((logits.argmax(-1) == labels.to(logits.device)).float().mean())

@@ -56,6 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedistill import devices
 from fedistill.algorithms.base import (
     TEXT_TASKS,
     Algorithm,
@@ -230,7 +231,7 @@ def distill(
         raise FederationError("FedDF has no teacher to distil from (every received model was dropped)")
     for teacher in teachers:
         teacher.eval()
-    w = torch.tensor(list(weights), dtype=torch.float32)
+    w = torch.tensor(list(weights), dtype=torch.float32, device=devices.current())
     w = w / w.sum()
     optimizer = torch.optim.Adam(student.parameters(), lr=options.distill_lr)
     report = DistillationReport()
@@ -371,7 +372,7 @@ class FedDFServer(ServerLogic):
         teachers = [self._frozen(self.group(cid), state) for cid, state in zip(clients, states, strict=True)]
 
         # drop-worst and the ensemble's own validation accuracy (the ceiling the students chase)
-        labels = self.validation.y
+        labels = devices.on_device(self.validation.y)
         val_logits = torch.stack([predict_logits(t, self.validation, self.ctx.info) for t in teachers])
         accuracies = [accuracy(z, labels) for z in val_logits]
         if options.drop_worst == "off":
@@ -381,7 +382,7 @@ class FedDFServer(ServerLogic):
                 accuracies, self.ctx.info.num_classes, weighted=options.drop_worst == "weighted"
             )
         kept = [i for i, w in enumerate(weights) if w > 0]
-        ensemble = (torch.tensor(weights).view(-1, 1, 1) * val_logits).sum(0)
+        ensemble = (torch.tensor(weights, device=val_logits.device).view(-1, 1, 1) * val_logits).sum(0)
         metrics: dict[str, float] = {
             "train_loss": mean_metric({c: replies[c] for c in clients}, "train_loss", counts),
             "clients": len(clients),

@@ -176,7 +176,7 @@ def server_labels(
     qualified = torch.nonzero(counts.max(dim=0).values > 1).flatten()
     if qualified.numel() == 0:
         qualified = torch.nonzero(counts.sum(dim=0) > 0).flatten()
-    return qualified[torch.randint(len(qualified), (batch_size,), generator=generator)]
+    return qualified[torch.randint(len(qualified), (batch_size,), generator=generator).to(qualified.device)]
 
 
 def ensemble_teacher(
@@ -275,7 +275,10 @@ def train_regularized(
             assert label_probs is not None
             with torch.no_grad():
                 target = F.softmax(model.classifier(generator(y, generator=sample_rng)), dim=1)
-                sampled = torch.multinomial(label_probs, generator_batch_size, True, generator=sample_rng)
+                sampled = torch.multinomial(
+                    label_probs.cpu(), generator_batch_size, True, generator=sample_rng
+                )
+                sampled = sampled.to(label_probs.device)
                 generated = generator(sampled, generator=sample_rng)
             latent = F.kl_div(F.log_softmax(logits, dim=1), target, reduction="batchmean")
             teacher = F.cross_entropy(model.classifier(generated), sampled)

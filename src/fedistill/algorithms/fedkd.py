@@ -139,7 +139,7 @@ def quantise(probs: torch.Tensor, output: str, bits: int) -> torch.Tensor:
     n, c = probs.shape
     if output == "one-hot":
         votes = torch.zeros(n, c, dtype=torch.uint8)
-        votes[torch.arange(n), probs.argmax(1)] = 1
+        votes[torch.arange(n), probs.argmax(1).cpu()] = 1
         return votes
     levels = 2**bits - 1
     p = probs.double().clamp_min(0)
@@ -157,7 +157,7 @@ def aggregate(
     votes: list[torch.Tensor], levels: int, sigma: float, generator: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """The vote sums (N, C), each client's row counting 1 in all, and GNMax's label for each image."""
-    counts = torch.stack([v.double() for v in votes]).sum(0).numpy() / levels
+    counts = torch.stack([v.double().cpu() for v in votes]).sum(0).numpy() / levels
     return counts, pate.gnmax_aggregate(counts, sigma, generator)
 
 
@@ -226,7 +226,9 @@ class FedKDClient(ClientLogic):
         probs = torch.softmax(predict(self.teacher, images, self.ctx.info), dim=1)
         if self.options.client_noise > 0:
             noise = torch_generator(self.ctx.config.seed, "fedkd-client-noise", self.ctx.client_id)
-            probs = probs + self.options.client_noise * torch.randn(probs.shape, generator=noise)
+            probs = probs + self.options.client_noise * torch.randn(probs.shape, generator=noise).to(
+                probs.device
+            )
         votes = quantise(probs, self.options.output, self.options.bits)
         return Message.build("query.votes", arrays={"votes": {"votes": votes}})
 

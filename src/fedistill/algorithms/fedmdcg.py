@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedistill import devices
 from fedistill.algorithms import fedmdcg_losses as L
 from fedistill.algorithms.base import (
     Algorithm,
@@ -281,7 +282,7 @@ class FedMDCGClient(ClientLogic):
             for start in range(0, stop, spec.batch_size):
                 idx = order[start : start + spec.batch_size]
                 x = augment(data.x[idx], self.ctx.info, generator) if spec.augment else data.x[idx]
-                yield x, data.y[idx]
+                yield devices.on_device(x), devices.on_device(data.y[idx])
                 steps += 1
                 if spec.steps > 0 and steps >= spec.steps:
                     return

@@ -402,7 +402,8 @@ def sample_labels(
     Used for ŷ in Eq. 3 and for y in every server step (Eq. 10-12).
     """
     probs = label_distribution(label_counts)
-    return torch.multinomial(probs, batch_size, replacement=True, generator=generator)
+    draws = torch.multinomial(probs.cpu(), batch_size, replacement=True, generator=generator)  # CPU stream
+    return draws.to(probs.device)
 
 
 def label_weights(label_counts: torch.Tensor) -> torch.Tensor:

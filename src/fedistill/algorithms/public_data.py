@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fedistill import devices
 from fedistill.algorithms.base import ServerContext
 from fedistill.algorithms.distillation_data import build_source, fit_images, parse_source
 from fedistill.data.base import DatasetInfo
@@ -165,6 +166,9 @@ def predict(model: nn.Module, images: torch.Tensor, info: DatasetInfo, batch_siz
     """The model's outputs (logits, float32) on public images, in eval mode and in batches."""
     was_training = model.training
     model.eval()
-    out = [model(to_float(images[i : i + batch_size], info)) for i in range(0, len(images), batch_size)]
+    out = [
+        model(devices.on_device(to_float(images[i : i + batch_size], info)))
+        for i in range(0, len(images), batch_size)
+    ]
     model.train(was_training)
     return torch.cat(out).float()

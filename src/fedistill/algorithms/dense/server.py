@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedistill import devices
 from fedistill.algorithms.base import ServerContext, ServerLogic, clone_state
 from fedistill.algorithms.bn_matching import batchnorm_statistics_loss
 from fedistill.algorithms.dense import losses as L
@@ -117,7 +118,7 @@ class DenseServer(ServerLogic):
         )
         self.clients = sorted(replies)
         self._load_teachers({cid: replies[cid].tensors("parameters") for cid in self.clients})
-        self.weights = torch.full((len(self.clients),), 1.0 / len(self.clients))
+        self.weights = torch.full((len(self.clients),), 1.0 / len(self.clients), device=devices.current())
         self.reference = self._teacher_report()
         self.reference["teachers_from_cache"] = float(
             sum(float(replies[c].scalar("metrics", "stage1_cached", 0.0)) for c in self.clients)
@@ -179,8 +180,10 @@ class DenseServer(ServerLogic):
         if o.reset_generator:
             seeded(self.ctx.config.seed, lambda: L.reset_generator(self.generator), "generator-reset", epoch)
             self.g_optimizer = self._generator_optimizer()
-        z = torch.randn(o.synthetic_batch_size, o.latent_dim, generator=rng).requires_grad_(True)
-        labels = torch.randint(info.num_classes, (o.synthetic_batch_size,), generator=rng)
+        z = devices.on_device(
+            torch.randn(o.synthetic_batch_size, o.latent_dim, generator=rng)
+        ).requires_grad_(True)
+        labels = devices.on_device(torch.randint(info.num_classes, (o.synthetic_batch_size,), generator=rng))
         z_optimizer = torch.optim.Adam([z], lr=o.lr_generator, betas=(0.5, 0.999))
         self.generator.train()
         self.student.eval()
@@ -292,7 +295,7 @@ class DenseServer(ServerLogic):
             return
         images = self.last_batch[:32] * self.generator.std + self.generator.mean
         plot_image_grid(
-            images.numpy(),
+            images.cpu().numpy(),
             self.ctx.run_dir / "plots" / f"synthetic_epoch_{epoch:04d}.png",
             title=f"synthetic batch, epoch {epoch}",
         )
@@ -364,7 +367,7 @@ class DenseServer(ServerLogic):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.clients = [int(c) for c in state["clients"]]
         self._load_teachers({int(cid): s for cid, s in state["teachers"].items()})
-        self.weights = state["weights"].clone()
+        self.weights = devices.on_device(state["weights"]).clone()
         self.generator.load_state_dict(state["generator"])
         self.g_optimizer = self._generator_optimizer()
         self.g_optimizer.load_state_dict(state["g_optimizer"])
@@ -372,4 +375,5 @@ class DenseServer(ServerLogic):
         self.s_optimizer.load_state_dict(state["s_optimizer"])
         self.pool.load_state_dict(state["pool"])
         self.best, self.reference = state["best"], dict(state["reference"])
-        self.last_batch = state.get("last_batch")
+        last = state.get("last_batch")
+        self.last_batch = None if last is None else devices.on_device(last)
