@@ -32,17 +32,26 @@ def numpy_generator(seed: int, *purpose: object) -> np.random.Generator:
 
 def seeded(seed: int, build: Callable[[], T], *purpose: object) -> T:
     """Run `build` (e.g. a model constructor using torch's global RNG) under a derived seed,
-    leaving the global RNG state as it was."""
+    leaving the global RNG state as it was. A module it builds is initialised on the CPU (the same
+    weights on every device) and then moved to the run's device."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, *purpose))
-        return build()
+        built = build()
+    if isinstance(built, torch.nn.Module):
+        from fedistill import devices
+
+        built = built.to(devices.current())
+    return built
 
 
 @contextmanager
 def global_rng(seed: int) -> Iterator[None]:
-    """Torch's global CPU RNG seeded with `seed` inside the block and restored after it: for the draws a
+    """Torch's global RNG seeded with `seed` inside the block and restored after it: for the draws a
     model makes without a generator (dropout), so that they too follow the run's seed and a resumed
-    run draws what an uninterrupted one does."""
-    with torch.random.fork_rng(devices=[]):
+    run draws what an uninterrupted one does (on a CUDA device, its generator too)."""
+    from fedistill import devices
+
+    cuda = [devices.current()] if devices.current().type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)
         yield

@@ -312,7 +312,8 @@ class FedMDServer(ServerLogic):
             "alignment_size": len(index),
         }
         assert self.public.labels is not None  # a labelled source (FedMDOptions.validate)
-        metrics["consensus_accuracy"] = float((agreed.argmax(1) == self.public.labels[index]).float().mean())
+        labels = self.public.labels[index].to(agreed.device)
+        metrics["consensus_accuracy"] = float((agreed.argmax(1) == labels).float().mean())
         return metrics
 
     def evaluate(self, fleet: Fleet, round: int) -> dict[str, float]:

@@ -42,8 +42,8 @@ def shares(pi: torch.Tensor, batch: int) -> torch.Tensor:
 
 
 def owners(pi: torch.Tensor, batch: int) -> torch.Tensor:
-    """(batch,) site positions, site by site in order (see `shares`)."""
-    return torch.repeat_interleave(torch.arange(len(pi)), shares(pi, batch))
+    """(batch,) site positions on the CPU, site by site in order (see `shares`)."""
+    return torch.repeat_interleave(torch.arange(len(pi)), shares(pi.cpu(), batch))
 
 
 def from_uploads(

@@ -79,6 +79,7 @@ def _classification_report(server: FedIODServer, fleet: Fleet) -> dict[str, floa
     clients = sorted(replies)
     raw = torch.stack([replies[c].tensor("logits", "z") for c in clients])  # (K, N, C)
     logits = calibrated(raw, server.options.teacher_logits)
+    labels = labels.to(raw.device)
     acc = (raw.argmax(-1) == labels).float().mean(1)
     pi = server.federation.pi(clients)
     share = server.federation.share(clients, c)
