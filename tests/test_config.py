@@ -101,3 +101,13 @@ def test_devices_resolve_auto_to_something_this_machine_has():
     assert auto.type in ("cpu", "cuda", "mps")
     assert devices.resolve("cpu") == torch.device("cpu")
     assert devices.on_device(torch.zeros(2)).device.type == devices.current().type
+
+
+def test_resume_may_change_only_the_device(tmp_path, capsys):
+    from fedistill.cli import main
+
+    base = ["--algorithm", "fedavg", "--rounds", "1", "--model", "mlp", "--out", str(tmp_path), "--name", "r"]
+    assert main(["run", "--quiet", *base]) == 0
+    assert main(["run", "--quiet", "--resume", str(tmp_path / "r"), "--device", "cpu"]) == 0
+    assert main(["run", "--quiet", "--resume", str(tmp_path / "r"), "--rounds", "3"]) == 2
+    assert "only --device may change" in capsys.readouterr().err

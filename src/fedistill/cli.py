@@ -34,6 +34,7 @@ FLAG_KEYS = {
     "out": "out",
     "name": "name",
     "transport": "transport",
+    "device": "device",
 }
 
 
@@ -71,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--transport",
         choices=["inprocess", "flower"],
         help="how messages travel (flower: its simulation engine)",
+    )
+    run.add_argument(
+        "--device",
+        help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N or mps; with --resume: where it goes on",
     )
     run.add_argument("--config", metavar="FILE.toml", help="a TOML config file")
     run.add_argument(
@@ -114,13 +119,18 @@ def command_run(args: argparse.Namespace) -> int:
     from fedistill.experiment.summary import print_results
 
     if args.resume:
-        given = [flag for flag in FLAG_KEYS if getattr(args, flag) is not None] + (
+        given = [flag for flag in FLAG_KEYS if flag != "device" and getattr(args, flag) is not None] + (
             ["set"] if args.set else []
         )
         if given or args.config or args.download:
-            raise UserError("--resume continues with the run's saved config.toml; drop the other options")
+            raise UserError(
+                "--resume continues with the run's saved config.toml; drop the other options "
+                "(only --device may change: a run resumes on any device)"
+            )
         suite_dir = folder.resume_target(Path(args.resume))
         config = read_config(suite_dir / "config.toml")
+        if args.device is not None:  # checkpoints load anywhere; the rest of the run stays as it was
+            config = config.replace(device=args.device)
         data = validate_setup(config)
         _CURRENT_RUN.append(suite_dir)
         with folder.locked(suite_dir):
