@@ -182,9 +182,9 @@ class StudentSteps:
             else:
                 images = self.generator.forward_unit(draw.latent)
             self.generator.train()
-        grid, labels = images.numpy(), None
+        grid, labels = images.cpu().numpy(), None
         if draw.masks is not None:  # masks above their images
-            masks = (draw.masks > 0).float()[:, None].expand(-1, images.shape[1], -1, -1).numpy()
+            masks = (draw.masks > 0).float()[:, None].expand(-1, images.shape[1], -1, -1).cpu().numpy()
             grid = np.concatenate([masks, grid])
             labels = ["mask"] * count + ["G(mask)"] * count
         plot_image_grid(
