@@ -24,6 +24,9 @@ PER_ALGORITHM = {
                                   "generator_width": 8}},
     "fedkd": {"fedkd": {"teacher_epochs": 1}},
     "fedmd": {"fedmd": {"alignment_size": 64, "transfer_epochs": 1}},
+    "asyndgan": {"asyndgan": {"generator_width": 4, "generator_blocks": 1, "discriminator_width": 4,
+                              "discriminator_layers": 2, "synthetic_batch_size": 4, "iters_per_epoch": 2}},
+    "flmrcm": {"flmrcm": {"discriminator_width": 8, "feature_batches": 1}},
 }  # fmt: skip
 DENSE_TASKS = {
     "segmentation": {"dataset": "mni152-synthetic-lesions", "model": "unet", "partition": "natural",
@@ -47,8 +50,12 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp())
     runs = [(name, TINY | PER_ALGORITHM.get(name, {})) for name in args.algorithms.split(",")]
-    runs += [(f"{a}-{task}", TINY | layer | (DENSE_FEDIOD if a == "fediod" else {}))
-             for task, layer in DENSE_TASKS.items() for a in ("fediod", "fedavg")]  # fmt: skip
+    dense = {
+        "segmentation": ("fediod", "fedavg", "asyndgan"),
+        "reconstruction": ("fediod", "fedavg", "flmrcm"),
+    }
+    runs += [(f"{a}-{task}", TINY | layer | (DENSE_FEDIOD if a == "fediod" else {}) | PER_ALGORITHM.get(a, {}))
+             for task, layer in DENSE_TASKS.items() for a in dense[task]]  # fmt: skip
     for label, layer in runs:
         algorithm = label.split("-")[0]
         config = build_config(RunConfig(), layer, {"algorithm": algorithm, "device": args.device})

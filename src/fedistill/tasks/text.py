@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedistill import devices
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.errors import ConfigError
 from fedistill.seeding import global_rng
@@ -83,11 +84,12 @@ class TextClassification(Classification):
         for start in range(0, stop, batch_size):
             idx = order[start : start + batch_size]
             ids = trim_padding(data.x[idx], pad_id)
+            ids, labels = devices.on_device(ids), devices.on_device(data.y[idx])
             if generator is None:
-                yield ids, data.y[idx]
+                yield ids, labels
             else:
                 seed = torch.randint(0, 2**62, (1,), generator=generator)
-                yield (ids, seed), data.y[idx]
+                yield (ids, seed), labels
 
     def predict(self, model: nn.Module, inputs: Inputs) -> torch.Tensor:
         if isinstance(inputs, torch.Tensor):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fedistill import devices
 from fedistill.algorithms.asyndgan.options import AsynDGANOptions
 from fedistill.algorithms.base import ClientContext, clone_state
 from fedistill.algorithms.fediod import losses as L
@@ -37,8 +38,8 @@ def condition_classes(task: Task, info: DatasetInfo) -> int:
 
 def to_unit_range(x: torch.Tensor, info: DatasetInfo) -> torch.Tensor:
     """Images normalised with the dataset's mean and std -> [0, 1]."""
-    mean = torch.tensor(info.mean, dtype=x.dtype).view(1, -1, 1, 1)
-    std = torch.tensor(info.std, dtype=x.dtype).view(1, -1, 1, 1)
+    mean = torch.tensor(info.mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    std = torch.tensor(info.std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
     return x * std + mean
 
 
@@ -91,7 +92,7 @@ class AsynDGANClient(ClientLogic):
         """One G-step at this site: a D-step on (real pairs, G's pairs) of its own masks, then the
         gradient of its G terms, GAN + w_l1 * L1 (+ perceptual), with respect to G's images."""
         x, masks, pair = self._receive(message)
-        real = to_float(self.ctx.train.x[self.uploaded[pair]], self.ctx.info)
+        real = devices.on_device(to_float(self.ctx.train.x[self.uploaded[pair.cpu()]], self.ctx.info))
         condition = one_hot_mask(masks, self.classes)
         set_lr(self.d_optimizer, float(message.scalar("config", "lr_discriminator")))
         self.discriminator.train()
@@ -148,7 +149,7 @@ class AsynDGANClient(ClientLogic):
                 f"query.adversarial: {n} samples with mask positions outside the {len(self.uploaded)} "
                 "masks this site uploaded"
             )
-        if not torch.equal(self.sent[pair], masks):
+        if not torch.equal(self.sent[pair.cpu()].to(masks.device), masks):
             raise FederationError(
                 "query.adversarial: the masks sent are not this site's masks at those positions"
             )

@@ -242,8 +242,13 @@ class AsynDGANServer(ServerLogic):
         rng = torch_generator(self.ctx.config.seed, "asyndgan-samples")
         masks, _ = draws.from_uploads(self.pools, draws.owners(self._weights(), 8), rng)
         images = self._sample(masks, rng, "samples", round)
-        unit = (images * self.generator.std + self.generator.mean).numpy()
-        shown = (masks.float() / max(self.classes - 1, 1))[:, None].expand(-1, unit.shape[1], -1, -1).numpy()
+        unit = (images * self.generator.std + self.generator.mean).cpu().numpy()
+        shown = (
+            (masks.float() / max(self.classes - 1, 1))[:, None]
+            .expand(-1, unit.shape[1], -1, -1)
+            .cpu()
+            .numpy()
+        )
         plot_image_grid(
             np.concatenate([shown, unit]),
             self.ctx.run_dir / "plots" / f"synthetic_epoch_{round:04d}.png",
