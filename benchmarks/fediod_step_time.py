@@ -44,7 +44,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def measure(clients: int, args: argparse.Namespace) -> dict:
     fediod = {"teacher_epochs": 1, "generator_width": args.width, "discriminator_width": args.width,
-              "student_steps": args.student_steps}  # fmt: skip
+              "student_steps": args.student_steps, "channels_last": args.channels_last}  # fmt: skip
     sync = torch.cuda.synchronize if devices.current().type == "cuda" else (lambda: None)
     config = build_config(
         RunConfig(),
@@ -119,6 +119,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (the run's device key)")
+    parser.add_argument("--channels-last", action="store_true", help="fediod.channels_last = true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     devices.use(args.device)
@@ -126,7 +127,8 @@ def main() -> None:
     rows = [measure(k, args) for k in (10, 20)]
     command = (f"python benchmarks/fediod_step_time.py --dataset {args.dataset} --model {args.model} "
                f"--width {args.width} --student-steps {args.student_steps} --steps {args.steps} --threads {args.threads}"
-               + ("" if args.device == "cpu" else f" --device {args.device}"))  # fmt: skip
+               + ("" if args.device == "cpu" else f" --device {args.device}")
+               + (" --channels-last" if args.channels_last else ""))  # fmt: skip
     lines = [
         "# FedIOD: time per distillation step (in-process transport, CPU)",
         "",
@@ -150,6 +152,7 @@ def main() -> None:
     name = f"fediod_step_time_{args.dataset}" + (
         "" if args.device == "cpu" else f"_{args.device.replace(':', '')}"
     )
+    name += "_channels-last" if args.channels_last else ""
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     record = {"command": command, "matmul_peak_gflops": peak, "rows": rows}
     (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")

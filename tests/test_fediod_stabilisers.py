@@ -196,3 +196,21 @@ def test_the_per_client_mixture_sends_only_a_sample_mask_more_and_resumes_exactl
         r for r in read_ledger(run / "ledger.jsonl") if r["type"] == "query.generate" and r["direction"] != UP
     ]
     assert down and all("synthetic-inputs" in r["kinds"] for r in down)
+
+
+def test_channels_last_is_the_same_protocol_in_another_memory_layout(tmp_path):
+    """`channels_last` changes only how stage 2's convolutions lay out memory: the generator's gradient
+    assembled from the replies still equals autograd, the run resumes exactly, and its result agrees
+    with the default layout's within float tolerance."""
+    config = build_config(_config(channels_last=True, w_bn=2.0), {"rounds": 3})
+    clients, server, _ = _built(config)
+    assert server.student.extractor.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    teacher = clients[sorted(clients)[0]].teacher
+    assert teacher.extractor.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    run = check_resume_after_crash(config, FedIODServer, tmp_path / "cl")
+    plain = run_suite(build_config(_config(w_bn=2.0), {"rounds": 3}), tmp_path / "plain", progress=False)[0]
+    summary = json.loads((run / "summary.json").read_text())
+    assert (
+        summary["final"]["teacher_mean_accuracy"] == plain["final"]["teacher_mean_accuracy"]
+    )  # stage 1 as is
+    assert abs(summary["final"]["test_accuracy"] - plain["final"]["test_accuracy"]) <= 0.15

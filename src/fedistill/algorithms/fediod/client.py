@@ -97,6 +97,8 @@ class FedIODClient(ClientLogic):
         self.view = TaskView(task_of(ctx.config, ctx.info), ctx.info, ctx.config.seed)
         self.teacher = new_model(ctx.config, ctx.info, teacher_name(self.options, ctx.config, ctx.client_id))
         self.discriminator = seeded(ctx.config.seed, self._build_discriminator, "discriminator-init")
+        if self.options.channels_last:
+            self.discriminator.to(memory_format=torch.channels_last)
         self.uploaded = torch.zeros(0, dtype=torch.int64)  # training indices of the masks sent (query.masks)
         self.features: nn.Module | None = None  # T_k's frozen encoder, for the perceptual term
         self.d_optimizer = torch.optim.Adam(
@@ -108,6 +110,14 @@ class FedIODClient(ClientLogic):
         self.student = new_model(ctx.config, ctx.info, self.options.student or ctx.config.model)
         self.student_specs = state_specs(self.student.state_dict())
         self.budget = ClientBudget(self.options.dp, ctx.client_id) if self.options.dp_enabled else None
+
+    def _freeze_teacher(self) -> None:
+        """T_k after stage 1: eval mode, no parameter gradients, and stage 2's memory layout."""
+        self.teacher.eval()
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        if self.options.channels_last:
+            self.teacher.to(memory_format=torch.channels_last)
 
     def _build_discriminator(self) -> nn.Module:
         options, info = self.options, self.ctx.info
@@ -131,9 +141,7 @@ class FedIODClient(ClientLogic):
     def train(self, message: Message) -> Message:
         architecture = teacher_name(self.options, self.ctx.config, self.ctx.client_id)
         metrics = train_teacher(self.teacher, self.ctx, architecture, self.options.teacher_epochs)
-        self.teacher.eval()
-        for p in self.teacher.parameters():
-            p.requires_grad_(False)
+        self._freeze_teacher()
         metrics["num_samples"] = len(self.ctx.train)
         headline = self.view.task.headline
         val = evaluate_model(self.teacher, self.ctx.val, self.ctx.info, task=self.view.task)
@@ -397,9 +405,7 @@ class FedIODClient(ClientLogic):
 
     def load_state_dict(self, state: dict) -> None:
         self.teacher.load_state_dict(state["teacher"])
-        self.teacher.eval()
-        for p in self.teacher.parameters():
-            p.requires_grad_(False)
+        self._freeze_teacher()
         self.discriminator.load_state_dict(state["discriminator"])
         self.d_optimizer.load_state_dict(state["d_optimizer"])
         self.real_mean = float(state["real_mean"])

@@ -83,6 +83,9 @@ class FedIODServer(StudentSteps, ServerLogic):
         self.view = TaskView(task_of(config, info), info, config.seed)
         self.generator = seeded(config.seed, self._build_generator, "generator-init")
         self.student = new_model(config, info, options.student or config.model)
+        if options.channels_last:
+            self.generator.to(memory_format=torch.channels_last)
+            self.student.to(memory_format=torch.channels_last)
         self.g_optimizer = torch.optim.Adam(
             self.generator.parameters(), lr=options.lr_generator, betas=(0.5, 0.999)
         )
