@@ -15,6 +15,7 @@ from fedistill.algorithms import (  # noqa: F401
     fedper,
     flmrcm,
     lgfedavg,
+    one_shot,
     standalone,
 )
 from fedistill.algorithms.base import ALGORITHMS, Algorithm, algorithm_names, get_algorithm

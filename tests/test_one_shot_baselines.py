@@ -1,0 +1,61 @@
+"""One-shot FedAvg and one-shot FedDF: every site's stage-1 model (FedIOD's teacher, from the same cache
+entry) crosses once; FedAvg averages them once, FedDF fuses them once by distillation."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from fedistill.errors import ConfigError
+from fedistill.experiment.config import RunConfig, build_config
+from fedistill.experiment.runner import run_suite
+from fedistill.federation.ledger import UP, read_ledger
+
+TINY = {"clients": 3, "rounds": 1, "model": "lenet-fedmdcg", "alpha": 1.0, "batch_size": 32}
+STAGE1 = {"teacher_epochs": 2}
+
+
+def _config(tmp_path, algorithms: str, **extra) -> RunConfig:
+    tables = {name: dict(STAGE1) for name in algorithms.split(",")}
+    tables.get("feddf-oneshot", {}).update(steps=20, eval_every_steps=10)
+    tables.get("fediod", {}).update(iters_per_epoch=1, synthetic_batch_size=8, generator_width=8,
+                                    discriminator_width=8)  # fmt: skip
+    return build_config(RunConfig(), TINY, tables, {"algorithm": algorithms, "out": str(tmp_path)}, extra)
+
+
+def test_parameters_cross_once_and_every_method_sees_fediods_teachers(tmp_path):
+    summaries = run_suite(
+        _config(tmp_path, "fediod,fedavg-oneshot,feddf-oneshot"), tmp_path / "s", progress=False
+    )
+    fediod, fedavg, feddf = summaries
+    assert fedavg["final"]["teachers_from_cache"] == feddf["final"]["teachers_from_cache"] == 3.0
+    for summary in (fedavg, feddf):
+        assert summary["final"]["teacher_mean_accuracy"] == pytest.approx(
+            fediod["final"]["teacher_mean_accuracy"]
+        )
+        records = read_ledger(tmp_path / "s" / summary["algorithm"] / "ledger.jsonl")
+        with_params = [r for r in records if r["direction"] == UP and "parameters" in r["kinds"]]
+        assert sorted(r["client"] for r in with_params) == [0, 1, 2]  # once per site
+        assert summary["final"]["fraction_of_ensemble"] > 0
+
+
+def test_one_shot_fedavg_is_the_sample_weighted_average_of_the_teachers(tmp_path):
+    run_suite(_config(tmp_path, "fediod,fedavg-oneshot"), tmp_path / "s", progress=False)
+    cache = sorted((tmp_path / ".cache" / "stage1").glob("teacher-*.safetensors"))  # client 0, 1, 2
+    assert len(cache) == 3
+    states = [load_file(str(p)) for p in cache]
+    partition = json.loads((tmp_path / "s" / "fedavg-oneshot" / "partition.json").read_text())
+    sizes = partition["client_train_sizes"]
+    average = {
+        k: sum(s[k].double() * n for s, n in zip(states, sizes, strict=True)) / sum(sizes) for k in states[0]
+    }
+    saved = load_file(str(tmp_path / "s" / "fedavg-oneshot" / "models" / "global.safetensors"))
+    for name, value in saved.items():
+        if value.is_floating_point():
+            torch.testing.assert_close(value.double(), average[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_one_shot_method_runs_one_round(tmp_path):
+    with pytest.raises(ConfigError, match="set rounds = 1"):
+        run_suite(_config(tmp_path, "fedavg-oneshot", rounds=2), tmp_path / "s", progress=False)
