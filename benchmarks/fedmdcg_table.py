@@ -84,6 +84,9 @@ EXPECTED_HEADER = """\
 # the full local models (an evaluation-only oracle outside the protocol).
 # The omega order of the paper's columns (10, 1, 0.1) is read from its appendix tables, where accuracy
 # falls as heterogeneity grows.
+# Reconstruction configs (reconstruction/*.toml, FedIOD's Table 9): paper_ssim_<source> and
+# paper_psnr_<source> (dB) per test source (brats, fastmri, ixi), SSIM and PSNR per volume; tolerance_ssim
+# and tolerance_psnr bound |ours - paper| in the same way.
 """
 
 
