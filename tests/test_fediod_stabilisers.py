@@ -208,7 +208,8 @@ def test_channels_last_is_the_same_protocol_in_another_memory_layout(tmp_path):
     teacher = clients[sorted(clients)[0]].teacher
     assert teacher.extractor.conv1.weight.is_contiguous(memory_format=torch.channels_last)
     run = check_resume_after_crash(config, FedIODServer, tmp_path / "cl")
-    plain = run_suite(build_config(_config(w_bn=2.0), {"rounds": 3}), tmp_path / "plain", progress=False)[0]
+    plain_config = build_config(_config(w_bn=2.0, channels_last=False), {"rounds": 3})
+    plain = run_suite(plain_config, tmp_path / "plain", progress=False)[0]
     summary = json.loads((run / "summary.json").read_text())
     assert (
         summary["final"]["teacher_mean_accuracy"] == plain["final"]["teacher_mean_accuracy"]
