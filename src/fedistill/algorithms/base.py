@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,9 @@ class ClientContext:
     options: Any
     global_test: ImageSet  # the evaluation harness's test set, for reporting a local model's accuracy
     cache_dir: Path | None = None  # the site's own cache of stage-1 models (algorithms/stage1.py); None: off
+    # the evaluation harness's facts of `global_test` (per-volume scores, stitched patches, sources)
+    global_test_meta: dict[str, Any] = field(default_factory=dict)
+    global_test_sources: list[str] | None = None
 
 
 @dataclass

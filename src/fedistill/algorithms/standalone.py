@@ -62,7 +62,15 @@ class StandaloneClient(ClientLogic):
     @handles("evaluate", read_only=True)
     def evaluate(self, message: Message) -> Message:
         task = self.training.task
-        test = evaluate_model(self.model, self.ctx.global_test, self.ctx.info, task=task)
+        ctx = self.ctx
+        test = evaluate_model(
+            self.model,
+            ctx.global_test,
+            ctx.info,
+            task=task,
+            meta=ctx.global_test_meta,
+            groups=ctx.global_test_sources,
+        )
         local = evaluate_model(self.model, self.ctx.test, self.ctx.info, task=task)
         metrics = test_metrics(test) | local_metrics(task, local)
         return Message.build("evaluate", scalars={"metrics": metrics})

@@ -192,6 +192,8 @@ def client_contexts(
                 options,
                 test,
                 cache_dir,
+                data.dataset.test_meta,
+                source_names(data.dataset),
             )
         ]
     return [
@@ -205,6 +207,8 @@ def client_contexts(
             options,
             test,
             cache_dir,
+            data.dataset.test_meta,
+            source_names(data.dataset),
         )
         for k in range(len(split.client_train))
     ]
