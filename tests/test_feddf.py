@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fedistill.algorithms import distillation_data as dd
@@ -163,7 +164,8 @@ def test_the_averaged_model_wins_only_with_fallback_to_average():
         assert torch.equal(final, validate.seen[0 if fallback else 1])
 
 
-def test_distillation_brings_the_student_to_the_ensemble():
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_distillation_brings_the_student_to_the_ensemble(optimizer):
     info = _info(size=4)
     student, teachers = _tiny_models(info)
     source = dd.NoiseSource(info)
@@ -175,9 +177,11 @@ def test_distillation_brings_the_student_to_the_ensemble():
             return float(ensemble_loss(student(probe), torch.stack([t(probe) for t in teachers]), w))
 
     before = kl()
+    lr = 1e-2 if optimizer == "adam" else 0.1
     options = FedDFOptions(
-        steps=150, eval_every_steps=50, patience=10, distill_batch_size=32, distill_lr=1e-2
-    )
+        steps=150, eval_every_steps=50, patience=10, distill_batch_size=32, distill_lr=lr,
+        distill_optimizer=optimizer,
+    )  # fmt: skip
     report = distill(student, teachers, [0.5, 0.5], source, lambda m: 0.0, options, torch.Generator())
     assert report.steps == 150 and kl() < 0.1 * before
     assert np.mean(report.losses[-10:]) < np.mean(report.losses[:10])
@@ -355,3 +359,63 @@ def test_fedavg_drop_worst_uses_the_same_filter(tmp_path):
 def test_bad_settings_fail_with_a_clear_error(tmp_path, layer, match):
     with pytest.raises(ConfigError, match=match):
         _suite(tmp_path, **layer)
+
+
+def test_binary_clients_are_fused_in_full_precision(tmp_path, monkeypatch):
+    """`fuse_precision = "full"` (FedDF Table 4): the server distils the binary group as the real network of
+    its latent weights, and the summary scores both that network and the binarized one the clients run."""
+    from fedistill.models.binary import BinaryConv2d
+
+    seen: list[bool] = []
+    forward = BinaryConv2d.forward
+
+    def spy(self, x):
+        seen.append(bool(torch.is_grad_enabled() and self.training and self.binarize))
+        return forward(self, x)
+
+    monkeypatch.setattr(BinaryConv2d, "forward", spy)
+    summary = _suite(
+        tmp_path, algorithm="feddf", model="resnet8-binary", feddf={**FAST, "fuse_precision": "full"}
+    )[0]
+    final = summary["final"]
+    assert 0.0 <= final["test_accuracy"] <= 1.0 and 0.0 <= final["test_accuracy_full_precision"] <= 1.0
+    # in-process clients train binarized (grad on, binarize on); the server's distillation steps
+    # run with grad on and binarize off, so both kinds of training forward passes happened
+    assert any(seen) and not all(seen)
+
+    with pytest.raises(ConfigError, match=r"no group .* has binary layers"):
+        _suite(tmp_path / "mlp", algorithm="feddf", feddf={**FAST, "fuse_precision": "full"})
+
+
+def test_full_precision_is_the_plain_convolution_of_the_latent_weights():
+    from fedistill.models.binary import BinaryConv2d, full_precision
+
+    torch.manual_seed(0)
+    conv, x = BinaryConv2d(2, 3, 3, padding=1, bias=False), torch.randn(2, 2, 6, 6)
+    with full_precision(conv):
+        assert torch.allclose(conv(x), F.conv2d(x, conv.weight, padding=1))
+    alpha = conv.weight.abs().mean(dim=(1, 2, 3), keepdim=True)
+    assert torch.allclose(
+        conv(x), F.conv2d(torch.where(x >= 0, 1.0, -1.0), alpha * conv.weight.sign(), padding=1)
+    )
+    assert conv.binarize  # back to binary after the block
+
+
+def test_student_from_previous_starts_where_the_last_round_ended(tmp_path, monkeypatch):
+    """`student_init = "previous"` (FedDF Table 5): round 2's student starts from round 1's fused model,
+    not from round 2's average, so its starting validation accuracy is round 1's selected one."""
+    from fedistill.algorithms import fedavg
+
+    seen: list[float] = []
+    train_local = fedavg.train_local
+
+    def spy(*args, prox_mu: float = 0.0, **kwargs):
+        seen.append(prox_mu)
+        return train_local(*args, prox_mu=prox_mu, **kwargs)
+
+    monkeypatch.setattr(fedavg, "train_local", spy)
+    feddf = {**FAST, "student_init": "previous", "prox_mu": 0.01}
+    _suite(tmp_path, algorithm="feddf", feddf=feddf)
+    assert seen and set(seen) == {0.01}  # the clients train with FedProx's term (Table 8)
+    first, second = read_jsonl(tmp_path / "suite" / "feddf" / "metrics.jsonl")[:2]
+    assert second["val_accuracy_average_mlp"] == pytest.approx(first["val_accuracy_mlp"], abs=1e-9)

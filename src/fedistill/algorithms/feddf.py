@@ -38,6 +38,12 @@ text dataset>` works too; noise and generators, which make images, are refused f
 student's dropout, like every random draw, follows the run seed (`global_rng` per step), so a resumed
 run is exact.
 
+Binary clients (FedDF Table 4): with `fuse_precision = "full"` a group of binary models (resnet8-binary)
+starts from the average of their latent float weights and is distilled as the full-precision network
+of those weights (real convolutions, models/binary.py `full_precision`); the result goes back as the
+clients' latent weights, which they binarize again. Summaries then also report
+`test_accuracy_full_precision` (the fused network) beside `test_accuracy` (as the clients compute).
+
 Differential privacy: the ``dp_*`` options clip and noise each client's update exactly as for FedAvg
 (user-level, at the client; see `fedistill.algorithms.fedavg`). The ensemble the server distils is
 then made of the noisy models, and each client's epsilon is in the run's summary.
@@ -49,6 +55,7 @@ import copy
 import logging
 import math
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -88,6 +95,7 @@ from fedistill.experiment.config import RunConfig
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import Message, state_specs
 from fedistill.federation.reply_spec import LOCAL_METRICS, TRAIN_METRICS, ReplySpec
+from fedistill.models.binary import full_precision, has_binary_layers
 from fedistill.privacy.budget import DPOptions
 from fedistill.seeding import derive_seed, global_rng, torch_generator
 
@@ -111,7 +119,8 @@ class FedDFOptions(DPOptions):
     generator_upsample: str = "bilinear"  # a `generator:` source's second upsampling (FedIOD: bilinear)
     steps: int = 500  # distillation steps per group and round (the paper: 10^4)
     distill_batch_size: int = 64  # the README runs' 64
-    distill_lr: float = 1e-3  # Adam
+    distill_lr: float = 1e-3
+    distill_optimizer: str = "adam"  # adam (the paper) | sgd (momentum 0.9, same schedule: its Table 7)
     schedule: str = "cosine"  # cosine (annealed to 0 over `steps`) | constant
     loss: str = "avg-logits"  # avg-logits (AVGLOGITS, the paper) | avg-probs | avg-losses
     temperature: float = 1.0
@@ -129,6 +138,14 @@ class FedDFOptions(DPOptions):
     distill: bool = True
     drop_worst: str = "off"  # off | drop | weighted (ensemble weights proportional to validation accuracy)
     weighting: str = "samples"  # student initialisation: samples (Algorithm 1) | uniform (the code)
+    # model: each group's student computes as its clients' model does; full: groups of binary models
+    # (resnet8-binary) are distilled into the full-precision network of their latent weights, which goes
+    # back to the clients to be binarized again (FedDF Table 4)
+    fuse_precision: str = "model"
+    # average: each round's student starts from the average of its group's received models (Algorithm 1);
+    # previous: from the group's fused model of the previous round (the paper's Table 5 ablation)
+    student_init: str = "average"
+    prox_mu: float = 0.0  # FedProx's proximal term in the clients' local training (the paper's Table 8)
 
     def validate(self) -> None:
         self.validate_dp()
@@ -139,6 +156,9 @@ class FedDFOptions(DPOptions):
             "schedule": ("cosine", "constant"),
             "generator_upsample": ("bilinear", "nearest"),
             "student_bn": ("adapt", "frozen"),
+            "fuse_precision": ("model", "full"),
+            "student_init": ("average", "previous"),
+            "distill_optimizer": ("adam", "sgd"),
         }
         check_choices("feddf", self, choices)
         parse_source(self.source)
@@ -148,6 +168,8 @@ class FedDFOptions(DPOptions):
         for key in ("distill_lr", "temperature"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"feddf.{key} must be > 0, got {getattr(self, key)}")
+        if not self.prox_mu >= 0:
+            raise ConfigError(f"feddf.prox_mu must be >= 0, got {self.prox_mu}")
         if self.clip_grad_norm < 0:
             raise ConfigError(f"feddf.clip_grad_norm must be >= 0 (0: off), got {self.clip_grad_norm}")
         if not 0 < self.holdout_val_share < 1:
@@ -233,7 +255,12 @@ def distill(
         teacher.eval()
     w = torch.tensor(list(weights), dtype=torch.float32, device=devices.current())
     w = w / w.sum()
-    optimizer = torch.optim.Adam(student.parameters(), lr=options.distill_lr)
+    if options.distill_optimizer == "sgd":
+        optimizer: torch.optim.Optimizer = torch.optim.SGD(
+            student.parameters(), lr=options.distill_lr, momentum=0.9
+        )
+    else:
+        optimizer = torch.optim.Adam(student.parameters(), lr=options.distill_lr)
     report = DistillationReport()
     start = validate(student)
     report.evaluations.append((0, start))
@@ -332,6 +359,12 @@ class FedDFServer(ServerLogic):
         self.cycle = group_names(self.options, config)
         self.group_models = {name: new_model(config, info, name) for name in dict.fromkeys(self.cycle)}
         self.specs = {name: state_specs(model.state_dict()) for name, model in self.group_models.items()}
+        binary = any(map(has_binary_layers, self.group_models.values()))
+        if self.options.fuse_precision == "full" and not binary:
+            raise ConfigError(
+                "feddf.fuse_precision = 'full' fuses binary models in full precision, but no group "
+                f"({', '.join(self.group_models)}) has binary layers; use one such as resnet8-binary"
+            )
         self.source = build_source(
             self.options.source,
             info,
@@ -352,7 +385,7 @@ class FedDFServer(ServerLogic):
         config, options = self.ctx.config, self.options
         chosen = sample_clients(fleet.clients, config.fraction, config.seed, round)
         evaluate_local = round % config.eval_every == 0 or round == config.rounds
-        settings = {"round": round, "prox_mu": 0.0, "evaluate_local": evaluate_local}
+        settings = {"round": round, "prox_mu": options.prox_mu, "evaluate_local": evaluate_local}
         requests = {
             name: Message.build(
                 "train", arrays={"parameters": model.state_dict()}, scalars={"config": settings}
@@ -396,22 +429,23 @@ class FedDFServer(ServerLogic):
         selected = []
         for name, student in self.group_models.items():
             members = [i for i in kept if self.group(clients[i]) == name]
-            if members:  # no member this round: the group's previous model is the starting point
+            if members and options.student_init == "average":  # else the group's previous model
                 shares = [counts[i] if options.weighting == "samples" else 1.0 for i in members]
                 student.load_state_dict(average_states([states[i] for i in members], shares))
             if not options.distill:
                 selected.append(self._validate(student))
                 metrics |= {f"members_{name}": len(members), f"val_accuracy_{name}": selected[-1]}
                 continue
-            report = distill(
-                student,
-                [teachers[i] for i in kept],
-                [weights[i] for i in kept],
-                self.source,
-                self._validate,
-                options,
-                torch_generator(config.seed, "feddf-distillation", round, name),
-            )
+            with self._precision(student):
+                report = distill(
+                    student,
+                    [teachers[i] for i in kept],
+                    [weights[i] for i in kept],
+                    self.source,
+                    self._validate,
+                    options,
+                    torch_generator(config.seed, "feddf-distillation", round, name),
+                )
             selected.append(report.selected_accuracy)
             metrics |= {
                 f"members_{name}": len(members),
@@ -442,6 +476,10 @@ class FedDFServer(ServerLogic):
         model.requires_grad_(False)
         return model
 
+    def _precision(self, student: nn.Module) -> AbstractContextManager[nn.Module]:
+        """The precision the student is distilled and selected in (`fuse_precision`)."""
+        return full_precision(student) if self.options.fuse_precision == "full" else nullcontext(student)
+
     def _validate(self, model: nn.Module) -> float:
         return evaluate_model(model, self.validation, self.ctx.info)["accuracy"]
 
@@ -451,6 +489,12 @@ class FedDFServer(ServerLogic):
         metrics = {f"test_accuracy_{name}": r["accuracy"] for name, r in results.items()}
         metrics |= {f"test_loss_{name}": r["loss"] for name, r in results.items()}
         metrics["test_accuracy"] = float(np.mean([r["accuracy"] for r in results.values()]))
+        if self.options.fuse_precision == "full":  # the fused network itself, before clients binarize it
+            full = []
+            for model in self.group_models.values():
+                with full_precision(model):
+                    full.append(self.ctx.evaluate(model)["accuracy"])
+            metrics["test_accuracy_full_precision"] = float(np.mean(full))
         metrics["test_loss"] = float(np.mean([r["loss"] for r in results.values()]))
         return metrics | self.last_local
 

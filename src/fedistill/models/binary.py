@@ -24,6 +24,9 @@ uses the straight-through estimator or error feedback. This module implements th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -51,7 +54,10 @@ def sign_ste(x: torch.Tensor) -> torch.Tensor:
 
 
 class BinaryConv2d(nn.Conv2d):
-    """A Conv2d whose forward uses sign(input) and the binary weights; ``weight`` stays the latent float."""
+    """A Conv2d whose forward uses sign(input) and the binary weights; ``weight`` stays the latent float.
+    With ``binarize`` off (`full_precision`) it is the plain convolution of the latent weights."""
+
+    binarize = True
 
     def binary_weight(self) -> torch.Tensor:
         """alpha · sign(w), with alpha the mean |w| over each output filter: what the forward uses."""
@@ -59,8 +65,29 @@ class BinaryConv2d(nn.Conv2d):
         return alpha * sign_ste(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.binarize:
+            return super().forward(x)
         w = self.binary_weight()
         return F.conv2d(sign_ste(x), w, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+def has_binary_layers(model: nn.Module) -> bool:
+    return any(isinstance(m, BinaryConv2d) for m in model.modules())
+
+
+@contextmanager
+def full_precision(model: nn.Module) -> Iterator[nn.Module]:
+    """Inside the block, `model`'s binary convolutions compute with their latent float weights on real
+    inputs: the full-precision network behind a binary one, which FedDF's server fuses binary clients
+    into (its Table 4) before the clients binarize the result again."""
+    convs = [m for m in model.modules() if isinstance(m, BinaryConv2d)]
+    for conv in convs:
+        conv.binarize = False
+    try:
+        yield model
+    finally:
+        for conv in convs:
+            conv.binarize = True
 
 
 class BinaryBlock(BasicBlock):
