@@ -1,0 +1,161 @@
+"""benchmarks/segmentation_tables.py and segmentation_figures.py: the runs they plan hold the shared protocol
+(same model, same local epochs per site, same G budget for FedIOD and AsynDGAN) and parse as the CLI parses
+them; the tables they write label every measured number semi-synthetic and keep the paper's numbers apart;
+and, at a tiny size (slow), both scripts run end to end on the semi-synthetic sets."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from fedistill import cli
+from fedistill.algorithms.base import get_algorithm
+from fedistill.experiment import runner
+from fedistill.experiment.config import options_for
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def _load(name: str) -> ModuleType:
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import their neighbours (_common, ...)
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tables() -> ModuleType:
+    return _load("segmentation_tables")
+
+
+def _config(bench: ModuleType, table, spec):
+    """The RunConfig `fedistill run` builds from the argv run_fedistill passes for `spec`."""
+    argv = ["run", "--algorithm", spec.algorithm, "--dataset", table.dataset, "--data-dir", "data",
+            "--clients", str(table.clients), "--alpha", "1", "--model", "unet", "--rounds", str(spec.rounds),
+            *spec.extra, "--seed", "0", *[x for s in spec.sets for x in ("--set", s)]]  # fmt: skip
+    config = cli.config_from_args(cli.build_parser().parse_args(argv))
+    runner.check_sections(config)
+    return config, options_for(config, spec.algorithm, get_algorithm(spec.algorithm).options)
+
+
+def test_every_method_gets_the_same_model_and_local_epochs(tables):
+    args = tables.parse([])
+    for table in tables.tables(args):
+        specs = {s.method: s for s in tables.plan(table, args, train_samples=330)}
+        expected = {*tables.METHODS} - ({"fediod-prior"} if table.number == 4 else set())
+        assert set(specs) == expected
+        built = {m: _config(tables, table, s) for m, s in specs.items()}
+        for method, (config, options) in built.items():
+            assert (config.model, config.options["model_options"]) == ("unet", {"width": 8, "depth": 4})
+            assert (config.partition, config.threads, config.optimizer) == ("natural", 1, "adam")
+            assert config.options[table.dataset] == table.dataset_options
+            if method in ("standalone", "centralized", "fedavg"):
+                assert config.rounds * config.local_epochs == table.epochs
+            elif method.startswith("fediod"):
+                assert options.teacher_epochs == table.epochs
+        fediod, asyndgan = built["fediod"][1], built["asyndgan"][1]
+        for key in ("generator_width", "generator_blocks", "discriminator_width", "discriminator_layers",
+                    "synthetic_batch_size", "iters_per_epoch"):  # fmt: skip
+            assert getattr(fediod, key) == getattr(asyndgan, key), key
+        assert built["fediod"][0].rounds == built["asyndgan"][0].rounds == table.distill_epochs
+        # AsynDGAN's server-side S: as many epochs of synthetic pairs as a site's model gets of real ones
+        assert asyndgan.segmenter_steps * args.batch_size >= table.epochs / table.distill_epochs * 330
+        if table.number == 2:
+            prior = built["fediod-prior"][1]
+            assert (fediod.mask_source, prior.mask_source) == ("clients", "prior")
+        assert len({s.name for s in specs.values()}) == len(specs)  # one run folder per method
+
+
+def test_run_names_change_with_any_setting(tables):
+    args = tables.parse([])
+    (table,) = tables.tables(tables.parse(["--tables", "2"]))
+    names = {s.method: s.name for s in tables.plan(table, args, 330)}
+    other = tables.parse(["--tables", "2", "--t2-rounds", "10"])
+    changed = {s.method: s.name for s in tables.plan(tables.tables(other)[0], other, 330)}
+    assert changed["fedavg"] != names["fedavg"]  # --reuse must not keep a run of other settings
+    assert changed["fediod"] == names["fediod"]  # ... and keeps the runs the change does not touch
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--methods", "fedprox"], ["--tables", "3"], ["--t2-epochs", "15", "--t2-rounds", "10"]],
+    ids=["unknown-method", "unknown-table", "epochs-not-whole-rounds"],
+)
+def test_bad_arguments_stop_with_a_usage_error(tables, argv, capsys):
+    with pytest.raises(SystemExit) as stop:
+        tables.parse(argv)
+    assert stop.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def _fake_row(method: str, sites: int, keys: dict[str, float]) -> dict:
+    return {"method": method, "run": f"runs/{method}", "sites": [dict(keys) for _ in range(sites)],
+            "trained_on": [], "wall_s": 12.0, "cpu_s": 10.0, "rounds_s": 8.0, "up_bytes": 2e6,
+            "label_bytes": 1e5 if method in ("asyndgan", "fediod") else 0, "matches_run_summary": True,
+            "ensemble_dice": 0.8, "teacher_mean_dice": 0.5, "fraction_of_ensemble": 0.9,
+            "selected_epoch": 3}  # fmt: skip
+
+
+def test_table2_labels_every_measured_number_and_keeps_the_papers_apart(tables, tmp_path):
+    args = tables.parse(["--tables", "2", "--results", str(tmp_path)])
+    (table,) = tables.tables(args)
+    metrics = {"dice": 0.7, "sensitivity": 0.8, "specificity": 0.99, "hd95": 5.0}
+    metrics |= {f"real_{m}_patient{p}": 0.1 for m in ("dice", "hd95") for p in (1, 2)}
+    rows = {m: _fake_row(m, 10 if m == "standalone" else 1, metrics) for m in table.methods}
+    text = tables.write(table, rows, args).read_text()
+    measured = [line for line in text.splitlines() if line.startswith("| ") and "(semi-synthetic)" in line]
+    assert len(measured) == len(tables.METHODS)
+    assert "| Standalone (semi-synthetic) | 70.00 ± 0.00 |" in text
+    assert "Not comparable" in text and "| FedIOD (paper, BraTS 2018) | 75.38 |" in text
+    assert "domain" in text and "uploads: +0.00 Dice points" in text
+    record = json.loads((tmp_path / "segmentation_table2.json").read_text())
+    assert record["data"] == "semi-synthetic" and "not comparable" in record["paper_note"]
+    assert record["command"].startswith("python benchmarks/segmentation_tables.py --tables 2")
+    assert record["rows"]["fediod"]["sites"][0]["dice"] == 0.7
+
+
+def test_table4_rows_per_test_site_and_table8_per_trained_site(tables, tmp_path):
+    if not (SHARED / "nuclei" / "fluorescence_instances.tif").is_file():
+        pytest.skip("the shared nuclei image is not on this machine")
+    args = tables.parse(["--tables", "4", "--results", str(tmp_path)])
+    (table,) = tables.tables(args)
+    sites = ("synthetic-fluorescence", "synthetic-he-sparse-large", "synthetic-he-dense-small")
+    metrics = {f"{m}_{s}": 0.5 for m in tables.INSTANCE_METRICS for s in sites} | {"dice": 0.5}
+    rows = {m: _fake_row(m, 3 if m == "standalone" else 1, metrics) for m in table.methods}
+    rows["standalone"]["trained_on"] = list(sites)
+    text = tables.write(table, rows, args).read_text()
+    assert text.count("| **FedIOD** | average | 50.00 | 50.00 | 50.00 | 0.50 |") == 1
+    assert (
+        sum(line.startswith(f"| {sites[0]} | ") for line in text.splitlines()) == 3
+    )  # Table 8: one per test site
+    assert "| FedIOD (paper) | TNBC | 75.01 |" in text and "no row here stands for Cell17" in text
+
+
+@pytest.mark.slow
+def test_tables_and_figures_end_to_end_at_a_tiny_size(tables, tmp_path):
+    if not (SHARED / "brain-mri" / "lesion_brain1_image.nii.gz").is_file():
+        pytest.skip("the shared brain and nuclei images are not on this machine")
+    tiny = ["--out", str(tmp_path / "runs"), "--results", str(tmp_path), "--data-dir", str(SHARED),
+            "--t2-clients", "2", "--t2-image-size", "32", "--t2-subjects", "4,2", "--t2-epochs", "1",
+            "--t2-rounds", "1", "--t2-distill-epochs", "1", "--t2-iters", "1", "--t4-image-size", "64",
+            "--t4-patch-size", "32", "--t4-images", "4,1", "--t4-epochs", "1", "--t4-rounds", "1",
+            "--t4-distill-epochs", "1", "--t4-iters", "1", "--width", "4", "--depth", "2", "--g-width", "4",
+            "--g-blocks", "1", "--d-width", "4", "--d-layers", "1", "--synthetic-batch", "3"]  # fmt: skip
+    assert tables.main(tiny) == 0
+    for n in (2, 4):
+        record = json.loads((tmp_path / f"segmentation_table{n}.json").read_text())
+        assert all(r["matches_run_summary"] for r in record["rows"].values())
+        assert all(r["cpu_s"] > 0 for r in record["rows"].values())
+    assert tables.main([*tiny, "--reuse"]) == 0  # scored again from the saved models, nothing rerun
+    figures = _load("segmentation_figures")
+    assert figures.main(["--results", str(tmp_path), "--data-dir", str(SHARED), "--slices", "2"]) == 0
+    for name in ("figure5", "figure6", "figure3_nuclei", "figure6_nuclei"):
+        assert (tmp_path / f"segmentation_{name}.png").stat().st_size > 0
