@@ -1,0 +1,53 @@
+"""benchmarks/feddf_tables.py and benchmarks/pate_fedkd_fediod.py: every row is a valid run, and the
+PATE comparison gives both methods the same noise for the same queries and epsilon."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import feddf_tables
+import pate_fedkd_fediod
+from fedistill.experiment.config import RunConfig, build_config, parse_assignment
+from fedistill.experiment.runner import validate_setup
+
+
+@pytest.mark.parametrize("table", sorted(feddf_tables.TABLES))
+def test_every_row_names_options_the_run_accepts(table):
+    """The checks a run makes before it writes anything, on each row's options: a typo fails here."""
+    for _, _label, algorithm, model, sets in feddf_tables.TABLES[table]:
+        layer = {"algorithm": algorithm, "model": model, "clients": 20, "feddf.fuse_precision": "model"}
+        if algorithm != "feddf":
+            layer.pop("feddf.fuse_precision")
+        validate_setup(build_config(RunConfig(), layer, dict(parse_assignment(s) for s in sets)))
+    labels = [spec[1] for t in feddf_tables.TABLES.values() for spec in t]
+    assert len(labels) == len(set(labels)) and set(feddf_tables.PAPER) == set(labels)
+
+
+def test_pate_rows_give_both_methods_the_same_sigma_and_score_the_released_labels():
+    """Sigma is calibrated on the data-independent bound: two vote matrices with the same number of
+    queries get the same sigma, and votes that agree cost less on the data-dependent bound."""
+    unanimous = np.zeros((50, 10))
+    unanimous[np.arange(50), np.arange(50) % 10] = 100  # 100 teachers
+    split = np.zeros((50, 10))
+    split[:, 0], split[:, 1] = 50, 50
+    seen = []
+
+    def accuracy(x, labels, soft=False):
+        seen.append(labels)
+        return 0.5
+
+    rows = [
+        pate_fedkd_fediod.gnmax_row(
+            name, pate_fedkd_fediod.Queries(torch.zeros(50, 1), votes, torch.zeros(50, 10)), 10.0, 1e-5,
+            np.random.default_rng(0), accuracy,
+        )
+        for name, votes in (("a", unanimous), ("b", split))
+    ]  # fmt: skip
+    assert rows[0]["sigma"] == rows[1]["sigma"] > 0
+    assert rows[0]["epsilon_data_dependent"] < rows[1]["epsilon_data_dependent"]  # agreement is cheaper
+    assert len(seen) == 2 and all(len(labels) == 50 for labels in seen)
