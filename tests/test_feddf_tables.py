@@ -51,3 +51,23 @@ def test_pate_rows_give_both_methods_the_same_sigma_and_score_the_released_label
     assert rows[0]["sigma"] == rows[1]["sigma"] > 0
     assert rows[0]["epsilon_data_dependent"] < rows[1]["epsilon_data_dependent"]  # agreement is cheaper
     assert len(seen) == 2 and all(len(labels) == 50 for labels in seen)
+
+
+def test_the_paper_scale_configs_parse_and_state_the_papers_number():
+    import tomllib
+
+    from fedistill.algorithms.base import get_algorithm
+    from fedistill.experiment.config import load_toml, options_for
+    from fedistill.models import model_names
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    expected = tomllib.loads((root / "expected.toml").read_text(encoding="utf-8"))
+    paths = sorted((root / "feddf").glob("*.toml"))
+    assert len(paths) == 22
+    for path in paths:
+        config = build_config(RunConfig(), load_toml(path))
+        (name,) = config.algorithms
+        options_for(config, name, get_algorithm(name).options)
+        assert config.model in model_names() and config.dataset == "cifar10"
+        entry = expected[f"feddf/{path.name}"]
+        assert f"test_accuracy {entry['paper_test_accuracy']}" in path.read_text(encoding="utf-8")
