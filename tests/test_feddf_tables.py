@@ -62,12 +62,12 @@ def test_the_paper_scale_configs_parse_and_state_the_papers_number():
 
     root = Path(__file__).resolve().parents[1] / "configs"
     expected = tomllib.loads((root / "expected.toml").read_text(encoding="utf-8"))
-    paths = sorted((root / "feddf").glob("*.toml"))
-    assert len(paths) == 22
+    paths = sorted((root / "feddf").glob("*.toml")) + sorted((root / "fediod-table1").glob("*.toml"))
+    assert len(paths) == 22 + 8
     for path in paths:
         config = build_config(RunConfig(), load_toml(path))
         (name,) = config.algorithms
         options_for(config, name, get_algorithm(name).options)
-        assert config.model in model_names() and config.dataset == "cifar10"
-        entry = expected[f"feddf/{path.name}"]
+        assert config.model in model_names() and config.dataset in ("cifar10", "cifar100")
+        entry = expected[f"{path.parent.name}/{path.name}"]
         assert f"test_accuracy {entry['paper_test_accuracy']}" in path.read_text(encoding="utf-8")
