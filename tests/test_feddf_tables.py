@@ -62,7 +62,7 @@ def test_the_paper_scale_configs_parse_and_state_the_papers_number():
 
     root = Path(__file__).resolve().parents[1] / "configs"
     expected = tomllib.loads((root / "expected.toml").read_text(encoding="utf-8"))
-    paths = sorted((root / "feddf").glob("*.toml")) + sorted((root / "fediod-table1").glob("*.toml"))
+    paths = [p for folder in ("feddf", "fediod-table1") for p in sorted((root / folder).glob("*.toml"))]
     assert len(paths) == 22 + 8
     for path in paths:
         config = build_config(RunConfig(), load_toml(path))
@@ -71,3 +71,31 @@ def test_the_paper_scale_configs_parse_and_state_the_papers_number():
         assert config.model in model_names() and config.dataset in ("cifar10", "cifar100")
         entry = expected[f"{path.parent.name}/{path.name}"]
         assert f"test_accuracy {entry['paper_test_accuracy']}" in path.read_text(encoding="utf-8")
+
+
+def test_the_one_shot_configs_are_the_benchmarks_runs():
+    """configs/one-shot/*.toml hold what benchmarks/one_shot_table.py gives each run (its defaults)."""
+    import tomllib
+    from types import SimpleNamespace
+
+    import one_shot_table
+    from fedistill.experiment.config import load_toml, parse_value
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    expected = tomllib.loads((root / "expected.toml").read_text(encoding="utf-8"))
+    args = SimpleNamespace(teacher_epochs=10, iters=60, feddf_steps=500)
+    for dataset in ("mnist", "fashion-mnist"):
+        for alpha in ("0.1", "0.5", "1"):
+            for method in one_shot_table.METHODS:
+                path = root / "one-shot" / f"{method}-{dataset}-alpha{alpha}.toml"
+                config = build_config(RunConfig(), load_toml(path))
+                assert (list(config.algorithms), config.dataset, config.alpha) == (
+                    [method],
+                    dataset,
+                    float(alpha),
+                )
+                for assignment in one_shot_table.method_sets(method, args, dataset):
+                    key, _, value = assignment.partition("=")
+                    section, _, sub = key.partition(".")
+                    assert config.options[section][sub] == parse_value(value)
+    assert expected["one-shot/dense-mnist-alpha0.1.toml"]["paper_fraction_of_ensemble"] == 0.77
