@@ -20,7 +20,8 @@ def test_every_method_shares_the_stage1_options_and_feddf_uses_the_other_domain(
 
 
 def test_the_table_divides_each_student_by_its_ensemble():
-    row = {"test_accuracy": 0.6, "ensemble_accuracy": 0.8, "teacher_mean_accuracy": 0.5,
+    row = {"test_accuracy": 0.6, "ensemble_accuracy": 0.8, "ensemble_uniform_accuracy": 0.75,
+           "teacher_mean_accuracy": 0.5,
            "teachers_from_cache": 10.0, "wall_time_s": 3.0, "parameters_up": 1234}  # fmt: skip
     text = table.markdown([{"dataset": "mnist", "alpha": "0.1", "rows": {"dense": row}}], "cmd")
-    assert "| mnist | 0.1 | dense | 60.00 | 80.00 | 0.750 | 10 | 1,234 | 3 | DENSE: 0.77" in text
+    assert "| mnist | 0.1 | dense | 60.00 | 80.00 | 0.750 | 0.800 | 10 | 1,234 | 3 | DENSE: 0.77" in text
