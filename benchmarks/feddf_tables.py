@@ -84,14 +84,15 @@ def row(args: Any, table: str, label: str, algorithm: str, model: str, sets: lis
     slug = (
         label.lower().replace(",", "").replace(" ", "-").replace("(", "").replace(")", "").replace("+", "p")
     )
-    name = f"feddf-t{table}-{args.dataset}-alpha{alpha}-seed{args.seed}-{slug}"
+    split = "" if args.partition == "dirichlet" else f"-{args.partition}"
+    name = f"feddf-t{table}-{args.dataset}{split}-alpha{alpha}-seed{args.seed}-{slug}"
     common = [f"val_fraction={args.val_fraction}", f"fraction={args.fraction}", f"threads={args.threads}",
               f"feddf.source='{args.source or OTHER.get(args.dataset, 'noise')}'", f"feddf.steps={args.steps}"]  # fmt: skip
     if algorithm != "feddf":
         common = [s for s in common if not s.startswith("feddf.")]
     summary = run_fedistill(
         algorithm, args, name=name, alpha=alpha, model=model, rounds=args.rounds, out=args.out,
-        sets=[*common, *sets], extra=("--local-epochs", str(args.local_epochs)),
+        sets=[*common, *sets], extra=("--local-epochs", str(args.local_epochs), "--partition", args.partition),
     )  # fmt: skip
     curve = [r.get("test_accuracy") for r in read_jsonl(Path(args.out) / name / algorithm / "metrics.jsonl")]
     final = summary["final"]
@@ -109,7 +110,7 @@ def markdown(rows: list[dict], args: Any, command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        f"K = {args.clients}, C = {args.fraction}, {args.rounds} rounds x {args.local_epochs} local epochs, seed "
+        f"K = {args.clients} (`{args.partition}` partition), C = {args.fraction}, {args.rounds} rounds x {args.local_epochs} local epochs, seed "
         f"{args.seed}; FedDF distils on {args.source or OTHER.get(args.dataset, 'noise')} (up to {args.steps} "
         "steps per round, early stopping on the server's validation split). Test accuracy in %; the paper's "
         "CIFAR-10 numbers (ResNet-8 / VGG-9 at 32 x 32, 100 rounds x 40 local epochs) are for orientation "
@@ -142,6 +143,11 @@ def main() -> None:
     parser.add_argument("--local-epochs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=300, help="FedDF's distillation steps per round")
     parser.add_argument("--source", default="", help="FedDF's distillation data; default: another dataset")
+    parser.add_argument(
+        "--partition",
+        default="dirichlet",
+        help="e.g. dirichlet-balanced where alpha 0.1 leaves a client of a small dataset empty",
+    )
     parser.add_argument("--val-fraction", type=float, default=0.1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reuse", action="store_true", help="keep runs that already finished")
@@ -159,7 +165,8 @@ def main() -> None:
                 print(f"{spec[1]} (alpha {alpha}): {100 * rows[-1]['test_accuracy']:.2f}%", flush=True)
     command = "python benchmarks/feddf_tables.py " + " ".join(sys.argv[1:])
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"feddf_tables_{args.dataset}"
+    split = "" if args.partition == "dirichlet" else f"_{args.partition}"
+    stem = RESULTS / f"feddf_tables_{args.dataset}{split}"
     stem.with_suffix(".md").write_text(markdown(rows, args, command), encoding="utf-8")
     stem.with_suffix(".json").write_text(json.dumps({"command": command, "rows": rows}, indent=1) + "\n")
     print(markdown(rows, args, command))
