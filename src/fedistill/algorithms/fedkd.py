@@ -68,7 +68,7 @@ from fedistill.algorithms.public_data import (
     public_arrays,
     read_public,
 )
-from fedistill.algorithms.stage1 import train_teacher
+from fedistill.algorithms.stage1 import teachers_from_cache, train_teacher
 from fedistill.algorithms.training import LocalTraining, evaluate_model, new_model, train_local
 from fedistill.data.base import ImageSet
 from fedistill.errors import ConfigError, FederationError
@@ -300,9 +300,7 @@ class FedKDServer(ServerLogic):
         self.reference = {
             "teacher_mean_accuracy": float(accuracy.mean()),
             "teacher_std_accuracy": float(accuracy.std()),
-            "teachers_from_cache": float(
-                sum(float(r.scalar("metrics", "stage1_cached", 0.0)) for r in trained.values())
-            ),
+            "teachers_from_cache": teachers_from_cache(trained),
             "voters": float(len(clients)),
             "plurality_agreement": float(np.mean(labels == counts.argmax(1))),
         }

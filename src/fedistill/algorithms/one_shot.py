@@ -27,11 +27,10 @@ from fedistill.algorithms.dense.client import OneShotClient
 from fedistill.algorithms.dense.options import teacher_of
 from fedistill.algorithms.distillation_data import build_source, parse_source, split_holdout
 from fedistill.algorithms.feddf import FedDFOptions, distill
+from fedistill.algorithms.stage1 import collect_local_models, teachers_from_cache
 from fedistill.algorithms.training import average_states, evaluate_model, new_model, test_metrics
 from fedistill.errors import ConfigError
-from fedistill.federation.fleet import Fleet, successful
-from fedistill.federation.messages import Message, state_specs
-from fedistill.federation.reply_spec import TRAIN_METRICS, ReplySpec
+from fedistill.federation.fleet import Fleet
 from fedistill.seeding import torch_generator
 
 log = logging.getLogger(__name__)
@@ -72,25 +71,12 @@ class OneShotServer(ServerLogic):
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
         config = self.ctx.config
-        expect = {
-            cid: ReplySpec(
-                {"parameters": state_specs(self._local_model(cid).state_dict())},
-                (*TRAIN_METRICS, "teacher_val_accuracy"),
-            )
-            for cid in fleet.clients
-        }
-        replies = successful(
-            fleet.broadcast(Message.build("train"), timeout=config.timeout or None, expect=expect),
-            minimum=min(config.min_clients, len(fleet.clients)),
-            what="local models",
-        )
+        replies = collect_local_models(fleet, config, self._local_model)
         clients = sorted(replies)
         counts = [float(replies[c].scalar("metrics", "num_samples")) for c in clients]
         models = [self._frozen(c, replies[c].tensors("parameters")) for c in clients]
         self.reference = self._teacher_report(models, counts)
-        self.reference["teachers_from_cache"] = float(
-            sum(float(replies[c].scalar("metrics", "stage1_cached", 0.0)) for c in clients)
-        )
+        self.reference["teachers_from_cache"] = teachers_from_cache(replies)
         same = [i for i, c in enumerate(clients) if self._architecture(c) == self._student_architecture()]
         if not same and not self.fuse:
             raise ConfigError("one-shot FedAvg averages models of the student's architecture; none was sent")

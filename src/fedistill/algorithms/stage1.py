@@ -30,6 +30,9 @@ from torch import nn
 from fedistill.algorithms.base import ClientContext
 from fedistill.algorithms.training import LocalTraining, train_local
 from fedistill.experiment.config import RunConfig
+from fedistill.federation.fleet import Fleet, successful
+from fedistill.federation.messages import Message, state_specs
+from fedistill.federation.reply_spec import TRAIN_METRICS, ReplySpec
 from fedistill.seeding import torch_generator
 
 log = logging.getLogger(__name__)
@@ -145,3 +148,26 @@ def _store(model: nn.Module, path: Path, metrics: dict[str, float]) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         log.warning("stage-1 cache %s not written (%s); later runs will train this model again", path, exc)
+
+
+def collect_local_models(
+    fleet: Fleet, config: RunConfig, model_of: Callable[[int], nn.Module]
+) -> dict[int, Message]:
+    """The one exchange of the one-shot methods that upload models: every site trains (or loads) its
+    stage-1 model and sends its parameters once; `model_of(cid)` gives the expected architecture."""
+    expect = {
+        cid: ReplySpec(
+            {"parameters": state_specs(model_of(cid).state_dict())}, (*TRAIN_METRICS, "teacher_val_accuracy")
+        )
+        for cid in fleet.clients
+    }
+    return successful(
+        fleet.broadcast(Message.build("train"), timeout=config.timeout or None, expect=expect),
+        minimum=min(config.min_clients, len(fleet.clients)),
+        what="local models",
+    )
+
+
+def teachers_from_cache(replies: dict[int, Message]) -> float:
+    """How many of the replying sites loaded their stage-1 model from the cache (`stage1_cached`)."""
+    return float(sum(float(r.scalar("metrics", "stage1_cached", 0.0)) for r in replies.values()))

@@ -59,8 +59,8 @@ class Classification(Task):
         was_training = model.training
         model.eval()
         correct, loss, count = 0, 0.0, 0
-        for x, y in batches(data, info, batch_size, shuffle=False, generator=None, augment=False):
-            logits = model(x)
+        for x, y in self.batches(data, info, batch_size, shuffle=False, generator=None, augment=False):
+            logits = self.predict(model, x)
             loss += F.cross_entropy(logits, y, reduction="sum").item()
             correct += int((logits.argmax(1) == y).sum())
             count += len(y)

@@ -9,12 +9,10 @@ nothing to condition on.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fedistill import devices
@@ -97,28 +95,3 @@ class TextClassification(Classification):
         ids, seed = inputs
         with global_rng(int(seed)):
             return model(ids)
-
-    @torch.no_grad()
-    def evaluate(
-        self,
-        model: nn.Module,
-        data: ImageSet,
-        info: DatasetInfo,
-        *,
-        batch_size: int = 512,
-        meta: Mapping[str, np.ndarray] | None = None,
-        groups: Sequence[str] | None = None,
-    ) -> dict[str, float]:
-        """Accuracy and mean cross-entropy."""
-        was_training = model.training
-        model.eval()
-        correct, loss, count = 0, 0.0, 0
-        for ids, y in self.batches(data, info, batch_size, shuffle=False, generator=None, augment=False):
-            logits = self.predict(model, ids)
-            loss += F.cross_entropy(logits, y, reduction="sum").item()
-            correct += int((logits.argmax(1) == y).sum())
-            count += len(y)
-        model.train(was_training)
-        if count == 0:
-            return {"accuracy": float("nan"), "loss": float("nan"), "count": 0}
-        return {"accuracy": correct / count, "loss": loss / count, "count": count}

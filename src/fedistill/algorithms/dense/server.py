@@ -37,13 +37,14 @@ from fedistill.algorithms.bn_matching import batchnorm_statistics_loss
 from fedistill.algorithms.dense import losses as L
 from fedistill.algorithms.dense.options import DenseOptions, teacher_of
 from fedistill.algorithms.fediod.options import cosine_lr, set_lr
+from fedistill.algorithms.stage1 import collect_local_models, teachers_from_cache
 from fedistill.algorithms.synthetic_pool import SyntheticPool
 from fedistill.algorithms.training import evaluate_model, new_model
 from fedistill.errors import ConfigError, FederationError
 from fedistill.experiment.plots import plot_image_grid
 from fedistill.federation.fleet import Fleet, successful
-from fedistill.federation.messages import Message, state_specs
-from fedistill.federation.reply_spec import TRAIN_METRICS, ReplySpec
+from fedistill.federation.messages import Message
+from fedistill.federation.reply_spec import ReplySpec
 from fedistill.metrics.generation import class_coverage
 from fedistill.models.generator import build_generator
 from fedistill.seeding import seeded, torch_generator
@@ -104,25 +105,12 @@ class DenseServer(ServerLogic):
     # --- the one exchange: every site's local model --------------------------------------------------
     def setup(self, fleet: Fleet) -> None:
         config = self.ctx.config
-        expect = {
-            cid: ReplySpec(
-                {"parameters": state_specs(self._local_model(cid).state_dict())},
-                (*TRAIN_METRICS, "teacher_val_accuracy"),
-            )
-            for cid in fleet.clients
-        }
-        replies = successful(
-            fleet.broadcast(Message.build("train"), timeout=config.timeout or None, expect=expect),
-            minimum=min(config.min_clients, len(fleet.clients)),
-            what="local models",
-        )
+        replies = collect_local_models(fleet, config, self._local_model)
         self.clients = sorted(replies)
         self._load_teachers({cid: replies[cid].tensors("parameters") for cid in self.clients})
         self.weights = torch.full((len(self.clients),), 1.0 / len(self.clients), device=devices.current())
         self.reference = self._teacher_report()
-        self.reference["teachers_from_cache"] = float(
-            sum(float(replies[c].scalar("metrics", "stage1_cached", 0.0)) for c in self.clients)
-        )
+        self.reference["teachers_from_cache"] = teachers_from_cache(replies)
         log.info("%s: %d local models received; %s", self.options.section, len(self.clients), self.reference)
 
     def _local_model(self, client_id: int) -> nn.Module:

@@ -33,6 +33,7 @@ from fedistill.algorithms.fediod.options import (
 from fedistill.algorithms.fediod.reference import teacher_report, upload_masks
 from fedistill.algorithms.fediod.student import StudentSteps
 from fedistill.algorithms.fediod.task_view import TaskView
+from fedistill.algorithms.stage1 import teachers_from_cache
 from fedistill.algorithms.synthetic_pool import SyntheticPool
 from fedistill.algorithms.training import new_model, task_of
 from fedistill.errors import ConfigError, FederationError
@@ -182,9 +183,7 @@ class FedIODServer(StudentSteps, ServerLogic):
         if self.view.conditional and options.mask_source == "clients":
             self.mask_pools = upload_masks(self, fleet)
         # how many teachers came from their site's stage-1 cache (algorithms/stage1.py) instead of training
-        self.reference["teachers_from_cache"] = float(
-            sum(float(replies[c].scalar("metrics", "stage1_cached", 0.0)) for c in clients)
-        )
+        self.reference["teachers_from_cache"] = teachers_from_cache(replies)
         log.info(
             "FedIOD stage 1 done: %d teachers, %d G-steps per epoch; %s",
             len(clients),
