@@ -112,6 +112,23 @@ def test_a_resumed_run_with_the_stabilisers_is_exact(tmp_path):
     check_resume_after_crash(config, FedIODServer, tmp_path)
 
 
+def test_replay_steps_draw_pool_batch_size_samples(monkeypatch):
+    """`pool_batch_size` sets the replay batch; 0 falls back to the synthetic batch size."""
+    for pool_batch, expected in ((0, TINY_FEDIOD["fediod"]["synthetic_batch_size"]), (48, 48)):
+        _, server, fleet = _built(_config(pool_size=256, pool_steps=2, pool_batch_size=pool_batch))
+        drawn = []
+        original = server.pool.sample
+
+        def record(n, rng, original=original, drawn=drawn):
+            drawn.append(n)
+            return original(n, rng)
+
+        monkeypatch.setattr(server.pool, "sample", record)
+        server.distillation_step(fleet)
+        server.distillation_step(fleet)  # the first step's S-steps ride on the second's query
+        assert drawn and set(drawn) == {expected}
+
+
 def test_pool_steps_without_a_pool_are_refused():
     with pytest.raises(ConfigError, match="pool_size"):
         options_for(_config(pool_steps=2), "fediod", FedIODOptions)

@@ -172,20 +172,40 @@ def plot_image_grid(
     columns: int = 8,
     title: str = "",
 ) -> Path:
-    """A grid of images in [0, 1] with shape (N, C, H, W) (C = 1 or 3), e.g. a generator's samples."""
+    """A grid of images in [0, 1] with shape (N, C, H, W) (C = 1 or 3), e.g. a generator's samples.
+
+    The images are tiled into one mosaic drawn once: one matplotlib axes per image cost about 1 s per
+    grid of 32, a third of a digits demo epoch.
+    """
     images = np.clip(np.asarray(images, dtype=np.float32), 0.0, 1.0)
-    n = images.shape[0]
+    n, channels, height, width = images.shape
+    columns = max(1, min(columns, n))
     rows = max(1, math.ceil(n / columns))
-    fig = _new_figure(columns * 1.0, rows * 1.0 + (0.4 if title else 0.0))
+    gap = max(1, height // 8)
+    mosaic = np.ones((rows * (height + gap) - gap, columns * (width + gap) - gap, channels), np.float32)
     for i in range(n):
-        ax = fig.add_subplot(rows, columns, i + 1)
-        image = images[i].transpose(1, 2, 0)
-        ax.imshow(image[..., 0] if image.shape[-1] == 1 else image, cmap="gray", vmin=0.0, vmax=1.0)
-        ax.set_xticks([])
-        ax.set_yticks([])
-        if labels is not None:
-            ax.set_title(str(labels[i]), fontsize=7, pad=1)
+        top, left = (i // columns) * (height + gap), (i % columns) * (width + gap)
+        mosaic[top : top + height, left : left + width] = images[i].transpose(1, 2, 0)
+    fig_width = columns * 1.0
+    image_height = fig_width * mosaic.shape[0] / mosaic.shape[1]
+    title_room = 0.4 if title else 0.0
+    fig = _new_figure(fig_width, image_height + title_room)
+    ax = fig.add_axes((0.0, 0.0, 1.0, image_height / (image_height + title_room)))
+    ax.imshow(mosaic[..., 0] if channels == 1 else mosaic, cmap="gray", vmin=0.0, vmax=1.0)
+    ax.set_axis_off()
+    if labels is not None:
+        for i in range(n):
+            top, left = (i // columns) * (height + gap), (i % columns) * (width + gap)
+            ax.text(
+                left + width / 2,
+                top + 1,
+                str(labels[i]),
+                fontsize=7,
+                ha="center",
+                va="top",
+                color="yellow",
+                bbox={"facecolor": "black", "alpha": 0.5, "pad": 0.5, "linewidth": 0},
+            )
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
     return _save(fig, path)

@@ -121,14 +121,19 @@ def summary_markdown(s: dict[str, Any]) -> str:
 
 
 def results_rows(summaries: list[dict[str, Any]]) -> list[dict[str, str]]:
-    """One row per run: its task's metric columns (`summary["columns"]`), the local headline, traffic."""
+    """One row per run: its task's metric columns (`summary["columns"]`), the one-shot student as a fraction
+    of its teachers' ensemble (when a run measured it), the local headline, traffic."""
     rows = []
+    ceiling = any("fraction_of_ensemble" in s["final"] for s in summaries)
     for s in summaries:
         comm = s["communication"]
         columns = [tuple(c) for c in s.get("columns") or CLASSIFICATION_COLUMNS]
         headline, _, style = columns[0]
         row = {"algorithm": s["algorithm"] + ("" if s["federated"] else " (pooled)")}
         row |= {title: metric_cell(s["final"], metric, style) for metric, title, style in columns}
+        if ceiling:
+            fraction = s["final"].get("fraction_of_ensemble")
+            row["of ensemble"] = "-" if fraction is None else f"{fraction:.2f}"
         local_title = "local %" if style == "percent" else f"local {headline}"
         row[local_title] = _formatted(s["final"].get(f"local_{headline}"), style)
         row |= {

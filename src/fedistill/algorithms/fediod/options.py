@@ -95,6 +95,7 @@ class FedIODOptions(DPOptions):
     w_bn: float = 0.0  # DeepInversion batch-norm statistic matching on each teacher (bn_matching.py)
     pool_size: int = 0  # synthetic samples kept with their ensemble targets for replay (0: no pool)
     pool_steps: int = 0  # extra S-steps per G-step on batches drawn from the pool
+    pool_batch_size: int = 0  # samples per replay step (0: synthetic_batch_size)
     teacher_logits: str = "raw"  # raw (the paper) | scaled: one logit scale for mixed architectures
     # shared (the paper): one G whose every sample must fool every D_k (Eq. 2), which pulls G towards what
     # all sites' data have in common. per-client: G(z, one-hot k) draws a mixture, a share pi_k of each
@@ -167,6 +168,7 @@ class FedIODOptions(DPOptions):
             "w_bn",
             "pool_size",
             "pool_steps",
+            "pool_batch_size",
             "collapse_patience",
             "mask_pool",
             "noise_channels",

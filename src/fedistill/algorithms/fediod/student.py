@@ -136,8 +136,9 @@ class StudentSteps:
         student keeps fitting what G has left behind while G moves on (no new query to any client)."""
         options, view = self.options, self.view
         rng = torch_generator(self.ctx.config.seed, "pool", self.step)
+        batch = options.pool_batch_size or options.synthetic_batch_size
         for _ in range(options.pool_steps):
-            x, target = self.pool.sample(options.synthetic_batch_size, rng)
+            x, target = self.pool.sample(batch, rng)
             out = view.rows(self.student(x))
             loss = L.mimic_loss(
                 out, target.reshape(-1, target.shape[-1]), mode=options.mimic, tau=options.tau

@@ -1,0 +1,51 @@
+"""The results table every run prints, and the image grids runs save."""
+
+import numpy as np
+from PIL import Image
+
+from fedistill.experiment.plots import plot_image_grid
+from fedistill.experiment.summary import results_rows
+from fedistill.federation.ledger import DOWN, UP
+
+
+def _summary(algorithm: str, final: dict) -> dict:
+    traffic = {"total_bytes": 2048, "per_kind": {"parameters": 1024}, "per_client": {}}
+    return {
+        "algorithm": algorithm,
+        "federated": True,
+        "final": final,
+        "rounds": 3,
+        "wall_time_s": 1.25,
+        "communication": {UP: traffic, DOWN: traffic},
+    }
+
+
+def test_one_shot_runs_get_an_of_ensemble_column_and_the_others_a_dash():
+    rows = results_rows(
+        [
+            _summary("fediod", {"test_accuracy": 0.87, "fraction_of_ensemble": 0.9021}),
+            _summary("fedavg", {"test_accuracy": 0.97, "local_accuracy": 0.9}),
+        ]
+    )
+    assert list(rows[0]).index("of ensemble") == list(rows[0]).index("test %") + 1
+    assert rows[0]["of ensemble"] == "0.90" and rows[1]["of ensemble"] == "-"
+    assert rows[0]["test %"] == "87.00" and rows[1]["local %"] == "90.00"
+    # no one-shot run in the table: no such column
+    assert "of ensemble" not in results_rows([_summary("fedavg", {"test_accuracy": 0.97})])[0]
+
+
+def test_the_image_grid_is_one_mosaic_with_every_image_in_its_cell(tmp_path):
+    images = np.zeros((10, 1, 8, 8), np.float32)
+    images[3] = 0.5  # one grey image among black ones: row 0, column 3 of a 4-column, 3-row grid
+    path = plot_image_grid(images, tmp_path / "grid.png", columns=4)
+    pixels = np.asarray(Image.open(path).convert("L"), np.float32)
+    height, width = pixels.shape
+    assert width > height  # 4 columns by 3 rows of square cells
+    grey_rows, grey_columns = np.nonzero((pixels > 100) & (pixels < 160))
+    assert grey_columns.min() > 0.7 * width and grey_rows.max() < 0.4 * height
+    black_rows, black_columns = np.nonzero(pixels < 30)
+    assert black_rows.max() > 0.6 * height and black_columns.min() < 0.1 * width
+    labelled = plot_image_grid(
+        np.random.rand(4, 3, 8, 8), tmp_path / "rgb.png", labels=list("abcd"), columns=2
+    )
+    assert Image.open(labelled).size[0] > 0
