@@ -8,7 +8,9 @@ the same partition and client samples for both. Reports test accuracy per group.
     python benchmarks/feddf_heterogeneous.py [--dataset digits] [--groups lenet-fedmdcg,mlp,resnet8] \
         [--clients 15] [--rounds 20] [--source dataset:fashion-mnist] [--reuse]
 
-Writes benchmarks/results/feddf_heterogeneous.{md,json}.
+Writes benchmarks/results/feddf_heterogeneous.{md,json} for the default groups and
+feddf_heterogeneous_<dataset>_<groups>.{md,json} for others (FedDF's Figure 4 mix:
+`--groups resnet20,resnet32,shufflenetv2`).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS, add_seed_and_out, benchmark_parser, cell_name, run_fedistill
 
+DEFAULT_GROUPS = "lenet-fedmdcg,mlp,resnet8"
+
 
 def main() -> None:
     parser = benchmark_parser(__doc__)
     parser.add_argument("--dataset", default="digits")
-    parser.add_argument("--groups", default="lenet-fedmdcg,mlp,resnet8")
+    parser.add_argument("--groups", default=DEFAULT_GROUPS)
     parser.add_argument("--clients", type=int, default=15)
     parser.add_argument("--fraction", type=float, default=0.4)
     parser.add_argument("--alpha", type=float, default=1.0)
@@ -73,7 +77,12 @@ def main() -> None:
     command = " ".join(["python benchmarks/feddf_heterogeneous.py", *sys.argv[1:]])
     for row in rows:
         row["command"] = command
-    path = RESULTS / "feddf_heterogeneous.json"
+    stem = (
+        "feddf_heterogeneous"
+        if args.groups == DEFAULT_GROUPS and args.dataset == "digits"
+        else f"feddf_heterogeneous_{args.dataset}_{'_'.join(groups)}"
+    )
+    path = RESULTS / f"{stem}.json"
     if path.is_file():  # keep the rows of other distillation sources
         fresh = {r["method"] for r in rows}
         rows = [r for r in json.loads(path.read_text())["rows"] if r["method"] not in fresh] + rows
@@ -96,7 +105,7 @@ def main() -> None:
         ],
     ]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "feddf_heterogeneous.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     path.write_text(json.dumps({"rows": rows}, indent=2))
     print("\n".join(lines))
 

@@ -87,6 +87,7 @@ from torch.func import functional_call
 
 from fedistill.algorithms.base import ClientContext, ServerContext, get_algorithm
 from fedistill.algorithms.fediod import losses as FL
+from fedistill.algorithms.fediod.options import network_widths
 from fedistill.algorithms.training import new_model
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.data.registry import load_dataset
@@ -524,7 +525,7 @@ def fediod_setting(setup: Setup, images: int, offset: int) -> tuple[dict[str, An
     # Rebuilt from the public config and seed, as the server could (the client's D_k before its first step):
     d0 = seeded(
         config.seed,
-        lambda: build_discriminator(setup.info, width=options.discriminator_width),
+        lambda: build_discriminator(setup.info, width=network_widths(options, setup.info.image_size)[1]),
         "discriminator-init",
     )
     teacher = copy.deepcopy(client.teacher).eval()  # granted to the attacker: private in FedIOD

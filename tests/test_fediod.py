@@ -213,3 +213,31 @@ def test_merged_student_queries_give_the_same_run_with_fewer_exchanges(tmp_path)
 
     assert student_queries(plain_ledger) == 2 * 4 * 3  # every G-step, every client
     assert student_queries(merged_ledger) == 2 * 3  # once per epoch (the flush), every client
+
+
+def test_auto_network_widths_suit_the_image_size():
+    """Width 0 (the default): 32 / 32 on images up to 16 px, the paper's 64 / 128 above; set values stick."""
+    from fedistill.algorithms.fediod.options import network_widths
+    from fedistill.models.discriminator import build_discriminator
+    from fedistill.models.generator import build_generator
+
+    auto = FedIODOptions()
+    assert network_widths(auto, 8) == (32, 32)
+    assert network_widths(auto, 28) == (64, 128) and network_widths(auto, 32) == (64, 128)
+    assert network_widths(FedIODOptions(generator_width=48, discriminator_width=16), 8) == (48, 16)
+    layer = copy.deepcopy(TINY_FEDIOD)
+    for key in ("generator_width", "discriminator_width"):
+        layer["fediod"].pop(key)
+    clients, server, _ = fediod_parts(build_config(RunConfig(), layer, {"algorithm": "fediod"}))
+    info = server.ctx.info
+    assert info.image_size == 8  # digits
+
+    def count(module: torch.nn.Module) -> int:
+        return sum(p.numel() for p in module.parameters())
+
+    assert count(server.generator) == count(
+        build_generator(info, latent_dim=server.options.latent_dim, width=32)
+    )
+    assert count(clients[0].discriminator) == count(build_discriminator(info, width=32))
+    with pytest.raises(Exception, match="generator_width"):
+        options_for(build_config(RunConfig(), {"fediod": {"generator_width": -1}}), "fediod", FedIODOptions)

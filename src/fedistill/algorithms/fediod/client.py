@@ -62,6 +62,7 @@ from fedistill.algorithms.base import (
 from fedistill.algorithms.bn_matching import batchnorm_statistics_loss
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.options import (
+    network_widths,
     resolve_options,
     set_lr,
     teacher_name,
@@ -121,14 +122,15 @@ class FedIODClient(ClientLogic):
 
     def _build_discriminator(self) -> nn.Module:
         options, info = self.options, self.ctx.info
+        width = network_widths(options, info.image_size)[1]
         if self.view.conditional:
             return build_conditional_discriminator(
                 info,
                 self.view.condition_classes,
-                width=options.discriminator_width,
+                width=width,
                 layers=options.discriminator_layers,
             )
-        return build_discriminator(info, width=options.discriminator_width)
+        return build_discriminator(info, width=width)
 
     def _judge(self, x: torch.Tensor, masks: torch.Tensor | None) -> torch.Tensor:
         """D_k's patch logits of images (with their masks for a conditional D_k)."""

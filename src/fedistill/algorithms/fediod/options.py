@@ -50,8 +50,9 @@ class FedIODOptions(DPOptions):
     # D-step): the same arithmetic with 2 instead of 3 exchanges per G-step, plus one per epoch.
     merge_student_queries: bool = True
     latent_dim: int = 100
-    generator_width: int = 64
-    discriminator_width: int = 128
+    # 0 (auto): the paper's 64 and 128 for images above 16 px, 32 and 32 up to 16 px (see `network_widths`)
+    generator_width: int = 0
+    discriminator_width: int = 0
     lr_generator: float = 1e-3  # the paper: Adam, cosine from 1e-3 to 0, for G, D_k and S
     lr_discriminator: float = 2e-4  # 1e-3 lets every D_k win within an epoch on small data
     lr_student: float = 1e-3
@@ -155,7 +156,6 @@ class FedIODOptions(DPOptions):
             "synthetic_batch_size",
             "student_steps",
             "latent_dim",
-            "generator_width",
             "generator_blocks",
             "discriminator_layers",
         ):
@@ -165,6 +165,8 @@ class FedIODOptions(DPOptions):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"fediod.{key} must be > 0")
         for key in (
+            "generator_width",
+            "discriminator_width",
             "w_bn",
             "pool_size",
             "pool_steps",
@@ -210,6 +212,20 @@ def resolve_options(config: RunConfig, options: FedIODOptions) -> FedIODOptions:
         return options
     explicit = set(config.options.get("fediod", {}))
     return dataclasses.replace(options, **{k: v for k, v in OFFICIAL_CODE.items() if k not in explicit})
+
+
+SMALL_IMAGE_PX = 16
+
+
+def network_widths(options: FedIODOptions, image_size: int) -> tuple[int, int]:
+    """The widths of G and of every D_k: the options', or for 0 (auto) the paper's 64 and 128, except on
+    images of at most 16 px (8x8 digits), where 32 and 32 suffice: a G of width 64 and a D_k of 128 there
+    cost most of a G-step for samples that the teachers see at 8x8."""
+    small = image_size <= SMALL_IMAGE_PX
+    return (
+        options.generator_width or (32 if small else 64),
+        options.discriminator_width or (32 if small else 128),
+    )
 
 
 def teacher_name(options: FedIODOptions, config: RunConfig, client_id: int) -> str:

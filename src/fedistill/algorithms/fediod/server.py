@@ -27,6 +27,7 @@ from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import calibrated
 from fedistill.algorithms.fediod.options import (
     cosine_lr,
+    network_widths,
     resolve_options,
     set_lr,
 )
@@ -124,12 +125,13 @@ class FedIODServer(StudentSteps, ServerLogic):
 
     def _build_generator(self) -> nn.Module:
         options, info = self.options, self.ctx.info
+        width = network_widths(options, info.image_size)[0]
         if self.view.conditional:
             return build_conditional_generator(
                 info,
                 self.view.condition_classes,
                 noise_channels=options.noise_channels,
-                width=options.generator_width,
+                width=width,
                 blocks=options.generator_blocks,
                 dropout=False,  # pix2pix's dropout noise would come from torch's global stream
             )
@@ -137,7 +139,7 @@ class FedIODServer(StudentSteps, ServerLogic):
         return build_generator(
             info,
             latent_dim=options.latent_dim,
-            width=options.generator_width,
+            width=width,
             condition_dim=self.ctx.num_clients if mixture else 0,
         )
 
