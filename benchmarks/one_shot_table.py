@@ -40,9 +40,11 @@ PAPERS = {
 }
 
 
-def method_sets(method: str, args: Any, dataset: str) -> list[str]:
+def method_sets(method: str, args: Any, dataset: str, kd_steps: int = 0) -> list[str]:
     """Each method's budget, on the same stage-1 options (`teacher_epochs`) as every other."""
     stage1 = [f"{method}.teacher_epochs={args.teacher_epochs}"]
+    if kd_steps:  # DENSE / Co-Boosting: this many student batches per epoch instead of one pass
+        stage1.append(f"{method}.kd_steps={kd_steps}")
     if method == "fediod":
         return [*stage1, f"fediod.iters_per_epoch={args.iters}", *STABILISERS]
     if method == "feddf-oneshot":
@@ -56,15 +58,23 @@ def cell(args: Any, dataset: str, alpha: str) -> dict[str, Any]:
     cache = Path(args.out) / name / ".stage1"
     common = [f"threads={args.threads}", f"cache_dir='{cache}'"]
     rows = {}
-    for method in args.methods.split(","):
+    variants = [
+        (method, kd)
+        for method in args.methods.split(",")
+        for kd in (kd_step_options(args) if method in ("dense", "coboosting") else [0])
+    ]
+    for method, kd in variants:
         rounds = args.epochs if method in ("fediod", "dense", "coboosting") else 1
         args.dataset = dataset
+        run = f"{name}-{method}{f'-kd{kd}' if kd else ''}"
+        if args.table_only and not (Path(args.out) / run / method / "summary.json").is_file():
+            continue
         summary = run_fedistill(
-            method, args, name=f"{name}-{method}", alpha=alpha, model=args.model, rounds=rounds,
-            out=args.out, sets=[*common, *method_sets(method, args, dataset)],
+            method, args, name=run, alpha=alpha, model=args.model,
+            rounds=rounds, out=args.out, sets=[*common, *method_sets(method, args, dataset, kd)],
         )  # fmt: skip
         final = summary["final"]
-        rows[method] = {
+        rows[f"{method} (kd_steps {kd})" if kd else method] = {
             "test_accuracy": final["test_accuracy"],
             "ensemble_accuracy": final.get("ensemble_accuracy"),
             # the same uniform average of the same teachers for every method (FedIOD also reports its own)
@@ -77,6 +87,10 @@ def cell(args: Any, dataset: str, alpha: str) -> dict[str, Any]:
             "parameters_up": summary["communication"]["client->server"]["per_kind"].get("parameters", 0),
         }
     return {"dataset": dataset, "alpha": alpha, "rows": rows}
+
+
+def kd_step_options(args: Any) -> list[int]:
+    return [int(k) for k in str(args.kd_steps).split(",")]
 
 
 def markdown(cells: list[dict[str, Any]], command: str) -> str:
@@ -100,7 +114,8 @@ def markdown(cells: list[dict[str, Any]], command: str) -> str:
             fraction = f"{r['test_accuracy'] / ensemble:.3f}" if ensemble else "-"
             uniform = r.get("ensemble_uniform_accuracy")
             of_uniform = f"{r['test_accuracy'] / uniform:.3f}" if uniform else "-"
-            paper = PAPERS.get((c["dataset"], c["alpha"]), "") if method in ("dense", "coboosting") else ""
+            peer = method.split(" ")[0] in ("dense", "coboosting")
+            paper = PAPERS.get((c["dataset"], c["alpha"]), "") if peer else ""
             lines.append(
                 f"| {c['dataset']} | {c['alpha']} | {method} | {100 * r['test_accuracy']:.2f} | "
                 f"{'-' if ensemble is None else f'{100 * ensemble:.2f}'} | {fraction} | {of_uniform} | "
@@ -119,11 +134,23 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--iters", type=int, default=60)
     parser.add_argument("--feddf-steps", type=int, default=500)
+    parser.add_argument(
+        "--kd-steps",
+        default="0",
+        help="comma list: DENSE / Co-Boosting student batches per epoch, one row each (0: one pass over the "
+        "pool, their code; at 8 epochs that is 36 steps in all)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--methods", default=",".join(METHODS), help="a subset of the methods, in run order")
     parser.add_argument("--reuse", action="store_true", help="keep runs that already finished")
+    parser.add_argument(
+        "--table-only",
+        action="store_true",
+        help="start no run: tabulate the runs that finished, leave out the rest",
+    )
     add_seed_and_out(parser)
     args = parser.parse_args()
+    args.reuse = args.reuse or args.table_only
     unknown = set(args.methods.split(",")) - set(METHODS)
     if unknown:
         parser.error(f"--methods takes {', '.join(METHODS)}; not {', '.join(sorted(unknown))}")
@@ -131,7 +158,8 @@ def main() -> None:
         cells = [cell(args, dataset, alpha) for alpha in args.alphas.split(",")]
         command = (f"python benchmarks/one_shot_table.py --datasets {dataset} --alphas {args.alphas} "
                    f"--clients {args.clients} --model {args.model} --teacher-epochs {args.teacher_epochs} "
-                   f"--epochs {args.epochs} --iters {args.iters} --feddf-steps {args.feddf_steps}")  # fmt: skip
+                   f"--epochs {args.epochs} --iters {args.iters} --feddf-steps {args.feddf_steps}"
+                   f"{f' --kd-steps {args.kd_steps}' if args.kd_steps != '0' else ''}")  # fmt: skip
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / f"one_shot_{dataset}.md").write_text(markdown(cells, command), encoding="utf-8")
         (RESULTS / f"one_shot_{dataset}.json").write_text(

@@ -25,3 +25,17 @@ def test_the_table_divides_each_student_by_its_ensemble():
            "teachers_from_cache": 10.0, "wall_time_s": 3.0, "parameters_up": 1234}  # fmt: skip
     text = table.markdown([{"dataset": "mnist", "alpha": "0.1", "rows": {"dense": row}}], "cmd")
     assert "| mnist | 0.1 | dense | 60.00 | 80.00 | 0.750 | 0.800 | 10 | 1,234 | 3 | DENSE: 0.77" in text
+
+
+def test_kd_steps_give_dense_and_coboosting_a_longer_student_schedule_as_extra_rows():
+    args = SimpleNamespace(teacher_epochs=7, iters=11, feddf_steps=13, kd_steps="0,200")
+    assert table.kd_step_options(args) == [0, 200]
+    assert "dense.kd_steps=200" in table.method_sets("dense", args, "mnist", 200)
+    assert not any("kd_steps" in s for s in table.method_sets("dense", args, "mnist"))
+    row = {"test_accuracy": 0.6, "ensemble_accuracy": 0.8, "ensemble_uniform_accuracy": 0.75,
+           "teacher_mean_accuracy": 0.5, "teachers_from_cache": 10.0, "wall_time_s": 3.0,
+           "parameters_up": 1}  # fmt: skip
+    text = table.markdown(
+        [{"dataset": "mnist", "alpha": "0.1", "rows": {"coboosting (kd_steps 200)": row}}], "c"
+    )
+    assert "| coboosting (kd_steps 200) | 60.00 |" in text and "DENSE: 0.77" in text
