@@ -1,8 +1,8 @@
 """FedIOD over a grid of federations: how close its student comes to its teachers' ensemble.
 
 For each dataset, number of clients K, Dirichlet alpha and seed, one FedIOD run with the demo's
-settings (src/fedistill/experiment/demo.toml: FedMD-CG's LeNet, 30 teacher epochs, 10 epochs of 10
-G-steps, batch-norm matching, replay pool, KL mimicry), or with those stabilisers off (`--paper`).
+settings (src/fedistill/experiment/demo.toml: small-cnn, 30 teacher epochs, 10 epochs of 12 G-steps,
+batch-norm matching, a replay pool, KL mimicry at tau 3), or with those stabilisers off (`--paper`).
 Per cell: the student's test accuracy as a fraction of the ensemble (mean and worst over the seeds),
 and whether the run ended below its best validated point (model selection on the clients'
 validation splits hands over the best-rated epoch, so the final student is that one; the table
