@@ -25,6 +25,7 @@ they do not score.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ def cell(args: Any, dataset: str, alpha: str) -> dict[str, Any]:
     variants = [
         (method, kd)
         for method in args.methods.split(",")
-        for kd in (kd_step_options(args) if method in ("dense", "coboosting") else [0])
+        for kd in (args.kd_steps if method in ("dense", "coboosting") else [0])
     ]
     for method, kd in variants:
         rounds = args.epochs if method in ("fediod", "dense", "coboosting") else 1
@@ -89,8 +90,15 @@ def cell(args: Any, dataset: str, alpha: str) -> dict[str, Any]:
     return {"dataset": dataset, "alpha": alpha, "rows": rows}
 
 
-def kd_step_options(args: Any) -> list[int]:
-    return [int(k) for k in str(args.kd_steps).split(",")]
+def kd_step_list(text: str) -> list[int]:
+    """`--kd-steps`: a comma list of whole numbers >= 0."""
+    try:
+        steps = [int(k) for k in text.split(",")]
+    except ValueError:
+        steps = []
+    if not steps or min(steps) < 0:
+        raise argparse.ArgumentTypeError(f"a comma list of whole numbers >= 0, e.g. 0,200; got {text!r}")
+    return steps
 
 
 def markdown(cells: list[dict[str, Any]], command: str) -> str:
@@ -136,7 +144,8 @@ def main() -> None:
     parser.add_argument("--feddf-steps", type=int, default=500)
     parser.add_argument(
         "--kd-steps",
-        default="0",
+        type=kd_step_list,
+        default=[0],
         help="comma list: DENSE / Co-Boosting student batches per epoch, one row each (0: one pass over the "
         "pool, their code; at 8 epochs that is 36 steps in all)",
     )
@@ -159,7 +168,7 @@ def main() -> None:
         command = (f"python benchmarks/one_shot_table.py --datasets {dataset} --alphas {args.alphas} "
                    f"--clients {args.clients} --model {args.model} --teacher-epochs {args.teacher_epochs} "
                    f"--epochs {args.epochs} --iters {args.iters} --feddf-steps {args.feddf_steps}"
-                   f"{f' --kd-steps {args.kd_steps}' if args.kd_steps != '0' else ''}")  # fmt: skip
+                   f"{'' if args.kd_steps == [0] else ' --kd-steps ' + ','.join(map(str, args.kd_steps))}")  # fmt: skip
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / f"one_shot_{dataset}.md").write_text(markdown(cells, command), encoding="utf-8")
         (RESULTS / f"one_shot_{dataset}.json").write_text(

@@ -1,9 +1,12 @@
 """benchmarks/one_shot_table.py: every method gets the same stage-1 options, FedDF distils on the other
 MNIST-family domain, and the table reports each method as a fraction of its ensemble."""
 
+import argparse
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -28,8 +31,11 @@ def test_the_table_divides_each_student_by_its_ensemble():
 
 
 def test_kd_steps_give_dense_and_coboosting_a_longer_student_schedule_as_extra_rows():
-    args = SimpleNamespace(teacher_epochs=7, iters=11, feddf_steps=13, kd_steps="0,200")
-    assert table.kd_step_options(args) == [0, 200]
+    args = SimpleNamespace(teacher_epochs=7, iters=11, feddf_steps=13)
+    assert table.kd_step_list("0,200") == [0, 200]
+    for wrong in ("abc", "-5", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="comma list"):
+            table.kd_step_list(wrong)
     assert "dense.kd_steps=200" in table.method_sets("dense", args, "mnist", 200)
     assert not any("kd_steps" in s for s in table.method_sets("dense", args, "mnist"))
     row = {"test_accuracy": 0.6, "ensemble_accuracy": 0.8, "ensemble_uniform_accuracy": 0.75,

@@ -183,9 +183,9 @@ def plot_image_grid(
     rows = max(1, math.ceil(n / columns))
     gap = max(1, height // 8)
     mosaic = np.ones((rows * (height + gap) - gap, columns * (width + gap) - gap, channels), np.float32)
-    for i in range(n):
-        top, left = (i // columns) * (height + gap), (i % columns) * (width + gap)
-        mosaic[top : top + height, left : left + width] = images[i].transpose(1, 2, 0)
+    origins = [((i // columns) * (height + gap), (i % columns) * (width + gap)) for i in range(n)]
+    for image, (top, left) in zip(images, origins, strict=True):
+        mosaic[top : top + height, left : left + width] = image.transpose(1, 2, 0)
     fig_width = columns * 1.0
     image_height = fig_width * mosaic.shape[0] / mosaic.shape[1]
     title_room = 0.4 if title else 0.0
@@ -194,12 +194,11 @@ def plot_image_grid(
     ax.imshow(mosaic[..., 0] if channels == 1 else mosaic, cmap="gray", vmin=0.0, vmax=1.0)
     ax.set_axis_off()
     if labels is not None:
-        for i in range(n):
-            top, left = (i // columns) * (height + gap), (i % columns) * (width + gap)
+        for label, (top, left) in zip(labels, origins, strict=True):
             ax.text(
                 left + width / 2,
                 top + 1,
-                str(labels[i]),
+                str(label),
                 fontsize=7,
                 ha="center",
                 va="top",
