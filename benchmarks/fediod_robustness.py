@@ -9,7 +9,12 @@ validation splits hands over the best-rated epoch, so the final student is that 
 shows how far the last epoch fell below it). Model selection never reads the test set.
 
     python benchmarks/fediod_robustness.py [--datasets digits] [--clients 5,10,20] [--alphas 0.1,0.5,1] \\
-        [--seeds 0,1,2] [--jobs 2] [--paper] [--reuse]
+        [--seeds 0,1,2] [--jobs 2] [--paper] [--reuse] [--model M] [--teacher-epochs N] [--epochs N] \\
+        [--iters N] [--set KEY=VALUE ...]
+
+`--model`, `--teacher-epochs`, `--epochs` (distillation epochs) and `--iters` (G-steps per epoch) replace
+the demo's, and `--set` adds options, for data the demo's settings do not suit (28x28 MNIST and
+Fashion-MNIST: a stride-1 small-cnn there costs 1100-2100 s per run at one thread).
 
 Writes benchmarks/results/fediod_robustness_<datasets>[-paper].{md,json}. Every run is its own process
 at one torch thread; `--jobs` runs that many at once.
@@ -32,11 +37,19 @@ DEMO = HERE.parent / "src" / "fedistill" / "experiment" / "demo.toml"
 PAPER = ["fediod.w_bn=0.0", "fediod.pool_size=0", "fediod.pool_steps=0", "fediod.mimic='l2'"]
 
 
+def overrides(args: Any) -> list[str]:
+    """The demo's settings the command line replaces."""
+    chosen = {"model": args.model, "fediod.teacher_epochs": args.teacher_epochs, "rounds": args.epochs,
+              "fediod.iters_per_epoch": args.iters}  # fmt: skip
+    return [f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}" for key, value in chosen.items()
+            if value is not None]  # fmt: skip
+
+
 def run(args: Any, dataset: str, clients: int, alpha: str, seed: int) -> dict[str, Any]:
     name = f"robust-{dataset}-K{clients}-alpha{alpha}-seed{seed}" + ("-paper" if args.paper else "")
     folder = Path(args.out) / name / "fediod"
     if not (args.reuse and (folder / "summary.json").is_file()):
-        sets = ["threads=1", *(PAPER if args.paper else [])]
+        sets = ["threads=1", *(PAPER if args.paper else []), *overrides(args), *args.set]
         done = subprocess.run(
             [sys.executable, "-m", "fedistill.cli", "run", "--quiet", "--config", str(DEMO), "--algorithm", "fediod",
              "--dataset", dataset, "--data-dir", args.data_dir, "--clients", str(clients), "--alpha", alpha,
@@ -106,6 +119,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--paper", action="store_true", help="the stabilisers off (the paper's FedIOD)")
     parser.add_argument("--reuse", action="store_true", help="keep runs that already finished")
+    parser.add_argument("--model", default=None, help="student and teachers (default: the demo's small-cnn)")
+    parser.add_argument("--teacher-epochs", type=int, default=None)
+    parser.add_argument("--epochs", type=int, default=None, help="distillation epochs")
+    parser.add_argument("--iters", type=int, default=None, help="G-steps per distillation epoch")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     add_seed_and_out(parser)
     args = parser.parse_args()
     grid = [(d, int(k), a, int(s)) for d in args.datasets.split(",") for k in args.clients.split(",")
@@ -113,7 +131,10 @@ def main() -> None:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(lambda cell: run(args, *cell), grid))
     command = (f"python benchmarks/fediod_robustness.py --datasets {args.datasets} --clients {args.clients} "
-               f"--alphas {args.alphas} --seeds {args.seeds} --jobs {args.jobs}" + (" --paper" if args.paper else ""))  # fmt: skip
+               f"--alphas {args.alphas} --seeds {args.seeds} --jobs {args.jobs}" + (" --paper" if args.paper else "")
+               + "".join(f" --{flag.replace('_', '-')} {getattr(args, flag)}"
+                         for flag in ("model", "teacher_epochs", "epochs", "iters") if getattr(args, flag) is not None)
+               + "".join(f" --set {item}" for item in args.set))  # fmt: skip
     title = "FedIOD robustness" + (
         " (paper: no stabilisers)" if args.paper else " (demo settings, stabilisers on)"
     )

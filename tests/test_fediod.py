@@ -111,6 +111,22 @@ def test_official_code_preset_and_best_on_test_labelling():
     assert resolved.w_adv == 0.5  # an explicit setting wins over the preset
 
 
+def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
+    from fedistill.algorithms.fediod import resolve_options
+    from fedistill.errors import ConfigError
+
+    config = build_config(RunConfig(), {"fediod": {"preset": "stable", "tau": 2.0}})
+    resolved = resolve_options(config, options_for(config, "fediod", FedIODOptions))
+    assert (resolved.w_bn, resolved.pool_size, resolved.pool_steps) == (10.0, 20000, 30)
+    assert (resolved.mimic, resolved.student_steps, resolved.tau) == ("kl", 2, 2.0)
+    paper = build_config(RunConfig(), {"fediod": {"tau": 2.0}})
+    assert resolve_options(paper, options_for(paper, "fediod", FedIODOptions)).pool_size == 0
+    # the preset's replay steps without a pool are refused, as when a user sets them so
+    no_pool = build_config(RunConfig(), {"fediod": {"preset": "stable", "pool_size": 0}})
+    with pytest.raises(ConfigError, match="pool_size"):
+        resolve_options(no_pool, options_for(no_pool, "fediod", FedIODOptions))
+
+
 def test_validation_selection_needs_a_validation_split(tmp_path):
     from fedistill.errors import ConfigError
 

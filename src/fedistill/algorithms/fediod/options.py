@@ -23,7 +23,7 @@ from fedistill.privacy.budget import (
 log = logging.getLogger(__name__)
 
 
-PRESETS = ("paper", "official-code")
+PRESETS = ("paper", "official-code", "stable")
 WEIGHTINGS = ("eq8", "class-share", "uniform")
 MIMIC_MODES = ("l2", "kl", "kl-official", "l1")
 SELECTIONS = ("validation", "last", "best-on-test")
@@ -32,7 +32,8 @@ DP_ACCOUNTINGS = ("d-step", "release")
 
 @dataclass(frozen=True)
 class FedIODOptions(DPOptions):
-    """Defaults follow the paper; `preset = "official-code"` switches to the released code's choices.
+    """Defaults follow the paper; `preset = "official-code"` switches to the released code's choices,
+    `preset = "stable"` to the stabilisers measured on the digits demo (`STABLE`).
 
     The ``dp_*`` options (see `DPOptions` and the module docstring) sanitise the input-gradients.
     """
@@ -207,11 +208,35 @@ OFFICIAL_CODE = {
 }
 
 
+#: What `preset = "stable"` changes: the one-shot literature's stabilisers, the student budget and the
+#: learning rates the digits demo chose (README "FedIOD": seeds 0-2, student as a fraction of its
+#: ensemble, none 0.65, w_bn 0.79, + pool and KL 0.84; 2 fresh S-steps and 30 replay steps at tau 3 added
+#: 3.9 points). On Fashion-MNIST (K = 10, alpha 0.1, lenet-fedmdcg, 240 G-steps) the rates and the
+#: ensemble's balance target raised the best validation accuracy from 71.32% to 77.35%.
+STABLE = {
+    "lr_student": 3e-3,
+    "lr_generator": 3e-3,
+    "balance": "ensemble",
+    "w_bn": 10.0,
+    "pool_size": 20000,
+    "pool_steps": 30,
+    "mimic": "kl",
+    "tau": 3.0,
+    "student_steps": 2,
+}
+
+PRESET_CHANGES = {"paper": {}, "official-code": OFFICIAL_CODE, "stable": STABLE}
+
+
 def resolve_options(config: RunConfig, options: FedIODOptions) -> FedIODOptions:
-    if options.preset != "official-code":
+    """Apply the preset's changes to every key the user did not set."""
+    changes = PRESET_CHANGES[options.preset]
+    if not changes:
         return options
     explicit = set(config.options.get("fediod", {}))
-    return dataclasses.replace(options, **{k: v for k, v in OFFICIAL_CODE.items() if k not in explicit})
+    resolved = dataclasses.replace(options, **{k: v for k, v in changes.items() if k not in explicit})
+    resolved.validate()  # the preset's keys next to the user's (e.g. pool_steps with pool_size = 0)
+    return resolved
 
 
 SMALL_IMAGE_PX = 16
