@@ -10,7 +10,8 @@ proves it). K sites, Dirichlet alpha, `--model` for every teacher and student.
         [--clients 10] [--model lenet-fedmdcg] [--teacher-epochs 10] [--epochs 10] [--iters 60] \\
         [--threads 1] [--reuse]
 
-Budgets: FedIOD `--epochs` x `--iters` G-steps with the demo's stabilisers; DENSE and Co-Boosting
+Budgets: FedIOD `--epochs` x `--iters` G-steps with an earlier set of stabilisers (`fediod`) or with
+`preset = "stable"` and G and D_k of width 32 (`fediod-stable`); DENSE and Co-Boosting
 `--epochs` epochs of their own synthesis and distillation; one-shot FedDF distils `--feddf-steps` steps
 on the other MNIST-family dataset's unlabelled images (Fashion-MNIST for MNIST and the reverse, FedDF's
 "another domain" setting); one-shot FedAvg averages once. Writes
@@ -32,8 +33,17 @@ from typing import Any
 
 from _common import RESULTS, add_seed_and_out, benchmark_parser, run_fedistill
 
-METHODS = ("fedavg-oneshot", "feddf-oneshot", "dense", "coboosting", "fediod")
+METHODS = ("fedavg-oneshot", "feddf-oneshot", "dense", "coboosting", "fediod", "fediod-stable")
 STABILISERS = ["fediod.w_bn=10.0", "fediod.pool_size=20000", "fediod.pool_steps=10", "fediod.mimic='kl'"]
+# `fediod-stable`: FedIOD with `preset = "stable"` (the demo's stabilisers, student budget and rates) and
+# G and D_k of width 32 (the `fediod` row: the paper's 64 / 128 and an earlier set of stabilisers)
+STABLE = ["fediod.preset='stable'", "fediod.generator_width=32", "fediod.discriminator_width=32"]
+
+
+def algorithm_of(method: str) -> str:
+    return "fediod" if method == "fediod-stable" else method
+
+
 OTHER_DOMAIN = {"mnist": "fashion-mnist", "fashion-mnist": "mnist"}
 PAPERS = {
     ("mnist", "0.1"): "DENSE: 0.77 of its ensemble (5 clients)",
@@ -43,11 +53,15 @@ PAPERS = {
 
 def method_sets(method: str, args: Any, dataset: str, kd_steps: int = 0) -> list[str]:
     """Each method's budget, on the same stage-1 options (`teacher_epochs`) as every other."""
-    stage1 = [f"{method}.teacher_epochs={args.teacher_epochs}"]
+    stage1 = [f"{algorithm_of(method)}.teacher_epochs={args.teacher_epochs}"]
     if kd_steps:  # DENSE / Co-Boosting: this many student batches per epoch instead of one pass
         stage1.append(f"{method}.kd_steps={kd_steps}")
-    if method == "fediod":
-        return [*stage1, f"fediod.iters_per_epoch={args.iters}", *STABILISERS]
+    if method in ("fediod", "fediod-stable"):
+        return [
+            *stage1,
+            f"fediod.iters_per_epoch={args.iters}",
+            *(STABLE if method == "fediod-stable" else STABILISERS),
+        ]
     if method == "feddf-oneshot":
         source = f"dataset:{OTHER_DOMAIN.get(dataset, 'noise')}" if dataset in OTHER_DOMAIN else "noise"
         return [*stage1, f"feddf-oneshot.source='{source}'", f"feddf-oneshot.steps={args.feddf_steps}"]
@@ -65,13 +79,13 @@ def cell(args: Any, dataset: str, alpha: str) -> dict[str, Any]:
         for kd in (args.kd_steps if method in ("dense", "coboosting") else [0])
     ]
     for method, kd in variants:
-        rounds = args.epochs if method in ("fediod", "dense", "coboosting") else 1
+        rounds = args.epochs if method in ("fediod", "fediod-stable", "dense", "coboosting") else 1
         args.dataset = dataset
         run = f"{name}-{method}{f'-kd{kd}' if kd else ''}"
-        if args.table_only and not (Path(args.out) / run / method / "summary.json").is_file():
+        if args.table_only and not (Path(args.out) / run / algorithm_of(method) / "summary.json").is_file():
             continue
         summary = run_fedistill(
-            method, args, name=run, alpha=alpha, model=args.model,
+            algorithm_of(method), args, name=run, alpha=alpha, model=args.model,
             rounds=rounds, out=args.out, sets=[*common, *method_sets(method, args, dataset, kd)],
         )  # fmt: skip
         final = summary["final"]

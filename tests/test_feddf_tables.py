@@ -94,7 +94,7 @@ def test_the_one_shot_configs_are_the_benchmarks_runs():
                 path = root / "one-shot" / f"{method}-{dataset}-alpha{alpha}.toml"
                 config = build_config(RunConfig(), load_toml(path))
                 assert (list(config.algorithms), config.dataset, config.alpha) == (
-                    [method],
+                    [one_shot_table.algorithm_of(method)],
                     dataset,
                     float(alpha),
                 )
