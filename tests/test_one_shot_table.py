@@ -16,10 +16,14 @@ import one_shot_table as table
 def test_every_method_shares_the_stage1_options_and_feddf_uses_the_other_domain():
     args = SimpleNamespace(teacher_epochs=7, iters=11, feddf_steps=13)
     for method in table.METHODS:
-        assert f"{method}.teacher_epochs=7" in table.method_sets(method, args, "mnist")
+        assert f"{table.algorithm_of(method)}.teacher_epochs=7" in table.method_sets(method, args, "mnist")
     assert "feddf-oneshot.source='dataset:fashion-mnist'" in table.method_sets("feddf-oneshot", args, "mnist")
     assert "feddf-oneshot.source='noise'" in table.method_sets("feddf-oneshot", args, "digits")
     assert "fediod.iters_per_epoch=11" in table.method_sets("fediod", args, "mnist")
+    # the stable row is FedIOD with its preset, on the same budget
+    stable = table.method_sets("fediod-stable", args, "mnist")
+    assert "fediod.iters_per_epoch=11" in stable and "fediod.preset='stable'" in stable
+    assert not any("preset" in s for s in table.method_sets("fediod", args, "mnist"))
 
 
 def test_the_table_divides_each_student_by_its_ensemble():
