@@ -136,7 +136,7 @@ def main() -> None:
                          for flag in ("model", "teacher_epochs", "epochs", "iters") if getattr(args, flag) is not None)
                + "".join(f" --set {item}" for item in args.set))  # fmt: skip
     title = "FedIOD robustness" + (
-        " (paper: no stabilisers)" if args.paper else " (the demo's preset = \"stable\", stabilisers on)"
+        " (paper: no stabilisers)" if args.paper else ' (the demo\'s preset = "stable", stabilisers on)'
     )
     if overrides(args) or args.set:
         title += "; model and budget from the command line"
