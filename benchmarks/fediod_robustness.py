@@ -37,12 +37,20 @@ DEMO = HERE.parent / "src" / "fedistill" / "experiment" / "demo.toml"
 PAPER = ["fediod.w_bn=0.0", "fediod.pool_size=0", "fediod.pool_steps=0", "fediod.mimic='l2'"]
 
 
+# command-line flag (argparse name) -> the demo's config key it replaces
+OVERRIDES = {"model": "model", "teacher_epochs": "fediod.teacher_epochs", "epochs": "rounds",
+             "iters": "fediod.iters_per_epoch"}  # fmt: skip
+
+
+def given(args: Any) -> dict[str, Any]:
+    """The overriding flags the command line gave, with their values."""
+    return {flag: getattr(args, flag) for flag in OVERRIDES if getattr(args, flag) is not None}
+
+
 def overrides(args: Any) -> list[str]:
-    """The demo's settings the command line replaces."""
-    chosen = {"model": args.model, "fediod.teacher_epochs": args.teacher_epochs, "rounds": args.epochs,
-              "fediod.iters_per_epoch": args.iters}  # fmt: skip
-    return [f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}" for key, value in chosen.items()
-            if value is not None]  # fmt: skip
+    """The demo's settings the command line replaces, as `--set` items."""
+    return [f"{OVERRIDES[flag]}={value!r}" if isinstance(value, str) else f"{OVERRIDES[flag]}={value}"
+            for flag, value in given(args).items()]  # fmt: skip
 
 
 def run(args: Any, dataset: str, clients: int, alpha: str, seed: int) -> dict[str, Any]:
@@ -132,13 +140,12 @@ def main() -> None:
         results = list(pool.map(lambda cell: run(args, *cell), grid))
     command = (f"python benchmarks/fediod_robustness.py --datasets {args.datasets} --clients {args.clients} "
                f"--alphas {args.alphas} --seeds {args.seeds} --jobs {args.jobs}" + (" --paper" if args.paper else "")
-               + "".join(f" --{flag.replace('_', '-')} {getattr(args, flag)}"
-                         for flag in ("model", "teacher_epochs", "epochs", "iters") if getattr(args, flag) is not None)
+               + "".join(f" --{flag.replace('_', '-')} {value}" for flag, value in given(args).items())
                + "".join(f" --set {item}" for item in args.set))  # fmt: skip
     title = "FedIOD robustness" + (
         " (paper: no stabilisers)" if args.paper else ' (the demo\'s preset = "stable", stabilisers on)'
     )
-    if overrides(args) or args.set:
+    if given(args) or args.set:
         title += "; model and budget from the command line"
     lines = [f"# {title}", "", f"Command: `{command}`", "", *table(results)]
     stem = f"fediod_robustness_{args.datasets.replace(',', '-')}" + ("-paper" if args.paper else "")

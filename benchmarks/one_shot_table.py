@@ -37,7 +37,7 @@ METHODS = ("fedavg-oneshot", "feddf-oneshot", "dense", "coboosting", "fediod", "
 STABILISERS = ["fediod.w_bn=10.0", "fediod.pool_size=20000", "fediod.pool_steps=10", "fediod.mimic='kl'"]
 # `fediod-stable`: FedIOD with `preset = "stable"` (the demo's stabilisers, student budget and rates) and
 # G and D_k of width 32 (the `fediod` row: the paper's 64 / 128 and an earlier set of stabilisers)
-STABLE = ["fediod.preset='stable'", "fediod.generator_width=32", "fediod.discriminator_width=32"]
+STABLE_ROW = ["fediod.preset='stable'", "fediod.generator_width=32", "fediod.discriminator_width=32"]
 
 
 def algorithm_of(method: str) -> str:
@@ -56,11 +56,11 @@ def method_sets(method: str, args: Any, dataset: str, kd_steps: int = 0) -> list
     stage1 = [f"{algorithm_of(method)}.teacher_epochs={args.teacher_epochs}"]
     if kd_steps:  # DENSE / Co-Boosting: this many student batches per epoch instead of one pass
         stage1.append(f"{method}.kd_steps={kd_steps}")
-    if method in ("fediod", "fediod-stable"):
+    if algorithm_of(method) == "fediod":
         return [
             *stage1,
             f"fediod.iters_per_epoch={args.iters}",
-            *(STABLE if method == "fediod-stable" else STABILISERS),
+            *(STABLE_ROW if method == "fediod-stable" else STABILISERS),
         ]
     if method == "feddf-oneshot":
         source = f"dataset:{OTHER_DOMAIN.get(dataset, 'noise')}" if dataset in OTHER_DOMAIN else "noise"
@@ -79,7 +79,7 @@ def cell(args: Any, dataset: str, alpha: str) -> dict[str, Any]:
         for kd in (args.kd_steps if method in ("dense", "coboosting") else [0])
     ]
     for method, kd in variants:
-        rounds = args.epochs if method in ("fediod", "fediod-stable", "dense", "coboosting") else 1
+        rounds = args.epochs if algorithm_of(method) in ("fediod", "dense", "coboosting") else 1
         args.dataset = dataset
         run = f"{name}-{method}{f'-kd{kd}' if kd else ''}"
         if args.table_only and not (Path(args.out) / run / algorithm_of(method) / "summary.json").is_file():

@@ -234,8 +234,13 @@ def resolve_options(config: RunConfig, options: FedIODOptions) -> FedIODOptions:
     if not changes:
         return options
     explicit = set(config.options.get("fediod", {}))
-    resolved = dataclasses.replace(options, **{k: v for k, v in changes.items() if k not in explicit})
-    resolved.validate()  # the preset's keys next to the user's (e.g. pool_steps with pool_size = 0)
+    taken = {k: v for k, v in changes.items() if k not in explicit}
+    resolved = dataclasses.replace(options, **taken)
+    try:  # the preset's keys next to the user's (e.g. its pool_steps with a user's pool_size = 0)
+        resolved.validate()
+    except ConfigError as error:
+        preset_keys = ", ".join(f"{k} = {v!r}" for k, v in taken.items())
+        raise ConfigError(f"{error} (fediod.preset = {options.preset!r} sets {preset_keys})") from error
     return resolved
 
 
