@@ -121,6 +121,10 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     assert (resolved.mimic, resolved.student_steps, resolved.tau) == ("kl", 2, 2.0)
     paper = build_config(RunConfig(), {"fediod": {"tau": 2.0}})
     assert resolve_options(paper, options_for(paper, "fediod", FedIODOptions)).pool_size == 0
+    # a user may change the preset's replay steps without repeating its pool
+    fewer = build_config(RunConfig(), {"fediod": {"preset": "stable", "pool_steps": 15}})
+    resolved = resolve_options(fewer, options_for(fewer, "fediod", FedIODOptions))
+    assert (resolved.pool_size, resolved.pool_steps) == (20000, 15)
     # the preset's replay steps without a pool are refused, as when a user sets them so
     no_pool = build_config(RunConfig(), {"fediod": {"preset": "stable", "pool_size": 0}})
     with pytest.raises(ConfigError, match="pool_size"):

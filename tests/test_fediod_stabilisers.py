@@ -232,3 +232,19 @@ def test_channels_last_is_the_same_protocol_in_another_memory_layout(tmp_path):
         summary["final"]["teacher_mean_accuracy"] == plain["final"]["teacher_mean_accuracy"]
     )  # stage 1 as is
     assert abs(summary["final"]["test_accuracy"] - plain["final"]["test_accuracy"]) <= 0.15
+
+
+def test_student_noise_adds_seeded_gaussian_noise_to_the_s_step_inputs():
+    """`student_noise` = sigma: the S-steps' query carries G's samples plus sigma times the run's
+    seeded "student-noise" draw for that step; G's own samples (its D-step query) stay clean."""
+    sigma = 0.5
+    _, clean, _ = _built(_config())
+    _, noisy, _ = _built(_config(student_noise=sigma))
+    a, b = clean._student_inputs(1e-3), noisy._student_inputs(1e-3)
+    draw = torch_generator(noisy.ctx.config.seed, "student-noise", 0)
+    expected = sigma * torch.randn(a.x.shape, generator=draw)
+    assert noisy.step == 0
+    torch.testing.assert_close(b.x - a.x, expected)
+    assert float((b.x - a.x).std()) == pytest.approx(sigma, rel=0.1)
+    with pytest.raises(ConfigError, match="student_noise"):
+        options_for(_config(student_noise=-0.1), "fediod", FedIODOptions)

@@ -98,6 +98,7 @@ class FedIODOptions(DPOptions):
     pool_size: int = 0  # synthetic samples kept with their ensemble targets for replay (0: no pool)
     pool_steps: int = 0  # extra S-steps per G-step on batches drawn from the pool
     pool_batch_size: int = 0  # samples per replay step (0: synthetic_batch_size)
+    student_noise: float = 0.0  # std of Gaussian noise on G's samples for the S-steps (normalised units)
     teacher_logits: str = "raw"  # raw (the paper) | scaled: one logit scale for mixed architectures
     # shared (the paper): one G whose every sample must fool every D_k (Eq. 2), which pulls G towards what
     # all sites' data have in common. per-client: G(z, one-hot k) draws a mixture, a share pi_k of each
@@ -172,6 +173,7 @@ class FedIODOptions(DPOptions):
             "pool_size",
             "pool_steps",
             "pool_batch_size",
+            "student_noise",
             "collapse_patience",
             "mask_pool",
             "noise_channels",
@@ -180,7 +182,14 @@ class FedIODOptions(DPOptions):
         ):
             if getattr(self, key) < 0:
                 raise ConfigError(f"fediod.{key} must be >= 0")
-        if self.pool_steps and not self.pool_size:
+        self.check_combinations(preset_fills=True)
+
+    def check_combinations(self, *, preset_fills: bool = False) -> None:
+        """Rules across keys. Before the preset is applied (`preset_fills`), a key the preset sets counts
+        as set, so a user may change the preset's replay steps without repeating its pool size;
+        `resolve_options` checks again once the preset's keys are in."""
+        filled = PRESET_CHANGES[self.preset] if preset_fills else {}
+        if self.pool_steps and not (self.pool_size or filled.get("pool_size", 0)):
             raise ConfigError("fediod.pool_steps replays the pool: set fediod.pool_size > 0 too")
 
     @property
@@ -238,6 +247,7 @@ def resolve_options(config: RunConfig, options: FedIODOptions) -> FedIODOptions:
     resolved = dataclasses.replace(options, **taken)
     try:  # the preset's keys next to the user's (e.g. its pool_steps with a user's pool_size = 0)
         resolved.validate()
+        resolved.check_combinations()
     except ConfigError as error:
         preset_keys = ", ".join(f"{k} = {v!r}" for k, v in taken.items())
         raise ConfigError(f"{error} (fediod.preset = {options.preset!r} sets {preset_keys})") from error

@@ -54,6 +54,9 @@ class StudentSteps:
         with torch.no_grad():
             draw = self._draw(n * b, latent_gen)
             x = self._generate(draw, latent_gen)
+            if self.options.student_noise:
+                noise_gen = torch_generator(self.ctx.config.seed, "student-noise", self.step)
+                x = x + self.options.student_noise * torch.randn(x.shape, generator=noise_gen).to(x.device)
         return StudentBatch(x, draw.masks, lr, self._mask_index(self.step, b))
 
     def _student_steps(self, fleet: Fleet, clients: list[int], batch: StudentBatch | None = None) -> float:
