@@ -253,9 +253,10 @@ class FedIODServer(StudentSteps, ServerLogic):
                 losses = self.distillation_step(fleet)
                 for key, value in losses.items():
                     values.setdefault(key, []).append(value)
-                student = values.get("loss_student", [float("nan")])[-1]
+                # the epoch's first G-step carries its S-steps to the next query: no student loss yet
+                student = values.get("loss_student")
                 steps.set_postfix(
-                    mimic=f"{losses['loss_mimic']:.3f}", student=f"{student:.3f}",
+                    mimic=f"{losses['loss_mimic']:.3f}", student=f"{student[-1]:.3f}" if student else "-",
                     d=f"{losses['loss_discriminator']:.3f}", gan=f"{losses['loss_gan']:.3f}",
                 )  # fmt: skip
         except StopRun as stop:  # a client's privacy budget: report the partial epoch, then stop
