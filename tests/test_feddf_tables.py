@@ -88,17 +88,20 @@ def test_the_one_shot_configs_are_the_benchmarks_runs():
     root = Path(__file__).resolve().parents[1] / "configs"
     expected = tomllib.loads((root / "expected.toml").read_text(encoding="utf-8"))
     args = SimpleNamespace(teacher_epochs=10, iters=60, feddf_steps=500)
+    # every method's row, and DENSE's and Co-Boosting's `--kd-steps 200` rows
+    rows = [(method, method, 0) for method in one_shot_table.METHODS]
+    rows += [(f"{method}-kd200", method, 200) for method in ("dense", "coboosting")]
     for dataset in ("mnist", "fashion-mnist"):
         for alpha in ("0.1", "0.5", "1"):
-            for method in one_shot_table.METHODS:
-                path = root / "one-shot" / f"{method}-{dataset}-alpha{alpha}.toml"
+            for stem, method, kd_steps in rows:
+                path = root / "one-shot" / f"{stem}-{dataset}-alpha{alpha}.toml"
                 config = build_config(RunConfig(), load_toml(path))
                 assert (list(config.algorithms), config.dataset, config.alpha) == (
                     [one_shot_table.algorithm_of(method)],
                     dataset,
                     float(alpha),
                 )
-                for assignment in one_shot_table.method_sets(method, args, dataset):
+                for assignment in one_shot_table.method_sets(method, args, dataset, kd_steps):
                     key, _, value = assignment.partition("=")
                     section, _, sub = key.partition(".")
                     assert config.options[section][sub] == parse_value(value)
