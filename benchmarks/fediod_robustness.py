@@ -2,7 +2,8 @@
 
 For each dataset, number of clients K, Dirichlet alpha and seed, one FedIOD run with the demo's
 settings (src/fedistill/experiment/demo.toml: small-cnn, 30 teacher epochs, 10 epochs of 12 G-steps,
-batch-norm matching, a replay pool, KL mimicry at tau 3), or with those stabilisers off (`--paper`).
+batch-norm matching, a replay pool, KL mimicry at tau 3, noise on the student's inputs, class-share
+ensemble weights), or with those off (`--paper`).
 Per cell: the student's test accuracy as a fraction of the ensemble (mean and worst over the seeds),
 and whether the run ended below its best validated point (model selection on the clients'
 validation splits hands over the best-rated epoch, so the final student is that one; the table

@@ -183,6 +183,12 @@ def main() -> None:
                    f"--clients {args.clients} --model {args.model} --teacher-epochs {args.teacher_epochs} "
                    f"--epochs {args.epochs} --iters {args.iters} --feddf-steps {args.feddf_steps}"
                    f"{'' if args.kd_steps == [0] else ' --kd-steps ' + ','.join(map(str, args.kd_steps))}")  # fmt: skip
+        if args.methods != ",".join(METHODS) and not args.table_only:
+            # a subset of the rows would replace the whole table file: print it, keep the file
+            print(markdown(cells, command))
+            print(f"(a subset of the methods: {RESULTS / f'one_shot_{dataset}.md'} is left as it was; "
+                  "update it with --table-only and the full --alphas / --kd-steps)")  # fmt: skip
+            continue
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / f"one_shot_{dataset}.md").write_text(markdown(cells, command), encoding="utf-8")
         (RESULTS / f"one_shot_{dataset}.json").write_text(

@@ -236,7 +236,7 @@ def test_channels_last_is_the_same_protocol_in_another_memory_layout(tmp_path):
 
 def test_student_noise_adds_seeded_gaussian_noise_to_the_s_step_inputs():
     """`student_noise` = sigma: the S-steps' query carries G's samples plus sigma times the run's
-    seeded "student-noise" draw for that step; G's own samples (its D-step query) stay clean."""
+    seeded "student-noise" draw for that step."""
     sigma = 0.5
     _, clean, _ = _built(_config())
     _, noisy, _ = _built(_config(student_noise=sigma))

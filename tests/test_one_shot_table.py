@@ -49,3 +49,17 @@ def test_kd_steps_give_dense_and_coboosting_a_longer_student_schedule_as_extra_r
         [{"dataset": "mnist", "alpha": "0.1", "rows": {"coboosting (kd_steps 200)": row}}], "c"
     )
     assert "| coboosting (kd_steps 200) | 60.00 |" in text and "DENSE: 0.77" in text
+
+
+def test_running_a_subset_of_the_methods_leaves_the_table_file_alone(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(table, "RESULTS", tmp_path)
+    monkeypatch.setattr(table, "cell", lambda args, dataset, alpha: {})
+    monkeypatch.setattr(table, "markdown", lambda cells, command: command)
+    base = ["one_shot_table.py", "--datasets", "mnist", "--alphas", "0.5"]
+    monkeypatch.setattr("sys.argv", [*base, "--methods", "dense,coboosting"])
+    table.main()
+    assert not (tmp_path / "one_shot_mnist.md").exists()
+    assert "left as it was" in capsys.readouterr().out
+    monkeypatch.setattr("sys.argv", [*base, "--methods", "dense", "--table-only"])
+    table.main()
+    assert (tmp_path / "one_shot_mnist.md").is_file()
