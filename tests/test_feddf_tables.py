@@ -77,6 +77,36 @@ def test_the_paper_scale_configs_parse_and_state_the_papers_number():
             assert entry["paper_claim"] and "paper: a figure, no table" in text
 
 
+def test_the_text_configs_are_figure_3s_protocol():
+    """configs/feddf-text/: FedDF's Figure 3 (DistilBERT on AG News and SST-2) as runs that parse, with the
+    paper's setting (10 clients, alpha 1, lr 1e-5, half the training set held out for distillation) and
+    the figure's claim in expected.toml and in each header."""
+    import tomllib
+
+    from fedistill.algorithms.base import get_algorithm
+    from fedistill.experiment.config import load_toml, options_for
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    expected = tomllib.loads((root / "expected.toml").read_text(encoding="utf-8"))
+    paths = sorted((root / "feddf-text").glob("*.toml"))
+    assert [p.stem for p in paths] == [
+        f"figure3-{d}-{a}" for d in ("ag-news", "sst2") for a in ("fedavg", "feddf")
+    ]
+    for path in paths:
+        config = build_config(RunConfig(), load_toml(path))
+        (name,) = config.algorithms
+        options = options_for(config, name, get_algorithm(name).options)
+        assert (config.model, config.clients, config.alpha, config.rounds, config.lr, config.val_fraction) == (
+            "distilbert", 10, 1.0, 10, 1e-5, 0.5
+        )
+        assert config.local_epochs == (10 if config.dataset == "ag-news" else 1)
+        assert config.options[config.dataset]["model_dir"]
+        if name == "feddf":
+            assert options.source == "holdout"
+        entry = expected[f"feddf-text/{path.name}"]
+        assert entry["paper_claim"] in path.read_text(encoding="utf-8")
+
+
 def test_the_one_shot_configs_are_the_benchmarks_runs():
     """configs/one-shot/*.toml hold what benchmarks/one_shot_table.py gives each run (its defaults)."""
     import tomllib
