@@ -6,7 +6,7 @@ ensemble of every received model, of all architectures, into each group's averag
 the same partition and client samples for both. Reports test accuracy per group.
 
     python benchmarks/feddf_heterogeneous.py [--dataset digits] [--groups lenet-fedmdcg,mlp,resnet8] \
-        [--clients 15] [--rounds 20] [--source dataset:fashion-mnist] [--reuse]
+        [--clients 15] [--rounds 20] [--source dataset:fashion-mnist] [--jobs 2] [--threads 1] [--reuse]
 
 Writes benchmarks/results/feddf_heterogeneous.{md,json} for the default groups and
 feddf_heterogeneous_<dataset>_<groups>.{md,json} for others (FedDF's Figure 4 mix:
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,23 +40,26 @@ def main() -> None:
     parser.add_argument("--source", default="dataset:fashion-mnist")
     add_seed_and_out(parser)
     parser.add_argument("--reuse", action="store_true")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once (per-group FedAvg and FedDF)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per run (0: torch's default)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="FedDF run only")
     args = parser.parse_args()
     groups = args.groups.split(",")
-    rows = []
     slug = (
         args.source.split(":")[0] if args.source.startswith("generator:") else args.source.replace(":", "-")
     )
     extra = " ".join(args.set)
     feddf_label = f"FedDF ({args.source.split('/')[-1]}{', ' + extra if extra else ''})"
-    for label, distill in (("per-group FedAvg", False), (feddf_label, True)):
+
+    def run(label: str, distill: bool) -> dict:
         kind = (
             f"feddf-{slug}{'-' + '-'.join(args.set).replace('=', '-') if args.set else ''}"
             if distill
             else "fedavg"
         )
         sets = [f"fraction={args.fraction}", f"feddf.groups={args.groups}", f"feddf.distill={str(distill).lower()}",
-                f"feddf.steps={args.steps}", f"feddf.source={args.source}", *(args.set if distill else [])]  # fmt: skip
+                f"feddf.steps={args.steps}", f"feddf.source={args.source}",
+                *([f"threads={args.threads}"] if args.threads else []), *(args.set if distill else [])]  # fmt: skip
         summary = run_fedistill(
             "feddf",
             args,
@@ -68,12 +72,15 @@ def main() -> None:
             extra=["--local-epochs", str(args.local_epochs)],
         )
         final = summary["final"]
-        rows.append({
+        return {
             "method": label,
             "per_group": {g: 100 * final[f"test_accuracy_{g}"] for g in groups},
             "mean": 100 * final["test_accuracy"],
             "wall_time_s": summary["wall_time_s"],
-        })  # fmt: skip
+        }
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run is its own process
+        rows = list(pool.map(lambda spec: run(*spec), (("per-group FedAvg", False), (feddf_label, True))))
     command = " ".join(["python benchmarks/feddf_heterogeneous.py", *sys.argv[1:]])
     for row in rows:
         row["command"] = command

@@ -96,9 +96,8 @@ def test_the_text_configs_are_figure_3s_protocol():
         config = build_config(RunConfig(), load_toml(path))
         (name,) = config.algorithms
         options = options_for(config, name, get_algorithm(name).options)
-        assert (config.model, config.clients, config.alpha, config.rounds, config.lr, config.val_fraction) == (
-            "distilbert", 10, 1.0, 10, 1e-5, 0.5
-        )
+        setting = (config.model, config.clients, config.alpha, config.rounds, config.lr, config.val_fraction)
+        assert setting == ("distilbert", 10, 1.0, 10, 1e-5, 0.5)
         assert config.local_epochs == (10 if config.dataset == "ag-news" else 1)
         assert config.options[config.dataset]["model_dir"]
         if name == "feddf":

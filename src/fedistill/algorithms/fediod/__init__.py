@@ -20,9 +20,11 @@ No client ever sends parameters. Clients send label statistics only when the ens
 needs them (Eq. 8 or the released code's class shares), and model selection uses the clients'
 validation splits (`evaluate.student`: S's parameters down, metrics up).
 
-The package: `options.py` (defaults, the released code's preset), `client.py` (the site, and what
-differential privacy sanitises), `server.py` (the protocol's driver), `student.py` (the S-steps and
-the replay pool), `losses.py` (every term of Eq. 2-11).
+The package: `options.py` (defaults and presets), `client.py` (the site, and what differential
+privacy sanitises), `server.py` (stage 1, epochs, selection state and checkpoints),
+`generator_step.py` (one G-step: steps 1-2 above), `student.py` (the S-steps, the replay pool and
+model selection), `losses.py` (every term of Eq. 2-11), `draws.py` (what G draws from),
+`task_view.py` (per-pixel outputs for dense tasks), `reference.py` (the ensemble's ceiling, mask uploads).
 """
 
 from fedistill.algorithms.base import ALL_TASKS, Algorithm, register

@@ -1,5 +1,5 @@
-"""FedIOD's server: stage 1's federation facts, the distillation step (G's update from what the
-clients return), model selection on the clients' validation splits, and checkpoints.
+"""FedIOD's server: stage 1's federation facts, the distillation epochs, and checkpoints. One G-step
+is in generator_step.py, the S-steps and model selection in student.py.
 """
 
 from __future__ import annotations
@@ -22,15 +22,9 @@ from fedistill.algorithms.base import (
     StopRun,
     clone_state,
 )
-from fedistill.algorithms.fediod import draws
 from fedistill.algorithms.fediod import losses as L
-from fedistill.algorithms.fediod.calibration import calibrated
-from fedistill.algorithms.fediod.options import (
-    cosine_lr,
-    network_widths,
-    resolve_options,
-    set_lr,
-)
+from fedistill.algorithms.fediod.generator_step import GeneratorStep
+from fedistill.algorithms.fediod.options import network_widths, resolve_options
 from fedistill.algorithms.fediod.reference import teacher_report, upload_masks
 from fedistill.algorithms.fediod.student import StudentSteps
 from fedistill.algorithms.fediod.task_view import TaskView
@@ -43,12 +37,8 @@ from fedistill.federation.messages import ArraySpec, Message
 from fedistill.federation.reply_spec import TRAIN_METRICS, ReplySpec
 from fedistill.models.generator import build_generator
 from fedistill.models.pix2pix import build_conditional_generator
-from fedistill.privacy.budget import (
-    epsilon_summary,
-    epsilons_of,
-    refusal_reason,
-)
-from fedistill.seeding import seeded, torch_generator
+from fedistill.privacy.budget import epsilon_summary
+from fedistill.seeding import seeded
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +62,7 @@ class Federation:
         return L.class_share(torch.stack([self.counts[self.clients.index(c)] for c in clients]).float())
 
 
-class FedIODServer(StudentSteps, ServerLogic):
+class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         config, info = ctx.config, ctx.info
@@ -194,51 +184,6 @@ class FedIODServer(StudentSteps, ServerLogic):
         )
 
     # --- stage 2 ---------------------------------------------------------------------------------
-    @property
-    def total_steps(self) -> int:
-        return self.iters * self.ctx.config.rounds
-
-    def _lrs(self) -> tuple[float, float, float]:
-        o = self.options
-        return tuple(
-            cosine_lr(b, self.step, self.total_steps, o.schedule)
-            for b in (o.lr_generator, o.lr_discriminator, o.lr_student)
-        )  # type: ignore[return-value]
-
-    def _draw(self, batch: int, rng: torch.Generator) -> draws.Draw:
-        """What G draws `batch` samples from (see draws.py)."""
-        assert self.federation is not None
-        pi = self.federation.pi(self.federation.clients)
-        if not self.view.conditional:
-            z = self.generator.sample_latent(batch, rng)
-            if self.options.generator_mixture != "per-client":
-                return draws.Draw(z, None)
-            owner = draws.owners(pi, batch)
-            onehot = torch.nn.functional.one_hot(owner, self.generator.condition_dim).to(z)
-            return draws.Draw(torch.cat([z, onehot], 1), owner)
-        owner = draws.owners(pi, batch)
-        if self.mask_pools:
-            masks, pair = draws.from_uploads(self.mask_pools, owner, rng)
-        else:
-            masks = devices.on_device(draws.prior_masks(self.view, batch, rng))
-            pair = torch.full((batch,), -1)
-        return draws.Draw(self.view.one_hot(masks), owner, masks, pair)
-
-    def _generate(self, draw: draws.Draw, rng: torch.Generator) -> torch.Tensor:
-        """G's images for a draw (noise channels of conditional G from `rng`)."""
-        if not self.view.conditional:
-            return self.generator(draw.latent)
-        noise = self.generator.sample_noise(draw.latent, rng) if self.generator.noise_channels else None
-        return self.generator(draw.latent, noise)
-
-    def _weights(self, logits: torch.Tensor, ratio: torch.Tensor | None, clients: list[int]) -> torch.Tensor:
-        assert self.federation is not None
-        k, b, c = logits.shape
-        if self.options.ensemble_weighting == "uniform":
-            return L.uniform_weights(k, b, c, device=logits.device)
-        share = self.federation.share(clients, c)
-        return L.importance_weights(share, ratio if self.options.ensemble_weighting == "eq8" else None)
-
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
         values: dict[str, list[float]] = {}
         steps = tqdm(
@@ -277,159 +222,6 @@ class FedIODServer(StudentSteps, ServerLogic):
     def _privacy_metrics(self) -> dict[str, float]:
         """Each client's epsilon so far (DP runs; empty otherwise)."""
         return epsilon_summary(self.epsilons, self.options.dp_delta) if self.options.dp_enabled else {}
-
-    def distillation_step(self, fleet: Fleet) -> dict[str, float]:
-        assert self.federation is not None
-        options, config = self.options, self.ctx.config
-        lr_g, lr_d, lr_s = self._lrs()
-        set_lr(self.g_optimizer, lr_g)
-        set_lr(self.s_optimizer, lr_s)
-        clients = self.federation.clients
-        pi_all = self.federation.pi(clients)
-        gan_weight = pi_all if options.gan_weighting == "pi" else torch.full_like(pi_all, 1.0 / len(clients))
-        latent_gen = torch_generator(config.seed, "latent", self.step)
-        self.generator.train()
-        draw = self._draw(options.synthetic_batch_size, latent_gen)
-        x = self._generate(draw, latent_gen)
-        carried = self.carried
-        inputs = {"x": x.detach()} if carried is None else {"x": x.detach(), "student_x": carried.x}
-        masks = {} if draw.masks is None else {"m": draw.masks.to(torch.uint8)}
-        if carried is not None and carried.masks is not None:
-            masks["student_m"] = carried.masks.to(torch.uint8)
-
-        def own(i: int) -> dict[str, torch.Tensor]:  # which samples are site i's (mixture, masks)
-            if draw.owner is None:
-                return {}
-            mine = {"own": (draw.owner == i).to(torch.float32)}
-            if draw.pair is not None and self.mask_pools:  # the uploaded mask each own sample came from
-                mine["pair"] = torch.where(draw.owner == i, draw.pair, torch.full_like(draw.pair, -1))
-            return mine
-
-        def arrays(i: int) -> dict[str, dict[str, torch.Tensor]]:
-            return {"synthetic-inputs": inputs | own(i)} | ({"label-masks": masks} if masks else {})
-
-        requests = {
-            cid: Message.build(
-                "query.generate",
-                arrays=arrays(i),
-                scalars={
-                    "config": {
-                        **({"want_ratio": self._want_ratio()} if carried is not None else {}),
-                        **({"student_index": carried.index} if carried is not None else {}),
-                        "index": self._mask_index(self.step, 0),
-                        "step": self.step,
-                        "lr_discriminator": lr_d,
-                        "c_gan": options.w_gan * float(gan_weight[i]),
-                        "c_conf": options.w_conf * float(pi_all[i]) if options.use_conf else 0.0,
-                        "tau": options.tau,
-                        "gan_loss": options.gan_loss,
-                        **({"c_bn": options.w_bn * float(pi_all[i])} if options.w_bn else {}),
-                        **(
-                            {"c_perceptual": options.w_perceptual * float(pi_all[i])}
-                            if options.w_perceptual and self.mask_pools
-                            else {}
-                        ),
-                        **({"total_steps": self.total_steps} if options.dp_enabled else {}),
-                    }
-                },
-            )
-            for i, cid in enumerate(clients)
-        }
-        timeout = config.timeout or None
-        b, view = options.synthetic_batch_size, self.view
-        logits_spec = {"z": ArraySpec("float32", view.output_shape(b))}
-        ratio_spec = {"ratio": ArraySpec("float32", view.ratio_shape(b))}
-        if carried is not None:  # step t-1's S-step targets ride along
-            logits_spec["student_z"] = ArraySpec("float32", view.output_shape(len(carried.x)))
-            if self._want_ratio():
-                ratio_spec["student_ratio"] = ArraySpec("float32", view.ratio_shape(len(carried.x)))
-        expect = ReplySpec({"logits": logits_spec, "discriminator-outputs": ratio_spec})
-        sent = fleet.send(requests, step=self.step, timeout=timeout, expect=expect)
-        self.epsilons.update(epsilons_of(sent))
-        reason = refusal_reason(sent, f"G-step {self.step}")
-        if reason is not None:
-            raise StopRun(reason)
-        replies = successful(sent, minimum=min(config.min_clients, len(clients)), what="generator queries")
-        answered = sorted(replies)
-        pi = self.federation.pi(answered)
-        s_losses = []
-        if carried is not None:  # step t-1's S-steps, at its learning rate, before this step's L_mimic
-            set_lr(self.s_optimizer, carried.lr)
-            s_losses.append(self._student_update(carried, replies, "student_z", "student_ratio"))
-            set_lr(self.s_optimizer, lr_s)
-            self.carried = None
-        raw = torch.stack([replies[cid].tensor("logits", "z") for cid in answered]).requires_grad_(True)
-        # the gradient still goes to what clients sent; dense outputs become one row per pixel
-        logits = calibrated(view.stacked_rows(raw), options.teacher_logits)
-        ratio = torch.stack([replies[cid].tensor("discriminator-outputs", "ratio") for cid in answered])
-        ratio = ratio.reshape(len(answered), -1)
-        x_server = x.detach().requires_grad_(True)
-        weights = self._weights(logits.detach(), ratio, answered)
-        self.student.train()
-        ensemble = L.ensemble_logits(logits, weights)
-        student_out = view.rows(self.student(view.model_input(x_server, self._mask_index(self.step, 0))))
-        mimic = L.mimic_loss(student_out, ensemble, mode=options.mimic, tau=options.tau)
-        server_loss = -options.w_adv * mimic
-        unique = torch.zeros(())
-        if options.use_unique:
-            unique = (
-                L.unique_loss(logits, pi, options.tau)
-                if options.js == "paper"
-                else L.official_js_loss(logits, options.tau)
-            )
-            server_loss = server_loss + options.w_unique * unique
-        if options.w_balance:
-            if options.balance == "ensemble":
-                balance = L.marginal_balance_loss(ensemble)
-            else:
-                balance = L.balance_loss(logits, pi)
-            server_loss = server_loss + options.w_balance * balance
-        grad_logits, grad_x = torch.autograd.grad(server_loss, [raw, x_server])
-        back = successful(
-            fleet.send(
-                {
-                    cid: Message.build("query.backprop", arrays={"output-gradients": {"z": grad_logits[i]}})
-                    for i, cid in enumerate(answered)
-                },
-                step=self.step,
-                timeout=timeout,
-                expect=ReplySpec({"input-gradients": {"x": ArraySpec("float32", tuple(x.shape))}}),
-            ),
-            minimum=min(config.min_clients, len(answered)),
-            what="input-gradients",
-        )
-        total = grad_x.clone()
-        for reply in back.values():
-            total += reply.tensor("input-gradients", "x")
-        self.g_optimizer.zero_grad(set_to_none=True)
-        x.backward(total)
-        self.g_optimizer.step()
-        if options.merge_student_queries:
-            self.carried = self._student_inputs(lr_s)
-        else:
-            s_losses.append(self._student_steps(fleet, answered))
-        self.step += 1
-
-        def client_mean(name: str) -> float:  # nan when no client reports it (d_loss under DP)
-            values = [
-                float(r.scalar("metrics", name)) for r in replies.values() if name in r.scalars["metrics"]
-            ]
-            return float(np.mean(values)) if values else float("nan")
-
-        return {
-            "loss_mimic": mimic.item(),
-            "loss_unique": unique.item(),
-            **({"loss_student": s_losses[0]} if s_losses else {}),
-            "loss_discriminator": client_mean("d_loss"),
-            "loss_gan": client_mean("gan_loss"),
-            "entropy": client_mean("entropy"),
-        }
-
-    def _mask_index(self, step: int, offset: int) -> int:
-        """Where the undersampling masks of a batch start in the synthetic mask stream (reconstruction):
-        G-step `step`'s batch at offset 0, its S-step inputs after it."""
-        per_step = self.options.synthetic_batch_size * (1 + self.options.student_steps)
-        return step * per_step + offset
 
     def models(self) -> dict[str, nn.Module]:
         return {"student": self.student, "generator": self.generator}
