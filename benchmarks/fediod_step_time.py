@@ -15,6 +15,7 @@ count / the mean step time, next to this machine's single-thread fp32 matmul pea
 same run (the best of five 2048 x 2048 products at one thread).
 
     python benchmarks/fediod_step_time.py [--dataset digits] [--model lenet5] [--steps 10]
+        [--image-size 32 --channels 3 --width 0]   # an MNIST-like set at CIFAR's shape, the paper's widths
 
 Writes benchmarks/results/fediod_step_time_<dataset>.{md,json}.
 """
@@ -46,10 +47,11 @@ def measure(clients: int, args: argparse.Namespace) -> dict:
     fediod = {"teacher_epochs": 1, "generator_width": args.width, "discriminator_width": args.width,
               "student_steps": args.student_steps, "channels_last": args.channels_last}  # fmt: skip
     sync = torch.cuda.synchronize if devices.current().type == "cuda" else (lambda: None)
+    shape = {k: v for k, v in (("image_size", args.image_size), ("channels", args.channels)) if v}
     config = build_config(
         RunConfig(),
         {"algorithm": "fediod", "clients": clients, "dataset": args.dataset, "data_dir": args.data_dir,
-         "model": args.model, "fediod": fediod, "device": args.device},
+         "model": args.model, "fediod": fediod, "device": args.device, **({args.dataset: shape} if shape else {})},
     )  # fmt: skip
     options = options_for(config, "fediod", FedIODOptions)
     data = prepare_data(config)
@@ -114,7 +116,9 @@ def main() -> None:
     parser.add_argument("--dataset", default="digits")
     parser.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     parser.add_argument("--model", default="lenet5")
-    parser.add_argument("--width", type=int, default=32, help="generator and discriminator width")
+    parser.add_argument("--width", type=int, default=32, help="generator and discriminator width (0: auto)")
+    parser.add_argument("--image-size", type=int, default=0, help="MNIST-like sets: resample to this size")
+    parser.add_argument("--channels", type=int, default=0, help="MNIST-like sets: 3 repeats grey into colour")
     parser.add_argument("--student-steps", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
@@ -127,6 +131,8 @@ def main() -> None:
     rows = [measure(k, args) for k in (10, 20)]
     command = (f"python benchmarks/fediod_step_time.py --dataset {args.dataset} --model {args.model} "
                f"--width {args.width} --student-steps {args.student_steps} --steps {args.steps} --threads {args.threads}"
+               + (f" --image-size {args.image_size}" if args.image_size else "")
+               + (f" --channels {args.channels}" if args.channels else "")
                + ("" if args.device == "cpu" else f" --device {args.device}")
                + (" --channels-last" if args.channels_last else ""))  # fmt: skip
     lines = [
@@ -152,6 +158,8 @@ def main() -> None:
     name = f"fediod_step_time_{args.dataset}" + (
         "" if args.device == "cpu" else f"_{args.device.replace(':', '')}"
     )
+    name += f"_{args.image_size}px" if args.image_size else ""
+    name += f"_{args.channels}ch" if args.channels else ""
     name += "_channels-last" if args.channels_last else ""
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     record = {"command": command, "matmul_peak_gflops": peak, "rows": rows}

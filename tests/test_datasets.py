@@ -258,6 +258,28 @@ def test_mnist_layout_loads(tmp_path: Path, gz: bool) -> None:
     )
 
 
+def test_mnist_like_sets_reshape_to_cifars_shape(tmp_path: Path) -> None:
+    """`image_size` / `channels` give Fashion-MNIST at CIFAR's 3 x 32 x 32: every image resampled, grey
+    repeated into three equal channels, statistics from the reshaped training split; labels untouched."""
+    x, y = write_mnist_dir(tmp_path / "fashion-mnist")
+    ds = load_dataset("fashion-mnist", tmp_path, verify=False, image_size=32, channels=3)
+    assert ds.train.x.shape == (5, 3, 32, 32) and ds.test.x.shape == (3, 3, 32, 32)
+    assert ds.train.x.dtype == torch.uint8 and ds.train.y.tolist() == y.tolist()
+    assert torch.equal(ds.train.x[:, 0], ds.train.x[:, 2])
+    expected = torch.nn.functional.interpolate(
+        torch.from_numpy(x)[:, None].float() / 255.0, size=(32, 32), mode="bilinear", align_corners=False
+    )
+    assert torch.equal(ds.train.x[:, 1], (expected[:, 0].clamp(0, 1) * 255.0).round().to(torch.uint8))
+    pixels = ds.train.x.double() / 255.0
+    assert (ds.info.channels, ds.info.image_size) == (3, 32)
+    assert ds.info.mean == pytest.approx((float(pixels.mean()),) * 3)
+    assert ds.info.std[0] == pytest.approx(float(pixels[:, 0].std()))
+    with pytest.raises(ConfigError, match="channels must be 1 or 3"):
+        load_dataset("fashion-mnist", tmp_path, verify=False, channels=2)
+    with pytest.raises(ConfigError, match="image_size must be an integer from 8 to 512"):
+        load_dataset("fashion-mnist", tmp_path, verify=False, image_size=4)
+
+
 def test_mnist_md5_mismatch_is_rejected(tmp_path: Path) -> None:
     write_mnist_dir(tmp_path / "mnist")
     with pytest.raises(DataError) as e:

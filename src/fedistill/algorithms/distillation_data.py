@@ -28,12 +28,11 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from fedistill import devices
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.data.registry import dataset_options, load_dataset
-from fedistill.data.transforms import normalize, to_float
+from fedistill.data.transforms import fit_images, normalize, to_float
 from fedistill.errors import ConfigError
 from fedistill.models.generator import Generator, build_generator
 from fedistill.seeding import torch_generator
@@ -70,30 +69,6 @@ def split_holdout(held: ImageSet | None, share: float, seed: int) -> tuple[Image
         )
     order = torch.randperm(n, generator=torch_generator(seed, "feddf-holdout"))
     return held.subset(order[:keep].sort().values), held.subset(order[keep:].sort().values)
-
-
-def fit_images(x01: torch.Tensor, channels: int, size: int) -> torch.Tensor:
-    """Float images in [0, 1] (N, c, h, w) -> (N, channels, size, size), still in [0, 1].
-
-    Channels: 1 -> C repeats the grey image, C -> 1 averages the channels. Size: bilinear resampling,
-    with antialiasing when shrinking (28x28 MNIST to 8x8 digits would alias badly otherwise).
-    """
-    if x01.dim() != 4:
-        raise ValueError(f"expected images (N, C, H, W), got shape {tuple(x01.shape)}")
-    have = x01.shape[1]
-    if have != channels:
-        if have == 1:
-            x01 = x01.expand(-1, channels, -1, -1)
-        elif channels == 1:
-            x01 = x01.mean(dim=1, keepdim=True)
-        else:
-            raise ConfigError(f"cannot turn {have}-channel images into {channels}-channel ones")
-    if x01.shape[-2:] != (size, size):
-        shrinking = x01.shape[-1] > size or x01.shape[-2] > size
-        x01 = F.interpolate(
-            x01.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=shrinking
-        )
-    return x01.clamp(0.0, 1.0).contiguous()
 
 
 class DistillationSource(ABC):

@@ -29,10 +29,10 @@ from torch import nn
 
 from fedistill import devices
 from fedistill.algorithms.base import ServerContext
-from fedistill.algorithms.distillation_data import build_source, fit_images, parse_source
+from fedistill.algorithms.distillation_data import build_source, parse_source
 from fedistill.data.base import DatasetInfo
 from fedistill.data.registry import load_dataset
-from fedistill.data.transforms import to_float
+from fedistill.data.transforms import fit_images, to_float
 from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.messages import ArraySpec, Message, expect_arrays
 from fedistill.seeding import torch_generator

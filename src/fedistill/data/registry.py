@@ -12,6 +12,7 @@ a published md5 is checked (unless `verify=False`). The medical sets cannot be d
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import zipfile
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from fedistill.data.digits import load_digits_dataset
 from fedistill.data.files import RemoteFile, fetch_or_require
 from fedistill.data.idx import read_idx_pair
 from fedistill.data.image_folder import LAYOUT, load_image_folder
+from fedistill.data.transforms import fit_images
 from fedistill.errors import ConfigError, DataError, UserError, unknown_name
 
 MNIST_URL = "https://ossci-datasets.s3.amazonaws.com/mnist/"
@@ -149,7 +151,9 @@ def _idx_path(folder: Path, spec: RemoteFile, download: bool, verify: bool) -> P
 def _load_mnist_like(
     name: str, title: str, files: tuple[RemoteFile, ...], class_names: tuple[str, ...]
 ) -> Callable[..., LoadedDataset]:
-    def load(folder: Path, download: bool, verify: bool) -> LoadedDataset:
+    def load(
+        folder: Path, download: bool, verify: bool, image_size: int = 0, channels: int = 0
+    ) -> LoadedDataset:
         missing = [
             str(folder / f.name)
             for f in files
@@ -163,9 +167,34 @@ def _load_mnist_like(
         paths = [_idx_path(folder, spec, download, verify) for spec in files]
         train = _check_labels(read_idx_pair(paths[0], paths[1]), 10, str(paths[1]))
         test = _check_labels(read_idx_pair(paths[2], paths[3]), 10, str(paths[3]))
-        return LoadedDataset(_mnist_like_info(name, train.x, 10, class_names), train, test)
+        loaded = LoadedDataset(_mnist_like_info(name, train.x, 10, class_names), train, test)
+        return reshaped(loaded, image_size, channels) if image_size or channels else loaded
 
     return load
+
+
+def reshaped(data: LoadedDataset, image_size: int, channels: int) -> LoadedDataset:
+    """`data` at another image shape (`image_size` pixels square, `channels` 1 or 3; 0 keeps it): bilinear
+    resampling, grey repeated into colour, normalised by the reshaped training split's own statistics.
+    For example Fashion-MNIST at CIFAR's 3 x 32 x 32: real images, the generators' and models' CIFAR
+    sizes, which is what a speed measurement at the paper's scale needs when CIFAR is not at hand."""
+    info = data.info
+    size, chans = image_size or info.image_size, channels or info.channels
+    if not isinstance(size, int) or isinstance(size, bool) or not 8 <= size <= 512:
+        raise ConfigError(f"{info.name}.image_size must be an integer from 8 to 512, got {image_size!r}")
+    if chans not in (1, 3):
+        raise ConfigError(f"{info.name}.channels must be 1 or 3, got {channels!r}")
+
+    def fit(images: ImageSet) -> ImageSet:
+        x01 = fit_images(images.x.float() / 255.0, chans, size)
+        return ImageSet((x01 * 255.0).round().to(torch.uint8), images.y)
+
+    train, test = fit(data.train), fit(data.test)
+    pixels = train.x.double() / 255.0
+    mean = tuple(float(v) for v in pixels.mean(dim=(0, 2, 3)))
+    std = tuple(float(v) for v in pixels.std(dim=(0, 2, 3)))
+    new_info = dataclasses.replace(info, channels=chans, image_size=size, mean=mean, std=std)
+    return LoadedDataset(new_info, train, test)
 
 
 def _describe_mnist_like(title: str, files: tuple[RemoteFile, ...]) -> Callable[[str], str]:
@@ -301,11 +330,13 @@ _REGISTRY: dict[str, _Entry] = {
         "mnist",
         _load_mnist_like("mnist", "MNIST", MNIST_FILES, _DIGITS),
         _describe_mnist_like("MNIST", MNIST_FILES),
+        options=("image_size", "channels"),
     ),
     "fashion-mnist": _Entry(
         "fashion-mnist",
         _load_mnist_like("fashion-mnist", "Fashion-MNIST", FASHION_MNIST_FILES, FASHION_MNIST_CLASSES),
         _describe_mnist_like("Fashion-MNIST", FASHION_MNIST_FILES),
+        options=("image_size", "channels"),
     ),
     **{
         f"emnist-{split}": _Entry("emnist", _load_emnist(split), _describe_emnist(split))
@@ -465,7 +496,8 @@ def load_dataset(
     **options: object,
 ) -> LoadedDataset:
     """Load dataset `name` (see `dataset_names()`); `options` are dataset-specific (cifar100: labels;
-    image-folder: channels, image_size, crop_padding, horizontal_flip; the medical sets: see
+    mnist, fashion-mnist: image_size, channels (see `reshaped`); image-folder: channels, image_size,
+    crop_padding, horizontal_flip; the medical sets: see
     fedistill.data.medical; the text sets: see fedistill.data.text).
 
     `download` fetches missing files (md5-checked) for the datasets that have a canonical URL;

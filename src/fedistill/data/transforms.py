@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 
 from fedistill import devices
 from fedistill.data.base import DatasetInfo, ImageSet
@@ -35,6 +36,30 @@ def to_float(x: torch.Tensor, info: DatasetInfo) -> torch.Tensor:
     """uint8 images (B, C, H, W) -> normalised float32: (x / 255 - mean) / std; float32 images are
     taken to be in [0, 1] already."""
     return normalize(x.float() / 255.0 if x.dtype == torch.uint8 else x.float(), info)
+
+
+def fit_images(x01: torch.Tensor, channels: int, size: int) -> torch.Tensor:
+    """Float images in [0, 1] (N, c, h, w) -> (N, channels, size, size), still in [0, 1].
+
+    Channels: 1 -> C repeats the grey image, C -> 1 averages the channels. Size: bilinear resampling,
+    with antialiasing when shrinking (28x28 MNIST to 8x8 digits would alias badly otherwise).
+    """
+    if x01.dim() != 4:
+        raise ValueError(f"expected images (N, C, H, W), got shape {tuple(x01.shape)}")
+    have = x01.shape[1]
+    if have != channels:
+        if have == 1:
+            x01 = x01.expand(-1, channels, -1, -1)
+        elif channels == 1:
+            x01 = x01.mean(dim=1, keepdim=True)
+        else:
+            raise ConfigError(f"cannot turn {have}-channel images into {channels}-channel ones")
+    if x01.shape[-2:] != (size, size):
+        shrinking = x01.shape[-1] > size or x01.shape[-2] > size
+        x01 = F.interpolate(
+            x01.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=shrinking
+        )
+    return x01.clamp(0.0, 1.0).contiguous()
 
 
 def _random_crop(x: torch.Tensor, padding: int, generator: torch.Generator | None) -> torch.Tensor:
