@@ -144,6 +144,21 @@ def test_scaled_teacher_logits_put_mixed_architectures_on_one_scale():
     assert calibrated(logits, "raw") is logits
 
 
+def test_centred_teacher_logits_take_away_a_one_class_teachers_constant_vote():
+    """A teacher that saw only class 0 scores class 0 high on everything; centred over the batch its vote is
+    0 for every sample, so with class-share weights class 0 no longer wins the whole batch, and the other
+    teacher's evidence decides. Each teacher's logit for each class loses its batch mean, nothing else."""
+    one_class = torch.tensor([[9.0, -3.0, -3.0], [9.2, -3.0, -3.1], [8.9, -2.9, -3.0]])
+    expert = torch.tensor([[0.0, 4.0, -1.0], [0.0, -1.0, 4.0], [0.0, 3.0, 0.0]])  # knows classes 1 and 2
+    logits = torch.stack([one_class, expert])  # (K = 2, B = 3, C = 3)
+    share = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]])[:, None, :]
+    assert L.ensemble_logits(calibrated(logits, "raw"), share).argmax(-1).tolist() == [0, 0, 0]
+    centred = calibrated(logits, "centred")
+    torch.testing.assert_close(centred, logits - logits.mean(dim=1, keepdim=True))
+    torch.testing.assert_close(centred.mean(dim=1), torch.zeros(2, 3))
+    assert L.ensemble_logits(centred, share).argmax(-1).tolist() == [1, 2, 1]
+
+
 def test_mixed_teachers_with_scaled_logits_run_and_share_no_parameters(tmp_path):
     config = build_config(_config(teacher_logits="scaled", teachers="lenet-fedmdcg,mlp"), {"rounds": 1})
     summary = run_suite(config, tmp_path, progress=False)[0]

@@ -6,19 +6,29 @@ called almost every early synthetic sample one class. `teacher_logits = "scaled"
 teacher's logits by its mean per-sample standard deviation over the classes, taken over the batch and
 held constant (detached): within a teacher, confident and unsure samples keep their relative scale;
 across teachers, the scales match. `"raw"` (the paper) leaves the logits as the clients sent them.
+
+`"centred"` subtracts from each teacher's logit for each class its mean over the batch (held constant):
+a teacher then votes for a class only as far as a sample scores above that batch's average. It is meant
+for sites that saw a single class: such a teacher gives its class a high logit on any input, and with
+class-share or Eq. 8 weights (normalised over the sites per class) it alone decides that class, so the
+ensemble calls most synthetic samples that class; centred, its vote is about 0 everywhere, and the class
+wins only where every other class's experts score the sample below their average.
 """
 
 from __future__ import annotations
 
 import torch
 
-TEACHER_LOGITS = ("raw", "scaled")
+TEACHER_LOGITS = ("raw", "scaled", "centred")
 
 
 def calibrated(logits: torch.Tensor, mode: str) -> torch.Tensor:
-    """`logits` (K, B, C), rescaled per teacher for `mode = "scaled"`; unchanged for `"raw"`."""
+    """`logits` (K, B, C), rescaled per teacher (`"scaled"`), centred per teacher and class over the batch
+    (`"centred"`), or unchanged (`"raw"`)."""
     if mode == "raw":
         return logits
+    if mode == "centred":
+        return logits - logits.detach().mean(dim=1, keepdim=True)
     if mode != "scaled":
         raise ValueError(f"unknown teacher_logits mode {mode!r} (valid: {', '.join(TEACHER_LOGITS)})")
     scale = logits.detach().std(dim=-1, unbiased=False).mean(dim=-1).clamp_min(1e-6)  # (K,)

@@ -99,7 +99,7 @@ class FedIODOptions(DPOptions):
     pool_steps: int = 0  # extra S-steps per G-step on batches drawn from the pool
     pool_batch_size: int = 0  # samples per replay step (0: synthetic_batch_size)
     student_noise: float = 0.0  # std of Gaussian noise on G's samples for the S-steps (normalised units)
-    teacher_logits: str = "raw"  # raw (the paper) | scaled: one logit scale for mixed architectures
+    teacher_logits: str = "raw"  # raw (the paper) | scaled (mixed architectures) | centred (one-class sites)
     # shared (the paper): one G whose every sample must fool every D_k (Eq. 2), which pulls G towards what
     # all sites' data have in common. per-client: G(z, one-hot k) draws a mixture, a share pi_k of each
     # batch meant for site k; D_k, its L_gan, L_conf and batch-norm terms see only those samples, so the
