@@ -11,7 +11,7 @@ shows how far the last epoch fell below it). Model selection never reads the tes
 
     python benchmarks/fediod_robustness.py [--datasets digits] [--clients 5,10,20] [--alphas 0.1,0.5,1] \\
         [--seeds 0,1,2] [--jobs 2] [--paper] [--reuse] [--model M] [--teacher-epochs N] [--epochs N] \\
-        [--iters N] [--set KEY=VALUE ...]
+        [--iters N] [--set KEY=VALUE ...] [--tag NAME]
 
 `--model`, `--teacher-epochs`, `--epochs` (distillation epochs) and `--iters` (G-steps per epoch) replace
 the demo's, and `--set` adds options, for data the demo's settings do not suit (28x28 MNIST and
@@ -19,7 +19,7 @@ Fashion-MNIST: a stride-1 small-cnn there costs 1100-2100 s per run at one threa
 for the S-steps, `fediod.student_noise = 0.5`, costs Fashion-MNIST 6.5 points, so those runs set it to 0
 and the ensemble weighting back to Eq. 8).
 
-Writes benchmarks/results/fediod_robustness_<datasets>[-paper].{md,json}. Every run is its own process
+Writes benchmarks/results/fediod_robustness_<datasets>[-paper][-<tag>].{md,json}. Every run is its own process
 at one torch thread; `--jobs` runs that many at once.
 """
 
@@ -60,6 +60,7 @@ def overrides(args: Any) -> list[str]:
 
 def run(args: Any, dataset: str, clients: int, alpha: str, seed: int) -> dict[str, Any]:
     name = f"robust-{dataset}-K{clients}-alpha{alpha}-seed{seed}" + ("-paper" if args.paper else "")
+    name += f"-{args.tag}" if args.tag else ""
     folder = Path(args.out) / name / "fediod"
     if not (args.reuse and (folder / "summary.json").is_file()):
         sets = ["threads=1", *(PAPER if args.paper else []), *overrides(args), *args.set]
@@ -137,6 +138,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="distillation epochs")
     parser.add_argument("--iters", type=int, default=None, help="G-steps per distillation epoch")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--tag", default="", help="suffix of the run folders and result files (for --set variants)"
+    )
     add_seed_and_out(parser)
     args = parser.parse_args()
     grid = [(d, int(k), a, int(s)) for d in args.datasets.split(",") for k in args.clients.split(",")
@@ -146,7 +150,7 @@ def main() -> None:
     command = (f"python benchmarks/fediod_robustness.py --datasets {args.datasets} --clients {args.clients} "
                f"--alphas {args.alphas} --seeds {args.seeds} --jobs {args.jobs}" + (" --paper" if args.paper else "")
                + "".join(f" --{flag.replace('_', '-')} {value}" for flag, value in given(args).items())
-               + "".join(f" --set {item}" for item in args.set))  # fmt: skip
+               + "".join(f" --set {item}" for item in args.set) + (f" --tag {args.tag}" if args.tag else ""))  # fmt: skip
     title = "FedIOD robustness" + (
         " (paper: no stabilisers)" if args.paper else ' (the demo\'s preset = "stable", stabilisers on)'
     )
@@ -154,6 +158,7 @@ def main() -> None:
         title += "; model and budget from the command line"
     lines = [f"# {title}", "", f"Command: `{command}`", "", *table(results)]
     stem = f"fediod_robustness_{args.datasets.replace(',', '-')}" + ("-paper" if args.paper else "")
+    stem += f"-{args.tag}" if args.tag else ""
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (RESULTS / f"{stem}.json").write_text(json.dumps({"command": command, "runs": results}, indent=2) + "\n")
     print("\n".join(lines))
