@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS, add_seed_and_out, benchmark_parser, cell_name, run_fedistill
+from fedistill.experiment.rundir import read_jsonl
 
 DEFAULT_GROUPS = "lenet-fedmdcg,mlp,resnet8"
 
@@ -72,10 +73,14 @@ def main() -> None:
             extra=["--local-epochs", str(args.local_epochs)],
         )
         final = summary["final"]
+        metrics = read_jsonl(
+            Path(args.out) / f"feddf-heterogeneous-{cell_name(args)}-{kind}" / "feddf" / "metrics.jsonl"
+        )
         return {
             "method": label,
             "per_group": {g: 100 * final[f"test_accuracy_{g}"] for g in groups},
             "mean": 100 * final["test_accuracy"],
+            "mean_by_round": [100 * m["test_accuracy"] for m in metrics if "test_accuracy" in m],
             "wall_time_s": summary["wall_time_s"],
         }
 
@@ -111,6 +116,20 @@ def main() -> None:
             for r in rows
         ],
     ]
+    curves = [r for r in rows if r.get("mean_by_round")]
+    if curves:  # the paper's Figure 4 is a curve over rounds
+        longest = max(len(r["mean_by_round"]) for r in curves)
+        lines += [
+            "",
+            "Mean test % over the groups, by round:",
+            "",
+            f"| method | {' | '.join(str(i + 1) for i in range(longest))} |",
+            f"|---|{'---|' * longest}",
+            *[
+                f"| {r['method']} | {' | '.join(format(v, '.2f') for v in r['mean_by_round'])} |"
+                for r in curves
+            ],
+        ]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     path.write_text(json.dumps({"rows": rows}, indent=2))
