@@ -159,23 +159,6 @@ def test_centred_teacher_logits_take_away_a_one_class_teachers_constant_vote():
     assert L.ensemble_logits(centred, share).argmax(-1).tolist() == [1, 2, 1]
 
 
-def test_centre_share_centres_only_the_teachers_of_one_class_dominated_sites():
-    """`centre_share = 0.5`: a site whose largest class holds at least half its data has its teacher centred;
-    the others keep their raw logits. The server reads each site's top-class share off its class counts."""
-    from fedistill.algorithms.fediod.server import Federation
-
-    counts = torch.tensor([[90, 5, 5], [40, 30, 30]])
-    federation = Federation([3, 7], counts.sum(1).float(), counts)
-    top = federation.share_of_top_class([7, 3])
-    torch.testing.assert_close(top, torch.tensor([0.4, 0.9]))
-    logits = torch.randn(2, 4, 3)
-    got = calibrated(logits, "centred", only=top >= 0.5)
-    torch.testing.assert_close(got[0], logits[0])
-    torch.testing.assert_close(got[1], logits[1] - logits[1].mean(dim=0, keepdim=True))
-    with pytest.raises(ConfigError, match="centre_share must be in"):
-        options_for(_config(teacher_logits="centred", centre_share=1.5), "fediod", FedIODOptions)
-
-
 def test_mixed_teachers_with_scaled_logits_run_and_share_no_parameters(tmp_path):
     config = build_config(_config(teacher_logits="scaled", teachers="lenet-fedmdcg,mlp"), {"rounds": 1})
     summary = run_suite(config, tmp_path, progress=False)[0]

@@ -22,16 +22,13 @@ import torch
 TEACHER_LOGITS = ("raw", "scaled", "centred")
 
 
-def calibrated(logits: torch.Tensor, mode: str, *, only: torch.Tensor | None = None) -> torch.Tensor:
+def calibrated(logits: torch.Tensor, mode: str) -> torch.Tensor:
     """`logits` (K, B, C), rescaled per teacher (`"scaled"`), centred per teacher and class over the batch
     (`"centred"`), or unchanged (`"raw"`)."""
     if mode == "raw":
         return logits
     if mode == "centred":
-        centre = logits.detach().mean(dim=1, keepdim=True)
-        if only is not None:  # (K,) which teachers to centre
-            centre = centre * only.to(centre.dtype)[:, None, None]
-        return logits - centre
+        return logits - logits.detach().mean(dim=1, keepdim=True)
     if mode != "scaled":
         raise ValueError(f"unknown teacher_logits mode {mode!r} (valid: {', '.join(TEACHER_LOGITS)})")
     scale = logits.detach().std(dim=-1, unbiased=False).mean(dim=-1).clamp_min(1e-6)  # (K,)

@@ -63,16 +63,6 @@ class GeneratorStep:
         noise = self.generator.sample_noise(draw.latent, rng) if self.generator.noise_channels else None
         return self.generator(draw.latent, noise)
 
-    def _calibrated(self, logits: torch.Tensor, clients: list[int]) -> torch.Tensor:
-        """The teachers' logits put side by side (`teacher_logits`); with `centre_share` > 0 only the
-        teachers whose site's largest class holds at least that share of its data are centred."""
-        only = None
-        if self.options.teacher_logits == "centred" and self.options.centre_share > 0:
-            assert self.federation is not None
-            top = self.federation.share_of_top_class(clients)
-            only = top >= self.options.centre_share
-        return calibrated(logits, self.options.teacher_logits, only=only)
-
     def _weights(self, logits: torch.Tensor, ratio: torch.Tensor | None, clients: list[int]) -> torch.Tensor:
         assert self.federation is not None
         k, b, c = logits.shape
@@ -163,7 +153,7 @@ class GeneratorStep:
             self.carried = None
         raw = torch.stack([replies[cid].tensor("logits", "z") for cid in answered]).requires_grad_(True)
         # the gradient still goes to what clients sent; dense outputs become one row per pixel
-        logits = self._calibrated(view.stacked_rows(raw), answered)
+        logits = calibrated(view.stacked_rows(raw), options.teacher_logits)
         ratio = torch.stack([replies[cid].tensor("discriminator-outputs", "ratio") for cid in answered])
         ratio = ratio.reshape(len(answered), -1)
         x_server = x.detach().requires_grad_(True)

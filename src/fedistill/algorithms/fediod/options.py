@@ -100,7 +100,6 @@ class FedIODOptions(DPOptions):
     pool_batch_size: int = 0  # samples per replay step (0: synthetic_batch_size)
     student_noise: float = 0.0  # std of Gaussian noise on G's samples for the S-steps (normalised units)
     teacher_logits: str = "raw"  # raw (the paper) | scaled (mixed architectures) | centred (one-class sites)
-    centre_share: float = 0.0  # centred: only teachers whose site's top class holds >= this share (0: all)
     # shared (the paper): one G whose every sample must fool every D_k (Eq. 2), which pulls G towards what
     # all sites' data have in common. per-client: G(z, one-hot k) draws a mixture, a share pi_k of each
     # batch meant for site k; D_k, its L_gan, L_conf and batch-norm terms see only those samples, so the
@@ -183,10 +182,6 @@ class FedIODOptions(DPOptions):
         ):
             if getattr(self, key) < 0:
                 raise ConfigError(f"fediod.{key} must be >= 0")
-        if not 0 <= self.centre_share <= 1:
-            raise ConfigError(
-                f"fediod.centre_share must be in [0, 1] (0: centre every teacher), got {self.centre_share}"
-            )
         self.check_combinations(preset_fills=True)
 
     def check_combinations(self, *, preset_fills: bool = False) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fedistill.algorithms.fediod import losses as L
+from fedistill.algorithms.fediod.calibration import calibrated
 from fedistill.algorithms.mask_upload import collect_masks
 from fedistill.errors import FederationError
 from fedistill.federation.fleet import Fleet, successful
@@ -43,7 +44,7 @@ def teacher_report(server: FedIODServer, fleet: Fleet) -> dict[str, float]:
         raise FederationError("FedIOD's teacher report needs the evaluation harness")
     headline = server.view.task.headline
     view = server.view
-    rows = server._calibrated(view.stacked_rows(raw), clients)
+    rows = calibrated(view.stacked_rows(raw), server.options.teacher_logits)
     share = server.federation.share(clients, view.outputs)
     ensemble = L.ensemble_logits(rows, share[:, None, :])
     teachers = [score(raw[i])[headline] for i in range(len(clients))]
@@ -77,7 +78,7 @@ def _classification_report(server: FedIODServer, fleet: Fleet) -> dict[str, floa
     )
     clients = sorted(replies)
     raw = torch.stack([replies[c].tensor("logits", "z") for c in clients])  # (K, N, C)
-    logits = server._calibrated(raw, clients)
+    logits = calibrated(raw, server.options.teacher_logits)
     labels = labels.to(raw.device)
     acc = (raw.argmax(-1) == labels).float().mean(1)
     pi = server.federation.pi(clients)

@@ -56,13 +56,6 @@ class Federation:
         sizes = torch.stack([self.sizes[self.clients.index(c)] for c in clients])
         return sizes / sizes.sum()
 
-    def share_of_top_class(self, clients: list[int]) -> torch.Tensor:
-        """Each site's largest class as a share of its training samples, (K,) (1 where counts are unknown)."""
-        if self.counts is None:
-            return torch.ones(len(clients), device=self.sizes.device)
-        counts = torch.stack([self.counts[self.clients.index(c)] for c in clients]).float()
-        return counts.max(dim=1).values / counts.sum(dim=1).clamp_min(1.0)
-
     def share(self, clients: list[int], num_classes: int) -> torch.Tensor:
         if self.counts is None:
             return torch.full((len(clients), num_classes), 1.0 / len(clients), device=self.sizes.device)

@@ -15,6 +15,7 @@ from fedistill.algorithms.base import (
     clone_state,
 )
 from fedistill.algorithms.fediod import losses as L
+from fedistill.algorithms.fediod.calibration import calibrated
 from fedistill.algorithms.fediod.options import (
     set_lr,
 )
@@ -98,7 +99,7 @@ class StudentSteps:
         n, b = options.student_steps, options.synthetic_batch_size
         answered = sorted(replies)
         raw = torch.stack([replies[cid].tensor("logits", z_name) for cid in answered])
-        logits = self._calibrated(view.stacked_rows(raw), answered)
+        logits = calibrated(view.stacked_rows(raw), options.teacher_logits)
         ratio = (
             torch.stack([replies[cid].tensor("discriminator-outputs", ratio_name) for cid in answered])
             if self._want_ratio()
