@@ -61,10 +61,11 @@ def main() -> None:
         sets = [f"fraction={args.fraction}", f"feddf.groups={args.groups}", f"feddf.distill={str(distill).lower()}",
                 f"feddf.steps={args.steps}", f"feddf.source={args.source}",
                 *([f"threads={args.threads}"] if args.threads else []), *(args.set if distill else [])]  # fmt: skip
+        name = f"feddf-heterogeneous-{cell_name(args)}-{kind}"
         summary = run_fedistill(
             "feddf",
             args,
-            name=f"feddf-heterogeneous-{cell_name(args)}-{kind}",
+            name=name,
             alpha=f"{args.alpha:g}",
             model=groups[0],
             rounds=args.rounds,
@@ -73,9 +74,7 @@ def main() -> None:
             extra=["--local-epochs", str(args.local_epochs)],
         )
         final = summary["final"]
-        metrics = read_jsonl(
-            Path(args.out) / f"feddf-heterogeneous-{cell_name(args)}-{kind}" / "feddf" / "metrics.jsonl"
-        )
+        metrics = read_jsonl(Path(args.out) / name / "feddf" / "metrics.jsonl")
         return {
             "method": label,
             "per_group": {g: 100 * final[f"test_accuracy_{g}"] for g in groups},

@@ -154,8 +154,10 @@ def main() -> None:
     title = "FedIOD robustness" + (
         " (paper: no stabilisers)" if args.paper else ' (the demo\'s preset = "stable", stabilisers on)'
     )
-    if given(args) or args.set:
+    if given(args):
         title += "; model and budget from the command line"
+    if args.set:
+        title += "; options added with --set"
     lines = [f"# {title}", "", f"Command: `{command}`", "", *table(results)]
     stem = f"fediod_robustness_{args.datasets.replace(',', '-')}" + ("-paper" if args.paper else "")
     stem += f"-{args.tag}" if args.tag else ""

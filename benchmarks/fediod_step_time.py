@@ -35,6 +35,7 @@ from fedistill import devices
 from fedistill.algorithms.base import ServerContext
 from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
 from fedistill.algorithms.training import evaluate_model
+from fedistill.data.registry import dataset_options
 from fedistill.experiment.config import RunConfig, build_config, options_for
 from fedistill.experiment.runner import client_contexts, get_algorithm, prepare_data
 from fedistill.federation.inprocess import InProcessFleet
@@ -125,6 +126,13 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (the run's device key)")
     parser.add_argument("--channels-last", action="store_true", help="fediod.channels_last = true")
     args = parser.parse_args()
+    asked = [
+        f"--{flag}" for flag, value in (("image-size", args.image_size), ("channels", args.channels)) if value
+    ]
+    if asked and "image_size" not in dataset_options(args.dataset):
+        parser.error(
+            f"{' and '.join(asked)}: dataset {args.dataset!r} cannot be reshaped (mnist, fashion-mnist can)"
+        )
     torch.set_num_threads(args.threads)
     devices.use(args.device)
     peak = matmul_peak_gflops()

@@ -32,7 +32,7 @@ from fedistill.algorithms.base import ServerContext
 from fedistill.algorithms.distillation_data import build_source, parse_source
 from fedistill.data.base import DatasetInfo
 from fedistill.data.registry import load_dataset
-from fedistill.data.transforms import fit_images, to_float
+from fedistill.data.transforms import fit_uint8, to_float
 from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.messages import ArraySpec, Message, expect_arrays
 from fedistill.seeding import torch_generator
@@ -105,7 +105,7 @@ def build_public(spec: str, ctx: ServerContext, *, size: int, key: str, labelled
                 "clients' private data: use 'holdout' (its held-out split) or another dataset"
             )
         loaded = load_dataset(argument, config.data_dir, download=config.download).train
-        images, labels = _fitted(loaded.x, info), loaded.y
+        images, labels = fit_uint8(loaded.x, info.channels, info.image_size), loaded.y
         what = f"{argument}'s training images"
     if labels.dim() != 1:
         raise ConfigError(f"{key} = {spec!r} has per-pixel targets; public data must be image-level classes")
@@ -121,13 +121,6 @@ def build_public(spec: str, ctx: ServerContext, *, size: int, key: str, labelled
     if len(images) == 0:
         raise ConfigError(f"{key} = {spec!r} holds no images")
     return PublicData(images, labels, f"{len(images)} images of {what}")
-
-
-def _fitted(images: torch.Tensor, info: DatasetInfo) -> torch.Tensor:
-    """Another dataset's images in the federation's shape, uint8 like the federation's own."""
-    x01 = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
-    fitted = fit_images(x01, info.channels, info.image_size)
-    return (fitted * 255.0).round().to(torch.uint8)
 
 
 def public_arrays(images: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:

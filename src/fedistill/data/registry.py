@@ -37,7 +37,7 @@ from fedistill.data.digits import load_digits_dataset
 from fedistill.data.files import RemoteFile, fetch_or_require
 from fedistill.data.idx import read_idx_pair
 from fedistill.data.image_folder import LAYOUT, load_image_folder
-from fedistill.data.transforms import fit_images
+from fedistill.data.transforms import fit_uint8
 from fedistill.errors import ConfigError, DataError, UserError, unknown_name
 
 MNIST_URL = "https://ossci-datasets.s3.amazonaws.com/mnist/"
@@ -184,12 +184,7 @@ def reshaped(data: LoadedDataset, image_size: int, channels: int) -> LoadedDatas
         raise ConfigError(f"{info.name}.image_size must be an integer from 8 to 512, got {image_size!r}")
     if chans not in (1, 3):
         raise ConfigError(f"{info.name}.channels must be 1 or 3, got {channels!r}")
-
-    def fit(images: ImageSet) -> ImageSet:
-        x01 = fit_images(images.x.float() / 255.0, chans, size)
-        return ImageSet((x01 * 255.0).round().to(torch.uint8), images.y)
-
-    train, test = fit(data.train), fit(data.test)
+    train, test = (ImageSet(fit_uint8(part.x, chans, size), part.y) for part in (data.train, data.test))
     pixels = train.x.double() / 255.0
     mean = tuple(float(v) for v in pixels.mean(dim=(0, 2, 3)))
     std = tuple(float(v) for v in pixels.std(dim=(0, 2, 3)))

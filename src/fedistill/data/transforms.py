@@ -62,6 +62,12 @@ def fit_images(x01: torch.Tensor, channels: int, size: int) -> torch.Tensor:
     return x01.clamp(0.0, 1.0).contiguous()
 
 
+def fit_uint8(images: torch.Tensor, channels: int, size: int) -> torch.Tensor:
+    """`fit_images` for stored images: uint8 (or [0, 1] float) in, uint8 out, like every dataset's own."""
+    x01 = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
+    return (fit_images(x01, channels, size) * 255.0).round().to(torch.uint8)
+
+
 def _random_crop(x: torch.Tensor, padding: int, generator: torch.Generator | None) -> torch.Tensor:
     """Zero-pad by `padding` on every side, then cut an HxW window at a per-sample random offset."""
     b, c, h, w = x.shape
