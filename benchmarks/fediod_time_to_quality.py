@@ -16,6 +16,7 @@ its own `fedistill run` process. From their metrics.jsonl and summaries:
     python benchmarks/fediod_time_to_quality.py --datasets fashion-mnist,mnist --alphas 0.1,1 \\
         [--model lenet-fedmdcg] [--epochs 8] [--iters 30] [--teacher-epochs 10] [--fedavg-rounds 50] \\
         [--threads 1] [--set fediod.KEY=VALUE ...] [--reuse]
+        [--device cuda] [--model resnet8 --image-size 32 --channels 3]   # on a GPU; CIFAR's shape
 
 The FedIOD runs use `fediod.preset = "stable"`, the demo's stabilisers and student budget (batch-norm
 matching, a replay pool with 30 replay steps and 2 fresh S-steps per G-step, KL mimicry at tau 3) unless
@@ -71,8 +72,9 @@ def fedavg_curve(run: Path) -> dict[str, Any]:
 
 def cell(args: argparse.Namespace, dataset: str, alpha: str) -> dict[str, Any]:
     args.dataset, args.alpha = dataset, float(alpha)
-    name = f"ttq-{dataset}-alpha{alpha}-seed{args.seed}"
-    threads = [f"threads={args.threads}", "stage1_cache=false"]  # stage 1 is timed, never reused
+    name = f"ttq-{dataset}-alpha{alpha}-seed{args.seed}{variant(args)}"
+    threads = [f"threads={args.threads}", "stage1_cache=false", f"device='{args.device}'",  # stage 1 timed, not reused
+               *shape_sets(args)]  # fmt: skip
     fediod_sets = [*threads, f"fediod.teacher_epochs={args.teacher_epochs}", f"fediod.iters_per_epoch={args.iters}",
                    *([] if args.paper else STABILISERS), *args.set]  # fmt: skip
     common = {"alpha": alpha, "model": args.model, "out": args.out}
@@ -89,8 +91,21 @@ def cell(args: argparse.Namespace, dataset: str, alpha: str) -> dict[str, Any]:
     fedavg["reaches_fediod_final"] = (
         None if first is None else {"round": first["round"], "wall_s": first["wall_s"]}
     )
-    return {"dataset": dataset, "alpha": float(alpha), "runs": f"{run}-{{fediod,fedavg}}", "fediod": fediod,
+    return {"dataset": dataset + variant(args).replace("_", " "), "alpha": float(alpha), "runs": f"{run}-{{fediod,fedavg}}", "fediod": fediod,
             "fedavg": fedavg}  # fmt: skip
+
+
+def shape_sets(args: argparse.Namespace) -> list[str]:
+    """`--set` options that resample an MNIST-like set (e.g. to CIFAR's 3 x 32 x 32), for both runs."""
+    shape = (("image_size", args.image_size), ("channels", args.channels))
+    return [f"{args.dataset}.{key}={value}" for key, value in shape if value]
+
+
+def variant(args: argparse.Namespace) -> str:
+    """The device and any resampling, as a name suffix: runs and results of variants never overwrite."""
+    name = "" if args.device == "cpu" else f"_{args.device.replace(':', '')}"
+    name += f"_{args.image_size}px" if args.image_size else ""
+    return name + (f"_{args.channels}ch" if args.channels else "")
 
 
 def _at(reached: dict[str, Any] | None) -> str:
@@ -141,7 +156,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.axhline(100 * threshold * f["ensemble_accuracy"], ls=":", lw=1, color="grey")
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"{result['dataset']}, alpha {result['alpha']:g} (dotted: 0.90 / 0.95 of the ensemble)")
+    ax.set_title(
+        f"{result['dataset']}, alpha {result['alpha']:g}\n(dotted: 0.90 / 0.95 of the ensemble)", fontsize=10
+    )
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -161,6 +178,9 @@ def main() -> None:
     parser.add_argument("--fedavg-rounds", type=int, default=50)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--paper", action="store_true", help="FedIOD without the stabilisers")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (both runs' device key)")
+    parser.add_argument("--image-size", type=int, default=0, help="MNIST-like sets: resample to this size")
+    parser.add_argument("--channels", type=int, default=0, help="MNIST-like sets: 3 repeats grey into colour")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--reuse", action="store_true", help="keep runs that already finished")
     add_seed_and_out(parser)
@@ -172,11 +192,14 @@ def main() -> None:
                        f"--model {args.model} --epochs {args.epochs} --iters {args.iters} "
                        f"--teacher-epochs {args.teacher_epochs} --fedavg-rounds {args.fedavg_rounds} "
                        f"--threads {args.threads}" + (" --paper" if args.paper else "")
+                       + ("" if args.device == "cpu" else f" --device {args.device}")
+                       + (f" --image-size {args.image_size}" if args.image_size else "")
+                       + (f" --channels {args.channels}" if args.channels else "")
                        + "".join(f" --set {item}" for item in args.set))  # fmt: skip
-            stem = f"fediod_time_to_quality_{dataset}-alpha{alpha}"
-            (RESULTS / f"{stem}.md").write_text(report(result, command), encoding="utf-8")
-            (RESULTS / f"{stem}.json").write_text(json.dumps(result | {"command": command}, indent=2) + "\n")
-            plot(result, RESULTS / f"{stem}.png")
+            name = f"fediod_time_to_quality_{dataset}-alpha{alpha}{variant(args)}"
+            (RESULTS / f"{name}.md").write_text(report(result, command), encoding="utf-8")
+            (RESULTS / f"{name}.json").write_text(json.dumps(result | {"command": command}, indent=2) + "\n")
+            plot(result, RESULTS / f"{name}.png")
             print(report(result, command))
 
 
