@@ -112,7 +112,9 @@ def table(runs: list[dict[str, Any]]) -> list[str]:
         "",
         f"All {len(results)} runs: student at {statistics.mean(everything):.3f} of its ensemble on average, "
         f"worst {min(everything):.3f}; {sum(f >= 0.90 for f in everything)} of {len(results)} at 0.90 or more, "
-        f"{sum(f >= 0.95 for f in everything)} at 0.95 or more.",
+        f"{sum(f >= 0.95 for f in everything)} at 0.95 or more."
+        if everything
+        else "No run finished.",
     ]
     failed = [r for r in runs if "error" in r]
     if failed:

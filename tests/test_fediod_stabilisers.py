@@ -13,7 +13,7 @@ from algorithm_helpers import TINY_FEDIOD, check_resume_after_crash, fediod_part
 from fedistill.algorithms.bn_matching import batchnorm_statistics_loss
 from fedistill.algorithms.fediod import FedIODOptions, FedIODServer
 from fedistill.algorithms.fediod import losses as L
-from fedistill.algorithms.fediod.calibration import calibrated
+from fedistill.algorithms.fediod.calibration import auto_mode, calibrated, one_class_sites
 from fedistill.algorithms.synthetic_pool import SyntheticPool
 from fedistill.errors import ConfigError
 from fedistill.experiment.config import RunConfig, build_config, options_for
@@ -112,6 +112,11 @@ def test_a_resumed_run_with_the_stabilisers_is_exact(tmp_path):
     check_resume_after_crash(config, FedIODServer, tmp_path)
 
 
+def test_a_resumed_run_resolves_auto_teacher_logits_again_and_is_exact(tmp_path):
+    config = build_config(_config(teacher_logits="auto"), {"rounds": 3, "alpha": 0.01, "seed": 2})
+    check_resume_after_crash(config, FedIODServer, tmp_path)
+
+
 def test_replay_steps_draw_pool_batch_size_samples(monkeypatch):
     """`pool_batch_size` sets the replay batch; 0 falls back to the synthetic batch size."""
     for pool_batch, expected in ((0, TINY_FEDIOD["fediod"]["synthetic_batch_size"]), (48, 48)):
@@ -157,6 +162,32 @@ def test_centred_teacher_logits_take_away_a_one_class_teachers_constant_vote():
     torch.testing.assert_close(centred, logits - logits.mean(dim=1, keepdim=True))
     torch.testing.assert_close(centred.mean(dim=1), torch.zeros(2, 3))
     assert L.ensemble_logits(centred, share).argmax(-1).tolist() == [1, 2, 1]
+
+
+def test_auto_teacher_logits_centre_exactly_when_a_site_saw_a_single_class():
+    """A site whose labels all fall in one class makes "auto" centre; a site 97% one class does not."""
+    one_class = torch.tensor([[30, 0, 0, 0], [5, 5, 0, 0], [0, 0, 12, 0]])
+    assert one_class_sites(one_class) == 2 and auto_mode(one_class) == "centred"
+    skewed = torch.tensor([[97, 3, 0, 0], [5, 5, 0, 0], [0, 1, 1, 1]])
+    assert one_class_sites(skewed) == 0 and auto_mode(skewed) == "raw"
+    with pytest.raises(ValueError, match="resolved from the sites' label counts"):
+        calibrated(torch.zeros(2, 3, 4), "auto")
+
+
+@pytest.mark.parametrize(("alpha", "centred"), [(0.01, 1.0), (100.0, 0.0)])
+def test_auto_teacher_logits_choose_from_the_label_counts_and_say_so(tmp_path, alpha, centred):
+    """On digits at alpha 0.01 (seed 2: one of the 3 sites holds only 4s) the run centres, at alpha 100 it
+    stays raw; the summary says which and why, and the sites' label counts (kind label-statistics) are
+    what crossed for it."""
+    config = build_config(
+        _config(teacher_logits="auto", ensemble_weighting="uniform"), {"rounds": 1, "alpha": alpha, "seed": 2}
+    )
+    summary = run_suite(config, tmp_path, progress=False)[0]
+    final = summary["final"]
+    assert final["teacher_logits_centred"] == centred
+    assert (final["one_class_sites"] > 0) == bool(centred)
+    assert summary["communication"][UP]["per_kind"]["label-statistics"] > 0
+    assert summary["communication"][UP]["per_kind"].get("parameters", 0) == 0
 
 
 def test_mixed_teachers_with_scaled_logits_run_and_share_no_parameters(tmp_path):

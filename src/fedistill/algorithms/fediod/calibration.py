@@ -13,13 +13,30 @@ for sites that saw a single class: such a teacher gives its class a high logit o
 class-share or Eq. 8 weights (normalised over the sites per class) it alone decides that class, so the
 ensemble calls most synthetic samples that class; centred, its vote is about 0 everywhere, and the class
 wins only where every other class's experts score the sample below their average.
+
+`"auto"` picks between the two from the label counts the sites send in stage 1: `"centred"` when at
+least one site saw a single class (the case centring is for), else `"raw"`. On the digits grid centring
+raised four of the five alpha 0.1 runs with a one-class site by 5-29 points (K = 5 seed 2: 53.06% ->
+82.50%) and cost the fifth 1.1; where no site was one-class it cost up to 5 points (K = 5 seeds 0 and 1,
+the alpha 0.5 and 1 cells), and at MNIST and Fashion-MNIST alpha 0.1 (K = 10) 10.9 and 14.1 points.
+Dense tasks always stay raw.
 """
 
 from __future__ import annotations
 
 import torch
 
-TEACHER_LOGITS = ("raw", "scaled", "centred")
+TEACHER_LOGITS = ("raw", "scaled", "centred", "auto")
+
+
+def one_class_sites(counts: torch.Tensor) -> int:
+    """How many sites' training labels (`counts`: (K, C)) fall in a single class."""
+    return int(((counts > 0).sum(-1) == 1).sum())
+
+
+def auto_mode(counts: torch.Tensor) -> str:
+    """`"centred"` if any site saw a single class, else `"raw"`."""
+    return "centred" if one_class_sites(counts) > 0 else "raw"
 
 
 def calibrated(logits: torch.Tensor, mode: str) -> torch.Tensor:
@@ -27,6 +44,8 @@ def calibrated(logits: torch.Tensor, mode: str) -> torch.Tensor:
     (`"centred"`), or unchanged (`"raw"`)."""
     if mode == "raw":
         return logits
+    if mode == "auto":
+        raise ValueError("teacher_logits 'auto' is resolved from the sites' label counts before use")
     if mode == "centred":
         return logits - logits.detach().mean(dim=1, keepdim=True)
     if mode != "scaled":

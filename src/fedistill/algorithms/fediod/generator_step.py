@@ -153,7 +153,7 @@ class GeneratorStep:
             self.carried = None
         raw = torch.stack([replies[cid].tensor("logits", "z") for cid in answered]).requires_grad_(True)
         # the gradient still goes to what clients sent; dense outputs become one row per pixel
-        logits = calibrated(view.stacked_rows(raw), options.teacher_logits)
+        logits = calibrated(view.stacked_rows(raw), self.teacher_logits)
         ratio = torch.stack([replies[cid].tensor("discriminator-outputs", "ratio") for cid in answered])
         ratio = ratio.reshape(len(answered), -1)
         x_server = x.detach().requires_grad_(True)

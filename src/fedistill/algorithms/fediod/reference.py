@@ -44,7 +44,7 @@ def teacher_report(server: FedIODServer, fleet: Fleet) -> dict[str, float]:
         raise FederationError("FedIOD's teacher report needs the evaluation harness")
     headline = server.view.task.headline
     view = server.view
-    rows = calibrated(view.stacked_rows(raw), server.options.teacher_logits)
+    rows = calibrated(view.stacked_rows(raw), server.teacher_logits)
     share = server.federation.share(clients, view.outputs)
     ensemble = L.ensemble_logits(rows, share[:, None, :])
     teachers = [score(raw[i])[headline] for i in range(len(clients))]
@@ -78,7 +78,7 @@ def _classification_report(server: FedIODServer, fleet: Fleet) -> dict[str, floa
     )
     clients = sorted(replies)
     raw = torch.stack([replies[c].tensor("logits", "z") for c in clients])  # (K, N, C)
-    logits = calibrated(raw, server.options.teacher_logits)
+    logits = calibrated(raw, server.teacher_logits)
     labels = labels.to(raw.device)
     acc = (raw.argmax(-1) == labels).float().mean(1)
     pi = server.federation.pi(clients)

@@ -23,6 +23,7 @@ from fedistill.algorithms.base import (
     clone_state,
 )
 from fedistill.algorithms.fediod import losses as L
+from fedistill.algorithms.fediod.calibration import auto_mode, one_class_sites
 from fedistill.algorithms.fediod.generator_step import GeneratorStep
 from fedistill.algorithms.fediod.options import network_widths, resolve_options
 from fedistill.algorithms.fediod.reference import teacher_report, upload_masks
@@ -92,6 +93,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
         self.step = 0
         self.best: dict[str, Any] = {"score": -1.0, "epoch": 0, "state": None}
         self.reference: dict[str, float] = {}
+        self.teacher_logits = options.teacher_logits  # "auto" is resolved once the label counts are in
         self.last_coverage: dict[str, Any] = {}
         self.carried: tuple[torch.Tensor, float] | None = None  # S-step inputs and lr, merged mode
         self.epsilons: dict[int, float] = {}  # each client's latest reported epsilon (DP runs)
@@ -164,6 +166,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             counts,
             {c: float(replies[c].scalar("metrics", self._teacher_val_metric)) for c in clients},
         )
+        self._resolve_teacher_logits()
         per_client = [math.ceil(float(s) / options.synthetic_batch_size) for s in sizes]
         if options.iters_per_epoch == "max":
             self.iters = max(per_client)
@@ -176,12 +179,28 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             self.mask_pools = upload_masks(self, fleet)
         # how many teachers came from their site's stage-1 cache (algorithms/stage1.py) instead of training
         self.reference["teachers_from_cache"] = teachers_from_cache(replies)
+        if options.teacher_logits == "auto" and counts is not None:  # which mode "auto" chose, and why
+            self.reference["one_class_sites"] = float(one_class_sites(counts))
+            self.reference["teacher_logits_centred"] = float(self.teacher_logits == "centred")
         log.info(
             "FedIOD stage 1 done: %d teachers, %d G-steps per epoch; %s",
             len(clients),
             self.iters,
             self.reference,
         )
+
+    def _resolve_teacher_logits(self) -> None:
+        """`teacher_logits = "auto"`: centred when a site saw a single class (calibration.py)."""
+        if self.options.teacher_logits != "auto":
+            return
+        assert self.federation is not None
+        counts = self.federation.counts
+        if self.view.dense or counts is None:
+            self.teacher_logits = "raw"
+            return
+        self.teacher_logits = auto_mode(counts)
+        sites = one_class_sites(counts)
+        log.info("teacher_logits 'auto': %s (%d one-class sites)", self.teacher_logits, sites)
 
     # --- stage 2 ---------------------------------------------------------------------------------
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
@@ -270,3 +289,4 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             counts,
             {int(k): v for k, v in f["teacher_val"].items()},
         )
+        self._resolve_teacher_logits()

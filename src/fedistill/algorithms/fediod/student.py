@@ -99,7 +99,7 @@ class StudentSteps:
         n, b = options.student_steps, options.synthetic_batch_size
         answered = sorted(replies)
         raw = torch.stack([replies[cid].tensor("logits", z_name) for cid in answered])
-        logits = calibrated(view.stacked_rows(raw), options.teacher_logits)
+        logits = calibrated(view.stacked_rows(raw), self.teacher_logits)
         ratio = (
             torch.stack([replies[cid].tensor("discriminator-outputs", ratio_name) for cid in answered])
             if self._want_ratio()
