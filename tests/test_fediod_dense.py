@@ -88,6 +88,17 @@ def test_no_parameter_leaves_a_client_and_masks_travel_only_when_uploaded(tmp_pa
     assert ("fraction_of_ensemble" in summary["final"]) == (ensemble > 0)
 
 
+def test_auto_teacher_logits_stay_raw_on_a_dense_task_and_ask_for_no_label_counts(tmp_path):
+    config = build_config(
+        _config(SEGMENTATION, teacher_logits="auto", ensemble_weighting="uniform"), {"rounds": 1}
+    )
+    summary = run_suite(config, tmp_path / "s", progress=False)[0]
+    assert "label-statistics" not in summary["communication"][UP]["per_kind"]
+    assert "teacher_logits_centred" not in summary["final"]
+    _, server, _ = _dense_parts(config)
+    assert server.teacher_logits == "raw"
+
+
 def _dense_parts(config: RunConfig):
     clients, server, _ = fediod_parts(config)
     fleet = InProcessFleet(clients, Ledger(None))

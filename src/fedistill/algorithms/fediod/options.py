@@ -195,7 +195,7 @@ class FedIODOptions(DPOptions):
 
     @property
     def needs_label_counts(self) -> bool:
-        return self.ensemble_weighting in ("eq8", "class-share") or self.teacher_logits == "auto"
+        return self.ensemble_weighting in ("eq8", "class-share")
 
 
 #: What `preset = "official-code"` changes (notes §2.5-2.9): only keys the user did not set.

@@ -138,12 +138,13 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
     # --- stage 1 ---------------------------------------------------------------------------------
     def setup(self, fleet: Fleet) -> None:
         config, options = self.ctx.config, self.options
-        request = Message.build(
-            "train", scalars={"config": {"send_label_counts": options.needs_label_counts}}
-        )
+        # "auto" logits read the label counts on classification only (dense tasks stay raw, send none)
+        auto_logits = options.teacher_logits == "auto" and not self.view.dense
+        wants_counts = options.needs_label_counts or auto_logits
+        request = Message.build("train", scalars={"config": {"send_label_counts": wants_counts}})
         counts_spec = {"class_counts": ArraySpec("int64", (self.view.outputs,))}
         expect = ReplySpec(
-            {"label-statistics": counts_spec} if options.needs_label_counts else {},
+            {"label-statistics": counts_spec} if wants_counts else {},
             (*TRAIN_METRICS, self._teacher_val_metric),
         )
         replies = successful(
@@ -158,7 +159,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
         if float(sizes.sum()) <= 0:
             raise FederationError("every teacher reports 0 training samples; FedIOD cannot weight them")
         counts = None
-        if options.needs_label_counts:
+        if wants_counts:
             counts = torch.stack([replies[c].tensor("label-statistics", "class_counts") for c in clients])
         self.federation = Federation(
             clients,
