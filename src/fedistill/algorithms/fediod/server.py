@@ -180,7 +180,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             self.mask_pools = upload_masks(self, fleet)
         # how many teachers came from their site's stage-1 cache (algorithms/stage1.py) instead of training
         self.reference["teachers_from_cache"] = teachers_from_cache(replies)
-        if options.teacher_logits == "auto" and counts is not None:  # which mode "auto" chose, and why
+        if auto_logits and counts is not None:  # which mode "auto" chose, and why
             self.reference["one_class_sites"] = float(one_class_sites(counts))
             self.reference["teacher_logits_centred"] = float(self.teacher_logits == "centred")
         log.info(
