@@ -51,6 +51,45 @@ def add_seed_and_out(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=str(HERE / "runs"))
 
 
+def add_device_and_shape(parser: argparse.ArgumentParser) -> None:
+    """`--device`, and `--image-size` / `--channels` that resample an MNIST-like set (e.g. to CIFAR's
+    3 x 32 x 32): the options of a measurement that may run on an accelerator at the paper's shape."""
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (the runs' device key)")
+    parser.add_argument("--image-size", type=int, default=0, help="MNIST-like sets: resample to this size")
+    parser.add_argument("--channels", type=int, default=0, help="MNIST-like sets: 3 repeats grey into colour")
+
+
+def check_shape(parser: argparse.ArgumentParser, args: argparse.Namespace, datasets: Sequence[str]) -> None:
+    """A one-line usage error, before anything runs, when `--image-size` / `--channels` meet a dataset
+    that cannot be resampled."""
+    from fedistill.data.registry import dataset_options
+
+    asked = [
+        f"--{flag}" for flag, value in (("image-size", args.image_size), ("channels", args.channels)) if value
+    ]
+    fixed = [d for d in datasets if "image_size" not in dataset_options(d)]
+    if asked and fixed:
+        parser.error(
+            f"{' and '.join(asked)}: dataset {fixed[0]!r} cannot be reshaped (mnist, fashion-mnist can)"
+        )
+
+
+def variant_suffix(args: argparse.Namespace) -> str:
+    """The device and any resampling as a file-name suffix (`_cuda_32px_3ch`), so variants never overwrite."""
+    name = "" if args.device == "cpu" else f"_{args.device.replace(':', '')}"
+    name += f"_{args.image_size}px" if args.image_size else ""
+    return name + (f"_{args.channels}ch" if args.channels else "")
+
+
+def variant_flags(args: argparse.Namespace) -> str:
+    """The same options as they go on a recorded command line."""
+    return (
+        ("" if args.device == "cpu" else f" --device {args.device}")
+        + (f" --image-size {args.image_size}" if args.image_size else "")
+        + (f" --channels {args.channels}" if args.channels else "")
+    )
+
+
 def cell_name(args: argparse.Namespace) -> str:
     """`<dataset>-alpha<alpha>-seed<seed>`: the part of a run name that says which cell it measures."""
     return f"{args.dataset}-alpha{args.alpha:g}-seed{args.seed}"
@@ -80,14 +119,19 @@ def run_fedistill(
     """
     summary_path = Path(out) / name / algorithm / "summary.json"
     if not (args.reuse and summary_path.is_file()):
-        subprocess.run(
-            [sys.executable, "-m", "fedistill.cli", "run", "--quiet", "--algorithm", algorithm,
-             "--dataset", args.dataset, "--data-dir", args.data_dir, "--clients", str(args.clients),
-             "--alpha", alpha, "--model", model, "--rounds", str(rounds), *extra,
-             "--seed", str(args.seed), "--out", str(out), "--name", name,
-             *[x for s in sets for x in ("--set", s)]],
-            check=True,
-        )  # fmt: skip
+        try:
+            subprocess.run(
+                [sys.executable, "-m", "fedistill.cli", "run", "--quiet", "--algorithm", algorithm,
+                 "--dataset", args.dataset, "--data-dir", args.data_dir, "--clients", str(args.clients),
+                 "--alpha", alpha, "--model", model, "--rounds", str(rounds), *extra,
+                 "--seed", str(args.seed), "--out", str(out), "--name", name,
+                 *[x for s in sets for x in ("--set", s)]],
+                check=True,
+            )  # fmt: skip
+        except subprocess.CalledProcessError as error:  # its own message is printed above: no traceback here
+            raise SystemExit(
+                f"fedistill run {name!r} ({algorithm}) failed with exit code {error.returncode}"
+            ) from None
     return json.loads(summary_path.read_text())
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -35,13 +36,20 @@ from fedistill import devices
 from fedistill.algorithms.base import ServerContext
 from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
 from fedistill.algorithms.training import evaluate_model
-from fedistill.data.registry import dataset_options
 from fedistill.experiment.config import RunConfig, build_config, options_for
 from fedistill.experiment.runner import client_contexts, get_algorithm, prepare_data
 from fedistill.federation.inprocess import InProcessFleet
 from fedistill.federation.ledger import Ledger
 
-RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (
+    RESULTS,
+    add_device_and_shape,
+    benchmark_parser,
+    check_shape,
+    variant_flags,
+    variant_suffix,
+)
 
 
 def measure(clients: int, args: argparse.Namespace) -> dict:
@@ -111,37 +119,24 @@ def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--dataset", default="digits")
-    parser.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     parser.add_argument("--model", default="lenet5")
     parser.add_argument("--width", type=int, default=32, help="generator and discriminator width (0: auto)")
-    parser.add_argument("--image-size", type=int, default=0, help="MNIST-like sets: resample to this size")
-    parser.add_argument("--channels", type=int, default=0, help="MNIST-like sets: 3 repeats grey into colour")
     parser.add_argument("--student-steps", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (the run's device key)")
+    add_device_and_shape(parser)
     parser.add_argument("--channels-last", action="store_true", help="fediod.channels_last = true")
     args = parser.parse_args()
-    asked = [
-        f"--{flag}" for flag, value in (("image-size", args.image_size), ("channels", args.channels)) if value
-    ]
-    if asked and "image_size" not in dataset_options(args.dataset):
-        parser.error(
-            f"{' and '.join(asked)}: dataset {args.dataset!r} cannot be reshaped (mnist, fashion-mnist can)"
-        )
+    check_shape(parser, args, [args.dataset])
     torch.set_num_threads(args.threads)
     devices.use(args.device)
     peak = matmul_peak_gflops()
     rows = [measure(k, args) for k in (10, 20)]
     command = (f"python benchmarks/fediod_step_time.py --dataset {args.dataset} --model {args.model} "
                f"--width {args.width} --student-steps {args.student_steps} --steps {args.steps} --threads {args.threads}"
-               + (f" --image-size {args.image_size}" if args.image_size else "")
-               + (f" --channels {args.channels}" if args.channels else "")
-               + ("" if args.device == "cpu" else f" --device {args.device}")
+               + variant_flags(args)
                + (" --channels-last" if args.channels_last else ""))  # fmt: skip
     on_cpu = devices.current().type == "cpu"
     lines = [
@@ -166,11 +161,7 @@ def main() -> None:
             + (f"{100 * r['gflops_achieved'] / peak:.0f}% |" if on_cpu else "- |")
         )
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = f"fediod_step_time_{args.dataset}" + (
-        "" if args.device == "cpu" else f"_{args.device.replace(':', '')}"
-    )
-    name += f"_{args.image_size}px" if args.image_size else ""
-    name += f"_{args.channels}ch" if args.channels else ""
+    name = f"fediod_step_time_{args.dataset}{variant_suffix(args)}"
     name += "_channels-last" if args.channels_last else ""
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     record = {"command": command, "matmul_peak_gflops": peak, "rows": rows}

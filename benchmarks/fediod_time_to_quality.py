@@ -30,7 +30,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, add_seed_and_out, benchmark_parser, run_fedistill
+from _common import (
+    RESULTS,
+    add_device_and_shape,
+    add_seed_and_out,
+    benchmark_parser,
+    check_shape,
+    run_fedistill,
+    variant_flags,
+    variant_suffix,
+)
 from fedistill.experiment.rundir import read_jsonl
 
 # the digits demo's stabilisers and student budget (chosen there, not on these datasets)
@@ -72,7 +81,7 @@ def fedavg_curve(run: Path) -> dict[str, Any]:
 
 def cell(args: argparse.Namespace, dataset: str, alpha: str) -> dict[str, Any]:
     args.dataset, args.alpha = dataset, float(alpha)
-    name = f"ttq-{dataset}-alpha{alpha}-seed{args.seed}{variant(args)}"
+    name = f"ttq-{dataset}-alpha{alpha}-seed{args.seed}{variant_suffix(args)}"
     threads = [f"threads={args.threads}", "stage1_cache=false", f"device='{args.device}'",  # stage 1 timed, not reused
                *shape_sets(args)]  # fmt: skip
     fediod_sets = [*threads, f"fediod.teacher_epochs={args.teacher_epochs}", f"fediod.iters_per_epoch={args.iters}",
@@ -91,8 +100,8 @@ def cell(args: argparse.Namespace, dataset: str, alpha: str) -> dict[str, Any]:
     fedavg["reaches_fediod_final"] = (
         None if first is None else {"round": first["round"], "wall_s": first["wall_s"]}
     )
-    return {"dataset": dataset + variant(args).replace("_", " "), "alpha": float(alpha), "runs": f"{run}-{{fediod,fedavg}}", "fediod": fediod,
-            "fedavg": fedavg}  # fmt: skip
+    return {"dataset": dataset, "variant": variant_suffix(args).replace("_", " ").strip(), "alpha": float(alpha),
+            "runs": f"{run}-{{fediod,fedavg}}", "fediod": fediod, "fedavg": fedavg}  # fmt: skip
 
 
 def shape_sets(args: argparse.Namespace) -> list[str]:
@@ -101,11 +110,9 @@ def shape_sets(args: argparse.Namespace) -> list[str]:
     return [f"{args.dataset}.{key}={value}" for key, value in shape if value]
 
 
-def variant(args: argparse.Namespace) -> str:
-    """The device and any resampling, as a name suffix: runs and results of variants never overwrite."""
-    name = "" if args.device == "cpu" else f"_{args.device.replace(':', '')}"
-    name += f"_{args.image_size}px" if args.image_size else ""
-    return name + (f"_{args.channels}ch" if args.channels else "")
+def label(result: dict[str, Any]) -> str:
+    """The dataset and its variant (device, resampling), as titles name them."""
+    return " ".join(filter(None, (result["dataset"], result.get("variant"))))
 
 
 def _at(reached: dict[str, Any] | None) -> str:
@@ -117,7 +124,7 @@ def report(result: dict[str, Any], command: str) -> str:
     final = f["final"]
     catch = a["reaches_fediod_final"]
     lines = [
-        f"# FedIOD time to quality: {result['dataset']}, alpha {result['alpha']:g}",
+        f"# FedIOD time to quality: {label(result)}, alpha {result['alpha']:g}",
         "",
         f"Command: `{command}`",
         "",
@@ -157,7 +164,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(
-        f"{result['dataset']}, alpha {result['alpha']:g}\n(dotted: 0.90 / 0.95 of the ensemble)", fontsize=10
+        f"{label(result)}, alpha {result['alpha']:g}\n(dotted: 0.90 / 0.95 of the ensemble)", fontsize=10
     )
     ax.legend()
     ax.grid(alpha=0.3)
@@ -178,13 +185,12 @@ def main() -> None:
     parser.add_argument("--fedavg-rounds", type=int, default=50)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--paper", action="store_true", help="FedIOD without the stabilisers")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (both runs' device key)")
-    parser.add_argument("--image-size", type=int, default=0, help="MNIST-like sets: resample to this size")
-    parser.add_argument("--channels", type=int, default=0, help="MNIST-like sets: 3 repeats grey into colour")
+    add_device_and_shape(parser)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--reuse", action="store_true", help="keep runs that already finished")
     add_seed_and_out(parser)
     args = parser.parse_args()
+    check_shape(parser, args, args.datasets.split(","))
     for dataset in args.datasets.split(","):
         for alpha in args.alphas.split(","):
             result = cell(args, dataset, alpha)
@@ -192,11 +198,9 @@ def main() -> None:
                        f"--model {args.model} --epochs {args.epochs} --iters {args.iters} "
                        f"--teacher-epochs {args.teacher_epochs} --fedavg-rounds {args.fedavg_rounds} "
                        f"--threads {args.threads}" + (" --paper" if args.paper else "")
-                       + ("" if args.device == "cpu" else f" --device {args.device}")
-                       + (f" --image-size {args.image_size}" if args.image_size else "")
-                       + (f" --channels {args.channels}" if args.channels else "")
+                       + variant_flags(args)
                        + "".join(f" --set {item}" for item in args.set))  # fmt: skip
-            name = f"fediod_time_to_quality_{dataset}-alpha{alpha}{variant(args)}"
+            name = f"fediod_time_to_quality_{dataset}-alpha{alpha}{variant_suffix(args)}"
             (RESULTS / f"{name}.md").write_text(report(result, command), encoding="utf-8")
             (RESULTS / f"{name}.json").write_text(json.dumps(result | {"command": command}, indent=2) + "\n")
             plot(result, RESULTS / f"{name}.png")
