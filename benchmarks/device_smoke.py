@@ -15,7 +15,7 @@ from fedistill.experiment.runner import run_suite
 
 TINY = {"clients": 3, "rounds": 2, "batch_size": 32, "alpha": 1.0, "model": "lenet-fedmdcg"}
 PER_ALGORITHM = {
-    "fediod": {"fediod": {"teacher_epochs": 1, "iters_per_epoch": 2, "synthetic_batch_size": 16,
+    "fediod": {"fediod": {"preset": "paper", "teacher_epochs": 1, "iters_per_epoch": 2, "synthetic_batch_size": 16,
                           "generator_width": 8, "discriminator_width": 8, "w_bn": 1.0, "pool_size": 64,
                           "pool_steps": 1}},
     "feddf": {"feddf": {"steps": 4, "eval_every_steps": 2}},

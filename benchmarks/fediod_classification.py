@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _common import PAPER_PRESET
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
@@ -66,7 +68,7 @@ def main() -> None:
             common = ["--dataset", dataset, "--data-dir", args.data_dir, "--clients", "10", "--partition", "dirichlet",
                       "--alpha", str(alpha), "--model", args.model, "--seed", str(args.seed), "--out", str(out)]  # fmt: skip
             fedistill([*common, "--algorithm", "fediod", "--rounds", str(args.epochs), "--name", name,
-                       "--set", f"fediod.teacher_epochs={args.teacher_epochs}",
+                       "--set", PAPER_PRESET, "--set", f"fediod.teacher_epochs={args.teacher_epochs}",
                        "--set", f"fediod.iters_per_epoch={args.iters}", *extra], out / name, args.reuse)  # fmt: skip
             fedistill([*common, "--algorithm", "fedavg", "--rounds", "1", "--local-epochs", str(args.teacher_epochs),
                        "--name", name + "-oneshot"], out / (name + "-oneshot"), args.reuse)  # fmt: skip

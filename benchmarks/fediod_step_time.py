@@ -53,7 +53,7 @@ from _common import (
 
 
 def measure(clients: int, args: argparse.Namespace) -> dict:
-    fediod = {"teacher_epochs": 1, "generator_width": args.width, "discriminator_width": args.width,
+    fediod = {"preset": "paper", "teacher_epochs": 1, "generator_width": args.width, "discriminator_width": args.width,
               "student_steps": args.student_steps, "channels_last": args.channels_last}  # fmt: skip
     sync = torch.cuda.synchronize if devices.current().type == "cuda" else (lambda: None)
     shape = {k: v for k, v in (("image_size", args.image_size), ("channels", args.channels)) if v}

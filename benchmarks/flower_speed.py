@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads in-process (a node uses 1)")
     args = parser.parse_args()
     base = {"dataset": args.dataset, "model": args.model, "clients": args.nodes}
-    fediod_set = (f"fediod.teacher_epochs=1 fediod.iters_per_epoch={args.fediod_iters} "
+    fediod_set = (f"fediod.preset=paper fediod.teacher_epochs=1 fediod.iters_per_epoch={args.fediod_iters} "
                   "fediod.generator_width=16 fediod.discriminator_width=16")  # fmt: skip
     runs = [("fedavg", {**base, "algorithm": "fedavg", "rounds": args.fedavg_rounds}, 1)]
     for variant in args.variants.split(","):

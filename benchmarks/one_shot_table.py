@@ -31,7 +31,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, add_seed_and_out, benchmark_parser, run_fedistill
+from _common import PAPER_PRESET, RESULTS, add_seed_and_out, benchmark_parser, run_fedistill
 
 METHODS = ("fedavg-oneshot", "feddf-oneshot", "dense", "coboosting", "fediod", "fediod-stable")
 STABILISERS = ["fediod.w_bn=10.0", "fediod.pool_size=20000", "fediod.pool_steps=10", "fediod.mimic='kl'"]
@@ -60,7 +60,7 @@ def method_sets(method: str, args: Any, dataset: str, kd_steps: int = 0) -> list
         return [
             *stage1,
             f"fediod.iters_per_epoch={args.iters}",
-            *(STABLE_ROW if method == "fediod-stable" else STABILISERS),
+            *(STABLE_ROW if method == "fediod-stable" else [PAPER_PRESET, *STABILISERS]),
         ]
     if method == "feddf-oneshot":
         source = f"dataset:{OTHER_DOMAIN.get(dataset, 'noise')}" if dataset in OTHER_DOMAIN else "noise"

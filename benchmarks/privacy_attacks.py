@@ -496,6 +496,7 @@ def fediod_setting(setup: Setup, images: int, offset: int) -> tuple[dict[str, An
     args = setup.args
     private, offset = private_sets(setup, [images], offset)
     fediod = {
+        "preset": "paper",
         "synthetic_batch_size": images,  # the D-step's real batch is then the whole private set
         "teacher_epochs": 20,
         "iters_per_epoch": 1,

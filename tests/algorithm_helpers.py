@@ -104,7 +104,8 @@ def check_resume_after_crash(
     return out / "crashed" / algorithm
 
 
-#: The smallest FedIOD run that exercises every message type (3 clients, 2 epochs of 2 G-steps).
+#: The smallest FedIOD run that exercises every message type (3 clients, 2 epochs of 2 G-steps), with
+#: the paper's settings (the protocol tests check its arithmetic; the default preset has its own tests).
 TINY_FEDIOD = {
     "clients": 3,
     "alpha": 1.0,
@@ -112,6 +113,7 @@ TINY_FEDIOD = {
     "rounds": 2,
     "batch_size": 32,
     "fediod": {
+        "preset": "paper",
         "teacher_epochs": 2,
         "iters_per_epoch": 2,
         "synthetic_batch_size": 16,

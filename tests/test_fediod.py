@@ -2,6 +2,7 @@
 one, and that the student learns on real data."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -105,7 +106,7 @@ def test_official_code_preset_and_best_on_test_labelling():
     from fedistill.algorithms.fediod import resolve_options
 
     config = build_config(RunConfig(), {"fediod": {"preset": "official-code", "w_adv": 0.5}})
-    resolved = resolve_options(config, options)
+    resolved = resolve_options(config, options, dense=False)
     assert resolved.ensemble_weighting == "class-share" and resolved.mimic == "kl-official"
     assert resolved.js == "official" and resolved.selection == "best-on-test"
     assert resolved.w_adv == 0.5  # an explicit setting wins over the preset
@@ -115,22 +116,28 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     from fedistill.algorithms.fediod import resolve_options
     from fedistill.errors import ConfigError
 
-    config = build_config(RunConfig(), {"fediod": {"preset": "stable", "tau": 2.0}})
-    resolved = resolve_options(config, options_for(config, "fediod", FedIODOptions))
+    def resolved_for(fediod: dict, *, dense: bool = False) -> FedIODOptions:
+        config = build_config(RunConfig(), {"fediod": fediod})
+        return resolve_options(config, options_for(config, "fediod", FedIODOptions), dense=dense)
+
+    resolved = resolved_for({"preset": "stable", "tau": 2.0})
     assert (resolved.w_bn, resolved.pool_size, resolved.pool_steps) == (10.0, 20000, 30)
     assert (resolved.mimic, resolved.student_steps, resolved.tau) == ("kl", 2, 2.0)
     assert resolved.teacher_logits == "auto"
-    paper = build_config(RunConfig(), {"fediod": {"tau": 2.0}})
-    paper_options = resolve_options(paper, options_for(paper, "fediod", FedIODOptions))
-    assert (paper_options.pool_size, paper_options.teacher_logits) == (0, "raw")
+    paper_options = resolved_for({"preset": "paper", "tau": 2.0})
+    assert (paper_options.pool_size, paper_options.teacher_logits, paper_options.mimic) == (0, "raw", "l2")
+    # the default preset is the stable one on classification and the paper's on dense tasks
+    assert FedIODOptions().preset == "auto"
+    assert resolved_for({"tau": 2.0}) == dataclasses.replace(resolved, preset="stable")
+    assert resolved_for({"tau": 2.0}, dense=True) == dataclasses.replace(paper_options, preset="paper")
     # a user may change the preset's replay steps without repeating its pool
-    fewer = build_config(RunConfig(), {"fediod": {"preset": "stable", "pool_steps": 15}})
-    resolved = resolve_options(fewer, options_for(fewer, "fediod", FedIODOptions))
+    resolved = resolved_for({"preset": "stable", "pool_steps": 15})
     assert (resolved.pool_size, resolved.pool_steps) == (20000, 15)
+    assert resolved_for({"pool_steps": 15}).pool_size == 20000
     # the preset's replay steps without a pool are refused, as when a user sets them so
-    no_pool = build_config(RunConfig(), {"fediod": {"preset": "stable", "pool_size": 0}})
-    with pytest.raises(ConfigError, match="pool_size"):
-        resolve_options(no_pool, options_for(no_pool, "fediod", FedIODOptions))
+    for preset in ("stable", "auto"):
+        with pytest.raises(ConfigError, match="pool_size"):
+            resolved_for({"preset": preset, "pool_size": 0})
 
 
 def test_validation_selection_needs_a_validation_split(tmp_path):
@@ -214,7 +221,8 @@ def test_merged_student_queries_give_the_same_run_with_fewer_exchanges(tmp_path)
         "clients": 3,
         "rounds": 2,
         "model": "lenet-fedmdcg",
-        "fediod": {"teacher_epochs": 2, "iters_per_epoch": 4, "generator_width": 16},
+        # the paper's settings: with a replay pool the replay batches are drawn by the step that takes them
+        "fediod": {"preset": "paper", "teacher_epochs": 2, "iters_per_epoch": 4, "generator_width": 16},
     }
     runs = {}
     for merged in (False, True):

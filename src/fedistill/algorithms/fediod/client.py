@@ -94,8 +94,8 @@ class FedIODClient(ClientLogic):
 
     def __init__(self, ctx: ClientContext) -> None:
         self.ctx = ctx
-        self.options = resolve_options(ctx.config, ctx.options)
         self.view = TaskView(task_of(ctx.config, ctx.info), ctx.info, ctx.config.seed)
+        self.options = resolve_options(ctx.config, ctx.options, dense=self.view.dense)
         self.teacher = new_model(ctx.config, ctx.info, teacher_name(self.options, ctx.config, ctx.client_id))
         self.discriminator = seeded(ctx.config.seed, self._build_discriminator, "discriminator-init")
         if self.options.channels_last:

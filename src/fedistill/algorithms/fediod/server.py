@@ -67,13 +67,14 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         config, info = ctx.config, ctx.info
-        self.options = options = resolve_options(config, ctx.options)
+        self.view = TaskView(task_of(config, info), info, config.seed)
+        self.options = options = resolve_options(config, ctx.options, dense=self.view.dense)
+        log.info("FedIOD preset %r%s", options.preset, " (auto)" if ctx.options.preset == "auto" else "")
         if options.selection == "validation" and config.val_fraction == 0:
             raise ConfigError(
                 "fediod.selection = 'validation' needs validation splits: set val_fraction > 0 "
                 "or fediod.selection = 'last'"
             )
-        self.view = TaskView(task_of(config, info), info, config.seed)
         self.generator = seeded(config.seed, self._build_generator, "generator-init")
         self.student = new_model(config, info, options.student or config.model)
         if options.channels_last:
