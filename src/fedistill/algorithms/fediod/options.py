@@ -53,8 +53,7 @@ class FedIODOptions(DPOptions):
     iters_per_epoch: int | str = "max"  # max | min (over clients of ceil(n_k / batch)), or a number
     student_steps: int = 5  # S-steps per G-step (the released code's 5)
     # Carry step t's S-step inputs in step t+1's query.generate (clients answer them before their
-    # D-step): the same arithmetic with 2 instead of 3 exchanges per G-step, plus one per epoch. With a
-    # replay pool the replay batches are drawn by the step that takes them, so there they differ.
+    # D-step): the same arithmetic with 2 instead of 3 exchanges per G-step, plus one per epoch.
     merge_student_queries: bool = True
     latent_dim: int = 100
     # 0 (auto): the paper's 64 and 128 for images above 16 px, 32 and 32 up to 16 px (see `network_widths`)

@@ -34,12 +34,13 @@ log = logging.getLogger(__name__)
 @dataclass
 class StudentBatch:
     """The inputs of one G-step's S-steps: G's images, their masks (dense tasks), the learning rate they
-    are taken at and where their undersampling masks start (reconstruction)."""
+    are taken at, where their undersampling masks start (reconstruction) and the G-step that drew them."""
 
     x: torch.Tensor
     masks: torch.Tensor | None
     lr: float
     index: int
+    step: int
 
 
 class StudentSteps:
@@ -57,7 +58,7 @@ class StudentSteps:
             if self.options.student_noise:
                 noise_gen = torch_generator(self.ctx.config.seed, "student-noise", self.step)
                 x = x + self.options.student_noise * torch.randn(x.shape, generator=noise_gen).to(x.device)
-        return StudentBatch(x, draw.masks, lr, self._mask_index(self.step, b))
+        return StudentBatch(x, draw.masks, lr, self._mask_index(self.step, b), self.step)
 
     def _student_steps(self, fleet: Fleet, clients: list[int], batch: StudentBatch | None = None) -> float:
         """One `query.student` exchange for the S-steps' targets, then the S-steps."""
@@ -131,14 +132,17 @@ class StudentSteps:
             losses.append(loss.item())
         if options.pool_size:
             self.pool.add(inputs, targets if not view.dense else per_sample)
-            self._replay()
+            self._replay(batch.step)
         return float(np.mean(losses))
 
-    def _replay(self) -> None:
+    def _replay(self, drawn_at: int) -> None:
         """`pool_steps` S-steps on batches of earlier synthetic samples and their ensemble targets: the
-        student keeps fitting what G has left behind while G moves on (no new query to any client)."""
+        student keeps fitting what G has left behind while G moves on (no new query to any client).
+
+        The draws are seeded by the step after the one that drew the S-step inputs (when merged queries
+        take them), so merged and separate queries replay the same samples."""
         options, view = self.options, self.view
-        rng = torch_generator(self.ctx.config.seed, "pool", self.step)
+        rng = torch_generator(self.ctx.config.seed, "pool", drawn_at + 1)
         batch = options.pool_batch_size or options.synthetic_batch_size
         for _ in range(options.pool_steps):
             x, target = self.pool.sample(batch, rng)
