@@ -123,9 +123,11 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     resolved = resolved_for({"preset": "stable", "tau": 2.0})
     assert (resolved.w_bn, resolved.pool_size, resolved.pool_steps) == (10.0, 20000, 30)
     assert (resolved.mimic, resolved.student_steps, resolved.tau) == ("kl", 2, 2.0)
+    assert (resolved.iters_per_epoch, resolved_for({"iters_per_epoch": 3}).iters_per_epoch) == (12, 3)
     assert resolved.teacher_logits == "auto"
     paper_options = resolved_for({"preset": "paper", "tau": 2.0})
     assert (paper_options.pool_size, paper_options.teacher_logits, paper_options.mimic) == (0, "raw", "l2")
+    assert paper_options.iters_per_epoch == "max"
     # the default preset is the stable one on classification and the paper's on dense tasks
     assert FedIODOptions().preset == "auto"
     assert resolved_for({"tau": 2.0}) == dataclasses.replace(resolved, preset="stable")

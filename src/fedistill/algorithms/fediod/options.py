@@ -238,6 +238,10 @@ STABLE = {
     "mimic": "kl",
     "tau": 3.0,
     "student_steps": 2,
+    # G-steps per epoch: the paper's "max" (one pass over the largest site's data) gives 4 on digits, where
+    # `fedistill run --algorithm fediod` (ResNet-8, 10 epochs) then ended at 0.81 of its ensemble; 12 gave
+    # 0.92 in 60 s on 2 cores (the demo's 12 beat 10 there too: 88.71 against 87.22%)
+    "iters_per_epoch": 12,
     # centred logits only when a site saw a single class: digits alpha 0.1, K = 5 / 10 / 20, student at
     # 0.960 / 0.906 / 0.957 of its ensemble against 0.853 / 0.901 / 0.779 raw (calibration.py)
     "teacher_logits": "auto",
