@@ -46,6 +46,20 @@ def test_other_training_options_or_seed_train_afresh(tmp_path):
     assert len(list((tmp_path / ".cache" / "stage1").glob("*.safetensors"))) == 9
 
 
+def test_another_thread_count_trains_afresh(tmp_path):
+    """Thread counts change float rounding: a cached model must be the one this run would train."""
+    import torch
+
+    _run(_config(), tmp_path / "one-thread")
+    before = torch.get_num_threads()
+    try:
+        two = _run(_config(threads=2), tmp_path / "two-threads")
+    finally:
+        torch.set_num_threads(before)
+    assert two["final"]["teachers_from_cache"] == 0.0
+    assert len(list((tmp_path / ".cache" / "stage1").glob("*.safetensors"))) == 6
+
+
 def test_the_cache_can_be_turned_off_or_moved(tmp_path):
     _run(_config(stage1_cache=False), tmp_path / "off")
     assert not (tmp_path / ".cache").exists()

@@ -5,8 +5,10 @@ Training them again for every method of a comparison costs time and, worse, invi
 methods that did not distil the same models. A site therefore keeps each stage-1 model it trains in
 a cache folder on its own disk, keyed by what determines the model exactly: the site's training data
 (a digest of its images and labels), the architecture and its normalisation, the training options,
-the run seed, the site's id (its random streams derive from it), and the torch version. A later run
-that needs exactly that model loads it instead of training it; anything else trains afresh.
+the run seed, the site's id (its random streams derive from it), the torch version, and the device type
+and thread count it trains with (both change float rounding, so a model trained on two threads is not the
+one a one-thread run would train). A later run that needs exactly that model loads it instead of
+training it; anything else trains afresh.
 
 The cache is the site's own: nothing of it crosses the client/server boundary. A damaged file is
 logged and replaced by a fresh training.
@@ -27,6 +29,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from fedistill import devices
 from fedistill.algorithms.base import ClientContext
 from fedistill.algorithms.training import LocalTraining, train_local
 from fedistill.experiment.config import RunConfig
@@ -63,6 +66,8 @@ def stage1_key(ctx: ClientContext, architecture: str, spec: LocalTraining, purpo
         "seed": config.seed,
         "client": ctx.client_id,
         "torch": torch.__version__,
+        "device": devices.current().type,
+        "threads": torch.get_num_threads(),
     }
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True).encode())
     digest.update(data.x.contiguous().numpy().tobytes())
