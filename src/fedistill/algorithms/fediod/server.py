@@ -27,7 +27,7 @@ from fedistill.algorithms.fediod.calibration import auto_mode, one_class_sites
 from fedistill.algorithms.fediod.generator_step import GeneratorStep
 from fedistill.algorithms.fediod.options import network_widths, resolve_options
 from fedistill.algorithms.fediod.reference import teacher_report, upload_masks
-from fedistill.algorithms.fediod.student import StudentSteps
+from fedistill.algorithms.fediod.student import StudentBatch, StudentSteps
 from fedistill.algorithms.fediod.task_view import TaskView
 from fedistill.algorithms.stage1 import teachers_from_cache
 from fedistill.algorithms.synthetic_pool import SyntheticPool
@@ -96,7 +96,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
         self.reference: dict[str, float] = {}
         self.teacher_logits = options.teacher_logits  # "auto" is resolved once the label counts are in
         self.last_coverage: dict[str, Any] = {}
-        self.carried: tuple[torch.Tensor, float] | None = None  # S-step inputs and lr, merged mode
+        self.carried: StudentBatch | None = None  # the last G-step's S-step inputs, merged mode
         self.epsilons: dict[int, float] = {}  # each client's latest reported epsilon (DP runs)
         self.pool = SyntheticPool(options.pool_size)
         self.collapsed_epochs = 0  # epochs in a row with a collapsed G (`collapse_patience`)
@@ -168,7 +168,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             counts,
             {c: float(replies[c].scalar("metrics", self._teacher_val_metric)) for c in clients},
         )
-        self._resolve_teacher_logits()
+        logits_choice = self._resolve_teacher_logits()
         per_client = [math.ceil(float(s) / options.synthetic_batch_size) for s in sizes]
         if options.iters_per_epoch == "max":
             self.iters = max(per_client)
@@ -181,9 +181,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             self.mask_pools = upload_masks(self, fleet)
         # how many teachers came from their site's stage-1 cache (algorithms/stage1.py) instead of training
         self.reference["teachers_from_cache"] = teachers_from_cache(replies)
-        if auto_logits and counts is not None:  # which mode "auto" chose, and why
-            self.reference["one_class_sites"] = float(one_class_sites(counts))
-            self.reference["teacher_logits_centred"] = float(self.teacher_logits == "centred")
+        self.reference |= logits_choice  # which mode "auto" chose, and why
         log.info(
             "FedIOD stage 1 done: %d teachers, %d G-steps per epoch; %s",
             len(clients),
@@ -191,18 +189,21 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             self.reference,
         )
 
-    def _resolve_teacher_logits(self) -> None:
-        """`teacher_logits = "auto"`: centred when a site saw a single class (calibration.py)."""
+    def _resolve_teacher_logits(self) -> dict[str, float]:
+        """`teacher_logits = "auto"`: centred when a site saw a single class (calibration.py). Returns the
+        summary fields that say what it chose and why (none unless "auto" read label counts)."""
         if self.options.teacher_logits != "auto":
-            return
+            return {}
         assert self.federation is not None
         counts = self.federation.counts
         if self.view.dense or counts is None:
             self.teacher_logits = "raw"
-            return
+            return {}
         self.teacher_logits = auto_mode(counts)
         sites = one_class_sites(counts)
         log.info("teacher_logits 'auto': %s (%d one-class sites)", self.teacher_logits, sites)
+        centred = float(self.teacher_logits == "centred")
+        return {"one_class_sites": float(sites), "teacher_logits_centred": centred}
 
     # --- stage 2 ---------------------------------------------------------------------------------
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
