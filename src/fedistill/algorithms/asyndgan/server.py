@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from fedistill.algorithms.asyndgan.client import STEP_METRICS, condition_classes
 from fedistill.algorithms.asyndgan.options import AsynDGANOptions, lr_factor
-from fedistill.algorithms.base import ServerContext, ServerLogic, clone_state
+from fedistill.algorithms.base import ServerContext, ServerLogic, clone_state, keep_if_best
 from fedistill.algorithms.fediod import draws
 from fedistill.algorithms.fediod.options import set_lr
 from fedistill.algorithms.mask_upload import collect_masks
@@ -276,8 +276,7 @@ class AsynDGANServer(ServerLogic):
             scores = np.array([float(r.scalar("metrics", f"val_{headline}")) for r in replies.values()])
             score = float(np.average(scores, weights=counts)) if counts.sum() > 0 else 0.0
             metrics[f"val_{headline}"] = score
-        if score > self.best["score"]:
-            self.best = {"score": score, "epoch": round, "state": clone_state(self.segmenter)}
+        self.best = keep_if_best(self.best, score, round, self.segmenter)
         return metrics
 
     def final_evaluate(self, fleet: Fleet, last: dict[str, float]) -> dict[str, float]:

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from fedistill import devices
-from fedistill.algorithms.base import ServerContext, ServerLogic, clone_state
+from fedistill.algorithms.base import ServerContext, ServerLogic, clone_state, keep_if_best
 from fedistill.algorithms.bn_matching import batchnorm_statistics_loss
 from fedistill.algorithms.dense import losses as L
 from fedistill.algorithms.dense.options import DenseOptions, teacher_of
@@ -314,8 +314,7 @@ class DenseServer(ServerLogic):
             metrics["val_accuracy"] = score
         else:
             score = float(round)
-        if score > self.best["score"]:
-            self.best = {"score": score, "epoch": round, "state": clone_state(self.student)}
+        self.best = keep_if_best(self.best, score, round, self.student)
         return metrics
 
     def final_evaluate(self, fleet: Fleet, last: dict[str, float]) -> dict[str, float]:

@@ -11,9 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedistill.algorithms.base import (
-    clone_state,
-)
+from fedistill.algorithms.base import keep_if_best
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import calibrated
 from fedistill.algorithms.fediod.options import (
@@ -226,8 +224,7 @@ class StudentSteps:
             score = metrics[f"test_{headline}"]
         else:
             score = float(round)
-        if score > self.best["score"]:
-            self.best = {"score": score, "epoch": round, "state": clone_state(self.student)}
+        self.best = keep_if_best(self.best, score, round, self.student)
         return metrics
 
     def final_evaluate(self, fleet: Fleet, last: dict[str, float]) -> dict[str, float]:

@@ -1,0 +1,27 @@
+"""Model selection (FedIOD, DENSE, AsynDGAN): the best validated epoch wins, a tie goes to the later one."""
+
+import torch
+from torch import nn
+
+from fedistill.algorithms.base import keep_if_best
+
+
+def test_the_best_score_wins_and_a_tie_goes_to_the_later_epoch():
+    model = nn.Linear(2, 1)
+    best = {"score": -1.0, "epoch": 0, "state": None}
+    for epoch, score in enumerate([0.50, 0.70, 0.60, 0.70, 0.65], start=1):
+        with torch.no_grad():
+            model.weight.fill_(float(epoch))  # the state of each epoch is recognisable
+        best = keep_if_best(best, score, epoch, model)
+    assert best["epoch"] == 4 and best["score"] == 0.70
+    assert torch.equal(best["state"]["weight"], torch.full((1, 2), 4.0))
+
+
+def test_the_kept_state_is_a_copy_that_later_training_does_not_change():
+    model = nn.Linear(2, 1)
+    best = keep_if_best({"score": -1.0, "epoch": 0, "state": None}, 0.9, 1, model)
+    kept = best["state"]["weight"].clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    best = keep_if_best(best, 0.8, 2, model)  # worse: the record stays
+    assert best["epoch"] == 1 and torch.equal(best["state"]["weight"], kept)
