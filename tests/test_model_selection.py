@@ -25,3 +25,27 @@ def test_the_kept_state_is_a_copy_that_later_training_does_not_change():
         model.weight.add_(1.0)
     best = keep_if_best(best, 0.8, 2, model)  # worse: the record stays
     assert best["epoch"] == 1 and torch.equal(best["state"]["weight"], kept)
+
+
+def test_a_fediod_run_hands_over_the_latest_of_its_best_validated_epochs(tmp_path):
+    """End to end: the run's final student is the latest epoch with the best validation score in
+    metrics.jsonl, and its test accuracy is that epoch's. A student rate of 1e-12 leaves the (batch-norm
+    free) student almost as it starts, so epochs tie: the latest of them must be handed over, not the
+    first."""
+    import copy
+
+    from algorithm_helpers import TINY_FEDIOD
+    from fedistill.experiment.config import RunConfig, build_config
+    from fedistill.experiment.rundir import read_jsonl
+    from fedistill.experiment.runner import run_suite
+
+    layer = copy.deepcopy(TINY_FEDIOD) | {"rounds": 4}
+    layer["fediod"]["lr_student"] = 1e-12
+    config = build_config(RunConfig(), layer, {"algorithm": "fediod"})
+    summary = run_suite(config, tmp_path, progress=False)[0]
+    rows = read_jsonl(tmp_path / "fediod" / "metrics.jsonl")
+    scores = [row["val_accuracy"] for row in rows]
+    assert scores.count(max(scores)) > 1  # epochs tie
+    latest_best = max(i for i, score in enumerate(scores) if score == max(scores))
+    assert summary["final"]["selected_epoch"] == rows[latest_best]["round"]
+    assert summary["final"]["test_accuracy"] == rows[latest_best]["test_accuracy"]
