@@ -3,12 +3,12 @@
 import torch
 from torch import nn
 
-from fedistill.algorithms.base import keep_if_best
+from fedistill.algorithms.selection import keep_if_best, nothing_selected
 
 
 def test_the_best_score_wins_and_a_tie_goes_to_the_later_epoch():
     model = nn.Linear(2, 1)
-    best = {"score": -1.0, "epoch": 0, "state": None}
+    best = nothing_selected()
     for epoch, score in enumerate([0.50, 0.70, 0.60, 0.70, 0.65], start=1):
         with torch.no_grad():
             model.weight.fill_(float(epoch))  # the state of each epoch is recognisable
@@ -19,7 +19,7 @@ def test_the_best_score_wins_and_a_tie_goes_to_the_later_epoch():
 
 def test_the_kept_state_is_a_copy_that_later_training_does_not_change():
     model = nn.Linear(2, 1)
-    best = keep_if_best({"score": -1.0, "epoch": 0, "state": None}, 0.9, 1, model)
+    best = keep_if_best(nothing_selected(), 0.9, 1, model)
     kept = best["state"]["weight"].clone()
     with torch.no_grad():
         model.weight.add_(1.0)

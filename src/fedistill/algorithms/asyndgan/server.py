@@ -21,10 +21,11 @@ from tqdm import tqdm
 
 from fedistill.algorithms.asyndgan.client import STEP_METRICS, condition_classes
 from fedistill.algorithms.asyndgan.options import AsynDGANOptions, lr_factor
-from fedistill.algorithms.base import ServerContext, ServerLogic, clone_state, keep_if_best
+from fedistill.algorithms.base import ServerContext, ServerLogic, clone_state
 from fedistill.algorithms.fediod import draws
 from fedistill.algorithms.fediod.options import set_lr
 from fedistill.algorithms.mask_upload import collect_masks
+from fedistill.algorithms.selection import clients_validation_score, keep_if_best, nothing_selected
 from fedistill.algorithms.training import LocalTraining, check_finite, new_model, task_of, test_metrics
 from fedistill.errors import ConfigError, FederationError
 from fedistill.experiment.plots import plot_image_grid
@@ -81,7 +82,7 @@ class AsynDGANServer(ServerLogic):
         self.pools: list[torch.Tensor] = []  # each site's uploaded masks
         self.iters = 0
         self.step = 0
-        self.best: dict[str, Any] = {"score": -1.0, "epoch": 0, "state": None}
+        self.best: dict[str, Any] = nothing_selected()
 
     # --- round 0: the masks, once ----------------------------------------------------------------
     def setup(self, fleet: Fleet) -> None:
@@ -264,17 +265,14 @@ class AsynDGANServer(ServerLogic):
         headline = self.task.headline
         score = float(round)
         if self.options.selection == "validation":
-            request = Message.build("evaluate.segmenter", arrays={"parameters": self.segmenter.state_dict()})
-            expect = ReplySpec(metrics=(f"val_{headline}", "val_count"))
-            replies = successful(
-                fleet.broadcast(
-                    request, self.clients, timeout=self.ctx.config.timeout or None, expect=expect
-                ),
-                what="validation metrics",
+            score = clients_validation_score(
+                fleet,
+                "evaluate.segmenter",
+                self.segmenter,
+                f"val_{headline}",
+                clients=self.clients,
+                timeout=self.ctx.config.timeout or None,
             )
-            counts = np.array([float(r.scalar("metrics", "val_count")) for r in replies.values()])
-            scores = np.array([float(r.scalar("metrics", f"val_{headline}")) for r in replies.values()])
-            score = float(np.average(scores, weights=counts)) if counts.sum() > 0 else 0.0
             metrics[f"val_{headline}"] = score
         self.best = keep_if_best(self.best, score, round, self.segmenter)
         return metrics

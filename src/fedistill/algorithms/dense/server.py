@@ -32,19 +32,18 @@ import torch
 from torch import nn
 
 from fedistill import devices
-from fedistill.algorithms.base import ServerContext, ServerLogic, clone_state, keep_if_best
+from fedistill.algorithms.base import ServerContext, ServerLogic, clone_state
 from fedistill.algorithms.bn_matching import batchnorm_statistics_loss
 from fedistill.algorithms.dense import losses as L
 from fedistill.algorithms.dense.options import DenseOptions, teacher_of
 from fedistill.algorithms.fediod.options import cosine_lr, set_lr
+from fedistill.algorithms.selection import clients_validation_score, keep_if_best, nothing_selected
 from fedistill.algorithms.stage1 import collect_local_models, teachers_from_cache
 from fedistill.algorithms.synthetic_pool import SyntheticPool
 from fedistill.algorithms.training import evaluate_model, new_model
 from fedistill.errors import ConfigError, FederationError
 from fedistill.experiment.plots import plot_image_grid
-from fedistill.federation.fleet import Fleet, successful
-from fedistill.federation.messages import Message
-from fedistill.federation.reply_spec import ReplySpec
+from fedistill.federation.fleet import Fleet
 from fedistill.metrics.generation import class_coverage
 from fedistill.models.generator import build_generator
 from fedistill.seeding import seeded, torch_generator
@@ -95,7 +94,7 @@ class DenseServer(ServerLogic):
         )  # the ensemble's weight of each teacher (uniform; Co-Boosting moves them)
         # labels ride as the pool's targets; without a limit it holds every epoch's batch
         self.pool = SyntheticPool(options.pool_size or config.rounds * options.synthetic_batch_size)
-        self.best: dict[str, Any] = {"score": -1.0, "epoch": 0, "state": None}
+        self.best: dict[str, Any] = nothing_selected()
         self.reference: dict[str, float] = {}
         self.last_batch: torch.Tensor | None = None  # the epoch's synthetic batch, for the sample grid
 
@@ -294,19 +293,14 @@ class DenseServer(ServerLogic):
         metrics = {"test_accuracy": test["accuracy"], "test_loss": test["loss"]}
         selection = self.options.selection
         if selection == "clients":
-            request = Message.build("evaluate.student", arrays={"parameters": self.student.state_dict()})
-            replies = successful(
-                fleet.broadcast(
-                    request,
-                    self.clients,
-                    timeout=self.ctx.config.timeout or None,
-                    expect=ReplySpec(metrics=("val_accuracy", "val_count")),
-                ),
-                what="validation metrics",
+            score = clients_validation_score(
+                fleet,
+                "evaluate.student",
+                self.student,
+                "val_accuracy",
+                clients=self.clients,
+                timeout=self.ctx.config.timeout or None,
             )
-            counts = np.array([float(r.scalar("metrics", "val_count")) for r in replies.values()])
-            accs = np.array([float(r.scalar("metrics", "val_accuracy")) for r in replies.values()])
-            score = float(np.average(accs, weights=counts)) if counts.sum() > 0 else 0.0
             metrics["val_accuracy"] = score
         elif selection == "server":
             assert self.ctx.validation is not None

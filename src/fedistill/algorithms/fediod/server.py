@@ -29,6 +29,7 @@ from fedistill.algorithms.fediod.options import network_widths, resolve_options
 from fedistill.algorithms.fediod.reference import teacher_report, upload_masks
 from fedistill.algorithms.fediod.student import StudentBatch, StudentSteps
 from fedistill.algorithms.fediod.task_view import TaskView
+from fedistill.algorithms.selection import nothing_selected
 from fedistill.algorithms.stage1 import teachers_from_cache
 from fedistill.algorithms.synthetic_pool import SyntheticPool
 from fedistill.algorithms.training import new_model, task_of
@@ -92,7 +93,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
         self.federation: Federation | None = None
         self.iters = 0
         self.step = 0
-        self.best: dict[str, Any] = {"score": -1.0, "epoch": 0, "state": None}
+        self.best: dict[str, Any] = nothing_selected()
         self.reference: dict[str, float] = {}
         self.teacher_logits = options.teacher_logits  # "auto" is resolved once the label counts are in
         self.last_coverage: dict[str, Any] = {}

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedistill.algorithms.base import keep_if_best
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import calibrated
 from fedistill.algorithms.fediod.options import (
     set_lr,
 )
+from fedistill.algorithms.selection import clients_validation_score, keep_if_best
 from fedistill.algorithms.training import test_metrics
 from fedistill.errors import FederationError
 from fedistill.experiment.plots import plot_image_grid
@@ -210,15 +210,13 @@ class StudentSteps:
             metrics = test
         selection = self.options.selection
         if selection == "validation":
-            request = Message.build("evaluate.student", arrays={"parameters": self.student.state_dict()})
-            expect = ReplySpec(metrics=(f"val_{headline}", "val_count"))
-            replies = successful(
-                fleet.broadcast(request, timeout=self.ctx.config.timeout or None, expect=expect),
-                what="validation metrics",
+            score = clients_validation_score(
+                fleet,
+                "evaluate.student",
+                self.student,
+                f"val_{headline}",
+                timeout=self.ctx.config.timeout or None,
             )
-            counts = np.array([float(r.scalar("metrics", "val_count")) for r in replies.values()])
-            scores = np.array([float(r.scalar("metrics", f"val_{headline}")) for r in replies.values()])
-            score = float(np.average(scores, weights=counts)) if counts.sum() > 0 else 0.0
             metrics[f"val_{headline}"] = score
         elif selection == "best-on-test":
             score = metrics[f"test_{headline}"]
