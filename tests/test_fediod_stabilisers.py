@@ -94,9 +94,8 @@ def test_the_pool_keeps_the_newest_samples_and_samples_reproducibly():
 
 def test_the_stabilisers_send_nothing_new_and_no_parameters(tmp_path):
     plain = run_suite(_config(), tmp_path / "plain", progress=False)[0]
-    stable = run_suite(_config(w_bn=10.0, pool_size=256, pool_steps=3), tmp_path / "stable", progress=False)[
-        0
-    ]
+    stabilisers = _config(w_bn=10.0, pool_size=256, pool_steps=3, pool_generator_batch=True)
+    stable = run_suite(stabilisers, tmp_path / "stable", progress=False)[0]
     assert stable["communication"][UP]["per_kind"].get("parameters", 0) == 0
 
     def kinds(run: str) -> list:
@@ -108,7 +107,8 @@ def test_the_stabilisers_send_nothing_new_and_no_parameters(tmp_path):
 
 
 def test_a_resumed_run_with_the_stabilisers_is_exact(tmp_path):
-    config = build_config(_config(w_bn=10.0, pool_size=256, pool_steps=3), {"rounds": 3})
+    stabilisers = _config(w_bn=10.0, pool_size=256, pool_steps=3, pool_generator_batch=True)
+    config = build_config(stabilisers, {"rounds": 3})
     check_resume_after_crash(config, FedIODServer, tmp_path)
 
 
@@ -132,6 +132,32 @@ def test_replay_steps_draw_pool_batch_size_samples(monkeypatch):
         server.distillation_step(fleet)
         server.distillation_step(fleet)  # the first step's S-steps ride on the second's query
         assert drawn and set(drawn) == {expected}
+
+
+def test_the_generator_batch_joins_the_pool_with_the_targets_its_query_returned():
+    """`pool_generator_batch`: after a G-step the pool holds that step's batch, G's samples before its
+    update, with the class-share ensemble of the logits the clients sent for G's loss."""
+    config = _config(
+        pool_size=10_000, pool_steps=1, pool_generator_batch=True, ensemble_weighting="class-share"
+    )
+    clients, server, fleet = _built(config)
+    generator = copy.deepcopy(server.generator)
+    server.distillation_step(fleet)
+    b = server.options.synthetic_batch_size
+    assert len(server.pool) == b  # step 0's S-steps ride on step 1's query: only G's batch so far
+    x = generator(generator.sample_latent(b, torch_generator(0, "latent", 0))).detach()
+    torch.testing.assert_close(server.pool.x, x)
+    ids = sorted(clients)
+    with torch.no_grad():
+        logits = torch.stack([clients[k].teacher(x) for k in ids])
+    share = server.federation.share(ids, logits.shape[-1])
+    want = L.ensemble_logits(logits, L.importance_weights(share, None))
+    torch.testing.assert_close(server.pool.targets, want, rtol=1e-4, atol=1e-5)
+    server.distillation_step(fleet)
+    assert len(server.pool) == 2 * b + server.options.student_steps * b
+    _, plain, plain_fleet = _built(build_config(config, {"fediod": {"pool_generator_batch": False}}))
+    plain.distillation_step(plain_fleet)
+    assert len(plain.pool) == 0
 
 
 def test_pool_steps_without_a_pool_are_refused():

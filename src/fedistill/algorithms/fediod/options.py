@@ -103,6 +103,9 @@ class FedIODOptions(DPOptions):
     pool_size: int = 0  # synthetic samples kept with their ensemble targets for replay (0: no pool)
     pool_steps: int = 0  # extra S-steps per G-step on batches drawn from the pool
     pool_batch_size: int = 0  # samples per replay step (0: synthetic_batch_size)
+    # The G-step's own batch joins the pool too, with the ensemble targets its query already returned:
+    # more distinct labelled samples at no extra query (classification only; false: only the S-steps')
+    pool_generator_batch: bool = False
     student_noise: float = 0.0  # std of Gaussian noise on G's samples for the S-steps (normalised units)
     # raw (the paper) | scaled (mixed architectures) | centred (one-class sites) | auto (centred if any)
     teacher_logits: str = "raw"
