@@ -1,0 +1,47 @@
+"""benchmarks/fediod_demo_variants.py: cells and variants parse as documented, and the table compares
+each variant with `base` on exactly the seeds both ran."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import fediod_demo_variants as sweep
+
+
+def test_cells_and_variants_parse_as_documented():
+    assert sweep.parse_cells("10:0.5:3-5,20:0.1:0+7-8") == [(10, "0.5", [3, 4, 5]), (20, "0.1", [0, 7, 8])]
+    variants = sweep.parse_variants(["n=fediod.student_noise=0.85", "two=fediod.tau=2.0;fediod.w_adv=0.1"])
+    assert variants == {
+        "base": [],
+        "n": ["fediod.student_noise=0.85"],
+        "two": ["fediod.tau=2.0", "fediod.w_adv=0.1"],
+    }
+    with pytest.raises(SystemExit, match="NAME=KEY=VALUE"):
+        sweep.parse_variants(["noise"])
+
+
+def _row(variant, seed, test, ens=0.98, **extra):
+    return {"variant": variant, "clients": 10, "alpha": 0.5, "seed": seed, "test_accuracy": test,
+            "ensemble_accuracy": ens, "wall_time_s": 40.0, **extra}  # fmt: skip
+
+
+def test_the_table_pairs_each_variant_with_base_on_the_same_seeds():
+    rows = [
+        _row("base", 3, 0.90, fedavg_accuracy=0.97),
+        _row("base", 4, 0.94, fedavg_accuracy=0.95),
+        _row("v", 3, 0.92),  # +2 points
+        _row("v", 4, 0.93),  # -1 point
+        _row("v", 5, 0.99),  # no base run at seed 5: in the mean, not in the pairing
+        {"variant": "v", "clients": 10, "alpha": 0.5, "seed": 6, "error": "boom"},
+    ]
+    lines = sweep.table(rows)
+    variant = next(line for line in lines if "| v |" in line)
+    cells = [c.strip() for c in variant.split("|")[1:-1]]
+    assert cells[3] == "3,4,5"
+    assert cells[4] == f"{100 * (0.92 + 0.93 + 0.99) / 3:.2f}"
+    assert cells[5] == "+0.50 (2)" and cells[6] == "1 / 1"
+    assert any("FedAvg 96.00%" in line for line in lines)
+    assert lines[-1] == "- v K=10 alpha=0.5 seed 6: boom"
