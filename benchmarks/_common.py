@@ -17,6 +17,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+DEMO = HERE.parent / "src" / "fedistill" / "experiment" / "demo.toml"
 
 
 def benchmark_parser(doc: str | None) -> argparse.ArgumentParser:
@@ -154,3 +155,28 @@ def run_fediod(args: argparse.Namespace, name: str, model: str, sets: Sequence[s
         out=out,
         sets=[PAPER_PRESET, *sets],
     )
+
+
+def run_on_demo(
+    *,
+    algorithms: str,
+    name: str,
+    out: str | Path,
+    clients: int,
+    alpha: str,
+    seed: int,
+    sets: Sequence[str],
+    extra: Sequence[str] = (),
+) -> str | None:
+    """One `fedistill run` on the digits demo's settings (demo.toml) plus `sets`, as its own process at one
+    torch thread; `extra` are further command-line options (`--dataset`, `--data-dir`). Returns the last
+    line of its error output if it failed (e.g. a partition that leaves a client without data: a row of
+    the table, not a crash), else None."""
+    items = ["threads=1", *sets]
+    done = subprocess.run(
+        [sys.executable, "-m", "fedistill.cli", "run", "--quiet", "--config", str(DEMO), "--algorithm", algorithms,
+         *extra, "--clients", str(clients), "--alpha", alpha, "--seed", str(seed), "--out", str(out),
+         "--name", name, *[x for s in items for x in ("--set", s)]],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["?"])[-1]

@@ -22,27 +22,29 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from _common import HERE, RESULTS, add_seed_and_out, benchmark_parser
-
-DEMO = HERE.parent / "src" / "fedistill" / "experiment" / "demo.toml"
+from _common import RESULTS, add_seed_and_out, benchmark_parser, run_on_demo
 
 
 def parse_cells(text: str) -> list[tuple[int, str, list[int]]]:
     """`K:alpha:seeds` items, seeds as `3-11` or `0,1,2` joined by `+` (`10:0.5:3-11`)."""
     cells = []
     for item in text.split(","):
-        k, alpha, seeds = item.split(":")
-        chosen: list[int] = []
-        for part in seeds.split("+"):
-            low, _, high = part.partition("-")
-            chosen += list(range(int(low), int(high or low) + 1))
+        try:
+            k, alpha, seeds = item.split(":")
+            float(alpha)
+            chosen: list[int] = []
+            for part in seeds.split("+"):
+                low, _, high = part.partition("-")
+                chosen += list(range(int(low), int(high or low) + 1))
+        except ValueError:
+            raise SystemExit(
+                f"--cells {item!r}: expected K:alpha:seeds, e.g. 10:0.5:3-11 or 10:0.1:0+3-5"
+            ) from None
         cells.append((int(k), alpha, chosen))
     return cells
 
@@ -60,18 +62,14 @@ def parse_variants(items: list[str]) -> dict[str, list[str]]:
 def run(args: Any, variant: str, sets: list[str], k: int, alpha: str, seed: int) -> dict[str, Any]:
     name = f"variant-{variant}-K{k}-alpha{alpha}-seed{seed}" + (f"-{args.tag}" if args.tag else "")
     algorithms = "fediod,fedavg" if args.fedavg and variant == "base" else "fediod"
-    items = ["threads=1", *sets]
     row: dict[str, Any] = {"variant": variant, "clients": k, "alpha": float(alpha), "seed": seed}
     folder = Path(args.out) / name
     if not (args.reuse and (folder / "fediod" / "summary.json").is_file()):
-        done = subprocess.run(
-            [sys.executable, "-m", "fedistill.cli", "run", "--quiet", "--config", str(DEMO), "--algorithm",
-             algorithms, "--clients", str(k), "--alpha", alpha, "--seed", str(seed), "--out", args.out,
-             "--name", name, *[x for s in items for x in ("--set", s)]],
-            capture_output=True, text=True,
-        )  # fmt: skip
-        if done.returncode != 0:
-            return row | {"error": (done.stderr.strip().splitlines() or ["?"])[-1]}
+        error = run_on_demo(
+            algorithms=algorithms, name=name, out=args.out, clients=k, alpha=alpha, seed=seed, sets=sets
+        )
+        if error is not None:
+            return row | {"error": error}
     summary = json.loads((folder / "fediod" / "summary.json").read_text())
     final = summary["final"]
     row |= {
@@ -143,6 +141,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.report:
         path = Path(args.report)
+        if not path.is_file():
+            parser.error(f"--report {path}: no such results file")
         payload = json.loads(path.read_text())
         header = [f"# FedIOD demo variants on their own seeds ({payload.get('where', 'this machine')})", "",
                   f"Command: `{payload['command']}`", ""]  # fmt: skip

@@ -27,16 +27,13 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from _common import HERE, RESULTS, add_seed_and_out, benchmark_parser
+from _common import RESULTS, add_seed_and_out, benchmark_parser, run_on_demo
 from fedistill.experiment.rundir import read_jsonl
 
-DEMO = HERE.parent / "src" / "fedistill" / "experiment" / "demo.toml"
 # the stabilisers off, and the demo's digits-only input noise and ensemble weighting back to the paper's
 PAPER = ["fediod.w_bn=0.0", "fediod.pool_size=0", "fediod.pool_steps=0", "fediod.mimic='l2'",
          "fediod.student_noise=0.0", "fediod.ensemble_weighting='eq8'"]  # fmt: skip
@@ -63,21 +60,18 @@ def run(args: Any, dataset: str, clients: int, alpha: str, seed: int) -> dict[st
     name += f"-{args.tag}" if args.tag else ""
     folder = Path(args.out) / name / "fediod"
     if not (args.reuse and (folder / "summary.json").is_file()):
-        sets = ["threads=1", *(PAPER if args.paper else []), *overrides(args), *args.set]
-        done = subprocess.run(
-            [sys.executable, "-m", "fedistill.cli", "run", "--quiet", "--config", str(DEMO), "--algorithm", "fediod",
-             "--dataset", dataset, "--data-dir", args.data_dir, "--clients", str(clients), "--alpha", alpha,
-             "--seed", str(seed), "--out", args.out, "--name", name, *[x for s in sets for x in ("--set", s)]],
-            capture_output=True, text=True,
+        error = run_on_demo(
+            algorithms="fediod", name=name, out=args.out, clients=clients, alpha=alpha, seed=seed,
+            sets=[*(PAPER if args.paper else []), *overrides(args), *args.set],
+            extra=["--dataset", dataset, "--data-dir", args.data_dir],
         )  # fmt: skip
-        if done.returncode != 0:  # e.g. a partition that leaves a client without data: a row, not a crash
-            reason = (done.stderr.strip().splitlines() or ["?"])[-1]
+        if error is not None:
             return {
                 "dataset": dataset,
                 "clients": clients,
                 "alpha": float(alpha),
                 "seed": seed,
-                "error": reason,
+                "error": error,
             }
     summary = json.loads((folder / "summary.json").read_text())
     final, rows = summary["final"], read_jsonl(folder / "metrics.jsonl")

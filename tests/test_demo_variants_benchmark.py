@@ -21,6 +21,9 @@ def test_cells_and_variants_parse_as_documented():
     }
     with pytest.raises(SystemExit, match="NAME=KEY=VALUE"):
         sweep.parse_variants(["noise"])
+    for bad in ("10:0.5", "10:half:3-5", "10:0.5:three"):
+        with pytest.raises(SystemExit, match="K:alpha:seeds"):
+            sweep.parse_cells(bad)
 
 
 def _row(variant, seed, test, ens=0.98, **extra):

@@ -14,6 +14,7 @@ from fedistill.algorithms.bn_matching import batchnorm_statistics_loss
 from fedistill.algorithms.fediod import FedIODOptions, FedIODServer
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import auto_mode, calibrated, one_class_sites
+from fedistill.algorithms.fediod.options import resolve_options
 from fedistill.algorithms.synthetic_pool import SyntheticPool
 from fedistill.errors import ConfigError
 from fedistill.experiment.config import RunConfig, build_config, options_for
@@ -163,6 +164,16 @@ def test_the_generator_batch_joins_the_pool_with_the_targets_its_query_returned(
 def test_pool_steps_without_a_pool_are_refused():
     with pytest.raises(ConfigError, match="pool_size"):
         options_for(_config(pool_steps=2), "fediod", FedIODOptions)
+
+
+def test_the_generator_batch_without_a_pool_or_on_a_dense_task_is_refused():
+    with pytest.raises(ConfigError, match="pool_size"):
+        options_for(_config(pool_generator_batch=True), "fediod", FedIODOptions)
+    config = _config(pool_size=256, pool_generator_batch=True)
+    options = options_for(config, "fediod", FedIODOptions)
+    with pytest.raises(ConfigError, match="classification"):
+        resolve_options(config, options, dense=True)
+    assert resolve_options(config, options, dense=False).pool_generator_batch
 
 
 def test_scaled_teacher_logits_put_mixed_architectures_on_one_scale():

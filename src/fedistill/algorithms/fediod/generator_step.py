@@ -160,9 +160,10 @@ class GeneratorStep:
         weights = self._weights(logits.detach(), ratio, answered)
         self.student.train()
         ensemble = L.ensemble_logits(logits, weights)
-        if options.pool_size and options.pool_generator_batch and not view.dense:
-            self.pool.add(view.model_input(x.detach(), self._mask_index(self.step, 0)), ensemble.detach())
-        student_out = view.rows(self.student(view.model_input(x_server, self._mask_index(self.step, 0))))
+        student_in = view.model_input(x_server, self._mask_index(self.step, 0))
+        if options.pool_generator_batch:  # classification only (resolve_options)
+            self.pool.add(student_in, ensemble)
+        student_out = view.rows(self.student(student_in))
         mimic = L.mimic_loss(student_out, ensemble, mode=options.mimic, tau=options.tau)
         server_loss = -options.w_adv * mimic
         unique = torch.zeros(())

@@ -200,6 +200,8 @@ class FedIODOptions(DPOptions):
         filled = PRESET_CHANGES[effective_preset(self.preset, dense=False)] if preset_fills else {}
         if self.pool_steps and not (self.pool_size or filled.get("pool_size", 0)):
             raise ConfigError("fediod.pool_steps replays the pool: set fediod.pool_size > 0 too")
+        if self.pool_generator_batch and not (self.pool_size or filled.get("pool_size", 0)):
+            raise ConfigError("fediod.pool_generator_batch adds to the pool: set fediod.pool_size > 0 too")
 
     @property
     def needs_label_counts(self) -> bool:
@@ -267,6 +269,8 @@ def effective_preset(preset: str, *, dense: bool) -> str:
 def resolve_options(config: RunConfig, options: FedIODOptions, *, dense: bool) -> FedIODOptions:
     """Apply the preset's changes to every key the user did not set; `preset` names the one applied."""
     preset = effective_preset(options.preset, dense=dense)
+    if dense and options.pool_generator_batch:
+        raise ConfigError("fediod.pool_generator_batch is for classification; this task is dense")
     changes = PRESET_CHANGES[preset]
     if not changes:
         return dataclasses.replace(options, preset=preset)
