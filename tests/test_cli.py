@@ -83,6 +83,18 @@ def test_run_without_options_runs_the_demo_config(capsys):
     assert "running the demo" in capsys.readouterr().err
     assert config.algorithms == ["fediod", "standalone", "fedavg", "centralized"]
     assert config.dataset == "digits" and DEMO_CONFIG.is_file()
-    # any option means: the plain defaults, not the demo
+    # any option that changes the experiment means: the plain defaults, not the demo
     plain = config_from_args(build_parser().parse_args(["run", "--rounds", "2"]))
     assert plain.algorithm != config.algorithm and "fediod" not in plain.options
+
+
+def test_where_a_run_goes_does_not_cancel_the_demo(tmp_path, capsys):
+    """`--out`, `--name`, `--device` and `--transport` say where and how the demo runs, not what."""
+    from fedistill.cli import build_parser, config_from_args
+
+    argv = ["run", "--out", str(tmp_path), "--name", "mine", "--device", "cpu", "--transport", "inprocess"]
+    config = config_from_args(build_parser().parse_args(argv))
+    assert "running the demo" in capsys.readouterr().err
+    assert config.algorithms == ["fediod", "standalone", "fedavg", "centralized"]
+    assert config.out == str(tmp_path) and config.name == "mine" and config.device == "cpu"
+    assert config.options["fediod"]["student_noise"] == 0.5

@@ -16,12 +16,13 @@ from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import auto_mode, calibrated, one_class_sites
 from fedistill.algorithms.fediod.options import resolve_options
 from fedistill.algorithms.synthetic_pool import SyntheticPool
+from fedistill.data.transforms import random_shift
 from fedistill.errors import ConfigError
 from fedistill.experiment.config import RunConfig, build_config, options_for
 from fedistill.experiment.runner import run_suite
 from fedistill.federation.inprocess import InProcessFleet
 from fedistill.federation.ledger import UP, Ledger, read_ledger
-from fedistill.seeding import torch_generator
+from fedistill.seeding import numpy_generator, torch_generator
 
 
 def _config(**fediod) -> RunConfig:
@@ -333,6 +334,32 @@ def test_student_noise_adds_seeded_gaussian_noise_to_the_s_step_inputs():
         options_for(_config(student_noise=-0.1), "fediod", FedIODOptions)
 
 
+def test_student_shift_and_mixup_move_then_mix_gs_samples_with_the_steps_seeded_draws():
+    """`student_shift` then `student_mixup`: the S-steps' query carries G's samples, each moved by its
+    own seeded offset (edges repeated), then lam x + (1 - lam) x[partner] with lam ~ Beta(a, a)."""
+    _, clean, _ = _built(_config())
+    _, shifted, _ = _built(_config(student_shift=1))
+    _, mixed, _ = _built(_config(student_shift=1, student_mixup=0.4))
+    x = clean._student_inputs(1e-3).x
+    seed = clean.ctx.config.seed
+    moved = random_shift(x, 1, torch_generator(seed, "student-shift", 0))
+    torch.testing.assert_close(shifted._student_inputs(1e-3).x, moved)
+    assert not torch.equal(moved, x)
+    lam = torch.from_numpy(numpy_generator(seed, "student-mixup", 0).beta(0.4, 0.4, size=len(x))).float()
+    partner = torch.randperm(len(x), generator=torch_generator(seed, "student-mixup", 0))
+    want = lam[:, None, None, None] * moved + (1 - lam[:, None, None, None]) * moved[partner]
+    torch.testing.assert_close(mixed._student_inputs(1e-3).x, want)
+
+
+def test_student_shift_and_mixup_are_refused_on_dense_tasks_and_below_zero():
+    with pytest.raises(ConfigError, match="student_shift"):
+        options_for(_config(student_shift=-1), "fediod", FedIODOptions)
+    for key, value in (("student_shift", 1), ("student_mixup", 0.4)):
+        options = FedIODOptions(**{key: value})
+        with pytest.raises(ConfigError, match=f"{key} is for classification"):
+            resolve_options(_config(**{key: value}), options, dense=True)
+
+
 def test_the_default_preset_beats_the_papers_settings_on_digits(tmp_path):
     """Robust by default: on real digits (K = 5, alpha 0.5, small-cnn, 36 G-steps) the default preset's
     student clearly beats the paper's settings on the same teachers and budget (measured 40.00 against
@@ -352,3 +379,61 @@ def test_the_default_preset_beats_the_papers_settings_on_digits(tmp_path):
         assert final["teacher_mean_accuracy"] > 0
     assert students["auto"] >= students["paper"] + 0.07, students
     assert students["auto"] > 0.3, students  # three times chance on ten classes
+
+
+def test_student_ema_validates_and_hands_over_the_average_of_every_s_step(monkeypatch):
+    """`student_ema = d`: after S-steps with weights w_1..w_n from w_0, the handed-over student is
+    d^n w_0 + sum_i (1 - d) d^(n - i) w_i; it is what the clients validate and what selection keeps."""
+    decay = 0.8
+    _, server, fleet = _built(_config(student_ema=decay, pool_size=256, pool_steps=2))
+    weights = [[p.detach().clone() for p in server.student.parameters()]]
+    step = server._student_optimizer_step
+
+    def record(loss):
+        step(loss)
+        weights.append([p.detach().clone() for p in server.student.parameters()])
+
+    monkeypatch.setattr(server, "_student_optimizer_step", record)
+    for _ in range(3):
+        server.distillation_step(fleet)
+    assert len(weights) > 3  # S-steps and replay steps both count
+    want = weights[0]
+    for w in weights[1:]:
+        want = [decay * a + (1 - decay) * b for a, b in zip(want, w, strict=True)]
+    for got, expected in zip(server.student_average.model.parameters(), want, strict=True):
+        torch.testing.assert_close(got, expected)
+    sent = []
+    original = fleet.broadcast
+
+    def spy(request, *args, **kwargs):
+        if request.type == "evaluate.student":
+            sent.append(request)
+        return original(request, *args, **kwargs)
+
+    monkeypatch.setattr(fleet, "broadcast", spy)
+    server.evaluate(fleet, 1)
+    averaged = server.student_average.model.state_dict()
+    assert sent and all(
+        torch.equal(sent[0].tensor("parameters", key), value.cpu()) for key, value in averaged.items()
+    )
+    assert all(torch.equal(server.best["state"][key], value) for key, value in averaged.items())
+
+
+def test_student_ema_sends_nothing_new_and_resumes_exactly(tmp_path):
+    plain = run_suite(_config(), tmp_path / "plain", progress=False)[0]
+    ema = run_suite(_config(student_ema=0.9), tmp_path / "ema", progress=False)[0]
+
+    def kinds(run: str) -> list:
+        records = read_ledger(tmp_path / run / "fediod" / "ledger.jsonl")
+        return [(r["direction"], r["type"], sorted(r["kinds"])) for r in records]
+
+    assert kinds("ema") == kinds("plain")
+    assert ema["final"]["test_loss"] != plain["final"]["test_loss"]  # the option does act
+    config = build_config(_config(student_ema=0.9, pool_size=256, pool_steps=2), {"rounds": 3})
+    check_resume_after_crash(config, FedIODServer, tmp_path / "resume")
+
+
+@pytest.mark.parametrize("decay", [-0.1, 1.0])
+def test_a_student_ema_outside_zero_to_one_is_refused(decay):
+    with pytest.raises(ConfigError, match="student_ema"):
+        FedIODOptions(student_ema=decay).validate()

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from fedistill.data.base import DatasetInfo, ImageSet
-from fedistill.data.transforms import augment, batches, normalize, to_float
+from fedistill.data.transforms import augment, batches, normalize, random_shift, to_float
 from fedistill.errors import ConfigError
 
 
@@ -59,6 +59,19 @@ def test_crop_moves_content_by_the_drawn_offset() -> None:
     assert out[i, 0].tolist() == [[0, 0, 0], [0, 1, 2], [0, 4, 5]]
     j = next(k for k in range(64) if dy[k] == 2 and dx[k] == 1)
     assert out[j, 0].tolist() == [[4, 5, 6], [7, 8, 9], [0, 0, 0]]
+
+
+def test_random_shift_repeats_the_edge_pixels_into_the_gap() -> None:
+    x = torch.arange(1.0, 10.0).view(1, 1, 3, 3).repeat(64, 1, 1, 1)
+    out = random_shift(x, 1, gen(5))
+    g = gen(5)
+    dy = torch.randint(0, 3, (64,), generator=g)
+    dx = torch.randint(0, 3, (64,), generator=g)
+    i = next(k for k in range(64) if dy[k] == 0 and dx[k] == 0)  # one pixel down and right
+    assert out[i, 0].tolist() == [[1, 1, 2], [1, 1, 2], [4, 4, 5]]
+    j = next(k for k in range(64) if dy[k] == 2 and dx[k] == 1)  # one pixel up
+    assert out[j, 0].tolist() == [[4, 5, 6], [7, 8, 9], [7, 8, 9]]
+    assert torch.equal(random_shift(x, 0, gen(5)), x)
 
 
 def test_flip_is_per_sample_with_half_probability() -> None:

@@ -40,6 +40,8 @@ FLAG_KEYS = {
 
 #: What `fedistill run` runs when given no options: the main job on the embedded digits data.
 DEMO_CONFIG = Path(__file__).parent / "experiment" / "demo.toml"
+#: Flags that say where and how a run goes, not what it runs: with only these, `run` still runs the demo.
+PLACEMENT_KEYS = {"out", "name", "transport", "device"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,8 +98,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
     layers: list[dict[str, Any]] = []
     flags = {key: getattr(args, flag) for flag, key in FLAG_KEYS.items() if getattr(args, flag) is not None}
-    if not (args.config or flags or args.set or args.download):
-        print(f"fedistill: no options given, running the demo: {DEMO_CONFIG}", file=sys.stderr)
+    chosen = set(flags) - PLACEMENT_KEYS
+    if not (args.config or chosen or args.set or args.download):
+        print(f"fedistill: no experiment options given, running the demo: {DEMO_CONFIG}", file=sys.stderr)
         layers.append(load_toml(DEMO_CONFIG))
     if args.config:
         layers.append(load_toml(args.config))

@@ -68,10 +68,13 @@ def fit_uint8(images: torch.Tensor, channels: int, size: int) -> torch.Tensor:
     return (fit_images(x01, channels, size) * 255.0).round().to(torch.uint8)
 
 
-def _random_crop(x: torch.Tensor, padding: int, generator: torch.Generator | None) -> torch.Tensor:
-    """Zero-pad by `padding` on every side, then cut an HxW window at a per-sample random offset."""
+def _random_crop(
+    x: torch.Tensor, padding: int, generator: torch.Generator | None, mode: str = "constant"
+) -> torch.Tensor:
+    """Pad by `padding` on every side (zeros, or with `mode = "replicate"` the edge pixels repeated), then
+    cut an HxW window at a per-sample random offset."""
     b, c, h, w = x.shape
-    padded = torch.nn.functional.pad(x, (padding, padding, padding, padding))  # zeros = black
+    padded = torch.nn.functional.pad(x, (padding, padding, padding, padding), mode=mode)  # zeros = black
     gen_device = generator.device if generator is not None else torch.device("cpu")
     dy = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=gen_device).to(x.device)
     dx = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=gen_device).to(x.device)
@@ -104,6 +107,13 @@ def augment(x: torch.Tensor, info: DatasetInfo, generator: torch.Generator | Non
     offsets are drawn first, then the flips, all from `generator` (the global RNG if None).
     """
     return _augment(x, info, generator)
+
+
+def random_shift(x: torch.Tensor, pixels: int, generator: torch.Generator | None) -> torch.Tensor:
+    """Each image of a float batch (B, C, H, W) moved by its own random offset of up to `pixels` in each
+    direction, the edge pixels repeated into the gap: for images already normalised, where zero padding
+    would not be the background."""
+    return _random_crop(x, pixels, generator, mode="replicate") if pixels > 0 else x
 
 
 def batches(

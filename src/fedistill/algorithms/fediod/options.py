@@ -107,6 +107,14 @@ class FedIODOptions(DPOptions):
     # more distinct labelled samples at no extra query (classification only; false: only the S-steps')
     pool_generator_batch: bool = False
     student_noise: float = 0.0  # std of Gaussian noise on G's samples for the S-steps (normalised units)
+    # Before the clients label them for the S-steps, G's samples may also be moved by a random offset of up
+    # to `student_shift` pixels each way (edges repeated), then mixed in pairs with a Beta(a, a) weight,
+    # a = `student_mixup` (0: neither, the paper); classification only
+    student_shift: int = 0
+    student_mixup: float = 0.0
+    # > 0: the student that is validated, selected and handed over is an exponential moving average of the
+    # trained student's weights with this decay per S-step (0: the trained student itself, the paper)
+    student_ema: float = 0.0
     # raw (the paper) | scaled (mixed architectures) | centred (one-class sites) | auto (centred if any)
     teacher_logits: str = "raw"
     # shared (the paper): one G whose every sample must fool every D_k (Eq. 2), which pulls G towards what
@@ -175,6 +183,8 @@ class FedIODOptions(DPOptions):
         for key in ("lr_generator", "lr_discriminator", "lr_student", "tau"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"fediod.{key} must be > 0")
+        if not 0.0 <= self.student_ema < 1.0:
+            raise ConfigError(f"fediod.student_ema is a decay in [0, 1); got {self.student_ema}")
         for key in (
             "generator_width",
             "discriminator_width",
@@ -183,6 +193,8 @@ class FedIODOptions(DPOptions):
             "pool_steps",
             "pool_batch_size",
             "student_noise",
+            "student_shift",
+            "student_mixup",
             "collapse_patience",
             "mask_pool",
             "noise_channels",
@@ -269,8 +281,9 @@ def effective_preset(preset: str, *, dense: bool) -> str:
 def resolve_options(config: RunConfig, options: FedIODOptions, *, dense: bool) -> FedIODOptions:
     """Apply the preset's changes to every key the user did not set; `preset` names the one applied."""
     preset = effective_preset(options.preset, dense=dense)
-    if dense and options.pool_generator_batch:
-        raise ConfigError("fediod.pool_generator_batch is for classification; this task is dense")
+    for key in ("pool_generator_batch", "student_shift", "student_mixup"):
+        if dense and getattr(options, key):
+            raise ConfigError(f"fediod.{key} is for classification; this task is dense")
     changes = PRESET_CHANGES[preset]
     if not changes:
         return dataclasses.replace(options, preset=preset)

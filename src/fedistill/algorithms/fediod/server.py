@@ -33,6 +33,7 @@ from fedistill.algorithms.selection import nothing_selected
 from fedistill.algorithms.stage1 import teachers_from_cache
 from fedistill.algorithms.synthetic_pool import SyntheticPool
 from fedistill.algorithms.training import new_model, task_of
+from fedistill.algorithms.weight_average import WeightAverage
 from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import ArraySpec, Message
@@ -90,6 +91,9 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             )
         else:
             self.s_optimizer = torch.optim.Adam(self.student.parameters(), lr=options.lr_student)
+        self.student_average = (
+            WeightAverage(self.student, options.student_ema) if options.student_ema else None
+        )
         self.federation: Federation | None = None
         self.iters = 0
         self.step = 0
@@ -257,6 +261,9 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             "student": clone_state(self.student),
             "g_optimizer": self.g_optimizer.state_dict(),
             "s_optimizer": self.s_optimizer.state_dict(),
+            "student_average": (
+                None if self.student_average is None else clone_state(self.student_average.model)
+            ),
             "step": self.step,
             "iters": self.iters,
             "best": self.best,
@@ -278,6 +285,8 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
         self.student.load_state_dict(state["student"])
         self.g_optimizer.load_state_dict(state["g_optimizer"])
         self.s_optimizer.load_state_dict(state["s_optimizer"])
+        if self.student_average is not None:
+            self.student_average.load_state_dict(state["student_average"])
         self.step, self.iters = int(state["step"]), int(state["iters"])
         self.best, self.reference = state["best"], dict(state["reference"])
         self.epsilons = {int(k): float(v) for k, v in state.get("epsilons", {}).items()}

@@ -18,13 +18,14 @@ from fedistill.algorithms.fediod.options import (
 )
 from fedistill.algorithms.selection import clients_validation_score, keep_if_best
 from fedistill.algorithms.training import test_metrics
+from fedistill.data.transforms import random_shift
 from fedistill.errors import FederationError
 from fedistill.experiment.plots import plot_image_grid
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import ArraySpec, Message
 from fedistill.federation.reply_spec import ReplySpec
 from fedistill.metrics.generation import adapted_inception_score, class_coverage
-from fedistill.seeding import torch_generator
+from fedistill.seeding import numpy_generator, torch_generator
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +54,25 @@ class StudentSteps:
         with torch.no_grad():
             draw = self._draw(n * b, latent_gen)
             x = self._generate(draw, latent_gen)
+            x = self._shifted_and_mixed(x)
             if self.options.student_noise:
                 noise_gen = torch_generator(self.ctx.config.seed, "student-noise", self.step)
                 x = x + self.options.student_noise * torch.randn(x.shape, generator=noise_gen).to(x.device)
         return StudentBatch(x, draw.masks, lr, self._mask_index(self.step, b), self.step)
+
+    def _shifted_and_mixed(self, x: torch.Tensor) -> torch.Tensor:
+        """G's samples moved by `student_shift` pixels at most, then mixed in pairs (`student_mixup`), with
+        draws seeded by the G-step: the clients label exactly what the student then trains on."""
+        options, seed = self.options, self.ctx.config.seed
+        if options.student_shift:
+            x = random_shift(x, options.student_shift, torch_generator(seed, "student-shift", self.step))
+        if options.student_mixup:
+            a = options.student_mixup
+            weight = numpy_generator(seed, "student-mixup", self.step).beta(a, a, size=len(x))
+            lam = torch.from_numpy(weight).to(x)[:, None, None, None]
+            partner = torch.randperm(len(x), generator=torch_generator(seed, "student-mixup", self.step))
+            x = lam * x + (1.0 - lam) * x[partner.to(x.device)]
+        return x
 
     def _student_steps(self, fleet: Fleet, clients: list[int], batch: StudentBatch | None = None) -> float:
         """One `query.student` exchange for the S-steps' targets, then the S-steps."""
@@ -124,9 +140,7 @@ class StudentSteps:
                 raise FederationError(
                     f"the student's loss is {float(loss)} at step {self.step}; lower fediod.lr_student"
                 )
-            self.s_optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.s_optimizer.step()
+            self._student_optimizer_step(loss)
             losses.append(loss.item())
         if options.pool_size:
             self.pool.add(inputs, targets if not view.dense else per_sample)
@@ -148,9 +162,19 @@ class StudentSteps:
             loss = L.mimic_loss(
                 out, target.reshape(-1, target.shape[-1]), mode=options.mimic, tau=options.tau
             )
-            self.s_optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.s_optimizer.step()
+            self._student_optimizer_step(loss)
+
+    def _student_optimizer_step(self, loss: torch.Tensor) -> None:
+        self.s_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.s_optimizer.step()
+        if self.student_average is not None:
+            self.student_average.update(self.student)
+
+    def _handed_over(self) -> torch.nn.Module:
+        """The student that is validated, selected and handed over: the trained one, or with
+        `student_ema` the moving average of its weights."""
+        return self.student if self.student_average is None else self.student_average.model
 
     def _collapse_check(self, epoch: int) -> str | None:
         """Warn when one class takes more than `collapse_share` of G's samples; after
@@ -203,7 +227,8 @@ class StudentSteps:
 
     # --- evaluation and model selection ----------------------------------------------------------
     def evaluate(self, fleet: Fleet, round: int) -> dict[str, float]:
-        test = test_metrics(self.ctx.evaluate(self.student))
+        handed_over = self._handed_over()
+        test = test_metrics(self.ctx.evaluate(handed_over))
         headline = self.view.task.headline
         metrics = {f"test_{headline}": test[f"test_{headline}"], "test_loss": test["test_loss"]}
         if self.view.dense:
@@ -213,7 +238,7 @@ class StudentSteps:
             score = clients_validation_score(
                 fleet,
                 "evaluate.student",
-                self.student,
+                handed_over,
                 f"val_{headline}",
                 timeout=self.ctx.config.timeout or None,
             )
@@ -222,7 +247,7 @@ class StudentSteps:
             score = metrics[f"test_{headline}"]
         else:
             score = float(round)
-        self.best = keep_if_best(self.best, score, round, self.student)
+        self.best = keep_if_best(self.best, score, round, handed_over)
         return metrics
 
     def final_evaluate(self, fleet: Fleet, last: dict[str, float]) -> dict[str, float]:
