@@ -109,11 +109,16 @@ class FedIODOptions(DPOptions):
     student_noise: float = 0.0  # std of Gaussian noise on G's samples for the S-steps (normalised units)
     # Before the clients label them for the S-steps, G's samples may also be moved by a random offset of up
     # to `student_shift` pixels each way (edges repeated), then mixed in pairs with a Beta(a, a) weight,
-    # a = `student_mixup` (0: neither, the paper); classification only
+    # a = `student_mixup` (0: neither, the paper); classification only. Measured on the digits demo (K = 10,
+    # paired seeds; benchmarks/results/fediod_demo_variants_aug*.md): shift 1 and mixup 0.4 +0.74 points at
+    # alpha 0.5 (seeds 3-11, the best of nine variants there), but 0.00 on seeds 0-2, -0.21 at alpha 0.1,
+    # -0.56 at alpha 1 and -0.28 at K = 5: not a default.
     student_shift: int = 0
     student_mixup: float = 0.0
     # > 0: the student that is validated, selected and handed over is an exponential moving average of the
-    # trained student's weights with this decay per S-step (0: the trained student itself, the paper)
+    # trained student's weights with this decay per S-step (0: the trained student itself, the paper).
+    # On the digits demo (K = 10, alpha 0.5, seeds 3-5) decays 0.99 / 0.995 / 0.998 gave -0.09 / -0.19 /
+    # -0.19 points: the student plateaus from epoch 5 and the average plateaus with it.
     student_ema: float = 0.0
     # raw (the paper) | scaled (mixed architectures) | centred (one-class sites) | auto (centred if any)
     teacher_logits: str = "raw"
