@@ -9,7 +9,7 @@ published grids do not use (those use 0-2), so they stay a clean check.
 
     python benchmarks/fediod_demo_variants.py --cells 10:0.5:3-11,10:0.1:3-6 \\
         --variant noise085=fediod.student_noise=0.85 --variant poolg=fediod.pool_generator_batch=true \\
-        [--fedavg] [--jobs 2] [--tag NAME]
+        [--fedavg] [--jobs 2] [--tag NAME] [--reuse --runs-tag OTHER]
     python benchmarks/fediod_demo_variants.py --report results/fediod_demo_variants_NAME.json
 
 A variant is NAME=KEY=VALUE[;KEY=VALUE...]. Jobs go seed by seed, so a sweep cut short still holds
@@ -59,8 +59,12 @@ def parse_variants(items: list[str]) -> dict[str, list[str]]:
     return variants
 
 
+def run_name(variant: str, k: int, alpha: str, seed: int, tag: str) -> str:
+    return f"variant-{variant}-K{k}-alpha{alpha}-seed{seed}" + (f"-{tag}" if tag else "")
+
+
 def run(args: Any, variant: str, sets: list[str], k: int, alpha: str, seed: int) -> dict[str, Any]:
-    name = f"variant-{variant}-K{k}-alpha{alpha}-seed{seed}" + (f"-{args.tag}" if args.tag else "")
+    name = run_name(variant, k, alpha, seed, args.tag if args.runs_tag is None else args.runs_tag)
     algorithms = "fediod,fedavg" if args.fedavg and variant == "base" else "fediod"
     row: dict[str, Any] = {"variant": variant, "clients": k, "alpha": float(alpha), "seed": seed}
     folder = Path(args.out) / name
@@ -136,6 +140,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--reuse", action="store_true", help="keep runs that already finished")
     parser.add_argument("--tag", default="", help="suffix of the run folders and the result files")
+    parser.add_argument("--runs-tag", default=None,
+                        help="suffix of the run folders only (default: --tag): with --reuse, another sweep's "
+                        "finished runs (its base runs) serve this one and its result files stay as they are")  # fmt: skip
     parser.add_argument("--report", default="", help="only rewrite the table of this results .json")
     add_seed_and_out(parser)
     args = parser.parse_args()
@@ -151,7 +158,8 @@ def main() -> None:
     cells, variants = parse_cells(args.cells), parse_variants(args.variant)
     command = (f"python benchmarks/fediod_demo_variants.py --cells {args.cells}"
                + "".join(f" --variant {v}" for v in args.variant) + (" --fedavg" if args.fedavg else "")
-               + f" --jobs {args.jobs}" + (f" --tag {args.tag}" if args.tag else ""))  # fmt: skip
+               + f" --jobs {args.jobs}" + (f" --tag {args.tag}" if args.tag else "")
+               + (f" --runs-tag {args.runs_tag}" if args.runs_tag is not None else ""))  # fmt: skip
     stem = "fediod_demo_variants" + (f"_{args.tag}" if args.tag else "")
     header = ["# FedIOD demo variants on their own seeds", "", f"Command: `{command}`", ""]
     jobs = [(v, variants[v], k, a, s) for k, a, seeds in cells for s in seeds for v in variants]

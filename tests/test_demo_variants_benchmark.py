@@ -1,6 +1,7 @@
 """benchmarks/fediod_demo_variants.py: cells and variants parse as documented, and the table compares
 each variant with `base` on exactly the seeds both ran."""
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -48,3 +49,20 @@ def test_the_table_pairs_each_variant_with_base_on_the_same_seeds():
     assert cells[5] == "+0.50 (2)" and cells[6] == "1 / 1"
     assert any("FedAvg 96.00%" in line for line in lines)
     assert lines[-1] == "- v K=10 alpha=0.5 seed 6: boom"
+
+
+def test_runs_tag_names_the_run_folders_and_tag_the_result_files(tmp_path, monkeypatch):
+    """`--runs-tag` lets a sweep reuse another sweep's finished runs under its own result files."""
+    seen = []
+
+    def fake_run_on_demo(**kwargs):
+        seen.append(kwargs["name"])
+        return "stopped here"  # no summary is read after an error
+
+    monkeypatch.setattr(sweep, "run_on_demo", fake_run_on_demo)
+    args = argparse.Namespace(tag="new", runs_tag="old", out=str(tmp_path), fedavg=False, reuse=True)
+    row = sweep.run(args, "base", [], 10, "0.5", 3)
+    assert seen == ["variant-base-K10-alpha0.5-seed3-old"] and row["error"] == "stopped here"
+    args.runs_tag = None
+    sweep.run(args, "base", [], 10, "0.5", 3)
+    assert seen[-1] == "variant-base-K10-alpha0.5-seed3-new"
