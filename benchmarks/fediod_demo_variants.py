@@ -155,6 +155,10 @@ def main() -> None:
                   f"Command: `{payload['command']}`", ""]  # fmt: skip
         print("\n".join(write(path.stem, header, payload)))
         return
+    if args.runs_tag is not None and not args.reuse:
+        parser.error(
+            "--runs-tag names another sweep's finished runs: add --reuse, or they would be run again"
+        )
     cells, variants = parse_cells(args.cells), parse_variants(args.variant)
     command = (f"python benchmarks/fediod_demo_variants.py --cells {args.cells}"
                + "".join(f" --variant {v}" for v in args.variant) + (" --fedavg" if args.fedavg else "")

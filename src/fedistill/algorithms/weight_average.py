@@ -13,7 +13,9 @@ from torch import nn
 class WeightAverage:
     """`model` holds the average; `update` moves it a share `1 - decay` towards the trained model's
     weights. Floating-point buffers (batch-norm running statistics) are averaged the same way, the others
-    (batch counters) copied."""
+    (batch counters) copied. Not torch's `AveragedModel`: its first update replaces the average by the
+    trained weights instead of averaging from the starting copy, and with `use_buffers` it averages the
+    integer batch counters too."""
 
     def __init__(self, trained: nn.Module, decay: float) -> None:
         if not 0.0 < decay < 1.0:
@@ -33,9 +35,3 @@ class WeightAverage:
                 mine.lerp_(theirs, weight)
             else:
                 mine.copy_(theirs)
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return self.model.state_dict()
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(state)

@@ -74,7 +74,7 @@ def _random_crop(
     """Pad by `padding` on every side (zeros, or with `mode = "replicate"` the edge pixels repeated), then
     cut an HxW window at a per-sample random offset."""
     b, c, h, w = x.shape
-    padded = torch.nn.functional.pad(x, (padding, padding, padding, padding), mode=mode)  # zeros = black
+    padded = torch.nn.functional.pad(x, (padding, padding, padding, padding), mode=mode)
     gen_device = generator.device if generator is not None else torch.device("cpu")
     dy = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=gen_device).to(x.device)
     dx = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=gen_device).to(x.device)

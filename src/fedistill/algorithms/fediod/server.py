@@ -286,7 +286,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
         self.g_optimizer.load_state_dict(state["g_optimizer"])
         self.s_optimizer.load_state_dict(state["s_optimizer"])
         if self.student_average is not None:
-            self.student_average.load_state_dict(state["student_average"])
+            self.student_average.model.load_state_dict(state["student_average"])
         self.step, self.iters = int(state["step"]), int(state["iters"])
         self.best, self.reference = state["best"], dict(state["reference"])
         self.epsilons = {int(k): float(v) for k, v in state.get("epsilons", {}).items()}
