@@ -493,6 +493,38 @@ def test_digits_split_is_fixed_and_stratified() -> None:
     )
 
 
+def test_digits_crop_padding_turns_on_the_usual_augmentation() -> None:
+    """Digits train unaugmented by default; `crop_padding` gives random crops with black padding, the same
+    images (and split) otherwise, and values that would crop the digit away are refused."""
+    from fedistill.data.transforms import batches, to_float
+    from fedistill.tasks.classification import Classification
+
+    plain, padded = load_dataset("digits"), load_dataset("digits", crop_padding=1)
+    task = Classification()
+    assert not task.usual_augment(plain.info) and task.usual_augment(padded.info)
+    assert torch.equal(plain.train.x, padded.train.x) and padded.info.mean == plain.info.mean
+    first = padded.train.subset(torch.arange(64))
+    x, _ = next(
+        batches(
+            first, padded.info, 64, shuffle=False, generator=torch.Generator().manual_seed(0), augment=True
+        )
+    )
+    raw = to_float(first.x, padded.info)
+    assert not torch.allclose(x, raw)
+    # every augmented image is its original moved by at most one pixel each way, the gap black
+    background = -padded.info.mean[0] / padded.info.std[0]
+    shifted = torch.nn.functional.pad(raw, (1, 1, 1, 1), value=background)
+    for i in range(64):
+        assert any(
+            torch.allclose(x[i], shifted[i, :, 1 + dy : 9 + dy, 1 + dx : 9 + dx], atol=1e-5)
+            for dy in (-1, 0, 1)
+            for dx in (-1, 0, 1)
+        )
+    for bad in (-1, 8, 1.5, True):
+        with pytest.raises(ConfigError, match="crop_padding must be an integer from 0 to 7"):
+            load_dataset("digits", crop_padding=bad)
+
+
 def test_registry_names_and_errors(tmp_path: Path) -> None:
     assert dataset_names()[0] == "digits" and {"mnist", "emnist-byclass", "cifar100", "image-folder"} <= set(
         dataset_names()

@@ -46,6 +46,18 @@ def test_other_training_options_or_seed_train_afresh(tmp_path):
     assert len(list((tmp_path / ".cache" / "stage1").glob("*.safetensors"))) == 9
 
 
+def test_another_augmentation_trains_afresh(tmp_path):
+    """The augmentation's parameters live in the dataset's description, not in the training options: a
+    run that crops with padding must not load the teachers a run without it trained."""
+    _run(_config(augment="on"), tmp_path / "plain")  # digits: "on" without a padding crops nothing
+    padded = _run(_config(augment="on", digits={"crop_padding": 1}), tmp_path / "padded")
+    again = _run(_config(augment="on", digits={"crop_padding": 1}), tmp_path / "again")
+    assert padded["final"]["teachers_from_cache"] == 0.0
+    assert again["final"]["teachers_from_cache"] == 3.0
+    assert _same_results(padded, again)
+    assert len(list((tmp_path / ".cache" / "stage1").glob("*.safetensors"))) == 6
+
+
 def test_another_thread_count_trains_afresh(tmp_path):
     """Thread counts change float rounding: a cached model must be the one this run would train."""
     import torch

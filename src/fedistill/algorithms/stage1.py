@@ -5,8 +5,9 @@ Training them again for every method of a comparison costs time and, worse, invi
 methods that did not distil the same models. A site therefore keeps each stage-1 model it trains in
 a cache folder on its own disk, keyed by what determines the model exactly: the site's training data
 (a digest of its images and labels), the architecture and its normalisation, the training options,
-the run seed, the site's id (its random streams derive from it), the torch version, and the device type
-and thread count it trains with (both change float rounding, so a model trained on two threads is not the
+the dataset's description (its normalisation and augmentation: a crop's padding, a flip), the run seed,
+the site's id (its random streams derive from it), the torch version, and the device type and thread
+count it trains with (both change float rounding, so a model trained on two threads is not the
 one a one-thread run would train). A later run that needs exactly that model loads it instead of
 training it; anything else trains afresh.
 
@@ -40,8 +41,9 @@ from fedistill.seeding import torch_generator
 
 log = logging.getLogger(__name__)
 
-#: Bump when the stage-1 training code changes what a given key trains.
-STAGE1_FORMAT = 1
+#: Bump when the stage-1 training code changes what a given key trains (2: the dataset's description joined
+#: the key; before, a run with another crop padding or flip could load a model trained without it).
+STAGE1_FORMAT = 2
 
 
 def cache_folder(config: RunConfig, beside: Path) -> Path | None:
@@ -57,7 +59,7 @@ def stage1_key(ctx: ClientContext, architecture: str, spec: LocalTraining, purpo
     facts = {
         "format": STAGE1_FORMAT,
         "purpose": purpose,
-        "dataset": ctx.info.name,
+        "dataset": dataclasses.asdict(ctx.info),
         "architecture": architecture,
         "norm": config.norm,
         "group_norm_groups": config.group_norm_groups,

@@ -13,13 +13,19 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
+from fedistill.errors import ConfigError
 
 TEST_SIZE = 0.2
 SPLIT_SEED = 0
 
 
-def load_digits_dataset() -> LoadedDataset:
-    """Digits as uint8 (N, 1, 8, 8): the 0..16 grey levels scaled to 0..255 with round(v * 255 / 16)."""
+def load_digits_dataset(crop_padding: int = 0) -> LoadedDataset:
+    """Digits as uint8 (N, 1, 8, 8): the 0..16 grey levels scaled to 0..255 with round(v * 255 / 16).
+
+    No augmentation is usual for 8x8 digits; `crop_padding` > 0 makes `augment = "auto"` train on random
+    crops with that much black padding (one pixel is an eighth of the image)."""
+    if isinstance(crop_padding, bool) or not isinstance(crop_padding, int) or not 0 <= crop_padding < 8:
+        raise ConfigError(f"digits option crop_padding must be an integer from 0 to 7, got {crop_padding!r}")
     bunch = load_digits()
     x = np.rint(bunch.images * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)[:, None, :, :]
     y = bunch.target.astype(np.int64)
@@ -37,5 +43,6 @@ def load_digits_dataset() -> LoadedDataset:
         mean=(float(pixels.mean()),),
         std=(float(pixels.std()),),
         class_names=tuple(str(d) for d in range(10)),
+        crop_padding=crop_padding,
     )
     return LoadedDataset(info=info, train=train, test=test)

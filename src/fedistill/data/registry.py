@@ -316,10 +316,11 @@ _SYNTHETIC_BRAIN_OPTIONS = ("image_size", "train_subjects", "test_subjects", "se
 _REGISTRY: dict[str, _Entry] = {
     "digits": _Entry(
         None,
-        lambda folder, download, verify: load_digits_dataset(),
+        lambda folder, download, verify, **options: load_digits_dataset(**options),
         _no_files(
             "digits needs no files: it is scikit-learn's embedded copy of the UCI 8x8 handwritten digits."
         ),
+        options=("crop_padding",),
     ),
     "mnist": _Entry(
         "mnist",
@@ -490,10 +491,10 @@ def load_dataset(
     verify: bool = True,
     **options: object,
 ) -> LoadedDataset:
-    """Load dataset `name` (see `dataset_names()`); `options` are dataset-specific (cifar100: labels;
-    mnist, fashion-mnist: image_size, channels (see `reshaped`); image-folder: channels, image_size,
-    crop_padding, horizontal_flip; the medical sets: see
-    fedistill.data.medical; the text sets: see fedistill.data.text).
+    """Load dataset `name` (see `dataset_names()`); `options` are dataset-specific (digits: crop_padding;
+    cifar100: labels; mnist, fashion-mnist: image_size, channels (see `reshaped`); image-folder: channels,
+    image_size, crop_padding, horizontal_flip; the medical sets: see fedistill.data.medical; the text
+    sets: see fedistill.data.text).
 
     `download` fetches missing files (md5-checked) for the datasets that have a canonical URL;
     `verify=False` skips the md5 check of local files (their format is still checked).
