@@ -4,7 +4,7 @@ One-shot methods (FedIOD and the one-shot baselines) distil the local models eac
 Training them again for every method of a comparison costs time and, worse, invites comparisons of
 methods that did not distil the same models. A site therefore keeps each stage-1 model it trains in
 a cache folder on its own disk, keyed by what determines the model exactly: the site's training data
-(a digest of its images and labels), the architecture and its normalisation, the training options,
+(a digest of its images and labels), the architecture and its normalisation layers, the training options,
 the dataset's description (its normalisation and augmentation: a crop's padding, a flip), the run seed,
 the site's id (its random streams derive from it), the torch version, and the device type and thread
 count it trains with (both change float rounding, so a model trained on two threads is not the
