@@ -8,6 +8,11 @@ import numpy as np
 import torch
 
 
+def is_plain_int(value: object) -> bool:
+    """An integer option's check: Python's bool is an int too, but `true` is no pixel count or size."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class TextInfo:
     """How a text dataset's token ids were made, for the models that read them: the tokenizer of the

@@ -12,7 +12,7 @@ import torch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
+from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset, is_plain_int
 from fedistill.errors import ConfigError
 
 TEST_SIZE = 0.2
@@ -24,7 +24,7 @@ def load_digits_dataset(crop_padding: int = 0) -> LoadedDataset:
 
     No augmentation is usual for 8x8 digits; `crop_padding` > 0 makes `augment = "auto"` train on random
     crops with that much black padding (one pixel is an eighth of the image)."""
-    if isinstance(crop_padding, bool) or not isinstance(crop_padding, int) or not 0 <= crop_padding < 8:
+    if not is_plain_int(crop_padding) or not 0 <= crop_padding < 8:
         raise ConfigError(f"digits option crop_padding must be an integer from 0 to 7, got {crop_padding!r}")
     bunch = load_digits()
     x = np.rint(bunch.images * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)[:, None, :, :]

@@ -14,17 +14,13 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
+from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset, is_plain_int
 from fedistill.errors import ConfigError, DataError
 
 IMAGE_SUFFIXES = frozenset(
     {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 )
 LAYOUT = "<data_dir>/train/<class>/*.png|jpg|... and <data_dir>/test/<class>/*"
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _class_dirs(split_dir: Path) -> dict[str, Path]:
@@ -80,11 +76,11 @@ def load_image_folder(
     horizontal_flip: bool = False,
 ) -> LoadedDataset:
     """Load `data_dir/train` and `data_dir/test`; mean/std are per channel over the training images."""
-    if not _is_int(channels) or channels not in (1, 3):
+    if not is_plain_int(channels) or channels not in (1, 3):
         raise ConfigError(f"image-folder option channels must be 1 or 3, got {channels!r}")
-    if not _is_int(image_size) or image_size < 1:
+    if not is_plain_int(image_size) or image_size < 1:
         raise ConfigError(f"image-folder option image_size must be a positive integer, got {image_size!r}")
-    if not _is_int(crop_padding) or crop_padding < 0:
+    if not is_plain_int(crop_padding) or crop_padding < 0:
         raise ConfigError(f"image-folder option crop_padding must be an integer >= 0, got {crop_padding!r}")
     root = Path(data_dir)
     train_classes = _class_dirs(root / "train")

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from fedistill import devices
-from fedistill.data.base import DatasetInfo, ImageSet
+from fedistill.data.base import DatasetInfo, ImageSet, is_plain_int
 from fedistill.errors import ConfigError
 
 
@@ -134,7 +134,7 @@ def batches(
     the same generator state gives the same batches. Augmentation is applied to the
     uint8 images before normalisation.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if not is_plain_int(batch_size) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
     n = len(images)
     if shuffle:  # drawn now, not at the first next(), so creating the iterator fixes the order

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset, TextInfo
+from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset, TextInfo, is_plain_int
 from fedistill.errors import ConfigError, DataError
 from fedistill.seeding import numpy_generator
 
@@ -106,12 +106,12 @@ def text_dataset(
 ) -> LoadedDataset:
     """The LoadedDataset of a text classification set: `splits` holds "train" and "test" as (texts,
     class indices from 0); the subsets are taken before tokenising."""
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 3:
+    if not is_plain_int(max_length) or max_length < 3:
         raise ConfigError(
             f"{name}.max_length must be an integer >= 3 (special tokens included), got {max_length!r}"
         )
     for key, value in (("max_train_samples", max_train_samples), ("max_test_samples", max_test_samples)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_plain_int(value) or value < 0:
             raise ConfigError(f"{name}.{key} must be an integer >= 0 (0: every sample), got {value!r}")
     tokenizer = load_tokenizer(model_dir, name)
     sets = {}
