@@ -89,6 +89,21 @@ def test_generator_matches_released_layers_at_cifar_size():
     assert [m.mode for m in mosaickd.conv_blocks if isinstance(m, nn.Upsample)] == ["nearest", "nearest"]
 
 
+@pytest.mark.parametrize("upsamples", [0, 1])
+def test_generator_with_fewer_upsamplings_builds_at_a_larger_size(upsamples: int):
+    """upsamples = 1 / 0: the same layers from a half- / full-size grid; a dropped upsampling is an
+    identity, so the layer indices and names stay those of the paper's G (upsamples = 2)."""
+    paper = build_generator(DIGITS, width=8)
+    gen = build_generator(DIGITS, width=8, upsamples=upsamples)
+    assert gen.init_size == 8 // 2**upsamples and paper.init_size == 2
+    assert gen(gen.sample_latent(3)).shape == (3, 1, 8, 8)
+    assert [k for k in gen.state_dict()] == [k for k in paper.state_dict()]
+    assert gen.l1[0].out_features == 4 * 8 * gen.init_size**2
+    modes = [m.mode for m in gen.conv_blocks if isinstance(m, nn.Upsample)]
+    assert modes == ["nearest"][:upsamples]
+    assert sum(isinstance(m, nn.Identity) for m in gen.conv_blocks) == 2 - upsamples
+
+
 def test_generator_is_deterministic_under_seed():
     def draw(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         torch.manual_seed(seed)
@@ -136,6 +151,8 @@ def test_generator_rejects_sizes_not_divisible_by_four(size: int):
         ({"width": True}, "width.*True"),
         ({"upsample": "bicubic"}, "upsample mode 'bicubic'.*bilinear, nearest"),
         ({"upsample": "bilinar"}, "did you mean 'bilinear'"),
+        ({"upsamples": 3}, "upsamples must be 0, 1 or 2, got 3"),
+        ({"upsamples": True}, "upsamples must be 0, 1 or 2, got True"),
     ],
 )
 def test_build_generator_rejects_bad_values(kwargs: dict, named: str):

@@ -32,7 +32,9 @@ class Generator(nn.Module):
     """z (B, latent_dim) → image (B, channels, image_size, image_size).
 
     The image is built at a quarter of the final size (s = image_size // 4) and upsampled twice:
-    8×8 → 2 → 8, 28×28 → 7 → 28, 32×32 → 8 → 32.
+    8×8 → 2 → 8, 28×28 → 7 → 28, 32×32 → 8 → 32. `upsamples` = 1 or 0 builds it at half or full size
+    instead (8×8: from 4×4 or 8×8) with the same layers, a dropped upsampling becoming an identity, so
+    the parameter names stay those of the two codes.
     """
 
     def __init__(
@@ -43,6 +45,7 @@ class Generator(nn.Module):
         width: int = 64,
         upsample: str = "bilinear",
         condition_dim: int = 0,
+        upsamples: int = 2,
     ):
         """`condition_dim` > 0 makes G conditional: its input is z followed by a condition vector of
         that length (FedIOD's per-client mixture feeds the one-hot of the client a sample is for)."""
@@ -53,26 +56,35 @@ class Generator(nn.Module):
         width = _check_positive("generator width", width)
         if upsample not in UPSAMPLE_MODES:
             raise unknown_choice("upsample mode", upsample, UPSAMPLE_MODES)
-        if info.image_size <= 0 or info.image_size % 4 != 0:
+        if isinstance(upsamples, bool) or upsamples not in (0, 1, 2):
+            raise ConfigError(f"the generator's upsamples must be 0, 1 or 2, got {upsamples!r}")
+        factor = 2**upsamples
+        if info.image_size <= 0 or info.image_size % factor != 0:
             raise ConfigError(
-                f"the generator needs an image size divisible by 4, got {info.image_size} "
-                f"(dataset {info.name!r})"
+                f"a generator with {upsamples} upsamplings needs an image size divisible by {factor}, "
+                f"got {info.image_size} (dataset {info.name!r})"
             )
         self.latent_dim = latent_dim
         self.condition_dim = condition_dim
         self.width = width
         self.channels = info.channels
-        self.init_size = info.image_size // 4
-        second_upsample = (
-            nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
-            if upsample == "bilinear"
-            else nn.Upsample(scale_factor=2, mode="nearest")
-        )
+        self.upsamples = upsamples
+        self.init_size = info.image_size // factor
+        first_upsample: nn.Module = nn.Identity()
+        if upsamples >= 1:
+            first_upsample = nn.Upsample(scale_factor=2, mode="nearest")
+        second_upsample: nn.Module = nn.Identity()
+        if upsamples == 2:
+            second_upsample = (
+                nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+                if upsample == "bilinear"
+                else nn.Upsample(scale_factor=2, mode="nearest")
+            )
         # Linear z → (4·width, s, s); both codes wrap it in a Sequential, hence the key "l1.0".
         self.l1 = nn.Sequential(nn.Linear(latent_dim + condition_dim, 4 * width * self.init_size**2))
         self.conv_blocks = nn.Sequential(
             nn.BatchNorm2d(4 * width),  # no activation after this BN, as in both codes
-            nn.Upsample(scale_factor=2, mode="nearest"),
+            first_upsample,
             nn.Conv2d(4 * width, 2 * width, 3, stride=1, padding=1, bias=False),
             nn.BatchNorm2d(2 * width),
             nn.LeakyReLU(0.2, inplace=True),
@@ -114,6 +126,14 @@ def build_generator(
     width: int = 64,
     upsample: str = "bilinear",
     condition_dim: int = 0,
+    upsamples: int = 2,
 ) -> Generator:
     """FedIOD's generator for ``info`` (``upsample="nearest"``: MosaicKD's); ConfigError on bad values."""
-    return Generator(info, latent_dim=latent_dim, width=width, upsample=upsample, condition_dim=condition_dim)
+    return Generator(
+        info,
+        latent_dim=latent_dim,
+        width=width,
+        upsample=upsample,
+        condition_dim=condition_dim,
+        upsamples=upsamples,
+    )

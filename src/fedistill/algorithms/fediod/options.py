@@ -58,6 +58,8 @@ class FedIODOptions(DPOptions):
     latent_dim: int = 100
     # 0 (auto): the paper's 64 and 128 for images above 16 px, 32 and 32 up to 16 px (see `network_widths`)
     generator_width: int = 0
+    # G builds its image at image_size / 2**generator_upsamples, then upsamples it that often (2: the paper)
+    generator_upsamples: int = 2
     discriminator_width: int = 0
     lr_generator: float = 1e-3  # the paper: Adam, cosine from 1e-3 to 0, for G, D_k and S
     lr_discriminator: float = 2e-4  # 1e-3 lets every D_k win within an epoch on small data
@@ -188,6 +190,10 @@ class FedIODOptions(DPOptions):
         for key in ("lr_generator", "lr_discriminator", "lr_student", "tau"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"fediod.{key} must be > 0")
+        if isinstance(self.generator_upsamples, bool) or self.generator_upsamples not in (0, 1, 2):
+            raise ConfigError(
+                f"fediod.generator_upsamples must be 0, 1 or 2; got {self.generator_upsamples!r}"
+            )
         if not 0.0 <= self.student_ema < 1.0:
             raise ConfigError(f"fediod.student_ema is a decay in [0, 1); got {self.student_ema}")
         for key in (

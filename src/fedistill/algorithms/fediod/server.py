@@ -139,6 +139,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             latent_dim=options.latent_dim,
             width=width,
             condition_dim=self.ctx.num_clients if mixture else 0,
+            upsamples=options.generator_upsamples,
         )
 
     # --- stage 1 ---------------------------------------------------------------------------------
