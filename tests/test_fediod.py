@@ -10,6 +10,7 @@ import torch
 from algorithm_helpers import TINY_FEDIOD, fediod_parts
 from fedistill.algorithms.fediod import FedIODOptions, FedIODServer
 from fedistill.algorithms.fediod import losses as L
+from fedistill.errors import ConfigError
 from fedistill.experiment.config import RunConfig, build_config, options_for
 from fedistill.experiment.runner import run_suite
 from fedistill.federation.inprocess import InProcessFleet
@@ -247,6 +248,21 @@ def test_merged_student_queries_give_the_same_run_with_fewer_exchanges(tmp_path)
     assert student_queries(merged_ledger) == 2 * 3  # once per epoch (the flush), every client
 
 
+def test_auto_generator_upsamples_keep_the_base_grid_at_4_px_or_more():
+    """auto: the paper's 2 upsamplings unless G's base grid would be under 4 px; set values stick."""
+    from fedistill.algorithms.fediod.options import generator_upsamples
+
+    auto = FedIODOptions()
+    assert auto.generator_upsamples == "auto"
+    sizes = {4: 0, 8: 1, 12: 1, 16: 2, 28: 2, 30: 1, 32: 2, 64: 2}
+    assert {size: generator_upsamples(auto, size) for size in sizes} == sizes
+    assert generator_upsamples(FedIODOptions(generator_upsamples=2), 8) == 2
+    for bad, says in ((3, "3"), (-1, "-1"), ("twice", "'twice'"), (True, "True")):
+        config = build_config(RunConfig(), {"fediod": {"generator_upsamples": bad}})
+        with pytest.raises(ConfigError, match=f"fediod.generator_upsamples.*{says}"):
+            options_for(config, "fediod", FedIODOptions)
+
+
 def test_auto_network_widths_suit_the_image_size():
     """Width 0 (the default): 32 / 32 on images up to 16 px, the paper's 64 / 128 above; set values stick."""
     from fedistill.algorithms.fediod.options import network_widths
@@ -268,8 +284,9 @@ def test_auto_network_widths_suit_the_image_size():
         return sum(p.numel() for p in module.parameters())
 
     assert count(server.generator) == count(
-        build_generator(info, latent_dim=server.options.latent_dim, width=32)
+        build_generator(info, latent_dim=server.options.latent_dim, width=32, upsamples=1)
     )
     assert count(clients[0].discriminator) == count(build_discriminator(info, width=32))
+    assert server.generator.upsamples == 1 and server.generator.init_size == 4  # auto on 8x8: from 4x4
     with pytest.raises(Exception, match="generator_width"):
         options_for(build_config(RunConfig(), {"fediod": {"generator_width": -1}}), "fediod", FedIODOptions)

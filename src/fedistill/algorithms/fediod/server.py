@@ -25,7 +25,7 @@ from fedistill.algorithms.base import (
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import auto_mode, one_class_sites
 from fedistill.algorithms.fediod.generator_step import GeneratorStep
-from fedistill.algorithms.fediod.options import network_widths, resolve_options
+from fedistill.algorithms.fediod.options import generator_upsamples, network_widths, resolve_options
 from fedistill.algorithms.fediod.reference import teacher_report, upload_masks
 from fedistill.algorithms.fediod.student import StudentBatch, StudentSteps
 from fedistill.algorithms.fediod.task_view import TaskView
@@ -139,7 +139,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             latent_dim=options.latent_dim,
             width=width,
             condition_dim=self.ctx.num_clients if mixture else 0,
-            upsamples=options.generator_upsamples,
+            upsamples=generator_upsamples(options, info.image_size),
         )
 
     # --- stage 1 ---------------------------------------------------------------------------------
