@@ -136,13 +136,15 @@ def run_directory(path: Path) -> Path:
 def run_generator(path: Path, info: DatasetInfo) -> Generator:
     """The saved generator, rebuilt for the run's dataset so that ``G(z)`` is normalised as the server's."""
     saved = load_generator(path)
-    shape = infer_generator_shape(saved.state_dict())
+    shape = infer_generator_shape(saved.state_dict(), saved.upsamples)
     if (shape["channels"], shape["image_size"]) != (info.channels, info.image_size):
         raise SystemExit(
             f"{path} draws {shape['channels']}x{shape['image_size']}x{shape['image_size']} images, "
             f"but the run's dataset {info.name} has {info.channels}x{info.image_size}x{info.image_size}"
         )
-    generator = build_generator(info, latent_dim=shape["latent_dim"], width=shape["width"])
+    generator = build_generator(
+        info, latent_dim=shape["latent_dim"], width=shape["width"], upsamples=shape["upsamples"]
+    )
     generator.load_state_dict(saved.state_dict())
     return generator.requires_grad_(False)
 

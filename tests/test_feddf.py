@@ -263,6 +263,25 @@ def test_generator_source_rebuilds_a_saved_generator_from_its_weights(tmp_path):
         dd.build_source(f"generator:{tmp_path / 'none.safetensors'}", bigger, data_dir=".", size=0, seed=0)
 
 
+def test_a_saved_generator_records_its_upsamplings_and_loads_with_them(tmp_path):
+    """The weights fix G's base grid, not how often it is upsampled: a G of 1 upsampling (4x4 -> 8x8)
+    reloads as 8x8 from its file's metadata; a file without any (released weights) is the paper's 2."""
+    info = _info(channels=1, size=8)
+    original = seeded(0, lambda: build_generator(info, latent_dim=8, width=4, upsamples=1), "g").eval()
+    path = tmp_path / "generator.safetensors"
+    save_model(original, path, {"algorithm": "fediod", **original.export_metadata()})
+    loaded = dd.load_generator(path)
+    assert (loaded.upsamples, loaded.init_size) == (1, 4)
+    z = original.sample_latent(5, torch.Generator().manual_seed(0))
+    assert torch.equal(loaded.forward_unit(z), original.forward_unit(z))
+
+    save_model(original, path, {"algorithm": "fediod"})  # no record: read as the paper's 2 upsamplings
+    assert (dd.load_generator(path).upsamples, dd.load_generator(path).init_size) == (2, 4)
+    save_model(original, path, {"upsamples": "3"})
+    with pytest.raises(ConfigError, match="records '3' upsamplings"):
+        dd.load_generator(path)
+
+
 # --- end to end ---------------------------------------------------------------------------------
 FAST = {"steps": 30, "eval_every_steps": 10, "patience": 2, "distill_batch_size": 32}
 

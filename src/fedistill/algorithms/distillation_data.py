@@ -195,8 +195,9 @@ def text_source(
     return TokenPool(loaded.train.x, info, argument)  # only the texts leave this function
 
 
-def infer_generator_shape(state: dict[str, torch.Tensor]) -> dict[str, int]:
-    """latent_dim, width, channels and image_size of a `models.generator.Generator` from its weights."""
+def infer_generator_shape(state: dict[str, torch.Tensor], upsamples: int = 2) -> dict[str, int]:
+    """latent_dim, width, channels and image_size of a `models.generator.Generator` from its weights and
+    its number of upsamplings (2: the paper's; a file fedistill saved records its own)."""
     try:
         linear = state["l1.0.weight"]  # (4 * width * s * s, latent_dim)
         last = state["conv_blocks.9.weight"]  # (channels, width, 3, 3)
@@ -213,16 +214,19 @@ def infer_generator_shape(state: dict[str, torch.Tensor]) -> dict[str, int]:
         "latent_dim": int(linear.shape[1]),
         "width": width,
         "channels": channels,
-        "image_size": 4 * init_size,
+        "image_size": 2**upsamples * init_size,
+        "upsamples": upsamples,
     }
 
 
 def load_generator(path: str | Path, *, upsample: str = "bilinear") -> Generator:
     """A frozen generator rebuilt from a safetensors file alone, in eval mode.
 
-    The shapes come from the weights (see `infer_generator_shape`); the one choice they do not
-    record is the second upsampling layer: FedIOD's `bilinear` (the default) or MosaicKD's `nearest`.
+    The shapes come from the weights (see `infer_generator_shape`) and the number of upsamplings from the
+    file's metadata (2, the paper's, when it records none, as in released weights); the one choice neither
+    records is the second upsampling layer: FedIOD's `bilinear` (the default) or MosaicKD's `nearest`.
     """
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     path = Path(path).expanduser()
@@ -235,7 +239,11 @@ def load_generator(path: str | Path, *, upsample: str = "bilinear") -> Generator
         state = load_file(str(path))
     except Exception as exc:  # safetensors raises its own error types for corrupt files
         raise ConfigError(f"feddf.source: {path} is not a readable safetensors file ({exc})") from None
-    shape = infer_generator_shape(state)
+    with safe_open(str(path), framework="pt") as opened:
+        recorded = (opened.metadata() or {}).get("upsamples", "2")
+    if recorded not in ("0", "1", "2"):
+        raise ConfigError(f"feddf.source: {path} records {recorded!r} upsamplings; a generator has 0, 1 or 2")
+    shape = infer_generator_shape(state, int(recorded))
     info = DatasetInfo(
         name="generator",
         channels=shape["channels"],
@@ -244,7 +252,13 @@ def load_generator(path: str | Path, *, upsample: str = "bilinear") -> Generator
         mean=(0.0,) * shape["channels"],
         std=(1.0,) * shape["channels"],
     )
-    generator = build_generator(info, latent_dim=shape["latent_dim"], width=shape["width"], upsample=upsample)
+    generator = build_generator(
+        info,
+        latent_dim=shape["latent_dim"],
+        width=shape["width"],
+        upsample=upsample,
+        upsamples=shape["upsamples"],
+    )
     generator.load_state_dict(state)
     generator.eval()
     generator.requires_grad_(False)

@@ -392,7 +392,11 @@ def _loop(
 
     (run_dir / "models").mkdir(exist_ok=True)
     for name, module in server.models().items():
-        save_model(module, run_dir / "models" / f"{name}.safetensors", {"algorithm": algorithm.name})
+        # a module may name what its weights alone do not record (a generator: its number of upsamplings)
+        described = getattr(module, "export_metadata", dict)()
+        save_model(
+            module, run_dir / "models" / f"{name}.safetensors", {"algorithm": algorithm.name, **described}
+        )
     plot_learning_curves(
         {algorithm.name: metrics.rows},
         run_dir / "plots" / "learning_curve.png",

@@ -112,6 +112,11 @@ class Generator(nn.Module):
         x01 = self.forward_unit(z)
         return x01 if unit else (x01 - self.mean) / self.std
 
+    def export_metadata(self) -> dict[str, str]:
+        """What a saved file needs beside the weights to rebuild this G: the weights fix the base grid,
+        not how often it is upsampled (`fedistill.algorithms.distillation_data.load_generator`)."""
+        return {"upsamples": str(self.upsamples)}
+
     def sample_latent(self, batch: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """z ~ N(0, I) of shape (batch, latent_dim), on this module's device."""
         device = self.mean.device
