@@ -250,13 +250,13 @@ def test_merged_student_queries_give_the_same_run_with_fewer_exchanges(tmp_path)
 
 def test_auto_generator_upsamples_keep_the_base_grid_at_4_px_or_more():
     """auto: the paper's 2 upsamplings unless G's base grid would be under 4 px; set values stick."""
-    from fedistill.algorithms.fediod.options import generator_upsamples
+    from fedistill.models.generator import resolve_upsamples
 
     auto = FedIODOptions()
     assert auto.generator_upsamples == "auto"
     sizes = {4: 0, 8: 1, 12: 1, 16: 2, 28: 2, 30: 1, 32: 2, 64: 2}
-    assert {size: generator_upsamples(auto, size) for size in sizes} == sizes
-    assert generator_upsamples(FedIODOptions(generator_upsamples=2), 8) == 2
+    assert {size: resolve_upsamples(auto.generator_upsamples, size) for size in sizes} == sizes
+    assert resolve_upsamples(FedIODOptions(generator_upsamples=2).generator_upsamples, 8) == 2
     for bad, says in ((3, "3"), (-1, "-1"), ("twice", "'twice'"), (True, "True")):
         config = build_config(RunConfig(), {"fediod": {"generator_upsamples": bad}})
         with pytest.raises(ConfigError, match=f"fediod.generator_upsamples.*{says}"):

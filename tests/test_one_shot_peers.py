@@ -213,6 +213,7 @@ def test_both_train_their_local_models_as_fediod_by_default():
         ({"coboosting": {"perturbation": "pgd"}}, "coboosting.perturbation must be one of ods"),
         ({"coboosting": {"reweight_decay": 1.5}}, "coboosting.reweight_decay must be in"),
         ({"coboosting": {"w_adv": -1.0}}, "coboosting.w_adv must be a finite number >= 0"),
+        ({"dense": {"generator_upsamples": 3}}, "dense.generator_upsamples must be auto, 0, 1 or 2; got 3"),
     ],
 )
 def test_bad_options_are_named(table, message):
@@ -220,6 +221,21 @@ def test_bad_options_are_named(table, message):
     kind = DenseOptions if name == "dense" else CoBoostingOptions
     with pytest.raises(ConfigError, match=message):
         options_for(build_config(RunConfig(), table), name, kind)
+
+
+@pytest.mark.parametrize("server_type", [DenseServer, CoBoostingServer])
+def test_their_generator_starts_from_a_4x4_grid_on_digits_as_fediods(server_type):
+    """auto (the default): 8x8 digits from 4x4, like FedIOD's G; 2 gives the code's 2x2."""
+    kind = CoBoostingOptions if server_type is CoBoostingServer else DenseOptions
+    config = build_config(RunConfig(), {"clients": 2})
+    info = load_dataset("digits", "data").info
+
+    def grid(**options) -> int:
+        ctx = ServerContext(info, config, kind(**options), 2, lambda m: {"accuracy": 0.0, "loss": 0.0})
+        return server_type(ctx).generator.init_size
+
+    assert kind().generator_upsamples == FedIODOptions().generator_upsamples == "auto"
+    assert (grid(), grid(generator_upsamples=2)) == (4, 2)
 
 
 def test_the_official_code_preset_takes_the_released_codes_values_unless_set():

@@ -13,6 +13,7 @@ from fedistill.algorithms.base import model_cycle
 from fedistill.algorithms.option_checks import check_choices, check_nonnegative, check_positive
 from fedistill.errors import ConfigError
 from fedistill.experiment.config import RunConfig
+from fedistill.models.generator import check_upsamples
 
 SELECTIONS = ("clients", "server", "last")
 
@@ -30,6 +31,9 @@ class DenseOptions:
     g_steps: int = 30  # --g_steps
     latent_dim: int = 256  # nz
     generator_width: int = 64  # ngf (FedIOD's generator with nearest upsampling, see dense/server.py)
+    # how often G upsamples its base grid: 0, 1, 2 (the code's) or auto, 2 unless the grid would be under
+    # 4 px (8x8 digits: 1), as FedIOD's (`models.generator.resolve_upsamples`)
+    generator_upsamples: int | str = "auto"
     lr_generator: float = 1e-3  # --lr_g; Adam, betas (0.5, 0.999), for G and the latents alike
     # false: one G trained across the epochs (the paper's Algorithm 1); true: the released code re-initialises
     # G (N(0, 0.02)) before every epoch's synthesis. Measured on digits (K = 5, alpha 0.5, 20 epochs): the
@@ -67,6 +71,7 @@ class DenseOptions:
                 raise ConfigError(f"{s}.{key} must be >= 1, got {getattr(self, key)!r}")
         if self.kd_batch_size < 2:
             raise ConfigError(f"{s}.kd_batch_size must be >= 2 (BatchNorm needs two samples)")
+        check_upsamples(f"{s}.generator_upsamples", self.generator_upsamples)
         check_positive(s, self, "lr_generator lr_student adv_temperature kd_temperature")
         check_nonnegative(
             s,

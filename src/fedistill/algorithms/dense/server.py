@@ -45,7 +45,7 @@ from fedistill.errors import ConfigError, FederationError
 from fedistill.experiment.plots import plot_image_grid
 from fedistill.federation.fleet import Fleet
 from fedistill.metrics.generation import class_coverage
-from fedistill.models.generator import build_generator
+from fedistill.models.generator import build_generator, resolve_upsamples
 from fedistill.seeding import seeded, torch_generator
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,11 @@ class DenseServer(ServerLogic):
         self.generator = seeded(
             config.seed,
             lambda: build_generator(
-                info, latent_dim=options.latent_dim, width=options.generator_width, upsample="nearest"
+                info,
+                latent_dim=options.latent_dim,
+                width=options.generator_width,
+                upsample="nearest",
+                upsamples=resolve_upsamples(options.generator_upsamples, info.image_size),
             ),
             "generator-init",
         )

@@ -18,6 +18,7 @@ from fedistill.algorithms.fediod.calibration import TEACHER_LOGITS
 from fedistill.algorithms.option_checks import check_choices
 from fedistill.errors import ConfigError
 from fedistill.experiment.config import RunConfig
+from fedistill.models.generator import check_upsamples
 from fedistill.privacy.budget import (
     DPOptions,
 )
@@ -60,7 +61,7 @@ class FedIODOptions(DPOptions):
     # 0 (auto): the paper's 64 and 128 for images above 16 px, 32 and 32 up to 16 px (see `network_widths`)
     generator_width: int = 0
     # G builds its image at image_size / 2**generator_upsamples, then upsamples it that often: 0, 1, 2 (the
-    # paper) or auto, the paper's 2 unless its base grid would be under 4 px (see `generator_upsamples`)
+    # paper) or auto, the paper's 2 unless its base grid would be under 4 px (generator.resolve_upsamples)
     generator_upsamples: int | str = "auto"
     discriminator_width: int = 0
     lr_generator: float = 1e-3  # the paper: Adam, cosine from 1e-3 to 0, for G, D_k and S
@@ -192,9 +193,7 @@ class FedIODOptions(DPOptions):
         for key in ("lr_generator", "lr_discriminator", "lr_student", "tau"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"fediod.{key} must be > 0")
-        upsamples = self.generator_upsamples
-        if isinstance(upsamples, bool) or upsamples not in ("auto", 0, 1, 2):
-            raise ConfigError(f"fediod.generator_upsamples must be auto, 0, 1 or 2; got {upsamples!r}")
+        check_upsamples("fediod.generator_upsamples", self.generator_upsamples)
         if not 0.0 <= self.student_ema < 1.0:
             raise ConfigError(f"fediod.student_ema is a decay in [0, 1); got {self.student_ema}")
         for key in (
@@ -323,25 +322,6 @@ def network_widths(options: FedIODOptions, image_size: int) -> tuple[int, int]:
         options.generator_width or (32 if small else 64),
         options.discriminator_width or (32 if small else 128),
     )
-
-
-MIN_GENERATOR_GRID_PX = 4
-
-
-def generator_upsamples(options: FedIODOptions, image_size: int) -> int:
-    """How often G upsamples: the option's, or for auto the paper's 2 unless that starts G from a grid under
-    4 px, then as many as keep it at 4 px or more (8x8 digits: 1, from 4x4; 28 and 32 px: 2, from 7 and 8).
-
-    Why: on the digits demo G's 2x2 grid limited the student. Paired with 2 upsamplings (K = 10, alpha 0.5;
-    benchmarks/results/fediod_demo_variants_gres*.md), 1 gave +1.14 points on seeds 3-11 (8 up / 1 down,
-    0.989 of the ensemble) and +0.93 on seeds 0-2 (3 / 0); 0 gave +0.90 on seeds 3-11."""
-    if options.generator_upsamples != "auto":
-        return int(options.generator_upsamples)
-    for upsamples in (2, 1):
-        factor = 2**upsamples
-        if image_size % factor == 0 and image_size // factor >= MIN_GENERATOR_GRID_PX:
-            return upsamples
-    return 0
 
 
 def teacher_name(options: FedIODOptions, config: RunConfig, client_id: int) -> str:

@@ -25,7 +25,7 @@ from fedistill.algorithms.base import (
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import auto_mode, one_class_sites
 from fedistill.algorithms.fediod.generator_step import GeneratorStep
-from fedistill.algorithms.fediod.options import adam, generator_upsamples, network_widths, resolve_options
+from fedistill.algorithms.fediod.options import adam, network_widths, resolve_options
 from fedistill.algorithms.fediod.reference import teacher_report, upload_masks
 from fedistill.algorithms.fediod.student import StudentBatch, StudentSteps
 from fedistill.algorithms.fediod.task_view import TaskView
@@ -38,7 +38,7 @@ from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import ArraySpec, Message
 from fedistill.federation.reply_spec import TRAIN_METRICS, ReplySpec
-from fedistill.models.generator import build_generator
+from fedistill.models.generator import build_generator, resolve_upsamples
 from fedistill.models.pix2pix import build_conditional_generator
 from fedistill.privacy.budget import epsilon_summary
 from fedistill.seeding import seeded
@@ -137,7 +137,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             latent_dim=options.latent_dim,
             width=width,
             condition_dim=self.ctx.num_clients if mixture else 0,
-            upsamples=generator_upsamples(options, info.image_size),
+            upsamples=resolve_upsamples(options.generator_upsamples, info.image_size),
         )
 
     # --- stage 1 ---------------------------------------------------------------------------------
