@@ -62,7 +62,6 @@ from fedistill.algorithms.base import (
 from fedistill.algorithms.bn_matching import batchnorm_statistics_loss
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.options import (
-    adam,
     network_widths,
     resolve_options,
     set_lr,
@@ -103,8 +102,8 @@ class FedIODClient(ClientLogic):
             self.discriminator.to(memory_format=torch.channels_last)
         self.uploaded = torch.zeros(0, dtype=torch.int64)  # training indices of the masks sent (query.masks)
         self.features: nn.Module | None = None  # T_k's frozen encoder, for the perceptual term
-        self.d_optimizer = adam(
-            self.discriminator.parameters(), self.options.lr_discriminator, betas=(0.5, 0.999)
+        self.d_optimizer = torch.optim.Adam(
+            self.discriminator.parameters(), lr=self.options.lr_discriminator, betas=(0.5, 0.999)
         )
         self.real_mean = 0.5  # running E_{x' in X'_k}[D_k(x')], refreshed at every D-step
         self.pending: tuple[torch.Tensor, ...] | None = None  # (x, T_k(x), local loss) of this G-step

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -333,16 +332,6 @@ def cosine_lr(base: float, step: int, total: int, schedule: str) -> float:
     if schedule == "constant" or total <= 0:
         return base
     return 0.5 * base * (1.0 + math.cos(math.pi * min(step, total) / total))
-
-
-def adam(
-    params: Iterable[torch.nn.Parameter], lr: float, betas: tuple[float, float] = (0.9, 0.999)
-) -> torch.optim.Adam:
-    """Adam with its fused kernel: one pass over all of a model's tensors instead of a loop over them.
-
-    Why: FedIOD takes thousands of small steps (the digits demo: 2,640 student steps, 1,200 per D_k);
-    there the step itself cost 0.5 ms of a 3.9 ms student step, 0.1 ms fused. Same maths, other rounding."""
-    return torch.optim.Adam(params, lr=lr, betas=betas, fused=True)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -25,7 +25,7 @@ from fedistill.algorithms.base import (
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import auto_mode, one_class_sites
 from fedistill.algorithms.fediod.generator_step import GeneratorStep
-from fedistill.algorithms.fediod.options import adam, network_widths, resolve_options
+from fedistill.algorithms.fediod.options import network_widths, resolve_options
 from fedistill.algorithms.fediod.reference import teacher_report, upload_masks
 from fedistill.algorithms.fediod.student import StudentBatch, StudentSteps
 from fedistill.algorithms.fediod.task_view import TaskView
@@ -82,13 +82,15 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
         if options.channels_last:
             self.generator.to(memory_format=torch.channels_last)
             self.student.to(memory_format=torch.channels_last)
-        self.g_optimizer = adam(self.generator.parameters(), options.lr_generator, betas=(0.5, 0.999))
+        self.g_optimizer = torch.optim.Adam(
+            self.generator.parameters(), lr=options.lr_generator, betas=(0.5, 0.999)
+        )
         if options.student_optimizer == "sgd":
             self.s_optimizer: torch.optim.Optimizer = torch.optim.SGD(
                 self.student.parameters(), lr=options.lr_student, momentum=0.9, weight_decay=3e-5
             )
         else:
-            self.s_optimizer = adam(self.student.parameters(), options.lr_student)
+            self.s_optimizer = torch.optim.Adam(self.student.parameters(), lr=options.lr_student)
         self.student_average = (
             WeightAverage(self.student, options.student_ema) if options.student_ema else None
         )
