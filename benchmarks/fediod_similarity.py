@@ -60,7 +60,7 @@ import torch
 from scipy.stats import spearmanr
 from tqdm import tqdm
 
-from fedistill.algorithms.distillation_data import infer_generator_shape, load_generator
+from fedistill.algorithms.distillation_data import load_generator
 from fedistill.algorithms.fediod import FedIODOptions
 from fedistill.algorithms.training import evaluate_model
 from fedistill.data.base import DatasetInfo, ImageSet
@@ -136,14 +136,14 @@ def run_directory(path: Path) -> Path:
 def run_generator(path: Path, info: DatasetInfo) -> Generator:
     """The saved generator, rebuilt for the run's dataset so that ``G(z)`` is normalised as the server's."""
     saved = load_generator(path)
-    shape = infer_generator_shape(saved.state_dict(), saved.upsamples)
-    if (shape["channels"], shape["image_size"]) != (info.channels, info.image_size):
+    size = saved.init_size * 2**saved.upsamples
+    if (saved.channels, size) != (info.channels, info.image_size):
         raise SystemExit(
-            f"{path} draws {shape['channels']}x{shape['image_size']}x{shape['image_size']} images, "
+            f"{path} draws {saved.channels}x{size}x{size} images, "
             f"but the run's dataset {info.name} has {info.channels}x{info.image_size}x{info.image_size}"
         )
     generator = build_generator(
-        info, latent_dim=shape["latent_dim"], width=shape["width"], upsamples=shape["upsamples"]
+        info, latent_dim=saved.latent_dim, width=saved.width, upsamples=saved.upsamples
     )
     generator.load_state_dict(saved.state_dict())
     return generator.requires_grad_(False)

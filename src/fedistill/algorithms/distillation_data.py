@@ -215,7 +215,6 @@ def infer_generator_shape(state: dict[str, torch.Tensor], upsamples: int = 2) ->
         "width": width,
         "channels": channels,
         "image_size": 2**upsamples * init_size,
-        "upsamples": upsamples,
     }
 
 
@@ -227,7 +226,6 @@ def load_generator(path: str | Path, *, upsample: str = "bilinear") -> Generator
     records is the second upsampling layer: FedIOD's `bilinear` (the default) or MosaicKD's `nearest`.
     """
     from safetensors import safe_open
-    from safetensors.torch import load_file
 
     path = Path(path).expanduser()
     if not path.is_file():
@@ -235,15 +233,16 @@ def load_generator(path: str | Path, *, upsample: str = "bilinear") -> Generator
             f"feddf.source: generator file {path} does not exist "
             "(a FedIOD run saves one as <run>/models/generator.safetensors)"
         )
-    try:
-        state = load_file(str(path))
+    try:  # one read for the weights and the metadata
+        with safe_open(str(path), framework="pt") as opened:
+            recorded = (opened.metadata() or {}).get("upsamples", "2")
+            state = {key: opened.get_tensor(key) for key in opened.keys()}  # noqa: SIM118 (not a dict)
     except Exception as exc:  # safetensors raises its own error types for corrupt files
         raise ConfigError(f"feddf.source: {path} is not a readable safetensors file ({exc})") from None
-    with safe_open(str(path), framework="pt") as opened:
-        recorded = (opened.metadata() or {}).get("upsamples", "2")
     if recorded not in ("0", "1", "2"):
         raise ConfigError(f"feddf.source: {path} records {recorded!r} upsamplings; a generator has 0, 1 or 2")
-    shape = infer_generator_shape(state, int(recorded))
+    upsamples = int(recorded)
+    shape = infer_generator_shape(state, upsamples)
     info = DatasetInfo(
         name="generator",
         channels=shape["channels"],
@@ -257,7 +256,7 @@ def load_generator(path: str | Path, *, upsample: str = "bilinear") -> Generator
         latent_dim=shape["latent_dim"],
         width=shape["width"],
         upsample=upsample,
-        upsamples=shape["upsamples"],
+        upsamples=upsamples,
     )
     generator.load_state_dict(state)
     generator.eval()
