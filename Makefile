@@ -3,6 +3,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# `make bench` writes its tables here, never over the published ones in benchmarks/results/
+BENCH_OUT ?= runs/bench
 
 export MPLBACKEND := Agg
 export FLWR_TELEMETRY_ENABLED := 0
@@ -27,6 +29,11 @@ test: $(STAMP)  ## the fast test suite (what CI runs)
 
 test-all: $(STAMP)  ## every test, slow ones included
 	$(PY) -m pytest -m ""
+
+bench: $(STAMP)  ## quick speed checks at small settings: FedIOD step time, transport speed (in-process, simulation)
+	$(PY) benchmarks/fediod_step_time.py --steps 2 --results $(BENCH_OUT)
+	$(PY) benchmarks/flower_speed.py --transports inprocess,simulation --fedavg-rounds 2 --fediod-epochs 2 \
+		--fediod-iters 2 --results $(BENCH_OUT)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

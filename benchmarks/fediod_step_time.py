@@ -35,11 +35,12 @@ from torch.utils.flop_counter import flop_registry
 from fedistill import devices
 from fedistill.algorithms.base import ServerContext
 from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
-from fedistill.algorithms.training import evaluate_model
-from fedistill.experiment.config import RunConfig, build_config, options_for
-from fedistill.experiment.runner import client_contexts, get_algorithm, prepare_data
-from fedistill.federation.inprocess import InProcessFleet
+from fedistill.algorithms.registry import get_algorithm
+from fedistill.algorithms.shared.training import evaluate_model
+from fedistill.config import RunConfig, build_config, options_for
 from fedistill.federation.ledger import Ledger
+from fedistill.run.setup import client_contexts, prepare_data
+from fedistill.transports.inprocess import InProcessFleet
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
@@ -128,6 +129,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     add_device_and_shape(parser)
     parser.add_argument("--channels-last", action="store_true", help="fediod.channels_last = true")
+    parser.add_argument("--results", default=str(RESULTS), help="where the table is written")
     args = parser.parse_args()
     check_shape(parser, args, [args.dataset])
     torch.set_num_threads(args.threads)
@@ -160,12 +162,13 @@ def main() -> None:
             f"| {r['gflop_per_step']:.1f} | {r['gflops_achieved']:.1f} | "
             + (f"{100 * r['gflops_achieved'] / peak:.0f}% |" if on_cpu else "- |")
         )
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
     name = f"fediod_step_time_{args.dataset}{variant_suffix(args)}"
     name += "_channels-last" if args.channels_last else ""
-    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (results / f"{name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     record = {"command": command, "matmul_peak_gflops": peak, "rows": rows}
-    (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
+    (results / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
     print("\n".join(lines))
 
 

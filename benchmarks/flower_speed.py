@@ -81,6 +81,7 @@ def main() -> None:
     parser.add_argument("--variants", default="merged", help="FedIOD variants: merged,separate")
     parser.add_argument("--transports", default="inprocess,simulation,deployment,worker")
     parser.add_argument("--threads", type=int, default=1, help="torch threads in-process (a node uses 1)")
+    parser.add_argument("--results", default=str(RESULTS), help="where the table is written")
     args = parser.parse_args()
     base = {"dataset": args.dataset, "model": args.model, "clients": args.nodes}
     fediod_set = (f"fediod.preset=paper fediod.teacher_epochs=1 fediod.iters_per_epoch={args.fediod_iters} "
@@ -143,8 +144,9 @@ def write(args: argparse.Namespace, rows: list[dict]) -> None:
             for r in rows
         ],
     ]  # fmt: skip
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"flower_speed_{args.dataset}"
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    stem = results / f"flower_speed_{args.dataset}"
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     stem.with_suffix(".json").write_text(json.dumps({"command": command, "rows": rows}, indent=2) + "\n")
     print("\n".join(lines))

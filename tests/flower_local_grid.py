@@ -79,3 +79,13 @@ class LocalGrid(Grid):
 
     def send_and_receive(self, messages, *, timeout=None):  # pragma: no cover
         return self.pull_messages(self.push_messages(messages))
+
+
+def run_on_grid(config, suite_dir, grid, **kwargs):
+    """The suite as a Flower ServerApp runs it: validated, then every algorithm over `grid`."""
+    from fedistill.run.setup import validate_setup
+    from fedistill.run.suite import run_algorithms
+
+    config = config.replace(transport="flower")
+    kwargs.setdefault("progress", False)
+    return run_algorithms(config, suite_dir, validate_setup(config), grid=grid, **kwargs)

@@ -12,21 +12,23 @@ from safetensors.torch import save_file
 
 from algorithm_helpers import check_resume_after_crash, make_client, run_recording
 from conftest import SHARED_DATA
-from fedistill.algorithms.asyndgan import AsynDGANServer
-from fedistill.algorithms.base import ServerContext, get_algorithm
+from fedistill.algorithms.base import ServerContext
 from fedistill.algorithms.fediod import draws
-from fedistill.algorithms.training import evaluate_model, new_model, task_of
+from fedistill.algorithms.medical.asyndgan import AsynDGANServer
+from fedistill.algorithms.registry import get_algorithm
+from fedistill.algorithms.shared.training import evaluate_model, new_model, task_of
+from fedistill.config import RunConfig, build_config, options_for
 from fedistill.data.transforms import to_float
 from fedistill.errors import ConfigError
-from fedistill.experiment.config import RunConfig, build_config, options_for
-from fedistill.experiment.rundir import read_jsonl
-from fedistill.experiment.runner import client_contexts, prepare_data, run_suite
-from fedistill.federation.inprocess import InProcessFleet
 from fedistill.federation.ledger import UP, Ledger, read_ledger
 from fedistill.federation.messages import Message
 from fedistill.models.perceptual import load_vgg16_features, vgg16_feature_shapes
 from fedistill.models.pix2pix import one_hot_mask
+from fedistill.run.launch import run_suite
+from fedistill.run.rundir import read_jsonl
+from fedistill.run.setup import client_contexts, prepare_data
 from fedistill.seeding import torch_generator
+from fedistill.transports.inprocess import InProcessFleet
 
 SEGMENTATION = {
     "dataset": "mni152-synthetic-lesions",

@@ -2,8 +2,7 @@
 
 import pytest
 
-from fedistill.errors import ConfigError
-from fedistill.experiment.config import (
+from fedistill.config import (
     RunConfig,
     build_config,
     for_algorithm,
@@ -13,6 +12,7 @@ from fedistill.experiment.config import (
     read_config,
     write_config,
 )
+from fedistill.errors import ConfigError
 
 
 def test_layers_override_in_order_and_coerce_ints_to_floats():
@@ -48,7 +48,7 @@ def test_bad_keys_and_values_say_what_to_change(layer, message):
 
 
 def test_algorithm_options_are_checked():
-    from fedistill.algorithms.fedavg import FedProxOptions
+    from fedistill.algorithms.classic.fedavg import FedProxOptions
 
     config = build_config(RunConfig(), {"fedprox": {"mu": 0.2}})
     assert options_for(config, "fedprox", FedProxOptions).mu == 0.2

@@ -7,16 +7,16 @@ import pytest
 import torch
 
 from algorithm_helpers import SMALL_NON_IID, Sent, check_resume_after_crash, make_client, run_recording
-from fedistill.algorithms.fedper import SharedPartServer
-from fedistill.algorithms.personalized import part_of
-from fedistill.algorithms.training import new_model
+from fedistill.algorithms.fedmdcg.fedper import SharedPartServer
+from fedistill.algorithms.fedmdcg.personalized import part_of
+from fedistill.algorithms.shared.training import new_model
+from fedistill.config import RunConfig, build_config
 from fedistill.errors import FederationError
-from fedistill.experiment.checkpoint import latest_checkpoint, read_checkpoint
-from fedistill.experiment.config import RunConfig, build_config
-from fedistill.experiment.runner import prepare_data
 from fedistill.federation.ledger import DOWN, UP, read_ledger
 from fedistill.federation.messages import Message
 from fedistill.models.base import CLASSIFIER_PREFIX, EXTRACTOR_PREFIX
+from fedistill.run.checkpoint import latest_checkpoint, read_checkpoint
+from fedistill.run.setup import prepare_data
 
 SMALL = {**SMALL_NON_IID, "rounds": 15, "model": "mlp", "lr": 0.05}
 SHARED = {"fedper": EXTRACTOR_PREFIX, "lgfedavg": CLASSIFIER_PREFIX}

@@ -1,15 +1,12 @@
-"""benchmarks/fediod_demo_variants.py: cells and variants parse as documented, and the table compares
-each variant with `base` on exactly the seeds both ran."""
+"""The demo-variant sweep (fedistill.reproduce.demo_variants, driven by benchmarks/fediod_demo_variants.py):
+cells and variants parse as documented, and the table compares each variant with `base` on exactly the
+seeds both ran."""
 
 import argparse
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import fediod_demo_variants as sweep
+from fedistill.reproduce import demo_variants as sweep
 
 
 def test_cells_and_variants_parse_as_documented():
@@ -61,8 +58,8 @@ def test_runs_tag_names_the_run_folders_and_tag_the_result_files(tmp_path, monke
 
     monkeypatch.setattr(sweep, "run_on_demo", fake_run_on_demo)
     args = argparse.Namespace(tag="new", runs_tag="old", out=str(tmp_path), fedavg=False, reuse=True)
-    row = sweep.run(args, "base", [], 10, "0.5", 3)
+    row = sweep.run_variant(args, "base", [], 10, "0.5", 3)
     assert seen == ["variant-base-K10-alpha0.5-seed3-old"] and row["error"] == "stopped here"
     args.runs_tag = None
-    sweep.run(args, "base", [], 10, "0.5", 3)
+    sweep.run_variant(args, "base", [], 10, "0.5", 3)
     assert seen[-1] == "variant-base-K10-alpha0.5-seed3-new"

@@ -13,17 +13,19 @@ from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
 from algorithm_helpers import TINY_FEDIOD, fediod_parts
 from fedistill.algorithms.base import StopRun
-from fedistill.algorithms.fedavg import FedAvgClient, FedAvgOptions
-from fedistill.algorithms.feddf import FedDFClient, FedDFOptions
+from fedistill.algorithms.classic.fedavg import FedAvgClient, FedAvgOptions
+from fedistill.algorithms.feddf.feddf import FedDFClient, FedDFOptions
 from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
-from fedistill.algorithms.training import new_model
+from fedistill.algorithms.registry import get_algorithm
+from fedistill.algorithms.shared.training import new_model
+from fedistill.config import RunConfig, build_config, options_for
 from fedistill.errors import ConfigError
-from fedistill.experiment.config import RunConfig, build_config, options_for
-from fedistill.experiment.rundir import read_jsonl
-from fedistill.experiment.runner import client_contexts, get_algorithm, prepare_data, resume_suite, run_suite
-from fedistill.federation.inprocess import InProcessFleet
 from fedistill.federation.ledger import Ledger
 from fedistill.federation.messages import Message
+from fedistill.run.launch import resume_suite, run_suite
+from fedistill.run.rundir import read_jsonl
+from fedistill.run.setup import client_contexts, prepare_data
+from fedistill.transports.inprocess import InProcessFleet
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha")  # sigma ~ 0 probes
 
@@ -346,9 +348,9 @@ def test_dp_over_flower_with_a_fresh_process_per_message_matches_in_process(tmp_
     """The accountants live in the nodes' stored client state (a fresh ClientApp per message) and
     `query.privacy` crosses Flower: the epsilons and results equal the in-process ones."""
     pytest.importorskip("flwr")
-    from fedistill.flower import node as flower_node
-    from fedistill.flower.apps import make_client_app
-    from flower_local_grid import LocalGrid
+    from fedistill.run.flower import node as flower_node
+    from fedistill.run.flower.apps import make_client_app
+    from flower_local_grid import LocalGrid, run_on_grid
 
     layer = copy.deepcopy(TINY)
     layer["fediod"].update(dp_noise_multiplier=1.3, dp_target_epsilon=50.0)
@@ -364,7 +366,7 @@ def test_dp_over_flower_with_a_fresh_process_per_message_matches_in_process(tmp_
         return app(message, context)
 
     grid = LocalGrid(ephemeral, config.clients)
-    there = run_suite(config.replace(transport="flower"), tmp_path / "flower", progress=False, grid=grid)
+    there = run_on_grid(config, tmp_path / "flower", grid)
     for a, b in zip(here, there, strict=True):
         assert b["transport"] == "flower"
         for k in range(3):

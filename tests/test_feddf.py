@@ -12,18 +12,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedistill.algorithms import distillation_data as dd
-from fedistill.algorithms.drop_worst import drop_worst_weights
-from fedistill.algorithms.feddf import FedDFOptions, distill, ensemble_loss
+from fedistill.algorithms.feddf.feddf import FedDFOptions, distill, ensemble_loss
+from fedistill.algorithms.shared import distillation_data as dd
+from fedistill.algorithms.shared.drop_worst import drop_worst_weights
+from fedistill.config import RunConfig, build_config
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
 from fedistill.data.registry import load_dataset
 from fedistill.errors import ConfigError
-from fedistill.experiment.checkpoint import latest_checkpoint, read_checkpoint, save_model
-from fedistill.experiment.config import RunConfig, build_config
-from fedistill.experiment.rundir import read_jsonl
-from fedistill.experiment.runner import run_suite
 from fedistill.federation.ledger import DOWN, UP, read_ledger
 from fedistill.models.generator import build_generator
+from fedistill.run.checkpoint import latest_checkpoint, read_checkpoint, save_model
+from fedistill.run.launch import run_suite
+from fedistill.run.rundir import read_jsonl
 from fedistill.seeding import seeded
 
 
@@ -317,7 +317,7 @@ def test_two_architecture_groups_each_get_their_own_distilled_model(tmp_path):
 
     # the checkpoint restores every group's model
     from fedistill.algorithms.base import ServerContext
-    from fedistill.algorithms.feddf import FedDFServer
+    from fedistill.algorithms.feddf.feddf import FedDFServer
 
     digits = load_dataset("digits")
     config = build_config(RunConfig(), {"model": "mlp", "feddf": feddf})
@@ -423,7 +423,7 @@ def test_full_precision_is_the_plain_convolution_of_the_latent_weights():
 def test_student_from_previous_starts_where_the_last_round_ended(tmp_path, monkeypatch):
     """`student_init = "previous"` (FedDF Table 5): round 2's student starts from round 1's fused model,
     not from round 2's average, so its starting validation accuracy is round 1's selected one."""
-    from fedistill.algorithms import fedavg
+    from fedistill.algorithms.classic import fedavg
 
     seen: list[float] = []
     train_local = fedavg.train_local

@@ -1,19 +1,17 @@
-"""benchmarks/feddf_tables.py and benchmarks/pate_fedkd_fediod.py: every row is a valid run, and the
-PATE comparison gives both methods the same noise for the same queries and epsilon."""
+"""FedDF's tables and the PATE comparison (fedistill.reproduce.feddf_tables and pate_comparison, driven by
+benchmarks/feddf_tables.py and benchmarks/pate_fedkd_fediod.py): every row is a valid run, and the PATE
+comparison gives both methods the same noise for the same queries and epsilon."""
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import feddf_tables
-import pate_fedkd_fediod
-from fedistill.experiment.config import RunConfig, build_config, parse_assignment
-from fedistill.experiment.runner import validate_setup
+from fedistill.config import RunConfig, build_config, parse_assignment
+from fedistill.reproduce import feddf_tables, pate_comparison
+from fedistill.reproduce.pate_teachers import Queries
+from fedistill.run.setup import validate_setup
 
 
 @pytest.mark.parametrize("table", sorted(feddf_tables.TABLES))
@@ -42,8 +40,8 @@ def test_pate_rows_give_both_methods_the_same_sigma_and_score_the_released_label
         return 0.5
 
     rows = [
-        pate_fedkd_fediod.gnmax_row(
-            name, pate_fedkd_fediod.Queries(torch.zeros(50, 1), votes, torch.zeros(50, 10)), 10.0, 1e-5,
+        pate_comparison.gnmax_row(
+            name, Queries(torch.zeros(50, 1), votes, torch.zeros(50, 10)), 10.0, 1e-5,
             np.random.default_rng(0), accuracy,
         )
         for name, votes in (("a", unanimous), ("b", split))
@@ -56,8 +54,8 @@ def test_pate_rows_give_both_methods_the_same_sigma_and_score_the_released_label
 def test_the_paper_scale_configs_parse_and_state_the_papers_number():
     import tomllib
 
-    from fedistill.algorithms.base import get_algorithm
-    from fedistill.experiment.config import load_toml, options_for
+    from fedistill.algorithms.registry import get_algorithm
+    from fedistill.config import load_toml, options_for
     from fedistill.models import model_names
 
     root = Path(__file__).resolve().parents[1] / "configs"
@@ -83,8 +81,8 @@ def test_the_text_configs_are_figure_3s_protocol():
     the figure's claim in expected.toml and in each header."""
     import tomllib
 
-    from fedistill.algorithms.base import get_algorithm
-    from fedistill.experiment.config import load_toml, options_for
+    from fedistill.algorithms.registry import get_algorithm
+    from fedistill.config import load_toml, options_for
 
     root = Path(__file__).resolve().parents[1] / "configs"
     expected = tomllib.loads((root / "expected.toml").read_text(encoding="utf-8"))
@@ -107,12 +105,13 @@ def test_the_text_configs_are_figure_3s_protocol():
 
 
 def test_the_one_shot_configs_are_the_benchmarks_runs():
-    """configs/one-shot/*.toml hold what benchmarks/one_shot_table.py gives each run (its defaults)."""
+    """configs/one-shot/*.toml hold what the one-shot table gives each run (benchmarks/one_shot_table.py's
+    defaults)."""
     import tomllib
     from types import SimpleNamespace
 
-    import one_shot_table
-    from fedistill.experiment.config import load_toml, parse_value
+    from fedistill.config import load_toml, parse_value
+    from fedistill.reproduce import one_shot_table
 
     root = Path(__file__).resolve().parents[1] / "configs"
     expected = tomllib.loads((root / "expected.toml").read_text(encoding="utf-8"))

@@ -8,19 +8,22 @@ import pytest
 import torch
 
 from algorithm_helpers import SMALL_NON_IID, Sent, check_resume_after_crash, make_client, run_recording
-from fedistill.algorithms.base import get_algorithm
-from fedistill.algorithms.fedcg import FeatureDiscriminator, FedCGServer, train_gan
-from fedistill.algorithms.fedgen import FedGenOptions, FedGenServer, ensemble_teacher, train_generator
-from fedistill.algorithms.fedmdcg_losses import label_weights
-from fedistill.algorithms.personalized import GENERATOR_PREFIX, part_of
-from fedistill.algorithms.training import new_model
+from fedistill.algorithms.fedmdcg.fedcg_gan import FeatureDiscriminator, train_gan
+from fedistill.algorithms.fedmdcg.fedcg_server import FedCGServer
+from fedistill.algorithms.fedmdcg.fedgen_options import FedGenOptions
+from fedistill.algorithms.fedmdcg.fedgen_server import FedGenServer, ensemble_teacher, train_generator
+from fedistill.algorithms.fedmdcg.label_statistics import label_weights
+from fedistill.algorithms.fedmdcg.personalized import GENERATOR_PREFIX, part_of
+from fedistill.algorithms.registry import get_algorithm
+from fedistill.algorithms.shared.training import new_model
+from fedistill.config import RunConfig, build_config, options_for
 from fedistill.errors import ConfigError, FederationError
-from fedistill.experiment.config import RunConfig, build_config, options_for
-from fedistill.experiment.runner import prepare_data, run_suite
 from fedistill.federation.ledger import UP, read_ledger
 from fedistill.federation.messages import Message
 from fedistill.models.base import CLASSIFIER_PREFIX, EXTRACTOR_PREFIX
 from fedistill.models.feature_generator import FeatureGenerator
+from fedistill.run.launch import run_suite
+from fedistill.run.setup import prepare_data
 
 SMALL = {**SMALL_NON_IID, "rounds": 10, "model": "mlp", "lr": 0.05}
 
@@ -212,13 +215,13 @@ def test_over_a_flower_grid_both_give_the_in_process_results(tmp_path):
     """Client state kept on the node between rounds (FedCG's private extractor, discriminator and Adam
     states) and the generator in the messages give the in-process results and traffic on Flower."""
     pytest.importorskip("flwr")
-    from fedistill.flower.apps import make_client_app
-    from flower_local_grid import LocalGrid
+    from fedistill.run.flower.apps import make_client_app
+    from flower_local_grid import LocalGrid, run_on_grid
 
     config = _config(algorithm="fedgen,fedcg", rounds=2, clients=3, model="lenet-fedmdcg")
     here = run_suite(config, tmp_path / "inprocess", progress=False)
     grid = LocalGrid(make_client_app(config, state_root=tmp_path / "nodes"), config.clients)
-    there = run_suite(config.replace(transport="flower"), tmp_path / "flower", progress=False, grid=grid)
+    there = run_on_grid(config, tmp_path / "flower", grid)
     for a, b in zip(here, there, strict=True):
         for key, value in a["final"].items():
             assert b["final"][key] == pytest.approx(value, abs=1e-6), (a["algorithm"], key)

@@ -10,11 +10,11 @@ import torch
 from algorithm_helpers import TINY_FEDIOD, fediod_parts
 from fedistill.algorithms.fediod import FedIODOptions, FedIODServer
 from fedistill.algorithms.fediod import losses as L
+from fedistill.config import RunConfig, build_config, options_for
 from fedistill.errors import ConfigError
-from fedistill.experiment.config import RunConfig, build_config, options_for
-from fedistill.experiment.runner import run_suite
-from fedistill.federation.inprocess import InProcessFleet
 from fedistill.federation.ledger import UP, Ledger, read_ledger
+from fedistill.run.launch import run_suite
+from fedistill.transports.inprocess import InProcessFleet
 
 TINY = TINY_FEDIOD
 
@@ -177,8 +177,8 @@ def test_student_beats_the_standalone_mean_on_digits(tmp_path):
 
 
 def test_an_interrupted_run_resumes_to_the_same_result(tmp_path, monkeypatch):
-    from fedistill.experiment.rundir import read_jsonl
-    from fedistill.experiment.runner import resume_suite
+    from fedistill.run.launch import resume_suite
+    from fedistill.run.rundir import read_jsonl
 
     config = _config()
     run_suite(config, tmp_path / "ref", progress=False)

@@ -1,36 +1,34 @@
-"""A fast check of the FedIOD similarity benchmark (the paper's Figure 4) on a tiny FedIOD run on the embedded
-8x8 digits: the run's private sets are rebuilt whole, the report has one finite entry per client with its
-DLG row, and copies of private images count as memorised."""
+"""A fast check of the FedIOD similarity study (the paper's Figure 4; fedistill.reproduce.fediod_similarity,
+driven by benchmarks/fediod_similarity.py) on a tiny FedIOD run on the embedded 8x8 digits: the run's
+private sets are rebuilt whole, the report has one finite entry per client with its DLG row, and copies of
+private images count as memorised."""
 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
-from types import ModuleType
+from types import SimpleNamespace
 
 import pytest
 
 from algorithm_helpers import TINY_FEDIOD
-from fedistill.experiment.config import RunConfig, build_config
-from fedistill.experiment.runner import run_suite
-from fedistill.metrics.similarity import similarity_to_private
-
-ROOT = Path(__file__).resolve().parents[1]
+from fedistill.analysis.similarity import similarity_to_private
+from fedistill.config import RunConfig, build_config
+from fedistill.reproduce import fediod_similarity, similarity_study
+from fedistill.run.launch import run_suite
 
 
 @pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "fediod_similarity", ROOT / "benchmarks" / "fediod_similarity.py"
+def bench() -> SimpleNamespace:
+    """The study's entry point and its measurements under one name."""
+    return SimpleNamespace(
+        main=fediod_similarity.main,
+        load_run=similarity_study.load_run,
+        sample_synthetic=similarity_study.sample_synthetic,
+        reference_for=similarity_study.reference_for,
     )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fediod_similarity"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

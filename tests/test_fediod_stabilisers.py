@@ -10,19 +10,19 @@ import torch
 from torch import nn
 
 from algorithm_helpers import TINY_FEDIOD, check_resume_after_crash, fediod_parts
-from fedistill.algorithms.bn_matching import batchnorm_statistics_loss
 from fedistill.algorithms.fediod import FedIODOptions, FedIODServer
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import auto_mode, calibrated, one_class_sites
 from fedistill.algorithms.fediod.options import resolve_options
-from fedistill.algorithms.synthetic_pool import SyntheticPool
+from fedistill.algorithms.shared.bn_matching import batchnorm_statistics_loss
+from fedistill.algorithms.shared.synthetic_pool import SyntheticPool
+from fedistill.config import RunConfig, build_config, options_for
 from fedistill.data.transforms import random_shift
 from fedistill.errors import ConfigError
-from fedistill.experiment.config import RunConfig, build_config, options_for
-from fedistill.experiment.runner import run_suite
-from fedistill.federation.inprocess import InProcessFleet
 from fedistill.federation.ledger import UP, Ledger, read_ledger
+from fedistill.run.launch import run_suite
 from fedistill.seeding import numpy_generator, torch_generator
+from fedistill.transports.inprocess import InProcessFleet
 
 
 def _config(**fediod) -> RunConfig:

@@ -21,7 +21,7 @@ import torch
 
 from algorithm_helpers import Sent, check_resume_after_crash, make_client, run_recording
 from fedistill.algorithms.base import ServerContext
-from fedistill.algorithms.fedkd import (
+from fedistill.algorithms.fedmd.fedkd import (
     FedKDClient,
     FedKDOptions,
     FedKDServer,
@@ -30,14 +30,15 @@ from fedistill.algorithms.fedkd import (
     calibrate,
     quantise,
 )
-from fedistill.algorithms.fedmd import FedMDClient, FedMDOptions, FedMDServer, consensus, digest_loss
-from fedistill.algorithms.public_data import build_public
+from fedistill.algorithms.fedmd.fedmd import FedMDClient, FedMDOptions, FedMDServer, consensus, digest_loss
+from fedistill.algorithms.fedmd.public_data import build_public
+from fedistill.config import RunConfig, build_config
 from fedistill.errors import ConfigError, FederationError
-from fedistill.experiment.config import RunConfig, build_config
-from fedistill.experiment.runner import prepare_data, run_suite
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.federation.messages import ArraySpec, Message
 from fedistill.privacy import pate
+from fedistill.run.launch import run_suite
+from fedistill.run.setup import prepare_data
 
 #: The comparison: non-IID digits, the held-out 30% as public data, a small CNN.
 COMPARE = {

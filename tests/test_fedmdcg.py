@@ -8,25 +8,21 @@ import torch
 from torch import nn
 
 from algorithm_helpers import SMALL_NON_IID, check_resume_after_crash, make_client, run_recording
-from fedistill.algorithms import fedmdcg_losses as L
-from fedistill.algorithms.fedmdcg import (
-    ORACLE_METRIC,
-    FedMDCGOptions,
-    FedMDCGServer,
-    crossed_distillation_steps,
-    oracle_global_accuracy,
-    resolve_options,
-)
-from fedistill.algorithms.personalized import GENERATOR_PREFIX, part_of
+from fedistill.algorithms.fedmdcg import losses as L
+from fedistill.algorithms.fedmdcg.fedmdcg import ORACLE_METRIC, oracle_global_accuracy
+from fedistill.algorithms.fedmdcg.fedmdcg_options import FedMDCGOptions, resolve_options
+from fedistill.algorithms.fedmdcg.fedmdcg_server import FedMDCGServer, crossed_distillation_steps
+from fedistill.algorithms.fedmdcg.personalized import GENERATOR_PREFIX, part_of
+from fedistill.config import RunConfig, build_config, options_for
 from fedistill.errors import ConfigError, FederationError
-from fedistill.experiment.checkpoint import latest_checkpoint, read_checkpoint
-from fedistill.experiment.config import RunConfig, build_config, options_for
-from fedistill.experiment.rundir import read_jsonl
-from fedistill.experiment.runner import prepare_data, run_suite
 from fedistill.federation.ledger import DOWN, UP, read_ledger
 from fedistill.federation.messages import Message
 from fedistill.models.base import CLASSIFIER_PREFIX, EXTRACTOR_PREFIX
 from fedistill.models.feature_generator import FeatureGenerator
+from fedistill.run.checkpoint import latest_checkpoint, read_checkpoint
+from fedistill.run.launch import run_suite
+from fedistill.run.rundir import read_jsonl
+from fedistill.run.setup import prepare_data
 
 ROUNDS = 8
 SMALL = {
@@ -311,9 +307,9 @@ def test_flower_nodes_keep_the_client_state_between_messages(tmp_path):
     messages, the state kept on node storage (F_i, G_i, optimisers, the code's cache) must give the
     in-process results and ledger."""
     pytest.importorskip("flwr")
-    from fedistill.flower import node as flower_node
-    from fedistill.flower.apps import make_client_app
-    from flower_local_grid import LocalGrid
+    from fedistill.run.flower import node as flower_node
+    from fedistill.run.flower.apps import make_client_app
+    from flower_local_grid import LocalGrid, run_on_grid
 
     options = {"generator_hidden": "32", "server_steps": 5, "preset": "official-code"}
     config = _config(algorithm="fedmdcg", clients=3, rounds=2, fedmdcg=options)
@@ -325,7 +321,7 @@ def test_flower_nodes_keep_the_client_state_between_messages(tmp_path):
         return app(message, context)
 
     grid = LocalGrid(ephemeral, config.clients)
-    there = run_suite(config.replace(transport="flower"), tmp_path / "flower", progress=False, grid=grid)[0]
+    there = run_on_grid(config, tmp_path / "flower", grid)[0]
     assert there["final"] == pytest.approx(here["final"], abs=1e-6)
 
     def traffic(run: str) -> list[tuple]:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedistill.algorithms.fedmdcg_losses import (
+from fedistill.algorithms.fedmdcg.losses import (
     DIVERSITY_TYPES,
     GeneratorLambdas,
     LocalModelLambdas,

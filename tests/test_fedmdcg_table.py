@@ -5,7 +5,6 @@ paper's protocol, and have its paper value and tolerance in configs/expected.tom
 numbers in its comment header). The reduced row runs the FedMD-CG omega = 1 config on a small
 Fashion-MNIST subset with fewer rounds and steps, next to Local Training on the same partition."""
 
-import importlib.util
 import re
 import tomllib
 from pathlib import Path
@@ -13,14 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedistill.algorithms.base import get_algorithm
-from fedistill.algorithms.oracle import ORACLE_METRIC
+from fedistill.algorithms.registry import get_algorithm
+from fedistill.algorithms.shared.oracle import ORACLE_METRIC
+from fedistill.config import RunConfig, build_config, load_toml, options_for, parse_assignment
 from fedistill.data.base import LoadedDataset
 from fedistill.data.registry import load_dataset
 from fedistill.errors import ConfigError
-from fedistill.experiment import runner
-from fedistill.experiment.config import RunConfig, build_config, load_toml, options_for, parse_assignment
-from fedistill.experiment.rundir import read_jsonl
+from fedistill.run import launch
+from fedistill.run import setup as runner
+from fedistill.run.rundir import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -99,7 +99,7 @@ def test_reduced_fedmdcg_row_beats_local_training_on_fashion_mnist(shared_data, 
     config = build_config(
         RunConfig(), load_toml(CONFIGS / "fedmdcg-table" / "fashion-mnist-fedmdcg-omega1.toml"), reduced
     )
-    runs = {s["algorithm"]: s for s in runner.run_suite(config, tmp_path, progress=False)}
+    runs = {s["algorithm"]: s for s in launch.run_suite(config, tmp_path, progress=False)}
 
     local = {name: run["final"]["local_accuracy"] for name, run in runs.items()}
     assert local["fedmdcg"] > 0.5, local  # chance: 0.1
@@ -117,14 +117,11 @@ def test_reduced_fedmdcg_row_beats_local_training_on_fashion_mnist(shared_data, 
 
 
 def test_every_fedmdcg_variant_is_a_valid_override_of_the_table_config():
-    """benchmarks/fedmdcg_variants.py runs the table's FedMD-CG config with `--set` overrides: each must
-    parse as the CLI parses it and name a real FedMD-CG option, or a variant would silently be the
-    paper's run under another name."""
-    spec = importlib.util.spec_from_file_location(
-        "fedmdcg_variants", ROOT / "benchmarks" / "fedmdcg_variants.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """The FedMD-CG variants (fedistill.reproduce.fedmdcg_variants) run the table's FedMD-CG config with
+    `--set` overrides: each must parse as the CLI parses it and name a real FedMD-CG option, or a variant
+    would silently be the paper's run under another name."""
+    from fedistill.reproduce import fedmdcg_variants as module
+
     table = load_toml(CONFIGS / "fedmdcg-table" / "fashion-mnist-fedmdcg-omega1.toml")
     paper = options_for(build_config(RunConfig(), table), "fedmdcg", get_algorithm("fedmdcg").options)
     assert module.VARIANTS["paper"] == []

@@ -8,9 +8,9 @@ import pytest
 from fedistill.errors import FederationError
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.fleet import successful
-from fedistill.federation.inprocess import InProcessFleet
 from fedistill.federation.ledger import DOWN, UP, Ledger, read_ledger
 from fedistill.federation.messages import Message
+from fedistill.transports.inprocess import InProcessFleet
 
 
 class Echo(ClientLogic):

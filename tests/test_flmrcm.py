@@ -11,20 +11,20 @@ import pytest
 import torch
 
 from algorithm_helpers import check_resume_after_crash, make_client
-from fedistill.algorithms.flmrcm import FLMRCMClient, FLMRCMServer
-from fedistill.algorithms.flmrcm_alignment import (
+from fedistill.algorithms.medical.flmrcm import FLMRCMClient, FLMRCMServer
+from fedistill.algorithms.medical.flmrcm_alignment import (
     FeatureDiscriminator,
     alignment_loss,
     discriminator_loss,
     latent_vectors,
     source_step,
 )
+from fedistill.config import RunConfig, build_config
 from fedistill.errors import ConfigError, FederationError
-from fedistill.experiment.config import RunConfig, build_config
-from fedistill.experiment.runner import run_suite
 from fedistill.federation.ledger import DOWN, UP, read_ledger
 from fedistill.federation.messages import Message
 from fedistill.models.fastmri_unet import FastMRIUnet
+from fedistill.run.launch import run_suite
 from fedistill.tasks.reconstruction import Reconstruction
 
 TINY = {

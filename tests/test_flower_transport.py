@@ -13,15 +13,15 @@ pytest.importorskip("flwr")
 
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
+from fedistill.config import RunConfig, build_config
 from fedistill.errors import FederationError
-from fedistill.experiment.config import RunConfig, build_config
-from fedistill.experiment.runner import run_suite
 from fedistill.federation.ledger import read_ledger
 from fedistill.federation.messages import Message
-from fedistill.flower import node as flower_node
-from fedistill.flower.apps import make_client_app
-from fedistill.flower.codec import from_records, header_of, to_records
-from flower_local_grid import LocalGrid
+from fedistill.run.flower import node as flower_node
+from fedistill.run.flower.apps import make_client_app
+from fedistill.run.launch import run_suite
+from fedistill.transports.flower.codec import from_records, header_of, to_records
+from flower_local_grid import LocalGrid, run_on_grid
 
 SMALL_FEDIOD = {
     "teacher_epochs": 2,
@@ -90,7 +90,7 @@ def test_fedavg_and_fediod_over_a_flower_grid_match_in_process(tmp_path) -> None
     config = _config(algorithm="fedavg,fediod")
     here = run_suite(config, tmp_path / "inprocess", progress=False)
     grid = LocalGrid(make_client_app(config, state_root=tmp_path / "nodes"), config.clients)
-    there = run_suite(config.replace(transport="flower"), tmp_path / "flower", progress=False, grid=grid)
+    there = run_on_grid(config, tmp_path / "flower", grid)
     for a, b in zip(here, there, strict=True):
         assert a["algorithm"] == b["algorithm"] and b["transport"] == "flower"
         assert b["final"]["test_accuracy"] == pytest.approx(a["final"]["test_accuracy"], abs=1e-6)
@@ -109,7 +109,7 @@ def test_feddf_and_the_partial_sharing_baselines_over_a_flower_grid_match_in_pro
     config = _config(algorithm="feddf,fedper,lgfedavg", rounds=2, feddf={"steps": 20, "eval_every_steps": 10})
     here = run_suite(config, tmp_path / "inprocess", progress=False)
     grid = LocalGrid(make_client_app(config, state_root=tmp_path / "nodes"), config.clients)
-    there = run_suite(config.replace(transport="flower"), tmp_path / "flower", progress=False, grid=grid)
+    there = run_on_grid(config, tmp_path / "flower", grid)
     for a, b in zip(here, there, strict=True):
         for key in ("test_accuracy", "local_accuracy"):
             if key in a["final"]:
@@ -129,12 +129,7 @@ def test_client_state_survives_a_fresh_process_per_message(tmp_path) -> None:
         flower_node._NODES.clear()
         return app(message, context)
 
-    there = run_suite(
-        config.replace(transport="flower"),
-        tmp_path / "flower",
-        progress=False,
-        grid=LocalGrid(ephemeral, config.clients),
-    )
+    there = run_on_grid(config, tmp_path / "flower", LocalGrid(ephemeral, config.clients))
     assert there[0]["final"]["test_accuracy"] == pytest.approx(here[0]["final"]["test_accuracy"], abs=1e-6)
     assert there[0]["communication"]["client->server"]["per_kind"].get("parameters", 0) == 0
 
@@ -142,7 +137,7 @@ def test_client_state_survives_a_fresh_process_per_message(tmp_path) -> None:
 def test_a_silent_node_times_out_and_the_run_goes_on_without_it(tmp_path) -> None:
     config = _config(timeout=0.5, rounds=2)
     grid = LocalGrid(make_client_app(config, state_root=tmp_path / "nodes"), config.clients, silent={1})
-    summary = run_suite(config.replace(transport="flower"), tmp_path / "run", progress=False, grid=grid)[0]
+    summary = run_on_grid(config, tmp_path / "run", grid)[0]
     assert set(summary["dropped_clients"]) == {"1"}
     assert "round 1: timed out" in summary["dropped_clients"]["1"]
     timeouts = [
@@ -156,7 +151,7 @@ def test_nodes_that_disagree_with_the_config_stop_the_run_with_a_clear_error(tmp
     config = _config(clients=2)
     grid = LocalGrid(make_client_app(config, state_root=tmp_path / "nodes"), 3)
     with pytest.raises(FederationError, match="num-partitions=3, the run has clients=2"):
-        run_suite(config.replace(transport="flower"), tmp_path / "run", progress=False, grid=grid)
+        run_on_grid(config, tmp_path / "run", grid)
 
 
 def test_flower_simulation_engine_gives_the_in_process_results(tmp_path) -> None:
@@ -207,11 +202,10 @@ def test_read_only_handlers_leave_client_state_unchanged_and_skip_the_node_write
     writes: Counter = Counter()
     commit = flower_node.Node.commit
     monkeypatch.setattr(flower_node.Node, "commit", lambda self, ctx: (writes.update([1]), commit(self, ctx)))
-    run_suite(
-        config.replace(transport="flower"),
+    run_on_grid(
+        config,
         tmp_path / "flower",
-        progress=False,
-        grid=LocalGrid(make_client_app(config, state_root=tmp_path / "nodes"), config.clients),
+        LocalGrid(make_client_app(config, state_root=tmp_path / "nodes"), config.clients),
     )
     assert {"query.student", "evaluate.student", "evaluate.teachers", "evaluate"} <= set(checked)
     records = [r for r in read_ledger(tmp_path / "flower" / "fediod" / "ledger.jsonl")]
@@ -228,9 +222,9 @@ def test_read_only_handlers_leave_client_state_unchanged_and_skip_the_node_write
 def test_forwarding_client_app_and_node_workers_give_the_in_process_results(tmp_path) -> None:
     """The forwarding ClientApp hands every message to one long-lived worker process per node; the
     results and traffic are the in-process ones, and the workers stop when asked."""
-    from fedistill.flower.apps import config_from_run_config
-    from fedistill.flower.forward import client_app as forwarding_app
-    from fedistill.flower.forward import stop_worker
+    from fedistill.run.flower.apps import config_from_run_config
+    from fedistill.run.flower.forward import client_app as forwarding_app
+    from fedistill.run.flower.forward import stop_worker
 
     small = " ".join(f"fediod.{k}={v}" for k, v in SMALL_FEDIOD.items())
     run_config = {
@@ -248,7 +242,7 @@ def test_forwarding_client_app_and_node_workers_give_the_in_process_results(tmp_
         node_config={"state-dir": str(nodes), "worker": True, "worker-idle-s": 300.0},
     )  # fmt: skip
     try:
-        there = run_suite(config.replace(transport="flower"), tmp_path / "flower", progress=False, grid=grid)
+        there = run_on_grid(config, tmp_path / "flower", grid)
     finally:
         stopped = [stop_worker(folder) for folder in sorted(nodes.glob("worker-node-*"))]
     assert stopped == [True, True, True]
@@ -267,7 +261,7 @@ def test_a_node_worker_exits_when_idle(tmp_path) -> None:
     import sys
 
     (tmp_path / "worker.key").write_bytes(b"k" * 32)
-    command = [sys.executable, "-m", "fedistill.flower.worker", "--socket", str(tmp_path / "worker.sock"),
+    command = [sys.executable, "-m", "fedistill.run.flower.worker", "--socket", str(tmp_path / "worker.sock"),
                "--key-file", str(tmp_path / "worker.key"), "--idle-s", "1"]  # fmt: skip
     assert subprocess.run(command, timeout=120, capture_output=True).returncode == 0
     assert not (tmp_path / "worker.sock").exists()

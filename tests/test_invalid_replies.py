@@ -9,11 +9,11 @@ import pytest
 
 from algorithm_helpers import TINY_FEDIOD
 from fedistill.cli import main
-from fedistill.experiment.config import RunConfig, build_config
-from fedistill.experiment.runner import run_suite
-from fedistill.federation.inprocess import InProcessFleet
+from fedistill.config import RunConfig, build_config
 from fedistill.federation.ledger import read_ledger
 from fedistill.federation.messages import Message
+from fedistill.run.launch import run_suite
+from fedistill.transports.inprocess import InProcessFleet
 
 BAD_CLIENT = 1
 

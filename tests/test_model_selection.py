@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from fedistill.algorithms.selection import keep_if_best, nothing_selected
+from fedistill.algorithms.shared.selection import keep_if_best, nothing_selected
 
 
 def test_the_best_score_wins_and_a_tie_goes_to_the_later_epoch():
@@ -35,9 +35,9 @@ def test_a_fediod_run_hands_over_the_latest_of_its_best_validated_epochs(tmp_pat
     import copy
 
     from algorithm_helpers import TINY_FEDIOD
-    from fedistill.experiment.config import RunConfig, build_config
-    from fedistill.experiment.rundir import read_jsonl
-    from fedistill.experiment.runner import run_suite
+    from fedistill.config import RunConfig, build_config
+    from fedistill.run.launch import run_suite
+    from fedistill.run.rundir import read_jsonl
 
     layer = copy.deepcopy(TINY_FEDIOD) | {"rounds": 4}
     layer["fediod"]["lr_student"] = 1e-12

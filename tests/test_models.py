@@ -51,6 +51,8 @@ def test_registry_lists_every_model():
     assert model_names("classification") == sorted(
         [
             "lenet-fedmdcg",
+            "lenet-fedmdcg-dlg",
+            "lenet-fedmdcg-sigmoid",
             "lenet5",
             "mlp",
             "resnet20",

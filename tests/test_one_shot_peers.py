@@ -13,21 +13,21 @@ from torch import nn
 
 from algorithm_helpers import TINY_FEDIOD, check_resume_after_crash, run_recording
 from fedistill.algorithms.base import ServerContext
-from fedistill.algorithms.coboosting import (
+from fedistill.algorithms.fediod import FedIODOptions
+from fedistill.algorithms.one_shot.coboosting import (
     CoBoostingOptions,
     CoBoostingServer,
     discrepancy_perturbation,
     ods_perturbation,
     reweight_step,
 )
-from fedistill.algorithms.dense import DenseOptions, DenseServer
-from fedistill.algorithms.dense import losses as L
-from fedistill.algorithms.fediod import FedIODOptions
+from fedistill.algorithms.one_shot.dense import DenseOptions, DenseServer
+from fedistill.algorithms.one_shot.dense import losses as L
+from fedistill.config import RunConfig, build_config, options_for
 from fedistill.data.registry import load_dataset
 from fedistill.errors import ConfigError
-from fedistill.experiment.config import RunConfig, build_config, options_for
-from fedistill.experiment.runner import run_suite
 from fedistill.federation.ledger import UP, read_ledger
+from fedistill.run.launch import run_suite
 
 #: Tiny settings for DENSE and Co-Boosting, next to TINY_FEDIOD (3 clients, 2 teacher epochs).
 TINY_ONE_SHOT = {
@@ -239,7 +239,7 @@ def test_their_generator_starts_from_a_4x4_grid_on_digits_as_fediods(server_type
 
 
 def test_the_official_code_preset_takes_the_released_codes_values_unless_set():
-    from fedistill.algorithms.coboosting import resolve_options
+    from fedistill.algorithms.one_shot.coboosting import resolve_options
 
     config = build_config(RunConfig(), {"coboosting": {"preset": "official-code", "w_bn": 0.5}})
     resolved = resolve_options(config, options_for(config, "coboosting", CoBoostingOptions))

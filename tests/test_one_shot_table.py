@@ -1,16 +1,14 @@
-"""benchmarks/one_shot_table.py: every method gets the same stage-1 options, FedDF distils on the other
-MNIST-family domain, and the table reports each method as a fraction of its ensemble."""
+"""The one-shot table (fedistill.reproduce.one_shot_table, driven by benchmarks/one_shot_table.py): every
+method gets the same stage-1 options, FedDF distils on the other MNIST-family domain, and the table
+reports each method as a fraction of its ensemble."""
 
 import argparse
-import sys
-from pathlib import Path
+import json
 from types import SimpleNamespace
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import one_shot_table as table
+from fedistill.reproduce import one_shot_table as table
 
 
 def test_every_method_shares_the_stage1_options_and_feddf_uses_the_other_domain():
@@ -52,15 +50,15 @@ def test_kd_steps_give_dense_and_coboosting_a_longer_student_schedule_as_extra_r
     assert "| coboosting (kd_steps 200) | 60.00 |" in text and "DENSE: 0.77" in text
 
 
-def test_running_a_subset_of_the_methods_leaves_the_table_file_alone(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(table, "RESULTS", tmp_path)
-    monkeypatch.setattr(table, "cell", lambda args, dataset, alpha: {})
-    monkeypatch.setattr(table, "markdown", lambda cells, command: command)
-    base = ["one_shot_table.py", "--datasets", "mnist", "--alphas", "0.5"]
-    monkeypatch.setattr("sys.argv", [*base, "--methods", "dense,coboosting"])
-    table.main()
-    assert not (tmp_path / "one_shot_mnist.md").exists()
-    assert "left as it was" in capsys.readouterr().out
-    monkeypatch.setattr("sys.argv", [*base, "--methods", "dense", "--table-only"])
-    table.main()
-    assert (tmp_path / "one_shot_mnist.md").is_file()
+def test_running_a_subset_of_the_methods_leaves_the_table_file_alone(tmp_path):
+    every = ",".join(table.METHODS)
+    assert not table.keeps_the_table_file(every, table_only=False)
+    assert table.keeps_the_table_file("dense,coboosting", table_only=False)
+    assert not table.keeps_the_table_file("dense", table_only=True)  # it tabulates every finished run
+    row = {"test_accuracy": 0.6, "ensemble_accuracy": 0.8, "ensemble_uniform_accuracy": 0.75,
+           "teacher_mean_accuracy": 0.5, "teachers_from_cache": 10.0, "wall_time_s": 3.0,
+           "parameters_up": 1}  # fmt: skip
+    cells = [{"dataset": "mnist", "alpha": "0.5", "rows": {"dense": row}}]
+    text = table.write(cells, "mnist", "cmd", tmp_path)
+    assert (tmp_path / "one_shot_mnist.md").read_text() == text == table.markdown(cells, "cmd")
+    assert json.loads((tmp_path / "one_shot_mnist.json").read_text()) == {"command": "cmd", "cells": cells}

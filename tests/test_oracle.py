@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from fedistill.algorithms.base import ALGORITHMS, get_algorithm
-from fedistill.algorithms.oracle import ORACLE_LABEL, ORACLE_METRIC, average_local_models
-from fedistill.experiment.config import RunConfig, build_config
-from fedistill.experiment.rundir import read_jsonl
-from fedistill.experiment.runner import run_suite
+from fedistill.algorithms.registry import ALGORITHMS, get_algorithm
+from fedistill.algorithms.shared.oracle import ORACLE_LABEL, ORACLE_METRIC, average_local_models
+from fedistill.config import RunConfig, build_config
+from fedistill.run.launch import run_suite
+from fedistill.run.rundir import read_jsonl
 
 SMALL = {
     "clients": 3,
@@ -80,12 +80,12 @@ def test_the_oracle_equals_the_global_model_where_the_protocol_builds_one(tmp_pa
 
 def test_on_the_flower_transport_the_oracle_is_skipped_and_said_so(tmp_path):
     pytest.importorskip("flwr")
-    from fedistill.flower.apps import make_client_app
-    from flower_local_grid import LocalGrid
+    from fedistill.run.flower.apps import make_client_app
+    from flower_local_grid import LocalGrid, run_on_grid
 
     config = _config(algorithm="fedmdcg", rounds=1)
     grid = LocalGrid(make_client_app(config, state_root=tmp_path / "nodes"), config.clients)
-    summary = run_suite(config.replace(transport="flower"), tmp_path / "run", progress=False, grid=grid)[0]
+    summary = run_on_grid(config, tmp_path / "run", grid)[0]
     assert summary["transport"] == "flower" and summary[ORACLE_METRIC] is None
     assert (
         summary["oracle"].startswith(ORACLE_LABEL)

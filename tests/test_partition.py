@@ -18,7 +18,7 @@ from fedistill.data.partition import (
     save_split,
 )
 from fedistill.errors import DataError, PartitionError, UserError
-from fedistill.experiment.plots import plot_learning_curves, plot_partition
+from fedistill.plots import plot_learning_curves, plot_partition
 
 NUM_CLASSES = 10
 LABELS = np.repeat(np.arange(NUM_CLASSES), 100)  # 10 classes x 100 samples, sorted like a class-ordered file
@@ -284,7 +284,11 @@ def test_plots_write_png(tmp_path):
     rows.append({"round": 20, "algorithm": "fedavg"})  # no metric: skipped
     out = plot_learning_curves(rows, tmp_path / "curves" / "acc.png", metrics=("test_accuracy", "loss"))
     assert _png(out)
-    assert _png(plot_learning_curves({"a": rows[:5], "b": rows[20:25]}, tmp_path / "overlay.png"))
+    assert _png(
+        plot_learning_curves(
+            {"a": rows[:5], "b": rows[20:25]}, tmp_path / "overlay.png", metrics=("test_accuracy",)
+        )
+    )
 
 
 def test_natural_cuts_the_ordered_groups_into_contiguous_sites():

@@ -1,34 +1,30 @@
-"""A fast smoke test of the privacy-attack benchmark's pieces on the embedded 8x8 digits (no files needed):
-replies are intercepted exactly, partial sharing is attacked on the shared part only, and FedIOD's
-replay reproduces the client's real answer from the real batch."""
+"""A fast smoke test of the gradient-inversion threat models (fedistill.analysis.threat_models) on the
+embedded 8x8 digits (no files needed): replies are intercepted exactly, partial sharing is attacked on the
+shared part only, and FedIOD's replay reproduces the client's real answer from the real batch."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from fedistill.analysis import threat_models
+from fedistill.analysis.interception import RecordingFleet
 from fedistill.data.registry import load_dataset
+from fedistill.federation.ledger import Ledger
 from fedistill.models import build_model
-
-ROOT = Path(__file__).resolve().parents[1]
+from fedistill.transports.inprocess import InProcessFleet
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location(
-        "privacy_attacks", ROOT / "benchmarks" / "privacy_attacks.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["privacy_attacks"] = module
-    spec.loader.exec_module(module)
-    module.register_variants()
-    return module
+    return threat_models
+
+
+def _in_process(clients):
+    return InProcessFleet(clients, Ledger(None))
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +34,10 @@ def digits():
 
 def _setup(bench, digits, variant: str = "dlg"):
     args = argparse.Namespace(seed=0, data_dir="data", iterations=3, fediod_iterations=2, kappa=0.1)
-    return bench.Setup("digits", digits.info, digits.train, digits.test, variant, args)
+    return bench.Setup("digits", digits.info, digits.train, digits.test, variant, args, _in_process)
 
 
-def test_variants_are_registered_models(bench, digits) -> None:
+def test_variants_are_registered_models(digits) -> None:
     sigmoid = build_model("lenet-fedmdcg-sigmoid", digits.info)
     dlg = build_model("lenet-fedmdcg-dlg", digits.info, norm="none")
     assert not any(isinstance(m, nn.ReLU) for m in sigmoid.modules())
@@ -83,3 +79,22 @@ def test_fediod_replay_reproduces_the_client_reply(bench, digits) -> None:
     assert replay["input_gradient"] < 1e-4 and replay["ratio"] < 1e-5
     assert replay["objective_true_batch"] < 1e-8 <= replay["objective_other_batch"]
     assert len(inversion["score"].psnr) == 2 and len(out["server-inputs"]["score"].psnr) == 2
+
+
+def test_the_recording_fleet_keeps_every_exchange_over_its_transport() -> None:
+    """What the server holds: every request and reply, with the round it set stamped on the ledger."""
+    from fedistill.federation.messages import Message
+
+    class Echo:
+        def handle(self, request: Message) -> Message:
+            return Message.build("query.echo", scalars={"metrics": {"type": request.type}})
+
+    inner = _in_process({0: Echo(), 1: Echo()})
+    fleet = RecordingFleet(inner)
+    fleet.round = 3
+    replies = fleet.broadcast(Message.build("query.ping"))
+    assert fleet.clients == [0, 1] and inner.round == 3 and set(replies) == {0, 1}
+    request, reply = fleet.exchange("query.ping", 1)
+    assert request.type == "query.ping" and reply.scalar("metrics", "type") == "query.ping"
+    with pytest.raises(KeyError):
+        fleet.exchange("query.pong", 0)

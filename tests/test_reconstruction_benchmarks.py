@@ -3,23 +3,26 @@
 Every config under configs/reconstruction/ must parse as `fedistill run --config` parses it, hold the
 paper's protocol (three sources as sites, 4x, Adam 1e-4 for 20 local epochs, FedIOD's 100 distillation
 epochs at 1e-4) and carry its paper values in configs/expected.toml equal to those of its comment header.
-The two scripts run end to end on the no-files `mni152-t1` stand-in at a tiny size, each method its own
-`fedistill run` as the scripts launch it (here in this process), and write their table and figure."""
+The table and the figure (fedistill.reproduce.reconstruction_*, driven by benchmarks/reconstruction_table.py
+and reconstruction_figures.py) run end to end on the no-files `mni152-t1` stand-in at a tiny size, each
+method its own `fedistill run` as the table launches it (here in this process), and write their table and
+figure."""
 
-import importlib.util
 import json
 import re
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from fedistill import cli
-from fedistill.algorithms.base import get_algorithm
-from fedistill.experiment import runner
-from fedistill.experiment.config import RunConfig, build_config, load_toml, options_for
+from fedistill.algorithms.registry import get_algorithm
+from fedistill.config import RunConfig, build_config, load_toml, options_for
+from fedistill.reproduce import launch, reconstruction_figures, reconstruction_plan, reconstruction_report
+from fedistill.reproduce.reconstruction_scores import Harness
+from fedistill.run import setup as runner
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -32,13 +35,15 @@ TINY = [
 ]  # fmt: skip
 
 
-def _script(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+#: The table's plan and entry point under one name.
+TABLE = SimpleNamespace(
+    parse_args=reconstruction_plan.parse_args,
+    run_specs=reconstruction_plan.run_specs,
+    common_sets=reconstruction_plan.common_sets,
+    command_line=reconstruction_plan.command_line,
+    read_paper=reconstruction_plan.read_paper,
+    main=reconstruction_report.main,
+)
 
 
 def test_every_table9_cell_has_a_config():
@@ -90,7 +95,7 @@ def test_a_config_parses_holds_the_protocol_and_has_its_paper_values(path):
 
 
 def test_table_arguments_are_checked_and_every_method_gets_the_same_local_budget():
-    table = _script("reconstruction_table")
+    table = TABLE
     for bad in (
         ["--methods", "fedavg,fedprox"],
         ["--image-size", "40"],
@@ -119,8 +124,8 @@ def test_table_arguments_are_checked_and_every_method_gets_the_same_local_budget
 
 @pytest.fixture(scope="module")
 def tiny_table(tmp_path_factory):
-    """The table script on 16 px slices of `mni152-t1`, every method, each `fedistill run` in this process."""
-    table = _script("reconstruction_table")
+    """The table on 16 px slices of `mni152-t1`, every method, each `fedistill run` in this process."""
+    table = TABLE
     tmp = tmp_path_factory.mktemp("reconstruction")
 
     def in_process(command, check):
@@ -130,7 +135,7 @@ def tiny_table(tmp_path_factory):
             raise subprocess.CalledProcessError(code, command)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sys.modules["_common"].subprocess, "run", in_process)
+        patch.setattr(launch.subprocess, "run", in_process)
         table.main([*TINY, "--out", str(tmp / "runs"), "--results", str(tmp / "results")])
     return tmp
 
@@ -157,15 +162,13 @@ def test_table_writes_every_method_per_source_with_the_paper_and_the_ledger(tiny
 
 
 def test_figure_draws_every_method_from_the_table(tiny_table):
-    figures = _script("reconstruction_figures")
+    figures = reconstruction_figures
     table = str(tiny_table / "results" / "reconstruction_table9.json")
     with pytest.raises(SystemExit):
         figures.parse_args(["--table", table, "--error-max", "0"])
     out = figures.main(["--table", table, "--results", str(tiny_table / "figures")])
     assert out.name == "reconstruction_figure7.png" and out.stat().st_size > 10_000
-    harness = figures.Harness(
-        (ROOT / json.loads(Path(table).read_text())["rows"][1]["run_dir"]).resolve(), ""
-    )
+    harness = Harness((ROOT / json.loads(Path(table).read_text())["rows"][1]["run_dir"]).resolve(), "")
     columns = figures.reconstructions(json.loads(Path(table).read_text()), harness)
     titles = [title for title, _ in columns]
     assert titles == [

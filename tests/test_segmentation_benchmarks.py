@@ -1,42 +1,46 @@
-"""benchmarks/segmentation_tables.py and segmentation_figures.py: the runs they plan hold the shared protocol
+"""FedIOD's segmentation tables and figures (fedistill.reproduce.segmentation_*, driven by
+benchmarks/segmentation_tables.py and segmentation_figures.py): the runs they plan hold the shared protocol
 (same model, same local epochs per site, same G budget for FedIOD and AsynDGAN) and parse as the CLI parses
 them; the tables they write label every measured number semi-synthetic and keep the paper's numbers apart;
 and, at a tiny size (slow), both scripts run end to end on the semi-synthetic sets."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
+from types import SimpleNamespace
 
 import pytest
 
 from fedistill import cli
-from fedistill.algorithms.base import get_algorithm
-from fedistill.experiment import runner
-from fedistill.experiment.config import options_for
+from fedistill.algorithms.registry import get_algorithm
+from fedistill.config import options_for
+from fedistill.reproduce import (
+    segmentation_figures,
+    segmentation_plan,
+    segmentation_report,
+    segmentation_tables,
+)
+from fedistill.run import setup as runner
 
-ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
-def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import their neighbours (_common, ...)
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def tables() -> ModuleType:
-    return _load("segmentation_tables")
+def tables() -> SimpleNamespace:
+    """The tables' plan, report and entry point under one name."""
+    return SimpleNamespace(
+        parse=segmentation_plan.parse,
+        tables=segmentation_plan.tables,
+        plan=segmentation_plan.plan,
+        METHODS=segmentation_plan.METHODS,
+        INSTANCE_METRICS=segmentation_report.INSTANCE_METRICS,
+        write=segmentation_report.write,
+        main=segmentation_tables.main,
+    )
 
 
-def _config(bench: ModuleType, table, spec):
+def _config(table, spec):
     """The RunConfig `fedistill run` builds from the argv run_fedistill passes for `spec`."""
     argv = ["run", "--algorithm", spec.algorithm, "--dataset", table.dataset, "--data-dir", "data",
             "--clients", str(table.clients), "--alpha", "1", "--model", "unet", "--rounds", str(spec.rounds),
@@ -52,7 +56,7 @@ def test_every_method_gets_the_same_model_and_local_epochs(tables):
         specs = {s.method: s for s in tables.plan(table, args, train_samples=330)}
         expected = {*tables.METHODS} - ({"fediod-prior"} if table.number == 4 else set())
         assert set(specs) == expected
-        built = {m: _config(tables, table, s) for m, s in specs.items()}
+        built = {m: _config(table, s) for m, s in specs.items()}
         for method, (config, options) in built.items():
             assert (config.model, config.options["model_options"]) == ("unet", {"width": 8, "depth": 4})
             assert (config.partition, config.threads, config.optimizer) == ("natural", 1, "adam")
@@ -155,7 +159,9 @@ def test_tables_and_figures_end_to_end_at_a_tiny_size(tables, tmp_path):
         assert all(r["matches_run_summary"] for r in record["rows"].values())
         assert all(r["cpu_s"] > 0 for r in record["rows"].values())
     assert tables.main([*tiny, "--reuse"]) == 0  # scored again from the saved models, nothing rerun
-    figures = _load("segmentation_figures")
-    assert figures.main(["--results", str(tmp_path), "--data-dir", str(SHARED), "--slices", "2"]) == 0
+    assert (
+        segmentation_figures.main(["--results", str(tmp_path), "--data-dir", str(SHARED), "--slices", "2"])
+        == 0
+    )
     for name in ("figure5", "figure6", "figure3_nuclei", "figure6_nuclei"):
         assert (tmp_path / f"segmentation_{name}.png").stat().st_size > 0

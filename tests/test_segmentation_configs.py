@@ -1,22 +1,21 @@
 """The ready configs of FedIOD's segmentation tables (configs/segmentation/): each parses as `fedistill run
 --config` parses it, holds the paper's protocol (same net, partition and local epochs per site for every
 method of a setting), and states the paper's numbers in its header exactly as configs/expected.toml holds
-them, in the format benchmarks/fedmdcg_table.py reads and rewrites."""
+them, in the format fedistill.reproduce.expected reads and rewrites."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from fedistill.algorithms.base import get_algorithm
-from fedistill.experiment import runner
-from fedistill.experiment.config import RunConfig, build_config, load_toml, options_for
+from fedistill.algorithms.registry import get_algorithm
+from fedistill.config import RunConfig, build_config, load_toml, options_for
+from fedistill.reproduce import expected
+from fedistill.run import setup as runner
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -75,20 +74,17 @@ def test_a_config_parses_holds_the_protocol_and_has_its_paper_values(path):
 
 
 def test_expected_toml_round_trips_through_the_table_scripts_writer():
-    """benchmarks/fedmdcg_table.py --update-expected rewrites the whole file: the segmentation entries must
-    come back unchanged, so they are written in its format (source, tolerance, then sorted keys)."""
-    spec = importlib.util.spec_from_file_location("fedmdcg_table", ROOT / "benchmarks" / "fedmdcg_table.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("fedmdcg_table", module)
-    spec.loader.exec_module(module)
+    """`benchmarks/fedmdcg_table.py --update-expected` rewrites the whole file (fedistill.reproduce.expected):
+    the segmentation entries must come back unchanged, so they are written in its format (source,
+    tolerance, then sorted keys)."""
     text = (CONFIGS / "expected.toml").read_text(encoding="utf-8")
-    entries = module.read_expected()
+    entries = expected.read_expected(CONFIGS / "expected.toml")
     blocks = dict(_blocks(text))
     for key, entry in entries.items():
         if key.startswith("segmentation/"):
             order = [k for k in ("source", "tolerance") if k in entry]
             order += sorted(k for k in entry if k not in order)
-            assert blocks[key] == [f"{k} = {module._toml_value(entry[k])}" for k in order], key
+            assert blocks[key] == [f"{k} = {expected.toml_value(entry[k])}" for k in order], key
 
 
 def _blocks(text: str) -> list[tuple[str, list[str]]]:

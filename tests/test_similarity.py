@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedistill.data.base import DatasetInfo, ImageSet
-from fedistill.metrics.similarity import (
+from fedistill.analysis.similarity import (
     FeatureNetwork,
     frechet_distance,
     held_out_halves,
@@ -20,6 +19,7 @@ from fedistill.metrics.similarity import (
     to_unit,
     train_feature_network,
 )
+from fedistill.data.base import DatasetInfo, ImageSet
 
 
 def _features(n: int, d: int, seed: int) -> torch.Tensor:

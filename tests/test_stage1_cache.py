@@ -4,9 +4,9 @@ from the sites' cache, ends with exactly the same results, and says so in its su
 import logging
 
 from algorithm_helpers import TINY_FEDIOD, _strip_times
-from fedistill.experiment.config import RunConfig, build_config
-from fedistill.experiment.rundir import read_jsonl
-from fedistill.experiment.runner import run_suite
+from fedistill.config import RunConfig, build_config
+from fedistill.run.launch import run_suite
+from fedistill.run.rundir import read_jsonl
 
 VOLATILE = {"teachers_from_cache"}
 

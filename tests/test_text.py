@@ -14,17 +14,17 @@ import torch
 from safetensors.torch import load_file
 
 from algorithm_helpers import check_resume_after_crash
-from fedistill.algorithms import distillation_data as dd
-from fedistill.algorithms.feddf import FedDFServer
+from fedistill.algorithms.feddf.feddf import FedDFServer
+from fedistill.algorithms.shared import distillation_data as dd
 from fedistill.cli import main
+from fedistill.config import RunConfig, build_config
 from fedistill.data.registry import describe_files, load_dataset
 from fedistill.errors import ConfigError, DataError
-from fedistill.experiment.checkpoint import latest_checkpoint, read_checkpoint, save_model
-from fedistill.experiment.config import RunConfig, build_config
-from fedistill.experiment.rundir import read_jsonl
-from fedistill.experiment.runner import run_suite
 from fedistill.federation.ledger import DOWN, UP, read_ledger
 from fedistill.models import build_model
+from fedistill.run.checkpoint import latest_checkpoint, read_checkpoint, save_model
+from fedistill.run.launch import run_suite
+from fedistill.run.rundir import read_jsonl
 from fedistill.seeding import seeded
 from fedistill.tasks import TextClassification, make_task
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedistill.algorithms.weight_average import WeightAverage
+from fedistill.algorithms.shared.weight_average import WeightAverage
 
 
 def test_the_average_moves_one_minus_decay_towards_the_trained_weights():

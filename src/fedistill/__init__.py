@@ -1,3 +1,5 @@
 """fedistill: federated learning by distillation (FedIOD, FedDF, FedMD-CG and their baselines)."""
 
-__version__ = "0.1.0"
+from fedistill.version import __version__
+
+__all__ = ["__version__"]

@@ -39,7 +39,7 @@ FLAG_KEYS = {
 
 
 #: What `fedistill run` runs when given no options: the main job on the embedded digits data.
-DEMO_CONFIG = Path(__file__).parent / "experiment" / "demo.toml"
+DEMO_CONFIG = Path(__file__).parent / "run" / "demo.toml"
 #: Flags that say where and how a run goes, not what it runs: with only these, `run` still runs the demo.
 PLACEMENT_KEYS = {"out", "name", "transport", "device"}
 
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
-    from fedistill.experiment.config import RunConfig, build_config, load_toml, parse_assignment
+    from fedistill.config import RunConfig, build_config, load_toml, parse_assignment
 
     layers: list[dict[str, Any]] = []
     flags = {key: getattr(args, flag) for flag, key in FLAG_KEYS.items() if getattr(args, flag) is not None}
@@ -116,10 +116,12 @@ _CURRENT_RUN: list[Path] = []
 
 
 def command_run(args: argparse.Namespace) -> int:
-    from fedistill.experiment import suite_dir as folder
-    from fedistill.experiment.config import read_config
-    from fedistill.experiment.runner import default_name, run_suite, validate_setup
-    from fedistill.experiment.summary import print_results
+    from fedistill.config import read_config
+    from fedistill.run import suite_dir as folder
+    from fedistill.run.launch import run_suite
+    from fedistill.run.setup import validate_setup
+    from fedistill.run.suite import default_name
+    from fedistill.run.summary import print_results
 
     if args.resume:
         given = [flag for flag in FLAG_KEYS if flag != "device" and getattr(args, flag) is not None] + (
@@ -154,7 +156,7 @@ def command_run(args: argparse.Namespace) -> int:
 
 
 def command_list(_: argparse.Namespace) -> int:
-    from fedistill.algorithms import ALGORITHMS, algorithm_names
+    from fedistill.algorithms.registry import ALGORITHMS, algorithm_names
     from fedistill.data.partition import PARTITIONERS
     from fedistill.data.registry import dataset_names
     from fedistill.models import model_names
@@ -169,7 +171,7 @@ def command_list(_: argparse.Namespace) -> int:
 
 
 def command_summary(args: argparse.Namespace) -> int:
-    from fedistill.experiment.summary import print_results, read_summary
+    from fedistill.run.summary import print_results, read_summary
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():

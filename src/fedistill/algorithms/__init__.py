@@ -1,23 +1,6 @@
-"""Algorithms: importing this package registers every one of them by name."""
+"""Algorithms, one folder per family; `registry` imports them all and looks them up by name.
 
-from fedistill.algorithms import (  # noqa: F401
-    asyndgan,
-    coboosting,
-    dense,
-    fedavg,
-    fedcg,
-    feddf,
-    fedgen,
-    fediod,
-    fedkd,
-    fedmd,
-    fedmdcg,
-    fedper,
-    flmrcm,
-    lgfedavg,
-    one_shot,
-    standalone,
-)
-from fedistill.algorithms.base import ALGORITHMS, Algorithm, algorithm_names, get_algorithm
-
-__all__ = ["ALGORITHMS", "Algorithm", "algorithm_names", "get_algorithm"]
+`base` says what an algorithm is; `shared/` holds the pieces several families use (training loops,
+the stage-1 cache, distillation data, selection, oracles). A family imports `shared/`, its own folder,
+and another family only through that family's package (its public face), never its internals.
+"""

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedistill.config import RunConfig
 from fedistill.data.base import DatasetInfo, ImageSet
-from fedistill.errors import ConfigError, unknown_name
-from fedistill.experiment.config import RunConfig
+from fedistill.errors import ConfigError
 from fedistill.federation.client import ClientLogic
 from fedistill.federation.fleet import Fleet
 
@@ -34,7 +34,9 @@ class ClientContext:
     config: RunConfig
     options: Any
     global_test: ImageSet  # the evaluation harness's test set, for reporting a local model's accuracy
-    cache_dir: Path | None = None  # the site's own cache of stage-1 models (algorithms/stage1.py); None: off
+    cache_dir: Path | None = (
+        None  # the site's own cache of stage-1 models (algorithms/shared/stage1.py); None: off
+    )
     # the evaluation harness's facts of `global_test` (per-volume scores, stitched patches, sources)
     global_test_meta: dict[str, Any] = field(default_factory=dict)
     global_test_sources: list[str] | None = None
@@ -87,7 +89,8 @@ class ServerLogic(ABC):
 
     @abstractmethod
     def evaluate(self, fleet: Fleet, round: int) -> dict[str, float]:
-        """Test metrics of the current model(s); must include `test_accuracy`."""
+        """Test metrics of the current model(s); must include the task's headline, `test_<headline>`
+        (`Task.headline`), which the run's progress, curves and summary lead with."""
 
     def final_evaluate(self, fleet: Fleet, last: dict[str, float]) -> dict[str, float]:
         """The metrics reported for the run: by default `last`, the last round's evaluation. Methods
@@ -124,7 +127,7 @@ class Algorithm:
     options: type = NoOptions
     pooled: bool = False  # True: one client holds all training data (not federated)
     # Evaluation only, outside the protocol: the in-process runner calls it with the client objects'
-    # own states (never a message, never the ledger); see algorithms/oracle.py.
+    # own states (never a message, never the ledger); see algorithms/shared/oracle.py.
     oracle: Oracle | None = None
     # The tasks it runs on (fedistill.tasks); the run refuses any other with a clear message.
     tasks: tuple[str, ...] = ("classification",)
@@ -142,27 +145,6 @@ ALGORITHMS: dict[str, Algorithm] = {}
 def register(algorithm: Algorithm) -> Algorithm:
     ALGORITHMS[algorithm.name] = algorithm
     return algorithm
-
-
-def get_algorithm(name: str) -> Algorithm:
-    from fedistill import algorithms as _  # noqa: F401  (import registers every algorithm)
-
-    if name not in ALGORITHMS:
-        raise unknown_name("algorithm", name, sorted(ALGORITHMS))
-    return ALGORITHMS[name]
-
-
-def for_task(task: str) -> list[str]:
-    """The registered algorithms that run on `task`."""
-    from fedistill import algorithms as _  # noqa: F401
-
-    return sorted(name for name, algorithm in ALGORITHMS.items() if task in algorithm.tasks)
-
-
-def algorithm_names() -> list[str]:
-    from fedistill import algorithms as _  # noqa: F401
-
-    return sorted(ALGORITHMS)
 
 
 def model_cycle(names: str, default: str, *, key: str) -> list[str]:

@@ -118,7 +118,7 @@ def save_image_grid(
 
     ``titles`` label the images one by one; ``title`` heads the figure. Returns the PNG path.
     """
-    from fedistill.experiment.plots import plot_image_grid
+    from fedistill.plots import plot_image_grid
 
     batch = _batch(images)
     if nrow < 1:

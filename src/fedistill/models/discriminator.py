@@ -7,9 +7,8 @@ map of patch logits (no sigmoid), a quarter of the image size per side: 8×8 →
 
 ``fast=True`` computes the first 4×4/stride-2 convolution as an unfold followed by one matrix
 product instead of ``nn.Conv2d``; it uses the same weights and gives the same outputs and gradients
-up to float rounding. It is off by default: on a 2-core CPU with batches of 64 a whole
-forward+backward step was not faster with it (the second convolution dominates the step; only
-digits at width 32 gained, by under 10%, while digits at width 128, MNIST and CIFAR lost up to 15%).
+up to float rounding. It is off by default: a whole forward+backward step is seldom faster with it, since
+the second convolution dominates the step (docs/results/tuning-history.md).
 """
 
 from __future__ import annotations

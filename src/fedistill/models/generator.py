@@ -34,9 +34,8 @@ def resolve_upsamples(value: int | str, image_size: int) -> int:
     """How often G upsamples: `value`, or for auto the paper's 2 unless that starts G from a grid under
     4 px, then as many as keep it at 4 px or more (8x8 digits: 1, from 4x4; 28 and 32 px: 2, from 7 and 8).
 
-    Why: on 8x8 digits the paper's 2x2 grid limited FedIOD's student. Paired with 2 upsamplings (K = 10,
-    alpha 0.5; benchmarks/results/fediod_demo_variants_gres*.md), 1 gave +1.14 points on seeds 3-11 (8 up /
-    1 down, 0.989 of the ensemble) and +0.93 on seeds 0-2 (3 / 0); 0 gave +0.90 on seeds 3-11."""
+    Why: on 8x8 digits the paper's 2x2 grid limited FedIOD's student, and a 4x4 one raised it
+    (docs/results/tuning-history.md)."""
     if value != "auto":
         return int(value)
     for upsamples in (2, 1):
@@ -138,7 +137,7 @@ class Generator(nn.Module):
 
     def export_metadata(self) -> dict[str, str]:
         """What a saved file needs beside the weights to rebuild this G: the weights fix the base grid,
-        not how often it is upsampled (`fedistill.algorithms.distillation_data.load_generator`)."""
+        not how often it is upsampled (`fedistill.algorithms.shared.distillation_data.load_generator`)."""
         return {"upsamples": str(self.upsamples)}
 
     def sample_latent(self, batch: int, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -32,6 +32,7 @@ from fedistill.models.base import Classifier, unknown_choice
 from fedistill.models.binary import resnet8_binary
 from fedistill.models.distilbert import distilbert
 from fedistill.models.fastmri_unet import unet_fastmri
+from fedistill.models.inversion_lenets import lenet_fedmdcg_dlg, lenet_fedmdcg_sigmoid
 from fedistill.models.lenet import lenet5, lenet_fedmdcg
 from fedistill.models.mlp import mlp
 from fedistill.models.norm import DENSE_NORMS, NORMS, check_norm
@@ -73,6 +74,8 @@ _MODELS: dict[str, ModelSpec] = {
     "shufflenetv2": ModelSpec(shufflenetv2),
     "vgg9": ModelSpec(vgg9, default_norm="none"),
     "lenet-fedmdcg": ModelSpec(lenet_fedmdcg),
+    "lenet-fedmdcg-sigmoid": ModelSpec(lenet_fedmdcg_sigmoid),  # for gradient-inversion studies
+    "lenet-fedmdcg-dlg": ModelSpec(lenet_fedmdcg_dlg),
     "lenet5": ModelSpec(lenet5, has_norm=False),
     "mlp": ModelSpec(mlp, has_norm=False),
     "small-cnn": ModelSpec(small_cnn),

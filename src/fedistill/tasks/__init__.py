@@ -14,6 +14,7 @@ from fedistill.data.base import DatasetInfo
 from fedistill.errors import ConfigError, unknown_name
 from fedistill.tasks.base import Inputs, Task
 from fedistill.tasks.classification import Classification
+from fedistill.tasks.conditions import Condition
 from fedistill.tasks.reconstruction import Reconstruction
 from fedistill.tasks.segmentation import InstanceSegmentation, SemanticSegmentation
 from fedistill.tasks.text import TextClassification
@@ -30,11 +31,17 @@ TASKS: dict[str, type[Task]] = {
 }
 
 
-def make_task(info: DatasetInfo, options: Mapping[str, Any] | None = None) -> Task:
-    """The task of dataset `info` with `options` (the `[task]` table); ConfigError on unknown options."""
+def task_class(info: DatasetInfo) -> type[Task]:
+    """The kind of task dataset `info` declares, before any option is applied (what depends on the kind
+    alone, as `Task.partition_labels`, asks it); ConfigError on an unknown task."""
     if info.task not in TASKS:
         raise unknown_name("task", info.task, list(TASKS), ConfigError)
-    cls = TASKS[info.task]
+    return TASKS[info.task]
+
+
+def make_task(info: DatasetInfo, options: Mapping[str, Any] | None = None) -> Task:
+    """The task of dataset `info` with `options` (the `[task]` table); ConfigError on unknown options."""
+    cls = task_class(info)
     options = dict(options or {})
     allowed = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(options) - set(allowed))
@@ -49,6 +56,7 @@ def make_task(info: DatasetInfo, options: Mapping[str, Any] | None = None) -> Ta
 __all__ = [
     "TASKS",
     "Classification",
+    "Condition",
     "Inputs",
     "InstanceSegmentation",
     "Reconstruction",
@@ -56,4 +64,5 @@ __all__ = [
     "Task",
     "TextClassification",
     "make_task",
+    "task_class",
 ]

@@ -22,9 +22,8 @@ class Classification(Task):
     name = "classification"
     target = "class index"
     headline = "accuracy"
-    distils = "per-image logits"
-    condition = "noise"
     columns = (("accuracy", "test %", "percent"),)
+    reports_global_accuracy = True
 
     def batches(
         self,
@@ -44,6 +43,10 @@ class Classification(Task):
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(outputs, targets)
 
+    def column_counts(self, data: ImageSet, info: DatasetInfo) -> torch.Tensor:
+        """Samples per class."""
+        return torch.bincount(data.y, minlength=info.num_classes).to(torch.int64)
+
     @torch.no_grad()
     def evaluate(
         self,
@@ -55,7 +58,7 @@ class Classification(Task):
         meta: Mapping[str, np.ndarray] | None = None,
         groups: Sequence[str] | None = None,
     ) -> dict[str, float]:
-        """Accuracy and mean cross-entropy."""
+        """Accuracy and mean cross-entropy, summed batch by batch (no set's logits are held at once)."""
         was_training = model.training
         model.eval()
         correct, loss, count = 0, 0.0, 0
@@ -66,7 +69,7 @@ class Classification(Task):
             count += len(y)
         model.train(was_training)
         if count == 0:
-            return {"accuracy": float("nan"), "loss": float("nan"), "count": 0}
+            return self.empty_metrics()
         return {"accuracy": correct / count, "loss": loss / count, "count": count}
 
     def score(
@@ -81,7 +84,7 @@ class Classification(Task):
         """Accuracy and mean cross-entropy of given logits (N, C)."""
         outputs = outputs.detach().cpu()
         if len(data) == 0:
-            return {"accuracy": float("nan"), "loss": float("nan"), "count": 0}
+            return self.empty_metrics()
         loss = F.cross_entropy(outputs, data.y).item()
         return {
             "accuracy": float((outputs.argmax(1) == data.y).float().mean()),

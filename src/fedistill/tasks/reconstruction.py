@@ -25,11 +25,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedistill.data.base import DatasetInfo, ImageSet
-from fedistill.data.mri.kspace import data_consistency, undersample
+from fedistill.data.mri.kspace import data_consistency, undersample, zero_filled
 from fedistill.data.mri.masks import MASK_KINDS, MASK_MODES, SliceMasks, mask_function
 from fedistill.errors import ConfigError
 from fedistill.metrics.reconstruction import ReconstructionScores
 from fedistill.tasks.base import Inputs, Task
+from fedistill.tasks.conditions import BrainForeground
 from fedistill.tasks.dense_batches import dense_batches
 
 
@@ -38,9 +39,9 @@ class Reconstruction(Task):
     name = "reconstruction"
     target = "image"
     headline = "ssim"
-    distils = "output images"
-    condition = "foreground mask"
     columns = (("ssim", "SSIM", "float4"), ("psnr", "PSNR dB", "float"))
+    per_pixel = True
+    condition = BrainForeground()
 
     acceleration: float = 4.0
     center_fraction: float = 0.08
@@ -111,19 +112,22 @@ class Reconstruction(Task):
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.l1_loss(outputs, targets) if self.loss_kind == "l1" else F.mse_loss(outputs, targets)
 
-    def evaluate(
-        self,
-        model: nn.Module,
-        data: ImageSet,
-        info: DatasetInfo,
-        *,
-        batch_size: int = 64,
-        meta: Mapping[str, np.ndarray] | None = None,
-        groups: Sequence[str] | None = None,
-    ) -> dict[str, float]:
-        if len(data) == 0:
-            return {"ssim": float("nan"), "loss": float("nan"), "count": 0}
-        return self.score(self.outputs(model, data, info, batch_size), data, info, meta=meta, groups=groups)
+    def inputs_of(self, images: torch.Tensor, indices: torch.Tensor, seed: int) -> torch.Tensor:
+        """The zero-filled images of the undersampled k-space of `images`, with the task's mask function
+        and mode, the masks seeded by `seed` (a stream of its own, apart from any data set's)."""
+        masks = SliceMasks(self.masks.func, self.mask_mode, seed)
+        mask = masks(indices, images.shape[-1]).to(images.device)
+        # images normalised with the dataset's mean and std: reconstruction data have mean 0 and std 1,
+        # so the images are in [0, 1] and go through the k-space as they are
+        return zero_filled(images, mask).to(images.dtype)
+
+    def distilled_columns(self, info: DatasetInfo) -> int:
+        """One: each pixel of an output image is a row with one value."""
+        return 1
+
+    def column_counts(self, data: ImageSet, info: DatasetInfo) -> torch.Tensor:
+        """The number of slices: there are no classes, so a site's share is its share of all slices."""
+        return torch.tensor([len(data)], dtype=torch.int64)
 
     def score(
         self,
@@ -139,7 +143,7 @@ class Reconstruction(Task):
         slice's source."""
         n = len(data)
         if n == 0:
-            return {"ssim": float("nan"), "loss": float("nan"), "count": 0}
+            return self.empty_metrics()
         outputs = outputs.detach().cpu()
         subjects = np.asarray(meta["subject"]) if meta and len(meta.get("subject", ())) == n else np.arange(n)
         scores = ReconstructionScores()

@@ -10,7 +10,8 @@ post-processing function (`instances_from_three_class`: seeds where "inside" win
 foreground), and the report adds object-level Dice and AJI (Eq. 12). Patched test sets are stitched back
 into whole images first (`test_meta`), so every metric is a whole-image one, as the paper's.
 
-FedIOD on these tasks compares per-pixel logits and conditions its generator on a label mask.
+FedIOD on these tasks compares per-pixel logits and conditions its generator on the label mask
+(semantic) or the nuclei's foreground (instance).
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from skimage.segmentation import find_boundaries
-from torch import nn
 
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.errors import ConfigError
 from fedistill.metrics.instances import aji, instances_from_three_class, object_dice
 from fedistill.metrics.segmentation import SegmentationScores
 from fedistill.tasks.base import Inputs, Task
+from fedistill.tasks.conditions import LabelMask, NucleiForeground
 from fedistill.tasks.dense_batches import dense_batches
 
 SEMANTIC_LOSSES = ("ce+dice", "ce")
@@ -51,9 +52,9 @@ class SemanticSegmentation(Task):
     name = "semantic-segmentation"
     target = "mask"
     headline = "dice"
-    distils = "per-pixel logits"
-    condition = "label mask"
     columns = (("dice", "Dice %", "percent"), ("hd95", "HD95 px", "float"))
+    per_pixel = True
+    condition = LabelMask()
 
     loss_kind: str = "ce+dice"
     dice_weight: float = 1.0
@@ -96,19 +97,10 @@ class SemanticSegmentation(Task):
             return ce
         return ce + self.dice_weight * soft_dice_loss(outputs, targets)
 
-    def evaluate(
-        self,
-        model: nn.Module,
-        data: ImageSet,
-        info: DatasetInfo,
-        *,
-        batch_size: int = 64,
-        meta: Mapping[str, np.ndarray] | None = None,
-        groups: Sequence[str] | None = None,
-    ) -> dict[str, float]:
-        if len(data) == 0:
-            return {"dice": float("nan"), "loss": float("nan"), "count": 0}
-        return self.score(self.outputs(model, data, info, batch_size), data, info, meta=meta, groups=groups)
+    def column_counts(self, data: ImageSet, info: DatasetInfo) -> torch.Tensor:
+        """Pixels per class the net learns (instance maps: background, inside, contour)."""
+        classes = self.pixel_targets(data.y).reshape(-1).cpu()
+        return torch.bincount(classes, minlength=self.distilled_columns(info)).to(torch.int64)
 
     def score(
         self,
@@ -123,7 +115,7 @@ class SemanticSegmentation(Task):
         (N, C, H, W), per image, then averaged; per source too (`dice_<source>`) when `groups` name each
         sample's source."""
         if len(data) == 0:
-            return {"dice": float("nan"), "loss": float("nan"), "count": 0}
+            return self.empty_metrics()
         outputs = outputs.detach().cpu()
         loss = self.loss(outputs, self.pixel_targets(data.y)).item()
         scores = SegmentationScores(compute_hd95=self.hd95)
@@ -136,7 +128,7 @@ class SemanticSegmentation(Task):
 class InstanceSegmentation(SemanticSegmentation):
     name = "instance-segmentation"
     target = "instance map"
-    condition = "label mask"
+    condition = NucleiForeground()
     columns = (
         ("dice", "Dice %", "percent"),
         ("object_dice", "Obj-Dice %", "percent"),
@@ -185,7 +177,7 @@ class InstanceSegmentation(SemanticSegmentation):
         """Dice and HD95 of the foreground, object-level Dice and AJI of the instances, on whole images
         (patches stitched back when `meta` places them) or on the samples as they are."""
         if len(data) == 0:
-            return {"dice": float("nan"), "loss": float("nan"), "count": 0}
+            return self.empty_metrics()
         outputs = outputs.detach().cpu()
         loss = self.loss(outputs, self.pixel_targets(data.y)).item()
         probs = outputs.softmax(1).numpy()

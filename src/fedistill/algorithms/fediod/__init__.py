@@ -28,15 +28,18 @@ model selection), `losses.py` (every term of Eq. 2-11), `draws.py` (what G draws
 """
 
 from fedistill.algorithms.base import ALL_TASKS, Algorithm, register
+from fedistill.algorithms.fediod import losses
 from fedistill.algorithms.fediod.client import FedIODClient
 from fedistill.algorithms.fediod.options import (
     OFFICIAL_CODE,
     FedIODOptions,
     cosine_lr,
+    network_widths,
     resolve_options,
     teacher_name,
 )
 from fedistill.algorithms.fediod.server import Federation, FedIODServer
+from fedistill.algorithms.fediod.task_view import TaskView
 
 __all__ = [
     "OFFICIAL_CODE",
@@ -44,7 +47,10 @@ __all__ = [
     "FedIODOptions",
     "FedIODServer",
     "Federation",
+    "TaskView",
     "cosine_lr",
+    "losses",
+    "network_widths",
     "resolve_options",
     "teacher_name",
 ]

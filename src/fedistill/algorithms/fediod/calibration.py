@@ -15,11 +15,9 @@ ensemble calls most synthetic samples that class; centred, its vote is about 0 e
 wins only where every other class's experts score the sample below their average.
 
 `"auto"` picks between the two from the label counts the sites send in stage 1: `"centred"` when at
-least one site saw a single class (the case centring is for), else `"raw"`. On the digits grid centring
-raised four of the five alpha 0.1 runs with a one-class site by 5-29 points (K = 5 seed 2: 53.06% ->
-82.50%) and cost the fifth 1.1; where no site was one-class it cost up to 5 points (K = 5 seeds 0 and 1,
-the alpha 0.5 and 1 cells), and at MNIST and Fashion-MNIST alpha 0.1 (K = 10) 10.9 and 14.1 points.
-Dense tasks always stay raw.
+least one site saw a single class (the case centring is for), else `"raw"`: centring helps where a
+one-class site would otherwise decide its class, and costs accuracy everywhere else
+(docs/results/tuning-history.md). Dense tasks always stay raw.
 """
 
 from __future__ import annotations

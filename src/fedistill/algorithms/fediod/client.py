@@ -59,7 +59,6 @@ from fedistill.algorithms.base import (
     ClientContext,
     clone_state,
 )
-from fedistill.algorithms.bn_matching import batchnorm_statistics_loss
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.options import (
     network_widths,
@@ -68,9 +67,10 @@ from fedistill.algorithms.fediod.options import (
     teacher_name,
 )
 from fedistill.algorithms.fediod.task_view import TaskView
-from fedistill.algorithms.mask_upload import site_masks
-from fedistill.algorithms.stage1 import train_teacher
-from fedistill.algorithms.training import evaluate_model, new_model, task_of
+from fedistill.algorithms.shared.bn_matching import batchnorm_statistics_loss
+from fedistill.algorithms.shared.mask_upload import site_masks
+from fedistill.algorithms.shared.stage1 import train_teacher
+from fedistill.algorithms.shared.training import evaluate_model, new_model, task_of
 from fedistill.data.transforms import to_float
 from fedistill.errors import FederationError
 from fedistill.federation.client import ClientLogic, handles

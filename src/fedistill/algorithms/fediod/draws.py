@@ -18,6 +18,7 @@ import torch
 from scipy import ndimage
 
 from fedistill.algorithms.fediod.task_view import TaskView
+from fedistill.algorithms.shared.site_shares import from_uploads, owners, shares  # noqa: F401
 
 
 @dataclass
@@ -28,42 +29,12 @@ class Draw:
     pair: torch.Tensor | None = None  # (B,) position of the mask in its site's upload, -1 for none
 
 
-def shares(pi: torch.Tensor, batch: int) -> torch.Tensor:
-    """Samples per site: a share pi_k of `batch`, at least one each when the batch has room, the rest by
-    largest remainders (ties to the earlier site)."""
-    k = len(pi)
-    floor = 1 if batch >= k else 0
-    quota = pi.double() * (batch - floor * k)
-    counts = quota.floor().long() + floor
-    extra = batch - int(counts.sum())
-    if extra > 0:
-        counts[torch.argsort(quota - quota.floor(), descending=True, stable=True)[:extra]] += 1
-    return counts
-
-
-def owners(pi: torch.Tensor, batch: int) -> torch.Tensor:
-    """(batch,) site positions on the CPU, site by site in order (see `shares`)."""
-    return torch.repeat_interleave(torch.arange(len(pi)), shares(pi.cpu(), batch))
-
-
-def from_uploads(
-    pools: list[torch.Tensor], owner: torch.Tensor, rng: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each sample, a mask drawn uniformly from its site's uploaded masks: (masks, positions)."""
-    positions = torch.empty(len(owner), dtype=torch.int64)
-    for site in range(len(pools)):
-        rows = torch.nonzero(owner == site).flatten()
-        if len(rows):
-            positions[rows] = torch.randint(len(pools[site]), (len(rows),), generator=rng)
-    masks = torch.stack([pools[int(s)][int(p)] for s, p in zip(owner, positions, strict=True)])
-    return masks.to(torch.int64), positions
-
-
 def prior_masks(view: TaskView, batch: int, rng: torch.Generator) -> torch.Tensor:
-    """Masks the server draws from its own prior, knowing no site's labels: smooth random blobs, drawn
-    as thresholded smoothed noise (`mask`: one blob of a random size and position per image, as a
-    tumour; `instance map`: many small round nuclei at a random density; `image`: one large, roughly
-    elliptical brain-like foreground)."""
+    """Masks the server draws from its own prior, knowing no site's labels: smooth random shapes, drawn
+    as thresholded smoothed noise by the task's condition (`Condition.prior`: one blob of a random size
+    and position per image, as a tumour; many small round nuclei at a random density; one large,
+    roughly elliptical brain-like foreground)."""
+    condition = view.condition
     size = view.info.image_size
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=rng))
     gen = np.random.default_rng(seed)
@@ -72,21 +43,5 @@ def prior_masks(view: TaskView, batch: int, rng: torch.Generator) -> torch.Tenso
     for i in range(batch):
         noise = ndimage.gaussian_filter(gen.standard_normal((size, size)), sigma=size / 16)
         noise /= noise.std() + 1e-8
-        if view.task.target == "image":
-            cy, cx = gen.uniform(0.45, 0.55, 2)
-            ry, rx = gen.uniform(0.32, 0.45, 2)
-            field = 1 - ((yy - cy) / ry) ** 2 - ((xx - cx) / rx) ** 2 + 0.08 * noise
-            out[i] = field > 0
-        elif view.task.target == "instance map":
-            count = int(gen.integers(5, 40))
-            radius = gen.uniform(0.02, 0.06)
-            centres = gen.uniform(0.05, 0.95, (count, 2))
-            for cy, cx in centres:
-                wobble = 1 + 0.15 * noise
-                out[i] |= ((yy - cy) ** 2 + (xx - cx) ** 2) < (radius * wobble) ** 2
-        else:
-            cy, cx = gen.uniform(0.25, 0.75, 2)
-            radius = gen.uniform(0.04, 0.2)
-            field = 1 - ((yy - cy) ** 2 + (xx - cx) ** 2) / radius**2 + 0.5 * noise
-            out[i] = field > 0  # class 1: the prior knows one foreground class
+        out[i] = condition.prior(gen, noise, yy, xx)
     return torch.from_numpy(out)

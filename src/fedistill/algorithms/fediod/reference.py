@@ -15,7 +15,7 @@ import torch
 
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import calibrated
-from fedistill.algorithms.mask_upload import collect_masks
+from fedistill.algorithms.shared.mask_upload import collect_masks
 from fedistill.errors import FederationError
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import ArraySpec, Message

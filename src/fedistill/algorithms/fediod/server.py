@@ -29,11 +29,11 @@ from fedistill.algorithms.fediod.options import network_widths, resolve_options
 from fedistill.algorithms.fediod.reference import teacher_report, upload_masks
 from fedistill.algorithms.fediod.student import StudentBatch, StudentSteps
 from fedistill.algorithms.fediod.task_view import TaskView
-from fedistill.algorithms.selection import nothing_selected
-from fedistill.algorithms.stage1 import teachers_from_cache
-from fedistill.algorithms.synthetic_pool import SyntheticPool
-from fedistill.algorithms.training import new_model, task_of
-from fedistill.algorithms.weight_average import WeightAverage
+from fedistill.algorithms.shared.selection import nothing_selected
+from fedistill.algorithms.shared.stage1 import teachers_from_cache
+from fedistill.algorithms.shared.synthetic_pool import SyntheticPool
+from fedistill.algorithms.shared.training import new_model, task_of
+from fedistill.algorithms.shared.weight_average import WeightAverage
 from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import ArraySpec, Message
@@ -185,7 +185,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
         self.reference = teacher_report(self, fleet)
         if self.view.conditional and options.mask_source == "clients":
             self.mask_pools = upload_masks(self, fleet)
-        # how many teachers came from their site's stage-1 cache (algorithms/stage1.py) instead of training
+        # how many teachers came from their site's stage-1 cache (shared/stage1.py) instead of training
         self.reference["teachers_from_cache"] = teachers_from_cache(replies)
         self.reference |= logits_choice  # which mode "auto" chose, and why
         log.info(

@@ -16,15 +16,15 @@ from fedistill.algorithms.fediod.calibration import calibrated
 from fedistill.algorithms.fediod.options import (
     set_lr,
 )
-from fedistill.algorithms.selection import clients_validation_score, keep_if_best
-from fedistill.algorithms.training import test_metrics
+from fedistill.algorithms.shared.selection import clients_validation_score, keep_if_best
+from fedistill.algorithms.shared.training import test_metrics
 from fedistill.data.transforms import random_shift
 from fedistill.errors import FederationError
-from fedistill.experiment.plots import plot_image_grid
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import ArraySpec, Message
 from fedistill.federation.reply_spec import ReplySpec
 from fedistill.metrics.generation import adapted_inception_score, class_coverage
+from fedistill.plots import plot_image_grid
 from fedistill.seeding import numpy_generator, torch_generator
 
 log = logging.getLogger(__name__)

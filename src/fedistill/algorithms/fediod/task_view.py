@@ -32,9 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from fedistill.data.base import DatasetInfo, ImageSet
-from fedistill.data.mri.masks import SliceMasks
 from fedistill.seeding import derive_seed
-from fedistill.tasks import Reconstruction, Task
+from fedistill.tasks import Condition, Task
 
 
 @dataclass(frozen=True)
@@ -45,51 +44,45 @@ class TaskView:
 
     @property
     def dense(self) -> bool:
-        return self.task.target != "class index"
+        return self.task.per_pixel
 
     @property
     def conditional(self) -> bool:
         """Whether G is conditioned on a mask (the dense tasks) rather than drawn from noise alone."""
-        return self.dense
+        return self.task.condition is not None
+
+    @property
+    def condition(self) -> Condition:
+        """What G is conditioned on (`Task.condition`); ValueError for a task whose G draws from noise."""
+        if self.task.condition is None:
+            raise ValueError(f"task {self.task.name!r}: G draws from noise alone, it has no condition")
+        return self.task.condition
 
     @property
     def condition_classes(self) -> int:
         """Channels of the one-hot condition: the mask's classes (instance maps: background, nucleus)."""
-        return 2 if self.task.target in ("instance map", "image") else self.info.num_classes
+        return self.condition.classes(self.info)
 
     @property
     def outputs(self) -> int:
         """Columns of a row: classes (per image or per pixel), or 1 for an image output."""
-        return self.task.output_channels(self.info) if self.task.target != "image" else 1
+        return self.task.distilled_columns(self.info)
 
     def condition_of(self, targets: torch.Tensor) -> torch.Tensor:
         """The mask G and D_k are conditioned on, from a site's stored targets (B, H, W): the class map,
         the nuclei's foreground (instance ids > 0) or the brain's foreground."""
-        if self.task.target == "mask":
-            return targets
-        return (targets > 0).to(torch.int64)
+        return self.condition.of(targets)
 
     def one_hot(self, masks: torch.Tensor) -> torch.Tensor:
         """(B, H, W) int masks -> (B, classes, H, W) float."""
         return F.one_hot(masks.long(), self.condition_classes).permute(0, 3, 1, 2).to(torch.float32)
 
     def model_input(self, x: torch.Tensor, first_index: int) -> torch.Tensor:
-        """What T_k and S see of G's images x: x itself, or for reconstruction the zero-filled image of
-        its undersampled k-space, with masks for samples first_index, first_index + 1, ... of a seeded
-        stream both the server and the clients draw (the task's mask function and mode)."""
-        if not isinstance(self.task, Reconstruction):
-            return x
-        task = self.task
-        masks = SliceMasks(
-            task.masks.func, task.mask_mode, derive_seed(self.seed, "fediod-synthetic-masks") % (2**31)
-        )
+        """What T_k and S see of G's images x (`Task.inputs_of`): x itself, or for reconstruction the
+        zero-filled image of its undersampled k-space, with masks for samples first_index,
+        first_index + 1, ... of a seeded stream both the server and the clients draw."""
         index = torch.arange(x.shape[0]) + first_index  # a stream of its own seed, apart from data sets
-        mask = masks(index, x.shape[-1]).to(x.device)
-        from fedistill.data.mri.kspace import zero_filled
-
-        # G's images are normalised with the dataset's mean and std; reconstruction data have mean 0
-        # and std 1, so x is in [0, 1] and goes through the k-space as it is
-        return zero_filled(x, mask).to(x.dtype)
+        return self.task.inputs_of(x, index, derive_seed(self.seed, "fediod-synthetic-masks") % (2**31))
 
     def rows(self, out: torch.Tensor) -> torch.Tensor:
         """Outputs -> rows (samples, columns): (B, C) stays; (B, C, H, W) -> (B·H·W, C) pixel rows."""
@@ -123,14 +116,10 @@ class TaskView:
         return (batch,) if not self.dense else (batch, self.info.image_size, self.info.image_size)
 
     def label_counts(self, data: ImageSet) -> torch.Tensor:
-        """What Eq. 8's share counts at a site: images per class, pixels per class (segmentation; nuclei by
-        the task's pixel classes), or the number of slices (reconstruction: one column)."""
-        if not self.dense:
-            return torch.bincount(data.y, minlength=self.info.num_classes).to(torch.int64)
-        if self.task.target == "image":
-            return torch.tensor([len(data)], dtype=torch.int64)
-        classes = self.task.pixel_targets(data.y)  # type: ignore[attr-defined]
-        return torch.bincount(classes.reshape(-1).cpu(), minlength=self.outputs).to(torch.int64)
+        """What Eq. 8's share counts at a site (`Task.column_counts`): images per class, pixels per class
+        (segmentation; nuclei by the task's pixel classes), or the number of slices (reconstruction: one
+        column)."""
+        return self.task.column_counts(data, self.info)
 
     def pixel_ratio(self, patch_logits: torch.Tensor, real_mean: float) -> torch.Tensor:
         """Eq. 8's D_k ratio per pixel: sigmoid of each patch logit, upsampled (nearest) to the image,

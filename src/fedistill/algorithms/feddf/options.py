@@ -1,0 +1,97 @@
+"""FedDF's `[feddf]` options and the architecture group each client belongs to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedistill.algorithms.base import model_cycle
+from fedistill.algorithms.shared.distillation_data import parse_source
+from fedistill.algorithms.shared.option_checks import check_choices
+from fedistill.config import RunConfig
+from fedistill.errors import ConfigError
+from fedistill.privacy.budget import DPOptions
+
+LOSSES = ("avg-logits", "avg-probs", "avg-losses")
+DROP_WORST = ("off", "drop", "weighted")
+
+
+@dataclass(frozen=True)
+class FedDFOptions(DPOptions):
+    """`[feddf]` options. Local training uses the common keys (lr, local_epochs, batch_size, ...).
+
+    The ``dp_*`` options (`DPOptions`) clip and noise each client's update, as for FedAvg.
+    """
+
+    groups: str = ""  # comma list of model names cycled over clients (client k: k % len); "" = `model`
+    source: str = "noise"  # noise | holdout | dataset:<name> | generator:<path to .safetensors>
+    source_size: int = 10000  # images drawn from a `dataset:` source (<= 0: all of its training images)
+    holdout_val_share: float = 0.02  # holdout: the held-out share kept labelled to validate on
+    generator_upsample: str = "bilinear"  # a `generator:` source's second upsampling (FedIOD: bilinear)
+    steps: int = 500  # distillation steps per group and round (the paper: 10^4)
+    distill_batch_size: int = 64  # the README runs' 64
+    distill_lr: float = 1e-3
+    distill_optimizer: str = "adam"  # adam (the paper) | sgd (momentum 0.9, same schedule: its Table 7)
+    schedule: str = "cosine"  # cosine (annealed to 0 over `steps`) | constant
+    loss: str = "avg-logits"  # avg-logits (AVGLOGITS, the paper) | avg-probs | avg-losses
+    temperature: float = 1.0
+    t_squared: bool = False  # multiply the KL by T^2 (Hinton et al.); the released code does not
+    clip_grad_norm: float = 5.0  # 0: no clipping
+    eval_every_steps: int = 50  # the code: 100
+    patience: int = 4  # evaluations without improvement before stopping (the code: 1000 steps = 10)
+    # True: the averaged model itself competes for "best" (the code's return_best_model_on_val, off there)
+    fallback_to_average: bool = False
+    # frozen: BatchNorm layers stay in eval mode and keep the averaged clients' statistics, so
+    # distillation data unlike the clients' cannot overwrite them; adapt: they follow the distillation
+    # data (the released code).
+    student_bn: str = "frozen"
+    # False: no distillation, each group's average goes back as it is (per-group FedAvg, the baseline
+    # FedDF's heterogeneous experiments compare against)
+    distill: bool = True
+    drop_worst: str = "off"  # off | drop | weighted (ensemble weights proportional to validation accuracy)
+    weighting: str = "samples"  # student initialisation: samples (Algorithm 1) | uniform (the code)
+    # model: each group's student computes as its clients' model does; full: groups of binary models
+    # (resnet8-binary) are distilled into the full-precision network of their latent weights, which goes
+    # back to the clients to be binarized again (FedDF Table 4)
+    fuse_precision: str = "model"
+    # average: each round's student starts from the average of its group's received models (Algorithm 1);
+    # previous: from the group's fused model of the previous round (the paper's Table 5 ablation)
+    student_init: str = "average"
+    prox_mu: float = 0.0  # FedProx's proximal term in the clients' local training (the paper's Table 8)
+
+    def validate(self) -> None:
+        self.validate_dp()
+        choices = {
+            "loss": LOSSES,
+            "drop_worst": DROP_WORST,
+            "weighting": ("samples", "uniform"),
+            "schedule": ("cosine", "constant"),
+            "generator_upsample": ("bilinear", "nearest"),
+            "student_bn": ("adapt", "frozen"),
+            "fuse_precision": ("model", "full"),
+            "student_init": ("average", "previous"),
+            "distill_optimizer": ("adam", "sgd"),
+        }
+        check_choices("feddf", self, choices)
+        parse_source(self.source)
+        for key in ("steps", "distill_batch_size", "eval_every_steps", "patience"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"feddf.{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("distill_lr", "temperature"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"feddf.{key} must be > 0, got {getattr(self, key)}")
+        if not self.prox_mu >= 0:
+            raise ConfigError(f"feddf.prox_mu must be >= 0, got {self.prox_mu}")
+        if self.clip_grad_norm < 0:
+            raise ConfigError(f"feddf.clip_grad_norm must be >= 0 (0: off), got {self.clip_grad_norm}")
+        if not 0 < self.holdout_val_share < 1:
+            raise ConfigError(f"feddf.holdout_val_share must be in (0, 1), got {self.holdout_val_share}")
+
+
+def group_names(options: FedDFOptions, config: RunConfig) -> list[str]:
+    """The per-client cycle of model names, as given (a name may repeat to weight the cycle)."""
+    return model_cycle(options.groups, config.model, key="feddf.groups")
+
+
+def group_of(options: FedDFOptions, config: RunConfig, client_id: int) -> str:
+    names = group_names(options, config)
+    return names[client_id % len(names)]

@@ -1,0 +1,274 @@
+"""FedIOD's options, one frozen dataclass per concern. `FedIODOptions` (options.py) inherits them all, so
+every key stays flat: `fediod.w_adv` in a config, `options.w_adv` in code.
+
+Defaults are the paper's unless a docstring names another source; `preset` then fills some keys a user
+did not set (options.py `STABLE`, `OFFICIAL_CODE`). The measurements behind the defaults are in
+docs/results/tuning-history.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedistill.privacy.budget import DPOptions
+
+
+@dataclass(frozen=True)
+class ProtocolOptions:
+    """How a run goes: the preset, the shape of an epoch, the exchanges, model selection and bookkeeping."""
+
+    preset: str = "auto"
+    """Which settings fill the keys a user did not set: auto (default: stable on classification, paper on
+    dense tasks) | paper | official-code (the released code's) | stable (the stabilisers on any task).
+    Why: the paper's settings leave the student far below its ensemble on classification."""
+
+    synthetic_batch_size: int = 64
+    """Samples G draws per G-step, and each client's real batch for its D_k; default 64. Named apart from
+    the common `batch_size`, which an algorithm table overrides for local training (here, stage 1)."""
+
+    iters_per_epoch: int | str = "max"
+    """G-steps per distillation epoch: max | min over the clients of ceil(n_k / batch), or a number;
+    default max, the paper's one pass over the largest site's data."""
+
+    merge_student_queries: bool = True
+    """Carry step t's S-step inputs in step t+1's `query.generate` (clients answer them before their
+    D-step); default true. Why: the same arithmetic with 2 instead of 3 exchanges per G-step, plus one per
+    epoch."""
+
+    schedule: str = "cosine"
+    """Learning rates of G, D_k and S over the run: cosine (default, the paper's: down to 0) | constant."""
+
+    selection: str = "validation"
+    """Which student is handed over: validation (default: the best on the clients' validation splits) |
+    last | best-on-test (only with the official-code preset, to reproduce the released code)."""
+
+    collapse_share: float = 0.5
+    """Warn when one class takes more than this share of G's samples; default 0.5. Why: a collapsed G
+    teaches the student one class."""
+
+    collapse_patience: int = 0
+    """> 0: after this many epochs in a row with a collapsed G, stop cleanly with the best validated
+    student; default 0, warn only. Why: the remaining epochs would be spent on one class."""
+
+    samples_every: int = 1
+    """Save a grid of synthetic samples every N epochs (0: never); default 1."""
+
+    reference_samples: int = 0
+    """Test samples the ensemble's ceiling is measured on; default 0: all."""
+
+    channels_last: bool = True
+    """Stage 2's convolutions (T_k after stage 1, D_k, G, S) in channels-last memory layout: the same
+    arithmetic in another order; default true. Why: a G-step runs markedly faster on CPU (max-pooling and
+    small convolutions gain most). false: the default layout, as runs before it."""
+
+
+@dataclass(frozen=True)
+class TeacherOptions:
+    """Stage 1, the local teachers T_k, and how their outputs form the ensemble."""
+
+    teachers: str = ""
+    """The teachers' architecture: one model name for all clients, or a comma list cycled over the
+    clients; default "": the run's `model`."""
+
+    teacher_epochs: int = 30
+    """Stage 1: local epochs of each teacher, with the common lr, batch size and optimizer; default 30."""
+
+    ensemble_weighting: str = "eq8"
+    """The teachers' weights in the ensemble: eq8 (default, the paper's Eq. 8) | class-share (the released
+    code's) | uniform (the paper's Table 6 ablation)."""
+
+    teacher_logits: str = "raw"
+    """The teachers' logits before the ensemble (calibration.py): raw (default, the paper) | scaled (mixed
+    architectures) | centred (one-class sites) | auto (centred if any site saw a single class)."""
+
+
+@dataclass(frozen=True)
+class GeneratorOptions:
+    """The generator G: its network, its rate and what it draws from."""
+
+    latent_dim: int = 100
+    """Length of G's latent z; default 100."""
+
+    generator_width: int = 0
+    """G's width; default 0 (auto): the paper's 64, or 32 on images up to 16 px (`network_widths`). Why: on
+    8x8 digits a wider G costs most of a G-step for samples the teachers see at 8x8."""
+
+    generator_upsamples: int | str = "auto"
+    """G builds its image at image_size / 2**n and then upsamples it n times: 0, 1, 2 (the paper) or auto
+    (default), the paper's 2 unless its base grid would be under 4 px (`generator.resolve_upsamples`).
+    Why: the paper's 2x2 grid on 8x8 digits limited the student."""
+
+    lr_generator: float = 1e-3
+    """G's learning rate (Adam, cosine from it to 0, as the paper's for G, D_k and S); default 1e-3."""
+
+    generator_mixture: str = "shared"
+    """shared (default, the paper): one G whose every sample must fool every D_k (Eq. 2), which pulls G
+    towards what all sites' data have in common. per-client: G(z, one-hot k) draws a mixture, a share
+    pi_k of each batch meant for site k; D_k, its L_gan, L_conf and batch-norm terms see only those
+    samples, so the mixture approximates the union of the sites' data, sum_k pi_k P_k. Every teacher
+    still labels every sample. Each client receives which samples are its own (a 0/1 vector); nothing
+    else changes."""
+
+
+@dataclass(frozen=True)
+class GeneratorLossOptions:
+    """The terms of G's loss (the paper's Eq. 2-11) and the released code's class-balance term."""
+
+    gan_weighting: str = "pi"
+    """How the sites' GAN terms are weighed: pi (default, Eq. 2) | average (Table 6 ablation)."""
+
+    gan_loss: str = "non-saturating"
+    """G's GAN loss: non-saturating (default) | minimax."""
+
+    use_conf: bool = True
+    """Include L_conf (Eq. 3: every teacher confident on G's samples); default true."""
+
+    use_unique: bool = True
+    """Include the disagreement term (`js`); default true."""
+
+    js: str = "paper"
+    """The disagreement term: paper (default, -JSD, Eq. 4-5) | official (the released code's
+    + (1/K) sum KL(M || P_k), clamped)."""
+
+    w_gan: float = 1.0
+    """Weight of L_gan; default 1 (Eq. 11)."""
+
+    w_conf: float = 1.0
+    """Weight of L_conf; default 1 (Eq. 11)."""
+
+    w_unique: float = 1.0
+    """Weight of the disagreement term; default 1 (Eq. 11)."""
+
+    w_adv: float = 0.2
+    """Weight of -L_mimic in G's loss (G searches inputs where S lags); default 0.2, where Eq. 11 weighs it
+    1. Why: at 1 and without the balance term G collapsed onto one or two classes on digits and S stayed at
+    chance. `w_adv = 1, w_balance = 0` gives the paper's literal weights."""
+
+    w_balance: float = 10.0
+    """Weight of the released code's class-balance term (not in the paper); default 10, the code's. Why: with
+    it and `w_adv = 0.2` every class stayed covered on digits."""
+
+    balance: str = "teachers"
+    """Whose class marginal the balance term evens out: teachers (default, the released code's: each
+    teacher's) | ensemble (the weighted ensemble's, Eq. 9; the stable preset's). Why: the code's choice;
+    the ensemble's did better on digits with the stable preset's rates."""
+
+
+@dataclass(frozen=True)
+class DiscriminatorOptions:
+    """The discriminators D_k, one per client."""
+
+    discriminator_width: int = 0
+    """Every D_k's width; default 0 (auto): the paper's 128, or 32 on images up to 16 px
+    (`network_widths`)."""
+
+    lr_discriminator: float = 2e-4
+    """Every D_k's learning rate (Adam); default 2e-4, below the paper's 1e-3. Why: 1e-3 lets every D_k
+    win within an epoch on small data."""
+
+
+@dataclass(frozen=True)
+class StudentOptions:
+    """The student S: its network, its optimiser and how it imitates the ensemble."""
+
+    student: str = ""
+    """The student's architecture; default "": the run's `model`."""
+
+    student_steps: int = 5
+    """S-steps per G-step; default 5, the released code's."""
+
+    lr_student: float = 1e-3
+    """S's learning rate; default 1e-3, the paper's."""
+
+    student_optimizer: str = "adam"
+    """adam (default, the paper's) | sgd (momentum 0.9, weight decay 3e-5, as the released code)."""
+
+    mimic: str = "l2"
+    """How S imitates the ensemble (L_mimic): l2 (default, tau -> infinity, Eq. 10) | kl (temperature
+    `tau`) | kl-official | l1."""
+
+    tau: float = 1.0
+    """Softmax temperature of `mimic = "kl"` and of G's L_conf and disagreement terms; default 1."""
+
+
+@dataclass(frozen=True)
+class StabiliserOptions:
+    """Stabilisers from the one-shot literature, all off by default (the paper); the stable preset turns
+    on batch-norm matching and the replay pool."""
+
+    w_bn: float = 0.0
+    """Weight of DeepInversion batch-norm statistic matching on each teacher (bn_matching.py); default 0.
+    Why: it keeps G's samples on statistics the teachers saw (the stable preset sets 10)."""
+
+    pool_size: int = 0
+    """Synthetic samples kept with their ensemble targets for replay; default 0: no pool. Why: replayed
+    samples train S again without another query to the clients."""
+
+    pool_steps: int = 0
+    """Extra S-steps per G-step on batches drawn from the pool; default 0."""
+
+    pool_batch_size: int = 0
+    """Samples per replay step; default 0: `synthetic_batch_size`."""
+
+    pool_generator_batch: bool = False
+    """Also pool the G-step's own batch, with the ensemble targets its query already returned
+    (classification only); default false: only the S-steps' samples. Why: more distinct labelled samples
+    at no extra query."""
+
+    student_noise: float = 0.0
+    """Std of Gaussian noise on G's samples for the S-steps (in units of the data's std); default 0. Why
+    off: it helps on 8x8 digits and hurts on MNIST and Fashion-MNIST."""
+
+    student_shift: int = 0
+    """Before the clients label them for the S-steps, move G's samples by a random offset of up to this
+    many pixels each way (edges repeated); classification only; default 0. Why off: see `student_mixup`."""
+
+    student_mixup: float = 0.0
+    """Then mix them in pairs with a Beta(a, a) weight, a = this; classification only; default 0. Why off:
+    with a shift of 1 it gained only on the digits setting it was chosen on."""
+
+    student_ema: float = 0.0
+    """> 0: the student that is validated, selected and handed over is an exponential moving average of
+    the trained student's weights, with this decay per S-step; default 0, the trained student itself. Why
+    off: the student plateaus early and the average plateaus with it."""
+
+
+@dataclass(frozen=True)
+class DenseTaskOptions:
+    """Dense tasks (segmentation, reconstruction; task_view.py): G is pix2pix's ResNet generator on the
+    one-hot label mask (plus `noise_channels` of seeded noise), D_k the conditional PatchGAN."""
+
+    mask_source: str = "clients"
+    """Where G's masks come from: clients (default; AsynDGAN and the paper: masks cross, kind label-masks)
+    | prior."""
+
+    mask_pool: int = 0
+    """Masks a site uploads once; default 0: all of its training masks."""
+
+    generator_blocks: int = 9
+    """ResNet blocks of the conditional G; default 9, the paper's."""
+
+    noise_channels: int = 2
+    """Channels of seeded noise next to the one-hot mask; default 2. Why: pix2pix's dropout noise is not
+    seeded."""
+
+    discriminator_layers: int = 3
+    """Layers of the conditional PatchGAN; default 3, the 70 x 70 PatchGAN."""
+
+    w_perceptual: float = 1.0
+    """Weight of the perceptual term the paper adds to L_gan (Johnson et al.): features of the site's own
+    T_k encoder, between G(m) and the real image of m, so only with masks the site uploaded; default 1."""
+
+
+@dataclass(frozen=True)
+class PrivacyOptions(DPOptions):
+    """Differential privacy on the input-gradients clients return (`DPOptions`' ``dp_*`` keys), with
+    FedIOD's own accounting and clip norm."""
+
+    dp_accounting: str = "d-step"
+    """The sampling rate each D-step is accounted at: d-step (default, the paper's: q = B / n_k) | release
+    (the worst case)."""
+
+    dp_clip_norm: float = 0.01
+    """Bound on each returned per-sample input-gradient (a batch-mean loss's, so about 1/B of a per-sample
+    loss gradient); default 0.01. Why: the 90th percentile of those norms on digits, so most pass whole."""

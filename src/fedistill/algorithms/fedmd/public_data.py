@@ -1,0 +1,167 @@
+"""Public data for the methods that distil on it (FedMD, FedKD): which images, with which labels, and
+how they cross the boundary.
+
+`public` names the source, in `distillation_data.py`'s style:
+
+- `holdout`: the federation's held-out split (`val_fraction` of the training set, drawn before the
+  partition, so no client trains on it). The server holds it already; with this source it becomes the
+  public set, and the method validates nothing on it. Needs `val_fraction > 0`. It is the default
+  because it runs on any dataset without files; a real deployment names another dataset.
+- `dataset:<name>`: the training images of another dataset (a random subset of `public_size`),
+  resized and re-channelled to the federation's image shape, with that dataset's labels, which must
+  be classes the federation's models have (MNIST for a digits federation). The federation's own
+  dataset is refused: its training images are the clients' private data.
+- `noise`, `generator:<path>` (no labels, so FedKD only): `public_size` draws of
+  `distillation_data.py`'s sources, fixed once from the run seed.
+
+The server builds the set and sends what a method needs of it as `public-data` arrays: images (uint8,
+or float32 in [0, 1], the federation's shape, not normalised) and, for FedMD's transfer learning,
+labels. Clients read no public dataset from their own disk, so the ledger shows every public image a
+client was shown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fedistill import devices
+from fedistill.algorithms.base import ServerContext
+from fedistill.algorithms.shared.distillation_data import build_source, parse_source
+from fedistill.data.base import DatasetInfo
+from fedistill.data.registry import load_dataset
+from fedistill.data.transforms import fit_uint8, to_float
+from fedistill.errors import ConfigError, FederationError
+from fedistill.federation.messages import ArraySpec, Message, expect_arrays
+from fedistill.seeding import torch_generator
+
+#: The content kind of public inputs (and labels) in messages.
+PUBLIC = "public-data"
+
+
+@dataclass(frozen=True)
+class PublicData:
+    """Public images (N, C, H, W), uint8 or float32 in [0, 1], and their labels when the source has any."""
+
+    images: torch.Tensor
+    labels: torch.Tensor | None
+    description: str
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+
+def parse_public(spec: str, key: str) -> tuple[str, str]:
+    """`holdout`, `dataset:<name>`, `noise` or `generator:<path>` -> (kind, argument)."""
+    if spec.strip().lower() == "holdout":
+        return "holdout", ""
+    try:
+        return parse_source(spec)
+    except ConfigError:
+        raise ConfigError(
+            f"{key} must be 'holdout' (the federation's held-out split), 'dataset:<name>' (e.g. "
+            f"dataset:mnist), 'noise' or 'generator:<path to a .safetensors file>'; got {spec!r}"
+        ) from None
+
+
+def check_public(spec: str, key: str, *, labelled: bool) -> None:
+    """The options-time check: a known source, with labels when the method needs them."""
+    kind, _ = parse_public(spec, key)
+    if labelled and kind in ("noise", "generator"):
+        raise ConfigError(
+            f"{key} = {spec!r} has no labels, but this method first trains every client on the labelled "
+            "public set (transfer learning): use 'holdout' or 'dataset:<name>' (a labelled dataset)"
+        )
+
+
+def build_public(spec: str, ctx: ServerContext, *, size: int, key: str, labelled: bool) -> PublicData:
+    """The public set named by `spec` for the federation of `ctx` (see the module docstring).
+
+    `size` > 0 keeps a random subset of that many images (drawn from the run seed); <= 0 keeps all
+    (`noise` and `generator:` need a size). `labelled` refuses sources without labels."""
+    check_public(spec, key, labelled=labelled)
+    config, info = ctx.config, ctx.info
+    kind, argument = parse_public(spec, key)
+    if kind in ("noise", "generator"):
+        if size <= 0:
+            raise ConfigError(f"{key} = {spec!r} draws its images: set public_size > 0 (e.g. 2000)")
+        source = build_source(spec, info, data_dir=config.data_dir, size=size, seed=config.seed)
+        x = source.batch(size, torch_generator(config.seed, "public-draws"))
+        mean = torch.tensor(info.mean).view(1, -1, 1, 1)
+        std = torch.tensor(info.std).view(1, -1, 1, 1)
+        return PublicData((x * std + mean).clamp(0.0, 1.0).contiguous(), None, source.description)
+    if kind == "holdout":
+        held = ctx.validation
+        if held is None or len(held) == 0:
+            raise ConfigError(f"{key} = 'holdout' is the federation's held-out split: set val_fraction > 0")
+        images, labels = held.x, held.y
+        what = f"the held-out split of {config.dataset}"
+    else:
+        if argument.strip().lower().replace("_", "-") == config.dataset.strip().lower().replace("_", "-"):
+            raise ConfigError(
+                f"{key} = {spec!r} is the federation's own dataset, whose training images are the "
+                "clients' private data: use 'holdout' (its held-out split) or another dataset"
+            )
+        loaded = load_dataset(argument, config.data_dir, download=config.download).train
+        images, labels = fit_uint8(loaded.x, info.channels, info.image_size), loaded.y
+        what = f"{argument}'s training images"
+    if labels.dim() != 1:
+        raise ConfigError(f"{key} = {spec!r} has per-pixel targets; public data must be image-level classes")
+    if labelled and len(labels) and int(labels.max()) >= info.num_classes:
+        raise ConfigError(
+            f"{key} = {spec!r} has labels up to {int(labels.max())}, but the federation's models have "
+            f"{info.num_classes} classes: use a public dataset whose classes are among them"
+        )
+    if 0 < size < len(images):
+        keep = torch.randperm(len(images), generator=torch_generator(config.seed, "public-subset"))[:size]
+        keep = keep.sort().values
+        images, labels = images[keep], labels[keep]
+    if len(images) == 0:
+        raise ConfigError(f"{key} = {spec!r} holds no images")
+    return PublicData(images, labels, f"{len(images)} images of {what}")
+
+
+def public_arrays(images: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The `public-data` arrays of a request: the images, and the labels when a method sends them."""
+    return {"x": images} | ({"y": labels} if labels is not None else {})
+
+
+def read_public(message: Message, info: DatasetInfo, *, labelled: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The public images (and labels, or an empty tensor) a request carries, checked for the
+    federation's shape, dtype, range and classes."""
+    got = message.arrays.get(PUBLIC, {})
+    x = got.get("x")
+    shape = (info.channels, info.image_size, info.image_size)
+    if x is None or x.dtype.name not in ("uint8", "float32") or x.ndim != 4 or x.shape[1:] != shape:
+        found = "nothing" if x is None else f"{x.dtype.name}{list(x.shape)}"
+        raise FederationError(
+            f"{message.type}: {PUBLIC}/x must be uint8 or float32 images (N, {', '.join(map(str, shape))}), "
+            f"got {found}"
+        )
+    if len(x) == 0 or (x.dtype.name == "float32" and (x.min() < 0 or x.max() > 1)):
+        raise FederationError(f"{message.type}: {PUBLIC}/x is empty or has float values outside [0, 1]")
+    names = {"x": ArraySpec(x.dtype.name, tuple(x.shape))}
+    if labelled:
+        names["y"] = ArraySpec("int64", (len(x),))
+    expect_arrays(message, PUBLIC, names)
+    if not labelled:
+        return message.tensor(PUBLIC, "x"), torch.empty(0, dtype=torch.int64)
+    y = message.tensor(PUBLIC, "y")
+    if int(y.min()) < 0 or int(y.max()) >= info.num_classes:
+        raise FederationError(f"{message.type}: {PUBLIC}/y has labels outside 0..{info.num_classes - 1}")
+    return message.tensor(PUBLIC, "x"), y
+
+
+@torch.no_grad()
+def predict(model: nn.Module, images: torch.Tensor, info: DatasetInfo, batch_size: int = 512) -> torch.Tensor:
+    """The model's outputs (logits, float32) on public images, in eval mode and in batches."""
+    was_training = model.training
+    model.eval()
+    out = [
+        model(devices.on_device(to_float(images[i : i + batch_size], info)))
+        for i in range(0, len(images), batch_size)
+    ]
+    model.train(was_training)
+    return torch.cat(out).float()

@@ -1,0 +1,208 @@
+"""One-shot FedAvg and one-shot FedDF: the simplest one-shot baselines, on FedIOD's stage-1 models.
+
+Each site trains its local model once, exactly as FedIOD's client trains its teacher (DENSE's
+`OneShotClient`: the same architecture rule, `teacher_epochs`, random stream and stage-1 cache
+entry), and uploads it once. The server then either averages the models once (`fedavg-oneshot`:
+FedAvg with a single round of `teacher_epochs` local epochs from a common start) or fuses them once by
+FedDF's ensemble distillation (`feddf-oneshot`: the sample-weighted average as the student's start,
+then FedDF's AVGLOGITS distillation on its `source`, selected on the server's validation split). So in a
+comparison table every row distils or averages the very same local models.
+
+Both send the parameters once per site (the ledger shows it) and then only the student's scores.
+`rounds` is 1: everything happens in the first round.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedistill.algorithms.base import Algorithm, ServerContext, ServerLogic, clone_state, register
+from fedistill.algorithms.feddf import FedDFOptions, distill
+from fedistill.algorithms.one_shot.dense.client import OneShotClient
+from fedistill.algorithms.one_shot.dense.options import teacher_of
+from fedistill.algorithms.shared.distillation_data import build_source, parse_source, split_holdout
+from fedistill.algorithms.shared.stage1 import collect_local_models, teachers_from_cache
+from fedistill.algorithms.shared.training import average_states, evaluate_model, new_model, test_metrics
+from fedistill.errors import ConfigError
+from fedistill.federation.fleet import Fleet
+from fedistill.seeding import torch_generator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OneShotOptions(FedDFOptions):
+    """FedIOD's stage 1 (`teachers`, `student`, `teacher_epochs`) and, for `feddf-oneshot`, FedDF's
+    distillation options (`source`, `steps`, `distill_lr`, ...)."""
+
+    teachers: str = ""  # one model name, or a comma list cycled over the clients; "" = `model`
+    student: str = ""  # "" = `model`
+    teacher_epochs: int = 30  # FedIOD's default, so every one-shot method sees the same local models
+    section: str = "one-shot"  # the config table's name in messages
+
+    def validate(self) -> None:
+        super().validate()
+        if self.teacher_epochs < 1:
+            raise ConfigError("teacher_epochs must be >= 1")
+
+
+class OneShotServer(ServerLogic):
+    """Round 1: every site's model, once; then the average (FedAvg) or the distilled fusion (FedDF)."""
+
+    fuse = False
+
+    def __init__(self, ctx: ServerContext) -> None:
+        super().__init__(ctx)
+        config = ctx.config
+        self.options: OneShotOptions = ctx.options
+        if config.rounds != 1:
+            raise ConfigError(
+                f"a one-shot method runs one round, got rounds = {config.rounds}; set rounds = 1"
+            )
+        self.student = new_model(config, ctx.info, self.options.student or config.model)
+        self.reference: dict[str, float] = {}
+        self.fusion: dict[str, float] = {}
+
+    def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
+        config = self.ctx.config
+        replies = collect_local_models(fleet, config, self._local_model)
+        clients = sorted(replies)
+        counts = [float(replies[c].scalar("metrics", "num_samples")) for c in clients]
+        models = [self._frozen(c, replies[c].tensors("parameters")) for c in clients]
+        self.reference = self._teacher_report(models, counts)
+        self.reference["teachers_from_cache"] = teachers_from_cache(replies)
+        same = [i for i, c in enumerate(clients) if self._architecture(c) == self._student_architecture()]
+        if not same and not self.fuse:
+            raise ConfigError("one-shot FedAvg averages models of the student's architecture; none was sent")
+        if same:
+            self.student.load_state_dict(
+                average_states([models[i].state_dict() for i in same], [counts[i] for i in same])
+            )
+        if self.fuse:
+            self.fusion = self._distil(models, counts, round)
+        return {"clients": len(clients)} | self.fusion
+
+    def _distil(self, teachers: list[nn.Module], counts: list[float], round: int) -> dict[str, float]:
+        config, options = self.ctx.config, self.options
+        validation = self.ctx.validation
+        if validation is None or len(validation) == 0:
+            raise ConfigError("feddf-oneshot selects on the server's validation split: set val_fraction > 0")
+        kind, _ = parse_source(options.source)
+        held_out = None
+        if kind == "holdout":
+            validation, held_out = split_holdout(validation, options.holdout_val_share, config.seed)
+        source = build_source(
+            options.source,
+            self.ctx.info,
+            data_dir=config.data_dir,
+            size=options.source_size,
+            seed=config.seed,
+            upsample=options.generator_upsample,
+            held_out=held_out,
+        )
+
+        def validate(model: nn.Module) -> float:
+            return evaluate_model(model, validation, self.ctx.info)["accuracy"]
+
+        weights = [1.0 / len(teachers)] * len(teachers)
+        report = distill(
+            self.student,
+            teachers,
+            weights,
+            source,
+            validate,
+            options,
+            torch_generator(config.seed, "feddf-oneshot", round),
+        )
+        log.info("one-shot FedDF distilled on %s", source.description)
+        return {
+            "val_accuracy_average": report.evaluations[0][1],
+            "val_accuracy": report.selected_accuracy,
+            "distill_steps": float(report.steps),
+        }
+
+    def _teacher_report(self, models: list[nn.Module], counts: list[float]) -> dict[str, float]:
+        """The local models' test accuracies and their uniform ensemble's (the one-shot ceiling)."""
+        accuracies = [self.ctx.evaluate(m)["accuracy"] for m in models]
+        ensemble = self.ctx.evaluate(_Ensemble(models))["accuracy"]
+        return {
+            "teacher_mean_accuracy": float(torch.tensor(accuracies).mean()),
+            "teacher_std_accuracy": float(torch.tensor(accuracies).std(unbiased=False)),
+            "ensemble_accuracy": ensemble,
+        }
+
+    def _architecture(self, client_id: int) -> str:
+        return teacher_of(self.options, self.ctx.config, client_id)
+
+    def _student_architecture(self) -> str:
+        return self.options.student or self.ctx.config.model
+
+    def _local_model(self, client_id: int) -> nn.Module:
+        return new_model(self.ctx.config, self.ctx.info, self._architecture(client_id))
+
+    def _frozen(self, client_id: int, state: dict[str, torch.Tensor]) -> nn.Module:
+        model = self._local_model(client_id)
+        model.load_state_dict(state)
+        model.eval()
+        model.requires_grad_(False)
+        return model
+
+    def evaluate(self, fleet: Fleet, round: int) -> dict[str, float]:
+        return test_metrics(self.ctx.evaluate(self.student))
+
+    def final_evaluate(self, fleet: Fleet, last: dict[str, float]) -> dict[str, float]:
+        final = dict(last) | self.reference
+        if self.reference.get("ensemble_accuracy"):
+            final["fraction_of_ensemble"] = final["test_accuracy"] / self.reference["ensemble_accuracy"]
+        return final
+
+    def models(self) -> dict[str, nn.Module]:
+        return {"global": self.student}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"student": clone_state(self.student), "reference": self.reference, "fusion": self.fusion}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.student.load_state_dict(state["student"])
+        self.reference, self.fusion = dict(state["reference"]), dict(state["fusion"])
+
+
+class OneShotFusionServer(OneShotServer):
+    fuse = True
+
+
+class _Ensemble(nn.Module):
+    """The uniform average of the local models' logits, for the ceiling's test accuracy."""
+
+    def __init__(self, models: list[nn.Module]) -> None:
+        super().__init__()
+        self.members = nn.ModuleList(copy.copy(m) for m in models)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([m(x) for m in self.members]).mean(0)
+
+
+register(
+    Algorithm(
+        "fedavg-oneshot",
+        "one-shot FedAvg: FedIOD's stage-1 models, uploaded once and averaged once",
+        OneShotClient,
+        OneShotServer,
+        OneShotOptions,
+    )
+)
+register(
+    Algorithm(
+        "feddf-oneshot",
+        "one-shot FedDF: FedIOD's stage-1 models, uploaded once and fused once by ensemble distillation",
+        OneShotClient,
+        OneShotFusionServer,
+        OneShotOptions,
+    )
+)

@@ -1,0 +1,25 @@
+"""Every algorithm by name. Importing this module imports each family, whose modules register their
+algorithms (`base.register`); lookups go through here so that the registry is always complete."""
+
+from __future__ import annotations
+
+from fedistill.algorithms import classic, feddf, fediod, fedmd, fedmdcg, medical, one_shot  # noqa: F401
+from fedistill.algorithms.base import ALGORITHMS, Algorithm
+from fedistill.errors import unknown_name
+
+__all__ = ["ALGORITHMS", "algorithm_names", "for_task", "get_algorithm"]
+
+
+def get_algorithm(name: str) -> Algorithm:
+    if name not in ALGORITHMS:
+        raise unknown_name("algorithm", name, sorted(ALGORITHMS))
+    return ALGORITHMS[name]
+
+
+def for_task(task: str) -> list[str]:
+    """The registered algorithms that run on `task`."""
+    return sorted(name for name, algorithm in ALGORITHMS.items() if task in algorithm.tasks)
+
+
+def algorithm_names() -> list[str]:
+    return sorted(ALGORITHMS)

@@ -1,0 +1,81 @@
+"""The validation holdout, the IID evaluation shards and the per-client class counts of a split."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from fedistill.data.partition.checks import as_labels, check_seed, seeded_rng
+from fedistill.data.partition.partitioners import deal_by_class
+from fedistill.errors import PartitionError, UserError
+
+
+def holdout(
+    labels: Any, fraction: float, *, seed: int, mode: str = "random"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Split off a validation set; returns ``(train_idx, holdout_idx)``, both sorted ascending.
+
+    ``mode="tail"`` takes the last ``floor(fraction·N)`` samples in file order, as FedDF's code does
+    (``val_data_ratio``); ``mode="random"`` (the default) a seeded stratified random holdout of the same
+    size, whose per-class counts follow the class frequencies (largest remainder). ``fraction=0`` gives
+    an empty holdout.
+    """
+    y = as_labels(labels, None)
+    try:
+        fraction = float(fraction)
+    except (TypeError, ValueError):
+        raise UserError(f"val fraction must be a number in [0, 1) (got {fraction!r})") from None
+    if not 0 <= fraction < 1:
+        raise UserError(f"val fraction must lie in [0, 1) (got {fraction}); use e.g. 0.1, or 0 for none")
+    n = y.size
+    size = min(math.floor(fraction * n + 1e-9), max(n - 1, 0))
+    if mode == "tail":
+        return np.arange(n - size, dtype=np.int64), np.arange(n - size, n, dtype=np.int64)
+    if mode != "random":
+        raise UserError(f"unknown holdout mode {mode!r}; valid: random, tail")
+    rng = seeded_rng(check_seed(seed))
+    classes, counts = np.unique(y, return_counts=True)
+    per_class = _largest_remainder(counts * fraction, size)
+    chosen = [rng.permutation(np.flatnonzero(y == c))[:m] for c, m in zip(classes, per_class, strict=True)]
+    held = np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
+    mask = np.ones(n, dtype=bool)
+    mask[held] = False
+    return np.flatnonzero(mask).astype(np.int64), held.astype(np.int64)
+
+
+def _largest_remainder(quotas: np.ndarray, total: int) -> np.ndarray:
+    """Integer counts close to ``quotas`` that sum to ``total`` (ties go to the earlier class)."""
+    base = np.floor(quotas).astype(np.int64)
+    extra = total - int(base.sum())
+    if extra > 0:
+        order = np.argsort(-(quotas - base), kind="stable")
+        base[order[:extra]] += 1
+    return base
+
+
+def iid_shards(labels: Any, num_clients: int, *, seed: int) -> list[np.ndarray]:
+    """Per-client IID shards of an evaluation set: each class split evenly, indices shuffled.
+
+    FedMD-CG splits the global test set this way for its "local accuracy". An empty set gives empty
+    shards; a non-empty set needs at least one sample per client.
+    """
+    y = as_labels(labels, None)
+    if isinstance(num_clients, bool) or not isinstance(num_clients, int | np.integer) or num_clients < 1:
+        raise PartitionError(f"num_clients must be a positive integer (got {num_clients!r})")
+    if 0 < y.size < num_clients:
+        raise PartitionError(
+            f"cannot give each of {num_clients} clients an evaluation shard from {y.size} samples; "
+            "use fewer clients or a larger validation fraction (or 0 for no validation set)"
+        )
+    return deal_by_class(y, int(num_clients), seeded_rng(check_seed(seed)))
+
+
+def class_counts(labels: Any, parts: list[np.ndarray], num_classes: int) -> np.ndarray:
+    """Samples per client and class, shape (K, C), int64."""
+    y = as_labels(labels, num_classes)
+    counts = np.zeros((len(parts), num_classes), dtype=np.int64)
+    for k, part in enumerate(parts):
+        counts[k] = np.bincount(y[np.asarray(part, dtype=np.int64)], minlength=num_classes)
+    return counts

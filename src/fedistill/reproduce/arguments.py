@@ -1,0 +1,85 @@
+"""The command-line options the reproductions share: data folder, FedIOD budget, seed and run folder,
+device and image shape, and the run-name parts they make."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from fedistill.reproduce.paths import DATA, RUNS
+
+
+def benchmark_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A parser whose help is the script's docstring as written (its usage lines keep their layout)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", default=str(DATA))
+    return parser
+
+
+def fediod_parser(doc: str | None) -> argparse.ArgumentParser:
+    """`benchmark_parser` with the data and partition options every FedIOD benchmark starts with."""
+    parser = benchmark_parser(doc)
+    parser.add_argument("--dataset", default="fashion-mnist")
+    parser.add_argument("--alpha", type=float, default=0.1)
+    parser.add_argument("--clients", type=int, default=10)
+    return parser
+
+
+def add_fediod_run_options(parser: argparse.ArgumentParser, reuse_help: str) -> None:
+    """The FedIOD budget (epochs, D-steps, teacher epochs), seed, run folder, `--set` and `--reuse`."""
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--iters", type=int, default=60)
+    parser.add_argument("--teacher-epochs", type=int, default=10)
+    add_seed_and_out(parser)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--reuse", action="store_true", help=reuse_help)
+
+
+def add_seed_and_out(parser: argparse.ArgumentParser) -> None:
+    """The seed and the folder the runs go to (benchmarks/runs unless told)."""
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(RUNS))
+
+
+def add_device_and_shape(parser: argparse.ArgumentParser) -> None:
+    """`--device`, and `--image-size` / `--channels` that resample an MNIST-like set (e.g. to CIFAR's
+    3 x 32 x 32): the options of a measurement that may run on an accelerator at the paper's shape."""
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (the runs' device key)")
+    parser.add_argument("--image-size", type=int, default=0, help="MNIST-like sets: resample to this size")
+    parser.add_argument("--channels", type=int, default=0, help="MNIST-like sets: 3 repeats grey into colour")
+
+
+def check_shape(parser: argparse.ArgumentParser, args: argparse.Namespace, datasets: Sequence[str]) -> None:
+    """A one-line usage error, before anything runs, when `--image-size` / `--channels` meet a dataset
+    that cannot be resampled."""
+    from fedistill.data.registry import dataset_options
+
+    asked = [
+        f"--{flag}" for flag, value in (("image-size", args.image_size), ("channels", args.channels)) if value
+    ]
+    fixed = [d for d in datasets if "image_size" not in dataset_options(d)]
+    if asked and fixed:
+        parser.error(
+            f"{' and '.join(asked)}: dataset {fixed[0]!r} cannot be reshaped (mnist, fashion-mnist can)"
+        )
+
+
+def variant_suffix(args: argparse.Namespace) -> str:
+    """The device and any resampling as a file-name suffix (`_cuda_32px_3ch`), so variants never overwrite."""
+    name = "" if args.device == "cpu" else f"_{args.device.replace(':', '')}"
+    name += f"_{args.image_size}px" if args.image_size else ""
+    return name + (f"_{args.channels}ch" if args.channels else "")
+
+
+def variant_flags(args: argparse.Namespace) -> str:
+    """The same options as they go on a recorded command line."""
+    return (
+        ("" if args.device == "cpu" else f" --device {args.device}")
+        + (f" --image-size {args.image_size}" if args.image_size else "")
+        + (f" --channels {args.channels}" if args.channels else "")
+    )
+
+
+def cell_name(args: argparse.Namespace) -> str:
+    """`<dataset>-alpha<alpha>-seed<seed>`: the part of a run name that says which cell it measures."""
+    return f"{args.dataset}-alpha{args.alpha:g}-seed{args.seed}"

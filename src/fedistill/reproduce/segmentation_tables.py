@@ -1,0 +1,26 @@
+"""FedIOD's segmentation tables (the paper's Tables 2, 4 and 8) end to end: plan every method's run
+(`segmentation_plan`), run it, score the models it saved (`segmentation_scores`) and write the tables
+(`segmentation_report`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fedistill.reproduce.segmentation_plan import execute, parse, plan, tables, training_samples
+from fedistill.reproduce.segmentation_report import write
+from fedistill.reproduce.segmentation_scores import row
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line's tables (`argv`, else `sys.argv`), each printed once written."""
+    args = parse(argv)
+    torch.set_num_threads(args.threads)
+    for table in tables(args):
+        specs = plan(table, args, training_samples(table, args))
+        runs = {spec.method: execute(table, spec, args) for spec in specs}
+        rows = {method: row(method, run, args, table.number) for method, run in runs.items()}
+        path = write(table, rows, args)
+        print(path.read_text(encoding="utf-8"))
+    return 0

@@ -1,0 +1,100 @@
+"""What a conditional generator draws a task's image from: a mask made from the task's targets.
+
+FedIOD's generator on the per-pixel tasks is conditioned on a mask (`Task.condition`): the label mask
+itself (semantic segmentation), or the foreground of the targets (the nuclei of an instance map, the
+brain of a reconstruction slice). A condition says how many one-hot channels its masks have, how a
+stored target becomes one, and how to draw one from a prior that knows no site's labels: smooth random
+shapes made of thresholded smoothed noise, as a tumour, a field of nuclei or a brain looks.
+Classification has no condition: its generator draws from noise alone.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from fedistill.data.base import DatasetInfo
+
+
+class Condition(ABC):
+    description: ClassVar[str]  # what the mask is, for people
+
+    @abstractmethod
+    def classes(self, info: DatasetInfo) -> int:
+        """Channels of the one-hot condition: the mask's classes."""
+
+    @abstractmethod
+    def of(self, targets: torch.Tensor) -> torch.Tensor:
+        """The condition mask of stored targets (B, H, W)."""
+
+    @abstractmethod
+    def prior(
+        self, gen: np.random.Generator, noise: np.ndarray, yy: np.ndarray, xx: np.ndarray
+    ) -> np.ndarray:
+        """One mask (H, W) from the prior: `noise` is smoothed unit-variance noise, `yy` and `xx` the
+        pixel coordinates in [0, 1]; the shape's own draws come from `gen`, in a fixed order."""
+
+
+class LabelMask(Condition):
+    """The class map itself; the prior draws one blob of a random size and position, as a tumour."""
+
+    description = "the label mask"
+
+    def classes(self, info: DatasetInfo) -> int:
+        return info.num_classes
+
+    def of(self, targets: torch.Tensor) -> torch.Tensor:
+        return targets
+
+    def prior(
+        self, gen: np.random.Generator, noise: np.ndarray, yy: np.ndarray, xx: np.ndarray
+    ) -> np.ndarray:
+        cy, cx = gen.uniform(0.25, 0.75, 2)
+        radius = gen.uniform(0.04, 0.2)
+        field = 1 - ((yy - cy) ** 2 + (xx - cx) ** 2) / radius**2 + 0.5 * noise
+        return field > 0  # class 1: the prior knows one foreground class
+
+
+class Foreground(Condition):
+    """The foreground of the targets (values > 0): background and foreground."""
+
+    def classes(self, info: DatasetInfo) -> int:
+        return 2
+
+    def of(self, targets: torch.Tensor) -> torch.Tensor:
+        return (targets > 0).to(torch.int64)
+
+
+class NucleiForeground(Foreground):
+    """The nuclei of an instance map; the prior draws many small round nuclei at a random density."""
+
+    description = "the nuclei's foreground"
+
+    def prior(
+        self, gen: np.random.Generator, noise: np.ndarray, yy: np.ndarray, xx: np.ndarray
+    ) -> np.ndarray:
+        mask = np.zeros(yy.shape, dtype=np.int64)
+        count = int(gen.integers(5, 40))
+        radius = gen.uniform(0.02, 0.06)
+        centres = gen.uniform(0.05, 0.95, (count, 2))
+        for cy, cx in centres:
+            wobble = 1 + 0.15 * noise
+            mask |= ((yy - cy) ** 2 + (xx - cx) ** 2) < (radius * wobble) ** 2
+        return mask
+
+
+class BrainForeground(Foreground):
+    """The brain's foreground mask of a slice; the prior draws one large, roughly elliptical shape."""
+
+    description = "the brain's foreground mask"
+
+    def prior(
+        self, gen: np.random.Generator, noise: np.ndarray, yy: np.ndarray, xx: np.ndarray
+    ) -> np.ndarray:
+        cy, cx = gen.uniform(0.45, 0.55, 2)
+        ry, rx = gen.uniform(0.32, 0.45, 2)
+        field = 1 - ((yy - cy) / ry) ** 2 - ((xx - cx) / rx) ** 2 + 0.08 * noise
+        return field > 0

@@ -1,0 +1,160 @@
+"""The server's `Fleet` over a Flower `Grid` (simulation engine or SuperLink).
+
+Clients are addressed by partition id, as in-process; a `query.hello` at start-up asks every node
+for its partition id. Every request and reply is recorded in the ledger and every reply checked on
+receipt exactly as in-process. Every wait has a deadline: a node that does not answer in time
+becomes an error reply ("timed out"), and the algorithm decides whether it can go on without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+from flwr.app import Message as FlowerMessage
+from flwr.serverapp import Grid
+
+from fedistill import interrupt
+from fedistill.errors import FederationError
+from fedistill.federation.fleet import Fleet, Reply
+from fedistill.federation.ledger import Ledger
+from fedistill.federation.messages import DEFAULT_MAX_BYTES, Message, check_on_receipt
+from fedistill.federation.reply_spec import Expectation
+from fedistill.transports.flower.codec import from_records, to_records
+
+log = logging.getLogger(__name__)
+
+HELLO = "query.hello"
+#: How long a send waits for its replies when the run config sets no `timeout`.
+DEFAULT_TIMEOUT_S = 600.0
+
+
+class GridFleet(Fleet):
+    def __init__(
+        self,
+        grid: Grid,
+        ledger: Ledger,
+        *,
+        algorithm: str,
+        expected_clients: int,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        timeout: float | None = None,
+        connect_timeout: float = 300.0,  # Ray workers start slowly on a loaded machine
+        poll_s: float = 0.02,
+    ) -> None:
+        super().__init__(ledger)
+        self.grid = grid
+        self.algorithm = algorithm
+        self.max_bytes = max_bytes
+        self.timeout = timeout or DEFAULT_TIMEOUT_S
+        self.poll_s = poll_s
+        self.node_of = self._discover(expected_clients, connect_timeout)
+
+    @property
+    def clients(self) -> list[int]:
+        return sorted(self.node_of)
+
+    # --- start-up: which node holds which partition ------------------------------------------------
+    def _discover(self, expected: int, connect_timeout: float) -> dict[int, int]:
+        deadline = time.monotonic() + connect_timeout
+        nodes = list(self.grid.get_node_ids())
+        while len(nodes) < expected and time.monotonic() < deadline:
+            time.sleep(0.5)
+            nodes = list(self.grid.get_node_ids())
+        if len(nodes) < expected:
+            raise FederationError(
+                f"only {len(nodes)} of {expected} Flower nodes connected within {connect_timeout:.0f} s"
+            )
+        hello = Message.build(HELLO)
+        replies = self._exchange({node: hello for node in nodes}, step=None, timeout=connect_timeout)
+        node_of: dict[int, int] = {}
+        for node, (reply, error) in replies.items():
+            if reply is None:
+                raise FederationError(f"Flower node {node} did not answer {HELLO}: {error}")
+            pid = int(reply.scalar("metrics", "partition_id"))
+            if pid in node_of:
+                raise FederationError(f"Flower nodes {node_of[pid]} and {node} both hold partition {pid}")
+            node_of[pid] = node
+        if sorted(node_of) != list(range(expected)):
+            raise FederationError(f"expected partitions 0..{expected - 1}, the nodes hold {sorted(node_of)}")
+        for pid, node in sorted(node_of.items()):
+            self.record_request(pid, hello, None)
+            self.record_reply(Reply(pid, replies[node][0]), HELLO, None)
+        log.info("Flower nodes by partition: %s", node_of)
+        return node_of
+
+    # --- the Fleet interface ---------------------------------------------------------------------
+    def send(
+        self,
+        requests: Mapping[int, Message],
+        *,
+        step: int | None = None,
+        timeout: float | None = None,
+        expect: Expectation = None,
+    ) -> dict[int, Reply]:
+        started = time.perf_counter()
+        unknown = [cid for cid in requests if cid not in self.node_of]
+        # a node the SuperLink no longer lists (its heartbeats stopped) fails at once, not at the deadline
+        online = set(self.grid.get_node_ids())
+        offline = [cid for cid in requests if cid in self.node_of and self.node_of[cid] not in online]
+        for cid in sorted(requests):
+            self.record_request(cid, requests[cid], step)
+        by_node = {
+            self.node_of[cid]: requests[cid]
+            for cid in sorted(requests)
+            if cid in self.node_of and cid not in offline
+        }
+        answers = self._exchange(by_node, step=step, timeout=timeout or self.timeout) if by_node else {}
+        replies: dict[int, Reply] = {}
+        for cid in sorted(requests):
+            if cid in unknown:
+                reply = Reply(cid, None, f"unknown client {cid}")
+            elif cid in offline:
+                reply = Reply(cid, None, f"node {self.node_of[cid]} is offline (the SuperLink lost it)")
+            else:
+                message, error = answers[self.node_of[cid]]
+                reply = Reply(cid, message, error)
+            replies[cid] = self.record_reply(reply, requests[cid].type, step, expect)
+        self.seconds_in_transport += time.perf_counter() - started
+        return replies
+
+    def _exchange(
+        self, requests: Mapping[int, Message], *, step: int | None, timeout: float
+    ) -> dict[int, tuple[Message | None, str | None]]:
+        """Push one message per node, pull until every reply is in or the deadline passes."""
+        header = {"algorithm": self.algorithm, "round": self.round, "step": -1 if step is None else step}
+        outgoing = [
+            FlowerMessage(to_records(message, header), dst_node_id=node, message_type=message.type)
+            for node, message in requests.items()
+        ]
+        ids = list(self.grid.push_messages(outgoing))
+        node_of_id = {mid: node for mid, node in zip(ids, requests, strict=True)}
+        results: dict[int, tuple[Message | None, str | None]] = {}
+        pending = set(ids)
+        deadline = time.monotonic() + timeout
+        while pending:
+            interrupt.check()
+            for reply in self.grid.pull_messages(list(pending)):
+                mid = reply.metadata.reply_to_message_id
+                if mid not in pending:
+                    continue
+                pending.discard(mid)
+                results[node_of_id[mid]] = self._decode(reply, requests[node_of_id[mid]].type)
+            if pending:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(self.poll_s)
+        for mid in pending:
+            results[node_of_id[mid]] = (None, f"timed out after {timeout:.1f} s (no reply from the node)")
+        return results
+
+    def _decode(self, reply: FlowerMessage, message_type: str) -> tuple[Message | None, str | None]:
+        if reply.has_error():
+            return None, f"client error {reply.error.code}: {reply.error.reason}"
+        try:
+            message = from_records(reply.content, message_type)
+            check_on_receipt(message, max_bytes=self.max_bytes)
+        except Exception as exc:  # a malformed reply is that client's failure, not the server's
+            return None, f"invalid reply: {exc}"
+        return message, None

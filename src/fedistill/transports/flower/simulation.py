@@ -1,0 +1,55 @@
+"""Flower's simulation engine (Ray) in this process: one virtual SuperNode per site, Flower's home
+and logging kept out of the user's way, Ctrl-C left to the run loop."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from fedistill import interrupt
+from fedistill.errors import ConfigError
+
+
+def backend_config() -> dict[str, Any]:
+    """One CPU per virtual node; Ray without its dashboard and quiet."""
+    cpus = os.cpu_count() or 1
+    return {
+        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+        "init_args": {
+            "num_cpus": cpus,
+            "include_dashboard": False,
+            "logging_level": "error",
+            "log_to_driver": False,
+        },
+    }
+
+
+def simulate(server_app: Any, client_app: Any, num_supernodes: int, home: Path) -> None:
+    """Run `server_app` against `num_supernodes` virtual nodes of `client_app`. Flower's home (apps,
+    state) is `home` unless the user chose one (FLWR_HOME)."""
+    try:
+        from flwr.simulation import run_simulation
+    except ImportError:
+        raise ConfigError(
+            "transport = flower needs Flower: pip install -e '.[flower]' (or fedistill[flower])"
+        ) from None
+    flower_logger = logging.getLogger("flwr")
+    level = flower_logger.level
+    flower_logger.setLevel(logging.ERROR)
+    own_home = "FLWR_HOME" not in os.environ
+    if own_home:
+        os.environ["FLWR_HOME"] = str(home)
+    try:
+        with interrupt.deferred_to_run_loop():
+            run_simulation(
+                server_app=server_app,
+                client_app=client_app,
+                num_supernodes=num_supernodes,
+                backend_config=backend_config(),  # type: ignore[arg-type]
+            )
+    finally:
+        flower_logger.setLevel(level)
+        if own_home:
+            del os.environ["FLWR_HOME"]
