@@ -13,12 +13,12 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export HF_DATASETS_OFFLINE := 1
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test test-all lint bench clean
+.PHONY: demo test test-all lint bench docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[flower,dev]"
+	$(PY) -m pip install -q -e ".[flower,export,track,docs,dev]"
 	touch $(STAMP)
 
 demo: $(STAMP)  ## the main job: the default experiment on the embedded digits data
@@ -34,6 +34,10 @@ bench: $(STAMP)  ## quick speed checks at small settings: FedIOD step time, tran
 	$(PY) benchmarks/fediod_step_time.py --steps 2 --results $(BENCH_OUT)
 	$(PY) benchmarks/flower_speed.py --transports inprocess,simulation --fedavg-rounds 2 --fediod-epochs 2 \
 		--fediod-iters 2 --results $(BENCH_OUT)
+
+docs: $(STAMP)  ## the documentation site: results pages refreshed from benchmarks/results, then built with --strict into build/site
+	$(PY) -m fedistill.reference.results
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

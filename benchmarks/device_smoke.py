@@ -11,7 +11,7 @@ import traceback
 from pathlib import Path
 
 from fedistill.config import RunConfig, build_config
-from fedistill.run.launch import run_suite
+from fedistill.engine.launch import run_suite
 
 TINY = {"clients": 3, "rounds": 2, "batch_size": 32, "alpha": 1.0, "model": "lenet-fedmdcg"}
 PER_ALGORITHM = {

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS, add_seed_and_out, benchmark_parser, cell_name, run_fedistill
-from fedistill.run.rundir import read_jsonl
+from fedistill.engine.rundir import read_jsonl
 
 DEFAULT_GROUPS = "lenet-fedmdcg,mlp,resnet8"
 

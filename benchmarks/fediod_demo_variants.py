@@ -1,6 +1,6 @@
 """Variants of the digits demo's FedIOD settings, compared seed by seed on seeds of their own.
 
-Each variant is a list of `--set` items on top of src/fedistill/run/demo.toml; `base` (no item) is
+Each variant is a list of `--set` items on top of src/fedistill/engine/demo.toml; `base` (no item) is
 always run. Every (cell, seed) runs every variant, so the table compares them in pairs: the mean student
 test %, the mean difference to `base` on the same seeds with how many seeds went up and down, the
 student as a fraction of its ensemble and FedIOD's wall time. `--fedavg` also runs FedAvg on the base
@@ -10,11 +10,11 @@ published grids do not use (those use 0-2), so they stay a clean check.
     python benchmarks/fediod_demo_variants.py --cells 10:0.5:3-11,10:0.1:3-6 \\
         --variant noise085=fediod.student_noise=0.85 --variant poolg=fediod.pool_generator_batch=true \\
         [--fedavg] [--jobs 2] [--tag NAME] [--reuse --runs-tag OTHER]
-    python benchmarks/fediod_demo_variants.py --report results/fediod_demo_variants_NAME.json
+    python benchmarks/fediod_demo_variants.py --report results/sweeps/fediod_demo_variants_NAME.json
 
 A variant is NAME=KEY=VALUE[;KEY=VALUE...]. Jobs go seed by seed, so a sweep cut short still holds
 every variant of the seeds it reached. Every run is its own process at one torch thread. Writes
-benchmarks/results/fediod_demo_variants[_<tag>].{md,json} after every finished run. `--report` rewrites
+benchmarks/results/sweeps/fediod_demo_variants[_<tag>].{md,json} after every finished run. `--report` rewrites
 the table of a results file (for example one from another machine).
 """
 
@@ -26,8 +26,11 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, add_seed_and_out, benchmark_parser
+from _common import RESULTS as ALL_RESULTS
+from _common import add_seed_and_out, benchmark_parser
 from fedistill.reproduce.demo_variants import parse_cells, parse_variants, run_variant, write
+
+RESULTS = ALL_RESULTS / "sweeps"  # tuning sweeps, kept out of the results the docs are made from
 
 
 def main() -> None:

@@ -40,10 +40,10 @@ import torch
 
 from fedistill.algorithms.shared.training import evaluate_model
 from fedistill.config import read_config
+from fedistill.engine.setup import prepare_data
 from fedistill.privacy import pate
 from fedistill.reproduce.pate_teachers import Queries, load_teachers, make_queries, train_student
 from fedistill.reproduce.paths import RESULTS, RUNS
-from fedistill.run.setup import prepare_data
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_RUN = RUNS / "fediod-fashion-mnist-alpha1-seed0" / "fediod"

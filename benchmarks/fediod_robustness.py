@@ -1,7 +1,7 @@
 """FedIOD over a grid of federations: how close its student comes to its teachers' ensemble.
 
 For each dataset, number of clients K, Dirichlet alpha and seed, one FedIOD run with the demo's
-settings (src/fedistill/run/demo.toml: small-cnn, 30 teacher epochs, 10 epochs of 12 G-steps,
+settings (src/fedistill/engine/demo.toml: small-cnn, 30 teacher epochs, 10 epochs of 12 G-steps,
 batch-norm matching, a replay pool, KL mimicry at tau 3, noise on the student's inputs, class-share
 ensemble weights), or with those off (`--paper`).
 Per cell: the student's test accuracy as a fraction of the ensemble (mean and worst over the seeds),
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import RESULTS, add_seed_and_out, benchmark_parser, run_on_demo
-from fedistill.run.rundir import read_jsonl
+from fedistill.engine.rundir import read_jsonl
 
 # the stabilisers off, and the demo's digits-only input noise and ensemble weighting back to the paper's
 PAPER = ["fediod.w_bn=0.0", "fediod.pool_size=0", "fediod.pool_steps=0", "fediod.mimic='l2'",

@@ -38,8 +38,8 @@ from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServe
 from fedistill.algorithms.registry import get_algorithm
 from fedistill.algorithms.shared.training import evaluate_model
 from fedistill.config import RunConfig, build_config, options_for
+from fedistill.engine.setup import client_contexts, prepare_data
 from fedistill.federation.ledger import Ledger
-from fedistill.run.setup import client_contexts, prepare_data
 from fedistill.transports.inprocess import InProcessFleet
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -40,7 +40,7 @@ from _common import (
     variant_flags,
     variant_suffix,
 )
-from fedistill.run.rundir import read_jsonl
+from fedistill.engine.rundir import read_jsonl
 
 # the digits demo's stabilisers and student budget (chosen there, not on these datasets)
 STABILISERS = ["fediod.preset='stable'"]

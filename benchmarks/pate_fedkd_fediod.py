@@ -37,10 +37,10 @@ import torch
 
 from fedistill.algorithms.shared.training import evaluate_model
 from fedistill.config import read_config
+from fedistill.engine.setup import prepare_data
 from fedistill.reproduce.pate_comparison import gnmax_row, public_inputs, votes_on, write
 from fedistill.reproduce.pate_teachers import Queries, load_teachers, make_queries, train_student
 from fedistill.reproduce.paths import DATA, RESULTS, RUNS
-from fedistill.run.setup import prepare_data
 
 DEFAULT_RUN = RUNS / "fediod-fashion-mnist-alpha1-seed0" / "fediod"
 

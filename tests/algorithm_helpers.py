@@ -12,13 +12,13 @@ import pytest
 from fedistill.algorithms.base import ServerLogic
 from fedistill.algorithms.registry import get_algorithm
 from fedistill.config import RunConfig, options_for
+from fedistill.engine.launch import resume_suite, run_suite
+from fedistill.engine.rundir import read_jsonl
+from fedistill.engine.setup import client_contexts, prepare_data
 from fedistill.federation.client import ClientLogic
 from fedistill.federation.fleet import Fleet, Reply
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.federation.messages import Message
-from fedistill.run.launch import resume_suite, run_suite
-from fedistill.run.rundir import read_jsonl
-from fedistill.run.setup import client_contexts, prepare_data
 
 #: Five clients on a Dirichlet(0.5) split of the embedded digits: small, quick and clearly non-IID.
 SMALL_NON_IID = {"clients": 5, "alpha": 0.5, "batch_size": 32, "seed": 0}
@@ -133,7 +133,7 @@ def fediod_parts(config: RunConfig) -> tuple[dict[int, ClientLogic], ServerLogic
     from fedistill.algorithms.base import ServerContext
     from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
     from fedistill.algorithms.shared.training import evaluate_model, task_of
-    from fedistill.run.setup import score_first
+    from fedistill.engine.setup import score_first
 
     options = options_for(config, "fediod", FedIODOptions)
     data = prepare_data(config)

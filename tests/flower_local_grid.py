@@ -83,8 +83,8 @@ class LocalGrid(Grid):
 
 def run_on_grid(config, suite_dir, grid, **kwargs):
     """The suite as a Flower ServerApp runs it: validated, then every algorithm over `grid`."""
-    from fedistill.run.setup import validate_setup
-    from fedistill.run.suite import run_algorithms
+    from fedistill.engine.setup import validate_setup
+    from fedistill.engine.suite import run_algorithms
 
     config = config.replace(transport="flower")
     kwargs.setdefault("progress", False)

@@ -19,14 +19,14 @@ from fedistill.algorithms.registry import get_algorithm
 from fedistill.algorithms.shared.training import evaluate_model, new_model, task_of
 from fedistill.config import RunConfig, build_config, options_for
 from fedistill.data.transforms import to_float
+from fedistill.engine.launch import run_suite
+from fedistill.engine.rundir import read_jsonl
+from fedistill.engine.setup import client_contexts, prepare_data
 from fedistill.errors import ConfigError
 from fedistill.federation.ledger import UP, Ledger, read_ledger
 from fedistill.federation.messages import Message
 from fedistill.models.perceptual import load_vgg16_features, vgg16_feature_shapes
 from fedistill.models.pix2pix import one_hot_mask
-from fedistill.run.launch import run_suite
-from fedistill.run.rundir import read_jsonl
-from fedistill.run.setup import client_contexts, prepare_data
 from fedistill.seeding import torch_generator
 from fedistill.transports.inprocess import InProcessFleet
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from fedistill.run.checkpoint import latest_checkpoint, read_checkpoint, write_checkpoint
+from fedistill.engine.checkpoint import latest_checkpoint, read_checkpoint, write_checkpoint
 
 
 def test_nested_state_round_trips_exactly(tmp_path):

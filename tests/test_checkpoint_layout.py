@@ -9,7 +9,7 @@ run drifted in the 7th digit from the uninterrupted one.
 
 import torch
 
-from fedistill.run.checkpoint import load_state, save_state
+from fedistill.engine.checkpoint import load_state, save_state
 
 
 def _strided(values: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:

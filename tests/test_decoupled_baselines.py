@@ -11,12 +11,12 @@ from fedistill.algorithms.fedmdcg.fedper import SharedPartServer
 from fedistill.algorithms.fedmdcg.personalized import part_of
 from fedistill.algorithms.shared.training import new_model
 from fedistill.config import RunConfig, build_config
+from fedistill.engine.checkpoint import latest_checkpoint, read_checkpoint
+from fedistill.engine.setup import prepare_data
 from fedistill.errors import FederationError
 from fedistill.federation.ledger import DOWN, UP, read_ledger
 from fedistill.federation.messages import Message
 from fedistill.models.base import CLASSIFIER_PREFIX, EXTRACTOR_PREFIX
-from fedistill.run.checkpoint import latest_checkpoint, read_checkpoint
-from fedistill.run.setup import prepare_data
 
 SMALL = {**SMALL_NON_IID, "rounds": 15, "model": "mlp", "lr": 0.05}
 SHARED = {"fedper": EXTRACTOR_PREFIX, "lgfedavg": CLASSIFIER_PREFIX}

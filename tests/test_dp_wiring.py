@@ -19,12 +19,12 @@ from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServe
 from fedistill.algorithms.registry import get_algorithm
 from fedistill.algorithms.shared.training import new_model
 from fedistill.config import RunConfig, build_config, options_for
+from fedistill.engine.launch import resume_suite, run_suite
+from fedistill.engine.rundir import read_jsonl
+from fedistill.engine.setup import client_contexts, prepare_data
 from fedistill.errors import ConfigError
 from fedistill.federation.ledger import Ledger
 from fedistill.federation.messages import Message
-from fedistill.run.launch import resume_suite, run_suite
-from fedistill.run.rundir import read_jsonl
-from fedistill.run.setup import client_contexts, prepare_data
 from fedistill.transports.inprocess import InProcessFleet
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha")  # sigma ~ 0 probes
@@ -348,8 +348,8 @@ def test_dp_over_flower_with_a_fresh_process_per_message_matches_in_process(tmp_
     """The accountants live in the nodes' stored client state (a fresh ClientApp per message) and
     `query.privacy` crosses Flower: the epsilons and results equal the in-process ones."""
     pytest.importorskip("flwr")
-    from fedistill.run.flower import node as flower_node
-    from fedistill.run.flower.apps import make_client_app
+    from fedistill.engine.flower import node as flower_node
+    from fedistill.engine.flower.apps import make_client_app
     from flower_local_grid import LocalGrid, run_on_grid
 
     layer = copy.deepcopy(TINY)

@@ -18,12 +18,12 @@ from fedistill.algorithms.shared.drop_worst import drop_worst_weights
 from fedistill.config import RunConfig, build_config
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
 from fedistill.data.registry import load_dataset
+from fedistill.engine.checkpoint import latest_checkpoint, read_checkpoint, save_model
+from fedistill.engine.launch import run_suite
+from fedistill.engine.rundir import read_jsonl
 from fedistill.errors import ConfigError
 from fedistill.federation.ledger import DOWN, UP, read_ledger
 from fedistill.models.generator import build_generator
-from fedistill.run.checkpoint import latest_checkpoint, read_checkpoint, save_model
-from fedistill.run.launch import run_suite
-from fedistill.run.rundir import read_jsonl
 from fedistill.seeding import seeded
 
 

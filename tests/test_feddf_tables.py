@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from fedistill.config import RunConfig, build_config, parse_assignment
+from fedistill.engine.setup import validate_setup
 from fedistill.reproduce import feddf_tables, pate_comparison
 from fedistill.reproduce.pate_teachers import Queries
-from fedistill.run.setup import validate_setup
 
 
 @pytest.mark.parametrize("table", sorted(feddf_tables.TABLES))

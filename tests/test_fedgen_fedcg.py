@@ -17,13 +17,13 @@ from fedistill.algorithms.fedmdcg.personalized import GENERATOR_PREFIX, part_of
 from fedistill.algorithms.registry import get_algorithm
 from fedistill.algorithms.shared.training import new_model
 from fedistill.config import RunConfig, build_config, options_for
+from fedistill.engine.launch import run_suite
+from fedistill.engine.setup import prepare_data
 from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.ledger import UP, read_ledger
 from fedistill.federation.messages import Message
 from fedistill.models.base import CLASSIFIER_PREFIX, EXTRACTOR_PREFIX
 from fedistill.models.feature_generator import FeatureGenerator
-from fedistill.run.launch import run_suite
-from fedistill.run.setup import prepare_data
 
 SMALL = {**SMALL_NON_IID, "rounds": 10, "model": "mlp", "lr": 0.05}
 
@@ -215,7 +215,7 @@ def test_over_a_flower_grid_both_give_the_in_process_results(tmp_path):
     """Client state kept on the node between rounds (FedCG's private extractor, discriminator and Adam
     states) and the generator in the messages give the in-process results and traffic on Flower."""
     pytest.importorskip("flwr")
-    from fedistill.run.flower.apps import make_client_app
+    from fedistill.engine.flower.apps import make_client_app
     from flower_local_grid import LocalGrid, run_on_grid
 
     config = _config(algorithm="fedgen,fedcg", rounds=2, clients=3, model="lenet-fedmdcg")

@@ -11,9 +11,9 @@ from algorithm_helpers import TINY_FEDIOD, fediod_parts
 from fedistill.algorithms.fediod import FedIODOptions, FedIODServer
 from fedistill.algorithms.fediod import losses as L
 from fedistill.config import RunConfig, build_config, options_for
+from fedistill.engine.launch import run_suite
 from fedistill.errors import ConfigError
 from fedistill.federation.ledger import UP, Ledger, read_ledger
-from fedistill.run.launch import run_suite
 from fedistill.transports.inprocess import InProcessFleet
 
 TINY = TINY_FEDIOD
@@ -107,7 +107,7 @@ def test_official_code_preset_and_best_on_test_labelling():
     from fedistill.algorithms.fediod import resolve_options
 
     config = build_config(RunConfig(), {"fediod": {"preset": "official-code", "w_adv": 0.5}})
-    resolved = resolve_options(config, options, dense=False)
+    resolved = resolve_options(config, options, per_pixel=False)
     assert resolved.ensemble_weighting == "class-share" and resolved.mimic == "kl-official"
     assert resolved.js == "official" and resolved.selection == "best-on-test"
     assert resolved.w_adv == 0.5  # an explicit setting wins over the preset
@@ -117,9 +117,9 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     from fedistill.algorithms.fediod import resolve_options
     from fedistill.errors import ConfigError
 
-    def resolved_for(fediod: dict, *, dense: bool = False) -> FedIODOptions:
+    def resolved_for(fediod: dict, *, per_pixel: bool = False) -> FedIODOptions:
         config = build_config(RunConfig(), {"fediod": fediod})
-        return resolve_options(config, options_for(config, "fediod", FedIODOptions), dense=dense)
+        return resolve_options(config, options_for(config, "fediod", FedIODOptions), per_pixel=per_pixel)
 
     resolved = resolved_for({"preset": "stable", "tau": 2.0})
     assert (resolved.w_bn, resolved.pool_size, resolved.pool_steps) == (10.0, 20000, 30)
@@ -129,10 +129,10 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     paper_options = resolved_for({"preset": "paper", "tau": 2.0})
     assert (paper_options.pool_size, paper_options.teacher_logits, paper_options.mimic) == (0, "raw", "l2")
     assert paper_options.iters_per_epoch == "max"
-    # the default preset is the stable one on classification and the paper's on dense tasks
+    # the default preset is the stable one on classification and the paper's on per-pixel tasks
     assert FedIODOptions().preset == "auto"
     assert resolved_for({"tau": 2.0}) == dataclasses.replace(resolved, preset="stable")
-    assert resolved_for({"tau": 2.0}, dense=True) == dataclasses.replace(paper_options, preset="paper")
+    assert resolved_for({"tau": 2.0}, per_pixel=True) == dataclasses.replace(paper_options, preset="paper")
     # a user may change the preset's replay steps without repeating its pool
     resolved = resolved_for({"preset": "stable", "pool_steps": 15})
     assert (resolved.pool_size, resolved.pool_steps) == (20000, 15)
@@ -177,8 +177,8 @@ def test_student_beats_the_standalone_mean_on_digits(tmp_path):
 
 
 def test_an_interrupted_run_resumes_to_the_same_result(tmp_path, monkeypatch):
-    from fedistill.run.launch import resume_suite
-    from fedistill.run.rundir import read_jsonl
+    from fedistill.engine.launch import resume_suite
+    from fedistill.engine.rundir import read_jsonl
 
     config = _config()
     run_suite(config, tmp_path / "ref", progress=False)

@@ -14,9 +14,9 @@ from fedistill.algorithms.fediod.task_view import TaskView
 from fedistill.config import RunConfig, build_config
 from fedistill.data.base import DatasetInfo
 from fedistill.data.transforms import to_float
+from fedistill.engine.launch import run_suite
 from fedistill.federation.ledger import UP, Ledger, read_ledger
 from fedistill.models.perceptual import PerceptualLoss, encoder_features
-from fedistill.run.launch import run_suite
 from fedistill.seeding import torch_generator
 from fedistill.tasks import SemanticSegmentation
 from fedistill.transports.inprocess import InProcessFleet

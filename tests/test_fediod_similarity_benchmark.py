@@ -16,8 +16,8 @@ import pytest
 from algorithm_helpers import TINY_FEDIOD
 from fedistill.analysis.similarity import similarity_to_private
 from fedistill.config import RunConfig, build_config
+from fedistill.engine.launch import run_suite
 from fedistill.reproduce import fediod_similarity, similarity_study
-from fedistill.run.launch import run_suite
 
 
 @pytest.fixture(scope="module")

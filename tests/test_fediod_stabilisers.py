@@ -18,9 +18,9 @@ from fedistill.algorithms.shared.bn_matching import batchnorm_statistics_loss
 from fedistill.algorithms.shared.synthetic_pool import SyntheticPool
 from fedistill.config import RunConfig, build_config, options_for
 from fedistill.data.transforms import random_shift
+from fedistill.engine.launch import run_suite
 from fedistill.errors import ConfigError
 from fedistill.federation.ledger import UP, Ledger, read_ledger
-from fedistill.run.launch import run_suite
 from fedistill.seeding import numpy_generator, torch_generator
 from fedistill.transports.inprocess import InProcessFleet
 
@@ -173,8 +173,8 @@ def test_the_generator_batch_without_a_pool_or_on_a_dense_task_is_refused():
     config = _config(pool_size=256, pool_generator_batch=True)
     options = options_for(config, "fediod", FedIODOptions)
     with pytest.raises(ConfigError, match="classification"):
-        resolve_options(config, options, dense=True)
-    assert resolve_options(config, options, dense=False).pool_generator_batch
+        resolve_options(config, options, per_pixel=True)
+    assert resolve_options(config, options, per_pixel=False).pool_generator_batch
 
 
 def test_scaled_teacher_logits_put_mixed_architectures_on_one_scale():
@@ -357,7 +357,7 @@ def test_student_shift_and_mixup_are_refused_on_dense_tasks_and_below_zero():
     for key, value in (("student_shift", 1), ("student_mixup", 0.4)):
         options = FedIODOptions(**{key: value})
         with pytest.raises(ConfigError, match=f"{key} is for classification"):
-            resolve_options(_config(**{key: value}), options, dense=True)
+            resolve_options(_config(**{key: value}), options, per_pixel=True)
 
 
 def test_the_default_preset_beats_the_papers_settings_on_digits(tmp_path):

@@ -33,12 +33,12 @@ from fedistill.algorithms.fedmd.fedkd import (
 from fedistill.algorithms.fedmd.fedmd import FedMDClient, FedMDOptions, FedMDServer, consensus, digest_loss
 from fedistill.algorithms.fedmd.public_data import build_public
 from fedistill.config import RunConfig, build_config
+from fedistill.engine.launch import run_suite
+from fedistill.engine.setup import prepare_data
 from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.federation.messages import ArraySpec, Message
 from fedistill.privacy import pate
-from fedistill.run.launch import run_suite
-from fedistill.run.setup import prepare_data
 
 #: The comparison: non-IID digits, the held-out 30% as public data, a small CNN.
 COMPARE = {

@@ -14,15 +14,15 @@ from fedistill.algorithms.fedmdcg.fedmdcg_options import FedMDCGOptions, resolve
 from fedistill.algorithms.fedmdcg.fedmdcg_server import FedMDCGServer, crossed_distillation_steps
 from fedistill.algorithms.fedmdcg.personalized import GENERATOR_PREFIX, part_of
 from fedistill.config import RunConfig, build_config, options_for
+from fedistill.engine.checkpoint import latest_checkpoint, read_checkpoint
+from fedistill.engine.launch import run_suite
+from fedistill.engine.rundir import read_jsonl
+from fedistill.engine.setup import prepare_data
 from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.ledger import DOWN, UP, read_ledger
 from fedistill.federation.messages import Message
 from fedistill.models.base import CLASSIFIER_PREFIX, EXTRACTOR_PREFIX
 from fedistill.models.feature_generator import FeatureGenerator
-from fedistill.run.checkpoint import latest_checkpoint, read_checkpoint
-from fedistill.run.launch import run_suite
-from fedistill.run.rundir import read_jsonl
-from fedistill.run.setup import prepare_data
 
 ROUNDS = 8
 SMALL = {
@@ -307,8 +307,8 @@ def test_flower_nodes_keep_the_client_state_between_messages(tmp_path):
     messages, the state kept on node storage (F_i, G_i, optimisers, the code's cache) must give the
     in-process results and ledger."""
     pytest.importorskip("flwr")
-    from fedistill.run.flower import node as flower_node
-    from fedistill.run.flower.apps import make_client_app
+    from fedistill.engine.flower import node as flower_node
+    from fedistill.engine.flower.apps import make_client_app
     from flower_local_grid import LocalGrid, run_on_grid
 
     options = {"generator_hidden": "32", "server_steps": 5, "preset": "official-code"}

@@ -17,10 +17,10 @@ from fedistill.algorithms.shared.oracle import ORACLE_METRIC
 from fedistill.config import RunConfig, build_config, load_toml, options_for, parse_assignment
 from fedistill.data.base import LoadedDataset
 from fedistill.data.registry import load_dataset
+from fedistill.engine import launch
+from fedistill.engine import setup as runner
+from fedistill.engine.rundir import read_jsonl
 from fedistill.errors import ConfigError
-from fedistill.run import launch
-from fedistill.run import setup as runner
-from fedistill.run.rundir import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

@@ -20,11 +20,11 @@ from fedistill.algorithms.medical.flmrcm_alignment import (
     source_step,
 )
 from fedistill.config import RunConfig, build_config
+from fedistill.engine.launch import run_suite
 from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.ledger import DOWN, UP, read_ledger
 from fedistill.federation.messages import Message
 from fedistill.models.fastmri_unet import FastMRIUnet
-from fedistill.run.launch import run_suite
 from fedistill.tasks.reconstruction import Reconstruction
 
 TINY = {

@@ -64,8 +64,8 @@ def app_config() -> dict[str, Any]:
 
 def reference_run(overrides: dict[str, Any], root: Path) -> Path:
     """The same run config in-process (default transport): its algorithm's run directory."""
-    from fedistill.run.flower.apps import config_from_run_config
-    from fedistill.run.launch import run_suite
+    from fedistill.engine.flower.apps import config_from_run_config
+    from fedistill.engine.launch import run_suite
 
     key = json.dumps(overrides, sort_keys=True)
     if key not in _REFERENCES:

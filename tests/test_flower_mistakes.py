@@ -18,8 +18,8 @@ pytest.importorskip("flwr")
 from flwr.app import Context, RecordDict
 
 from fedistill.cli import main
-from fedistill.run.flower.apps import make_server_app
-from fedistill.run.rundir import read_jsonl
+from fedistill.engine.flower.apps import make_server_app
+from fedistill.engine.rundir import read_jsonl
 
 ENV = {
     **os.environ,

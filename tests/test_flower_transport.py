@@ -14,12 +14,12 @@ pytest.importorskip("flwr")
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
 from fedistill.config import RunConfig, build_config
+from fedistill.engine.flower import node as flower_node
+from fedistill.engine.flower.apps import make_client_app
+from fedistill.engine.launch import run_suite
 from fedistill.errors import FederationError
 from fedistill.federation.ledger import read_ledger
 from fedistill.federation.messages import Message
-from fedistill.run.flower import node as flower_node
-from fedistill.run.flower.apps import make_client_app
-from fedistill.run.launch import run_suite
 from fedistill.transports.flower.codec import from_records, header_of, to_records
 from flower_local_grid import LocalGrid, run_on_grid
 
@@ -222,9 +222,9 @@ def test_read_only_handlers_leave_client_state_unchanged_and_skip_the_node_write
 def test_forwarding_client_app_and_node_workers_give_the_in_process_results(tmp_path) -> None:
     """The forwarding ClientApp hands every message to one long-lived worker process per node; the
     results and traffic are the in-process ones, and the workers stop when asked."""
-    from fedistill.run.flower.apps import config_from_run_config
-    from fedistill.run.flower.forward import client_app as forwarding_app
-    from fedistill.run.flower.forward import stop_worker
+    from fedistill.engine.flower.apps import config_from_run_config
+    from fedistill.engine.flower.forward import client_app as forwarding_app
+    from fedistill.engine.flower.forward import stop_worker
 
     small = " ".join(f"fediod.{k}={v}" for k, v in SMALL_FEDIOD.items())
     run_config = {
@@ -261,7 +261,8 @@ def test_a_node_worker_exits_when_idle(tmp_path) -> None:
     import sys
 
     (tmp_path / "worker.key").write_bytes(b"k" * 32)
-    command = [sys.executable, "-m", "fedistill.run.flower.worker", "--socket", str(tmp_path / "worker.sock"),
+    command = [sys.executable, "-m", "fedistill.engine.flower.worker",
+               "--socket", str(tmp_path / "worker.sock"),
                "--key-file", str(tmp_path / "worker.key"), "--idle-s", "1"]  # fmt: skip
     assert subprocess.run(command, timeout=120, capture_output=True).returncode == 0
     assert not (tmp_path / "worker.sock").exists()

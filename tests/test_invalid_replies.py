@@ -10,9 +10,9 @@ import pytest
 from algorithm_helpers import TINY_FEDIOD
 from fedistill.cli import main
 from fedistill.config import RunConfig, build_config
+from fedistill.engine.launch import run_suite
 from fedistill.federation.ledger import read_ledger
 from fedistill.federation.messages import Message
-from fedistill.run.launch import run_suite
 from fedistill.transports.inprocess import InProcessFleet
 
 BAD_CLIENT = 1

@@ -36,8 +36,8 @@ def test_a_fediod_run_hands_over_the_latest_of_its_best_validated_epochs(tmp_pat
 
     from algorithm_helpers import TINY_FEDIOD
     from fedistill.config import RunConfig, build_config
-    from fedistill.run.launch import run_suite
-    from fedistill.run.rundir import read_jsonl
+    from fedistill.engine.launch import run_suite
+    from fedistill.engine.rundir import read_jsonl
 
     layer = copy.deepcopy(TINY_FEDIOD) | {"rounds": 4}
     layer["fediod"]["lr_student"] = 1e-12

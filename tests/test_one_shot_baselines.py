@@ -8,9 +8,9 @@ import torch
 from safetensors.torch import load_file
 
 from fedistill.config import RunConfig, build_config
+from fedistill.engine.launch import run_suite
 from fedistill.errors import ConfigError
 from fedistill.federation.ledger import UP, read_ledger
-from fedistill.run.launch import run_suite
 
 TINY = {"clients": 3, "rounds": 1, "model": "lenet-fedmdcg", "alpha": 1.0, "batch_size": 32}
 STAGE1 = {"teacher_epochs": 2}

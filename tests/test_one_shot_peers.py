@@ -25,9 +25,9 @@ from fedistill.algorithms.one_shot.dense import DenseOptions, DenseServer
 from fedistill.algorithms.one_shot.dense import losses as L
 from fedistill.config import RunConfig, build_config, options_for
 from fedistill.data.registry import load_dataset
+from fedistill.engine.launch import run_suite
 from fedistill.errors import ConfigError
 from fedistill.federation.ledger import UP, read_ledger
-from fedistill.run.launch import run_suite
 
 #: Tiny settings for DENSE and Co-Boosting, next to TINY_FEDIOD (3 clients, 2 teacher epochs).
 TINY_ONE_SHOT = {

@@ -11,8 +11,8 @@ import pytest
 from fedistill.algorithms.registry import ALGORITHMS, get_algorithm
 from fedistill.algorithms.shared.oracle import ORACLE_LABEL, ORACLE_METRIC, average_local_models
 from fedistill.config import RunConfig, build_config
-from fedistill.run.launch import run_suite
-from fedistill.run.rundir import read_jsonl
+from fedistill.engine.launch import run_suite
+from fedistill.engine.rundir import read_jsonl
 
 SMALL = {
     "clients": 3,
@@ -80,7 +80,7 @@ def test_the_oracle_equals_the_global_model_where_the_protocol_builds_one(tmp_pa
 
 def test_on_the_flower_transport_the_oracle_is_skipped_and_said_so(tmp_path):
     pytest.importorskip("flwr")
-    from fedistill.run.flower.apps import make_client_app
+    from fedistill.engine.flower.apps import make_client_app
     from flower_local_grid import LocalGrid, run_on_grid
 
     config = _config(algorithm="fedmdcg", rounds=1)

@@ -20,9 +20,9 @@ import pytest
 from fedistill import cli
 from fedistill.algorithms.registry import get_algorithm
 from fedistill.config import RunConfig, build_config, load_toml, options_for
+from fedistill.engine import setup as runner
 from fedistill.reproduce import launch, reconstruction_figures, reconstruction_plan, reconstruction_report
 from fedistill.reproduce.reconstruction_scores import Harness
-from fedistill.run import setup as runner
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

@@ -3,9 +3,9 @@
 import numpy as np
 from PIL import Image
 
+from fedistill.engine.summary import results_rows
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.plots import plot_image_grid
-from fedistill.run.summary import results_rows
 
 
 def _summary(algorithm: str, final: dict) -> dict:

@@ -15,13 +15,13 @@ import pytest
 from fedistill import cli
 from fedistill.algorithms.registry import get_algorithm
 from fedistill.config import options_for
+from fedistill.engine import setup as runner
 from fedistill.reproduce import (
     segmentation_figures,
     segmentation_plan,
     segmentation_report,
     segmentation_tables,
 )
-from fedistill.run import setup as runner
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -14,8 +14,8 @@ import pytest
 
 from fedistill.algorithms.registry import get_algorithm
 from fedistill.config import RunConfig, build_config, load_toml, options_for
+from fedistill.engine import setup as runner
 from fedistill.reproduce import expected
-from fedistill.run import setup as runner
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

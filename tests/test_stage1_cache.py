@@ -5,8 +5,8 @@ import logging
 
 from algorithm_helpers import TINY_FEDIOD, _strip_times
 from fedistill.config import RunConfig, build_config
-from fedistill.run.launch import run_suite
-from fedistill.run.rundir import read_jsonl
+from fedistill.engine.launch import run_suite
+from fedistill.engine.rundir import read_jsonl
 
 VOLATILE = {"teachers_from_cache"}
 

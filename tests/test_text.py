@@ -19,12 +19,12 @@ from fedistill.algorithms.shared import distillation_data as dd
 from fedistill.cli import main
 from fedistill.config import RunConfig, build_config
 from fedistill.data.registry import describe_files, load_dataset
+from fedistill.engine.checkpoint import latest_checkpoint, read_checkpoint, save_model
+from fedistill.engine.launch import run_suite
+from fedistill.engine.rundir import read_jsonl
 from fedistill.errors import ConfigError, DataError
 from fedistill.federation.ledger import DOWN, UP, read_ledger
 from fedistill.models import build_model
-from fedistill.run.checkpoint import latest_checkpoint, read_checkpoint, save_model
-from fedistill.run.launch import run_suite
-from fedistill.run.rundir import read_jsonl
 from fedistill.seeding import seeded
 from fedistill.tasks import TextClassification, make_task
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fedistill.cli import main
-from fedistill.run.rundir import read_jsonl
+from fedistill.engine.rundir import read_jsonl
 
 FAST = ["--algorithm", "fedavg", "--clients", "2", "--rounds", "3", "--model", "mlp", "--quiet"]
 
@@ -196,7 +196,7 @@ def test_a_second_process_on_a_locked_run_gets_a_clear_message(tmp_path, capsys)
     holder = textwrap.dedent(
         f"""
         import sys, time
-        from fedistill.run.suite_dir import locked
+        from fedistill.engine.suite_dir import locked
         from pathlib import Path
         with locked(Path({str(tmp_path / "r")!r})):
             print("locked", flush=True)
@@ -323,7 +323,7 @@ def test_a_one_class_image_folder_is_refused(tmp_path, capsys):
 def test_a_full_disk_during_a_run_stops_it_resumably(tmp_path, capsys, monkeypatch, reference):
     import errno
 
-    from fedistill.run import loop as runner
+    from fedistill.engine import loop as runner
 
     real = runner.write_checkpoint
 

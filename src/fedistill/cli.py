@@ -1,4 +1,5 @@
-"""The `fedistill` command: run, list, summary.
+"""The `fedistill` command: run, list, summary, and the commands that live in their own modules
+(predict, export, reproduce).
 
 A user mistake (unknown name, bad value, missing file, unreadable config) ends with one line on
 stderr and exit code 2; a run that cannot go on (a diverging loss, too few clients) with one line
@@ -8,6 +9,7 @@ and exit code 1, the details in the run's run.log.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -35,16 +37,24 @@ FLAG_KEYS = {
     "name": "name",
     "transport": "transport",
     "device": "device",
+    "track": "track",
+}
+
+#: Commands whose arguments and handler live in their own module (`add_arguments`, `run_command`).
+MODULE_COMMANDS = {
+    "predict": ("fedistill.inference.predict", "label or segment images and volumes, or reconstruct scans"),
+    "export": ("fedistill.inference.export", "write a run's model as safetensors, ONNX or TorchScript"),
 }
 
 
 #: What `fedistill run` runs when given no options: the main job on the embedded digits data.
-DEMO_CONFIG = Path(__file__).parent / "run" / "demo.toml"
+DEMO_CONFIG = Path(__file__).parent / "engine" / "demo.toml"
 #: Flags that say where and how a run goes, not what it runs: with only these, `run` still runs the demo.
-PLACEMENT_KEYS = {"out", "name", "transport", "device"}
+PLACEMENT_KEYS = {"out", "name", "transport", "device", "track"}
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `fedistill` argument parser: run, list, summary and the module commands."""
     parser = argparse.ArgumentParser(
         prog="fedistill",
         description="Federated learning by distillation (FedIOD, FedDF, FedMD-CG, baselines).",
@@ -79,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--device",
         help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N or mps; with --resume: where it goes on",
     )
+    run.add_argument(
+        "--track", metavar="TRACKERS", help="stream the run to tensorboard, mlflow or both (comma-separated)"
+    )
     run.add_argument("--config", metavar="FILE.toml", help="a TOML config file")
     run.add_argument(
         "--set", metavar="KEY=VALUE", action="append", default=[], help="any config key, e.g. fedprox.mu=0.1"
@@ -86,14 +99,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a run directory from its last checkpoint")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
 
-    commands.add_parser("list", help="list algorithms, datasets, models and partitioners")
+    listing = commands.add_parser("list", help="list algorithms, datasets, models and partitioners")
+    listing.add_argument(
+        "--options", metavar="NAME", help="every option of algorithm NAME with its default and one line"
+    )
 
     summary = commands.add_parser("summary", help="show the results of a run directory")
     summary.add_argument("run_dir")
+    for name, (module, help_text) in MODULE_COMMANDS.items():
+        importlib.import_module(module).add_arguments(commands.add_parser(name, help=help_text))
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
+    """The run's config: the demo when no experiment option is given, else config file, flags, `--set`."""
     from fedistill.config import RunConfig, build_config, load_toml, parse_assignment
 
     layers: list[dict[str, Any]] = []
@@ -116,12 +135,13 @@ _CURRENT_RUN: list[Path] = []
 
 
 def command_run(args: argparse.Namespace) -> int:
+    """`fedistill run`: a new run (validated before anything is written) or `--resume` of one."""
     from fedistill.config import read_config
-    from fedistill.run import suite_dir as folder
-    from fedistill.run.launch import run_suite
-    from fedistill.run.setup import validate_setup
-    from fedistill.run.suite import default_name
-    from fedistill.run.summary import print_results
+    from fedistill.engine import suite_dir as folder
+    from fedistill.engine.launch import run_suite
+    from fedistill.engine.setup import validate_setup
+    from fedistill.engine.suite import default_name
+    from fedistill.engine.summary import print_results
 
     if args.resume:
         given = [flag for flag in FLAG_KEYS if flag != "device" and getattr(args, flag) is not None] + (
@@ -155,7 +175,13 @@ def command_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def command_list(_: argparse.Namespace) -> int:
+def command_list(args: argparse.Namespace) -> int:
+    """`fedistill list`: the registries, or `--options NAME`: every option of one algorithm."""
+    if args.options:
+        from fedistill.reference.options import format_options
+
+        print(format_options(args.options))
+        return 0
     from fedistill.algorithms.registry import ALGORITHMS, algorithm_names
     from fedistill.data.partition import PARTITIONERS
     from fedistill.data.registry import dataset_names
@@ -171,7 +197,8 @@ def command_list(_: argparse.Namespace) -> int:
 
 
 def command_summary(args: argparse.Namespace) -> int:
-    from fedistill.run.summary import print_results, read_summary
+    """`fedistill summary RUN`: the results table of a finished run directory."""
+    from fedistill.engine.summary import print_results, read_summary
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
@@ -191,11 +218,15 @@ def command_summary(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line's entry point: one line and an exit code for every user mistake or stop."""
     os.environ.setdefault("MPLBACKEND", "Agg")
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("fedistill").setLevel(logging.INFO)
     handlers = {"run": command_run, "list": command_list, "summary": command_summary}
+    handlers |= {
+        name: importlib.import_module(module).run_command for name, (module, _) in MODULE_COMMANDS.items()
+    }
     _CURRENT_RUN.clear()  # a message names only this command's run
     try:
         return handlers[args.command](args)

@@ -61,22 +61,37 @@ class RunConfig:
     stage1_cache: bool = True  # reuse a site's stage-1 model when a run needs exactly it (stage1.py)
     cache_dir: str = ""  # where sites keep stage-1 models; "": `.cache` beside the run directory (in --out)
     transport: str = "inprocess"  # inprocess | flower (Flower's simulation engine)
+    track: str = ""  # "" | tensorboard | mlflow | both, comma-separated: where to stream (engine/tracking.py)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def algorithms(self) -> list[str]:
+        """The algorithms of the comma-separated `algorithm` key, in order, blanks left out."""
         return [a.strip() for a in self.algorithm.split(",") if a.strip()]
 
     def replace(self, **changes: Any) -> RunConfig:
+        """A copy of the config with `changes` applied."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as config.toml writes it: the common keys, then each options table; `track` only when
+        set."""
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}
+        if not self.track:  # watching a run is not part of what it computes: untracked runs save as before
+            del data["track"]
         data.update({name: dict(values) for name, values in sorted(self.options.items())})
         return data
 
 
 _COMMON = {f.name: f for f in fields(RunConfig) if f.name != "options"}
+
+#: The experiment trackers `track` may name (engine/tracking.py).
+TRACKERS = ("tensorboard", "mlflow")
+
+
+def tracker_names(track: str) -> list[str]:
+    """The trackers a `track` value names, in order, each once."""
+    return list(dict.fromkeys(name.strip() for name in track.split(",") if name.strip()))
 
 
 def _check_value(key: str, value: Any, annotation: Any) -> Any:
@@ -123,6 +138,7 @@ def parse_value(text: str) -> Any:
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
+    """The key and parsed value of a `--set key=value` argument."""
     if "=" not in text:
         raise ConfigError(f"--set expects key=value, got {text!r}")
     key, _, value = text.partition("=")
@@ -130,6 +146,8 @@ def parse_assignment(text: str) -> tuple[str, Any]:
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
+    """The tables of a TOML config file; ConfigError naming the file when it is missing, a folder or not
+    TOML."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"--config {path} is a folder; pass a TOML file (e.g. {path}/experiment.toml)")
@@ -192,6 +210,11 @@ def validate(config: RunConfig) -> None:
         (config.optimizer in ("sgd", "adam"), "optimizer must be sgd or adam"),
         (config.transport in ("inprocess", "flower"), "transport must be inprocess or flower"),
         (bool(config.algorithms), "algorithm must name at least one algorithm"),
+        (
+            all(name in TRACKERS for name in tracker_names(config.track)),
+            f"track = {config.track!r}: valid values are empty, {', '.join(TRACKERS)}, "
+            "or both comma-separated",
+        ),
     ]
     for ok, message in checks:
         if not ok:
@@ -232,8 +255,10 @@ def for_algorithm(config: RunConfig, name: str) -> RunConfig:
 
 
 def write_config(config: RunConfig, path: Path) -> None:
+    """Write the config as TOML (a run's config.toml)."""
     path.write_text(tomli_w.dumps(config.to_dict()), encoding="utf-8")
 
 
 def read_config(path: Path) -> RunConfig:
+    """The config a run directory's config.toml holds, over the defaults."""
     return build_config(RunConfig(), load_toml(path))

@@ -18,15 +18,18 @@ T = TypeVar("T")
 
 
 def derive_seed(seed: int, *purpose: object) -> int:
+    """A 63-bit seed derived from the run seed and a purpose (a name, a client, a round, ...)."""
     digest = hashlib.blake2b(repr((seed, *purpose)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
 def torch_generator(seed: int, *purpose: object) -> torch.Generator:
+    """A torch generator of its own, seeded by (seed, purpose): no global state is touched."""
     return torch.Generator().manual_seed(derive_seed(seed, *purpose))
 
 
 def numpy_generator(seed: int, *purpose: object) -> np.random.Generator:
+    """A NumPy generator of its own, seeded by (seed, purpose)."""
     return np.random.default_rng(derive_seed(seed, *purpose))
 
 

@@ -102,6 +102,7 @@ class ServerLogic(ABC):
         return {}
 
     def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the server (models, optimisers, counters); empty by default."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
@@ -110,6 +111,8 @@ class ServerLogic(ABC):
 
 @dataclass(frozen=True)
 class NoOptions:
+    """The options of an algorithm that takes none: its config table must stay empty."""
+
     pass
 
 
@@ -120,6 +123,8 @@ Oracle = Callable[[Sequence[Mapping[str, Any]], Sequence[float], RunConfig, Data
 
 @dataclass(frozen=True)
 class Algorithm:
+    """A registered method: its client and server logic, its options, and the tasks it runs on."""
+
     name: str
     summary: str
     client: Callable[[ClientContext], ClientLogic]
@@ -143,6 +148,7 @@ ALGORITHMS: dict[str, Algorithm] = {}
 
 
 def register(algorithm: Algorithm) -> Algorithm:
+    """Add `algorithm` to the registry under its name (a later one of the same name replaces it)."""
     ALGORITHMS[algorithm.name] = algorithm
     return algorithm
 
@@ -156,4 +162,5 @@ def model_cycle(names: str, default: str, *, key: str) -> list[str]:
 
 
 def clone_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A detached copy of a module's state dict, safe to keep while the module trains on."""
     return {k: v.detach().clone() for k, v in module.state_dict().items()}

@@ -11,6 +11,7 @@ __all__ = ["ALGORITHMS", "algorithm_names", "for_task", "get_algorithm"]
 
 
 def get_algorithm(name: str) -> Algorithm:
+    """The algorithm registered as `name`; a UserError with the closest name when none is."""
     if name not in ALGORITHMS:
         raise unknown_name("algorithm", name, sorted(ALGORITHMS))
     return ALGORITHMS[name]
@@ -22,4 +23,5 @@ def for_task(task: str) -> list[str]:
 
 
 def algorithm_names() -> list[str]:
+    """Every registered algorithm's name, sorted."""
     return sorted(ALGORITHMS)

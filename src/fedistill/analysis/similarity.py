@@ -295,6 +295,7 @@ class SimilarityReport:
     memorised_feature_held_out: float
 
     def to_dict(self) -> dict[str, float]:
+        """The report's fields by name, for a JSON results file."""
         return asdict(self)
 
 

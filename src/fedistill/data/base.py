@@ -83,7 +83,7 @@ class ImageSet:
         return self.x.dtype == torch.int64 and self.x.dim() == 2
 
     @property
-    def dense(self) -> bool:
+    def per_pixel(self) -> bool:
         """Whether the targets are per pixel (segmentation, reconstruction) rather than per image."""
         return self.y.dim() == 3
 
@@ -91,12 +91,16 @@ class ImageSet:
         return int(self.y.shape[0])
 
     def subset(self, indices) -> ImageSet:
+        """The samples at `indices`, in that order."""
         idx = torch.as_tensor(indices, dtype=torch.int64)
         return ImageSet(self.x[idx], self.y[idx])
 
 
 @dataclass
 class LoadedDataset:
+    """A loaded dataset: its description, train and test sets, and where the data give them, its natural
+    groups."""
+
     info: DatasetInfo
     train: ImageSet
     test: ImageSet

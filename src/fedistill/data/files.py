@@ -39,6 +39,7 @@ def md5_file(path: str | Path, chunk_size: int = _CHUNK) -> str:
 
 
 def md5_bytes(data: bytes) -> str:
+    """The MD5 hex digest of `data`, used to check downloads, not for security."""
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 

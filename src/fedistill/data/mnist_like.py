@@ -105,6 +105,8 @@ def _idx_path(folder: Path, spec: RemoteFile, download: bool, verify: bool) -> P
 def load_mnist_like(
     name: str, title: str, files: tuple[RemoteFile, ...], class_names: tuple[str, ...]
 ) -> Callable[..., LoadedDataset]:
+    """The loader of an MNIST-like dataset in gzip IDX files, optionally resized and given more channels."""
+
     def load(
         folder: Path, download: bool, verify: bool, image_size: int = 0, channels: int = 0
     ) -> LoadedDataset:
@@ -147,6 +149,8 @@ def reshaped(data: LoadedDataset, image_size: int, channels: int) -> LoadedDatas
 
 
 def describe_mnist_like(title: str, files: tuple[RemoteFile, ...]) -> Callable[[str], str]:
+    """The description of where to put an MNIST-like dataset's files."""
+
     def describe(folder: str) -> str:
         lines = [
             f"{title}: put these gzip IDX files in {folder}/ (uncompressed copies without .gz also work):"
@@ -193,6 +197,7 @@ def _emnist_sources(folder: Path, split: str, download: bool, verify: bool) -> l
 
 
 def load_emnist(split: str) -> Callable[..., LoadedDataset]:
+    """The loader of one EMNIST split, from NIST's release files or its zip; images are transposed upright."""
     classes = EMNIST_CLASSES[split]
 
     def load(folder: Path, download: bool, verify: bool) -> LoadedDataset:
@@ -212,6 +217,8 @@ def load_emnist(split: str) -> Callable[..., LoadedDataset]:
 
 
 def describe_emnist(split: str) -> Callable[[str], str]:
+    """The description of where to put one EMNIST split's files or the official archive."""
+
     def describe(folder: str) -> str:
         names = "\n".join(f"  {folder}/{n}" for n in _emnist_names(split))
         return (

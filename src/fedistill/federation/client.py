@@ -51,6 +51,7 @@ class ClientLogic:
         return message_type not in self._read_only
 
     def handle(self, message: Message) -> Message:
+        """Answer `message` with the handler marked for its type; FederationError for any other."""
         name = self._handlers.get(message.type)
         if name is None:
             raise FederationError(
@@ -63,5 +64,6 @@ class ClientLogic:
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict()` returned; a stateless client refuses any state."""
         if state:
             raise FederationError(f"{type(self).__name__} keeps no state but a checkpoint holds some")

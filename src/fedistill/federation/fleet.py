@@ -18,12 +18,15 @@ from fedistill.federation.reply_spec import Expectation, spec_for
 
 @dataclass(frozen=True)
 class Reply:
+    """One client's answer to one request: its message, or the error that took its place."""
+
     client: int
     message: Message | None
     error: str | None = None  # set when the client failed or timed out
 
     @property
     def ok(self) -> bool:
+        """Whether the client answered with a valid message."""
         return self.message is not None
 
 
@@ -67,14 +70,17 @@ class Fleet(ABC):
         timeout: float | None = None,
         expect: Expectation = None,
     ) -> dict[int, Reply]:
+        """Send the same message to `clients` (default: every client); one reply per client."""
         targets = self.clients if clients is None else list(clients)
         return self.send(dict.fromkeys(targets, message), step=step, timeout=timeout, expect=expect)
 
     def note_failure(self, reply: Reply) -> None:
+        """Mark the client of a failed reply as dropped, with the round and the error."""
         self.dropped.setdefault(reply.client, f"round {self.round}: {reply.error}")
 
     # --- what every transport writes to the ledger ------------------------------------------------
     def record_request(self, client: int, request: Message, step: int | None) -> None:
+        """Record a request in the ledger before it is delivered."""
         self.ledger.record(
             round=self.round, step=step, direction=DOWN, client=client, message=request, type=request.type
         )

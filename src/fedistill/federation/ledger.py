@@ -26,6 +26,7 @@ class Totals:
     failures: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, record: dict[str, Any]) -> None:
+        """Count one ledger record: its bytes per kind, its message, and its failure if it has one."""
         key = (record["direction"], record["client"])
         self.messages[key] += 1
         for kind, size in record["kinds"].items():
@@ -36,6 +37,7 @@ class Totals:
             )
 
     def sent_by_clients(self, kind: str | None = None) -> int:
+        """Bytes the clients sent, of one content kind or of every kind."""
         return sum(v for (d, _, k), v in self.bytes.items() if d == UP and (kind is None or k == kind))
 
     def summary(self) -> dict[str, Any]:
@@ -94,6 +96,7 @@ class Ledger:
         status: str = "ok",
         error: str | None = None,
     ) -> None:
+        """Append one message (or a failed reply, `message` None) to the ledger and the totals."""
         kinds = message.bytes_by_kind() if message is not None else {}
         record = {
             "seq": self.count,
@@ -114,14 +117,17 @@ class Ledger:
             self._file.write(json.dumps(record) + "\n")
 
     def flush(self) -> None:
+        """Push the records written so far to disk (a checkpoint's ledger must be complete)."""
         if self._file is not None:
             self._file.flush()
 
     def close(self) -> None:
+        """Close the ledger file; the totals stay readable."""
         if self._file is not None:
             self._file.close()
             self._file = None
 
 
 def read_ledger(path: Path) -> list[dict[str, Any]]:
+    """Every record of a `ledger.jsonl`, in order."""
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -82,6 +82,7 @@ class Message:
         arrays: Mapping[str, Mapping[str, np.ndarray | torch.Tensor]] | None = None,
         scalars: Mapping[str, Mapping[str, Scalar]] | None = None,
     ) -> Message:
+        """A message with its arrays copied into read-only NumPy arrays and its structure checked."""
         message = Message(
             type=type,
             arrays={
@@ -95,6 +96,7 @@ class Message:
 
     # --- reading -----------------------------------------------------------------------------
     def array(self, kind: str, name: str) -> np.ndarray:
+        """The array `name` of content kind `kind`; FederationError when the message lacks it."""
         try:
             return self.arrays[kind][name]
         except KeyError:
@@ -108,9 +110,11 @@ class Message:
             return devices.on_device(torch.from_numpy(self.array(kind, name)))
 
     def tensors(self, kind: str) -> dict[str, torch.Tensor]:
+        """Every array of content kind `kind` as a tensor on the run's device, by name."""
         return {name: self.tensor(kind, name) for name in self.arrays.get(kind, {})}
 
     def scalar(self, kind: str, name: str, default: Scalar | None = None) -> Scalar:
+        """The scalar `name` of kind `kind`, else `default`; FederationError when neither exists."""
         value = self.scalars.get(kind, {}).get(name, default)
         if value is None:
             raise FederationError(f"message {self.type!r} has no scalar {kind}/{name}")
@@ -128,6 +132,7 @@ class Message:
 
     @property
     def nbytes(self) -> int:
+        """The payload's size in bytes, every content kind together (what the ledger records)."""
         return sum(self.bytes_by_kind().values())
 
 
@@ -194,10 +199,12 @@ class ArraySpec:
 
     @staticmethod
     def of(tensor: torch.Tensor | np.ndarray) -> ArraySpec:
+        """The spec a tensor or array itself satisfies: its dtype and exact shape."""
         dtype = str(tensor.dtype).removeprefix("torch.")
         return ArraySpec(dtype, tuple(tensor.shape))
 
     def matches(self, array: np.ndarray) -> bool:
+        """Whether `array` has this dtype and shape (None in the shape matches any length)."""
         if array.dtype.name != self.dtype or array.ndim != len(self.shape):
             return False
         return all(e is None or e == s for e, s in zip(self.shape, array.shape, strict=True))

@@ -69,6 +69,7 @@ Expectation = ReplySpec | Mapping[int, ReplySpec] | None
 
 
 def spec_for(expect: Expectation, client: int) -> ReplySpec | None:
+    """The reply spec that applies to `client`: the one spec, its entry in a per-client map, or None."""
     if expect is None or isinstance(expect, ReplySpec):
         return expect
     return expect.get(client)

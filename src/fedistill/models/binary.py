@@ -50,6 +50,8 @@ class SignSTE(torch.autograd.Function):
 
 
 def sign_ste(x: torch.Tensor) -> torch.Tensor:
+    """sign(x) in the forward pass, with the straight-through gradient (passed where abs(x) <= 1) in the
+    backward."""
     return SignSTE.apply(x)  # type: ignore[no-any-return]
 
 
@@ -65,6 +67,7 @@ class BinaryConv2d(nn.Conv2d):
         return alpha * sign_ste(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The convolution of sign(x) with the binary weights; the plain convolution with `binarize` off."""
         if not self.binarize:
             return super().forward(x)
         w = self.binary_weight()
@@ -72,6 +75,7 @@ class BinaryConv2d(nn.Conv2d):
 
 
 def has_binary_layers(model: nn.Module) -> bool:
+    """Whether `model` has any binary convolution (and so a full-precision mode to switch to)."""
     return any(isinstance(m, BinaryConv2d) for m in model.modules())
 
 

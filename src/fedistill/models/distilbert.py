@@ -65,6 +65,8 @@ def distilbert(
     n_heads: int = 0,
     hidden_dim: int = 0,
 ) -> Classifier:
+    """DistilBERT classifying token ids, loaded from a local model folder (`model_dir`), or a random one
+    of the given sizes; its extractor ends at the first token's pre-classifier features."""
     text = _text_of(info)
     sizes = {
         "vocab_size": vocab_size,

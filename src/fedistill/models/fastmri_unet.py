@@ -36,6 +36,8 @@ from fedistill.models.norm import make_norm2d
 
 
 class ConvBlock(nn.Module):
+    """Two 3×3 convolutions, each followed by normalisation, LeakyReLU and dropout, as fastMRI's U-Net."""
+
     def __init__(self, in_chans: int, out_chans: int, drop_prob: float, norm: str, groups: int):
         super().__init__()
         bias = norm == "none"
@@ -55,6 +57,9 @@ class ConvBlock(nn.Module):
 
 
 class TransposeConvBlock(nn.Module):
+    """A 2×2 transposed convolution of stride 2 that doubles the resolution, with normalisation and
+    LeakyReLU."""
+
     def __init__(self, in_chans: int, out_chans: int, norm: str, groups: int):
         super().__init__()
         self.layers = nn.Sequential(

@@ -264,6 +264,7 @@ class ConditionalPatchDiscriminator(nn.Module):
 
     @property
     def receptive_field(self) -> int:
+        """The side, in input pixels, of the patch each logit of the map judges."""
         return receptive_field(self.model)
 
     def output_size(self, size: int) -> int:
@@ -296,7 +297,7 @@ def build_conditional_generator(
     dropout: bool = True,
     output: str = "tanh",
 ) -> ResnetGenerator:
-    """FedIOD's conditional G for a dense task (pix2pix defaults); ConfigError on bad values."""
+    """FedIOD's conditional G for a per-pixel task (pix2pix defaults); ConfigError on bad values."""
     return ResnetGenerator(
         info,
         condition_channels,

@@ -52,6 +52,9 @@ ModelFactory = Callable[..., nn.Module]
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """A registered model: its factory, whether it has normalisation layers, and the tasks and norms it
+    supports."""
+
     factory: ModelFactory
     has_norm: bool = True
     tasks: tuple[str, ...] = CLASSIFICATION

@@ -110,6 +110,9 @@ class DownUnit(nn.Module):
 
 
 class ShuffleNetV2(Classifier):
+    """ShuffleNet V2 for small images: a stride-1 stem, three stages of shuffle units, a 1×1 conv and a
+    linear head."""
+
     def __init__(self, info: DatasetInfo, norm: str = "batch", groups: int = 2, *, width: float = 1.0):
         *stage_widths, last = SHUFFLENET_WIDTHS[width]
         layers: OrderedDict[str, nn.Module] = OrderedDict()

@@ -128,8 +128,10 @@ def build_unet(info: DatasetInfo, norm: str = "batch", groups: int = 2, *, width
 
 
 def unet(info: DatasetInfo, norm: str = "batch", groups: int = 2, *, width: int = 16, depth: int = 4) -> UNet:
+    """U-Net (Ronneberger et al. 2015) for per-pixel logits, CPU-sized: width 16, depth 4 by default."""
     return build_unet(info, norm, groups, width=width, depth=depth)
 
 
 def unet_chang(info: DatasetInfo, norm: str = "batch", groups: int = 2) -> UNet:
+    """The 2015 U-Net at its original widths (64 to 1024 channels): Chang et al.'s and FedIOD's segmenter."""
     return build_unet(info, norm, groups, width=64, depth=4)

@@ -42,6 +42,9 @@ VGG9_CONVS: tuple[tuple[int, bool, float], ...] = (
 
 
 class VGG9(Classifier):
+    """VGG-9 as FedMA and FedDF train it: six 3×3 convs and three linear layers, no normalisation by
+    default."""
+
     def __init__(self, info: DatasetInfo, norm: str = "none", groups: int = 2, *, conv_bias: bool = False):
         layers: OrderedDict[str, nn.Module] = OrderedDict()
         channels = info.channels

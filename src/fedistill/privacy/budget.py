@@ -55,15 +55,16 @@ class DPOptions:
     (noise 0), each client calibrates its noise up front for the planned number of steps.
     """
 
-    dp_enabled: bool = False
-    dp_clip_norm: float = 1.0
-    dp_noise_multiplier: float = 0.0
+    dp_enabled: bool = False  # clip and noise what each client releases, and account its epsilon
+    dp_clip_norm: float = 1.0  # L2 bound on what one client releases (its update, or a per-sample gradient)
+    dp_noise_multiplier: float = 0.0  # Gaussian noise std / clip norm; 0 with a target: calibrated per client
     dp_target_epsilon: float = 0.0  # 0: not set
-    dp_delta: float = 1e-5
+    dp_delta: float = 1e-5  # the delta of the (epsilon, delta) each client reports
     dp_accountant: str = "rdp"  # rdp | prv (Opacus' accountants)
 
     @property
     def dp(self) -> DPConfig:
+        """The `dp_*` keys as the DPConfig the privacy engine and the accountant take."""
         return DPConfig(
             enabled=self.dp_enabled,
             clip_norm=self.dp_clip_norm,
@@ -126,12 +127,15 @@ class ClientBudget:
         return self.epsilon()
 
     def epsilon(self) -> float:
+        """The epsilon this client has spent so far, at the configured delta."""
         return self.accountant.epsilon(self.config.delta)
 
     def state_dict(self) -> dict[str, Any]:
+        """The accountant's history and the noise multiplier, so a resumed run spends the same budget."""
         return {"accountant": self.accountant.state_dict(), "noise": self.noise}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what `state_dict` saved."""
         self.accountant.load_state_dict(dict(state["accountant"]))
         noise = state.get("noise")
         self.noise = None if noise is None else float(noise)
@@ -181,6 +185,7 @@ def stop_reason(refused: Mapping[int, Message], where: str) -> str:
 
 
 def privacy_request(round: int) -> Message:
+    """The request that asks every client for the epsilon it has spent after `round`."""
     return Message.build(PRIVACY_QUERY, scalars={"config": {"round": int(round)}})
 
 

@@ -1,6 +1,6 @@
 """Variants of the digits demo's FedIOD settings, compared seed by seed on seeds of their own.
 
-Each variant is a list of `--set` items on top of the demo's config (`fedistill.run`'s demo.toml);
+Each variant is a list of `--set` items on top of the demo's config (`fedistill.engine`'s demo.toml);
 `base` (no item) is always run. Every (cell, seed) runs every variant, so the table compares them in
 pairs: the mean student test %, the mean difference to `base` on the same seeds with how many seeds went
 up and down, the student as a fraction of its ensemble and FedIOD's wall time. FedAvg may run next to

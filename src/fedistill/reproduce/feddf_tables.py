@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fedistill.engine.rundir import read_jsonl
 from fedistill.reproduce.launch import run_fedistill
 from fedistill.reproduce.tables import write_json
-from fedistill.run.rundir import read_jsonl
 
 OTHER = {"digits": "dataset:mnist", "mnist": "dataset:fashion-mnist", "fashion-mnist": "dataset:mnist"}
 

@@ -24,10 +24,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fedistill.engine.rundir import read_jsonl
 from fedistill.reproduce.fedmdcg_table import cell_name, config_key, run_cell
 from fedistill.reproduce.paths import CONFIGS, relative_to_checkout
 from fedistill.reproduce.tables import write_table
-from fedistill.run.rundir import read_jsonl
 
 VARIANTS: dict[str, list[str]] = {
     "paper": [],

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import fedistill.run as run_package
+import fedistill.engine as engine_package
 
 #: The digits demo's settings, the base of the demo sweeps.
-DEMO = Path(run_package.__file__).parent / "demo.toml"
+DEMO = Path(engine_package.__file__).parent / "demo.toml"
 
 
 #: The paper's FedIOD settings, named: the library's default preset ("auto") turns the stabilisers on for

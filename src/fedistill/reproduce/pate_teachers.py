@@ -22,7 +22,7 @@ from fedistill.algorithms.fediod import FedIODOptions, teacher_name
 from fedistill.algorithms.shared.distillation_data import GeneratorSource, load_generator
 from fedistill.algorithms.shared.training import new_model
 from fedistill.config import options_for
-from fedistill.run.checkpoint import latest_checkpoint, load_state
+from fedistill.engine.checkpoint import latest_checkpoint, load_state
 from fedistill.seeding import torch_generator
 
 

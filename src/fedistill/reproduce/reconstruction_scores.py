@@ -26,7 +26,7 @@ class Harness:
         from fedistill.algorithms.shared.training import task_of
         from fedistill.config import read_config
         from fedistill.data.registry import load_dataset
-        from fedistill.run.setup import source_names
+        from fedistill.engine.setup import source_names
 
         self.config = read_config(run_dir / "config.toml").replace(data_dir=data_dir)
         options = self.config.options.get(self.config.dataset, {})
@@ -60,7 +60,7 @@ class Harness:
 
 def client_states(run_dir: Path) -> list[dict[str, Any]]:
     """Each client's model from the run's last checkpoint (evaluation only: the protocol sends none)."""
-    from fedistill.run.checkpoint import latest_checkpoint, read_checkpoint
+    from fedistill.engine.checkpoint import latest_checkpoint, read_checkpoint
 
     path = latest_checkpoint(run_dir / "checkpoints")
     if path is None:

@@ -23,11 +23,11 @@ from fedistill.algorithms.shared.training import evaluate_model, new_model, task
 from fedistill.config import RunConfig, read_config
 from fedistill.data.base import LoadedDataset
 from fedistill.data.registry import load_dataset
+from fedistill.engine.checkpoint import latest_checkpoint, read_checkpoint
+from fedistill.engine.rundir import read_jsonl
+from fedistill.engine.setup import source_names
 from fedistill.reproduce.paths import CHECKOUT
 from fedistill.reproduce.segmentation_plan import SAVED
-from fedistill.run.checkpoint import latest_checkpoint, read_checkpoint
-from fedistill.run.rundir import read_jsonl
-from fedistill.run.setup import source_names
 
 
 def saved_models(run: Path, method: str, config: RunConfig, data: LoadedDataset) -> list[nn.Module]:

@@ -57,10 +57,10 @@ from fedistill.analysis.threat_models import Setup, fedavg_setting
 from fedistill.config import RunConfig, options_for, read_config
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.data.partition import load_split
+from fedistill.engine.setup import Prepared, prepare_data
 from fedistill.models.generator import Generator, build_generator
 from fedistill.reproduce.paths import CHECKOUT
 from fedistill.reproduce.privacy_attacks import in_process
-from fedistill.run.setup import Prepared, prepare_data
 from fedistill.seeding import torch_generator
 
 FEATURE_MODEL = "lenet5"

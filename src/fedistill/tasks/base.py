@@ -32,6 +32,9 @@ Inputs = torch.Tensor | tuple[torch.Tensor, ...]
 
 @dataclass(frozen=True)
 class Task(ABC):
+    """What a federation learns: its batches, loss, predictions and metrics, so algorithms and models stay
+    task-agnostic."""
+
     name: ClassVar[str]
     target: ClassVar[str]  # what one target is: "class index", "mask", "instance map", "image"
     headline: ClassVar[str]  # the metric a summary leads with (reported as test_<headline>)
@@ -44,11 +47,15 @@ class Task(ABC):
     #: whether a run reports the evaluation-only oracle of the algorithms that declare one (the "global
     #: accuracy" column of FedMD-CG's image-classification tables)
     reports_global_accuracy: ClassVar[bool] = False
+    #: whether a model's outputs are images (reconstruction) rather than class scores
+    outputs_images: ClassVar[bool] = False
+    #: whether a whole image is predicted patch by patch and stitched back (nuclei slides)
+    patchwise: ClassVar[bool] = False
 
     # --- data ----------------------------------------------------------------------------------
     def check(self, info: DatasetInfo, data: ImageSet, what: str) -> None:
         """Raise ValueError when `data`'s targets are not this task's (shape, range)."""
-        if data.dense != self.per_pixel:
+        if data.per_pixel != self.per_pixel:
             shape = "(N, H, W)" if self.per_pixel else "(N,)"
             raise ValueError(f"{what}: task {self.name!r} needs targets {shape}, got {tuple(data.y.shape)}")
 
@@ -96,6 +103,11 @@ class Task(ABC):
         """The model's output for a batch from `batches`."""
         assert isinstance(inputs, torch.Tensor)
         return model(inputs)
+
+    def decode(self, outputs: torch.Tensor) -> torch.Tensor:
+        """A prediction from a batch of outputs, shaped like a target: the class per sample or per pixel
+        (the highest score); tasks whose targets are not classes override it."""
+        return outputs.argmax(1)
 
     @abstractmethod
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -168,4 +180,5 @@ class Task(ABC):
         """The task's metrics of given outputs on `data` (an ensemble's, say), without a model."""
 
     def options(self) -> dict[str, Any]:
+        """The task's own options (its dataclass fields) by name, as a run's config records them."""
         return asdict(self)

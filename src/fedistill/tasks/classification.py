@@ -19,6 +19,8 @@ from fedistill.tasks.base import Inputs, Task
 
 @dataclass(frozen=True)
 class Classification(Task):
+    """One class per image: cross-entropy loss, accuracy."""
+
     name = "classification"
     target = "class index"
     headline = "accuracy"

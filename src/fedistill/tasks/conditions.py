@@ -20,6 +20,8 @@ from fedistill.data.base import DatasetInfo
 
 
 class Condition(ABC):
+    """What FedIOD's generator is conditioned on for a per-pixel task, and the server's prior of it."""
+
     description: ClassVar[str]  # what the mask is, for people
 
     @abstractmethod
@@ -44,14 +46,17 @@ class LabelMask(Condition):
     description = "the label mask"
 
     def classes(self, info: DatasetInfo) -> int:
+        """The dataset's classes: the mask is the class map."""
         return info.num_classes
 
     def of(self, targets: torch.Tensor) -> torch.Tensor:
+        """The targets themselves."""
         return targets
 
     def prior(
         self, gen: np.random.Generator, noise: np.ndarray, yy: np.ndarray, xx: np.ndarray
     ) -> np.ndarray:
+        """One tumour-like blob of a random size and position."""
         cy, cx = gen.uniform(0.25, 0.75, 2)
         radius = gen.uniform(0.04, 0.2)
         field = 1 - ((yy - cy) ** 2 + (xx - cx) ** 2) / radius**2 + 0.5 * noise
@@ -62,9 +67,11 @@ class Foreground(Condition):
     """The foreground of the targets (values > 0): background and foreground."""
 
     def classes(self, info: DatasetInfo) -> int:
+        """Two: background and foreground."""
         return 2
 
     def of(self, targets: torch.Tensor) -> torch.Tensor:
+        """1 where a target is above 0, else 0."""
         return (targets > 0).to(torch.int64)
 
 
@@ -76,6 +83,7 @@ class NucleiForeground(Foreground):
     def prior(
         self, gen: np.random.Generator, noise: np.ndarray, yy: np.ndarray, xx: np.ndarray
     ) -> np.ndarray:
+        """Many small round nuclei at a random density."""
         mask = np.zeros(yy.shape, dtype=np.int64)
         count = int(gen.integers(5, 40))
         radius = gen.uniform(0.02, 0.06)
@@ -94,6 +102,7 @@ class BrainForeground(Foreground):
     def prior(
         self, gen: np.random.Generator, noise: np.ndarray, yy: np.ndarray, xx: np.ndarray
     ) -> np.ndarray:
+        """One large, roughly elliptical brain-like shape."""
         cy, cx = gen.uniform(0.45, 0.55, 2)
         ry, rx = gen.uniform(0.32, 0.45, 2)
         field = 1 - ((yy - cy) / ry) ** 2 - ((xx - cx) / rx) ** 2 + 0.08 * noise

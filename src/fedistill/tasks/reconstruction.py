@@ -31,16 +31,20 @@ from fedistill.errors import ConfigError
 from fedistill.metrics.reconstruction import ReconstructionScores
 from fedistill.tasks.base import Inputs, Task
 from fedistill.tasks.conditions import BrainForeground
-from fedistill.tasks.dense_batches import dense_batches
+from fedistill.tasks.per_pixel_batches import per_pixel_batches
 
 
 @dataclass(frozen=True)
 class Reconstruction(Task):
+    """MRI reconstruction: from the zero-filled image of an undersampled k-space to the fully sampled slice;
+    SSIM and PSNR."""
+
     name = "reconstruction"
     target = "image"
     headline = "ssim"
     columns = (("ssim", "SSIM", "float4"), ("psnr", "PSNR dB", "float"))
     per_pixel = True
+    outputs_images = True
     condition = BrainForeground()
 
     acceleration: float = 4.0
@@ -64,6 +68,7 @@ class Reconstruction(Task):
 
     @property
     def masks(self) -> SliceMasks:
+        """The task's slice masks: its mask function (kind, centre fraction, acceleration), mode and seed."""
         func = mask_function(self.mask, (self.center_fraction,), (self.acceleration,))
         return SliceMasks(func, self.mask_mode, self.mask_seed)
 
@@ -97,7 +102,7 @@ class Reconstruction(Task):
     ) -> Iterator[tuple[Inputs, torch.Tensor]]:
         """(inputs, target images): inputs are the zero-filled images, or with data consistency the
         tuple (zero-filled, measured k-space, mask)."""
-        for x, _, idx in dense_batches(
+        for x, _, idx in per_pixel_batches(
             data, info, batch_size, shuffle=shuffle, generator=generator, augment=augment, drop_last=drop_last
         ):
             zero_filled, kspace, mask = self.undersampled(x, idx)
@@ -108,6 +113,10 @@ class Reconstruction(Task):
             return model(inputs)
         zero_filled, kspace, mask = inputs
         return data_consistency(model(zero_filled), kspace, mask)
+
+    def decode(self, outputs: torch.Tensor) -> torch.Tensor:
+        """The reconstructed images themselves."""
+        return outputs
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.l1_loss(outputs, targets) if self.loss_kind == "l1" else F.mse_loss(outputs, targets)

@@ -30,7 +30,7 @@ from fedistill.metrics.instances import aji, instances_from_three_class, object_
 from fedistill.metrics.segmentation import SegmentationScores
 from fedistill.tasks.base import Inputs, Task
 from fedistill.tasks.conditions import LabelMask, NucleiForeground
-from fedistill.tasks.dense_batches import dense_batches
+from fedistill.tasks.per_pixel_batches import per_pixel_batches
 
 SEMANTIC_LOSSES = ("ce+dice", "ce")
 
@@ -49,6 +49,9 @@ def soft_dice_loss(logits: torch.Tensor, targets: torch.Tensor, eps: float = 1.0
 
 @dataclass(frozen=True)
 class SemanticSegmentation(Task):
+    """A class per pixel: cross-entropy plus soft Dice; Dice, sensitivity, specificity and HD95 of the
+    foreground."""
+
     name = "semantic-segmentation"
     target = "mask"
     headline = "dice"
@@ -82,7 +85,7 @@ class SemanticSegmentation(Task):
         augment: bool,
         drop_last: bool = False,
     ) -> Iterator[tuple[Inputs, torch.Tensor]]:
-        for x, y, _ in dense_batches(
+        for x, y, _ in per_pixel_batches(
             data, info, batch_size, shuffle=shuffle, generator=generator, augment=augment, drop_last=drop_last
         ):
             yield x, self.pixel_targets(y)
@@ -126,9 +129,13 @@ class SemanticSegmentation(Task):
 
 @dataclass(frozen=True)
 class InstanceSegmentation(SemanticSegmentation):
+    """An instance per pixel, learnt as three classes (background, inside, contour); adds object-level Dice
+    and AJI."""
+
     name = "instance-segmentation"
     target = "instance map"
     condition = NucleiForeground()
+    patchwise = True
     columns = (
         ("dice", "Dice %", "percent"),
         ("object_dice", "Obj-Dice %", "percent"),
@@ -139,6 +146,12 @@ class InstanceSegmentation(SemanticSegmentation):
     loss_kind: str = "ce"
     foreground_weight: float = 2.0  # the paper weighs foreground and contours above the background
     contour_weight: float = 5.0
+
+    def decode(self, outputs: torch.Tensor) -> torch.Tensor:
+        """An instance id per pixel (0 the background) from the background/inside/contour scores."""
+        probs = outputs.softmax(1).numpy()
+        maps = [instances_from_three_class(p[0], p[1], p[2]) for p in probs]
+        return torch.from_numpy(np.stack(maps).astype(np.int64)) if maps else torch.zeros(0)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -44,6 +44,7 @@ class InProcessFleet(Fleet):
 
     @property
     def clients(self) -> list[int]:
+        """The ids of the clients built in this process, in order."""
         return list(self._clients)
 
     def send(
@@ -54,6 +55,7 @@ class InProcessFleet(Fleet):
         timeout: float | None = None,
         expect: Expectation = None,
     ) -> dict[int, Reply]:
+        """Hand each request to its client in turn, checked on receipt; an error becomes a failed reply."""
         timeout = self.timeout if timeout is None else timeout
         started, in_clients = time.perf_counter(), self.seconds_in_clients
         replies: dict[int, Reply] = {}

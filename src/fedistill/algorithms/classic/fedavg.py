@@ -81,10 +81,11 @@ class FedAvgOptions(DPOptions):
     weighting: str = "samples"  # samples | uniform (FedDF's code averages uniformly)
     mu: float = 0.0  # FedProx proximal weight; 0 is plain FedAvg
     server_momentum: float = 0.0  # FedAvgM's beta; 0 is plain FedAvg
-    server_lr: float = 1.0
+    server_lr: float = 1.0  # FedAvgM: the server's step size on the averaged update; 1: plain FedAvg
     drop_worst: bool = False  # FedDF's filter: leave out models at chance on the server's validation split
 
     def validate(self) -> None:
+        """Check the DP keys, the weighting and the ranges of mu, server momentum and server learning rate."""
         self.validate_dp()
         if self.weighting not in ("samples", "uniform"):
             raise ConfigError(f"weighting must be 'samples' or 'uniform', got {self.weighting!r}")
@@ -98,15 +99,20 @@ class FedAvgOptions(DPOptions):
 
 @dataclass(frozen=True)
 class FedProxOptions(FedAvgOptions):
+    """FedAvg's options with FedProx's proximal term on by default (mu 0.01)."""
+
     mu: float = 0.01
 
 
 @dataclass(frozen=True)
 class FedAvgMOptions(FedAvgOptions):
+    """FedAvg's options with FedAvgM's server momentum on by default (0.9)."""
+
     server_momentum: float = 0.9
 
 
 def has_batchnorm(model: torch.nn.Module) -> bool:
+    """Whether `model` has a BatchNorm layer, whose running statistics DP cannot clip."""
     return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
@@ -136,6 +142,8 @@ class FedAvgClient(ClientLogic):
 
     @handles("train")
     def train(self, message: Message) -> Message:
+        """Train the received global model on the private data and return its parameters; with DP the round
+        is accounted first, and a refused round trains nothing."""
         expect_arrays(message, "parameters", self.specs)
         round = int(message.scalar("config", "round"))
         dp_metrics: dict[str, float] = {}
@@ -238,6 +246,7 @@ class PrivacyReport:
             raise StopRun(reason, self.metrics())
 
     def metrics(self) -> dict[str, float]:
+        """The epsilons reported so far, summarised; empty without DP."""
         return epsilon_summary(self.epsilons, self.dp.delta) if self.dp is not None else {}
 
     def final(self, fleet: Fleet, timeout: float | None) -> dict[str, float]:
@@ -249,14 +258,19 @@ class PrivacyReport:
         return self.metrics() | {"dp_sample_rate": self.sample_rate, "dp_rounds": self.rounds_done}
 
     def state_dict(self) -> dict[str, Any]:
+        """The reported epsilons and the rounds done, for a resumed run."""
         return {"epsilons": {str(k): v for k, v in self.epsilons.items()}, "rounds_done": self.rounds_done}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` saved."""
         self.epsilons = {int(k): float(v) for k, v in state.get("epsilons", {}).items()}
         self.rounds_done = int(state.get("rounds_done", 0))
 
 
 class FedAvgServer(ServerLogic):
+    """Sends the global model to the round's clients and averages what they return (FedAvg, FedProx,
+    FedAvgM)."""
+
     #: Further metrics the clients may report, averaged (uniformly) over the replies that carry them.
     reply_metrics: tuple[str, ...] = ()
 

@@ -51,6 +51,7 @@ class StandaloneClient(ClientLogic):
 
     @handles("train")
     def train(self, message: Message) -> Message:
+        """`train`: one round of local training on the client's own data; only metrics go back."""
         round = int(message.scalar("config", "round"))
         generator = torch_generator(self.ctx.config.seed, "local-training", self.ctx.client_id, round)
         metrics = train_local(
@@ -61,6 +62,7 @@ class StandaloneClient(ClientLogic):
 
     @handles("evaluate", read_only=True)
     def evaluate(self, message: Message) -> Message:
+        """`evaluate`: the client's model on the shared test set and on its own test share."""
         task = self.training.task
         ctx = self.ctx
         test = evaluate_model(
@@ -76,9 +78,11 @@ class StandaloneClient(ClientLogic):
         return Message.build("evaluate", scalars={"metrics": metrics})
 
     def state_dict(self) -> dict:
+        """The client's model and optimiser, for its checkpoint (never sent)."""
         return {"model": clone_state(self.model), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the model and optimiser `state_dict()` returned."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
 
@@ -91,6 +95,7 @@ class StandaloneServer(ServerLogic):
         self.task = task_of(ctx.config, ctx.info)
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
+        """Tell every client to train a round; gather their training metrics."""
         request = Message.build("train", scalars={"config": {"round": round}})
         expect = ReplySpec(metrics=(*TRAIN_METRICS, TRAIN_LOSS))
         replies = successful(
@@ -102,6 +107,7 @@ class StandaloneServer(ServerLogic):
         return {"train_loss": float(np.average(losses, weights=counts)), "clients": len(replies)}
 
     def evaluate(self, fleet: Fleet, round: int) -> dict[str, float]:
+        """Every client's test metrics: the mean and spread of the local models."""
         request = Message.build("evaluate", scalars={"config": {"round": round}})
         headline = f"test_{self.task.headline}"
         local_name, local_count = local_metric_names(self.task)

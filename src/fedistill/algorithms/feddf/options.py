@@ -29,11 +29,11 @@ class FedDFOptions(DPOptions):
     generator_upsample: str = "bilinear"  # a `generator:` source's second upsampling (FedIOD: bilinear)
     steps: int = 500  # distillation steps per group and round (the paper: 10^4)
     distill_batch_size: int = 64  # the README runs' 64
-    distill_lr: float = 1e-3
+    distill_lr: float = 1e-3  # the distillation optimiser's learning rate (the paper's Adam 1e-3)
     distill_optimizer: str = "adam"  # adam (the paper) | sgd (momentum 0.9, same schedule: its Table 7)
     schedule: str = "cosine"  # cosine (annealed to 0 over `steps`) | constant
     loss: str = "avg-logits"  # avg-logits (AVGLOGITS, the paper) | avg-probs | avg-losses
-    temperature: float = 1.0
+    temperature: float = 1.0  # softmax temperature of the ensemble and the student in the distillation KL
     t_squared: bool = False  # multiply the KL by T^2 (Hinton et al.); the released code does not
     clip_grad_norm: float = 5.0  # 0: no clipping
     eval_every_steps: int = 50  # the code: 100
@@ -59,6 +59,7 @@ class FedDFOptions(DPOptions):
     prox_mu: float = 0.0  # FedProx's proximal term in the clients' local training (the paper's Table 8)
 
     def validate(self) -> None:
+        """Check the DP keys, the choices and the ranges of FedDF's distillation keys."""
         self.validate_dp()
         choices = {
             "loss": LOSSES,
@@ -93,5 +94,6 @@ def group_names(options: FedDFOptions, config: RunConfig) -> list[str]:
 
 
 def group_of(options: FedDFOptions, config: RunConfig, client_id: int) -> str:
+    """The architecture group of client `client_id`: `feddf.groups` cycled over the clients."""
     names = group_names(options, config)
     return names[client_id % len(names)]

@@ -76,9 +76,11 @@ class FedDFServer(ServerLogic):
         self.privacy = PrivacyReport(self.options, sampling_rate(config.fraction, ctx.num_clients))
 
     def group(self, client: int) -> str:
+        """The architecture group of `client` (`groups` cycled over the clients)."""
         return self.cycle[client % len(self.cycle)]
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
+        """One round: local training, drop-worst, per-group averages, ensemble distillation."""
         config, options = self.ctx.config, self.options
         chosen = sample_clients(fleet.clients, config.fraction, config.seed, round)
         evaluate_local = round % config.eval_every == 0 or round == config.rounds
@@ -163,6 +165,7 @@ class FedDFServer(ServerLogic):
         return metrics | self.privacy.metrics()
 
     def final_evaluate(self, fleet: Fleet, last: dict[str, float]) -> dict[str, float]:
+        """The last evaluation and, under DP, every client's epsilon."""
         return dict(last) | self.privacy.final(fleet, self.ctx.config.timeout or None)
 
     def _frozen(self, group: str, state: dict[str, torch.Tensor]) -> nn.Module:
@@ -196,11 +199,13 @@ class FedDFServer(ServerLogic):
         return metrics | self.last_local
 
     def models(self) -> dict[str, nn.Module]:
+        """Each group's model (`global` when there is one group)."""
         if len(self.group_models) == 1:
             return {"global": next(iter(self.group_models.values()))}
         return {f"global_{name}": model for name, model in self.group_models.items()}
 
     def state_dict(self) -> dict:
+        """Each group's model, the last local metrics and the privacy report."""
         return {
             "models": {name: clone_state(model) for name, model in self.group_models.items()},
             "last_local": self.last_local,
@@ -208,6 +213,7 @@ class FedDFServer(ServerLogic):
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore what `state_dict()` returned."""
         for name, model_state in state["models"].items():
             self.group_models[name].load_state_dict(model_state)
         self.last_local = dict(state.get("last_local", {}))

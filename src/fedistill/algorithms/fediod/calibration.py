@@ -17,7 +17,7 @@ wins only where every other class's experts score the sample below their average
 `"auto"` picks between the two from the label counts the sites send in stage 1: `"centred"` when at
 least one site saw a single class (the case centring is for), else `"raw"`: centring helps where a
 one-class site would otherwise decide its class, and costs accuracy everywhere else
-(docs/results/tuning-history.md). Dense tasks always stay raw.
+(docs/results/tuning-history.md). Per-pixel tasks always stay raw.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ class FedIODClient(ClientLogic):
     def __init__(self, ctx: ClientContext) -> None:
         self.ctx = ctx
         self.view = TaskView(task_of(ctx.config, ctx.info), ctx.info, ctx.config.seed)
-        self.options = resolve_options(ctx.config, ctx.options, dense=self.view.dense)
+        self.options = resolve_options(ctx.config, ctx.options, per_pixel=self.view.per_pixel)
         self.teacher = new_model(ctx.config, ctx.info, teacher_name(self.options, ctx.config, ctx.client_id))
         self.discriminator = seeded(ctx.config.seed, self._build_discriminator, "discriminator-init")
         if self.options.channels_last:
@@ -141,6 +141,8 @@ class FedIODClient(ClientLogic):
     # --- stage 1 -------------------------------------------------------------------------------
     @handles("train")
     def train(self, message: Message) -> Message:
+        """Stage 1: train this site's teacher on its private data, freeze it, and report its validation
+        score."""
         architecture = teacher_name(self.options, self.ctx.config, self.ctx.client_id)
         metrics = train_teacher(self.teacher, self.ctx, architecture, self.options.teacher_epochs)
         self._freeze_teacher()
@@ -155,7 +157,7 @@ class FedIODClient(ClientLogic):
 
     @handles("query.masks")
     def masks(self, message: Message) -> Message:
-        """The label masks G is conditioned on (dense tasks, `mask_source = "clients"`): those of this
+        """The label masks G is conditioned on (per-pixel tasks, `mask_source = "clients"`): those of this
         site's training samples in a seeded order, at most `limit` of them (0: all). The site keeps the
         order, so a synthetic image can later be paired with the real image of its mask."""
         limit = int(message.scalar("config", "limit", 0))
@@ -173,7 +175,7 @@ class FedIODClient(ClientLogic):
         return real, None if masks is None else devices.on_device(masks)
 
     def _density_ratio(self, x: torch.Tensor, masks: torch.Tensor | None) -> torch.Tensor:
-        """Eq. 8's D_k(x) / E[D_k(x')] for S-step inputs (per pixel on dense tasks). D_k's BatchNorm runs
+        """Eq. 8's D_k(x) / E[D_k(x')] for S-step inputs (per pixel on per-pixel tasks). D_k's BatchNorm runs
         on batch statistics; its running statistics are scored on copies, so answering leaves the client
         state as it was."""
         buffers = {name: b.clone() for name, b in self.discriminator.named_buffers()}
@@ -185,7 +187,7 @@ class FedIODClient(ClientLogic):
         return self.view.pixel_ratio(scores, self.real_mean)
 
     def _masks(self, message: Message, name: str, batch: int) -> torch.Tensor | None:
-        """The conditioning masks of a batch of synthetic images (dense tasks), checked on receipt."""
+        """The conditioning masks of a batch of synthetic images (per-pixel tasks), checked on receipt."""
         if not self.view.conditional:
             return None
         size = self.ctx.info.image_size
@@ -194,6 +196,8 @@ class FedIODClient(ClientLogic):
 
     @handles("query.generate")
     def generate(self, message: Message) -> Message:
+        """One generator step at this site: a D-step of its discriminator on the synthetic batch and its
+        own data, then the teacher's outputs on the batch; with DP the step is accounted first."""
         inputs = message.arrays.get("synthetic-inputs", {})
         carried, mixture = "student_x" in inputs, "own" in inputs
         specs = {"x": self._input_spec()} | ({"student_x": self._input_spec()} if carried else {})
@@ -277,7 +281,7 @@ class FedIODClient(ClientLogic):
 
     def _local_terms(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, ...]:
         """pi_k L_gan^k + pi_k H(T_k(x)) (+ pi_k w_bn L_bn(T_k, x), + pi_k w_perc L_perc) on the current
-        D_k, with the graph back to x. On dense tasks H is the mean per-pixel entropy."""
+        D_k, with the graph back to x. On per-pixel tasks H is the mean per-pixel entropy."""
         x = inputs["x"].clone().requires_grad_(True)
         c_bn = float(inputs.get("c_bn", 0.0))
         own, masks = inputs.get("own"), inputs.get("masks")  # a site's terms see its own samples only
@@ -310,6 +314,8 @@ class FedIODClient(ClientLogic):
 
     @handles("query.backprop")
     def backprop(self, message: Message) -> Message:
+        """The gradient of this site's terms with respect to the synthetic inputs, given the server's
+        gradient on its teacher's outputs; with DP clipped and noised per sample."""
         if self.pending is None and self.pending_inputs:
             # this process did not answer query.generate (a Flower deployment starts one process per
             # message): rebuild the same graph from the saved inputs and the saved D_k
@@ -334,6 +340,7 @@ class FedIODClient(ClientLogic):
     # --- stage 2: the S-steps ---------------------------------------------------------------------
     @handles("query.student", read_only=True)
     def student_targets(self, message: Message) -> Message:
+        """Stage 2: the teacher's targets for the student on a synthetic batch."""
         expect_arrays(message, "synthetic-inputs", {"x": self._input_spec()})
         x = message.tensor("synthetic-inputs", "x")
         answer = self._student_answer(
@@ -357,6 +364,7 @@ class FedIODClient(ClientLogic):
     # --- evaluation ------------------------------------------------------------------------------
     @handles("evaluate.student", read_only=True)
     def evaluate_student(self, message: Message) -> Message:
+        """Score the received student on this site's validation split."""
         expect_arrays(message, "parameters", self.student_specs)
         self.student.load_state_dict(message.tensors("parameters"))
         headline = self.view.task.headline
@@ -375,7 +383,7 @@ class FedIODClient(ClientLogic):
     def evaluate_teacher(self, message: Message) -> Message:
         """Evaluation only (not part of the protocol): the teacher's logits on the shared test set,
         so the report can state the standalone accuracies and the ensemble's one-shot ceiling."""
-        if not self.view.dense:
+        if not self.view.per_pixel:
             x = devices.on_device(to_float(self.ctx.global_test.x, self.ctx.info))
             with torch.no_grad():
                 logits = torch.cat([self.teacher(chunk) for chunk in x.split(512)])

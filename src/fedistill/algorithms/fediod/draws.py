@@ -1,7 +1,7 @@
 """What G draws a batch from, and which site each sample is for.
 
 Classification: z ~ N(0, I) (with the per-client mixture, z followed by the one-hot of the sample's
-site). Dense tasks: a label mask per sample, from the masks a site uploaded (AsynDGAN's and the
+site). Per-pixel tasks: a label mask per sample, from the masks a site uploaded (AsynDGAN's and the
 paper's protocol: its samples are that site's own) or from the server's own prior (no label leaves a
 site), one-hot encoded, plus seeded noise channels. A `Draw` carries G's input, each sample's site (its
 position among the federation's clients, or None when every site judges every sample), its mask, and,
@@ -23,9 +23,12 @@ from fedistill.algorithms.shared.site_shares import from_uploads, owners, shares
 
 @dataclass
 class Draw:
+    """One batch drawn for the generator: its latent inputs, which site each sample is for, and its mask
+    conditions."""
+
     latent: torch.Tensor  # z, or z with the site's one-hot (classification)
     owner: torch.Tensor | None  # (B,) site positions, or None
-    masks: torch.Tensor | None = None  # (B, H, W) int64 condition (dense tasks)
+    masks: torch.Tensor | None = None  # (B, H, W) int64 condition (per-pixel tasks)
     pair: torch.Tensor | None = None  # (B,) position of the mask in its site's upload, -1 for none
 
 

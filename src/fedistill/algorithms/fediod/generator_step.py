@@ -28,6 +28,7 @@ class GeneratorStep:
 
     @property
     def total_steps(self) -> int:
+        """The distillation steps of the whole run, which the learning-rate schedules span."""
         return self.iters * self.ctx.config.rounds
 
     def _lrs(self) -> tuple[float, float, float]:
@@ -72,6 +73,8 @@ class GeneratorStep:
         return L.importance_weights(share, ratio if self.options.ensemble_weighting == "eq8" else None)
 
     def distillation_step(self, fleet: Fleet) -> dict[str, float]:
+        """One distillation step: a G-step (the generator's batch through the sites' discriminators and
+        teachers, its loss back through their input-gradients), the previous batch's S-step carried along."""
         assert self.federation is not None
         options, config = self.options, self.ctx.config
         lr_g, lr_d, lr_s = self._lrs()
@@ -152,7 +155,7 @@ class GeneratorStep:
             set_lr(self.s_optimizer, lr_s)
             self.carried = None
         raw = torch.stack([replies[cid].tensor("logits", "z") for cid in answered]).requires_grad_(True)
-        # the gradient still goes to what clients sent; dense outputs become one row per pixel
+        # the gradient still goes to what clients sent; per-pixel outputs become one row per pixel
         logits = calibrated(view.stacked_rows(raw), self.teacher_logits)
         ratio = torch.stack([replies[cid].tensor("discriminator-outputs", "ratio") for cid in answered])
         ratio = ratio.reshape(len(answered), -1)

@@ -19,7 +19,7 @@ class ProtocolOptions:
 
     preset: str = "auto"
     """Which settings fill the keys a user did not set: auto (default: stable on classification, paper on
-    dense tasks) | paper | official-code (the released code's) | stable (the stabilisers on any task).
+    per-pixel tasks) | paper | official-code (the released code's) | stable (the stabilisers on any task).
     Why: the paper's settings leave the student far below its ensemble on classification."""
 
     synthetic_batch_size: int = 64
@@ -234,8 +234,8 @@ class StabiliserOptions:
 
 
 @dataclass(frozen=True)
-class DenseTaskOptions:
-    """Dense tasks (segmentation, reconstruction; task_view.py): G is pix2pix's ResNet generator on the
+class PerPixelTaskOptions:
+    """Per-pixel tasks (segmentation, reconstruction; task_view.py): G is pix2pix's ResNet generator on the
     one-hot label mask (plus `noise_channels` of seeded noise), D_k the conditional PatchGAN."""
 
     mask_source: str = "clients"

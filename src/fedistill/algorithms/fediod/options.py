@@ -12,10 +12,10 @@ from fedistill.algorithms.base import (
 )
 from fedistill.algorithms.fediod.calibration import TEACHER_LOGITS
 from fedistill.algorithms.fediod.option_groups import (
-    DenseTaskOptions,
     DiscriminatorOptions,
     GeneratorLossOptions,
     GeneratorOptions,
+    PerPixelTaskOptions,
     PrivacyOptions,
     ProtocolOptions,
     StabiliserOptions,
@@ -47,7 +47,7 @@ class FedIODOptions(
     DiscriminatorOptions,
     StudentOptions,
     StabiliserOptions,
-    DenseTaskOptions,
+    PerPixelTaskOptions,
     PrivacyOptions,
 ):
     """Every FedIOD key, flat (`fediod.w_adv`, `options.w_adv`); each group's docstrings are in
@@ -61,6 +61,7 @@ class FedIODOptions(
     """
 
     def validate(self) -> None:
+        """Check the DP keys, the choices and ranges, and the keys that only make sense together."""
         self.validate_dp()
         choices = {
             "preset": PRESETS,
@@ -130,7 +131,7 @@ class FedIODOptions(
         """Rules across keys. Before the preset is applied (`preset_fills`), a key the preset sets counts
         as set, so a user may change the preset's replay steps without repeating its pool size;
         `resolve_options` checks again once the preset's keys are in."""
-        filled = PRESET_CHANGES[effective_preset(self.preset, dense=False)] if preset_fills else {}
+        filled = PRESET_CHANGES[effective_preset(self.preset, per_pixel=False)] if preset_fills else {}
         if self.pool_steps and not (self.pool_size or filled.get("pool_size", 0)):
             raise ConfigError("fediod.pool_steps replays the pool: set fediod.pool_size > 0 too")
         if self.pool_generator_batch and not (self.pool_size or filled.get("pool_size", 0)):
@@ -138,6 +139,7 @@ class FedIODOptions(
 
     @property
     def needs_label_counts(self) -> bool:
+        """Whether the ensemble weighting needs each site's class counts from stage 1."""
         return self.ensemble_weighting in ("eq8", "class-share")
 
 
@@ -183,22 +185,22 @@ STABLE = {
 PRESET_CHANGES = {"paper": {}, "official-code": OFFICIAL_CODE, "stable": STABLE}
 
 
-def effective_preset(preset: str, *, dense: bool) -> str:
-    """The preset a run applies: `"auto"` is `"stable"` on classification and `"paper"` on dense tasks.
+def effective_preset(preset: str, *, per_pixel: bool) -> str:
+    """The preset a run applies: `"auto"` is `"stable"` on classification and `"paper"` on per-pixel tasks.
 
     Why: with the paper's settings the student ends far below its ensemble on digits, and the stabilisers
     are measured on classification only."""
     if preset == "auto":
-        return "paper" if dense else "stable"
+        return "paper" if per_pixel else "stable"
     return preset
 
 
-def resolve_options(config: RunConfig, options: FedIODOptions, *, dense: bool) -> FedIODOptions:
+def resolve_options(config: RunConfig, options: FedIODOptions, *, per_pixel: bool) -> FedIODOptions:
     """Apply the preset's changes to every key the user did not set; `preset` names the one applied."""
-    preset = effective_preset(options.preset, dense=dense)
+    preset = effective_preset(options.preset, per_pixel=per_pixel)
     for key in ("pool_generator_batch", "student_shift", "student_mixup"):
-        if dense and getattr(options, key):
-            raise ConfigError(f"fediod.{key} is for classification; this task is dense")
+        if per_pixel and getattr(options, key):
+            raise ConfigError(f"fediod.{key} is for classification; this task is per-pixel")
     changes = PRESET_CHANGES[preset]
     if not changes:
         return dataclasses.replace(options, preset=preset)
@@ -229,5 +231,6 @@ def network_widths(options: FedIODOptions, image_size: int) -> tuple[int, int]:
 
 
 def teacher_name(options: FedIODOptions, config: RunConfig, client_id: int) -> str:
+    """The architecture of client `client_id`'s teacher: `fediod.teachers` cycled over the clients."""
     names = model_cycle(options.teachers, config.model, key="fediod.teachers")
     return names[client_id % len(names)]

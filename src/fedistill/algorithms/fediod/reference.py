@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 def teacher_report(server: FedIODServer, fleet: Fleet) -> dict[str, float]:
     """Standalone scores and the ensemble's score (the one-shot ceiling), evaluation only."""
     assert server.federation is not None
-    if not server.view.dense:
+    if not server.view.per_pixel:
         return _classification_report(server, fleet)
     n = _reference_count(server)
     shape = server.view.output_shape(n)

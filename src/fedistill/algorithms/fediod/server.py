@@ -56,21 +56,27 @@ class Federation:
     teacher_val: dict[int, float] = field(default_factory=dict)
 
     def pi(self, clients: list[int]) -> torch.Tensor:
+        """The weights of `clients` by their data sizes, summing to 1."""
         sizes = torch.stack([self.sizes[self.clients.index(c)] for c in clients])
         return sizes / sizes.sum()
 
     def share(self, clients: list[int], num_classes: int) -> torch.Tensor:
+        """Each of `clients`' share of every class (Eq. 8); uniform when the class counts were not
+        collected."""
         if self.counts is None:
             return torch.full((len(clients), num_classes), 1.0 / len(clients), device=self.sizes.device)
         return L.class_share(torch.stack([self.counts[self.clients.index(c)] for c in clients]).float())
 
 
 class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
+    """FedIOD's server: after stage 1 (the sites train their teachers), each distillation epoch alternates
+    generator steps and student steps."""
+
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         config, info = ctx.config, ctx.info
         self.view = TaskView(task_of(config, info), info, config.seed)
-        self.options = options = resolve_options(config, ctx.options, dense=self.view.dense)
+        self.options = options = resolve_options(config, ctx.options, per_pixel=self.view.per_pixel)
         log.info("FedIOD preset %r%s", options.preset, " (auto)" if ctx.options.preset == "auto" else "")
         if options.selection == "validation" and config.val_fraction == 0:
             raise ConfigError(
@@ -107,7 +113,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
         self.collapsed_epochs = 0  # epochs in a row with a collapsed G (`collapse_patience`)
         self.mask_pools: list[
             torch.Tensor
-        ] = []  # each site's uploaded masks (dense tasks, mask_source clients)
+        ] = []  # each site's uploaded masks (per-pixel tasks, mask_source clients)
         if options.dp_enabled:
             log.info(
                 "FedIOD with DP: input-gradients clipped to %g, accounting %r at delta %g; logits, density "
@@ -145,8 +151,8 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
     # --- stage 1 ---------------------------------------------------------------------------------
     def setup(self, fleet: Fleet) -> None:
         config, options = self.ctx.config, self.options
-        # "auto" logits read the label counts on classification only (dense tasks stay raw, send none)
-        auto_logits = options.teacher_logits == "auto" and not self.view.dense
+        # "auto" logits read the label counts on classification only (per-pixel tasks stay raw, send none)
+        auto_logits = options.teacher_logits == "auto" and not self.view.per_pixel
         wants_counts = options.needs_label_counts or auto_logits
         request = Message.build("train", scalars={"config": {"send_label_counts": wants_counts}})
         counts_spec = {"class_counts": ArraySpec("int64", (self.view.outputs,))}
@@ -202,7 +208,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             return {}
         assert self.federation is not None
         counts = self.federation.counts
-        if self.view.dense or counts is None:
+        if self.view.per_pixel or counts is None:
             self.teacher_logits = "raw"
             return {}
         self.teacher_logits = auto_mode(counts)

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StudentBatch:
-    """The inputs of one G-step's S-steps: G's images, their masks (dense tasks), the learning rate they
+    """The inputs of one G-step's S-steps: G's images, their masks (per-pixel tasks), the learning rate they
     are taken at, where their undersampling masks start (reconstruction) and the G-step that drew them."""
 
     x: torch.Tensor
@@ -123,7 +123,7 @@ class StudentSteps:
         if ratio is not None:
             ratio = ratio.reshape(len(answered), -1)
         targets = L.ensemble_logits(logits, self._weights(logits, ratio, answered))
-        if not view.dense:
+        if not view.per_pixel:
             self.last_coverage = class_coverage(targets)
             self.last_coverage["adapted_is"] = adapted_inception_score(logits)
         per_sample = targets.reshape(len(batch.x), -1, targets.shape[-1])  # (B, rows per sample, C)
@@ -143,7 +143,7 @@ class StudentSteps:
             self._student_optimizer_step(loss)
             losses.append(loss.item())
         if options.pool_size:
-            self.pool.add(inputs, targets if not view.dense else per_sample)
+            self.pool.add(inputs, targets if not view.per_pixel else per_sample)
             self._replay(batch.step)
         return float(np.mean(losses))
 
@@ -227,11 +227,12 @@ class StudentSteps:
 
     # --- evaluation and model selection ----------------------------------------------------------
     def evaluate(self, fleet: Fleet, round: int) -> dict[str, float]:
+        """The student's test metrics, and the score that keeps the best student by the chosen selection."""
         handed_over = self._handed_over()
         test = test_metrics(self.ctx.evaluate(handed_over))
         headline = self.view.task.headline
         metrics = {f"test_{headline}": test[f"test_{headline}"], "test_loss": test["test_loss"]}
-        if self.view.dense:
+        if self.view.per_pixel:
             metrics = test
         selection = self.options.selection
         if selection == "validation":
@@ -251,12 +252,13 @@ class StudentSteps:
         return metrics
 
     def final_evaluate(self, fleet: Fleet, last: dict[str, float]) -> dict[str, float]:
+        """The last round's metrics, with the selected student's test metrics in place of the last one's."""
         final = dict(last)
         headline = self.view.task.headline
         if self.best["state"] is not None:
             self.student.load_state_dict(self.best["state"])
             test = test_metrics(self.ctx.evaluate(self.student))
-            if not self.view.dense:
+            if not self.view.per_pixel:
                 test = {key: test[key] for key in (f"test_{headline}", "test_loss")}
             final |= test | {"selected_epoch": self.best["epoch"]}
         final["selection"] = {

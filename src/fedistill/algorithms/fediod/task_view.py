@@ -1,6 +1,6 @@
 """FedIOD on every task: what its models see of a synthetic image and how their outputs line up.
 
-Every FedIOD term (Eq. 3-10) is written for logits of shape (samples, classes). The dense tasks reuse
+Every FedIOD term (Eq. 3-10) is written for logits of shape (samples, classes). The per-pixel tasks reuse
 them unchanged by treating each pixel as a sample:
 
 - segmentation: T_k and S return per-pixel logits (B, C, H, W); their rows are the B·H·W pixels, so
@@ -18,7 +18,7 @@ them unchanged by treating each pixel as a sample:
   and L_mimic's hardness. T_k and S see the zero-filled image of an undersampled k-space of G's image;
   the masks are drawn from a seeded stream both sides know, so the server sends only G's image.
 
-The dense tasks condition G on a label mask (segmentation) or the brain's foreground mask
+The per-pixel tasks condition G on a label mask (segmentation) or the brain's foreground mask
 (reconstruction): G(one-hot m [, noise]) draws the image, and D_k judges (m, x) pairs. Which site a
 sample is for follows its mask: masks a site uploaded are its own; masks from a server prior are dealt
 out in shares pi_k. Site k's L_gan, L_conf, batch-norm and perceptual terms cover its own samples only.
@@ -38,17 +38,21 @@ from fedistill.tasks import Condition, Task
 
 @dataclass(frozen=True)
 class TaskView:
+    """The task as FedIOD sees it: the shapes of its synthetic inputs, outputs and ratios, and what its
+    generator is conditioned on."""
+
     task: Task
     info: DatasetInfo
     seed: int
 
     @property
-    def dense(self) -> bool:
+    def per_pixel(self) -> bool:
+        """Whether the task's outputs are per pixel."""
         return self.task.per_pixel
 
     @property
     def conditional(self) -> bool:
-        """Whether G is conditioned on a mask (the dense tasks) rather than drawn from noise alone."""
+        """Whether G is conditioned on a mask (the per-pixel tasks) rather than drawn from noise alone."""
         return self.task.condition is not None
 
     @property
@@ -107,13 +111,14 @@ class TaskView:
 
     def output_shape(self, batch: int) -> tuple[int, ...]:
         """The shape of T_k's reply on a batch (what the server's ReplySpec expects)."""
-        if not self.dense:
+        if not self.per_pixel:
             return (batch, self.outputs)
         s = self.info.image_size
         return (batch, self.task.output_channels(self.info), s, s)
 
     def ratio_shape(self, batch: int) -> tuple[int, ...]:
-        return (batch,) if not self.dense else (batch, self.info.image_size, self.info.image_size)
+        """The shape of a batch's ensemble ratios: one per sample, or one per pixel."""
+        return (batch,) if not self.per_pixel else (batch, self.info.image_size, self.info.image_size)
 
     def label_counts(self, data: ImageSet) -> torch.Tensor:
         """What Eq. 8's share counts at a site (`Task.column_counts`): images per class, pixels per class
@@ -124,7 +129,7 @@ class TaskView:
     def pixel_ratio(self, patch_logits: torch.Tensor, real_mean: float) -> torch.Tensor:
         """Eq. 8's D_k ratio per pixel: sigmoid of each patch logit, upsampled (nearest) to the image,
         over the mean score of the site's real pairs; (B,) for classification's per-sample ratio."""
-        if not self.dense:
+        if not self.per_pixel:
             from fedistill.algorithms.fediod.losses import density_ratio, patch_scores
 
             return density_ratio(patch_scores(patch_logits), real_mean)

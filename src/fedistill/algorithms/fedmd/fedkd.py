@@ -98,13 +98,15 @@ class FedKDOptions:
     client_noise: float = 0.0  # std of Gaussian noise on each probability before quantising (not accounted)
     pate_sigma: float = 0.0  # GNMax noise on the vote sums; 0: the plain plurality
     pate_epsilon: float = 0.0  # > 0: calibrate pate_sigma to this (data-independent) epsilon instead
-    pate_delta: float = 1e-5
+    pate_delta: float = 1e-5  # the delta of the reported PATE epsilons (and of pate_epsilon's calibration)
     student: str = ""  # the central model; "" = the run's model
     student_epochs: int = 1  # per round
-    student_batch_size: int = 64
+    student_batch_size: int = 64  # the central student's batch size
     student_lr: float = 1e-3  # Adam
 
     def validate(self) -> None:
+        """Check the output kind, the public data, the ranges, and that PATE's noise and budget are not
+        both given."""
         check_choices("fedkd", self, {"output": OUTPUTS})
         check_public(self.public, "fedkd.public", labelled=False)
         check_positive("fedkd", self, "teacher_epochs student_epochs student_batch_size student_lr")
@@ -125,6 +127,7 @@ class FedKDOptions:
 
 
 def teacher_of(options: FedKDOptions, config: RunConfig, client_id: int) -> str:
+    """The architecture of client `client_id`'s teacher: `fedkd.teachers` cycled over the clients."""
     names = model_cycle(options.teachers, config.model, key="fedkd.teachers")
     return names[client_id % len(names)]
 
@@ -206,6 +209,8 @@ class FedKDClient(ClientLogic):
 
     @handles("train")
     def train(self, message: Message) -> Message:
+        """Train this client's teacher once on its private data and report its accuracies; only metrics
+        leave."""
         metrics = train_teacher(self.teacher, self.ctx, self.architecture, self.options.teacher_epochs)
         self.teacher.eval()
         test = evaluate_model(self.teacher, self.ctx.global_test, self.ctx.info)
@@ -222,6 +227,7 @@ class FedKDClient(ClientLogic):
 
     @handles("query.votes", read_only=True)
     def votes(self, message: Message) -> Message:
+        """The teacher's quantised outputs on the public images, noised first when `client_noise` is set."""
         images, _ = read_public(message, self.ctx.info, labelled=False)
         probs = torch.softmax(predict(self.teacher, images, self.ctx.info), dim=1)
         if self.options.client_noise > 0:

@@ -101,11 +101,12 @@ class FedMDOptions:
     transfer_epochs: int = 5  # set-up: epochs on the labelled public set
     private_epochs: int = 5  # set-up: then epochs on the private data
     digest_loss: str = "l1"  # l1 (the paper) | mse | kl
-    digest_epochs: int = 1
-    digest_batch_size: int = 128
+    digest_epochs: int = 1  # epochs of the digest (training towards the consensus) per round
+    digest_batch_size: int = 128  # batch size of the digest
     digest_lr: float = 1e-3  # Adam
 
     def validate(self) -> None:
+        """Check the digest loss, the labelled public data and the epochs, sizes and learning rate."""
         check_choices("fedmd", self, {"digest_loss": DIGEST_LOSSES})
         check_public(self.public, "fedmd.public", labelled=True)
         check_positive("fedmd", self, "alignment_size digest_epochs digest_batch_size digest_lr")
@@ -115,6 +116,7 @@ class FedMDOptions:
 
 
 def model_of(options: FedMDOptions, config: RunConfig, client_id: int) -> str:
+    """The architecture of client `client_id`'s model: `fedmd.models` cycled over the clients."""
     names = model_cycle(options.models, config.model, key="fedmd.models")
     return names[client_id % len(names)]
 
@@ -181,6 +183,7 @@ class FedMDClient(ClientLogic):
 
     @handles("query.scores", read_only=True)
     def scores(self, message: Message) -> Message:
+        """The model's class scores on the round's public images, for the server's consensus."""
         images, _ = read_public(message, self.ctx.info, labelled=False)
         scores = predict(self.model, images, self.ctx.info)
         return Message.build("query.scores", arrays={"logits": {"scores": scores}})
@@ -238,6 +241,7 @@ class FedMDClient(ClientLogic):
 
     @handles("evaluate", read_only=True)
     def evaluate(self, message: Message) -> Message:
+        """Report the model's accuracies (global test set and local test shard)."""
         return Message.build("evaluate", scalars={"metrics": self._report()})
 
     def state_dict(self) -> dict[str, Any]:

@@ -101,6 +101,8 @@ class FedCGClient(ClientLogic):
 
     @handles("train")
     def train(self, message: Message) -> Message:
+        """Train the local model toward the received generator, then the local GAN on its features; only
+        the classifier and generator are sent back."""
         expect_arrays(message, "parameters", self.specs)  # exactly C and G: nothing private comes in
         load_pair(message.tensors("parameters"), self.model.classifier, self.generator)
         round = int(message.scalar("config", "round"))

@@ -55,6 +55,8 @@ def generator_loss(fake_logits: torch.Tensor) -> torch.Tensor:
 
 
 def build_discriminator(ctx: ClientContext, feature_dim: int, options: FedCGOptions) -> FeatureDiscriminator:
+    """A client's seeded feature discriminator, its width from the options or FedMD-CG's table, conditioned
+    on the class if asked."""
     hidden = options.discriminator_hidden or fedmdcg_widths(ctx.info.name)[2]
     classes = ctx.info.num_classes if options.conditional_discriminator else 0
     return seeded(

@@ -25,6 +25,9 @@ DISCRIMINATOR_ACTIVATIONS: tuple[str, ...] = ("none", "leaky-relu")
 
 @dataclass(frozen=True)
 class FedCGOptions:
+    """FedCG's options: the ramped MSE between features and the conditional generator, the GAN's sizes and
+    training, and the aggregation."""
+
     gamma: float = 1.0  # γ₀: weight of MSE(F(x), Ĝ(y)) at full ramp
     gamma_schedule: str = "cubic"  # cubic (FedMD-CG repo: (t/(R−1))³) | sigmoid (original) | constant
     generator_hidden: str = ""  # comma-separated widths; empty: FedMD-CG's table for the dataset
@@ -35,19 +38,20 @@ class FedCGOptions:
     discriminator_hidden: int = 0  # 0: FedMD-CG's fc1 width (digits/MNIST 32, FMNIST 64, else 128)
     conditional_discriminator: bool = False  # the original's D also sees the label
     discriminator_activation: str = "none"  # none (the code: D linear in h) | leaky-relu
-    generator_lr: float = 3e-4
-    discriminator_lr: float = 3e-4
+    generator_lr: float = 3e-4  # Adam learning rate of the client's feature generator G_k
+    discriminator_lr: float = 3e-4  # Adam learning rate of the client's feature discriminator D_k
     gan_beta1: float = 0.9  # Adam beta1 of G and D (the original: 0.5)
-    gan_weight_decay: float = 1e-4
+    gan_weight_decay: float = 1e-4  # Adam weight decay of G_k and D_k
     gan_passes: int = 1  # passes over the round's batches in the GAN stage (the original: 20 epochs)
     weighting: str = "samples"  # samples | uniform: how the server averages classifiers and generators
     aggregation: str = "average"  # average (FedMD-CG repo default) | distill (average, then KD)
-    distill_steps: int = 20
-    distill_batch_size: int = 64
-    distill_lr: float = 1e-3
-    distill_temperature: float = 10.0
+    distill_steps: int = 20  # aggregation = distill: server steps distilling the averaged pair
+    distill_batch_size: int = 64  # aggregation = distill: labels per distillation batch
+    distill_lr: float = 1e-3  # aggregation = distill: the server's Adam learning rate
+    distill_temperature: float = 10.0  # aggregation = distill: the KL's temperature
 
     def validate(self) -> None:
+        """Check the choices and the ranges of the weights, learning rates and sizes."""
         choices = {
             "gamma_schedule": ("cubic", "sigmoid", "constant"),
             "noise": NOISE_DISTRIBUTIONS,
@@ -72,6 +76,7 @@ class FedCGOptions:
 
 
 def generator_options(options: FedCGOptions, info: DatasetInfo) -> dict[str, object]:
+    """The generator's sizes: `fedcg`'s keys where set, else FedMD-CG's table for the dataset."""
     hidden, noise_dim = fedmdcg_generator_sizes(info.name)
     if options.generator_hidden:
         hidden = parse_widths("fedcg.generator_hidden", options.generator_hidden)

@@ -113,6 +113,7 @@ class FedCGServer(ServerLogic):
         self.last_local: dict[str, float] = {}
 
     def shared_state(self) -> dict[str, torch.Tensor]:
+        """What the server shares and averages: the classifier's and the generator's parameters."""
         return pair_state(self.classifier, self.generator)
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:

@@ -102,6 +102,8 @@ class FedGenClient(ClientLogic):
 
     @handles("train")
     def train(self, message: Message) -> Message:
+        """Load the shared parameters and train locally, regularised by the received generator once the
+        server asks for it."""
         regularize = bool(message.scalar("config", "regularize", False))
         expect_arrays(message, "parameters", self.specs | (self.generator_specs if regularize else {}))
         received = message.tensors("parameters")

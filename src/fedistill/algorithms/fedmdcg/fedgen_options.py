@@ -26,28 +26,32 @@ from fedistill.seeding import seeded
 
 @dataclass(frozen=True)
 class FedGenOptions:
+    """FedGen's options: what the clients share, how the server weighs them, and the generator's inputs and
+    training."""
+
     share: str = "model"  # model (FedGen's code: whole models averaged) | classifier (FedMD-CG's comparison)
     weighting: str = "samples"  # samples | uniform: how the server weighs the received parameters
     label_sampling: str = "counts"  # counts (the paper's p̂(y)) | uniform (the released code)
     generative_alpha: float = 10.0  # α₀: client CE on generated features of sampled labels
     generative_beta: float = 10.0  # β₀: client KL to the head's answer on generated features (EMNIST: 1)
     decay: float = 0.98  # α_t = max(min_weight, α₀·decay^t), same for β_t
-    min_weight: float = 1e-4
+    min_weight: float = 1e-4  # the floor of the decayed α_t and β_t
     generator_batch_size: int = 32  # labels per generated batch, on the server and in the client's CE
     generator_steps: int = 50  # server Adam steps on G per round (10 epochs × 5 iterations)
-    generator_lr: float = 3e-4
-    generator_weight_decay: float = 1e-2
+    generator_lr: float = 3e-4  # the server's Adam learning rate for G
+    generator_weight_decay: float = 1e-2  # the server's Adam weight decay for G
     generator_lr_decay: float = 0.98  # ExponentialLR factor, one step per round
     teacher_weight: float = 1.0  # server: the label-weighted CE of the clients' heads on G(y)
     diversity_weight: float = 1.0  # server: exp(−mean d_ε·d_G)
     diversity_metric: str = "l1"  # distance on G's outputs: l1 (FedGen) | l2 (the FedMD-CG repo's FedGen)
     adversarial_weight: float = 0.0  # server: −β·KL(ensemble ‖ global head) on G(y); FedGen uses 0
     noise: str = "uniform"  # uniform (the code's U[0, 1)) | normal
-    noise_dim: int = 32
+    noise_dim: int = 32  # length of G's noise ε
     generator_hidden: str = "256"  # comma-separated hidden widths
     label_input: str = "one-hot"  # one-hot | embedding
 
     def validate(self) -> None:
+        """Check the choices and the ranges of the weights, learning rates and sizes."""
         choices = {
             "share": ("model", "classifier"),
             "weighting": ("samples", "uniform"),
@@ -87,6 +91,7 @@ def shared_prefix(options: FedGenOptions) -> str:
 
 
 def generator_options(options: FedGenOptions) -> dict[str, object]:
+    """The generator's sizes, noise and label input from the options."""
     return {
         "hidden_dims": parse_widths("fedgen.generator_hidden", options.generator_hidden),
         "noise_dim": options.noise_dim,

@@ -51,6 +51,8 @@ class FedMDCGClient(ClientLogic):
 
     @handles("train")
     def train(self, message: Message) -> Message:
+        """Load the global classifier and generator when sent, train the local model, then the local
+        generator; send both back with the class counts."""
         round = int(message.scalar("config", "round"))
         t, num_classes = round - 1, self.ctx.info.num_classes
         distribution = None

@@ -40,39 +40,40 @@ class FedMDCGOptions:
     preset: str = "paper"  # paper | official-code (switches noise, clear_cache, dedup, label counts, L3)
     # stage 1: weights of the ramped terms, the ramp, and T_c
     lambda_kl: float = 1.0
-    lambda_ce_gen: float = 1.0
-    lambda_mse: float = 0.1
+    lambda_ce_gen: float = 1.0  # λ2: CE of the local head on Ĝ's features for sampled labels
+    lambda_mse: float = 0.1  # λ3: MSE between the local extractor's features and Ĝ's
     ramp: str = "cubic"  # cubic: λ⁰·(t/(R−1))^power | none: λ⁰ from round 1 on (round 0 is CE only)
-    ramp_power: float = 3.0
-    client_temperature: float = 10.0
+    ramp_power: float = 3.0  # the power of the cubic ramp
+    client_temperature: float = 10.0  # T_c of the stage-1 KL
     generated_batch_size: int = 64  # labels ŷ drawn per step for the CE on Ĝ's features
     # stage 2: the local generator
     generator_hidden: str = ""  # comma list of hidden widths; "" = FedMD-CG's table for the dataset
     noise_dim: int = 0  # 0 = FedMD-CG's table for the dataset
     noise: str = "normal"  # normal (paper) | uniform (the code's torch.rand)
     diversity: str = "div2"  # div2 | div1 | div0 | none
-    gen_lambda_ce: float = 1.0
-    gen_lambda_kl: float = 1.0
-    gen_lambda_mse: float = 1.0
-    gen_lambda_div: float = 1.0
+    gen_lambda_ce: float = 1.0  # stage 2: the generator's CE through the local head (Eq. 6)
+    gen_lambda_kl: float = 1.0  # stage 2: the logit-level KL from the local model (Eq. 5)
+    gen_lambda_mse: float = 1.0  # stage 2: the feature-level MSE to the local extractor (Eq. 5)
+    gen_lambda_div: float = 1.0  # stage 2: the diversity term (Eq. 7-8)
     generator_passes: int = 1  # Adam steps per cached batch and round (the code's I_gg)
-    generator_lr: float = 3e-4
-    generator_weight_decay: float = 1e-4
+    generator_lr: float = 3e-4  # Adam learning rate of the local generator
+    generator_weight_decay: float = 1e-4  # Adam weight decay of the local generator
     # The code's cache of real batches: never cleared (a typo) and de-duplicated by label sum.
     clear_cache: bool = True
-    dedup_label_sum: bool = False
+    dedup_label_sum: bool = False  # de-duplicate the cached batches by their label sum (the code)
     label_counts: str = "data"  # data: the training split's class counts | cache: the code's (§4.3)
     # server
     server_distillation: bool = True  # the code's distill_aggregation; False: plain weighted average
-    server_steps: int = 50
-    server_lr: float = 3e-4
+    server_steps: int = 50  # Adam steps of the server's crossed distillation per round
+    server_lr: float = 3e-4  # Adam learning rate of the server's distillation
     server_weight_decay: float = 1e-4  # Adam's coupled L2 (the code's): it outweighs the tiny KD gradient and
     # shrinks C_g ~20 % a round early on (metrics classifier_norm*; benchmarks/fedmdcg_variants.py)
     server_batch_size: int = 64
-    server_temperature: float = 10.0
+    server_temperature: float = 10.0  # temperature of the server's KL terms
     softmax_bug: bool = False  # L3 feeds a softmax where KLDivLoss wants a log-softmax (the code)
 
     def validate(self) -> None:
+        """Check the choices, the positive and non-negative keys, and the generator's hidden widths."""
         choices = {
             "preset": PRESETS,
             "ramp": L.RAMP_SCHEDULES,
@@ -96,14 +97,17 @@ class FedMDCGOptions:
         self.hidden_dims()
 
     def local_lambdas(self) -> L.LocalModelLambdas:
+        """The weights of the local model's loss terms (KL, CE on generated data, MSE)."""
         return L.LocalModelLambdas(self.lambda_kl, self.lambda_ce_gen, self.lambda_mse)
 
     def generator_lambdas(self) -> L.GeneratorLambdas:
+        """The weights of the generator's loss terms (CE, KL, MSE, diversity)."""
         return L.GeneratorLambdas(
             self.gen_lambda_ce, self.gen_lambda_kl, self.gen_lambda_mse, self.gen_lambda_div
         )
 
     def hidden_dims(self) -> tuple[int, ...] | None:
+        """The generator's hidden widths from `generator_hidden`; None when it is empty (the default net)."""
         if not self.generator_hidden.strip():
             return None
         try:
@@ -129,6 +133,7 @@ OFFICIAL_CODE = {
 
 
 def resolve_options(config: RunConfig, options: FedMDCGOptions) -> FedMDCGOptions:
+    """With preset "official-code", the official code's values for every key the config does not set."""
     if options.preset != "official-code":
         return options
     explicit = set(config.options.get("fedmdcg", {}))

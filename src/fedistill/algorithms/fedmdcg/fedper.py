@@ -57,9 +57,12 @@ from fedistill.seeding import torch_generator
 
 @dataclass(frozen=True)
 class SharedPartOptions:
+    """`[fedper]` and `[lgfedavg]` options: how the server weighs the shared parts."""
+
     weighting: str = "samples"  # samples | uniform: how the server weighs the received parts
 
     def validate(self) -> None:
+        """ConfigError unless `weighting` is samples or uniform."""
         if self.weighting not in ("samples", "uniform"):
             raise ConfigError(f"weighting must be 'samples' or 'uniform', got {self.weighting!r}")
 
@@ -78,10 +81,12 @@ class SharedPartClient(ClientLogic):
         self.training = LocalTraining.from_config(ctx.config, ctx.info)
 
     def shared_state(self) -> dict[str, torch.Tensor]:
+        """The entries of the model under the shared prefix: what leaves the client."""
         return part_of(self.model.state_dict(), self.shared_prefix)
 
     @handles("train")
     def train(self, message: Message) -> Message:
+        """`train`: put the received shared part under the private one, train, return it."""
         expect_arrays(message, "parameters", self.specs)  # exactly the shared names, nothing private
         self.model.load_state_dict({**self.model.state_dict(), **message.tensors("parameters")})
         round = int(message.scalar("config", "round"))
@@ -99,6 +104,7 @@ class SharedPartClient(ClientLogic):
         return {"model": clone_state(self.model)}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore the whole model, private part included."""
         self.model.load_state_dict(state["model"])
 
 
@@ -117,9 +123,11 @@ class SharedPartServer(ServerLogic):
         self.last_local: dict[str, float] = {}
 
     def shared_state(self) -> dict[str, torch.Tensor]:
+        """The shared part the server holds, under its prefix, as a message sends it."""
         return prefixed(self.part.state_dict(), self.shared_prefix)
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
+        """Send the shared part, gather the trained ones, average them."""
         config = self.ctx.config
         evaluate_local = evaluates_local(config, round)
         request = Message.build(
@@ -147,12 +155,15 @@ class SharedPartServer(ServerLogic):
         return dict(self.last_local)
 
     def models(self) -> dict[str, nn.Module]:
+        """The shared part, saved as `global_<prefix>` (there is no global model)."""
         return {"global_" + self.shared_prefix.rstrip("."): self.part}
 
     def state_dict(self) -> dict:
+        """The shared part and the last local metrics, for the checkpoint."""
         return {"part": clone_state(self.part), "last_local": dict(self.last_local)}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore what `state_dict()` returned."""
         self.part.load_state_dict(state["part"])
         self.last_local = dict(state.get("last_local", {}))
 

@@ -11,11 +11,13 @@ from fedistill.errors import ConfigError
 
 
 def check_temperature(temperature: float) -> None:
+    """ValueError unless a distillation temperature is positive."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
 
 
 def check_same_shape(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
+    """ValueError unless the two tensors have the same shape (the loss terms compare them element-wise)."""
     if a.shape != b.shape:
         raise ValueError(
             f"{name_a} and {name_b} must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}"
@@ -23,6 +25,7 @@ def check_same_shape(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor)
 
 
 def check_lambda(name: str, value: float) -> None:
+    """ConfigError unless a loss weight is a finite number of at least 0."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
         raise ConfigError(f"loss weight {name} must be a finite number >= 0, got {value!r}")
 

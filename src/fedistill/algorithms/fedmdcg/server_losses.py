@@ -96,6 +96,7 @@ class CrossedDistillation(NamedTuple):
 
     @property
     def total(self) -> torch.Tensor:
+        """The server's loss: the sum of the three terms (Eq. 12)."""
         return self.l1 + self.l2 + self.l3
 
 

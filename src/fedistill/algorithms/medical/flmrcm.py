@@ -75,10 +75,13 @@ QUERY = "query.latent_features"
 
 @dataclass(frozen=True)
 class FLMRCMOptions(FedAvgOptions):
+    """FedAvg's options with FL-MRCM's alignment: the target site, the adversarial weight and the
+    discriminators."""
+
     weighting: str = "uniform"  # the code averages the site models plainly
     target_site: int = -1  # the client whose features the sources align to; -1: the last
-    adversarial_weight: float = 1.0
-    discriminator_width: int = 256
+    adversarial_weight: float = 1.0  # weight of the alignment's adversarial term in a source site's loss
+    discriminator_width: int = 256  # hidden width of each source site's domain discriminator
     discriminator_lr: float = 0.0  # 0: ten times the run's lr (the code)
     feature_batches: int = 16  # mini-batches of latent vectors the target shares a round; 0: all its slices
 
@@ -118,6 +121,7 @@ def target_of(options: FLMRCMOptions, clients: int) -> int:
 
 
 def check_model(model: nn.Module, name: str) -> None:
+    """ConfigError unless the model exposes the bottleneck features the alignment needs (unet-fastmri)."""
     if not hasattr(model, "bottleneck_features"):
         raise ConfigError(f"flmrcm aligns the bottleneck of unet-fastmri; model {name!r} exposes none")
 

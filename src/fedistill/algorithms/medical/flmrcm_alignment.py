@@ -105,6 +105,8 @@ def frozen(module: nn.Module) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class StepLosses:
+    """The losses of one source step: reconstruction, adversarial alignment and discriminator."""
+
     reconstruction: float
     alignment: float
     discriminator: float
@@ -149,6 +151,8 @@ class RowStream:
         self.order = torch.empty(0, dtype=torch.int64)
 
     def take(self, count: int) -> torch.Tensor:
+        """The next `count` target vectors (at most all of them), a new seeded order started when one runs
+        out."""
         count = min(count, len(self.rows))
         while len(self.order) < count:
             self.order = torch.cat([self.order, torch.randperm(len(self.rows), generator=self.generator)])

@@ -47,6 +47,7 @@ class OneShotOptions(FedDFOptions):
     section: str = "one-shot"  # the config table's name in messages
 
     def validate(self) -> None:
+        """FedDF's checks, and at least one stage-1 epoch."""
         super().validate()
         if self.teacher_epochs < 1:
             raise ConfigError("teacher_epochs must be >= 1")
@@ -70,6 +71,7 @@ class OneShotServer(ServerLogic):
         self.fusion: dict[str, float] = {}
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
+        """The one round: gather every site's model once, then average (or fuse) them."""
         config = self.ctx.config
         replies = collect_local_models(fleet, config, self._local_model)
         clients = sorted(replies)
@@ -154,26 +156,33 @@ class OneShotServer(ServerLogic):
         return model
 
     def evaluate(self, fleet: Fleet, round: int) -> dict[str, float]:
+        """The student on the test set (the evaluation harness)."""
         return test_metrics(self.ctx.evaluate(self.student))
 
     def final_evaluate(self, fleet: Fleet, last: dict[str, float]) -> dict[str, float]:
+        """The last evaluation, the teachers' report and the student's share of the ensemble."""
         final = dict(last) | self.reference
         if self.reference.get("ensemble_accuracy"):
             final["fraction_of_ensemble"] = final["test_accuracy"] / self.reference["ensemble_accuracy"]
         return final
 
     def models(self) -> dict[str, nn.Module]:
+        """The averaged (or fused) model, saved as `global`."""
         return {"global": self.student}
 
     def state_dict(self) -> dict[str, Any]:
+        """The student, the teachers' report and the fusion's metrics, for the checkpoint."""
         return {"student": clone_state(self.student), "reference": self.reference, "fusion": self.fusion}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict()` returned."""
         self.student.load_state_dict(state["student"])
         self.reference, self.fusion = dict(state["reference"]), dict(state["fusion"])
 
 
 class OneShotFusionServer(OneShotServer):
+    """One-shot FedDF: the sites' models fused once by FedDF's ensemble distillation."""
+
     fuse = True
 
 

@@ -57,11 +57,11 @@ class CoBoostingOptions(DenseOptions):
     """DENSE's options and defaults (`preset = "dense"`) plus Co-Boosting's hard samples and ensemble
     weights; `preset = "official-code"` takes the released code's values of the shared keys."""
 
-    preset: str = "dense"
+    preset: str = "dense"  # dense: DENSE's values of the shared keys | official-code: the released code's
     hard_power: float = 1.0  # --hs
     perturbation: str = "ods"  # ods | discrepancy | none
     perturb_eps: float = 8 / 255  # --odseta 8, divided by 255 in the code
-    ods_temperature: float = 4.0
+    ods_temperature: float = 4.0  # ods: the temperature of the ensemble's softmax in the perturbation
     reweight: bool = True  # --weighted
     reweight_lr: float = 0.01  # --mu
     reweight_decay: float = 0.99  # --wdc
@@ -70,6 +70,7 @@ class CoBoostingOptions(DenseOptions):
     section = "coboosting"
 
     def validate(self) -> None:
+        """DENSE's checks, then Co-Boosting's choices and ranges."""
         super().validate()
         check_choices(self.section, self, {"perturbation": PERTURBATIONS, "preset": PRESETS})
         check_nonnegative(self.section, self, "hard_power perturb_eps reweight_lr")
@@ -99,6 +100,7 @@ OFFICIAL_CODE = {
 
 
 def resolve_options(config: RunConfig, options: CoBoostingOptions) -> CoBoostingOptions:
+    """With preset "official-code", the released code's values for every key the config does not set."""
     if options.preset != "official-code":
         return options
     explicit = set(config.options.get(options.section, {}))
@@ -145,6 +147,8 @@ def reweight_step(
 
 
 class CoBoostingServer(DenseServer):
+    """DENSE's one-shot server with Co-Boosting's hard samples, perturbed inputs and reweighted ensemble."""
+
     def __init__(self, ctx: ServerContext) -> None:
         options = resolve_options(ctx.config, ctx.options)
         super().__init__(dataclasses.replace(ctx, options=options))

@@ -92,9 +92,11 @@ class NoiseSource(DistillationSource):
 
     @property
     def description(self) -> str:
+        """What the source is, for the summary."""
         return "Gaussian noise images"
 
     def batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
+        """`size` noise images, normalised as the federation's data."""
         shape = (size, self.info.channels, self.info.image_size, self.info.image_size)
         noise = torch.randn(shape, generator=generator)
         x01 = (noise - noise.min()) / (noise.max() - noise.min()).clamp_min(1e-12)
@@ -115,9 +117,11 @@ class ImagePool(DistillationSource):
 
     @property
     def description(self) -> str:
+        """What the source is, for the summary."""
         return f"{len(self.images)} unlabeled images of {self.name}"
 
     def batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
+        """`size` images of the pool, drawn without replacement, normalised."""
         index = torch.randperm(len(self.images), generator=generator)[: min(size, len(self.images))]
         return devices.on_device(to_float(self.images[index], self.info))
 
@@ -137,6 +141,7 @@ class TokenPool(DistillationSource):
 
     @property
     def description(self) -> str:
+        """What the source is, for the summary."""
         return f"{len(self.ids)} unlabeled texts of {self.name}"
 
     def batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
@@ -276,10 +281,12 @@ class GeneratorSource(DistillationSource):
 
     @property
     def description(self) -> str:
+        """What the source is, for the summary."""
         return f"samples of the frozen generator {self.name}"
 
     @torch.no_grad()
     def batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
+        """`size` samples of the frozen generator, fitted and normalised."""
         x01 = self.generator.forward_unit(self.generator.sample_latent(size, generator))
         return normalize(fit_images(x01, self.info.channels, self.info.image_size), self.info)
 

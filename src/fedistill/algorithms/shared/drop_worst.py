@@ -71,6 +71,7 @@ def predict_logits(
 
 
 def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """The share of rows whose highest logit is the label; NaN for no rows."""
     if not len(labels):
         return float("nan")
     return float((logits.argmax(-1) == labels.to(logits.device)).float().mean())

@@ -1,5 +1,5 @@
 """Label masks a site uploads once (`query.masks`, kind `label-masks`), for a server-side generator
-conditioned on them: FedIOD's dense tasks with `mask_source = "clients"`, and AsynDGAN. The site sends
+conditioned on them: FedIOD's per-pixel tasks with `mask_source = "clients"`, and AsynDGAN. The site sends
 the masks of its training samples in a seeded order and keeps that order, so a synthetic image drawn
 from the i-th mask it sent can later be paired with the real image of that mask.
 """

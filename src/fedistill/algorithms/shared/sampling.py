@@ -19,6 +19,7 @@ def sample_clients(clients: list[int], fraction: float, seed: int, round: int) -
 
 
 def round_half_up(value: float) -> int:
+    """`value` rounded to the nearest integer, halves up (Python's round() rounds halves to even)."""
     return int(np.floor(value + 0.5))
 
 

@@ -16,5 +16,6 @@ def cosine_lr(base: float, step: int, total: int, schedule: str) -> float:
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set the learning rate of every parameter group of `optimizer`."""
     for group in optimizer.param_groups:
         group["lr"] = lr

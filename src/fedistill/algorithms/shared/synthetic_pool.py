@@ -17,6 +17,9 @@ from fedistill import devices
 
 
 class SyntheticPool:
+    """Synthetic inputs and the ensemble targets already returned for them, first in first out, up to
+    `capacity` samples."""
+
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.x: torch.Tensor | None = None
@@ -40,9 +43,11 @@ class SyntheticPool:
         return self.x[index], self.targets[index]
 
     def state_dict(self) -> dict[str, Any]:
+        """The pooled inputs and targets, for the server's checkpoint."""
         return {"x": self.x, "targets": self.targets}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the pool `state_dict` saved, on the run's device."""
         x, targets = state.get("x"), state.get("targets")
         self.x = None if x is None else devices.on_device(x)
         self.targets = None if targets is None else devices.on_device(targets)

@@ -36,6 +36,7 @@ class LocalTraining:
 
     @staticmethod
     def from_config(config: RunConfig, info: DatasetInfo) -> LocalTraining:
+        """The local training a run's common keys describe, on the dataset's task."""
         task = task_of(config, info)
         augment = {"auto": task.usual_augment(info), "on": True, "off": False}[config.augment]
         return LocalTraining(
@@ -51,6 +52,7 @@ class LocalTraining:
         )
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
+        """A fresh SGD or Adam optimiser over `params` with the run's settings."""
         if self.optimizer == "adam":
             return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
@@ -178,6 +180,7 @@ def local_metric_names(task: Task) -> tuple[str, str]:
 
 
 def local_metrics(task: Task, result: Mapping[str, float]) -> dict[str, float]:
+    """A client's local metrics from an evaluation: the task's headline and the sample count."""
     name, count = local_metric_names(task)
     return {name: float(result[task.headline]), count: float(result["count"])}
 

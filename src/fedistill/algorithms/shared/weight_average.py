@@ -27,6 +27,7 @@ class WeightAverage:
 
     @torch.no_grad()
     def update(self, trained: nn.Module) -> None:
+        """Move the average toward `trained`'s parameters and floating-point buffers by 1 - decay."""
         weight = 1.0 - self.decay
         for mine, theirs in zip(self.model.parameters(), trained.parameters(), strict=True):
             mine.lerp_(theirs.detach(), weight)

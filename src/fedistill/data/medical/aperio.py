@@ -45,4 +45,5 @@ def rasterise(outlines: list[np.ndarray], shape: tuple[int, int]) -> np.ndarray:
 
 
 def read_instances(path: Path, shape: tuple[int, int]) -> np.ndarray:
+    """The instance map of `shape` drawn from the regions of an Aperio XML annotation file."""
     return rasterise(read_regions(path), shape)

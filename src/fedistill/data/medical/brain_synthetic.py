@@ -140,6 +140,8 @@ def _augment(
 def synthetic_subject(
     host: Host, name: str, rng: np.random.Generator, rule: str, image_size: int
 ) -> SubjectSlices:
+    """One semi-synthetic subject: a lesion of a drawn look painted into a real brain, augmented, and cut into
+    axial slices chosen by `rule`."""
     look = draw_look(rng)
     painted, lesion = paint_lesion(host.volume, host.brain, host.depth, host.voxel_mm, look, rng)
     image, lesion, brain = _augment(
@@ -171,6 +173,7 @@ def _require(folder: Path, names: list[str], dataset: str) -> list[Path]:
 
 
 def describe_brain_mri(folder: str) -> str:
+    """Which real brain volumes the semi-synthetic brain sets read, and where to put them."""
     return (
         f"The semi-synthetic brain sets read real brains from {folder}/:\n"
         f"  {folder}/{COLIN27}  Colin 27 T1, skull-stripped (MRIcron templates, mricron-data package)\n"
@@ -224,6 +227,8 @@ def load_brats_synthetic(
     slices: str = "tumour",
     real_test: bool = False,
 ) -> LoadedDataset:
+    """Lesions painted into the Colin 27 and MNI152 brains, seeded per subject; with `real_test` the real
+    patients are added to the test set."""
     name = "brats-synthetic-lesions"
     image_size, train_n, test_n, seed, rule = _check_common(
         name, image_size, train_subjects, test_subjects, seed, slices
@@ -265,6 +270,7 @@ def load_mni152_synthetic(
     seed: int = 0,
     slices: str = "tumour",
 ) -> LoadedDataset:
+    """Lesions painted into nilearn's MNI152 template alone, so it needs no files of its own."""
     name = "mni152-synthetic-lesions"
     image_size, train_n, test_n, seed, rule = _check_common(
         name, image_size, train_subjects, test_subjects, seed, slices

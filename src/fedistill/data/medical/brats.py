@@ -44,6 +44,7 @@ LAYOUT = (
 
 
 def describe(folder: str) -> str:
+    """Where to put the BraTS 2018-2020 training data, as released; it cannot be downloaded."""
     return (
         f"BraTS 2018-2020 (brain tumour segmentation): put the training data under {folder}/, as released:\n"
         f"  {folder}/HGG/<subject>/<subject>_<t1|t1ce|t2|flair|seg>.nii.gz and {folder}/LGG/...\n"
@@ -160,6 +161,8 @@ def load_brats(
     slices: str = "tumour",
     intensity: str = "volume-percentile",
 ) -> LoadedDataset:
+    """BraTS as 2-D slices of one modality: the chosen grades' subjects split into train and test, their
+    volumes cut into the slices the `slices` rule picks."""
     modality = opt.choice(NAME, "modality", modality, MODALITIES)
     wanted = opt.name_list(NAME, "grades", grades, GRADES)
     image_size = opt.positive_int(NAME, "image_size", image_size, minimum=8)

@@ -23,6 +23,7 @@ IMAGE_SUFFIXES = (".png", ".tif", ".tiff", ".jpg")
 
 
 def describe(folder: str) -> str:
+    """Where to put CPM-17's images and labels (HoVer-Net's layout); it cannot be downloaded."""
     return (
         f"CPM-17 nuclei: put {folder}/train/Images/<name>.png with {folder}/train/Labels/<name>.mat "
         f"(instance map under the key inst_map), and the same under {folder}/test/ (the layout of "
@@ -31,6 +32,8 @@ def describe(folder: str) -> str:
 
 
 def read_inst_map(path: Path) -> np.ndarray:
+    """The instance map (`inst_map`) of one CPM-17 label file, relabelled 1..n; DataError if it is missing or
+    malformed."""
     try:
         content = loadmat(str(path))
     except (OSError, ValueError, NotImplementedError, TypeError) as e:
@@ -45,6 +48,7 @@ def read_inst_map(path: Path) -> np.ndarray:
 
 
 def read_split(folder: Path, split: str, group: int = 0) -> list[WholeImage]:
+    """The whole images of CPM-17's train or test split with their instance maps, in `group`."""
     images_dir, labels_dir = folder / split / "Images", folder / split / "Labels"
     if not images_dir.is_dir():
         raise DataError(f"CPM-17: missing folder {images_dir}.\n" + describe(str(folder)))
@@ -66,6 +70,7 @@ def read_split(folder: Path, split: str, group: int = 0) -> list[WholeImage]:
 def load_cpm17(
     folder: Path, *, patch_size: int = 256, stride: int | None = None, scale: float = 1.0
 ) -> LoadedDataset:
+    """CPM-17 nuclei with its own train/test split, the images cut into patches as `patching_options` says."""
     patching = patching_options(NAME, patch_size, stride, scale)
     folder = Path(folder)
     return nuclei_dataset(NAME, read_split(folder, "train"), read_split(folder, "test"), patching, ("cpm17",))

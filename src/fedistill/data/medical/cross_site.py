@@ -24,6 +24,7 @@ SUBFOLDERS = ("cpm17", "monuseg", "tnbc")
 
 
 def describe(folder: str) -> str:
+    """Where to put the three nuclei datasets of the cross-site set, each in its own layout."""
     return "\n".join(
         [f"Cross-site nuclei: three subfolders of {folder}/, each in its dataset's own layout:"]
         + [
@@ -46,6 +47,7 @@ def load_cross_site(
     tcga_split: str = "challenge",
     tnbc_test_slides: object = None,
 ) -> LoadedDataset:
+    """CPM-17, MoNuSeg and TNBC as one dataset, each dataset a group (a site of the natural partition)."""
     patching = patching_options(NAME, patch_size, stride, scale)
     tcga_split = opt.choice(NAME, "tcga_split", tcga_split, monuseg.SPLITS)
     root = Path(folder)

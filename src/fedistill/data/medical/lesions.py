@@ -39,6 +39,7 @@ class LesionLook:
 
 
 def draw_look(rng: np.random.Generator) -> LesionLook:
+    """A random lesion look: its size (log-uniform radius), shape, roughness and intensities."""
     low, high = np.log(RADIUS_MM[0]), np.log(RADIUS_MM[1])
     return LesionLook(
         radius_mm=float(np.exp(rng.uniform(low, high))),

@@ -79,6 +79,7 @@ CHALLENGE_TEST = frozenset({
 
 
 def describe(folder: str) -> str:
+    """Where to put MoNuSeg's archives and the optional organs.csv; the data cannot be downloaded."""
     return (
         "MoNuSeg/TCGA nuclei: unpack MoNuSeg 2018's training archive (Tissue Images/*.tif, "
         f"Annotations/*.xml) and, for split=challenge, its test archive into {folder}/; any *.tif with a "
@@ -103,6 +104,8 @@ def _organ_overrides(folder: Path) -> dict[str, str]:
 
 
 def organ_of(name: str, overrides: dict[str, str]) -> str | None:
+    """A tile's organ: from organs.csv when it names the tile, else from the tissue site of its TCGA barcode;
+    None if neither."""
     if name in overrides:
         return overrides[name]
     parts = name.split("-")
@@ -128,6 +131,7 @@ def find_tiles(folder: Path) -> dict[str, tuple[Path, Path]]:
 
 
 def read_tile(name: str, paths: tuple[Path, Path], group: int) -> WholeImage:
+    """One tile as a whole image, its instance map read from its Aperio XML annotation."""
     image = read_rgb(paths[0])
     return WholeImage(name, image, read_instances(paths[1], image.shape[1:]), group)
 
@@ -166,6 +170,7 @@ def cross_organ_split(
 
 
 def is_challenge_test(name: str, image: Path, folder: Path) -> bool:
+    """Whether a tile belongs to the challenge's test set: by name, or by a "test" folder above it."""
     return name in CHALLENGE_TEST or any(
         "test" in part.lower() for part in image.relative_to(folder).parts[:-1]
     )

@@ -29,6 +29,8 @@ NUCLEUS_CLASSES = ("background", "nucleus")
 
 @dataclass
 class WholeImage:
+    """One whole image with its instance map and the group (site, organ) it belongs to."""
+
     name: str
     image: np.ndarray  # (3, H, W) uint8
     instances: np.ndarray  # (H, W) int64, 0 = background
@@ -37,12 +39,16 @@ class WholeImage:
 
 @dataclass(frozen=True)
 class Patching:
+    """How whole images are cut into square patches: the patch size, the stride between patches and the scale
+    applied first."""
+
     size: int
     stride: int
     scale: float
 
 
 def patching_options(dataset: str, patch_size: object, stride: object, scale: object) -> Patching:
+    """A dataset's patch_size, stride (default: the patch size, no overlap) and scale, checked."""
     size = opt.positive_int(dataset, "patch_size", patch_size, minimum=8)
     step = size if stride is None else opt.positive_int(dataset, "stride", stride)
     return Patching(size, step, opt.positive_float(dataset, "scale", scale, maximum=4.0))

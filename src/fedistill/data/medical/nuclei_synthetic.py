@@ -39,6 +39,8 @@ TEST_NUCLEI_FRACTION = 0.2
 
 @dataclass(frozen=True)
 class Site:
+    """How one synthetic site looks: its stain, nucleus size and density, spacing, blur, noise and colours."""
+
     name: str
     stain: str  # "fluorescence" or "he"
     nucleus_scale: float
@@ -62,11 +64,15 @@ SITES = (
 
 @dataclass(frozen=True)
 class Sprite:
+    """One nucleus to place: its signal (0 outside it) and its mask."""
+
     signal: np.ndarray  # float32 nucleus signal, 0 outside
     mask: np.ndarray  # bool
 
 
 def describe(folder: str) -> str:
+    """Which stardist test image and instance map the synthetic sites take their nuclei from, and where to put
+    them."""
     return (
         f"nuclei-synthetic-sites reads {folder}/{IMAGE_FILE} (fluorescence nuclei, 512×512) and "
         f"{folder}/{INSTANCE_FILE} (its instance map, 125 nuclei), from the stardist package's test data."
@@ -170,6 +176,8 @@ def render(signal: np.ndarray, instances: np.ndarray, site: Site, rng: np.random
 def synthetic_images(
     pool: list[Sprite], site_index: int, split: int, count: int, size: int, seed: int
 ) -> list[WholeImage]:
+    """`count` images of one site, composed from the nuclei `pool` and rendered in its look, each seeded by
+    its site, split and index."""
     site = SITES[site_index]
     out = []
     for i in range(count):

@@ -9,12 +9,14 @@ from fedistill.errors import ConfigError
 
 
 def positive_int(dataset: str, name: str, value: object, minimum: int = 1) -> int:
+    """`value` as an integer of at least `minimum`; booleans and other types are a ConfigError."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{dataset} option {name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
 
 def positive_float(dataset: str, name: str, value: object, maximum: float | None = None) -> float:
+    """`value` as a positive finite number, at most `maximum` when given."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
         raise ConfigError(f"{dataset} option {name} must be a positive number, got {value!r}")
     if maximum is not None and value > maximum:
@@ -23,12 +25,14 @@ def positive_float(dataset: str, name: str, value: object, maximum: float | None
 
 
 def flag(dataset: str, name: str, value: object) -> bool:
+    """`value` as a boolean: only true or false, not a number or a string."""
     if not isinstance(value, bool):
         raise ConfigError(f"{dataset} option {name} must be true or false, got {value!r}")
     return value
 
 
 def choice(dataset: str, name: str, value: object, valid: Iterable[str]) -> str:
+    """`value` as one of `valid`, matched without case or surrounding spaces."""
     valid = tuple(valid)
     key = value.strip().lower() if isinstance(value, str) else value
     if key not in valid:
@@ -55,6 +59,7 @@ def name_list(dataset: str, name: str, value: object, valid: Iterable[str] | Non
 
 
 def int_list(dataset: str, name: str, value: object) -> tuple[int, ...]:
+    """A list of integers given as a list or as one comma-separated string ("1,2,3")."""
     items = value.split(",") if isinstance(value, str) else value
     try:
         if not isinstance(items, list | tuple) or any(isinstance(i, bool | float) for i in items):

@@ -30,6 +30,8 @@ TUMOUR_CLASSES = ("background", "tumour")
 
 @dataclass
 class SubjectSlices:
+    """The slices kept from one subject's volume, with their tumour masks and axial indices."""
+
     name: str
     images: np.ndarray  # (n, S, S) uint8
     masks: np.ndarray  # (n, S, S) bool, whole tumour

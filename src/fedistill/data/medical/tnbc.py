@@ -31,6 +31,7 @@ EIGHT_CONNECTED = np.ones((3, 3), dtype=bool)
 
 
 def describe(folder: str) -> str:
+    """Where to put TNBC's released folders; it cannot be downloaded."""
     return (
         f"TNBC nuclei: put the released folders in {folder}/: Slide_01/ ... Slide_11/ (images *.png) and "
         f"GT_01/ ... GT_11/ (binary masks with the same file names). It cannot be downloaded automatically."
@@ -38,6 +39,7 @@ def describe(folder: str) -> str:
 
 
 def read_mask_instances(path: Path) -> np.ndarray:
+    """The nuclei of a binary mask file as an instance map (8-connected components)."""
     try:
         with Image.open(path) as image:
             mask = np.asarray(image)
@@ -50,6 +52,7 @@ def read_mask_instances(path: Path) -> np.ndarray:
 
 
 def find_slides(folder: Path) -> dict[int, Path]:
+    """The Slide_XX folders of `folder` by slide number, in order; DataError when there are none."""
     if not folder.is_dir():
         raise DataError(f"TNBC folder {folder} does not exist.\n" + describe(str(folder)))
     slides = {}
@@ -63,6 +66,7 @@ def find_slides(folder: Path) -> dict[int, Path]:
 
 
 def read_slide(folder: Path, slide_dir: Path, group: int) -> list[WholeImage]:
+    """The whole images of one slide with their instance maps from the matching GT_XX folder, in `group`."""
     gt_dir = folder / slide_dir.name.replace("Slide_", "GT_")
     wholes = []
     for path in sorted(p for p in slide_dir.iterdir() if p.suffix.lower() == ".png"):
@@ -111,6 +115,8 @@ def load_tnbc(
     stride: int | None = None,
     scale: float = 1.0,
 ) -> LoadedDataset:
+    """TNBC nuclei, the chosen test slides held out, the training images cut into patches as
+    `patching_options` says."""
     patching = patching_options(NAME, patch_size, stride, scale)
     train, test, slides = load_tnbc_images(Path(folder), test_slides)
     return nuclei_dataset(NAME, train, test, patching, tuple(p.name for p in slides.values()))

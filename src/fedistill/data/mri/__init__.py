@@ -49,6 +49,8 @@ from fedistill.data.mri.mni152 import describe_mni152_t1, load_mni152_t1
 
 
 class Entry(NamedTuple):
+    """How an MRI dataset is found, loaded and described, and which options it takes."""
+
     subdir: str | None  # folder under data_dir; "" = data_dir itself; None = needs no files
     load: Callable[..., LoadedDataset]  # (folder, **options)
     describe: Callable[[str], str]  # (folder shown to the user) -> which files go where

@@ -24,6 +24,9 @@ from scipy import ndimage
 
 @dataclass(frozen=True)
 class Acquisition:
+    """A simulated scanner: the intensity profile, bias field, blur and noise it gives the slices it
+    images."""
+
     name: str
     gamma: float = 1.0
     bias: float = 0.0

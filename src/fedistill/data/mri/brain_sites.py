@@ -44,6 +44,7 @@ OPTIONS = ("image_size",)
 
 
 def describe_brain_t1_sites(folder: str) -> str:
+    """Which four real T1 volumes, one per site, brain-t1-sites reads, and where to put them."""
     files = "\n".join(f"  {folder}/{file}  ({site})" for site, file in SITES)
     return (
         f"brain-t1-sites: four real T1 volumes, one per site, in {folder}/:\n{files}\n"

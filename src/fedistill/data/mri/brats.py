@@ -41,6 +41,7 @@ OPTIONS = ("contrast", "image_size", "slices", "test_fraction", "max_volumes")
 
 
 def describe_brats_mri(folder: str) -> str:
+    """Where to put the BraTS 2020 releases for reconstruction."""
     return (
         f"BraTS 2020 (reconstruction): put the unpacked BraTS 2020 releases under {folder}/:\n"
         f"  {folder}/MICCAI_BraTS2020_TrainingData/BraTS20_Training_001/BraTS20_Training_001_t1.nii.gz, "

@@ -33,6 +33,7 @@ SOURCES: dict[str, tuple[str, Callable[[str], str]]] = {
 
 
 def describe_mri_cross_site(folder: str) -> str:
+    """Where to put each source of the MRI cross-site set, one subfolder each."""
     parts = [f"MRI cross-site: one subfolder of {folder}/ per source (sources=... picks a subset):"]
     parts += [describe(f"{folder}/{key}") for key, (_, describe) in SOURCES.items()]
     return "\n".join(parts)

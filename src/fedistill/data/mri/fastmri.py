@@ -52,6 +52,7 @@ OPTIONS = ("contrast", "image_size", "target", "slices", "max_volumes")
 
 
 def describe_fastmri_brain(folder: str) -> str:
+    """Where to put fastMRI's brain training and validation files."""
     return (
         f"fastMRI brain: put the .h5 files of fastMRI's brain_multicoil_train release in {folder}/train/ "
         f"and those of brain_multicoil_val in {folder}/val/ (the test files have no targets):\n"

@@ -43,6 +43,7 @@ OPTIONS = ("contrast", "image_size", "slices", "slice_axis", "test_fraction", "m
 
 
 def describe_ixi(folder: str) -> str:
+    """Where to put IXI's T1 or T2 NIfTI files; the three hospitals become the groups."""
     return (
         f"IXI: put the subjects' NIfTI files under {folder}/ (any subfolders), named as the IXI-T1.tar "
         "and IXI-T2.tar archives from brain-development.org unpack them:\n"
@@ -69,6 +70,7 @@ def find_ixi(folder: Path, contrast: str) -> dict[str, Path]:
 
 
 def site_of(subject: str) -> str:
+    """The hospital of an IXI subject (Guys, HH or IOP), from its name."""
     return subject.split("-")[1]
 
 

@@ -47,6 +47,7 @@ OPTIONS = ("image_size", "sites")
 
 
 def describe_mni152_t1(folder: str) -> str:
+    """Why mni152-t1 needs no files: it images nilearn's MNI152 template with simulated scanners."""
     return (
         "mni152-t1 needs no files: it reads the MNI152 2009a T1 template that ships inside the nilearn "
         "package (a fedistill dependency) and images it with simulated scanners."
@@ -54,6 +55,7 @@ def describe_mni152_t1(folder: str) -> str:
 
 
 def template_path() -> Path:
+    """The MNI152 T1 template inside the installed nilearn package, found without importing nilearn (slow)."""
     spec = importlib.util.find_spec("nilearn")  # locate the package without importing it (slow)
     if spec is None or not spec.submodule_search_locations:
         raise DataError("mni152-t1 needs the nilearn package (pip install nilearn), which ships the template")

@@ -24,6 +24,8 @@ SLICE_AXES = ("axial", "stored")
 
 @dataclass
 class SliceStack:
+    """The slices of a volume along one axis, with the voxel spacing in mm."""
+
     slices: np.ndarray  # (S, H, W) float32, the voxel values
     spacing: tuple[float, float, float]  # mm between slices, rows, columns
 

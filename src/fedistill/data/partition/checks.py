@@ -17,6 +17,7 @@ def seeded_rng(seed: int) -> np.random.Generator:
 
 
 def check_seed(seed: Any) -> int:
+    """`seed` as a plain int; UserError unless it is a non-negative integer."""
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise UserError(f"seed must be a non-negative integer (got {seed!r}); pass e.g. seed=0")
     return int(seed)
@@ -42,6 +43,7 @@ def as_labels(labels: Any, num_classes: int | None, what: str = "labels") -> np.
 
 
 def check_num_clients(num_clients: Any, num_samples: int) -> int:
+    """`num_clients` as a plain int; PartitionError unless 1 <= it <= the samples to split."""
     if isinstance(num_clients, bool) or not isinstance(num_clients, int | np.integer) or num_clients < 1:
         raise PartitionError(f"num_clients must be a positive integer (got {num_clients!r})")
     if num_clients > num_samples:
@@ -53,6 +55,7 @@ def check_num_clients(num_clients: Any, num_samples: int) -> int:
 
 
 def check_alpha(alpha: Any, method: str) -> float:
+    """`alpha` as a positive finite float; PartitionError naming what to pass otherwise."""
     if alpha is None:
         raise PartitionError(
             f"partitioner {method!r} needs alpha (the Dirichlet concentration); "
@@ -76,12 +79,14 @@ def check_alpha(alpha: Any, method: str) -> float:
 
 
 def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    """`value` as a plain int of at least `minimum`; UserError otherwise."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
         raise UserError(f"{name} must be an integer >= {minimum} (got {value!r})")
     return int(value)
 
 
 def check_nonempty(parts: list[np.ndarray], method: str, alpha: float | None) -> None:
+    """PartitionError naming the client that received no sample, and what to change."""
     for client, part in enumerate(parts):
         if part.size == 0:
             raise PartitionError(

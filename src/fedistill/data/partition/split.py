@@ -43,6 +43,7 @@ class FederatedSplit:
 
     @property
     def num_clients(self) -> int:
+        """How many clients the data are split among."""
         return len(self.client_train)
 
     def parameters(self) -> dict[str, Any]:

@@ -22,6 +22,8 @@ from fedistill.data.text.tokens import OPTIONS, encode, load_tokenizer
 
 
 class Entry(NamedTuple):
+    """How a text dataset is found, loaded and described, and which options it takes."""
+
     subdir: str
     load: Callable[..., LoadedDataset]  # (folder, **options)
     describe: Callable[[str], str]  # (folder shown to the user) -> which files go where

@@ -42,6 +42,7 @@ def read_ag_news(path: Path) -> tuple[list[str], list[int]]:
 
 
 def describe_ag_news(folder: str) -> str:
+    """Where to put AG News's CSV files, and which tokenizer encodes them."""
     return (
         f"AG News: put the CSV files of the original release (as torchtext distributes them) in {folder}/:\n"
         f'  {folder}/train.csv  120,000 rows "class index","title","description" (class index 1-4)\n'
@@ -58,6 +59,8 @@ def load_ag_news(
     max_train_samples: int = 0,
     max_test_samples: int = 0,
 ) -> LoadedDataset:
+    """AG News's four topics, its texts encoded to token ids by the local tokenizer; the sample caps keep
+    small runs small (0: all)."""
     train, test = require_files(folder, FILES, describe_ag_news(str(folder)))
     return text_dataset(
         "ag-news",

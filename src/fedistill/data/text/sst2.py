@@ -46,6 +46,7 @@ def read_sst2(path: Path) -> tuple[list[str], list[int]]:
 
 
 def describe_sst2(folder: str) -> str:
+    """Where to put GLUE's SST-2 files, and which tokenizer encodes them."""
     return (
         f"SST-2: put GLUE's SST-2 files in {folder}/ (header sentence<TAB>label, label 0 or 1):\n"
         f"  {folder}/train.tsv  67,349 sentences\n"
@@ -62,6 +63,8 @@ def load_sst2(
     max_train_samples: int = 0,
     max_test_samples: int = 0,
 ) -> LoadedDataset:
+    """SST-2's sentiment sentences encoded to token ids, GLUE's dev set as the test set; the sample caps keep
+    small runs small (0: all)."""
     train, test = require_files(folder, FILES, describe_sst2(str(folder)))
     return text_dataset(
         "sst2",

@@ -21,6 +21,8 @@ _SCALARS = ".scalars"
 
 
 def to_records(message: Message, header: dict[str, Any] | None = None) -> RecordDict:
+    """A federation message as a Flower RecordDict: an ArrayRecord per kind of arrays, a ConfigRecord per kind
+    of scalars, and the header if any."""
     records: dict[str, Any] = {}
     for kind, named in message.arrays.items():
         records[kind] = ArrayRecord({name: Array(_contiguous(a)) for name, a in named.items()})
@@ -48,6 +50,7 @@ def from_records(content: RecordDict, message_type: str) -> Message:
 
 
 def header_of(content: RecordDict) -> dict[str, Any]:
+    """The header a RecordDict carries; empty without one."""
     record = content.get(HEADER)
     return dict(record) if isinstance(record, ConfigRecord) else {}
 

@@ -46,6 +46,7 @@ def pack(header: dict[str, Any], content: RecordDict | None) -> bytes:
 
 
 def unpack(frame: bytes) -> tuple[dict[str, Any], RecordDict | None]:
+    """The header and content of a frame `pack` wrote; None for a frame without content."""
     (size,) = _HEADER.unpack_from(frame)
     header = json.loads(frame[_HEADER.size : _HEADER.size + size])
     body = frame[_HEADER.size + size :]
@@ -57,6 +58,7 @@ def unpack(frame: bytes) -> tuple[dict[str, Any], RecordDict | None]:
 
 
 def worker_dir(context: Context) -> Path:
+    """The folder of this node's worker: its socket, key and log, under the node's state-dir."""
     root = Path(str(context.node_config.get("state-dir", Path(tempfile.gettempdir()) / "fedistill-nodes")))
     return root / f"worker-node-{context.node_id}"
 
@@ -120,6 +122,8 @@ def stop_worker(folder: Path) -> bool:
 
 
 def forward(message: FlowerMessage, context: Context, worker_module: str) -> FlowerMessage:
+    """Answer a Flower message through the node's worker process (started when none runs); an unreachable
+    worker or its error becomes an error reply."""
     versions = dict(context.state[VERSIONS]) if VERSIONS in context.state else {}
     header = {
         "message_type": message.metadata.message_type,
@@ -144,6 +148,7 @@ def forward(message: FlowerMessage, context: Context, worker_module: str) -> Flo
 
 
 def uses_worker(context: Context) -> bool:
+    """Whether this node's config asks for a worker process (`worker = true`)."""
     return str(context.node_config.get("worker", "false")).lower() in ("1", "true", "yes")
 
 

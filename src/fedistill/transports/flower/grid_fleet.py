@@ -31,6 +31,9 @@ DEFAULT_TIMEOUT_S = 600.0
 
 
 class GridFleet(Fleet):
+    """The Fleet of a Flower ServerApp: requests go through Flower's Grid to the nodes, each found by the
+    partition it holds."""
+
     def __init__(
         self,
         grid: Grid,

@@ -34,8 +34,8 @@ class AsynDGANOptions:
     discriminator_layers: int = 3  # n_layers_D: the 70 x 70 PatchGAN
     # --- optimisation: Adam for G and every D_k (pix2pix: lr 2e-4, beta1 0.5)
     lr_generator: float = 2e-4
-    lr_discriminator: float = 2e-4
-    beta1: float = 0.5
+    lr_discriminator: float = 2e-4  # every D_k's Adam learning rate
+    beta1: float = 0.5  # Adam's beta1 for G and every D_k
     # linear: pix2pix's lr_policy (constant for the first half of the rounds, then linearly to 0 over
     # the second half, as its niter = niter_decay = 100 epochs); constant: no decay
     schedule: str = "linear"
@@ -66,6 +66,7 @@ class AsynDGANOptions:
     section = "asyndgan"
 
     def validate(self) -> None:
+        """Check the choices and that the widths, layers, sizes and rates are in range."""
         s = self.section
         check_choices(s, self, {"selection": SELECTIONS, "site_shares": SITE_SHARES, "schedule": SCHEDULES})
         for key in ("generator_width", "discriminator_width", "discriminator_layers", "synthetic_batch_size"):

@@ -34,7 +34,7 @@ from fedistill.federation.reply_spec import NUM_SAMPLES, ReplySpec
 from fedistill.models.pix2pix import build_conditional_generator, one_hot_mask
 from fedistill.plots import plot_image_grid
 from fedistill.seeding import derive_seed, seeded, torch_generator
-from fedistill.tasks.dense_batches import joint_flip_rotate
+from fedistill.tasks.per_pixel_batches import joint_flip_rotate
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,9 @@ SELECTION_LABELS = {"validation": "best on the clients' validation splits", "las
 
 
 class AsynDGANServer(ServerLogic):
+    """AsynDGAN's server: the central generator learns from the sites' discriminators, and a segmenter is
+    trained on its pairs."""
+
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         config, info = ctx.config, ctx.info

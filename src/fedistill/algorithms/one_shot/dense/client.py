@@ -26,6 +26,7 @@ class OneShotClient(ClientLogic):
 
     @handles("train")
     def train(self, message: Message) -> Message:
+        """Train this client's model once on its private data and send it with its validation accuracy."""
         metrics = train_teacher(self.model, self.ctx, self.architecture, self.options.teacher_epochs)
         metrics["num_samples"] = len(self.ctx.train)
         val = evaluate_model(self.model, self.ctx.val, self.ctx.info)
@@ -35,6 +36,7 @@ class OneShotClient(ClientLogic):
 
     @handles("evaluate.student", read_only=True)
     def evaluate_student(self, message: Message) -> Message:
+        """Score the received student on this client's validation split, for model selection."""
         expect_arrays(message, "parameters", self.student_specs)
         self.student.load_state_dict(message.tensors("parameters"))
         val = evaluate_model(self.student, self.ctx.val, self.ctx.info)

@@ -51,8 +51,8 @@ class DenseOptions:
     kd_steps: int = 0  # 0: one pass over the whole pool per epoch (the code); N: N batches drawn at random
     pool_size: int = 0  # 0: keep every synthetic batch (the code); N: the newest N samples
     lr_student: float = 0.005  # --lr of the README's distillation command; SGD
-    student_momentum: float = 0.9
-    student_weight_decay: float = 0.0
+    student_momentum: float = 0.9  # the student's SGD momentum (the code's)
+    student_weight_decay: float = 0.0  # the student's SGD weight decay
     schedule: str = "constant"  # constant | cosine (over the epochs)
     student_clip: float = 0.0  # max gradient norm of S (0: none)
     # --- model selection (never the test set): `clients` sends S down to the clients, which score it on
@@ -64,6 +64,7 @@ class DenseOptions:
     section = "dense"
 
     def validate(self) -> None:
+        """Check the choices and that the epochs, sizes, steps and rates are in range."""
         s = self.section
         check_choices(s, self, {"schedule": ("constant", "cosine"), "selection": SELECTIONS})
         for key in ("teacher_epochs", "synthetic_batch_size", "g_steps", "latent_dim", "generator_width"):

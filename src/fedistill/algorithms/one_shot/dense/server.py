@@ -58,6 +58,8 @@ SELECTION_LABELS = {
 
 
 class DenseServer(ServerLogic):
+    """DENSE at the server: the sites' models once, then synthesis and distillation each epoch."""
+
     hard_power = 0.0  # Co-Boosting's hard-sample weighting of the generator's CE (DENSE: none)
 
     def __init__(self, ctx: ServerContext) -> None:
@@ -107,6 +109,7 @@ class DenseServer(ServerLogic):
 
     # --- the one exchange: every site's local model --------------------------------------------------
     def setup(self, fleet: Fleet) -> None:
+        """The one exchange: every site's local model, and the teachers' report."""
         config = self.ctx.config
         replies = collect_local_models(fleet, config, self._local_model)
         self.clients = sorted(replies)
@@ -152,9 +155,11 @@ class DenseServer(ServerLogic):
         return torch.stack([t(x) for t in self.teachers])
 
     def ensemble(self, x: torch.Tensor) -> torch.Tensor:
+        """The weighted ensemble's logits on `x`."""
         return L.weighted_logits(self.teacher_logits(x), self.weights)
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
+        """One epoch: synthesise a batch with G, then train the student on the pool."""
         epoch = round - 1  # the codes' 0-based epoch
         o = self.options
         set_lr(self.s_optimizer, cosine_lr(o.lr_student, epoch, self.ctx.config.rounds, o.schedule))
@@ -293,6 +298,7 @@ class DenseServer(ServerLogic):
 
     # --- evaluation and model selection (never the test set) -----------------------------------------
     def evaluate(self, fleet: Fleet, round: int) -> dict[str, float]:
+        """The student on the test set, and its validation score for model selection."""
         test = self.ctx.evaluate(self.student)
         metrics = {"test_accuracy": test["accuracy"], "test_loss": test["loss"]}
         selection = self.options.selection
@@ -316,6 +322,7 @@ class DenseServer(ServerLogic):
         return metrics
 
     def final_evaluate(self, fleet: Fleet, last: dict[str, float]) -> dict[str, float]:
+        """The selected student's test metrics, with the teachers' report."""
         final = dict(last)
         if self.best["state"] is not None:
             self.student.load_state_dict(self.best["state"])
@@ -332,9 +339,11 @@ class DenseServer(ServerLogic):
         return final
 
     def models(self) -> dict[str, nn.Module]:
+        """The student and the generator."""
         return {"student": self.student, "generator": self.generator}
 
     def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs: teachers, G, S, optimisers, pool, selection."""
         return {
             "clients": list(self.clients),
             "teachers": {cid: clone_state(t) for cid, t in zip(self.clients, self.teachers, strict=True)},
@@ -350,6 +359,7 @@ class DenseServer(ServerLogic):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict()` returned."""
         self.clients = [int(c) for c in state["clients"]]
         self._load_teachers({int(cid): s for cid, s in state["teachers"].items()})
         self.weights = devices.on_device(state["weights"]).clone()

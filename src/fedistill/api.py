@@ -1,0 +1,113 @@
+"""The Python API: run experiments, read their results, load the models they trained.
+
+    import fedistill
+
+    result = fedistill.run(algorithm="fedavg", rounds=1, out="runs", name="a", quiet=True)
+    result["fedavg"].final["test_accuracy"]          # the run's final metrics
+    result.table()                                    # the rows `fedistill summary` prints
+    model = fedistill.load_model(result.run_dir, "fedavg")
+    model.predict(images)                             # class ids, masks or images
+
+`run` takes the keys of the command line and of a config file: common keys (`rounds=2`), dotted keys
+(`**{"fediod.rounds": 2}`) and tables (`fediod={"rounds": 2}`), layered over a TOML file given as
+`config`. It validates the setup before writing anything and holds the run directory's lock, exactly as
+`fedistill run` does; mistakes raise `fedistill.errors.UserError` subclasses with a one-line message.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from fedistill.config import RunConfig, build_config, load_toml
+from fedistill.errors import RunDirError, UserError
+from fedistill.inference import RunResult, TrainedModel, load_model, read_run
+
+__all__ = ["RunResult", "TrainedModel", "load_model", "resume_run", "run", "start_run", "summary"]
+
+log = logging.getLogger("fedistill")
+
+#: What `run()` runs when given no experiment keys: the main job on the embedded digits data.
+DEMO_CONFIG = Path(__file__).parent / "engine" / "demo.toml"
+#: Keys that say where and how a run goes, not what it runs: with only these, `run()` runs the demo.
+PLACEMENT_KEYS = frozenset({"out", "name", "transport", "device"})
+
+
+def run(
+    config: str | Path | RunConfig | None = None,
+    *,
+    resume: str | Path | None = None,
+    quiet: bool = False,
+    **keys: Any,
+) -> RunResult:
+    """Run every algorithm the keys name side by side and return their results.
+
+    `config`: a TOML file (or a RunConfig) the keys are layered over; with neither a config nor any
+    experiment key, the demo runs. `quiet`: no progress bars. `resume`: a run directory to continue
+    from its last checkpoint with its saved config.toml (only `device` may change). Keys set to None
+    are left out, as flags that are not given."""
+    keys = {key: value for key, value in keys.items() if value is not None}
+    if resume is not None:
+        device = keys.pop("device", None)
+        if keys or config is not None:
+            raise UserError(
+                "resume continues with the run's saved config.toml; drop the other keys "
+                f"({', '.join(sorted(keys)) or 'config'}) (only device may change: a run resumes anywhere)"
+            )
+        return read_run(resume_run(resume, device=device, progress=not quiet))
+    return read_run(start_run(run_config(config, keys), progress=not quiet))
+
+
+def summary(run_dir: str | Path) -> RunResult:
+    """The results of a finished run directory (or of one algorithm's folder of one)."""
+    return read_run(run_dir)
+
+
+def run_config(config: str | Path | RunConfig | None, keys: dict[str, Any]) -> RunConfig:
+    """The run's config: the defaults (or the demo's, when nothing says what to run), the file, the keys."""
+    base = config if isinstance(config, RunConfig) else RunConfig()
+    layers: list[dict[str, Any]] = []
+    if config is None and not set(keys) - PLACEMENT_KEYS:
+        log.info("no experiment keys given, running the demo: %s", DEMO_CONFIG)
+        layers.append(load_toml(DEMO_CONFIG))
+    elif config is not None and not isinstance(config, RunConfig):
+        layers.append(load_toml(config))
+    return build_config(base, *layers, keys)
+
+
+def start_run(config: RunConfig, *, progress: bool = True) -> Path:
+    """Run `config` in a new run directory (`out`/`name`) and return it: the setup is validated before
+    anything is written, and the directory's lock is held while the run writes it."""
+    from fedistill.engine import suite_dir as folder
+    from fedistill.engine.launch import run_suite
+    from fedistill.engine.setup import validate_setup
+    from fedistill.engine.suite import default_name
+
+    folder.check_name(config.name)
+    suite_dir = Path(config.out) / (config.name or default_name(config))
+    if folder.run_started(suite_dir):
+        raise RunDirError(f"{suite_dir} already holds a run; pass resume={str(suite_dir)!r} or another name")
+    data = validate_setup(config)  # nothing is written before the setup is valid
+    folder.create(suite_dir)
+    with folder.locked(suite_dir):
+        run_suite(config, suite_dir, progress=progress, data=data)
+    return suite_dir
+
+
+def resume_run(run_dir: str | Path, *, device: str | None = None, progress: bool = True) -> Path:
+    """Continue a run directory from its last checkpoint with its saved config.toml, on `device` if given
+    (checkpoints load anywhere; the rest of the run stays as it was), and return it."""
+    from fedistill.config import read_config
+    from fedistill.engine import suite_dir as folder
+    from fedistill.engine.launch import run_suite
+    from fedistill.engine.setup import validate_setup
+
+    suite_dir = folder.resume_target(Path(run_dir))
+    config = read_config(suite_dir / "config.toml")
+    if device is not None:
+        config = config.replace(device=device)
+    data = validate_setup(config)
+    with folder.locked(suite_dir):
+        run_suite(config, suite_dir, resume=True, progress=progress, data=data)
+    return suite_dir

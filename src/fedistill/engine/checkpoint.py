@@ -1,0 +1,193 @@
+"""Atomic checkpoints: tensors in safetensors, everything else in JSON; never pickle.
+
+Nested state (a model's state dict, an optimiser's state dict, counters) is split into a flat
+tensor table and a JSON skeleton that points into it, so any state made of tensors, numbers,
+strings, lists and dicts round-trips exactly: values, dtypes and memory layouts. The layout matters:
+a (32, 1, 8, 8) batch with strides (64, 1, 8, 1) is both contiguous and channels-last, and a
+convolution may pick a different kernel (and so round differently) for it than for the same values
+with strides (64, 64, 8, 1). safetensors stores contiguous data only, so the strides are kept in the
+skeleton and restored on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+_TENSOR = "__tensor__"
+_STRIDE = "__stride__"
+_INTKEYS = "__intkeys__"
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _with_strides(tensor: torch.Tensor, stride: list[int]) -> torch.Tensor:
+    """`tensor`'s values in the (dense, non-overlapping) layout `stride`."""
+    out = torch.empty_strided(tensor.shape, tuple(stride), dtype=tensor.dtype, device=tensor.device)
+    return out.copy_(tensor)
+
+
+def pack(state: Any, tensors: dict[str, torch.Tensor], path: str = "t") -> Any:
+    """Replace every tensor in `state` by a reference into `tensors`; keep the rest as JSON."""
+    if isinstance(state, torch.Tensor):
+        key = f"{path}#{len(tensors)}"
+        copy = state.detach().cpu().clone()  # the layout an in-memory copy keeps (dense layouts survive)
+        tensors[key] = copy.contiguous()
+        if copy.stride() != _contiguous_strides(tuple(copy.shape)):
+            return {_TENSOR: key, _STRIDE: list(copy.stride())}
+        return {_TENSOR: key}
+    if isinstance(state, dict):
+        int_keys = all(isinstance(k, int) for k in state) and bool(state)
+        packed = {str(k): pack(v, tensors, f"{path}.{k}") for k, v in state.items()}
+        return {_INTKEYS: packed} if int_keys else packed
+    if isinstance(state, list | tuple):
+        return [pack(v, tensors, f"{path}.{i}") for i, v in enumerate(state)]
+    if state is None or isinstance(state, bool | int | float | str):
+        return state
+    raise TypeError(f"cannot checkpoint a {type(state).__name__} at {path}")
+
+
+def unpack(skeleton: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """The state `pack` flattened, rebuilt from its JSON skeleton and its tensors (strides and integer keys
+    restored)."""
+    if isinstance(skeleton, dict):
+        if _TENSOR in skeleton:
+            tensor = tensors[skeleton[_TENSOR]]
+            return _with_strides(tensor, skeleton[_STRIDE]) if _STRIDE in skeleton else tensor
+        if _INTKEYS in skeleton:
+            return {int(k): unpack(v, tensors) for k, v in skeleton[_INTKEYS].items()}
+        return {k: unpack(v, tensors) for k, v in skeleton.items()}
+    if isinstance(skeleton, list):
+        return [unpack(v, tensors) for v in skeleton]
+    return skeleton
+
+
+def save_state(state: Any, path_stem: Path) -> None:
+    """Write `<stem>.safetensors` and `<stem>.json` (no atomicity here: see write_checkpoint)."""
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton = pack(state, tensors)
+    save_file(tensors, str(path_stem.with_suffix(".safetensors")))
+    path_stem.with_suffix(".json").write_text(json.dumps(skeleton), encoding="utf-8")
+
+
+def load_state(path_stem: Path) -> Any:
+    """Read the state `save_state` wrote at `<stem>.safetensors` and `<stem>.json`."""
+    tensors = load_file(str(path_stem.with_suffix(".safetensors")))
+    skeleton = json.loads(path_stem.with_suffix(".json").read_text(encoding="utf-8"))
+    return unpack(skeleton, tensors)
+
+
+MANIFEST = "manifest.json"
+#: Checkpoints kept: the newest and the one before it, so a damaged newest one has a fallback.
+KEEP = 2
+
+
+class DamagedCheckpoint(Exception):
+    """A checkpoint that fails verification: a missing or altered file, or unreadable content."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_checkpoint(directory: Path, name: str, parts: dict[str, Any]) -> Path:
+    """Write every part and a manifest of their sha256 into a temporary folder, rename it into place,
+    then move `latest` and drop all but the `KEEP` newest checkpoints.
+
+    A run killed at any moment leaves the previous complete checkpoints, or those plus the new one.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=directory))
+    for part, state in parts.items():
+        save_state(state, tmp / part)
+    files = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
+    (tmp / MANIFEST).write_text(json.dumps({"name": name, "files": files}, indent=1), encoding="utf-8")
+    final = directory / name
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    pointer = directory / ".latest.tmp"
+    pointer.write_text(name, encoding="utf-8")
+    os.replace(pointer, directory / "latest")
+    keep = {p.name for p in checkpoints(directory)[:KEEP]} | {name}
+    for old in directory.iterdir():
+        if old.is_dir() and old.name not in keep:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def checkpoints(directory: Path) -> list[Path]:
+    """The complete checkpoint folders (temporary ones excluded), newest first."""
+    if not directory.is_dir():
+        return []
+    return sorted((p for p in directory.iterdir() if p.is_dir() and not p.name.startswith(".")), reverse=True)
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    """The checkpoint the `latest` pointer of `directory` names; None when there is none or it is gone."""
+    pointer = directory / "latest"
+    if not pointer.is_file():
+        return None
+    path = directory / pointer.read_text(encoding="utf-8").strip()
+    return path if path.is_dir() else None
+
+
+def verify_checkpoint(path: Path) -> dict[str, Any]:
+    """Read a checkpoint after checking every file against its manifest; DamagedCheckpoint if not intact.
+
+    Checkpoints written before manifests existed are read without the hash check."""
+    manifest_path = path / MANIFEST
+    if manifest_path.is_file():
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            files = dict(manifest["files"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DamagedCheckpoint(f"its manifest is unreadable ({exc})") from None
+        for name, digest in files.items():
+            if not (path / name).is_file():
+                raise DamagedCheckpoint(f"{name} is missing")
+            if _sha256(path / name) != digest:
+                raise DamagedCheckpoint(f"{name} does not match its checksum")
+    try:
+        state = read_checkpoint(path)
+    except Exception as exc:  # truncated JSON or safetensors, a missing tensor file
+        raise DamagedCheckpoint(f"unreadable ({type(exc).__name__}: {exc})") from None
+    runner = state.get("runner")
+    if not isinstance(runner, dict) or not {"round", "ledger", "metrics", "elapsed"} <= set(runner):
+        raise DamagedCheckpoint("its runner state is missing or incomplete")
+    return state
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """Every state of a checkpoint directory by name, without checking it (see verify_checkpoint)."""
+    return {
+        stem.stem: load_state(stem.with_suffix(""))
+        for stem in sorted(path.glob("*.json"))
+        if stem.name != MANIFEST
+    }
+
+
+def save_model(module: torch.nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
+    """Export a model's weights as one safetensors file (written to a temp name, then renamed)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    state = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
+    save_file(state, str(tmp), metadata=metadata or {})
+    os.replace(tmp, path)

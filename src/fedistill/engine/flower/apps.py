@@ -1,0 +1,149 @@
+"""Flower's `ServerApp` and `ClientApp` for every fedistill algorithm.
+
+`flwr run .` loads `server_app` and `client_app` (pyproject.toml, `[tool.flwr.app.components]`);
+they read the fedistill config from the run config (`[tool.flwr.app.config]`, `-c key=value`).
+`fedistill run --transport flower` builds its own pair around an explicit config instead.
+The ServerApp runs the same run loop as in-process, over a `GridFleet`; the ClientApp hands each
+message to the client logic of the algorithm named in the message's transport header.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, Error, RecordDict
+from flwr.app import Message as FlowerMessage
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from fedistill.algorithms.registry import ALGORITHMS, algorithm_names
+from fedistill.config import RunConfig, build_config, parse_assignment
+from fedistill.engine.flower.node import node_for, partition_of
+from fedistill.engine.setup import validate_setup
+from fedistill.engine.suite import default_name, run_algorithms
+from fedistill.errors import FederationError, UserError
+from fedistill.federation.messages import Message, check_on_receipt
+from fedistill.transports.flower.codec import from_records, header_of, to_records
+from fedistill.transports.flower.forward import CLIENT_ERROR
+from fedistill.transports.flower.grid_fleet import HELLO
+
+log = logging.getLogger(__name__)
+
+
+def config_from_run_config(run_config: dict[str, Any]) -> RunConfig:
+    """`[tool.flwr.app.config]` keys are fedistill config keys; dotted keys reach algorithm tables.
+
+    Flower rejects `-c` keys that pyproject.toml does not declare, so any other key (e.g.
+    `fediod.teacher_epochs`) goes through the declared `set` key: `-c "set='fediod.teacher_epochs=1 lr=0.1'"`
+    (space-separated `key=value`, as `fedistill run --set`)."""
+    keys = {key.replace("-", "_"): value for key, value in run_config.items()}
+    assignments = dict(parse_assignment(item) for item in shlex.split(str(keys.pop("set", "") or "")))
+    return build_config(RunConfig(), keys, assignments)
+
+
+def message_types() -> list[str]:
+    """Every message type some algorithm's client logic handles, plus the transport's hello."""
+    algorithm_names()  # imports (registers) every algorithm
+    types = {HELLO}
+    for algorithm in ALGORITHMS.values():
+        types.update(getattr(algorithm.client, "_handlers", {}))
+    return sorted(types)
+
+
+def answer(
+    message_type: str,
+    content: RecordDict,
+    context: Context,
+    config: RunConfig | None = None,
+    state_root: Path | None = None,
+) -> RecordDict:
+    """The reply content to one message on this node (raises on failure). Shared by the ClientApp
+    and the node's long-lived worker (worker.py)."""
+    run_config = config or config_from_run_config(dict(context.run_config))
+    if message_type == HELLO:
+        pid = partition_of(context, run_config)
+        return to_records(Message.build(HELLO, scalars={"metrics": {"partition_id": pid}}))
+    algorithm = str(header_of(content).get("algorithm", ""))
+    if not algorithm:
+        raise FederationError(f"{message_type}: no algorithm in the transport header")
+    node = node_for(context, run_config, algorithm, state_root)
+    request = from_records(content, message_type)
+    check_on_receipt(request, max_bytes=int(run_config.max_message_mb * 2**20))
+    reply = node.client.handle(request)
+    if node.client.changes_state(message_type):
+        node.commit(context)
+    return to_records(reply)
+
+
+def error_reply(message: FlowerMessage, exc: BaseException) -> FlowerMessage:
+    """What the server sees when a client fails: an error reply, as for any failed Flower client."""
+    log.warning("client failed on %s: %s", message.metadata.message_type, exc, exc_info=True)
+    return FlowerMessage(Error(code=CLIENT_ERROR, reason=f"{type(exc).__name__}: {exc}"), reply_to=message)
+
+
+def make_client_app(config: RunConfig | None = None, state_root: Path | None = None) -> ClientApp:
+    """The Flower ClientApp of a run: each message is answered by the client logic of its node, and an error
+    becomes an error reply."""
+    app = ClientApp()
+
+    def handle(message: FlowerMessage, context: Context) -> FlowerMessage:
+        try:
+            content = answer(message.metadata.message_type, message.content, context, config, state_root)
+            return FlowerMessage(content, reply_to=message)
+        except Exception as exc:
+            return error_reply(message, exc)
+
+    for message_type in message_types():
+        category, _, action = message_type.partition(".")
+        register = getattr(app, category)  # app.train / app.evaluate / app.query
+        decorator = register(action) if action else register()
+        decorator(handle)
+    return app
+
+
+def make_server_app(
+    config: RunConfig | None = None,
+    suite_dir: Path | None = None,
+    results: list | None = None,
+    errors: list | None = None,
+    *,
+    progress: bool = False,
+    resume: bool = False,
+) -> ServerApp:
+    """`results`/`errors` collect the summaries or the exception when the caller is in-process.
+
+    Under `flwr run` a user mistake (a bad `-c` value, a missing file) is logged as one line, with no
+    traceback, and the ServerApp ends; `flwr run` itself exits 0 whatever a run's outcome, so that
+    line in the streamed log is where the user learns of it."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        try:
+            run_config = config or config_from_run_config(dict(context.run_config))
+            target = suite_dir or Path(run_config.out) / (run_config.name or default_name(run_config))
+            run_config = run_config.replace(transport="flower")
+            data = validate_setup(run_config)
+            summaries = run_algorithms(run_config, target, data, grid=grid, progress=progress, resume=resume)
+        except UserError as exc:
+            if errors is None:
+                log.error("fedistill: error: %s", exc)
+                return
+            errors.append(exc)
+            return
+        except BaseException as exc:
+            if errors is None:
+                raise
+            errors.append(exc)
+            return
+        if results is not None:
+            results.extend(summaries)
+
+    return app
+
+
+server_app = make_server_app()
+client_app = make_client_app()

@@ -1,0 +1,111 @@
+"""One site on a Flower SuperNode: its private data, its client logic, and that logic's state.
+
+The node reads its partition id (and optionally its data folder) from its node config, loads the
+data itself and builds the algorithm's client logic; nothing private is ever sent. The client's
+state (trained model, discriminator, optimiser state, ...) must outlive the process: Flower's
+simulation engine routes a node's messages to whichever worker is free, and a deployed SuperNode
+starts a fresh process per message. So after every message the state is written to node-local
+storage (safetensors + JSON) and a version number is kept in the node's `context.state`; a process
+whose in-memory copy has that version reuses it, any other reloads it from disk.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import ConfigRecord, Context
+
+from fedistill import devices
+from fedistill.algorithms.shared.stage1 import cache_folder
+from fedistill.config import RunConfig
+from fedistill.engine.checkpoint import load_state, save_state
+from fedistill.engine.setup import client_contexts, prepare_data, resolve
+from fedistill.errors import ConfigError
+from fedistill.federation.client import ClientLogic
+from fedistill.transports.flower.forward import VERSIONS
+
+
+@dataclass
+class Node:
+    """One client of one algorithm on a Flower node, with the version of its state on disk."""
+
+    key: tuple[int, str, int]  # (run id, algorithm, partition id)
+    client: ClientLogic
+    version: int
+    state_stem: Path
+
+    def commit(self, context: Context) -> None:
+        """Persist the client's state and publish its new version in the node's context."""
+        self.version += 1
+        self.state_stem.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_stem.with_name(self.state_stem.name + ".tmp")
+        save_state(self.client.state_dict(), tmp)
+        for suffix in (".safetensors", ".json"):
+            tmp.with_suffix(suffix).replace(self.state_stem.with_suffix(suffix))
+        versions = dict(context.state[VERSIONS]) if VERSIONS in context.state else {}
+        versions[self.key[1]] = self.version
+        context.state[VERSIONS] = ConfigRecord(versions)
+
+
+_NODES: dict[tuple[int, str, int], Node] = {}
+_DATA: dict[str, Any] = {}
+
+
+def partition_of(context: Context, config: RunConfig) -> int:
+    """This node's partition id (its client index) from its node config, checked against the run's clients."""
+    node_config = context.node_config
+    if "partition-id" not in node_config:
+        raise ConfigError("this SuperNode has no partition-id in its node config (--node-config)")
+    pid, total = int(node_config["partition-id"]), int(node_config.get("num-partitions", config.clients))
+    if total != config.clients:
+        raise ConfigError(f"node config says num-partitions={total}, the run has clients={config.clients}")
+    if not 0 <= pid < total:
+        raise ConfigError(f"partition-id {pid} is outside 0..{total - 1}")
+    return pid
+
+
+def node_for(context: Context, config: RunConfig, algorithm_name: str, state_root: Path | None) -> Node:
+    """The node's client of `algorithm_name` in this run: kept in memory while its version is current, else
+    rebuilt and its state reloaded."""
+    pid = partition_of(context, config)
+    key = (int(context.run_id), algorithm_name, pid)
+    versions = dict(context.state[VERSIONS]) if VERSIONS in context.state else {}
+    version = int(versions.get(algorithm_name, 0))
+    node = _NODES.get(key)
+    if node is not None and node.version == version:
+        return node
+    root = state_root or Path(
+        context.node_config.get("state-dir", Path(tempfile.gettempdir()) / "fedistill-nodes")
+    )
+    stem = Path(root) / f"run-{key[0]}" / f"{algorithm_name}-client-{pid:03d}" / "state"
+    client = _build_client(context, config, algorithm_name, pid, cache_folder(config, beside=Path(root)))
+    if version > 0:
+        client.load_state_dict(load_state(stem))
+    node = _NODES[key] = Node(key, client, version, stem)
+    return node
+
+
+def _build_client(
+    context: Context, config: RunConfig, algorithm_name: str, pid: int, cache_dir: Path | None
+) -> ClientLogic:
+    # simulation workers share the machine's cores: one thread each unless the node says otherwise
+    torch.set_num_threads(int(context.node_config.get("threads", config.threads or 1)))
+    # a node may run on its own accelerator: node config `device`, else the run's
+    devices.use(str(context.node_config.get("device", config.device)))
+    data_dir = str(context.node_config.get("data-dir", config.data_dir))
+    config = config.replace(data_dir=data_dir)
+    data_key = repr(sorted(config.to_dict().items()))
+    if data_key not in _DATA:
+        _DATA.clear()  # one config's data at a time
+        _DATA[data_key] = prepare_data(config)
+    resolved = resolve(config, algorithm_name)
+    if resolved.algorithm.pooled:
+        raise ConfigError(f"{algorithm_name} pools every client's data; it cannot run on Flower nodes")
+    contexts = client_contexts(
+        resolved.config, resolved.algorithm, resolved.options, _DATA[data_key], cache_dir
+    )
+    return resolved.algorithm.client(contexts[pid])

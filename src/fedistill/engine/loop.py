@@ -1,0 +1,304 @@
+"""The run loop of one algorithm: clients and server, rounds, checkpoints, the summary.
+
+Each round is reproducible from (seed, round) and the checkpointed states alone, so a killed run
+resumed with `--resume` ends with exactly the metrics of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from fedistill import devices, interrupt
+from fedistill.algorithms.base import Algorithm, ServerContext, StopRun
+from fedistill.algorithms.shared.oracle import ORACLE_LABEL, ORACLE_METRIC
+from fedistill.algorithms.shared.stage1 import cache_folder
+from fedistill.algorithms.shared.training import evaluate_model, task_of
+from fedistill.config import RunConfig, write_config
+from fedistill.data.partition import load_split, save_split
+from fedistill.engine.checkpoint import save_model, write_checkpoint
+from fedistill.engine.resume import resume_point
+from fedistill.engine.rundir import MetricsWriter
+from fedistill.engine.setup import Prepared, client_contexts, resolve, score_first, source_names
+from fedistill.engine.summary import write_summary
+from fedistill.engine.tracking import start_tracking
+from fedistill.errors import ConfigError
+from fedistill.federation.fleet import Fleet
+from fedistill.federation.ledger import Ledger
+from fedistill.plots import plot_learning_curves, plot_partition
+from fedistill.transports.inprocess import InProcessFleet
+from fedistill.version import __version__
+
+log = logging.getLogger("fedistill")
+
+
+def _peak_memory_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def versions() -> dict[str, str]:
+    """The versions of the project, Python and the libraries a run's numbers depend on, as its summary records
+    them."""
+    return {
+        "fedistill": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+    }
+
+
+def run_algorithm(
+    config: RunConfig,
+    run_dir: Path,
+    data: Prepared,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    grid: Any = None,
+) -> dict[str, Any]:
+    """Run one algorithm in `run_dir` (a fresh one, or resume it from its last checkpoint).
+
+    With a Flower `grid`, the clients live on Flower nodes and keep their own state; otherwise they
+    are built here and reached in-process.
+    """
+    resolved = resolve(config, config.algorithm)
+    algorithm, options = resolved.algorithm, resolved.options
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "plots").mkdir(exist_ok=True)
+    point = resume_point(run_dir) if resume else None
+    checkpoint, state = point if point is not None else (None, None)
+    if checkpoint is None:
+        write_config(config, run_dir / "config.toml")
+        save_split(data.split, run_dir)
+        plot_partition(
+            data.split.train_counts,
+            run_dir / "plots" / "partition.png",
+            class_names=task_of(config, data.dataset.info).partition_names(data.dataset) or None,
+            title=f"{config.dataset}: {config.partition} (alpha={config.alpha}), {config.clients} clients",
+        )
+    elif load_split(run_dir).hash() != data.split.hash():
+        raise ConfigError(
+            f"{run_dir}: the saved partition differs from the one this config makes; cannot resume"
+        )
+
+    handler = logging.FileHandler(run_dir / "run.log", mode="a" if checkpoint else "w")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    try:
+        return _loop(config, algorithm, options, run_dir, data, state, progress, grid)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+
+
+def _loop(
+    config: RunConfig,
+    algorithm: Algorithm,
+    options: Any,
+    run_dir: Path,
+    data: Prepared,
+    state: dict[str, Any] | None,
+    progress: bool,
+    grid: Any = None,
+) -> dict[str, Any]:
+    info, test = data.dataset.info, data.dataset.test
+    task, test_sources = task_of(config, info), source_names(data.dataset)
+    headline = f"test_{task.headline}"
+    if grid is None:
+        contexts = client_contexts(
+            config, algorithm, options, data, cache_folder(config, beside=run_dir.parent.parent)
+        )
+        clients = {ctx.client_id: algorithm.client(ctx) for ctx in contexts}
+        num_clients = len(clients)
+        sizes = {ctx.client_id: float(len(ctx.train)) for ctx in contexts}
+    else:
+        clients, num_clients, sizes = {}, config.clients, {}  # they live on the Flower nodes
+
+    def oracle() -> float | None:
+        """The evaluation-only oracle (algorithms/shared/oracle.py): it reads the client objects' own states,
+        in this process only; nothing is sent and nothing is written to the ledger."""
+        if algorithm.oracle is None or not clients or not task.reports_global_accuracy:
+            return None  # FedMD-CG's "global accuracy" is a column of image-classification tables
+        ids = sorted(clients)
+        states = [clients[c].state_dict() for c in ids]
+        return algorithm.oracle(states, [sizes[c] for c in ids], config, info, test)
+
+    server = algorithm.server(
+        ServerContext(
+            info,
+            config,
+            options,
+            num_clients,
+            lambda model: evaluate_model(
+                model, test, info, task=task, meta=data.dataset.test_meta, groups=test_sources
+            ),
+            run_dir,
+            test.y,
+            progress,
+            validation=data.dataset.train.subset(data.split.server_val),
+            score=lambda outputs: score_first(task, data.dataset, outputs, test_sources),
+        )
+    )
+    runner_state = state["runner"] if state else {"round": 0, "ledger": 0, "metrics": 0, "elapsed": 0.0}
+    ledger = Ledger(run_dir / "ledger.jsonl", resume_at=runner_state["ledger"] if state else None)
+    metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_at=runner_state["metrics"] if state else None)
+    tracking = start_tracking(config, run_dir)  # None unless config.track names trackers
+    fleet = _fleet(config, algorithm, clients, ledger, grid)
+    started = time.perf_counter() - runner_state["elapsed"]  # wall time includes set-up (stage 1)
+    if state:
+        server.load_state_dict(state["server"])
+        for cid, client in clients.items():
+            client.load_state_dict(state.get(f"client_{cid:03d}", {}))
+        fleet.dropped = {int(k): v for k, v in runner_state.get("dropped", {}).items()}
+        log.info("resumed %s from round %d", algorithm.name, runner_state["round"])
+    else:
+        server.setup(fleet)
+
+    start_round = runner_state["round"] + 1
+    setup_s = time.perf_counter() - started if not state else None
+    last_eval: dict[str, float] = dict(runner_state.get("last_eval", {}))
+    stopped: str | None = None  # why the server ended the run early (StopRun), if it did
+    bar = tqdm(
+        range(start_round, config.rounds + 1),
+        initial=start_round - 1,
+        total=config.rounds,
+        desc=f"{algorithm.name:>12}",
+        unit="round",
+        disable=not progress,
+        leave=False,
+        file=sys.stderr,
+    )
+    try:
+        for round in bar:
+            interrupt.check()  # Ctrl-C during a Flower simulation (interrupt.py)
+            fleet.round = round
+            round_start = time.perf_counter()
+            try:
+                row: dict[str, Any] = {"round": round, **server.run_round(fleet, round)}
+            except StopRun as stop:  # a clean early end: evaluate what there is, then the summary
+                stopped = stop.reason
+                log.warning("%s: %s", algorithm.name, stop.reason)
+                row = {"round": round, **stop.metrics, "stopped": True}
+            if stopped or round % config.eval_every == 0 or round == config.rounds:
+                last_eval = server.evaluate(fleet, round)
+                row.update(last_eval)
+                if (value := oracle()) is not None:
+                    row[ORACLE_METRIC] = value
+            row["round_time_s"] = time.perf_counter() - round_start
+            metrics.write(row)
+            ledger.flush()
+            if tracking is not None:
+                tracking.log_round(row)
+            if headline in row:
+                bar.set_postfix({headline: f"{row[headline]:.4f}"})
+            if stopped:
+                break
+            if round % config.checkpoint_every == 0 or round == config.rounds:
+                runner_state = {
+                    "round": round,
+                    "ledger": ledger.count,
+                    "metrics": len(metrics.rows),
+                    "elapsed": time.perf_counter() - started,
+                    "dropped": {str(k): v for k, v in fleet.dropped.items()},
+                    "last_eval": last_eval,
+                }
+                parts = {"runner": runner_state, "server": server.state_dict()}
+                parts |= {f"client_{cid:03d}": c.state_dict() for cid, c in clients.items()}
+                write_checkpoint(run_dir / "checkpoints", f"round_{round:05d}", parts)
+        final = server.final_evaluate(fleet, last_eval)
+        final_oracle = oracle()
+    finally:
+        bar.close()
+        ledger.close()
+        metrics.close()
+        if tracking is not None and sys.exc_info()[0] is not None:
+            tracking.abort()  # interrupted or failed: `--resume` logs on from its checkpoint
+
+    (run_dir / "models").mkdir(exist_ok=True)
+    for name, module in server.models().items():
+        # a module may name what its weights alone do not record (a generator: its number of upsamplings)
+        described = getattr(module, "export_metadata", dict)()
+        save_model(
+            module, run_dir / "models" / f"{name}.safetensors", {"algorithm": algorithm.name, **described}
+        )
+    plot_learning_curves(
+        {algorithm.name: metrics.rows},
+        run_dir / "plots" / "learning_curve.png",
+        title=f"{config.dataset}",
+        metrics=(headline,),
+    )
+    summary = {
+        "algorithm": algorithm.name,
+        "description": algorithm.summary,
+        "federated": not algorithm.pooled,
+        "dataset": config.dataset,
+        "task": task.name,
+        "headline": headline,
+        "columns": [list(column) for column in task.columns],
+        "model": config.model,
+        "clients": num_clients,
+        "transport": "flower" if grid is not None else "inprocess",
+        "device": str(devices.current()),
+        "rounds": config.rounds,
+        "seed": config.seed,
+        "partition": {
+            "method": config.partition,
+            "alpha": config.alpha,
+            "hash": data.split.hash(),
+            "sizes": [len(idx) for idx in data.split.client_train],
+        },
+        "final": final,
+        headline: final.get(headline),  # the headline's value at the top level, as readers expect it
+        "stopped": stopped,
+        ORACLE_METRIC: final_oracle,
+        "oracle": _oracle_note(algorithm, grid),
+        "wall_time_s": time.perf_counter() - started,
+        "setup_time_s": setup_s,  # before round 1 (FedIOD: stage 1); None when resumed
+        "peak_memory_mb": _peak_memory_mb(),
+        "communication": ledger.totals.summary(),
+        "dropped_clients": {str(k): v for k, v in fleet.dropped.items()},
+        "versions": versions(),
+    }
+    write_summary(run_dir, summary)
+    if tracking is not None:
+        tracking.finish(summary, run_dir)
+    return summary
+
+
+def _oracle_note(algorithm: Algorithm, grid: Any) -> str | None:
+    """What the summary says of the evaluation-only oracle (None: the algorithm declares none)."""
+    if algorithm.oracle is None:
+        return None
+    if grid is not None:
+        return (
+            f"{ORACLE_LABEL}: not computed on the Flower transport (the clients live on their nodes, "
+            "and the protocol never sends the full local models the oracle averages)"
+        )
+    return ORACLE_LABEL
+
+
+def _fleet(
+    config: RunConfig, algorithm: Algorithm, clients: dict[int, Any], ledger: Ledger, grid: Any
+) -> Fleet:
+    max_bytes, timeout = int(config.max_message_mb * 2**20), config.timeout or None
+    if grid is None:
+        return InProcessFleet(clients, ledger, max_bytes=max_bytes, timeout=timeout)
+    from fedistill.transports.flower.grid_fleet import GridFleet  # Flower is optional
+
+    return GridFleet(
+        grid,
+        ledger,
+        algorithm=algorithm.name,
+        expected_clients=config.clients,
+        max_bytes=max_bytes,
+        timeout=timeout,
+    )

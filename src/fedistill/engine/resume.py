@@ -1,0 +1,74 @@
+"""Where a killed run can go on from: the newest checkpoint that is intact and that the streamed
+records (metrics.jsonl, ledger.jsonl) fully cover.
+
+Checkpoints carry a manifest of sha256 digests (checkpoint.py), and the two newest are kept. A damaged
+newest checkpoint, or one whose rounds the metrics or the ledger lost, falls back to the one before
+with a warning; when none is usable the resume is refused with a message, never restarted silently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from fedistill.engine.checkpoint import DamagedCheckpoint, checkpoints, verify_checkpoint
+from fedistill.errors import RunDirError
+
+log = logging.getLogger(__name__)
+
+
+def intact_lines(path: Path) -> int:
+    """How many leading lines of a JSON-lines file are complete records (a torn last line is not)."""
+    if not path.is_file():
+        return 0
+    count = 0
+    for line in path.read_bytes().split(b"\n"):
+        if not line.strip():
+            break
+        try:
+            json.loads(line)
+        except ValueError:
+            break
+        count += 1
+    return count
+
+
+def resume_point(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint to resume `run_dir` from and its state; None when the run never checkpointed."""
+    directory = run_dir / "checkpoints"
+    found = checkpoints(directory)
+    rows = {
+        "metrics": intact_lines(run_dir / "metrics.jsonl"),
+        "ledger": intact_lines(run_dir / "ledger.jsonl"),
+    }
+    problems: list[str] = []
+    for path in found:
+        try:
+            state = verify_checkpoint(path)
+        except DamagedCheckpoint as exc:
+            problems.append(f"{path.name}: {exc}")
+            continue
+        runner = state["runner"]
+        short = [f"{name}.jsonl holds {rows[name]} records, the checkpoint needs {runner[name]}"
+                 for name in rows if int(runner[name]) > rows[name]]  # fmt: skip
+        if short:
+            problems.append(f"{path.name}: {'; '.join(short)}")
+            continue
+        if problems:
+            log.warning(
+                "%s: resuming from %s (round %d): %s",
+                run_dir,
+                path.name,
+                int(runner["round"]),
+                "; ".join(problems),
+            )
+        return path, state
+    if found or (directory / "latest").is_file():
+        what = "; ".join(problems) if problems else "the checkpoint folders are gone"
+        raise RunDirError(
+            f"{run_dir} cannot be resumed without losing rounds ({what}); "
+            "start the run again under another --name"
+        )
+    return None

@@ -1,0 +1,50 @@
+"""The run directory: where a run writes everything it produces, streamed as it goes.
+
+config.toml  partition.npz  partition.json  metrics.jsonl  ledger.jsonl
+checkpoints/  models/  plots/  summary.json  summary.md  run.log
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import IO, Any
+
+
+class MetricsWriter:
+    """Appends one JSON line per round to metrics.jsonl and flushes it, so a crash loses nothing."""
+
+    def __init__(self, path: Path, *, resume_at: int | None = None) -> None:
+        self.path = path
+        self.rows: list[dict[str, Any]] = []
+        if resume_at is not None and path.exists():  # the first rows only: a torn last line is dropped
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()[:resume_at]
+            self.rows = [json.loads(line) for line in lines]
+            path.write_text("".join(json.dumps(r) + "\n" for r in self.rows), encoding="utf-8")
+            self._file: IO[str] = path.open("a", encoding="utf-8")
+        else:
+            self._file = path.open("w", encoding="utf-8")
+
+    def write(self, row: dict[str, Any]) -> None:
+        """Append one row, flushed at once; non-finite floats become null so the file stays valid JSON."""
+        row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        self.rows.append(row)
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        """Close the metrics file."""
+        self._file.close()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file, blank lines skipped."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write `data` as indented JSON atomically: to a hidden temporary file, then renamed over `path`."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    tmp.replace(path)

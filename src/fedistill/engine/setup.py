@@ -1,0 +1,193 @@
+"""What a run is made of, resolved once: the data and its partition, each algorithm with its own
+config and options, the task, and every site's private context. Everything a user's input can get
+wrong is checked here, before a run writes anything.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedistill import devices
+from fedistill.algorithms.base import Algorithm, ClientContext
+from fedistill.algorithms.registry import algorithm_names, for_task, get_algorithm
+from fedistill.algorithms.shared.training import task_of
+from fedistill.config import RunConfig, for_algorithm, options_for
+from fedistill.data.base import LoadedDataset
+from fedistill.data.partition import FederatedSplit, make_split
+from fedistill.data.registry import dataset_names, load_dataset
+from fedistill.errors import ConfigError, DataError, unknown_name
+from fedistill.models import model_names
+from fedistill.seeding import derive_seed
+from fedistill.tasks import Task, task_class
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """One algorithm of a run: the algorithm, its own config (its table's common keys applied, e.g.
+    `[fedprox] lr`) and its options dataclass, every key checked."""
+
+    algorithm: Algorithm
+    config: RunConfig
+    options: Any
+
+
+def resolve(config: RunConfig, name: str) -> Resolved:
+    """The one place a run's algorithm name becomes an algorithm, a config and options."""
+    algorithm = get_algorithm(name)
+    own = for_algorithm(config, name)
+    return Resolved(algorithm, own, options_for(own, name, algorithm.options))
+
+
+#: Sections of `config.options` that are not algorithm names.
+NON_ALGORITHM_SECTIONS = {"partition", "task", "model_options"}
+
+
+@dataclass
+class Prepared:
+    """The data side of a run, shared by every algorithm of a suite."""
+
+    dataset: LoadedDataset
+    split: FederatedSplit
+
+
+def source_names(dataset: LoadedDataset) -> list[str] | None:
+    """Each test sample's source (site, organ, dataset) by name, for per-source metrics; None without."""
+    if dataset.test_groups is None:
+        return None
+    names = dataset.group_names
+    return [names[g] if 0 <= g < len(names) else str(g) for g in np.asarray(dataset.test_groups).tolist()]
+
+
+def score_first(
+    task: Task, dataset: LoadedDataset, outputs: torch.Tensor, sources: list[str] | None
+) -> dict[str, float]:
+    """The task's metrics of `outputs` on the first len(outputs) test samples (evaluation harness)."""
+    n, test = len(outputs), dataset.test
+    subset = test if n == len(test) else test.subset(torch.arange(n))
+    meta = {key: np.asarray(value)[:n] for key, value in dataset.test_meta.items()}
+    groups = None if sources is None else sources[:n]
+    return task.score(outputs, subset, dataset.info, meta=meta, groups=groups)
+
+
+def prepare_data(config: RunConfig) -> Prepared:
+    """Load the run's dataset, with its options, and split it among the clients as the config says."""
+    dataset = load_dataset(
+        config.dataset, config.data_dir, download=config.download, **config.options.get(config.dataset, {})
+    )
+    train_labels, test_labels, num_labels = task_class(dataset.info).partition_labels(dataset)
+    split = make_split(
+        train_labels,
+        test_labels,
+        config.clients,
+        method=config.partition,
+        alpha=config.alpha,
+        seed=derive_seed(config.seed, "partition"),
+        num_classes=num_labels,
+        val_fraction=config.val_fraction,
+        val_mode=config.val_mode,
+        **config.options.get("partition", {}),
+    )
+    return Prepared(dataset, split)
+
+
+def check_sections(config: RunConfig) -> None:
+    """Every config table is an algorithm's, the dataset's or [partition], and every algorithm table is
+    valid for its algorithm, whether or not it runs (a typo in another table is still a typo)."""
+    algorithms, datasets = set(algorithm_names()), set(dataset_names())
+    for section in config.options:
+        if section in NON_ALGORITHM_SECTIONS or section == config.dataset:
+            continue
+        if section in datasets:
+            raise ConfigError(
+                f"config table [{section}] sets options of dataset {section!r}, "
+                f"but the run uses dataset {config.dataset!r}"
+            )
+        if section not in algorithms:
+            valid = sorted(algorithms | NON_ALGORITHM_SECTIONS | {config.dataset})
+            close = difflib.get_close_matches(section, valid, n=1)
+            hint = f"; did you mean [{close[0]}]?" if close else ""
+            raise ConfigError(
+                f"unknown config table [{section}]{hint}; tables are algorithm names, the dataset's "
+                f"name or [partition] (valid: {', '.join(valid)})"
+            )
+        resolve(config, section)
+
+
+def validate_setup(config: RunConfig) -> Prepared:
+    """Everything a user's input can get wrong, checked before a run writes anything: names, config
+    tables, every running algorithm's options, its models, the dataset files and the partition."""
+    check_sections(config)
+    devices.resolve(config.device)  # a device this machine lacks is a mistake named before any work
+    for name in config.algorithms:
+        model = resolve(config, name).config.model
+        if model not in model_names():
+            raise unknown_name("model", model, model_names(), ConfigError)
+    data = prepare_data(config)
+    info = data.dataset.info
+    task = task_of(config, info)
+    for what, images in (("training set", data.dataset.train), ("test set", data.dataset.test)):
+        try:
+            task.check(info, images, f"{config.dataset} {what}")
+        except ValueError as exc:
+            raise DataError(str(exc)) from exc
+    for name in config.algorithms:
+        resolved = resolve(config, name)
+        algorithm, model = resolved.algorithm, resolved.config.model
+        if task.name not in algorithm.tasks:
+            raise ConfigError(
+                f"{name} runs on {', '.join(algorithm.tasks)} only, and dataset {config.dataset!r} is a "
+                f"{task.name} task; algorithms for it: {', '.join(for_task(task.name))}"
+            )
+        if model not in model_names(task.name):
+            raise ConfigError(
+                f"model {model!r} does not serve {task.name} (dataset {config.dataset!r}); "
+                f"models that do: {', '.join(model_names(task.name))}"
+            )
+    return data
+
+
+def client_contexts(
+    config: RunConfig, algorithm: Algorithm, options: Any, data: Prepared, cache_dir: Path | None = None
+) -> list[ClientContext]:
+    """Each client's context: its train, validation and test shards, the shared test set and the options; a
+    pooled algorithm gets one context holding all the training data."""
+    train, test, split, info = data.dataset.train, data.dataset.test, data.split, data.dataset.info
+    if algorithm.pooled:
+        everything = np.sort(np.concatenate(split.client_train))
+        return [
+            ClientContext(
+                0,
+                train.subset(everything),
+                train.subset(split.server_val),
+                test,
+                info,
+                config,
+                options,
+                test,
+                cache_dir,
+                data.dataset.test_meta,
+                source_names(data.dataset),
+            )
+        ]
+    return [
+        ClientContext(
+            k,
+            train.subset(split.client_train[k]),
+            train.subset(split.client_val[k]),
+            test.subset(split.client_test[k]),
+            info,
+            config,
+            options,
+            test,
+            cache_dir,
+            data.dataset.test_meta,
+            source_names(data.dataset),
+        )
+        for k in range(len(split.client_train))
+    ]

@@ -1,0 +1,200 @@
+"""Run summaries: summary.json (machine-readable), summary.md (for people) and the results table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from fedistill.engine.rundir import write_json
+from fedistill.errors import RunDirError
+from fedistill.federation.ledger import DOWN, UP
+from fedistill.plots import plot_learning_curves
+
+#: What every summary.json holds; a file without them is damaged.
+SUMMARY_KEYS = ("algorithm", "description", "federated", "rounds", "final", "communication", "wall_time_s")
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    """A run's summary.json; RunDirError naming the file when it is damaged (`--resume` rebuilds it)."""
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise RunDirError(f"{path} is damaged ({type(exc).__name__}); --resume rebuilds it") from None
+    if not isinstance(summary, dict) or any(key not in summary for key in SUMMARY_KEYS):
+        missing = [k for k in SUMMARY_KEYS if not isinstance(summary, dict) or k not in summary]
+        raise RunDirError(f"{path} is damaged (missing {', '.join(missing)}); --resume rebuilds it")
+    return summary
+
+
+def human_bytes(n: float) -> str:
+    """A byte count in the largest unit that keeps it readable (B, KB, MB or GB)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f}"
+
+
+#: The results table's metric columns of a classification run (summaries written before tasks existed).
+CLASSIFICATION_COLUMNS = (("accuracy", "test %", "percent"),)
+
+
+def _formatted(value: float | None, style: str) -> str:
+    if value is None:
+        return "-"
+    if style == "percent":
+        return f"{100 * value:.2f}"
+    return f"{value:.4f}" if style == "float4" else f"{value:.2f}"
+
+
+def metric_cell(final: dict[str, Any], metric: str, style: str = "percent") -> str:
+    """`test_<metric>` of a run's final metrics, with the spread over the sites where there is one."""
+    cell = _formatted(final.get(f"test_{metric}"), style)
+    spread = final.get(f"test_{metric}_std")
+    if spread is not None:
+        cell += " ± " + _formatted(spread, style)
+    return cell
+
+
+def accuracy_cell(final: dict[str, Any]) -> str:
+    """The accuracy cell of a results table: the final accuracy, with its spread where there is one."""
+    return metric_cell(final, "accuracy")
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    """Write a run's summary.json and its human-readable summary.md beside it."""
+    write_json(run_dir / "summary.json", summary)
+    (run_dir / "summary.md").write_text(summary_markdown(summary), encoding="utf-8")
+
+
+def oracle_line(s: dict[str, Any]) -> list[str]:
+    """The evaluation-only oracle (algorithms/shared/oracle.py) under its label; none without one."""
+    if not s.get("oracle"):
+        return []
+    value = s.get("global_accuracy_oracle")
+    return [f"- {s['oracle']}" + ("" if value is None else f": **{value:.4f}** (`global_accuracy_oracle`)")]
+
+
+def summary_markdown(s: dict[str, Any]) -> str:
+    """The summary.md of one run: its setting, wall time, final metrics and communication."""
+    comm, part = s["communication"], s["partition"]
+    lines = [
+        f"# {s['algorithm']} on {s['dataset']}",
+        "",
+        s["description"] + ("" if s["federated"] else "  **(not federated: data pooled)**"),
+        "",
+        f"- model: {s['model']}; clients: {s['clients']}; rounds: {s['rounds']}; seed: {s['seed']}",
+        f"- partition: {part['method']} (alpha {part['alpha']}), hash `{part['hash'][:16]}`",
+        f"- wall time: {s['wall_time_s']:.1f} s; peak memory: {s['peak_memory_mb']:.0f} MB",
+        *([f"- **stopped early**: {s['stopped']}"] if s.get("stopped") else []),
+        *oracle_line(s),
+        "",
+        "## Final metrics",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        *[f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in s["final"].items()],
+        "",
+        "## What crossed the boundary",
+        "",
+        "| direction | client | kind | bytes |",
+        "|---|---|---|---|",
+    ]
+    for direction in (UP, DOWN):
+        for client, kinds in comm[direction]["per_client"].items():
+            for kind, size in kinds.items():
+                lines.append(f"| {direction} | {client} | {kind} | {size:,} |")
+    lines += ["", "| direction | kind | total bytes |", "|---|---|---|"]
+    for direction in (UP, DOWN):
+        for kind, size in comm[direction]["per_kind"].items():
+            lines.append(f"| {direction} | {kind} | {size:,} ({human_bytes(size)}) |")
+    if s["dropped_clients"]:
+        lines += ["", "## Dropped clients", ""]
+        lines += [f"- client {c}: {why}" for c, why in s["dropped_clients"].items()]
+    lines += ["", f"Versions: {', '.join(f'{k} {v}' for k, v in s['versions'].items())}", ""]
+    return "\n".join(lines)
+
+
+def results_rows(summaries: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """One row per run: its task's metric columns (`summary["columns"]`), the one-shot student as a fraction
+    of its teachers' ensemble (when a run measured it), the local headline, traffic."""
+    rows = []
+    ceiling = any("fraction_of_ensemble" in s["final"] for s in summaries)
+    for s in summaries:
+        comm = s["communication"]
+        columns = [tuple(c) for c in s.get("columns") or CLASSIFICATION_COLUMNS]
+        headline, _, style = columns[0]
+        row = {"algorithm": s["algorithm"] + ("" if s["federated"] else " (pooled)")}
+        row |= {title: metric_cell(s["final"], metric, style) for metric, title, style in columns}
+        if ceiling:
+            fraction = s["final"].get("fraction_of_ensemble")
+            row["of ensemble"] = "-" if fraction is None else f"{fraction:.2f}"
+        local_title = "local %" if style == "percent" else f"local {headline}"
+        row[local_title] = _formatted(s["final"].get(f"local_{headline}"), style)
+        row |= {
+            "rounds": str(s["rounds"]),
+            "up": human_bytes(comm[UP]["total_bytes"]),
+            "params up": human_bytes(comm[UP]["per_kind"].get("parameters", 0)),
+            "time s": f"{s['wall_time_s']:.1f}",
+        }
+        rows.append(row)
+    return rows
+
+
+def results_table(summaries: list[dict[str, Any]], title: str = "") -> Table:
+    """The suite's results table for the terminal, one row per algorithm."""
+    rows = results_rows(summaries)
+    table = Table(title=title or None)
+    for column in rows[0] if rows else []:
+        table.add_column(column, justify="left" if column == "algorithm" else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row.values())
+    return table
+
+
+def results_markdown(summaries: list[dict[str, Any]]) -> str:
+    """The suite's results table as Markdown, one row per algorithm; empty without summaries."""
+    rows = results_rows(summaries)
+    if not rows:
+        return ""
+    header = list(rows[0])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row.values()) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_suite_results(
+    suite_dir: Path, summaries: list[dict[str, Any]], curves: dict[str, list[dict[str, Any]]]
+) -> None:
+    """Write a suite's results.md, results.json and the learning-curve plot of its headline metric."""
+    first = summaries[0]
+    text = (
+        f"# Results: {first['dataset']}, {first['clients']} clients, "
+        f"{first['partition']['method']} alpha {first['partition']['alpha']}, seed {first['seed']}\n\n"
+        + results_markdown(summaries)
+    )
+    (suite_dir / "results.md").write_text(text, encoding="utf-8")
+    write_json(suite_dir / "results.json", summaries)
+    (suite_dir / "plots").mkdir(exist_ok=True)
+    headline = first.get("headline", "test_accuracy")
+    plot_learning_curves(
+        curves, suite_dir / "plots" / f"{headline}.png", title=first["dataset"], metrics=(headline,)
+    )
+
+
+def print_results(summaries: list[dict[str, Any]], title: str = "", console: Console | None = None) -> None:
+    """Print the suite's results table; a console that is not a terminal is widened so no column is cut."""
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # logs and pipes: wide enough that no column is cut
+            console = Console(width=120)
+    console.print(results_table(summaries, title))

@@ -1,0 +1,136 @@
+"""MLflow: one MLflow run per algorithm, in an experiment named after the suite directory.
+
+The tracking URI is `MLFLOW_TRACKING_URI` when set, else a file store `<out>/mlruns` beside the suite.
+The run's id is kept in `<run>/<algorithm>/mlflow.json`, so a resumed run logs on into the same MLflow run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from fedistill.config import RunConfig
+from fedistill.engine.summary import results_markdown
+from fedistill.engine.tracking_values import (
+    Communication,
+    artifacts,
+    communication_scalars,
+    config_params,
+    final_scalars,
+    row_scalars,
+)
+from fedistill.errors import ConfigError
+
+log = logging.getLogger("fedistill")
+
+#: MLflow's limits per `log_batch` call.
+MAX_PARAMS, MAX_METRICS, MAX_PARAM_LENGTH = 100, 1000, 6000
+
+
+def tracking_uri(run_dir: Path) -> str:
+    """`MLFLOW_TRACKING_URI`, else the file store `<out>/mlruns` (the suite is `<out>/<suite>/`).
+
+    MLflow 3 keeps its file store in maintenance mode and refuses it unless `MLFLOW_ALLOW_FILE_STORE`
+    says otherwise; for this embedded default it is allowed (unless the variable is already set).
+    """
+    if uri := os.environ.get("MLFLOW_TRACKING_URI"):
+        return uri
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    return (run_dir.resolve().parent.parent / "mlruns").as_uri()
+
+
+class MlflowTracker:
+    """Logs params at the start, metrics per round, and the run's results and files at the end."""
+
+    def __init__(self) -> None:
+        self.client: Any = None
+        self.run_id = ""
+        self.step = 0
+
+    def start(self, config: RunConfig, run_dir: Path) -> None:
+        """Log on into the MLflow run an interrupted run left, else create one with the config as params;
+        ConfigError without MLflow or a reachable server."""
+        try:
+            from mlflow.exceptions import MlflowException
+            from mlflow.tracking import MlflowClient
+        except ImportError:
+            raise ConfigError(
+                "track = mlflow needs MLflow: pip install -e '.[track]' (or fedistill[track])"
+            ) from None
+        uri = tracking_uri(run_dir)
+        try:
+            self.client = MlflowClient(tracking_uri=uri)
+            self.run_id = self._reopen(run_dir, uri) or self._create(config, run_dir, uri)
+        except MlflowException as exc:
+            raise ConfigError(f"track = mlflow: {uri}: {exc.message}") from None
+
+    def _reopen(self, run_dir: Path, uri: str) -> str:
+        """The MLflow run an interrupted run logged to, when it is still there; else ""."""
+        path = run_dir / "mlflow.json"
+        if not path.is_file():
+            return ""
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+        if recorded.get("tracking_uri") != uri:
+            return ""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = self.client.get_run(recorded["run_id"])
+        except MlflowException:
+            return ""
+        if run.info.lifecycle_stage != "active":
+            return ""
+        self.client.update_run(run.info.run_id, status="RUNNING")
+        log.info("mlflow: logging on into run %s", run.info.run_id)
+        return str(run.info.run_id)
+
+    def _create(self, config: RunConfig, run_dir: Path, uri: str) -> str:
+        from mlflow.entities import Param
+
+        name = run_dir.resolve().parent.name
+        experiment = self.client.get_experiment_by_name(name)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
+        run = self.client.create_run(
+            experiment_id, run_name=config.algorithm, tags={"fedistill.run_dir": str(run_dir.resolve())}
+        )
+        run_id = str(run.info.run_id)
+        params = [Param(k, v[:MAX_PARAM_LENGTH]) for k, v in config_params(config).items()]
+        for at in range(0, len(params), MAX_PARAMS):
+            self.client.log_batch(run_id, params=params[at : at + MAX_PARAMS])
+        if (run_dir / "config.toml").is_file():
+            self.client.log_artifact(run_id, str(run_dir / "config.toml"))
+        record = {"tracking_uri": uri, "experiment_id": experiment_id, "run_id": run_id}
+        (run_dir / "mlflow.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        return run_id
+
+    def _log_metrics(self, scalars: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, value, now, step) for key, value in scalars.items()]
+        for at in range(0, len(metrics), MAX_METRICS):
+            self.client.log_batch(self.run_id, metrics=metrics[at : at + MAX_METRICS])
+
+    def log_round(self, row: dict[str, Any], communication: Communication) -> None:
+        """Log the round's metrics and traffic at the round's step."""
+        self.step = int(row["round"])
+        self._log_metrics(row_scalars(row) | communication_scalars(communication), self.step)
+
+    def finish(self, summary: dict[str, Any], run_dir: Path) -> None:
+        """Log the final metrics, the results table and the run's files, then mark the MLflow run finished."""
+        self._log_metrics(final_scalars(summary), self.step)
+        self.client.log_text(self.run_id, results_markdown([summary]), "results.md")
+        self.client.log_artifact(self.run_id, str(run_dir / "summary.json"))
+        for folder, paths in artifacts(run_dir).items():
+            for path in paths:
+                self.client.log_artifact(self.run_id, str(path), None if folder == "." else folder)
+        self.client.set_terminated(self.run_id, "FINISHED")
+
+    def abort(self) -> None:
+        """Mark the MLflow run killed, when one was started."""
+        if self.run_id:
+            self.client.set_terminated(self.run_id, "KILLED")

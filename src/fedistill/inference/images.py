@@ -1,0 +1,120 @@
+"""Image files in and label images out, as a model trained on `image_size` square images needs them.
+
+Reading: TIFF through tifffile, everything else through Pillow; any image becomes uint8 (H, W, C).
+Palette, bilevel and CMYK images are converted to RGB or greyscale first; images stored with more than
+8 bits (16-bit PNG or TIFF, float TIFF) are scaled by their own maximum, as the nuclei loaders read
+theirs. Channels: greyscale becomes RGB by repetition and RGB becomes greyscale by Pillow's luma (what
+the `image-folder` dataset does to its training images); an alpha channel is dropped. Any other count
+of channels cannot be converted and is an error.
+
+Resizing: Pillow's bilinear filter, which averages over the source pixels when shrinking, again as
+`image-folder` does. Label maps are resized back by nearest neighbour, so no label is invented.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import tifffile
+from PIL import Image, UnidentifiedImageError
+
+from fedistill.errors import DataError
+
+_TO_RGB = ("P", "CMYK", "YCbCr", "LAB", "HSV", "RGBX")
+_TO_RGBA = ("PA", "RGBa", "La")
+CHANNEL_NAMES = {1: "greyscale", 3: "RGB"}
+
+
+def read_image(path: Path) -> np.ndarray:
+    """The image at `path` as uint8 (H, W, C); DataError when it cannot be read or is no 2D image."""
+    try:
+        if path.suffix.lower() in (".tif", ".tiff"):
+            array = np.asarray(tifffile.imread(path))
+            if array.ndim == 3 and array.shape[-1] > 4 and array.shape[0] < array.shape[-1]:
+                array = array.transpose(1, 2, 0)  # planar TIFF: channels first
+        else:
+            with Image.open(path) as image:
+                if image.mode in _TO_RGB:
+                    image = image.convert("RGB")
+                elif image.mode in _TO_RGBA:
+                    image = image.convert("RGBA")
+                elif image.mode == "1":
+                    image = image.convert("L")
+                array = np.asarray(image)
+    except (OSError, ValueError, UnidentifiedImageError, tifffile.TiffFileError) as e:
+        raise DataError(f"cannot read image {path} ({e}); replace the file or move it elsewhere") from e
+    if array.ndim == 2:
+        array = array[:, :, None]
+    if array.ndim != 3 or min(array.shape[:2]) < 1:
+        raise DataError(
+            f"{path} holds an array of shape {array.shape}, not one 2D image; save each image on its own"
+        )
+    return _to_uint8(array)
+
+
+def _to_uint8(array: np.ndarray) -> np.ndarray:
+    if array.dtype == np.uint8:
+        return np.ascontiguousarray(array)
+    if array.dtype == bool:
+        return array.astype(np.uint8) * 255
+    values = np.nan_to_num(array.astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0).clip(min=0.0)
+    peak = float(values.max()) if values.size else 0.0
+    return np.round(values * (255.0 / max(peak, 1e-12))).astype(np.uint8)
+
+
+def to_channels(array: np.ndarray, channels: int, path: Path) -> np.ndarray:
+    """uint8 (H, W, C) as (H, W, `channels`): alpha dropped, grey to RGB, RGB to grey (Pillow's luma)."""
+    have = array.shape[2]
+    if have in (2, 4):
+        array, have = array[:, :, : have - 1], have - 1
+    if have == channels:
+        return np.ascontiguousarray(array)
+    if have == 1 and channels == 3:
+        return np.repeat(array, 3, axis=2)
+    if have == 3 and channels == 1:
+        return np.asarray(Image.fromarray(np.ascontiguousarray(array), "RGB").convert("L"))[:, :, None]
+    wanted = CHANNEL_NAMES.get(channels, f"{channels}-channel")
+    raise DataError(
+        f"{path} has {array.shape[2]} channels; the model takes {wanted} images, and predict converts "
+        "only greyscale, grey+alpha, RGB and RGBA images: save it as one of those"
+    )
+
+
+def resize_image(array: np.ndarray, size: int) -> np.ndarray:
+    """uint8 (H, W, C) to (size, size, C) with Pillow's bilinear filter (unchanged when already so)."""
+    if array.shape[:2] == (size, size):
+        return array
+    planes = [
+        Image.fromarray(np.ascontiguousarray(array[:, :, c]), "L").resize(
+            (size, size), Image.Resampling.BILINEAR
+        )
+        for c in range(array.shape[2])
+    ]
+    return np.stack([np.asarray(plane) for plane in planes], axis=2)
+
+
+def model_image(path: Path, channels: int, size: int) -> tuple[np.ndarray, tuple[int, int]]:
+    """The file as the model sees it, uint8 (channels, size, size), and its own (height, width)."""
+    array = to_channels(read_image(path), channels, path)
+    return resize_image(array, size).transpose(2, 0, 1), (array.shape[0], array.shape[1])
+
+
+def nearest_resize(labels: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """Label maps (..., h, w) to (..., H, W) by nearest neighbour (pixel centres), values unchanged."""
+    h, w = labels.shape[-2:]
+    height, width = shape
+    if (h, w) == (height, width):
+        return labels
+    rows = np.minimum(((np.arange(height) + 0.5) * h / height).astype(np.int64), h - 1)
+    cols = np.minimum(((np.arange(width) + 0.5) * w / width).astype(np.int64), w - 1)
+    return labels[..., rows[:, None], cols[None, :]]
+
+
+def write_labels(path: Path, labels: np.ndarray, dtype: type = np.uint8) -> None:
+    """A label map (H, W) as a PNG of its values (uint8, or uint16 for instance maps)."""
+    limit = np.iinfo(dtype).max
+    if labels.size and int(labels.max()) > limit:
+        raise DataError(f"{path}: {int(labels.max())} labels do not fit a {np.dtype(dtype).name} PNG")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.ascontiguousarray(labels.astype(dtype))).save(path)

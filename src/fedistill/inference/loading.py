@@ -1,0 +1,146 @@
+"""Rebuilding the model a run exported (`<run>/<algorithm>/models/<name>.safetensors`, engine/loop.py)
+from the run's saved config.toml: the same architecture, norm and model options for the dataset's facts.
+
+Which file: each algorithm's server exports its models by name (`ServerLogic.models()`): FedAvg and its
+kin, FedDF and the one-shot baselines a `global` model (FedDF with several architectures one
+`global_<model>` each), FedIOD, DENSE, Co-Boosting and FedKD a `student`, AsynDGAN a `segmenter`, beside
+generators. The first of those is the one a user predicts with; `name=` picks another whole model. Parts
+of a model (FedPer's shared extractor, FedMD-CG's classifier head) and generators are not task models.
+
+Which architecture: the run's model, or the algorithm's `student` or FedDF's `groups` where they name
+another one; the first whose parameters match the file in names and shapes is rebuilt.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fedistill.errors import RunDirError
+from fedistill.inference.run_folder import finished_dir
+from fedistill.inference.trained_model import TrainedModel
+
+#: The exported models a user predicts with, in the order one is picked when `name` is not given.
+PREFERRED = ("global", "student", "segmenter")
+GROUP_PREFIX = "global_"
+
+
+def model_files(run_dir: Path) -> dict[str, Path]:
+    """The models an algorithm's folder exported, by name."""
+    folder = run_dir / "models"
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    return {path.name.removesuffix(".safetensors"): path for path in files}
+
+
+def choose_model(files: dict[str, Path], algorithm: str, model: str, name: str | None) -> str:
+    """The exported model to load: `name`, else the first of PREFERRED, else FedDF's group of the run's
+    model (or its first group)."""
+    listed = ", ".join(files) if files else "none"
+    if name is not None:
+        if name not in files:
+            raise RunDirError(f"{algorithm} exported no model {name!r} (it exported: {listed})")
+        return name
+    for preferred in PREFERRED:
+        if preferred in files:
+            return preferred
+    from fedistill.models import model_names
+
+    groups = [n for n in files if n.startswith(GROUP_PREFIX) and n[len(GROUP_PREFIX) :] in model_names()]
+    if groups:
+        return f"{GROUP_PREFIX}{model}" if f"{GROUP_PREFIX}{model}" in groups else groups[0]
+    raise RunDirError(
+        f"{algorithm} exported no whole model to predict with (it exported: {listed}); "
+        "its task models stay with the sites"
+    )
+
+
+def candidate_architectures(name: str, model: str, options: object) -> list[str]:
+    """The registry names the exported model `name` may have been built as, most likely first."""
+    from fedistill.models import model_names
+
+    known = model_names()
+    if name.startswith(GROUP_PREFIX) and name[len(GROUP_PREFIX) :] in known:
+        return [name[len(GROUP_PREFIX) :]]
+    student = str(getattr(options, "student", "") or "")
+    groups = str(getattr(options, "groups", "") or "").split(",")
+    names = [n.strip() for n in (student, *groups, model)]
+    return [n for n in dict.fromkeys(names) if n in known]
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; RunDirError when it is damaged."""
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # a truncated or overwritten file: safetensors raises its own error types
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise RunDirError(f"{path} is damaged ({reason}); run the algorithm again to export it") from None
+
+
+def _shapes(state: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    return {key: tuple(value.shape) for key, value in state.items()}
+
+
+def load_model(
+    run_dir: str | Path,
+    algorithm: str | None = None,
+    *,
+    name: str | None = None,
+    device: str | torch.device = "cpu",
+    data_dir: str | Path | None = None,
+) -> TrainedModel:
+    """The model `algorithm` trained in `run_dir` (a run directory, or one algorithm's folder of one; the
+    algorithm may be left out when the run holds one), in eval mode on `device`.
+
+    The dataset's facts (normalisation, classes) come from loading the dataset the run used, from
+    `data_dir` or the run's own `data_dir` (digits needs no files)."""
+    from fedistill.algorithms.shared.training import new_model, task_of
+    from fedistill.config import read_config
+    from fedistill.data.registry import load_dataset
+    from fedistill.engine.setup import resolve
+
+    folder = finished_dir(run_dir, algorithm)
+    files = model_files(folder)
+    own = folder / "config.toml"
+    config_path = own if own.is_file() else folder.parent / "config.toml"
+    resolved = resolve(read_config(config_path), folder.name)  # the algorithm's own config and options
+    config, options = resolved.config, resolved.options
+    chosen = choose_model(files, folder.name, config.model, name)
+    if "generator" in chosen:
+        raise RunDirError(f"{chosen} is {folder.name}'s generator, not a model of the task; pick another")
+    state = read_weights(files[chosen])
+    dataset = load_dataset(
+        config.dataset,
+        config.data_dir if data_dir is None else data_dir,
+        **config.options.get(config.dataset, {}),
+    )
+    info = dataset.info
+    candidates = candidate_architectures(chosen, config.model, options)
+    for architecture in candidates:
+        module = new_model(config, info, architecture)
+        if _shapes(module.state_dict()) == _shapes(state):
+            module.load_state_dict(state)
+            return TrainedModel(
+                module=_ready(module, device),
+                task=task_of(config, info),
+                info=info,
+                algorithm=folder.name,
+                config=config,
+                name=chosen,
+                architecture=architecture,
+                run_dir=folder,
+            )
+    raise RunDirError(
+        f"{files[chosen]} is not a whole {' or '.join(candidates)} as the run's config.toml builds it "
+        "(a part of a model, or a damaged file); pick another name"
+    )
+
+
+def _ready(module: nn.Module, device: str | torch.device) -> nn.Module:
+    from fedistill import devices
+
+    target = devices.resolve(device) if isinstance(device, str) else torch.device(device)
+    return module.to(target).eval()

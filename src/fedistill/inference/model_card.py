@@ -1,0 +1,178 @@
+"""The model card written beside an exported model (model-card.json and model-card.md): how it was
+trained (method, dataset, partition, clients), what left the sites to train it and how many bytes, how
+well it scores, its privacy budget where it has one, the versions and commit that made it, and the
+preprocessing its inputs need."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from fedistill.federation.ledger import DOWN, UP
+from fedistill.inference.trained_model import TrainedModel
+
+CARD_JSON = "model-card.json"
+CARD_MD = "model-card.md"
+
+#: What the exported model outputs, per task.
+OUTPUTS = {
+    "classification": "logits (N, classes): argmax is the class, softmax the probabilities",
+    "text-classification": "logits (N, classes): argmax is the class, softmax the probabilities",
+    "semantic-segmentation": "per-pixel logits (N, classes, H, W): argmax over classes is each pixel's class",
+    "instance-segmentation": "per-pixel logits (N, 3, H, W) of background, nucleus inside, nucleus contour",
+    "reconstruction": "images (N, C, H, W): the reconstruction of the zero-filled input images",
+}
+
+
+def git_commit() -> str | None:
+    """The commit of the git checkout this package's files belong to; None outside one (an installed
+    package) or without git."""
+    package = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> subprocess.CompletedProcess[str] | None:
+        try:
+            return subprocess.run(
+                ["git", *args], cwd=package, capture_output=True, text=True, timeout=10, check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    tracked = git("ls-files", "--error-unmatch", "__init__.py")  # the package is part of the checkout
+    if tracked is None or tracked.returncode != 0:
+        return None
+    head = git("rev-parse", "HEAD")
+    commit = head.stdout.strip() if head is not None and head.returncode == 0 else ""
+    return commit if re.fullmatch(r"[0-9a-f]{40,64}", commit) else None
+
+
+def preprocessing(model: TrainedModel) -> dict[str, Any]:
+    """What an input goes through before the exported model sees it (`TrainedModel.preprocess`)."""
+    info = model.info
+    if info.text is not None:
+        return {
+            "input": "token ids (N, L), int64, padded at the end",
+            "tokenizer": info.text.tokenizer,
+            "vocab_size": info.text.vocab_size,
+            "pad_id": info.text.pad_id,
+            "max_length": info.text.max_length,
+            "class_names": list(info.class_names),
+        }
+    return {
+        "input": "float32 (N, channels, image_size, image_size)",
+        "scale": "uint8 images divided by 255; float images taken to be in [0, 1]",
+        "normalise": "(x - mean) / std per channel",
+        "image_size": info.image_size,
+        "channels": info.channels,
+        "mean": list(info.mean),
+        "std": list(info.std),
+        "class_names": list(info.class_names),
+    }
+
+
+def privacy(final: dict[str, Any]) -> dict[str, Any] | None:
+    """The differential-privacy budget the run spent (the largest epsilon of any site), or None."""
+    if final.get("epsilon_max") is None:
+        return None
+    prefix = "epsilon_client_"
+    per_site = {k.removeprefix(prefix): v for k, v in final.items() if k.startswith(prefix)}
+    return {"epsilon": final["epsilon_max"], "delta": final.get("dp_delta"), "epsilon_per_client": per_site}
+
+
+def traffic(communication: dict[str, Any], direction: str) -> dict[str, Any]:
+    """One direction's traffic as the model card states it: total bytes, messages and bytes per kind."""
+    part = communication.get(direction, {})
+    return {
+        "total_bytes": part.get("total_bytes", 0),
+        "messages": part.get("messages", 0),
+        "bytes_per_kind": dict(part.get("per_kind", {})),
+    }
+
+
+def model_card(
+    model: TrainedModel, summary: dict[str, Any], file: Path, format: str, check: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The card of `model` exported to `file` in `format`, from the run's summary.json."""
+    partition = summary.get("partition", {})
+    return {
+        "model": {
+            "file": file.name,
+            "format": format,
+            "exported_model": model.name,
+            "architecture": model.architecture,
+            "task": model.task.name,
+            "parameters": sum(p.numel() for p in model.module.parameters()),
+            "input_shape": ["N", *model.input_shape],
+            "output": OUTPUTS.get(model.task.name, "the model's outputs"),
+        },
+        "method": {
+            "algorithm": summary["algorithm"],
+            "description": summary["description"],
+            "federated": summary["federated"],
+            "rounds": summary["rounds"],
+            "seed": summary.get("seed"),
+        },
+        "dataset": summary.get("dataset", model.config.dataset),
+        "partition": {k: partition.get(k) for k in ("method", "alpha", "hash")},
+        "clients": summary.get("clients"),
+        "left_the_sites": traffic(summary["communication"], UP),
+        "sent_to_the_sites": traffic(summary["communication"], DOWN),
+        "final_metrics": summary["final"],
+        "differential_privacy": privacy(summary["final"]),
+        "versions": summary.get("versions", {}),
+        "git_commit": git_commit(),
+        "preprocessing": preprocessing(model),
+        "check": check,
+    }
+
+
+def _value(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def card_markdown(card: dict[str, Any]) -> str:
+    """The model card as Markdown: the model, how it was trained, what left the sites, privacy, results and
+    preprocessing."""
+    m, method, pre = card["model"], card["method"], card["preprocessing"]
+    part, up = card["partition"], card["left_the_sites"]
+    lines = [
+        f"# {method['algorithm']} {m['exported_model']} model on {card['dataset']}",
+        "",
+        f"{method['description']}" + ("" if method["federated"] else "  **(not federated: data pooled)**"),
+        "",
+        f"- file: `{m['file']}` ({m['format']}); architecture: {m['architecture']}; "
+        f"task: {m['task']}; {m['parameters']:,} parameters",
+        f"- input: {tuple(m['input_shape'])}; output: {m['output']}",
+        f"- trained by {card['clients']} clients over {method['rounds']} rounds (seed {method['seed']})",
+        f"- partition: {part['method']} (alpha {part['alpha']}), hash `{part['hash']}`",
+        f"- git commit: {card['git_commit'] or 'unknown (not a git checkout)'}",
+        f"- versions: {', '.join(f'{k} {v}' for k, v in card['versions'].items())}",
+    ]
+    if card["check"]:
+        difference = card["check"]["max_abs_difference"]
+        lines.append(f"- checked against PyTorch: max abs difference {difference:.3g}")
+    lines += ["", "## What left the sites", "", "| kind | bytes |", "|---|---|"]
+    lines += [f"| {kind} | {size:,} |" for kind, size in up["bytes_per_kind"].items()]
+    lines += [f"| **total** ({up['messages']} messages) | {up['total_bytes']:,} |"]
+    dp = card["differential_privacy"]
+    lines += ["", "## Privacy", ""]
+    if dp:
+        lines.append(f"Differential privacy: epsilon {dp['epsilon']:.4g} at delta {dp['delta']}.")
+    else:
+        lines.append("Trained without differential privacy.")
+    lines += ["", "## Final metrics", "", "| metric | value |", "|---|---|"]
+    lines += [f"| {k} | {_value(v)} |" for k, v in card["final_metrics"].items()]
+    lines += ["", "## Preprocessing", ""]
+    lines += [f"- {key}: {value}" for key, value in pre.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_model_card(folder: Path, card: dict[str, Any]) -> tuple[Path, Path]:
+    """model-card.json and model-card.md in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    as_json, as_md = folder / CARD_JSON, folder / CARD_MD
+    as_json.write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
+    as_md.write_text(card_markdown(card), encoding="utf-8")
+    return as_json, as_md

@@ -1,0 +1,118 @@
+"""Segmentation: label PNGs for images, label volumes for NIfTI volumes, each on its input's own grid.
+
+Semantic segmentation (brain tumours) was trained on whole slices resized to `image_size`: an image is
+resized so, and its class map resized back by nearest neighbour. Instance segmentation (nuclei) was
+trained on `image_size` patches cut from whole histology images at the run's `scale`: an image is
+rescaled so, cut into patches every `stride` pixels (the run's dataset options), and the patches'
+probabilities are stitched back and turned into instances by the same post-processing its test
+metrics use (`instances_from_three_class`); the instance map (uint16 PNG, 0 = background) is then
+resized back to the image's size.
+
+A NIfTI volume goes through the BraTS loader's steps: axial slices of the canonical volume, intensities
+scaled per volume (the 0.5th-99.5th percentiles of its non-zero voxels, or each slice by its maximum when
+the run's BraTS data used `intensity = "slice-max"`), the slices placed on BraTS' 240 mm field of view
+and resized to `image_size`. Every slice is predicted, and the class map is taken back through the same
+steps to the volume's grid and voxel order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedistill.data.medical.patches import extract_patches, stitch
+from fedistill.data.medical.volumes import (
+    axial_slices,
+    resize_images,
+    scale_to_uint8,
+    to_field_of_view,
+)
+from fedistill.inference.forward import Trained, chunks, dataset_options, outputs
+from fedistill.inference.images import model_image, nearest_resize, read_image, to_channels, write_labels
+from fedistill.inference.inputs import InputFile
+from fedistill.inference.volumes import read_nifti, write_like
+from fedistill.metrics.instances import instances_from_three_class
+
+
+def segment_images(
+    model: Trained, files: Sequence[InputFile], answers: Sequence[Path], batch_size: int
+) -> None:
+    """Write a label image per input: nuclei instances for patchwise tasks, else the class per pixel
+    resized back to the input's shape."""
+    if model.task.patchwise:
+        for file, answer in zip(files, answers, strict=True):
+            write_labels(answer, nuclei_instances(model, file.path, batch_size), np.uint16)
+        return
+    info = model.info
+    for part in chunks(len(files), batch_size):
+        read = [model_image(f.path, info.channels, info.image_size) for f in files[part]]
+        images = torch.from_numpy(np.stack([image for image, _ in read]))
+        labels = outputs(model, images, batch_size).argmax(1).numpy()
+        for (_, shape), label, answer in zip(read, labels, answers[part], strict=True):
+            write_labels(answer, nearest_resize(label, shape))
+
+
+def _rescale(image: np.ndarray, scale: float) -> np.ndarray:
+    """uint8 (C, H, W) resized by `scale` as the nuclei loaders resize their whole images."""
+    if scale == 1.0:
+        return image
+    height, width = image.shape[1:]
+    size = (max(1, round(height * scale)), max(1, round(width * scale)))
+    x = torch.from_numpy(image.astype(np.float32))[None]
+    y = F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)[0]
+    return y.round().clamp(0, 255).to(torch.uint8).numpy()
+
+
+def nuclei_instances(model: Trained, path: Path, batch_size: int) -> np.ndarray:
+    """The instance map (H, W) of the whole image at `path`, patch by patch."""
+    info, options = model.info, dataset_options(model)
+    array = to_channels(read_image(path), info.channels, path)
+    image = _rescale(array.transpose(2, 0, 1), float(options.get("scale", 1.0)))
+    size = info.image_size
+    stride = int(options.get("stride") or size)
+    patches, rows, cols = extract_patches(image, size, stride)
+    probabilities = outputs(model, torch.from_numpy(patches), batch_size).softmax(1)
+    whole = stitch(probabilities, rows, cols, image.shape[1], image.shape[2])
+    instances = instances_from_three_class(whole[0], whole[1], whole[2])
+    return nearest_resize(instances, array.shape[:2])
+
+
+def from_field_of_view(stack: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """The inverse of `to_field_of_view`: (N, h, w) maps on the field of view back to (N, *shape), what
+    was padded cut away and what was cropped filled with 0."""
+    out = stack
+    for axis, have in zip((1, 2), shape, strict=True):
+        size = out.shape[axis]
+        if have < size:
+            start = (size - have) // 2
+            out = np.take(out, np.arange(start, start + have), axis=axis)
+        elif have > size:
+            before = (have - size) // 2
+            widths = [(0, 0)] * 3
+            widths[axis] = (before, have - size - before)
+            out = np.pad(out, widths)
+    return out
+
+
+def from_axial(slices: np.ndarray) -> np.ndarray:
+    """The inverse of `axial_slices`: (Z, Y, X) axial slices back to a RAS volume (X, Y, Z)."""
+    return np.ascontiguousarray(np.rot90(slices.transpose(1, 2, 0), k=-1, axes=(0, 1)))
+
+
+def segment_volume(model: Trained, path: Path, answer: Path, batch_size: int) -> None:
+    """The class of every voxel of the NIfTI volume at `path`, written to `answer` (uint8)."""
+    volume = read_nifti(path)
+    zooms = volume.canonical_zooms
+    images = axial_slices(volume.canonical)
+    intensity = dataset_options(model).get("intensity", "volume-percentile")
+    scaled = scale_to_uint8(images, images > 0, str(intensity), str(path))
+    spacing = (zooms[1], zooms[0])  # rows run along y, columns along x
+    on_view = to_field_of_view(scaled, spacing)
+    small = resize_images(on_view, model.info.image_size)
+    labels = outputs(model, torch.from_numpy(small)[:, None], batch_size).argmax(1).numpy()
+    labels = from_field_of_view(nearest_resize(labels, on_view.shape[1:]), images.shape[1:])
+    write_like(volume, volume.from_canonical(from_axial(labels)).astype(np.uint8), answer)

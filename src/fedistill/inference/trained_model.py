@@ -1,0 +1,108 @@
+"""A model a run trained, ready to predict: the module with the task it serves and the dataset facts
+its inputs must match (image size, channels, normalisation, class names).
+
+`preprocess` is the run's own evaluation preprocessing (`data.transforms.to_float`): uint8 images are
+divided by 255, float images are taken to be in [0, 1] already, then each channel is normalised with the
+training split's mean and std. So `predict` on a run's test images reproduces the run's test metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedistill.config import RunConfig
+from fedistill.data.base import DatasetInfo
+from fedistill.data.transforms import to_float
+from fedistill.errors import UserError
+from fedistill.tasks import Task
+
+
+class InputError(UserError, ValueError):
+    """Inputs a model cannot take: the wrong shape, channels, size or type."""
+
+
+#: Tasks whose outputs are class scores (per sample or per pixel), which `predict_proba` turns into
+#: probabilities; a reconstruction net's outputs are images.
+SCORED_TASKS = ("classification", "text-classification", "semantic-segmentation", "instance-segmentation")
+
+
+@dataclass
+class TrainedModel:
+    """The model `name` (models/<name>.safetensors) that `algorithm` trained in the run `run_dir`,
+    rebuilt as the registry's `architecture` from the run's `config`; `module` is in eval mode."""
+
+    module: nn.Module
+    task: Task
+    info: DatasetInfo
+    algorithm: str
+    config: RunConfig
+    name: str = "global"
+    architecture: str = ""
+    run_dir: Path | None = None
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the model's parameters; the CPU for a model without any."""
+        first = next(self.module.parameters(), None)
+        return first.device if first is not None else torch.device("cpu")
+
+    def to(self, device: str | torch.device) -> TrainedModel:
+        """Move the module to `device` (in place) and return self."""
+        self.module.to(device)
+        return self
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """One input's shape: (channels, size, size) for images, (length,) for token ids."""
+        if self.info.text is not None:
+            return (self.info.text.max_length,)
+        return (self.info.channels, self.info.image_size, self.info.image_size)
+
+    def preprocess(self, images: Any) -> torch.Tensor:
+        """Images as the model takes them: uint8 (0..255) or float in [0, 1], (N, H, W) for one channel or
+        (N, C, H, W), a NumPy array or a tensor -> normalised float32 (N, C, H, W) on the model's device.
+        Token ids (N, L) of a text model pass as they are."""
+        x = torch.as_tensor(np.asarray(images)) if not isinstance(images, torch.Tensor) else images
+        if self.info.text is not None:
+            if x.dim() != 2 or x.dtype.is_floating_point or x.dtype == torch.bool:
+                raise InputError(f"a text model takes token ids (N, L), got {x.dtype} {tuple(x.shape)}")
+            return x.to(torch.int64).to(self.device)
+        c, s = self.info.channels, self.info.image_size
+        if x.dim() == 3 and c == 1:
+            x = x[:, None]
+        if x.dim() != 4 or tuple(x.shape[1:]) != (c, s, s):
+            single = f" or (N, {s}, {s})" if c == 1 else ""
+            raise InputError(
+                f"{self.info.name} images are (N, {c}, {s}, {s}){single}, got shape {tuple(x.shape)}"
+            )
+        if x.dtype != torch.uint8 and not x.dtype.is_floating_point:
+            raise InputError(f"images must be uint8 (0..255) or float in [0, 1], got {x.dtype}")
+        return to_float(x.detach().cpu(), self.info).to(self.device)
+
+    @torch.no_grad()
+    def outputs(self, images: Any, batch_size: int = 512) -> torch.Tensor:
+        """The module's raw outputs on the CPU: logits (N, classes), per-pixel logits (N, classes, H, W)
+        or images (N, C, H, W)."""
+        x = self.preprocess(images)
+        self.module.eval()
+        starts = range(0, len(x), batch_size)
+        chunks = [self.task.predict(self.module, x[i : i + batch_size]).cpu() for i in starts]
+        return torch.cat(chunks) if chunks else torch.zeros(0)
+
+    def predict(self, images: Any, batch_size: int = 512) -> torch.Tensor:
+        """Class ids (N,) for classification; a class per pixel (N, H, W) for semantic segmentation; an
+        instance id per pixel (N, H, W), 0 the background, for instance segmentation; images (N, C, H, W)
+        for reconstruction (from the zero-filled images the net takes, without data consistency)."""
+        return self.task.decode(self.outputs(images, batch_size))
+
+    def predict_proba(self, images: Any, batch_size: int = 512) -> torch.Tensor:
+        """Class probabilities: (N, classes), or (N, classes, H, W) per pixel for segmentation."""
+        if self.task.name not in SCORED_TASKS:
+            raise InputError(f"predict_proba needs class scores; a {self.task.name} model outputs images")
+        return self.outputs(images, batch_size).softmax(1)

@@ -1,0 +1,175 @@
+"""The Python API: `fedistill.run`, `summary` and `load_model` against the files a run writes, the
+trained model reproducing the run's own test accuracy, and one-line errors for every wrong input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fedistill
+from fedistill.api import DEMO_CONFIG, run_config
+from fedistill.config import load_toml
+from fedistill.data.registry import load_dataset
+from fedistill.engine.rundir import read_jsonl
+from fedistill.engine.summary import results_rows
+from fedistill.errors import RunDirError, UserError
+from fedistill.federation.ledger import UP
+from fedistill.inference import InputError
+
+KEYS = {"algorithm": "fedavg", "model": "small-cnn", "clients": 3, "rounds": 1, "device": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> fedistill.RunResult:
+    out = tmp_path_factory.mktemp("runs")
+    return fedistill.run(**KEYS, out=str(out), name="a", quiet=True)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset("digits")
+
+
+def _one_line(exc: pytest.ExceptionInfo) -> str:
+    text = str(exc.value)
+    assert "\n" not in text, text
+    return text
+
+
+def test_import_fedistill_stays_light():
+    code = "import sys, fedistill; print('torch' in sys.modules, sorted(dir(fedistill)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("False ")
+    for name in ("run", "summary", "load_model", "RunResult", "TrainedModel", "export"):
+        assert repr(name) in out
+        assert getattr(fedistill, name) is not None
+
+
+def test_run_result_holds_what_the_run_wrote(finished):
+    run_dir = finished.run_dir
+    assert run_dir.name == "a" and (run_dir / "config.toml").is_file()
+    assert list(finished) == ["fedavg"] and len(finished) == 1 and "fedavg" in finished
+    fedavg = finished["fedavg"]
+    written = json.loads((run_dir / "fedavg" / "summary.json").read_text(encoding="utf-8"))
+    assert fedavg.summary == written
+    assert fedavg.final == written["final"] and 0.0 <= fedavg.final["test_accuracy"] <= 1.0
+    assert fedavg.communication == written["communication"]
+    assert fedavg.bytes_up == written["communication"][UP]["total_bytes"] > 0
+    assert fedavg.metrics == read_jsonl(run_dir / "fedavg" / "metrics.jsonl")
+    assert fedavg.curve("test_accuracy") == [(1, fedavg.final["test_accuracy"])]
+    assert fedavg.headline == "test_accuracy"
+    assert finished.table() == results_rows([written])
+    assert finished.table()[0]["algorithm"] == "fedavg"
+    assert finished.markdown() in (run_dir / "results.md").read_text(encoding="utf-8")
+    with pytest.raises(KeyError, match="fedprox"):
+        finished["fedprox"]
+
+
+def test_summary_reads_a_run_or_one_algorithms_folder(finished):
+    assert fedistill.summary(finished.run_dir) == finished
+    alone = fedistill.summary(finished.run_dir / "fedavg")
+    assert alone.run_dir == finished.run_dir / "fedavg"
+    assert alone["fedavg"] == finished["fedavg"]
+
+
+def test_keys_dotted_tables_and_a_config_file_layer_as_the_cli_does(tmp_path):
+    config = run_config(None, {"fediod.rounds": 2, "fedprox": {"mu": 0.1}, "rounds": 1})
+    assert config.rounds == 1
+    assert config.options["fediod"] == {"rounds": 2} and config.options["fedprox"] == {"mu": 0.1}
+    toml = tmp_path / "base.toml"
+    toml.write_text("rounds = 5\nclients = 4\n[fedavg]\nlr = 0.1\n", encoding="utf-8")
+    layered = run_config(toml, {"rounds": 1})
+    assert (layered.rounds, layered.clients, layered.options["fedavg"]) == (1, 4, {"lr": 0.1})
+    assert run_config(None, {"out": "x"}).algorithm == load_toml(DEMO_CONFIG)["algorithm"]  # the demo
+
+
+def test_loaded_model_reproduces_the_runs_test_accuracy(finished, digits):
+    model = fedistill.load_model(finished.run_dir, "fedavg")
+    assert (model.name, model.architecture, model.algorithm) == ("global", "small-cnn", "fedavg")
+    assert not model.module.training and model.device == torch.device("cpu")
+    assert model.info == digits.info and model.task.name == "classification"
+    assert model.config.model == "small-cnn" and model.config.algorithm == "fedavg"
+    test = digits.test
+    predicted = model.predict(test.x)
+    accuracy = int((predicted == test.y).sum()) / len(test)
+    assert abs(accuracy - finished["fedavg"].final["test_accuracy"]) <= 1e-6
+    as_floats = model.predict((test.x.float() / 255.0).numpy()[:, 0])  # (N, H, W) floats in [0, 1]
+    assert torch.equal(as_floats, predicted)
+    proba = model.predict_proba(test.x)
+    assert torch.allclose(proba.sum(1), torch.ones(len(test)), atol=1e-5)
+    assert torch.equal(proba.argmax(1), predicted)
+    from_its_folder = fedistill.load_model(finished.run_dir / "fedavg")  # the algorithm may be left out
+    assert torch.equal(from_its_folder.predict(test.x[:20]), predicted[:20])
+
+
+def test_wrong_images_are_refused_in_one_line(finished):
+    model = fedistill.load_model(finished.run_dir)
+    for images, expected in (
+        (np.zeros((2, 3, 8, 8), dtype=np.uint8), r"\(N, 1, 8, 8\)"),
+        (np.zeros((2, 1, 9, 9), dtype=np.uint8), r"got shape \(2, 1, 9, 9\)"),
+        (np.zeros((2, 8, 8), dtype=np.int32), "uint8"),
+    ):
+        with pytest.raises(InputError, match=expected) as exc:
+            model.predict(images)
+        _one_line(exc)
+    assert issubclass(InputError, ValueError) and issubclass(InputError, UserError)
+
+
+def _copy(finished, tmp_path: Path) -> Path:
+    copy = tmp_path / "copy"
+    shutil.copytree(finished.run_dir, copy, ignore=shutil.ignore_patterns(".lock*"))
+    return copy
+
+
+def test_run_directory_mistakes_give_one_line_errors(finished, tmp_path):
+    run_dir = finished.run_dir
+    (tmp_path / "empty").mkdir()
+    cases = [
+        (tmp_path / "nowhere", "fedavg", "is not a folder"),
+        (tmp_path / "empty", "fedavg", "not a run directory"),
+        (run_dir, "fedprox", "holds no 'fedprox'"),
+        (run_dir / "fedavg", "fedprox", "is the fedavg folder of the run"),
+    ]
+    for where, algorithm, expected in cases:
+        with pytest.raises(RunDirError, match=expected) as exc:
+            fedistill.load_model(where, algorithm)
+        _one_line(exc)
+    with pytest.raises(RunDirError, match="exported no model 'student'"):
+        fedistill.load_model(run_dir, "fedavg", name="student")
+    with pytest.raises(RunDirError, match="already holds a run") as exc:
+        fedistill.run(**KEYS, out=str(run_dir.parent), name="a", quiet=True)
+    _one_line(exc)
+    with pytest.raises(UserError, match="resume continues with the run's saved config"):
+        fedistill.run(resume=run_dir, rounds=2)
+
+
+def test_unfinished_model_less_and_damaged_runs_are_named(finished, tmp_path):
+    copy = _copy(finished, tmp_path)
+    weights = copy / "fedavg" / "models" / "global.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(RunDirError, match=r"global\.safetensors is damaged") as exc:
+        fedistill.load_model(copy, "fedavg")
+    _one_line(exc)
+    shutil.rmtree(copy / "fedavg" / "models")
+    with pytest.raises(RunDirError, match="exported no whole model") as exc:
+        fedistill.load_model(copy, "fedavg")
+    _one_line(exc)
+    (copy / "fedavg" / "summary.json").unlink()
+    for call in (fedistill.load_model, fedistill.summary):
+        with pytest.raises(RunDirError, match="--resume") as exc:
+            call(copy)
+        _one_line(exc)
+
+
+def test_resume_of_a_finished_run_gives_its_results(finished, tmp_path):
+    copy = _copy(finished, tmp_path)
+    resumed = fedistill.run(resume=copy, quiet=True)
+    assert resumed.run_dir == copy
+    assert resumed["fedavg"].final == finished["fedavg"].final

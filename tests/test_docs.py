@@ -1,0 +1,147 @@
+"""The documentation cannot rot: every public option, flag and registered name has its one line, the
+generated results pages and the README's headline match the result files, and the how-to's example
+algorithm runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedistill.algorithms.registry import ALGORITHMS, algorithm_names
+from fedistill.config import RunConfig, build_config
+from fedistill.engine.launch import run_suite
+from fedistill.federation.ledger import UP, read_ledger
+from fedistill.reference import cli_reference, config_keys, options, registries
+from fedistill.reference.field_docs import field_docs
+from fedistill.reference.pages import reference_pages
+from fedistill.reference.parser import run_flag_help
+from fedistill.reference.provenance import GIT_COMMIT
+from fedistill.reference.results import ROOT, readme_with_headline, results_pages
+
+EXAMPLE = ROOT / "docs" / "examples" / "my_algorithm.py"
+
+
+def test_every_command_line_argument_is_documented():
+    missing = [f"{flag.command} {flag.names}" for flag in cli_reference.flags() if not flag.help.strip()]
+    assert missing == [], "give these arguments a help= in cli.py"
+
+
+def test_every_common_config_key_is_documented():
+    missing = [key.name for key in config_keys.common_keys() if not key.doc.strip()]
+    assert missing == [], "document these keys with a comment beside them in config.py"
+
+
+@pytest.mark.parametrize("name", algorithm_names())
+def test_every_algorithm_option_is_documented(name):
+    missing = [option.name for option in options.options_of(name) if not option.doc.strip()]
+    assert missing == [], f"document these [{name}] options (a docstring or a comment beside the field)"
+
+
+def test_every_registered_name_is_documented():
+    found = registries.entries()
+    missing = [f"{registry}: {e.name}" for registry, entries in found.items() for e in entries if not e.doc]
+    assert missing == [], "give these a docstring (models, partitioners, tasks) or a summary (algorithms)"
+
+
+def test_notes_are_not_written_twice():
+    """The fallback notes hold only what the code does not say yet; once it does, a note must go."""
+    commented = {doc.name for doc in field_docs(RunConfig) if doc.text}
+    flagged = set(run_flag_help())
+    assert sorted(set(config_keys.KEY_NOTES) & (commented | flagged)) == []
+    own_help = {f"{flag.command} {flag.dest}" for flag in cli_reference.flags() if flag.own_help}
+    assert sorted(set(cli_reference.ARGUMENT_NOTES) & own_help) == []
+
+
+def test_terminal_options_list_every_key_with_its_default():
+    text = options.format_options("fediod")
+    for option in options.options_of("fediod"):
+        assert re.search(rf"^  {option.name} = ", text, re.MULTILINE), option.name
+    assert "no options of its own" in options.format_options("standalone")
+
+
+def test_reference_pages_cover_every_algorithm():
+    pages = reference_pages()
+    for name in algorithm_names():
+        assert f"reference/options/{name}.md" in pages
+        assert f"[`[{name}]`]({name}.md)" in pages["reference/options/index.md"]
+    assert "`--set KEY=VALUE`" in pages["reference/cli.md"]
+    assert "| `stage1_cache` |" in pages["reference/config.md"]
+
+
+def _without_git_commits(text: str) -> str:
+    """Commits taken from git are left out: committing a result file gives it a new last commit."""
+    return GIT_COMMIT.sub("<commit>", text)
+
+
+def test_results_pages_match_the_result_files():
+    stale = []
+    for path, text in results_pages().items():
+        page = ROOT / "docs" / path
+        committed = page.read_text(encoding="utf-8") if page.is_file() else ""
+        if _without_git_commits(committed) != _without_git_commits(text):
+            stale.append(path)
+    assert stale == [], "run `python -m fedistill.reference.results` and commit the pages"
+
+
+def test_readme_headline_matches_the_result_files_and_the_readme_stays_a_front_page():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert _without_git_commits(readme_with_headline(readme)) == _without_git_commits(readme), (
+        "run `python -m fedistill.reference.results` and commit README.md"
+    )
+    top = readme.splitlines()[:5]  # the set-up commands stay first: CI runs the README's `make test`
+    assert top[2] == "```bash" and top[3].startswith("make demo") and top[4].startswith("make test")
+    assert len(readme.encode("utf-8")) <= 20_000
+
+
+@pytest.fixture
+def example_algorithm():
+    """The how-to's example, imported as a user would; the registry is restored afterwards."""
+    before = dict(ALGORITHMS)
+    spec = importlib.util.spec_from_file_location("my_algorithm", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through it
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+    ALGORITHMS.clear()
+    ALGORITHMS.update(before)
+
+
+def test_example_algorithm_runs_on_digits(tmp_path, example_algorithm):
+    config = build_config(
+        RunConfig(),
+        {"algorithm": "trimmed-mean", "clients": 5, "rounds": 2, "local_epochs": 2, "model": "mlp"},
+    )
+    (summary,) = run_suite(config, tmp_path / "suite", progress=False)
+    assert summary["algorithm"] == "trimmed-mean"
+    assert summary["final"]["test_accuracy"] > 0.5  # chance is 0.1
+    ledger = read_ledger(tmp_path / "suite" / "trimmed-mean" / "ledger.jsonl")
+    sent_up = {kind for record in ledger if record["direction"] == UP for kind in record["kinds"]}
+    assert sent_up == {"parameters", "metrics"}
+
+
+def test_example_trimmed_mean_is_the_median_at_one_half(example_algorithm):
+    import torch
+
+    values = torch.tensor([[1.0], [9.0], [2.0], [3.0]])
+    assert example_algorithm.trimmed_mean(values, 0.5).item() == 2.5
+    assert example_algorithm.trimmed_mean(values, 0.0).item() == 3.75
+
+
+@pytest.mark.slow
+def test_the_site_builds_strictly(tmp_path):
+    pytest.importorskip("mkdocs")
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]

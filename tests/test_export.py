@@ -1,0 +1,160 @@
+"""Exporting a run's model: safetensors by default in <run>/<algorithm>/export/ with its model card;
+ONNX equal to PyTorch (onnxruntime, max abs difference <= 1e-4) for a classifier, a segmentation U-Net
+and the reconstruction U-Net; TorchScript equal to PyTorch; the `fedistill export` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+import fedistill
+from fedistill.config import RunConfig
+from fedistill.data.base import DatasetInfo
+from fedistill.data.registry import load_dataset
+from fedistill.errors import ConfigError
+from fedistill.federation.ledger import DOWN, UP
+from fedistill.inference import TrainedModel
+from fedistill.inference.export import add_arguments, export_model, run_command, verify
+from fedistill.models import build_model
+from fedistill.tasks import make_task
+
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    keys = {"algorithm": "fedavg", "model": "small-cnn", "clients": 3, "rounds": 1, "device": "cpu"}
+    return fedistill.run(**keys, out=str(out), name="e", quiet=True).run_dir
+
+
+@pytest.fixture(scope="module")
+def test_images():
+    return load_dataset("digits").test.x
+
+
+def _onnx_outputs(path, inputs: torch.Tensor) -> torch.Tensor:
+    onnxruntime = pytest.importorskip("onnxruntime")
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return torch.from_numpy(session.run(None, {session.get_inputs()[0].name: inputs.numpy()})[0])
+
+
+def test_default_export_is_safetensors_in_the_runs_export_folder_with_a_card(run_dir):
+    path = fedistill.export(run_dir, "fedavg")
+    assert path == run_dir / "fedavg" / "export" / "global.safetensors"
+    model = fedistill.load_model(run_dir, "fedavg")
+    weights = load_file(str(path))
+    assert weights.keys() == model.module.state_dict().keys()
+    assert all(torch.equal(weights[k], v) for k, v in model.module.state_dict().items())
+    with safe_open(str(path), "pt") as handle:
+        metadata = handle.metadata()
+    assert metadata["architecture"] == "small-cnn" and metadata["algorithm"] == "fedavg"
+    assert json.loads(metadata["preprocessing"])["mean"] == list(model.info.mean)
+
+    summary = json.loads((run_dir / "fedavg" / "summary.json").read_text(encoding="utf-8"))
+    card = json.loads((path.parent / "model-card.json").read_text(encoding="utf-8"))
+    assert card["model"]["file"] == "global.safetensors" and card["model"]["architecture"] == "small-cnn"
+    assert card["method"]["algorithm"] == "fedavg" and card["method"]["federated"] is True
+    assert card["dataset"] == "digits" and card["clients"] == 3
+    assert card["partition"] == {k: summary["partition"][k] for k in ("method", "alpha", "hash")}
+    assert card["left_the_sites"]["bytes_per_kind"] == summary["communication"][UP]["per_kind"]
+    assert card["left_the_sites"]["total_bytes"] == summary["communication"][UP]["total_bytes"] > 0
+    assert card["sent_to_the_sites"]["total_bytes"] == summary["communication"][DOWN]["total_bytes"]
+    assert card["final_metrics"] == summary["final"]
+    assert card["differential_privacy"] is None
+    assert card["versions"] == summary["versions"]
+    assert card["git_commit"] is None or re.fullmatch(r"[0-9a-f]{40,64}", card["git_commit"])
+    pre = card["preprocessing"]
+    assert (pre["image_size"], pre["channels"]) == (8, 1)
+    assert (pre["mean"], pre["std"]) == (list(model.info.mean), list(model.info.std))
+    assert pre["class_names"] == [str(d) for d in range(10)]
+    text = (path.parent / "model-card.md").read_text(encoding="utf-8")
+    assert "## What left the sites" in text and "parameters" in text and summary["partition"]["hash"] in text
+
+
+def test_onnx_classifier_equals_pytorch_on_the_test_set(run_dir, test_images, tmp_path):
+    pytest.importorskip("onnxruntime")
+    path = fedistill.export(run_dir, "fedavg", "onnx", output=tmp_path / "digits.onnx")
+    assert path == tmp_path / "digits.onnx" and (tmp_path / "model-card.json").is_file()
+    model = fedistill.load_model(run_dir, "fedavg")
+    inputs = model.preprocess(test_images)  # 360 images: a batch size the export never saw
+    with torch.no_grad():
+        expected = model.module(inputs)
+    difference = float((_onnx_outputs(path, inputs) - expected).abs().max())
+    print(f"ONNX small-cnn (digits) max abs difference: {difference:.3g}")
+    assert difference <= TOLERANCE
+    card = json.loads((tmp_path / "model-card.json").read_text(encoding="utf-8"))
+    assert card["model"]["format"] == "onnx" and card["check"]["max_abs_difference"] <= TOLERANCE
+
+
+def _dense_model(architecture: str, info: DatasetInfo, options: dict) -> TrainedModel:
+    torch.manual_seed(0)
+    module = build_model(architecture, info, options=options)
+    module.train()
+    with torch.no_grad():  # running statistics that are not the identity
+        for _ in range(3):
+            module(torch.randn(4, info.channels, info.image_size, info.image_size) * 2 + 0.5)
+    module.eval()
+    task = make_task(info)
+    return TrainedModel(module, task, info, "none", RunConfig(), architecture, architecture)
+
+
+SEGMENTATION = "semantic-segmentation"
+DENSE = {
+    "unet": (
+        DatasetInfo("toy-seg", 1, 16, 3, (0.3,), (0.2,), class_names=("bg", "a", "b"), task=SEGMENTATION),
+        {"width": 4, "depth": 2},
+    ),
+    "unet-fastmri": (
+        DatasetInfo("toy-mri", 1, 16, 1, (0.0,), (1.0,), task="reconstruction"),
+        {"chans": 4, "num_pool_layers": 2},
+    ),
+}
+
+
+@pytest.mark.parametrize("architecture", sorted(DENSE))
+def test_onnx_dense_nets_equal_pytorch(architecture, tmp_path):
+    pytest.importorskip("onnxruntime")
+    info, options = DENSE[architecture]
+    model = _dense_model(architecture, info, options)
+    path = tmp_path / f"{architecture}.onnx"
+    check = export_model(model, "onnx", path)
+    images = torch.rand(5, 1, 16, 16, generator=torch.Generator().manual_seed(3))
+    inputs = model.preprocess(images)
+    with torch.no_grad():
+        expected = model.module(inputs)
+    difference = float((_onnx_outputs(path, inputs) - expected).abs().max())
+    print(f"ONNX {architecture} max abs difference: {difference:.3g}")
+    assert difference <= TOLERANCE and check is not None and check["max_abs_difference"] <= TOLERANCE
+    predicted = model.predict(images)
+    if architecture == "unet":
+        assert predicted.shape == (5, 16, 16) and predicted.dtype == torch.int64 and int(predicted.max()) < 3
+    else:
+        assert predicted.shape == (5, 1, 16, 16) and predicted.dtype == torch.float32
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
+def test_torchscript_equals_pytorch_and_the_export_command(run_dir, test_images, tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([str(run_dir), "--format", "torchscript", "--output", str(tmp_path)])
+    assert run_command(args) == 0
+    path = tmp_path / "global.pt"
+    assert str(path) in capsys.readouterr().out and (tmp_path / "model-card.md").is_file()
+    model = fedistill.load_model(run_dir)
+    inputs = model.preprocess(test_images)
+    scripted = torch.jit.load(str(path))
+    with torch.no_grad():
+        assert torch.equal(scripted(inputs), model.module(inputs))
+    assert verify(model, "torchscript", path)["max_abs_difference"] == 0.0
+
+
+def test_unknown_format_is_refused_before_any_work(run_dir):
+    with pytest.raises(ConfigError, match="unknown export format 'tflite'"):
+        fedistill.export(run_dir, "fedavg", "tflite")

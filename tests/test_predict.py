@@ -1,0 +1,377 @@
+"""`fedistill predict`: a trained model's answers on files, by task, and one clear line for bad inputs.
+
+Most tests use a stand-in for a loaded model (a module from the registry or a tiny hand-made one, with
+the task, dataset facts and normalisation a run would give it), so the geometry and scaling of every
+path can be checked exactly; one test predicts with a real one-round run through the command."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import gzip
+from pathlib import Path
+
+import h5py
+import nibabel as nib
+import numpy as np
+import pytest
+import tifffile
+import torch
+from PIL import Image
+from torch import nn
+
+from fedistill.config import RunConfig
+from fedistill.data.base import DatasetInfo, ImageSet
+from fedistill.data.digits import load_digits_dataset
+from fedistill.data.medical.volumes import scale_to_uint8
+from fedistill.data.mri.kspace import fft2c
+from fedistill.data.transforms import to_float
+from fedistill.errors import ConfigError, DataError, UserError
+from fedistill.inference.predict import add_arguments, predict_path, run_command
+from fedistill.models import build_model
+from fedistill.tasks import make_task
+
+SEMANTIC = DatasetInfo("brats", 1, 24, 2, (0.2,), (0.3,), task="semantic-segmentation")
+NUCLEI = DatasetInfo("monuseg", 3, 16, 2, (0.5,) * 3, (0.25,) * 3, task="instance-segmentation")
+MRI = DatasetInfo("ixi", 1, 16, 2, (0.0,), (1.0,), task="reconstruction")
+
+
+@dataclasses.dataclass
+class Standin:
+    """What `load_model` hands back, built here from a module: task, facts, config, normalisation."""
+
+    module: nn.Module
+    info: DatasetInfo
+    config: RunConfig = dataclasses.field(default_factory=RunConfig)
+    task: object = None
+    algorithm: str = "fedavg"
+
+    def __post_init__(self) -> None:
+        self.module.eval()
+        if self.task is None:
+            self.task = make_task(self.info, self.config.options.get("task", {}))
+
+    def preprocess(self, images: torch.Tensor) -> torch.Tensor:
+        return to_float(images if images.dim() == 4 else images[:, None], self.info)
+
+
+class Threshold(nn.Module):
+    """Class 1 where the normalised input exceeds 0.5: its answer can be computed by hand."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.zeros_like(x), x - 0.5], 1)
+
+
+class Identity(nn.Module):
+    """A reconstruction net that hands back its zero-filled input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+
+def _tiny(name: str, info: DatasetInfo, **options: object) -> nn.Module:
+    torch.manual_seed(0)
+    return build_model(name, info, options=options or None)
+
+
+def _write_png(path: Path, array: np.ndarray) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(array).save(path)
+    return path
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def _digits_model() -> tuple[Standin, object]:
+    data = load_digits_dataset()
+    return Standin(_tiny("mlp", data.info), data.info), data
+
+
+def test_classification_csv_matches_the_evaluation_path(tmp_path):
+    model, data = _digits_model()
+    n = 40
+    x, y = data.test.x[:n], data.test.y[:n]
+    for i in range(n):
+        _write_png(tmp_path / "in" / str(int(y[i])) / f"{i:03d}.png", x[i, 0].numpy())
+    result = predict_path(model, tmp_path / "in", tmp_path / "out.csv")
+    assert (result.count, result.resized) == (n, 0)
+    rows = {row["path"]: row for row in _rows(tmp_path / "out.csv")}
+    logits = model.task.outputs(model.module, ImageSet(x, y), data.info)
+    probabilities = logits.softmax(1)
+    for i in range(n):
+        row = rows[f"{int(y[i])}/{i:03d}.png"]
+        assert int(row["label"]) == int(logits[i].argmax())
+        assert row["class_name"] == data.info.class_names[int(row["label"])]
+        assert float(row["confidence"]) == pytest.approx(float(probabilities[i].max()), abs=1e-6)
+        assert row["resized_from"] == ""
+    accuracy = np.mean([int(r["label"]) == int(r["path"].split("/")[0]) for r in rows.values()])
+    evaluated = model.task.evaluate(model.module, ImageSet(x, y), data.info)["accuracy"]
+    assert accuracy == pytest.approx(evaluated)
+
+
+def test_classification_converts_channels_and_says_what_it_resized(tmp_path):
+    model, data = _digits_model()
+    rgb = np.repeat(np.kron(data.test.x[0, 0].numpy(), np.ones((2, 2), np.uint8))[:, :, None], 3, axis=2)
+    _write_png(tmp_path / "in" / "rgb16.png", rgb)
+    tifffile.imwrite(tmp_path / "in" / "grey16bit.tif", data.test.x[1, 0].numpy().astype(np.uint16) * 257)
+    _write_png(tmp_path / "in" / "native.png", data.test.x[2, 0].numpy())
+    result = predict_path(model, tmp_path / "in", tmp_path / "out")  # a folder gets predictions.csv
+    assert result.output == tmp_path / "out" / "predictions.csv" and result.resized == 1
+    rows = {row["path"]: row for row in _rows(result.output)}
+    assert rows["rgb16.png"]["resized_from"] == "16x16"
+    assert rows["grey16bit.tif"]["resized_from"] == rows["native.png"]["resized_from"] == ""
+    expected = model.task.outputs(model.module, ImageSet(data.test.x[1:3], data.test.y[1:3]), data.info)
+    assert int(rows["grey16bit.tif"]["label"]) == int(expected[0].argmax())
+    assert int(rows["native.png"]["label"]) == int(expected[1].argmax())
+
+
+def test_semantic_segmentation_writes_masks_on_each_image_grid(tmp_path):
+    model = Standin(_tiny("unet", SEMANTIC, width=4, depth=2), SEMANTIC)
+    rng = np.random.default_rng(0)
+    odd = _write_png(tmp_path / "in" / "odd.png", rng.integers(0, 256, (40, 52), dtype=np.uint8))
+    native = rng.integers(0, 256, (24, 24), dtype=np.uint8)
+    _write_png(tmp_path / "in" / "sub" / "native.png", native)
+    tifffile.imwrite(tmp_path / "in" / "slice.tif", rng.integers(0, 256, (30, 20), dtype=np.uint8))
+    predict_path(model, tmp_path / "in", tmp_path / "out")
+    masks = {
+        p: np.asarray(Image.open(tmp_path / "out" / p)) for p in ("odd.png", "sub/native.png", "slice.png")
+    }
+    assert masks["odd.png"].shape == np.asarray(Image.open(odd)).shape
+    assert masks["slice.png"].shape == (30, 20)
+    for mask in masks.values():
+        assert mask.dtype == np.uint8 and set(np.unique(mask)) <= {0, 1}
+    with torch.no_grad():
+        direct = model.module(model.preprocess(torch.from_numpy(native)[None])).argmax(1)[0].numpy()
+    np.testing.assert_array_equal(masks["sub/native.png"], direct)
+
+
+def test_instance_segmentation_stitches_patches_into_one_instance_map(tmp_path):
+    model = Standin(_tiny("unet", dataclasses.replace(NUCLEI, num_classes=3), width=4, depth=2), NUCLEI)
+    model.config = RunConfig(dataset="monuseg", options={"monuseg": {"stride": 8}})
+    rng = np.random.default_rng(1)
+    _write_png(tmp_path / "in" / "tile.png", rng.integers(0, 256, (40, 23, 3), dtype=np.uint8))
+    predict_path(model, tmp_path / "in", tmp_path / "out")
+    instances = np.asarray(Image.open(tmp_path / "out" / "tile.png"))
+    assert instances.shape == (40, 23) and instances.dtype == np.uint16
+
+
+def _nifti(path: Path, data: np.ndarray, affine: np.ndarray) -> Path:
+    image = nib.Nifti1Image(data.astype(np.float32), affine)
+    image.header.set_xyzt_units("mm")
+    nib.save(image, str(path))
+    return path
+
+
+def _blobs(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """A smooth positive volume, different along every axis and in every direction."""
+    grids = np.meshgrid(*(np.linspace(-1, 1, n) for n in shape), indexing="ij")
+    centre = np.exp(-sum((g - c) ** 2 for g, c in zip(grids, (0.5, -0.5, 0.4), strict=True)) * 3)
+    ramp = 0.6 * (grids[0] + 1) + 0.5 * (1 - grids[1]) ** 2 + 0.4 * (grids[2] + 1)
+    noise = np.random.default_rng(seed).random(shape) * 0.05
+    return (centre + ramp + noise).astype(np.float32)
+
+
+# stored axes -> superior (3 mm), left (10 mm), posterior (10 mm): far from RAS, so the geometry is tested
+OBLIQUE = np.array([[0.0, -10.0, 0.0, 5.0], [0.0, 0.0, -10.0, -3.0], [3.0, 0.0, 0.0, 7.0], [0, 0, 0, 1.0]])
+
+
+def test_segmentation_of_a_nifti_volume_keeps_its_grid_affine_and_header(tmp_path):
+    model = Standin(Threshold(), dataclasses.replace(SEMANTIC, mean=(0.0,), std=(1.0,)))
+    data = _blobs((6, 20, 24), seed=0)
+    data[:, :2] = 0.0  # background the percentile scale leaves out
+    (tmp_path / "in").mkdir()
+    source = _nifti(tmp_path / "in" / "head.nii.gz", data, OBLIQUE)
+    _nifti(tmp_path / "in" / "other.nii", _blobs((30, 28, 5), seed=1), np.diag([1.0, 1.0, 2.0, 1.0]))
+    predict_path(model, tmp_path / "in", tmp_path / "out")
+    answer = nib.load(str(tmp_path / "out" / "head.nii.gz"))
+    labels = np.asarray(answer.dataobj)
+    stored = nib.load(str(source))
+    assert labels.shape == data.shape and labels.dtype == np.uint8
+    np.testing.assert_array_equal(answer.affine, stored.affine)
+    assert answer.header.get_zooms() == stored.header.get_zooms()
+    assert answer.header["sform_code"] == stored.header["sform_code"]
+    assert answer.header["qform_code"] == stored.header["qform_code"]
+    # 10 mm voxels: the 240 mm field of view is 24 pixels, the model's size, so every voxel is exact
+    expected = scale_to_uint8(data, data > 0, "volume-percentile", "test") >= 128
+    np.testing.assert_array_equal(labels, expected.astype(np.uint8))
+    other = np.asarray(nib.load(str(tmp_path / "out" / "other.nii")).dataobj)
+    assert other.shape == (30, 28, 5) and set(np.unique(other)) <= {0, 1}
+
+
+def _reconstruction(config: RunConfig | None = None, module: nn.Module | None = None) -> Standin:
+    config = config or RunConfig(
+        dataset="ixi", options={"task": {"acceleration": 2.0, "center_fraction": 0.2}}
+    )
+    return Standin(module or Identity(), MRI, config)
+
+
+def _correlation(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.corrcoef(a.ravel(), b.ravel())[0, 1])
+
+
+def _assert_aligned(answer: np.ndarray, truth: np.ndarray) -> None:
+    """`answer` resembles `truth` closely, and more than it resembles any flip of it along an axis."""
+    matched = _correlation(answer, truth)
+    assert matched > 0.9
+    for axis in range(truth.ndim):
+        assert matched > _correlation(answer, np.flip(truth, axis)) + 0.05, axis
+
+
+@pytest.mark.parametrize("axis", ["axial", "stored"])
+def test_reconstruction_of_a_nifti_volume_lies_on_its_grid(tmp_path, axis):
+    options = {"task": {"acceleration": 2.0, "center_fraction": 0.2}, "ixi": {"slice_axis": axis}}
+    model = _reconstruction(RunConfig(dataset="ixi", options=options))
+    data = _blobs((14, 18, 5), seed=2) * 300.0
+    affine = np.array([[0, 0, 2.0, 0], [-1.2, 0, 0, 0], [0, 1.2, 0, 0], [0, 0, 0, 1.0]])
+    source = _nifti(tmp_path / "t1.nii.gz", data, affine)
+    predict_path(model, source, tmp_path / "out")
+    answer = nib.load(str(tmp_path / "out" / "t1.nii.gz"))
+    recon = np.asarray(answer.dataobj)
+    assert recon.shape == data.shape and recon.dtype == np.float32
+    np.testing.assert_array_equal(answer.affine, nib.load(str(source)).affine)
+    assert recon.min() >= 0 and 0.5 * data.max() < recon.max() < 1.5 * data.max()  # the input's units
+    _assert_aligned(recon, data)
+
+
+def test_reconstruction_with_a_trained_net_and_data_consistency(tmp_path):
+    task = {"acceleration": 4.0, "center_fraction": 0.08, "data_consistency": True}
+    net = _tiny("unet-fastmri", MRI, chans=4, num_pool_layers=2)
+    model = _reconstruction(RunConfig(dataset="ixi", options={"task": task}), net)
+    _nifti(tmp_path / "t2.nii", _blobs((16, 16, 3), seed=3), np.eye(4))
+    predict_path(model, tmp_path / "t2.nii", tmp_path / "out")
+    recon = np.asarray(nib.load(str(tmp_path / "out" / "t2.nii")).dataobj)
+    assert recon.shape == (16, 16, 3) and np.isfinite(recon).all()
+
+
+def _fastmri_file(path: Path, images: np.ndarray, mask: np.ndarray | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kspace = fft2c(torch.from_numpy(images)).numpy().astype(np.complex64)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("kspace", data=kspace if mask is None else kspace * mask)
+        if mask is not None:
+            f.create_dataset("mask", data=mask)
+        f.attrs["acquisition"] = "AXT1"
+    return path
+
+
+def test_reconstruction_of_fastmri_kspace(tmp_path):
+    images = _blobs((3, 20, 20), seed=4)
+    mask = np.zeros(20, np.float32)
+    mask[::2] = 1.0
+    mask[8:12] = 1.0
+    _fastmri_file(tmp_path / "in" / "full.h5", images)
+    _fastmri_file(tmp_path / "in" / "measured.h5", images, mask)
+    coils = np.stack([images * 0.8, images * 0.6], axis=1)
+    with h5py.File(tmp_path / "in" / "coils.h5", "w") as f:
+        f.create_dataset("kspace", data=fft2c(torch.from_numpy(coils)).numpy().astype(np.complex64))
+    predict_path(_reconstruction(), tmp_path / "in", tmp_path / "out")
+    for name in ("full.h5", "measured.h5", "coils.h5"):
+        with h5py.File(tmp_path / "out" / name, "r") as f:
+            recon = np.asarray(f["reconstruction"])
+            assert recon.shape == (3, 20, 20) and recon.dtype == np.float32
+            _assert_aligned(recon, images)
+    with h5py.File(tmp_path / "out" / "full.h5", "r") as f:
+        assert f.attrs["acquisition"] == "AXT1" and f.attrs["undersampled_by"] == "run task mask"
+
+
+def _bad_inputs(tmp_path: Path) -> dict[str, Path]:
+    (tmp_path / "empty").mkdir(parents=True)
+    (tmp_path / "notes.txt").write_text("x")
+    _nifti(tmp_path / "volume.nii.gz", _blobs((8, 8, 3), seed=0), np.eye(4))
+    _nifti(tmp_path / "zeros.nii.gz", np.zeros((8, 8, 3)), np.eye(4))
+    _write_png(tmp_path / "image.png", np.zeros((8, 8), np.uint8))
+    (tmp_path / "broken.png").write_bytes(b"not a png at all")
+    (tmp_path / "broken.nii.gz").write_bytes(gzip.compress(b"not a nifti header"))
+    tifffile.imwrite(tmp_path / "five.tif", np.zeros((8, 8, 5), np.uint8), planarconfig="contig")
+    with h5py.File(tmp_path / "nokspace.h5", "w") as f:
+        f.create_dataset("image", data=np.zeros((2, 8, 8)))
+    _fastmri_file(tmp_path / "measured.h5", np.ones((2, 16, 16), np.float32), np.ones(16, np.float32))
+    return {p.name: p for p in tmp_path.iterdir()}
+
+
+@pytest.mark.parametrize(
+    ("task", "name", "error", "words"),
+    [
+        ("classification", "missing.png", DataError, "does not exist"),
+        ("classification", "empty", DataError, "holds no file predict reads"),
+        ("classification", "notes.txt", DataError, "is not a file predict reads"),
+        ("classification", "volume.nii.gz", DataError, "is a NIfTI volume, but the classification model"),
+        ("reconstruction", "image.png", DataError, "k-space in fastMRI's layout"),
+        ("instance-segmentation", "volume.nii.gz", DataError, "takes an image"),
+        ("classification", "broken.png", DataError, "cannot read image"),
+        ("classification", "five.tif", DataError, "has 5 channels; the model takes greyscale images"),
+        ("semantic-segmentation", "broken.nii.gz", DataError, "cannot read NIfTI volume"),
+        ("semantic-segmentation", "zeros.nii.gz", DataError, "no brain voxels"),
+        ("reconstruction", "nokspace.h5", DataError, "has no `kspace` dataset"),
+        ("reconstruction-dc", "measured.h5", DataError, "pass the fully sampled file"),
+    ],
+)
+def test_bad_inputs_end_in_one_line_that_names_the_file(tmp_path, task, name, error, words):
+    files = _bad_inputs(tmp_path / "files")
+    path = files.get(name, tmp_path / "files" / name)
+    models = {
+        "classification": lambda: _digits_model()[0],
+        "semantic-segmentation": lambda: Standin(Threshold(), SEMANTIC),
+        "instance-segmentation": lambda: Standin(Threshold(), NUCLEI),
+        "reconstruction": _reconstruction,
+        "reconstruction-dc": lambda: _reconstruction(
+            RunConfig(dataset="ixi", options={"task": {"data_consistency": True}})
+        ),
+    }
+    with pytest.raises(error) as caught:
+        predict_path(models[task](), path, tmp_path / "out")
+    message = str(caught.value)
+    assert words in message and "\n" not in message
+    assert name in message
+
+
+def test_refusals_before_any_work(tmp_path):
+    model, data = _digits_model()
+    image = _write_png(tmp_path / "a.png", data.test.x[0, 0].numpy())
+    (tmp_path / "out.csv").write_text("old")
+    with pytest.raises(ConfigError, match="already exists; pass --overwrite"):
+        predict_path(model, image, tmp_path / "out.csv")
+    assert (tmp_path / "out.csv").read_text() == "old"
+    predict_path(model, image, tmp_path / "out.csv", overwrite=True)
+    assert len(_rows(tmp_path / "out.csv")) == 1
+    with pytest.raises(ConfigError, match="--batch-size"):
+        predict_path(model, image, tmp_path / "x.csv", batch_size=0)
+    segmenter = Standin(Threshold(), SEMANTIC)
+    with pytest.raises(ConfigError, match="would replace that input"):
+        predict_path(segmenter, image, tmp_path, overwrite=True)
+    with pytest.raises(ConfigError, match="is a file; the answers go to a folder"):
+        predict_path(segmenter, image, tmp_path / "out.csv")
+    text = dataclasses.replace(data.info, task="text-classification")
+    with pytest.raises(ConfigError, match="does not handle 'text-classification'"):
+        predict_path(Standin(model.module, text), image, tmp_path / "t.csv")
+
+
+def test_predict_command_on_a_real_run(tmp_path, capsys):
+    from fedistill.cli import main
+    from fedistill.inference.loading import load_model
+
+    run = ["run", "--algorithm", "fedavg", "--clients", "2", "--rounds", "1", "--model", "mlp", "--quiet"]
+    assert main([*run, "--out", str(tmp_path / "runs"), "--name", "digits"]) == 0
+    data = load_digits_dataset()
+    for i in range(12):
+        _write_png(tmp_path / "images" / str(int(data.test.y[i])) / f"{i}.png", data.test.x[i, 0].numpy())
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    argv = [str(tmp_path / "runs" / "digits"), "--algorithm", "fedavg", "--input", str(tmp_path / "images")]
+    args = parser.parse_args([*argv, "--output", str(tmp_path / "labels.csv")])
+    capsys.readouterr()
+    assert run_command(args) == 0
+    assert "fedavg (classification): 12 input(s)" in capsys.readouterr().out
+    rows = {row["path"]: int(row["label"]) for row in _rows(tmp_path / "labels.csv")}
+    expected = load_model(tmp_path / "runs" / "digits", "fedavg").predict(data.test.x[:12])
+    assert [rows[f"{int(data.test.y[i])}/{i}.png"] for i in range(12)] == expected.tolist()
+    with pytest.raises(UserError, match="already exists"):
+        run_command(args)

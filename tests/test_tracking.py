@@ -1,0 +1,198 @@
+"""Experiment tracking (`track`): what a tracked run streams reads back from TensorBoard's event files and
+MLflow's file store with the values of metrics.jsonl and ledger.jsonl; an untracked run is as before."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedistill.algorithms.classic.fedavg import FedAvgServer
+from fedistill.config import RunConfig, build_config
+from fedistill.engine.launch import resume_suite, run_suite
+from fedistill.engine.rundir import read_jsonl
+from fedistill.errors import ConfigError
+from fedistill.federation.ledger import read_ledger
+
+TINY = {"algorithm": "fedavg", "clients": 3, "rounds": 2, "model": "mlp", "batch_size": 32}
+CARD = "# fedavg model card\n"
+
+
+@pytest.fixture
+def file_store_env(monkeypatch):
+    """No tracking server from the environment; what the run sets is undone afterwards."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")  # recorded as unset, so restored as unset
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+
+
+def _run(out: Path, **keys) -> Path:
+    """A tiny fedavg suite in `out/suite`, with a model card where an export puts one; its run folder."""
+    config = build_config(RunConfig(), {**TINY, "out": str(out), **keys})
+    card = out / "suite" / "fedavg" / "export" / "model-card.md"
+    card.parent.mkdir(parents=True)
+    card.write_text(CARD, encoding="utf-8")
+    run_suite(config, out / "suite", progress=False)
+    return out / "suite" / "fedavg"
+
+
+def _expected_scalars(run_dir: Path) -> dict[int, dict[str, float]]:
+    """Per round: every number of metrics.jsonl's row, and the ledger's bytes per direction and kind."""
+    expected: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for row in read_jsonl(run_dir / "metrics.jsonl"):
+        expected[row["round"]] |= {k: float(v) for k, v in row.items() if k != "round" and v is not None}
+    for record in read_ledger(run_dir / "ledger.jsonl"):
+        direction = record["direction"].replace("->", "_to_")
+        expected[record["round"]][f"bytes/{direction}/total"] += record["bytes"]
+        for kind, size in record["kinds"].items():
+            expected[record["round"]][f"bytes/{direction}/{kind}"] += size
+    return expected
+
+
+def _events(run_dir: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0, "images": 0})
+    events.Reload()
+    return events
+
+
+def _text(events, tag: str) -> str:
+    return events.Tensors(f"{tag}/text_summary")[-1].tensor_proto.string_val[0].decode()
+
+
+def _check_tensorboard_scalars(events, run_dir: Path) -> None:
+    """Every expected scalar at its round, once, equal to float32 precision."""
+    for round, scalars in _expected_scalars(run_dir).items():
+        for tag, value in scalars.items():
+            steps = [e for e in events.Scalars(tag) if e.step == round]
+            assert len(steps) == 1, (tag, round)
+            assert steps[0].value == np.float32(value), (tag, round)
+
+
+def test_tensorboard_run_reads_back_per_round(tmp_path):
+    run_dir = _run(tmp_path, track="tensorboard")
+    events = _events(run_dir)
+    assert {"test_accuracy", "train_loss", "round_time_s", "bytes/client_to_server/parameters"} <= set(
+        events.Tags()["scalars"]
+    )
+    _check_tensorboard_scalars(events, run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    final = events.Scalars("final/test_accuracy")
+    assert [(e.step, e.value) for e in final] == [(2, np.float32(summary["final"]["test_accuracy"]))]
+    up = summary["communication"]["client->server"]["total_bytes"]
+    assert events.Scalars("final/bytes/client_to_server/total")[0].value == np.float32(up)
+    assert {"learning_curve", "partition"} <= set(events.Tags()["images"])
+    assert "| fedavg |" in _text(events, "results")
+    assert "| rounds | 2 |" in _text(events, "config")
+    assert _text(events, "export/model-card.md") == CARD
+
+
+def test_mlflow_run_reads_back_from_the_file_store(tmp_path, file_store_env):
+    from mlflow.tracking import MlflowClient
+
+    run_dir = _run(tmp_path, track="mlflow")
+    record = json.loads((run_dir / "mlflow.json").read_text())
+    assert record["tracking_uri"] == (tmp_path / "mlruns").resolve().as_uri()
+    client = MlflowClient(record["tracking_uri"])
+    run = client.get_run(record["run_id"])
+    assert run.info.status == "FINISHED" and run.info.run_name == "fedavg"
+    assert client.get_experiment(run.info.experiment_id).name == "suite"
+    for round, scalars in _expected_scalars(run_dir).items():
+        for name, value in scalars.items():
+            assert [m.value for m in client.get_metric_history(run.info.run_id, name) if m.step == round] == [
+                value
+            ], (name, round)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert run.data.metrics["final/test_accuracy"] == summary["final"]["test_accuracy"]
+    assert run.data.params["rounds"] == "2" and run.data.params["model"] == "mlp"
+
+    def listed(folder: str | None = None) -> set[str]:
+        return {f.path for f in client.list_artifacts(run.info.run_id, folder)}
+
+    assert {"results.md", "summary.json", "config.toml", "plots", "export"} <= listed()
+    assert listed("plots") == {"plots/learning_curve.png", "plots/partition.png"}
+    assert listed("export") == {"export/model-card.md"}
+
+
+def test_resumed_run_logs_on_from_its_checkpoint(tmp_path, file_store_env):
+    """Round 3 ran after the last checkpoint (2) before the crash: TensorBoard shows it once, from the
+    resumed run; MLflow logs on into the same run."""
+    config = build_config(
+        RunConfig(),
+        {**TINY, "rounds": 4, "checkpoint_every": 2, "out": str(tmp_path), "track": "tensorboard,mlflow"},
+    )
+    run_round = FedAvgServer.run_round
+
+    def crash(self, fleet, round):
+        if round == 4:
+            raise RuntimeError("simulated crash")
+        return run_round(self, fleet, round)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FedAvgServer, "run_round", crash)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            run_suite(config, tmp_path / "suite", progress=False)
+    from mlflow.tracking import MlflowClient
+
+    run_dir = tmp_path / "suite" / "fedavg"
+    first_id = json.loads((run_dir / "mlflow.json").read_text())["run_id"]
+    client = MlflowClient((tmp_path / "mlruns").resolve().as_uri())
+    assert client.get_run(first_id).info.status == "KILLED"
+    resume_suite(tmp_path / "suite", progress=False)
+    _check_tensorboard_scalars(_events(run_dir), run_dir)
+    record = json.loads((run_dir / "mlflow.json").read_text())
+    assert record["run_id"] == first_id and client.get_run(first_id).info.status == "FINISHED"
+    history = client.get_metric_history(first_id, "test_accuracy")
+    assert sorted({m.step for m in history}) == [1, 2, 3, 4]
+
+
+def test_an_unknown_tracker_names_the_key_and_the_valid_values():
+    with pytest.raises(ConfigError, match=r"track = 'tensorbord'.*tensorboard, mlflow"):
+        build_config(RunConfig(), {"track": "tensorbord"})
+    assert build_config(RunConfig(), {"track": " mlflow , tensorboard"}).track == " mlflow , tensorboard"
+
+
+#: Where a tracker would come from: an untracked run must never import them.
+TRACKER_MODULES = (
+    "fedistill.engine.tracking_tensorboard",
+    "fedistill.engine.tracking_mlflow",
+    "torch.utils.tensorboard",
+    "tensorboard",
+    "mlflow",
+)
+
+
+def test_an_untracked_run_writes_no_tracker_files_and_imports_no_tracker(tmp_path, monkeypatch):
+    for module in TRACKER_MODULES:
+        monkeypatch.setitem(sys.modules, module, None)  # importing it now raises ImportError
+    config = build_config(RunConfig(), {**TINY, "out": str(tmp_path)})
+    run_suite(config, tmp_path / "suite", progress=False)
+    written = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")}
+    assert not [p for p in written if "tensorboard" in p or "mlflow" in p or "mlruns" in p]
+    saved = (tmp_path / "suite" / "fedavg" / "config.toml").read_text()
+    assert not re.search(r"^track\b", saved, re.MULTILINE)  # config.toml as untracked runs always wrote it
+
+
+def test_tracking_changes_nothing_the_run_computes(tmp_path):
+    plain = build_config(RunConfig(), {**TINY, "out": str(tmp_path / "plain")})
+    run_suite(plain, tmp_path / "plain" / "suite", progress=False)
+    tracked = _run(tmp_path / "tracked", track="tensorboard")
+    assert _timeless(tmp_path / "plain" / "suite" / "fedavg") == _timeless(tracked)
+
+
+def _timeless(run_dir: Path) -> list[dict]:
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    return [{k: v for k, v in row.items() if not k.endswith("_s")} for row in rows]
+
+
+def test_mlflow_goes_where_the_environment_says(tmp_path, monkeypatch):
+    from fedistill.engine.tracking_mlflow import tracking_uri
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
+    assert tracking_uri(tmp_path / "suite" / "fedavg") == "http://tracking.example:5000"
