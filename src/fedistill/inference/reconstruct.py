@@ -23,9 +23,8 @@ import h5py
 import numpy as np
 import torch
 
-from fedistill.data.mri.fastmri import TARGET_SIZE
-from fedistill.data.mri.kspace import ifft2c, root_sum_of_squares
-from fedistill.data.mri.slices import center_crop, pad_to_square, resize
+from fedistill.data.mri.fastmri import kspace_magnitudes
+from fedistill.data.mri.slices import pad_to_square, resize
 from fedistill.data.transforms import normalize
 from fedistill.errors import DataError
 from fedistill.inference.forward import Trained, chunks, dataset_options, device_of
@@ -83,23 +82,8 @@ def reconstruct_volume(model: Trained, path: Path, answer: Path, batch_size: int
 
 
 def _magnitudes(path: Path, f: h5py.File) -> np.ndarray:
-    """|ifft2c(k-space)| per slice (coils combined by root-sum-of-squares), cropped to 320x320."""
-    if "kspace" not in f:
-        raise DataError(f"{path} has no `kspace` dataset; predict reads HDF5 files in fastMRI's layout")
-    kspace = f["kspace"]
-    if kspace.ndim not in (3, 4) or not np.issubdtype(kspace.dtype, np.complexfloating):
-        raise DataError(
-            f"{path}: `kspace` must be complex (slices, H, W) or (slices, coils, H, W), "
-            f"got {kspace.dtype} {kspace.shape}"
-        )
-    if kspace.shape[0] == 0:
-        raise DataError(f"{path}: `kspace` holds no slice")
-    out = []
-    for i in range(kspace.shape[0]):  # one slice at a time: a multi-coil volume can be ~0.5 GB
-        images = ifft2c(torch.from_numpy(np.asarray(kspace[i])))
-        magnitude = root_sum_of_squares(images, dim=0) if kspace.ndim == 4 else images.abs()
-        out.append(center_crop(magnitude.float().numpy(), TARGET_SIZE, TARGET_SIZE))
-    return np.stack(out)
+    """|ifft2c(k-space)| per slice, as the fastMRI loader reads its files."""
+    return kspace_magnitudes(f, path, "predict reads HDF5 files in fastMRI's layout")
 
 
 def reconstruct_hdf5(model: Trained, path: Path, answer: Path, batch_size: int) -> None:

@@ -88,14 +88,22 @@ def _target_slices(f: h5py.File, path: Path, target: str) -> np.ndarray:
         if key is None:
             raise DataError(f"{path} has no reconstruction_rss or reconstruction_esc; use target='kspace'")
         return center_crop(np.asarray(f[key], dtype=np.float32), TARGET_SIZE, TARGET_SIZE)
+    return kspace_magnitudes(f, path, "is it a fastMRI file?")
+
+
+def kspace_magnitudes(f: h5py.File, path: Path, hint: str) -> np.ndarray:
+    """|ifft2c(k-space)| per slice of a file in fastMRI's layout (coils combined by root-sum-of-squares),
+    cropped to 320x320; `hint` ends the message when the file has no `kspace`."""
     if "kspace" not in f:
-        raise DataError(f"{path} has no `kspace` dataset; is it a fastMRI file?")
+        raise DataError(f"{path} has no `kspace` dataset; {hint}")
     kspace = f["kspace"]
     if kspace.ndim not in (3, 4) or not np.issubdtype(kspace.dtype, np.complexfloating):
         raise DataError(
             f"{path}: `kspace` must be complex (slices, H, W) or (slices, coils, H, W), "
             f"got {kspace.dtype} {kspace.shape}"
         )
+    if kspace.shape[0] == 0:
+        raise DataError(f"{path}: `kspace` holds no slice")
     out = []
     for i in range(kspace.shape[0]):  # one slice at a time: a multi-coil volume can be ~0.5 GB
         images = ifft2c(torch.from_numpy(np.asarray(kspace[i])))
