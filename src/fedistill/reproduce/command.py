@@ -1,0 +1,105 @@
+"""`fedistill reproduce`: list the reproducible results, or reproduce one at a scale.
+
+    fedistill reproduce --list
+    fedistill reproduce NAME [--scale ci|cpu|paper] [--seeds 0,1,2] [--jobs N] [--out DIR]
+
+Runs what is missing (a finished run is reused, an interrupted one resumes), then writes table.md,
+table.json and table.png into <out>/reproduce/<NAME>-<scale>/. Exit code 0 when every checked number is
+within its tolerance, 1 when one is not (or has no result), 2 for a usage mistake.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from fedistill.errors import UserError
+from fedistill.reproduce.paths import DATA
+from fedistill.reproduce.target_spec import SCALES, Target
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", nargs="?", help="the target to reproduce (see --list)")
+    parser.add_argument("--list", action="store_true", help="list every target with its scales and runs")
+    parser.add_argument("--scale", default="ci", help=f"one of {', '.join(SCALES)} (default: ci)")
+    parser.add_argument(
+        "--seeds", help="comma list of seeds for every run, e.g. 0,1,2 (default: the target's)"
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process")
+    parser.add_argument("--out", default="runs", help="parent folder: writes <out>/reproduce/<NAME>-<scale>/")
+    parser.add_argument("--data-dir", default=str(DATA), help="folder holding the dataset files")
+
+
+def runs_per_scale(target: Target) -> str:
+    """`ci 7 runs | cpu 33 runs`: every (run, seed) a scale starts."""
+    counts = []
+    for scale in SCALES:
+        if scale in target.scales:
+            spec = target.scales[scale]
+            counts.append(f"{scale} {sum(len(spec.seeds_of(run)) for run in spec.runs)} runs")
+    return " | ".join(counts)
+
+
+def list_targets() -> None:
+    from fedistill.reproduce.targets import all_targets
+
+    for target in all_targets().values():
+        print(f"{target.name:<24} {runs_per_scale(target)}")
+        print(f"{'':<4}{target.title} ({target.source})")
+
+
+def parse_seeds(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        seeds = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise UserError(f"--seeds takes a comma list of whole numbers, e.g. 0,1,2; got {text!r}") from None
+    if len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise UserError(f"--seeds takes distinct whole numbers >= 0; got {text!r}")
+    return seeds
+
+
+def reproduce(args: argparse.Namespace) -> int:
+    from fedistill.reproduce.execute import execute_all
+    from fedistill.reproduce.plan import plan
+    from fedistill.reproduce.report import write_report
+    from fedistill.reproduce.targets import get_target
+    from fedistill.reproduce.verdict import checks, exit_code
+
+    if args.scale not in SCALES:
+        raise UserError(f"unknown scale {args.scale!r} (valid: {', '.join(SCALES)})")
+    target = get_target(args.name, args.scale)
+    seeds = parse_seeds(args.seeds)
+    if args.jobs < 1:
+        raise UserError(f"--jobs must be >= 1, got {args.jobs}")
+    folder = Path(args.out) / "reproduce" / f"{target.name}-{args.scale}"
+    jobs = plan(target, args.scale, folder / "runs", args.data_dir, seeds)
+    print(f"reproduce {target.name} ({args.scale}): {len(jobs)} runs in {folder / 'runs'}", file=sys.stderr)
+    outcomes = execute_all(jobs, args.jobs)
+    folders: dict[str, list[Path]] = {}
+    for job in jobs:
+        folders.setdefault(job.run, []).append(job.folder)
+    cells = checks(target, args.scale, folders)
+    markdown = write_report(folder, target, args.scale, cells, outcomes)
+    print(markdown.read_text(encoding="utf-8"))
+    print(
+        f"written: {markdown.parent / 'table'}.md, .json and .png",
+        file=sys.stderr,
+    )
+    return exit_code(cells)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """`--list`, or reproduce `args.name`; a usage mistake ends with one line and exit code 2."""
+    try:
+        if args.list:
+            list_targets()
+            return 0
+        if not args.name:
+            raise UserError("name a target to reproduce, or pass --list to see them")
+        return reproduce(args)
+    except UserError as exc:
+        print(f"fedistill: error: {exc}", file=sys.stderr)
+        return 2

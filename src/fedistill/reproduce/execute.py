@@ -1,0 +1,105 @@
+"""Running a target's jobs: a finished run is reused, an interrupted one resumes from its last checkpoint
+(the engine's resume, as `fedistill run --resume` does), a missing one runs; with `jobs` > 1 that many at
+once, each in its own process.
+
+A job that fails (a diverging loss, a missing data file, a crash) does not stop the others: its error's
+first line is returned, and the rows that read it have no number.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedistill.errors import FederationError, UserError
+from fedistill.reproduce.plan import Job
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of a job: `reused`, `resumed`, `ran` or `failed` (with the error's one line)."""
+
+    job: Job
+    status: str
+    seconds: float = 0.0
+    error: str = ""
+
+
+def finished(folder: Path, algorithms: Sequence[str]) -> bool:
+    return all((folder / name / "summary.json").is_file() for name in algorithms)
+
+
+def state(job: Job) -> str:
+    """`finished`, `started` (a checkpoint, metrics or a summary to go on from) or `missing`."""
+    from fedistill.engine.suite_dir import run_started
+
+    if finished(job.folder, job.algorithms):
+        return "finished"
+    return "started" if run_started(job.folder) else "missing"
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or ["?"])[0]
+
+
+def execute(job: Job) -> Outcome:
+    """Run, resume or reuse one job, holding its folder's lock while it writes."""
+    from fedistill.engine import suite_dir
+    from fedistill.engine.launch import resume_suite, run_suite
+    from fedistill.engine.setup import validate_setup
+
+    began = time.perf_counter()
+    try:
+        now = state(job)
+        if now == "finished":
+            return Outcome(job, "reused")
+        if now == "started":
+            with suite_dir.locked(job.folder):
+                resume_suite(job.folder, progress=False)
+            status = "resumed"
+        else:
+            data = validate_setup(job.config)  # nothing is written before the setup is valid
+            suite_dir.create(job.folder)
+            with suite_dir.locked(job.folder):
+                run_suite(job.config, job.folder, progress=False, data=data)
+            status = "ran"
+    except (UserError, FederationError, OSError) as exc:
+        return Outcome(job, "failed", time.perf_counter() - began, first_line(exc))
+    except Exception as exc:  # a crash of one run leaves the others, and the table, standing
+        return Outcome(job, "failed", time.perf_counter() - began, f"{type(exc).__name__}: {first_line(exc)}")
+    return Outcome(job, status, time.perf_counter() - began)
+
+
+def report(outcome: Outcome) -> None:
+    """One line per job on stderr, as it ends."""
+    job = outcome.job
+    took = f" in {outcome.seconds:.0f} s" if outcome.status in ("ran", "resumed", "failed") else ""
+    error = f": {outcome.error}" if outcome.error else ""
+    print(f"  {job.run} seed {job.seed}: {outcome.status}{took}{error}", file=sys.stderr, flush=True)
+
+
+def execute_all(jobs: Sequence[Job], workers: int = 1) -> list[Outcome]:
+    """Every job, finished ones first (nothing to do); the rest in order, or `workers` at once in their
+    own processes (spawned: each starts clean, whatever threads this process started)."""
+    done = [Outcome(job, "reused") for job in jobs if state(job) == "finished"]
+    for outcome in done:
+        report(outcome)
+    todo = [job for job in jobs if state(job) != "finished"]
+    outcomes = list(done)
+    if workers <= 1 or len(todo) <= 1:
+        for job in todo:
+            outcomes.append(execute(job))
+            report(outcomes[-1])
+    else:
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=context) as pool:
+            for future in as_completed([pool.submit(execute, job) for job in todo]):
+                outcomes.append(future.result())
+                report(outcomes[-1])
+    order = {(job.run, job.seed): i for i, job in enumerate(jobs)}
+    return sorted(outcomes, key=lambda o: order[o.job.run, o.job.seed])

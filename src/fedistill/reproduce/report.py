@@ -1,0 +1,108 @@
+"""A target's result files: `table.md` for people, `table.json` with every number, `table.png` (ours next
+to the paper's and the checked number, per row), in `<out>/reproduce/<name>-<scale>/`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fedistill.reproduce.execute import Outcome
+from fedistill.reproduce.figure import plot_checks
+from fedistill.reproduce.paths import relative_to_checkout
+from fedistill.reproduce.tables import write_table
+from fedistill.reproduce.target_spec import Target
+from fedistill.reproduce.verdict import FAILING, Check, exit_code
+
+MARKS = {"within": "✓ within", "outside": "✗ outside", "unchecked": "- unchecked", "no result": "✗ no result"}
+
+
+def number(value: float | None, digits: int, sign: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+
+
+def ours_text(cell: Check, digits: int) -> str:
+    if cell.mean is None:
+        return "-"
+    return number(cell.mean, digits) + (f" ± {cell.std:.{digits}f}" if cell.std is not None else "")
+
+
+def markdown(target: Target, scale: str, cells: Sequence[Check], outcomes: Sequence[Outcome]) -> list[str]:
+    spec = target.scales[scale]
+    columns = {c.key: c for c in target.columns_at(scale)}
+    checked = "our recorded number at this scale" if spec.check == "ours" else "the paper's number"
+    failing = sum(c.verdict in FAILING for c in cells)
+    lines = [
+        f"# {target.title} ({scale} scale)",
+        "",
+        f"Reproduces: {target.source}. Target `{target.name}`, scale `{scale}`: {len(spec.runs)} runs, "
+        f"seeds {', '.join(sorted({str(o.job.seed) for o in outcomes}))}.",
+    ]
+    if spec.note:
+        lines.append(f"Scale: {spec.note}.")
+    lines += [
+        f"Checked against {checked}"
+        + (" (both ways)" if spec.check == "ours" else " (falling short by more than the tolerance fails)")
+        + "; the paper's number is shown "
+        + ("for reference only." if spec.check == "ours" else "as checked."),
+        "",
+        f"**{'all within tolerance' if not failing else f'{failing} outside tolerance or without result'}**",
+        "",
+        "| row | column | paper | checked against | ours | difference | tolerance | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in cells:
+        column = columns[cell.column]
+        d = column.digits
+        lines.append(
+            f"| {cell.row} | {column.label} | {number(cell.paper, d)} | {number(cell.reference, d)} | "
+            f"{ours_text(cell, d)} | {number(cell.difference, d, sign=True)} | {number(cell.tolerance, d)} | "
+            f"{MARKS[cell.verdict]} |"
+        )
+    failed = [o for o in outcomes if o.status == "failed"]
+    if failed:
+        lines += ["", "Runs that failed:", *(f"- {o.job.run} seed {o.job.seed}: {o.error}" for o in failed)]
+    return lines
+
+
+def payload(
+    target: Target, scale: str, cells: Sequence[Check], outcomes: Sequence[Outcome]
+) -> dict[str, Any]:
+    spec = target.scales[scale]
+    return {
+        "target": target.name,
+        "title": target.title,
+        "source": target.source,
+        "scale": scale,
+        "checked_against": spec.check,
+        "exit_code": exit_code(cells),
+        "columns": [
+            {"key": c.key, "label": c.label, "higher_is_better": c.higher_is_better}
+            for c in target.columns_at(scale)
+        ],
+        "rows": [cell.as_dict() for cell in cells],
+        "runs": [
+            {
+                "run": o.job.run,
+                "seed": o.job.seed,
+                "folder": relative_to_checkout(o.job.folder),
+                "status": o.status,
+                "seconds": round(o.seconds, 1),
+                "error": o.error,
+            }
+            for o in outcomes
+        ],
+    }
+
+
+def write_report(
+    folder: Path, target: Target, scale: str, cells: Sequence[Check], outcomes: Sequence[Outcome]
+) -> Path:
+    """table.md, table.json and table.png in `folder`; the Markdown's path."""
+    path = write_table(
+        folder, "table", markdown(target, scale, cells, outcomes), payload(target, scale, cells, outcomes)
+    )
+    plot_checks(cells, target.columns_at(scale), folder / "table.png", title=f"{target.name} ({scale})")
+    return path
