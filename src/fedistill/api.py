@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fedistill.config import RunConfig, build_config, load_toml
-from fedistill.errors import RunDirError, UserError
+from fedistill.errors import UserError
 from fedistill.inference import RunResult, TrainedModel, load_model, read_run
 
 __all__ = ["RunResult", "TrainedModel", "load_model", "resume_run", "run", "start_run", "summary"]
@@ -77,37 +77,15 @@ def run_config(config: str | Path | RunConfig | None, keys: dict[str, Any]) -> R
 
 
 def start_run(config: RunConfig, *, progress: bool = True) -> Path:
-    """Run `config` in a new run directory (`out`/`name`) and return it: the setup is validated before
-    anything is written, and the directory's lock is held while the run writes it."""
-    from fedistill.engine import suite_dir as folder
-    from fedistill.engine.launch import run_suite
-    from fedistill.engine.setup import validate_setup
-    from fedistill.engine.suite import default_name
+    """Run `config` in a new run directory (`out`/`name`) and return it (`engine.launch.start_suite`)."""
+    from fedistill.engine.launch import start_suite
 
-    folder.check_name(config.name)
-    suite_dir = Path(config.out) / (config.name or default_name(config))
-    if folder.run_started(suite_dir):
-        raise RunDirError(f"{suite_dir} already holds a run; pass resume={str(suite_dir)!r} or another name")
-    data = validate_setup(config)  # nothing is written before the setup is valid
-    folder.create(suite_dir)
-    with folder.locked(suite_dir):
-        run_suite(config, suite_dir, progress=progress, data=data)
-    return suite_dir
+    hint = "pass resume='{dir}' or another name"
+    return start_suite(config, progress=progress, resume_hint=hint)[0]
 
 
 def resume_run(run_dir: str | Path, *, device: str | None = None, progress: bool = True) -> Path:
-    """Continue a run directory from its last checkpoint with its saved config.toml, on `device` if given
-    (checkpoints load anywhere; the rest of the run stays as it was), and return it."""
-    from fedistill.config import read_config
-    from fedistill.engine import suite_dir as folder
-    from fedistill.engine.launch import run_suite
-    from fedistill.engine.setup import validate_setup
+    """Continue a run directory from its last checkpoint and return it (`engine.launch.continue_suite`)."""
+    from fedistill.engine.launch import continue_suite
 
-    suite_dir = folder.resume_target(Path(run_dir))
-    config = read_config(suite_dir / "config.toml")
-    if device is not None:
-        config = config.replace(device=device)
-    data = validate_setup(config)
-    with folder.locked(suite_dir):
-        run_suite(config, suite_dir, resume=True, progress=progress, data=data)
-    return suite_dir
+    return continue_suite(Path(run_dir), device=device, progress=progress)[0]

@@ -137,13 +137,10 @@ _CURRENT_RUN: list[Path] = []
 
 def command_run(args: argparse.Namespace) -> int:
     """`fedistill run`: a new run (validated before anything is written) or `--resume` of one."""
-    from fedistill.config import read_config
-    from fedistill.engine import suite_dir as folder
-    from fedistill.engine.launch import run_suite
-    from fedistill.engine.setup import validate_setup
-    from fedistill.engine.suite import default_name
+    from fedistill.engine.launch import continue_suite, start_suite
     from fedistill.engine.summary import print_results
 
+    progress = not args.quiet
     if args.resume:
         given = [flag for flag in FLAG_KEYS if flag != "device" and getattr(args, flag) is not None] + (
             ["set"] if args.set else []
@@ -153,25 +150,15 @@ def command_run(args: argparse.Namespace) -> int:
                 "--resume continues with the run's saved config.toml; drop the other options "
                 "(only --device may change: a run resumes on any device)"
             )
-        suite_dir = folder.resume_target(Path(args.resume))
-        config = read_config(suite_dir / "config.toml")
-        if args.device is not None:  # checkpoints load anywhere; the rest of the run stays as it was
-            config = config.replace(device=args.device)
-        data = validate_setup(config)
-        _CURRENT_RUN.append(suite_dir)
-        with folder.locked(suite_dir):
-            summaries = run_suite(config, suite_dir, resume=True, progress=not args.quiet, data=data)
+        suite_dir, summaries = continue_suite(
+            Path(args.resume), device=args.device, progress=progress, started=_CURRENT_RUN.append
+        )
     else:
         config = config_from_args(args)
-        folder.check_name(config.name)
-        suite_dir = Path(config.out) / (config.name or default_name(config))
-        if folder.run_started(suite_dir):
-            raise UserError(f"{suite_dir} already holds a run; use --resume {suite_dir} or another --name")
-        data = validate_setup(config)  # nothing is written before the setup is valid
-        folder.create(suite_dir)
-        _CURRENT_RUN.append(suite_dir)
-        with folder.locked(suite_dir):
-            summaries = run_suite(config, suite_dir, progress=not args.quiet, data=data)
+        hint = "use --resume {dir} or another --name"
+        suite_dir, summaries = start_suite(
+            config, progress=progress, resume_hint=hint, started=_CURRENT_RUN.append
+        )
     print_results(summaries, title=f"results in {suite_dir}")
     return 0
 

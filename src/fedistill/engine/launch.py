@@ -6,13 +6,15 @@ its ServerApp runs the same suite over its Grid. Transports never import this mo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from fedistill.config import RunConfig, read_config
+from fedistill.engine import suite_dir as folder
 from fedistill.engine.setup import Prepared, validate_setup
-from fedistill.engine.suite import run_algorithms
-from fedistill.errors import ConfigError
+from fedistill.engine.suite import default_name, run_algorithms
+from fedistill.errors import ConfigError, RunDirError
 
 
 def run_suite(
@@ -44,3 +46,42 @@ def resume_suite(suite_dir: Path, *, progress: bool = True) -> list[dict[str, An
     if not (suite_dir / "config.toml").is_file():
         raise ConfigError(f"{suite_dir} is not a run directory (no config.toml); nothing to resume")
     return run_suite(read_config(suite_dir / "config.toml"), suite_dir, resume=True, progress=progress)
+
+
+Started = Callable[[Path], None]
+
+
+def start_suite(
+    config: RunConfig, *, progress: bool = True, resume_hint: str = "", started: Started | None = None
+) -> tuple[Path, list[dict[str, Any]]]:
+    """Run `config` in a new run directory (`out`/`name`): the setup is validated before anything is
+    written, and the directory's lock is held while the run writes it. `resume_hint` ends the message
+    when the directory already holds a run (`{dir}` stands for it); `started` hears of the directory
+    before the run begins."""
+    folder.check_name(config.name)
+    suite_dir = Path(config.out) / (config.name or default_name(config))
+    if folder.run_started(suite_dir):
+        hint = resume_hint.format(dir=suite_dir) or "resume it or choose another name"
+        raise RunDirError(f"{suite_dir} already holds a run; {hint}")
+    data = validate_setup(config)  # nothing is written before the setup is valid
+    folder.create(suite_dir)
+    if started is not None:
+        started(suite_dir)
+    with folder.locked(suite_dir):
+        return suite_dir, run_suite(config, suite_dir, progress=progress, data=data)
+
+
+def continue_suite(
+    run_dir: Path, *, device: str | None = None, progress: bool = True, started: Started | None = None
+) -> tuple[Path, list[dict[str, Any]]]:
+    """Continue a run directory from its last checkpoint with its saved config.toml, on `device` if given
+    (checkpoints load anywhere; the rest of the run stays as it was)."""
+    suite_dir = folder.resume_target(Path(run_dir))
+    config = read_config(suite_dir / "config.toml")
+    if device is not None:
+        config = config.replace(device=device)
+    data = validate_setup(config)
+    if started is not None:
+        started(suite_dir)
+    with folder.locked(suite_dir):
+        return suite_dir, run_suite(config, suite_dir, resume=True, progress=progress, data=data)
