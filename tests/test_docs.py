@@ -145,3 +145,13 @@ def test_the_site_builds_strictly(tmp_path):
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_every_page_in_docs_is_in_the_nav():
+    """mkdocs --strict refuses a page left out of the nav; catch it in the fast suite too."""
+    import re
+
+    nav_text = (ROOT / "mkdocs.yml").read_text().split("\nnav:\n", 1)[1]
+    in_nav = set(re.findall(r"([\w./-]+\.md)\s*$", nav_text, flags=re.MULTILINE))
+    pages = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")}
+    assert pages - in_nav == set()
