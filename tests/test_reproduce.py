@@ -81,6 +81,7 @@ def test_the_cpu_scale_reads_our_recorded_numbers_and_the_paper_scale_the_papers
         (["fediod-table1", "--scale", "ci"], "has no scale 'ci'; valid: paper"),
         (["fedmdcg-table", "--seeds", "0,x"], "--seeds takes a comma list"),
         (["fedmdcg-table", "--jobs", "0"], "--jobs must be >= 1"),
+        (["one-shot", "--rows", "nowhere"], "no row of one-shot (ci) matches 'nowhere'"),
         ([], "--list"),
     ],
 )
@@ -110,6 +111,15 @@ def fake_target(check: str = "ours") -> Target:
     runs = tuple(Run(n, "unused.toml") for n in "abc")
     scale = Scale(runs, rows, check=check)
     return Target("fake", "a fake table", "no paper", (ACCURACY, LOWER), {"ci": scale, "paper": scale})
+
+
+def test_rows_narrow_a_target_to_their_rows_and_only_the_runs_they_read():
+    narrowed = fake_target().narrowed("ci", ("A", "r"))  # "near" and "far" hold both, any case
+    spec = narrowed.scales["ci"]
+    assert [r.label for r in spec.rows] == ["near", "far"]
+    assert [r.name for r in spec.runs] == ["a", "b"]
+    assert "only the rows matching" in spec.note
+    assert narrowed.scales["paper"] == fake_target().scales["paper"]
 
 
 def test_each_cell_is_judged_against_its_recorded_number_with_mean_and_std_over_seeds(tmp_path):

@@ -1,7 +1,7 @@
 """`fedistill reproduce`: list the reproducible results, or reproduce one at a scale.
 
     fedistill reproduce --list
-    fedistill reproduce NAME [--scale ci|cpu|paper] [--seeds 0,1,2] [--jobs N] [--out DIR]
+    fedistill reproduce NAME [--scale ci|cpu|paper] [--seeds 0,1,2] [--rows TEXT ...] [--jobs N] [--out DIR]
 
 Runs what is missing (a finished run is reused, an interrupted one resumes), then writes table.md,
 table.json and table.png into <out>/reproduce/<NAME>-<scale>/. Exit code 0 when every checked number is
@@ -25,6 +25,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scale", default="ci", help=f"one of {', '.join(SCALES)} (default: ci)")
     parser.add_argument(
         "--seeds", help="comma list of seeds for every run, e.g. 0,1,2 (default: the target's)"
+    )
+    parser.add_argument(
+        "--rows",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="only the rows whose label holds TEXT (any case; repeat to narrow further), and only their runs",
     )
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process")
     parser.add_argument("--out", default="runs", help="parent folder: writes <out>/reproduce/<NAME>-<scale>/")
@@ -71,6 +78,8 @@ def reproduce(args: argparse.Namespace) -> int:
     if args.scale not in SCALES:
         raise UserError(f"unknown scale {args.scale!r} (valid: {', '.join(SCALES)})")
     target = get_target(args.name, args.scale)
+    if args.rows:
+        target = target.narrowed(args.scale, tuple(args.rows))
     seeds = parse_seeds(args.seeds)
     if args.jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")

@@ -12,10 +12,11 @@ reference only: a scaled-down run is no reproduction of it); at `paper` scale it
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import fedistill.engine as engine_package
+from fedistill.errors import UserError
 from fedistill.reproduce.paths import CONFIGS
 
 #: The scales, smallest first: `ci` a minute or two on 2 CPU cores (every run on the CPU at one torch
@@ -110,3 +111,23 @@ class Target:
 
     def columns_at(self, scale: str) -> tuple[Column, ...]:
         return self.scales[scale].columns or self.columns
+
+    def narrowed(self, scale: str, patterns: tuple[str, ...]) -> Target:
+        """The target at `scale` with only the rows whose label holds every pattern (any case), and only
+        the runs those rows read: reproduce one slice of a table without starting the rest."""
+        spec = self.scales[scale]
+        rows = tuple(r for r in spec.rows if all(p.lower() in r.label.lower() for p in patterns))
+        if not rows:
+            examples = "; ".join(r.label for r in spec.rows[:3])
+            raise UserError(
+                f"no row of {self.name} ({scale}) matches {' and '.join(map(repr, patterns))}"
+                f" (rows are named like: {examples})"
+            )
+        needed = {r.run for r in rows}
+        kept = replace(
+            spec,
+            runs=tuple(r for r in spec.runs if r.name in needed),
+            rows=rows,
+            note="; ".join(filter(None, (spec.note, f"only the rows matching {' and '.join(patterns)}"))),
+        )
+        return replace(self, scales={**self.scales, scale: kept})
