@@ -13,13 +13,16 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "fedistill"
 
 #: The ground floor: what a run is (config), the protocol (federation), errors, seeds, devices, figures.
 GROUND = {"errors", "devices", "seeding", "interrupt", "config", "plots", "federation", "version"}
+GROUND |= {"disk", "checksums"}  # atomic writes, and the sha256 manifests that verify them
 LIBRARY = {"data", "models", "metrics", "tasks", "privacy", "algorithms", "analysis"}
 BELOW_ENGINE = GROUND | LIBRARY | {"transports"}
 #: What each top-level module or package of fedistill may import, besides itself.
 ALLOWED: dict[str, set[str]] = {
     "version": set(),
     "errors": set(),
-    "plots": set(),
+    "disk": set(),
+    "checksums": set(),
+    "plots": {"disk"},
     "interrupt": set(),
     "devices": {"errors"},
     "seeding": {"errors", "devices"},

@@ -204,6 +204,10 @@ def validate(config: RunConfig) -> None:
         ),
         (config.timeout >= 0, "timeout must be >= 0"),
         (config.max_message_mb > 0, "max_message_mb must be > 0"),
+        (
+            config.threads >= 0,
+            f"threads = {config.threads}: use 0 (torch's default) or a positive number of threads",
+        ),
         (config.augment in ("auto", "on", "off"), "augment must be auto, on or off"),
         (config.val_mode in ("random", "tail"), "val_mode must be random or tail"),
         (config.private_init in ("shared", "client"), "private_init must be shared or client"),

@@ -16,6 +16,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 _requested = threading.Event()
+_lock = threading.Lock()
+_depth = 0  # how many deferred_to_run_loop bodies are running: only the outermost owns the handler
+
+STOPPING = "fedistill: stopping after this step (Ctrl-C again: at once)"
 
 
 def check() -> None:
@@ -24,24 +28,44 @@ def check() -> None:
         raise KeyboardInterrupt
 
 
+def request_stop() -> bool:
+    """Ask the run loop to stop, saying so on stderr the first time only; whether it was asked before."""
+    with _lock:
+        if _requested.is_set():
+            return True
+        _requested.set()
+    print(STOPPING, file=sys.stderr, flush=True)
+    return False
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    if request_stop():
+        print("fedistill: interrupted twice; stopping now", file=sys.stderr, flush=True)
+        os._exit(130)
+
+
 @contextmanager
 def deferred_to_run_loop() -> Iterator[None]:
-    """While the body runs, the first SIGINT asks the run loop to stop; the second exits with 130."""
+    """While the body runs, the first SIGINT asks the run loop to stop; the second exits with 130.
+
+    Nested bodies share the outermost one's handler and request, so one Ctrl-C is announced once."""
+    global _depth
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def on_sigint(signum: int, frame: object) -> None:
-        if _requested.is_set():
-            print("fedistill: interrupted twice; stopping now", file=sys.stderr, flush=True)
-            os._exit(130)
-        print("fedistill: stopping after this step (Ctrl-C again: at once)", file=sys.stderr, flush=True)
-        _requested.set()
-
+    if _depth:
+        _depth += 1
+        try:
+            yield
+        finally:
+            _depth -= 1
+        return
     _requested.clear()
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = signal.signal(signal.SIGINT, _on_sigint)
+    _depth = 1
     try:
         yield
     finally:
+        _depth = 0
         signal.signal(signal.SIGINT, previous)
         _requested.clear()

@@ -8,12 +8,15 @@ module stays cheap.
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fedistill import disk
 
 DPI = 120
 _GROUP_KEYS = ("run", "algorithm")
@@ -29,10 +32,13 @@ def _new_figure(width: float, height: float) -> Any:
 
 
 def _save(fig: Any, path: str | Path) -> Path:
+    """Render `fig` as PNG in memory, then write it atomically (a full disk leaves no half figure)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=DPI)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=DPI)
     fig.clear()
+    disk.write_bytes(path, png.getvalue())
     return path
 
 

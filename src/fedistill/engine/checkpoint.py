@@ -11,7 +11,6 @@ skeleton and restored on load.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -20,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+from fedistill import disk
+from fedistill.checksums import first_mismatch, manifest_files, manifest_text, sha256_of
 
 _TENSOR = "__tensor__"
 _STRIDE = "__stride__"
@@ -77,11 +79,11 @@ def unpack(skeleton: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 
 def save_state(state: Any, path_stem: Path) -> None:
-    """Write `<stem>.safetensors` and `<stem>.json` (no atomicity here: see write_checkpoint)."""
+    """Write `<stem>.safetensors` and `<stem>.json`, each atomically (both at once: write_checkpoint)."""
     tensors: dict[str, torch.Tensor] = {}
     skeleton = pack(state, tensors)
-    save_file(tensors, str(path_stem.with_suffix(".safetensors")))
-    path_stem.with_suffix(".json").write_text(json.dumps(skeleton), encoding="utf-8")
+    disk.save_tensors(tensors, path_stem.with_suffix(".safetensors"))
+    disk.write_text(path_stem.with_suffix(".json"), json.dumps(skeleton))
 
 
 def load_state(path_stem: Path) -> Any:
@@ -100,38 +102,60 @@ class DamagedCheckpoint(Exception):
     """A checkpoint that fails verification: a missing or altered file, or unreadable content."""
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def write_checkpoint(directory: Path, name: str, parts: dict[str, Any]) -> Path:
     """Write every part and a manifest of their sha256 into a temporary folder, rename it into place,
     then move `latest` and drop all but the `KEEP` newest checkpoints.
 
-    A run killed at any moment leaves the previous complete checkpoints, or those plus the new one.
+    A run killed at any moment leaves the previous complete checkpoints, or those plus the new one; a
+    write that fails (a full disk) removes its temporary folder and raises an OSError naming the file.
     """
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=directory))
-    for part, state in parts.items():
-        save_state(state, tmp / part)
-    files = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
-    (tmp / MANIFEST).write_text(json.dumps({"name": name, "files": files}, indent=1), encoding="utf-8")
     final = directory / name
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    pointer = directory / ".latest.tmp"
-    pointer.write_text(name, encoding="utf-8")
-    os.replace(pointer, directory / "latest")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=directory))
+    except OSError as exc:
+        raise disk.disk_error(exc, final) from exc
+    try:
+        for part, state in parts.items():
+            save_state(state, tmp / part)
+        files = {f.name: sha256_of(f) for f in sorted(tmp.iterdir())}
+        disk.write_text(tmp / MANIFEST, manifest_text(name, files))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except OSError as exc:  # name the file where it was going, not in the temporary folder now removed
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise disk.disk_error(exc, _final_name(exc.filename, tmp, final)) from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    disk.write_text(directory / "latest", name)
     keep = {p.name for p in checkpoints(directory)[:KEEP]} | {name}
     for old in directory.iterdir():
         if old.is_dir() and old.name not in keep:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _final_name(filename: object, tmp: Path, final: Path) -> Path:
+    """`filename` (a path inside the temporary folder `tmp`, or not) as it reads inside `final`."""
+    try:
+        return final / Path(str(filename)).relative_to(tmp)
+    except ValueError:
+        return final
+
+
+def sweep_temporaries(directory: Path) -> None:
+    """Remove the temporary folders and files a write cut short left in `directory` (a killed run's)."""
+    if not directory.is_dir():
+        return
+    for stale in directory.iterdir():
+        if not stale.name.startswith("."):
+            continue
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        elif stale.name.endswith(".tmp"):
+            stale.unlink(missing_ok=True)
 
 
 def checkpoints(directory: Path) -> list[Path]:
@@ -157,15 +181,12 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
     manifest_path = path / MANIFEST
     if manifest_path.is_file():
         try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-            files = dict(manifest["files"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DamagedCheckpoint(f"its manifest is unreadable ({exc})") from None
-        for name, digest in files.items():
-            if not (path / name).is_file():
-                raise DamagedCheckpoint(f"{name} is missing")
-            if _sha256(path / name) != digest:
-                raise DamagedCheckpoint(f"{name} does not match its checksum")
+            files = manifest_files(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise DamagedCheckpoint(f"its {exc}") from None  # "its unreadable manifest (...)"
+        mismatch = first_mismatch(path, files)
+        if mismatch is not None:
+            raise DamagedCheckpoint(mismatch)
     try:
         state = read_checkpoint(path)
     except Exception as exc:  # truncated JSON or safetensors, a missing tensor file
@@ -186,8 +207,6 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def save_model(module: torch.nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
-    """Export a model's weights as one safetensors file (written to a temp name, then renamed)."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    """Export a model's weights as one safetensors file, atomically (fedistill.disk)."""
     state = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
-    save_file(state, str(tmp), metadata=metadata or {})
-    os.replace(tmp, path)
+    disk.save_tensors(state, path, metadata or {})

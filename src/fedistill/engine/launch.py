@@ -45,6 +45,7 @@ def resume_suite(suite_dir: Path, *, progress: bool = True) -> list[dict[str, An
     one."""
     if not (suite_dir / "config.toml").is_file():
         raise ConfigError(f"{suite_dir} is not a run directory (no config.toml); nothing to resume")
+    folder.check_writable(suite_dir)
     return run_suite(read_config(suite_dir / "config.toml"), suite_dir, resume=True, progress=progress)
 
 
@@ -77,6 +78,7 @@ def continue_suite(
     """Continue a run directory from its last checkpoint with its saved config.toml, on `device` if given
     (checkpoints load anywhere; the rest of the run stays as it was)."""
     suite_dir = folder.resume_target(Path(run_dir))
+    folder.check_writable(suite_dir)
     config = read_config(suite_dir / "config.toml")
     if device is not None:
         config = config.replace(device=device)

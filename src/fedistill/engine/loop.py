@@ -25,7 +25,7 @@ from fedistill.algorithms.shared.stage1 import cache_folder
 from fedistill.algorithms.shared.training import evaluate_model, task_of
 from fedistill.config import RunConfig, write_config
 from fedistill.data.partition import load_split, save_split
-from fedistill.engine.checkpoint import save_model, write_checkpoint
+from fedistill.engine.checkpoint import save_model, sweep_temporaries, write_checkpoint
 from fedistill.engine.resume import resume_point
 from fedistill.engine.rundir import MetricsWriter
 from fedistill.engine.setup import Prepared, client_contexts, resolve, score_first, source_names
@@ -74,6 +74,8 @@ def run_algorithm(
     algorithm, options = resolved.algorithm, resolved.options
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "plots").mkdir(exist_ok=True)
+    if resume:  # a write a crash or a full disk cut short may have left its temporary folder
+        sweep_temporaries(run_dir / "checkpoints")
     point = resume_point(run_dir) if resume else None
     checkpoint, state = point if point is not None else (None, None)
     if checkpoint is None:

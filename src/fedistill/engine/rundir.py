@@ -11,6 +11,8 @@ import math
 from pathlib import Path
 from typing import IO, Any
 
+from fedistill import disk
+
 
 class MetricsWriter:
     """Appends one JSON line per round to metrics.jsonl and flushes it, so a crash loses nothing."""
@@ -21,7 +23,7 @@ class MetricsWriter:
         if resume_at is not None and path.exists():  # the first rows only: a torn last line is dropped
             lines = path.read_text(encoding="utf-8", errors="replace").splitlines()[:resume_at]
             self.rows = [json.loads(line) for line in lines]
-            path.write_text("".join(json.dumps(r) + "\n" for r in self.rows), encoding="utf-8")
+            disk.write_text(path, "".join(json.dumps(r) + "\n" for r in self.rows))
             self._file: IO[str] = path.open("a", encoding="utf-8")
         else:
             self._file = path.open("w", encoding="utf-8")
@@ -30,8 +32,11 @@ class MetricsWriter:
         """Append one row, flushed at once; non-finite floats become null so the file stays valid JSON."""
         row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
         self.rows.append(row)
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+        except OSError as exc:  # a full disk: say which file, as fedistill.disk's writers do
+            raise disk.disk_error(exc, self.path) from exc
 
     def close(self) -> None:
         """Close the metrics file."""
@@ -44,7 +49,5 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write `data` as indented JSON atomically: to a hidden temporary file, then renamed over `path`."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    """Write `data` as indented JSON atomically (fedistill.disk)."""
+    disk.write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")

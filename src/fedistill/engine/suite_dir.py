@@ -14,6 +14,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from fedistill import disk
 from fedistill.errors import RunDirError
 
 LOCK = ".lock"
@@ -69,18 +70,41 @@ def resume_target(path: Path) -> Path:
     return path
 
 
+def _unwritable(folder: Path) -> str | None:
+    """Why `folder` cannot be written (a few words), or None when a probe file can be written there."""
+    try:
+        probe = folder / ".write-test"
+        disk.write_bytes(probe, b"")
+        probe.unlink()
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
+
+
 def create(suite_dir: Path) -> None:
     """Create the run folder, or say in one line why it cannot be written."""
     try:
         suite_dir.mkdir(parents=True, exist_ok=True)
-        probe = suite_dir / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
     except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
+        reason: str | None = exc.strerror or type(exc).__name__
+    else:
+        reason = _unwritable(suite_dir)
+    if reason is not None:
         raise RunDirError(
             f"cannot write the run directory {suite_dir}: {reason}; choose another --out or --name"
-        ) from None
+        )
+
+
+def check_writable(suite_dir: Path) -> None:
+    """Before a `--resume`: the run folder and its algorithms' folders can be written, or one line saying
+    which cannot and what to do."""
+    for folder in [suite_dir, *(d for d in sorted(suite_dir.iterdir()) if (d / "config.toml").is_file())]:
+        reason = _unwritable(folder)
+        if reason is not None:
+            raise RunDirError(
+                f"cannot resume {suite_dir}: {folder} cannot be written ({reason}); make it writable, "
+                "or copy the run to a writable place and --resume the copy"
+            )
 
 
 @contextmanager
@@ -98,7 +122,7 @@ def locked(suite_dir: Path) -> Iterator[None]:
             "wait for it to finish, or stop it and continue with --resume"
         ) from None
     try:
-        (suite_dir / OWNER).write_text(str(os.getpid()), encoding="utf-8")
+        disk.write_text(suite_dir / OWNER, str(os.getpid()))
         yield
     finally:
         lock.release()

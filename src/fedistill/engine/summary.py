@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from fedistill import disk
 from fedistill.engine.rundir import write_json
 from fedistill.errors import RunDirError
 from fedistill.federation.ledger import DOWN, UP
@@ -73,7 +74,7 @@ def accuracy_cell(final: dict[str, Any]) -> str:
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     """Write a run's summary.json and its human-readable summary.md beside it."""
     write_json(run_dir / "summary.json", summary)
-    (run_dir / "summary.md").write_text(summary_markdown(summary), encoding="utf-8")
+    disk.write_text(run_dir / "summary.md", summary_markdown(summary))
 
 
 def oracle_line(s: dict[str, Any]) -> list[str]:
@@ -182,7 +183,7 @@ def write_suite_results(
         f"{first['partition']['method']} alpha {first['partition']['alpha']}, seed {first['seed']}\n\n"
         + results_markdown(summaries)
     )
-    (suite_dir / "results.md").write_text(text, encoding="utf-8")
+    disk.write_text(suite_dir / "results.md", text)
     write_json(suite_dir / "results.json", summaries)
     (suite_dir / "plots").mkdir(exist_ok=True)
     headline = first.get("headline", "test_accuracy")

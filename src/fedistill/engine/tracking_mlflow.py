@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedistill import disk
 from fedistill.config import RunConfig
 from fedistill.engine.summary import results_markdown
 from fedistill.engine.tracking_values import (
@@ -104,7 +105,7 @@ class MlflowTracker:
         if (run_dir / "config.toml").is_file():
             self.client.log_artifact(run_id, str(run_dir / "config.toml"))
         record = {"tracking_uri": uri, "experiment_id": experiment_id, "run_id": run_id}
-        (run_dir / "mlflow.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        disk.write_text(run_dir / "mlflow.json", json.dumps(record, indent=2) + "\n")
         return run_id
 
     def _log_metrics(self, scalars: dict[str, float], step: int) -> None:

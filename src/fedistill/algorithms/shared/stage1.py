@@ -11,8 +11,9 @@ count it trains with (both change float rounding, so a model trained on two thre
 one a one-thread run would train). A later run that needs exactly that model loads it instead of
 training it; anything else trains afresh.
 
-The cache is the site's own: nothing of it crosses the client/server boundary. A damaged file is
-logged and replaced by a fresh training.
+The cache is the site's own: nothing of it crosses the client/server boundary. Each entry carries a
+sha256 record written with it (stage1_entry.py); an entry that is damaged, altered or without its
+record is logged in one line, trained afresh and overwritten.
 """
 
 from __future__ import annotations
@@ -21,17 +22,15 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from fedistill import devices
 from fedistill.algorithms.base import ClientContext
+from fedistill.algorithms.shared.stage1_entry import DamagedEntry, load_entry, store_entry
 from fedistill.algorithms.shared.training import LocalTraining, train_local
 from fedistill.config import RunConfig
 from fedistill.federation.fleet import Fleet, successful
@@ -98,17 +97,14 @@ def trained_once(
     path = folder / "stage1" / f"{purpose}-{architecture}-client{ctx.client_id:03d}-{key}.safetensors"
     if path.is_file():
         try:
-            with torch.no_grad():
-                state = load_file(str(path))
-                model.load_state_dict(state)
-            metrics = json.loads(_metadata(path).get("metrics", "{}"))
+            metrics = load_entry(model, path)
             log.info(
                 "client %d: stage-1 %s loaded from the cache (%s)", ctx.client_id, architecture, path.name
             )
-            return {k: float(v) for k, v in metrics.items()} | {"stage1_cached": 1.0}
-        except (OSError, SafetensorError, RuntimeError, ValueError, KeyError) as exc:
+            return metrics | {"stage1_cached": 1.0}
+        except DamagedEntry as exc:
             log.warning(
-                "client %d: cached stage-1 model %s is unusable (%s); training it again",
+                "client %d: cached stage-1 model %s is unusable (%s); training it again and overwriting it",
                 ctx.client_id,
                 path,
                 exc,
@@ -138,21 +134,10 @@ def train_teacher(model: nn.Module, ctx: ClientContext, architecture: str, epoch
     )
 
 
-def _metadata(path: Path) -> dict[str, str]:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as handle:
-        return handle.metadata() or {}
-
-
 def _store(model: nn.Module, path: Path, metrics: dict[str, float]) -> None:
-    """Write atomically; a cache that cannot be written only costs the reuse, never the run."""
+    """A cache that cannot be written only costs the reuse, never the run."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-        save_file(state, str(tmp), metadata={"metrics": json.dumps(metrics)})
-        os.replace(tmp, path)
+        store_entry(model, path, metrics)
     except OSError as exc:
         log.warning("stage-1 cache %s not written (%s); later runs will train this model again", path, exc)
 

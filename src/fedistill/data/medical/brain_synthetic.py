@@ -165,11 +165,13 @@ def _subjects(
 
 
 def _require(folder: Path, names: list[str], dataset: str) -> list[Path]:
-    paths = [folder / n for n in names]
-    missing = [str(p) for p in paths if not p.is_file()]
+    missing = [n for n in names if not (folder / n).is_file()]
     if missing:
-        raise DataError(f"{dataset}: missing {', '.join(missing)}.\n" + describe_brain_mri(str(folder)))
-    return paths
+        raise DataError(
+            f"{dataset}: no {', '.join(missing)} in {folder}; expected the real brain volumes it reads there "
+            f"({', '.join(names)})"
+        )
+    return [folder / n for n in names]
 
 
 def describe_brain_mri(folder: str) -> str:

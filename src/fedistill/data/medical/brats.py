@@ -71,7 +71,9 @@ def _modality_file(folder: Path, subject: str, modality: str) -> Path | None:
 def _roots(folder: Path) -> list[Path]:
     """The folder and its subfolders: a release's own top folder may sit in between."""
     if not folder.is_dir():
-        raise DataError(f"BraTS folder {folder} does not exist.\n" + describe(str(folder)))
+        raise DataError(
+            f"BraTS folder {folder} does not exist; expected the BraTS training data in it ({LAYOUT})"
+        )
     return [folder, *sorted(p for p in folder.iterdir() if p.is_dir())]
 
 
@@ -85,8 +87,8 @@ def _grade_folders(folder: Path) -> dict[str, dict[str, Path]]:
         if mapping.is_file():
             return _from_name_mapping(root, mapping)
     raise DataError(
-        f"no BraTS subjects under {folder}: found neither HGG/ and LGG/ folders nor name_mapping.csv.\n"
-        + describe(str(folder))
+        f"no BraTS subjects under {folder}: found neither HGG/ and LGG/ folders nor name_mapping.csv; "
+        f"expected {LAYOUT}"
     )
 
 
@@ -173,9 +175,8 @@ def load_brats(
     by_grade = _grade_folders(Path(folder))
     subjects = {name: path for g in wanted for name, path in by_grade.get(g, {}).items()}
     if not subjects:
-        raise DataError(
-            f"no {'/'.join(g.upper() for g in wanted)} subjects under {folder}.\n" + describe(str(folder))
-        )
+        grades = "/".join(g.upper() for g in wanted)
+        raise DataError(f"no {grades} subjects under {folder}; expected {LAYOUT}")
     train_names, test_names = split_subjects(list(subjects), train_subjects, test_subjects)
 
     def build(names: list[str]) -> list[SubjectSlices]:

@@ -22,12 +22,18 @@ NAME = "cpm17"
 IMAGE_SUFFIXES = (".png", ".tif", ".tiff", ".jpg")
 
 
+#: HoVer-Net's layout of CPM-17, for `str.format(folder=...)`.
+LAYOUT = (
+    "{folder}/train/Images/<name>.png with {folder}/train/Labels/<name>.mat (instance map under the key "
+    "inst_map), and the same under {folder}/test/"
+)
+
+
 def describe(folder: str) -> str:
     """Where to put CPM-17's images and labels (HoVer-Net's layout); it cannot be downloaded."""
     return (
-        f"CPM-17 nuclei: put {folder}/train/Images/<name>.png with {folder}/train/Labels/<name>.mat "
-        f"(instance map under the key inst_map), and the same under {folder}/test/ (the layout of "
-        "HoVer-Net's CPM-17 download). It cannot be downloaded automatically."
+        f"CPM-17 nuclei: put {LAYOUT.format(folder=folder)} (the layout of HoVer-Net's CPM-17 download). "
+        "It cannot be downloaded automatically."
     )
 
 
@@ -51,10 +57,10 @@ def read_split(folder: Path, split: str, group: int = 0) -> list[WholeImage]:
     """The whole images of CPM-17's train or test split with their instance maps, in `group`."""
     images_dir, labels_dir = folder / split / "Images", folder / split / "Labels"
     if not images_dir.is_dir():
-        raise DataError(f"CPM-17: missing folder {images_dir}.\n" + describe(str(folder)))
+        raise DataError(f"CPM-17: missing folder {images_dir}; expected {LAYOUT.format(folder=folder)}")
     paths = sorted(p for p in images_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     if not paths:
-        raise DataError(f"CPM-17: no image in {images_dir}.\n" + describe(str(folder)))
+        raise DataError(f"CPM-17: no image in {images_dir}; expected {LAYOUT.format(folder=folder)}")
     wholes = []
     for path in paths:
         label = labels_dir / f"{path.stem}.mat"

@@ -78,6 +78,10 @@ CHALLENGE_TEST = frozenset({
 })  # fmt: skip
 
 
+#: What the MoNuSeg folder holds, in a few words.
+LAYOUT = "MoNuSeg 2018's unpacked archives (Tissue Images/*.tif with same-named Aperio Annotations/*.xml)"
+
+
 def describe(folder: str) -> str:
     """Where to put MoNuSeg's archives and the optional organs.csv; the data cannot be downloaded."""
     return (
@@ -115,11 +119,11 @@ def organ_of(name: str, overrides: dict[str, str]) -> str | None:
 def find_tiles(folder: Path) -> dict[str, tuple[Path, Path]]:
     """{name: (image, annotation)} for every tile; a tile without its XML is an error."""
     if not folder.is_dir():
-        raise DataError(f"MoNuSeg folder {folder} does not exist.\n" + describe(str(folder)))
+        raise DataError(f"MoNuSeg folder {folder} does not exist; expected {LAYOUT} in it")
     images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".tif", ".tiff") and p.is_file())
     xmls = {p.stem: p for p in sorted(folder.rglob("*.xml"))}
     if not images:
-        raise DataError(f"no *.tif tile under {folder}.\n" + describe(str(folder)))
+        raise DataError(f"no *.tif tile under {folder}; expected {LAYOUT} there")
     missing = [f"{p.with_suffix('.xml')}" for p in images if p.stem not in xmls]
     if missing:
         raise DataError(

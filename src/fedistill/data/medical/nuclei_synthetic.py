@@ -82,9 +82,12 @@ def describe(folder: str) -> str:
 def read_nuclei(folder: Path) -> list[Sprite]:
     """Each real nucleus cut out by its mask, with its signal: (intensity - background) / nuclei's p95."""
     paths = [folder / IMAGE_FILE, folder / INSTANCE_FILE]
-    missing = [str(p) for p in paths if not p.is_file()]
+    missing = [p.name for p in paths if not p.is_file()]
     if missing:
-        raise DataError(f"{NAME}: missing {', '.join(missing)}.\n" + describe(str(folder)))
+        raise DataError(
+            f"{NAME}: no {', '.join(missing)} in {folder}; expected stardist's test image {IMAGE_FILE} "
+            f"and its instance map {INSTANCE_FILE} there"
+        )
     try:
         image = tifffile.imread(paths[0]).astype(np.float32)
         instances = relabel(tifffile.imread(paths[1]))

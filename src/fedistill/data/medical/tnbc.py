@@ -30,11 +30,17 @@ NAME = "tnbc"
 EIGHT_CONNECTED = np.ones((3, 3), dtype=bool)
 
 
+#: TNBC's released folders, in a few words.
+LAYOUT = (
+    "Slide_01/ ... Slide_11/ (images *.png) and GT_01/ ... GT_11/ (binary masks with the same file names)"
+)
+
+
 def describe(folder: str) -> str:
     """Where to put TNBC's released folders; it cannot be downloaded."""
     return (
-        f"TNBC nuclei: put the released folders in {folder}/: Slide_01/ ... Slide_11/ (images *.png) and "
-        f"GT_01/ ... GT_11/ (binary masks with the same file names). It cannot be downloaded automatically."
+        f"TNBC nuclei: put the released folders in {folder}/: {LAYOUT}. "
+        "It cannot be downloaded automatically."
     )
 
 
@@ -54,14 +60,14 @@ def read_mask_instances(path: Path) -> np.ndarray:
 def find_slides(folder: Path) -> dict[int, Path]:
     """The Slide_XX folders of `folder` by slide number, in order; DataError when there are none."""
     if not folder.is_dir():
-        raise DataError(f"TNBC folder {folder} does not exist.\n" + describe(str(folder)))
+        raise DataError(f"TNBC folder {folder} does not exist; expected {LAYOUT} in it")
     slides = {}
     for path in folder.iterdir():
         match = re.fullmatch(r"Slide_(\d+)", path.name)
         if match and path.is_dir():
             slides[int(match.group(1))] = path
     if not slides:
-        raise DataError(f"no Slide_XX folder in {folder}.\n" + describe(str(folder)))
+        raise DataError(f"no Slide_XX folder in {folder}; expected {LAYOUT} there")
     return dict(sorted(slides.items()))
 
 

@@ -66,9 +66,12 @@ def load_brain_t1_sites(folder: str | Path, **options: object) -> LoadedDataset:
     if size is None:
         raise ConfigError(f"{NAME} needs an integer image_size: its volumes' native sizes differ")
     root = Path(folder)
-    missing = [str(root / file) for _, file in SITES if not (root / file).is_file()]
+    missing = [file for _, file in SITES if not (root / file).is_file()]
     if missing:
-        raise DataError(f"missing {', '.join(missing)}.\n" + describe_brain_t1_sites(str(root)))
+        raise DataError(
+            f"{NAME}: no {', '.join(missing)} in {root}; expected its four real T1 volumes there "
+            f"({', '.join(file for _, file in SITES)})"
+        )
     train, test = [], []
     for group, (_, file) in enumerate(SITES):
         stack = read_slices(root / file)

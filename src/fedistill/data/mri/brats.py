@@ -40,6 +40,13 @@ PROTOCOL_SLICES = range(14, 135)
 OPTIONS = ("contrast", "image_size", "slices", "test_fraction", "max_volumes")
 
 
+#: What a BraTS 2020 folder holds, in a few words.
+EXPECTED = (
+    "the unpacked BraTS 2020 releases (e.g. MICCAI_BraTS2020_TrainingData/BraTS20_Training_001/"
+    "BraTS20_Training_001_t1.nii.gz, and MICCAI_BraTS2020_ValidationData/...)"
+)
+
+
 def describe_brats_mri(folder: str) -> str:
     """Where to put the BraTS 2020 releases for reconstruction."""
     return (
@@ -55,7 +62,7 @@ def describe_brats_mri(folder: str) -> str:
 def find_brats(folder: Path, contrast: str) -> dict[str, Path]:
     """{subject: file} for the `<subject>_<contrast>.nii[.gz]` files under `folder`."""
     if not folder.is_dir():
-        raise DataError(f"BraTS folder {folder} does not exist.\n" + describe_brats_mri(str(folder)))
+        raise DataError(f"BraTS folder {folder} does not exist; expected {EXPECTED} in it")
     pattern = re.compile(rf"^(.+)_{contrast}\.nii(\.gz)?$")
     found: dict[str, Path] = {}
     for path in sorted(folder.rglob(f"*_{contrast}.nii*")):
@@ -64,8 +71,8 @@ def find_brats(folder: Path, contrast: str) -> dict[str, Path]:
             found.setdefault(m.group(1), path)
     if not found:
         raise DataError(
-            f"no BraTS {contrast.upper()} files (<subject>_{contrast}.nii.gz) under {folder}.\n"
-            + describe_brats_mri(str(folder))
+            f"no BraTS {contrast.upper()} files (<subject>_{contrast}.nii.gz) under {folder}; "
+            f"expected {EXPECTED}"
         )
     return found
 
@@ -81,8 +88,7 @@ def _official_split(files: dict[str, Path], folder: Path) -> tuple[list[str], li
         raise DataError(
             f"BraTS under {folder}: no subject under a folder named like *{missing}* (the official split "
             f"puts MICCAI_BraTS2020_TrainingData and MICCAI_BraTS2020_ValidationData there); add it, or "
-            "set test_fraction (e.g. 0.25) to hold out a share of the subjects found.\n"
-            + describe_brats_mri(str(folder))
+            "set test_fraction (e.g. 0.25) to hold out a share of the subjects found"
         )
     return train, test
 

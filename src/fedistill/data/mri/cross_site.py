@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedistill.data.base import LoadedDataset
+from fedistill.data.mri import brats, fastmri, ixi
 from fedistill.data.mri.assemble import Volume, build_dataset
 from fedistill.data.mri.brats import brats_volumes, describe_brats_mri
 from fedistill.data.mri.fastmri import describe_fastmri_brain, fastmri_volumes
@@ -30,6 +31,8 @@ SOURCES: dict[str, tuple[str, Callable[[str], str]]] = {
     "brats": ("BraTS2020", describe_brats_mri),
     "ixi": ("IXI", describe_ixi),
 }
+#: What each source's subfolder holds, in a few words.
+EXPECTED = {"fastmri": fastmri.EXPECTED, "brats": brats.EXPECTED, "ixi": ixi.EXPECTED}
 
 
 def describe_mri_cross_site(folder: str) -> str:
@@ -70,9 +73,10 @@ def load_mri_cross_site(folder: str | Path, **options: object) -> LoadedDataset:
     keys = _sources(options.get("sources", tuple(SOURCES)))
     missing = [key for key in keys if not (root / key).is_dir()]
     if missing:
+        expected = "; ".join(f"{k}/: {EXPECTED[k]}" for k in missing)
         raise DataError(
             f"MRI cross-site: missing source folder(s) {', '.join(str(root / k) for k in missing)} "
-            "(or drop them with sources=...).\n" + "\n".join(SOURCES[k][1](str(root / k)) for k in missing)
+            f"(or drop them with sources=...); expected {expected}"
         )
     train: list[Volume] = []
     test: list[Volume] = []

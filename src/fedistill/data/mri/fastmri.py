@@ -51,6 +51,10 @@ TEST_DIRS = ("val", "multicoil_val", "brain_multicoil_val", "singlecoil_val")
 OPTIONS = ("contrast", "image_size", "target", "slices", "max_volumes")
 
 
+#: What a fastMRI brain folder holds, in a few words.
+EXPECTED = "train/ and val/ folders of fastMRI brain .h5 files (e.g. train/file_brain_AXT1_202_2020000.h5)"
+
+
 def describe_fastmri_brain(folder: str) -> str:
     """Where to put fastMRI's brain training and validation files."""
     return (
@@ -67,8 +71,7 @@ def _split_dir(folder: Path, names: tuple[str, ...]) -> Path:
     for name in names:
         if (folder / name).is_dir():
             return folder / name
-    tried = ", ".join(str(folder / n) for n in names)
-    raise DataError(f"fastMRI: none of {tried} exists.\n" + describe_fastmri_brain(str(folder)))
+    raise DataError(f"fastMRI: no {' or '.join(names)} folder in {folder}; expected {EXPECTED}")
 
 
 def _acquisition(f: h5py.File) -> str:
@@ -117,7 +120,10 @@ def _read_split(
 ) -> list[Volume]:
     files = sorted(p for p in folder.glob("*.h5") if p.is_file())
     if not files:
-        raise DataError(f"fastMRI: no .h5 files in {folder}.\n" + describe_fastmri_brain(str(folder.parent)))
+        raise DataError(
+            f"fastMRI: no .h5 files in {folder}; expected fastMRI brain files there "
+            "(e.g. file_brain_AXT1_202_2020000.h5)"
+        )
     wanted, seen, volumes = CONTRASTS[contrast], set(), []
     for path in files:
         if cap is not None and len(volumes) >= cap:
@@ -156,7 +162,7 @@ def fastmri_volumes(
     keep = check_choice("fastMRI slices", slices, SLICE_CHOICES)
     cap = check_max_volumes(max_volumes)
     if not folder.is_dir():
-        raise DataError(f"fastMRI folder {folder} does not exist.\n" + describe_fastmri_brain(str(folder)))
+        raise DataError(f"fastMRI folder {folder} does not exist; expected {EXPECTED} in it")
     train_dir, test_dir = _split_dir(folder, TRAIN_DIRS), _split_dir(folder, TEST_DIRS)
     return (
         _read_split(train_dir, contrast, target, size, keep, cap, group),

@@ -42,6 +42,10 @@ _FILE = re.compile(r"^(IXI\d+)-([A-Za-z]+)-(\d+)-(T1|T2)\.nii(\.gz)?$")
 OPTIONS = ("contrast", "image_size", "slices", "slice_axis", "test_fraction", "max_volumes")
 
 
+#: What an IXI folder holds, in a few words.
+EXPECTED = "IXI's NIfTI files as IXI-T1.tar and IXI-T2.tar unpack them (e.g. IXI002-Guys-0828-T1.nii.gz)"
+
+
 def describe_ixi(folder: str) -> str:
     """Where to put IXI's T1 or T2 NIfTI files; the three hospitals become the groups."""
     return (
@@ -55,7 +59,7 @@ def describe_ixi(folder: str) -> str:
 def find_ixi(folder: Path, contrast: str) -> dict[str, Path]:
     """{subject (IXI<id>-<site>-<n>): file} for the contrast's files under `folder`."""
     if not folder.is_dir():
-        raise DataError(f"IXI folder {folder} does not exist.\n" + describe_ixi(str(folder)))
+        raise DataError(f"IXI folder {folder} does not exist; expected {EXPECTED} in it")
     found: dict[str, Path] = {}
     for path in sorted(folder.rglob("IXI*")):
         m = _FILE.match(path.name)
@@ -63,8 +67,9 @@ def find_ixi(folder: Path, contrast: str) -> dict[str, Path]:
             found.setdefault(f"{m.group(1)}-{m.group(2)}-{m.group(3)}", path)
     if not found:
         raise DataError(
-            f"no IXI {contrast.upper()} files (IXI*-{contrast.upper()}.nii.gz) under {folder}.\n"
-            + describe_ixi(str(folder))
+            f"no IXI {contrast.upper()} files (IXI*-{contrast.upper()}.nii.gz) under {folder}; expected "
+            f"IXI's NIfTI files as IXI-{contrast.upper()}.tar unpacks them "
+            f"(e.g. IXI002-Guys-0828-{contrast.upper()}.nii.gz)"
         )
     return found
 
