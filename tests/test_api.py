@@ -109,6 +109,33 @@ def test_loaded_model_reproduces_the_runs_test_accuracy(finished, digits):
     assert torch.equal(from_its_folder.predict(test.x[:20]), predicted[:20])
 
 
+def test_a_model_loads_without_its_dataset_from_the_facts_saved_beside_it(finished, digits, monkeypatch):
+    import fedistill.data.registry as registry
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("load_model read the dataset")
+
+    monkeypatch.setattr(registry, "load_dataset", no_data)
+    model = fedistill.load_model(finished.run_dir, "fedavg")
+    assert model.info == digits.info  # normalisation, size and classes, exactly as trained
+    accuracy = int((model.predict(digits.test.x) == digits.test.y).sum()) / len(digits.test)
+    assert abs(accuracy - finished["fedavg"].final["test_accuracy"]) <= 1e-6
+
+
+def test_dataset_facts_survive_their_json_record():
+    from fedistill.data.base import DatasetInfo, TextInfo
+
+    text = DatasetInfo("ag-news", 1, 128, 4, (0.0,), (1.0,), class_names=("a", "b", "c", "d"),
+                       task="text-classification", text=TextInfo("bert", 30522, 0, 128))  # fmt: skip
+    image = DatasetInfo(
+        "x", 3, 32, 10, (0.1, 0.2, 0.3), (0.4, 0.5, 0.6), crop_padding=4, horizontal_flip=True
+    )
+    for info in (text, image):
+        assert DatasetInfo.from_json(info.to_json()) == info
+    with pytest.raises(ValueError, match="not a dataset record"):
+        DatasetInfo.from_json('{"name": "x"}')
+
+
 def test_wrong_images_are_refused_in_one_line(finished):
     model = fedistill.load_model(finished.run_dir)
     for images, expected in (

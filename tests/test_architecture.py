@@ -26,7 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "interrupt": set(),
     "devices": {"errors"},
     "seeding": {"errors", "devices"},
-    "config": {"errors"},
+    "config": {"errors", "disk"},
     "federation": {"errors", "devices"},
     "data": GROUND,
     "models": GROUND | {"data"},

@@ -260,7 +260,9 @@ def for_algorithm(config: RunConfig, name: str) -> RunConfig:
 
 def write_config(config: RunConfig, path: Path) -> None:
     """Write the config as TOML (a run's config.toml)."""
-    path.write_text(tomli_w.dumps(config.to_dict()), encoding="utf-8")
+    from fedistill import disk
+
+    disk.write_text(path, tomli_w.dumps(config.to_dict()))
 
 
 def read_config(path: Path) -> RunConfig:

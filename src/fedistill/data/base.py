@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
@@ -46,6 +47,21 @@ class DatasetInfo:
     # For the segmentation tasks `num_classes` counts pixel classes (background included).
     task: str = "classification"
     text: TextInfo | None = None  # token-id inputs: how they were tokenised (None: images)
+
+    def to_json(self) -> str:
+        """These facts as JSON: written beside a trained model, so it can be used without the dataset."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> DatasetInfo:
+        """The facts `to_json` wrote; ValueError when `text` is not such a record."""
+        try:
+            fields = json.loads(text)
+            text_info = fields.pop("text", None)
+            tuples = {k: tuple(fields[k]) for k in ("mean", "std", "class_names") if k in fields}
+            return cls(**{**fields, **tuples}, text=None if text_info is None else TextInfo(**text_info))
+        except (TypeError, KeyError, ValueError, AttributeError) as exc:
+            raise ValueError(f"not a dataset record ({exc})") from None
 
 
 @dataclass

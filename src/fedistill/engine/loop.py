@@ -229,9 +229,9 @@ def _loop(
     for name, module in server.models().items():
         # a module may name what its weights alone do not record (a generator: its number of upsamplings)
         described = getattr(module, "export_metadata", dict)()
-        save_model(
-            module, run_dir / "models" / f"{name}.safetensors", {"algorithm": algorithm.name, **described}
-        )
+        # the dataset's facts (normalisation, size, classes) travel with the weights: load_model needs no data
+        metadata = {"algorithm": algorithm.name, "dataset_info": info.to_json(), **described}
+        save_model(module, run_dir / "models" / f"{name}.safetensors", metadata)
     plot_learning_curves(
         {algorithm.name: metrics.rows},
         run_dir / "plots" / "learning_curve.png",

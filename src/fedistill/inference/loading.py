@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from fedistill.data.base import DatasetInfo
 from fedistill.errors import RunDirError
 from fedistill.inference.run_folder import finished_dir
 from fedistill.inference.trained_model import TrainedModel
@@ -80,6 +81,19 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         raise RunDirError(f"{path} is damaged ({reason}); run the algorithm again to export it") from None
 
 
+def recorded_info(path: Path) -> DatasetInfo | None:
+    """The dataset facts the run saved in the model file's header (normalisation, size, classes, task);
+    None for a file saved without them."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            text = (handle.metadata() or {}).get("dataset_info")
+        return None if text is None else DatasetInfo.from_json(text)
+    except Exception:  # an unreadable header: read_weights already said so; a bad record: load the data
+        return None
+
+
 def _shapes(state: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
     return {key: tuple(value.shape) for key, value in state.items()}
 
@@ -95,8 +109,9 @@ def load_model(
     """The model `algorithm` trained in `run_dir` (a run directory, or one algorithm's folder of one; the
     algorithm may be left out when the run holds one), in eval mode on `device`.
 
-    The dataset's facts (normalisation, classes) come from loading the dataset the run used, from
-    `data_dir` or the run's own `data_dir` (digits needs no files)."""
+    The dataset's facts (normalisation, image size, classes) are read from the model file, where the run
+    recorded them: no data is needed. Models saved before that record existed, or a `data_dir` given,
+    take them from loading the dataset the run used (from `data_dir`, or the run's own)."""
     from fedistill.algorithms.shared.training import new_model, task_of
     from fedistill.config import read_config
     from fedistill.data.registry import load_dataset
@@ -112,12 +127,14 @@ def load_model(
     if "generator" in chosen:
         raise RunDirError(f"{chosen} is {folder.name}'s generator, not a model of the task; pick another")
     state = read_weights(files[chosen])
-    dataset = load_dataset(
-        config.dataset,
-        config.data_dir if data_dir is None else data_dir,
-        **config.options.get(config.dataset, {}),
-    )
-    info = dataset.info
+    info = recorded_info(files[chosen]) if data_dir is None else None
+    if info is None:  # a model saved before its dataset's facts were recorded beside it
+        dataset = load_dataset(
+            config.dataset,
+            config.data_dir if data_dir is None else data_dir,
+            **config.options.get(config.dataset, {}),
+        )
+        info = dataset.info
     candidates = candidate_architectures(chosen, config.model, options)
     for architecture in candidates:
         module = new_model(config, info, architecture)

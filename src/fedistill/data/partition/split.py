@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from fedistill import disk
 from fedistill.data.partition.checks import as_labels, check_seed
 from fedistill.data.partition.holdout import class_counts, holdout, iid_shards
 from fedistill.data.partition.registry import get_partitioner
@@ -141,9 +143,10 @@ def save_split(split: FederatedSplit, directory: str | Path) -> None:
     """Write ``partition.npz`` (int64 index arrays) and ``partition.json`` (sizes, counts, hash)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    np.savez(directory / "partition.npz", **dict(split.arrays()))
-    text = json.dumps(split.to_json(), indent=1)
-    (directory / "partition.json").write_text(text + "\n", encoding="utf-8")
+    buffer = io.BytesIO()
+    np.savez(buffer, **dict(split.arrays()))
+    disk.write_bytes(directory / "partition.npz", buffer.getvalue())
+    disk.write_text(directory / "partition.json", json.dumps(split.to_json(), indent=1) + "\n")
 
 
 def load_split(directory: str | Path) -> FederatedSplit:
