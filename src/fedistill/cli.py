@@ -45,6 +45,7 @@ MODULE_COMMANDS = {
     "predict": ("fedistill.inference.predict", "label or segment images and volumes, or reconstruct scans"),
     "export": ("fedistill.inference.export", "write a run's model as safetensors, ONNX or TorchScript"),
     "reproduce": ("fedistill.reproduce.command", "reproduce a paper's table and check it (see --list)"),
+    "deploy": ("fedistill.engine.flower.deploy", "credentials for an authenticated Flower deployment"),
 }
 
 

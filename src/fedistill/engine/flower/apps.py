@@ -21,6 +21,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedistill.algorithms.registry import ALGORITHMS, algorithm_names
 from fedistill.config import RunConfig, build_config, parse_assignment
+from fedistill.engine.flower.enrolled_grid import enrolled
+from fedistill.engine.flower.enrolment import ASSIGNED_PARTITION, enrolment_from_environment
 from fedistill.engine.flower.node import node_for, partition_of
 from fedistill.engine.setup import validate_setup
 from fedistill.engine.suite import default_name, run_algorithms
@@ -63,13 +65,16 @@ def answer(
     """The reply content to one message on this node (raises on failure). Shared by the ClientApp
     and the node's long-lived worker (worker.py)."""
     run_config = config or config_from_run_config(dict(context.run_config))
+    header = header_of(content)
+    # an enrolled deployment's server names the node's partition in every message (enrolled_grid.py)
+    assigned = int(header[ASSIGNED_PARTITION]) if ASSIGNED_PARTITION in header else None
     if message_type == HELLO:
-        pid = partition_of(context, run_config)
+        pid = partition_of(context, run_config, assigned)
         return to_records(Message.build(HELLO, scalars={"metrics": {"partition_id": pid}}))
-    algorithm = str(header_of(content).get("algorithm", ""))
+    algorithm = str(header.get("algorithm", ""))
     if not algorithm:
         raise FederationError(f"{message_type}: no algorithm in the transport header")
-    node = node_for(context, run_config, algorithm, state_root)
+    node = node_for(context, run_config, algorithm, state_root, assigned)
     request = from_records(content, message_type)
     check_on_receipt(request, max_bytes=int(run_config.max_message_mb * 2**20))
     reply = node.client.handle(request)
@@ -112,8 +117,12 @@ def make_server_app(
     *,
     progress: bool = False,
     resume: bool = False,
+    enrolment: Path | None = None,
+    read_environment: bool = False,
 ) -> ServerApp:
     """`results`/`errors` collect the summaries or the exception when the caller is in-process.
+    `enrolment` (or, with `read_environment`, the file `FEDISTILL_ENROLMENT` names in the SuperLink's
+    environment) lets only enrolled sites take part, each at its fixed partition (enrolled_grid.py).
 
     Under `flwr run` a user mistake (a bad `-c` value, a missing file) is logged as one line, with no
     traceback, and the ServerApp ends; `flwr run` itself exits 0 whatever a run's outcome, so that
@@ -127,6 +136,8 @@ def make_server_app(
             target = suite_dir or Path(run_config.out) / (run_config.name or default_name(run_config))
             run_config = run_config.replace(transport="flower")
             data = validate_setup(run_config)
+            enrolment_file = enrolment or (enrolment_from_environment() if read_environment else None)
+            grid = enrolled(grid, enrolment_file, run_config.clients)
             summaries = run_algorithms(run_config, target, data, grid=grid, progress=progress, resume=resume)
         except UserError as exc:
             if errors is None:
@@ -145,5 +156,5 @@ def make_server_app(
     return app
 
 
-server_app = make_server_app()
+server_app = make_server_app(read_environment=True)
 client_app = make_client_app()

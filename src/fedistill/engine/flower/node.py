@@ -42,10 +42,7 @@ class Node:
         """Persist the client's state and publish its new version in the node's context."""
         self.version += 1
         self.state_stem.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_stem.with_name(self.state_stem.name + ".tmp")
-        save_state(self.client.state_dict(), tmp)
-        for suffix in (".safetensors", ".json"):
-            tmp.with_suffix(suffix).replace(self.state_stem.with_suffix(suffix))
+        save_state(self.client.state_dict(), self.state_stem)  # each file atomically (fedistill.disk)
         versions = dict(context.state[VERSIONS]) if VERSIONS in context.state else {}
         versions[self.key[1]] = self.version
         context.state[VERSIONS] = ConfigRecord(versions)
@@ -55,12 +52,21 @@ _NODES: dict[tuple[int, str, int], Node] = {}
 _DATA: dict[str, Any] = {}
 
 
-def partition_of(context: Context, config: RunConfig) -> int:
-    """This node's partition id (its client index) from its node config, checked against the run's clients."""
+def partition_of(context: Context, config: RunConfig, assigned: int | None = None) -> int:
+    """This node's partition id (its client index), checked against the run's clients: the one the server
+    `assigned` from the operator's enrolment (enrolment.py) when it sent one, else the node config's."""
     node_config = context.node_config
-    if "partition-id" not in node_config:
+    if assigned is not None:
+        claimed = node_config.get("partition-id")
+        if claimed is not None and int(claimed) != int(assigned):
+            raise ConfigError(
+                f"this SuperNode's node config says partition-id={claimed}, but its enrolment fixes "
+                f"partition {assigned}: remove partition-id from --node-config"
+            )
+    elif "partition-id" not in node_config:
         raise ConfigError("this SuperNode has no partition-id in its node config (--node-config)")
-    pid, total = int(node_config["partition-id"]), int(node_config.get("num-partitions", config.clients))
+    pid = int(assigned) if assigned is not None else int(node_config["partition-id"])
+    total = int(node_config.get("num-partitions", config.clients))
     if total != config.clients:
         raise ConfigError(f"node config says num-partitions={total}, the run has clients={config.clients}")
     if not 0 <= pid < total:
@@ -68,10 +74,16 @@ def partition_of(context: Context, config: RunConfig) -> int:
     return pid
 
 
-def node_for(context: Context, config: RunConfig, algorithm_name: str, state_root: Path | None) -> Node:
+def node_for(
+    context: Context,
+    config: RunConfig,
+    algorithm_name: str,
+    state_root: Path | None,
+    assigned: int | None = None,
+) -> Node:
     """The node's client of `algorithm_name` in this run: kept in memory while its version is current, else
-    rebuilt and its state reloaded."""
-    pid = partition_of(context, config)
+    rebuilt and its state reloaded. `assigned`: the partition the server fixed for this node, if any."""
+    pid = partition_of(context, config, assigned)
     key = (int(context.run_id), algorithm_name, pid)
     versions = dict(context.state[VERSIONS]) if VERSIONS in context.state else {}
     version = int(versions.get(algorithm_name, 0))

@@ -1,0 +1,230 @@
+"""`fedistill deploy credentials`: everything an operator hands out for an authenticated deployment.
+
+Given the site names (in partition order) and the SuperLink's host names, it writes under `--out`:
+
+    ca/ca.key                      the CA's private key: keep it offline (needed only to renew the
+                                   SuperLink's certificate)
+    superlink/ca.crt, server.pem,  the SuperLink's TLS certificate (signed by the CA) and key
+    superlink/server.key
+    enrolment.toml                 each site's fixed partition and public key (for the SuperLink's
+                                   FEDISTILL_ENROLMENT; enrolment.py)
+    sites/<name>/<name>.key        the site's authentication private key (OpenSSH, ECDSA P-384, 0600)
+    sites/<name>/<name>.pub        its public key, enrolled at the SuperLink with `flwr supernode register`
+    sites/<name>/ca.crt            the CA certificate the site verifies the SuperLink with
+
+Flower authenticates SuperNodes with ECDSA keys on a NIST curve; the TLS keys are ECDSA P-384 too.
+Nothing is overwritten: an existing enrolment in `--out` stops the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import ipaddress
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedistill.engine.flower.enrolment import Enrolment, Site
+from fedistill.errors import ConfigError
+
+ENROLMENT_FILE = "enrolment.toml"
+CA_NAME = "fedistill deployment CA"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Where `make_credentials` wrote each file."""
+
+    root: Path
+    ca_key: Path
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+    enrolment: Path
+    site_keys: dict[str, Path]  # site name -> private key
+    site_public_keys: dict[str, Path]
+
+
+def make_credentials(sites: list[str], hosts: list[str], out: Path, *, days: int = 365) -> Credentials:
+    """A CA, the SuperLink's TLS certificate for `hosts`, a key pair per site, and the enrolment that
+    gives site i partition i."""
+    if not sites:
+        raise ConfigError("name at least one site")
+    if not hosts:
+        raise ConfigError("name the SuperLink's host (--superlink-host), as the sites will address it")
+    out = Path(out)
+    if (out / ENROLMENT_FILE).exists():
+        raise ConfigError(f"{out / ENROLMENT_FILE} exists already: choose another --out folder")
+    x509, hashes, serialization, ec = _crypto()
+    keys = {name: ec.generate_private_key(ec.SECP384R1()) for name in sites}
+    public = {
+        name: key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
+        for name, key in keys.items()
+    }
+    enrolment = Enrolment(
+        tuple(Site(name, i, f"{public[name].decode()} {name}") for i, name in enumerate(sites))
+    )  # checks the names and keys before anything is written
+
+    now = datetime.datetime.now(datetime.UTC)
+    valid = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days))
+    ca_key = ec.generate_private_key(ec.SECP384R1())
+    ca_cert = _certificate(x509, hashes, CA_NAME, ca_key, ca_key, valid, ca=True)
+    server_key = ec.generate_private_key(ec.SECP384R1())
+    server_cert = _certificate(x509, hashes, hosts[0], server_key, ca_key, valid, ca=False, hosts=hosts)
+
+    pem = serialization.Encoding.PEM
+    creds = Credentials(
+        root=out,
+        ca_key=out / "ca" / "ca.key",
+        ca_cert=out / "superlink" / "ca.crt",
+        server_cert=out / "superlink" / "server.pem",
+        server_key=out / "superlink" / "server.key",
+        enrolment=out / ENROLMENT_FILE,
+        site_keys={name: out / "sites" / name / f"{name}.key" for name in sites},
+        site_public_keys={name: out / "sites" / name / f"{name}.pub" for name in sites},
+    )
+    _write(creds.ca_key, _private_pem(serialization, ca_key), secret=True)
+    _write(creds.ca_cert, ca_cert.public_bytes(pem))
+    _write(creds.server_cert, server_cert.public_bytes(pem))
+    _write(creds.server_key, _private_pem(serialization, server_key), secret=True)
+    for name, key in keys.items():
+        ssh_format = serialization.PrivateFormat.OpenSSH
+        private = key.private_bytes(serialization.Encoding.PEM, ssh_format, serialization.NoEncryption())
+        _write(creds.site_keys[name], private, secret=True)
+        _write(creds.site_public_keys[name], public[name] + f" {name}\n".encode())
+        _write(creds.site_keys[name].parent / "ca.crt", ca_cert.public_bytes(pem))
+    _write(creds.enrolment, enrolment.to_toml().encode())
+    return creds
+
+
+def next_steps(creds: Credentials, port: int = 9092) -> str:
+    """The commands the operator and each site run next (docs/how-to/flower.md explains them)."""
+    link = creds.server_cert.parent
+    lines = [
+        f"wrote {creds.root}: keep {creds.ca_key} offline; send each site its folder sites/<name>/ securely",
+        "operator (SuperLink machine):",
+        f"  FEDISTILL_ENROLMENT={creds.enrolment} flower-superlink --enable-supernode-auth "
+        f"--ssl-ca-certfile {link / 'ca.crt'} --ssl-certfile {creds.server_cert} "
+        f"--ssl-keyfile {creds.server_key} --port {port} --disable-runtime-dependency-installation",
+    ]
+    for name, pub in creds.site_public_keys.items():
+        lines.append(f"  flwr supernode register {pub} deploy --name {name}")
+    lines.append("each site:")
+    lines.append(
+        "  flower-supernode --superlink HOST:PORT --root-certificates ca.crt "
+        "--auth-supernode-private-key <name>.key --node-config \"data-dir='...' state-dir='...'\""
+    )
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's options (`fedistill deploy credentials`)."""
+    parser.add_argument("sites", nargs="+", help="site names, in partition order (site i holds partition i)")
+    parser.add_argument(
+        "--superlink-host",
+        action="append",
+        required=True,
+        help="a DNS name or IP address the sites use for the SuperLink (repeatable; the first is the CN)",
+    )
+    parser.add_argument("--out", type=Path, required=True, help="an empty or new folder for the files")
+    parser.add_argument("--days", type=int, default=365, help="validity of the certificates (default 365)")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Write the credentials; 0 on success, 2 with one line on stderr when the input cannot be used."""
+    try:
+        creds = make_credentials(list(args.sites), list(args.superlink_host), args.out, days=args.days)
+    except ConfigError as exc:
+        print(f"fedistill: error: {exc}", file=sys.stderr)
+        return 2
+    print(next_steps(creds))
+    return 0
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+def _certificate(
+    x509: Any,
+    hashes: Any,
+    common_name: str,
+    key: Any,
+    issuer_key: Any,
+    valid: tuple[datetime.datetime, datetime.datetime],
+    *,
+    ca: bool,
+    hosts: list[str] | None = None,
+) -> Any:
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    issuer = (
+        subject if ca else x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedistill deployment CA")])
+    )
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(valid[0])
+        .not_valid_after(valid[1])
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+    )
+    if ca:
+        usage = dict.fromkeys(
+            ("content_commitment", "key_encipherment", "data_encipherment", "key_agreement"), False
+        )
+        builder = builder.add_extension(
+            x509.KeyUsage(
+                digital_signature=True, key_cert_sign=True, crl_sign=True,
+                encipher_only=False, decipher_only=False, **usage,
+            ),
+            critical=True,
+        )  # fmt: skip
+    else:
+        builder = (
+            builder.add_extension(
+                x509.SubjectAlternativeName([_san(x509, h) for h in hosts or []]), critical=False
+            )
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False
+            )
+        )
+    return builder.sign(issuer_key, hashes.SHA384())
+
+
+def _san(x509: Any, host: str) -> Any:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
+def _private_pem(serialization: Any, key: Any) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _write(path: Path, data: bytes, *, secret: bool = False) -> None:
+    """Private keys are created readable by their owner only (never briefly wider)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if secret else 0o644)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
+def _crypto() -> tuple[Any, Any, Any, Any]:
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+    except ImportError:
+        raise ConfigError("the `cryptography` package is missing: pip install 'fedistill[flower]'") from None
+    return x509, hashes, serialization, ec
