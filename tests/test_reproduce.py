@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import fedistill.errors
 from fedistill.reproduce import command, execute, targets
 from fedistill.reproduce.plan import plan
 from fedistill.reproduce.target_spec import SCALES, Column, Expected, Row, Run, Scale, Target
@@ -120,6 +121,11 @@ def test_rows_narrow_a_target_to_their_rows_and_only_the_runs_they_read():
     assert [r.name for r in spec.runs] == ["a", "b"]
     assert "only the rows matching" in spec.note
     assert narrowed.scales["paper"] == fake_target().scales["paper"]
+    either = fake_target().narrowed("ci", ("^(near|lost)$",))  # a regular expression: one of two rows
+    assert [r.label for r in either.scales["ci"].rows] == ["near", "lost"]
+    assert [r.name for r in either.scales["ci"].runs] == ["a", "c"]
+    with pytest.raises(fedistill.errors.UserError, match="--rows takes regular expressions"):
+        fake_target().narrowed("ci", ("(",))
 
 
 def test_each_cell_is_judged_against_its_recorded_number_with_mean_and_std_over_seeds(tmp_path):

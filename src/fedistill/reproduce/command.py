@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="TEXT",
-        help="only the rows whose label holds TEXT (any case; repeat to narrow further), and only their runs",
+        help="only the rows whose label matches TEXT (a regular expression, any case; repeat to narrow"
+        " further) and only the runs they read",
     )
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process")
     parser.add_argument("--out", default="runs", help="parent folder: writes <out>/reproduce/<NAME>-<scale>/")

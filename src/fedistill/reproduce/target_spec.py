@@ -113,10 +113,17 @@ class Target:
         return self.scales[scale].columns or self.columns
 
     def narrowed(self, scale: str, patterns: tuple[str, ...]) -> Target:
-        """The target at `scale` with only the rows whose label holds every pattern (any case), and only
-        the runs those rows read: reproduce one slice of a table without starting the rest."""
+        """The target at `scale` with only the rows whose label matches every pattern (a regular
+        expression, any case), and only the runs those rows read: one slice of a table, without starting
+        the rest."""
+        import re
+
         spec = self.scales[scale]
-        rows = tuple(r for r in spec.rows if all(p.lower() in r.label.lower() for p in patterns))
+        try:
+            compiled = [re.compile(p, re.IGNORECASE) for p in patterns]
+        except re.error as exc:
+            raise UserError(f"--rows takes regular expressions; {exc.pattern!r}: {exc}") from None
+        rows = tuple(r for r in spec.rows if all(c.search(r.label) for c in compiled))
         if not rows:
             examples = "; ".join(r.label for r in spec.rows[:3])
             raise UserError(
@@ -124,10 +131,11 @@ class Target:
                 f" (rows are named like: {examples})"
             )
         needed = {r.run for r in rows}
+        slice_note = f"only the rows matching {' and '.join(patterns)}"
         kept = replace(
             spec,
             runs=tuple(r for r in spec.runs if r.name in needed),
             rows=rows,
-            note="; ".join(filter(None, (spec.note, f"only the rows matching {' and '.join(patterns)}"))),
+            note="; ".join(filter(None, (spec.note, slice_note))),
         )
         return replace(self, scales={**self.scales, scale: kept})
