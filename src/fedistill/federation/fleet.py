@@ -74,6 +74,34 @@ class Fleet(ABC):
         targets = self.clients if clients is None else list(clients)
         return self.send(dict.fromkeys(targets, message), step=step, timeout=timeout, expect=expect)
 
+    def reject(
+        self, replies: Mapping[int, Reply], faults: Mapping[int, str], step: int | None = None
+    ) -> dict[int, Reply]:
+        """`replies` with those of `faults`' clients turned into failed replies, as an invalid reply is.
+
+        For checks that judge a round's replies together (plausibility.py), after the transport recorded
+        each as received: the verdict is a second, zero-byte record of that reply with status `invalid`,
+        and the client is marked as dropped."""
+        kept = dict(replies)
+        for client, why in faults.items():
+            received = replies[client].message
+            if received is None:
+                continue
+            reply = Reply(client, None, f"invalid reply: {received.type}: implausible {why}")
+            self.ledger.record(
+                round=self.round,
+                step=step,
+                direction=UP,
+                client=client,
+                message=None,
+                type=received.type,
+                status="invalid",
+                error=reply.error,
+            )
+            self.note_failure(reply)
+            kept[client] = reply
+        return kept
+
     def note_failure(self, reply: Reply) -> None:
         """Mark the client of a failed reply as dropped, with the round and the error."""
         self.dropped.setdefault(reply.client, f"round {self.round}: {reply.error}")

@@ -1,6 +1,9 @@
 """The ledger: one JSON line per message that crossed the boundary, and totals per client and kind.
 
 It is what makes a privacy claim checkable: "no parameters left any client" is a sum over this file.
+Bytes are those that crossed the wire: a kind sent in a wire encoding (encodings.py) counts its encoded
+size, and its record names the encoding under `encodings` (absent when every array went as built, as in
+every ledger written before encodings existed).
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ UP = "client->server"
 
 @dataclass
 class Totals:
-    """Bytes and message counts, keyed by (direction, client, kind)."""
+    """Bytes and message counts, keyed by (direction, client, kind), and the wire encodings seen per
+    (direction, kind)."""
 
     bytes: dict[tuple[str, int, str], int] = field(default_factory=lambda: defaultdict(int))
     messages: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
     failures: list[dict[str, Any]] = field(default_factory=list)
+    encodings: dict[tuple[str, str], set[str]] = field(default_factory=lambda: defaultdict(set))
 
     def add(self, record: dict[str, Any]) -> None:
         """Count one ledger record: its bytes per kind, its message, and its failure if it has one."""
@@ -31,6 +36,8 @@ class Totals:
         self.messages[key] += 1
         for kind, size in record["kinds"].items():
             self.bytes[(record["direction"], record["client"], kind)] += size
+        for kind, encoding in record.get("encodings", {}).items():
+            self.encodings[(record["direction"], kind)].update(encoding.split("+"))
         if record["status"] != "ok":
             self.failures.append(
                 {k: record[k] for k in ("round", "step", "client", "type", "status", "error")}
@@ -57,6 +64,11 @@ class Totals:
                 "per_client": per_client,
                 "messages": sum(n for (d, _), n in self.messages.items() if d == direction),
             }
+            encodings = {
+                k: "+".join(sorted(e)) for (d, k), e in sorted(self.encodings.items()) if d == direction
+            }
+            if encodings:  # only runs that encoded something: other summaries stay as they were
+                out[direction]["encodings"] = encodings
         out["failures"] = self.failures
         return out
 
@@ -98,7 +110,8 @@ class Ledger:
     ) -> None:
         """Append one message (or a failed reply, `message` None) to the ledger and the totals."""
         kinds = message.bytes_by_kind() if message is not None else {}
-        record = {
+        encodings = message.encodings_by_kind() if message is not None else {}
+        record: dict[str, Any] = {
             "seq": self.count,
             "round": round,
             "step": step,
@@ -109,6 +122,8 @@ class Ledger:
             "bytes": sum(kinds.values()),
             "status": status,
         }
+        if encodings:
+            record["encodings"] = encodings
         if error is not None:
             record["error"] = error
         self.totals.add(record)

@@ -4,6 +4,8 @@ A message is a type name plus named numeric arrays and plain scalars, grouped by
 (parameters, logits, input-gradients, ...). Grouping by kind is what lets the ledger say exactly
 what left each client, and it maps one-to-one onto Flower's RecordDict (one record per kind).
 Nothing here is ever pickled: arrays are plain numeric NumPy arrays, scalars are bool/int/float/str.
+A sender may name a wire encoding per kind (encodings.py): those arrays then travel smaller, are counted
+at their wire size, and are decoded to float32 whenever a receiver reads them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from fedistill import devices
 from fedistill.errors import FederationError
+from fedistill.federation.encodings import RAW, Encoded, decode, encode, encoding_of
 
 #: Every content kind a message may carry. The ledger summarises bytes per kind.
 CONTENT_KINDS = frozenset(
@@ -42,6 +45,8 @@ ALLOWED_DTYPES = frozenset(
     {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}
 )
 Scalar = bool | int | float | str
+#: A payload value: a plain array, or a float32 array in its wire encoding.
+Payload = np.ndarray | Encoded
 
 #: The default cap on one message's payload; large models raise it in the run config.
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
@@ -69,24 +74,30 @@ class Message:
     """A typed request or reply. Build with `Message.build`, which snapshots and checks the payload.
 
     `type` follows Flower's convention: `train`, `evaluate` or `query.<action>`.
-    `arrays` and `scalars` map a content kind to a dict of named values.
+    `arrays` and `scalars` map a content kind to a dict of named values; an array is held as it crosses
+    the wire (an `Encoded` value when its kind was sent with an encoding), so read it with `array`.
     """
 
     type: str
-    arrays: Mapping[str, Mapping[str, np.ndarray]] = field(default_factory=dict)
+    arrays: Mapping[str, Mapping[str, Payload]] = field(default_factory=dict)
     scalars: Mapping[str, Mapping[str, Scalar]] = field(default_factory=dict)
 
     @staticmethod
     def build(
         type: str,
-        arrays: Mapping[str, Mapping[str, np.ndarray | torch.Tensor]] | None = None,
+        arrays: Mapping[str, Mapping[str, np.ndarray | torch.Tensor | Encoded]] | None = None,
         scalars: Mapping[str, Mapping[str, Scalar]] | None = None,
+        encodings: Mapping[str, str] | None = None,
     ) -> Message:
-        """A message with its arrays copied into read-only NumPy arrays and its structure checked."""
+        """A message with its arrays copied into read-only NumPy arrays and its structure checked.
+
+        `encodings` names a wire encoding per content kind (encodings.py) for that kind's float32
+        arrays; other arrays, and values already encoded, are kept as they are."""
+        wire = dict(encodings or {})
         message = Message(
             type=type,
             arrays={
-                kind: {name: _as_array(v) for name, v in named.items()}
+                kind: {name: _payload(v, wire.get(kind, RAW)) for name, v in named.items()}
                 for kind, named in (arrays or {}).items()
             },
             scalars={kind: dict(named) for kind, named in (scalars or {}).items()},
@@ -96,14 +107,15 @@ class Message:
 
     # --- reading -----------------------------------------------------------------------------
     def array(self, kind: str, name: str) -> np.ndarray:
-        """The array `name` of content kind `kind`; FederationError when the message lacks it."""
+        """The array `name` of content kind `kind`, decoded from its wire encoding (float32) if it has one;
+        FederationError when the message lacks it."""
         try:
-            return self.arrays[kind][name]
+            return decode(self.arrays[kind][name])
         except KeyError:
             raise FederationError(f"message {self.type!r} has no array {kind}/{name}") from None
 
     def tensor(self, kind: str, name: str) -> torch.Tensor:
-        """The array as a tensor on the run's device (on the CPU it shares memory with the payload).
+        """The array as a tensor on the run's device (on the CPU it shares memory with the decoded payload).
         Receivers must not modify it in place."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only arrays: torch warns, we never write
@@ -135,6 +147,28 @@ class Message:
         """The payload's size in bytes, every content kind together (what the ledger records)."""
         return sum(self.bytes_by_kind().values())
 
+    def encodings_by_kind(self) -> dict[str, str]:
+        """The wire encodings of each content kind that has an encoded array, `+`-joined when its arrays
+        differ (`raw` for a plain one); empty when everything travels as built."""
+        found: dict[str, set[str]] = {}
+        for kind, named in self.arrays.items():
+            names = {encoding_of(a) for a in named.values()}
+            if names - {RAW}:
+                found[kind] = names
+        return {kind: "+".join(sorted(names)) for kind, names in found.items()}
+
+
+def _payload(value: np.ndarray | torch.Tensor | Encoded, encoding: str) -> Payload:
+    """A value as the message holds it: encoded values as they are, arrays snapshotted, and float32
+    arrays of a kind with an encoding in that encoding."""
+    if isinstance(value, Encoded):
+        value.data.flags.writeable = False
+        return value
+    array = _as_array(value)
+    if encoding == RAW or array.dtype != np.float32:
+        return array
+    return encode(encoding, array)
+
 
 def _scalar_bytes(value: Scalar) -> int:
     return len(value.encode("utf-8")) if isinstance(value, str) else 8
@@ -147,6 +181,11 @@ def check_structure(message: Message) -> None:
     for kind, named in message.arrays.items():
         _check_kind(kind, message.type)
         for name, array in named.items():
+            if isinstance(array, Encoded):
+                fault = array.check()
+                if fault is not None:
+                    raise FederationError(f"{message.type}: {kind}/{name}: {fault}")
+                continue
             if not isinstance(array, np.ndarray):
                 raise FederationError(
                     f"{message.type}: {kind}/{name} is {type(array).__name__}, not an array"
@@ -181,7 +220,8 @@ def check_on_receipt(message: Message, *, max_bytes: int = DEFAULT_MAX_BYTES) ->
             f"{message.type}: payload of {size:,} bytes exceeds the cap of {max_bytes:,} (set max_message_mb)"
         )
     for kind, named in message.arrays.items():
-        for name, array in named.items():
+        for name, value in named.items():
+            array = decode(value)
             if array.dtype.kind == "f" and not np.isfinite(array).all():
                 raise FederationError(f"{message.type}: {kind}/{name} contains NaN or infinite values")
     for kind, named in message.scalars.items():
@@ -203,8 +243,9 @@ class ArraySpec:
         dtype = str(tensor.dtype).removeprefix("torch.")
         return ArraySpec(dtype, tuple(tensor.shape))
 
-    def matches(self, array: np.ndarray) -> bool:
-        """Whether `array` has this dtype and shape (None in the shape matches any length)."""
+    def matches(self, array: Payload) -> bool:
+        """Whether `array` has this dtype and shape (None in the shape matches any length); an encoded
+        array matches as the float32 array it decodes to."""
         if array.dtype.name != self.dtype or array.ndim != len(self.shape):
             return False
         return all(e is None or e == s for e, s in zip(self.shape, array.shape, strict=True))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from fedistill.algorithms.base import model_cycle
 from fedistill.algorithms.shared.distillation_data import parse_source
 from fedistill.algorithms.shared.option_checks import check_choices
+from fedistill.algorithms.shared.weight_average import COMBINES
 from fedistill.config import RunConfig
 from fedistill.errors import ConfigError
 from fedistill.privacy.budget import DPOptions
@@ -57,6 +58,13 @@ class FedDFOptions(DPOptions):
     # previous: from the group's fused model of the previous round (the paper's Table 5 ablation)
     student_init: str = "average"
     prox_mu: float = 0.0  # FedProx's proximal term in the clients' local training (the paper's Table 8)
+    # drop, as an invalid reply, a model whose parameter norm is far beyond the other models' of its
+    # architecture in the same round (federation/plausibility.py); false: accept every finite model
+    plausibility_checks: bool = True
+    # each group's student initialisation: mean (the weighted average, Algorithm 1) | median | trimmed-mean
+    # (coordinate-wise, weighted: one site cannot move a coordinate far, whatever it sends)
+    aggregate: str = "mean"
+    aggregate_trim: float = 0.2  # trimmed-mean: the share of sites cut at each end (one at least from 3 up)
 
     def validate(self) -> None:
         """Check the DP keys, the choices and the ranges of FedDF's distillation keys."""
@@ -71,6 +79,7 @@ class FedDFOptions(DPOptions):
             "fuse_precision": ("model", "full"),
             "student_init": ("average", "previous"),
             "distill_optimizer": ("adam", "sgd"),
+            "aggregate": COMBINES,
         }
         check_choices("feddf", self, choices)
         parse_source(self.source)
@@ -84,6 +93,8 @@ class FedDFOptions(DPOptions):
             raise ConfigError(f"feddf.prox_mu must be >= 0, got {self.prox_mu}")
         if self.clip_grad_norm < 0:
             raise ConfigError(f"feddf.clip_grad_norm must be >= 0 (0: off), got {self.clip_grad_norm}")
+        if not 0 <= self.aggregate_trim < 0.5:
+            raise ConfigError(f"feddf.aggregate_trim must be in [0, 0.5), got {self.aggregate_trim}")
         if not 0 < self.holdout_val_share < 1:
             raise ConfigError(f"feddf.holdout_val_share must be in (0, 1), got {self.holdout_val_share}")
 

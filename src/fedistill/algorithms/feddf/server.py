@@ -20,9 +20,11 @@ from fedistill.algorithms.shared.distillation_data import build_source, parse_so
 from fedistill.algorithms.shared.drop_worst import accuracy, drop_worst_weights, predict_logits
 from fedistill.algorithms.shared.sampling import mean_metric, sample_clients, sampling_rate
 from fedistill.algorithms.shared.training import average_states, evaluate_model, new_model
+from fedistill.algorithms.shared.weight_average import robust_average_states
 from fedistill.errors import ConfigError
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import Message, state_specs
+from fedistill.federation.plausibility import PARAMETERS, norm_faults, screen
 from fedistill.federation.reply_spec import LOCAL_METRICS, TRAIN_METRICS, ReplySpec
 from fedistill.models.binary import full_precision, has_binary_layers
 from fedistill.seeding import torch_generator
@@ -97,6 +99,8 @@ class FedDFServer(ServerLogic):
             {cid: requests[self.group(cid)] for cid in chosen}, timeout=config.timeout or None, expect=expect
         )
         self.privacy.check(sent, round)
+        if options.plausibility_checks:
+            sent = screen(fleet, sent, lambda messages: norm_faults(messages, "parameters", PARAMETERS))
         replies = successful(sent, minimum=min(config.min_clients, len(chosen)), what="trained parameters")
         clients = sorted(replies)
         states = [replies[cid].tensors("parameters") for cid in clients]
@@ -130,7 +134,7 @@ class FedDFServer(ServerLogic):
             members = [i for i in kept if self.group(clients[i]) == name]
             if members and options.student_init == "average":  # else the group's previous model
                 shares = [counts[i] if options.weighting == "samples" else 1.0 for i in members]
-                student.load_state_dict(average_states([states[i] for i in members], shares))
+                student.load_state_dict(self._aggregate([states[i] for i in members], shares))
             if not options.distill:
                 selected.append(self._validate(student))
                 metrics |= {f"members_{name}": len(members), f"val_accuracy_{name}": selected[-1]}
@@ -167,6 +171,14 @@ class FedDFServer(ServerLogic):
     def final_evaluate(self, fleet: Fleet, last: dict[str, float]) -> dict[str, float]:
         """The last evaluation and, under DP, every client's epsilon."""
         return dict(last) | self.privacy.final(fleet, self.ctx.config.timeout or None)
+
+    def _aggregate(
+        self, states: list[dict[str, torch.Tensor]], shares: list[float]
+    ) -> dict[str, torch.Tensor]:
+        """The group's student initialisation from its members' states (`aggregate`)."""
+        if self.options.aggregate == "mean":
+            return average_states(states, shares)
+        return robust_average_states(states, shares, self.options.aggregate, self.options.aggregate_trim)
 
     def _frozen(self, group: str, state: dict[str, torch.Tensor]) -> nn.Module:
         """A received model as a frozen teacher (eval mode, no gradients)."""

@@ -67,6 +67,7 @@ from fedistill.algorithms.fediod.options import (
     teacher_name,
 )
 from fedistill.algorithms.fediod.task_view import TaskView
+from fedistill.algorithms.fediod.wire import wire_encodings
 from fedistill.algorithms.shared.bn_matching import batchnorm_statistics_loss
 from fedistill.algorithms.shared.mask_upload import site_masks
 from fedistill.algorithms.shared.stage1 import train_teacher
@@ -111,6 +112,7 @@ class FedIODClient(ClientLogic):
         self.student = new_model(ctx.config, ctx.info, self.options.student or ctx.config.model)
         self.student_specs = state_specs(self.student.state_dict())
         self.budget = ClientBudget(self.options.dp, ctx.client_id) if self.options.dp_enabled else None
+        self.wire = wire_encodings(self.options.wire)  # stage 2's replies: the encoding of each kind
 
     def _freeze_teacher(self) -> None:
         """T_k after stage 1: eval mode, no parameter gradients, and stage 2's memory layout."""
@@ -265,7 +267,9 @@ class FedIODClient(ClientLogic):
         # with DP on, the loss on the real batch stays here (it is not sanitised)
         metrics = {"gan_loss": gan.item(), "entropy": conf.item()}
         metrics |= {"d_loss": d_loss.item()} if self.budget is None else dp_metrics
-        return Message.build("query.generate", arrays=arrays, scalars={"metrics": metrics})
+        return Message.build(
+            "query.generate", arrays=arrays, scalars={"metrics": metrics}, encodings=self.wire
+        )
 
     def _spend(self, batch: int, planned_steps: int) -> dict[str, float]:
         """Record this G-step on the accountant (refusing it past the target); see the module docstring."""
@@ -335,7 +339,7 @@ class FedIODClient(ClientLogic):
             )
             grad = sanitize_per_sample(grad, self.options.dp_clip_norm, self.budget.noise, noise)
         self.pending, self.pending_inputs = None, {}
-        return Message.build("query.backprop", arrays={"input-gradients": {"x": grad}})
+        return Message.build("query.backprop", arrays={"input-gradients": {"x": grad}}, encodings=self.wire)
 
     # --- stage 2: the S-steps ---------------------------------------------------------------------
     @handles("query.student", read_only=True)
@@ -349,7 +353,7 @@ class FedIODClient(ClientLogic):
             bool(message.scalar("config", "want_ratio", False)),
             int(message.scalar("config", "index", 0)),
         )
-        return Message.build("query.student", arrays=answer)
+        return Message.build("query.student", arrays=answer, encodings=self.wire)
 
     def _student_answer(
         self, x: torch.Tensor, masks: torch.Tensor | None, want_ratio: bool, index: int

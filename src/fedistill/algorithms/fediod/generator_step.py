@@ -16,6 +16,8 @@ from fedistill.algorithms.fediod import draws
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import calibrated
 from fedistill.algorithms.fediod.options import cosine_lr, set_lr
+from fedistill.algorithms.fediod.robustness import combined_ensemble, screened_gradients, screened_logits
+from fedistill.algorithms.fediod.wire import wire_encodings
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import ArraySpec, Message
 from fedistill.federation.reply_spec import ReplySpec
@@ -104,6 +106,7 @@ class GeneratorStep:
         def arrays(i: int) -> dict[str, dict[str, torch.Tensor]]:
             return {"synthetic-inputs": inputs | own(i)} | ({"label-masks": masks} if masks else {})
 
+        wire = wire_encodings(options.wire)
         requests = {
             cid: Message.build(
                 "query.generate",
@@ -128,6 +131,7 @@ class GeneratorStep:
                         **({"total_steps": self.total_steps} if options.dp_enabled else {}),
                     }
                 },
+                encodings=wire,
             )
             for i, cid in enumerate(clients)
         }
@@ -145,6 +149,7 @@ class GeneratorStep:
         reason = refusal_reason(sent, f"G-step {self.step}")
         if reason is not None:
             raise StopRun(reason)
+        sent = screened_logits(options, fleet, sent, self.step)
         replies = successful(sent, minimum=min(config.min_clients, len(clients)), what="generator queries")
         answered = sorted(replies)
         pi = self.federation.pi(answered)
@@ -162,7 +167,7 @@ class GeneratorStep:
         x_server = x.detach().requires_grad_(True)
         weights = self._weights(logits.detach(), ratio, answered)
         self.student.train()
-        ensemble = L.ensemble_logits(logits, weights)
+        ensemble = combined_ensemble(options, logits, weights)
         student_in = view.model_input(x_server, self._mask_index(self.step, 0))
         if options.pool_generator_batch:  # classification only (resolve_options)
             self.pool.add(student_in, ensemble)
@@ -184,16 +189,19 @@ class GeneratorStep:
                 balance = L.balance_loss(logits, pi)
             server_loss = server_loss + options.w_balance * balance
         grad_logits, grad_x = torch.autograd.grad(server_loss, [raw, x_server])
+        gradients = fleet.send(
+            {
+                cid: Message.build(
+                    "query.backprop", arrays={"output-gradients": {"z": grad_logits[i]}}, encodings=wire
+                )
+                for i, cid in enumerate(answered)
+            },
+            step=self.step,
+            timeout=timeout,
+            expect=ReplySpec({"input-gradients": {"x": ArraySpec("float32", tuple(x.shape))}}),
+        )
         back = successful(
-            fleet.send(
-                {
-                    cid: Message.build("query.backprop", arrays={"output-gradients": {"z": grad_logits[i]}})
-                    for i, cid in enumerate(answered)
-                },
-                step=self.step,
-                timeout=timeout,
-                expect=ReplySpec({"input-gradients": {"x": ArraySpec("float32", tuple(x.shape))}}),
-            ),
+            screened_gradients(options, fleet, gradients, self.step),
             minimum=min(config.min_clients, len(answered)),
             what="input-gradients",
         )

@@ -56,6 +56,12 @@ class ProtocolOptions:
     reference_samples: int = 0
     """Test samples the ensemble's ceiling is measured on; default 0: all."""
 
+    wire: str = "float32"
+    """How stage 2's exchanges cross the wire (wire.py): float32 (default: every array as computed) |
+    compact (synthetic images as 8 bits over each tensor's range; logits, discriminator outputs and
+    gradients as float16 under a per-tensor power-of-two scale). Why: compact moves 38% of the
+    bytes on the digits demo; its effect on the student: benchmarks/results/fediod_wire_encodings.md."""
+
     channels_last: bool = True
     """Stage 2's convolutions (T_k after stage 1, D_k, G, S) in channels-last memory layout: the same
     arithmetic in another order; default true. Why: a G-step runs markedly faster on CPU (max-pooling and
@@ -272,3 +278,27 @@ class PrivacyOptions(DPOptions):
     dp_clip_norm: float = 0.01
     """Bound on each returned per-sample input-gradient (a batch-mean loss's, so about 1/B of a per-sample
     loss gradient); default 0.01. Why: the 90th percentile of those norms on digits, so most pass whole."""
+
+
+@dataclass(frozen=True)
+class RobustnessOptions:
+    """What one poisoning site can do to the ensemble: the plausibility checks on the sites' replies and
+    how their outputs are combined."""
+
+    plausibility_checks: bool = True
+    """Drop, as an invalid reply, a site whose logits are far larger than the other sites' in the same
+    query, or whose class counts do not add up to its sample count (federation/plausibility.py); default
+    true. Why: a finite reply scaled by 1e30 otherwise outvotes every honest site. false: accept them."""
+
+    ensemble_combine: str = "mean"
+    """How the sites' outputs form the ensemble: mean (default, the paper's weighted sum of logits) |
+    median | trimmed-mean (the weighted median or trimmed mean of their probabilities, clipped at
+    `combine_clip` and taken back to centred log-probabilities). Why: a minority of sites cannot move a
+    median or trimmed mean far, whatever they send."""
+
+    combine_trim: float = 0.2
+    """trimmed-mean: the share of the sites whose probabilities are cut at each end, per class and sample
+    (one at least, from three sites up); default 0.2."""
+
+    combine_clip: float = 1e-4
+    """median and trimmed-mean: the smallest probability kept before the log; default 1e-4."""

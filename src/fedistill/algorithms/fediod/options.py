@@ -18,12 +18,15 @@ from fedistill.algorithms.fediod.option_groups import (
     PerPixelTaskOptions,
     PrivacyOptions,
     ProtocolOptions,
+    RobustnessOptions,
     StabiliserOptions,
     StudentOptions,
     TeacherOptions,
 )
+from fedistill.algorithms.fediod.wire import WIRES
 from fedistill.algorithms.shared.option_checks import check_choices
 from fedistill.algorithms.shared.schedules import cosine_lr, set_lr  # noqa: F401  (FedIOD's own names)
+from fedistill.algorithms.shared.weight_average import COMBINES
 from fedistill.config import RunConfig
 from fedistill.errors import ConfigError
 from fedistill.models.generator import check_upsamples
@@ -49,6 +52,7 @@ class FedIODOptions(
     StabiliserOptions,
     PerPixelTaskOptions,
     PrivacyOptions,
+    RobustnessOptions,
 ):
     """Every FedIOD key, flat (`fediod.w_adv`, `options.w_adv`); each group's docstrings are in
     option_groups.py. Every key's default is the paper's unless its docstring says otherwise; the default
@@ -78,6 +82,8 @@ class FedIODOptions(
             "teacher_logits": TEACHER_LOGITS,
             "generator_mixture": ("shared", "per-client"),
             "mask_source": ("clients", "prior"),
+            "wire": WIRES,
+            "ensemble_combine": COMBINES,
         }
         check_choices("fediod", self, choices)
         if self.selection == "best-on-test" and self.preset != "official-code":
@@ -105,6 +111,8 @@ class FedIODOptions(
             if getattr(self, key) <= 0:
                 raise ConfigError(f"fediod.{key} must be > 0")
         check_upsamples("fediod.generator_upsamples", self.generator_upsamples)
+        if not 0.0 <= self.combine_trim < 0.5 or not 0.0 < self.combine_clip < 1.0:
+            raise ConfigError("fediod.combine_trim must lie in [0, 0.5) and fediod.combine_clip in (0, 1)")
         if not 0.0 <= self.student_ema < 1.0:
             raise ConfigError(f"fediod.student_ema is a decay in [0, 1); got {self.student_ema}")
         for key in (

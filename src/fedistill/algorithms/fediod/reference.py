@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import calibrated
+from fedistill.algorithms.fediod.robustness import combined_ensemble, screened_logits
 from fedistill.algorithms.shared.mask_upload import collect_masks
 from fedistill.errors import FederationError
 from fedistill.federation.fleet import Fleet, successful
@@ -34,9 +34,8 @@ def teacher_report(server: FedIODServer, fleet: Fleet) -> dict[str, float]:
     shape = server.view.output_shape(n)
     expect = ReplySpec({"logits": {"z": ArraySpec("float32", shape)}})
     request = Message.build("evaluate.teachers", scalars={"config": {"samples": n}})
-    replies = successful(
-        fleet.broadcast(request, server.federation.clients, expect=expect), what="teacher outputs"
-    )
+    sent = fleet.broadcast(request, server.federation.clients, expect=expect)
+    replies = successful(screened_logits(server.options, fleet, sent), what="teacher outputs")
     clients = sorted(replies)
     raw = torch.stack([replies[c].tensor("logits", "z") for c in clients])  # (K, N, ...)
     score = server.ctx.score
@@ -46,7 +45,7 @@ def teacher_report(server: FedIODServer, fleet: Fleet) -> dict[str, float]:
     view = server.view
     rows = calibrated(view.stacked_rows(raw), server.teacher_logits)
     share = server.federation.share(clients, view.outputs)
-    ensemble = L.ensemble_logits(rows, share[:, None, :])
+    ensemble = combined_ensemble(server.options, rows, share[:, None, :])
     teachers = [score(raw[i])[headline] for i in range(len(clients))]
     return {
         f"teacher_mean_{headline}": float(torch.tensor(teachers).mean()),
@@ -72,10 +71,8 @@ def _classification_report(server: FedIODServer, fleet: Fleet) -> dict[str, floa
         raise FederationError("FedIOD's teacher report needs the evaluation harness's test labels")
     n, c = len(labels), server.ctx.info.num_classes
     expect = ReplySpec({"logits": {"z": ArraySpec("float32", (n, c))}})
-    replies = successful(
-        fleet.broadcast(Message.build("evaluate.teachers"), server.federation.clients, expect=expect),
-        what="teacher logits",
-    )
+    sent = fleet.broadcast(Message.build("evaluate.teachers"), server.federation.clients, expect=expect)
+    replies = successful(screened_logits(server.options, fleet, sent), what="teacher logits")
     clients = sorted(replies)
     raw = torch.stack([replies[c].tensor("logits", "z") for c in clients])  # (K, N, C)
     logits = calibrated(raw, server.teacher_logits)
@@ -87,7 +84,9 @@ def _classification_report(server: FedIODServer, fleet: Fleet) -> dict[str, floa
     return {
         "teacher_mean_accuracy": float(acc.mean()),
         "teacher_std_accuracy": float(acc.std(unbiased=False)),
-        "ensemble_accuracy": float((L.ensemble_logits(logits, shares).argmax(-1) == labels).float().mean()),
+        "ensemble_accuracy": float(
+            (combined_ensemble(server.options, logits, shares).argmax(-1) == labels).float().mean()
+        ),
         "ensemble_uniform_accuracy": float((logits.mean(0).argmax(-1) == labels).float().mean()),
         "ensemble_pi_accuracy": float(
             ((pi[:, None, None] * logits).sum(0).argmax(-1) == labels).float().mean()

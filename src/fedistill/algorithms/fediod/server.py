@@ -27,6 +27,7 @@ from fedistill.algorithms.fediod.calibration import auto_mode, one_class_sites
 from fedistill.algorithms.fediod.generator_step import GeneratorStep
 from fedistill.algorithms.fediod.options import network_widths, resolve_options
 from fedistill.algorithms.fediod.reference import teacher_report, upload_masks
+from fedistill.algorithms.fediod.robustness import screened_counts
 from fedistill.algorithms.fediod.student import StudentBatch, StudentSteps
 from fedistill.algorithms.fediod.task_view import TaskView
 from fedistill.algorithms.shared.selection import nothing_selected
@@ -160,8 +161,11 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             {"label-statistics": counts_spec} if wants_counts else {},
             (*TRAIN_METRICS, self._teacher_val_metric),
         )
+        sent = fleet.broadcast(request, timeout=config.timeout or None, expect=expect)
+        if wants_counts and not self.view.per_pixel:  # one label per sample: the counts must add up
+            sent = screened_counts(options, fleet, sent)
         replies = successful(
-            fleet.broadcast(request, timeout=config.timeout or None, expect=expect),
+            sent,
             minimum=min(config.min_clients, len(fleet.clients)),
             what="trained teachers",
         )

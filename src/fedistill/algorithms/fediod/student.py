@@ -16,6 +16,8 @@ from fedistill.algorithms.fediod.calibration import calibrated
 from fedistill.algorithms.fediod.options import (
     set_lr,
 )
+from fedistill.algorithms.fediod.robustness import combined_ensemble, screened_logits
+from fedistill.algorithms.fediod.wire import wire_encodings
 from fedistill.algorithms.shared.selection import clients_validation_score, keep_if_best
 from fedistill.algorithms.shared.training import test_metrics
 from fedistill.data.transforms import random_shift
@@ -86,14 +88,16 @@ class StudentSteps:
             "query.student",
             arrays=arrays_down,
             scalars={"config": {"want_ratio": self._want_ratio(), "index": batch.index}},
+            encodings=wire_encodings(self.options.wire),
         )
         arrays = {"logits": {"z": ArraySpec("float32", self.view.output_shape(len(xs)))}}
         if self._want_ratio():
             arrays["discriminator-outputs"] = {"ratio": ArraySpec("float32", self.view.ratio_shape(len(xs)))}
+        sent = fleet.broadcast(
+            request, clients, step=self.step, timeout=config.timeout or None, expect=ReplySpec(arrays)
+        )
         replies = successful(
-            fleet.broadcast(
-                request, clients, step=self.step, timeout=config.timeout or None, expect=ReplySpec(arrays)
-            ),
+            screened_logits(self.options, fleet, sent, self.step),
             minimum=min(config.min_clients, len(clients)),
             what="student targets",
         )
@@ -122,7 +126,7 @@ class StudentSteps:
         )
         if ratio is not None:
             ratio = ratio.reshape(len(answered), -1)
-        targets = L.ensemble_logits(logits, self._weights(logits, ratio, answered))
+        targets = combined_ensemble(options, logits, self._weights(logits, ratio, answered))
         if not view.per_pixel:
             self.last_coverage = class_coverage(targets)
             self.last_coverage["adapted_is"] = adapted_inception_score(logits)

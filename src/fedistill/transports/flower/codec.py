@@ -2,7 +2,10 @@
 
 Each content kind's arrays become one `ArrayRecord` under the kind's name (Flower serialises
 arrays with `np.save(allow_pickle=False)`); each kind's scalars one `ConfigRecord` under
-`<kind>.scalars`. A transport header (`fedistill.header`, not part of the message) names the
+`<kind>.scalars`. An array in a wire encoding (federation/encodings.py) goes as its wire array, with
+its encoding under `<kind>.encodings` and its per-tensor numbers under `<kind>.encoding-params`, so
+Flower carries exactly the bytes the ledger counts and the receiver decodes them as in-process. A
+transport header (`fedistill.header`, not part of the message) names the
 algorithm, so one SuperNode can serve the several algorithms of a suite.
 """
 
@@ -14,10 +17,13 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedistill.errors import FederationError
+from fedistill.federation.encodings import Encoded
 from fedistill.federation.messages import Message
 
 HEADER = "fedistill.header"
 _SCALARS = ".scalars"
+_ENCODINGS = ".encodings"
+_PARAMS = ".encoding-params"
 
 
 def to_records(message: Message, header: dict[str, Any] | None = None) -> RecordDict:
@@ -25,7 +31,13 @@ def to_records(message: Message, header: dict[str, Any] | None = None) -> Record
     of scalars, and the header if any."""
     records: dict[str, Any] = {}
     for kind, named in message.arrays.items():
-        records[kind] = ArrayRecord({name: Array(_contiguous(a)) for name, a in named.items()})
+        records[kind] = ArrayRecord({name: Array(_contiguous(_wire(a))) for name, a in named.items()})
+        encoded = {name: a for name, a in named.items() if isinstance(a, Encoded)}
+        if encoded:
+            records[kind + _ENCODINGS] = ConfigRecord({name: a.encoding for name, a in encoded.items()})
+            params = {name: list(a.params) for name, a in encoded.items() if a.params}
+            if params:
+                records[kind + _PARAMS] = ConfigRecord(params)
     for kind, named in message.scalars.items():
         records[kind + _SCALARS] = ConfigRecord(dict(named))
     if header:
@@ -35,8 +47,10 @@ def to_records(message: Message, header: dict[str, Any] | None = None) -> Record
 
 def from_records(content: RecordDict, message_type: str) -> Message:
     """Rebuild the message (`Message.build` re-checks its structure); the header is left out."""
-    arrays: dict[str, dict[str, np.ndarray]] = {}
+    arrays: dict[str, dict[str, np.ndarray | Encoded]] = {}
     scalars: dict[str, dict[str, Any]] = {}
+    encodings: dict[str, dict[str, Any]] = {}
+    params: dict[str, dict[str, Any]] = {}
     for key, record in content.items():
         if key == HEADER:
             continue
@@ -44,8 +58,18 @@ def from_records(content: RecordDict, message_type: str) -> Message:
             arrays[key] = {name: array.numpy() for name, array in record.items()}
         elif isinstance(record, ConfigRecord) and key.endswith(_SCALARS):
             scalars[key.removesuffix(_SCALARS)] = dict(record)
+        elif isinstance(record, ConfigRecord) and key.endswith(_ENCODINGS):
+            encodings[key.removesuffix(_ENCODINGS)] = dict(record)
+        elif isinstance(record, ConfigRecord) and key.endswith(_PARAMS):
+            params[key.removesuffix(_PARAMS)] = dict(record)
         else:
             raise FederationError(f"{message_type}: unexpected record {key!r} ({type(record).__name__})")
+    for kind, named in encodings.items():
+        for name, encoding in named.items():
+            if name not in arrays.get(kind, {}):
+                raise FederationError(f"{message_type}: encoding for {kind}/{name}, which has no array")
+            numbers = tuple(float(p) for p in params.get(kind, {}).get(name, []))
+            arrays[kind][name] = Encoded(str(encoding), arrays[kind][name], numbers)
     return Message.build(message_type, arrays=arrays, scalars=scalars)
 
 
@@ -53,6 +77,10 @@ def header_of(content: RecordDict) -> dict[str, Any]:
     """The header a RecordDict carries; empty without one."""
     record = content.get(HEADER)
     return dict(record) if isinstance(record, ConfigRecord) else {}
+
+
+def _wire(value: np.ndarray | Encoded) -> np.ndarray:
+    return value.data if isinstance(value, Encoded) else value
 
 
 def _contiguous(array: np.ndarray) -> np.ndarray:

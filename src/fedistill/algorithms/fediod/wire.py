@@ -1,0 +1,30 @@
+"""Which wire encoding each of FedIOD's stage-2 contents travels in (`fediod.wire`).
+
+`float32` sends every array as computed. `compact` sends G's images as 8 bits over each tensor's own
+range (a scale and an offset per tensor), and the logits, discriminator outputs and both gradients as
+float16 under a per-tensor power-of-two scale (federation/encodings.py has the error bounds). Why scaled
+float16 everywhere: the input-gradients of batch-mean losses sit far below float16's smallest normal
+number and a density ratio may exceed its largest, while the scale keeps float16's relative precision
+(2^-11, eight times bfloat16's 2^-8) at the same two bytes.
+
+Stage 1, the label masks, the teachers' evaluation outputs and the student's parameters for validation
+always go as they are: they are integer, evaluation-only or must be exact.
+"""
+
+from __future__ import annotations
+
+WIRES = ("float32", "compact")
+
+#: `compact`'s encoding per content kind.
+COMPACT = {
+    "synthetic-inputs": "uint8-affine",
+    "logits": "float16-scaled",
+    "discriminator-outputs": "float16-scaled",
+    "input-gradients": "float16-scaled",
+    "output-gradients": "float16-scaled",
+}
+
+
+def wire_encodings(wire: str) -> dict[str, str]:
+    """The encodings per content kind that `fediod.wire = wire` sends stage 2's messages in."""
+    return dict(COMPACT) if wire == "compact" else {}

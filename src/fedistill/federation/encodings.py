@@ -1,0 +1,218 @@
+"""Wire encodings: how a float32 array may cross the boundary in fewer bytes, and how it is read back.
+
+A sender names an encoding per content kind (`Message.build(..., encodings={"logits": "float16-scaled"})`);
+each float32 array of that kind then travels as an `Encoded` value: the wire array (uint8, float16 or
+uint16 bit patterns) and a few per-tensor numbers (a scale, an offset). Receivers never see the wire
+form: `Message.array` and `Message.tensor` decode it to float32. Every encoding is plain NumPy arithmetic
+on the CPU, so the same wire bytes decode to the same float32 values on any machine and transport.
+
+The encodings and their round-trip error (x the sent value, x' the decoded one, m = max |x|):
+
+- `raw`: the array as it is; exact.
+- `float16`: IEEE half precision; |x - x'| <= 2^-11 |x| for 2^-14 <= |x| <= 65504, 2^-25 below; values
+  past 65504 become infinite (and the receiver rejects the message). For values of known small range.
+- `float16-scaled`: half precision after dividing by a power of two that puts m just under 2^15: the
+  relative error of `float16` over any range, |x - x'| <= max(2^-11 |x|, 2^-39 m), never overflowing.
+- `bfloat16`: float32's upper 16 bits, rounded to nearest even: |x - x'| <= 2^-8 |x|, float32's range.
+- `uint8-affine`, `uint16-affine`: x' = offset + q * scale with q on 255 (65535) levels between the
+  tensor's minimum and maximum: |x - x'| <= scale / 2 + 2^-22 max(|min|, |max|); a constant tensor is exact.
+
+A non-finite value stays non-finite through every encoding (the affine ones then decode to NaN
+everywhere), so the receiver's check still refuses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from fedistill.errors import FederationError
+
+#: What a plain array is recorded as; no conversion.
+RAW = "raw"
+#: The bytes each per-tensor number (scale, offset) counts for, as a scalar does in the ledger.
+PARAM_BYTES = 8
+
+Params = tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class WireFormat:
+    """One encoding: the dtype its wire array has, how many per-tensor numbers travel with it, and its
+    two halves."""
+
+    wire_dtype: str
+    params: int
+    encode: Callable[[np.ndarray], tuple[np.ndarray, Params]]
+    decode: Callable[[np.ndarray, Params], np.ndarray]
+
+
+@dataclass(frozen=True, eq=False)
+class Encoded:
+    """A float32 array in its wire form. It answers `dtype`, `shape` and `ndim` as the decoded array does
+    (what array specs check) and `nbytes` as what crosses the wire (what the ledger counts)."""
+
+    encoding: str
+    data: np.ndarray
+    params: Params = ()
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.float32)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes) + PARAM_BYTES * len(self.params)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        """NumPy reads an encoded value as its decoded array (`np.asarray`, `np.abs`, ...)."""
+        return self.decoded if dtype is None else self.decoded.astype(dtype)
+
+    def astype(self, dtype: np.dtype | type, copy: bool = True) -> np.ndarray:
+        """The decoded array in `dtype`, as `np.ndarray.astype`."""
+        return self.decoded.astype(dtype, copy=copy)
+
+    @cached_property
+    def decoded(self) -> np.ndarray:
+        """The float32 array the receiver reads (decoded once, read-only)."""
+        array = wire_format(self.encoding).decode(self.data, self.params)
+        array.flags.writeable = False
+        return array
+
+    def check(self) -> str | None:
+        """What is wrong with this value's wire form, or None."""
+        if self.encoding not in ENCODINGS or self.encoding == RAW:
+            return f"unknown encoding {self.encoding!r}; known: {', '.join(encoding_names())}"
+        wire = ENCODINGS[self.encoding]
+        if not isinstance(self.data, np.ndarray) or self.data.dtype.name != wire.wire_dtype:
+            got = getattr(getattr(self.data, "dtype", None), "name", type(self.data).__name__)
+            return f"{self.encoding} travels as {wire.wire_dtype}, got {got}"
+        if len(self.params) != wire.params or not all(isinstance(p, float) for p in self.params):
+            return f"{self.encoding} carries {wire.params} float parameters, got {self.params!r}"
+        return None
+
+
+def encode(encoding: str, array: np.ndarray) -> Encoded | np.ndarray:
+    """`array` (float32) in the wire form of `encoding`; `raw` returns the array itself."""
+    if encoding == RAW:
+        return array
+    if array.dtype != np.float32:
+        raise FederationError(f"encoding {encoding!r} applies to float32 arrays, not {array.dtype}")
+    data, params = wire_format(encoding).encode(np.ascontiguousarray(array))
+    data.flags.writeable = False
+    return Encoded(encoding, data, params)
+
+
+def decode(value: Encoded | np.ndarray) -> np.ndarray:
+    """What the receiver reads: a plain array as it is, an encoded one as float32."""
+    return value.decoded if isinstance(value, Encoded) else value
+
+
+def encoding_of(value: Encoded | np.ndarray) -> str:
+    """The encoding a payload value travels in (`raw` for a plain array)."""
+    return value.encoding if isinstance(value, Encoded) else RAW
+
+
+def wire_format(encoding: str) -> WireFormat:
+    """The encoding called `encoding`; FederationError naming the known ones otherwise."""
+    try:
+        return ENCODINGS[encoding]
+    except KeyError:
+        raise FederationError(
+            f"unknown encoding {encoding!r}; known: {', '.join(encoding_names())}"
+        ) from None
+
+
+def encoding_names() -> list[str]:
+    """Every encoding's name, `raw` first."""
+    return [RAW, *sorted(name for name in ENCODINGS if name != RAW)]
+
+
+# --- the encodings --------------------------------------------------------------------------------
+def _float16_encode(x: np.ndarray) -> tuple[np.ndarray, Params]:
+    return x.astype(np.float16), ()
+
+
+def _float16_decode(data: np.ndarray, params: Params) -> np.ndarray:
+    return data.astype(np.float32)
+
+
+#: float16's exponent for the largest value after scaling: m / scale lies in [2^14, 2^15).
+_FLOAT16_TOP = 15
+#: The smallest scale, a normal float32, so the decoder's product stays exact.
+_MIN_SCALE_EXPONENT = -126
+
+
+def _float16_scaled_encode(x: np.ndarray) -> tuple[np.ndarray, Params]:
+    finite = np.abs(x[np.isfinite(x)])
+    top = float(finite.max()) if finite.size else 0.0
+    exponent = np.frexp(top)[1] - _FLOAT16_TOP if top > 0 else 0  # top = f 2^e, f in [0.5, 1)
+    scale = np.float32(np.ldexp(1.0, max(int(exponent), _MIN_SCALE_EXPONENT)))
+    return (x / scale).astype(np.float16), (float(scale),)  # division by a power of two: exact
+
+
+def _float16_scaled_decode(data: np.ndarray, params: Params) -> np.ndarray:
+    return data.astype(np.float32) * np.float32(params[0])
+
+
+def _bfloat16_encode(x: np.ndarray) -> tuple[np.ndarray, Params]:
+    bits = x.view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # round to nearest, ties to even
+    rounded = np.where(np.isnan(x), 0x7FC0, rounded)  # a NaN stays a NaN
+    return rounded.astype(np.uint16), ()
+
+
+def _bfloat16_decode(data: np.ndarray, params: Params) -> np.ndarray:
+    return (data.astype(np.uint32) << 16).view(np.float32)
+
+
+def _affine(bits: int) -> WireFormat:
+    levels = (1 << bits) - 1
+    wire = np.uint8 if bits == 8 else np.uint16
+
+    def encode_affine(x: np.ndarray) -> tuple[np.ndarray, Params]:
+        if x.size == 0:
+            return np.zeros(x.shape, wire), (0.0, 0.0)
+        if not np.isfinite(x).all():  # decodes to NaN everywhere: the receiver refuses it
+            return np.zeros(x.shape, wire), (float("nan"), float("nan"))
+        low, high = float(x.min()), float(x.max())
+        offset, scale = np.float32(low), np.float32((high - low) / levels)
+        if scale == 0:
+            return np.zeros(x.shape, wire), (0.0, float(offset))
+        # the nearest level of the decoder's grid (offset + q scale), in float64
+        q = np.rint((x.astype(np.float64) - float(offset)) / float(scale))
+        return np.clip(q, 0, levels).astype(wire), (float(scale), float(offset))
+
+    def decode_affine(data: np.ndarray, params: Params) -> np.ndarray:
+        scale, offset = np.float32(params[0]), np.float32(params[1])
+        return data.astype(np.float32) * scale + offset
+
+    return WireFormat(np.dtype(wire).name, 2, encode_affine, decode_affine)
+
+
+def _identity(x: np.ndarray) -> tuple[np.ndarray, Params]:
+    return x, ()
+
+
+ENCODINGS: dict[str, WireFormat] = {
+    RAW: WireFormat("float32", 0, _identity, lambda data, params: data),
+    "float16": WireFormat("float16", 0, _float16_encode, _float16_decode),
+    "float16-scaled": WireFormat("float16", 1, _float16_scaled_encode, _float16_scaled_decode),
+    "bfloat16": WireFormat("uint16", 0, _bfloat16_encode, _bfloat16_decode),
+    "uint8-affine": _affine(8),
+    "uint16-affine": _affine(16),
+}

@@ -1,0 +1,250 @@
+"""Wire encodings: each stays within its stated error, crosses Flower's codec and the in-process transport
+as the same bytes and values, lands in the ledger, and FedIOD's `wire = "compact"` moves fewer bytes."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord
+
+from algorithm_helpers import TINY_FEDIOD
+from fedistill.algorithms.fediod import FedIODOptions
+from fedistill.config import RunConfig, build_config, options_for
+from fedistill.engine.launch import run_suite
+from fedistill.errors import ConfigError, FederationError
+from fedistill.federation.client import ClientLogic, handles
+from fedistill.federation.encodings import Encoded, decode, encode, encoding_names
+from fedistill.federation.ledger import DOWN, UP, Ledger, Totals, read_ledger
+from fedistill.federation.messages import ArraySpec, Message, check_on_receipt, expect_arrays
+from fedistill.federation.reply_spec import ReplySpec
+from fedistill.transports.flower.codec import from_records, to_records
+from fedistill.transports.inprocess import InProcessFleet
+
+
+def _tensors() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    normal = rng.normal(size=(8, 1, 8, 8)).astype(np.float32)
+    return {
+        "normal": normal,
+        "large": (normal * 1e6).astype(np.float32),
+        "small": (normal * 1e-7).astype(np.float32),  # input-gradients of batch-mean losses
+        "wide": (normal * np.logspace(-6, 3, normal.size).reshape(normal.shape)).astype(np.float32),
+        "constant": np.full((4, 3), 0.7, np.float32),
+        "zeros": np.zeros((2, 5), np.float32),
+    }
+
+
+def _bound(encoding: str, x: np.ndarray, encoded: Encoded) -> np.ndarray:
+    """The largest error encodings.py states for each element of `x`."""
+    size, top = np.abs(x), float(np.abs(x).max(initial=0.0))
+    if encoding == "float16":
+        return np.maximum(2.0**-11 * size, 2.0**-25)
+    if encoding == "float16-scaled":
+        return np.maximum(2.0**-11 * size, 2.0**-39 * top)
+    if encoding == "bfloat16":
+        return 2.0**-8 * size
+    scale = encoded.params[0]  # the affine ones
+    return np.full(x.shape, scale / 2 + 2.0**-22 * top)
+
+
+@pytest.mark.parametrize("encoding", [e for e in encoding_names() if e != "raw"])
+@pytest.mark.parametrize("name", list(_tensors()))
+def test_round_trip_error_stays_within_the_stated_bound(encoding, name):
+    x = _tensors()[name]
+    if encoding == "float16" and name in ("large", "small", "wide"):
+        pytest.skip("plain float16 is for values of known small range")
+    encoded = encode(encoding, x)
+    assert isinstance(encoded, Encoded) and encoded.check() is None
+    decoded = decode(encoded)
+    assert decoded.dtype == np.float32 and decoded.shape == x.shape
+    error = np.abs(decoded.astype(np.float64) - x.astype(np.float64))
+    assert (error <= _bound(encoding, x, encoded)).all(), float(error.max())
+    if name == "zeros" or (name == "constant" and encoding.endswith("affine")):
+        assert np.array_equal(decoded, x)  # zeros cross exactly, and any constant tensor on 8 or 16 bits
+    assert encoded.data.nbytes == x.nbytes // (4 if encoding == "uint8-affine" else 2)
+
+
+@pytest.mark.parametrize("encoding", [e for e in encoding_names() if e != "raw"])
+def test_non_finite_values_stay_non_finite_and_are_refused_on_receipt(encoding):
+    x = np.array([1.0, np.nan, 3.0], np.float32)
+    message = Message.build("query.generate", arrays={"logits": {"z": x}}, encodings={"logits": encoding})
+    assert not np.isfinite(message.array("logits", "z")).all()
+    with pytest.raises(FederationError, match="NaN or infinite"):
+        check_on_receipt(message)
+
+
+ENCODINGS = {"synthetic-inputs": "uint8-affine", "logits": "float16-scaled", "input-gradients": "bfloat16"}
+
+
+def _message() -> Message:
+    x = torch.from_numpy(_tensors()["normal"])
+    return Message.build(
+        "query.generate",
+        arrays={
+            "synthetic-inputs": {"x": x, "pair": torch.arange(8)},
+            "logits": {"z": 30 * x[:, 0, 0]},
+            "input-gradients": {"x": 1e-6 * x},
+        },
+        scalars={"config": {"step": 3}},
+        encodings=ENCODINGS,
+    )
+
+
+def test_a_message_counts_wire_bytes_and_reads_as_float32():
+    message = _message()
+    # uint8 images + their scale and offset, the int64 pair as it is; float16 + a scale; bfloat16
+    assert message.bytes_by_kind() == {
+        "synthetic-inputs": 512 + 16 + 64,
+        "logits": 64 * 2 + 8,
+        "input-gradients": 512 * 2,
+        "config": 8,
+    }
+    assert message.encodings_by_kind() == {
+        "synthetic-inputs": "raw+uint8-affine",
+        "logits": "float16-scaled",
+        "input-gradients": "bfloat16",
+    }
+    assert message.tensor("synthetic-inputs", "x").dtype == torch.float32
+    assert message.tensor("synthetic-inputs", "pair").dtype == torch.int64
+    # the receiver's spec describes the decoded array
+    expect_arrays(message, "synthetic-inputs", {"x": ArraySpec("float32", (None, 1, 8, 8)),
+                                                "pair": ArraySpec("int64", (8,))})  # fmt: skip
+    ReplySpec({"logits": {"z": ArraySpec("float32", (8, 8))}}).check(message)
+    with pytest.raises(FederationError, match="expected float16"):
+        expect_arrays(message, "logits", {"z": ArraySpec("float16", (8, 8))})
+    check_on_receipt(message)
+    with pytest.raises(FederationError, match="travels as uint8"):
+        Message.build("train", arrays={"logits": {"z": Encoded("uint8-affine", np.zeros(3), (1.0, 0.0))}})
+    with pytest.raises(FederationError, match="unknown encoding"):
+        Message.build("train", arrays={"logits": {"z": np.ones(2, np.float32)}}, encodings={"logits": "int4"})
+
+
+class _Echo(ClientLogic):
+    """Returns what it received, re-built from its decoded values in the same encodings."""
+
+    @handles("query.generate")
+    def generate(self, message: Message) -> Message:
+        arrays = {k: {n: message.array(k, n) for n in named} for k, named in message.arrays.items()}
+        return Message.build(message.type, arrays=arrays, encodings=ENCODINGS)
+
+
+def test_flower_and_in_process_carry_the_same_bytes_and_values():
+    message = _message()
+    records = to_records(message)
+    # Flower carries the wire arrays themselves, as raw bytes with their dtype and shape
+    images = records["synthetic-inputs"]
+    assert isinstance(images, ArrayRecord)
+    assert images["x"].dtype == "uint8" and tuple(images["x"].shape) == (8, 1, 8, 8)
+    assert images["x"].numpy().tobytes() == message.arrays["synthetic-inputs"]["x"].data.tobytes()
+    received = from_records(records, message.type)
+    assert received.bytes_by_kind() == message.bytes_by_kind()
+    assert received.encodings_by_kind() == message.encodings_by_kind()
+    for kind, named in message.arrays.items():
+        for name in named:
+            assert np.array_equal(received.array(kind, name), message.array(kind, name))
+    # in-process: the same message, the same ledger bytes, and the client reads the same values
+    ledger = Ledger()
+    fleet = InProcessFleet({0: _Echo()}, ledger)
+    reply = fleet.send({0: message})[0]
+    assert reply.ok
+    down = {k: v for (d, _, k), v in ledger.totals.bytes.items() if d == DOWN}
+    assert down == message.bytes_by_kind()
+    up = {k: v for (d, _, k), v in ledger.totals.bytes.items() if d == UP}
+    assert up == {k: v for k, v in message.bytes_by_kind().items() if k != "config"}
+    assert np.array_equal(reply.message.array("logits", "z"), received.array("logits", "z"))
+    # decoding then encoding again gives the same wire bytes
+    assert reply.message.arrays["synthetic-inputs"]["x"].data.tobytes() == images["x"].numpy().tobytes()
+
+
+def test_the_ledger_records_encodings_per_kind_and_reads_old_records(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(path)
+    ledger.record(round=1, step=0, direction=DOWN, client=0, message=_message(), type="query.generate")
+    plain = Message.build("train", arrays={"logits": {"z": np.ones(3, np.float32)}})
+    ledger.record(round=1, step=0, direction=UP, client=0, message=plain, type="train")
+    ledger.close()
+    first, second = read_ledger(path)
+    assert first["encodings"]["logits"] == "float16-scaled" and first["bytes"] == _message().nbytes
+    assert "encodings" not in second  # a message sent as built: the record as before
+    summary = ledger.totals.summary()
+    assert summary[DOWN]["encodings"]["synthetic-inputs"] == "raw+uint8-affine"
+    assert "encodings" not in summary[UP]
+    old = {"direction": UP, "client": 0, "kinds": {"logits": 12}, "status": "ok"}  # written before encodings
+    totals = Totals()
+    totals.add(json.loads(json.dumps(old)))
+    assert totals.summary()[UP]["per_kind"] == {"logits": 12}
+
+
+def test_fediod_wire_is_checked():
+    assert options_for(build_config(RunConfig(), {}), "fediod", FedIODOptions).wire == "float32"
+    with pytest.raises(ConfigError, match="wire"):
+        options_for(build_config(RunConfig(), {"fediod.wire": "int4"}), "fediod", FedIODOptions)
+
+
+def _run(tmp_path, wire: str) -> tuple[dict, list[dict]]:
+    layer = copy.deepcopy(TINY_FEDIOD)
+    layer["rounds"] = 1
+    layer["fediod"]["wire"] = wire
+    config = build_config(RunConfig(), layer, {"algorithm": "fediod"})
+    summary = run_suite(config, tmp_path / wire, progress=False)[0]
+    return summary, read_ledger(tmp_path / wire / "fediod" / "ledger.jsonl")
+
+
+def test_compact_fediod_moves_fewer_bytes_and_learns_alike(tmp_path):
+    plain, plain_ledger = _run(tmp_path, "float32")
+    compact, compact_ledger = _run(tmp_path, "compact")
+    assert not any("encodings" in r for r in plain_ledger)
+    assert [r["type"] for r in compact_ledger] == [r["type"] for r in plain_ledger]  # the same protocol
+    for record in compact_ledger:
+        expected = {
+            ("query.generate", DOWN): {"synthetic-inputs": "uint8-affine"},
+            ("query.student", DOWN): {"synthetic-inputs": "uint8-affine"},
+            ("query.backprop", DOWN): {"output-gradients": "float16-scaled"},
+            ("query.generate", UP): {"logits": "float16-scaled", "discriminator-outputs": "float16-scaled"},
+            ("query.student", UP): {"logits": "float16-scaled", "discriminator-outputs": "float16-scaled"},
+            ("query.backprop", UP): {"input-gradients": "float16-scaled"},
+        }.get((record["type"], record["direction"]), {})
+        if record["status"] == "ok":
+            assert record.get("encodings", {}) == expected, record
+    ratio = {}
+    for direction in (UP, DOWN):
+        before = plain["communication"][direction]["per_kind"]
+        after = compact["communication"][direction]["per_kind"]
+        ratio |= {kind: after[kind] / before[kind] for kind in before}
+    # 1 byte instead of 4 (and 2 instead of 4) per value, plus 16 (8) bytes of scale and offset per tensor
+    assert 0.25 < ratio["synthetic-inputs"] < 0.26
+    for kind in ("input-gradients", "output-gradients"):
+        assert 0.5 < ratio[kind] < 0.52
+    assert 0.5 < ratio["discriminator-outputs"] < 0.65  # (B,) ratios: the scale weighs more
+    for kind in ("parameters", "label-statistics", "config", "metrics"):
+        assert ratio[kind] == 1.0  # validation, stage 1 and scalars travel as they are
+    assert compact["communication"][UP]["encodings"]["input-gradients"] == "float16-scaled"
+    # stage 1 sends nothing encoded: the same teachers and the same ensemble ceiling
+    assert compact["final"]["ensemble_accuracy"] == plain["final"]["ensemble_accuracy"]
+    assert abs(compact["test_accuracy"] - plain["test_accuracy"]) < 0.1
+
+
+def test_compact_fediod_over_a_flower_grid_matches_in_process(tmp_path):
+    """Flower's codec carries the encoded arrays: the same ledger records, encodings included, and the same
+    student."""
+    from fedistill.engine.flower.apps import make_client_app
+    from flower_local_grid import LocalGrid, run_on_grid
+
+    here, here_ledger = _run(tmp_path, "compact")
+    config = build_config(RunConfig(), {**copy.deepcopy(TINY_FEDIOD), "rounds": 1}, {"algorithm": "fediod"})
+    config = build_config(config, {"fediod.wire": "compact"})
+    grid = LocalGrid(make_client_app(config, state_root=tmp_path / "nodes"), config.clients)
+    there = run_on_grid(config, tmp_path / "flower", grid)[0]
+    there_ledger = read_ledger(tmp_path / "flower" / "fediod" / "ledger.jsonl")
+
+    def traffic(records: list[dict]) -> list[str]:  # a grid sends a round's requests before any reply
+        return sorted(json.dumps([r["direction"], r["client"], r["type"], r["kinds"], r.get("encodings")])
+                      for r in records if r["type"] != "query.hello")  # fmt: skip
+
+    assert traffic(there_ledger) == traffic(here_ledger)
+    assert there["transport"] == "flower"
+    assert there["test_accuracy"] == pytest.approx(here["test_accuracy"], abs=1e-6)
