@@ -9,6 +9,8 @@ first line is returned, and the rows that read it have no number.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -17,7 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedistill.errors import FederationError, UserError
+from fedistill.reproduce import worker_pool
 from fedistill.reproduce.plan import Job
+
+STOPPED = (
+    "fedistill: stopped (SIGTERM); run the same command again to continue "
+    "(finished runs are reused, interrupted ones resume)"
+)
 
 
 @dataclass(frozen=True)
@@ -83,9 +91,33 @@ def report(outcome: Outcome) -> None:
     print(f"  {job.run} seed {job.seed}: {outcome.status}{took}{error}", file=sys.stderr, flush=True)
 
 
+def execute_in_workers(jobs: Sequence[Job], workers: int) -> list[Outcome]:
+    """`jobs`, `workers` at once in spawned processes that end with this one. On SIGTERM the pool stops
+    (nothing more starts, running jobs are ended) and the process exits with one line on how to go on."""
+    outcomes: list[Outcome] = []
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        max_workers=min(workers, len(jobs)),
+        mp_context=context,
+        initializer=worker_pool.end_with_parent,
+        initargs=(os.getpid(),),
+    ) as pool:
+        try:
+            with worker_pool.sigterm_raises():
+                for future in as_completed([pool.submit(execute, job) for job in jobs]):
+                    outcomes.append(future.result())
+                    report(outcomes[-1])
+        except worker_pool.Terminated:
+            worker_pool.stop(pool)
+            print(STOPPED, file=sys.stderr, flush=True)
+            raise SystemExit(128 + signal.SIGTERM) from None
+    return outcomes
+
+
 def execute_all(jobs: Sequence[Job], workers: int = 1) -> list[Outcome]:
     """Every job, finished ones first (nothing to do); the rest in order, or `workers` at once in their
-    own processes (spawned: each starts clean, whatever threads this process started)."""
+    own processes (spawned: each starts clean, whatever threads this process started; see
+    `execute_in_workers`)."""
     done = [Outcome(job, "reused") for job in jobs if state(job) == "finished"]
     for outcome in done:
         report(outcome)
@@ -96,10 +128,6 @@ def execute_all(jobs: Sequence[Job], workers: int = 1) -> list[Outcome]:
             outcomes.append(execute(job))
             report(outcomes[-1])
     else:
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=context) as pool:
-            for future in as_completed([pool.submit(execute, job) for job in todo]):
-                outcomes.append(future.result())
-                report(outcomes[-1])
+        outcomes += execute_in_workers(todo, workers)
     order = {(job.run, job.seed): i for i, job in enumerate(jobs)}
     return sorted(outcomes, key=lambda o: order[o.job.run, o.job.seed])

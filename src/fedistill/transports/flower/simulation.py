@@ -1,5 +1,5 @@
 """Flower's simulation engine (Ray) in this process: one virtual SuperNode per site, Flower's home
-and logging kept out of the user's way, Ctrl-C left to the run loop."""
+and logging kept out of the user's way, Ctrl-C left to the run loop, Ray's processes ended with the run."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ from typing import Any
 
 from fedistill import interrupt
 from fedistill.errors import ConfigError
+from fedistill.transports.flower.ray_session import own_ray_session
 
 
-def backend_config() -> dict[str, Any]:
-    """One CPU per virtual node; Ray without its dashboard and quiet."""
+def backend_config(ray_root: Path) -> dict[str, Any]:
+    """One CPU per virtual node; Ray without its dashboard, quiet, and with its session under `ray_root`
+    (how its processes are found when they must be ended)."""
     cpus = os.cpu_count() or 1
     return {
         "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
@@ -22,13 +24,15 @@ def backend_config() -> dict[str, Any]:
             "include_dashboard": False,
             "logging_level": "error",
             "log_to_driver": False,
+            "_temp_dir": str(ray_root),
         },
     }
 
 
 def simulate(server_app: Any, client_app: Any, num_supernodes: int, home: Path) -> None:
     """Run `server_app` against `num_supernodes` virtual nodes of `client_app`. Flower's home (apps,
-    state) is `home` unless the user chose one (FLWR_HOME)."""
+    state) is `home` unless the user chose one (FLWR_HOME). No Ray process outlives the call: not after
+    an error, a second Ctrl-C or SIGTERM either."""
     try:
         from flwr.simulation import run_simulation
     except ImportError:
@@ -42,12 +46,12 @@ def simulate(server_app: Any, client_app: Any, num_supernodes: int, home: Path) 
     if own_home:
         os.environ["FLWR_HOME"] = str(home)
     try:
-        with interrupt.deferred_to_run_loop():
+        with interrupt.deferred_to_run_loop(), own_ray_session() as ray_root:
             run_simulation(
                 server_app=server_app,
                 client_app=client_app,
                 num_supernodes=num_supernodes,
-                backend_config=backend_config(),  # type: ignore[arg-type]
+                backend_config=backend_config(ray_root),  # type: ignore[arg-type]
             )
     finally:
         flower_logger.setLevel(level)

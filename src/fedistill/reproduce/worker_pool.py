@@ -1,0 +1,83 @@
+"""Worker processes for `reproduce --jobs N` that end with the process that started them.
+
+A worker ends when its parent does, however the parent ends (SIGTERM, SIGKILL, a crash): on Linux the
+kernel sends it SIGTERM at once (PR_SET_PDEATHSIG), elsewhere a thread notices within a second. A parent
+that receives SIGTERM stops the pool itself: nothing more starts, the running workers are terminated.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Executor
+from contextlib import contextmanager
+from types import FrameType
+
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+class Terminated(BaseException):
+    """SIGTERM reached the parent while its workers ran (a BaseException: no `except Exception` stops it)."""
+
+
+def end_with_parent(parent: int) -> None:
+    """A pool initializer: SIGTERM this worker once `parent` (the pid that started it) has ended."""
+    if not (sys.platform.startswith("linux") and _signal_on_parent_death(signal.SIGTERM)):
+        threading.Thread(target=_watch_parent, args=(parent,), name="end-with-parent", daemon=True).start()
+    if os.getppid() != parent:  # it ended before the line above took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _signal_on_parent_death(signum: int) -> bool:
+    """Ask Linux to send `signum` to this process when its parent ends; whether it agreed."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent: int, every: float = 1.0) -> None:
+    while os.getppid() == parent:
+        time.sleep(every)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """While the body runs on the main thread, SIGTERM raises `Terminated` there instead of ending the
+    process, so the pool can be stopped first."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def stop(pool: Executor, within: float = 5.0) -> None:
+    """Cancel the jobs not started and end the running workers: SIGTERM, then SIGKILL for any still alive
+    after `within` seconds. The workers are this process's multiprocessing children (it starts no other
+    while the pool runs)."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    workers = multiprocessing.active_children()
+    for worker in workers:
+        worker.terminate()
+    deadline = time.monotonic() + within
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+        if worker.is_alive():
+            worker.kill()
+            worker.join(1.0)
