@@ -20,7 +20,7 @@ from fedistill.data.registry import load_dataset
 from fedistill.errors import ConfigError
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.inference import TrainedModel
-from fedistill.inference.export import add_arguments, export_model, run_command, verify
+from fedistill.inference.export import add_arguments, export_model, exported_module, run_command, verify
 from fedistill.models import build_model
 from fedistill.tasks import make_task
 
@@ -128,8 +128,9 @@ def test_onnx_dense_nets_equal_pytorch(architecture, tmp_path):
     images = torch.rand(5, 1, 16, 16, generator=torch.Generator().manual_seed(3))
     inputs = model.preprocess(images)
     with torch.no_grad():
-        expected = model.module(inputs)
-    difference = float((_onnx_outputs(path, inputs) - expected).abs().max())
+        expected = exported_module(model)(inputs)
+    exported = _onnx_outputs(path, inputs)
+    difference = float((exported - expected).abs().max())
     print(f"ONNX {architecture} max abs difference: {difference:.3g}")
     assert difference <= TOLERANCE and check is not None and check["max_abs_difference"] <= TOLERANCE
     predicted = model.predict(images)
@@ -137,6 +138,10 @@ def test_onnx_dense_nets_equal_pytorch(architecture, tmp_path):
         assert predicted.shape == (5, 16, 16) and predicted.dtype == torch.int64 and int(predicted.max()) < 3
     else:
         assert predicted.shape == (5, 1, 16, 16) and predicted.dtype == torch.float32
+        # the file returns the image (input + the net's correction), as predict does
+        assert float((exported - predicted).abs().max()) <= TOLERANCE
+        with torch.no_grad():
+            assert float((exported - model.module(inputs) - inputs).abs().max()) <= TOLERANCE
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")

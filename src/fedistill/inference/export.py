@@ -4,8 +4,10 @@ torch.export-based exporter, the batch axis dynamic) or TorchScript (traced), wi
     fedistill export RUN --algorithm fedavg --format onnx        # RUN/fedavg/export/global.onnx
 
 The exported ONNX and TorchScript models take normalised inputs (the card's preprocessing) and return the
-raw outputs (logits or images). Every ONNX or TorchScript export is run once on random inputs and
-compared with PyTorch; the card records the largest difference.
+raw outputs (logits or images); a reconstruction net that learns a correction (`task.residual`) is
+exported with its input added back, so the file returns the image. Data consistency needs the measured
+k-space, which the file does not take: it is left to the caller. Every ONNX or TorchScript export is run
+once on random inputs and compared with PyTorch; the card records the largest difference.
 """
 
 from __future__ import annotations
@@ -74,15 +76,24 @@ def export_model(model: TrainedModel, format: str, path: Path) -> dict[str, Any]
     example = example_inputs(model)
     try:
         if format == "onnx":
-            _save_onnx(model.module, example, path)
+            _save_onnx(exported_module(model), example, path)
         else:
-            _save_torchscript(model.module, example, path)
+            _save_torchscript(exported_module(model), example, path)
     except (ConfigError, OSError):
         raise
     except Exception as exc:  # an operator the format lacks, a model the tracer cannot follow
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ExportError(f"cannot export {model.architecture or 'the model'} to {format}: {first}") from exc
     return verify(model, format, path)
+
+
+def exported_module(model: TrainedModel) -> torch.nn.Module:
+    """What an ONNX or TorchScript file computes: the module, a reconstruction net with its residual
+    (`Reconstruction.standalone`)."""
+    from fedistill.tasks.reconstruction import Reconstruction
+
+    task = model.task
+    return task.standalone(model.module) if isinstance(task, Reconstruction) else model.module
 
 
 def _save_safetensors(model: TrainedModel, path: Path) -> None:
@@ -166,7 +177,7 @@ def verify(
             return None
     inputs = example_inputs(model, batch=3, seed=1) if inputs is None else inputs
     with torch.no_grad():
-        expected = model.module(inputs.to(model.device)).cpu()
+        expected = exported_module(model)(inputs.to(model.device)).cpu()
     got = run_exported(format, path, inputs)
     difference = float((got.float() - expected.float()).abs().max()) if expected.numel() else 0.0
     return {"max_abs_difference": difference, "inputs": int(inputs.shape[0]), "runtime": _runtime(format)}

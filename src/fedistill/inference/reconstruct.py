@@ -17,6 +17,7 @@ Inputs, as the run's training data were made (`fedistill.data.mri`):
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import h5py
@@ -29,6 +30,8 @@ from fedistill.data.transforms import normalize
 from fedistill.errors import DataError
 from fedistill.inference.forward import Trained, chunks, dataset_options, device_of
 from fedistill.inference.volumes import read_nifti, write_like
+
+log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -96,11 +99,11 @@ def reconstruct_hdf5(model: Trained, path: Path, answer: Path, batch_size: int) 
             attrs = {k: f.attrs[k] for k in ("acquisition", "patient_id") if k in f.attrs}
     except OSError as e:
         raise DataError(f"cannot read HDF5 file {path} ({e}); replace the file") from e
-    if measured and model.task.data_consistency:
-        raise DataError(
-            f"{path} holds undersampled k-space (it has a `mask`), but this run's model puts measured "
-            "k-space lines back on its own image grid (data_consistency), which a file measured on "
-            "another grid cannot give; pass the fully sampled file instead"
+    if measured and model.task.data_consistency:  # its lines were measured on another grid than ours
+        log.warning(
+            "%s holds undersampled k-space measured on its own mask: reconstructing without data "
+            "consistency (the model's correction of the zero-filled image only)",
+            path,
         )
     result = reconstruct_slices(model, raw, path, measured, batch_size)
     answer.parent.mkdir(parents=True, exist_ok=True)

@@ -52,10 +52,24 @@ class Harness:
         )
 
     def zero_filled(self) -> dict[str, float]:
-        """The undersampled input scored as a reconstruction (the task's masks, an identity network)."""
+        """The undersampled input scored as a reconstruction: the input itself through the task (its masks,
+        and its data consistency when on), i.e. what a net whose correction is zero returns."""
+        import dataclasses
+
         from torch import nn
 
-        return self.score(nn.Identity())
+        from fedistill.algorithms.shared.training import evaluate_model
+
+        task = dataclasses.replace(self.task, residual=False)  # an identity net: the input is the output
+        data = self.dataset
+        return evaluate_model(
+            nn.Identity(), data.test, data.info, task=task, meta=data.test_meta, groups=self.sources
+        )
+
+    def zero_filled_label(self) -> str:
+        """The zero-filled row's label, naming data consistency where the task applies it."""
+        dc = getattr(self.task, "data_consistency", False)
+        return LABELS["zero-filled"].replace("input", "input + data consistency" if dc else "input")
 
 
 def client_states(run_dir: Path) -> list[dict[str, Any]]:
@@ -105,7 +119,7 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
     harness = Harness(done[0][1], args.data_dir)
     sites = harness.site_names
     zero = per_source(harness.zero_filled(), sites)
-    rows = [row("zero-filled", LABELS["zero-filled"], zero, wall_time_s=None)]
+    rows = [row("zero-filled", harness.zero_filled_label(), zero, wall_time_s=None)]
     facts: dict[str, Any] = {"sites": sites, "rescore_max_abs_diff": 0.0}
 
     def check(run_dir: Path, state_name: str, summary: dict[str, Any]) -> None:

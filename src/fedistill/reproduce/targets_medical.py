@@ -2,9 +2,10 @@
 
 ci: the two demos that need no data files (configs/demo-segmentation.toml: lesions painted into the MNI152
 template; configs/demo-reconstruction.toml: the template imaged by three simulated scanners), one run per
-method so they run side by side, FedIOD at 10 G-steps per epoch instead of the demo's 30; every number is
-on semi-synthetic data, so the paper's (BraTS) numbers are for reference only. paper: the ready configs
-under configs/segmentation/ and configs/reconstruction/, checked against the paper's numbers.
+method so they run side by side, FedIOD at 10 G-steps per epoch instead of the demo's 30 (reconstruction:
+the demo's 30); every number is on semi-synthetic data, so the paper's (BraTS) numbers are for reference
+only. paper: the ready configs under configs/segmentation/ and configs/reconstruction/, checked against
+the paper's numbers.
 """
 
 from __future__ import annotations
@@ -51,18 +52,24 @@ CI_SEGMENTATION = {
     "centralized": {"dice": 59.71, "hd95": 5.68, "sensitivity": 85.28, "specificity": 98.84},
 }
 CI_RECONSTRUCTION = {
-    "fediod": {"ssim": 0.65, "psnr": 18.3161},
-    "standalone": {"ssim": 0.6899, "psnr": 18.8171},
-    "fedavg": {"ssim": 0.722, "psnr": 19.5312},
-    "centralized": {"ssim": 0.7589, "psnr": 20.448},
+    "fediod": {"ssim": 0.7899, "psnr": 22.9494},
+    "standalone": {"ssim": 0.7884, "psnr": 22.826},
+    "fedavg": {"ssim": 0.7942, "psnr": 23.0084},
+    "centralized": {"ssim": 0.8238, "psnr": 23.4161},
 }
 #: ci tolerances: float rounding differs between CPUs, and a GAN's samples amplify it
 CI_TOLERANCE = {"dice": 4.0, "hd95": 4.0, "sensitivity": 4.0, "specificity": 4.0, "ssim": 0.02, "psnr": 0.75}
 
 
-def demo_scale(config: str, recorded: dict[str, dict[str, float]], paper_keys: dict[str, str]) -> Scale:
-    """One run per method of a demo (FedIOD at the ci budget), checked against our recorded numbers; the
-    paper's number of the same method beside it (`paper_keys`: method -> configs/expected.toml entry)."""
+def demo_scale(
+    config: str,
+    recorded: dict[str, dict[str, float]],
+    paper_keys: dict[str, str],
+    fediod_sets: tuple[str, ...] = CI_FEDIOD,
+) -> Scale:
+    """One run per method of a demo (FedIOD with `fediod_sets`, the ci budget by default), checked against
+    our recorded numbers; the paper's number of the same method beside it (`paper_keys`: method ->
+    configs/expected.toml entry)."""
     expected = read_expected()
     runs, rows = [], []
     for method in DEMO_METHODS:
@@ -70,7 +77,7 @@ def demo_scale(config: str, recorded: dict[str, dict[str, float]], paper_keys: d
             f"algorithm='{method}'",
             "threads=1",
             "device='cpu'",
-            *(CI_FEDIOD if method == "fediod" else ()),
+            *(fediod_sets if method == "fediod" else ()),
         )
         runs.append(Run(f"demo-{method}", config, sets))
         entry = expected.get(paper_keys.get(method, ""), {})
@@ -125,7 +132,8 @@ def reconstruction_target() -> Target:
         columns=RECONSTRUCTION,
         scales={
             # the paper reports each test source, never their mean: no reference number at ci
-            "ci": demo_scale("demo-reconstruction.toml", CI_RECONSTRUCTION, {}),
+            # FedIOD at the demo's own 30 G-steps per epoch: at 10 its student is 0.03 SSIM behind FedAvg
+            "ci": demo_scale("demo-reconstruction.toml", CI_RECONSTRUCTION, {}, fediod_sets=()),
             "paper": config_scale(config_keys("reconstruction"), RECONSTRUCTION_BY_SOURCE),
         },
     )

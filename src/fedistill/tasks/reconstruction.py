@@ -6,7 +6,11 @@ images and each slice's brain foreground mask as its targets; the task undersamp
 masks follow fastMRI (`fedistill.data.mri.masks`): random or equispaced columns at an acceleration, a
 fully sampled centre that counts inside the budget, one seeded mask per slice (slice i of a set always
 gets the same mask) or one fixed mask. k-space is simulated from magnitude images, so it has no phase.
-An optional data-consistency step puts the measured lines back into the network's output.
+By default the network learns a correction to its input (`residual`: output = zero-filled image +
+net(zero-filled image)), and a data-consistency step puts the measured lines back into that output
+(`data_consistency`), as fastMRI's baselines do, so a network that has learnt nothing returns its input
+rather than an image worse than it. `task.residual = false` / `task.data_consistency = false` give the
+plain image-to-image network.
 
 Loss: L1 (default) or L2 between output and target, as the protocol the paper follows. Metrics: SSIM,
 PSNR and NMSE per volume with the volume's maximum as data range (fastMRI's evaluation), then averaged
@@ -53,7 +57,8 @@ class Reconstruction(Task):
     mask_mode: str = "per-slice"  # per-slice (seeded by the slice's index) | fixed (one mask for all)
     mask_seed: int = 0
     loss_kind: str = "l1"  # l1 | l2
-    data_consistency: bool = False
+    residual: bool = True  # output = zero-filled input + net(input)
+    data_consistency: bool = True  # the measured k-space lines put back into the output
 
     def __post_init__(self) -> None:
         if self.mask not in MASK_KINDS:
@@ -109,10 +114,23 @@ class Reconstruction(Task):
             yield ((zero_filled, kspace, mask) if self.data_consistency else zero_filled), x
 
     def predict(self, model: nn.Module, inputs: Inputs) -> torch.Tensor:
+        """The reconstruction: the net's output (plus its input with `residual`), its measured lines
+        replaced by the measurement when `inputs` carry them (data consistency)."""
         if isinstance(inputs, torch.Tensor):
-            return model(inputs)
+            return self.corrected(inputs, model(inputs))
         zero_filled, kspace, mask = inputs
-        return data_consistency(model(zero_filled), kspace, mask)
+        return data_consistency(self.corrected(zero_filled, model(zero_filled)), kspace, mask)
+
+    def corrected(self, zero_filled: torch.Tensor, net_output: torch.Tensor) -> torch.Tensor:
+        """The image a net's output stands for: the zero-filled input plus the output (a correction) with
+        `residual`, the output itself without."""
+        return zero_filled + net_output if self.residual else net_output
+
+    def standalone(self, model: nn.Module) -> nn.Module:
+        """A module that computes the reconstruction from the zero-filled image alone (what an exported file
+        runs): `model` with its residual built in. Data consistency needs the measured k-space, which such
+        a module does not take, so it is left to the caller."""
+        return WithResidual(model) if self.residual else model
 
     def decode(self, outputs: torch.Tensor) -> torch.Tensor:
         """The reconstructed images themselves."""
@@ -165,3 +183,14 @@ class Reconstruction(Task):
         for source, values in scores.by_source().items():
             metrics |= {f"{key}_{source}": values[key] for key in ("ssim", "psnr", "nmse")}
         return metrics
+
+
+class WithResidual(nn.Module):
+    """A reconstruction net with the task's residual inside: input + net(input)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.net(x)
