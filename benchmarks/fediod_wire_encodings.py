@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -41,8 +42,8 @@ NOTES = """## Reading it
   `fediod.selection = "last"` sends none but may hand over another student, so nothing was removed.
   Sending them in a compact encoding would move the validation scores slightly (not bit-identical).
 - Wall times come from a shared two-core machine running two of these at a time: not a timing comparison.
-- The student's accuracy moves with any perturbation of the adversarial loop, in either direction; two
-  seeds do not separate the encoding's effect from that noise.
+- The student's accuracy moves with any perturbation of the adversarial loop, in either direction: read
+  the paired difference against its spread over the seeds, not seed by seed.
 """
 
 HERE = Path(__file__).resolve().parent
@@ -120,6 +121,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     lines += ["", "## Compact against float32, same seed", ""]
     lines += ["| seed | bytes up (ratio) | bytes down (ratio) | all (ratio) | student % difference |",
               "|---|---|---|---|---|"]  # fmt: skip
+    diffs: list[float] = []
     for seed in seeds:
         a, b = by.get((seed, "float32")), by.get((seed, "compact"))
         if a is None or b is None:
@@ -127,7 +129,13 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         up, down = b["up"]["total"] / a["up"]["total"], b["down"]["total"] / a["down"]["total"]
         both = (b["up"]["total"] + b["down"]["total"]) / (a["up"]["total"] + a["down"]["total"])
         diff = 100 * (b["test_accuracy"] - a["test_accuracy"])
+        diffs.append(diff)
         lines.append(f"| {seed} | {up:.3f} | {down:.3f} | {both:.3f} | {diff:+.2f} |")
+    if len(diffs) > 1:
+        mean, spread = statistics.mean(diffs), statistics.stdev(diffs)
+        half_width = 2 * spread / len(diffs) ** 0.5
+        lines += ["", f"Paired difference over {len(diffs)} seeds: {mean:+.2f} ± {spread:.2f} points (mean ± std; "
+                  f"about ±{half_width:.2f} for the mean at two standard errors)."]  # fmt: skip
     compact = next((r for r in rows if r["wire"] == "compact"), None)
     if compact is not None:
         lines += ["", "Encodings the ledger recorded with `compact` (per direction and kind): "
