@@ -89,6 +89,11 @@ def _feddf(**feddf) -> RunConfig:
     return build_config(RunConfig(), base, {"feddf": {"steps": 20, "eval_every_steps": 10, **feddf}})
 
 
+def _fedavg(**fedavg) -> RunConfig:
+    base = {"algorithm": "fedavg", "clients": 4, "rounds": 3, "model": "mlp", "alpha": 100.0}
+    return build_config(RunConfig(), base, {"fedavg": fedavg})
+
+
 CASES = {
     "fediod scaled logits": (_fediod, {}, scaled_logits, "logits: max |value|"),
     "fediod inflated class counts": (
@@ -98,6 +103,7 @@ CASES = {
         "label-statistics",
     ),
     "feddf huge bias": (_feddf, {}, huge_bias, "parameters: norm"),
+    "fedavg huge bias": (_fedavg, {}, huge_bias, "parameters: norm"),
 }
 
 
@@ -123,6 +129,15 @@ def test_without_the_checks_the_poison_gets_in(tmp_path, poisoning):
     poisoning(huge_bias)
     summary = _run(tmp_path, _feddf(plausibility_checks=False), "unchecked")
     assert str(BAD) not in summary["dropped_clients"]
+
+
+def test_fedavg_with_a_robust_aggregate_survives_the_poison_without_the_checks(tmp_path, poisoning):
+    poisoning(huge_bias)
+    summary = _run(tmp_path, _fedavg(plausibility_checks=False, aggregate="median"), "median")
+    assert str(BAD) not in summary["dropped_clients"]  # nothing dropped: the median alone keeps it out
+    poisoning(absent)
+    without = _run(tmp_path, _fedavg(), "absent")
+    assert abs(summary["test_accuracy"] - without["test_accuracy"]) < 0.05
 
 
 def test_a_median_keeps_the_poisoned_bias_out_of_the_average():

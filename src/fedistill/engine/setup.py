@@ -156,8 +156,10 @@ def client_contexts(
     config: RunConfig, algorithm: Algorithm, options: Any, data: Prepared, cache_dir: Path | None = None
 ) -> list[ClientContext]:
     """Each client's context: its train, validation and test shards, the shared test set and the options; a
-    pooled algorithm gets one context holding all the training data."""
+    pooled algorithm gets one context holding all the training data. What every site shares (the test set,
+    its facts and source names) is one object, not a copy per site: 1,000 sites must not hold 1,000 copies."""
     train, test, split, info = data.dataset.train, data.dataset.test, data.split, data.dataset.info
+    sources = source_names(data.dataset)
     if algorithm.pooled:
         everything = np.sort(np.concatenate(split.client_train))
         return [
@@ -172,22 +174,35 @@ def client_contexts(
                 test,
                 cache_dir,
                 data.dataset.test_meta,
-                source_names(data.dataset),
+                sources,
             )
         ]
     return [
-        ClientContext(
-            k,
-            train.subset(split.client_train[k]),
-            train.subset(split.client_val[k]),
-            test.subset(split.client_test[k]),
-            info,
-            config,
-            options,
-            test,
-            cache_dir,
-            data.dataset.test_meta,
-            source_names(data.dataset),
-        )
-        for k in range(len(split.client_train))
+        client_context(config, options, data, k, cache_dir, sources) for k in range(len(split.client_train))
     ]
+
+
+def client_context(
+    config: RunConfig,
+    options: Any,
+    data: Prepared,
+    k: int,
+    cache_dir: Path | None = None,
+    sources: list[str] | None = None,
+) -> ClientContext:
+    """Client `k`'s context alone (a node that hosts one site needs no other site's shards); `sources`:
+    the test set's source names when the caller has them already (`source_names`)."""
+    train, test, split = data.dataset.train, data.dataset.test, data.split
+    return ClientContext(
+        k,
+        train.subset(split.client_train[k]),
+        train.subset(split.client_val[k]),
+        test.subset(split.client_test[k]),
+        data.dataset.info,
+        config,
+        options,
+        test,
+        cache_dir,
+        data.dataset.test_meta,
+        source_names(data.dataset) if sources is None else sources,
+    )

@@ -24,7 +24,6 @@ would leave unclipped and un-noised). With DP on, clients leave their training l
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,11 +40,12 @@ from fedistill.algorithms.base import (
     clone_state,
     register,
 )
+from fedistill.algorithms.classic.fedavg_options import FedAvgMOptions, FedAvgOptions, FedProxOptions
+from fedistill.algorithms.classic.local_model import LocalModel
 from fedistill.algorithms.shared.drop_worst import accuracy, drop_worst_weights, predict_logits
 from fedistill.algorithms.shared.sampling import mean_metric, sample_clients, sampling_rate
 from fedistill.algorithms.shared.training import (
     LocalTraining,
-    average_states,
     evaluate_model,
     local_metric_names,
     local_metrics,
@@ -58,12 +58,12 @@ from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.fleet import Fleet, Reply, successful
 from fedistill.federation.messages import Message, expect_arrays, state_specs
+from fedistill.federation.plausibility import PARAMETERS, norm_faults, screen
 from fedistill.federation.reply_spec import TRAIN_METRICS, ReplySpec
 from fedistill.privacy.accounting import DPConfig, PrivacyBudgetExceeded
 from fedistill.privacy.budget import (
     PRIVACY_QUERY,
     ClientBudget,
-    DPOptions,
     epsilon_summary,
     epsilons_of,
     privacy_request,
@@ -72,43 +72,6 @@ from fedistill.privacy.budget import (
 )
 from fedistill.privacy.sanitize import sanitize_sum
 from fedistill.seeding import torch_generator
-
-
-@dataclass(frozen=True)
-class FedAvgOptions(DPOptions):
-    """The ``dp_*`` options (`DPOptions`) clip and noise each client's update (module docstring)."""
-
-    weighting: str = "samples"  # samples | uniform (FedDF's code averages uniformly)
-    mu: float = 0.0  # FedProx proximal weight; 0 is plain FedAvg
-    server_momentum: float = 0.0  # FedAvgM's beta; 0 is plain FedAvg
-    server_lr: float = 1.0  # FedAvgM: the server's step size on the averaged update; 1: plain FedAvg
-    drop_worst: bool = False  # FedDF's filter: leave out models at chance on the server's validation split
-
-    def validate(self) -> None:
-        """Check the DP keys, the weighting and the ranges of mu, server momentum and server learning rate."""
-        self.validate_dp()
-        if self.weighting not in ("samples", "uniform"):
-            raise ConfigError(f"weighting must be 'samples' or 'uniform', got {self.weighting!r}")
-        if self.mu < 0:
-            raise ConfigError(f"mu must be >= 0, got {self.mu}")
-        if not 0 <= self.server_momentum < 1:
-            raise ConfigError(f"server_momentum must be in [0, 1), got {self.server_momentum}")
-        if self.server_lr <= 0:
-            raise ConfigError(f"server_lr must be > 0, got {self.server_lr}")
-
-
-@dataclass(frozen=True)
-class FedProxOptions(FedAvgOptions):
-    """FedAvg's options with FedProx's proximal term on by default (mu 0.01)."""
-
-    mu: float = 0.01
-
-
-@dataclass(frozen=True)
-class FedAvgMOptions(FedAvgOptions):
-    """FedAvg's options with FedAvgM's server momentum on by default (0.9)."""
-
-    server_momentum: float = 0.9
 
 
 def has_batchnorm(model: torch.nn.Module) -> bool:
@@ -127,8 +90,7 @@ class FedAvgClient(ClientLogic):
 
     def __init__(self, ctx: ClientContext, model_name: str | None = None) -> None:
         self.ctx = ctx
-        self.model = new_model(ctx.config, ctx.info, model_name)
-        self.specs = state_specs(self.model.state_dict())
+        self.local = LocalModel(ctx.config, ctx.info, model_name)  # built per round: idle sites hold none
         self.training = LocalTraining.from_config(ctx.config, ctx.info)
         dp = dp_of(ctx.options)
         self.budget = ClientBudget(dp, ctx.client_id) if dp is not None else None
@@ -139,11 +101,27 @@ class FedAvgClient(ClientLogic):
                 "has BatchNorm, whose running statistics would leave unclipped: set norm = 'group' or "
                 "'none', or use a model without BatchNorm (mlp, lenet5)"
             )
+        self.local.release()
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """This round's local model (`LocalModel`: built on use, released after `train`)."""
+        return self.local.model
+
+    @property
+    def specs(self) -> dict:
+        return self.local.specs
 
     @handles("train")
     def train(self, message: Message) -> Message:
         """Train the received global model on the private data and return its parameters; with DP the round
-        is accounted first, and a refused round trains nothing."""
+        is accounted first, and a refused round trains nothing. The model is released afterwards."""
+        try:
+            return self._train(message)
+        finally:
+            self.local.release()
+
+    def _train(self, message: Message) -> Message:
         expect_arrays(message, "parameters", self.specs)
         round = int(message.scalar("config", "round"))
         dp_metrics: dict[str, float] = {}
@@ -308,12 +286,14 @@ class FedAvgServer(ServerLogic):
         requests = self.requests(fleet, round, request, chosen)
         sent = fleet.send(requests, timeout=config.timeout or None, expect=expect)
         self.privacy.check(sent, round)
+        if self.options.plausibility_checks:
+            sent = screen(fleet, sent, lambda messages: norm_faults(messages, "parameters", PARAMETERS))
         replies = successful(sent, minimum=min(config.min_clients, len(chosen)), what="trained parameters")
         states = [reply.tensors("parameters") for reply in replies.values()]
         counts = [float(reply.scalar("metrics", "num_samples")) for reply in replies.values()]
         kept = self._drop_worst(states) if self.options.drop_worst else list(range(len(states)))
         weights = [counts[i] if self.options.weighting == "samples" else 1.0 for i in kept]
-        self._apply(average_states([states[i] for i in kept], weights))
+        self._apply(self.options.combine([states[i] for i in kept], weights))
         metrics = {"train_loss": mean_metric(replies, "train_loss", counts), "clients": len(replies)}
         metrics |= {name: mean_metric(replies, name) for name in self.reply_metrics}
         if self.options.drop_worst:

@@ -23,7 +23,7 @@ from fedistill import devices
 from fedistill.algorithms.shared.stage1 import cache_folder
 from fedistill.config import RunConfig
 from fedistill.engine.checkpoint import load_state, save_state
-from fedistill.engine.setup import client_contexts, prepare_data, resolve
+from fedistill.engine.setup import client_context, prepare_data, resolve
 from fedistill.errors import ConfigError
 from fedistill.federation.client import ClientLogic
 from fedistill.transports.flower.forward import VERSIONS
@@ -117,7 +117,6 @@ def _build_client(
     resolved = resolve(config, algorithm_name)
     if resolved.algorithm.pooled:
         raise ConfigError(f"{algorithm_name} pools every client's data; it cannot run on Flower nodes")
-    contexts = client_contexts(
-        resolved.config, resolved.algorithm, resolved.options, _DATA[data_key], cache_dir
-    )
-    return resolved.algorithm.client(contexts[pid])
+    # only this node's site: building all K contexts would copy every site's shard on each node
+    context_k = client_context(resolved.config, resolved.options, _DATA[data_key], pid, cache_dir)
+    return resolved.algorithm.client(context_k)

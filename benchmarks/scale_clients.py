@@ -1,0 +1,214 @@
+"""How wall time and memory grow with the number of clients: FedAvg and FedDF with 100, 300 and 1,000
+MNIST clients (a fraction of them sampled per round), FedIOD with 100 and 1,000 sites, in-process and,
+for FedAvg, on Flower's simulation engine.
+
+Every run is `fedistill run` in its own process, so its peak memory is its own. Memory, two ways:
+`peak_rss_mb` is the run process's ru_maxrss from os.wait4 (the largest single process of its tree);
+`tree_peak_mb` is the peak over time of the summed PSS (proportional set size, /proc/<pid>/smaps_rollup)
+of the run process and all its descendants, sampled every `--sample-s` seconds: on the simulation
+engine that adds Ray's workers, raylet and GCS, with shared pages (Ray's object store) counted once.
+Round times come from each run's metrics.jsonl (`round_time_s`).
+
+    python benchmarks/scale_clients.py [--data-dir ../shared/data] [--out /tmp/scale-runs] \
+        [--cases fedavg,feddf,fediod,fedavg-simulation] [--sizes 100,300,1000] [--fraction 0.1]
+
+Writes benchmarks/results/scale_clients.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from fediod_step_time import matmul_peak_gflops  # noqa: E402
+
+RESULTS = HERE / "results"
+FEDIOD_SIZES = (100, 1000)  # FedIOD queries every site at every generator step: two sizes only
+FEDDF_SET = ("feddf.steps=20", "feddf.eval_every_steps=10")
+FEDIOD_SET = ("fediod.preset=paper", "fediod.teacher_epochs=1", "fediod.iters_per_epoch=2",
+              "fediod.generator_width=16", "fediod.discriminator_width=16")  # fmt: skip
+CASES = {  # name: (algorithm, transport, extra --set items)
+    "fedavg": ("fedavg", "inprocess", ()),
+    "feddf": ("feddf", "inprocess", FEDDF_SET),
+    "fediod": ("fediod", "inprocess", FEDIOD_SET),
+    "fedavg-simulation": ("fedavg", "flower", ()),
+}
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it, from the parent ids in /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(parents.get(current, []))
+    return tree
+
+
+def pss_mb(pid: int) -> float:
+    """A process's proportional set size in MiB (0 once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
+def run_measured(command: list[str], sample_s: float, log: Path) -> dict[str, float]:
+    """Run `command`; its wall time, its own ru_maxrss and the sampled peak PSS of its process tree."""
+    started = time.monotonic()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+    peak, done = [0.0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], sum(pss_mb(p) for p in descendants(process.pid)))
+            done.wait(sample_s)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    done.set()
+    sampler.join()
+    if process.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({process.returncode}):\n{log.read_text()[-3000:]}")
+    return {"wall_s": time.monotonic() - started, "peak_rss_mb": usage.ru_maxrss / 1024.0,
+            "tree_peak_mb": peak[0]}  # fmt: skip
+
+
+def one_run(case: str, clients: int, args: argparse.Namespace) -> dict:
+    """One case at one size, as its own `fedistill run`."""
+    algorithm, transport, extra = CASES[case]
+    name = f"{case}-{clients}"
+    command = [sys.executable, "-m", "fedistill.cli", "run", "--quiet", "--algorithm", algorithm,
+               "--dataset", args.dataset, "--data-dir", args.data_dir, "--model", args.model,
+               "--clients", str(clients), "--rounds", str(args.rounds), "--local-epochs", "1",
+               "--transport", transport, "--out", args.out, "--name", name,
+               "--set", "threads=1", "--set", f"fraction={args.fraction}"]  # fmt: skip
+    for item in extra:
+        command += ["--set", item]
+    measured = run_measured(command, args.sample_s, Path(args.out) / f"{name}.stderr")
+    run = Path(args.out) / name / algorithm
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run / "summary.json").read_text())
+    row = {"case": case, "algorithm": algorithm, "transport": transport, "clients": clients,
+           "sampled": rows[-1].get("clients", "all"), "round_times_s": [r["round_time_s"] for r in rows],
+           "setup_s": summary.get("setup_time_s"), "run_wall_s": summary["wall_time_s"],
+           "test_accuracy": summary.get("test_accuracy"), **measured}  # fmt: skip
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def growth(rows: list[dict]) -> list[dict]:
+    """Per case, the peak memory and mean round time at the largest size over those at the smallest."""
+    out = []
+    for case in dict.fromkeys(r["case"] for r in rows):
+        mine = sorted((r for r in rows if r["case"] == case), key=lambda r: r["clients"])
+        if len(mine) < 2:
+            continue
+        small, large = mine[0], mine[-1]
+        mean = lambda r: sum(r["round_times_s"]) / len(r["round_times_s"])  # noqa: E731
+        out.append({"case": case, "from": small["clients"], "to": large["clients"],
+                    "memory_mb": large["tree_peak_mb"] - small["tree_peak_mb"],
+                    "memory_x": large["tree_peak_mb"] / small["tree_peak_mb"],
+                    "round_x": mean(large) / mean(small)})  # fmt: skip
+    return out
+
+
+def write(args: argparse.Namespace, rows: list[dict], gflops: float) -> None:
+    """The table and the raw rows."""
+    command = " ".join(["python benchmarks/scale_clients.py", *sys.argv[1:]])
+    record = {"command": command, "matmul_peak_gflops_1thread": gflops, "cpus": os.cpu_count(),
+              "torch": torch.__version__, "rows": rows, "growth": growth(rows)}  # fmt: skip
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "scale_clients.json").write_text(json.dumps(record, indent=2) + "\n")
+    lines = [
+        f"# Scale: clients per run ({args.dataset}, {args.model}, fraction {args.fraction}, threads=1)",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {os.cpu_count()} CPUs, single-thread fp32 matmul {gflops:.1f} GFLOP/s "
+        "(`matmul_peak_gflops`, benchmarks/fediod_step_time.py), shared with other jobs while measured.",
+        "",
+        "Memory: *peak RSS* is the run process's ru_maxrss (os.wait4); *tree peak* is the sampled peak of",
+        "the summed PSS of the run process and its descendants (Ray's workers on the simulation engine).",
+        "Round time: `round_time_s` of each round (metrics.jsonl); *set-up s* is the summary's setup_time_s",
+        "(server set-up before round 1: FedIOD's stage 1); *process s* is the whole command (imports, data,",
+        "building the clients, plots, checkpoints included). The matmul rate is measured under the same load.",
+        "",
+        "| case | transport | clients | sampled | round s | set-up s | process s | peak RSS MiB | tree peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        rounds = ", ".join(f"{t:.2f}" for t in r["round_times_s"])
+        setup = f"{r['setup_s']:.1f}" if r["setup_s"] is not None else "-"
+        lines.append(f"| {r['case']} | {r['transport']} | {r['clients']} | {r['sampled']} | {rounds} | {setup} | "
+                     f"{r['wall_s']:.1f} | {r['peak_rss_mb']:.0f} | {r['tree_peak_mb']:.0f} |")  # fmt: skip
+    lines += [
+        "",
+        "| case | from | to | tree peak growth MiB | x memory | x round time |",
+        "|---|---|---|---|---|---|",
+    ]
+    for g in record["growth"]:
+        lines.append(f"| {g['case']} | {g['from']} | {g['to']} | {g['memory_mb']:+.0f} | {g['memory_x']:.2f} | "
+                     f"{g['round_x']:.2f} |")  # fmt: skip
+    (results / "scale_clients.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data-dir", default=str(HERE.parents[1] / "shared" / "data"))
+    parser.add_argument("--dataset", default="mnist")
+    parser.add_argument("--model", default="lenet5")
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--sizes", default="100,300,1000")
+    parser.add_argument(
+        "--fraction", type=float, default=0.1, help="clients sampled per round (FedAvg, FedDF)"
+    )
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--sample-s", type=float, default=0.5, help="memory sampling period")
+    parser.add_argument("--out", default="/tmp/scale-runs")
+    parser.add_argument("--results", default=str(RESULTS), help="where the table is written")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    gflops = matmul_peak_gflops()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    rows = []
+    for case in args.cases.split(","):
+        for clients in [s for s in sizes if case != "fediod" or s in FEDIOD_SIZES]:
+            rows.append(one_run(case, clients, args))
+            write(args, rows, gflops)  # the table so far, should a later run fail
+    write(args, rows, gflops)
+
+
+if __name__ == "__main__":
+    main()

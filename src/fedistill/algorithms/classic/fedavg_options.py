@@ -1,0 +1,69 @@
+"""FedAvg's options, shared by FedProx and FedAvgM: weighting, the proximal term, server momentum,
+FedDF's drop-worst filter, and what one misbehaving site can do to the average (plausibility checks and a
+robust, coordinate-wise aggregate)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from fedistill.algorithms.shared.option_checks import check_choices
+from fedistill.algorithms.shared.training import average_states
+from fedistill.algorithms.shared.weight_average import COMBINES, robust_average_states
+from fedistill.errors import ConfigError
+from fedistill.privacy.budget import DPOptions
+
+
+@dataclass(frozen=True)
+class FedAvgOptions(DPOptions):
+    """The ``dp_*`` options (`DPOptions`) clip and noise each client's update (module docstring)."""
+
+    weighting: str = "samples"  # samples | uniform (FedDF's code averages uniformly)
+    mu: float = 0.0  # FedProx proximal weight; 0 is plain FedAvg
+    server_momentum: float = 0.0  # FedAvgM's beta; 0 is plain FedAvg
+    server_lr: float = 1.0  # FedAvgM: the server's step size on the averaged update; 1: plain FedAvg
+    drop_worst: bool = False  # FedDF's filter: leave out models at chance on the server's validation split
+    # drop, as an invalid reply, a model whose parameter norm is far beyond the other sites' in the same
+    # round (federation/plausibility.py); false: accept every finite model
+    plausibility_checks: bool = True
+    # mean (the weighted average) | median | trimmed-mean (coordinate-wise, weighted: one site cannot move
+    # a coordinate far, whatever it sends)
+    aggregate: str = "mean"
+    aggregate_trim: float = 0.2  # trimmed-mean: the share of sites cut at each end (one at least from 3 up)
+
+    def validate(self) -> None:
+        """Check the DP keys, the weighting and the ranges of mu, server momentum and server learning rate."""
+        self.validate_dp()
+        if self.weighting not in ("samples", "uniform"):
+            raise ConfigError(f"weighting must be 'samples' or 'uniform', got {self.weighting!r}")
+        if self.mu < 0:
+            raise ConfigError(f"mu must be >= 0, got {self.mu}")
+        if not 0 <= self.server_momentum < 1:
+            raise ConfigError(f"server_momentum must be in [0, 1), got {self.server_momentum}")
+        if self.server_lr <= 0:
+            raise ConfigError(f"server_lr must be > 0, got {self.server_lr}")
+        check_choices("fedavg", self, {"aggregate": COMBINES})
+        if not 0 <= self.aggregate_trim < 0.5:
+            raise ConfigError(f"aggregate_trim must be in [0, 0.5), got {self.aggregate_trim}")
+
+    def combine(self, states: Sequence[dict[str, torch.Tensor]], weights: Sequence[float]) -> dict:
+        """The round's global state from the kept sites' states (`aggregate`)."""
+        if self.aggregate == "mean":
+            return average_states(list(states), list(weights))
+        return robust_average_states(states, weights, self.aggregate, self.aggregate_trim)
+
+
+@dataclass(frozen=True)
+class FedProxOptions(FedAvgOptions):
+    """FedAvg's options with FedProx's proximal term on by default (mu 0.01)."""
+
+    mu: float = 0.01
+
+
+@dataclass(frozen=True)
+class FedAvgMOptions(FedAvgOptions):
+    """FedAvg's options with FedAvgM's server momentum on by default (0.9)."""
+
+    server_momentum: float = 0.9
