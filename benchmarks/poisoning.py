@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from _common import RESULTS
+from fedistill.analysis.poisons import huge_bias, scaled_logits
 from fedistill.config import RunConfig, build_config
 from fedistill.engine.launch import run_suite
 from fedistill.errors import FederationError, UserError
@@ -56,25 +56,6 @@ FEDDF = {
     "rounds": 3,
     "feddf": {"steps": 50, "eval_every_steps": 10},
 }
-
-
-def _changed(message: Message, kind: str, change: Callable[[str, np.ndarray], np.ndarray]) -> Message:
-    if kind not in message.arrays:
-        return message
-    arrays = {k: dict(v) for k, v in message.arrays.items()}
-    arrays[kind] = {name: change(name, a) for name, a in arrays[kind].items()}
-    return Message.build(message.type, arrays, {k: dict(v) for k, v in message.scalars.items()})
-
-
-def scaled_logits(message: Message) -> Message:
-    """Every logit times 1e30 (finite in float32)."""
-    return _changed(message, "logits", lambda _, a: a * np.float32(1e30))
-
-
-def huge_bias(message: Message) -> Message:
-    """The model's last bias plus 1e30."""
-    last = [n for n in message.arrays.get("parameters", {}) if n.endswith("bias")][-1:]
-    return _changed(message, "parameters", lambda n, a: a + np.float32(1e30) if n in last else a)
 
 
 def run(settings: dict, poison: Callable[[Message], Message] | None, checks: bool) -> dict:

@@ -13,6 +13,7 @@ import torch
 
 from algorithm_helpers import TINY_FEDIOD
 from fedistill.algorithms.shared.weight_average import robust_average_states, robust_combine
+from fedistill.analysis.poisons import huge_bias, inflated_counts, scaled_logits
 from fedistill.config import RunConfig, build_config
 from fedistill.engine.launch import run_suite
 from fedistill.federation.ledger import read_ledger
@@ -29,27 +30,6 @@ from fedistill.federation.plausibility import (
 from fedistill.transports.inprocess import InProcessFleet
 
 BAD = 1
-
-
-def _rebuilt(message: Message, kind: str, change: Callable[[str, np.ndarray], np.ndarray]) -> Message:
-    if kind not in message.arrays:
-        return message
-    arrays = {k: dict(v) for k, v in message.arrays.items()}
-    arrays[kind] = {name: change(name, a) for name, a in arrays[kind].items()}
-    return Message.build(message.type, arrays, {k: dict(v) for k, v in message.scalars.items()})
-
-
-def scaled_logits(message: Message) -> Message:
-    return _rebuilt(message, "logits", lambda _, a: a * np.float32(1e30))
-
-
-def huge_bias(message: Message) -> Message:
-    last_bias = [n for n in message.arrays.get("parameters", {}) if n.endswith("bias")][-1:]
-    return _rebuilt(message, "parameters", lambda n, a: a + np.float32(1e30) if n in last_bias else a)
-
-
-def inflated_counts(message: Message) -> Message:
-    return _rebuilt(message, "label-statistics", lambda _, a: a * 1000)
 
 
 def absent(message: Message) -> Message:
