@@ -61,7 +61,7 @@ def flags() -> list[Flag]:
     result = []
     for command, (_, parser) in subcommands().items():
         for action in arguments(parser):
-            key = _config_key(action)
+            key = _config_key(action) if command == "run" else ""  # other commands build no RunConfig
             own = (action.help or "").strip()
             text = own or docs.get(key, "") or ARGUMENT_NOTES.get(f"{command} {action.dest}", "")
             if action.choices and own:

@@ -8,14 +8,19 @@ from fedistill import cli
 
 
 def subcommands() -> dict[str, tuple[str, argparse.ArgumentParser]]:
-    """Subcommand name -> (its one-line help, its parser), in the parser's order."""
-    parser = cli.build_parser()
+    """Subcommand name -> (its one-line help, its parser), in the parser's order; a nested one (`deploy
+    credentials`) by its full name, after its parent."""
     found: dict[str, tuple[str, argparse.ArgumentParser]] = {}
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
-            for name, sub in action.choices.items():
-                found[name] = (helps.get(name, ""), sub)
+
+    def walk(parser: argparse.ArgumentParser, prefix: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
+                for name, sub in action.choices.items():
+                    found[f"{prefix}{name}"] = (helps.get(name, ""), sub)
+                    walk(sub, f"{prefix}{name} ")
+
+    walk(cli.build_parser(), "")
     return found
 
 
