@@ -350,3 +350,13 @@ def test_fedistill_deploy_credentials_on_the_command_line(tmp_path, capsys):
     assert main(argv) == 2  # an enrolment is never overwritten
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "exists already" in err
+
+
+def test_deploy_credentials_into_an_unwritable_folder_is_one_line(tmp_path, capsys):
+    from fedistill.cli import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    code = main(["deploy", "credentials", "a", "--superlink-host", "localhost", "--out", str(blocker / "x")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "choose another --out" in err

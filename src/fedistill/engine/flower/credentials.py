@@ -142,6 +142,13 @@ def run_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"fedistill: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # an --out folder that cannot be made or written
+        where = exc.filename or args.out
+        print(
+            f"fedistill: error: cannot write {where}: {exc.strerror or exc}; choose another --out",
+            file=sys.stderr,
+        )
+        return 2
     print(next_steps(creds))
     return 0
 
