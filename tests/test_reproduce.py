@@ -148,6 +148,20 @@ def test_each_cell_is_judged_against_its_recorded_number_with_mean_and_std_over_
     assert exit_code([by_row["near", "test"], by_row["free", "test"]]) == 0
 
 
+def test_a_floor_row_reads_the_runs_trivial_predictor_not_its_model(tmp_path):
+    summary = {"final": {"test_accuracy": 0.9}, "floor": {"label": "input", "test_accuracy": 0.4}}
+    (tmp_path / "a0" / "fedavg").mkdir(parents=True)
+    (tmp_path / "a0" / "fedavg" / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    rows = (
+        Row("model", "a", "fedavg", {"test": Expected(ours=90.0)}),
+        Row("floor", "a", "fedavg", {"test": Expected(ours=40.0)}, section="floor"),
+    )
+    target = Target("t", "t", "s", (ACCURACY,), {"ci": Scale((Run("a", "x.toml"),), rows)})
+    cells = {c.row: c for c in checks(target, "ci", {"a": [tmp_path / "a0"]})}
+    assert cells["model"].mean == pytest.approx(90.0) and cells["floor"].mean == pytest.approx(40.0)
+    assert {c.verdict for c in cells.values()} == {WITHIN}
+
+
 def test_at_the_papers_scale_only_falling_short_fails(tmp_path):
     fake_summary(tmp_path / "a0", "fedavg", test_accuracy=0.95, test_hd95=8.0)  # both better than the paper
     fake_summary(tmp_path / "b0", "fedavg", test_accuracy=0.87)  # 3 points short of 90

@@ -26,6 +26,7 @@ from fedistill.algorithms.shared.training import evaluate_model, task_of
 from fedistill.config import RunConfig, write_config
 from fedistill.data.partition import load_split, save_split
 from fedistill.engine.checkpoint import save_model, sweep_temporaries, write_checkpoint
+from fedistill.engine.floor import floor_scores
 from fedistill.engine.resume import resume_point
 from fedistill.engine.rundir import MetricsWriter
 from fedistill.engine.setup import Prepared, client_contexts, resolve, score_first, source_names
@@ -225,6 +226,7 @@ def _loop(
         if tracking is not None and sys.exc_info()[0] is not None:
             tracking.abort()  # interrupted or failed: `--resume` logs on from its checkpoint
 
+    floor = floor_scores(task, data.dataset, test_sources)  # the trivial predictor, where the task names one
     (run_dir / "models").mkdir(exist_ok=True)
     for name, module in server.models().items():
         # a module may name what its weights alone do not record (a generator: its number of upsamplings)
@@ -260,6 +262,7 @@ def _loop(
         },
         "final": final,
         headline: final.get(headline),  # the headline's value at the top level, as readers expect it
+        **({"floor": floor} if floor else {}),
         "stopped": stopped,
         ORACLE_METRIC: final_oracle,
         "oracle": _oracle_note(algorithm, grid),

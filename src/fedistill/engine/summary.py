@@ -85,6 +85,16 @@ def oracle_line(s: dict[str, Any]) -> list[str]:
     return [f"- {s['oracle']}" + ("" if value is None else f": **{value:.4f}** (`global_accuracy_oracle`)")]
 
 
+def floor_line(s: dict[str, Any]) -> list[str]:
+    """The trivial predictor's headline beside the run's (summary "floor"), where the task names one."""
+    floor = s.get("floor")
+    if not floor:
+        return []
+    columns = [tuple(c) for c in s.get("columns") or CLASSIFICATION_COLUMNS]
+    cells = [f"{title} {metric_cell(floor, metric, style)}" for metric, title, style in columns]
+    return [f"- floor ({floor['label']}, no training): {', '.join(cells)}"]
+
+
 def summary_markdown(s: dict[str, Any]) -> str:
     """The summary.md of one run: its setting, wall time, final metrics and communication."""
     comm, part = s["communication"], s["partition"]
@@ -98,6 +108,7 @@ def summary_markdown(s: dict[str, Any]) -> str:
         f"- wall time: {s['wall_time_s']:.1f} s; peak memory: {s['peak_memory_mb']:.0f} MB",
         *([f"- **stopped early**: {s['stopped']}"] if s.get("stopped") else []),
         *oracle_line(s),
+        *floor_line(s),
         "",
         "## Final metrics",
         "",
@@ -130,6 +141,7 @@ def results_rows(summaries: list[dict[str, Any]]) -> list[dict[str, str]]:
     of its teachers' ensemble (when a run measured it), the local headline, traffic."""
     rows = []
     ceiling = any("fraction_of_ensemble" in s["final"] for s in summaries)
+    floor = next((s for s in summaries if s.get("floor")), None)
     for s in summaries:
         comm = s["communication"]
         columns = [tuple(c) for c in s.get("columns") or CLASSIFICATION_COLUMNS]
@@ -148,7 +160,17 @@ def results_rows(summaries: list[dict[str, Any]]) -> list[dict[str, str]]:
             "time s": f"{s['wall_time_s']:.1f}",
         }
         rows.append(row)
+    if floor is not None:  # the trivial predictor every row must beat, scored on the same test set
+        rows.append(floor_row(floor, rows[0]))
     return rows
+
+
+def floor_row(s: dict[str, Any], like: dict[str, str]) -> dict[str, str]:
+    """The results table's row of a run's floor (its task's trivial predictor): the metric columns filled,
+    the rest "-"."""
+    columns = [tuple(c) for c in s.get("columns") or CLASSIFICATION_COLUMNS]
+    cells = {title: metric_cell(s["floor"], metric, style) for metric, title, style in columns}
+    return {key: s["floor"]["label"] if key == "algorithm" else cells.get(key, "-") for key in like}
 
 
 def results_table(summaries: list[dict[str, Any]], title: str = "") -> Table:

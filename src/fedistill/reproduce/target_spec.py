@@ -70,12 +70,15 @@ class Run:
 
 @dataclass(frozen=True)
 class Row:
-    """One line of the table: `algorithm` of the run named `run`, with what each column should give."""
+    """One line of the table: `algorithm` of the run named `run`, with what each column should give;
+    `section` is the part of its summary the columns read ("floor": the task's trivial predictor, scored
+    by the same run, instead of its final model)."""
 
     label: str
     run: str
     algorithm: str
     expected: Mapping[str, Expected] = field(default_factory=dict)
+    section: str = "final"
 
 
 @dataclass(frozen=True)

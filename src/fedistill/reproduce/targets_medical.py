@@ -57,6 +57,9 @@ CI_RECONSTRUCTION = {
     "fedavg": {"ssim": 0.7942, "psnr": 23.0084},
     "centralized": {"ssim": 0.8238, "psnr": 23.4161},
 }
+#: ci: the zero-filled input after data consistency (the task's floor), scored by the FedAvg run
+CI_RECONSTRUCTION_FLOOR = {"ssim": 0.6649, "psnr": 20.18}
+FLOOR_LABEL = "Zero-filled input + data consistency (floor, no training)"
 #: ci tolerances: float rounding differs between CPUs, and a GAN's samples amplify it
 CI_TOLERANCE = {"dice": 4.0, "hd95": 4.0, "sensitivity": 4.0, "specificity": 4.0, "ssim": 0.02, "psnr": 0.75}
 
@@ -66,10 +69,12 @@ def demo_scale(
     recorded: dict[str, dict[str, float]],
     paper_keys: dict[str, str],
     fediod_sets: tuple[str, ...] = CI_FEDIOD,
+    floor: dict[str, float] | None = None,
 ) -> Scale:
     """One run per method of a demo (FedIOD with `fediod_sets`, the ci budget by default), checked against
     our recorded numbers; the paper's number of the same method beside it (`paper_keys`: method ->
-    configs/expected.toml entry)."""
+    configs/expected.toml entry); `floor`: the recorded numbers of the task's trivial predictor, a row
+    read from the FedAvg run's summary."""
     expected = read_expected()
     runs, rows = [], []
     for method in DEMO_METHODS:
@@ -86,6 +91,9 @@ def demo_scale(
             for column, value in recorded[method].items()
         }
         rows.append(Row(LABELS[method], f"demo-{method}", method, cells))
+    if floor is not None:
+        cells = {column: Expected(None, value, CI_TOLERANCE[column]) for column, value in floor.items()}
+        rows.append(Row(FLOOR_LABEL, "demo-fedavg", "fedavg", cells, section="floor"))
     return Scale(tuple(runs), tuple(rows), note=f"{config}: semi-synthetic data, no data files")
 
 
@@ -133,7 +141,13 @@ def reconstruction_target() -> Target:
         scales={
             # the paper reports each test source, never their mean: no reference number at ci
             # FedIOD at the demo's own 30 G-steps per epoch: at 10 its student is 0.03 SSIM behind FedAvg
-            "ci": demo_scale("demo-reconstruction.toml", CI_RECONSTRUCTION, {}, fediod_sets=()),
+            "ci": demo_scale(
+                "demo-reconstruction.toml",
+                CI_RECONSTRUCTION,
+                {},
+                fediod_sets=(),
+                floor=CI_RECONSTRUCTION_FLOOR,
+            ),
             "paper": config_scale(config_keys("reconstruction"), RECONSTRUCTION_BY_SOURCE),
         },
     )

@@ -51,9 +51,12 @@ def value_at(summary: Mapping[str, Any], path: str) -> Any:
     return node
 
 
-def read_value(summary: Mapping[str, Any], column: Column) -> float | None:
-    """The column's number in one summary: the first of its paths that holds a number, scaled."""
+def read_value(summary: Mapping[str, Any], column: Column, section: str = "final") -> float | None:
+    """The column's number in one summary: the first of its paths that holds a number, scaled; paths into
+    "final" read `section` instead."""
     for path in column.paths:
+        if section != "final" and path.startswith("final."):
+            path = f"{section}.{path.removeprefix('final.')}"
         value = value_at(summary, path)
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value) * column.factor
@@ -85,7 +88,9 @@ def judge(mean: float | None, expected: Expected | None, check: str, column: Col
 
 
 def check_row(row: Row, column: Column, summaries: Sequence[Mapping[str, Any] | None], check: str) -> Check:
-    values = tuple(v for s in summaries if s is not None and (v := read_value(s, column)) is not None)
+    values = tuple(
+        v for s in summaries if s is not None and (v := read_value(s, column, row.section)) is not None
+    )
     mean = statistics.fmean(values) if values else None
     std = statistics.stdev(values) if len(values) > 1 else None
     expected = row.expected.get(column.key)

@@ -119,6 +119,11 @@ class Task(ABC):
         as item `indices[i]` of a stream seeded by `seed`."""
         return images
 
+    def trivial_baseline(self) -> tuple[str, nn.Module, Task] | None:
+        """A predictor every trained model must beat, as (label, model, the task that scores it); None when
+        the task names none. Runs report its test metrics beside their own (summary "floor")."""
+        return None
+
     # --- output distillation (FedIOD compares outputs row by row: a row per sample or per pixel) -----
     def distilled_columns(self, info: DatasetInfo) -> int:
         """Columns of one row of the outputs: the classes (per sample or per pixel)."""

@@ -20,6 +20,7 @@ its generator on the brain's foreground mask.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -147,6 +148,12 @@ class Reconstruction(Task):
         # images normalised with the dataset's mean and std: reconstruction data have mean 0 and std 1,
         # so the images are in [0, 1] and go through the k-space as they are
         return zero_filled(images, mask).to(images.dtype)
+
+    def trivial_baseline(self) -> tuple[str, nn.Module, Task] | None:
+        """The undersampled input itself (after data consistency when on): what a net whose correction is
+        zero returns, the floor a reconstruction must rise above."""
+        label = "zero-filled input" + (" + data consistency" if self.data_consistency else "")
+        return label, nn.Identity(), dataclasses.replace(self, residual=False)
 
     def distilled_columns(self, info: DatasetInfo) -> int:
         """One: each pixel of an output image is a row with one value."""
