@@ -98,3 +98,17 @@ def test_where_a_run_goes_does_not_cancel_the_demo(tmp_path, capsys):
     assert config.algorithms == ["fediod", "standalone", "fedavg", "centralized"]
     assert config.out == str(tmp_path) and config.name == "mine" and config.device == "cpu"
     assert config.options["fediod"]["student_noise"] == 0.5
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """`fedistill list | head -1`: the closed pipe ends the command with 141 and no traceback."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fedistill.cli", "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    process.stdout.close()  # the reader is gone before the first line
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr and "Exception ignored" not in stderr

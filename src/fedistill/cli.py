@@ -218,13 +218,18 @@ def main(argv: list[str] | None = None) -> int:
     }
     _CURRENT_RUN.clear()  # a message names only this command's run
     try:
-        return handlers[args.command](args)
+        code = handlers[args.command](args)
+        sys.stdout.flush()  # a reader that went away shows here, not as a traceback at exit
+        return code
     except UserError as exc:
         print(f"fedistill: error: {exc}", file=sys.stderr)
         return 2
     except FederationError as exc:
         print(f"fedistill: run stopped: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader went away (`fedistill list | head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141
     except OSError as exc:  # the disk filled up or the folder went away during a run
         where = exc.filename or (_CURRENT_RUN[-1] if _CURRENT_RUN else "a file")
         then = f"; once fixed, continue with --resume {_CURRENT_RUN[-1]}" if _CURRENT_RUN else ""

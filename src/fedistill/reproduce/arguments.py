@@ -36,7 +36,7 @@ def add_fediod_run_options(parser: argparse.ArgumentParser, reuse_help: str) -> 
 
 
 def add_seed_and_out(parser: argparse.ArgumentParser) -> None:
-    """The seed and the folder the runs go to (benchmarks/runs unless told)."""
+    """The seed and the folder the runs go to (benchmarks/runs in a checkout, else runs/, unless told)."""
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(RUNS))
 

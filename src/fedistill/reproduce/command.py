@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from fedistill.errors import UserError
-from fedistill.reproduce.paths import DATA
+from fedistill.reproduce.paths import DATA, DATA_ENV, require_configs
 from fedistill.reproduce.target_spec import SCALES, Target
 
 
@@ -36,7 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process")
     parser.add_argument("--out", default="runs", help="parent folder: writes <out>/reproduce/<NAME>-<scale>/")
-    parser.add_argument("--data-dir", default=str(DATA), help="folder holding the dataset files")
+    parser.add_argument(
+        "--data-dir",
+        default=str(DATA),
+        help=f"folder holding the dataset files (default: ${DATA_ENV}, else a checkout's ../shared/data,"
+        " else data)",
+    )
 
 
 def runs_per_scale(target: Target) -> str:
@@ -71,6 +76,7 @@ def parse_seeds(text: str | None) -> tuple[int, ...] | None:
 
 def reproduce(args: argparse.Namespace) -> int:
     from fedistill.reproduce.execute import execute_all
+    from fedistill.reproduce.needed_data import require_data
     from fedistill.reproduce.plan import plan
     from fedistill.reproduce.report import write_report
     from fedistill.reproduce.targets import get_target
@@ -86,6 +92,7 @@ def reproduce(args: argparse.Namespace) -> int:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
     folder = Path(args.out) / "reproduce" / f"{target.name}-{args.scale}"
     jobs = plan(target, args.scale, folder / "runs", args.data_dir, seeds)
+    require_data(jobs, args.data_dir)
     print(f"reproduce {target.name} ({args.scale}): {len(jobs)} runs in {folder / 'runs'}", file=sys.stderr)
     outcomes = execute_all(jobs, args.jobs)
     folders: dict[str, list[Path]] = {}
@@ -104,6 +111,7 @@ def reproduce(args: argparse.Namespace) -> int:
 def run_command(args: argparse.Namespace) -> int:
     """`--list`, or reproduce `args.name`; a usage mistake ends with one line and exit code 2."""
     try:
+        require_configs()
         if args.list:
             list_targets()
             return 0

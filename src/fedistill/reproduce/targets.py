@@ -2,7 +2,8 @@
 
 Each family declares its targets in its own module (`targets_fedmdcg`, `targets_one_shot`,
 `targets_medical`, `targets_papers`); `target_spec` says what a target is. The registry is built on first
-use: the config-based scales read configs/ and configs/expected.toml of the checkout.
+use: the config-based scales read configs/ and configs/expected.toml (of the checkout, or as the installed
+package carries them: reproduce/paths.py).
 """
 
 from __future__ import annotations
