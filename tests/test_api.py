@@ -122,6 +122,23 @@ def test_a_model_loads_without_its_dataset_from_the_facts_saved_beside_it(finish
     assert abs(accuracy - finished["fedavg"].final["test_accuracy"]) <= 1e-6
 
 
+def test_a_model_file_is_opened_once(finished, monkeypatch):
+    """Its tensors and the dataset facts in its header come from one opening of the file."""
+    import safetensors
+
+    opened: list[str] = []
+    real = safetensors.safe_open
+
+    def counting(path, *args, **kwargs):
+        opened.append(str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors, "safe_open", counting)
+    model = fedistill.load_model(finished.run_dir, "fedavg")
+    assert [Path(p).name for p in opened] == ["global.safetensors"]
+    assert model.info.num_classes == 10
+
+
 def test_dataset_facts_survive_their_json_record():
     from fedistill.data.base import DatasetInfo, TextInfo
 

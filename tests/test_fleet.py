@@ -98,3 +98,42 @@ def test_ledger_resume_truncates_to_checkpoint(tmp_path):
     assert resumed.count == 2
     resumed.close()
     assert len(read_ledger(path)) == 2
+
+
+def test_a_reply_rejected_after_receipt_is_one_invalid_record_with_its_bytes(tmp_path):
+    """A plausibility verdict revises the reply's own record: one record per message, its bytes kept, the
+    failures in ledger order (as a resumed run replays them) and the client dropped."""
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(path)
+    fleet = InProcessFleet({0: Echo(0), 1: Echo(1), 2: Echo(2, "crash"), 3: Echo(3)}, ledger)
+    replies = fleet.broadcast(_request())
+    sent_by_1 = replies[1].message.nbytes
+    kept = fleet.reject(replies, {1: "logits: too large", 3: "logits: too large"})
+    assert not kept[1].ok and not kept[3].ok and kept[0].ok
+    assert set(fleet.dropped) == {1, 2, 3}
+    live = ledger.totals.summary()
+    ledger.close()
+    records = read_ledger(path)
+    assert len(records) == 8 and [r["seq"] for r in records] == list(range(8))
+    ups = {r["client"]: r for r in records if r["direction"] == UP}
+    assert ups[1]["status"] == "invalid" and ups[1]["bytes"] == sent_by_1 > 0
+    assert "implausible logits: too large" in ups[1]["error"]
+    assert [f["client"] for f in live["failures"]] == [1, 2, 3]  # seq order, not verdict order
+    assert live["client->server"]["messages"] == 4
+    replayed = Ledger(path, resume_at=len(records))
+    assert replayed.totals.summary() == live
+    replayed.close()
+
+
+def test_records_are_written_by_each_flush_and_a_written_one_is_not_revised(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(path)
+    fleet = InProcessFleet({0: Echo(0), 1: Echo(1)}, ledger)
+    replies = fleet.broadcast(_request())
+    ledger.flush()
+    assert len(read_ledger(path)) == 4
+    fleet.reject(replies, {1: "too large"})  # its record is on disk: the verdict is a record of its own
+    ledger.close()
+    records = read_ledger(path)
+    assert [r["status"] for r in records] == ["ok", "ok", "ok", "ok", "invalid"]
+    assert records[-1]["bytes"] == 0 and records[-1]["client"] == 1

@@ -20,6 +20,7 @@ from flwr.app import Context, RecordDict
 from fedistill.cli import main
 from fedistill.engine.flower.apps import make_server_app
 from fedistill.engine.rundir import read_jsonl
+from fedistill.errors import UserError
 
 ENV = {
     **os.environ,
@@ -85,9 +86,10 @@ def test_a_second_ctrl_c_ends_the_process_at_once_without_a_traceback(tmp_path):
         ({"clients": 0}, "clients must be >= 1"),
     ],
 )
-def test_a_bad_flwr_run_config_is_one_logged_line(tmp_path, caplog, run_config, named):
+def test_a_bad_flwr_run_config_is_one_logged_line_and_fails_the_run(tmp_path, caplog, run_config, named):
     """What `flwr run . <federation> -c ...` hands the ServerApp: a user mistake is logged as one line
-    (no traceback) and the ServerApp ends; `flwr run` itself exits 0 whatever the run's outcome."""
+    (no traceback) and raised to Flower, which marks the run failed and ends the ServerApp's process
+    with a non-zero code; nothing is written (no run folder for a refused run)."""
     app = make_server_app()
     context = Context(
         run_id=1,
@@ -96,7 +98,7 @@ def test_a_bad_flwr_run_config_is_one_logged_line(tmp_path, caplog, run_config, 
         state=RecordDict(),
         run_config={"out": str(tmp_path), **run_config},
     )
-    with caplog.at_level(logging.ERROR):
+    with caplog.at_level(logging.ERROR), pytest.raises(UserError, match=named):
         app(None, context)  # the grid is never reached
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and errors[0].exc_info is None

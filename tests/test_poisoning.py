@@ -201,3 +201,12 @@ def test_robust_combines():
     assert torch.equal(robust_combine(values, equal, "trimmed-mean"), torch.tensor([2.0, 6.0]))
     weighted = torch.tensor([[0.6], [0.3], [0.1]])
     assert torch.equal(robust_combine(values, weighted, "median"), torch.tensor([1.0, 5.0]))
+
+
+def test_a_bad_trim_share_is_one_line_that_names_its_section():
+    from fedistill.engine.setup import resolve
+    from fedistill.errors import ConfigError
+
+    config = build_config(RunConfig(), {"algorithm": "fedavg"}, {"fedavg": {"aggregate_trim": 0.5}})
+    with pytest.raises(ConfigError, match=r"^fedavg\.aggregate_trim must be in \[0, 0\.5\), got 0\.5$"):
+        resolve(config, "fedavg")

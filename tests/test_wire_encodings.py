@@ -123,6 +123,47 @@ def test_a_message_counts_wire_bytes_and_reads_as_float32():
         Message.build("train", arrays={"logits": {"z": np.ones(2, np.float32)}}, encodings={"logits": "int4"})
 
 
+def test_an_encoded_payload_decodes_once_through_receipt_screening_and_reading(monkeypatch):
+    """The receipt check, the plausibility rules and the server all read the same decoded array: each wire
+    array is decoded once, and only on an explicit read (NumPy cannot convert it behind one's back)."""
+    from fedistill.federation import encodings as wire
+    from fedistill.federation.plausibility import GRADIENTS, magnitude_faults, norm_faults
+
+    decoded: list[str] = []
+    for name, form in list(wire.ENCODINGS.items()):
+
+        def counted(data, params, form=form, name=name):
+            decoded.append(name)
+            return form.decode(data, params)
+
+        monkeypatch.setitem(
+            wire.ENCODINGS, name, wire.WireFormat(form.wire_dtype, form.params, form.encode, counted)
+        )
+    rng = np.random.default_rng(0)
+    replies = {
+        c: Message.build(
+            "query.generate",
+            arrays={
+                "logits": {"z": rng.normal(size=(8, 10)).astype(np.float32)},
+                "input-gradients": {"x": rng.normal(size=(8, 1, 8, 8)).astype(np.float32)},
+            },
+            encodings={"logits": "float16-scaled", "input-gradients": "bfloat16"},
+        )
+        for c in range(3)
+    }
+    assert decoded == []  # building a message encodes; nothing reads it yet
+    for message in replies.values():
+        check_on_receipt(message)
+    assert magnitude_faults(replies) == {} and norm_faults(replies, "input-gradients", GRADIENTS) == {}
+    for message in replies.values():
+        message.tensor("logits", "z"), message.tensor("input-gradients", "x")
+    assert sorted(decoded) == ["bfloat16"] * 3 + ["float16-scaled"] * 3
+    payload = replies[0].arrays["logits"]["z"]
+    assert not hasattr(payload, "__array__") and not hasattr(payload, "astype")
+    with pytest.raises(TypeError):
+        np.abs(payload)
+
+
 class _Echo(ClientLogic):
     """Returns what it received, re-built from its decoded values in the same encodings."""
 

@@ -197,6 +197,11 @@ def command_summary(args: argparse.Namespace) -> int:
     else:
         summaries = [read_summary(d) for d in sorted(run_dir.iterdir()) if (d / "summary.json").is_file()]
     if not summaries:
+        from fedistill.engine.flower.outcome import failure_exit_code, failure_line, recorded_failure
+
+        if (failure := recorded_failure(run_dir)) is not None:  # a `flwr run` that failed says why here
+            print(failure_line(failure), file=sys.stderr)
+            return failure_exit_code(failure)
         if (run_dir / "config.toml").is_file():
             raise UserError(
                 f"{run_dir} holds no finished run yet (no summary.json); finish it with --resume {run_dir}"

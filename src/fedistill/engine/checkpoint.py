@@ -94,6 +94,8 @@ def load_state(path_stem: Path) -> Any:
 
 
 MANIFEST = "manifest.json"
+#: The names of the parts that held nothing (holds_nothing), in one file for all of them.
+EMPTY_PARTS = "empty-parts.json"
 #: Checkpoints kept: the newest and the one before it, so a damaged newest one has a fallback.
 KEEP = 2
 
@@ -102,9 +104,16 @@ class DamagedCheckpoint(Exception):
     """A checkpoint that fails verification: a missing or altered file, or unreadable content."""
 
 
+def holds_nothing(state: Any) -> bool:
+    """Whether a part is an empty state (a stateless client, or one never sampled): a checkpoint writes no
+    file for it, only its name in the list of empty parts, and reads it back as `{}`."""
+    return isinstance(state, dict) and not state
+
+
 def write_checkpoint(directory: Path, name: str, parts: dict[str, Any]) -> Path:
-    """Write every part and a manifest of their sha256 into a temporary folder, rename it into place,
-    then move `latest` and drop all but the `KEEP` newest checkpoints.
+    """Write every part that holds something and a manifest of their sha256 into a temporary folder,
+    rename it into place, then move `latest` and drop all but the `KEEP` newest checkpoints. A thousand
+    idle clients cost no file.
 
     A run killed at any moment leaves the previous complete checkpoints, or those plus the new one; a
     write that fails (a full disk) removes its temporary folder and raises an OSError naming the file.
@@ -116,8 +125,12 @@ def write_checkpoint(directory: Path, name: str, parts: dict[str, Any]) -> Path:
     except OSError as exc:
         raise disk.disk_error(exc, final) from exc
     try:
+        empty = [part for part, state in parts.items() if holds_nothing(state)]
         for part, state in parts.items():
-            save_state(state, tmp / part)
+            if not holds_nothing(state):
+                save_state(state, tmp / part)
+        if empty:
+            disk.write_text(tmp / EMPTY_PARTS, json.dumps(empty))
         files = {f.name: sha256_of(f) for f in sorted(tmp.iterdir())}
         disk.write_text(tmp / MANIFEST, manifest_text(name, files))
         if final.exists():
@@ -198,12 +211,16 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
-    """Every state of a checkpoint directory by name, without checking it (see verify_checkpoint)."""
-    return {
+    """Every state of a checkpoint directory by name, without checking it (see verify_checkpoint); the
+    parts that held nothing as `{}`."""
+    states = {
         stem.stem: load_state(stem.with_suffix(""))
         for stem in sorted(path.glob("*.json"))
-        if stem.name != MANIFEST
+        if stem.name not in (MANIFEST, EMPTY_PARTS)
     }
+    listed = path / EMPTY_PARTS
+    empty = json.loads(listed.read_text(encoding="utf-8")) if listed.is_file() else []
+    return dict(sorted((states | {part: {} for part in empty}).items()))
 
 
 def save_model(module: torch.nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:

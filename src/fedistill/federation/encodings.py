@@ -53,7 +53,10 @@ class WireFormat:
 @dataclass(frozen=True, eq=False)
 class Encoded:
     """A float32 array in its wire form. It answers `dtype`, `shape` and `ndim` as the decoded array does
-    (what array specs check) and `nbytes` as what crosses the wire (what the ledger counts)."""
+    (what array specs check) and `nbytes` as what crosses the wire (what the ledger counts).
+
+    It is not an array: NumPy cannot read it implicitly, so every read goes through `decoded` (via
+    `Message.array`), which decodes once and keeps the result."""
 
     encoding: str
     data: np.ndarray
@@ -77,14 +80,6 @@ class Encoded:
 
     def __len__(self) -> int:
         return len(self.data)
-
-    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
-        """NumPy reads an encoded value as its decoded array (`np.asarray`, `np.abs`, ...)."""
-        return self.decoded if dtype is None else self.decoded.astype(dtype)
-
-    def astype(self, dtype: np.dtype | type, copy: bool = True) -> np.ndarray:
-        """The decoded array in `dtype`, as `np.ndarray.astype`."""
-        return self.decoded.astype(dtype, copy=copy)
 
     @cached_property
     def decoded(self) -> np.ndarray:

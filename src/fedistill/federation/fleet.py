@@ -41,6 +41,7 @@ class Fleet(ABC):
         # checks on receipt, ledger, and for networked transports serialisation and the network)
         self.seconds_in_clients = 0.0
         self.seconds_in_transport = 0.0
+        self._reply_seq: dict[int, int] = {}  # client -> the ledger seq of its latest reply's record
 
     @property
     @abstractmethod
@@ -80,24 +81,27 @@ class Fleet(ABC):
         """`replies` with those of `faults`' clients turned into failed replies, as an invalid reply is.
 
         For checks that judge a round's replies together (plausibility.py), after the transport recorded
-        each as received: the verdict is a second, zero-byte record of that reply with status `invalid`,
-        and the client is marked as dropped."""
+        each as received: that record becomes the verdict, status `invalid` with the reply's bytes (they
+        crossed the boundary), and the client is marked as dropped."""
         kept = dict(replies)
         for client, why in faults.items():
             received = replies[client].message
             if received is None:
                 continue
             reply = Reply(client, None, f"invalid reply: {received.type}: implausible {why}")
-            self.ledger.record(
-                round=self.round,
-                step=step,
-                direction=UP,
-                client=client,
-                message=None,
-                type=received.type,
-                status="invalid",
-                error=reply.error,
-            )
+            seq = self._reply_seq.get(client)
+            if seq is None or not self.ledger.revise(seq, status="invalid", error=reply.error):
+                # its record already reached the disk (a very long round): the verdict is a record of its own
+                self.ledger.record(
+                    round=self.round,
+                    step=step,
+                    direction=UP,
+                    client=client,
+                    message=None,
+                    type=received.type,
+                    status="invalid",
+                    error=reply.error,
+                )
             self.note_failure(reply)
             kept[client] = reply
         return kept
@@ -130,7 +134,7 @@ class Fleet(ABC):
         status = "ok" if reply.ok else "timeout" if error.startswith("timed out") else "failed"
         if error.startswith("invalid"):
             status = "invalid"
-        self.ledger.record(
+        self._reply_seq[reply.client] = self.ledger.record(
             round=self.round,
             step=step,
             direction=UP,

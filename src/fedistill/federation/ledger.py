@@ -9,6 +9,7 @@ every ledger written before encodings existed).
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,9 @@ from fedistill.federation.messages import Message
 
 DOWN = "server->client"
 UP = "client->server"
+#: The most records held for revision between flushes; past it the older half is written (a round of a
+#: thousand sites' G-steps stays bounded in memory).
+PENDING_LIMIT = 50_000
 
 
 @dataclass
@@ -29,6 +33,7 @@ class Totals:
     messages: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
     failures: list[dict[str, Any]] = field(default_factory=list)
     encodings: dict[tuple[str, str], set[str]] = field(default_factory=lambda: defaultdict(set))
+    _failure_seqs: list[int] = field(default_factory=list, repr=False)  # the failures' records, in order
 
     def add(self, record: dict[str, Any]) -> None:
         """Count one ledger record: its bytes per kind, its message, and its failure if it has one."""
@@ -39,9 +44,18 @@ class Totals:
         for kind, encoding in record.get("encodings", {}).items():
             self.encodings[(record["direction"], kind)].update(encoding.split("+"))
         if record["status"] != "ok":
-            self.failures.append(
-                {k: record[k] for k in ("round", "step", "client", "type", "status", "error")}
-            )
+            self._failure_seqs.append(record["seq"])
+            self.failures.append(_failure(record))
+
+    def revise(self, record: dict[str, Any]) -> None:
+        """Count a revised status of a record already added (its bytes and message stay as counted):
+        its failure, now or no longer, in the place its `seq` gives it among the others."""
+        at = bisect_left(self._failure_seqs, record["seq"])
+        if at < len(self._failure_seqs) and self._failure_seqs[at] == record["seq"]:
+            del self._failure_seqs[at], self.failures[at]
+        if record["status"] != "ok":
+            self._failure_seqs.insert(at, record["seq"])
+            self.failures.insert(at, _failure(record))
 
     def sent_by_clients(self, kind: str | None = None) -> int:
         """Bytes the clients sent, of one content kind or of every kind."""
@@ -73,14 +87,23 @@ class Totals:
         return out
 
 
+def _failure(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: record[k] for k in ("round", "step", "client", "type", "status", "error")}
+
+
 class Ledger:
-    """Appends one record per message to `ledger.jsonl` (when a path is given) and keeps running totals."""
+    """Appends one record per message to `ledger.jsonl` (when a path is given) and keeps running totals.
+
+    Records reach the file at `flush` (every round, before a checkpoint) and `close`; until then one may
+    still be revised (`revise`: a reply judged implausible once the round's replies are in, plausibility.py),
+    so the file holds every message once, with its final status."""
 
     def __init__(self, path: Path | None = None, *, resume_at: int | None = None) -> None:
         self.path = path
         self.totals = Totals()
         self.count = 0
         self._file: IO[str] | None = None
+        self._pending: list[str] = []  # the JSON lines of the records not yet written: the last of `count`
         if path is not None:
             if resume_at is not None and path.exists():
                 self._replay(path, resume_at)
@@ -107,8 +130,8 @@ class Ledger:
         type: str,
         status: str = "ok",
         error: str | None = None,
-    ) -> None:
-        """Append one message (or a failed reply, `message` None) to the ledger and the totals."""
+    ) -> int:
+        """Append one message (or a failed reply, `message` None) to the ledger and the totals; its `seq`."""
         kinds = message.bytes_by_kind() if message is not None else {}
         encodings = message.encodings_by_kind() if message is not None else {}
         record: dict[str, Any] = {
@@ -128,16 +151,40 @@ class Ledger:
             record["error"] = error
         self.totals.add(record)
         self.count += 1
+        self._pending.append(json.dumps(record))
+        if len(self._pending) > PENDING_LIMIT:
+            self._write(len(self._pending) // 2)
+        return record["seq"]
+
+    def revise(self, seq: int, *, status: str, error: str | None) -> bool:
+        """Give record `seq` another status and error (its bytes stay); False when it is already on disk."""
+        first = self.count - len(self._pending)
+        if not first <= seq < self.count:
+            return False
+        record = json.loads(self._pending[seq - first])
+        record["status"] = status
+        record.pop("error", None)
+        if error is not None:
+            record["error"] = error
+        self._pending[seq - first] = json.dumps(record)
+        self.totals.revise(record)
+        return True
+
+    def _write(self, n: int) -> None:
+        """Write the first `n` pending records to the file."""
         if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
+            self._file.write("".join(line + "\n" for line in self._pending[:n]))
+        del self._pending[:n]
 
     def flush(self) -> None:
-        """Push the records written so far to disk (a checkpoint's ledger must be complete)."""
+        """Push every record so far to disk (a checkpoint's ledger must be complete)."""
+        self._write(len(self._pending))
         if self._file is not None:
             self._file.flush()
 
     def close(self) -> None:
-        """Close the ledger file; the totals stay readable."""
+        """Write what is pending and close the ledger file; the totals stay readable."""
+        self._write(len(self._pending))
         if self._file is not None:
             self._file.close()
             self._file = None

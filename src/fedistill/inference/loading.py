@@ -70,27 +70,30 @@ def candidate_architectures(name: str, model: str, options: object) -> list[str]
     return [n for n in dict.fromkeys(names) if n in known]
 
 
-def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """A safetensors file's tensors; RunDirError when it is damaged."""
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(path))
-    except Exception as exc:  # a truncated or overwritten file: safetensors raises its own error types
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise RunDirError(f"{path} is damaged ({reason}); run the algorithm again to export it") from None
-
-
-def recorded_info(path: Path) -> DatasetInfo | None:
-    """The dataset facts the run saved in the model file's header (normalisation, size, classes, task);
-    None for a file saved without them."""
+def read_model_file(path: Path) -> tuple[dict[str, torch.Tensor], DatasetInfo | None]:
+    """A safetensors file's tensors and the dataset facts the run saved in its header (normalisation,
+    size, classes, task; None for a file saved without them), read in one opening of the file.
+    RunDirError when the file is damaged."""
     from safetensors import safe_open
 
     try:
         with safe_open(str(path), framework="pt") as handle:
             text = (handle.metadata() or {}).get("dataset_info")
-        return None if text is None else DatasetInfo.from_json(text)
-    except Exception:  # an unreadable header: read_weights already said so; a bad record: load the data
+            state = handle.get_tensors()
+    except Exception as exc:  # a truncated or overwritten file: safetensors raises its own error types
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise RunDirError(f"{path} is damaged ({reason}); run the algorithm again to export it") from None
+    return state, _dataset_info(text)
+
+
+def _dataset_info(text: str | None) -> DatasetInfo | None:
+    """The recorded dataset facts; None when there is no record or it cannot be read (the data is then
+    loaded instead)."""
+    if text is None:
+        return None
+    try:
+        return DatasetInfo.from_json(text)
+    except Exception:
         return None
 
 
@@ -126,8 +129,8 @@ def load_model(
     chosen = choose_model(files, folder.name, config.model, name)
     if "generator" in chosen:
         raise RunDirError(f"{chosen} is {folder.name}'s generator, not a model of the task; pick another")
-    state = read_weights(files[chosen])
-    info = recorded_info(files[chosen]) if data_dir is None else None
+    state, recorded = read_model_file(files[chosen])
+    info = recorded if data_dir is None else None
     if info is None:  # a model saved before its dataset's facts were recorded beside it
         dataset = load_dataset(
             config.dataset,

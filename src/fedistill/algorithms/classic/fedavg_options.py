@@ -46,7 +46,7 @@ class FedAvgOptions(DPOptions):
             raise ConfigError(f"server_lr must be > 0, got {self.server_lr}")
         check_choices("fedavg", self, {"aggregate": COMBINES})
         if not 0 <= self.aggregate_trim < 0.5:
-            raise ConfigError(f"aggregate_trim must be in [0, 0.5), got {self.aggregate_trim}")
+            raise ConfigError(f"fedavg.aggregate_trim must be in [0, 0.5), got {self.aggregate_trim}")
 
     def combine(self, states: Sequence[dict[str, torch.Tensor]], weights: Sequence[float]) -> dict:
         """The round's global state from the kept sites' states (`aggregate`)."""

@@ -24,6 +24,7 @@ from fedistill.config import RunConfig, build_config, parse_assignment
 from fedistill.engine.flower.enrolled_grid import enrolled
 from fedistill.engine.flower.enrolment import ASSIGNED_PARTITION, enrolment_from_environment
 from fedistill.engine.flower.node import node_for, partition_of
+from fedistill.engine.flower.outcome import clear_failure, record_failure
 from fedistill.engine.setup import validate_setup
 from fedistill.engine.suite import default_name, run_algorithms
 from fedistill.errors import FederationError, UserError
@@ -124,13 +125,15 @@ def make_server_app(
     `enrolment` (or, with `read_environment`, the file `FEDISTILL_ENROLMENT` names in the SuperLink's
     environment) lets only enrolled sites take part, each at its fixed partition (enrolled_grid.py).
 
-    Under `flwr run` a user mistake (a bad `-c` value, a missing file) is logged as one line, with no
-    traceback, and the ServerApp ends; `flwr run` itself exits 0 whatever a run's outcome, so that
-    line in the streamed log is where the user learns of it."""
+    Under `flwr run` (no `errors`) every failure reaches Flower, which marks the run `finished:failed`
+    and ends the ServerApp's process with a non-zero code; `flwr run` itself exits 0 whatever the run's
+    outcome, so the run's folder records the failure first (outcome.py). A user mistake (a bad `-c`
+    value, a missing file) is also logged as one line."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        target: Path | None = None
         try:
             run_config = config or config_from_run_config(dict(context.run_config))
             target = suite_dir or Path(run_config.out) / (run_config.name or default_name(run_config))
@@ -139,17 +142,16 @@ def make_server_app(
             enrolment_file = enrolment or (enrolment_from_environment() if read_environment else None)
             grid = enrolled(grid, enrolment_file, run_config.clients)
             summaries = run_algorithms(run_config, target, data, grid=grid, progress=progress, resume=resume)
-        except UserError as exc:
-            if errors is None:
-                log.error("fedistill: error: %s", exc)
-                return
-            errors.append(exc)
-            return
         except BaseException as exc:
-            if errors is None:
-                raise
-            errors.append(exc)
-            return
+            if errors is not None:
+                errors.append(exc)
+                return
+            record_failure(target, exc)
+            if isinstance(exc, UserError):
+                log.error("fedistill: error: %s", exc)
+                raise exc.with_traceback(None) from None  # the mistake, not where it was found
+            raise
+        clear_failure(target)
         if results is not None:
             results.extend(summaries)
 
