@@ -10,9 +10,13 @@ engine that adds Ray's workers, raylet and GCS, with shared pages (Ray's object 
 Round times come from each run's metrics.jsonl (`round_time_s`).
 
     python benchmarks/scale_clients.py [--data-dir ../shared/data] [--out /tmp/scale-runs] \
-        [--cases fedavg,feddf,fediod,fedavg-simulation] [--sizes 100,300,1000] [--fraction 0.1]
+        [--cases fedavg,feddf,fediod,fedavg-simulation] [--sizes 100,300,1000] [--fraction 0.1] \
+        [--set fediod.sites_per_step=100 ...] [--append]
 
-Writes benchmarks/results/scale_clients.{md,json}.
+`--set KEY=VALUE` (repeatable) passes a config key to every run after the case's own (e.g. FedIOD's
+per-step site sampling); the rows record it. FedIOD runs 100 and 1,000 sites unless `--sizes` names others.
+Writes benchmarks/results/scale_clients.{md,json}; `--append` keeps the rows already there (a row with the
+same case, size and settings is replaced).
 """
 
 from __future__ import annotations
@@ -103,9 +107,10 @@ def run_measured(command: list[str], sample_s: float, log: Path) -> dict[str, fl
 
 
 def one_run(case: str, clients: int, args: argparse.Namespace) -> dict:
-    """One case at one size, as its own `fedistill run`."""
+    """One case at one size, as its own `fedistill run`, with the `--set` items after the case's own."""
     algorithm, transport, extra = CASES[case]
-    name = f"{case}-{clients}"
+    extra = (*extra, *args.set)
+    name = f"{case}-{clients}" + "".join(f"-{item.rsplit('.', 1)[-1]}" for item in args.set)
     command = [sys.executable, "-m", "fedistill.cli", "run", "--quiet", "--algorithm", algorithm,
                "--dataset", args.dataset, "--data-dir", args.data_dir, "--model", args.model,
                "--clients", str(clients), "--rounds", str(args.rounds), "--local-epochs", "1",
@@ -118,7 +123,7 @@ def one_run(case: str, clients: int, args: argparse.Namespace) -> dict:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((run / "summary.json").read_text())
     row = {"case": case, "algorithm": algorithm, "transport": transport, "clients": clients,
-           "sampled": rows[-1].get("clients", "all"), "round_times_s": [r["round_time_s"] for r in rows],
+           "sampled": rows[-1].get("clients", "all"), "set": list(args.set), "round_times_s": [r["round_time_s"] for r in rows],
            "setup_s": summary.get("setup_time_s"), "run_wall_s": summary["wall_time_s"],
            "test_accuracy": summary.get("test_accuracy"), **measured}  # fmt: skip
     print(json.dumps(row), flush=True)
@@ -128,23 +133,33 @@ def one_run(case: str, clients: int, args: argparse.Namespace) -> dict:
 def growth(rows: list[dict]) -> list[dict]:
     """Per case, the peak memory and mean round time at the largest size over those at the smallest."""
     out = []
-    for case in dict.fromkeys(r["case"] for r in rows):
-        mine = sorted((r for r in rows if r["case"] == case), key=lambda r: r["clients"])
+    for case, settings in dict.fromkeys((r["case"], tuple(r.get("set", []))) for r in rows):
+        mine = [r for r in rows if r["case"] == case and tuple(r.get("set", [])) == settings]
+        mine = sorted(mine, key=lambda r: r["clients"])
         if len(mine) < 2:
             continue
         small, large = mine[0], mine[-1]
         mean = lambda r: sum(r["round_times_s"]) / len(r["round_times_s"])  # noqa: E731
-        out.append({"case": case, "from": small["clients"], "to": large["clients"],
+        out.append({"case": case, "set": list(settings), "from": small["clients"], "to": large["clients"],
                     "memory_mb": large["tree_peak_mb"] - small["tree_peak_mb"],
                     "memory_x": large["tree_peak_mb"] / small["tree_peak_mb"],
                     "round_x": mean(large) / mean(small)})  # fmt: skip
     return out
 
 
+def sampled(row: dict) -> str:
+    """Who takes part: the clients sampled per round, or FedIOD's sites per G-step (`sites_per_step`)."""
+    for item in row.get("set", []):
+        if item.startswith("fediod.sites_per_step="):
+            return f"{item.split('=', 1)[1]} per G-step"
+    return "all" if row["sampled"] in (None, "all") else str(row["sampled"])
+
+
 def write(args: argparse.Namespace, rows: list[dict], gflops: float) -> None:
     """The table and the raw rows."""
     command = " ".join(["python benchmarks/scale_clients.py", *sys.argv[1:]])
-    record = {"command": command, "matmul_peak_gflops_1thread": gflops, "cpus": os.cpu_count(),
+    commands = args.earlier_commands if args.table_only else [*args.earlier_commands, command]
+    record = {"command": command, "commands": commands, "matmul_peak_gflops_1thread": gflops, "cpus": os.cpu_count(),
               "torch": torch.__version__, "rows": rows, "growth": growth(rows)}  # fmt: skip
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
@@ -152,9 +167,9 @@ def write(args: argparse.Namespace, rows: list[dict], gflops: float) -> None:
     lines = [
         f"# Scale: clients per run ({args.dataset}, {args.model}, fraction {args.fraction}, threads=1)",
         "",
-        f"Command: `{command}`",
+        *(f"Command: `{c}`" + ("" if i == len(commands) - 1 else "  ") for i, c in enumerate(commands)),
         "",
-        f"Machine: {os.cpu_count()} CPUs, single-thread fp32 matmul {gflops:.1f} GFLOP/s "
+        f"Machine: {os.cpu_count()} CPUs, single-thread fp32 matmul {gflops:.1f} GFLOP/s at the last command "
         "(`matmul_peak_gflops`, benchmarks/fediod_step_time.py), shared with other jobs while measured.",
         "",
         "Memory: *peak RSS* is the run process's ru_maxrss (os.wait4); *tree peak* is the sampled peak of",
@@ -163,21 +178,26 @@ def write(args: argparse.Namespace, rows: list[dict], gflops: float) -> None:
         "(server set-up before round 1: FedIOD's stage 1); *process s* is the whole command (imports, data,",
         "building the clients, plots, checkpoints included). The matmul rate is measured under the same load.",
         "",
-        "| case | transport | clients | sampled | round s | set-up s | process s | peak RSS MiB | tree peak MiB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "*set*: the `--set` items of that run beyond the case's own (FedIOD's `sites_per_step`: sites per G-step;",
+        "`reference_samples`: the test images stage 1's teacher report scores, evaluation only, which bounds",
+        "its K x N logits and its time).",
+        "",
+        "| case | transport | clients | sampled | set | round s | set-up s | process s | peak RSS MiB | tree peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         rounds = ", ".join(f"{t:.2f}" for t in r["round_times_s"])
         setup = f"{r['setup_s']:.1f}" if r["setup_s"] is not None else "-"
-        lines.append(f"| {r['case']} | {r['transport']} | {r['clients']} | {r['sampled']} | {rounds} | {setup} | "
+        settings = ", ".join(r.get("set", [])) or "-"
+        lines.append(f"| {r['case']} | {r['transport']} | {r['clients']} | {sampled(r)} | {settings} | {rounds} | {setup} | "
                      f"{r['wall_s']:.1f} | {r['peak_rss_mb']:.0f} | {r['tree_peak_mb']:.0f} |")  # fmt: skip
     lines += [
         "",
-        "| case | from | to | tree peak growth MiB | x memory | x round time |",
-        "|---|---|---|---|---|---|",
+        "| case | set | from | to | tree peak growth MiB | x memory | x round time |",
+        "|---|---|---|---|---|---|---|",
     ]
     for g in record["growth"]:
-        lines.append(f"| {g['case']} | {g['from']} | {g['to']} | {g['memory_mb']:+.0f} | {g['memory_x']:.2f} | "
+        lines.append(f"| {g['case']} | {', '.join(g['set']) or '-'} | {g['from']} | {g['to']} | {g['memory_mb']:+.0f} | {g['memory_x']:.2f} | "
                      f"{g['round_x']:.2f} |")  # fmt: skip
     (results / "scale_clients.md").write_text("\n".join(lines) + "\n")
 
@@ -190,7 +210,7 @@ def main() -> None:
     parser.add_argument("--dataset", default="mnist")
     parser.add_argument("--model", default="lenet5")
     parser.add_argument("--cases", default=",".join(CASES))
-    parser.add_argument("--sizes", default="100,300,1000")
+    parser.add_argument("--sizes", default=None, help="default 100,300,1000 (FedIOD: 100,1000)")
     parser.add_argument(
         "--fraction", type=float, default=0.1, help="clients sampled per round (FedAvg, FedDF)"
     )
@@ -198,16 +218,39 @@ def main() -> None:
     parser.add_argument("--sample-s", type=float, default=0.5, help="memory sampling period")
     parser.add_argument("--out", default="/tmp/scale-runs")
     parser.add_argument("--results", default=str(RESULTS), help="where the table is written")
+    parser.add_argument("--set", action="append", default=[], help="KEY=VALUE for every run (repeatable)")
+    parser.add_argument("--append", action="store_true", help="keep the rows already in the results")
+    parser.add_argument("--table-only", action="store_true", help="rewrite the table from the results' rows")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.table_only:
+        rows, args.earlier_commands = earlier_results(Path(args.results))
+        record = json.loads((Path(args.results) / "scale_clients.json").read_text())
+        write(args, rows, record["matmul_peak_gflops_1thread"])
+        return
     gflops = matmul_peak_gflops()
-    sizes = [int(s) for s in args.sizes.split(",")]
-    rows = []
+    sizes = [int(s) for s in (args.sizes or "100,300,1000").split(",")]
+    rows, args.earlier_commands = earlier_results(Path(args.results)) if args.append else ([], [])
     for case in args.cases.split(","):
-        for clients in [s for s in sizes if case != "fediod" or s in FEDIOD_SIZES]:
-            rows.append(one_run(case, clients, args))
+        for clients in [s for s in sizes if case != "fediod" or args.sizes or s in FEDIOD_SIZES]:
+            row = one_run(case, clients, args)
+            rows = [r for r in rows if row_key(r) != row_key(row)] + [row]
             write(args, rows, gflops)  # the table so far, should a later run fail
     write(args, rows, gflops)
+
+
+def row_key(row: dict) -> tuple:
+    """What makes two rows the same measurement: case, size and extra settings."""
+    return row["case"], row["clients"], tuple(row.get("set", []))
+
+
+def earlier_results(results: Path) -> tuple[list[dict], list[str]]:
+    """The rows of the results already written and the commands that wrote them (none if none)."""
+    path = results / "scale_clients.json"
+    if not path.is_file():
+        return [], []
+    record = json.loads(path.read_text())
+    return record["rows"], record.get("commands", [record["command"]])
 
 
 if __name__ == "__main__":

@@ -139,10 +139,13 @@ def test_the_dense_generator_gradient_equals_autograd_through_every_model(base):
         perceptual = PerceptualLoss(encoder_features(client.teacher))(x[mine], real)
         loss = loss + options.w_perceptual * pi[i] * perceptual
     rows = view.stacked_rows(torch.stack(outputs))
+    pixel_view = view.with_ratio_resolution("pixel")  # Eq. 8's ratios at every pixel, however they travel
     with torch.no_grad():
         ratio = torch.stack(
             [
-                view.pixel_ratio(clients[k].discriminator(view.one_hot(draw.masks), x), clients[k].real_mean)
+                pixel_view.pixel_ratio(
+                    clients[k].discriminator(view.one_hot(draw.masks), x), clients[k].real_mean
+                )
                 for k in ids
             ]
         ).reshape(len(ids), -1)

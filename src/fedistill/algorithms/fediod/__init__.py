@@ -24,7 +24,9 @@ The package: `options.py` (defaults and presets), `client.py` (the site, and wha
 privacy sanitises), `server.py` (stage 1, epochs, selection state and checkpoints),
 `generator_step.py` (one G-step: steps 1-2 above), `student.py` (the S-steps, the replay pool and
 model selection), `losses.py` (every term of Eq. 2-11), `draws.py` (what G draws from),
-`task_view.py` (per-pixel outputs for per-pixel tasks), `reference.py` (the ensemble's ceiling, mask uploads).
+`task_view.py` (per-pixel outputs for per-pixel tasks), `reference.py` (the ensemble's ceiling, mask uploads),
+`step_sites.py` (which sites a G-step asks: `sites_per_step`), `site_discriminator.py` (D_k, built when first
+asked).
 """
 
 from fedistill.algorithms.base import ALL_TASKS, Algorithm, register

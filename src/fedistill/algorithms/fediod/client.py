@@ -66,6 +66,7 @@ from fedistill.algorithms.fediod.options import (
     set_lr,
     teacher_name,
 )
+from fedistill.algorithms.fediod.site_discriminator import SiteDiscriminator
 from fedistill.algorithms.fediod.task_view import TaskView
 from fedistill.algorithms.fediod.wire import wire_encodings
 from fedistill.algorithms.shared.bn_matching import batchnorm_statistics_loss
@@ -85,7 +86,7 @@ from fedistill.privacy.budget import (
     refusal,
 )
 from fedistill.privacy.sanitize import sanitize_per_sample
-from fedistill.seeding import seeded, torch_generator
+from fedistill.seeding import torch_generator
 
 log = logging.getLogger(__name__)
 
@@ -97,22 +98,31 @@ class FedIODClient(ClientLogic):
         self.ctx = ctx
         self.view = TaskView(task_of(ctx.config, ctx.info), ctx.info, ctx.config.seed)
         self.options = resolve_options(ctx.config, ctx.options, per_pixel=self.view.per_pixel)
+        self.view = self.view.with_ratio_resolution(self.options.ratio_resolution)
         self.teacher = new_model(ctx.config, ctx.info, teacher_name(self.options, ctx.config, ctx.client_id))
-        self.discriminator = seeded(ctx.config.seed, self._build_discriminator, "discriminator-init")
-        if self.options.channels_last:
-            self.discriminator.to(memory_format=torch.channels_last)
+        # D_k and its Adam are built when the site is first asked (site_discriminator.py)
+        options = self.options
+        self.site_d = SiteDiscriminator(
+            ctx.config.seed, self._build_discriminator, options.lr_discriminator, options.channels_last
+        )
         self.uploaded = torch.zeros(0, dtype=torch.int64)  # training indices of the masks sent (query.masks)
         self.features: nn.Module | None = None  # T_k's frozen encoder, for the perceptual term
-        self.d_optimizer = torch.optim.Adam(
-            self.discriminator.parameters(), lr=self.options.lr_discriminator, betas=(0.5, 0.999)
-        )
         self.real_mean = 0.5  # running E_{x' in X'_k}[D_k(x')], refreshed at every D-step
         self.pending: tuple[torch.Tensor, ...] | None = None  # (x, T_k(x), local loss) of this G-step
         self.pending_inputs: dict[str, Any] = {}  # what rebuilds `pending` in another process
-        self.student = new_model(ctx.config, ctx.info, self.options.student or ctx.config.model)
-        self.student_specs = state_specs(self.student.state_dict())
+        self.student_specs: dict[str, ArraySpec] | None = None  # what evaluate.student must carry
         self.budget = ClientBudget(self.options.dp, ctx.client_id) if self.options.dp_enabled else None
         self.wire = wire_encodings(self.options.wire)  # stage 2's replies: the encoding of each kind
+
+    @property
+    def discriminator(self) -> nn.Module:
+        """D_k (built on first use)."""
+        return self.site_d.module
+
+    @property
+    def d_optimizer(self) -> torch.optim.Optimizer:
+        """D_k's Adam (built with D_k)."""
+        return self.site_d.optimizer
 
     def _freeze_teacher(self) -> None:
         """T_k after stage 1: eval mode, no parameter gradients, and stage 2's memory layout."""
@@ -369,10 +379,14 @@ class FedIODClient(ClientLogic):
     @handles("evaluate.student", read_only=True)
     def evaluate_student(self, message: Message) -> Message:
         """Score the received student on this site's validation split."""
+        # the student is built for the evaluation and dropped after it: an idle site holds no copy of S
+        student = new_model(self.ctx.config, self.ctx.info, self.options.student or self.ctx.config.model)
+        if self.student_specs is None:
+            self.student_specs = state_specs(student.state_dict())
         expect_arrays(message, "parameters", self.student_specs)
-        self.student.load_state_dict(message.tensors("parameters"))
+        student.load_state_dict(message.tensors("parameters"))
         headline = self.view.task.headline
-        val = evaluate_model(self.student, self.ctx.val, self.ctx.info, task=self.view.task)
+        val = evaluate_model(student, self.ctx.val, self.ctx.info, task=self.view.task)
         return Message.build(
             "evaluate.student",
             scalars={
@@ -387,8 +401,9 @@ class FedIODClient(ClientLogic):
     def evaluate_teacher(self, message: Message) -> Message:
         """Evaluation only (not part of the protocol): the teacher's logits on the shared test set,
         so the report can state the standalone accuracies and the ensemble's one-shot ceiling."""
-        if not self.view.per_pixel:
-            x = devices.on_device(to_float(self.ctx.global_test.x, self.ctx.info))
+        if not self.view.per_pixel:  # the first `samples` test images (all unless the server limits them)
+            count = int(message.scalar("config", "samples", len(self.ctx.global_test)))
+            x = devices.on_device(to_float(self.ctx.global_test.x[:count], self.ctx.info))
             with torch.no_grad():
                 logits = torch.cat([self.teacher(chunk) for chunk in x.split(512)])
             return Message.build("evaluate.teachers", arrays={"logits": {"z": logits}})
@@ -409,8 +424,7 @@ class FedIODClient(ClientLogic):
     def state_dict(self) -> dict:
         return {
             "teacher": clone_state(self.teacher),
-            "discriminator": clone_state(self.discriminator),
-            "d_optimizer": self.d_optimizer.state_dict(),
+            **dict(zip(("discriminator", "d_optimizer"), self.site_d.state_dict(), strict=True)),
             "real_mean": self.real_mean,
             "pending": dict(self.pending_inputs),  # between query.generate and query.backprop
             "uploaded": self.uploaded,
@@ -420,8 +434,7 @@ class FedIODClient(ClientLogic):
     def load_state_dict(self, state: dict) -> None:
         self.teacher.load_state_dict(state["teacher"])
         self._freeze_teacher()
-        self.discriminator.load_state_dict(state["discriminator"])
-        self.d_optimizer.load_state_dict(state["d_optimizer"])
+        self.site_d.load_state_dict(state["discriminator"], state["d_optimizer"])
         self.real_mean = float(state["real_mean"])
         self.pending, self.pending_inputs = None, dict(state.get("pending") or {})
         self.uploaded = state.get("uploaded", torch.zeros(0, dtype=torch.int64))

@@ -17,6 +17,7 @@ from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import calibrated
 from fedistill.algorithms.fediod.options import cosine_lr, set_lr
 from fedistill.algorithms.fediod.robustness import combined_ensemble, screened_gradients, screened_logits
+from fedistill.algorithms.fediod.step_sites import shared_batch_request, step_sites
 from fedistill.algorithms.fediod.wire import wire_encodings
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import ArraySpec, Message
@@ -66,13 +67,20 @@ class GeneratorStep:
         noise = self.generator.sample_noise(draw.latent, rng) if self.generator.noise_channels else None
         return self.generator(draw.latent, noise)
 
+    def step_sites(self, step: int) -> list[int]:
+        """The sites G-step `step` asks, and that answer the S-step inputs it carries (`sites_per_step`)."""
+        assert self.federation is not None
+        return step_sites(self.federation.clients, self.options.sites_per_step, self.ctx.config.seed, step)
+
     def _weights(self, logits: torch.Tensor, ratio: torch.Tensor | None, clients: list[int]) -> torch.Tensor:
         assert self.federation is not None
         k, b, c = logits.shape
         if self.options.ensemble_weighting == "uniform":
             return L.uniform_weights(k, b, c, device=logits.device)
         share = self.federation.share(clients, c)
-        return L.importance_weights(share, ratio if self.options.ensemble_weighting == "eq8" else None)
+        if ratio is None or self.options.ensemble_weighting != "eq8":
+            return L.importance_weights(share, None)
+        return L.importance_weights(share, self.view.ratio_rows(ratio, b))  # per-patch ratios upsampled
 
     def distillation_step(self, fleet: Fleet) -> dict[str, float]:
         """One distillation step: a G-step (the generator's batch through the sites' discriminators and
@@ -82,7 +90,9 @@ class GeneratorStep:
         lr_g, lr_d, lr_s = self._lrs()
         set_lr(self.g_optimizer, lr_g)
         set_lr(self.s_optimizer, lr_s)
-        clients = self.federation.clients
+        # the sites this step asks (every one by default); their weights are renormalised over them
+        clients = self.step_sites(self.step)
+        position = {cid: i for i, cid in enumerate(self.federation.clients)}  # in G's draws (mixture)
         pi_all = self.federation.pi(clients)
         gan_weight = pi_all if options.gan_weighting == "pi" else torch.full_like(pi_all, 1.0 / len(clients))
         latent_gen = torch_generator(config.seed, "latent", self.step)
@@ -103,14 +113,17 @@ class GeneratorStep:
                 mine["pair"] = torch.where(draw.owner == i, draw.pair, torch.full_like(draw.pair, -1))
             return mine
 
-        def arrays(i: int) -> dict[str, dict[str, torch.Tensor]]:
-            return {"synthetic-inputs": inputs | own(i)} | ({"label-masks": masks} if masks else {})
-
         wire = wire_encodings(options.wire)
+        # one copy of the batch, shared by every site's request (step_sites.py)
+        batch = Message.build(
+            "query.generate",
+            arrays={"synthetic-inputs": inputs} | ({"label-masks": masks} if masks else {}),
+            encodings=wire,
+        )
         requests = {
-            cid: Message.build(
-                "query.generate",
-                arrays=arrays(i),
+            cid: shared_batch_request(
+                batch,
+                own(position[cid]),
                 scalars={
                     "config": {
                         **({"want_ratio": self._want_ratio()} if carried is not None else {}),

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 from fedistill.privacy.budget import DPOptions
 
+RATIO_RESOLUTIONS = ("pixel", "patch")
+"""The values of `ratio_resolution`."""
+
 
 @dataclass(frozen=True)
 class ProtocolOptions:
@@ -55,6 +58,13 @@ class ProtocolOptions:
 
     reference_samples: int = 0
     """Test samples the ensemble's ceiling is measured on; default 0: all."""
+
+    sites_per_step: int = 0
+    """Sites each G-step asks (its `query.generate` and `query.backprop`, and the S-step targets that ride
+    along): a subset of this many, drawn per step from the server's seeded generator, with the weights
+    (pi, Eq. 8's class shares) renormalised over it; default 0: every site, the paper's protocol. Why:
+    at 1,000 sites a G-step that asks every site holds every site's graph and replies at once; sampled,
+    a step's memory and time grow with the sites asked, not with the federation."""
 
     wire: str = "float32"
     """How stage 2's exchanges cross the wire (wire.py): float32 (default: every array as computed) |
@@ -264,6 +274,15 @@ class PerPixelTaskOptions:
     w_perceptual: float = 1.0
     """Weight of the perceptual term the paper adds to L_gan (Johnson et al.): features of the site's own
     T_k encoder, between G(m) and the real image of m, so only with masks the site uploaded; default 1."""
+
+    ratio_resolution: str = "patch"
+    """How a site sends Eq. 8's D_k ratios (kind discriminator-outputs): patch (default: one value per
+    patch of D_k's map; the server upsamples it as the site would, nearest, so the ensemble weights are
+    the same bit for bit) | pixel (D_k's patch map upsampled to one value per pixel at the site). Why: on
+    the segmentation demo the per-pixel map is the largest thing sites send, while D_k has one logit per
+    patch (a 32 px image with 2 layers: 36 patches for 1024 pixels). The weights need one value per pixel
+    or patch: Eq. 8 normalises over the sites at every pixel, so a mean over the image would change them.
+    L_gan, the only loss on D_k's logits themselves, is computed at the site and never sent."""
 
 
 @dataclass(frozen=True)

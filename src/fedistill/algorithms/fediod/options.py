@@ -12,6 +12,7 @@ from fedistill.algorithms.base import (
 )
 from fedistill.algorithms.fediod.calibration import TEACHER_LOGITS
 from fedistill.algorithms.fediod.option_groups import (
+    RATIO_RESOLUTIONS,
     DiscriminatorOptions,
     GeneratorLossOptions,
     GeneratorOptions,
@@ -84,6 +85,7 @@ class FedIODOptions(
             "mask_source": ("clients", "prior"),
             "wire": WIRES,
             "ensemble_combine": COMBINES,
+            "ratio_resolution": RATIO_RESOLUTIONS,
         }
         check_choices("fediod", self, choices)
         if self.selection == "best-on-test" and self.preset != "official-code":
@@ -130,6 +132,7 @@ class FedIODOptions(
             "noise_channels",
             "w_perceptual",
             "reference_samples",
+            "sites_per_step",
         ):
             if getattr(self, key) < 0:
                 raise ConfigError(f"fediod.{key} must be >= 0")
@@ -209,6 +212,11 @@ def resolve_options(config: RunConfig, options: FedIODOptions, *, per_pixel: boo
     for key in ("pool_generator_batch", "student_shift", "student_mixup"):
         if per_pixel and getattr(options, key):
             raise ConfigError(f"fediod.{key} is for classification; this task is per-pixel")
+    if options.sites_per_step > config.clients:
+        raise ConfigError(
+            f"fediod.sites_per_step = {options.sites_per_step} exceeds the {config.clients} clients "
+            "(0 asks every site)"
+        )
     changes = PRESET_CHANGES[preset]
     if not changes:
         return dataclasses.replace(options, preset=preset)

@@ -69,9 +69,14 @@ def _classification_report(server: FedIODServer, fleet: Fleet) -> dict[str, floa
     labels = server.ctx.test_labels
     if labels is None:
         raise FederationError("FedIOD's teacher report needs the evaluation harness's test labels")
-    n, c = len(labels), server.ctx.info.num_classes
+    total, n, c = len(labels), _reference_count(server), server.ctx.info.num_classes
+    labels = labels[:n]
+    # the request names a count only when `reference_samples` limits it (by default: the whole test set)
+    limit = {"config": {"samples": n}} if n < total else {}
     expect = ReplySpec({"logits": {"z": ArraySpec("float32", (n, c))}})
-    sent = fleet.broadcast(Message.build("evaluate.teachers"), server.federation.clients, expect=expect)
+    sent = fleet.broadcast(
+        Message.build("evaluate.teachers", scalars=limit), server.federation.clients, expect=expect
+    )
     replies = successful(screened_logits(server.options, fleet, sent), what="teacher logits")
     clients = sorted(replies)
     raw = torch.stack([replies[c].tensor("logits", "z") for c in clients])  # (K, N, C)

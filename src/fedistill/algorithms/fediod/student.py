@@ -108,7 +108,8 @@ class StudentSteps:
         batch = self.carried
         self.carried = None
         set_lr(self.s_optimizer, batch.lr)
-        return self._student_steps(fleet, self.federation.clients, batch)
+        # merged queries: the sites of the step that would have carried the batch (every site by default)
+        return self._student_steps(fleet, self.step_sites(self.step), batch)
 
     def _student_update(
         self, batch: StudentBatch, replies: dict[int, Message], z_name: str, ratio_name: str

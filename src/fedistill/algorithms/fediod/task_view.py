@@ -31,12 +31,14 @@ out in shares pi_k. Site k's L_gan, L_conf, batch-norm and perceptual terms cove
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from fedistill.data.base import DatasetInfo, ImageSet
+from fedistill.errors import FederationError
 from fedistill.seeding import derive_seed
 from fedistill.tasks import Condition, Task
 
@@ -49,6 +51,12 @@ class TaskView:
     task: Task
     info: DatasetInfo
     seed: int
+    ratio_resolution: str = "pixel"
+    """Per-pixel tasks: whether sites send D_k's ratios per pixel or per patch (`fediod.ratio_resolution`)."""
+
+    def with_ratio_resolution(self, resolution: str) -> TaskView:
+        """This view with the resolution sites send D_k's ratios at (`fediod.ratio_resolution`)."""
+        return replace(self, ratio_resolution=resolution)
 
     @property
     def per_pixel(self) -> bool:
@@ -122,8 +130,13 @@ class TaskView:
         return (batch, self.task.output_channels(self.info), s, s)
 
     def ratio_shape(self, batch: int) -> tuple[int, ...]:
-        """The shape of a batch's ensemble ratios: one per sample, or one per pixel."""
-        return (batch,) if not self.per_pixel else (batch, self.info.image_size, self.info.image_size)
+        """The shape of a batch's ensemble ratios as sites send them: one per sample, one per pixel, or
+        one per patch of D_k's map (its side is the site's architecture's; `ratio_rows` checks it)."""
+        if not self.per_pixel:
+            return (batch,)
+        if self.ratio_resolution == "patch":
+            return (batch, None, None)
+        return (batch, self.info.image_size, self.info.image_size)
 
     def label_counts(self, data: ImageSet) -> torch.Tensor:
         """What Eq. 8's share counts at a site (`Task.column_counts`): images per class, pixels per class
@@ -139,6 +152,28 @@ class TaskView:
 
             return density_ratio(patch_scores(patch_logits), real_mean)
         scores = torch.sigmoid(patch_logits.detach().float())
+        if self.ratio_resolution == "patch":  # the server upsamples it (`ratio_rows`): the same values
+            return scores[:, 0].contiguous() / max(float(real_mean), 1e-8)
+        return self.upsampled(scores)[:, 0] / max(float(real_mean), 1e-8)
+
+    def upsampled(self, maps: torch.Tensor) -> torch.Tensor:
+        """(B, 1, h, w) patch maps -> (B, 1, H, W) at the image's size, each patch's value copied to the
+        pixels it covers (nearest): a copy, so dividing before or after it gives the same bits."""
         size = self.info.image_size
-        maps = F.interpolate(scores, size=(size, size), mode="nearest")[:, 0]
-        return maps / max(float(real_mean), 1e-8)
+        return F.interpolate(maps, size=(size, size), mode="nearest")
+
+    def ratio_rows(self, ratio: torch.Tensor, rows: int) -> torch.Tensor:
+        """The sites' ratios (K, values per batch) -> one per row (K, rows): per-patch ratios
+        (`ratio_resolution = "patch"`) are upsampled here as the sites would have; others stay."""
+        if ratio.shape[1] == rows or not self.per_pixel:
+            return ratio
+        size = self.info.image_size
+        batch = rows // (size * size)
+        side = math.isqrt(ratio.shape[1] // max(batch, 1))
+        if batch * size * size != rows or side * side * batch != ratio.shape[1] or not 0 < side <= size:
+            raise FederationError(
+                f"density ratios of {ratio.shape[1]} values are not one square patch map of at most "
+                f"{size}x{size} per image for {batch} images"
+            )
+        maps = ratio.reshape(-1, 1, side, side)
+        return self.upsampled(maps).reshape(ratio.shape[0], -1)

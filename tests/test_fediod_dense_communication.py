@@ -1,0 +1,108 @@
+"""`fediod.ratio_resolution = "patch"`: sites send Eq. 8's D_k ratios once per patch instead of once per
+pixel. The server's upsampling gives the ratios, weights and ensemble the per-pixel reply gives, bit for
+bit; a run moves the same numbers with fewer bytes; a bad value is one line."""
+
+import copy
+
+import pytest
+import torch
+
+from fedistill.algorithms.fediod import FedIODOptions
+from fedistill.algorithms.fediod import losses as L
+from fedistill.algorithms.fediod.task_view import TaskView
+from fedistill.config import RunConfig, build_config, options_for
+from fedistill.data.base import DatasetInfo
+from fedistill.engine.launch import run_suite
+from fedistill.errors import ConfigError, FederationError
+from fedistill.federation.ledger import UP
+from fedistill.tasks import SemanticSegmentation
+
+SEGMENTATION = {
+    "dataset": "mni152-synthetic-lesions",
+    "mni152-synthetic-lesions": {"image_size": 32, "train_subjects": 8, "test_subjects": 2},
+    "model": "unet",
+    "model_options": {"width": 4, "depth": 2},
+    "partition": "natural",
+    "clients": 2,
+    "rounds": 1,
+    "batch_size": 8,
+    "optimizer": "adam",
+    "lr": 2e-3,
+    "task": {"hd95": False},
+    "fediod": {
+        "teacher_epochs": 1,
+        "iters_per_epoch": 2,
+        "synthetic_batch_size": 4,
+        "student_steps": 1,
+        "generator_width": 4,
+        "generator_blocks": 1,
+        "noise_channels": 1,
+        "discriminator_width": 4,
+        "discriminator_layers": 2,
+    },
+}
+
+
+def _view(resolution: str, size: int = 4) -> TaskView:
+    info = DatasetInfo("toy", 1, size, 2, (0.0,), (1.0,), task="semantic-segmentation")
+    return TaskView(SemanticSegmentation(), info, 0).with_ratio_resolution(resolution)
+
+
+def test_patch_ratios_upsampled_by_the_server_give_the_per_pixel_weights_and_ensemble_exactly():
+    """Two sites, one 4x4 image, D_k's 2x2 patch map (each patch covers a 2x2 block). Site 0's scores
+    0.8 (left) and 0.2 (right) over its real mean 0.4 give ratios 2 and 0.5 on every pixel of the block;
+    site 1 the opposite. The patch reply holds 4 values per image instead of 16."""
+    pixel, patch = _view("pixel"), _view("patch")
+    maps = torch.logit(torch.tensor([[0.8, 0.2], [0.8, 0.2]]))
+    sites = [maps.view(1, 1, 2, 2), maps.flip(1).view(1, 1, 2, 2)]
+    per_pixel = torch.stack([pixel.pixel_ratio(m, 0.4) for m in sites])
+    per_patch = torch.stack([patch.pixel_ratio(m, 0.4) for m in sites])
+    assert per_pixel.shape == (2, 1, 4, 4) and per_patch.shape == (2, 1, 2, 2)
+    assert pixel.ratio_shape(3) == (3, 4, 4) and patch.ratio_shape(3) == (3, None, None)
+    rows = 16
+    from_pixels = pixel.ratio_rows(per_pixel.reshape(2, -1), rows)
+    from_patches = patch.ratio_rows(per_patch.reshape(2, -1), rows)
+    assert torch.equal(from_pixels, from_patches)
+    left, right = torch.tensor([2.0, 2.0, 0.5, 0.5]), torch.tensor([0.5, 0.5, 2.0, 2.0])
+    torch.testing.assert_close(from_patches[0], torch.cat([left, left, left, left]))
+    torch.testing.assert_close(from_patches[1], torch.cat([right, right, right, right]))
+    share = L.class_share(torch.tensor([[30.0, 10.0], [10.0, 30.0]]))
+    logits = torch.randn(2, rows, 2, generator=torch.Generator().manual_seed(0))
+    weights_pixel = L.importance_weights(share, from_pixels)
+    weights_patch = L.importance_weights(share, from_patches)
+    assert torch.equal(weights_pixel, weights_patch)
+    assert torch.equal(L.ensemble_logits(logits, weights_pixel), L.ensemble_logits(logits, weights_patch))
+
+
+def test_patch_ratios_that_do_not_tile_the_images_are_refused():
+    with pytest.raises(FederationError, match="square patch map"):
+        _view("patch").ratio_rows(torch.ones(2, 6), 16)  # 6 values for one 4x4 image: not a square map
+
+
+def test_a_bad_ratio_resolution_is_one_line():
+    layer = copy.deepcopy(SEGMENTATION)
+    layer["fediod"]["ratio_resolution"] = "sample"
+    config = build_config(RunConfig(), layer, {"algorithm": "fediod"})
+    with pytest.raises(ConfigError) as error:
+        options_for(config, "fediod", FedIODOptions)
+    message = str(error.value)
+    assert "fediod.ratio_resolution" in message and "pixel, patch" in message and "\n" not in message
+
+
+def _run(tmp_path, resolution: str) -> dict:
+    layer = copy.deepcopy(SEGMENTATION)
+    layer["fediod"]["ratio_resolution"] = resolution
+    config = build_config(RunConfig(), layer, {"algorithm": "fediod"})
+    return run_suite(config, tmp_path / resolution, progress=False)[0]
+
+
+def test_a_patch_run_sends_fewer_discriminator_bytes_and_trains_the_same_student(tmp_path):
+    pixel, patch = _run(tmp_path, "pixel"), _run(tmp_path, "patch")
+    up_pixel = pixel["communication"][UP]["per_kind"]
+    up_patch = patch["communication"][UP]["per_kind"]
+    # 32 px images, a 2-layer D_k: a 6x6 patch map for 1024 pixels, plus each array's header
+    assert up_patch["discriminator-outputs"] * 10 < up_pixel["discriminator-outputs"]
+    for kind in set(up_pixel) - {"discriminator-outputs"}:
+        assert up_patch[kind] == up_pixel[kind], kind
+    assert patch["final"]["test_dice"] == pixel["final"]["test_dice"]
+    assert patch["final"]["ensemble_dice"] == pixel["final"]["ensemble_dice"]
