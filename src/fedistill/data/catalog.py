@@ -97,7 +97,15 @@ def _medical_text(module: str, function: str = "describe") -> Callable[[str], st
 
 
 _PATCH_OPTIONS = ("patch_size", "stride", "scale")
-_SYNTHETIC_BRAIN_OPTIONS = ("image_size", "train_subjects", "test_subjects", "seed", "slices")
+_SYNTHETIC_BRAIN_OPTIONS = (
+    "image_size",
+    "train_subjects",
+    "test_subjects",
+    "seed",
+    "slices",
+    "synthesis",
+    "randomised_fraction",
+)
 
 
 DATASETS: dict[str, DatasetEntry] = {

@@ -17,6 +17,10 @@ also available as extra test subjects of `brats-synthetic-lesions` with `real_te
 patients' scans keep the skull (no brain mask exists for them) and have 6.5 mm slices, so a model
 trained on the skull-stripped synthetic slices meets a shift of domain there, which is the point.
 
+With `synthesis = "randomised"` a share (`randomised_fraction`) of the training subjects is drawn by
+`lesion_randomisation` instead: random tissue contrasts, lesions, bias, blur, noise and a synthetic head,
+so that a model may meet the real patients as one more draw; the test subjects stay plain.
+
 Volumes are padded to the 240 mm field of view and resampled isotropically to 240/`image_size` mm
 voxels, so slices are `image_size` square and slice spacing follows the same scale; subjects, slice
 rule and size-ranked sites then follow `slice_sets` exactly as for BraTS.
@@ -35,6 +39,7 @@ import torch.nn.functional as F
 from scipy import ndimage
 
 from fedistill.data.base import LoadedDataset
+from fedistill.data.medical import lesion_randomisation as randomisation
 from fedistill.data.medical import options as opt
 from fedistill.data.medical.lesions import draw_look, paint_lesion
 from fedistill.data.medical.slice_sets import SubjectSlices, slice_dataset, subject_slices
@@ -54,6 +59,8 @@ PATIENTS = ("lesion_brain1", "lesion_brain2")
 NILEARN_MNI152 = "datasets/data/mni_icbm152_t1_tal_nlin_sym_09a_converted.nii.gz"
 HOST_PEAK = 0.75  # the host brain's 99.5th percentile; lesions are brighter (see load_host)
 _TRAIN, _TEST = 0, 1  # seed stream of each split, so the test subjects do not move when train_subjects does
+SYNTHESES = ("plain", "randomised")  # option `synthesis`: randomised = lesion_randomisation, training only
+_CHOICE = 2  # seed stream of "is this training subject randomised", apart from the subject's own
 
 
 @dataclass(frozen=True)
@@ -138,29 +145,49 @@ def _augment(
 
 
 def synthetic_subject(
-    host: Host, name: str, rng: np.random.Generator, rule: str, image_size: int
+    host: Host, name: str, rng: np.random.Generator, rule: str, image_size: int, randomised: bool = False
 ) -> SubjectSlices:
     """One semi-synthetic subject: a lesion of a drawn look painted into a real brain, augmented, and cut into
-    axial slices chosen by `rule`."""
-    look = draw_look(rng)
-    painted, lesion = paint_lesion(host.volume, host.brain, host.depth, host.voxel_mm, look, rng)
+    axial slices chosen by `rule`; `randomised`: domain-randomised instead (lesion_randomisation)."""
+    if randomised:
+        host_volume = randomisation.remap_intensities(host.volume, host.brain, rng)
+        painted, lesion = randomisation.paint_random_lesions(
+            host_volume, host.brain, host.depth, host.voxel_mm, rng
+        )
+    else:
+        look = draw_look(rng)
+        painted, lesion = paint_lesion(host.volume, host.brain, host.depth, host.voxel_mm, look, rng)
     image, lesion, brain = _augment(
         axial_slices(painted), axial_slices(lesion), axial_slices(host.brain), host.voxel_mm, rng
     )
+    if randomised:
+        image = randomisation.corrupt(image, brain, host.voxel_mm, rng)
     slices = np.round(image * 255.0).astype(np.uint8)
     vox = host.voxel_mm
     return subject_slices(name, slices, lesion, brain, (vox, vox, vox), rule, image_size)
 
 
 def _subjects(
-    hosts: list[Host], split: int, count: int, seed: int, rule: str, image_size: int
+    hosts: list[Host],
+    split: int,
+    count: int,
+    seed: int,
+    rule: str,
+    image_size: int,
+    randomised_fraction: float = 0.0,
 ) -> list[SubjectSlices]:
+    """`count` subjects of `split`; each is randomised with probability `randomised_fraction`, drawn from a
+    stream of its own, so the plain subjects stay those of the plain synthesis."""
     prefix = "train" if split == _TRAIN else "test"
     out = []
     for i in range(count):
         host = hosts[i % len(hosts)]
         rng = np.random.default_rng([seed, split, i])
-        out.append(synthetic_subject(host, f"synthetic-{host.name}-{prefix}-{i:03d}", rng, rule, image_size))
+        randomised = randomised_fraction > 0 and (
+            np.random.default_rng([seed, split, i, _CHOICE]).random() < randomised_fraction
+        )
+        name = f"synthetic-{host.name}-{prefix}-{i:03d}"
+        out.append(synthetic_subject(host, name, rng, rule, image_size, randomised))
     return out
 
 
@@ -200,6 +227,13 @@ def _check_common(
     )
 
 
+def randomised_share(dataset: str, synthesis: object, randomised_fraction: object) -> float:
+    """The share of training subjects to randomise: 0 for the plain synthesis, else `randomised_fraction`
+    (a number in (0, 1])."""
+    share = opt.positive_float(dataset, "randomised_fraction", randomised_fraction, maximum=1.0)
+    return share if opt.choice(dataset, "synthesis", synthesis, SYNTHESES) == "randomised" else 0.0
+
+
 def real_patients(folder: Path, image_size: int, rule: str, dataset: str) -> list[SubjectSlices]:
     """The two patients' slices with their real lesion masks (their head, skull included, is the mask
     the intensity scale and the "brain" slice rule use)."""
@@ -227,18 +261,22 @@ def load_brats_synthetic(
     test_subjects: int = 10,
     seed: int = 0,
     slices: str = "tumour",
+    synthesis: str = "plain",
+    randomised_fraction: float = 1.0,
     real_test: bool = False,
 ) -> LoadedDataset:
     """Lesions painted into the Colin 27 and MNI152 brains, seeded per subject; with `real_test` the real
-    patients are added to the test set."""
+    patients are added to the test set; `synthesis = "randomised"` domain-randomises that share of the
+    training subjects (the test subjects stay plain)."""
     name = "brats-synthetic-lesions"
     image_size, train_n, test_n, seed, rule = _check_common(
         name, image_size, train_subjects, test_subjects, seed, slices
     )
     real_test = opt.flag(name, "real_test", real_test)
+    share = randomised_share(name, synthesis, randomised_fraction)
     colin, mni = _require(Path(folder), [COLIN27, MNI152], name)
     hosts = [load_host(str(colin), "colin27", image_size), load_host(str(mni), "mni152", image_size)]
-    train = _subjects(hosts, _TRAIN, train_n, seed, rule, image_size)
+    train = _subjects(hosts, _TRAIN, train_n, seed, rule, image_size, share)
     test = _subjects(hosts, _TEST, test_n, seed, rule, image_size)
     extra = None
     if real_test:
@@ -271,14 +309,17 @@ def load_mni152_synthetic(
     test_subjects: int = 10,
     seed: int = 0,
     slices: str = "tumour",
+    synthesis: str = "plain",
+    randomised_fraction: float = 1.0,
 ) -> LoadedDataset:
     """Lesions painted into nilearn's MNI152 template alone, so it needs no files of its own."""
     name = "mni152-synthetic-lesions"
     image_size, train_n, test_n, seed, rule = _check_common(
         name, image_size, train_subjects, test_subjects, seed, slices
     )
+    share = randomised_share(name, synthesis, randomised_fraction)
     hosts = [load_host(str(nilearn_mni152()), "mni152", image_size)]
-    train = _subjects(hosts, _TRAIN, train_n, seed, rule, image_size)
+    train = _subjects(hosts, _TRAIN, train_n, seed, rule, image_size, share)
     test = _subjects(hosts, _TEST, test_n, seed, rule, image_size)
     return slice_dataset(name, train, test, image_size)
 

@@ -1,0 +1,165 @@
+"""Plain vs domain-randomised lesion synthesis, per method, scored on the two real lesion patients.
+
+Every method trains on the semi-synthetic `brats-synthetic-lesions` at Table 2's budget (64 px, 40 training
+/ 10 test subjects, K = 10 size-sorted sites, U-Net width 8 depth 4, 20 local epochs per site; FedIOD 10
+distillation epochs x 25 G-steps: `fedistill.reproduce.segmentation_plan`), once with the plain synthesis
+and once per share of randomised training subjects (`synthesis = "randomised"`, `randomised_fraction`:
+`fedistill.data.medical.lesion_randomisation`). The share is chosen per method on the semi-synthetic test
+subjects only (plain synthesis; the real patients never choose anything); every model is then scored
+(Dice, sensitivity, HD95) on the real patients of `brain-lesions-real` by
+`fedistill.reproduce.segmentation_scores`, like Table 2's real-patient columns.
+
+    python benchmarks/lesion_randomisation.py [--methods centralized,fedavg,fediod] [--fractions 0.5,1]
+        [--reuse]
+
+Writes benchmarks/results/lesion_randomisation.{md,json}; runs go to runs/lesion-randomisation/, one
+`fedistill run` process at a time at `--threads` torch threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from fedistill.reproduce.arguments import benchmark_parser
+from fedistill.reproduce.paths import CHECKOUT, RESULTS, RUNS
+from fedistill.reproduce.segmentation_plan import LABELS, Table, execute, plan, training_samples
+from fedistill.reproduce.segmentation_scores import score
+
+DATASET = "brats-synthetic-lesions"
+METHODS = ("centralized", "fedavg", "fediod")
+REAL_KEYS = ("dice", "sensitivity", "hd95")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The comparison's settings; Table 2's budget unless told (`--help`)."""
+    parser = benchmark_parser(__doc__)
+    parser.add_argument("--methods", default=",".join(METHODS), help="a subset of " + ", ".join(METHODS))
+    parser.add_argument("--fractions", default="0.5,1", help="shares of randomised training subjects")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(RUNS / "lesion-randomisation"))
+    parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--reuse", action="store_true", help="keep runs of the same name that finished")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--subjects", default="40,10", help="training,test subjects")
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--epochs", type=int, default=20, help="local epochs per site, every method")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--distill-epochs", type=int, default=10)
+    parser.add_argument("--iters", type=int, default=25)
+    args = parser.parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])
+    unknown = set(args.methods.split(",")) - set(METHODS)
+    if unknown:
+        parser.error(f"unknown methods {', '.join(sorted(unknown))}; valid: {', '.join(METHODS)}")
+    args.fraction_list = [float(f) for f in args.fractions.split(",") if f.strip()]
+    if not all(0 < f <= 1 for f in args.fraction_list):
+        parser.error(f"--fractions must be numbers in (0, 1], got {args.fractions!r}")
+    # Table 2's shared model, optimiser and G/D sizes (segmentation_plan's defaults)
+    defaults = {"width": 8, "depth": 4, "batch_size": 16, "lr": 2e-3, "g_width": 16, "g_blocks": 3,
+                "d_width": 16, "d_layers": 2, "synthetic_batch": 10, "student_steps": 2, "set": []}  # fmt: skip
+    for key, value in defaults.items():
+        setattr(args, key, value)
+    return args
+
+
+def variants(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
+    """(label, dataset options) of the plain synthesis and of each randomised share."""
+    train, test = (int(v) for v in args.subjects.split(","))
+    base = {"image_size": args.image_size, "train_subjects": train, "test_subjects": test}
+    out = [("plain", base)]
+    for share in args.fraction_list:
+        out.append(
+            (f"randomised {share:g}", {**base, "synthesis": "randomised", "randomised_fraction": share})
+        )
+    return out
+
+
+def measure(args: argparse.Namespace, method: str, options: dict[str, Any], samples: int) -> dict[str, Any]:
+    """One method on one synthesis: its run, then its model scored on the semi-synthetic test subjects
+    and on the real patients."""
+    table = Table(2, DATASET, args.clients, options, args.epochs, args.rounds, args.distill_epochs,
+                  args.iters, (method,))  # fmt: skip
+    (spec,) = plan(table, args, samples)
+    folder = execute(table, spec, args)
+    metrics, _ = score(folder, method, args)
+    (site,) = metrics
+    real = {k: v for k, v in site.items() if k.startswith("real_") and k.split("_")[1] in REAL_KEYS}
+    return {
+        "run": spec.name,
+        "semi_synthetic_dice": site["dice"],
+        "semi_synthetic_hd95": site["hd95"],
+        **real,
+    }
+
+
+def report(rows: list[dict[str, Any]], args: argparse.Namespace, commit: str) -> str:
+    """The results as Markdown."""
+    command = "python benchmarks/lesion_randomisation.py " + " ".join(args.argv)
+    lines = [
+        "# Lesion synthesis: plain vs domain-randomised, scored on real lesions",
+        "",
+        f"Command: `{command.strip()}`; commit {commit}.",
+        "",
+        f"Training data: {DATASET} (semi-synthetic: real T1 brains, painted lesions), {args.image_size} px, "
+        f"subjects {args.subjects} (training,test), K = {args.clients} size-sorted sites; U-Net width "
+        f"{args.width}, depth {args.depth}; {args.epochs} local epochs per site (FedAvg, Centralized: "
+        f"{args.rounds} rounds); FedIOD {args.distill_epochs} distillation epochs x {args.iters} G-steps; "
+        f"seed {args.seed}, {args.threads} torch thread(s). Semi-synthetic Dice: the plain semi-synthetic "
+        "test subjects (the validation that chooses the randomised share, marked *). Real: the two patients "
+        "of brain-lesions-real (real contrast T1 lesions, skull on), mean over their lesion slices; never "
+        "used to choose anything.",
+        "",
+        "| method | synthesis | semi-synthetic Dice % | real Dice % | real sens. % | real HD95 px | "
+        "real Dice % patient 1 / 2 | real HD95 px patient 1 / 2 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        mark = " *" if r["chosen"] else ""
+        lines.append(
+            f"| {LABELS[r['method']]} | {r['synthesis']}{mark} | {100 * r['semi_synthetic_dice']:.2f} | "
+            f"{100 * r['real_dice']:.2f} | {100 * r['real_sensitivity']:.2f} | {r['real_hd95']:.2f} | "
+            f"{100 * r['real_dice_patient1']:.2f} / {100 * r['real_dice_patient2']:.2f} | "
+            f"{r['real_hd95_patient1']:.2f} / {r['real_hd95_patient2']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    rows = []
+    methods = [m for m in METHODS if m in args.methods.split(",")]
+    samples: dict[str, int] = {}  # training samples of each synthesis (the same table for every method)
+    for method in methods:  # one method's syntheses together, the cheapest method first
+        for label, options in variants(args):
+            if label not in samples:
+                table = Table(2, DATASET, args.clients, options, args.epochs, args.rounds,
+                              args.distill_epochs, args.iters, tuple(methods))  # fmt: skip
+                samples[label] = training_samples(table, args)
+            rows.append({"method": method, "synthesis": label, "options": options,
+                         **measure(args, method, options, samples[label])})  # fmt: skip
+    for method in methods:  # the randomised share each method keeps: best semi-synthetic Dice
+        randomised = [r for r in rows if r["method"] == method and r["synthesis"] != "plain"]
+        best = max(randomised, key=lambda r: r["semi_synthetic_dice"], default=None)
+        for r in rows:
+            if r["method"] == method:
+                r["chosen"] = r is best
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=CHECKOUT, check=False).stdout.strip() or "unknown"  # fmt: skip
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    payload = {"command": "python benchmarks/lesion_randomisation.py " + " ".join(args.argv), "commit": commit,
+               "dataset": DATASET, "real_dataset": "brain-lesions-real", "rows": rows}  # fmt: skip
+    (results / "lesion_randomisation.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    (results / "lesion_randomisation.md").write_text(report(rows, args, commit), encoding="utf-8")
+    print(report(rows, args, commit))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
