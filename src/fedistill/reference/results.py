@@ -60,7 +60,7 @@ PAGES = (
     ),
     ResultPage(
         "fediod-time-to-quality",
-        "FedIOD's time to quality",
+        "FedIOD's time and bytes to quality",
         "The story: [robustness and time to quality](../methods/fediod/robustness.md).",
         (
             "fediod_time_to_quality_fashion-mnist-alpha0.1",
@@ -69,8 +69,10 @@ PAGES = (
             "fediod_time_to_quality_mnist-alpha1",
             "fediod_time_to_quality_fashion-mnist-alpha0.1_cuda",
             "fediod_time_to_quality_fashion-mnist-alpha1_cuda",
+            "bytes_to_quality_digits",
         ),
         figures=(
+            "bytes_to_quality_digits.png",
             "fediod_time_to_quality_fashion-mnist-alpha0.1.png",
             "fediod_time_to_quality_mnist-alpha0.1.png",
         ),
@@ -127,7 +129,13 @@ PAGES = (
         "medical",
         "Segmentation and reconstruction",
         "The story: [FedIOD on segmentation and reconstruction](../methods/fediod/per-pixel.md).",
-        ("segmentation_table2", "segmentation_table4", "reconstruction_table9"),
+        (
+            "segmentation_table2",
+            "segmentation_table4",
+            "reconstruction_table9",
+            "fediod_dense_communication",
+            "lesion_randomisation",
+        ),
         figures=(
             "segmentation_figure5.png",
             "segmentation_figure6_nuclei.png",

@@ -1,0 +1,110 @@
+"""The bytes-to-quality benchmark (benchmarks/bytes_to_quality.py): curves are the ledger's cumulative bytes
+at each evaluation (stage 1 counted in the first point), FedIOD's accuracy is its validated student's, and
+the levels and ratios are read against FedAvg's final accuracy, '-' where never reached."""
+
+from __future__ import annotations
+
+import json
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import bytes_to_quality as b2q  # noqa: E402
+
+UP, DOWN = "client->server", "server->client"
+
+
+def _write_run(run: Path, ledger: list[tuple[int, str, dict[str, int]]], metrics: list[dict]) -> Path:
+    run.mkdir(parents=True)
+    records = [{"seq": i, "round": r, "step": None, "direction": d, "client": 0, "type": "train",
+                "kinds": kinds, "bytes": sum(kinds.values()), "status": "ok"}
+               for i, (r, d, kinds) in enumerate(ledger)]  # fmt: skip
+    (run / "ledger.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    return run
+
+
+@pytest.fixture
+def curves(tmp_path: Path) -> dict:
+    fedavg = _write_run(
+        tmp_path / "fedavg",
+        [(r, d, {"parameters": 100}) for r in (1, 2, 3) for d in (DOWN, UP)],
+        [
+            {"round": 1, "test_accuracy": 0.5},
+            {"round": 2, "test_accuracy": 0.9},
+            {"round": 3, "test_accuracy": 0.8},
+        ],
+    )
+    fediod = _write_run(
+        tmp_path / "fediod",
+        [(0, UP, {"label-statistics": 7, "metrics": 3}), (1, DOWN, {"synthetic-inputs": 20}),
+         (1, UP, {"logits": 10}), (2, DOWN, {"synthetic-inputs": 20}), (2, UP, {"logits": 10})],
+        # epoch 2 tests best but validates worse than epoch 1: the validated student stays epoch 1's
+        [{"round": 1, "val_accuracy": 0.7, "test_accuracy": 0.75},
+         {"round": 2, "val_accuracy": 0.6, "test_accuracy": 0.95}],
+    )  # fmt: skip
+    return {"FedIOD (float32)": b2q.curve(fediod, validated=True), "FedAvg": b2q.curve(fedavg)}
+
+
+def test_curve_counts_cumulative_ledger_bytes_and_the_validated_student(curves):
+    fediod, fedavg = curves["FedIOD (float32)"], curves["FedAvg"]
+    assert [(p["round"], p["bytes"]) for p in fediod["points"]] == [(1, 40), (2, 70)]  # stage 1 in epoch 1
+    assert [p["accuracy"] for p in fediod["points"]] == [0.75, 0.75]
+    assert fediod["total_bytes"] == 70 and fediod["final_accuracy"] == 0.75
+    assert [p["bytes"] for p in fedavg["points"]] == [200, 400, 600]
+    assert fedavg["final_accuracy"] == 0.8 and fedavg["total_bytes"] == 600
+
+
+def test_a_validation_tie_hands_over_the_later_epoch():
+    rows = [{"round": 1, "val_accuracy": 0.5, "test_accuracy": 0.6}, {"round": 2, "val_accuracy": 0.5,
+            "test_accuracy": 0.7}, {"round": 3, "val_accuracy": 0.4, "test_accuracy": 0.9}]  # fmt: skip
+    assert b2q.accuracy_points(rows, validated=True) == [(1, 0.6), (2, 0.7), (3, 0.7)]
+    assert b2q.accuracy_points(rows, validated=False) == [(1, 0.6), (2, 0.7), (3, 0.9)]
+
+
+def test_levels_and_ratios_are_read_against_fedavgs_final_accuracy(curves):
+    reached = b2q.reached(curves)
+    # FedAvg's final is 0.8: 0.90 -> 0.72, 0.95 -> 0.76, 1.00 -> 0.8; it reaches all three in round 2
+    assert {level: hit["bytes"] for level, hit in reached["FedAvg"].items()} == {
+        "0.90": 400,
+        "0.95": 400,
+        "1.00": 400,
+    }
+    assert reached["FedAvg"]["1.00"]["ratio"] == 1.0
+    assert reached["FedIOD (float32)"]["0.90"] == {"round": 1, "bytes": 40, "ratio": 0.1}
+    assert reached["FedIOD (float32)"]["0.95"] is None and reached["FedIOD (float32)"]["1.00"] is None
+    result = {"title": "t", "command": "c", "commit": "abc1234", "machine": "m", "curves": curves,
+              "reached": reached, "runs": {"FedAvg": "x/fedavg", "FedIOD (float32)": "y/fediod"}}  # fmt: skip
+    row = next(line for line in b2q.report(result).splitlines() if line.startswith("| FedIOD"))
+    assert row.split(" | ")[1:] == ["75.00", "0.00", "0.00 (r1)", "0.1", "-", "-", "-", "- |"]
+
+
+@pytest.mark.slow  # four `fedistill run` processes: about 30 s on an idle machine, minutes on a busy one
+def test_tiny_digits_run_end_to_end(tmp_path):
+    args = Namespace(demo=False, dataset="digits", alpha="1", clients=3, model="mlp", epochs=2, iters=2,
+                     teacher_epochs=1, fedavg_rounds=2, feddf_rounds=1, feddf_source="", threads=1,
+                     device="cpu", image_size=0, channels=0, reuse=False, seed=0, out=str(tmp_path),
+                     data_dir=str(tmp_path), methods=",".join(b2q.METHODS),
+                     set=["fediod.generator_width=16", "fediod.discriminator_width=16"],
+                     feddf_set=["feddf.steps=10", "feddf.eval_every_steps=5"])  # fmt: skip
+    result = b2q.measure(args)
+    assert list(result["curves"]) == ["FedAvg", "FedIOD (float32)", "FedIOD (compact)", "FedDF"]
+    for method, run in result["runs"].items():
+        summary = json.loads((tmp_path / run / "summary.json").read_text())
+        communication = summary["communication"]
+        assert (
+            result["curves"][method]["total_bytes"]
+            == communication[UP]["total_bytes"] + communication[DOWN]["total_bytes"]
+        )
+        assert result["curves"][method]["final_accuracy"] == summary["final"]["test_accuracy"]
+    float32, compact = result["curves"]["FedIOD (float32)"], result["curves"]["FedIOD (compact)"]
+    assert compact["total_bytes"] < float32["total_bytes"]
+    assert result["reached"]["FedAvg"]["1.00"]["ratio"] == 1.0
+    result |= {"command": "c", "commit": "abc1234", "machine": "m"}
+    b2q.plot(result, tmp_path / "curve.png")
+    assert (tmp_path / "curve.png").stat().st_size > 0
