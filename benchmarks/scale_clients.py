@@ -1,6 +1,6 @@
 """How wall time and memory grow with the number of clients: FedAvg and FedDF with 100, 300 and 1,000
-MNIST clients (a fraction of them sampled per round), FedIOD with 100 and 1,000 sites, in-process and,
-for FedAvg, on Flower's simulation engine.
+MNIST clients (a fraction of them sampled per round), FedIOD with 100 and 1,000 sites, in-process and on
+Flower's simulation engine (the `-simulation` cases).
 
 Every run is `fedistill run` in its own process, so its peak memory is its own. Memory, two ways:
 `peak_rss_mb` is the run process's ru_maxrss from os.wait4 (the largest single process of its tree);
@@ -10,7 +10,8 @@ engine that adds Ray's workers, raylet and GCS, with shared pages (Ray's object 
 Round times come from each run's metrics.jsonl (`round_time_s`).
 
     python benchmarks/scale_clients.py [--data-dir ../shared/data] [--out /tmp/scale-runs] \
-        [--cases fedavg,feddf,fediod,fedavg-simulation] [--sizes 100,300,1000] [--fraction 0.1] \
+        [--cases fedavg,feddf,fediod,fedavg-simulation,feddf-simulation,fediod-simulation] \
+        [--sizes 100,300,1000] [--fraction 0.1] \
         [--set fediod.sites_per_step=100 ...] [--append]
 
 `--set KEY=VALUE` (repeatable) passes a config key to every run after the case's own (e.g. FedIOD's
@@ -47,6 +48,8 @@ CASES = {  # name: (algorithm, transport, extra --set items)
     "feddf": ("feddf", "inprocess", FEDDF_SET),
     "fediod": ("fediod", "inprocess", FEDIOD_SET),
     "fedavg-simulation": ("fedavg", "flower", ()),
+    "feddf-simulation": ("feddf", "flower", FEDDF_SET),
+    "fediod-simulation": ("fediod", "flower", FEDIOD_SET),
 }
 
 
@@ -209,7 +212,7 @@ def main() -> None:
     parser.add_argument("--data-dir", default=str(HERE.parents[1] / "shared" / "data"))
     parser.add_argument("--dataset", default="mnist")
     parser.add_argument("--model", default="lenet5")
-    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--cases", default="fedavg,feddf,fediod,fedavg-simulation")
     parser.add_argument("--sizes", default=None, help="default 100,300,1000 (FedIOD: 100,1000)")
     parser.add_argument(
         "--fraction", type=float, default=0.1, help="clients sampled per round (FedAvg, FedDF)"
@@ -232,7 +235,7 @@ def main() -> None:
     sizes = [int(s) for s in (args.sizes or "100,300,1000").split(",")]
     rows, args.earlier_commands = earlier_results(Path(args.results)) if args.append else ([], [])
     for case in args.cases.split(","):
-        for clients in [s for s in sizes if case != "fediod" or args.sizes or s in FEDIOD_SIZES]:
+        for clients in [s for s in sizes if not case.startswith("fediod") or args.sizes or s in FEDIOD_SIZES]:
             row = one_run(case, clients, args)
             rows = [r for r in rows if row_key(r) != row_key(row)] + [row]
             write(args, rows, gflops)  # the table so far, should a later run fail
