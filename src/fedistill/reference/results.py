@@ -70,6 +70,7 @@ PAGES = (
             "fediod_time_to_quality_fashion-mnist-alpha0.1_cuda",
             "fediod_time_to_quality_fashion-mnist-alpha1_cuda",
             "bytes_to_quality_digits",
+            "bytes_to_quality_fashion-mnist-alpha0.1",
         ),
         figures=(
             "bytes_to_quality_digits.png",
