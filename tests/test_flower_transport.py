@@ -266,3 +266,24 @@ def test_a_node_worker_exits_when_idle(tmp_path) -> None:
                "--key-file", str(tmp_path / "worker.key"), "--idle-s", "1"]  # fmt: skip
     assert subprocess.run(command, timeout=120, capture_output=True).returncode == 0
     assert not (tmp_path / "worker.sock").exists()
+
+
+def test_a_process_keeps_at_most_client_cache_clients_and_gives_the_same_results(tmp_path) -> None:
+    """A simulation worker serving many nodes forgets the least recently used clients past `client-cache`
+    (each is rebuilt from its node storage when asked again): the results do not change."""
+    config = _config(algorithm="fedavg,fediod", rounds=1)
+    here = run_suite(config, tmp_path / "inprocess", progress=False)
+    app = make_client_app(config, state_root=tmp_path / "nodes")
+    flower_node._NODES.clear()  # this process's clients of earlier runs
+    sizes: list[int] = []
+
+    def watched(message, context):
+        reply = app(message, context)
+        sizes.append(len(flower_node._NODES))
+        return reply
+
+    grid = LocalGrid(watched, config.clients, node_config={"client-cache": 1})
+    there = run_on_grid(config, tmp_path / "flower", grid)
+    assert max(sizes) == 1 and config.clients > 1
+    for a, b in zip(here, there, strict=True):
+        assert b["final"]["test_accuracy"] == pytest.approx(a["final"]["test_accuracy"], abs=1e-6)

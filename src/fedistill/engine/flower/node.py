@@ -6,12 +6,15 @@ state (trained model, discriminator, optimiser state, ...) must outlive the proc
 simulation engine routes a node's messages to whichever worker is free, and a deployed SuperNode
 starts a fresh process per message. So after every message the state is written to node-local
 storage (safetensors + JSON) and a version number is kept in the node's `context.state`; a process
-whose in-memory copy has that version reuses it, any other reloads it from disk.
+whose in-memory copy has that version reuses it, any other reloads it from disk. A process keeps at
+most `client-cache` clients in memory (node config; default 64), so a worker that serves a thousand
+simulated sites does not hold them all.
 """
 
 from __future__ import annotations
 
 import tempfile
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,8 +51,21 @@ class Node:
         context.state[VERSIONS] = ConfigRecord(versions)
 
 
-_NODES: dict[tuple[int, str, int], Node] = {}
+#: The clients a process keeps in memory, least recently used first. A simulation worker serves many nodes,
+#: and every client's state is on node storage after each message, so a client pushed out is rebuilt and
+#: reloaded when its node is asked again: memory stays bounded at a thousand sites.
+_NODES: OrderedDict[tuple[int, str, int], Node] = OrderedDict()
+#: How many clients a process keeps (node config `client-cache`; 0: every one it served).
+CLIENT_CACHE = 64
 _DATA: dict[str, Any] = {}
+
+
+def _remember(key: tuple[int, str, int], node: Node, limit: int) -> None:
+    """Keep `node` as the most recently used client, forgetting the least recently used past `limit`."""
+    _NODES[key] = node
+    _NODES.move_to_end(key)
+    while limit > 0 and len(_NODES) > limit:
+        _NODES.popitem(last=False)
 
 
 def partition_of(context: Context, config: RunConfig, assigned: int | None = None) -> int:
@@ -87,8 +103,10 @@ def node_for(
     key = (int(context.run_id), algorithm_name, pid)
     versions = dict(context.state[VERSIONS]) if VERSIONS in context.state else {}
     version = int(versions.get(algorithm_name, 0))
+    limit = int(context.node_config.get("client-cache", CLIENT_CACHE))
     node = _NODES.get(key)
     if node is not None and node.version == version:
+        _remember(key, node, limit)
         return node
     root = state_root or Path(
         context.node_config.get("state-dir", Path(tempfile.gettempdir()) / "fedistill-nodes")
@@ -97,7 +115,8 @@ def node_for(
     client = _build_client(context, config, algorithm_name, pid, cache_folder(config, beside=Path(root)))
     if version > 0:
         client.load_state_dict(load_state(stem))
-    node = _NODES[key] = Node(key, client, version, stem)
+    node = Node(key, client, version, stem)
+    _remember(key, node, limit)
     return node
 
 
