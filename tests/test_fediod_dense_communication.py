@@ -16,31 +16,10 @@ from fedistill.engine.launch import run_suite
 from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.ledger import UP
 from fedistill.tasks import SemanticSegmentation
+from test_fediod_dense import SEGMENTATION as DENSE_SEGMENTATION
 
-SEGMENTATION = {
-    "dataset": "mni152-synthetic-lesions",
-    "mni152-synthetic-lesions": {"image_size": 32, "train_subjects": 8, "test_subjects": 2},
-    "model": "unet",
-    "model_options": {"width": 4, "depth": 2},
-    "partition": "natural",
-    "clients": 2,
-    "rounds": 1,
-    "batch_size": 8,
-    "optimizer": "adam",
-    "lr": 2e-3,
-    "task": {"hd95": False},
-    "fediod": {
-        "teacher_epochs": 1,
-        "iters_per_epoch": 2,
-        "synthetic_batch_size": 4,
-        "student_steps": 1,
-        "generator_width": 4,
-        "generator_blocks": 1,
-        "noise_channels": 1,
-        "discriminator_width": 4,
-        "discriminator_layers": 2,
-    },
-}
+#: the dense FedIOD tests' tiny segmentation run, one round
+SEGMENTATION = {**DENSE_SEGMENTATION, "rounds": 1}
 
 
 def _view(resolution: str, size: int = 4) -> TaskView:

@@ -4,27 +4,19 @@ folder or missing configs stop it with one line."""
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from fedistill.reproduce import command, paths
+from fedistill.reproduce import paths
 from fedistill.reproduce.expected import read_expected
 from fedistill.reproduce.needed_data import dataset_folder, named_datasets
+from test_reproduce import reproduce
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 PACKAGE_DIR = REPOSITORY / "src" / "fedistill"
-
-
-def reproduce(capsys, *argv: str) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="fedistill reproduce")
-    command.add_arguments(parser)
-    code = command.run_command(parser.parse_args(list(argv)))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture
