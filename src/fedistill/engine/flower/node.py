@@ -8,7 +8,8 @@ starts a fresh process per message. So after every message the state is written 
 storage (safetensors + JSON) and a version number is kept in the node's `context.state`; a process
 whose in-memory copy has that version reuses it, any other reloads it from disk. A process keeps at
 most `client-cache` clients in memory (node config; default 64), so a worker that serves a thousand
-simulated sites does not hold them all.
+simulated sites does not hold them all, and before each message it returns the C heap's free pages to
+the system (heap.py), so what earlier messages freed is not kept either.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from fedistill import devices
 from fedistill.algorithms.shared.stage1 import cache_folder
 from fedistill.config import RunConfig
 from fedistill.engine.checkpoint import load_state, save_state
+from fedistill.engine.flower.heap import release_free_memory
 from fedistill.engine.setup import client_context, prepare_data, resolve
 from fedistill.errors import ConfigError
 from fedistill.federation.client import ClientLogic
@@ -99,6 +101,7 @@ def node_for(
 ) -> Node:
     """The node's client of `algorithm_name` in this run: kept in memory while its version is current, else
     rebuilt and its state reloaded. `assigned`: the partition the server fixed for this node, if any."""
+    release_free_memory()  # what the messages before this one freed
     pid = partition_of(context, config, assigned)
     key = (int(context.run_id), algorithm_name, pid)
     versions = dict(context.state[VERSIONS]) if VERSIONS in context.state else {}

@@ -1,0 +1,71 @@
+"""A process serving many Flower nodes gives back what its messages freed, and results do not move."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import pytest
+
+pytest.importorskip("flwr")
+
+from fedistill.config import RunConfig, build_config
+from fedistill.engine.flower import heap
+from fedistill.engine.flower import node as flower_node
+from fedistill.engine.flower.apps import make_client_app
+from fedistill.engine.launch import run_suite
+from flower_local_grid import LocalGrid, run_on_grid
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap, /proc")
+def test_release_free_memory_returns_freed_heap_pages() -> None:
+    """Freed blocks pinned below the heap's top stay resident until they are released."""
+    if heap._malloc_trim() is None:
+        pytest.skip("the C library has no malloc_trim (not glibc)")
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    block, count = 64 * 1024, 400  # below glibc's mmap threshold: on the heap
+    blocks = [libc.malloc(block) for _ in range(2 * count)]
+    for address in blocks:
+        ctypes.memset(address, 1, block)  # resident
+    # a live block after each freed one: free() alone cannot shrink the heap
+    freed, pins = blocks[::2], blocks[1::2]
+    for address in freed:
+        libc.free(address)
+    before = _rss_mb()
+    assert heap.release_free_memory() is True
+    released = before - _rss_mb()
+    for address in pins:
+        libc.free(address)
+    assert released > 0.5 * block * count / 2**20
+
+
+def test_every_message_to_a_node_first_releases_free_memory(tmp_path, monkeypatch) -> None:
+    """Each message a client answers starts by giving back the heap's free pages; the results are the
+    in-process ones."""
+    config = build_config(
+        RunConfig(), {"algorithm": "fedavg", "clients": 3, "rounds": 2, "model": "lenet-fedmdcg"}
+    )
+    here = run_suite(config, tmp_path / "inprocess", progress=False)
+    calls: list[int] = []
+    monkeypatch.setattr(flower_node, "release_free_memory", lambda: calls.append(1) or True)
+    app = make_client_app(config, state_root=tmp_path / "nodes")
+    answered: list[str] = []
+
+    def watched(message, context):
+        answered.append(message.metadata.message_type)
+        return app(message, context)
+
+    there = run_on_grid(config, tmp_path / "flower", LocalGrid(watched, config.clients))
+    assert len(calls) == sum(1 for kind in answered if kind != "query.hello") > 0
+    for a, b in zip(here, there, strict=True):
+        assert b["final"]["test_accuracy"] == pytest.approx(a["final"]["test_accuracy"], abs=1e-6)
