@@ -5,8 +5,8 @@ Stage 2: the server holds a generator G and the central student S; every client 
 T_k and a patch discriminator D_k that it trains on its own data. One distillation step:
 
 1. server -> clients  `query.generate`: synthetic inputs x = G(w), and per-client loss weights.
-   Each client updates D_k on (x, a batch of its own data), then returns its logits T_k(x) and its
-   density ratio D_k(x) / E[D_k(x')] (Eq. 8), keeping the graph of the terms it computes alone:
+   Each client updates D_k on (x, a batch of its own data), then returns its logits T_k(x) and, under
+   Eq. 8's weighting, its density ratio D_k(x) / E[D_k(x')], keeping the graph of the terms it computes alone:
    pi_k * L_gan^k (Eq. 2) and pi_k * H(T_k(x)) (Eq. 3).
 2. The server computes the terms that need every client at once, L_unique = -JSD (Eq. 4-5) and
    -L_mimic (Eq. 9-10, S against the importance-weighted ensemble), and sends each client
@@ -14,7 +14,7 @@ T_k and a patch discriminator D_k that it trains on its own data. One distillati
    of its local terms plus the server's terms pulled through T_k, in one backward pass. The server
    adds the gradient through S and updates G with the sum dL/dx.
 3. server -> clients `query.student`: the inputs of all S-steps of this iteration in one message;
-   clients return logits and density ratios; the server takes the S-steps on L_mimic.
+   clients return logits (and, under Eq. 8, density ratios); the server takes the S-steps on L_mimic.
 
 No client ever sends parameters. Clients send label statistics only when the ensemble weighting
 needs them (Eq. 8 or the released code's class shares), and model selection uses the clients'

@@ -209,7 +209,8 @@ class FedIODClient(ClientLogic):
     @handles("query.generate")
     def generate(self, message: Message) -> Message:
         """One generator step at this site: a D-step of its discriminator on the synthetic batch and its
-        own data, then the teacher's outputs on the batch; with DP the step is accounted first."""
+        own data, then the teacher's outputs on the batch (with Eq. 8's density ratios when the server asks
+        for them: `want_ratio`); with DP the step is accounted first."""
         inputs = message.arrays.get("synthetic-inputs", {})
         carried, mixture = "student_x" in inputs, "own" in inputs
         specs = {"x": self._input_spec()} | ({"student_x": self._input_spec()} if carried else {})
@@ -220,6 +221,7 @@ class FedIODClient(ClientLogic):
                 specs["pair"] = ArraySpec("int64", (batch,))
         expect_arrays(message, "synthetic-inputs", specs)
         step = int(message.scalar("config", "step"))
+        want_ratio = bool(message.scalar("config", "want_ratio"))
         x = message.tensor("synthetic-inputs", "x")
         masks = self._masks(message, "m", batch)
         own = message.tensor("synthetic-inputs", "own") > 0.5 if mixture else None
@@ -236,7 +238,7 @@ class FedIODClient(ClientLogic):
             student = self._student_answer(
                 student_x,
                 self._masks(message, "student_m", len(student_x)),
-                bool(message.scalar("config", "want_ratio")),
+                want_ratio,
                 int(message.scalar("config", "student_index", 0)),
             )
         # (1) D-step on (x, a batch of this site's data); a conditional D_k judges (mask, image) pairs
@@ -267,13 +269,13 @@ class FedIODClient(ClientLogic):
         x, logits, fake_logits, local, gan, conf = self._local_terms(self.pending_inputs)
         # keep the graph: query.backprop differentiates the local terms and the server's terms together
         self.pending = (x, logits, local)
-        ratio = self.view.pixel_ratio(fake_logits.detach(), self.real_mean)
-        arrays: dict[str, dict[str, torch.Tensor]] = {
-            "logits": {"z": logits.detach()},
-            "discriminator-outputs": {"ratio": ratio},
-        }
+        arrays: dict[str, dict[str, torch.Tensor]] = {"logits": {"z": logits.detach()}}
+        if want_ratio:
+            arrays["discriminator-outputs"] = {
+                "ratio": self.view.pixel_ratio(fake_logits.detach(), self.real_mean)
+            }
         for kind, named in student.items():
-            arrays[kind].update({f"student_{name}": value for name, value in named.items()})
+            arrays.setdefault(kind, {}).update({f"student_{name}": value for name, value in named.items()})
         # with DP on, the loss on the real batch stays here (it is not sanitised)
         metrics = {"gan_loss": gan.item(), "entropy": conf.item()}
         metrics |= {"d_loss": d_loss.item()} if self.budget is None else dp_metrics

@@ -1,8 +1,9 @@
 """One generator step of FedIOD's server (Algorithm 1's inner loop): G draws a batch, every client
-updates its discriminator and answers with its logits and density ratios (`query.generate`), the server
-sends each client the gradient of its own terms with respect to those logits (`query.backprop`), sums the
-input-gradients the clients return with its own, and updates G. A mixin of `FedIODServer`, kept apart so
-each file reads alone; the S-steps that ride along are in student.py.
+updates its discriminator and answers with its logits, and with its density ratios when Eq. 8 weighs the
+ensemble (`query.generate`), the server sends each client the gradient of its own terms with respect to
+those logits (`query.backprop`), sums the input-gradients the clients return with its own, and updates G.
+A mixin of `FedIODServer`, kept apart so each file reads alone; the S-steps that ride along are in
+student.py.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ class GeneratorStep:
         return step_sites(self.federation.clients, self.options.sites_per_step, self.ctx.config.seed, step)
 
     def _weights(self, logits: torch.Tensor, ratio: torch.Tensor | None, clients: list[int]) -> torch.Tensor:
+        """The teachers' ensemble weights: uniform, the sites' class shares, or Eq. 8's shares times the
+        sites' density ratios (`ratio`, which the sites send only under Eq. 8: `_want_ratio`)."""
         assert self.federation is not None
         k, b, c = logits.shape
         if self.options.ensemble_weighting == "uniform":
@@ -114,6 +117,7 @@ class GeneratorStep:
             return mine
 
         wire = wire_encodings(options.wire)
+        want_ratio = self._want_ratio()
         # one copy of the batch, shared by every site's request (step_sites.py)
         batch = Message.build(
             "query.generate",
@@ -126,7 +130,8 @@ class GeneratorStep:
                 own(position[cid]),
                 scalars={
                     "config": {
-                        **({"want_ratio": self._want_ratio()} if carried is not None else {}),
+                        # Eq. 8's ratios on G's batch (and on a carried S-step batch) only when used
+                        "want_ratio": want_ratio,
                         **({"student_index": carried.index} if carried is not None else {}),
                         "index": self._mask_index(self.step, 0),
                         "step": self.step,
@@ -154,9 +159,10 @@ class GeneratorStep:
         ratio_spec = {"ratio": ArraySpec("float32", view.ratio_shape(b))}
         if carried is not None:  # step t-1's S-step targets ride along
             logits_spec["student_z"] = ArraySpec("float32", view.output_shape(len(carried.x)))
-            if self._want_ratio():
-                ratio_spec["student_ratio"] = ArraySpec("float32", view.ratio_shape(len(carried.x)))
-        expect = ReplySpec({"logits": logits_spec, "discriminator-outputs": ratio_spec})
+            ratio_spec["student_ratio"] = ArraySpec("float32", view.ratio_shape(len(carried.x)))
+        expect = ReplySpec(
+            {"logits": logits_spec} | ({"discriminator-outputs": ratio_spec} if want_ratio else {})
+        )
         sent = fleet.send(requests, step=self.step, timeout=timeout, expect=expect)
         self.epsilons.update(epsilons_of(sent))
         reason = refusal_reason(sent, f"G-step {self.step}")
@@ -175,8 +181,10 @@ class GeneratorStep:
         raw = torch.stack([replies[cid].tensor("logits", "z") for cid in answered]).requires_grad_(True)
         # the gradient still goes to what clients sent; per-pixel outputs become one row per pixel
         logits = calibrated(view.stacked_rows(raw), self.teacher_logits)
-        ratio = torch.stack([replies[cid].tensor("discriminator-outputs", "ratio") for cid in answered])
-        ratio = ratio.reshape(len(answered), -1)
+        ratio = None
+        if want_ratio:
+            ratio = torch.stack([replies[cid].tensor("discriminator-outputs", "ratio") for cid in answered])
+            ratio = ratio.reshape(len(answered), -1)
         x_server = x.detach().requires_grad_(True)
         weights = self._weights(logits.detach(), ratio, answered)
         self.student.train()

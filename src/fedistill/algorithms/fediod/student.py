@@ -48,6 +48,8 @@ class StudentSteps:
     """The S-steps of `FedIODServer` (the attributes they use are set up there)."""
 
     def _want_ratio(self) -> bool:
+        """Whether the ensemble's weights use Eq. 8's density ratios: only then does a site send them (the
+        `want_ratio` of every `query.generate` and `query.student`)."""
         return self.options.ensemble_weighting == "eq8"
 
     def _student_inputs(self, lr: float) -> StudentBatch:
