@@ -58,6 +58,26 @@ def test_algorithm_options_are_checked():
         options_for(build_config(RunConfig(), {"fedprox.mu": -1.0}), "fedprox", FedProxOptions)
 
 
+@pytest.mark.parametrize(
+    ("algorithm", "assignment", "message"),
+    [
+        ("fedprox", "fedprox.mu=-1", r"^fedprox\.mu must be >= 0, got -1"),
+        ("fedavg", "fedavg.mu=-1", r"^fedavg\.mu must be >= 0, got -1"),
+        ("fedavgm", "fedavgm.server_momentum=1", r"^fedavgm\.server_momentum must be in \[0, 1\), got 1"),
+        ("fedavgm", "fedavgm.server_lr=0", r"^fedavgm\.server_lr must be > 0, got 0"),
+        ("fedprox", "fedprox.weighting='equal'", r"^fedprox\.weighting must be 'samples' or 'uniform'"),
+        ("fedprox", "fedprox.aggregate_trim=0.5", r"^fedprox\.aggregate_trim must be in \[0, 0\.5\)"),
+    ],
+)
+def test_fedavg_family_errors_name_the_section_the_user_wrote(algorithm, assignment, message):
+    """FedAvg, FedProx and FedAvgM share one options class; each message names the table it came from."""
+    from fedistill.algorithms.registry import get_algorithm
+
+    config = build_config(RunConfig(), dict([parse_assignment(assignment)]))
+    with pytest.raises(ConfigError, match=message):
+        options_for(config, algorithm, get_algorithm(algorithm).options)
+
+
 def test_algorithm_tables_override_common_keys_for_that_algorithm_only():
     config = build_config(RunConfig(), {"lr": 0.1, "fedprox": {"lr": 0.01, "mu": 0.5}})
     prox = for_algorithm(config, "fedprox")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -33,20 +34,24 @@ class FedAvgOptions(DPOptions):
     aggregate: str = "mean"
     aggregate_trim: float = 0.2  # trimmed-mean: the share of sites cut at each end (one at least from 3 up)
 
+    #: The config table these options are read from, which every message names (the class is shared)
+    section: ClassVar[str] = "fedavg"
+
     def validate(self) -> None:
         """Check the DP keys, the weighting and the ranges of mu, server momentum and server learning rate."""
         self.validate_dp()
+        s = self.section
         if self.weighting not in ("samples", "uniform"):
-            raise ConfigError(f"weighting must be 'samples' or 'uniform', got {self.weighting!r}")
+            raise ConfigError(f"{s}.weighting must be 'samples' or 'uniform', got {self.weighting!r}")
         if self.mu < 0:
-            raise ConfigError(f"mu must be >= 0, got {self.mu}")
+            raise ConfigError(f"{s}.mu must be >= 0, got {self.mu}")
         if not 0 <= self.server_momentum < 1:
-            raise ConfigError(f"server_momentum must be in [0, 1), got {self.server_momentum}")
+            raise ConfigError(f"{s}.server_momentum must be in [0, 1), got {self.server_momentum}")
         if self.server_lr <= 0:
-            raise ConfigError(f"server_lr must be > 0, got {self.server_lr}")
-        check_choices("fedavg", self, {"aggregate": COMBINES})
+            raise ConfigError(f"{s}.server_lr must be > 0, got {self.server_lr}")
+        check_choices(s, self, {"aggregate": COMBINES})
         if not 0 <= self.aggregate_trim < 0.5:
-            raise ConfigError(f"fedavg.aggregate_trim must be in [0, 0.5), got {self.aggregate_trim}")
+            raise ConfigError(f"{s}.aggregate_trim must be in [0, 0.5), got {self.aggregate_trim}")
 
     def combine(self, states: Sequence[dict[str, torch.Tensor]], weights: Sequence[float]) -> dict:
         """The round's global state from the kept sites' states (`aggregate`)."""
@@ -60,6 +65,7 @@ class FedProxOptions(FedAvgOptions):
     """FedAvg's options with FedProx's proximal term on by default (mu 0.01)."""
 
     mu: float = 0.01
+    section: ClassVar[str] = "fedprox"
 
 
 @dataclass(frozen=True)
@@ -67,3 +73,4 @@ class FedAvgMOptions(FedAvgOptions):
     """FedAvg's options with FedAvgM's server momentum on by default (0.9)."""
 
     server_momentum: float = 0.9
+    section: ClassVar[str] = "fedavgm"

@@ -57,14 +57,18 @@ from fedistill.seeding import torch_generator
 
 @dataclass(frozen=True)
 class SharedPartOptions:
-    """`[fedper]` and `[lgfedavg]` options: how the server weighs the shared parts."""
+    """`[fedper]` options (and, as `LGFedAvgOptions`, `[lgfedavg]`): how the server weighs the shared
+    parts."""
 
+    section: ClassVar[str] = "fedper"
     weighting: str = "samples"  # samples | uniform: how the server weighs the received parts
 
     def validate(self) -> None:
         """ConfigError unless `weighting` is samples or uniform."""
         if self.weighting not in ("samples", "uniform"):
-            raise ConfigError(f"weighting must be 'samples' or 'uniform', got {self.weighting!r}")
+            raise ConfigError(
+                f"{self.section}.weighting must be 'samples' or 'uniform', got {self.weighting!r}"
+            )
 
 
 class SharedPartClient(ClientLogic):

@@ -10,10 +10,20 @@ starts from the run's seeded initialisation, like the other methods of the compa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from fedistill.algorithms.base import Algorithm, register
 from fedistill.algorithms.fedmdcg.fedper import SharedPartClient, SharedPartOptions, SharedPartServer
 from fedistill.algorithms.shared.oracle import average_local_models
 from fedistill.models.base import CLASSIFIER_PREFIX
+
+
+@dataclass(frozen=True)
+class LGFedAvgOptions(SharedPartOptions):
+    """`[lgfedavg]` options: FedPer's, under their own section name."""
+
+    section: ClassVar[str] = "lgfedavg"
 
 
 class LGFedAvgClient(SharedPartClient):
@@ -34,7 +44,7 @@ register(
         "LG-FedAvg: average the classifiers, keep each extractor private (local accuracy; no global model)",
         LGFedAvgClient,
         LGFedAvgServer,
-        SharedPartOptions,
+        LGFedAvgOptions,
         oracle=average_local_models,
     )
 )

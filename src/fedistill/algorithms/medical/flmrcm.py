@@ -45,6 +45,7 @@ Where this differs from the code, which runs every site in one process:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -78,6 +79,7 @@ class FLMRCMOptions(FedAvgOptions):
     """FedAvg's options with FL-MRCM's alignment: the target site, the adversarial weight and the
     discriminators."""
 
+    section: ClassVar[str] = "flmrcm"
     weighting: str = "uniform"  # the code averages the site models plainly
     target_site: int = -1  # the client whose features the sources align to; -1: the last
     adversarial_weight: float = 1.0  # weight of the alignment's adversarial term in a source site's loss
