@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from fedistill.reproduce.arguments import (
@@ -28,11 +29,28 @@ from fedistill.reproduce.paths import RESULTS
 
 HERE = Path(__file__).resolve().parent
 
+
+def add_budget_arguments(parser: argparse.ArgumentParser, set_help: str | None = None) -> None:
+    """The budget flags of the scripts that set FedIOD against FedAvg on one partition (clients, model,
+    epochs, G-steps, teacher epochs, FedAvg rounds, threads, FedIOD's `--set` and `--reuse`), with the
+    same defaults in each so that their runs compare."""
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--model", default="lenet-fedmdcg")
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--teacher-epochs", type=int, default=10)
+    parser.add_argument("--fedavg-rounds", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+    parser.add_argument("--reuse", action="store_true", help="keep runs that already finished")
+
+
 __all__ = [
     "DEMO",
     "HERE",
     "PAPER_PRESET",
     "RESULTS",
+    "add_budget_arguments",
     "add_device_and_shape",
     "add_fediod_run_options",
     "add_seed_and_out",

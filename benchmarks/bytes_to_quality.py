@@ -38,6 +38,7 @@ import torch
 from _common import (
     DEMO,
     RESULTS,
+    add_budget_arguments,
     add_device_and_shape,
     add_seed_and_out,
     benchmark_parser,
@@ -296,19 +297,12 @@ def main() -> None:
     parser.add_argument("--demo", action="store_true", help="the digits demo's settings (demo.toml)")
     parser.add_argument("--dataset", default="fashion-mnist")
     parser.add_argument("--alpha", default="0.1")
-    parser.add_argument("--clients", type=int, default=10)
-    parser.add_argument("--model", default="lenet-fedmdcg")
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--iters", type=int, default=30)
-    parser.add_argument("--teacher-epochs", type=int, default=10)
-    parser.add_argument("--fedavg-rounds", type=int, default=50)
+    add_budget_arguments(parser, set_help="FedIOD's options")
     parser.add_argument("--feddf-rounds", type=int, default=50)
     parser.add_argument(
         "--feddf-source", default="", help="FedDF's distillation data (default: the other set)"
     )
-    parser.add_argument("--threads", type=int, default=1)
     add_device_and_shape(parser)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="FedIOD's options")
     parser.add_argument(
         "--feddf-set", action="append", default=[], metavar="KEY=VALUE", help="FedDF's options"
     )
@@ -316,7 +310,6 @@ def main() -> None:
         "--methods", default=",".join(METHODS), help="a subset; without fedavg: the runs only"
     )
     parser.add_argument("--note", default="", help="a sentence for the report (e.g. why a method is missing)")
-    parser.add_argument("--reuse", action="store_true", help="keep runs that already finished")
     add_seed_and_out(parser)
     args = parser.parse_args()
     unknown = [m for m in args.methods.split(",") if m not in METHODS]

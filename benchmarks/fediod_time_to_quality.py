@@ -5,7 +5,8 @@ For each dataset and alpha (K clients, Dirichlet partition): one FedIOD run and 
 its own `fedistill run` process. From their metrics.jsonl and summaries:
   - FedIOD's *validated* student at epoch r: the test accuracy of the student the clients' validation
     splits rate best among epochs 1..r (what `selection = "validation"` would hand over if the run
-    stopped there), as a fraction of the teachers' weighted ensemble (the one-shot ceiling);
+    stopped there, by the engine's own rule `keep_if_best`: a tie goes to the later epoch), as a fraction
+    of the teachers' weighted ensemble (the one-shot ceiling);
   - the wall time at epoch r: stage 1 and set-up (the run's wall time less its epochs; stage 1 always
     trains, the stage-1 cache is off) plus the epochs so far, so it over-counts by the final
     evaluation;
@@ -30,8 +31,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from torch import nn
+
 from _common import (
     RESULTS,
+    add_budget_arguments,
     add_device_and_shape,
     add_seed_and_out,
     benchmark_parser,
@@ -40,11 +44,14 @@ from _common import (
     variant_flags,
     variant_suffix,
 )
+from fedistill.algorithms.shared.selection import keep_if_best, nothing_selected
 from fedistill.engine.rundir import read_jsonl
 
 # the digits demo's stabilisers and student budget (chosen there, not on these datasets)
 STABILISERS = ["fediod.preset='stable'"]
 THRESHOLDS = (0.90, 0.95)
+#: What model selection keeps of an epoch here: nothing (its metrics row already holds its test accuracy)
+NO_STATE = nn.Module()
 
 
 def fediod_curve(run: Path, iters: int) -> dict[str, Any]:
@@ -52,12 +59,14 @@ def fediod_curve(run: Path, iters: int) -> dict[str, Any]:
     rows = read_jsonl(run / "metrics.jsonl")
     ensemble = summary["final"]["ensemble_accuracy"]
     start = summary["wall_time_s"] - sum(r["round_time_s"] for r in rows)
-    points, best_val, elapsed = [], -1.0, start
+    points, best, elapsed = [], nothing_selected(), start
     chosen = 0.0
     for r in rows:
         elapsed += r["round_time_s"]
-        if r.get("val_accuracy") is not None and r["val_accuracy"] > best_val:
-            best_val, chosen = r["val_accuracy"], r["test_accuracy"]
+        if r.get("val_accuracy") is not None:  # the engine's selection rule, ties included
+            best = keep_if_best(best, r["val_accuracy"], r["round"], NO_STATE)
+            if best["epoch"] == r["round"]:
+                chosen = r["test_accuracy"]
         points.append({"epoch": r["round"], "g_steps": r["round"] * iters, "wall_s": elapsed,
                        "validated_accuracy": chosen, "of_ensemble": chosen / ensemble})  # fmt: skip
     reached = {}
@@ -177,17 +186,9 @@ def main() -> None:
     parser = benchmark_parser(__doc__)
     parser.add_argument("--datasets", default="fashion-mnist,mnist")
     parser.add_argument("--alphas", default="0.1,1")
-    parser.add_argument("--clients", type=int, default=10)
-    parser.add_argument("--model", default="lenet-fedmdcg")
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--iters", type=int, default=30)
-    parser.add_argument("--teacher-epochs", type=int, default=10)
-    parser.add_argument("--fedavg-rounds", type=int, default=50)
-    parser.add_argument("--threads", type=int, default=1)
+    add_budget_arguments(parser)
     parser.add_argument("--paper", action="store_true", help="FedIOD without the stabilisers")
     add_device_and_shape(parser)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--reuse", action="store_true", help="keep runs that already finished")
     add_seed_and_out(parser)
     args = parser.parse_args()
     check_shape(parser, args, args.datasets.split(","))

@@ -1,0 +1,27 @@
+"""The time-to-quality benchmark (benchmarks/fediod_time_to_quality.py) reads FedIOD's validated student the
+way the engine selects it: a tie on the validation splits goes to the later epoch."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import fediod_time_to_quality as t2q  # noqa: E402
+
+
+def test_a_validation_tie_hands_over_the_later_epoch(tmp_path: Path):
+    rows = [
+        {"round": 1, "round_time_s": 1.0, "val_accuracy": 0.5, "test_accuracy": 0.40},
+        {"round": 2, "round_time_s": 1.0, "val_accuracy": 0.5, "test_accuracy": 0.45},  # a tie: taken
+        {"round": 3, "round_time_s": 1.0, "val_accuracy": 0.4, "test_accuracy": 0.60},  # worse: not taken
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {"wall_time_s": 5.0, "final": {"ensemble_accuracy": 0.5}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    curve = t2q.fediod_curve(tmp_path, iters=10)
+    assert [p["validated_accuracy"] for p in curve["points"]] == [0.40, 0.45, 0.45]
+    assert curve["stage1_and_setup_s"] == 2.0
