@@ -105,7 +105,10 @@ def test_dp_options_are_checked_with_their_own_names():
 def test_every_fediod_input_gradient_that_leaves_a_client_is_clipped():
     """Noise-free limit (noise multiplier 1e-9): each returned per-sample gradient has norm <= C."""
     clip = 1e-3  # below the typical per-sample norm here, so the bound is active
-    clients, server, fleet, _ = _fediod(_fediod_config(dp_noise_multiplier=1e-9, dp_clip_norm=clip))
+    # full-precision messages: the bound is checked on what left the site before any wire rounding (rounding
+    # afterwards is post-processing of the sanitised release)
+    config = _fediod_config(dp_noise_multiplier=1e-9, dp_clip_norm=clip, wire="float32")
+    clients, server, fleet, _ = _fediod(config)
     for _ in range(2):
         server.distillation_step(fleet)
     grads = [m.tensor("input-gradients", "x") for kind, _, m in fleet.replies if kind == "query.backprop"]

@@ -111,7 +111,9 @@ def test_the_dense_generator_gradient_equals_autograd_through_every_model(base):
     """G's gradient assembled from the clients' input-gradients equals autograd of the whole loss: each
     site's L_gan on its own (mask, image) pairs, its per-pixel entropy, the per-pixel JSD and the student's
     per-pixel mimicry of the Eq. 8-weighted ensemble (on undersampled images for reconstruction)."""
-    config = _config(base, w_adv=0.5, w_unique=1.2, w_conf=0.8, w_perceptual=0.7, ensemble_weighting="eq8")
+    config = _config(  # full-precision messages: exact only without the compact wire's rounding
+        base, w_adv=0.5, w_unique=1.2, w_conf=0.8, w_perceptual=0.7, ensemble_weighting="eq8", wire="float32"
+    )
     clients, server, fleet = _dense_parts(config)
     generator, student = copy.deepcopy(server.generator), copy.deepcopy(server.student)
     step = server.step

@@ -62,7 +62,7 @@ def test_the_bn_term_reaches_the_generator_exactly_through_the_clients():
     w_bn = 5.0
     grads = {}
     for weight in (0.0, w_bn):
-        clients, server, fleet = _built(_config(w_bn=weight))
+        clients, server, fleet = _built(_config(w_bn=weight, wire="float32"))  # exact: full precision
         generator = copy.deepcopy(server.generator)
         server.distillation_step(fleet)
         grads[weight] = [p.grad.clone() for p in server.generator.parameters()]
@@ -139,8 +139,12 @@ def test_replay_steps_draw_pool_batch_size_samples(monkeypatch):
 def test_the_generator_batch_joins_the_pool_with_the_targets_its_query_returned():
     """`pool_generator_batch`: after a G-step the pool holds that step's batch, G's samples before its
     update, with the class-share ensemble of the logits the clients sent for G's loss."""
-    config = _config(
-        pool_size=10_000, pool_steps=1, pool_generator_batch=True, ensemble_weighting="class-share"
+    config = _config(  # full-precision messages: the targets are compared with the teachers' own logits
+        pool_size=10_000,
+        pool_steps=1,
+        pool_generator_batch=True,
+        ensemble_weighting="class-share",
+        wire="float32",
     )
     clients, server, fleet = _built(config)
     generator = copy.deepcopy(server.generator)
@@ -249,7 +253,9 @@ def test_the_per_client_mixture_gradient_equals_autograd_through_each_sites_own_
     """With `generator_mixture = "per-client"`, each site's L_gan, L_conf and batch-norm terms cover only the
     samples G drew for it (a share pi_k of the batch, one-hot k in G's input); the server's terms cover all.
     The gradient G assembles from the replies equals autograd of exactly that loss."""
-    config = _config(generator_mixture="per-client", w_bn=3.0, w_adv=0.5, w_unique=1.2, w_balance=2.0)
+    config = _config(  # full-precision messages: exact only without the compact wire's rounding
+        generator_mixture="per-client", w_bn=3.0, w_adv=0.5, w_unique=1.2, w_balance=2.0, wire="float32"
+    )
     clients, server, fleet = _built(config)
     generator, student = copy.deepcopy(server.generator), copy.deepcopy(server.student)
     step = server.step

@@ -33,7 +33,8 @@ def _first_kind(message: Message) -> tuple[str, str]:
 
 def _with_array(message: Message, change: Callable[[np.ndarray], np.ndarray | None]) -> Message:
     kind, name = _first_kind(message)
-    arrays = {k: dict(v) for k, v in message.arrays.items()}
+    # every array as the site computed it (decoded from its wire encoding): the site then sends it raw
+    arrays = {k: {n: message.array(k, n) for n in v} for k, v in message.arrays.items()}
     changed = change(arrays[kind][name])
     if changed is None:
         del arrays[kind][name]

@@ -221,7 +221,7 @@ def test_the_ledger_records_encodings_per_kind_and_reads_old_records(tmp_path):
 
 
 def test_fediod_wire_is_checked():
-    assert options_for(build_config(RunConfig(), {}), "fediod", FedIODOptions).wire == "float32"
+    assert options_for(build_config(RunConfig(), {}), "fediod", FedIODOptions).wire == "compact"
     with pytest.raises(ConfigError, match="wire"):
         options_for(build_config(RunConfig(), {"fediod.wire": "int4"}), "fediod", FedIODOptions)
 

@@ -266,6 +266,7 @@ def fediod_setting(setup: Setup, images: int, offset: int) -> tuple[dict[str, An
         "iters_per_epoch": 1,
         "student_steps": 1,
         "selection": "last",
+        "wire": "float32",  # full-precision replies, the attacker's best case: compact's rounding only blurs
     }
     config = make_config(setup, "fediod", 1, local_steps=0, batch_size=min(images, 8), fediod=fediod)
     method = get_algorithm("fediod")

@@ -66,11 +66,13 @@ class ProtocolOptions:
     at 1,000 sites a G-step that asks every site holds every site's graph and replies at once; sampled,
     a step's memory and time grow with the sites asked, not with the federation."""
 
-    wire: str = "float32"
-    """How stage 2's exchanges cross the wire (wire.py): float32 (default: every array as computed) |
-    compact (synthetic images as 8 bits over each tensor's range; logits, discriminator outputs and
-    gradients as float16 under a per-tensor power-of-two scale). Why: compact moves 38% of the
-    bytes on the digits demo; its effect on the student: benchmarks/results/fediod_wire_encodings.md."""
+    wire: str = "compact"
+    """How stage 2's exchanges cross the wire (wire.py): compact (default: synthetic images as 8 bits over
+    each tensor's range; logits, discriminator outputs and gradients as float16 under a per-tensor
+    power-of-two scale) | float32 (every array as computed, as runs before compact became the default).
+    Why: compact moves 38% of float32's bytes on the digits demo with the student within noise over six
+    paired seeds (benchmarks/results/fediod_wire_encodings.md), and 53% / 47% of them on the segmentation and
+    reconstruction demos at the same Dice and SSIM (fediod_dense_communication.md)."""
 
     channels_last: bool = True
     """Stage 2's convolutions (T_k after stage 1, D_k, G, S) in channels-last memory layout: the same
