@@ -1,5 +1,8 @@
 """The command line: user mistakes end in one line and exit code 2; list and summary work."""
 
+import subprocess
+import sys
+
 import pytest
 
 from fedistill.cli import main
@@ -112,3 +115,24 @@ def test_a_reader_that_goes_away_ends_the_command_quietly():
     stderr = process.stderr.read().decode()
     assert process.wait(timeout=120) == 141
     assert "Traceback" not in stderr and "BrokenPipe" not in stderr and "Exception ignored" not in stderr
+
+
+def test_help_answers_without_importing_torch():
+    """`fedistill --help` and `fedistill run --help` build the parser without the module commands' imports
+    (torch, SciPy, the medical readers: seconds); `fedistill export --help` still lists export's flags."""
+    code = (
+        "import sys\n"
+        "from fedistill.cli import main\n"
+        "for argv in (['--help'], ['run', '--help']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "predict" in out and "export" in out and out.strip().endswith("False")
+    shown = subprocess.run(
+        [sys.executable, "-m", "fedistill.cli", "export", "--help"], capture_output=True, text=True
+    )
+    assert shown.returncode == 0 and "--format" in shown.stdout

@@ -55,8 +55,11 @@ DEMO_CONFIG = Path(__file__).parent / "engine" / "demo.toml"
 PLACEMENT_KEYS = {"out", "name", "transport", "device", "track"}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `fedistill` argument parser: run, list, summary and the module commands."""
+def build_parser(module_commands: tuple[str, ...] | None = None) -> argparse.ArgumentParser:
+    """The `fedistill` argument parser: run, list, summary and the module commands. Only the module
+    commands named in `module_commands` (default: all) import their module for their arguments; the
+    others appear by name and help alone. Why: those modules pull in torch, SciPy and the medical
+    readers, seconds that `fedistill --help` or `fedistill run` should not wait for."""
     parser = argparse.ArgumentParser(
         prog="fedistill",
         description="Federated learning by distillation (FedIOD, FedDF, FedMD-CG, baselines).",
@@ -109,7 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     summary = commands.add_parser("summary", help="show the results of a run directory")
     summary.add_argument("run_dir")
     for name, (module, help_text) in MODULE_COMMANDS.items():
-        importlib.import_module(module).add_arguments(commands.add_parser(name, help=help_text))
+        sub = commands.add_parser(name, help=help_text)
+        if module_commands is None or name in module_commands:
+            importlib.import_module(module).add_arguments(sub)
     return parser
 
 
@@ -214,13 +219,14 @@ def command_summary(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """The command line's entry point: one line and an exit code for every user mistake or stop."""
     os.environ.setdefault("MPLBACKEND", "Agg")
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    asked = tuple(word for word in words[:1] if word in MODULE_COMMANDS)  # the subcommand comes first
+    args = build_parser(module_commands=asked).parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("fedistill").setLevel(logging.INFO)
     handlers = {"run": command_run, "list": command_list, "summary": command_summary}
-    handlers |= {
-        name: importlib.import_module(module).run_command for name, (module, _) in MODULE_COMMANDS.items()
-    }
+    if args.command in MODULE_COMMANDS:
+        handlers[args.command] = importlib.import_module(MODULE_COMMANDS[args.command][0]).run_command
     _CURRENT_RUN.clear()  # a message names only this command's run
     try:
         code = handlers[args.command](args)
