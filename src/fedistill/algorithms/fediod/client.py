@@ -267,8 +267,9 @@ class FedIODClient(ClientLogic):
             **({"pair": message.tensor("synthetic-inputs", "pair").clone()} if "pair" in inputs else {}),
         }
         x, logits, fake_logits, local, gan, conf = self._local_terms(self.pending_inputs)
-        # keep the graph: query.backprop differentiates the local terms and the server's terms together
-        self.pending = (x, logits, local)
+        # keep the graph (or only its inputs: `recompute_graphs`): query.backprop differentiates the local
+        # terms and the server's terms together
+        self.pending = None if self.options.recompute_graphs else (x, logits, local)
         arrays: dict[str, dict[str, torch.Tensor]] = {"logits": {"z": logits.detach()}}
         if want_ratio:
             arrays["discriminator-outputs"] = {
@@ -334,7 +335,7 @@ class FedIODClient(ClientLogic):
         gradient on its teacher's outputs; with DP clipped and noised per sample."""
         if self.pending is None and self.pending_inputs:
             # this process did not answer query.generate (a Flower deployment starts one process per
-            # message): rebuild the same graph from the saved inputs and the saved D_k
+            # message), or dropped its graph (`recompute_graphs`): rebuild it from the saved inputs and D_k
             x, logits, _, local, _, _ = self._local_terms(self.pending_inputs)
             self.pending = (x, logits, local)
         if self.pending is None:

@@ -66,6 +66,13 @@ class ProtocolOptions:
     at 1,000 sites a G-step that asks every site holds every site's graph and replies at once; sampled,
     a step's memory and time grow with the sites asked, not with the federation."""
 
+    recompute_graphs: bool = False
+    """A site drops the graph of its G-step terms once it has answered `query.generate` and recomputes it
+    (one more forward pass through T_k and D_k) when `query.backprop` arrives; default false: it keeps the
+    graph. Why: between the two queries every asked site holds that graph, and a step that asks a thousand
+    sites in one process holds a thousand; recomputed, each holds only its inputs. The gradient is the
+    same bit for bit (D_k's BatchNorm runs on batch statistics)."""
+
     wire: str = "compact"
     """How stage 2's exchanges cross the wire (wire.py): compact (default: synthetic images as 8 bits over
     each tensor's range; logits, discriminator outputs and gradients as float16 under a per-tensor
