@@ -287,3 +287,16 @@ def test_a_process_keeps_at_most_client_cache_clients_and_gives_the_same_results
     assert max(sizes) == 1 and config.clients > 1
     for a, b in zip(here, there, strict=True):
         assert b["final"]["test_accuracy"] == pytest.approx(a["final"]["test_accuracy"], abs=1e-6)
+
+
+@pytest.mark.parametrize("value", ["many", -1, 2.5, True])
+def test_a_wrong_client_cache_is_named_in_one_line(value) -> None:
+    from types import SimpleNamespace
+
+    from fedistill.engine.flower.node import client_cache
+    from fedistill.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="client-cache must be a whole number"):
+        client_cache(SimpleNamespace(node_config={"client-cache": value}))
+    assert client_cache(SimpleNamespace(node_config={})) == 64
+    assert client_cache(SimpleNamespace(node_config={"client-cache": 0})) == 0

@@ -70,6 +70,14 @@ def _remember(key: tuple[int, str, int], node: Node, limit: int) -> None:
         _NODES.popitem(last=False)
 
 
+def client_cache(context: Context) -> int:
+    """The node config's `client-cache`: a whole number >= 0 (0: keep every client), else one clear line."""
+    value = context.node_config.get("client-cache", CLIENT_CACHE)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"node config client-cache must be a whole number >= 0 (0: all), got {value!r}")
+    return value
+
+
 def partition_of(context: Context, config: RunConfig, assigned: int | None = None) -> int:
     """This node's partition id (its client index), checked against the run's clients: the one the server
     `assigned` from the operator's enrolment (enrolment.py) when it sent one, else the node config's."""
@@ -106,7 +114,7 @@ def node_for(
     key = (int(context.run_id), algorithm_name, pid)
     versions = dict(context.state[VERSIONS]) if VERSIONS in context.state else {}
     version = int(versions.get(algorithm_name, 0))
-    limit = int(context.node_config.get("client-cache", CLIENT_CACHE))
+    limit = client_cache(context)
     node = _NODES.get(key)
     if node is not None and node.version == version:
         _remember(key, node, limit)
