@@ -2,11 +2,14 @@
 
 A client answers typed requests. Subclasses mark handler methods with `@handles("train")`; the
 base class dispatches by message type and refuses types it does not know.
+
+Clients that live in one process may also answer some requests together (`together_key`,
+`handle_together`): one batched computation for many clients, each answer still its own message.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, ClassVar
 
 from fedistill.errors import FederationError
@@ -58,6 +61,18 @@ class ClientLogic:
                 f"{type(self).__name__} does not handle {message.type!r}; it handles {sorted(self._handlers)}"
             )
         return getattr(self, name)(message)
+
+    def together_key(self, message: Message) -> Hashable | None:
+        """A key under which a transport holding many clients of this class in one process may answer
+        `message` together with theirs (`handle_together`): the requests of equal keys, one per client, go
+        in one call. None (the default): this client answers alone."""
+        return None
+
+    @classmethod
+    def handle_together(cls, clients: Sequence[ClientLogic], messages: Sequence[Message]) -> list[Message]:
+        """Answer `messages[i]` as `clients[i]` would alone, for requests of one `together_key`: the same
+        messages up to float rounding, each client's state updated as its own `handle` would."""
+        raise FederationError(f"{cls.__name__} answers every request alone")
 
     def state_dict(self) -> dict[str, Any]:
         """Local state to checkpoint on the client's own disk (never sent). Empty for stateless clients."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 
 from fedistill.errors import FederationError
 from fedistill.federation.client import ClientLogic
@@ -23,6 +23,10 @@ log = logging.getLogger(__name__)
 
 class InProcessFleet(Fleet):
     """Calls each client's handler in turn, in client-id order (deterministic).
+
+    Requests that clients of one class may answer together (equal `together_key`) go to one
+    `handle_together` call at the first of them; the ledger still records each request and reply in
+    client-id order, and each reply is checked on receipt as if it came alone.
 
     A handler that raises becomes an error reply, as on a real network. A handler that takes longer
     than the timeout has its reply discarded and is reported as timed out: a single process cannot
@@ -59,10 +63,13 @@ class InProcessFleet(Fleet):
         timeout = self.timeout if timeout is None else timeout
         started, in_clients = time.perf_counter(), self.seconds_in_clients
         replies: dict[int, Reply] = {}
+        groups, answered = self._together(requests), {}
         for cid in sorted(requests):
             request = requests[cid]
             self.record_request(cid, request, step)
-            reply = self._deliver(cid, request, timeout)
+            if cid in groups:
+                answered |= self._deliver_together(groups[cid], requests, timeout)
+            reply = answered.pop(cid) if cid in answered else self._deliver(cid, request, timeout)
             replies[cid] = self.record_reply(reply, request.type, step, expect)
         self.seconds_in_transport += time.perf_counter() - started - (self.seconds_in_clients - in_clients)
         return replies
@@ -77,13 +84,59 @@ class InProcessFleet(Fleet):
             answer = self._clients[cid].handle(request)
             self.seconds_in_clients += time.perf_counter() - handler_start
         except Exception as exc:  # a failing client must not take the server down
-            log.warning("client %d failed on %s: %s", cid, request.type, exc, exc_info=log.isEnabledFor(10))
-            return Reply(cid, None, f"{type(exc).__name__}: {exc}")
+            return self._failed(cid, request.type, exc)
+        return self._checked(cid, answer, time.perf_counter() - start, timeout)
+
+    def _together(self, requests: Mapping[int, Message]) -> dict[int, list[int]]:
+        """The groups of at least two clients that may answer their requests together, by first member."""
+        keyed: dict[tuple[type, Hashable], list[int]] = {}
+        for cid in sorted(requests):
+            client = self._clients.get(cid)
+            try:
+                key = None if client is None else client.together_key(requests[cid])
+            except Exception:  # a request the client cannot read: it answers alone (and says why)
+                key = None
+            if key is not None:
+                keyed.setdefault((type(client), key), []).append(cid)
+        return {members[0]: members for members in keyed.values() if len(members) > 1}
+
+    def _deliver_together(
+        self, members: list[int], requests: Mapping[int, Message], timeout: float | None
+    ) -> dict[int, Reply]:
+        """One `handle_together` call for `members`; each member is charged an equal share of its time."""
+        start, replies, ready = time.perf_counter(), {}, []
+        for cid in members:
+            try:
+                check_on_receipt(requests[cid], max_bytes=self.max_bytes)
+                ready.append(cid)
+            except Exception as exc:
+                replies[cid] = self._failed(cid, requests[cid].type, exc)
+        if not ready:
+            return replies
+        clients = [self._clients[cid] for cid in ready]
+        handler_start = time.perf_counter()
+        try:
+            answers = type(clients[0]).handle_together(clients, [requests[cid] for cid in ready])
+        except Exception as exc:  # as for one client: every member's request failed
+            return replies | {cid: self._failed(cid, requests[cid].type, exc) for cid in ready}
+        self.seconds_in_clients += time.perf_counter() - handler_start
+        share = (time.perf_counter() - start) / len(members)
+        for cid, answer in zip(ready, answers, strict=True):
+            replies[cid] = self._checked(cid, answer, share, timeout)
+        return replies
+
+    @staticmethod
+    def _failed(cid: int, message_type: str, exc: Exception) -> Reply:
+        log.warning("client %d failed on %s: %s", cid, message_type, exc, exc_info=log.isEnabledFor(10))
+        return Reply(cid, None, f"{type(exc).__name__}: {exc}")
+
+    def _checked(self, cid: int, answer: Message, elapsed: float, timeout: float | None) -> Reply:
+        """A client's answer as the server receives it: invalid if it fails the receipt checks, timed out
+        if it took longer than `timeout`."""
         try:
             check_on_receipt(answer, max_bytes=self.max_bytes)
         except FederationError as exc:  # NaN, oversize, a malformed message: invalid, like any other fault
             return Reply(cid, None, f"invalid reply: {exc}")
-        elapsed = time.perf_counter() - start
         if timeout is not None and elapsed > timeout:
             return Reply(cid, None, f"timed out after {elapsed:.1f} s (limit {timeout:.1f} s)")
         return Reply(cid, answer)

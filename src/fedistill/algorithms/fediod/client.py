@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
@@ -60,6 +61,12 @@ from fedistill.algorithms.base import (
     clone_state,
 )
 from fedistill.algorithms.fediod import losses as L
+from fedistill.algorithms.fediod.generate_request import (
+    condition_masks,
+    generate_reply,
+    input_spec,
+    read_generate,
+)
 from fedistill.algorithms.fediod.options import (
     network_widths,
     resolve_options,
@@ -67,6 +74,12 @@ from fedistill.algorithms.fediod.options import (
     teacher_name,
 )
 from fedistill.algorithms.fediod.site_discriminator import SiteDiscriminator
+from fedistill.algorithms.fediod.sites_together import (
+    TogetherPending,
+    backprop_together,
+    generate_together,
+    together_key,
+)
 from fedistill.algorithms.fediod.task_view import TaskView
 from fedistill.algorithms.fediod.wire import wire_encodings
 from fedistill.algorithms.shared.bn_matching import batchnorm_statistics_loss
@@ -99,7 +112,8 @@ class FedIODClient(ClientLogic):
         self.view = TaskView(task_of(ctx.config, ctx.info), ctx.info, ctx.config.seed)
         self.options = resolve_options(ctx.config, ctx.options, per_pixel=self.view.per_pixel)
         self.view = self.view.with_ratio_resolution(self.options.ratio_resolution)
-        self.teacher = new_model(ctx.config, ctx.info, teacher_name(self.options, ctx.config, ctx.client_id))
+        self.architecture = teacher_name(self.options, ctx.config, ctx.client_id)
+        self.teacher = new_model(ctx.config, ctx.info, self.architecture)
         # D_k and its Adam are built when the site is first asked (site_discriminator.py)
         options = self.options
         self.site_d = SiteDiscriminator(
@@ -108,7 +122,8 @@ class FedIODClient(ClientLogic):
         self.uploaded = torch.zeros(0, dtype=torch.int64)  # training indices of the masks sent (query.masks)
         self.features: nn.Module | None = None  # T_k's frozen encoder, for the perceptual term
         self.real_mean = 0.5  # running E_{x' in X'_k}[D_k(x')], refreshed at every D-step
-        self.pending: tuple[torch.Tensor, ...] | None = None  # (x, T_k(x), local loss) of this G-step
+        # (x, T_k(x), local loss) of this G-step, or its row of the graph of sites that answered together
+        self.pending: tuple[torch.Tensor, ...] | TogetherPending | None = None
         self.pending_inputs: dict[str, Any] = {}  # what rebuilds `pending` in another process
         self.student_specs: dict[str, ArraySpec] | None = None  # what evaluate.student must carry
         self.budget = ClientBudget(self.options.dp, ctx.client_id) if self.options.dp_enabled else None
@@ -198,33 +213,13 @@ class FedIODClient(ClientLogic):
             )
         return self.view.pixel_ratio(scores, self.real_mean)
 
-    def _masks(self, message: Message, name: str, batch: int) -> torch.Tensor | None:
-        """The conditioning masks of a batch of synthetic images (per-pixel tasks), checked on receipt."""
-        if not self.view.conditional:
-            return None
-        size = self.ctx.info.image_size
-        expect_arrays(message, "label-masks", {name: ArraySpec("uint8", (batch, size, size))}, exact=False)
-        return message.tensor("label-masks", name).to(torch.int64)
-
     @handles("query.generate")
     def generate(self, message: Message) -> Message:
         """One generator step at this site: a D-step of its discriminator on the synthetic batch and its
         own data, then the teacher's outputs on the batch (with Eq. 8's density ratios when the server asks
         for them: `want_ratio`); with DP the step is accounted first."""
-        inputs = message.arrays.get("synthetic-inputs", {})
-        carried, mixture = "student_x" in inputs, "own" in inputs
-        specs = {"x": self._input_spec()} | ({"student_x": self._input_spec()} if carried else {})
-        batch = self._batch_of(inputs)
-        if mixture:  # which of the batch's samples G drew for this site
-            specs["own"] = ArraySpec("float32", (batch,))
-            if "pair" in inputs:
-                specs["pair"] = ArraySpec("int64", (batch,))
-        expect_arrays(message, "synthetic-inputs", specs)
-        step = int(message.scalar("config", "step"))
-        want_ratio = bool(message.scalar("config", "want_ratio"))
-        x = message.tensor("synthetic-inputs", "x")
-        masks = self._masks(message, "m", batch)
-        own = message.tensor("synthetic-inputs", "own") > 0.5 if mixture else None
+        request = read_generate(message, self.view, self.ctx.info)
+        x, masks, own = request.x, request.masks, request.own
         dp_metrics: dict[str, float] = {}
         if self.budget is not None:  # the step's privacy first: a refused step touches no data
             try:
@@ -233,17 +228,13 @@ class FedIODClient(ClientLogic):
                 return refusal("query.generate", exc, self.budget.epsilon())
         # the previous step's S-step targets first: with D_k as it was before this step's D-step
         student = {}
-        if carried:
-            student_x = message.tensor("synthetic-inputs", "student_x")
+        if request.student_x is not None:
             student = self._student_answer(
-                student_x,
-                self._masks(message, "student_m", len(student_x)),
-                want_ratio,
-                int(message.scalar("config", "student_index", 0)),
+                request.student_x, request.student_masks, request.want_ratio, request.student_index
             )
         # (1) D-step on (x, a batch of this site's data); a conditional D_k judges (mask, image) pairs
-        set_lr(self.d_optimizer, float(message.scalar("config", "lr_discriminator")))
-        real, real_masks = self._real_batch(step, x.shape[0])
+        set_lr(self.d_optimizer, request.lr_discriminator)
+        real, real_masks = self._real_batch(request.step, x.shape[0])
         real_logits = self._judge(real, real_masks)
         mine = slice(None) if own is None or not bool(own.any()) else own
         d_loss = L.discriminator_loss(
@@ -255,34 +246,16 @@ class FedIODClient(ClientLogic):
         # E_{x' in X'_k}[D_k(x')] of Eq. 8, from this step's real batch (scored before the update)
         self.real_mean = float(L.patch_scores(real_logits.detach()).mean())
         # (2) the terms this site computes alone, and their gradient with respect to x
-        self.pending_inputs = {
-            "x": x.detach().clone(),
-            "step": step,
-            "index": int(message.scalar("config", "index", 0)),
-            **{key: message.scalar("config", key) for key in ("c_gan", "c_conf", "tau", "gan_loss")},
-            "c_bn": float(message.scalar("config", "c_bn", 0.0)),
-            "c_perceptual": float(message.scalar("config", "c_perceptual", 0.0)),
-            **({"own": own.clone()} if own is not None else {}),
-            **({"masks": masks.clone()} if masks is not None else {}),
-            **({"pair": message.tensor("synthetic-inputs", "pair").clone()} if "pair" in inputs else {}),
-        }
+        self.pending_inputs = request.pending
         x, logits, fake_logits, local, gan, conf = self._local_terms(self.pending_inputs)
         # keep the graph (or only its inputs: `recompute_graphs`): query.backprop differentiates the local
         # terms and the server's terms together
         self.pending = None if self.options.recompute_graphs else (x, logits, local)
-        arrays: dict[str, dict[str, torch.Tensor]] = {"logits": {"z": logits.detach()}}
-        if want_ratio:
-            arrays["discriminator-outputs"] = {
-                "ratio": self.view.pixel_ratio(fake_logits.detach(), self.real_mean)
-            }
-        for kind, named in student.items():
-            arrays.setdefault(kind, {}).update({f"student_{name}": value for name, value in named.items()})
+        ratio = self.view.pixel_ratio(fake_logits.detach(), self.real_mean) if request.want_ratio else None
         # with DP on, the loss on the real batch stays here (it is not sanitised)
         metrics = {"gan_loss": gan.item(), "entropy": conf.item()}
         metrics |= {"d_loss": d_loss.item()} if self.budget is None else dp_metrics
-        return Message.build(
-            "query.generate", arrays=arrays, scalars={"metrics": metrics}, encodings=self.wire
-        )
+        return generate_reply(logits, ratio, student, metrics, self.wire)
 
     def _spend(self, batch: int, planned_steps: int) -> dict[str, float]:
         """Record this G-step on the accountant (refusing it past the target); see the module docstring."""
@@ -340,11 +313,16 @@ class FedIODClient(ClientLogic):
             self.pending = (x, logits, local)
         if self.pending is None:
             raise FederationError("query.backprop arrived before query.generate")
-        x, logits, local = self.pending
-        expect_arrays(message, "output-gradients", {"z": ArraySpec("float32", tuple(logits.shape))})
-        # d/dx [local terms + <dL_server/dz_k, T_k(x)>]: one backward pass through T_k and D_k
-        linearised = local + (logits * message.tensor("output-gradients", "z")).sum()
-        (grad,) = torch.autograd.grad(linearised, x)
+        if isinstance(self.pending, TogetherPending):  # answered query.generate together with other sites
+            logits = self.pending.logits
+            expect_arrays(message, "output-gradients", {"z": ArraySpec("float32", tuple(logits.shape))})
+            grad = self.pending.gradient(message.tensor("output-gradients", "z"))
+        else:
+            x, logits, local = self.pending
+            expect_arrays(message, "output-gradients", {"z": ArraySpec("float32", tuple(logits.shape))})
+            # d/dx [local terms + <dL_server/dz_k, T_k(x)>]: one backward pass through T_k and D_k
+            linearised = local + (logits * message.tensor("output-gradients", "z")).sum()
+            (grad,) = torch.autograd.grad(linearised, x)
         if self.budget is not None:  # the sanitisation point: every per-sample gradient that leaves
             assert self.budget.noise is not None
             noise = torch_generator(
@@ -358,11 +336,11 @@ class FedIODClient(ClientLogic):
     @handles("query.student", read_only=True)
     def student_targets(self, message: Message) -> Message:
         """Stage 2: the teacher's targets for the student on a synthetic batch."""
-        expect_arrays(message, "synthetic-inputs", {"x": self._input_spec()})
+        expect_arrays(message, "synthetic-inputs", {"x": input_spec(self.ctx.info)})
         x = message.tensor("synthetic-inputs", "x")
         answer = self._student_answer(
             x,
-            self._masks(message, "m", len(x)),
+            condition_masks(message, "m", len(x), self.view, self.ctx.info),
             bool(message.scalar("config", "want_ratio", False)),
             int(message.scalar("config", "index", 0)),
         )
@@ -415,14 +393,16 @@ class FedIODClient(ClientLogic):
         outputs = self.view.task.outputs(self.teacher, test, self.ctx.info)
         return Message.build("evaluate.teachers", arrays={"logits": {"z": outputs}})
 
-    @staticmethod
-    def _batch_of(inputs: dict[str, Any]) -> int:
-        x = inputs.get("x")
-        return int(x.shape[0]) if x is not None and len(x.shape) >= 1 else 0
+    # --- answering together with the other sites of this process (sites_together.py) -------------------
+    def together_key(self, message: Message) -> Hashable | None:
+        return together_key(self, message)
 
-    def _input_spec(self) -> ArraySpec:
-        info = self.ctx.info
-        return ArraySpec("float32", (None, info.channels, info.image_size, info.image_size))
+    @classmethod
+    def handle_together(cls, clients: Sequence[ClientLogic], messages: Sequence[Message]) -> list[Message]:
+        sites = [client for client in clients if isinstance(client, FedIODClient)]
+        if messages and messages[0].type == "query.backprop":
+            return backprop_together(sites, messages)
+        return generate_together(sites, messages)
 
     def state_dict(self) -> dict:
         return {

@@ -73,6 +73,14 @@ class ProtocolOptions:
     sites in one process holds a thousand; recomputed, each holds only its inputs. The gradient is the
     same bit for bit (D_k's BatchNorm runs on batch statistics)."""
 
+    sites_together: bool = False
+    """In-process, the same-architecture sites answer a G-step in one batched call (`torch.func.vmap`
+    over their stacked T_k and D_k) instead of one after another; each site's messages, ledger rows and
+    state stay its own, equal to answering alone up to float rounding (sites_together.py). Default false.
+    Applies to classification without DP, the per-client mixture or `recompute_graphs`; other runs, and
+    Flower, answer one site at a time. Why: K sites' small batches one after another leave a GPU mostly
+    idle; on a CPU the gain is small (benchmarks/results/fediod_sites_together.md)."""
+
     wire: str = "compact"
     """How stage 2's exchanges cross the wire (wire.py): compact (default: synthetic images as 8 bits over
     each tensor's range; logits, discriminator outputs and gradients as float16 under a per-tensor
