@@ -136,3 +136,18 @@ def test_help_answers_without_importing_torch():
         [sys.executable, "-m", "fedistill.cli", "export", "--help"], capture_output=True, text=True
     )
     assert shown.returncode == 0 and "--format" in shown.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["run", "--rounds", "abc"], "fedistill run: error: argument --rounds: invalid int value: 'abc'"),
+        (["bogus"], "fedistill: error: argument command: invalid choice: 'bogus'"),
+    ],
+)
+def test_flag_mistakes_are_one_line_too(capsys, argv, expected):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(expected) and "--help" in err, err

@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from fedistill.errors import FederationError, UserError
 
@@ -55,12 +55,20 @@ DEMO_CONFIG = Path(__file__).parent / "engine" / "demo.toml"
 PLACEMENT_KEYS = {"out", "name", "transport", "device", "track"}
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose usage mistakes are one line on stderr (exit 2), like every other mistake
+    `fedistill` reports, instead of argparse's usage block; `--help` still prints the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(module_commands: tuple[str, ...] | None = None) -> argparse.ArgumentParser:
     """The `fedistill` argument parser: run, list, summary and the module commands. Only the module
     commands named in `module_commands` (default: all) import their module for their arguments; the
     others appear by name and help alone. Why: those modules pull in torch, SciPy and the medical
     readers, seconds that `fedistill --help` or `fedistill run` should not wait for."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="fedistill",
         description="Federated learning by distillation (FedIOD, FedDF, FedMD-CG, baselines).",
     )
