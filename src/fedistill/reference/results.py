@@ -144,6 +144,13 @@ PAGES = (
         ),
     ),
     ResultPage(
+        "trust-and-scale",
+        "Trust and scale: faults, poisoning, a thousand sites",
+        "The story: [resume and failures](../concepts/resume.md) and "
+        "[misbehaving sites and large federations](../how-to/misbehaving-sites.md).",
+        ("fault_battery", "poisoning", "scale_clients"),
+    ),
+    ResultPage(
         "speed",
         "Speed: transports and FedIOD's step",
         "The story: [transport speed](../how-to/flower.md#transport-speed) and "
