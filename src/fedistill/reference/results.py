@@ -139,6 +139,7 @@ PAGES = (
         ),
         figures=(
             "segmentation_figure5.png",
+            "segmentation_real_patients.png",
             "segmentation_figure6_nuclei.png",
             "reconstruction_figure7.png",
         ),
