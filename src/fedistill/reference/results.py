@@ -163,6 +163,7 @@ PAGES = (
             "fediod_step_time_fashion-mnist",
             "fediod_step_time_fashion-mnist_32px_3ch_channels-last",
             "fediod_step_time_fashion-mnist_cuda_32px_3ch_channels-last",
+            "fediod_sites_together",
         ),
     ),
 )

@@ -78,8 +78,9 @@ class ProtocolOptions:
     over their stacked T_k and D_k) instead of one after another; each site's messages, ledger rows and
     state stay its own, equal to answering alone up to float rounding (sites_together.py). Default false.
     Applies to classification without DP, the per-client mixture or `recompute_graphs`; other runs, and
-    Flower, answer one site at a time. Why: K sites' small batches one after another leave a GPU mostly
-    idle; on a CPU the gain is small (benchmarks/results/fediod_sites_together.md)."""
+    Flower, answer one site at a time. Why: K sites' small batches one after another leave an accelerator
+    mostly idle; on a CPU, where the sites' convolutions are compute-bound, it is no faster (2-core CPU,
+    K = 10: 0.83x at one thread, 1.02x at two; benchmarks/results/fediod_sites_together.md)."""
 
     wire: str = "compact"
     """How stage 2's exchanges cross the wire (wire.py): compact (default: synthetic images as 8 bits over
