@@ -27,18 +27,13 @@ from pathlib import Path
 import torch
 
 from fedistill import devices
-from fedistill.algorithms.base import ServerContext
-from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
-from fedistill.algorithms.registry import get_algorithm
-from fedistill.algorithms.shared.training import evaluate_model
-from fedistill.config import RunConfig, build_config, options_for
-from fedistill.engine.setup import client_contexts, prepare_data
-from fedistill.federation.ledger import Ledger
+from fedistill.algorithms.fediod import FedIODServer
+from fedistill.config import RunConfig, build_config
 from fedistill.transports.inprocess import InProcessFleet
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DEMO, RESULTS, add_device_and_shape, benchmark_parser
-from fediod_step_time import matmul_peak_gflops
+from fediod_step_time import matmul_peak_gflops, warm_federation
 
 
 def federation(together: bool, args) -> tuple[FedIODServer, InProcessFleet]:  # type: ignore[no-untyped-def]
@@ -50,21 +45,7 @@ def federation(together: bool, args) -> tuple[FedIODServer, InProcessFleet]:  # 
         layer |= {"dataset": args.dataset, "data_dir": args.data_dir}
     if args.model:
         layer["model"] = args.model
-    config = build_config(RunConfig(), layer)
-    options = options_for(config, "fediod", FedIODOptions)
-    data = prepare_data(config)
-    contexts = client_contexts(config, get_algorithm("fediod"), options, data)
-    fleet = InProcessFleet({c.client_id: FedIODClient(c) for c in contexts}, Ledger(None))
-    test, info = data.dataset.test, data.dataset.info
-    server = FedIODServer(
-        ServerContext(
-            info, config, options, args.clients, lambda m: evaluate_model(m, test, info), None, test.y
-        )
-    )
-    server.setup(fleet)
-    for _ in range(2):
-        server.distillation_step(fleet)
-    return server, fleet
+    return warm_federation(build_config(RunConfig(), layer))
 
 
 def timed_block(server: FedIODServer, fleet: InProcessFleet, steps: int) -> tuple[float, float]:

@@ -63,17 +63,7 @@ def measure(clients: int, args: argparse.Namespace) -> dict:
         {"algorithm": "fediod", "clients": clients, "dataset": args.dataset, "data_dir": args.data_dir,
          "model": args.model, "fediod": fediod, "device": args.device, **({args.dataset: shape} if shape else {})},
     )  # fmt: skip
-    options = options_for(config, "fediod", FedIODOptions)
-    data = prepare_data(config)
-    contexts = client_contexts(config, get_algorithm("fediod"), options, data)
-    fleet = InProcessFleet({c.client_id: FedIODClient(c) for c in contexts}, Ledger(None))
-    test, info = data.dataset.test, data.dataset.info
-    server = FedIODServer(
-        ServerContext(info, config, options, clients, lambda m: evaluate_model(m, test, info), None, test.y)
-    )
-    server.setup(fleet)
-    for _ in range(2):
-        server.distillation_step(fleet)
+    server, fleet = warm_federation(config)
     fleet.seconds_in_clients = fleet.seconds_in_transport = 0.0
     sync()
     start = time.perf_counter()
@@ -89,6 +79,21 @@ def measure(clients: int, args: argparse.Namespace) -> dict:
     return {"clients": clients, "step_s": total, "client_s": client, "transport_s": transport,
             "server_s": total - client - transport, "gflop_per_step": flops / 1e9,
             "gflops_achieved": flops / 1e9 / total}  # fmt: skip
+
+
+def warm_federation(config: RunConfig, warm_up_steps: int = 2) -> tuple[FedIODServer, InProcessFleet]:
+    """FedIOD's server and in-process sites for `config`, after stage 1 and `warm_up_steps` steps."""
+    options = options_for(config, "fediod", FedIODOptions)
+    data = prepare_data(config)
+    contexts = client_contexts(config, get_algorithm("fediod"), options, data)
+    fleet = InProcessFleet({c.client_id: FedIODClient(c) for c in contexts}, Ledger(None))
+    test, info = data.dataset.test, data.dataset.info
+    evaluate = lambda m: evaluate_model(m, test, info)  # noqa: E731
+    server = FedIODServer(ServerContext(info, config, options, config.clients, evaluate, None, test.y))
+    server.setup(fleet)
+    for _ in range(warm_up_steps):
+        server.distillation_step(fleet)
+    return server, fleet
 
 
 class FlopCount(TorchDispatchMode):

@@ -155,7 +155,7 @@ def generate_together(clients: Sequence[FedIODClient], messages: Sequence[Messag
         client.d_optimizer.step()
     real_means = vmap(lambda logits: L.patch_scores(logits).mean())(real_logits.detach()).tolist()
     # (2) the terms each site computes alone, on its updated D_k, with the graph back to its row of x
-    d_params = {name: p.detach() for name, p in stacked(discriminators, grad=False)[0].items()}
+    d_params = stacked(discriminators, grad=False)[0]
     pending = [r.pending for r in requests]
     coefficient = {key: torch.tensor([float(p[key]) for p in pending]) for key in ("c_gan", "c_conf", "c_bn")}
     tau, mode = float(pending[0]["tau"]), str(pending[0]["gan_loss"])
