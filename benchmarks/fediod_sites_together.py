@@ -18,6 +18,7 @@ Writes benchmarks/results/fediod_sites_together[_<dataset>_k<K>][_<device>].{md,
 from __future__ import annotations
 
 import json
+import resource
 import statistics
 import sys
 import time
@@ -58,6 +59,16 @@ def timed_block(server: FedIODServer, fleet: InProcessFleet, steps: int) -> tupl
         server.distillation_step(fleet)
     sync()
     return (time.perf_counter() - start) / steps, fleet.seconds_in_clients / steps
+
+
+def peak_memory() -> str:
+    """The process's peak RSS and, on CUDA, the card's peak allocation: what K sites' teachers and
+    discriminators cost in one process, twice over here (both federations are alive)."""
+    text = f"host RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
+    if devices.current().type == "cuda":
+        text += f", GPU allocated {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB"
+        text += f" ({torch.cuda.get_device_name()})"
+    return text
 
 
 def main() -> None:
@@ -115,6 +126,9 @@ def main() -> None:
             f"| {r['threads']} | {r['alone_step_s']:.3f} | {r['together_step_s']:.3f} | {r['step_ratio']:.2f}x "
             f"| {r['alone_sites_s']:.3f} | {r['together_sites_s']:.3f} | {r['sites_ratio']:.2f}x |"
         )
+    peaks = peak_memory()
+    lines.insert(5, "")
+    lines.insert(6, f"Peak memory of this process (both federations built): {peaks}.")
     name = "fediod_sites_together"
     if args.dataset or args.model or args.clients != 10:
         name += f"_{dataset}_k{args.clients}"
@@ -125,6 +139,7 @@ def main() -> None:
         "command": command,
         "device": str(devices.current()),
         "matmul_gflops_1thread": peak,
+        "peak_memory": peaks,
         "rows": rows,
     }
     (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

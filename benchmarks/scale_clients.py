@@ -12,10 +12,11 @@ Round times come from each run's metrics.jsonl (`round_time_s`).
     python benchmarks/scale_clients.py [--data-dir ../shared/data] [--out /tmp/scale-runs] \
         [--cases fedavg,feddf,fediod,fedavg-simulation,feddf-simulation,fediod-simulation] \
         [--sizes 100,300,1000] [--fraction 0.1] \
-        [--set fediod.sites_per_step=100 ...] [--append]
+        [--set fediod.sites_per_step=100 ...] [--append] [--device cuda]
 
 `--set KEY=VALUE` (repeatable) passes a config key to every run after the case's own (e.g. FedIOD's
 per-step site sampling); the rows record it. FedIOD runs 100 and 1,000 sites unless `--sizes` names others.
+On a GPU (`--device cuda`) each row adds the card's peak allocation, into scale_clients_cuda.{md,json}.
 Writes benchmarks/results/scale_clients.{md,json}; `--append` keeps the rows already there (a row with the
 same case, size and settings is replaced).
 """
@@ -118,7 +119,7 @@ def one_run(case: str, clients: int, args: argparse.Namespace) -> dict:
                "--dataset", args.dataset, "--data-dir", args.data_dir, "--model", args.model,
                "--clients", str(clients), "--rounds", str(args.rounds), "--local-epochs", "1",
                "--transport", transport, "--out", args.out, "--name", name,
-               "--set", "threads=1", "--set", f"fraction={args.fraction}"]  # fmt: skip
+               "--set", "threads=1", "--set", f"fraction={args.fraction}", "--device", args.device]  # fmt: skip
     for item in extra:
         command += ["--set", item]
     measured = run_measured(command, args.sample_s, Path(args.out) / f"{name}.stderr")
@@ -128,7 +129,10 @@ def one_run(case: str, clients: int, args: argparse.Namespace) -> dict:
     row = {"case": case, "algorithm": algorithm, "transport": transport, "clients": clients,
            "sampled": rows[-1].get("clients", "all"), "set": list(args.set), "round_times_s": [r["round_time_s"] for r in rows],
            "setup_s": summary.get("setup_time_s"), "run_wall_s": summary["wall_time_s"],
-           "test_accuracy": summary.get("test_accuracy"), **measured}  # fmt: skip
+           "test_accuracy": summary.get("test_accuracy"), **measured,
+           **({"device": args.device, "device_name": torch.cuda.get_device_name(args.device),
+               "device_peak_mb": summary.get("device_peak_memory_mb")}
+              if args.device != "cpu" else {})}  # fmt: skip
     print(json.dumps(row), flush=True)
     return row
 
@@ -161,19 +165,30 @@ def sampled(row: dict) -> str:
 def write(args: argparse.Namespace, rows: list[dict], gflops: float) -> None:
     """The table and the raw rows."""
     command = " ".join(["python benchmarks/scale_clients.py", *sys.argv[1:]])
+    cpus = getattr(args, "cpus", None) or os.cpu_count()
     commands = args.earlier_commands if args.table_only else [*args.earlier_commands, command]
-    record = {"command": command, "commands": commands, "matmul_peak_gflops_1thread": gflops, "cpus": os.cpu_count(),
+    command = commands[-1]  # a table rewritten from its rows keeps the command that measured them
+    record = {"command": command, "commands": commands, "matmul_peak_gflops_1thread": gflops, "cpus": cpus,
               "torch": torch.__version__, "rows": rows, "growth": growth(rows)}  # fmt: skip
+    gpu = args.device.startswith("cuda")
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
-    (results / "scale_clients.json").write_text(json.dumps(record, indent=2) + "\n")
+    (results / f"{stem(args)}.json").write_text(json.dumps(record, indent=2) + "\n")
     lines = [
         f"# Scale: clients per run ({args.dataset}, {args.model}, fraction {args.fraction}, threads=1)",
         "",
         *(f"Command: `{c}`" + ("" if i == len(commands) - 1 else "  ") for i, c in enumerate(commands)),
         "",
-        f"Machine: {os.cpu_count()} CPUs, single-thread fp32 matmul {gflops:.1f} GFLOP/s at the last command "
-        "(`matmul_peak_gflops`, benchmarks/fediod_step_time.py), shared with other jobs while measured.",
+        f"Machine: {cpus} CPUs, single-thread fp32 matmul {gflops:.1f} GFLOP/s at the last command "
+        "(`matmul_peak_gflops`, benchmarks/fediod_step_time.py), shared with other jobs while measured."
+        + (
+            f" Device: {args.device} ({', '.join(sorted({r.get('device_name', '?') for r in rows}))});"
+            " *GPU peak* is the run's largest"
+            " allocation on the card at once (`torch.cuda.max_memory_allocated`, the summary's"
+            " device_peak_memory_mb)."
+            if gpu
+            else ""
+        ),
         "",
         "Memory: *peak RSS* is the run process's ru_maxrss (os.wait4); *tree peak* is the sampled peak of",
         "the summed PSS of the run process and its descendants (Ray's workers on the simulation engine).",
@@ -185,15 +200,17 @@ def write(args: argparse.Namespace, rows: list[dict], gflops: float) -> None:
         "`reference_samples`: the test images stage 1's teacher report scores, evaluation only, which bounds",
         "its K x N logits and its time).",
         "",
-        "| case | transport | clients | sampled | set | round s | set-up s | process s | peak RSS MiB | tree peak MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| case | transport | clients | sampled | set | round s | set-up s | process s | peak RSS MiB | tree peak MiB |"
+        + (" GPU peak MiB |" if gpu else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if gpu else ""),
     ]
     for r in rows:
         rounds = ", ".join(f"{t:.2f}" for t in r["round_times_s"])
         setup = f"{r['setup_s']:.1f}" if r["setup_s"] is not None else "-"
         settings = ", ".join(r.get("set", [])) or "-"
         lines.append(f"| {r['case']} | {r['transport']} | {r['clients']} | {sampled(r)} | {settings} | {rounds} | {setup} | "
-                     f"{r['wall_s']:.1f} | {r['peak_rss_mb']:.0f} | {r['tree_peak_mb']:.0f} |")  # fmt: skip
+                     f"{r['wall_s']:.1f} | {r['peak_rss_mb']:.0f} | {r['tree_peak_mb']:.0f} |"
+                     + (f" {r.get('device_peak_mb') or 0:.0f} |" if gpu else ""))  # fmt: skip
     lines += [
         "",
         "| case | set | from | to | tree peak growth MiB | x memory | x round time |",
@@ -202,7 +219,7 @@ def write(args: argparse.Namespace, rows: list[dict], gflops: float) -> None:
     for g in record["growth"]:
         lines.append(f"| {g['case']} | {', '.join(g['set']) or '-'} | {g['from']} | {g['to']} | {g['memory_mb']:+.0f} | {g['memory_x']:.2f} | "
                      f"{g['round_x']:.2f} |")  # fmt: skip
-    (results / "scale_clients.md").write_text("\n".join(lines) + "\n")
+    (results / f"{stem(args)}.md").write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:
@@ -221,19 +238,23 @@ def main() -> None:
     parser.add_argument("--sample-s", type=float, default=0.5, help="memory sampling period")
     parser.add_argument("--out", default="/tmp/scale-runs")
     parser.add_argument("--results", default=str(RESULTS), help="where the table is written")
+    parser.add_argument(
+        "--device", default="cpu", help="every run's device; not cpu: files scale_clients_<device>"
+    )
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE for every run (repeatable)")
     parser.add_argument("--append", action="store_true", help="keep the rows already in the results")
     parser.add_argument("--table-only", action="store_true", help="rewrite the table from the results' rows")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.table_only:
-        rows, args.earlier_commands = earlier_results(Path(args.results))
-        record = json.loads((Path(args.results) / "scale_clients.json").read_text())
+        rows, args.earlier_commands = earlier_results(Path(args.results), stem(args))
+        record = json.loads((Path(args.results) / f"{stem(args)}.json").read_text())
+        args.cpus = record.get("cpus")  # the machine that measured, not the one rewriting
         write(args, rows, record["matmul_peak_gflops_1thread"])
         return
     gflops = matmul_peak_gflops()
     sizes = [int(s) for s in (args.sizes or "100,300,1000").split(",")]
-    rows, args.earlier_commands = earlier_results(Path(args.results)) if args.append else ([], [])
+    rows, args.earlier_commands = earlier_results(Path(args.results), stem(args)) if args.append else ([], [])
     for case in args.cases.split(","):
         for clients in [s for s in sizes if not case.startswith("fediod") or args.sizes or s in FEDIOD_SIZES]:
             row = one_run(case, clients, args)
@@ -247,9 +268,14 @@ def row_key(row: dict) -> tuple:
     return row["case"], row["clients"], tuple(row.get("set", []))
 
 
-def earlier_results(results: Path) -> tuple[list[dict], list[str]]:
+def stem(args: argparse.Namespace) -> str:
+    """The results' file name: one table per device, so a GPU's rows never mix with the CPU's."""
+    return "scale_clients" + ("" if args.device == "cpu" else f"_{args.device.replace(':', '')}")
+
+
+def earlier_results(results: Path, name: str) -> tuple[list[dict], list[str]]:
     """The rows of the results already written and the commands that wrote them (none if none)."""
-    path = results / "scale_clients.json"
+    path = results / f"{name}.json"
     if not path.is_file():
         return [], []
     record = json.loads(path.read_text())

@@ -46,6 +46,14 @@ def _peak_memory_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _device_peak_memory() -> dict[str, float]:
+    """On CUDA, the most memory PyTorch held allocated on the card at once (the process's RSS does not see
+    it); nothing on other devices."""
+    if devices.current().type != "cuda":
+        return {}
+    return {"device_peak_memory_mb": torch.cuda.max_memory_allocated(devices.current()) / 2**20}
+
+
 def versions() -> dict[str, str]:
     """The versions of the project, Python and the libraries a run's numbers depend on, as its summary records
     them."""
@@ -269,6 +277,7 @@ def _loop(
         "wall_time_s": time.perf_counter() - started,
         "setup_time_s": setup_s,  # before round 1 (FedIOD: stage 1); None when resumed
         "peak_memory_mb": _peak_memory_mb(),
+        **_device_peak_memory(),
         "communication": ledger.totals.summary(),
         "dropped_clients": {str(k): v for k, v in fleet.dropped.items()},
         "versions": versions(),

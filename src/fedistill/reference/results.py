@@ -149,7 +149,7 @@ PAGES = (
         "Trust and scale: faults, poisoning, a thousand sites",
         "The story: [resume and failures](../concepts/resume.md) and "
         "[misbehaving sites and large federations](../how-to/misbehaving-sites.md).",
-        ("fault_battery", "poisoning", "scale_clients"),
+        ("fault_battery", "poisoning", "scale_clients", "scale_clients_cuda"),
     ),
     ResultPage(
         "speed",
@@ -164,6 +164,9 @@ PAGES = (
             "fediod_step_time_fashion-mnist_32px_3ch_channels-last",
             "fediod_step_time_fashion-mnist_cuda_32px_3ch_channels-last",
             "fediod_sites_together",
+            "fediod_sites_together_cuda",
+            "fediod_sites_together_fashion-mnist_k10_cuda",
+            "fediod_sites_together_mnist_k100_cuda",
         ),
     ),
 )

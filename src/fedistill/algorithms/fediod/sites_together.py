@@ -108,11 +108,13 @@ def together_key(client: FedIODClient, message: Message) -> Hashable | None:
 
 
 def stacked(modules: Sequence[nn.Module], *, grad: bool) -> tuple[Tensors, Tensors]:
-    """The modules' parameters and buffers stacked along a new first dimension (copies)."""
+    """The modules' parameters and buffers stacked along a new first dimension (copies), in the default
+    memory layout: stage 2 keeps single modules channels-last, and CUDA's kernels under `vmap` cannot ask a
+    batched tensor whether it is channels-last (PyTorch raises "NYI: querying is_contiguous inside of
+    vmap")."""
     params, buffers = stack_module_state(list(modules))
-    if not grad:
-        params = {name: p.detach() for name, p in params.items()}
-    return params, buffers
+    params = {name: p.detach().contiguous().requires_grad_(grad) for name, p in params.items()}
+    return params, {name: b.contiguous() for name, b in buffers.items()}
 
 
 def _call(module: nn.Module) -> Any:
@@ -142,8 +144,8 @@ def generate_together(clients: Sequence[FedIODClient], messages: Sequence[Messag
     d_params, d_buffers = stacked(discriminators, grad=True)
     real = torch.stack(
         [c._real_batch(r.step, r.x.shape[0])[0] for c, r in zip(clients, requests, strict=True)]
-    )
-    x = torch.stack([r.x for r in requests])
+    ).contiguous()
+    x = torch.stack([r.x for r in requests]).contiguous()
     real_logits = vmap(judge)(d_params, d_buffers, real)
     d_loss = vmap(L.discriminator_loss)(real_logits, vmap(judge)(d_params, d_buffers, x))
     grads = torch.autograd.grad(d_loss.sum(), list(d_params.values()))
@@ -157,7 +159,10 @@ def generate_together(clients: Sequence[FedIODClient], messages: Sequence[Messag
     # (2) the terms each site computes alone, on its updated D_k, with the graph back to its row of x
     d_params = stacked(discriminators, grad=False)[0]
     pending = [r.pending for r in requests]
-    coefficient = {key: torch.tensor([float(p[key]) for p in pending]) for key in ("c_gan", "c_conf", "c_bn")}
+    coefficient = {
+        key: torch.tensor([float(p[key]) for p in pending], device=x.device)
+        for key in ("c_gan", "c_conf", "c_bn")
+    }
     tau, mode = float(pending[0]["tau"]), str(pending[0]["gan_loss"])
     index = int(pending[0]["index"])
     with_bn = bool(coefficient["c_bn"][0] > 0)
@@ -168,7 +173,7 @@ def generate_together(clients: Sequence[FedIODClient], messages: Sequence[Messag
     ) -> tuple[torch.Tensor, torch.Tensor]:
         with batchnorm_statistics_loss(first.teacher if with_bn else nn.Identity()) as bn_terms:
             logits = teacher(params, buffers, view.model_input(xk, index))
-        return logits, torch.stack(bn_terms).sum() if bn_terms else torch.zeros(())
+        return logits, torch.stack(bn_terms).sum() if bn_terms else torch.zeros((), device=xk.device)
 
     logits, bn = vmap(teacher_terms)(t_params, t_buffers, leaf)
     fake_logits = vmap(judge)(d_params, d_buffers, leaf)
@@ -205,7 +210,7 @@ def _student_answers(
     if requests[0].student_x is None:
         return [{} for _ in clients]
     first, view = clients[0], clients[0].view
-    x = torch.stack([r.student_x for r in requests])  # type: ignore[misc]
+    x = torch.stack([r.student_x for r in requests]).contiguous()  # type: ignore[misc]
     index = requests[0].student_index
     with torch.no_grad():
         logits = vmap(
