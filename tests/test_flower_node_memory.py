@@ -69,3 +69,32 @@ def test_every_message_to_a_node_first_releases_free_memory(tmp_path, monkeypatc
     assert len(calls) == sum(1 for kind in answered if kind != "query.hello") > 0
     for a, b in zip(here, there, strict=True):
         assert b["final"]["test_accuracy"] == pytest.approx(a["final"]["test_accuracy"], abs=1e-6)
+
+
+def test_clients_pushed_out_of_the_cache_are_freed(tmp_path, monkeypatch) -> None:
+    """A FedIOD client is a reference cycle (its discriminator holder keeps a bound method of it): pushed
+    out of a worker's client cache, it must still be freed, not wait for a full collection that a worker
+    with many long-lived objects rarely runs."""
+    import gc
+    import weakref
+
+    from flwr.app import Context, RecordDict
+
+    monkeypatch.setattr(flower_node, "_NODES", type(flower_node._NODES)())
+    monkeypatch.setattr(flower_node, "_COLLECTOR", {"evicted": 0, "frozen": False})
+    monkeypatch.setattr(flower_node, "_DATA", {})
+    monkeypatch.setattr(gc, "freeze", lambda: None)  # this test process's objects stay collectable
+    config = build_config(RunConfig(), {"algorithm": "fediod", "clients": 40, "model": "lenet-fedmdcg"})
+    limit, alive = 8, []
+    gc.disable()  # no collection but the cache's own
+    try:
+        for pid in range(config.clients):
+            node_config = {"partition-id": pid, "num-partitions": config.clients, "client-cache": limit}
+            context = Context(run_id=1, node_id=pid, node_config=node_config, state=RecordDict(), run_config={})
+            node = flower_node.node_for(context, config, "fediod", tmp_path)
+            alive.append(weakref.ref(node.client))
+            del node
+            # the cache's clients and at most limit // 8 pushed out since the last collection
+            assert sum(ref() is not None for ref in alive) <= limit + limit // 8
+    finally:
+        gc.enable()
