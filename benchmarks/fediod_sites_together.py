@@ -33,7 +33,15 @@ from fedistill.config import RunConfig, build_config
 from fedistill.transports.inprocess import InProcessFleet
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEMO, RESULTS, add_device_and_shape, benchmark_parser
+from _common import (
+    DEMO,
+    RESULTS,
+    add_device_and_shape,
+    benchmark_parser,
+    check_shape,
+    variant_flags,
+    variant_suffix,
+)
 from fediod_step_time import matmul_peak_gflops, warm_federation
 
 
@@ -46,6 +54,9 @@ def federation(together: bool, args) -> tuple[FedIODServer, InProcessFleet]:  # 
         layer |= {"dataset": args.dataset, "data_dir": args.data_dir}
     if args.model:
         layer["model"] = args.model
+    shape = {k: v for k, v in (("image_size", args.image_size), ("channels", args.channels)) if v}
+    if shape:
+        layer[layer["dataset"]] = shape
     return warm_federation(build_config(RunConfig(), layer))
 
 
@@ -82,6 +93,7 @@ def main() -> None:
     parser.add_argument("--teacher-epochs", type=int, default=2)
     add_device_and_shape(parser)
     args = parser.parse_args()
+    check_shape(parser, args, [args.dataset or "digits"])
     devices.use(args.device)
     threads = [int(t) for t in args.threads.split(",")]
     torch.set_num_threads(1)
@@ -107,7 +119,7 @@ def main() -> None:
         f"--steps {args.steps} --blocks {args.blocks}"
         + (f" --dataset {args.dataset}" if args.dataset else "")
         + (f" --model {args.model}" if args.model else "")
-        + (f" --device {args.device}" if args.device != "cpu" else "")
+        + variant_flags(args)
     )
     lines = [
         f"# FedIOD: sites answering one after another and together ({dataset}, {model}, K = {args.clients})",
@@ -132,7 +144,7 @@ def main() -> None:
     name = "fediod_sites_together"
     if args.dataset or args.model or args.clients != 10:
         name += f"_{dataset}_k{args.clients}"
-    name += "" if devices.current().type == "cpu" else f"_{devices.current().type}"
+    name += variant_suffix(args)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     record = {

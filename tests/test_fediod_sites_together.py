@@ -17,9 +17,9 @@ from fedistill.transports.inprocess import InProcessFleet
 STABLE = {"preset": "stable", "w_bn": 10.0, "ensemble_weighting": "eq8", "pool_steps": 2}
 
 
-def _parts(together: bool, **fediod):
+def _parts(together: bool, model: str = "small-cnn", **fediod):
     layer = copy.deepcopy(TINY_FEDIOD)
-    layer["model"] = "small-cnn"
+    layer["model"] = model
     layer["fediod"] |= STABLE | fediod | {"sites_together": together}
     clients, server, _ = fediod_parts(build_config(RunConfig(), layer, {"algorithm": "fediod"}))
     fleet = InProcessFleet(clients, Ledger(None))
@@ -58,9 +58,11 @@ def _spy_together(monkeypatch):
     return calls
 
 
-def test_sites_answering_together_send_what_they_would_alone(monkeypatch):
-    alone_clients, alone_server, alone_fleet = _parts(False)
-    together_clients, together_server, together_fleet = _parts(True)
+# small-cnn: BatchNorm teachers; lenet5: none (no batch-norm term); resnet8: residual blocks
+@pytest.mark.parametrize("model", ["small-cnn", "lenet5", "resnet8"])
+def test_sites_answering_together_send_what_they_would_alone(monkeypatch, model):
+    alone_clients, alone_server, alone_fleet = _parts(False, model)
+    together_clients, together_server, together_fleet = _parts(True, model)
     alone = _recorded(alone_clients)
     for client in together_clients.values():
         client.answered = []
