@@ -109,6 +109,22 @@ def test_loaded_model_reproduces_the_runs_test_accuracy(finished, digits):
     assert torch.equal(from_its_folder.predict(test.x[:20]), predicted[:20])
 
 
+def test_centralized_exports_the_pooled_model_it_trained(tmp_path, digits):
+    """Centralized's one model (the tables' upper bound) comes back for predict and export, fetched once
+    through the message boundary; Standalone's models stay with their sites."""
+    keys = KEYS | {"algorithm": "centralized,standalone"}
+    result = fedistill.run(**keys, out=str(tmp_path), name="pooled", quiet=True)
+    model = fedistill.load_model(result.run_dir, "centralized")
+    assert (model.name, model.algorithm) == ("global", "centralized")
+    accuracy = int((model.predict(digits.test.x) == digits.test.y).sum()) / len(digits.test)
+    assert abs(accuracy - result["centralized"].final["test_accuracy"]) <= 1e-6
+    ledger = read_jsonl(result.run_dir / "centralized" / "ledger.jsonl")
+    sent = [r for r in ledger if r.get("type") == "query.model" and r.get("direction") == UP]
+    assert len(sent) == 1
+    with pytest.raises(RunDirError, match="exported no whole model"):
+        fedistill.load_model(result.run_dir, "standalone")
+
+
 def test_a_model_loads_without_its_dataset_from_the_facts_saved_beside_it(finished, digits, monkeypatch):
     import fedistill.data.registry as registry
 

@@ -11,8 +11,9 @@ patient's `count` slices with the largest lesion area in the ground truth (never
 Rows are slices, shown whole (cut to the head) so that false positives anywhere show; columns the image,
 the true lesion (green contour), then one panel per method with its predicted lesion (red) over the true
 contour, that slice's Dice and how many pixels it called lesion. A method whose run exported no whole
-model (Standalone and Centralized keep theirs in the run's checkpoints) is taken from the last checkpoint
-instead (Standalone: the site with the median semi-synthetic test Dice) and starred. The models were
+model (Standalone keeps its models with the sites; Centralized runs older than its export too) is taken
+from the last checkpoint instead (Standalone: the site with the median semi-synthetic test Dice) and
+starred. The models were
 trained on semi-synthetic lesions; the patients are real contrast T1 with the skull on.
 
     python benchmarks/segmentation_real_figure.py --runs RUNS_DIR [--out DIR] [--slices 2]
@@ -123,9 +124,9 @@ def predicted_lesion(model: Trained, patient: Patient, folder: Path, segment: Se
 def load_models(
     runs: Mapping[str, tuple[Path, str]], data_dir: Path, load: Loader
 ) -> tuple[dict[str, Trained], dict[str, str]]:
-    """Each method's model through `fedistill.load_model`; a method that exported none (Standalone and
-    Centralized keep theirs with the sites) from its run's last checkpoint instead, and where each came
-    from."""
+    """Each method's model through `fedistill.load_model`; a method that exported none (Standalone's stay
+    with the sites, as Centralized's did before it exported one) from its run's last checkpoint instead,
+    and where each came from."""
     models, sources = {}, {}
     for label, (run_dir, algorithm) in runs.items():
         try:

@@ -71,30 +71,42 @@ def demo_scale(
     fediod_sets: tuple[str, ...] = CI_FEDIOD,
     floor: dict[str, float] | None = None,
 ) -> Scale:
-    """One run per method of a demo (FedIOD with `fediod_sets`, the ci budget by default), checked against
-    our recorded numbers; the paper's number of the same method beside it (`paper_keys`: method ->
-    configs/expected.toml entry); `floor`: the recorded numbers of the task's trivial predictor, a row
-    read from the FedAvg run's summary."""
+    """One run per method of a demo (FedIOD with `fediod_sets`, the ci budget by default) on the CPU at
+    one thread; see `recorded_scale`."""
+    sets = {m: ("threads=1", "device='cpu'", *(fediod_sets if m == "fediod" else ())) for m in DEMO_METHODS}
+    note = f"{config}: semi-synthetic data, no data files"
+    return recorded_scale(config, recorded, sets, "demo", paper_keys=paper_keys, floor=floor, note=note)
+
+
+def recorded_scale(
+    config: str,
+    recorded: dict[str, dict[str, float]],
+    sets: dict[str, tuple[str, ...]],
+    prefix: str,
+    *,
+    paper_keys: dict[str, str] | None = None,
+    floor: dict[str, float] | None = None,
+    labels: dict[str, str] = LABELS,
+    note: str = "",
+) -> Scale:
+    """One run per method of `recorded` on `config` (its `sets` after the algorithm's), named
+    `<prefix>-<method>`, checked against our recorded numbers; the paper's number of the same method beside
+    it (`paper_keys`: method -> configs/expected.toml entry); `floor`: the recorded numbers of the task's
+    trivial predictor, a row read from the FedAvg run's summary."""
     expected = read_expected()
     runs, rows = [], []
-    for method in DEMO_METHODS:
-        sets = (
-            f"algorithm='{method}'",
-            "threads=1",
-            "device='cpu'",
-            *(fediod_sets if method == "fediod" else ()),
-        )
-        runs.append(Run(f"demo-{method}", config, sets))
-        entry = expected.get(paper_keys.get(method, ""), {})
+    for method, values in recorded.items():
+        runs.append(Run(f"{prefix}-{method}", config, (f"algorithm='{method}'", *sets.get(method, ()))))
+        entry = expected.get((paper_keys or {}).get(method, ""), {})
         cells = {
             column: Expected(entry.get(f"paper_{column}"), value, CI_TOLERANCE[column])
-            for column, value in recorded[method].items()
+            for column, value in values.items()
         }
-        rows.append(Row(LABELS[method], f"demo-{method}", method, cells))
+        rows.append(Row(labels[method], f"{prefix}-{method}", method, cells))
     if floor is not None:
         cells = {column: Expected(None, value, CI_TOLERANCE[column]) for column, value in floor.items()}
-        rows.append(Row(FLOOR_LABEL, "demo-fedavg", "fedavg", cells, section="floor"))
-    return Scale(tuple(runs), tuple(rows), note=f"{config}: semi-synthetic data, no data files")
+        rows.append(Row(FLOOR_LABEL, f"{prefix}-fedavg", "fedavg", cells, section="floor"))
+    return Scale(tuple(runs), tuple(rows), note=note)
 
 
 def segmentation_target() -> Target:
@@ -132,6 +144,38 @@ def nuclei_targets() -> list[Target]:
     ]
 
 
+#: cpu: the runs of benchmarks/reconstruction_table.py at its defaults (one FL-MRCM target), seed 0, on this
+#: config; their summaries' means over the four test volumes
+CPU_RECONSTRUCTION_CONFIG = "reconstruction-cpu/brain-t1-sites.toml"
+CPU_RECONSTRUCTION = {
+    "standalone": {"ssim": 0.5249, "psnr": 20.35},
+    "centralized": {"ssim": 0.7194, "psnr": 24.42},
+    "fedavg": {"ssim": 0.6639, "psnr": 22.90},
+    "flmrcm": {"ssim": 0.6442, "psnr": 22.44},
+    "fediod": {"ssim": 0.5283, "psnr": 20.49},
+}
+CPU_RECONSTRUCTION_FLOOR = {"ssim": 0.5308, "psnr": 19.99}
+#: the CPU table's FedIOD: pix2pix's G and the PatchGAN D_k at width 16 (the paper: 64), 20 distillation
+#: epochs of 10 G-steps after 20 teacher epochs
+CPU_FEDIOD = ("fediod.generator_width=16", "fediod.generator_blocks=3", "fediod.noise_channels=2",
+              "fediod.discriminator_width=16", "fediod.discriminator_layers=3",
+              "fediod.synthetic_batch_size=8", "fediod.student_steps=2", "fediod.teacher_epochs=20",
+              "fediod.iters_per_epoch=10", "eval_every=1")  # fmt: skip
+CPU_SETS = {"fedavg": ("fedavg.weighting='uniform'",), "flmrcm": ("flmrcm.target_site=0",),
+            "fediod": CPU_FEDIOD}  # fmt: skip
+CPU_LABELS = LABELS | {"flmrcm": "FL-MRCM (target: site 0, Colin 27)"}
+
+
+def reconstruction_cpu_scale() -> Scale:
+    """Table 9 on `brain-t1-sites` (four real T1 volumes, 64 px): every method on one config, checked
+    against our recorded numbers; the floor row is the zero-filled input after data consistency."""
+    note = "brain-t1-sites: four real T1 volumes, 64 px; not the paper's data, its numbers are not comparable"
+    return recorded_scale(
+        CPU_RECONSTRUCTION_CONFIG, CPU_RECONSTRUCTION, CPU_SETS, "brain-t1-sites",
+        floor=CPU_RECONSTRUCTION_FLOOR, labels=CPU_LABELS, note=note,
+    )  # fmt: skip
+
+
 def reconstruction_target() -> Target:
     return Target(
         name="reconstruction-table9",
@@ -148,6 +192,7 @@ def reconstruction_target() -> Target:
                 fediod_sets=(),
                 floor=CI_RECONSTRUCTION_FLOOR,
             ),
+            "cpu": reconstruction_cpu_scale(),
             "paper": config_scale(config_keys("reconstruction"), RECONSTRUCTION_BY_SOURCE),
         },
     )

@@ -5,12 +5,15 @@ it; the reported accuracy is the mean (and std) of the clients' models on the te
 FedIOD's table. The FedMD-CG paper's "global accuracy" of Local Training averages the local models
 instead: the in-process runner reports it as ``global_accuracy_oracle`` (algorithms/shared/oracle.py),
 outside the protocol. Centralized is the same logic with a single client holding all training data:
-not federated at all, the upper bound.
+not federated at all, the upper bound. Its one model is worth keeping (`fedistill predict`, `export`), so
+at the end its server asks for it (`query.model`, one message in the ledger); a Standalone site never
+sends its model.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from torch import nn
 
 from fedistill.algorithms.base import (
     ALL_TASKS,
@@ -35,7 +38,7 @@ from fedistill.algorithms.shared.training import (
 )
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.fleet import Fleet, successful
-from fedistill.federation.messages import Message
+from fedistill.federation.messages import Message, state_specs
 from fedistill.federation.reply_spec import TRAIN_LOSS, TRAIN_METRICS, ReplySpec
 from fedistill.seeding import torch_generator
 
@@ -136,6 +139,42 @@ class StandaloneServer(ServerLogic):
         return metrics
 
 
+#: Centralized's request for the model its pooled "site" trained, once, after the last round.
+MODEL_QUERY = "query.model"
+
+
+class CentralizedClient(StandaloneClient):
+    """Standalone's client on the pooled data, which also hands its trained model over when asked."""
+
+    @handles(MODEL_QUERY, read_only=True)
+    def send_model(self, message: Message) -> Message:
+        """`query.model`: the trained parameters (and running statistics)."""
+        return Message.build(MODEL_QUERY, arrays={"parameters": self.model.state_dict()})
+
+
+class CentralizedServer(StandaloneServer):
+    """Standalone's server, which collects the pooled model at the end so the run exports it as `global`."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        super().__init__(ctx)
+        self.model = new_model(ctx.config, ctx.info)
+
+    def final_evaluate(self, fleet: Fleet, last: dict[str, float]) -> dict[str, float]:
+        """Ask the pooled client for its trained model; the reported metrics stay its last evaluation."""
+        expect = ReplySpec(arrays={"parameters": state_specs(self.model.state_dict())})
+        replies = successful(
+            fleet.broadcast(
+                Message.build(MODEL_QUERY), timeout=self.ctx.config.timeout or None, expect=expect
+            ),
+            what="the trained model",
+        )
+        self.model.load_state_dict(next(iter(replies.values())).tensors("parameters"))
+        return last
+
+    def models(self) -> dict[str, nn.Module]:
+        return {"global": self.model}
+
+
 register(
     Algorithm(
         "standalone",
@@ -150,8 +189,8 @@ register(
     Algorithm(
         "centralized",
         "Centralized: all training data pooled in one place (not federated; the upper bound)",
-        StandaloneClient,
-        StandaloneServer,
+        CentralizedClient,
+        CentralizedServer,
         pooled=True,
         tasks=(*ALL_TASKS, *TEXT_TASKS),
     )
