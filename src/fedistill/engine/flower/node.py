@@ -14,9 +14,10 @@ the system (heap.py), so what earlier messages freed is not kept either.
 A client pushed out of that cache is often a reference cycle (a module holding a bound method of its
 client), which only a full garbage collection frees; in a worker holding some 300,000 long-lived objects
 (torch, Flower, Ray) CPython runs one rarely, and the pushed-out clients piled up (about 75 MiB of tensors
-beyond the cache's own 35 MiB per worker in a 300-site FedIOD simulation, before any G-step). So the
-process's long-lived objects are frozen out of the collector once its data are loaded (`gc.freeze`), and a
-collection, now over the clients alone, runs after every few clients pushed out.
+beyond the cache's own 35 MiB per worker in a 300-site FedIOD simulation, before any G-step). So a client
+pushed out drops its attributes at once, which frees what the cycle held by reference counting alone; for
+any cycle left, the process's long-lived objects are frozen out of the collector once its data are loaded
+(`gc.freeze`), and a collection, now over the clients alone, runs after every `client-cache` pushed out.
 """
 
 from __future__ import annotations
@@ -76,14 +77,16 @@ _COLLECTOR = {"evicted": 0, "frozen": False}
 
 
 def _remember(key: tuple[int, str, int], node: Node, limit: int) -> None:
-    """Keep `node` as the most recently used client, forgetting the least recently used past `limit`; after
-    every `limit // 8` clients forgotten, free those that are reference cycles."""
+    """Keep `node` as the most recently used client, forgetting the least recently used past `limit`: a
+    forgotten client drops its attributes (see the module docstring), and after every `limit` forgotten a
+    collection frees any cycle that is left."""
     _NODES[key] = node
     _NODES.move_to_end(key)
     while limit > 0 and len(_NODES) > limit:
-        _NODES.popitem(last=False)
+        _, forgotten = _NODES.popitem(last=False)
+        vars(forgotten.client).clear()  # nothing else holds it: this process serves one message at a time
         _COLLECTOR["evicted"] += 1
-    if _COLLECTOR["evicted"] >= max(1, limit // 8):
+    if limit > 0 and _COLLECTOR["evicted"] >= limit:
         _COLLECTOR["evicted"] = 0
         gc.collect()
 
