@@ -14,6 +14,7 @@ from fedistill.reproduce.arguments import (
     cell_name,
     check_shape,
     fediod_parser,
+    resampled_shape,
     variant_flags,
     variant_suffix,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "check_shape",
     "fediod_budget_sets",
     "fediod_parser",
+    "resampled_shape",
     "run_fediod",
     "run_fedistill",
     "run_on_demo",

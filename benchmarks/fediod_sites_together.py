@@ -39,6 +39,7 @@ from _common import (
     add_device_and_shape,
     benchmark_parser,
     check_shape,
+    resampled_shape,
     variant_flags,
     variant_suffix,
 )
@@ -54,7 +55,7 @@ def federation(together: bool, args) -> tuple[FedIODServer, InProcessFleet]:  # 
         layer |= {"dataset": args.dataset, "data_dir": args.data_dir}
     if args.model:
         layer["model"] = args.model
-    shape = {k: v for k, v in (("image_size", args.image_size), ("channels", args.channels)) if v}
+    shape = resampled_shape(args)
     if shape:
         layer[layer["dataset"]] = shape
     return warm_federation(build_config(RunConfig(), layer))

@@ -48,6 +48,7 @@ from _common import (
     add_device_and_shape,
     benchmark_parser,
     check_shape,
+    resampled_shape,
     variant_flags,
     variant_suffix,
 )
@@ -57,7 +58,7 @@ def measure(clients: int, args: argparse.Namespace) -> dict:
     fediod = {"preset": "paper", "teacher_epochs": 1, "generator_width": args.width, "discriminator_width": args.width,
               "student_steps": args.student_steps, "channels_last": args.channels_last}  # fmt: skip
     sync = torch.cuda.synchronize if devices.current().type == "cuda" else (lambda: None)
-    shape = {k: v for k, v in (("image_size", args.image_size), ("channels", args.channels)) if v}
+    shape = resampled_shape(args)
     config = build_config(
         RunConfig(),
         {"algorithm": "fediod", "clients": clients, "dataset": args.dataset, "data_dir": args.data_dir,

@@ -40,6 +40,7 @@ from _common import (
     add_seed_and_out,
     benchmark_parser,
     check_shape,
+    resampled_shape,
     run_fedistill,
     variant_flags,
     variant_suffix,
@@ -115,8 +116,7 @@ def cell(args: argparse.Namespace, dataset: str, alpha: str) -> dict[str, Any]:
 
 def shape_sets(args: argparse.Namespace) -> list[str]:
     """`--set` options that resample an MNIST-like set (e.g. to CIFAR's 3 x 32 x 32), for both runs."""
-    shape = (("image_size", args.image_size), ("channels", args.channels))
-    return [f"{args.dataset}.{key}={value}" for key, value in shape if value]
+    return [f"{args.dataset}.{key}={value}" for key, value in resampled_shape(args).items()]
 
 
 def label(result: dict[str, Any]) -> str:

@@ -263,3 +263,21 @@ def test_a_ci_target_reproduces_its_recorded_numbers(name, tmp_path, capsys):
     code, stdout, _ = reproduce(capsys, name, "--scale", "ci", "--jobs", "2", "--out", str(tmp_path))
     assert code == 0, stdout
     assert "**all within tolerance**" in stdout
+
+
+def test_a_benchmark_asked_for_a_device_this_machine_lacks_stops_in_one_line(capsys):
+    import argparse
+
+    import torch
+
+    from fedistill.reproduce.arguments import add_device_and_shape, check_shape
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    parser = argparse.ArgumentParser(prog="bench")
+    add_device_and_shape(parser)
+    args = parser.parse_args(["--device", "cuda"])
+    with pytest.raises(SystemExit) as exit_info:
+        check_shape(parser, args, ["mnist"])
+    assert exit_info.value.code == 2
+    assert "bench: error: --device: device 'cuda': this machine has no CUDA device" in capsys.readouterr().err

@@ -49,10 +49,23 @@ def add_device_and_shape(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--channels", type=int, default=0, help="MNIST-like sets: 3 repeats grey into colour")
 
 
+def resampled_shape(args: argparse.Namespace) -> dict[str, int]:
+    """The dataset options `--image-size` / `--channels` ask for (none when neither is given)."""
+    asked = (("image_size", args.image_size), ("channels", args.channels))
+    return {key: value for key, value in asked if value}
+
+
 def check_shape(parser: argparse.ArgumentParser, args: argparse.Namespace, datasets: Sequence[str]) -> None:
-    """A one-line usage error, before anything runs, when `--image-size` / `--channels` meet a dataset
-    that cannot be resampled."""
+    """A one-line usage error, before anything runs, when `--device` names one this machine lacks or
+    `--image-size` / `--channels` meet a dataset that cannot be resampled."""
+    from fedistill import devices
     from fedistill.data.registry import dataset_options
+    from fedistill.errors import ConfigError
+
+    try:
+        devices.resolve(args.device)
+    except ConfigError as error:
+        parser.error(f"--device: {error}")
 
     asked = [
         f"--{flag}" for flag, value in (("image-size", args.image_size), ("channels", args.channels)) if value
