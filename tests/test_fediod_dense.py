@@ -181,3 +181,26 @@ def test_eq8_per_pixel_weights_on_a_hand_computed_case():
     right_background = torch.tensor([0.75 * 0.5, 0.25 * 2])
     torch.testing.assert_close(weights[:, 1, 0], right_background / right_background.sum())
     torch.testing.assert_close(weights.sum(0), torch.ones(4, 2))
+
+
+def test_the_per_client_mixture_tells_a_conditional_generator_each_samples_site():
+    """`generator_mixture = "per-client"` on a per-pixel task: G's condition is the mask's one-hot followed
+    by constant one-hot planes of the site the mask is for, and G reads them (another site, another image)."""
+    config = _config(SEGMENTATION, generator_mixture="per-client")
+    _, server, fleet = _dense_parts(config)
+    draw = server._draw(8, torch_generator(0, "latent", 0))
+    classes = server.view.condition_classes
+    assert draw.latent.shape[1] == classes + 2
+    assert torch.equal(draw.latent[:, :classes], server.view.one_hot(draw.masks))
+    planes = draw.latent[:, classes:]
+    assert torch.equal(planes[:, :, 0, 0].argmax(1), draw.owner)
+    assert torch.equal(planes.amin((2, 3)), planes.amax((2, 3)))  # constant over the image
+    swapped = draw.latent.clone()
+    swapped[:, classes:] = swapped[:, classes:].flip(1)
+    server.generator.eval()
+    noise = server.generator.sample_noise(draw.latent, torch_generator(0, "noise", 0))
+    with torch.no_grad():
+        assert not torch.equal(server.generator(draw.latent, noise), server.generator(swapped, noise))
+    server.generator.train()
+    metrics = server.distillation_step(fleet)
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values() if isinstance(v, float))

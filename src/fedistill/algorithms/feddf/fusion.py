@@ -121,7 +121,7 @@ def distill(
         )
         if not torch.isfinite(loss):
             raise FederationError(
-                f"FedDF's distillation loss is {float(loss)} at step {step}; lower feddf.distill_lr"
+                f"FedDF's distillation loss is {loss.item()} at step {step}; lower feddf.distill_lr"
             )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -26,7 +26,7 @@ class Draw:
     """One batch drawn for the generator: its latent inputs, which site each sample is for, and its mask
     conditions."""
 
-    latent: torch.Tensor  # z, or z with the site's one-hot (classification)
+    latent: torch.Tensor  # z, or z with the site's one-hot; per-pixel: the mask's one-hot (and the site's)
     owner: torch.Tensor | None  # (B,) site positions, or None
     masks: torch.Tensor | None = None  # (B, H, W) int64 condition (per-pixel tasks)
     pair: torch.Tensor | None = None  # (B,) position of the mask in its site's upload, -1 for none
@@ -48,3 +48,10 @@ def prior_masks(view: TaskView, batch: int, rng: torch.Generator) -> torch.Tenso
         noise /= noise.std() + 1e-8
         out[i] = condition.prior(gen, noise, yy, xx)
     return torch.from_numpy(out)
+
+
+def owner_planes(owner: torch.Tensor, sites: int, like: torch.Tensor) -> torch.Tensor:
+    """Each sample's site as constant one-hot planes (B, sites, H, W) beside its mask's one-hot `like`, so
+    a conditional G of the per-client mixture can draw each site's look for that site's masks."""
+    onehot = torch.nn.functional.one_hot(owner.to(like.device), sites).to(like)
+    return onehot[:, :, None, None].expand(-1, -1, *like.shape[-2:])

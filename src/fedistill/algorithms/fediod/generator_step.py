@@ -59,7 +59,10 @@ class GeneratorStep:
         else:
             masks = devices.on_device(draws.prior_masks(self.view, batch, rng))
             pair = torch.full((batch,), -1)
-        return draws.Draw(self.view.one_hot(masks), owner, masks, pair)
+        condition = self.view.one_hot(masks)
+        if self.options.generator_mixture == "per-client":
+            condition = torch.cat([condition, draws.owner_planes(owner, self.ctx.num_clients, condition)], 1)
+        return draws.Draw(condition, owner, masks, pair)
 
     def _generate(self, draw: draws.Draw, rng: torch.Generator) -> torch.Tensor:
         """G's images for a draw (noise channels of conditional G from `rng`)."""

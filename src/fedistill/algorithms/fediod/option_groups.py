@@ -141,7 +141,8 @@ class GeneratorOptions:
     pi_k of each batch meant for site k; D_k, its L_gan, L_conf and batch-norm terms see only those
     samples, so the mixture approximates the union of the sites' data, sum_k pi_k P_k. Every teacher
     still labels every sample. Each client receives which samples are its own (a 0/1 vector); nothing
-    else changes."""
+    else changes. On per-pixel tasks each mask already belongs to a site; per-client adds that site's
+    one-hot as constant planes to G's mask condition."""
 
 
 @dataclass(frozen=True)

@@ -132,16 +132,16 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
     def _build_generator(self) -> nn.Module:
         options, info = self.options, self.ctx.info
         width = network_widths(options, info.image_size)[0]
-        if self.view.conditional:
+        mixture = options.generator_mixture == "per-client"
+        if self.view.conditional:  # per-client: the mask's one-hot followed by its site's, as planes
             return build_conditional_generator(
                 info,
-                self.view.condition_classes,
+                self.view.condition_classes + (self.ctx.num_clients if mixture else 0),
                 noise_channels=options.noise_channels,
                 width=width,
                 blocks=options.generator_blocks,
                 dropout=False,  # pix2pix's dropout noise would come from torch's global stream
             )
-        mixture = options.generator_mixture == "per-client"
         return build_generator(
             info,
             latent_dim=options.latent_dim,
