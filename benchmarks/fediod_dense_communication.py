@@ -7,9 +7,10 @@ and the ledger: the bytes each direction moved per content kind, per G-step (the
 the selected student's test quality.
 
     python benchmarks/fediod_dense_communication.py [--tasks segmentation,reconstruction]
-        [--variants pixel,patch,...] [--out /tmp/fediod_dense] [--reuse]
+        [--variants pixel,patch,...] [--seeds 0] [--out /tmp/fediod_dense] [--reuse] [--tag TAG]
 
-Writes benchmarks/results/fediod_dense_communication.{md,json}.
+Writes benchmarks/results/fediod_dense_communication{_TAG}.{md,json}; with several seeds, also each
+variant's mean over them.
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "fediod.ratio_resolution='patch'",
         "fediod.student_steps=1",
     ),
+    # a two-class task's sites send one logit margin per pixel (segmentation only)
+    "compact+patch+margin": (
+        "fediod.wire='compact'",
+        "fediod.ratio_resolution='patch'",
+        "fediod.pixel_logits='margin'",
+    ),
     "batch4": ("fediod.synthetic_batch_size=4",),
     "compact": ("fediod.wire='compact'",),
 }
@@ -66,9 +73,12 @@ NOTES = """## Reading it
   tests/test_fediod_dense_communication.py checks it.
 - Why not one value per sample: the ratios are not a loss on D_k's output (L_gan is computed at the site
   and never sent) but Eq. 8's weights, which are normalised over the sites at every pixel; a mean over
-  the image gives other weights. Why not fewer logits: the masks have 2 classes and L_mimic (l2 on the
-  logits) needs both; reconstruction's output is one channel already. The input-gradient goes as scaled
-  float16 with `wire = "compact"`.
+  the image gives other weights. Fewer logits: `pixel_logits = "margin"` sends a two-class task's
+  z_1 - z_0 per pixel and the server takes (0, z_1 - z_0), the same softmax (the `+margin` rows; the
+  output-gradients the server returns halve too). It is not the same computation: L_mimic (l2 on the
+  logits) then fits the student to that centring, and the class-dependent Eq. 8 weights give another
+  ensemble, so its quality is measured, not assumed. Reconstruction's output is one channel already. The
+  input-gradient goes as scaled float16 with `wire = "compact"`.
 - `synthetic_batch_size` and `student_steps` are existing knobs: they cut every per-sample content at
   once and change what G and S learn, so their quality must be read against the `pixel` row's.
 - Recommended: `wire = "compact"` with `ratio_resolution = "patch"` (the `compact+patch` rows): the
@@ -81,14 +91,18 @@ NOTES = """## Reading it
 """
 
 
-def command(task: str, variant: str, out: Path) -> list[str]:
-    """The `fedistill run` command line of one (task, variant)."""
+def run_name(task: str, variant: str, seed: int) -> str:
+    return f"{task}-{variant}" if seed == 0 else f"{task}-{variant}-seed{seed}"
+
+
+def command(task: str, variant: str, out: Path, seed: int = 0) -> list[str]:
+    """The `fedistill run` command line of one (task, variant, seed)."""
     config, target_sets, _ = TASKS[task]
     sets = ("threads=1", "device='cpu'", *target_sets, *VARIANTS[variant])
-    argv = ["fedistill", "run", "--quiet", "--config", config, "--algorithm", "fediod", "--seed", "0"]
+    argv = ["fedistill", "run", "--quiet", "--config", config, "--algorithm", "fediod", "--seed", str(seed)]
     for item in sets:
         argv += ["--set", item]
-    return [*argv, "--out", str(out), "--name", f"{task}-{variant}"]
+    return [*argv, "--out", str(out), "--name", run_name(task, variant, seed)]
 
 
 def g_steps(ledger: Path) -> int:
@@ -101,21 +115,23 @@ def g_steps(ledger: Path) -> int:
     return len(steps)
 
 
-def run(task: str, variant: str, out: Path, reuse: bool) -> dict[str, Any]:
-    """Run one (task, variant) unless `reuse` finds it finished; its row of the table."""
-    run_dir = out / f"{task}-{variant}" / "fediod"
-    argv = command(task, variant, out)
+def run(task: str, variant: str, out: Path, reuse: bool, seed: int = 0) -> dict[str, Any]:
+    """Run one (task, variant, seed) unless `reuse` finds it finished; its row of the table."""
+    name = run_name(task, variant, seed)
+    run_dir = out / name / "fediod"
+    argv = command(task, variant, out, seed)
     if not (reuse and (run_dir / "summary.json").is_file()):
         started = time.time()
         subprocess.run(["nice", "-n", "5", sys.executable, "-m", "fedistill.cli", *argv[1:]], check=True)
-        print(f"{task} {variant}: {time.time() - started:.0f} s", flush=True)
+        print(f"{name}: {time.time() - started:.0f} s", flush=True)
     summary = json.loads((run_dir / "summary.json").read_text())
     communication, final = summary["communication"], summary["final"]
     steps = g_steps(run_dir / "ledger.jsonl")
-    shown = " ".join([*argv[:-4], "--out", "OUT", "--name", f"{task}-{variant}"])
+    shown = " ".join([*argv[:-4], "--out", "OUT", "--name", name])
     return {
         "task": task,
         "variant": variant,
+        "seed": seed,
         "command": shown,
         "quality": {m: final[f"test_{m}"] for m in TASKS[task][2]},
         "selected_epoch": final.get("selected_epoch"),
@@ -149,13 +165,19 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             continue
         base = next((r for r in mine if r["variant"] == "pixel"), mine[0])
         up_kinds = sorted({k for r in mine for k in r["up"] if k != "total"})
-        lines += [f"## {task} (reproduce target at --scale ci, seed 0)", ""]
+        seeds = sorted({r.get("seed", 0) for r in mine})
+        label = (
+            (lambda r: r["variant"])
+            if seeds == [0]
+            else (lambda r: f"{r['variant']}, seed {r.get('seed', 0)}")
+        )
+        lines += [f"## {task} (reproduce target at --scale ci, seed {', '.join(map(str, seeds))})", ""]
         lines += ["Sites' bytes per G-step by content kind (KB; the run's total over its G-steps):", ""]
         header = ["variant", "G-steps", *up_kinds, "sites total"]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for r in mine:
             per_step = [kb(r["up"].get(k, 0) / r["g_steps"]) for k in up_kinds]
-            cells = [r["variant"], str(r["g_steps"]), *per_step, kb(r["up"]["total"] / r["g_steps"])]
+            cells = [label(r), str(r["g_steps"]), *per_step, kb(r["up"]["total"] / r["g_steps"])]
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", "Quality and the run's bytes (MB):", ""]
         header = ["variant", "quality", "sites sent", "server sent", "all", "all / pixel", "wall s"]
@@ -163,11 +185,30 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         base_all = base["up"]["total"] + base["down"]["total"]
         for r in mine:
             both = r["up"]["total"] + r["down"]["total"]
-            cells = [r["variant"], quality_cell(task, r["quality"]), mb(r["up"]["total"]),
+            cells = [label(r), quality_cell(task, r["quality"]), mb(r["up"]["total"]),
                      mb(r["down"]["total"]), mb(both), f"{both / base_all:.3f}", f"{r['wall_time_s']:.0f}"]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        if len(seeds) > 1:
+            lines += seed_means(task, mine)
     return lines
+
+
+def seed_means(task: str, rows: list[dict[str, Any]]) -> list[str]:
+    """Each variant's mean quality and bytes over its seeds (the same seeds for every variant)."""
+    lines = [
+        "Mean over the seeds:",
+        "",
+        "| variant | seeds | quality | sites sent MB | all MB |",
+        "|---|---|---|---|---|",
+    ]
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        mine = [r for r in rows if r["variant"] == variant]
+        quality = {m: sum(r["quality"][m] for r in mine) / len(mine) for m in TASKS[task][2]}
+        up = sum(r["up"]["total"] for r in mine) / len(mine)
+        both = sum(r["up"]["total"] + r["down"]["total"] for r in mine) / len(mine)
+        lines.append(f"| {variant} | {len(mine)} | {quality_cell(task, quality)} | {mb(up)} | {mb(both)} |")
+    return [*lines, ""]
 
 
 def git_commit() -> str:
@@ -175,15 +216,16 @@ def git_commit() -> str:
     return done.stdout.strip() or "unknown"
 
 
-def write(rows: list[dict[str, Any]], argv: str) -> list[str]:
+def write(rows: list[dict[str, Any]], argv: str, tag: str = "") -> list[str]:
     """Write the json and markdown results; the markdown's lines."""
     payload = {"command": argv, "commit": git_commit(), "runs": rows}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "fediod_dense_communication.json").write_text(json.dumps(payload, indent=2) + "\n")
+    stem = "fediod_dense_communication" + (f"_{tag}" if tag else "")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
     lines = ["# FedIOD on the dense tasks: what sites send per G-step, and cheaper settings", "",
              f"Command: `{argv}` at commit {payload['commit']}; each row is one of these runs:", ""]  # fmt: skip
     lines += [f"    {r['command']}" for r in rows] + [""] + table(rows) + [NOTES.strip()]
-    (RESULTS / "fediod_dense_communication.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     return lines
 
 
@@ -195,17 +237,22 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--out", default="/tmp/fediod_dense", help="parent folder of the run directories")
     parser.add_argument("--reuse", action="store_true", help="keep runs that already finished")
+    parser.add_argument("--seeds", default="0", help="comma list of seeds, each variant on every one")
+    parser.add_argument("--tag", default="", help="suffix of the result files")
     args = parser.parse_args()
     tasks, variants = args.tasks.split(","), args.variants.split(",")
     unknown = sorted(set(tasks) - set(TASKS)) + sorted(set(variants) - set(VARIANTS))
     if unknown:
         parser.error(f"unknown task or variant: {', '.join(unknown)}")
+    seeds = [int(s) for s in args.seeds.split(",")]
     shown = f"python benchmarks/fediod_dense_communication.py --tasks {args.tasks} --variants {args.variants}"
+    shown += (f" --seeds {args.seeds}" if seeds != [0] else "") + (f" --tag {args.tag}" if args.tag else "")
     rows: list[dict[str, Any]] = []
-    for variant in variants:  # the variants in order, both tasks each: partial results stay comparable
-        for task in tasks:
-            rows.append(run(task, variant, Path(args.out), args.reuse))
-            lines = write(rows, shown)
+    for seed in seeds:  # every variant of a seed first: paired results as they come
+        for variant in variants:  # the variants in order, both tasks each: partial results stay comparable
+            for task in tasks:
+                rows.append(run(task, variant, Path(args.out), args.reuse, seed))
+                lines = write(rows, shown, args.tag)
     print("\n".join(lines))
 
 

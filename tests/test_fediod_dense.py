@@ -15,6 +15,7 @@ from fedistill.config import RunConfig, build_config
 from fedistill.data.base import DatasetInfo
 from fedistill.data.transforms import to_float
 from fedistill.engine.launch import run_suite
+from fedistill.errors import ConfigError
 from fedistill.federation.ledger import UP, Ledger, read_ledger
 from fedistill.models.perceptual import PerceptualLoss, encoder_features
 from fedistill.seeding import torch_generator
@@ -106,13 +107,25 @@ def _dense_parts(config: RunConfig):
     return clients, server, fleet
 
 
-@pytest.mark.parametrize("base", [SEGMENTATION, RECONSTRUCTION], ids=["segmentation", "reconstruction"])
-def test_the_dense_generator_gradient_equals_autograd_through_every_model(base):
+@pytest.mark.parametrize(
+    ("base", "pixel_logits"),
+    [(SEGMENTATION, "all"), (SEGMENTATION, "margin"), (RECONSTRUCTION, "all")],
+    ids=["segmentation", "segmentation-margin", "reconstruction"],
+)
+def test_the_dense_generator_gradient_equals_autograd_through_every_model(base, pixel_logits):
     """G's gradient assembled from the clients' input-gradients equals autograd of the whole loss: each
     site's L_gan on its own (mask, image) pairs, its per-pixel entropy, the per-pixel JSD and the student's
-    per-pixel mimicry of the Eq. 8-weighted ensemble (on undersampled images for reconstruction)."""
+    per-pixel mimicry of the Eq. 8-weighted ensemble (on undersampled images for reconstruction); with
+    `pixel_logits = "margin"` the ensemble is built from each teacher's (0, z_1 - z_0)."""
     config = _config(  # full-precision messages: exact only without the compact wire's rounding
-        base, w_adv=0.5, w_unique=1.2, w_conf=0.8, w_perceptual=0.7, ensemble_weighting="eq8", wire="float32"
+        base,
+        w_adv=0.5,
+        w_unique=1.2,
+        w_conf=0.8,
+        w_perceptual=0.7,
+        ensemble_weighting="eq8",
+        wire="float32",
+        pixel_logits=pixel_logits,
     )
     clients, server, fleet = _dense_parts(config)
     generator, student = copy.deepcopy(server.generator), copy.deepcopy(server.student)
@@ -132,7 +145,7 @@ def test_the_dense_generator_gradient_equals_autograd_through_every_model(base):
     for i, k in enumerate(ids):
         client, mine = clients[k], draw.owner == i
         z = client.teacher(view.model_input(x, index))
-        outputs.append(z)
+        outputs.append(view.received_logits(view.sent_logits(z)))
         fake = client.discriminator(view.one_hot(draw.masks), x)
         loss = loss + options.w_gan * pi[i] * L.generator_gan_loss(fake[mine])
         loss = loss + options.w_conf * pi[i] * L.entropy(view.rows(z[mine])).mean()
@@ -204,3 +217,30 @@ def test_the_per_client_mixture_tells_a_conditional_generator_each_samples_site(
     server.generator.train()
     metrics = server.distillation_step(fleet)
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values() if isinstance(v, float))
+
+
+def test_a_margin_halves_the_logits_and_keeps_each_teachers_softmax(tmp_path):
+    """`pixel_logits = "margin"` on two-class segmentation: the sites send one value per pixel instead of
+    two (half the logits' and output-gradients' bytes, float32 wire), the server's (0, z_1 - z_0) has the
+    teacher's softmax, and a task without two classes per pixel is refused in one line."""
+    view = TaskView(SemanticSegmentation(), DatasetInfo("toy", 1, 4, 2, (0.5,), (0.25,)), 0)
+    margin = view.with_sent_outputs("patch", "margin")
+    z = torch.randn(3, 2, 4, 4)
+    sent = margin.sent_logits(z)
+    assert sent.shape == (3, 1, 4, 4) == margin.sent_shape(3)
+    torch.testing.assert_close(margin.received_logits(sent).softmax(1), z.softmax(1))
+    stacked = torch.stack([sent, 2 * sent])  # the server's (K, B, 1, H, W)
+    assert margin.received_logits(stacked).shape == (2, 3, 2, 4, 4)
+    stage2 = {}  # the logits sites send and the output-gradients they get back in stage 2
+    for mode in ("all", "margin"):
+        config = _config(SEGMENTATION, wire="float32", pixel_logits=mode, ensemble_weighting="uniform")
+        summary = run_suite(config, tmp_path / mode, progress=False)[0]
+        assert 0.0 <= summary["final"]["test_dice"] <= 1.0
+        records = read_ledger(tmp_path / mode / "fediod" / "ledger.jsonl")
+        queries = [r["kinds"] for r in records if r["type"].startswith("query.")]
+        for kind in ("logits", "output-gradients"):
+            stage2[mode, kind] = sum(kinds.get(kind, 0) for kinds in queries)
+    for kind in ("logits", "output-gradients"):
+        assert stage2["margin", kind] / stage2["all", kind] == pytest.approx(0.5, rel=0.01)
+    with pytest.raises(ConfigError, match="two-class per-pixel task"):
+        run_suite(_config(RECONSTRUCTION, pixel_logits="margin"), tmp_path / "r", progress=False)

@@ -111,7 +111,7 @@ class FedIODClient(ClientLogic):
         self.ctx = ctx
         self.view = TaskView(task_of(ctx.config, ctx.info), ctx.info, ctx.config.seed)
         self.options = resolve_options(ctx.config, ctx.options, per_pixel=self.view.per_pixel)
-        self.view = self.view.with_ratio_resolution(self.options.ratio_resolution)
+        self.view = self.view.with_sent_outputs(self.options.ratio_resolution, self.options.pixel_logits)
         self.architecture = teacher_name(self.options, ctx.config, ctx.client_id)
         self.teacher = new_model(ctx.config, ctx.info, self.architecture)
         # D_k and its Adam are built when the site is first asked (site_discriminator.py)
@@ -271,7 +271,8 @@ class FedIODClient(ClientLogic):
 
     def _local_terms(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, ...]:
         """pi_k L_gan^k + pi_k H(T_k(x)) (+ pi_k w_bn L_bn(T_k, x), + pi_k w_perc L_perc) on the current
-        D_k, with the graph back to x. On per-pixel tasks H is the mean per-pixel entropy."""
+        D_k, with the graph back to x, and T_k's logits as the site sends them (`TaskView.sent_logits`).
+        On per-pixel tasks H is the mean per-pixel entropy."""
         x = inputs["x"].clone().requires_grad_(True)
         c_bn = float(inputs.get("c_bn", 0.0))
         own, masks = inputs.get("own"), inputs.get("masks")  # a site's terms see its own samples only
@@ -288,7 +289,7 @@ class FedIODClient(ClientLogic):
         c_perceptual = float(inputs.get("c_perceptual", 0.0))
         if c_perceptual and "pair" in inputs:
             local = local + c_perceptual * self._perceptual(x, inputs["pair"])
-        return x, logits, fake_logits, local, gan, conf
+        return x, self.view.sent_logits(logits), fake_logits, local, gan, conf
 
     def _perceptual(self, x: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
         """Johnson et al.'s perceptual loss between each own synthetic image and the real image of the mask
@@ -350,7 +351,7 @@ class FedIODClient(ClientLogic):
         self, x: torch.Tensor, masks: torch.Tensor | None, want_ratio: bool, index: int
     ) -> dict[str, dict[str, torch.Tensor]]:
         with torch.no_grad():
-            logits = self.teacher(self.view.model_input(x, index))
+            logits = self.view.sent_logits(self.teacher(self.view.model_input(x, index)))
         arrays: dict[str, dict[str, torch.Tensor]] = {"logits": {"z": logits}}
         if want_ratio:
             arrays["discriminator-outputs"] = {"ratio": self._density_ratio(x, masks)}

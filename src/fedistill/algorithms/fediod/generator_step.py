@@ -158,10 +158,10 @@ class GeneratorStep:
         }
         timeout = config.timeout or None
         b, view = options.synthetic_batch_size, self.view
-        logits_spec = {"z": ArraySpec("float32", view.output_shape(b))}
+        logits_spec = {"z": ArraySpec("float32", view.sent_shape(b))}
         ratio_spec = {"ratio": ArraySpec("float32", view.ratio_shape(b))}
         if carried is not None:  # step t-1's S-step targets ride along
-            logits_spec["student_z"] = ArraySpec("float32", view.output_shape(len(carried.x)))
+            logits_spec["student_z"] = ArraySpec("float32", view.sent_shape(len(carried.x)))
             ratio_spec["student_ratio"] = ArraySpec("float32", view.ratio_shape(len(carried.x)))
         expect = ReplySpec(
             {"logits": logits_spec} | ({"discriminator-outputs": ratio_spec} if want_ratio else {})
@@ -183,7 +183,7 @@ class GeneratorStep:
             self.carried = None
         raw = torch.stack([replies[cid].tensor("logits", "z") for cid in answered]).requires_grad_(True)
         # the gradient still goes to what clients sent; per-pixel outputs become one row per pixel
-        logits = calibrated(view.stacked_rows(raw), self.teacher_logits)
+        logits = calibrated(view.stacked_rows(view.received_logits(raw)), self.teacher_logits)
         ratio = None
         if want_ratio:
             ratio = torch.stack([replies[cid].tensor("discriminator-outputs", "ratio") for cid in answered])

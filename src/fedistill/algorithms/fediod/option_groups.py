@@ -303,6 +303,14 @@ class PerPixelTaskOptions:
     or patch: Eq. 8 normalises over the sites at every pixel, so a mean over the image would change them.
     L_gan, the only loss on D_k's logits themselves, is computed at the site and never sent."""
 
+    pixel_logits: str = "all"
+    """What a site sends of its teacher's per-pixel logits: all (default: every class's) | margin (a
+    two-class segmentation: one value per pixel, z_1 - z_0, and the server takes (0, z_1 - z_0)). Why:
+    half the largest thing the sites send, and a two-class softmax depends on nothing else. The output-
+    gradients the server returns halve with it. Not lossless under Eq. 8 or class-share weighting: their
+    weights differ per class, so the ensemble depends on the logits' centring, and margin centres them
+    on class 0."""
+
 
 @dataclass(frozen=True)
 class PrivacyOptions(DPOptions):

@@ -86,6 +86,7 @@ class FedIODOptions(
             "wire": WIRES,
             "ensemble_combine": COMBINES,
             "ratio_resolution": RATIO_RESOLUTIONS,
+            "pixel_logits": ("all", "margin"),
         }
         check_choices("fediod", self, choices)
         if self.selection == "best-on-test" and self.preset != "official-code":

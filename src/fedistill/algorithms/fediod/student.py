@@ -92,7 +92,7 @@ class StudentSteps:
             scalars={"config": {"want_ratio": self._want_ratio(), "index": batch.index}},
             encodings=wire_encodings(self.options.wire),
         )
-        arrays = {"logits": {"z": ArraySpec("float32", self.view.output_shape(len(xs)))}}
+        arrays = {"logits": {"z": ArraySpec("float32", self.view.sent_shape(len(xs)))}}
         if self._want_ratio():
             arrays["discriminator-outputs"] = {"ratio": ArraySpec("float32", self.view.ratio_shape(len(xs)))}
         sent = fleet.broadcast(
@@ -121,7 +121,7 @@ class StudentSteps:
         n, b = options.student_steps, options.synthetic_batch_size
         answered = sorted(replies)
         raw = torch.stack([replies[cid].tensor("logits", z_name) for cid in answered])
-        logits = calibrated(view.stacked_rows(raw), self.teacher_logits)
+        logits = calibrated(view.stacked_rows(view.received_logits(raw)), self.teacher_logits)
         ratio = (
             torch.stack([replies[cid].tensor("discriminator-outputs", ratio_name) for cid in answered])
             if self._want_ratio()

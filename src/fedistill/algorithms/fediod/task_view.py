@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from fedistill.data.base import DatasetInfo, ImageSet
-from fedistill.errors import FederationError
+from fedistill.errors import ConfigError, FederationError
 from fedistill.seeding import derive_seed
 from fedistill.tasks import Condition, Task
 
@@ -53,10 +53,39 @@ class TaskView:
     seed: int
     ratio_resolution: str = "pixel"
     """Per-pixel tasks: whether sites send D_k's ratios per pixel or per patch (`fediod.ratio_resolution`)."""
+    pixel_logits: str = "all"
+    """Per-pixel tasks: every class's logits, or a two-class task's margin z_1 - z_0
+    (`fediod.pixel_logits`)."""
 
     def with_ratio_resolution(self, resolution: str) -> TaskView:
         """This view with the resolution sites send D_k's ratios at (`fediod.ratio_resolution`)."""
         return replace(self, ratio_resolution=resolution)
+
+    def with_sent_outputs(self, ratio_resolution: str, pixel_logits: str) -> TaskView:
+        """This view with what sites send of D_k's ratios and T_k's logits (`fediod.ratio_resolution`,
+        `fediod.pixel_logits`); ConfigError for a margin the task has no two classes for."""
+        two_classes = self.per_pixel and self.task.output_channels(self.info) == 2 and self.outputs == 2
+        if pixel_logits == "margin" and not two_classes:
+            raise ConfigError(
+                f"fediod.pixel_logits = 'margin' needs a two-class per-pixel task; {self.task.name!r} on "
+                f"{self.info.name} has {self.outputs} output column(s) per "
+                f"{'pixel' if self.per_pixel else 'sample'}: use 'all'"
+            )
+        return replace(self, ratio_resolution=ratio_resolution, pixel_logits=pixel_logits)
+
+    def sent_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """What a site sends of T_k's outputs (B, C, ...): all of them, or the margin z_1 - z_0
+        (B, 1, H, W)."""
+        if self.pixel_logits != "margin":
+            return logits
+        return logits[:, 1:2] - logits[:, 0:1]
+
+    def received_logits(self, sent: torch.Tensor) -> torch.Tensor:
+        """Logits (..., C, H, W) from what sites sent (..., C or 1, H, W): a margin d becomes (0, d), whose
+        softmax is the teacher's; the gradient flows back to d."""
+        if self.pixel_logits != "margin":
+            return sent
+        return torch.cat([torch.zeros_like(sent), sent], dim=-3)
 
     @property
     def per_pixel(self) -> bool:
@@ -123,11 +152,16 @@ class TaskView:
         return values.reshape(-1)
 
     def output_shape(self, batch: int) -> tuple[int, ...]:
-        """The shape of T_k's reply on a batch (what the server's ReplySpec expects)."""
+        """The shape of T_k's outputs on a batch (what an evaluation reply carries)."""
         if not self.per_pixel:
             return (batch, self.outputs)
         s = self.info.image_size
         return (batch, self.task.output_channels(self.info), s, s)
+
+    def sent_shape(self, batch: int) -> tuple[int, ...]:
+        """The shape of the logits a site sends in stage 2 (`sent_logits`): with the margin, one per pixel."""
+        shape = self.output_shape(batch)
+        return (batch, 1, *shape[2:]) if self.pixel_logits == "margin" else shape
 
     def ratio_shape(self, batch: int) -> tuple[int, ...]:
         """The shape of a batch's ensemble ratios as sites send them: one per sample, one per pixel, or
