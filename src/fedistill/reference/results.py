@@ -135,6 +135,7 @@ PAGES = (
             "segmentation_table4",
             "reconstruction_table9",
             "fediod_dense_communication",
+            "fediod_dense_communication_margin",
             "lesion_randomisation",
         ),
         figures=(
