@@ -225,6 +225,8 @@ def generator(runs: Runs, method: str) -> tuple[nn.Module, int, str]:
     algorithm = "asyndgan" if method == "asyndgan" else "fediod"
     options = options_for(config, algorithm, get_algorithm(algorithm).options)
     info, task = runs.data.info, runs.task
+    if algorithm == "fediod" and options.generator_mixture == "per-client":
+        raise SystemExit(f"{runs.paths[method]}: Figure 6 draws from a shared G; this G takes sites too")
     classes = (
         task.output_channels(info)  # AsynDGAN conditions on the classes S predicts per pixel
         if algorithm == "asyndgan"
