@@ -172,7 +172,10 @@ def main() -> None:
         parser.error(f"unknown algorithms: {', '.join(sorted(unknown))}")
     torch.set_num_threads(args.threads)
     os.environ.setdefault("MPLBACKEND", "Agg")
-    rows = json.loads((RESULTS / "poisoning.json").read_text(encoding="utf-8")) if args.table_only else []
+    rows = []
+    if args.table_only:  # the runs of the last full measurement (a list in files written before the command)
+        saved = json.loads((RESULTS / "poisoning.json").read_text(encoding="utf-8"))
+        rows = saved["runs"] if isinstance(saved, dict) else saved
     for algorithm in [] if args.table_only else algorithms:
         for seed in seeds:
             for label, poison, options in plan(algorithm):
@@ -180,12 +183,13 @@ def main() -> None:
                 rows.append({"algorithm": algorithm, "run": label, "seed": seed} | run(config, poison))
                 print(rows[-1], flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "poisoning.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    command = f"python benchmarks/poisoning.py --seeds {args.seeds} --algorithms {args.algorithms} --threads {args.threads}"
+    payload = {"command": command, "runs": rows}
+    (RESULTS / "poisoning.json").write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
     lines = [
         "# One poisoning site in the demo's federation",
         "",
-        f"Command: `python benchmarks/poisoning.py --seeds {args.seeds} --algorithms {args.algorithms}"
-        f" --threads {args.threads}`",
+        f"Command: `{command}`",
         "",
         "The README demo's federation (digits, 10 clients, Dirichlet alpha 0.5, small-cnn, FedIOD at the demo's"
         " settings; FedDF and FedAvg 10 rounds of 3 local epochs). Site 1 sends finite poison: FedIOD teacher"
