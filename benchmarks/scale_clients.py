@@ -38,8 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from fediod_step_time import matmul_peak_gflops  # noqa: E402
-from fedistill import devices  # noqa: E402
-from fedistill.errors import ConfigError  # noqa: E402
+from fedistill.reproduce.arguments import check_device  # noqa: E402
 
 RESULTS = HERE / "results"
 FEDIOD_SIZES = (100, 1000)  # FedIOD queries every site at every generator step: two sizes only
@@ -248,10 +247,7 @@ def main() -> None:
     parser.add_argument("--table-only", action="store_true", help="rewrite the table from the results' rows")
     args = parser.parse_args()
     if not args.table_only:  # a device this machine lacks: one line now, not a failed run later
-        try:
-            devices.resolve(args.device)
-        except ConfigError as error:
-            parser.error(f"--device: {error}")
+        check_device(parser, args.device)
     torch.set_num_threads(1)
     if args.table_only:
         rows, args.earlier_commands = earlier_results(Path(args.results), stem(args))

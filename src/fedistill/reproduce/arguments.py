@@ -55,21 +55,24 @@ def resampled_shape(args: argparse.Namespace) -> dict[str, int]:
     return {key: value for key, value in asked if value}
 
 
-def check_shape(parser: argparse.ArgumentParser, args: argparse.Namespace, datasets: Sequence[str]) -> None:
-    """A one-line usage error, before anything runs, when `--device` names one this machine lacks or
-    `--image-size` / `--channels` meet a dataset that cannot be resampled."""
+def check_device(parser: argparse.ArgumentParser, device: str) -> None:
+    """A one-line usage error, before anything runs, when `--device` names one this machine lacks."""
     from fedistill import devices
-    from fedistill.data.registry import dataset_options
     from fedistill.errors import ConfigError
 
     try:
-        devices.resolve(args.device)
+        devices.resolve(device)
     except ConfigError as error:
         parser.error(f"--device: {error}")
 
-    asked = [
-        f"--{flag}" for flag, value in (("image-size", args.image_size), ("channels", args.channels)) if value
-    ]
+
+def check_shape(parser: argparse.ArgumentParser, args: argparse.Namespace, datasets: Sequence[str]) -> None:
+    """A one-line usage error, before anything runs, when `--device` names one this machine lacks or
+    `--image-size` / `--channels` meet a dataset that cannot be resampled."""
+    from fedistill.data.registry import dataset_options
+
+    check_device(parser, args.device)
+    asked = ["--" + key.replace("_", "-") for key in resampled_shape(args)]
     fixed = [d for d in datasets if "image_size" not in dataset_options(d)]
     if asked and fixed:
         parser.error(
