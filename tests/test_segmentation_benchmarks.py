@@ -54,7 +54,7 @@ def test_every_method_gets_the_same_model_and_local_epochs(tables):
     args = tables.parse([])
     for table in tables.tables(args):
         specs = {s.method: s for s in tables.plan(table, args, train_samples=330)}
-        expected = {*tables.METHODS} - ({"fediod-prior"} if table.number == 4 else set())
+        expected = {*tables.METHODS} - (set(segmentation_plan.TABLE2_ONLY) if table.number == 4 else set())
         assert set(specs) == expected
         built = {m: _config(table, s) for m, s in specs.items()}
         for method, (config, options) in built.items():
@@ -73,8 +73,11 @@ def test_every_method_gets_the_same_model_and_local_epochs(tables):
         # AsynDGAN's server-side S: as many epochs of synthetic pairs as a site's model gets of real ones
         assert asyndgan.segmenter_steps * args.batch_size >= table.epochs / table.distill_epochs * 330
         if table.number == 2:
-            prior = built["fediod-prior"][1]
+            prior, margin, sampled = (built[m][1] for m in segmentation_plan.TABLE2_ONLY)
             assert (fediod.mask_source, prior.mask_source) == ("clients", "prior")
+            logits = (fediod.pixel_logits, margin.pixel_logits, sampled.pixel_logits)
+            assert logits == ("all", "margin", "margin")
+            assert (fediod.sites_per_step, margin.sites_per_step, sampled.sites_per_step) == (0, 0, 3)
         assert len({s.name for s in specs.values()}) == len(specs)  # one run folder per method
 
 
@@ -120,6 +123,8 @@ def test_table2_labels_every_measured_number_and_keeps_the_papers_apart(tables, 
     assert "| Standalone (semi-synthetic) | 70.00 ± 0.00 |" in text
     assert "Not comparable" in text and "| FedIOD (paper, BraTS 2018) | 75.38 |" in text
     assert "domain" in text and "uploads: +0.00 Dice points" in text
+    sampled = "| 3 sites per G-step (`sites_per_step`), one logit per pixel | 70.00 | 5.00 | 2.0 | 1.00 |"
+    assert sampled in text
     record = json.loads((tmp_path / "segmentation_table2.json").read_text())
     assert record["data"] == "semi-synthetic" and "not comparable" in record["paper_note"]
     assert record["command"].startswith("python benchmarks/segmentation_tables.py --tables 2")

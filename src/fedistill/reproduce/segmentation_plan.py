@@ -6,7 +6,9 @@ the sites' models), Centralized, FedAvg, AsynDGAN and FedIOD, Dice, sensitivity,
 per test slice; each model also meets the two real lesion patients of `brain-lesions-real` (contrast T1,
 skull on, 6.5 mm slices: a domain shift for models trained on skull-stripped T1 hosts with T2-like
 painted lesions). One more FedIOD run draws its masks from the server's prior
-(`fediod.mask_source = "prior"`: no label leaves a site) on the same teachers (stage-1 cache).
+(`fediod.mask_source = "prior"`: no label leaves a site) on the same teachers (stage-1 cache), and two
+more measure what sending less costs: one logit per pixel (`fediod.pixel_logits = "margin"`), and that
+with `--sampled-sites` of the K sites asked per G-step (`fediod.sites_per_step`).
 
 Table 4 / 8 (nuclei): `nuclei-synthetic-sites`, three stained sites built from 125 real nuclei, one
 site each; Dice, object Dice, AJI and HD95 on whole test images per test site and averaged over the
@@ -50,7 +52,20 @@ from fedistill.reproduce.arguments import benchmark_parser
 from fedistill.reproduce.launch import run_fedistill
 from fedistill.reproduce.paths import RESULTS, RUNS
 
-METHODS = ("standalone", "centralized", "fedavg", "asyndgan", "fediod", "fediod-prior")
+METHODS = (
+    "standalone",
+    "centralized",
+    "fedavg",
+    "asyndgan",
+    "fediod",
+    "fediod-prior",
+    "fediod-margin",
+    "fediod-sampled",
+)
+
+#: FedIOD's variants on Table 2's teachers (stage-1 cache): where its masks come from, and what its sites
+#: send (one logit per pixel; a sample of the sites per G-step). Table 4's three sites leave no sample.
+TABLE2_ONLY = ("fediod-prior", "fediod-margin", "fediod-sampled")
 
 
 LABELS = {
@@ -60,10 +75,13 @@ LABELS = {
     "asyndgan": "AsynDGAN",
     "fediod": "FedIOD",
     "fediod-prior": "FedIOD, prior masks",
+    "fediod-margin": "FedIOD, one logit per pixel",
+    "fediod-sampled": "FedIOD, one logit per pixel, a sample of sites per G-step",
 }
 
 
-SAVED = {"fedavg": "global", "asyndgan": "segmenter", "fediod": "student", "fediod-prior": "student"}
+SAVED = {"fedavg": "global", "asyndgan": "segmenter"}
+SAVED |= {m: "student" for m in METHODS if m.startswith("fediod")}
 
 
 SEMI = "semi-synthetic"
@@ -123,6 +141,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--d-layers", type=int, default=2)
     parser.add_argument("--synthetic-batch", type=int, default=10, help="G's batch (AsynDGAN: >= K)")
     parser.add_argument("--student-steps", type=int, default=2, help="FedIOD's S-steps per G-step")
+    parser.add_argument("--sampled-sites", type=int, default=3, help="fediod-sampled: sites each G-step asks")
     # Table 2
     parser.add_argument("--t2-clients", type=int, default=10)
     parser.add_argument("--t2-image-size", type=int, default=64)
@@ -168,7 +187,7 @@ def tables(args: argparse.Namespace) -> list[Table]:
                    "train_images": train, "test_images": test}  # fmt: skip
         out.append(Table(4, "nuclei-synthetic-sites", 3, options, args.t4_epochs, args.t4_rounds,
                          args.t4_distill_epochs, args.t4_iters,
-                         tuple(m for m in methods if m != "fediod-prior")))  # fmt: skip
+                         tuple(m for m in methods if m not in TABLE2_ONLY)))  # fmt: skip
     return out
 
 
@@ -191,6 +210,7 @@ def plan(table: Table, args: argparse.Namespace, train_samples: int) -> list[Run
     # AsynDGAN's S trains at the server on G's pairs: as many epochs' worth as a site's model gets
     segmenter_steps = math.ceil(table.epochs / table.distill_epochs * train_samples / args.batch_size)
     asyndgan = [*(f"asyndgan.{s}" for s in gan), f"asyndgan.segmenter_steps={segmenter_steps}"]
+    margin, sampled = "fediod.pixel_logits='margin'", f"fediod.sites_per_step={args.sampled_sites}"
     base = ("--partition", "natural", "--batch-size", str(args.batch_size), "--lr", str(args.lr))
     local = (*base, "--local-epochs", str(table.epochs // table.rounds))
     specs = {
@@ -200,6 +220,8 @@ def plan(table: Table, args: argparse.Namespace, train_samples: int) -> list[Run
         "asyndgan": ("asyndgan", table.distill_epochs, base, asyndgan),
         "fediod": ("fediod", table.distill_epochs, base, fediod),
         "fediod-prior": ("fediod", table.distill_epochs, base, (*fediod, "fediod.mask_source='prior'")),
+        "fediod-margin": ("fediod", table.distill_epochs, base, (*fediod, margin)),
+        "fediod-sampled": ("fediod", table.distill_epochs, base, (*fediod, margin, sampled)),
     }
     return [
         RunSpec(method, algorithm,
