@@ -244,3 +244,19 @@ def test_a_margin_halves_the_logits_and_keeps_each_teachers_softmax(tmp_path):
         assert stage2["margin", kind] / stage2["all", kind] == pytest.approx(0.5, rel=0.01)
     with pytest.raises(ConfigError, match="two-class per-pixel task"):
         run_suite(_config(RECONSTRUCTION, pixel_logits="margin"), tmp_path / "r", progress=False)
+
+
+@pytest.mark.parametrize("base", [SEGMENTATION, RECONSTRUCTION], ids=["segmentation", "reconstruction"])
+def test_the_generators_batch_trains_the_student_from_the_pool_per_pixel(base):
+    """`pool_generator_batch` on a per-pixel task keeps each of G's samples with its per-pixel ensemble
+    targets (one row per pixel, as the S-steps keep theirs), and with `student_steps = 0` the student learns
+    from the pool alone: the sites label nothing beyond G's batch."""
+    config = _config(base, student_steps=0, pool_size=64, pool_steps=2, pool_generator_batch=True)
+    _, server, fleet = _dense_parts(config)
+    before = copy.deepcopy(server.student.state_dict())
+    server.distillation_step(fleet)
+    b, size = server.options.synthetic_batch_size, server.view.info.image_size
+    assert server.carried is None and len(server.pool) == b
+    assert server.pool.targets.shape[:2] == (b, size * size)
+    assert server.pool.x.shape[0] == b
+    assert any(not torch.equal(before[k], v) for k, v in server.student.state_dict().items())

@@ -171,14 +171,54 @@ def test_pool_steps_without_a_pool_are_refused():
         options_for(_config(pool_steps=2), "fediod", FedIODOptions)
 
 
-def test_the_generator_batch_without_a_pool_or_on_a_dense_task_is_refused():
+def test_the_generator_batch_without_a_pool_is_refused():
     with pytest.raises(ConfigError, match="pool_size"):
         options_for(_config(pool_generator_batch=True), "fediod", FedIODOptions)
     config = _config(pool_size=256, pool_generator_batch=True)
     options = options_for(config, "fediod", FedIODOptions)
-    with pytest.raises(ConfigError, match="classification"):
-        resolve_options(config, options, per_pixel=True)
-    assert resolve_options(config, options, per_pixel=False).pool_generator_batch
+    for per_pixel in (False, True):
+        assert resolve_options(config, options, per_pixel=per_pixel).pool_generator_batch
+
+
+@pytest.mark.parametrize(
+    "pool", [{}, {"pool_size": 256, "pool_steps": 2}, {"pool_size": 256, "pool_generator_batch": True}]
+)
+def test_no_fresh_student_steps_without_the_generator_batch_replayed_is_refused(pool):
+    with pytest.raises(ConfigError, match="student_steps = 0"):
+        options_for(_config(student_steps=0, **pool), "fediod", FedIODOptions)
+    with pytest.raises(ConfigError, match="student_steps must be >= 0"):
+        options_for(_config(student_steps=-1), "fediod", FedIODOptions)
+
+
+def test_without_fresh_student_steps_the_sites_label_only_the_generators_batch(tmp_path):
+    """`student_steps = 0`: no S-step inputs ride on a G-step's query and no `query.student` is sent; the
+    sites send logits for G's batch alone, and the student still trains, on the G-steps' batches replayed
+    from the pool."""
+    sent = {}
+    for steps in (2, 0):
+        config = _config(
+            student_steps=steps, pool_size=1_000, pool_steps=2, pool_generator_batch=True, wire="float32"
+        )
+        clients, server, _ = _built(config)
+        ledger = Ledger(tmp_path / f"steps{steps}.jsonl")
+        fleet = InProcessFleet(clients, ledger)
+        before = copy.deepcopy(server.student.state_dict())
+        for _ in range(3):
+            server.distillation_step(fleet)
+        if steps:
+            server._flush_student(fleet)  # the last G-step's S-steps, as the epoch's end sends them
+        ledger.close()
+        records = read_ledger(tmp_path / f"steps{steps}.jsonl")
+        b = server.options.synthetic_batch_size
+        assert len(server.pool) == 3 * b + 3 * steps * b
+        assert any(not torch.equal(before[k], v) for k, v in server.student.state_dict().items())
+        queries = [r for r in records if r["direction"] != UP and r["type"].startswith("query.")]
+        inputs = {r["kinds"]["synthetic-inputs"] for r in queries if "synthetic-inputs" in r["kinds"]}
+        assert (len(inputs) == 1) == (steps == 0)  # only G's batch in every request
+        assert any(r["type"] == "query.student" for r in queries) == bool(steps)
+        sent[steps] = sum(r["kinds"].get("logits", 0) for r in records if r["direction"] == UP)
+    # 2 S-steps of G's batch size label twice as many samples again as G's batch: 3 G-batches, 6 S-batches
+    assert sent[0] / sent[2] == pytest.approx(3 / 9)
 
 
 def test_scaled_teacher_logits_put_mixed_architectures_on_one_scale():

@@ -23,6 +23,7 @@ from fedistill.algorithms.fediod.wire import wire_encodings
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import ArraySpec, Message
 from fedistill.federation.reply_spec import ReplySpec
+from fedistill.metrics.generation import adapted_inception_score, class_coverage
 from fedistill.privacy.budget import epsilons_of, refusal_reason
 from fedistill.seeding import torch_generator
 
@@ -193,8 +194,12 @@ class GeneratorStep:
         self.student.train()
         ensemble = combined_ensemble(options, logits, weights)
         student_in = view.model_input(x_server, self._mask_index(self.step, 0))
-        if options.pool_generator_batch:  # classification only (resolve_options)
-            self.pool.add(student_in, ensemble)
+        if options.pool_generator_batch:  # per-pixel targets kept per sample, as the S-steps keep theirs
+            per_sample = ensemble.reshape(len(x), -1, ensemble.shape[-1]) if view.per_pixel else ensemble
+            self.pool.add(student_in, per_sample)
+            if not options.student_steps and not view.per_pixel:  # no S-step batch to measure it on
+                self.last_coverage = class_coverage(ensemble.detach())
+                self.last_coverage["adapted_is"] = adapted_inception_score(logits.detach())
         student_out = view.rows(self.student(student_in))
         mimic = L.mimic_loss(student_out, ensemble, mode=options.mimic, tau=options.tau)
         server_loss = -options.w_adv * mimic
@@ -235,7 +240,9 @@ class GeneratorStep:
         self.g_optimizer.zero_grad(set_to_none=True)
         x.backward(total)
         self.g_optimizer.step()
-        if options.merge_student_queries:
+        if not options.student_steps:  # the student learns from the pool alone: no query beyond G's batch
+            self._replay(self.step)
+        elif options.merge_student_queries:
             self.carried = self._student_inputs(lr_s)
         else:
             s_losses.append(self._student_steps(fleet, answered))

@@ -210,7 +210,9 @@ class StudentOptions:
     """The student's architecture; default "": the run's `model`."""
 
     student_steps: int = 5
-    """S-steps per G-step; default 5, the released code's."""
+    """S-steps per G-step on fresh samples the sites label (`query.student`); default 5, the released
+    code's. 0: none, the student learns only from the G-steps' own batches in the replay pool
+    (`pool_generator_batch`, `pool_steps`), so no site labels anything beyond G's batch."""
 
     lr_student: float = 1e-3
     """S's learning rate; default 1e-3, the paper's."""
@@ -246,9 +248,8 @@ class StabiliserOptions:
     """Samples per replay step; default 0: `synthetic_batch_size`."""
 
     pool_generator_batch: bool = False
-    """Also pool the G-step's own batch, with the ensemble targets its query already returned
-    (classification only); default false: only the S-steps' samples. Why: more distinct labelled samples
-    at no extra query."""
+    """Also pool the G-step's own batch, with the ensemble targets its query already returned; default
+    false: only the S-steps' samples. Why: more distinct labelled samples at no extra query."""
 
     student_noise: float = 0.0
     """Std of Gaussian noise on G's samples for the S-steps (in units of the data's std); default 0. Why

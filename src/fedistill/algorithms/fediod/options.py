@@ -103,7 +103,6 @@ class FedIODOptions(
         for key in (
             "teacher_epochs",
             "synthetic_batch_size",
-            "student_steps",
             "latent_dim",
             "generator_blocks",
             "discriminator_layers",
@@ -134,6 +133,7 @@ class FedIODOptions(
             "w_perceptual",
             "reference_samples",
             "sites_per_step",
+            "student_steps",
         ):
             if getattr(self, key) < 0:
                 raise ConfigError(f"fediod.{key} must be >= 0")
@@ -148,6 +148,13 @@ class FedIODOptions(
             raise ConfigError("fediod.pool_steps replays the pool: set fediod.pool_size > 0 too")
         if self.pool_generator_batch and not (self.pool_size or filled.get("pool_size", 0)):
             raise ConfigError("fediod.pool_generator_batch adds to the pool: set fediod.pool_size > 0 too")
+        if not self.student_steps and not (
+            self.pool_generator_batch and (self.pool_steps or filled.get("pool_steps", 0))
+        ):
+            raise ConfigError(
+                "fediod.student_steps = 0 trains the student only on the G-steps' batches in the replay "
+                "pool: set fediod.pool_generator_batch = true and fediod.pool_steps > 0 too"
+            )
 
     @property
     def needs_label_counts(self) -> bool:
@@ -210,7 +217,7 @@ def effective_preset(preset: str, *, per_pixel: bool) -> str:
 def resolve_options(config: RunConfig, options: FedIODOptions, *, per_pixel: bool) -> FedIODOptions:
     """Apply the preset's changes to every key the user did not set; `preset` names the one applied."""
     preset = effective_preset(options.preset, per_pixel=per_pixel)
-    for key in ("pool_generator_batch", "student_shift", "student_mixup"):
+    for key in ("student_shift", "student_mixup"):
         if per_pixel and getattr(options, key):
             raise ConfigError(f"fediod.{key} is for classification; this task is per-pixel")
     if options.sites_per_step > config.clients:
