@@ -73,7 +73,8 @@ def test_every_method_gets_the_same_model_and_local_epochs(tables):
         # AsynDGAN's server-side S: as many epochs of synthetic pairs as a site's model gets of real ones
         assert asyndgan.segmenter_steps * args.batch_size >= table.epochs / table.distill_epochs * 330
         if table.number == 2:
-            prior, margin, sampled = (built[m][1] for m in segmentation_plan.TABLE2_ONLY)
+            prior, margin, sampled, lean = (built[m][1] for m in segmentation_plan.TABLE2_ONLY)
+            assert (lean.pixel_logits, lean.student_steps, lean.pool_generator_batch) == ("margin", 0, True)
             assert (fediod.mask_source, prior.mask_source) == ("clients", "prior")
             logits = (fediod.pixel_logits, margin.pixel_logits, sampled.pixel_logits)
             assert logits == ("all", "margin", "margin")

@@ -8,7 +8,9 @@ skull on, 6.5 mm slices: a domain shift for models trained on skull-stripped T1 
 painted lesions). One more FedIOD run draws its masks from the server's prior
 (`fediod.mask_source = "prior"`: no label leaves a site) on the same teachers (stage-1 cache), and two
 more measure what sending less costs: one logit per pixel (`fediod.pixel_logits = "margin"`), and that
-with `--sampled-sites` of the K sites asked per G-step (`fediod.sites_per_step`).
+with `--sampled-sites` of the K sites asked per G-step (`fediod.sites_per_step`); the last of them
+(`fediod-lean`) labels nothing but G's batches: one logit per pixel, and the student trained only on those
+batches replayed from a pool (`student_steps = 0`, `pool_generator_batch`).
 
 Table 4 / 8 (nuclei): `nuclei-synthetic-sites`, three stained sites built from 125 real nuclei, one
 site each; Dice, object Dice, AJI and HD95 on whole test images per test site and averaged over the
@@ -61,11 +63,12 @@ METHODS = (
     "fediod-prior",
     "fediod-margin",
     "fediod-sampled",
+    "fediod-lean",
 )
 
 #: FedIOD's variants on Table 2's teachers (stage-1 cache): where its masks come from, and what its sites
 #: send (one logit per pixel; a sample of the sites per G-step). Table 4's three sites leave no sample.
-TABLE2_ONLY = ("fediod-prior", "fediod-margin", "fediod-sampled")
+TABLE2_ONLY = ("fediod-prior", "fediod-margin", "fediod-sampled", "fediod-lean")
 
 
 LABELS = {
@@ -77,6 +80,7 @@ LABELS = {
     "fediod-prior": "FedIOD, prior masks",
     "fediod-margin": "FedIOD, one logit per pixel",
     "fediod-sampled": "FedIOD, one logit per pixel, a sample of sites per G-step",
+    "fediod-lean": "FedIOD, one logit per pixel, S on G's own batches",
 }
 
 
@@ -142,6 +146,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--synthetic-batch", type=int, default=10, help="G's batch (AsynDGAN: >= K)")
     parser.add_argument("--student-steps", type=int, default=2, help="FedIOD's S-steps per G-step")
     parser.add_argument("--sampled-sites", type=int, default=3, help="fediod-sampled: sites each G-step asks")
+    parser.add_argument("--lean-pool", type=int, default=2500, help="fediod-lean: G's samples the pool keeps")
+    parser.add_argument("--lean-pool-steps", type=int, default=4, help="fediod-lean: S-steps per G-step")
     # Table 2
     parser.add_argument("--t2-clients", type=int, default=10)
     parser.add_argument("--t2-image-size", type=int, default=64)
@@ -211,6 +217,9 @@ def plan(table: Table, args: argparse.Namespace, train_samples: int) -> list[Run
     segmenter_steps = math.ceil(table.epochs / table.distill_epochs * train_samples / args.batch_size)
     asyndgan = [*(f"asyndgan.{s}" for s in gan), f"asyndgan.segmenter_steps={segmenter_steps}"]
     margin, sampled = "fediod.pixel_logits='margin'", f"fediod.sites_per_step={args.sampled_sites}"
+    # S learns only from the G-steps' batches, replayed from a pool: no site labels another sample
+    lean = ("fediod.student_steps=0", "fediod.pool_generator_batch=true",
+            f"fediod.pool_size={args.lean_pool}", f"fediod.pool_steps={args.lean_pool_steps}")  # fmt: skip
     base = ("--partition", "natural", "--batch-size", str(args.batch_size), "--lr", str(args.lr))
     local = (*base, "--local-epochs", str(table.epochs // table.rounds))
     specs = {
@@ -222,6 +231,7 @@ def plan(table: Table, args: argparse.Namespace, train_samples: int) -> list[Run
         "fediod-prior": ("fediod", table.distill_epochs, base, (*fediod, "fediod.mask_source='prior'")),
         "fediod-margin": ("fediod", table.distill_epochs, base, (*fediod, margin)),
         "fediod-sampled": ("fediod", table.distill_epochs, base, (*fediod, margin, sampled)),
+        "fediod-lean": ("fediod", table.distill_epochs, base, (*fediod, margin, *lean)),
     }
     return [
         RunSpec(method, algorithm,

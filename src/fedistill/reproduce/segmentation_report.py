@@ -137,7 +137,11 @@ def table2_lines(rows: dict[str, dict[str, Any]], table: Table, args: argparse.N
         ]
     if "fediod" in rows and "fediod-prior" in rows:
         lines += ["", *mask_source_lines(rows["fediod"], rows["fediod-prior"])]
-    if "fediod" in rows and "fedavg" in rows and ({"fediod-margin", "fediod-sampled"} & set(rows)):
+    if (
+        "fediod" in rows
+        and "fedavg" in rows
+        and ({"fediod-margin", "fediod-sampled", "fediod-lean"} & set(rows))
+    ):
         lines += ["", *sending_less_lines(rows, args)]
     lines += ["", *paper2_lines()]
     return lines
@@ -195,17 +199,19 @@ def sending_less_lines(rows: dict[str, dict[str, Any]], args: argparse.Namespace
         "fediod": "every site, every class's logits (the default)",
         "fediod-margin": 'every site, one logit per pixel (`pixel_logits = "margin"`)',
         "fediod-sampled": f"{args.sampled_sites} sites per G-step (`sites_per_step`), one logit per pixel",
+        "fediod-lean": "every site, one logit per pixel, G's batches only: S learns from them in a pool of "
+        f"{args.lean_pool} with {args.lean_pool_steps} S-steps per G-step (`student_steps = 0`)",
     }
     lines = [
         "## What FedIOD's sites send, and what sending less costs (same teachers)",
         "",
-        "All three runs distil the same stage-1 teachers (stage-1 cache). Sent up: everything the sites sent "
+        "Every run distils the same stage-1 teachers (stage-1 cache). Sent up: everything the sites sent "
         "the server, label masks included.",
         "",
         "| FedIOD sends | Dice % | HD95 px | sent up MB | of FedAvg's | stage 2 wall s |",
         "|---|---|---|---|---|---|",
     ]
-    for method in ("fediod", "fediod-margin", "fediod-sampled"):
+    for method in what:
         if method in rows:
             r, up = rows[method], rows[method]["up_bytes"]
             lines.append(
