@@ -75,6 +75,7 @@ def test_every_method_gets_the_same_model_and_local_epochs(tables):
         if table.number == 2:
             prior, margin, sampled, lean = (built[m][1] for m in segmentation_plan.TABLE2_ONLY)
             assert (lean.pixel_logits, lean.student_steps, lean.pool_generator_batch) == ("margin", 0, True)
+            assert (lean.iters_per_epoch, lean.pool_steps) == (20, 5)
             assert (fediod.mask_source, prior.mask_source) == ("clients", "prior")
             logits = (fediod.pixel_logits, margin.pixel_logits, sampled.pixel_logits)
             assert logits == ("all", "margin", "margin")

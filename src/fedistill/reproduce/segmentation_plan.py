@@ -9,8 +9,9 @@ painted lesions). One more FedIOD run draws its masks from the server's prior
 (`fediod.mask_source = "prior"`: no label leaves a site) on the same teachers (stage-1 cache), and two
 more measure what sending less costs: one logit per pixel (`fediod.pixel_logits = "margin"`), and that
 with `--sampled-sites` of the K sites asked per G-step (`fediod.sites_per_step`); the last of them
-(`fediod-lean`) labels nothing but G's batches: one logit per pixel, and the student trained only on those
-batches replayed from a pool (`student_steps = 0`, `pool_generator_batch`).
+(`fediod-lean`) labels nothing but G's batches: one logit per pixel, the student trained only on those
+batches replayed from a pool (`student_steps = 0`, `pool_generator_batch`), and `--lean-iters` G-steps per
+epoch with `--lean-pool-steps` S-steps each (20 x 5: the student's 100 updates per epoch of 25 x 4).
 
 Table 4 / 8 (nuclei): `nuclei-synthetic-sites`, three stained sites built from 125 real nuclei, one
 site each; Dice, object Dice, AJI and HD95 on whole test images per test site and averaged over the
@@ -147,7 +148,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--student-steps", type=int, default=2, help="FedIOD's S-steps per G-step")
     parser.add_argument("--sampled-sites", type=int, default=3, help="fediod-sampled: sites each G-step asks")
     parser.add_argument("--lean-pool", type=int, default=2500, help="fediod-lean: G's samples the pool keeps")
-    parser.add_argument("--lean-pool-steps", type=int, default=4, help="fediod-lean: S-steps per G-step")
+    parser.add_argument("--lean-iters", type=int, default=20, help="fediod-lean: G-steps per epoch")
+    parser.add_argument("--lean-pool-steps", type=int, default=5, help="fediod-lean: S-steps per G-step")
     # Table 2
     parser.add_argument("--t2-clients", type=int, default=10)
     parser.add_argument("--t2-image-size", type=int, default=64)
@@ -219,7 +221,8 @@ def plan(table: Table, args: argparse.Namespace, train_samples: int) -> list[Run
     margin, sampled = "fediod.pixel_logits='margin'", f"fediod.sites_per_step={args.sampled_sites}"
     # S learns only from the G-steps' batches, replayed from a pool: no site labels another sample
     lean = ("fediod.student_steps=0", "fediod.pool_generator_batch=true",
-            f"fediod.pool_size={args.lean_pool}", f"fediod.pool_steps={args.lean_pool_steps}")  # fmt: skip
+            f"fediod.pool_size={args.lean_pool}", f"fediod.pool_steps={args.lean_pool_steps}",
+            f"fediod.iters_per_epoch={args.lean_iters}")  # fmt: skip
     base = ("--partition", "natural", "--batch-size", str(args.batch_size), "--lr", str(args.lr))
     local = (*base, "--local-epochs", str(table.epochs // table.rounds))
     specs = {

@@ -199,8 +199,9 @@ def sending_less_lines(rows: dict[str, dict[str, Any]], args: argparse.Namespace
         "fediod": "every site, every class's logits (the default)",
         "fediod-margin": 'every site, one logit per pixel (`pixel_logits = "margin"`)',
         "fediod-sampled": f"{args.sampled_sites} sites per G-step (`sites_per_step`), one logit per pixel",
-        "fediod-lean": "every site, one logit per pixel, G's batches only: S learns from them in a pool of "
-        f"{args.lean_pool} with {args.lean_pool_steps} S-steps per G-step (`student_steps = 0`)",
+        "fediod-lean": f"every site, one logit per pixel, G's batches only ({args.lean_iters} G-steps per "
+        f"epoch; S learns from them in a pool of {args.lean_pool}, {args.lean_pool_steps} S-steps per "
+        "G-step: `student_steps = 0`)",
     }
     lines = [
         "## What FedIOD's sites send, and what sending less costs (same teachers)",
