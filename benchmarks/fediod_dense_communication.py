@@ -33,6 +33,15 @@ TASKS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "reconstruction": ("configs/demo-reconstruction.toml", (), ("ssim", "psnr")),
 }
 
+#: The sites label only G's batches: the student learns from them in a replay pool, as many updates per
+#: G-step as the 2 S-steps it replaces (`student_steps = 0`).
+LEAN = (
+    "fediod.student_steps=0",
+    "fediod.pool_generator_batch=true",
+    "fediod.pool_size=1000",
+    "fediod.pool_steps=2",
+)
+
 #: Each variant's `--set`s on top of the target's.
 VARIANTS: dict[str, tuple[str, ...]] = {
     "pixel": ("fediod.ratio_resolution='pixel'",),  # the default before `patch`: one D_k ratio per pixel
@@ -53,6 +62,18 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "fediod.wire='compact'",
         "fediod.ratio_resolution='patch'",
         "fediod.pixel_logits='margin'",
+    ),
+    # the sites label only G's batches (LEAN)
+    "compact+patch+lean": (
+        "fediod.wire='compact'",
+        "fediod.ratio_resolution='patch'",
+        *LEAN,
+    ),
+    "compact+patch+margin+lean": (
+        "fediod.wire='compact'",
+        "fediod.ratio_resolution='patch'",
+        "fediod.pixel_logits='margin'",
+        *LEAN,
     ),
     "batch4": ("fediod.synthetic_batch_size=4",),
     "compact": ("fediod.wire='compact'",),
