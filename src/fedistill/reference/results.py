@@ -136,6 +136,8 @@ PAGES = (
             "reconstruction_table9",
             "fediod_dense_communication",
             "fediod_dense_communication_margin",
+            "fediod_dense_communication_lean-segmentation",
+            "fediod_dense_communication_lean-reconstruction",
             "lesion_randomisation",
         ),
         figures=(
