@@ -190,6 +190,14 @@ def test_no_fresh_student_steps_without_the_generator_batch_replayed_is_refused(
         options_for(_config(student_steps=-1), "fediod", FedIODOptions)
 
 
+def test_noise_on_student_samples_that_are_never_drawn_is_named(caplog):
+    lean = {"student_steps": 0, "pool_size": 64, "pool_steps": 1, "pool_generator_batch": True}
+    config = _config(student_noise=0.5, **lean)
+    with caplog.at_level("WARNING"):
+        resolve_options(config, options_for(config, "fediod", FedIODOptions), per_pixel=False)
+    assert "student_noise act on S-step samples; with student_steps = 0 there are none" in caplog.text
+
+
 def test_without_fresh_student_steps_the_sites_label_only_the_generators_batch(tmp_path):
     """`student_steps = 0`: no S-step inputs ride on a G-step's query and no `query.student` is sent; the
     sites send logits for G's batch alone, and the student still trains, on the G-steps' batches replayed

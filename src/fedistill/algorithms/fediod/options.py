@@ -220,6 +220,9 @@ def resolve_options(config: RunConfig, options: FedIODOptions, *, per_pixel: boo
     for key in ("student_shift", "student_mixup"):
         if per_pixel and getattr(options, key):
             raise ConfigError(f"fediod.{key} is for classification; this task is per-pixel")
+    idle = [k for k in ("student_noise", "student_shift", "student_mixup") if getattr(options, k)]
+    if not options.student_steps and idle:
+        log.warning("fediod.%s act on S-step samples; with student_steps = 0 there are none", ", ".join(idle))
     if options.sites_per_step > config.clients:
         raise ConfigError(
             f"fediod.sites_per_step = {options.sites_per_step} exceeds the {config.clients} clients "
