@@ -95,8 +95,20 @@ def test_run_names_change_with_any_setting(tables):
 
 @pytest.mark.parametrize(
     "argv",
-    [["--methods", "fedprox"], ["--tables", "3"], ["--t2-epochs", "15", "--t2-rounds", "10"]],
-    ids=["unknown-method", "unknown-table", "epochs-not-whole-rounds"],
+    [
+        ["--methods", "fedprox"],
+        ["--tables", "3"],
+        ["--t2-epochs", "15", "--t2-rounds", "10"],
+        ["--sampled-sites", "11"],
+        ["--lean-iters", "0"],
+    ],
+    ids=[
+        "unknown-method",
+        "unknown-table",
+        "epochs-not-whole-rounds",
+        "more-sampled-sites-than-sites",
+        "no-lean-g-steps",
+    ],
 )
 def test_bad_arguments_stop_with_a_usage_error(tables, argv, capsys):
     with pytest.raises(SystemExit) as stop:

@@ -6,10 +6,10 @@ the sites' models), Centralized, FedAvg, AsynDGAN and FedIOD, Dice, sensitivity,
 per test slice; each model also meets the two real lesion patients of `brain-lesions-real` (contrast T1,
 skull on, 6.5 mm slices: a domain shift for models trained on skull-stripped T1 hosts with T2-like
 painted lesions). One more FedIOD run draws its masks from the server's prior
-(`fediod.mask_source = "prior"`: no label leaves a site) on the same teachers (stage-1 cache), and two
-more measure what sending less costs: one logit per pixel (`fediod.pixel_logits = "margin"`), and that
-with `--sampled-sites` of the K sites asked per G-step (`fediod.sites_per_step`); the last of them
-(`fediod-lean`) labels nothing but G's batches: one logit per pixel, the student trained only on those
+(`fediod.mask_source = "prior"`: no label leaves a site) on the same teachers (stage-1 cache), and three
+more measure what sending less costs: one logit per pixel (`fediod.pixel_logits = "margin"`), that
+with `--sampled-sites` of the K sites asked per G-step (`fediod.sites_per_step`), and `fediod-lean`,
+whose sites label nothing but G's batches: one logit per pixel, the student trained only on those
 batches replayed from a pool (`student_steps = 0`, `pool_generator_batch`), and `--lean-iters` G-steps per
 epoch with `--lean-pool-steps` S-steps each (20 x 5: the student's 100 updates per epoch of 25 x 4).
 
@@ -67,9 +67,12 @@ METHODS = (
     "fediod-lean",
 )
 
-#: FedIOD's variants on Table 2's teachers (stage-1 cache): where its masks come from, and what its sites
-#: send (one logit per pixel; a sample of the sites per G-step). Table 4's three sites leave no sample.
-TABLE2_ONLY = ("fediod-prior", "fediod-margin", "fediod-sampled", "fediod-lean")
+#: FedIOD's variants that send less than its default (one logit per pixel; a sample of the sites per G-step;
+#: only G's batches labelled), on Table 2's teachers (stage-1 cache).
+SENDING_LESS = ("fediod-margin", "fediod-sampled", "fediod-lean")
+
+#: The FedIOD variants measured on Table 2 only: where its masks come from, and what its sites send.
+TABLE2_ONLY = ("fediod-prior", *SENDING_LESS)
 
 
 LABELS = {
@@ -174,6 +177,11 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"unknown methods {', '.join(sorted(unknown))}; valid: {', '.join(METHODS)}")
     if not set(args.tables.split(",")) <= {"2", "4"}:
         parser.error(f"--tables takes 2 and/or 4, got {args.tables!r}")
+    if not 1 <= args.sampled_sites <= args.t2_clients:
+        parser.error(f"--sampled-sites must lie in 1..{args.t2_clients} (the Table 2 sites)")
+    for flag in ("lean_pool", "lean_iters", "lean_pool_steps"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1")
     for t in ("t2", "t4"):
         if getattr(args, f"{t}_epochs") % getattr(args, f"{t}_rounds"):
             parser.error(f"--{t}-epochs must be a multiple of --{t}-rounds (equal local epochs per round)")

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from fedistill.data.registry import load_dataset
-from fedistill.reproduce.segmentation_plan import LABELS, METHODS, SEMI, Table
+from fedistill.reproduce.segmentation_plan import LABELS, METHODS, SEMI, SENDING_LESS, Table
 from fedistill.reproduce.tables import write_table
 
 # The paper's numbers (FedIOD, AAAI 2024, arXiv:2312.14478): real BraTS 2018 T2 at 224 px and real
@@ -137,11 +137,7 @@ def table2_lines(rows: dict[str, dict[str, Any]], table: Table, args: argparse.N
         ]
     if "fediod" in rows and "fediod-prior" in rows:
         lines += ["", *mask_source_lines(rows["fediod"], rows["fediod-prior"])]
-    if (
-        "fediod" in rows
-        and "fedavg" in rows
-        and ({"fediod-margin", "fediod-sampled", "fediod-lean"} & set(rows))
-    ):
+    if "fediod" in rows and "fedavg" in rows and set(rows) & set(SENDING_LESS):
         lines += ["", *sending_less_lines(rows, args)]
     lines += ["", *paper2_lines()]
     return lines
