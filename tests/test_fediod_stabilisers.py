@@ -94,6 +94,57 @@ def test_the_pool_keeps_the_newest_samples_and_samples_reproducibly():
     assert torch.equal(restored.x, pool.x)
 
 
+class _CopyingPool:
+    """The pool as a plain first-in first-out list that copies itself on every add: what the ring
+    buffer must match sample for sample."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.x, self.targets = capacity, None, None
+
+    def add(self, x, targets):
+        if self.x is not None:
+            x, targets = torch.cat([self.x, x]), torch.cat([self.targets, targets])
+        self.x, self.targets = x[-self.capacity :].clone(), targets[-self.capacity :].clone()
+
+    def sample(self, size, generator):
+        index = torch.randint(len(self.x), (size,), generator=generator)
+        return self.x[index], self.targets[index]
+
+
+@pytest.mark.parametrize("capacity", [1, 7, 64])
+def test_the_ring_buffer_pool_holds_and_samples_exactly_what_a_copying_pool_would(capacity):
+    rng = torch.Generator().manual_seed(capacity)
+    ring, plain = SyntheticPool(capacity), _CopyingPool(capacity)
+    for step in range(60):
+        n = int(torch.randint(1, 2 * capacity + 2, (1,), generator=rng))  # below, at and above capacity
+        x = torch.randn(n, 2, 3, 3, generator=rng)
+        targets = torch.randint(0, 4, (n, 3, 3), generator=rng)  # per-pixel targets ride along
+        ring.add(x, targets)
+        plain.add(x, targets)
+        assert len(ring) == len(plain.x) and torch.equal(ring.x, plain.x)
+        assert torch.equal(ring.targets, plain.targets)
+        drawn, want = (
+            ring.sample(9, torch.Generator().manual_seed(step)),
+            plain.sample(9, torch.Generator().manual_seed(step)),
+        )
+        assert torch.equal(drawn[0], want[0]) and torch.equal(drawn[1], want[1])
+        index = torch.arange(len(ring)).flip(0)
+        assert torch.equal(ring.take(index)[0], plain.x[index])
+        if step % 13 == 5:  # a checkpoint taken with the ring wrapped resumes the same order
+            restored = SyntheticPool(capacity)
+            restored.load_state_dict(ring.state_dict())
+            ring = restored
+
+
+def test_adding_to_a_full_pool_writes_only_the_new_batch():
+    pool = SyntheticPool(capacity=1000)
+    pool.add(torch.zeros(1000, 4), torch.zeros(1000))
+    storage = pool._x
+    pool.add(torch.ones(10, 4), torch.ones(10))
+    assert pool._x is storage  # no copy of the 1,000 held samples
+    assert pool.x[-10:].eq(1).all() and pool.x[:-10].eq(0).all() and len(pool) == 1000
+
+
 def test_the_stabilisers_send_nothing_new_and_no_parameters(tmp_path):
     plain = run_suite(_config(), tmp_path / "plain", progress=False)[0]
     stabilisers = _config(w_bn=10.0, pool_size=256, pool_steps=3, pool_generator_batch=True)

@@ -158,14 +158,14 @@ class CoBoostingServer(DenseServer):
     def _after_synthesis(self, epoch: int) -> dict[str, float]:
         o = self.options
         if o.reweight and epoch > 0:
-            assert self.pool.x is not None and self.pool.targets is not None
             rng = torch_generator(self.ctx.config.seed, "coboosting-reweight", epoch)
             step = o.reweight_lr * o.reweight_decay**epoch
             for _ in range(o.reweight_passes):
                 for index in self.pool_batches(rng):
+                    x, targets = self.pool.take(index)
                     with torch.no_grad():
-                        logits = self.teacher_logits(self.pool.x[index])
-                    self.weights = reweight_step(logits, self.pool.targets[index], self.weights, step)
+                        logits = self.teacher_logits(x)
+                    self.weights = reweight_step(logits, targets, self.weights, step)
         return {f"ensemble_weight_{cid}": float(w) for cid, w in zip(self.clients, self.weights, strict=True)}
 
     def _kd_inputs(self, x: torch.Tensor, labels: torch.Tensor, rng: torch.Generator) -> torch.Tensor:

@@ -261,11 +261,10 @@ class DenseServer(ServerLogic):
 
     def _distil(self, epoch: int) -> dict[str, float]:
         o = self.options
-        assert self.pool.x is not None and self.pool.targets is not None
         rng = torch_generator(self.ctx.config.seed, "dense-distillation", epoch)
         losses = []
         for index in self.pool_batches(rng):
-            x = self._kd_inputs(self.pool.x[index], self.pool.targets[index], rng)
+            x = self._kd_inputs(*self.pool.take(index), rng)
             with torch.no_grad():
                 target = self.ensemble(x)
             self.student.train()
