@@ -92,15 +92,17 @@ def report(outcome: Outcome) -> None:
 
 
 def execute_in_workers(jobs: Sequence[Job], workers: int) -> list[Outcome]:
-    """`jobs`, `workers` at once in spawned processes that end with this one. On SIGTERM the pool stops
-    (nothing more starts, running jobs are ended) and the process exits with one line on how to go on."""
+    """`jobs`, `workers` at once in spawned processes that end with this one, the cores shared between
+    them (`worker_pool.threads_per_worker`). On SIGTERM the pool stops (nothing more starts, running jobs
+    are ended) and the process exits with one line on how to go on."""
     outcomes: list[Outcome] = []
     context = multiprocessing.get_context("spawn")
+    workers = min(workers, len(jobs))
     with ProcessPoolExecutor(
-        max_workers=min(workers, len(jobs)),
+        max_workers=workers,
         mp_context=context,
-        initializer=worker_pool.end_with_parent,
-        initargs=(os.getpid(),),
+        initializer=worker_pool.start_worker,
+        initargs=(os.getpid(), worker_pool.threads_per_worker(workers)),
     ) as pool:
         try:
             with worker_pool.sigterm_raises():
