@@ -71,6 +71,7 @@ PAGES = (
             "fediod_time_to_quality_fashion-mnist-alpha1_cuda",
             "bytes_to_quality_digits",
             "bytes_to_quality_fashion-mnist-alpha0.1",
+            "bytes_to_quality_fashion-mnist-alpha1",
         ),
         figures=(
             "bytes_to_quality_digits.png",
