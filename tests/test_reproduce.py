@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -216,6 +217,7 @@ def test_a_target_runs_writes_its_table_and_reuses_finished_runs(tiny, tmp_path,
     markdown = (folder / "table.md").read_text(encoding="utf-8")
     assert markdown == stdout.rstrip("\n") + "\n"
     assert "| FedAvg | test % | 97.00 | 50.00 |" in markdown and "**all within tolerance**" in markdown
+    assert re.search(r"^Runs: 1 ran; the 1 that ran or resumed took [\d,]+ s of run time", markdown, re.M)
     assert (folder / "table.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     def never(job):
@@ -227,7 +229,8 @@ def test_a_target_runs_writes_its_table_and_reuses_finished_runs(tiny, tmp_path,
     assert code == 1 and "suite seed 0: reused" in err
     table = json.loads((folder / "table.json").read_text(encoding="utf-8"))
     assert table["rows"][0]["verdict"] == OUTSIDE and table["rows"][0]["mean"] == fedavg["mean"]
-    assert "1 outside tolerance" in (folder / "table.md").read_text(encoding="utf-8")
+    assert "1 outside tolerance" in (markdown := (folder / "table.md").read_text(encoding="utf-8"))
+    assert "\nRuns: 1 reused.\n" in markdown
 
 
 def test_an_interrupted_run_resumes_and_new_seeds_run_beside_it(tiny, tmp_path, capsys):

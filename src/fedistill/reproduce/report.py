@@ -29,6 +29,21 @@ def ours_text(cell: Check, digits: int) -> str:
     return number(cell.mean, digits) + (f" ± {cell.std:.{digits}f}" if cell.std is not None else "")
 
 
+def runs_line(outcomes: Sequence[Outcome]) -> str:
+    """What this invocation did with the runs and how long the work took (not the finished ones reused)."""
+    counts = {
+        status: sum(o.status == status for o in outcomes) for status in ("ran", "resumed", "reused", "failed")
+    }
+    line = "Runs: " + ", ".join(f"{n} {status}" for status, n in counts.items() if n)
+    worked = [o.seconds for o in outcomes if o.status in ("ran", "resumed")]
+    if worked:
+        line += (
+            f"; the {len(worked)} that ran or resumed took {sum(worked):,.0f} s of run time"
+            f" ({min(worked):,.0f}-{max(worked):,.0f} s a run)"
+        )
+    return line + "."
+
+
 def markdown(target: Target, scale: str, cells: Sequence[Check], outcomes: Sequence[Outcome]) -> list[str]:
     spec = target.scales[scale]
     columns = {c.key: c for c in target.columns_at(scale)}
@@ -61,6 +76,7 @@ def markdown(target: Target, scale: str, cells: Sequence[Check], outcomes: Seque
             f"{ours_text(cell, d)} | {number(cell.difference, d, sign=True)} | {number(cell.tolerance, d)} | "
             f"{MARKS[cell.verdict]} |"
         )
+    lines += ["", runs_line(outcomes)]
     failed = [o for o in outcomes if o.status == "failed"]
     if failed:
         lines += ["", "Runs that failed:", *(f"- {o.job.run} seed {o.job.seed}: {o.error}" for o in failed)]
