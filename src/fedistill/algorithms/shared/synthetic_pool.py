@@ -87,7 +87,8 @@ class SyntheticPool:
 
     @property
     def x(self) -> torch.Tensor | None:
-        """The pooled inputs, oldest first (a copy once the ring has wrapped)."""
+        """The pooled inputs, oldest first: a view of the storage (a copy once the ring has wrapped), valid
+        until the next `add`."""
         return self._ordered(self._x)
 
     @property
