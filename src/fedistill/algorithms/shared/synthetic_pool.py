@@ -42,8 +42,10 @@ class SyntheticPool:
         if n == 0:
             return
         if self._x is None or self._targets is None or n == self.capacity:
-            self._x, self._targets = self._storage_for(x, targets, n)
-            self._x[:n], self._targets[:n] = x, targets
+            if self._x is None or self._targets is None or len(self._x) != n:
+                self._x = x.new_empty((n, *x.shape[1:]))
+                self._targets = targets.new_empty((n, *targets.shape[1:]))
+            self._x[:], self._targets[:] = x, targets
             self._start, self._count = 0, n
             return
         if self._count + n > len(self._x) < self.capacity:
@@ -53,10 +55,6 @@ class SyntheticPool:
         dropped = max(0, self._count + n - self.capacity)
         self._start = (self._start + dropped) % len(self._x)
         self._count = min(self.capacity, self._count + n)
-
-    @staticmethod
-    def _storage_for(x: torch.Tensor, targets: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return x.new_empty((n, *x.shape[1:])), targets.new_empty((n, *targets.shape[1:]))
 
     def _grow(self, size: int) -> None:
         """Storage for `size` samples, the current ones moved to its front, oldest first."""
@@ -68,15 +66,11 @@ class SyntheticPool:
         self._x[: self._count], self._targets[: self._count] = x, targets
         self._start = 0
 
-    def _physical(self, index: torch.Tensor) -> torch.Tensor:
-        assert self._x is not None
-        return (self._start + index) % len(self._x)
-
     def take(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The samples at `index` (positions oldest first) and their targets."""
         if self._x is None or self._targets is None or self._count == 0:
             raise ValueError("the synthetic pool is empty")
-        physical = self._physical(index.to(self._x.device))
+        physical = (self._start + index.to(self._x.device)) % len(self._x)
         return self._x[physical], self._targets[physical]
 
     def sample(self, size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
