@@ -118,9 +118,10 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     from fedistill.algorithms.fediod import resolve_options
     from fedistill.errors import ConfigError
 
-    def resolved_for(fediod: dict, *, per_pixel: bool = False) -> FedIODOptions:
+    def resolved_for(fediod: dict, *, per_pixel: bool = False, two_classes: bool = False) -> FedIODOptions:
         config = build_config(RunConfig(), {"fediod": fediod})
-        return resolve_options(config, options_for(config, "fediod", FedIODOptions), per_pixel=per_pixel)
+        options = options_for(config, "fediod", FedIODOptions)
+        return resolve_options(config, options, per_pixel=per_pixel, two_class_pixels=two_classes)
 
     resolved = resolved_for({"preset": "stable", "tau": 2.0})
     assert (resolved.w_bn, resolved.pool_size, resolved.pool_steps) == (10.0, 20000, 30)
@@ -130,10 +131,20 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     paper_options = resolved_for({"preset": "paper", "tau": 2.0})
     assert (paper_options.pool_size, paper_options.teacher_logits, paper_options.mimic) == (0, "raw", "l2")
     assert paper_options.iters_per_epoch == "max"
-    # the default preset is the stable one on classification and the paper's on per-pixel tasks
+    # the default preset is the stable one on classification and the lean one on per-pixel tasks: S learns
+    # from G's own batches (pooled with their targets), margin logits only where a pixel has two classes
     assert FedIODOptions().preset == "auto"
     assert resolved_for({"tau": 2.0}) == dataclasses.replace(resolved, preset="stable")
-    assert resolved_for({"tau": 2.0}, per_pixel=True) == dataclasses.replace(paper_options, preset="paper")
+    lean = {"student_steps": 0, "pool_generator_batch": True, "pool_size": 1000, "pool_steps": 2}
+    pixels = resolved_for({"tau": 2.0}, per_pixel=True)
+    assert pixels == dataclasses.replace(paper_options, preset="lean", **lean)
+    assert pixels.pixel_logits == "all"
+    two_class = resolved_for({"tau": 2.0}, per_pixel=True, two_classes=True)
+    assert two_class == dataclasses.replace(pixels, pixel_logits="margin")
+    # a user's S-steps stay theirs; the paper's exchanges are one preset away
+    assert resolved_for({"student_steps": 2}, per_pixel=True).student_steps == 2
+    paper_pixels = resolved_for({"preset": "paper", "tau": 2.0}, per_pixel=True, two_classes=True)
+    assert paper_pixels == dataclasses.replace(paper_options, preset="paper")
     # a user may change the preset's replay steps without repeating its pool
     resolved = resolved_for({"preset": "stable", "pool_steps": 15})
     assert (resolved.pool_size, resolved.pool_steps) == (20000, 15)

@@ -89,6 +89,45 @@ def test_no_parameter_leaves_a_client_and_masks_travel_only_when_uploaded(tmp_pa
     assert ("fraction_of_ensemble" in summary["final"]) == (ensemble > 0)
 
 
+@pytest.mark.parametrize("base", [SEGMENTATION, RECONSTRUCTION], ids=["segmentation", "reconstruction"])
+def test_the_default_on_dense_tasks_is_lean_the_sites_label_only_the_generator_batches(tmp_path, base):
+    """Per-pixel tasks default to the lean preset: no `query.student` crosses, S still learns (from G's own
+    batches in the pool), and a two-class segmentation's sites send one logit per pixel; the paper's
+    exchanges (`preset = "paper"`, S-steps on fresh samples) send more of both."""
+
+    def config(**fediod) -> RunConfig:
+        layer = copy.deepcopy(base)
+        layer["fediod"].pop("student_steps")
+        layer["fediod"].update(wire="float32", **fediod)
+        return build_config(RunConfig(), layer, {"algorithm": "fediod"})
+
+    def run(name: str, **fediod) -> tuple[dict, list[dict]]:
+        summary = run_suite(config(**fediod), tmp_path / name, progress=False)[0]
+        return summary, read_ledger(tmp_path / name / "fediod" / "ledger.jsonl")
+
+    lean, lean_records = run("lean")
+    paper, paper_records = run("paper", preset="paper", student_steps=1)
+    assert not any(r["type"] == "query.student" for r in lean_records)
+    assert any(r["type"] == "query.student" for r in paper_records)
+    _, server, _ = _dense_parts(config())
+    assert server.options.preset == "lean" and server.options.pool_generator_batch
+    two_classes = base is SEGMENTATION
+    assert server.options.pixel_logits == ("margin" if two_classes else "all")
+    logits = [
+        r["kinds"]["logits"] for r in lean_records if r["direction"] == UP and r["type"] == "query.generate"
+    ]
+    paper_logits = [
+        r["kinds"]["logits"] for r in paper_records if r["direction"] == UP and r["type"] == "query.generate"
+    ]
+    # a G-step's reply: every class's logits (paper) against the margin (lean, two classes)
+    assert paper_logits[0] == logits[0] * (2 if two_classes else 1)
+    kinds = [summary["communication"][UP]["per_kind"]["logits"] for summary in (lean, paper)]
+    assert kinds[0] < kinds[1]  # and no S-step samples to label
+    up = lean["communication"][UP]["total_bytes"]
+    assert up < paper["communication"][UP]["total_bytes"]
+    assert lean["final"]["selected_epoch"] >= 1 and lean["final"]
+
+
 def test_auto_teacher_logits_stay_raw_on_a_dense_task_and_ask_for_no_label_counts(tmp_path):
     config = build_config(
         _config(SEGMENTATION, teacher_logits="auto", ensemble_weighting="uniform"), {"rounds": 1}

@@ -108,12 +108,19 @@ def test_table_arguments_are_checked_and_every_method_gets_the_same_local_budget
         ["--epochs", "7", "--fediod-epochs", "3", "--iters", "2", "--flmrcm-targets", "1,3"]
     )
     specs = table.run_specs(args)
-    assert [s.method for s in specs] == ["standalone", "centralized", "fedavg", "flmrcm", "flmrcm", "fediod"]
+    assert [s.method for s in specs] == [
+        "standalone", "centralized", "fedavg", "flmrcm", "flmrcm", "fediod", "fediod",
+    ]  # fmt: skip
+    # FedIOD twice: its default (the lean preset on per-pixel tasks) and the paper's exchanges
+    assert [s.row for s in specs[-2:]] == ["fediod", "fediod-paper"]
+    assert not any("preset" in x or "student_steps" in x for x in specs[-2].sets)
+    assert {"fediod.preset='paper'", "fediod.student_steps=2"} <= set(specs[-1].sets)
     assert [s.target for s in specs if s.method == "flmrcm"] == [1, 3]
     for spec in specs:  # every site trains 7 local epochs, whatever the method
         assert spec.extra[spec.extra.index("--local-epochs") + 1] == "1"
         assert spec.rounds == (3 if spec.method == "fediod" else 7)
-    assert "fediod.teacher_epochs=7" in specs[-1].sets and "fediod.iters_per_epoch=2" in specs[-1].sets
+    for spec in specs[-2:]:
+        assert "fediod.teacher_epochs=7" in spec.sets and "fediod.iters_per_epoch=2" in spec.sets
     assert "threads=1" in table.common_sets(args)  # one torch thread unless told
     assert table.command_line(args).startswith(
         "python benchmarks/reconstruction_table.py --dataset brain-t1-sites"
@@ -147,7 +154,7 @@ def test_table_writes_every_method_per_source_with_the_paper_and_the_ledger(tiny
     methods = [r["method"] for r in payload["rows"]]
     assert methods == [
         "zero-filled", "standalone", *["standalone-site"] * 4, "centralized", "fedavg", "flmrcm",
-        *["flmrcm-target"] * 4, "fediod",
+        *["flmrcm-target"] * 4, "fediod", "fediod-paper",
     ]  # fmt: skip
     for row in payload["rows"]:
         assert set(row["ssim"]) == set(row["psnr"]) == set(sites)
@@ -155,9 +162,13 @@ def test_table_writes_every_method_per_source_with_the_paper_and_the_ledger(tiny
         assert (row["wall_time_s"] is None) == (row["method"] in ("zero-filled", "standalone-site"))
     assert payload["facts"]["rescore_max_abs_diff"] < 1e-6  # saved models score as their runs did
     assert payload["facts"]["fediod"]["up_per_kind"].get("parameters", 0) == 0
+    # every run's ledger totals; the lean default sends less than the paper's exchanges on the same budget
+    moved = {r["method"]: r["all_bytes"] for r in payload["rows"] if "all_bytes" in r}
+    assert moved["fedavg"] > 0 and moved["fediod"] < moved["fediod-paper"]
+    assert all(r["up_bytes"] <= r["all_bytes"] for r in payload["rows"] if "all_bytes" in r)
     text = (tiny_table / "results" / "reconstruction_table9.md").read_text()
     assert "| FedAvg | " in text and "0.9232" in text and "32.31" in text  # the paper's T1 IXI beside ours
-    assert "parameters: 0 B" in text and "Not comparable" in text
+    assert "parameters: 0 B" in text and "Not comparable" in text and "| sites sent MB | all MB |" in text
     assert "--dataset mni152-t1 --image-size 16" in text and str(tiny_table) not in text
 
 

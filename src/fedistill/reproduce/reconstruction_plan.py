@@ -12,7 +12,10 @@ model and local budget (`--epochs` local epochs per site for every method):
   FL-MRCM       the same FedAvg plus feature alignment to a target site; one run per target, and, as Guo
                 et al. report it, each test source scored by the run whose target it is
   FedIOD        teachers trained `--epochs` epochs, then `--fediod-epochs` x `--iters` generator steps;
-                the student selected on the sites' validation splits; no parameter leaves a site
+                the student selected on the sites' validation splits; no parameter leaves a site. Its
+                default on per-pixel tasks, the lean preset: S learns from G's own batches (replayed)
+  fediod-paper  the same with the paper's exchanges: 2 S-steps per G-step on fresh samples every site
+                labels (`fediod.preset = "paper"`), the bytes the lean preset saves
 
     python benchmarks/reconstruction_table.py --image-size 64 --epochs 20 --fediod-epochs 20 --iters 10 \\
         --threads 1 --reuse
@@ -54,7 +57,7 @@ SITES = 4
 DATASETS = {"brain-t1-sites": (), "mni152-t1": ("mni152-t1.sites=4",)}
 
 
-METHODS = ("standalone", "centralized", "fedavg", "flmrcm", "fediod")
+METHODS = ("standalone", "centralized", "fedavg", "flmrcm", "fediod", "fediod-paper")
 
 
 LABELS = {
@@ -64,6 +67,7 @@ LABELS = {
     "fedavg": "FedAvg",
     "flmrcm": "FL-MRCM (target = the column's site)",
     "fediod": "FedIOD (student)",
+    "fediod-paper": "FedIOD, the paper's exchanges (2 fresh S-steps per G-step)",
 }
 
 
@@ -79,8 +83,9 @@ FEDIOD_SMALL = (
     "fediod.discriminator_width=16",
     "fediod.discriminator_layers=3",
     "fediod.synthetic_batch_size=8",
-    "fediod.student_steps=2",
 )
+# The paper's exchanges: 2 S-steps per G-step on fresh samples every site labels (the lean default: none)
+FEDIOD_PAPER = ("fediod.preset='paper'", "fediod.student_steps=2")
 
 
 @dataclass
@@ -93,6 +98,10 @@ class RunSpec:
     sets: list[str]
     target: int | None = None  # FL-MRCM's target site
     extra: list[str] = field(default_factory=list)
+    row: str = ""  # the table row it makes, when not `method` (fediod-paper)
+
+    def __post_init__(self) -> None:
+        self.row = self.row or self.method
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -196,9 +205,15 @@ def run_specs(args: argparse.Namespace) -> list[RunSpec]:
                 )
         else:
             budget = [f"fediod.teacher_epochs={e}", f"fediod.iters_per_epoch={args.iters}"]
-            name = f"{base}-fediod-d{args.fediod_epochs}x{args.iters}"
-            sets = [*FEDIOD_SMALL, *budget, f"checkpoint_every={args.fediod_epochs}"]
-            specs.append(RunSpec(method, name, args.fediod_epochs, sets))
+            paper = method == "fediod-paper"
+            name = f"{base}-{method}-d{args.fediod_epochs}x{args.iters}"
+            sets = [
+                *FEDIOD_SMALL,
+                *(FEDIOD_PAPER if paper else ()),
+                *budget,
+                f"checkpoint_every={args.fediod_epochs}",
+            ]
+            specs.append(RunSpec("fediod", name, args.fediod_epochs, sets, row=method))
     for spec in specs:
         spec.extra = ["--partition", "natural", "--local-epochs", "1", "--batch-size", str(args.batch_size),
                       "--lr", f"{args.lr:g}"]  # fmt: skip

@@ -32,14 +32,20 @@ def table(rows: list[dict[str, Any]], metric: str, sites: list[str], paper: dict
     unit = "SSIM" if metric == "ssim" else "PSNR dB"
     head = " | ".join(sites)
     papers = " | ".join(f"paper T1 {letter}" for _, letter in PAPER_SOURCES)
-    lines = [f"| {unit} | {head} | mean | {papers} | wall s |", "|---" * (len(sites) + 6) + "|"]
+    lines = [f"| {unit} | {head} | mean | {papers} | wall s | sites sent MB | all MB |",
+             "|---" * (len(sites) + 8) + "|"]  # fmt: skip
     for r in rows:
         ours = " | ".join(fmt(r[metric][s], metric) for s in sites)
         theirs = paper.get(r["method"], {}).get(metric, {})
         cited = " | ".join(fmt(theirs.get(source), metric) for source, _ in PAPER_SOURCES)
         wall = "-" if r.get("wall_time_s") is None else f"{r['wall_time_s']:.0f}"
+        moved = " | ".join(
+            "-" if r.get(k) is None else f"{r[k] / 1e6:.1f}" for k in ("up_bytes", "all_bytes")
+        )
         label = f"**{r['label']}**" if r["method"] in ("fediod",) else r["label"]
-        lines.append(f"| {label} | {ours} | {fmt(r[f'{metric}_mean'], metric)} | {cited} | {wall} |")
+        lines.append(
+            f"| {label} | {ours} | {fmt(r[f'{metric}_mean'], metric)} | {cited} | {wall} | {moved} |"
+        )
     return lines
 
 
@@ -100,6 +106,9 @@ def write_results(rows: list[dict[str, Any]], facts: dict[str, Any], args: argpa
         "",
         "- Wall time: the run's own (`summary.json`, set-up and FedIOD's stage 1 included); FL-MRCM's main "
         "row adds its per-target runs; Standalone trains its four sites one after the other in one run.",
+        "- Sent: the run's ledger totals in MB (10^6 bytes): what the sites sent the server, and both "
+        "directions (FedAvg and FL-MRCM: the model every round; FedIOD: logits, Eq. 8 ratios and "
+        "input-gradients on synthetic inputs one way, the inputs and output-gradients the other).",
         "- Standalone's and Centralized's rows are their final models read from the runs' last checkpoints "
         "and scored with the runner's harness (per volume, per source): those methods' clients hold no "
         "volume ids, so the `test_ssim` in their own summaries scores each slice on its own maximum.",

@@ -104,6 +104,13 @@ def row(method: str, label: str, scores: dict[str, dict[str, float]], **extra: A
     return {"method": method, "label": label, **scores, **means, **extra}
 
 
+def sent(summary: dict[str, Any]) -> dict[str, int]:
+    """What a run's messages moved, from its ledger totals: sites to server, and both directions."""
+    traffic = summary.get("communication", {})
+    up = traffic.get("client->server", {}).get("total_bytes", 0)
+    return {"up_bytes": up, "all_bytes": up + traffic.get("server->client", {}).get("total_bytes", 0)}
+
+
 def rel(path: Path) -> str:
     """A run folder as the table cites it: from the checkout."""
     return relative_to_checkout(path)
@@ -138,7 +145,7 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
                        "checkpoint_client": k} for k in range(len(states))]  # fmt: skip
             if spec.method == "centralized":
                 rows.append(row("centralized", LABELS["centralized"], scored[0], wall_time_s=wall,
-                                run_dir=rel(run_dir), models=models))  # fmt: skip
+                                run_dir=rel(run_dir), models=models, **sent(summary)))  # fmt: skip
                 continue
             mean = {
                 m: {s: statistics.fmean(x[m][s] for x in scored) for s in sites} for m in ("ssim", "psnr")
@@ -147,7 +154,7 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
                 m: {s: statistics.pstdev(x[m][s] for x in scored) for s in sites} for m in ("ssim", "psnr")
             }
             rows.append(row("standalone", LABELS["standalone"], mean, std=std, wall_time_s=wall,
-                            run_dir=rel(run_dir), models=models))  # fmt: skip
+                            run_dir=rel(run_dir), models=models, **sent(summary)))  # fmt: skip
             for k, scores in enumerate(scored):
                 rows.append(row("standalone-site", f"Standalone: {sites[k]}'s model", scores, site=sites[k],
                                 wall_time_s=None, run_dir=rel(run_dir), models=[models[k]]))  # fmt: skip
@@ -155,14 +162,15 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
             check(run_dir, "global", summary)
             model = {"site": "global", "run_dir": rel(run_dir), "file": "models/global.safetensors"}
             rows.append(row("fedavg", LABELS["fedavg"], per_source(summary["final"], sites, "test_"),
-                            wall_time_s=wall, run_dir=rel(run_dir), models=[model]))  # fmt: skip
+                            wall_time_s=wall, run_dir=rel(run_dir), models=[model],
+                            **sent(summary)))  # fmt: skip
         elif spec.method == "flmrcm":
             check(run_dir, "global", summary)
             flmrcm.append((spec.target, run_dir, summary))
         else:
             check(run_dir, "student", summary)
             final = summary["final"]
-            facts["fediod"] = {
+            facts[spec.row] = {
                 "up_per_kind": summary["communication"]["client->server"]["per_kind"],
                 "down_total": summary["communication"]["server->client"]["total_bytes"],
                 **{
@@ -172,8 +180,8 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
                 "setup_time_s": summary.get("setup_time_s"),
             }
             model = {"site": "student", "run_dir": rel(run_dir), "file": "models/student.safetensors"}
-            rows.append(row("fediod", LABELS["fediod"], per_source(final, sites, "test_"), wall_time_s=wall,
-                            run_dir=rel(run_dir), models=[model]))  # fmt: skip
+            rows.append(row(spec.row, LABELS[spec.row], per_source(final, sites, "test_"), wall_time_s=wall,
+                            run_dir=rel(run_dir), models=[model], **sent(summary)))  # fmt: skip
     if flmrcm:
         rows += flmrcm_rows(flmrcm, sites)
     order = [
@@ -185,6 +193,7 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
         "flmrcm",
         "flmrcm-target",
         "fediod",
+        "fediod-paper",
     ]
     rows.sort(key=lambda r: order.index(r["method"]))
     return rows, facts
@@ -201,11 +210,12 @@ def flmrcm_rows(
         model = {"site": sites[target], "run_dir": rel(run_dir), "file": "models/global.safetensors"}
         rows.append(row("flmrcm-target", f"FL-MRCM, target {sites[target]}", scores, target=sites[target],
                         wall_time_s=summary["wall_time_s"], run_dir=rel(run_dir),
-                        models=[model]))  # fmt: skip
+                        models=[model], **sent(summary)))  # fmt: skip
         for m in ("ssim", "psnr"):
             diagonal[m][sites[target]] = scores[m][sites[target]]
         models.append(model)
     if len(runs) == len(sites):
         wall = sum(s["wall_time_s"] for _, _, s in runs)
-        rows.insert(0, row("flmrcm", LABELS["flmrcm"], diagonal, wall_time_s=wall, models=models))
+        moved = {k: sum(sent(s)[k] for _, _, s in runs) for k in ("up_bytes", "all_bytes")}
+        rows.insert(0, row("flmrcm", LABELS["flmrcm"], diagonal, wall_time_s=wall, models=models, **moved))
     return rows

@@ -110,7 +110,12 @@ class FedIODClient(ClientLogic):
     def __init__(self, ctx: ClientContext) -> None:
         self.ctx = ctx
         self.view = TaskView(task_of(ctx.config, ctx.info), ctx.info, ctx.config.seed)
-        self.options = resolve_options(ctx.config, ctx.options, per_pixel=self.view.per_pixel)
+        self.options = resolve_options(
+            ctx.config,
+            ctx.options,
+            per_pixel=self.view.per_pixel,
+            two_class_pixels=self.view.two_class_pixels,
+        )
         self.view = self.view.with_sent_outputs(self.options.ratio_resolution, self.options.pixel_logits)
         self.architecture = teacher_name(self.options, ctx.config, ctx.client_id)
         self.teacher = new_model(ctx.config, ctx.info, self.architecture)

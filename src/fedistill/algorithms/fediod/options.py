@@ -1,5 +1,5 @@
-"""FedIOD's options: the paper's settings, the released code's preset, and the stabilisers (the default
-on classification)."""
+"""FedIOD's options: the paper's settings, the released code's preset, the stabilisers (the default on
+classification) and the lean exchanges (the default on segmentation and reconstruction)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from fedistill.models.generator import check_upsamples
 log = logging.getLogger(__name__)
 
 
-PRESETS = ("auto", "paper", "official-code", "stable")
+PRESETS = ("auto", "paper", "official-code", "stable", "lean")
 WEIGHTINGS = ("eq8", "class-share", "uniform")
 MIMIC_MODES = ("l2", "kl", "kl-official", "l1")
 SELECTIONS = ("validation", "last", "best-on-test")
@@ -58,9 +58,10 @@ class FedIODOptions(
     """Every FedIOD key, flat (`fediod.w_adv`, `options.w_adv`); each group's docstrings are in
     option_groups.py. Every key's default is the paper's unless its docstring says otherwise; the default
     `preset = "auto"` then applies `STABLE` (the stabilisers) to the keys a user did not set on
-    classification, and nothing on segmentation and reconstruction, where they are not measured.
-    `preset = "paper"` keeps the paper's settings everywhere, `"official-code"` takes the released
-    code's choices, `"stable"` the stabilisers on any task.
+    classification, and `LEAN` (the student learns from G's own batches, no extra labelling) on
+    segmentation and reconstruction. `preset = "paper"` keeps the paper's settings everywhere,
+    `"official-code"` takes the released code's choices, `"stable"` the stabilisers on any task, `"lean"`
+    the lean exchanges on any task.
 
     The ``dp_*`` options (see `DPOptions` and the module docstring) sanitise the input-gradients.
     """
@@ -201,21 +202,47 @@ STABLE = {
     "teacher_logits": "auto",
 }
 
-PRESET_CHANGES = {"paper": {}, "official-code": OFFICIAL_CODE, "stable": STABLE}
+#: What `preset = "lean"` changes: the student learns only from the G-steps' own batches, kept in a replay
+#: pool with the ensemble targets their query already returned, so the sites label nothing else; on a
+#: two-class segmentation each site sends one logit per pixel (its margin). Why: on the dense tasks the
+#: S-steps' fresh samples were most of what the sites sent; without them the segmentation and
+#: reconstruction students kept their quality over three seeds at half the bytes
+#: (benchmarks/results/fediod_dense_communication_lean-*.md).
+LEAN = {
+    "student_steps": 0,
+    "pool_generator_batch": True,
+    "pool_size": 1000,
+    "pool_steps": 2,
+    "pixel_logits": "margin",  # only where the task has two classes per pixel (`preset_changes`)
+}
+
+PRESET_CHANGES = {"paper": {}, "official-code": OFFICIAL_CODE, "stable": STABLE, "lean": LEAN}
 
 
 def effective_preset(preset: str, *, per_pixel: bool) -> str:
-    """The preset a run applies: `"auto"` is `"stable"` on classification and `"paper"` on per-pixel tasks.
+    """The preset a run applies: `"auto"` is `"stable"` on classification and `"lean"` on per-pixel tasks.
 
     Why: with the paper's settings the student ends far below its ensemble on digits, and the stabilisers
-    are measured on classification only."""
+    are measured on classification only; on the dense tasks the lean exchanges halve the bytes."""
     if preset == "auto":
-        return "paper" if per_pixel else "stable"
+        return "lean" if per_pixel else "stable"
     return preset
 
 
-def resolve_options(config: RunConfig, options: FedIODOptions, *, per_pixel: bool) -> FedIODOptions:
-    """Apply the preset's changes to every key the user did not set; `preset` names the one applied."""
+def preset_changes(preset: str, *, two_class_pixels: bool) -> dict[str, object]:
+    """The keys `preset` fills: its table, less the margin logits where the task has no two classes per
+    pixel (classification, reconstruction, multi-class segmentation)."""
+    changes = dict(PRESET_CHANGES[preset])
+    if not two_class_pixels:
+        changes.pop("pixel_logits", None)
+    return changes
+
+
+def resolve_options(
+    config: RunConfig, options: FedIODOptions, *, per_pixel: bool, two_class_pixels: bool = False
+) -> FedIODOptions:
+    """Apply the preset's changes to every key the user did not set; `preset` names the one applied.
+    `two_class_pixels`: the task is a two-class segmentation (the lean preset's margin logits apply)."""
     preset = effective_preset(options.preset, per_pixel=per_pixel)
     for key in ("student_shift", "student_mixup"):
         if per_pixel and getattr(options, key):
@@ -228,7 +255,7 @@ def resolve_options(config: RunConfig, options: FedIODOptions, *, per_pixel: boo
             f"fediod.sites_per_step = {options.sites_per_step} exceeds the {config.clients} clients "
             "(0 asks every site)"
         )
-    changes = PRESET_CHANGES[preset]
+    changes = preset_changes(preset, two_class_pixels=two_class_pixels)
     if not changes:
         return dataclasses.replace(options, preset=preset)
     explicit = set(config.options.get("fediod", {}))

@@ -64,14 +64,18 @@ class TaskView:
     def with_sent_outputs(self, ratio_resolution: str, pixel_logits: str) -> TaskView:
         """This view with what sites send of D_k's ratios and T_k's logits (`fediod.ratio_resolution`,
         `fediod.pixel_logits`); ConfigError for a margin the task has no two classes for."""
-        two_classes = self.per_pixel and self.task.output_channels(self.info) == 2 and self.outputs == 2
-        if pixel_logits == "margin" and not two_classes:
+        if pixel_logits == "margin" and not self.two_class_pixels:
             raise ConfigError(
                 f"fediod.pixel_logits = 'margin' needs a two-class per-pixel task; {self.task.name!r} on "
                 f"{self.info.name} has {self.outputs} output column(s) per "
                 f"{'pixel' if self.per_pixel else 'sample'}: use 'all'"
             )
         return replace(self, ratio_resolution=ratio_resolution, pixel_logits=pixel_logits)
+
+    @property
+    def two_class_pixels(self) -> bool:
+        """A two-class per-pixel task: a site's margin z_1 - z_0 carries its whole softmax."""
+        return self.per_pixel and self.task.output_channels(self.info) == 2 and self.outputs == 2
 
     def sent_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """What a site sends of T_k's outputs (B, C, ...): all of them, or the margin z_1 - z_0
