@@ -28,6 +28,7 @@ from typing import Any
 from fedistill.reproduce.arguments import benchmark_parser
 from fedistill.reproduce.paths import CHECKOUT, RESULTS, RUNS
 from fedistill.reproduce.segmentation_plan import LABELS, Table, execute, plan, training_samples
+from fedistill.reproduce.segmentation_plan import parse as table_defaults
 from fedistill.reproduce.segmentation_scores import score
 
 DATASET = "brats-synthetic-lesions"
@@ -60,11 +61,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args.fraction_list = [float(f) for f in args.fractions.split(",") if f.strip()]
     if not all(0 < f <= 1 for f in args.fraction_list):
         parser.error(f"--fractions must be numbers in (0, 1], got {args.fractions!r}")
-    # Table 2's shared model, optimiser and G/D sizes (segmentation_plan's defaults)
-    defaults = {"width": 8, "depth": 4, "batch_size": 16, "lr": 2e-3, "g_width": 16, "g_blocks": 3,
-                "d_width": 16, "d_layers": 2, "synthetic_batch": 10, "student_steps": 2, "set": []}  # fmt: skip
-    for key, value in defaults.items():
-        setattr(args, key, value)
+    # Table 2's shared model, optimiser and G/D sizes: segmentation_plan's own defaults, so a key the table
+    # gains is never missing here
+    for key, value in vars(table_defaults([])).items():
+        if not hasattr(args, key):
+            setattr(args, key, value)
     return args
 
 
