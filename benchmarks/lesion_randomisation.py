@@ -29,7 +29,7 @@ from fedistill.reproduce.arguments import benchmark_parser
 from fedistill.reproduce.paths import CHECKOUT, RESULTS, RUNS
 from fedistill.reproduce.segmentation_plan import LABELS, Table, execute, plan, training_samples
 from fedistill.reproduce.segmentation_plan import parse as table_defaults
-from fedistill.reproduce.segmentation_scores import score
+from fedistill.reproduce.segmentation_scores import real_patients, saved_models, score
 
 DATASET = "brats-synthetic-lesions"
 METHODS = ("centralized", "fedavg", "fediod")
@@ -54,7 +54,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--distill-epochs", type=int, default=10)
     parser.add_argument("--iters", type=int, default=25)
     args = parser.parse_args(argv)
-    args.argv = list(argv if argv is not None else sys.argv[1:])
+    args.argv = shown_arguments(list(argv if argv is not None else sys.argv[1:]))
     unknown = set(args.methods.split(",")) - set(METHODS)
     if unknown:
         parser.error(f"unknown methods {', '.join(sorted(unknown))}; valid: {', '.join(METHODS)}")
@@ -69,6 +69,22 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def shown_arguments(argv: list[str]) -> list[str]:
+    """The command line as the results cite it: folders (`--out`, `--results`, `--data-dir`) left out, since
+    they are one machine's."""
+    shown, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        flag = arg.split("=", 1)[0]
+        if flag in ("--out", "--results", "--data-dir"):
+            skip = "=" not in arg
+            continue
+        shown.append(arg)
+    return shown
+
+
 def variants(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     """(label, dataset options) of the plain synthesis and of each randomised share."""
     train, test = (int(v) for v in args.subjects.split(","))
@@ -78,6 +94,50 @@ def variants(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
         out.append(
             (f"randomised {share:g}", {**base, "synthesis": "randomised", "randomised_fraction": share})
         )
+    return out
+
+
+def lesion_ranking(folder: Path, method: str, args: argparse.Namespace) -> dict[str, float]:
+    """Whether the model sees the real lesions at all, whatever its threshold: the area under the ROC curve
+    of its lesion probability over every real-patient pixel (0.5: no signal), and its mean probability on
+    the lesion pixels and on the others."""
+    import torch
+    from sklearn.metrics import roc_auc_score
+
+    from fedistill.config import read_config
+    from fedistill.data.registry import load_dataset
+    from fedistill.data.transforms import to_float
+
+    config = read_config(folder / "config.toml")
+    data = load_dataset(config.dataset, args.data_dir, **config.options.get(config.dataset, {}))
+    real, _ = real_patients(config, args)
+    (net,) = saved_models(folder, method, config, data)
+    with torch.no_grad():
+        lesion = net(to_float(real.test.x, data.info)).softmax(1)[:, 1].flatten().numpy()
+    truth = real.test.y.flatten().numpy() == 1
+    return {
+        "real_pixel_auc": float(roc_auc_score(truth, lesion)),
+        "real_p_lesion": float(lesion[truth].mean()),
+        "real_p_other": float(lesion[~truth].mean()),
+    }
+
+
+def lesion_visibility(args: argparse.Namespace) -> list[dict[str, float]]:
+    """Each real lesion slice at the run's image size, as the models get it: its lesion pixels and their
+    mean intensity (0..1) minus that of a ring 2-4 px around them: how visible the lesion is."""
+    from scipy import ndimage
+
+    from fedistill.data.registry import load_dataset
+
+    real = load_dataset("brain-lesions-real", args.data_dir, image_size=args.image_size)
+    images, masks = real.test.x.numpy()[:, 0] / 255.0, real.test.y.numpy() == 1
+    out = []
+    for image, mask, subject in zip(images, masks, real.test_meta["subject"], strict=True):
+        if not mask.any():
+            continue
+        ring = ndimage.binary_dilation(mask, iterations=4) & ~ndimage.binary_dilation(mask, iterations=1)
+        contrast = float(image[mask].mean() - image[ring].mean())
+        out.append({"patient": int(subject) + 1, "pixels": int(mask.sum()), "contrast": contrast})
     return out
 
 
@@ -96,10 +156,13 @@ def measure(args: argparse.Namespace, method: str, options: dict[str, Any], samp
         "semi_synthetic_dice": site["dice"],
         "semi_synthetic_hd95": site["hd95"],
         **real,
+        **lesion_ranking(folder, method, args),
     }
 
 
-def report(rows: list[dict[str, Any]], args: argparse.Namespace, commit: str) -> str:
+def report(
+    rows: list[dict[str, Any]], visibility: list[dict[str, float]], args: argparse.Namespace, commit: str
+) -> str:
     """The results as Markdown."""
     command = "python benchmarks/lesion_randomisation.py " + " ".join(args.argv)
     lines = [
@@ -117,8 +180,9 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, commit: str) ->
         "used to choose anything.",
         "",
         "| method | synthesis | semi-synthetic Dice % | real Dice % | real sens. % | real HD95 px | "
-        "real Dice % patient 1 / 2 | real HD95 px patient 1 / 2 |",
-        "|---|---|---|---|---|---|---|---|",
+        "real Dice % patient 1 / 2 | real HD95 px patient 1 / 2 | real pixel AUC | real p(lesion): on "
+        "lesion / elsewhere |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         mark = " *" if r["chosen"] else ""
@@ -126,8 +190,22 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, commit: str) ->
             f"| {LABELS[r['method']]} | {r['synthesis']}{mark} | {100 * r['semi_synthetic_dice']:.2f} | "
             f"{100 * r['real_dice']:.2f} | {100 * r['real_sensitivity']:.2f} | {r['real_hd95']:.2f} | "
             f"{100 * r['real_dice_patient1']:.2f} / {100 * r['real_dice_patient2']:.2f} | "
-            f"{r['real_hd95_patient1']:.2f} / {r['real_hd95_patient2']:.2f} |"
+            f"{r['real_hd95_patient1']:.2f} / {r['real_hd95_patient2']:.2f} | {r['real_pixel_auc']:.3f} | "
+            f"{r['real_p_lesion']:.4f} / {r['real_p_other']:.4f} |"
         )
+    lines += [
+        "",
+        "Real pixel AUC: how well the model's lesion probability ranks the real patients' lesion pixels above "
+        "all their other pixels (0.5: no signal), whatever the threshold; Dice needs the probability above 0.5 "
+        "as well.",
+        "",
+        f"How visible the real lesions are at {args.image_size} px (each lesion slice: its pixels, and their "
+        "mean intensity on the 0..1 scale the models see minus that of a ring 2-4 px around them):",
+        "",
+        "| patient | lesion px | contrast to its surroundings |",
+        "|---|---|---|",
+        *(f"| {v['patient']} | {v['pixels']} | {v['contrast']:+.3f} |" for v in visibility),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -154,11 +232,14 @@ def main(argv: list[str] | None = None) -> int:
                             cwd=CHECKOUT, check=False).stdout.strip() or "unknown"  # fmt: skip
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
+    visibility = lesion_visibility(args)
     payload = {"command": "python benchmarks/lesion_randomisation.py " + " ".join(args.argv), "commit": commit,
-               "dataset": DATASET, "real_dataset": "brain-lesions-real", "rows": rows}  # fmt: skip
+               "dataset": DATASET, "real_dataset": "brain-lesions-real", "rows": rows,
+               "real_lesion_visibility": visibility}  # fmt: skip
+    text = report(rows, visibility, args, commit)
     (results / "lesion_randomisation.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    (results / "lesion_randomisation.md").write_text(report(rows, args, commit), encoding="utf-8")
-    print(report(rows, args, commit))
+    (results / "lesion_randomisation.md").write_text(text, encoding="utf-8")
+    print(text)
     return 0
 
 

@@ -124,3 +124,39 @@ def test_option_values_are_checked_in_one_line(synthesis, fraction, message):
 def test_randomised_share():
     assert brain_synthetic.randomised_share("d", "plain", 1.0) == 0.0
     assert brain_synthetic.randomised_share("d", " Randomised ", 0.25) == 0.25
+
+
+def _benchmark():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import lesion_randomisation as benchmark
+
+    return benchmark
+
+
+def test_the_benchmark_cites_its_command_without_one_machine_s_folders():
+    shown = _benchmark().shown_arguments(
+        ["--methods", "centralized", "--out", "/x/runs", "--results=/x/res", "--data-dir", "d", "--reuse"]
+    )
+    assert shown == ["--methods", "centralized", "--reuse"]
+
+
+def test_the_real_lesions_visibility_is_measured_on_what_the_models_see():
+    """Patient 1's lesion is brighter than its surroundings on every slice; patient 2's is a few pixels at
+    64 px (the benchmark's reading of why nothing finds it). Skipped without the real patients' files."""
+    import argparse
+
+    from conftest import SHARED_DATA
+
+    if not (SHARED_DATA / "brain-mri" / "lesion_brain1_image.nii.gz").is_file():
+        pytest.skip(f"the real lesion patients are not under {SHARED_DATA}")
+    args = argparse.Namespace(data_dir=str(SHARED_DATA), image_size=64)
+    slices = _benchmark().lesion_visibility(args)
+    first = [s for s in slices if s["patient"] == 1]
+    second = [s for s in slices if s["patient"] == 2]
+    assert first and second
+    assert all(s["contrast"] > 0.05 for s in first)
+    assert max(s["pixels"] for s in second) < 10 < min(s["pixels"] for s in first)
+    assert all(abs(s["contrast"]) < 0.08 for s in second)
