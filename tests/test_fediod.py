@@ -118,10 +118,14 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     from fedistill.algorithms.fediod import resolve_options
     from fedistill.errors import ConfigError
 
-    def resolved_for(fediod: dict, *, per_pixel: bool = False, two_classes: bool = False) -> FedIODOptions:
+    def resolved_for(
+        fediod: dict, *, per_pixel: bool = False, two_classes: bool = False, images: bool = False
+    ) -> FedIODOptions:
         config = build_config(RunConfig(), {"fediod": fediod})
         options = options_for(config, "fediod", FedIODOptions)
-        return resolve_options(config, options, per_pixel=per_pixel, two_class_pixels=two_classes)
+        return resolve_options(
+            config, options, per_pixel=per_pixel, two_class_pixels=two_classes, image_outputs=images
+        )
 
     resolved = resolved_for({"preset": "stable", "tau": 2.0})
     assert (resolved.w_bn, resolved.pool_size, resolved.pool_steps) == (10.0, 20000, 30)
@@ -141,6 +145,13 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     assert pixels.pixel_logits == "all"
     two_class = resolved_for({"tau": 2.0}, per_pixel=True, two_classes=True)
     assert two_class == dataclasses.replace(pixels, pixel_logits="margin")
+    # image outputs (reconstruction): the teachers' plain mean instead of Eq. 8, unless a user names one
+    images = resolved_for({"tau": 2.0}, per_pixel=True, images=True)
+    assert images == dataclasses.replace(pixels, ensemble_weighting="uniform")
+    assert pixels.ensemble_weighting == "eq8"
+    assert (
+        resolved_for({"ensemble_weighting": "eq8"}, per_pixel=True, images=True).ensemble_weighting == "eq8"
+    )
     # a user's S-steps stay theirs; the paper's exchanges are one preset away
     assert resolved_for({"student_steps": 2}, per_pixel=True).student_steps == 2
     paper_pixels = resolved_for({"preset": "paper", "tau": 2.0}, per_pixel=True, two_classes=True)

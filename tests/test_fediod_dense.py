@@ -113,6 +113,10 @@ def test_the_default_on_dense_tasks_is_lean_the_sites_label_only_the_generator_b
     assert server.options.preset == "lean" and server.options.pool_generator_batch
     two_classes = base is SEGMENTATION
     assert server.options.pixel_logits == ("margin" if two_classes else "all")
+    # reconstruction: the teachers' mean, so the sites send no Eq. 8 ratios (segmentation keeps Eq. 8)
+    assert server.options.ensemble_weighting == ("eq8" if two_classes else "uniform")
+    ratios = [r for r in lean_records if r["direction"] == UP and "discriminator-outputs" in r["kinds"]]
+    assert bool(ratios) == two_classes
     logits = [
         r["kinds"]["logits"] for r in lean_records if r["direction"] == UP and r["type"] == "query.generate"
     ]

@@ -115,6 +115,7 @@ class FedIODClient(ClientLogic):
             ctx.options,
             per_pixel=self.view.per_pixel,
             two_class_pixels=self.view.two_class_pixels,
+            image_outputs=self.view.image_outputs,
         )
         self.view = self.view.with_sent_outputs(self.options.ratio_resolution, self.options.pixel_logits)
         self.architecture = teacher_name(self.options, ctx.config, ctx.client_id)

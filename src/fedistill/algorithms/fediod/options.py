@@ -204,16 +204,21 @@ STABLE = {
 
 #: What `preset = "lean"` changes: the student learns only from the G-steps' own batches, kept in a replay
 #: pool with the ensemble targets their query already returned, so the sites label nothing else; on a
-#: two-class segmentation each site sends one logit per pixel (its margin). Why: on the dense tasks the
-#: S-steps' fresh samples were most of what the sites sent; without them the segmentation and
-#: reconstruction students kept their quality over three seeds at half the bytes
-#: (benchmarks/results/fediod_dense_communication_lean-*.md).
+#: two-class segmentation each site sends one logit per pixel (its margin); on image outputs
+#: (reconstruction) the ensemble is the plain mean of the teachers' corrections, so no D_k ratio is sent.
+#: Why: on the dense tasks the S-steps' fresh samples were most of what the sites sent; without them the
+#: segmentation and reconstruction students kept their quality over three seeds at half the bytes
+#: (benchmarks/results/fediod_dense_communication_lean-*.md). On Table 9, whose D_k learn from one volume
+#: each, Eq. 8's per-pixel ratios weighed the teachers worse than their mean: the student gained 0.031 and
+#: 0.030 SSIM over Eq. 8 on seeds 0 and 1, and on the reconstruction demo (seeds 0-2) moved by at most
+#: 0.0006 (benchmarks/results/sweeps/reconstruction_table9_fediod-uniform-ensemble*.md).
 LEAN = {
     "student_steps": 0,
     "pool_generator_batch": True,
     "pool_size": 1000,
     "pool_steps": 2,
     "pixel_logits": "margin",  # only where the task has two classes per pixel (`preset_changes`)
+    "ensemble_weighting": "uniform",  # only where the outputs are images (`preset_changes`)
 }
 
 PRESET_CHANGES = {"paper": {}, "official-code": OFFICIAL_CODE, "stable": STABLE, "lean": LEAN}
@@ -229,20 +234,29 @@ def effective_preset(preset: str, *, per_pixel: bool) -> str:
     return preset
 
 
-def preset_changes(preset: str, *, two_class_pixels: bool) -> dict[str, object]:
-    """The keys `preset` fills: its table, less the margin logits where the task has no two classes per
-    pixel (classification, reconstruction, multi-class segmentation)."""
+def preset_changes(preset: str, *, two_class_pixels: bool, image_outputs: bool = False) -> dict[str, object]:
+    """The keys `preset` fills: its table, less the lean preset's margin logits where the task has no two
+    classes per pixel (classification, reconstruction, multi-class segmentation) and its uniform ensemble
+    where the outputs are classes (the lean preset's weighting is for image outputs only)."""
     changes = dict(PRESET_CHANGES[preset])
     if not two_class_pixels:
         changes.pop("pixel_logits", None)
+    if preset == "lean" and not image_outputs:
+        changes.pop("ensemble_weighting", None)
     return changes
 
 
 def resolve_options(
-    config: RunConfig, options: FedIODOptions, *, per_pixel: bool, two_class_pixels: bool = False
+    config: RunConfig,
+    options: FedIODOptions,
+    *,
+    per_pixel: bool,
+    two_class_pixels: bool = False,
+    image_outputs: bool = False,
 ) -> FedIODOptions:
     """Apply the preset's changes to every key the user did not set; `preset` names the one applied.
-    `two_class_pixels`: the task is a two-class segmentation (the lean preset's margin logits apply)."""
+    `two_class_pixels`: a two-class segmentation (the lean preset's margin logits apply); `image_outputs`:
+    the outputs are images, not classes (reconstruction: the lean preset's uniform ensemble applies)."""
     preset = effective_preset(options.preset, per_pixel=per_pixel)
     for key in ("student_shift", "student_mixup"):
         if per_pixel and getattr(options, key):
@@ -255,7 +269,7 @@ def resolve_options(
             f"fediod.sites_per_step = {options.sites_per_step} exceeds the {config.clients} clients "
             "(0 asks every site)"
         )
-    changes = preset_changes(preset, two_class_pixels=two_class_pixels)
+    changes = preset_changes(preset, two_class_pixels=two_class_pixels, image_outputs=image_outputs)
     if not changes:
         return dataclasses.replace(options, preset=preset)
     explicit = set(config.options.get("fediod", {}))

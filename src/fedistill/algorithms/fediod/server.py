@@ -78,7 +78,11 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
         config, info = ctx.config, ctx.info
         self.view = TaskView(task_of(config, info), info, config.seed)
         self.options = options = resolve_options(
-            config, ctx.options, per_pixel=self.view.per_pixel, two_class_pixels=self.view.two_class_pixels
+            config,
+            ctx.options,
+            per_pixel=self.view.per_pixel,
+            two_class_pixels=self.view.two_class_pixels,
+            image_outputs=self.view.image_outputs,
         )
         self.view = self.view.with_sent_outputs(options.ratio_resolution, options.pixel_logits)
         log.info("FedIOD preset %r%s", options.preset, " (auto)" if ctx.options.preset == "auto" else "")

@@ -73,6 +73,11 @@ class TaskView:
         return replace(self, ratio_resolution=ratio_resolution, pixel_logits=pixel_logits)
 
     @property
+    def image_outputs(self) -> bool:
+        """The outputs are images (reconstruction), not classes."""
+        return self.per_pixel and self.task.target == "image"
+
+    @property
     def two_class_pixels(self) -> bool:
         """A two-class per-pixel task: a site's margin z_1 - z_0 carries its whole softmax."""
         return self.per_pixel and self.task.output_channels(self.info) == 2 and self.outputs == 2
