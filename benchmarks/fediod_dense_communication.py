@@ -42,8 +42,15 @@ LEAN = (
     "fediod.pool_steps=2",
 )
 
-#: Each variant's `--set`s on top of the target's.
+#: Every variant but `default` starts from the paper's exchanges, as the demos ran them before the lean
+#: preset became the per-pixel default: 2 S-steps per G-step on fresh samples every site labels.
+PAPER = ("fediod.preset='paper'", "fediod.student_steps=2")
+
+#: Each variant's `--set`s on top of the target's (and of PAPER, except `default`).
 VARIANTS: dict[str, tuple[str, ...]] = {
+    "default": (),  # FedIOD's defaults: the lean preset (its uniform ensemble on reconstruction)
+    # the lean preset with the paper's Eq. 8 ensemble
+    "lean+eq8": ("fediod.preset='lean'", "fediod.ensemble_weighting='eq8'"),
     "pixel": ("fediod.ratio_resolution='pixel'",),  # the default before `patch`: one D_k ratio per pixel
     "patch": ("fediod.ratio_resolution='patch'",),
     "compact+patch": ("fediod.wire='compact'", "fediod.ratio_resolution='patch'"),
@@ -119,7 +126,8 @@ def run_name(task: str, variant: str, seed: int) -> str:
 def command(task: str, variant: str, out: Path, seed: int = 0) -> list[str]:
     """The `fedistill run` command line of one (task, variant, seed)."""
     config, target_sets, _ = TASKS[task]
-    sets = ("threads=1", "device='cpu'", *target_sets, *VARIANTS[variant])
+    base = () if variant in ("default", "lean+eq8") else PAPER
+    sets = ("threads=1", "device='cpu'", *target_sets, *base, *VARIANTS[variant])
     argv = ["fedistill", "run", "--quiet", "--config", config, "--algorithm", "fediod", "--seed", str(seed)]
     for item in sets:
         argv += ["--set", item]

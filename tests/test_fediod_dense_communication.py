@@ -85,3 +85,22 @@ def test_a_patch_run_sends_fewer_discriminator_bytes_and_trains_the_same_student
         assert up_patch[kind] == up_pixel[kind], kind
     assert patch["final"]["test_dice"] == pixel["final"]["test_dice"]
     assert patch["final"]["ensemble_dice"] == pixel["final"]["ensemble_dice"]
+
+
+def test_the_benchmark_compares_the_default_with_the_paper_s_exchanges(tmp_path):
+    """Its variants keep the meaning they were measured with (the paper's exchanges, 2 S-steps), except
+    `default` (FedIOD's own: the lean preset) and `lean+eq8`."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import fediod_dense_communication as benchmark
+
+    def sets(variant: str) -> list[str]:
+        argv = benchmark.command("reconstruction", variant, tmp_path)
+        return [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+
+    assert not any("preset" in s or "student_steps" in s for s in sets("default"))
+    assert {"fediod.preset='paper'", "fediod.student_steps=2"} <= set(sets("compact+patch"))
+    assert "fediod.ensemble_weighting='eq8'" in sets("lean+eq8")
+    assert "fediod.preset='paper'" not in sets("lean+eq8")

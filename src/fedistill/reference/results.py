@@ -139,6 +139,7 @@ PAGES = (
             "fediod_dense_communication_margin",
             "fediod_dense_communication_lean-segmentation",
             "fediod_dense_communication_lean-reconstruction",
+            "fediod_dense_communication_uniform-reconstruction",
             "lesion_randomisation",
         ),
         figures=(

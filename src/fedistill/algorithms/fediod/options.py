@@ -211,7 +211,8 @@ STABLE = {
 #: (benchmarks/results/fediod_dense_communication_lean-*.md). On Table 9, whose D_k learn from one volume
 #: each, Eq. 8's per-pixel ratios weighed the teachers worse than their mean: the student gained 0.031 and
 #: 0.030 SSIM over Eq. 8 on seeds 0 and 1, and on the reconstruction demo (seeds 0-2) moved by at most
-#: 0.0006 (benchmarks/results/sweeps/reconstruction_table9_fediod-uniform-ensemble*.md).
+#: 0.0006 (benchmarks/results/sweeps/reconstruction_table9_fediod-*.md,
+#: benchmarks/results/fediod_dense_communication_uniform-reconstruction.md).
 LEAN = {
     "student_steps": 0,
     "pool_generator_batch": True,
