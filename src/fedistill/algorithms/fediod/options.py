@@ -144,13 +144,14 @@ class FedIODOptions(
         """Rules across keys. Before the preset is applied (`preset_fills`), a key the preset sets counts
         as set, so a user may change the preset's replay steps without repeating its pool size;
         `resolve_options` checks again once the preset's keys are in."""
-        filled = PRESET_CHANGES[effective_preset(self.preset, per_pixel=False)] if preset_fills else {}
+        filled = preset_fills_any_task(self.preset) if preset_fills else {}
         if self.pool_steps and not (self.pool_size or filled.get("pool_size", 0)):
             raise ConfigError("fediod.pool_steps replays the pool: set fediod.pool_size > 0 too")
         if self.pool_generator_batch and not (self.pool_size or filled.get("pool_size", 0)):
             raise ConfigError("fediod.pool_generator_batch adds to the pool: set fediod.pool_size > 0 too")
         if not self.student_steps and not (
-            self.pool_generator_batch and (self.pool_steps or filled.get("pool_steps", 0))
+            (self.pool_generator_batch or filled.get("pool_generator_batch", False))
+            and (self.pool_steps or filled.get("pool_steps", 0))
         ):
             raise ConfigError(
                 "fediod.student_steps = 0 trains the student only on the G-steps' batches in the replay "
@@ -233,6 +234,15 @@ def effective_preset(preset: str, *, per_pixel: bool) -> str:
     if preset == "auto":
         return "lean" if per_pixel else "stable"
     return preset
+
+
+def preset_fills_any_task(preset: str) -> dict[str, object]:
+    """What `preset` may fill before the task is known: `"auto"` fills the stable preset's keys on
+    classification and the lean one's on per-pixel tasks, so either counts until `resolve_options` checks
+    the one that applies."""
+    if preset == "auto":
+        return {**PRESET_CHANGES["stable"], **PRESET_CHANGES["lean"]}
+    return PRESET_CHANGES[preset]
 
 
 def preset_changes(preset: str, *, two_class_pixels: bool, image_outputs: bool = False) -> dict[str, object]:
