@@ -158,7 +158,7 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     # on classification the stable preset has no G-batch pool to learn from, and says so
     assert resolved_for({"student_steps": 0}, per_pixel=True).pool_generator_batch
     assert resolved_for({"preset": "lean", "student_steps": 0}, per_pixel=True).preset == "lean"
-    with pytest.raises(ConfigError, match="pool_generator_batch.*preset = 'stable'"):
+    with pytest.raises(ConfigError, match=r"pool_generator_batch.*preset = 'stable'"):
         resolved_for({"student_steps": 0})
     paper_pixels = resolved_for({"preset": "paper", "tau": 2.0}, per_pixel=True, two_classes=True)
     assert paper_pixels == dataclasses.replace(paper_options, preset="paper")

@@ -75,7 +75,7 @@ class TaskView:
     @property
     def image_outputs(self) -> bool:
         """The outputs are images (reconstruction), not classes."""
-        return self.per_pixel and self.task.target == "image"
+        return self.per_pixel and self.task.outputs_images
 
     @property
     def two_class_pixels(self) -> bool:
