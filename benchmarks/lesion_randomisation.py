@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fedistill.data.base import LoadedDataset
 from fedistill.reproduce.arguments import benchmark_parser
 from fedistill.reproduce.paths import CHECKOUT, RESULTS, RUNS
 from fedistill.reproduce.segmentation_plan import LABELS, Table, execute, plan, training_samples
@@ -97,19 +98,19 @@ def variants(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def lesion_ranking(folder: Path, method: str, args: argparse.Namespace) -> dict[str, float]:
+def lesion_ranking(
+    folder: Path, method: str, data: LoadedDataset, args: argparse.Namespace
+) -> dict[str, float]:
     """Whether the model sees the real lesions at all, whatever its threshold: the area under the ROC curve
     of its lesion probability over every real-patient pixel (0.5: no signal), and its mean probability on
-    the lesion pixels and on the others."""
+    the lesion pixels and on the others. `data`: the run's training set, as `score` loaded it."""
     import torch
     from sklearn.metrics import roc_auc_score
 
     from fedistill.config import read_config
-    from fedistill.data.registry import load_dataset
     from fedistill.data.transforms import to_float
 
     config = read_config(folder / "config.toml")
-    data = load_dataset(config.dataset, args.data_dir, **config.options.get(config.dataset, {}))
     real, _ = real_patients(config, args)
     (net,) = saved_models(folder, method, config, data)
     with torch.no_grad():
@@ -148,7 +149,7 @@ def measure(args: argparse.Namespace, method: str, options: dict[str, Any], samp
                   args.iters, (method,))  # fmt: skip
     (spec,) = plan(table, args, samples)
     folder = execute(table, spec, args)
-    metrics, _ = score(folder, method, args)
+    metrics, data = score(folder, method, args)
     (site,) = metrics
     real = {k: v for k, v in site.items() if k.startswith("real_") and k.split("_")[1] in REAL_KEYS}
     return {
@@ -156,7 +157,7 @@ def measure(args: argparse.Namespace, method: str, options: dict[str, Any], samp
         "semi_synthetic_dice": site["dice"],
         "semi_synthetic_hd95": site["hd95"],
         **real,
-        **lesion_ranking(folder, method, args),
+        **lesion_ranking(folder, method, data, args),
     }
 
 

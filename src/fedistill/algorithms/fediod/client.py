@@ -69,7 +69,7 @@ from fedistill.algorithms.fediod.generate_request import (
 )
 from fedistill.algorithms.fediod.options import (
     network_widths,
-    resolve_options,
+    resolve_for_task,
     set_lr,
     teacher_name,
 )
@@ -109,15 +109,8 @@ class FedIODClient(ClientLogic):
 
     def __init__(self, ctx: ClientContext) -> None:
         self.ctx = ctx
-        self.view = TaskView(task_of(ctx.config, ctx.info), ctx.info, ctx.config.seed)
-        self.options = resolve_options(
-            ctx.config,
-            ctx.options,
-            per_pixel=self.view.per_pixel,
-            two_class_pixels=self.view.two_class_pixels,
-            image_outputs=self.view.image_outputs,
-        )
-        self.view = self.view.with_sent_outputs(self.options.ratio_resolution, self.options.pixel_logits)
+        view = TaskView(task_of(ctx.config, ctx.info), ctx.info, ctx.config.seed)
+        self.options, self.view = resolve_for_task(ctx.config, ctx.options, view)
         self.architecture = teacher_name(self.options, ctx.config, ctx.client_id)
         self.teacher = new_model(ctx.config, ctx.info, self.architecture)
         # D_k and its Adam are built when the site is first asked (site_discriminator.py)

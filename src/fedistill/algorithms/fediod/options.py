@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fedistill.algorithms.base import (
     model_cycle,
@@ -31,6 +32,9 @@ from fedistill.algorithms.shared.weight_average import COMBINES
 from fedistill.config import RunConfig
 from fedistill.errors import ConfigError
 from fedistill.models.generator import check_upsamples
+
+if TYPE_CHECKING:
+    from fedistill.algorithms.fediod.task_view import TaskView
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +297,21 @@ def resolve_options(
         preset_keys = ", ".join(f"{k} = {v!r}" for k, v in taken.items())
         raise ConfigError(f"{error} (fediod.preset = {preset!r} sets {preset_keys})") from error
     return resolved
+
+
+def resolve_for_task(
+    config: RunConfig, options: FedIODOptions, view: TaskView
+) -> tuple[FedIODOptions, TaskView]:
+    """The options a run applies on `view`'s task (`resolve_options`), and the view with what its sites
+    send of their outputs; the server and every site call it alike."""
+    resolved = resolve_options(
+        config,
+        options,
+        per_pixel=view.per_pixel,
+        two_class_pixels=view.two_class_pixels,
+        image_outputs=view.image_outputs,
+    )
+    return resolved, view.with_sent_outputs(resolved.ratio_resolution, resolved.pixel_logits)
 
 
 SMALL_IMAGE_PX = 16

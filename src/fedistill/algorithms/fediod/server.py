@@ -25,7 +25,7 @@ from fedistill.algorithms.base import (
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import auto_mode, one_class_sites
 from fedistill.algorithms.fediod.generator_step import GeneratorStep
-from fedistill.algorithms.fediod.options import network_widths, resolve_options
+from fedistill.algorithms.fediod.options import network_widths, resolve_for_task
 from fedistill.algorithms.fediod.reference import teacher_report, upload_masks
 from fedistill.algorithms.fediod.robustness import screened_counts
 from fedistill.algorithms.fediod.student import StudentBatch, StudentSteps
@@ -76,15 +76,10 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         config, info = ctx.config, ctx.info
-        self.view = TaskView(task_of(config, info), info, config.seed)
-        self.options = options = resolve_options(
-            config,
-            ctx.options,
-            per_pixel=self.view.per_pixel,
-            two_class_pixels=self.view.two_class_pixels,
-            image_outputs=self.view.image_outputs,
+        self.options, self.view = resolve_for_task(
+            config, ctx.options, TaskView(task_of(config, info), info, config.seed)
         )
-        self.view = self.view.with_sent_outputs(options.ratio_resolution, options.pixel_logits)
+        options = self.options
         log.info("FedIOD preset %r%s", options.preset, " (auto)" if ctx.options.preset == "auto" else "")
         if options.selection == "validation" and config.val_fraction == 0:
             raise ConfigError(
