@@ -21,7 +21,8 @@ its own `fedistill run` process. From their metrics.jsonl and summaries:
 
 The FedIOD runs use `fediod.preset = "stable"`, the demo's stabilisers and student budget (batch-norm
 matching, a replay pool with 30 replay steps and 2 fresh S-steps per G-step, KL mimicry at tau 3) unless
-`--paper` is given. Writes benchmarks/results/fediod_time_to_quality_<dataset>-alpha<alpha>.{md,json,png}.
+`--paper` is given. Writes benchmarks/results/fediod_time_to_quality_<dataset>-alpha<alpha>.{md,json,png};
+with `--tag NAME` (a variant: its `--set` items), benchmarks/results/sweeps/..._NAME.{md,json,png} instead.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from _common import (
 )
 from fedistill.algorithms.shared.selection import keep_if_best, nothing_selected
 from fedistill.engine.rundir import read_jsonl
+from fedistill.reproduce.paths import relative_to_checkout
 
 # the digits demo's stabilisers and student budget (chosen there, not on these datasets)
 STABILISERS = ["fediod.preset='stable'"]
@@ -97,12 +99,13 @@ def cell(args: argparse.Namespace, dataset: str, alpha: str) -> dict[str, Any]:
     fediod_sets = [*threads, f"fediod.teacher_epochs={args.teacher_epochs}", f"fediod.iters_per_epoch={args.iters}",
                    *([] if args.paper else STABILISERS), *args.set]  # fmt: skip
     common = {"alpha": alpha, "model": args.model, "out": args.out}
-    run_fedistill("fediod", args, name=f"{name}-fediod", rounds=args.epochs, sets=fediod_sets, **common)
+    fediod_name = f"{name}-fediod" + (f"-{args.tag}" if args.tag else "")  # FedAvg's run serves every tag
+    run_fedistill("fediod", args, name=fediod_name, rounds=args.epochs, sets=fediod_sets, **common)
     # FedAvg on the same partition (same data, K, alpha and seed), one local epoch per round
     run_fedistill("fedavg", args, name=f"{name}-fedavg", rounds=args.fedavg_rounds, sets=threads,
                   extra=["--local-epochs", "1"], **common)  # fmt: skip
     out = Path(args.out)
-    fediod = fediod_curve(out / f"{name}-fediod" / "fediod", args.iters)
+    fediod = fediod_curve(out / fediod_name / "fediod", args.iters)
     fedavg = fedavg_curve(out / f"{name}-fedavg" / "fedavg")
     run = out / name
     target = fediod["final"]["validated_accuracy"]
@@ -111,7 +114,7 @@ def cell(args: argparse.Namespace, dataset: str, alpha: str) -> dict[str, Any]:
         None if first is None else {"round": first["round"], "wall_s": first["wall_s"]}
     )
     return {"dataset": dataset, "variant": variant_suffix(args).replace("_", " ").strip(), "alpha": float(alpha),
-            "runs": f"{run}-{{fediod,fedavg}}", "fediod": fediod, "fedavg": fedavg}  # fmt: skip
+            "runs": f"{relative_to_checkout(run)}-{{fediod,fedavg}}", "fediod": fediod, "fedavg": fedavg}  # fmt: skip
 
 
 def shape_sets(args: argparse.Namespace) -> list[str]:
@@ -188,6 +191,12 @@ def main() -> None:
     parser.add_argument("--alphas", default="0.1,1")
     add_budget_arguments(parser)
     parser.add_argument("--paper", action="store_true", help="FedIOD without the stabilisers")
+    parser.add_argument(
+        "--tag",
+        default="",
+        help="a variant's name (with its --set items): its FedIOD run and its result files "
+        "(results/sweeps/..._<tag>) carry it, the published files stay as they are",
+    )
     add_device_and_shape(parser)
     add_seed_and_out(parser)
     args = parser.parse_args()
@@ -200,11 +209,14 @@ def main() -> None:
                        f"--teacher-epochs {args.teacher_epochs} --fedavg-rounds {args.fedavg_rounds} "
                        f"--threads {args.threads}" + (" --paper" if args.paper else "")
                        + variant_flags(args)
-                       + "".join(f" --set {item}" for item in args.set))  # fmt: skip
+                       + "".join(f" --set {item}" for item in args.set)
+                       + (f" --tag {args.tag}" if args.tag else ""))  # fmt: skip
             name = f"fediod_time_to_quality_{dataset}-alpha{alpha}{variant_suffix(args)}"
-            (RESULTS / f"{name}.md").write_text(report(result, command), encoding="utf-8")
-            (RESULTS / f"{name}.json").write_text(json.dumps(result | {"command": command}, indent=2) + "\n")
-            plot(result, RESULTS / f"{name}.png")
+            folder = RESULTS / "sweeps" if args.tag else RESULTS
+            name += f"_{args.tag}" if args.tag else ""
+            (folder / f"{name}.md").write_text(report(result, command), encoding="utf-8")
+            (folder / f"{name}.json").write_text(json.dumps(result | {"command": command}, indent=2) + "\n")
+            plot(result, folder / f"{name}.png")
             print(report(result, command))
 
 

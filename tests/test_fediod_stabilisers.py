@@ -4,6 +4,7 @@ the message boundary equals autograd, nothing new crosses the boundary, and a re
 
 import copy
 import json
+import math
 
 import pytest
 import torch
@@ -303,6 +304,36 @@ def test_centred_teacher_logits_take_away_a_one_class_teachers_constant_vote():
     torch.testing.assert_close(centred, logits - logits.mean(dim=1, keepdim=True))
     torch.testing.assert_close(centred.mean(dim=1), torch.zeros(2, 3))
     assert L.ensemble_logits(centred, share).argmax(-1).tolist() == [1, 2, 1]
+
+
+def test_log_probability_teachers_weigh_each_teachers_belief_not_its_logit_scale():
+    """Teacher A, class 0's only expert, puts large logits on classes 0 and 1 (10 and 9.8); teacher B, an
+    expert for classes 1 and 2, small ones (0, 4, -1). With class-share weights (A alone for class 0,
+    both halves for class 1, B alone for class 2) the raw sum picks class 0 on A's scale alone
+    (10 against 0.5 * 9.8 + 0.5 * 4 = 6.9). On log-probabilities, by hand:
+    A = (10, 9.8, -5) - (10 + ln(1 + e^-0.2 + e^-15)), B = (0, 4, -1) - ln(1 + e^4 + e^-1), so class 0 scores
+    -0.5981 and class 1 0.5 * (-0.7981) + 0.5 * (-0.0248) = -0.4115: B's confidence in class 1 wins.
+    Each teacher's own softmax, at any temperature, is what it was."""
+    teacher_a = torch.tensor([[10.0, 9.8, -5.0]])
+    teacher_b = torch.tensor([[0.0, 4.0, -1.0]])
+    logits = torch.stack([teacher_a, teacher_b])  # (K = 2, B = 1, C = 3)
+    share = torch.tensor([[1.0, 0.5, 0.0], [0.0, 0.5, 1.0]])[:, None, :]
+    assert L.ensemble_logits(calibrated(logits, "raw"), share).argmax(-1).tolist() == [0]
+    log_p = calibrated(logits, "log-probabilities")
+    lse_a = 10.0 + math.log(1.0 + math.exp(-0.2) + math.exp(-15.0))
+    lse_b = math.log(1.0 + math.exp(4.0) + math.exp(-1.0))
+    expected = torch.tensor(
+        [
+            [[10.0 - lse_a, 9.8 - lse_a, -5.0 - lse_a]],
+            [[0.0 - lse_b, 4.0 - lse_b, -1.0 - lse_b]],
+        ]
+    )
+    torch.testing.assert_close(log_p, expected)
+    ensemble = L.ensemble_logits(log_p, share)
+    torch.testing.assert_close(ensemble[0, :2], torch.tensor([-0.5981, -0.4115]), atol=2e-4, rtol=0)
+    assert ensemble.argmax(-1).tolist() == [1]
+    for tau in (1.0, 3.0):
+        torch.testing.assert_close(torch.softmax(log_p / tau, -1), torch.softmax(logits / tau, -1))
 
 
 def test_auto_teacher_logits_centre_exactly_when_a_site_saw_a_single_class():

@@ -14,17 +14,28 @@ class-share or Eq. 8 weights (normalised over the sites per class) it alone deci
 ensemble calls most synthetic samples that class; centred, its vote is about 0 everywhere, and the class
 wins only where every other class's experts score the sample below their average.
 
-`"auto"` picks between the two from the label counts the sites send in stage 1: `"centred"` when at
-least one site saw a single class (the case centring is for), else `"raw"`: centring helps where a
-one-class site would otherwise decide its class, and costs accuracy everywhere else
-(docs/results/tuning-history.md). Per-pixel tasks always stay raw.
+`"log-probabilities"` replaces each teacher's logits by its log-softmax: a shift per teacher and sample
+that leaves the teacher's own softmax (at any temperature) unchanged, so every loss on one teacher's
+predictions stays the same, while the ensemble's weighted sum becomes a weighted product of the teachers'
+probabilities. A teacher's raw logits carry an offset of its own per sample, which the weighted sum adds
+in. On Fashion-MNIST (K = 10, Dirichlet 0.1, seed 0) the class-share ensemble of the same ten teachers
+scores 83.60% on log-probabilities against 80.75% on raw logits, but the student does not follow:
+75.45% against 76.93% after 240 G-steps
+(benchmarks/results/sweeps/fediod_time_to_quality_fashion-mnist-alpha0.1_logp.md), and on the digits
+demo's federation (seeds 3-8) it lost 0.37 points, 2 seeds up and 4 down
+(benchmarks/results/sweeps/fediod_demo_variants_logp.md). So no preset uses it.
+
+`"auto"` picks between `"centred"` and `"raw"` from the label counts the sites send in stage 1:
+`"centred"` when at least one site saw a single class (the case centring is for), else `"raw"`:
+centring helps where a one-class site would otherwise decide its class, and costs accuracy everywhere
+else (docs/results/tuning-history.md). Per-pixel tasks always stay raw.
 """
 
 from __future__ import annotations
 
 import torch
 
-TEACHER_LOGITS = ("raw", "scaled", "centred", "auto")
+TEACHER_LOGITS = ("raw", "scaled", "centred", "log-probabilities", "auto")
 
 
 def one_class_sites(counts: torch.Tensor) -> int:
@@ -39,13 +50,15 @@ def auto_mode(counts: torch.Tensor) -> str:
 
 def calibrated(logits: torch.Tensor, mode: str) -> torch.Tensor:
     """`logits` (K, B, C), rescaled per teacher (`"scaled"`), centred per teacher and class over the batch
-    (`"centred"`), or unchanged (`"raw"`)."""
+    (`"centred"`), as log-probabilities (`"log-probabilities"`), or unchanged (`"raw"`)."""
     if mode == "raw":
         return logits
     if mode == "auto":
         raise ValueError("teacher_logits 'auto' is resolved from the sites' label counts before use")
     if mode == "centred":
         return logits - logits.detach().mean(dim=1, keepdim=True)
+    if mode == "log-probabilities":
+        return torch.log_softmax(logits, dim=-1)
     if mode != "scaled":
         raise ValueError(f"unknown teacher_logits mode {mode!r} (valid: {', '.join(TEACHER_LOGITS)})")
     scale = logits.detach().std(dim=-1, unbiased=False).mean(dim=-1).clamp_min(1e-6)  # (K,)

@@ -115,7 +115,8 @@ class TeacherOptions:
 
     teacher_logits: str = "raw"
     """The teachers' logits before the ensemble (calibration.py): raw (default, the paper) | scaled (mixed
-    architectures) | centred (one-class sites) | auto (centred if any site saw a single class)."""
+    architectures) | centred (one-class sites) | log-probabilities (each teacher's log-softmax: the ensemble
+    becomes a weighted product of probabilities) | auto (centred if any site saw a single class)."""
 
 
 @dataclass(frozen=True)
