@@ -362,6 +362,20 @@ def test_auto_teacher_logits_choose_from_the_label_counts_and_say_so(tmp_path, a
     assert summary["communication"][UP]["per_kind"].get("parameters", 0) == 0
 
 
+def test_the_teacher_report_scores_the_log_probability_ensemble_as_a_run_on_it_forms_it(tmp_path):
+    """Every classification run reports what its teachers' ensemble would score on log-probabilities; a run
+    that forms its ensemble on them (`teacher_logits = "log-probabilities"`) reports that same number as its
+    ensemble's, from the same teachers (stage 1 does not depend on the key)."""
+    finals = {}
+    for mode in ("raw", "log-probabilities"):
+        config = build_config(_config(teacher_logits=mode, ensemble_weighting="class-share"), {"rounds": 1})
+        finals[mode] = run_suite(config, tmp_path / mode, progress=False)[0]["final"]
+    assert finals["raw"]["teacher_mean_accuracy"] == finals["log-probabilities"]["teacher_mean_accuracy"]
+    on_log_p = finals["raw"]["ensemble_log_probabilities_accuracy"]
+    assert finals["log-probabilities"]["ensemble_accuracy"] == on_log_p
+    assert finals["log-probabilities"]["ensemble_log_probabilities_accuracy"] == on_log_p
+
+
 def test_mixed_teachers_with_scaled_logits_run_and_share_no_parameters(tmp_path):
     config = build_config(_config(teacher_logits="scaled", teachers="lenet-fedmdcg,mlp"), {"rounds": 1})
     summary = run_suite(config, tmp_path, progress=False)[0]

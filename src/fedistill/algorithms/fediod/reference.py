@@ -86,16 +86,19 @@ def _classification_report(server: FedIODServer, fleet: Fleet) -> dict[str, floa
     pi = server.federation.pi(clients)
     share = server.federation.share(clients, c)
     shares = share[:, None, :].expand_as(logits)
+
+    def accuracy(ensemble: torch.Tensor) -> float:
+        return float((ensemble.argmax(-1) == labels).float().mean())
+
+    log_p = calibrated(raw, "log-probabilities")
     return {
         "teacher_mean_accuracy": float(acc.mean()),
         "teacher_std_accuracy": float(acc.std(unbiased=False)),
-        "ensemble_accuracy": float(
-            (combined_ensemble(server.options, logits, shares).argmax(-1) == labels).float().mean()
-        ),
-        "ensemble_uniform_accuracy": float((logits.mean(0).argmax(-1) == labels).float().mean()),
-        "ensemble_pi_accuracy": float(
-            ((pi[:, None, None] * logits).sum(0).argmax(-1) == labels).float().mean()
-        ),
+        "ensemble_accuracy": accuracy(combined_ensemble(server.options, logits, shares)),
+        "ensemble_uniform_accuracy": accuracy(logits.mean(0)),
+        "ensemble_pi_accuracy": accuracy((pi[:, None, None] * logits).sum(0)),
+        # the same weights on the teachers' log-probabilities (`teacher_logits = "log-probabilities"`)
+        "ensemble_log_probabilities_accuracy": accuracy(combined_ensemble(server.options, log_p, shares)),
     }
 
 
