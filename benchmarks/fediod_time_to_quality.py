@@ -107,14 +107,14 @@ def cell(args: argparse.Namespace, dataset: str, alpha: str) -> dict[str, Any]:
     out = Path(args.out)
     fediod = fediod_curve(out / fediod_name / "fediod", args.iters)
     fedavg = fedavg_curve(out / f"{name}-fedavg" / "fedavg")
-    run = out / name
+    runs = f"{relative_to_checkout(out / name)}-{{{fediod_name.removeprefix(name + '-')},fedavg}}"
     target = fediod["final"]["validated_accuracy"]
     first = next((p for p in fedavg["points"] if (p["test_accuracy"] or 0) >= target), None)
     fedavg["reaches_fediod_final"] = (
         None if first is None else {"round": first["round"], "wall_s": first["wall_s"]}
     )
     return {"dataset": dataset, "variant": variant_suffix(args).replace("_", " ").strip(), "alpha": float(alpha),
-            "runs": f"{relative_to_checkout(run)}-{{fediod,fedavg}}", "fediod": fediod, "fedavg": fedavg}  # fmt: skip
+            "runs": runs, "fediod": fediod, "fedavg": fedavg}  # fmt: skip
 
 
 def shape_sets(args: argparse.Namespace) -> list[str]:

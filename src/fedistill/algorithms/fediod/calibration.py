@@ -21,7 +21,9 @@ probabilities. A teacher's raw logits carry an offset of its own per sample, whi
 in. On Fashion-MNIST (K = 10, Dirichlet 0.1, seed 0) the class-share ensemble of the same ten teachers
 scores 83.60% on log-probabilities against 80.75% on raw logits, but the student does not follow:
 75.45% against 76.93% after 240 G-steps
-(benchmarks/results/sweeps/fediod_time_to_quality_fashion-mnist-alpha0.1_logp.md), and on the digits
+(benchmarks/results/sweeps/fediod_time_to_quality_fashion-mnist-alpha0.1_logp.md); at tau = 1 over 720
+G-steps 78.54% against 78.88% for raw logits at tau = 3 (`..._logp-tau1-e24.md` there, and
+benchmarks/results/fediod_vs_fedavg_long_fashion-mnist-alpha0.1.md). On the digits
 demo's federation (seeds 3-8) it lost 0.37 points, 2 seeds up and 4 down
 (benchmarks/results/sweeps/fediod_demo_variants_logp.md). So no preset uses it.
 
