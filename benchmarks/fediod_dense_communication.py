@@ -42,15 +42,12 @@ LEAN = (
     "fediod.pool_steps=2",
 )
 
-#: Every variant but `default` starts from the paper's exchanges, as the demos ran them before the lean
-#: preset became the per-pixel default: 2 S-steps per G-step on fresh samples every site labels.
+#: The paper's exchanges, as the demos ran them before the lean preset became the per-pixel default:
+#: 2 S-steps per G-step on fresh samples every site labels.
 PAPER = ("fediod.preset='paper'", "fediod.student_steps=2")
 
-#: Each variant's `--set`s on top of the target's (and of PAPER, except `default`).
-VARIANTS: dict[str, tuple[str, ...]] = {
-    "default": (),  # FedIOD's defaults: the lean preset (its uniform ensemble on reconstruction)
-    # the lean preset with the paper's Eq. 8 ensemble
-    "lean+eq8": ("fediod.preset='lean'", "fediod.ensemble_weighting='eq8'"),
+#: Variants of the paper's exchanges: their `--set`s on top of PAPER.
+ON_PAPER: dict[str, tuple[str, ...]] = {
     "pixel": ("fediod.ratio_resolution='pixel'",),  # the default before `patch`: one D_k ratio per pixel
     "patch": ("fediod.ratio_resolution='patch'",),
     "compact+patch": ("fediod.wire='compact'", "fediod.ratio_resolution='patch'"),
@@ -84,6 +81,14 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     ),
     "batch4": ("fediod.synthetic_batch_size=4",),
     "compact": ("fediod.wire='compact'",),
+}
+
+#: Each variant's `--set`s on top of the target's.
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "default": (),  # FedIOD's defaults: the lean preset (its uniform ensemble on reconstruction)
+    # the lean preset with the paper's Eq. 8 ensemble
+    "lean+eq8": ("fediod.preset='lean'", "fediod.ensemble_weighting='eq8'"),
+    **{name: (*PAPER, *sets) for name, sets in ON_PAPER.items()},
 }
 
 NOTES = """## Reading it
@@ -126,8 +131,7 @@ def run_name(task: str, variant: str, seed: int) -> str:
 def command(task: str, variant: str, out: Path, seed: int = 0) -> list[str]:
     """The `fedistill run` command line of one (task, variant, seed)."""
     config, target_sets, _ = TASKS[task]
-    base = () if variant in ("default", "lean+eq8") else PAPER
-    sets = ("threads=1", "device='cpu'", *target_sets, *base, *VARIANTS[variant])
+    sets = ("threads=1", "device='cpu'", *target_sets, *VARIANTS[variant])
     argv = ["fedistill", "run", "--quiet", "--config", config, "--algorithm", "fediod", "--seed", str(seed)]
     for item in sets:
         argv += ["--set", item]

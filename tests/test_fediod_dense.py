@@ -143,6 +143,15 @@ def test_auto_teacher_logits_stay_raw_on_a_dense_task_and_ask_for_no_label_count
     assert server.teacher_logits == "raw"
 
 
+@pytest.mark.parametrize("mode", ["scaled", "centred", "log-probabilities"])
+def test_class_logit_calibration_on_image_outputs_is_refused_before_any_work(tmp_path, mode):
+    """A reconstruction's outputs are images: a softmax over their one channel is 0 everywhere, so
+    log-probabilities (or a rescaling meant for class logits) would silently erase the ensemble."""
+    with pytest.raises(ConfigError, match=f"teacher_logits = '{mode}' calibrates class logits"):
+        run_suite(_config(RECONSTRUCTION, teacher_logits=mode), tmp_path, progress=False)
+    assert not (tmp_path / "fediod" / "ledger.jsonl").exists()
+
+
 def _dense_parts(config: RunConfig):
     clients, server, _ = fediod_parts(config)
     fleet = InProcessFleet(clients, Ledger(None))

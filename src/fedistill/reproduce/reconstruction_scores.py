@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fedistill.federation.ledger import DOWN, UP
 from fedistill.reproduce.paths import relative_to_checkout
 from fedistill.reproduce.reconstruction_plan import LABELS, run, run_specs
 
@@ -107,8 +108,8 @@ def row(method: str, label: str, scores: dict[str, dict[str, float]], **extra: A
 def sent(summary: dict[str, Any]) -> dict[str, int]:
     """What a run's messages moved, from its ledger totals: sites to server, and both directions."""
     traffic = summary.get("communication", {})
-    up = traffic.get("client->server", {}).get("total_bytes", 0)
-    return {"up_bytes": up, "all_bytes": up + traffic.get("server->client", {}).get("total_bytes", 0)}
+    up = traffic.get(UP, {}).get("total_bytes", 0)
+    return {"up_bytes": up, "all_bytes": up + traffic.get(DOWN, {}).get("total_bytes", 0)}
 
 
 def rel(path: Path) -> str:
@@ -171,8 +172,8 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
             check(run_dir, "student", summary)
             final = summary["final"]
             facts[spec.row] = {
-                "up_per_kind": summary["communication"]["client->server"]["per_kind"],
-                "down_total": summary["communication"]["server->client"]["total_bytes"],
+                "up_per_kind": summary["communication"][UP]["per_kind"],
+                "down_total": summary["communication"][DOWN]["total_bytes"],
                 **{
                     k: final.get(k)
                     for k in ("ensemble_ssim", "teacher_mean_ssim", "selected_epoch", "val_ssim")

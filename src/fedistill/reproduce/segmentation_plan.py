@@ -222,7 +222,7 @@ def plan(table: Table, args: argparse.Namespace, train_samples: int) -> list[Run
            f"discriminator_width={args.d_width}", f"discriminator_layers={args.d_layers}",
            f"synthetic_batch_size={args.synthetic_batch}", f"iters_per_epoch={table.iters}"]  # fmt: skip
     # the paper's exchanges (fresh S-step samples every site labels), as the recorded tables were run;
-    # `fediod-lean` is what FedIOD's default preset does on per-pixel tasks, at this table's budget
+    # `fediod-lean` sends what FedIOD's default (lean) preset sends, with its own pool and replay steps
     fediod = [*(f"fediod.{s}" for s in gan), f"fediod.teacher_epochs={table.epochs}", "fediod.preset='paper'",
               f"fediod.student_steps={args.student_steps}", f"fediod.lr_student={args.lr}"]  # fmt: skip
     # AsynDGAN's S trains at the server on G's pairs: as many epochs' worth as a site's model gets

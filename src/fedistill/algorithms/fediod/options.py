@@ -279,6 +279,11 @@ def resolve_options(
     idle = [k for k in ("student_noise", "student_shift", "student_mixup") if getattr(options, k)]
     if not options.student_steps and idle:
         log.warning("fediod.%s act on S-step samples; with student_steps = 0 there are none", ", ".join(idle))
+    if image_outputs and options.teacher_logits not in ("raw", "auto"):
+        raise ConfigError(
+            f"fediod.teacher_logits = {options.teacher_logits!r} calibrates class logits; this task's "
+            "outputs are images, which the ensemble averages as they are (use 'raw')"
+        )
     if options.sites_per_step > config.clients:
         raise ConfigError(
             f"fediod.sites_per_step = {options.sites_per_step} exceeds the {config.clients} clients "
