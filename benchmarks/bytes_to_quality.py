@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import subprocess
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +76,11 @@ NOTES = """## Reading it
   which one it was.
 - "-": the method never reached that level within its budget; the ratio is its bytes over FedAvg's at the
   same level.
-- The CIFAR-shaped variant (Fashion-MNIST resampled to 3 x 32 x 32, ResNet-8: `--model resnet8
-  --image-size 32 --channels 3 --device cuda`) is supported by the script but was not run here: too slow
-  for this CPU.
+- The CIFAR-shaped variant (Fashion-MNIST resampled to 3 x 32 x 32: `--model resnet8 --image-size 32
+  --channels 3 --device cuda`, or `--model resnet8-wide`, FedIOD's own ResNet-8 of 128/256/512 channels)
+  is too slow for a CPU; its records (`..._cuda_32px_3ch`) ran on a GPU, several runs at once on one card.
+- FedIOD's "server->client parameters" are the student, sent to every site once per epoch so that the
+  sites' validation splits can rate it (`selection = "validation"`); no site's model ever leaves it.
 """
 
 
@@ -104,14 +107,26 @@ def accuracy_points(rows: list[dict[str, Any]], validated: bool) -> list[tuple[i
     return points
 
 
+def ledger_bytes_by_kind(path: Path) -> dict[str, int]:
+    """Bytes per direction and content kind over the whole run ("client->server logits": ...)."""
+    totals: dict[str, int] = {}
+    for record in read_jsonl(path):
+        for kind, size in record["kinds"].items():
+            key = f"{record['direction']} {kind}"
+            totals[key] = totals.get(key, 0) + size
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
 def curve(run: Path, validated: bool = False) -> dict[str, Any]:
-    """A run's (cumulative bytes, accuracy) at every evaluation, its final accuracy and total bytes."""
+    """A run's (cumulative bytes, accuracy) at every evaluation, its final accuracy, total bytes and
+    bytes per direction and content kind."""
     by_round = ledger_bytes_by_round(run / "ledger.jsonl")
     points = []
     for round_, accuracy in accuracy_points(read_jsonl(run / "metrics.jsonl"), validated):
         sent = sum(size for r, size in by_round.items() if r <= round_)
         points.append({"round": round_, "bytes": sent, "accuracy": accuracy})
-    return {"points": points, "final_accuracy": points[-1]["accuracy"], "total_bytes": sum(by_round.values())}
+    return {"points": points, "final_accuracy": points[-1]["accuracy"], "total_bytes": sum(by_round.values()),
+            "by_kind": ledger_bytes_by_kind(run / "ledger.jsonl")}  # fmt: skip
 
 
 def first_reach(points: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
@@ -147,6 +162,18 @@ def _reach_cell(hit: dict[str, Any] | None) -> list[str]:
     return [f"{megabytes(hit['bytes'])} (r{hit['round']})", ratio]
 
 
+def by_kind_table(result: dict[str, Any]) -> list[str]:
+    """Where each method's bytes went: MB per direction and content kind (at least 0.1 MB), largest first."""
+    kinds = {m: c["by_kind"] for m, c in result["curves"].items() if "by_kind" in c}
+    if not kinds:
+        return []
+    lines = ["", "Where the bytes went (whole run, MB per direction and content kind):", "",
+             "| method | direction and kind | MB |", "|---|---|---|"]  # fmt: skip
+    for method, totals in kinds.items():
+        lines += [f"| {method} | {key} | {megabytes(size)} |" for key, size in totals.items() if size >= 1e5]
+    return lines
+
+
 def report(result: dict[str, Any]) -> str:
     """The Markdown report: the levels table, the provenance, the reading notes."""
     reference = result["curves"][REFERENCE]["final_accuracy"]
@@ -164,6 +191,7 @@ def report(result: dict[str, Any]) -> str:
             cells += _reach_cell(result["reached"][method][f"{level:.2f}"])
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", result["note"]] if result.get("note") else []
+    lines += by_kind_table(result)
     lines += [
         "",
         f"Runs (under the runs folder): {', '.join(f'`{r}`' for r in result['runs'].values())}.",
@@ -186,7 +214,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("cumulative MB, both directions (log)")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"{result['title']}\n(dotted: 0.90 / 0.95 / 1.00 of FedAvg's final)", fontsize=10)
+    title = textwrap.fill(result["title"], 70)  # a variant's flags make it long
+    ax.set_title(f"{title}\n(dotted: 0.90 / 0.95 / 1.00 of FedAvg's final)", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
@@ -252,6 +281,12 @@ def command_line(args: argparse.Namespace) -> str:
             f"--feddf-rounds {args.feddf_rounds}"
             + (f" --feddf-source {args.feddf_source}" if args.feddf_source else "")
             + f" --seed {args.seed} --threads {args.threads}" + variant_flags(args) + sets)  # fmt: skip
+
+
+def machine(device: str, gflops: float, threads: int) -> str:
+    """The host as a record names it: its CPUs, the card a CUDA run used, the CPU's matmul rate."""
+    card = f", {torch.cuda.get_device_name(torch.device(device))}" if device.startswith("cuda") else ""
+    return f"{os.cpu_count()} CPUs{card}; fp32 matmul {gflops:.1f} GFLOP/s at {threads} thread(s)"
 
 
 def commit() -> str:
@@ -325,7 +360,7 @@ def main() -> None:
         )
         return
     result |= {"command": command_line(args), "commit": commit(),
-               "machine": f"{os.cpu_count()} CPUs; fp32 matmul {gflops:.1f} GFLOP/s at {args.threads} thread(s)",
+               "machine": machine(args.device, gflops, args.threads),
                "matmul_peak_gflops": gflops, "note": args.note}  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     stem = f"bytes_to_quality_{set_name(args)}"  # "alpha0.1": no Path.with_suffix

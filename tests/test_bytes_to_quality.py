@@ -60,6 +60,18 @@ def test_curve_counts_cumulative_ledger_bytes_and_the_validated_student(curves):
     assert fedavg["final_accuracy"] == 0.8 and fedavg["total_bytes"] == 600
 
 
+def test_bytes_by_kind_split_each_direction_and_add_up_to_the_total(curves):
+    fediod = curves["FedIOD (float32)"]
+    assert fediod["by_kind"] == {f"{DOWN} synthetic-inputs": 40, f"{UP} logits": 20,
+                                 f"{UP} label-statistics": 7, f"{UP} metrics": 3}  # fmt: skip
+    assert list(fediod["by_kind"].values()) == sorted(fediod["by_kind"].values(), reverse=True)
+    assert sum(fediod["by_kind"].values()) == fediod["total_bytes"]
+    # the report lists kinds of at least 0.1 MB only: none of these toy sizes
+    assert b2q.by_kind_table({"curves": curves})[-1] == "|---|---|---|"
+    big = {"FedAvg": {"by_kind": {f"{DOWN} parameters": 3_000_000, f"{UP} metrics": 10}}}
+    assert b2q.by_kind_table({"curves": big})[-1] == f"| FedAvg | {DOWN} parameters | 3.00 |"
+
+
 def test_a_validation_tie_hands_over_the_later_epoch():
     rows = [{"round": 1, "val_accuracy": 0.5, "test_accuracy": 0.6}, {"round": 2, "val_accuracy": 0.5,
             "test_accuracy": 0.7}, {"round": 3, "val_accuracy": 0.4, "test_accuracy": 0.9}]  # fmt: skip

@@ -72,6 +72,8 @@ PAGES = (
             "bytes_to_quality_digits",
             "bytes_to_quality_fashion-mnist-alpha0.1",
             "bytes_to_quality_fashion-mnist-alpha1",
+            "bytes_to_quality_fashion-mnist-alpha0.1_resnet8_cuda_32px_3ch",
+            "bytes_to_quality_fashion-mnist-alpha0.1_resnet8-wide_cuda_32px_3ch",
         ),
         figures=(
             "bytes_to_quality_digits.png",
