@@ -280,6 +280,37 @@ def test_mnist_like_sets_reshape_to_cifars_shape(tmp_path: Path) -> None:
         load_dataset("fashion-mnist", tmp_path, verify=False, image_size=4)
 
 
+def test_mnist_like_augmentation_options(tmp_path: Path) -> None:
+    """Fashion-MNIST trains unaugmented by default; `crop_padding` and `horizontal_flip` turn on the usual
+    augmentation for every method's local training (the same images otherwise), also at CIFAR's shape;
+    bad values are refused with the option's name."""
+    from fedistill.data.transforms import augment
+    from fedistill.tasks.classification import Classification
+
+    write_mnist_dir(tmp_path / "fashion-mnist")
+    plain = load_dataset("fashion-mnist", tmp_path, verify=False)
+    flipped = load_dataset("fashion-mnist", tmp_path, verify=False, crop_padding=2, horizontal_flip=True)
+    task = Classification()
+    assert not task.usual_augment(plain.info) and task.usual_augment(flipped.info)
+    assert torch.equal(plain.train.x, flipped.train.x) and flipped.info.mean == plain.info.mean
+    assert (flipped.info.crop_padding, flipped.info.horizontal_flip) == (2, True)
+    colour = load_dataset("fashion-mnist", tmp_path, verify=False, image_size=32, channels=3, crop_padding=4)
+    assert (colour.info.crop_padding, colour.info.image_size) == (4, 32)
+    # flips alone: each image is itself or its mirror, and a batch of 64 holds both
+    mirror_only = load_dataset("fashion-mnist", tmp_path, verify=False, horizontal_flip=True)
+    x = mirror_only.train.x.repeat(13, 1, 1, 1)[:64]
+    out = augment(x, mirror_only.info, torch.Generator().manual_seed(0))
+    same = [torch.equal(o, i) for o, i in zip(out, x, strict=True)]
+    assert (
+        all(s or torch.equal(o, i.flip(2)) for s, o, i in zip(same, out, x, strict=True))
+        and 0 < sum(same) < 64
+    )
+    for key, bad, message in (("crop_padding", 9, "from 0 to 8"), ("crop_padding", True, "from 0 to 8"),
+                              ("horizontal_flip", 1, "true or false")):  # fmt: skip
+        with pytest.raises(ConfigError, match=f"fashion-mnist.{key} must be .*{message}"):
+            load_dataset("fashion-mnist", tmp_path, verify=False, **{key: bad})
+
+
 def test_mnist_md5_mismatch_is_rejected(tmp_path: Path) -> None:
     write_mnist_dir(tmp_path / "mnist")
     with pytest.raises(DataError) as e:

@@ -121,13 +121,13 @@ DATASETS: dict[str, DatasetEntry] = {
         "mnist",
         load_mnist_like("mnist", "MNIST", MNIST_FILES, DIGIT_CLASSES),
         describe_mnist_like("MNIST", MNIST_FILES),
-        options=("image_size", "channels"),
+        options=("image_size", "channels", "crop_padding", "horizontal_flip"),
     ),
     "fashion-mnist": DatasetEntry(
         "fashion-mnist",
         load_mnist_like("fashion-mnist", "Fashion-MNIST", FASHION_MNIST_FILES, FASHION_MNIST_CLASSES),
         describe_mnist_like("Fashion-MNIST", FASHION_MNIST_FILES),
-        options=("image_size", "channels"),
+        options=("image_size", "channels", "crop_padding", "horizontal_flip"),
     ),
     **{
         f"emnist-{split}": DatasetEntry("emnist", load_emnist(split), describe_emnist(split))

@@ -7,10 +7,11 @@ import dataclasses
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
+from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset, is_plain_int
 from fedistill.data.files import RemoteFile, fetch_or_require
 from fedistill.data.idx import read_idx_pair
 from fedistill.data.transforms import fit_uint8
@@ -108,8 +109,15 @@ def load_mnist_like(
     """The loader of an MNIST-like dataset in gzip IDX files, optionally resized and given more channels."""
 
     def load(
-        folder: Path, download: bool, verify: bool, image_size: int = 0, channels: int = 0
+        folder: Path,
+        download: bool,
+        verify: bool,
+        image_size: int = 0,
+        channels: int = 0,
+        crop_padding: int = 0,
+        horizontal_flip: bool = False,
     ) -> LoadedDataset:
+        augmentation = _augmentation(name, crop_padding, horizontal_flip)
         missing = [
             str(folder / f.name)
             for f in files
@@ -123,10 +131,22 @@ def load_mnist_like(
         paths = [_idx_path(folder, spec, download, verify) for spec in files]
         train = _check_labels(read_idx_pair(paths[0], paths[1]), 10, str(paths[1]))
         test = _check_labels(read_idx_pair(paths[2], paths[3]), 10, str(paths[3]))
-        loaded = LoadedDataset(_mnist_like_info(name, train.x, 10, class_names), train, test)
+        info = dataclasses.replace(_mnist_like_info(name, train.x, 10, class_names), **augmentation)
+        loaded = LoadedDataset(info, train, test)
         return reshaped(loaded, image_size, channels) if image_size or channels else loaded
 
     return load
+
+
+def _augmentation(name: str, crop_padding: int, horizontal_flip: bool) -> dict[str, Any]:
+    """The training augmentation `augment = "auto"` applies (none by default, as these sets are usually
+    trained): random crops of `crop_padding` black pixels, horizontal flips (a shoe or a shirt mirrored is
+    still one; a mirrored digit is not, so leave flips off on MNIST)."""
+    if not is_plain_int(crop_padding) or not 0 <= crop_padding <= 8:
+        raise ConfigError(f"{name}.crop_padding must be an integer from 0 to 8, got {crop_padding!r}")
+    if not isinstance(horizontal_flip, bool):
+        raise ConfigError(f"{name}.horizontal_flip must be true or false, got {horizontal_flip!r}")
+    return {"crop_padding": crop_padding, "horizontal_flip": horizontal_flip}
 
 
 def reshaped(data: LoadedDataset, image_size: int, channels: int) -> LoadedDataset:
