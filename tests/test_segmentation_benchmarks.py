@@ -125,6 +125,20 @@ def _fake_row(method: str, sites: int, keys: dict[str, float]) -> dict:
             "selected_epoch": 3}  # fmt: skip
 
 
+def test_records_name_no_folder_of_the_machine(tables, tmp_path):
+    """The recorded command leaves out the folders it read and wrote (both spellings), and a run outside
+    the checkout is named under OUT, so a record carries no machine path."""
+    from fedistill.reproduce.segmentation_scores import display_path
+
+    argv = ["--tables", "4", "--out", str(tmp_path / "runs"), f"--results={tmp_path}", "--data-dir",
+            str(tmp_path), "--t4-iters", "10", "--set", "fediod.sites_per_step=2"]  # fmt: skip
+    args = tables.parse(argv)
+    assert segmentation_report.command(args) == (
+        "python benchmarks/segmentation_tables.py --tables 4 --t4-iters 10 --set fediod.sites_per_step=2"
+    )
+    assert display_path(tmp_path / "runs" / "seg4-x" / "fediod") == "OUT/seg4-x/fediod"
+
+
 def test_table2_labels_every_measured_number_and_keeps_the_papers_apart(tables, tmp_path):
     args = tables.parse(["--tables", "2", "--results", str(tmp_path)])
     (table,) = tables.tables(args)

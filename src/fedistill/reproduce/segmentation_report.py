@@ -63,9 +63,21 @@ def fmt(values: Sequence[float], scale: float = 100.0) -> str:
     return f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ± {std:.2f}"
 
 
+#: Options naming this machine's folders: a record leaves them out (the runs and results go to the defaults).
+MACHINE_PATHS = ("--out", "--results", "--data-dir")
+
+
 def command(args: argparse.Namespace) -> str:
-    """The exact command (the data and run folders left out where they are the defaults)."""
-    return " ".join(["python benchmarks/segmentation_tables.py", *map(shlex.quote, args.argv)])
+    """The command as run, less the folders it read from and wrote to (they are the machine's)."""
+    kept, skip = [], False
+    for item in args.argv:
+        if skip:
+            skip = False
+        elif item in MACHINE_PATHS:
+            skip = True
+        elif not item.startswith(tuple(f"{flag}=" for flag in MACHINE_PATHS)):
+            kept.append(item)
+    return " ".join(["python benchmarks/segmentation_tables.py", *map(shlex.quote, kept)])
 
 
 def settings_line(table: Table, args: argparse.Namespace) -> str:

@@ -120,8 +120,9 @@ def trained_on(run: Path, names: Sequence[str]) -> list[str]:
 
 
 def display_path(path: Path) -> str:
-    """A run's folder relative to the repository when it lies inside it."""
+    """A run's folder relative to the repository when it lies inside it, else as `OUT/<run>/<algorithm>`
+    under the runs folder the command was given (no machine path in a record)."""
     try:
         return str(path.resolve().relative_to(CHECKOUT))
     except ValueError:
-        return str(path)
+        return f"OUT/{path.parent.name}/{path.name}"
