@@ -27,6 +27,7 @@ from fedistill.algorithms.fediod.losses import (
     marginal_balance_loss,
     mimic_loss,
     official_js_loss,
+    owner_weights,
     patch_scores,
     softmax_t,
     uniform_weights,
@@ -441,3 +442,16 @@ def test_marginal_balance_loss_hand_case() -> None:
     _close(marginal_balance_loss(_t([[0.0, LN3], [LN3, 0.0]])), -1.0)
     with pytest.raises(ValueError, match=r"\(B, C\)"):
         marginal_balance_loss(_t([[[0.0, 1.0]]]))
+
+
+def test_owner_weights_put_each_samples_weight_on_its_owner_and_fall_back_where_it_did_not_answer() -> None:
+    # two teachers, three samples of two rows (pixels) each; sample 1's site did not answer
+    fallback = torch.tensor([[[0.25, 0.5, 1.0]], [[0.75, 0.5, 0.0]]])
+    w = owner_weights(torch.tensor([1, -1, 0]), fallback, rows_per_sample=2)
+    assert w.shape == (2, 6, 3)
+    want_t0 = [[0, 0, 0]] * 2 + [[0.25, 0.5, 1.0]] * 2 + [[1, 1, 1]] * 2
+    want_t1 = [[1, 1, 1]] * 2 + [[0.75, 0.5, 0.0]] * 2 + [[0, 0, 0]] * 2
+    assert w.tolist() == [want_t0, want_t1]
+    z = torch.randn(2, 6, 3)
+    ensemble = ensemble_logits(z, w)
+    assert torch.equal(ensemble[0], z[1, 0]) and torch.equal(ensemble[5], z[0, 5])

@@ -438,6 +438,29 @@ def test_the_per_client_mixture_gradient_equals_autograd_through_each_sites_own_
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
 
 
+def test_owner_weighting_labels_each_sample_by_the_teacher_of_the_site_g_drew_it_for():
+    """`ensemble_weighting = "owner"` (per-client G): the ensemble of a sample is its own site's teacher's
+    logits; a sample whose site was not asked keeps the class-share weights of the sites that were; without
+    the per-client G there is no owner, and the option is refused."""
+    config = _config(generator_mixture="per-client", ensemble_weighting="owner")
+    _, server, _ = _built(config)
+    draw = server._draw(32, torch_generator(config.seed, "latent", 0))
+    ids = list(server.federation.clients)
+    z = torch.randn(len(ids), 32, 10)
+    ensemble = L.ensemble_logits(z, server._weights(z, None, ids, draw.owner))
+    for i, owner in enumerate(draw.owner.tolist()):
+        assert torch.equal(ensemble[i], z[owner, i])
+    asked = ids[1:]  # the first site's samples fall back to the others' class shares
+    ensemble = L.ensemble_logits(z[1:], server._weights(z[1:], None, asked, draw.owner))
+    shares = L.importance_weights(server.federation.share(asked, 10), None)
+    for i, owner in enumerate(draw.owner.tolist()):
+        want = z[owner, i] if owner > 0 else (shares[:, 0] * z[1:, i]).sum(0)
+        torch.testing.assert_close(ensemble[i], want)
+    assert (draw.owner == 0).any()
+    with pytest.raises(ConfigError, match=r"set fediod\.generator_mixture = 'per-client' too"):
+        FedIODOptions(ensemble_weighting="owner").validate()
+
+
 def test_the_per_client_mixture_sends_only_a_sample_mask_more_and_resumes_exactly(tmp_path):
     config = build_config(_config(generator_mixture="per-client"), {"rounds": 3})
     run = check_resume_after_crash(config, FedIODServer, tmp_path)

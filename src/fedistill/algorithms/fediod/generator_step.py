@@ -77,14 +77,26 @@ class GeneratorStep:
         assert self.federation is not None
         return step_sites(self.federation.clients, self.options.sites_per_step, self.ctx.config.seed, step)
 
-    def _weights(self, logits: torch.Tensor, ratio: torch.Tensor | None, clients: list[int]) -> torch.Tensor:
-        """The teachers' ensemble weights: uniform, the sites' class shares, or Eq. 8's shares times the
-        sites' density ratios (`ratio`, which the sites send only under Eq. 8: `_want_ratio`)."""
+    def _weights(
+        self,
+        logits: torch.Tensor,
+        ratio: torch.Tensor | None,
+        clients: list[int],
+        owner: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The teachers' ensemble weights: uniform, the sites' class shares, Eq. 8's shares times the
+        sites' density ratios (`ratio`, which the sites send only under Eq. 8: `_want_ratio`), or each
+        sample's owner (`owner`: its site's position among all sites, from G's draw)."""
         assert self.federation is not None
         k, b, c = logits.shape
         if self.options.ensemble_weighting == "uniform":
             return L.uniform_weights(k, b, c, device=logits.device)
         share = self.federation.share(clients, c)
+        if self.options.ensemble_weighting == "owner" and owner is not None:
+            asked = {self.federation.clients[p]: p for p in range(len(self.federation.clients))}
+            index = {asked[cid]: i for i, cid in enumerate(clients)}  # site position -> teacher row
+            among = torch.tensor([index.get(int(p), -1) for p in owner])
+            return L.owner_weights(among, L.importance_weights(share, None).to(logits), b // len(owner))
         if ratio is None or self.options.ensemble_weighting != "eq8":
             return L.importance_weights(share, None)
         return L.importance_weights(share, self.view.ratio_rows(ratio, b))  # per-patch ratios upsampled
@@ -190,7 +202,7 @@ class GeneratorStep:
             ratio = torch.stack([replies[cid].tensor("discriminator-outputs", "ratio") for cid in answered])
             ratio = ratio.reshape(len(answered), -1)
         x_server = x.detach().requires_grad_(True)
-        weights = self._weights(logits.detach(), ratio, answered)
+        weights = self._weights(logits.detach(), ratio, answered, draw.owner)
         self.student.train()
         ensemble = combined_ensemble(options, logits, weights)
         student_in = view.model_input(x_server, self._mask_index(self.step, 0))

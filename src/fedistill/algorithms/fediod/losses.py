@@ -256,6 +256,20 @@ def importance_weights(
     return torch.where(has_mass, unnormalised / safe_total, fallback.expand_as(unnormalised))
 
 
+def owner_weights(owner: torch.Tensor, fallback: torch.Tensor, rows_per_sample: int = 1) -> torch.Tensor:
+    """Each sample's weight all on its owner's teacher, ``(K, B * rows_per_sample, C)``.
+
+    ``owner`` (B,) holds each sample's teacher index among the K answering teachers, or -1 where its site
+    did not answer; those samples keep the ``fallback`` weights ``(K, 1 or B * rows, C)``. A per-pixel
+    sample's rows (its pixels, consecutive) share its owner.
+    """
+    k, _, c = fallback.shape
+    rows = owner.repeat_interleave(rows_per_sample).to(fallback.device)
+    onehot = torch.nn.functional.one_hot(rows.clamp(min=0), k).T[:, :, None].to(fallback.dtype)
+    onehot = onehot.expand(k, len(rows), c)
+    return torch.where((rows >= 0)[None, :, None], onehot, fallback.expand(k, len(rows), c))
+
+
 def uniform_weights(
     K: int,
     B: int,

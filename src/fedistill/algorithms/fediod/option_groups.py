@@ -111,7 +111,9 @@ class TeacherOptions:
 
     ensemble_weighting: str = "eq8"
     """The teachers' weights in the ensemble: eq8 (default, the paper's Eq. 8) | class-share (the released
-    code's) | uniform (the paper's Table 6 ablation)."""
+    code's) | uniform (the paper's Table 6 ablation) | owner (with the per-client G: each sample labelled
+    by the teacher of the site G drew it for, the class shares where that site was not asked; Eq. 8's
+    density ratios estimate which site a sample belongs to, and the per-client G knows it)."""
 
     teacher_logits: str = "raw"
     """The teachers' logits before the ensemble (calibration.py): raw (default, the paper) | scaled (mixed

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 PRESETS = ("auto", "paper", "official-code", "stable", "lean")
-WEIGHTINGS = ("eq8", "class-share", "uniform")
+WEIGHTINGS = ("eq8", "class-share", "uniform", "owner")
 MIMIC_MODES = ("l2", "kl", "kl-official", "l1")
 SELECTIONS = ("validation", "last", "best-on-test")
 DP_ACCOUNTINGS = ("d-step", "release")
@@ -153,6 +153,11 @@ class FedIODOptions(
             raise ConfigError("fediod.pool_steps replays the pool: set fediod.pool_size > 0 too")
         if self.pool_generator_batch and not (self.pool_size or filled.get("pool_size", 0)):
             raise ConfigError("fediod.pool_generator_batch adds to the pool: set fediod.pool_size > 0 too")
+        if self.ensemble_weighting == "owner" and self.generator_mixture != "per-client":
+            raise ConfigError(
+                "fediod.ensemble_weighting = 'owner' labels each sample by the teacher of the site G drew it "
+                "for: set fediod.generator_mixture = 'per-client' too"
+            )
         if not self.student_steps and not (
             (self.pool_generator_batch or filled.get("pool_generator_batch", False))
             and (self.pool_steps or filled.get("pool_steps", 0))
@@ -165,7 +170,7 @@ class FedIODOptions(
     @property
     def needs_label_counts(self) -> bool:
         """Whether the ensemble weighting needs each site's class counts from stage 1."""
-        return self.ensemble_weighting in ("eq8", "class-share")
+        return self.ensemble_weighting in ("eq8", "class-share", "owner")
 
 
 #: What `preset = "official-code"` changes (notes §2.5-2.9): only keys the user did not set.

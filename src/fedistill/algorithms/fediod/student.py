@@ -42,6 +42,7 @@ class StudentBatch:
     lr: float
     index: int
     step: int
+    owner: torch.Tensor | None = None  # each sample's site position (the per-client G), else None
 
 
 class StudentSteps:
@@ -62,7 +63,7 @@ class StudentSteps:
             if self.options.student_noise:
                 noise_gen = torch_generator(self.ctx.config.seed, "student-noise", self.step)
                 x = x + self.options.student_noise * torch.randn(x.shape, generator=noise_gen).to(x.device)
-        return StudentBatch(x, draw.masks, lr, self._mask_index(self.step, b), self.step)
+        return StudentBatch(x, draw.masks, lr, self._mask_index(self.step, b), self.step, draw.owner)
 
     def _shifted_and_mixed(self, x: torch.Tensor) -> torch.Tensor:
         """G's samples moved by `student_shift` pixels at most, then mixed in pairs (`student_mixup`), with
@@ -129,7 +130,7 @@ class StudentSteps:
         )
         if ratio is not None:
             ratio = ratio.reshape(len(answered), -1)
-        targets = combined_ensemble(options, logits, self._weights(logits, ratio, answered))
+        targets = combined_ensemble(options, logits, self._weights(logits, ratio, answered, batch.owner))
         if not view.per_pixel:
             self.last_coverage = class_coverage(targets)
             self.last_coverage["adapted_is"] = adapted_inception_score(logits)
