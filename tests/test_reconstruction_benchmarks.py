@@ -129,6 +129,18 @@ def test_table_arguments_are_checked_and_every_method_gets_the_same_local_budget
     assert table.read_paper()["flmrcm"]["ssim"] == {"brats": 0.9577, "fastmri": 0.9023, "ixi": 0.9362}
 
 
+def test_run_names_carry_the_set_items_so_reuse_never_mixes_settings():
+    """Without `--set` the names stay as they were (finished runs are reused); any `--set` adds a digest of
+    the items, the same in any order, so `--reuse` cannot hand back a run made with other settings."""
+    plain = {s.name for s in TABLE.run_specs(TABLE.parse_args([]))}
+    assert "brain-t1-sites-64px-c16-e20-lr0.001-seed0-fedavg" in plain
+    one = TABLE.parse_args(["--set", "augment='on'", "--set", "fediod.w_bn=1"])
+    other = TABLE.parse_args(["--set", "fediod.w_bn=1", "--set", "augment='on'"])
+    third = TABLE.parse_args(["--set", "augment='off'"])
+    names = [{s.name for s in TABLE.run_specs(a)} for a in (one, other, third)]
+    assert names[0] == names[1] and not names[0] & plain and not names[0] & names[2]
+
+
 @pytest.fixture(scope="module")
 def tiny_table(tmp_path_factory):
     """The table on 16 px slices of `mni152-t1`, every method, each `fedistill run` in this process."""

@@ -35,6 +35,8 @@ directory of the same name is replaced. benchmarks/reconstruction_figures.py dra
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import shutil
 import sys
 import tomllib
@@ -182,8 +184,12 @@ def common_sets(args: argparse.Namespace) -> list[str]:
 
 
 def cell(args: argparse.Namespace) -> str:
-    """The part of every run name that says which settings it measures."""
-    return f"{args.dataset}-{args.image_size}px-c{args.chans}-e{args.epochs}-lr{args.lr:g}-seed{args.seed}"
+    """The part of every run name that says which settings it measures; `--set` items add a digest of
+    themselves, so `--reuse` never hands back a run made without them (or with others)."""
+    name = f"{args.dataset}-{args.image_size}px-c{args.chans}-e{args.epochs}-lr{args.lr:g}-seed{args.seed}"
+    if not args.set:
+        return name
+    return f"{name}-set{hashlib.sha256(json.dumps(sorted(args.set)).encode()).hexdigest()[:8]}"
 
 
 def run_specs(args: argparse.Namespace) -> list[RunSpec]:
