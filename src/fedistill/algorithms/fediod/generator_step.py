@@ -93,9 +93,9 @@ class GeneratorStep:
             return L.uniform_weights(k, b, c, device=logits.device)
         share = self.federation.share(clients, c)
         if self.options.ensemble_weighting == "owner" and owner is not None:
-            asked = {self.federation.clients[p]: p for p in range(len(self.federation.clients))}
-            index = {asked[cid]: i for i, cid in enumerate(clients)}  # site position -> teacher row
-            among = torch.tensor([index.get(int(p), -1) for p in owner])
+            position = {cid: p for p, cid in enumerate(self.federation.clients)}  # as G's draws number them
+            row = {position[cid]: i for i, cid in enumerate(clients)}  # -> the teacher's row in `logits`
+            among = torch.tensor([row.get(int(p), -1) for p in owner])
             return L.owner_weights(among, L.importance_weights(share, None).to(logits), b // len(owner))
         if ratio is None or self.options.ensemble_weighting != "eq8":
             return L.importance_weights(share, None)
