@@ -123,6 +123,33 @@ def test_devices_resolve_auto_to_something_this_machine_has():
     assert devices.on_device(torch.zeros(2)).device.type == devices.current().type
 
 
+def test_decoding_messages_neither_warns_nor_lets_a_repeated_warning_through_again():
+    """Decoded arrays are read-only, and torch warns about each; the process-wide filter keeps that quiet
+    without a `catch_warnings` block per array, which would reset the registry that shows a repeated
+    warning once (torch's determinism warning on CUDA, at every backward pass)."""
+    import uuid
+    import warnings
+
+    import numpy as np
+
+    from fedistill.federation.messages import Message
+
+    text = f"op_{uuid.uuid4().hex}_cuda does not have a deterministic implementation"
+    message = Message.build(
+        "query.x",
+        arrays={"logits": {"z": np.ones((2, 3), np.float32)}},
+        encodings={"logits": "float16-scaled"},
+    )
+    assert not message.array("logits", "z").flags.writeable
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.filterwarnings("default", message=text)
+        message.tensor("logits", "z")  # a run decodes its first message before its first backward pass
+        for _ in range(3):
+            warnings.warn(text, UserWarning, stacklevel=1)  # the same line of code each pass
+            assert message.tensor("logits", "z").shape == (2, 3)
+    assert [str(w.message) for w in seen] == [text]
+
+
 def test_resume_may_change_only_the_device(tmp_path, capsys):
     from fedistill.cli import main
 

@@ -22,6 +22,21 @@ from fedistill import devices
 from fedistill.errors import FederationError
 from fedistill.federation.encodings import RAW, Encoded, decode, encode, encoding_of
 
+#: What torch.from_numpy says about each read-only array of a decoded payload (receivers never write).
+NOT_WRITABLE = "The given NumPy array is not writable"
+
+
+def quiet_read_only_arrays() -> None:
+    """Keep torch's warning about read-only arrays quiet with one filter, added only when missing (an
+    enclosing `catch_warnings` may have dropped it). Not a `catch_warnings` block per array: each block
+    resets the registry that shows a repeated warning once, and torch's "no deterministic implementation"
+    warning (CUDA runs) then printed at every backward pass, thousands of times in one run."""
+    if not any(
+        f[0] == "ignore" and f[1] is not None and f[1].pattern == NOT_WRITABLE for f in warnings.filters
+    ):
+        warnings.filterwarnings("ignore", message=NOT_WRITABLE, category=UserWarning)
+
+
 #: Every content kind a message may carry. The ledger summarises bytes per kind.
 CONTENT_KINDS = frozenset(
     {
@@ -117,9 +132,8 @@ class Message:
     def tensor(self, kind: str, name: str) -> torch.Tensor:
         """The array as a tensor on the run's device (on the CPU it shares memory with the decoded payload).
         Receivers must not modify it in place."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only arrays: torch warns, we never write
-            return devices.on_device(torch.from_numpy(self.array(kind, name)))
+        quiet_read_only_arrays()
+        return devices.on_device(torch.from_numpy(self.array(kind, name)))
 
     def tensors(self, kind: str) -> dict[str, torch.Tensor]:
         """Every array of content kind `kind` as a tensor on the run's device, by name."""
