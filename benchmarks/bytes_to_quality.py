@@ -84,12 +84,17 @@ NOTES = """## Reading it
 """
 
 
-def ledger_bytes_by_round(path: Path) -> dict[int, int]:
-    """Bytes that crossed the wire per round, both directions (every content kind of every record)."""
-    totals: dict[int, int] = {}
+def ledger_bytes(path: Path) -> tuple[dict[int, int], dict[str, int]]:
+    """Bytes that crossed the wire per round (both directions, every content kind of every record), and
+    per direction and content kind over the whole run ("client->server logits": ..., largest first)."""
+    by_round: dict[int, int] = {}
+    by_kind: dict[str, int] = {}
     for record in read_jsonl(path):
-        totals[record["round"]] = totals.get(record["round"], 0) + sum(record["kinds"].values())
-    return totals
+        by_round[record["round"]] = by_round.get(record["round"], 0) + sum(record["kinds"].values())
+        for kind, size in record["kinds"].items():
+            key = f"{record['direction']} {kind}"
+            by_kind[key] = by_kind.get(key, 0) + size
+    return by_round, dict(sorted(by_kind.items(), key=lambda item: -item[1]))
 
 
 def accuracy_points(rows: list[dict[str, Any]], validated: bool) -> list[tuple[int, float]]:
@@ -107,26 +112,16 @@ def accuracy_points(rows: list[dict[str, Any]], validated: bool) -> list[tuple[i
     return points
 
 
-def ledger_bytes_by_kind(path: Path) -> dict[str, int]:
-    """Bytes per direction and content kind over the whole run ("client->server logits": ...)."""
-    totals: dict[str, int] = {}
-    for record in read_jsonl(path):
-        for kind, size in record["kinds"].items():
-            key = f"{record['direction']} {kind}"
-            totals[key] = totals.get(key, 0) + size
-    return dict(sorted(totals.items(), key=lambda item: -item[1]))
-
-
 def curve(run: Path, validated: bool = False) -> dict[str, Any]:
     """A run's (cumulative bytes, accuracy) at every evaluation, its final accuracy, total bytes and
     bytes per direction and content kind."""
-    by_round = ledger_bytes_by_round(run / "ledger.jsonl")
+    by_round, by_kind = ledger_bytes(run / "ledger.jsonl")
     points = []
     for round_, accuracy in accuracy_points(read_jsonl(run / "metrics.jsonl"), validated):
         sent = sum(size for r, size in by_round.items() if r <= round_)
         points.append({"round": round_, "bytes": sent, "accuracy": accuracy})
     return {"points": points, "final_accuracy": points[-1]["accuracy"], "total_bytes": sum(by_round.values()),
-            "by_kind": ledger_bytes_by_kind(run / "ledger.jsonl")}  # fmt: skip
+            "by_kind": by_kind}  # fmt: skip
 
 
 def first_reach(points: list[dict[str, Any]], target: float) -> dict[str, Any] | None:

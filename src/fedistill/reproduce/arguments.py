@@ -4,6 +4,8 @@ device and image shape, and the run-name parts they make."""
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 from collections.abc import Sequence
 
 from fedistill.reproduce.paths import DATA, RUNS
@@ -99,3 +101,9 @@ def variant_flags(args: argparse.Namespace) -> str:
 def cell_name(args: argparse.Namespace) -> str:
     """`<dataset>-alpha<alpha>-seed<seed>`: the part of a run name that says which cell it measures."""
     return f"{args.dataset}-alpha{args.alpha:g}-seed{args.seed}"
+
+
+def settings_digest(settings: Sequence[object]) -> str:
+    """Eight hex digits that change with any of a run's settings: the part of a run name that lets
+    `--reuse` keep a run only when it was given the same."""
+    return hashlib.sha256(json.dumps(list(settings)).encode()).hexdigest()[:8]

@@ -35,8 +35,6 @@ directory of the same name is replaced. benchmarks/reconstruction_figures.py dra
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import shutil
 import sys
 import tomllib
@@ -45,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedistill.reproduce.arguments import benchmark_parser
+from fedistill.reproduce.arguments import benchmark_parser, settings_digest
 from fedistill.reproduce.launch import run_fedistill
 from fedistill.reproduce.paths import EXPECTED, RESULTS, RUNS
 
@@ -189,7 +187,7 @@ def cell(args: argparse.Namespace) -> str:
     name = f"{args.dataset}-{args.image_size}px-c{args.chans}-e{args.epochs}-lr{args.lr:g}-seed{args.seed}"
     if not args.set:
         return name
-    return f"{name}-set{hashlib.sha256(json.dumps(sorted(args.set)).encode()).hexdigest()[:8]}"
+    return f"{name}-set{settings_digest(sorted(args.set))}"
 
 
 def run_specs(args: argparse.Namespace) -> list[RunSpec]:

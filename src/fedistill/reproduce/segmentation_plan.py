@@ -40,7 +40,6 @@ its own `fedistill run` process at `--threads` torch threads (one by default).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import resource
@@ -51,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from fedistill.data.registry import load_dataset
-from fedistill.reproduce.arguments import benchmark_parser
+from fedistill.reproduce.arguments import benchmark_parser, settings_digest
 from fedistill.reproduce.launch import run_fedistill
 from fedistill.reproduce.paths import RESULTS, RUNS
 
@@ -113,7 +112,7 @@ class Table:
         """`seg<N>-<dataset>-<size>px-K<K>-seed<S>-<method>-<digest of the run's settings>`: `--reuse`
         keeps a run only when everything it was given is the same."""
         size = self.dataset_options.get("patch_size", self.dataset_options.get("image_size"))
-        digest = hashlib.sha256(json.dumps([method, self.clients, seed, *settings]).encode()).hexdigest()[:8]
+        digest = settings_digest([method, self.clients, seed, *settings])
         return f"seg{self.number}-{self.dataset}-{size}px-K{self.clients}-seed{seed}-{method}-{digest}"
 
 

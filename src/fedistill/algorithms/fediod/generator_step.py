@@ -93,9 +93,10 @@ class GeneratorStep:
             return L.uniform_weights(k, b, c, device=logits.device)
         share = self.federation.share(clients, c)
         if self.options.ensemble_weighting == "owner" and owner is not None:
-            position = {cid: p for p, cid in enumerate(self.federation.clients)}  # as G's draws number them
-            row = {position[cid]: i for i, cid in enumerate(clients)}  # -> the teacher's row in `logits`
-            among = torch.tensor([row.get(int(p), -1) for p in owner])
+            # a site's position, as G's draws number them -> its teacher's row in `logits` (-1: not asked)
+            row = torch.full((len(self.federation.clients),), -1)
+            row[[self.federation.clients.index(cid) for cid in clients]] = torch.arange(len(clients))
+            among = row[owner.cpu()]
             return L.owner_weights(among, L.importance_weights(share, None).to(logits), b // len(owner))
         if ratio is None or self.options.ensemble_weighting != "eq8":
             return L.importance_weights(share, None)
