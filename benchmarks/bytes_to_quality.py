@@ -21,7 +21,9 @@ per round). Elsewhere FedIOD gets `fediod.preset = "stable"` and the budget aske
 FedIOD alone), FedAvg and FedDF one local epoch per round, FedDF distilling on the other MNIST-like set
 (on noise when the images are resampled).
 `--methods` runs a subset (without fedavg, the runs only: a later `--reuse` keeps them). Writes
-benchmarks/results/bytes_to_quality_<set>.{md,json,png}.
+benchmarks/results/bytes_to_quality_<set>.{md,json,png}; with `--tag NAME` (a variant: its `--set` items)
+benchmarks/results/sweeps/bytes_to_quality_<set>_NAME.*, its FedIOD and FedDF runs named with the tag and
+FedAvg's untagged run shared by every tag.
 """
 
 from __future__ import annotations
@@ -70,7 +72,10 @@ NOTES = """## Reading it
 - Bytes are the ledger's: every message in both directions, encoded arrays at their wire size, FedIOD's
   stage 1 (teachers' label statistics and evaluation logits) included in its first point.
 - FedIOD's accuracy at an epoch is the validated student's (the best epoch so far on the clients'
-  validation splits); FedAvg's and FedDF's is the global model's after that round.
+  validation splits; with `selection = "last"`, which sends no parameters, that epoch's student);
+  FedAvg's and FedDF's is the global model's after that round.
+- A run "stopped after round k" was killed before its last round (`--unfinished` keeps it): its total
+  counts every message it sent, its final accuracy is round k's.
 - Bytes do not depend on the machine (accuracies may move slightly on another CPU); the matmul rate
   (`matmul_peak_gflops`, benchmarks/fediod_step_time.py) was measured on a shared machine and only says
   which one it was.
@@ -99,7 +104,10 @@ def ledger_bytes(path: Path) -> tuple[dict[int, int], dict[str, int]]:
 
 def accuracy_points(rows: list[dict[str, Any]], validated: bool) -> list[tuple[int, float]]:
     """(round, accuracy) at each evaluation: the test accuracy, or with `validated` the test accuracy of
-    the best validated round so far (the later of equals, as FedIOD's selection, keep_if_best, takes it)."""
+    the best validated round so far (the later of equals, as FedIOD's selection, keep_if_best, takes it).
+    A run that never validated (FedIOD's `selection = "last"`) hands over each epoch's student: its test
+    accuracy."""
+    validated = validated and any(row.get("val_accuracy") is not None for row in rows)
     points, best_val, chosen = [], None, None
     for row in rows:
         if validated:
@@ -181,7 +189,10 @@ def report(result: dict[str, Any]) -> str:
              "directions, up to the first evaluation at that level (its round in brackets).", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]  # fmt: skip
     for method, c in result["curves"].items():
-        cells = [method, f"{100 * c['final_accuracy']:.2f}", megabytes(c["total_bytes"])]
+        label = method + (
+            f" (stopped after round {c['stopped_after']} of {c['rounds']})" if "rounds" in c else ""
+        )
+        cells = [label, f"{100 * c['final_accuracy']:.2f}", megabytes(c["total_bytes"])]
         for level in LEVELS:
             cells += _reach_cell(result["reached"][method][f"{level:.2f}"])
         lines.append("| " + " | ".join(cells) + " |")
@@ -266,6 +277,8 @@ def command_line(args: argparse.Namespace) -> str:
     sets = "".join(f" --set {item}" for item in args.set)
     sets += "".join(f" --feddf-set {item}" for item in args.feddf_set)
     sets += "" if args.methods == ",".join(METHODS) else f" --methods {args.methods}"
+    sets += f" --tag {args.tag}" if args.tag else ""
+    sets += " --unfinished" if args.unfinished else ""
     if args.demo:
         return (
             f"python benchmarks/bytes_to_quality.py --demo --seed {args.seed} --threads {args.threads}{sets}"
@@ -280,7 +293,10 @@ def command_line(args: argparse.Namespace) -> str:
 
 def machine(device: str, gflops: float, threads: int) -> str:
     """The host as a record names it: its CPUs, the card a CUDA run used, the CPU's matmul rate."""
-    card = f", {torch.cuda.get_device_name(torch.device(device))}" if device.startswith("cuda") else ""
+    card = ""
+    if device.startswith("cuda"):  # re-rendered from a GPU's runs on a machine without one: no card to name
+        card = (f", {torch.cuda.get_device_name(torch.device(device))}" if torch.cuda.is_available()
+                else ", rendered from CUDA runs on a machine without a GPU")  # fmt: skip
     return f"{os.cpu_count()} CPUs{card}; fp32 matmul {gflops:.1f} GFLOP/s at {threads} thread(s)"
 
 
@@ -306,11 +322,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         if method not in chosen:
             continue
         name = f"{prefix}-{next(key for key, label in METHODS.items() if label == method)}"
-        run_fedistill(spec["algorithm"], args, name=name, alpha=str(alpha), model=model, rounds=spec["rounds"],
-                      out=args.out, sets=spec["sets"], extra=spec["extra"])  # fmt: skip
-        curves[method] = curve(
-            Path(args.out) / name / spec["algorithm"], validated=spec["algorithm"] == "fediod"
+        name += f"-{args.tag}" if args.tag and method != REFERENCE else ""  # FedAvg's run serves every tag
+        run = Path(args.out) / name / spec["algorithm"]
+        stopped = (
+            args.unfinished and not (run / "summary.json").is_file() and (run / "metrics.jsonl").is_file()
         )
+        if not stopped:
+            run_fedistill(spec["algorithm"], args, name=name, alpha=str(alpha), model=model,
+                          rounds=spec["rounds"], out=args.out, sets=spec["sets"], extra=spec["extra"])  # fmt: skip
+        curves[method] = curve(run, validated=spec["algorithm"] == "fediod")
+        if stopped:  # killed before its last round: its curve as far as it got, named so in the report
+            curves[method] |= {
+                "stopped_after": curves[method]["points"][-1]["round"],
+                "rounds": spec["rounds"],
+            }
         runs[method] = f"{name}/{spec['algorithm']}"
     title = "digits demo (K = 10, alpha 0.5, small-cnn)" if args.demo else (
         f"{args.dataset}, alpha {args.alpha}, K = {args.clients}, {args.model}{variant_flags(args)}")  # fmt: skip
@@ -340,6 +365,18 @@ def main() -> None:
         "--methods", default=",".join(METHODS), help="a subset; without fedavg: the runs only"
     )
     parser.add_argument("--note", default="", help="a sentence for the report (e.g. why a method is missing)")
+    parser.add_argument(
+        "--unfinished",
+        action="store_true",
+        help="keep runs stopped before their last round (e.g. by a time limit) as far as they got, "
+        "instead of running them again",
+    )
+    parser.add_argument(
+        "--tag",
+        default="",
+        help="a variant's name (with its --set items): its FedIOD and FedDF runs and its result files "
+        "(results/sweeps/..._<tag>) carry it, the published files stay as they are",
+    )
     add_seed_and_out(parser)
     args = parser.parse_args()
     unknown = [m for m in args.methods.split(",") if m not in METHODS]
@@ -357,11 +394,12 @@ def main() -> None:
     result |= {"command": command_line(args), "commit": commit(),
                "machine": machine(args.device, gflops, args.threads),
                "matmul_peak_gflops": gflops, "note": args.note}  # fmt: skip
-    RESULTS.mkdir(exist_ok=True)
-    stem = f"bytes_to_quality_{set_name(args)}"  # "alpha0.1": no Path.with_suffix
-    (RESULTS / f"{stem}.md").write_text(report(result), encoding="utf-8")
-    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    plot(result, RESULTS / f"{stem}.png")
+    folder = RESULTS / "sweeps" if args.tag else RESULTS
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"bytes_to_quality_{set_name(args)}" + (f"_{args.tag}" if args.tag else "")  # no with_suffix
+    (folder / f"{stem}.md").write_text(report(result), encoding="utf-8")
+    (folder / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    plot(result, folder / f"{stem}.png")
     print(report(result))
 
 

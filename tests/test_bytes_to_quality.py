@@ -79,6 +79,16 @@ def test_a_validation_tie_hands_over_the_later_epoch():
     assert b2q.accuracy_points(rows, validated=False) == [(1, 0.6), (2, 0.7), (3, 0.9)]
 
 
+def test_a_run_that_never_validates_hands_over_each_epochs_student():
+    # `selection = "last"`: no val_accuracy in any row, so each epoch's own test accuracy counts
+    rows = [{"round": 1, "test_accuracy": 0.6}, {"round": 2, "test_accuracy": 0.5}]
+    assert b2q.accuracy_points(rows, validated=True) == [(1, 0.6), (2, 0.5)]
+    # validating every other epoch (eval_every = 2): the epochs between keep the last validated choice
+    rows = [{"round": 1, "test_accuracy": 0.6}, {"round": 2, "val_accuracy": 0.5, "test_accuracy": 0.7},
+            {"round": 3, "test_accuracy": 0.9}]  # fmt: skip
+    assert b2q.accuracy_points(rows, validated=True) == [(2, 0.7), (3, 0.7)]
+
+
 def test_levels_and_ratios_are_read_against_fedavgs_final_accuracy(curves):
     reached = b2q.reached(curves)
     # FedAvg's final is 0.8: 0.90 -> 0.72, 0.95 -> 0.76, 1.00 -> 0.8; it reaches all three in round 2
@@ -96,11 +106,40 @@ def test_levels_and_ratios_are_read_against_fedavgs_final_accuracy(curves):
     assert row.split(" | ")[1:] == ["75.00", "0.00", "0.00 (r1)", "0.1", "-", "-", "-", "- |"]
 
 
+def test_unfinished_keeps_a_stopped_run_as_far_as_it_got_and_a_tag_names_only_the_variants_runs(
+    tmp_path, monkeypatch
+):
+    args = Namespace(demo=False, dataset="digits", alpha="1", clients=3, model="mlp", epochs=4, iters=2,
+                     teacher_epochs=1, fedavg_rounds=2, feddf_rounds=1, feddf_source="", threads=1,
+                     device="cpu", image_size=0, channels=0, reuse=True, unfinished=True, tag="last", seed=0,
+                     out=str(tmp_path), data_dir=str(tmp_path), methods="fedavg,fediod-compact",
+                     set=["fediod.selection='last'"], feddf_set=[])  # fmt: skip
+    prefix = tmp_path / "b2q-digits-alpha1_mlp-seed0"
+    fedavg = _write_run(Path(f"{prefix}-fedavg") / "fedavg", [(1, DOWN, {"parameters": 100})],
+                        [{"round": 1, "test_accuracy": 0.8}])  # fmt: skip
+    (fedavg / "summary.json").write_text("{}")
+    # killed in epoch 3 of 4: no summary; it never validated (selection = "last")
+    _write_run(Path(f"{prefix}-fediod-compact-last") / "fediod", [(1, DOWN, {"synthetic-inputs": 30}),
+               (2, DOWN, {"synthetic-inputs": 30})],
+               [{"round": 1, "test_accuracy": 0.5}, {"round": 2, "test_accuracy": 0.6}])  # fmt: skip
+    launched = []
+    monkeypatch.setattr(b2q, "run_fedistill", lambda algorithm, *a, **k: launched.append(k["name"]))
+    result = b2q.measure(args)
+    # FedAvg's untagged run goes to run_fedistill, whose --reuse keeps it; the stopped run is not relaunched
+    assert launched == ["b2q-digits-alpha1_mlp-seed0-fedavg"]
+    stopped = result["curves"]["FedIOD (compact)"]
+    assert (stopped["stopped_after"], stopped["rounds"], stopped["final_accuracy"]) == (2, 4, 0.6)
+    assert [p["accuracy"] for p in stopped["points"]] == [0.5, 0.6]
+    result |= {"command": "c", "commit": "abc1234", "machine": "m", "note": ""}
+    assert "| FedIOD (compact) (stopped after round 2 of 4) | 60.00 | 0.00 |" in b2q.report(result)
+
+
 @pytest.mark.slow  # four `fedistill run` processes: about 30 s on an idle machine, minutes on a busy one
 def test_tiny_digits_run_end_to_end(tmp_path):
     args = Namespace(demo=False, dataset="digits", alpha="1", clients=3, model="mlp", epochs=2, iters=2,
                      teacher_epochs=1, fedavg_rounds=2, feddf_rounds=1, feddf_source="", threads=1,
-                     device="cpu", image_size=0, channels=0, reuse=False, seed=0, out=str(tmp_path),
+                     device="cpu", image_size=0, channels=0, reuse=False, unfinished=False, tag="", seed=0,
+                     out=str(tmp_path),
                      data_dir=str(tmp_path), methods=",".join(b2q.METHODS),
                      set=["fediod.generator_width=16", "fediod.discriminator_width=16"],
                      feddf_set=["feddf.steps=10", "feddf.eval_every_steps=5"])  # fmt: skip

@@ -70,10 +70,13 @@ def check_device(parser: argparse.ArgumentParser, device: str) -> None:
 
 def check_shape(parser: argparse.ArgumentParser, args: argparse.Namespace, datasets: Sequence[str]) -> None:
     """A one-line usage error, before anything runs, when `--device` names one this machine lacks or
-    `--image-size` / `--channels` meet a dataset that cannot be resampled."""
+    `--image-size` / `--channels` meet a dataset that cannot be resampled. With `--reuse` the device is not
+    checked: a GPU's finished runs can be read back into a table on a machine without one (a run still
+    missing then stops with the same message from `fedistill run`)."""
     from fedistill.data.registry import dataset_options
 
-    check_device(parser, args.device)
+    if not getattr(args, "reuse", False):
+        check_device(parser, args.device)
     asked = ["--" + key.replace("_", "-") for key in resampled_shape(args)]
     fixed = [d for d in datasets if "image_size" not in dataset_options(d)]
     if asked and fixed:
