@@ -80,6 +80,7 @@ def test_run_directory_contents(digits_suite):
     assert summary["partition"]["hash"] == partition["hash"]
     for key in ("test_accuracy", "wall_time_s", "peak_memory_mb", "versions", "seed", "communication"):
         assert key in summary
+    assert summary["device_name"] == "cpu"  # the device a run used, by name (on a GPU: the card)
     assert (suite / "results.md").is_file() and (suite / "plots" / "test_accuracy.png").is_file()
     assert len(read_jsonl(run / "metrics.jsonl")) == 6
 

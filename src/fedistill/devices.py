@@ -77,6 +77,14 @@ def current() -> torch.device:
     return _current
 
 
+def describe() -> str:
+    """The current device as a run's log and summary name it: `cpu`, or `cuda:0 (NVIDIA H200)` with the
+    card, so that a GPU run's record says which card it ran on."""
+    if _current.type != "cuda":
+        return str(_current)
+    return f"{_current} ({torch.cuda.get_device_name(_current)})"
+
+
 def on_device(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor` on the current device (itself when it is there already)."""
     return tensor if tensor.device == _current else tensor.to(_current)

@@ -172,6 +172,7 @@ def _loop(
         fleet.dropped = {int(k): v for k, v in runner_state.get("dropped", {}).items()}
         log.info("resumed %s from round %d", algorithm.name, runner_state["round"])
     else:
+        log.info("%s on %s", algorithm.name, devices.describe())
         server.setup(fleet)
 
     start_round = runner_state["round"] + 1
@@ -260,6 +261,7 @@ def _loop(
         "clients": num_clients,
         "transport": "flower" if grid is not None else "inprocess",
         "device": str(devices.current()),
+        "device_name": devices.describe(),
         "rounds": config.rounds,
         "seed": config.seed,
         "partition": {
