@@ -1,6 +1,6 @@
 """The registry of reproducible results: every target `fedistill reproduce` knows, by name.
 
-Each family declares its targets in its own module (`targets_fedmdcg`, `targets_one_shot`,
+Each family declares its targets in its own module (`targets_fedmdcg`, `targets_one_shot`, `targets_gap`,
 `targets_medical`, `targets_papers`); `target_spec` says what a target is. The registry is built on first
 use: the config-based scales read configs/ and configs/expected.toml (of the checkout, or as the installed
 package carries them: reproduce/paths.py).
@@ -13,6 +13,7 @@ from functools import cache
 from fedistill.errors import ConfigError, unknown_name
 from fedistill.reproduce.target_spec import SCALES, Target
 from fedistill.reproduce.targets_fedmdcg import fedmdcg_target
+from fedistill.reproduce.targets_gap import gap_target
 from fedistill.reproduce.targets_medical import nuclei_targets, reconstruction_target, segmentation_target
 from fedistill.reproduce.targets_one_shot import one_shot_target
 from fedistill.reproduce.targets_papers import paper_targets
@@ -24,6 +25,7 @@ def all_targets() -> dict[str, Target]:
     targets = [
         fedmdcg_target(),
         one_shot_target(),
+        gap_target(),
         segmentation_target(),
         reconstruction_target(),
         *nuclei_targets(),
