@@ -172,7 +172,9 @@ def _loop(
         fleet.dropped = {int(k): v for k, v in runner_state.get("dropped", {}).items()}
         log.info("resumed %s from round %d", algorithm.name, runner_state["round"])
     else:
-        log.info("%s on %s", algorithm.name, devices.describe())
+        # on a GPU, which card (the summary's device_name); on the CPU nothing a user needs to read
+        log.log(logging.INFO if devices.current().type == "cuda" else logging.DEBUG,
+                "%s on %s", algorithm.name, devices.describe())  # fmt: skip
         server.setup(fleet)
 
     start_round = runner_state["round"] + 1
