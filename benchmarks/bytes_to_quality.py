@@ -128,6 +128,8 @@ def curve(run: Path, validated: bool = False) -> dict[str, Any]:
     for round_, accuracy in accuracy_points(read_jsonl(run / "metrics.jsonl"), validated):
         sent = sum(size for r, size in by_round.items() if r <= round_)
         points.append({"round": round_, "bytes": sent, "accuracy": accuracy})
+    if not points:  # e.g. a run killed in its first round, kept with --unfinished
+        raise SystemExit(f"{run}: no evaluated round yet, so no curve; run it again (without --unfinished)")
     return {"points": points, "final_accuracy": points[-1]["accuracy"], "total_bytes": sum(by_round.values()),
             "by_kind": by_kind}  # fmt: skip
 
@@ -291,12 +293,20 @@ def command_line(args: argparse.Namespace) -> str:
             + f" --seed {args.seed} --threads {args.threads}" + variant_flags(args) + sets)  # fmt: skip
 
 
-def machine(device: str, gflops: float, threads: int) -> str:
-    """The host as a record names it: its CPUs, the card a CUDA run used, the CPU's matmul rate."""
+def machine(device: str, gflops: float, threads: int, runs: list[Path] = ()) -> str:
+    """The host as a record names it: its CPUs, the card a CUDA run used, the CPU's matmul rate. A table
+    re-rendered without a GPU names the card the runs' summaries recorded (`device_name`), if any did."""
     card = ""
-    if device.startswith("cuda"):  # re-rendered from a GPU's runs on a machine without one: no card to name
-        card = (f", {torch.cuda.get_device_name(torch.device(device))}" if torch.cuda.is_available()
-                else ", rendered from CUDA runs on a machine without a GPU")  # fmt: skip
+    if device.startswith("cuda"):
+        recorded = [json.loads((r / "summary.json").read_text()).get("device_name") for r in runs
+                    if (r / "summary.json").is_file()]  # fmt: skip
+        named = sorted({name.split(" (", 1)[-1].rstrip(")") for name in recorded if name and "(" in name})
+        if torch.cuda.is_available():
+            card = f", {torch.cuda.get_device_name(torch.device(device))}"
+        elif named:
+            card = f", {' and '.join(named)} (rendered from its runs on a machine without a GPU)"
+        else:
+            card = ", rendered from CUDA runs on a machine without a GPU"
     return f"{os.cpu_count()} CPUs{card}; fp32 matmul {gflops:.1f} GFLOP/s at {threads} thread(s)"
 
 
@@ -392,7 +402,8 @@ def main() -> None:
         )
         return
     result |= {"command": command_line(args), "commit": commit(),
-               "machine": machine(args.device, gflops, args.threads),
+               "machine": machine(args.device, gflops, args.threads,
+                                  [Path(args.out) / run for run in result["runs"].values()]),
                "matmul_peak_gflops": gflops, "note": args.note}  # fmt: skip
     folder = RESULTS / "sweeps" if args.tag else RESULTS
     folder.mkdir(parents=True, exist_ok=True)

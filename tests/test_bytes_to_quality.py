@@ -159,3 +159,20 @@ def test_tiny_digits_run_end_to_end(tmp_path):
     result |= {"command": "c", "commit": "abc1234", "machine": "m"}
     b2q.plot(result, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").stat().st_size > 0
+
+
+def test_a_run_with_no_evaluated_round_stops_with_one_line(tmp_path):
+    run = _write_run(tmp_path / "killed", [(0, UP, {"label-statistics": 7})], [])
+    with pytest.raises(SystemExit, match="no evaluated round yet"):
+        b2q.curve(run, validated=True)
+
+
+def test_a_table_rendered_without_a_gpu_names_the_card_its_runs_recorded(tmp_path, monkeypatch):
+    monkeypatch.setattr(b2q.torch.cuda, "is_available", lambda: False)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"device_name": "cuda:0 (NVIDIA H200)"}))
+    named = b2q.machine("cuda", 90.0, 2, [run, tmp_path / "missing"])
+    assert ", NVIDIA H200 (rendered from its runs" in named
+    assert "rendered from CUDA runs on a machine without a GPU" in b2q.machine("cuda", 90.0, 2, [])
+    assert b2q.machine("cpu", 90.0, 1, [run]).startswith(f"{b2q.os.cpu_count()} CPUs; fp32")
