@@ -46,6 +46,20 @@ def test_the_table_pairs_each_variant_with_base_on_the_same_seeds():
     assert cells[5] == "+0.50 (2)" and cells[6] == "1 / 1"
     assert any("FedAvg 96.00%" in line for line in lines)
     assert lines[-1] == "- v K=10 alpha=0.5 seed 6: boom"
+    assert cells[9] == "-"  # no FedAvg times in these rows: no ratio
+
+
+def test_fediods_time_is_given_as_a_multiple_of_fedavgs_in_the_same_sweep():
+    """The demo's time goal is a ratio: each variant's mean time over FedAvg's mean time on the base seeds."""
+    rows = [
+        _row("base", 3, 0.90, fedavg_accuracy=0.97, fedavg_wall_time_s=4.0),
+        _row("base", 4, 0.94, fedavg_accuracy=0.95, fedavg_wall_time_s=6.0),
+        _row("v", 3, 0.92, wall_time_s=15.0),
+    ]
+    lines = sweep.table(rows)
+    ratios = {line.split("|")[3].strip(): line.split("|")[10].strip() for line in lines if "| 10 |" in line}
+    assert ratios == {"base": "8.0x", "v": "3.0x"}  # 40 s and 15 s against FedAvg's mean 5 s
+    assert any("FedAvg 5 s a run" in line for line in lines)
 
 
 def test_runs_tag_names_the_run_folders_and_tag_the_result_files(tmp_path, monkeypatch):

@@ -77,7 +77,9 @@ def run_variant(args: Any, variant: str, sets: list[str], k: int, alpha: str, se
     }
     fedavg = folder / "fedavg" / "summary.json"
     if fedavg.is_file():
-        row["fedavg_accuracy"] = json.loads(fedavg.read_text())["final"]["test_accuracy"]
+        fedavg_summary = json.loads(fedavg.read_text())
+        row["fedavg_accuracy"] = fedavg_summary["final"]["test_accuracy"]
+        row["fedavg_wall_time_s"] = fedavg_summary["wall_time_s"]
     return row
 
 
@@ -87,13 +89,16 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     cells = sorted({(r["clients"], r["alpha"]) for r in done})
     lines = [
         "| K | alpha | variant | seeds | student % | vs base (same seeds) | up / down | of ensemble "
-        "| FedIOD s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| FedIOD s | x FedAvg's time |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
     for k, alpha in cells:
         here = [r for r in done if (r["clients"], r["alpha"]) == (k, alpha)]
         base = {r["seed"]: r for r in here if r["variant"] == "base"}
+        # FedAvg's mean wall time over the base runs that ran it (older records have none)
+        fedavg_times = [r["fedavg_wall_time_s"] for r in base.values() if "fedavg_wall_time_s" in r]
+        fedavg_time = statistics.mean(fedavg_times) if fedavg_times else None
         for variant in dict.fromkeys(r["variant"] for r in here):
             runs = sorted((r for r in here if r["variant"] == variant), key=lambda r: r["seed"])
             paired = [(r, base[r["seed"]]) for r in runs if r["seed"] in base]
@@ -104,22 +109,29 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
                 f"| {100 * statistics.mean(r['test_accuracy'] for r in runs):.2f} | {versus} "
                 f"| {sum(d > 0 for d in diffs)} / {sum(d < 0 for d in diffs)} "
                 f"| {statistics.mean(r['test_accuracy'] / r['ensemble_accuracy'] for r in runs):.4f} "
-                f"| {statistics.mean(r['wall_time_s'] for r in runs):.0f} |"
+                f"| {statistics.mean(r['wall_time_s'] for r in runs):.0f} "
+                f"| {_times(statistics.mean(r['wall_time_s'] for r in runs), fedavg_time)} |"
             )
         fedavg = [r for r in base.values() if "fedavg_accuracy" in r]
         if fedavg:
             fedavg_mean = 100 * statistics.mean(r["fedavg_accuracy"] for r in fedavg)
             seeds = ",".join(str(r["seed"]) for r in sorted(fedavg, key=lambda r: r["seed"]))
+            took = "" if fedavg_time is None else f", FedAvg {fedavg_time:.0f} s a run"
             notes.append(
                 f"K = {k}, alpha {alpha:g}: FedAvg {fedavg_mean:.2f}% "
                 f"and the ensemble {100 * statistics.mean(r['ensemble_accuracy'] for r in fedavg):.2f}% "
-                f"over the base runs' seeds {seeds}."
+                f"over the base runs' seeds {seeds}{took}."
             )
     failed = [f"- {r['variant']} K={r['clients']} alpha={r['alpha']:g} seed {r['seed']}: {r['error']}"
               for r in rows if "error" in r]  # fmt: skip
     return (
         lines + (["", *notes] if notes else []) + (["", "Runs that failed:", "", *failed] if failed else [])
     )
+
+
+def _times(seconds: float, fedavg_seconds: float | None) -> str:
+    """FedIOD's mean time as a multiple of FedAvg's in the same sweep, or "-" without FedAvg runs."""
+    return "-" if not fedavg_seconds else f"{seconds / fedavg_seconds:.1f}x"
 
 
 def write(folder: str | Path, stem: str, header: list[str], payload: dict[str, Any]) -> list[str]:
