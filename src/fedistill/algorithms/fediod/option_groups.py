@@ -115,6 +115,14 @@ class TeacherOptions:
     by the teacher of the site G drew it for, the class shares where that site was not asked; Eq. 8's
     density ratios estimate which site a sample belongs to, and the per-client G knows it)."""
 
+    share_power: float = 1.0
+    """The power the class counts are raised to before they become the class shares that weigh the
+    teachers per class (Eq. 8, class-share, owner): n_kc^p / sum_j n_jc^p; default 1, the paper's shares.
+    Why 0.5 (square roots): with shares proportional to the counts, the site holding most of a class decides
+    that class's logit alone, and its teacher, which never saw the neighbouring classes, claims them too;
+    square roots let the class's smaller holders temper it (Fashion-MNIST, Dirichlet 0.1, K = 10: the
+    class-share ensemble 80.75 / 74.83 / 79.53% on seeds 0 / 1 / 2 becomes 83.19 / 79.94 / 82.19%)."""
+
     teacher_logits: str = "raw"
     """The teachers' logits before the ensemble (calibration.py): raw (default, the paper) | scaled (mixed
     architectures) | centred (one-class sites) | log-probabilities (each teacher's log-softmax: the ensemble

@@ -114,7 +114,7 @@ class FedIODOptions(
         ):
             if getattr(self, key) < 1:
                 raise ConfigError(f"fediod.{key} must be >= 1")
-        for key in ("lr_generator", "lr_discriminator", "lr_student", "tau"):
+        for key in ("lr_generator", "lr_discriminator", "lr_student", "tau", "share_power"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"fediod.{key} must be > 0")
         check_upsamples("fediod.generator_upsamples", self.generator_upsamples)

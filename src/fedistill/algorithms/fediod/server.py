@@ -55,6 +55,7 @@ class Federation:
     sizes: torch.Tensor  # (K,)
     counts: torch.Tensor | None  # (K, C)
     teacher_val: dict[int, float] = field(default_factory=dict)
+    share_power: float = 1.0  # `fediod.share_power`: the counts' power in the class shares
 
     def pi(self, clients: list[int]) -> torch.Tensor:
         """The weights of `clients` by their data sizes, summing to 1."""
@@ -62,11 +63,12 @@ class Federation:
         return sizes / sizes.sum()
 
     def share(self, clients: list[int], num_classes: int) -> torch.Tensor:
-        """Each of `clients`' share of every class (Eq. 8); uniform when the class counts were not
-        collected."""
+        """Each of `clients`' share of every class (Eq. 8), from the counts raised to `share_power`;
+        uniform when the class counts were not collected."""
         if self.counts is None:
             return torch.full((len(clients), num_classes), 1.0 / len(clients), device=self.sizes.device)
-        return L.class_share(torch.stack([self.counts[self.clients.index(c)] for c in clients]).float())
+        counts = torch.stack([self.counts[self.clients.index(c)] for c in clients]).float()
+        return L.class_share(counts if self.share_power == 1.0 else counts**self.share_power)
 
 
 class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
@@ -185,6 +187,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             sizes,
             counts,
             {c: float(replies[c].scalar("metrics", self._teacher_val_metric)) for c in clients},
+            options.share_power,
         )
         logits_choice = self._resolve_teacher_logits()
         per_client = [math.ceil(float(s) / options.synthetic_batch_size) for s in sizes]
@@ -314,5 +317,6 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             devices.on_device(f["sizes"]),
             counts,
             {int(k): v for k, v in f["teacher_val"].items()},
+            self.options.share_power,
         )
         self._resolve_teacher_logits()
