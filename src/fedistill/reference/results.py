@@ -56,6 +56,7 @@ PAGES = (
             "fediod_robustness_digits-centred",
             "fediod_robustness_fashion-mnist",
             "fediod_robustness_mnist",
+            "fediod_share_power_fashion-mnist-alpha0.1",
         ),
     ),
     ResultPage(
