@@ -132,7 +132,9 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     assert (resolved.mimic, resolved.student_steps, resolved.tau) == ("kl", 2, 2.0)
     assert (resolved.iters_per_epoch, resolved_for({"iters_per_epoch": 3}).iters_per_epoch) == (12, 3)
     assert resolved.teacher_logits == "auto"
+    assert (resolved.share_power, resolved_for({"share_power": 1.0}).share_power) == (0.5, 1.0)
     paper_options = resolved_for({"preset": "paper", "tau": 2.0})
+    assert paper_options.share_power == 1.0
     assert (paper_options.pool_size, paper_options.teacher_logits, paper_options.mimic) == (0, "raw", "l2")
     assert paper_options.iters_per_epoch == "max"
     # the default preset is the stable one on classification and the lean one on per-pixel tasks: S learns

@@ -13,8 +13,10 @@ from fedistill.federation.ledger import Ledger
 from fedistill.federation.messages import Message
 from fedistill.transports.inprocess import InProcessFleet
 
-# the stable preset on a BatchNorm teacher: batch-norm matching, S-step inputs riding along, Eq. 8 ratios
-STABLE = {"preset": "stable", "w_bn": 10.0, "ensemble_weighting": "eq8", "pool_steps": 2}
+# the stable preset on a BatchNorm teacher: batch-norm matching, S-step inputs riding along, Eq. 8 ratios;
+# full-precision messages: 8-bit synthetic images would turn a last-bit difference of G into a whole
+# quantisation step of an input pixel, which no float tolerance on the next step's answers can bound
+STABLE = {"preset": "stable", "w_bn": 10.0, "ensemble_weighting": "eq8", "pool_steps": 2, "wire": "float32"}
 
 
 def _parts(together: bool, model: str = "small-cnn", **fediod):
@@ -90,8 +92,13 @@ def test_sites_answering_together_send_what_they_would_alone(monkeypatch, model)
             )
     assert alone_fleet.ledger.totals.summary() == together_fleet.ledger.totals.summary()
     assert alone_fleet.ledger._pending == together_fleet.ledger._pending  # every record, in order
-    for a, b in zip(alone_server.generator.parameters(), together_server.generator.parameters(), strict=True):
-        assert torch.allclose(a, b, rtol=1e-3, atol=1e-4)
+    # G's weights: Adam moves each by up to about its learning rate a step, however small the gradient, so
+    # where a gradient is near 0 a rounding-level difference may move a weight by that much (3 steps here);
+    # the bulk of the weights must agree to rounding
+    pairs = zip(alone_server.generator.parameters(), together_server.generator.parameters(), strict=True)
+    gaps = torch.cat([(a - b).detach().abs().flatten() for a, b in pairs])
+    assert float(gaps.max()) <= 3 * alone_server.options.lr_generator
+    assert float(gaps.mean()) < 1e-5
 
 
 def test_a_site_asked_alone_after_answering_together_gets_its_own_gradient():

@@ -57,6 +57,10 @@ PAGES = (
             "fediod_robustness_fashion-mnist",
             "fediod_robustness_mnist",
             "fediod_share_power_fashion-mnist-alpha0.1",
+            "fediod_robustness_digits-share1",
+            "fediod_robustness_digits-share05",
+            "fediod_robustness_fashion-mnist-share05",
+            "fediod_robustness_mnist-share05",
         ),
     ),
     ResultPage(

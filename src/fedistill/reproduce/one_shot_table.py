@@ -34,6 +34,9 @@ STABILISERS = ["fediod.w_bn=10.0", "fediod.pool_size=20000", "fediod.pool_steps=
 STABLE_ROW = ["fediod.preset='stable'", "fediod.generator_width=32", "fediod.discriminator_width=32"]
 # the table's FedIOD numbers were recorded with full-precision messages, before `compact` became the default
 RECORDED_WIRE = "fediod.wire='float32'"
+# and its stable row with the class shares of the counts themselves, before the stable preset took their
+# square roots (`share_power`)
+RECORDED_SHARES = "fediod.share_power=1.0"
 
 
 def algorithm_of(method: str) -> str:
@@ -58,7 +61,7 @@ def method_sets(method: str, args: Any, dataset: str, kd_steps: int = 0) -> list
             *stage1,
             RECORDED_WIRE,
             f"fediod.iters_per_epoch={args.iters}",
-            *(STABLE_ROW if method == "fediod-stable" else [PAPER_PRESET, *STABILISERS]),
+            *([*STABLE_ROW, RECORDED_SHARES] if method == "fediod-stable" else [PAPER_PRESET, *STABILISERS]),
         ]
     if method == "feddf-oneshot":
         source = f"dataset:{OTHER_DOMAIN.get(dataset, 'noise')}" if dataset in OTHER_DOMAIN else "noise"

@@ -117,7 +117,8 @@ class TeacherOptions:
 
     share_power: float = 1.0
     """The power the class counts are raised to before they become the class shares that weigh the
-    teachers per class (Eq. 8, class-share, owner): n_kc^p / sum_j n_jc^p; default 1, the paper's shares.
+    teachers per class (Eq. 8, class-share, owner): n_kc^p / sum_j n_jc^p; default 1, the paper's shares
+    (the stable preset sets 0.5).
     Why 0.5 (square roots): with shares proportional to the counts, the site holding most of a class decides
     that class's logit alone, and its teacher, which never saw the neighbouring classes, claims them too;
     square roots let the class's smaller holders temper it (Fashion-MNIST, Dirichlet 0.1, K = 10: the

@@ -210,6 +210,9 @@ STABLE = {
     "iters_per_epoch": 12,
     # centred logits only when a site saw a single class, where centring helps (calibration.py)
     "teacher_logits": "auto",
+    # class shares from the square roots of the counts: a class's largest holder no longer decides that
+    # class alone (option_groups.py, `share_power`; docs/methods/fediod/robustness.md)
+    "share_power": 0.5,
 }
 
 #: What `preset = "lean"` changes: the student learns only from the G-steps' own batches, kept in a replay
