@@ -33,6 +33,7 @@ import json
 import os
 import subprocess
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -293,7 +294,7 @@ def command_line(args: argparse.Namespace) -> str:
             + f" --seed {args.seed} --threads {args.threads}" + variant_flags(args) + sets)  # fmt: skip
 
 
-def machine(device: str, gflops: float, threads: int, runs: list[Path] = ()) -> str:
+def machine(device: str, gflops: float, threads: int, runs: Sequence[Path] = ()) -> str:
     """The host as a record names it: its CPUs, the card a CUDA run used, the CPU's matmul rate. A table
     re-rendered without a GPU names the card the runs' summaries recorded (`device_name`), if any did."""
     card = ""

@@ -31,6 +31,7 @@ from fedistill.algorithms.shared.training import evaluate_model, task_of
 from fedistill.config import RunConfig, build_config, load_toml, options_for
 from fedistill.data.transforms import to_float
 from fedistill.engine.setup import client_contexts, prepare_data, score_first
+from fedistill.errors import UserError
 from fedistill.federation.ledger import Ledger
 from fedistill.reproduce.tables import write_table
 from fedistill.transports.inprocess import InProcessFleet
@@ -105,13 +106,24 @@ def main() -> None:
     parser.add_argument("--cache-dir", default="", help="the stage-1 cache of runs with the same settings")
     parser.add_argument("--results", default=str(RESULTS))
     args = parser.parse_args()
-    powers = [float(p) for p in args.powers.split(",")]
+    try:
+        powers = [float(p) for p in args.powers.split(",")]
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        parser.error(
+            f"--powers and --seeds are comma lists of numbers; got {args.powers!r} and {args.seeds!r}"
+        )
+    if min(powers) <= 0:
+        parser.error(f"every power must be > 0 (fediod.share_power), got {args.powers}")
     torch.set_num_threads(1)
     runs = []
-    for seed in (int(s) for s in args.seeds.split(",")):
+    for seed in seeds:
         keys = {"seed": seed, "data_dir": args.data_dir, "threads": 1, "device": "cpu"}
-        config = build_config(RunConfig(), load_toml(args.config), keys | {"cache_dir": args.cache_dir})
-        runs += [{"seed": seed, **row} for row in scores(config, powers)]
+        try:
+            config = build_config(RunConfig(), load_toml(args.config), keys | {"cache_dir": args.cache_dir})
+            runs += [{"seed": seed, **row} for row in scores(config, powers)]
+        except UserError as error:  # a missing config or data file, a bad key: one line, not a traceback
+            parser.error(str(error))
         print(f"seed {seed} done", flush=True)
     name = f"fediod_share_power_{config.dataset}-alpha{config.alpha:g}"
     command = "python benchmarks/fediod_share_power.py " + " ".join(
