@@ -312,3 +312,38 @@ def test_the_generators_batch_trains_the_student_from_the_pool_per_pixel(base):
     assert server.pool.targets.shape[:2] == (b, size * size)
     assert server.pool.x.shape[0] == b
     assert any(not torch.equal(before[k], v) for k, v in server.student.state_dict().items())
+
+
+def test_truth_weight_teaches_the_student_the_image_g_drew_on_reconstruction(tmp_path):
+    """G draws the fully sampled image and the sites see its undersampled version, so with
+    `truth_weight = 1` the student's target is the exact correction back to G's image; 0.5 is the mean of
+    that and the teachers' ensemble. Classification and segmentation have no such image: refused."""
+    targets = {}
+    for weight in (0.0, 0.5, 1.0):
+        config = _config(
+            RECONSTRUCTION,
+            student_steps=0,
+            pool_size=64,
+            pool_steps=1,
+            pool_generator_batch=True,
+            truth_weight=weight,
+        )
+        _, server, fleet = _dense_parts(config)
+        with torch.no_grad():  # G's batch of step 0, drawn as the step draws it
+            latent = torch_generator(config.seed, "latent", 0)
+            drawn = server._generate(server._draw(server.options.synthetic_batch_size, latent), latent)
+        server.distillation_step(fleet)
+        targets[weight] = server.pool.targets.clone()
+        if weight == 1.0:
+            zero_filled = server.view.model_input(drawn, server._mask_index(0, 0))
+            assert torch.allclose(server.pool.x, zero_filled, atol=1e-6)
+            truth = server.view.rows(drawn - zero_filled).reshape(targets[1.0].shape)
+            assert torch.allclose(targets[1.0], truth, atol=1e-6)
+            image = server.pool.x + server.view.unrows(truth.reshape(-1, 1), drawn.shape)
+            assert torch.allclose(image, drawn)  # the corrected input is G's image
+    assert not torch.allclose(targets[0.0], targets[1.0], atol=1e-3)  # the ensemble is not the truth
+    assert torch.allclose(targets[0.5], (targets[0.0] + targets[1.0]) / 2, atol=1e-6)
+    with pytest.raises(ConfigError, match="only reconstruction"):
+        run_suite(_config(SEGMENTATION, truth_weight=0.5), tmp_path / "s", progress=False)
+    with pytest.raises(ConfigError, match=r"truth_weight is a weight in \[0, 1\]"):
+        run_suite(_config(RECONSTRUCTION, truth_weight=1.5), tmp_path / "r", progress=False)

@@ -127,6 +127,11 @@ class Reconstruction(Task):
         `residual`, the output itself without."""
         return zero_filled + net_output if self.residual else net_output
 
+    def net_output_for(self, zero_filled: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        """The net output that `corrected` turns into `image`: its difference from the zero-filled input
+        with `residual`, the image itself without."""
+        return image - zero_filled if self.residual else image
+
     def standalone(self, model: nn.Module) -> nn.Module:
         """A module that computes the reconstruction from the zero-filled image alone (what an exported file
         runs): `model` with its residual built in. Data consistency needs the measured k-space, which such

@@ -318,6 +318,13 @@ class PerPixelTaskOptions:
     or patch: Eq. 8 normalises over the sites at every pixel, so a mean over the image would change them.
     L_gan, the only loss on D_k's logits themselves, is computed at the site and never sent."""
 
+    truth_weight: float = 0.0
+    """Reconstruction: the weight, against the teachers' ensemble, of G's own image in the student's
+    target; default 0, the paper's (the ensemble alone). G draws the fully sampled image and the sites see
+    its undersampled version, so the server holds the exact answer to every synthetic input: the
+    correction that turns the zero-filled image back into G's image. Why: the teachers each learnt from
+    one site and their ensemble caps a student that only copies it; the truth needs no message."""
+
     pixel_logits: str = "all"
     """What a site sends of its teacher's per-pixel logits: all (default: every class's) | margin (a
     two-class segmentation: one value per pixel, z_1 - z_0, and the server takes (0, z_1 - z_0)). Why:

@@ -120,6 +120,8 @@ class FedIODOptions(
         check_upsamples("fediod.generator_upsamples", self.generator_upsamples)
         if not 0.0 <= self.combine_trim < 0.5 or not 0.0 < self.combine_clip < 1.0:
             raise ConfigError("fediod.combine_trim must lie in [0, 0.5) and fediod.combine_clip in (0, 1)")
+        if not 0.0 <= self.truth_weight <= 1.0:
+            raise ConfigError(f"fediod.truth_weight is a weight in [0, 1]; got {self.truth_weight}")
         if not 0.0 <= self.student_ema < 1.0:
             raise ConfigError(f"fediod.student_ema is a decay in [0, 1); got {self.student_ema}")
         for key in (
@@ -291,6 +293,11 @@ def resolve_options(
         raise ConfigError(
             f"fediod.teacher_logits = {options.teacher_logits!r} calibrates class logits; this task's "
             "outputs are images, which the ensemble averages as they are (use 'raw')"
+        )
+    if options.truth_weight and not image_outputs:
+        raise ConfigError(
+            "fediod.truth_weight mixes G's own image into the student's target; only reconstruction, whose "
+            "outputs are images, has one"
         )
     if options.sites_per_step > config.clients:
         raise ConfigError(

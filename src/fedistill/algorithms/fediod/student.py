@@ -65,6 +65,15 @@ class StudentSteps:
                 x = x + self.options.student_noise * torch.randn(x.shape, generator=noise_gen).to(x.device)
         return StudentBatch(x, draw.masks, lr, self._mask_index(self.step, b), self.step, draw.owner)
 
+    def _with_truth(self, x: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The student's target rows with `truth_weight` of G's own image mixed in (reconstruction): the
+        net output that returns x from its zero-filled image `inputs`, against the ensemble's `targets`."""
+        weight = self.options.truth_weight
+        if not weight:
+            return targets
+        truth = self.view.rows(self.view.task.net_output_for(inputs.detach(), x.detach()))
+        return (1.0 - weight) * targets + weight * truth.to(targets)
+
     def _shifted_and_mixed(self, x: torch.Tensor) -> torch.Tensor:
         """G's samples moved by `student_shift` pixels at most, then mixed in pairs (`student_mixup`), with
         draws seeded by the G-step: the clients label exactly what the student then trains on."""
@@ -134,8 +143,9 @@ class StudentSteps:
         if not view.per_pixel:
             self.last_coverage = class_coverage(targets)
             self.last_coverage["adapted_is"] = adapted_inception_score(logits)
-        per_sample = targets.reshape(len(batch.x), -1, targets.shape[-1])  # (B, rows per sample, C)
         inputs = view.model_input(batch.x, batch.index)
+        targets = self._with_truth(batch.x, inputs, targets)
+        per_sample = targets.reshape(len(batch.x), -1, targets.shape[-1])  # (B, rows per sample, C)
         self.student.train()
         losses = []
         for j in range(n):
