@@ -79,7 +79,9 @@ def write_results(rows: list[dict[str, Any]], facts: dict[str, Any], args: argpa
         f"local epochs per site for every method (Standalone and Centralized {e} epochs, FedAvg and FL-MRCM "
         f"{e} rounds of one epoch, FedIOD's teachers {e} epochs); FedIOD {args.fediod_epochs} distillation "
         f"epochs of {args.iters} generator steps ({args.fediod_epochs * args.iters} in all), synthetic "
-        "batches of 8 with 2 student steps each, G = pix2pix's ResNet G at width 16 with 3 blocks, D_k = "
+        "batches of 8 (the default, the lean preset: the student learns from G's own batches, half of each "
+        "target the image G drew, 16 replay steps per G-step; the paper's exchanges: 2 fresh student steps "
+        "per G-step), G = pix2pix's ResNet G at width 16 with 3 blocks, D_k = "
         "PatchGAN width 16, 3 layers, the foreground masks uploaded once, the perceptual term on (the "
         "paper: width 64, 9 blocks, 100 epochs at 1e-4); FedAvg and FL-MRCM average uniformly (Guo et al.'s "
         f"code). {args.threads or 'default'} torch thread(s) per run; seed {args.seed}; undersampling: "
@@ -118,7 +120,8 @@ def write_results(rows: list[dict[str, Any]], facts: dict[str, Any], args: argpa
     if "fediod" in facts:
         f = facts["fediod"]
         lines.append(
-            "- FedIOD: the teachers' weighted ensemble (the one-shot ceiling) reaches SSIM "
+            "- FedIOD: the teachers' weighted ensemble (the ceiling of a student that only copies them; with "
+            "`truth_weight` the student also learns G's own images) reaches SSIM "
             f"{fmt(f.get('ensemble_ssim'), 'ssim')} and the teachers "
             f"{fmt(f.get('teacher_mean_ssim'), 'ssim')} on average over all test volumes; the student was "
             f"selected at epoch {f.get('selected_epoch')} on the sites' validation splits."
