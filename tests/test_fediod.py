@@ -147,9 +147,13 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     assert pixels.pixel_logits == "all"
     two_class = resolved_for({"tau": 2.0}, per_pixel=True, two_classes=True)
     assert two_class == dataclasses.replace(pixels, pixel_logits="margin")
-    # image outputs (reconstruction): the teachers' plain mean instead of Eq. 8, unless a user names one
+    # image outputs (reconstruction): the teachers' plain mean instead of Eq. 8, unless a user names one, half
+    # of each target the image G drew, and 16 replay steps
     images = resolved_for({"tau": 2.0}, per_pixel=True, images=True)
-    assert images == dataclasses.replace(pixels, ensemble_weighting="uniform")
+    assert images == dataclasses.replace(
+        pixels, ensemble_weighting="uniform", truth_weight=0.5, pool_steps=16
+    )
+    assert resolved_for({"truth_weight": 0.0}, per_pixel=True, images=True).truth_weight == 0.0
     assert pixels.ensemble_weighting == "eq8"
     assert (
         resolved_for({"ensemble_weighting": "eq8"}, per_pixel=True, images=True).ensemble_weighting == "eq8"
