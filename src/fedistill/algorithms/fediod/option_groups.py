@@ -320,10 +320,11 @@ class PerPixelTaskOptions:
 
     truth_weight: float = 0.0
     """Reconstruction: the weight, against the teachers' ensemble, of G's own image in the student's
-    target; default 0, the paper's (the ensemble alone). G draws the fully sampled image and the sites see
-    its undersampled version, so the server holds the exact answer to every synthetic input: the
-    correction that turns the zero-filled image back into G's image. Why: the teachers each learnt from
-    one site and their ensemble caps a student that only copies it; the truth needs no message."""
+    target; default 0, the paper's (the ensemble alone); the lean preset, the default on reconstruction,
+    sets 0.5 (with 16 replay steps: options.LEAN_IMAGE_OUTPUTS). G draws the fully sampled image and the
+    sites see its undersampled version, so the server holds the exact answer to every synthetic input:
+    the correction that turns the zero-filled image back into G's image. Why: the teachers each learnt
+    from one site and their ensemble caps a student that only copies it; the truth needs no message."""
 
     pixel_logits: str = "all"
     """What a site sends of its teacher's per-pixel logits: all (default: every class's) | margin (a
