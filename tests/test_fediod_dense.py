@@ -320,7 +320,7 @@ def test_the_generators_batch_trains_the_student_from_the_pool_per_pixel(base):
 def test_truth_weight_teaches_the_student_the_image_g_drew_on_reconstruction(tmp_path):
     """G draws the fully sampled image and the sites see its undersampled version, so with
     `truth_weight = 1` the student's target is the exact correction back to G's image; 0.5 is the mean of
-    that and the teachers' ensemble. Classification and segmentation have no such image: refused."""
+    that and the teachers' ensemble. Classification, whose G draws from noise, has no truth: refused."""
     targets = {}
     for weight in (0.0, 0.5, 1.0):
         config = _config(
@@ -346,7 +346,62 @@ def test_truth_weight_teaches_the_student_the_image_g_drew_on_reconstruction(tmp
             assert torch.allclose(image, drawn)  # the corrected input is G's image
     assert not torch.allclose(targets[0.0], targets[1.0], atol=1e-3)  # the ensemble is not the truth
     assert torch.allclose(targets[0.5], (targets[0.0] + targets[1.0]) / 2, atol=1e-6)
-    with pytest.raises(ConfigError, match="only reconstruction"):
-        run_suite(_config(SEGMENTATION, truth_weight=0.5), tmp_path / "s", progress=False)
+    classification = build_config(
+        RunConfig(), {"clients": 2, "fediod": {"truth_weight": 0.5}}, {"algorithm": "fediod"}
+    )
+    with pytest.raises(ConfigError, match="on classification G draws from noise"):
+        run_suite(classification, tmp_path / "c", progress=False)
     with pytest.raises(ConfigError, match=r"truth_weight is a weight in \[0, 1\]"):
         run_suite(_config(RECONSTRUCTION, truth_weight=1.5), tmp_path / "r", progress=False)
+
+
+def test_truth_weight_on_segmentation_scores_the_student_against_g_s_own_masks():
+    """On segmentation G draws each image from a label mask, so the server knows the image's label: with
+    `truth_weight = w` the pool keeps the mask's class of every pixel beside the ensemble's logits, and the
+    student's loss is (1 - w) L_mimic + w times the task's own loss against those classes."""
+    config = _config(
+        SEGMENTATION,
+        student_steps=0,
+        pool_size=64,
+        pool_steps=1,
+        pool_generator_batch=True,
+        truth_weight=0.25,
+    )
+    _, server, fleet = _dense_parts(config)
+    with torch.no_grad():  # G's masks of step 0, drawn as the step draws them
+        masks = server._draw(
+            server.options.synthetic_batch_size, torch_generator(config.seed, "latent", 0)
+        ).masks
+    server.distillation_step(fleet)
+    targets = server.pool.targets  # (B, pixels, classes + 1)
+    columns = server.view.outputs
+    assert targets.shape == (len(masks), masks[0].numel(), columns + 1)
+    assert torch.equal(targets[..., columns].long(), masks.reshape(len(masks), -1).long())
+    assert masks.max() > 0  # the check above sees a lesion
+    rows = targets.reshape(-1, columns + 1)
+    out = torch.randn(len(masks), columns, *masks.shape[1:], requires_grad=True)
+    loss = server._target_loss(out, rows)
+    mimic = L.mimic_loss(server.view.rows(out), rows[:, :columns], mode="l2")
+    task_loss = server.view.task.loss(out, masks.long())
+    assert torch.allclose(loss, 0.75 * mimic + 0.25 * task_loss)
+    plain = _config(SEGMENTATION, student_steps=0, pool_size=64, pool_steps=1, pool_generator_batch=True)
+    _, server, fleet = _dense_parts(plain)
+    server.distillation_step(fleet)
+    assert server.pool.targets.shape[-1] == columns  # without it the pool keeps the ensemble alone
+
+
+def test_a_nuclei_mask_labels_each_nucleus_with_its_inside_and_contour():
+    """The nuclei condition is a foreground: its truth is one instance per connected nucleus, learnt as
+    background, inside and contour."""
+    from fedistill.tasks import InstanceSegmentation
+
+    mask = torch.zeros(1, 8, 8, dtype=torch.int64)
+    mask[0, 1:4, 1:4] = 1
+    mask[0, 4:7, 4:7] = 1
+    condition = InstanceSegmentation.condition
+    instances = condition.target_of(mask)
+    assert set(instances.unique().tolist()) == {0, 1, 2}
+    assert torch.equal(condition.of(instances), mask)
+    classes = InstanceSegmentation().pixel_targets(instances)
+    assert classes[0, 2, 2] == 1 and classes[0, 1, 1] == 2 and classes[0, 5, 5] == 1 and classes[0, 0, 0] == 0
+    assert int((classes == 2).sum()) == 16  # each 3 x 3 nucleus: 8 contour pixels around 1 inside

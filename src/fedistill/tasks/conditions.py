@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 import torch
+from scipy import ndimage
 
 from fedistill.data.base import DatasetInfo
 
@@ -39,6 +40,11 @@ class Condition(ABC):
         """One mask (H, W) from the prior: `noise` is smoothed unit-variance noise, `yy` and `xx` the
         pixel coordinates in [0, 1]; the shape's own draws come from `gen`, in a fixed order."""
 
+    def target_of(self, masks: torch.Tensor) -> torch.Tensor:
+        """Stored targets (B, H, W) whose condition is `masks` (the inverse of `of`, where one exists):
+        the label of an image G drew from the mask. ValueError where the mask is not a label."""
+        raise ValueError(f"{self.description} is not a label of the image drawn from it")
+
 
 class LabelMask(Condition):
     """The class map itself; the prior draws one blob of a random size and position, as a tumour."""
@@ -52,6 +58,10 @@ class LabelMask(Condition):
     def of(self, targets: torch.Tensor) -> torch.Tensor:
         """The targets themselves."""
         return targets
+
+    def target_of(self, masks: torch.Tensor) -> torch.Tensor:
+        """The mask itself: it is the class map."""
+        return masks
 
     def prior(
         self, gen: np.random.Generator, noise: np.ndarray, yy: np.ndarray, xx: np.ndarray
@@ -79,6 +89,12 @@ class NucleiForeground(Foreground):
     """The nuclei of an instance map; the prior draws many small round nuclei at a random density."""
 
     description = "the nuclei's foreground"
+
+    def target_of(self, masks: torch.Tensor) -> torch.Tensor:
+        """An instance map: each 4-connected nucleus of the foreground one instance (nuclei that touch in
+        the mask become one, the mask keeps no line between them)."""
+        maps = [ndimage.label(m)[0] for m in (masks > 0).cpu().numpy()]
+        return torch.from_numpy(np.stack(maps).astype(np.int64)).to(masks.device) if maps else masks.long()
 
     def prior(
         self, gen: np.random.Generator, noise: np.ndarray, yy: np.ndarray, xx: np.ndarray

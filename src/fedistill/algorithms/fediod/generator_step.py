@@ -208,7 +208,7 @@ class GeneratorStep:
         ensemble = combined_ensemble(options, logits, weights)
         student_in = view.model_input(x_server, self._mask_index(self.step, 0))
         if options.pool_generator_batch:  # per-pixel targets kept per sample, as the S-steps keep theirs
-            kept = self._with_truth(x_server, student_in, ensemble.detach())
+            kept = self._with_truth(x_server, student_in, ensemble.detach(), draw.masks)
             per_sample = kept.reshape(len(x), -1, kept.shape[-1]) if view.per_pixel else kept
             self.pool.add(student_in, per_sample)
             if not options.student_steps and not view.per_pixel:  # no S-step batch to measure it on

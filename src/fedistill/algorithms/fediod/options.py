@@ -301,10 +301,11 @@ def resolve_options(
             f"fediod.teacher_logits = {options.teacher_logits!r} calibrates class logits; this task's "
             "outputs are images, which the ensemble averages as they are (use 'raw')"
         )
-    if options.truth_weight and not image_outputs:
+    if options.truth_weight and not per_pixel:
         raise ConfigError(
-            "fediod.truth_weight mixes G's own image into the student's target; only reconstruction, whose "
-            "outputs are images, has one"
+            "fediod.truth_weight teaches the student the label of G's images; on classification G draws "
+            "from noise and the server knows no label (only the per-pixel tasks, whose G draws from a mask, "
+            "have one)"
         )
     if options.sites_per_step > config.clients:
         raise ConfigError(

@@ -65,14 +65,38 @@ class StudentSteps:
                 x = x + self.options.student_noise * torch.randn(x.shape, generator=noise_gen).to(x.device)
         return StudentBatch(x, draw.masks, lr, self._mask_index(self.step, b), self.step, draw.owner)
 
-    def _with_truth(self, x: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The student's target rows with `truth_weight` of G's own image mixed in (reconstruction): the
-        net output that returns x from its zero-filled image `inputs`, against the ensemble's `targets`."""
+    def _with_truth(
+        self, x: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, masks: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The student's target rows with what the server knows of G's images (`truth_weight`).
+
+        Reconstruction: `truth_weight` of G's own image mixed in, as the net output that returns x from
+        its zero-filled image `inputs`. Segmentation: one more column, the class of each pixel in the
+        mask G drew the image from, which `_target_loss` scores with the task's own loss."""
         weight = self.options.truth_weight
         if not weight:
             return targets
-        truth = self.view.rows(self.view.task.net_output_for(inputs.detach(), x.detach()))
+        view = self.view
+        if view.labelled_by_condition:
+            assert masks is not None, "a conditional G's samples carry their masks"
+            classes = view.truth_of(masks).reshape(-1, 1).to(targets)
+            return torch.cat([targets, classes], dim=-1)
+        truth = view.rows(view.task.net_output_for(inputs.detach(), x.detach()))
         return (1.0 - weight) * targets + weight * truth.to(targets)
+
+    def _target_loss(self, out: torch.Tensor, target_rows: torch.Tensor) -> torch.Tensor:
+        """The student's loss on its outputs `out` against target rows from `_with_truth`: L_mimic, or on
+        segmentation with `truth_weight` w, (1 - w) L_mimic + w times the task's own loss against the
+        masks' classes (AsynDGAN's loss on G's (mask, image) pairs)."""
+        options, view = self.options, self.view
+        rows = view.rows(out)
+        columns = rows.shape[-1]
+        mimic = L.mimic_loss(rows, target_rows[:, :columns], mode=options.mimic, tau=options.tau)
+        if target_rows.shape[-1] == columns:
+            return mimic
+        classes = view.unrows(target_rows[:, columns:], (out.shape[0], 1, *out.shape[2:]))[:, 0]
+        weight = options.truth_weight
+        return (1.0 - weight) * mimic + weight * view.task.loss(out, classes.long())
 
     def _shifted_and_mixed(self, x: torch.Tensor) -> torch.Tensor:
         """G's samples moved by `student_shift` pixels at most, then mixed in pairs (`student_mixup`), with
@@ -144,15 +168,14 @@ class StudentSteps:
             self.last_coverage = class_coverage(targets)
             self.last_coverage["adapted_is"] = adapted_inception_score(logits)
         inputs = view.model_input(batch.x, batch.index)
-        targets = self._with_truth(batch.x, inputs, targets)
+        targets = self._with_truth(batch.x, inputs, targets, batch.masks)
         per_sample = targets.reshape(len(batch.x), -1, targets.shape[-1])  # (B, rows per sample, C)
         self.student.train()
         losses = []
         for j in range(n):
             part = slice(j * b, (j + 1) * b)
-            out = view.rows(self.student(inputs[part]))
-            loss = L.mimic_loss(
-                out, per_sample[part].reshape(-1, targets.shape[-1]), mode=options.mimic, tau=options.tau
+            loss = self._target_loss(
+                self.student(inputs[part]), per_sample[part].reshape(-1, targets.shape[-1])
             )
             if not torch.isfinite(loss):
                 raise FederationError(
@@ -171,15 +194,12 @@ class StudentSteps:
 
         The draws are seeded by the step after the one that drew the S-step inputs (when merged queries
         take them), so merged and separate queries replay the same samples."""
-        options, view = self.options, self.view
+        options = self.options
         rng = torch_generator(self.ctx.config.seed, "pool", drawn_at + 1)
         batch = options.pool_batch_size or options.synthetic_batch_size
         for _ in range(options.pool_steps):
             x, target = self.pool.sample(batch, rng)
-            out = view.rows(self.student(x))
-            loss = L.mimic_loss(
-                out, target.reshape(-1, target.shape[-1]), mode=options.mimic, tau=options.tau
-            )
+            loss = self._target_loss(self.student(x), target.reshape(-1, target.shape[-1]))
             self._student_optimizer_step(loss)
 
     def _student_optimizer_step(self, loss: torch.Tensor) -> None:

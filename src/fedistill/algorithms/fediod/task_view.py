@@ -128,6 +128,16 @@ class TaskView:
         the nuclei's foreground (instance ids > 0) or the brain's foreground."""
         return self.condition.of(targets)
 
+    @property
+    def labelled_by_condition(self) -> bool:
+        """Segmentation: the mask G draws an image from is that image's label (`truth_weight`)."""
+        return self.per_pixel and not self.image_outputs and self.conditional
+
+    def truth_of(self, masks: torch.Tensor) -> torch.Tensor:
+        """The per-pixel classes (B, H, W) a net learns for an image G drew from `masks` (segmentation):
+        the label mask itself, or the inside and contours of the nuclei of a nuclei mask."""
+        return self.task.pixel_targets(self.condition.target_of(masks))  # type: ignore[attr-defined]
+
     def one_hot(self, masks: torch.Tensor) -> torch.Tensor:
         """(B, H, W) int masks -> (B, classes, H, W) float."""
         return F.one_hot(masks.long(), self.condition_classes).permute(0, 3, 1, 2).to(torch.float32)
