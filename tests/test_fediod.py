@@ -119,12 +119,22 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     from fedistill.errors import ConfigError
 
     def resolved_for(
-        fediod: dict, *, per_pixel: bool = False, two_classes: bool = False, images: bool = False
+        fediod: dict,
+        *,
+        per_pixel: bool = False,
+        two_classes: bool = False,
+        images: bool = False,
+        mask_shaped: bool = False,
     ) -> FedIODOptions:
         config = build_config(RunConfig(), {"fediod": fediod})
         options = options_for(config, "fediod", FedIODOptions)
         return resolve_options(
-            config, options, per_pixel=per_pixel, two_class_pixels=two_classes, image_outputs=images
+            config,
+            options,
+            per_pixel=per_pixel,
+            two_class_pixels=two_classes,
+            image_outputs=images,
+            mask_shapes_images=mask_shaped,
         )
 
     resolved = resolved_for({"preset": "stable", "tau": 2.0})
@@ -155,6 +165,12 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     )
     assert resolved_for({"truth_weight": 0.0}, per_pixel=True, images=True).truth_weight == 0.0
     assert pixels.ensemble_weighting == "eq8"
+    # masks that lay out G's image (nuclei): three quarters of the student's loss against them
+    assert resolved_for({"tau": 2.0}, per_pixel=True, mask_shaped=True) == dataclasses.replace(
+        pixels, truth_weight=0.75
+    )
+    assert resolved_for({"truth_weight": 0.0}, per_pixel=True, mask_shaped=True).truth_weight == 0.0
+    assert resolved_for({"preset": "paper"}, per_pixel=True, mask_shaped=True).truth_weight == 0.0
     assert (
         resolved_for({"ensemble_weighting": "eq8"}, per_pixel=True, images=True).ensemble_weighting == "eq8"
     )

@@ -405,3 +405,5 @@ def test_a_nuclei_mask_labels_each_nucleus_with_its_inside_and_contour():
     classes = InstanceSegmentation().pixel_targets(instances)
     assert classes[0, 2, 2] == 1 and classes[0, 1, 1] == 2 and classes[0, 5, 5] == 1 and classes[0, 0, 0] == 0
     assert int((classes == 2).sum()) == 16  # each 3 x 3 nucleus: 8 contour pixels around 1 inside
+    # nuclei lay out the image, so the lean preset teaches their masks; a lesion mask does not
+    assert condition.shapes_the_image and not SemanticSegmentation.condition.shapes_the_image

@@ -24,6 +24,9 @@ class Condition(ABC):
     """What FedIOD's generator is conditioned on for a per-pixel task, and the server's prior of it."""
 
     description: ClassVar[str]  # what the mask is, for people
+    #: whether the mask lays out most of the image (a field of nuclei), so that G must draw what it says to
+    #: look real; a small lesion in a whole brain, or a brain's outline, leaves G free to ignore the mask
+    shapes_the_image: ClassVar[bool] = False
 
     @abstractmethod
     def classes(self, info: DatasetInfo) -> int:
@@ -89,6 +92,7 @@ class NucleiForeground(Foreground):
     """The nuclei of an instance map; the prior draws many small round nuclei at a random density."""
 
     description = "the nuclei's foreground"
+    shapes_the_image = True
 
     def target_of(self, masks: torch.Tensor) -> torch.Tensor:
         """An instance map: each 4-connected nucleus of the foreground one instance (nuclei that touch in

@@ -319,12 +319,16 @@ class PerPixelTaskOptions:
     L_gan, the only loss on D_k's logits themselves, is computed at the site and never sent."""
 
     truth_weight: float = 0.0
-    """Reconstruction: the weight, against the teachers' ensemble, of G's own image in the student's
-    target; default 0, the paper's (the ensemble alone); the lean preset, the default on reconstruction,
-    sets 0.5 (with 16 replay steps: options.LEAN_IMAGE_OUTPUTS). G draws the fully sampled image and the
-    sites see its undersampled version, so the server holds the exact answer to every synthetic input:
-    the correction that turns the zero-filled image back into G's image. Why: the teachers each learnt
-    from one site and their ensemble caps a student that only copies it; the truth needs no message."""
+    """What the server knows of G's images, weighed against the teachers' ensemble in the student's loss;
+    default 0, the paper's (the ensemble alone); the lean preset, the default on the per-pixel tasks, sets
+    it on reconstruction (0.5, with 16 replay steps: options.LEAN_IMAGE_OUTPUTS). Reconstruction: G draws
+    the fully sampled image and the sites see its undersampled version, so the server holds the exact
+    answer to every synthetic input, the correction that turns the zero-filled image back into G's image,
+    and mixes it into the target, (1 - w) ensemble + w truth. Segmentation: G draws each image from a
+    label mask, so the mask is the image's label; the student's loss is (1 - w) L_mimic + w times the
+    task's own loss against it (AsynDGAN trains its segmenter on these pairs alone). Why: the teachers
+    each learnt from one site and their ensemble caps a student that only copies it; the truth needs no
+    message. Refused on classification, whose G draws from noise."""
 
     pixel_logits: str = "all"
     """What a site sends of its teacher's per-pixel logits: all (default: every class's) | margin (a

@@ -133,6 +133,11 @@ class TaskView:
         """Segmentation: the mask G draws an image from is that image's label (`truth_weight`)."""
         return self.per_pixel and not self.image_outputs and self.conditional
 
+    @property
+    def mask_shapes_images(self) -> bool:
+        """Segmentation whose masks lay out most of G's image (`Condition.shapes_the_image`: nuclei)."""
+        return self.labelled_by_condition and self.condition.shapes_the_image
+
     def truth_of(self, masks: torch.Tensor) -> torch.Tensor:
         """The per-pixel classes (B, H, W) a net learns for an image G drew from `masks` (segmentation):
         the label mask itself, or the inside and contours of the nuclei of a nuclei mask."""
