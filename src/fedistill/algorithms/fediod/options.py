@@ -249,7 +249,7 @@ LEAN_IMAGE_OUTPUTS = {"ensemble_weighting": "uniform", "truth_weight": 0.5, "poo
 #: from. Why: G must draw what such a mask says to look real, so the mask is the image's label; where
 #: the teachers' ensemble calls every pixel a nucleus (Table 4, seed 0) the student then still learns the
 #: nuclei. Chosen on the sites' validation splits at seed 0 over weights 0-1; over seeds 0-4 the average
-#: Dice rose from 64.78 to 74.87 (docs/methods/fediod/per-pixel.md, "The masks as the truth"). Not on the
+#: Dice rose from 64.78 to 74.86 (docs/methods/fediod/per-pixel.md, "The masks as the truth"). Not on the
 #: brain lesions: G draws a brain there whatever the small lesion mask says, and the truth hurt
 #: (Table 2, seed 0: 53.63 without, 51.60 at 0.25, 42.65 at 0.5).
 LEAN_MASK_SHAPED_IMAGES = {"truth_weight": 0.75}
