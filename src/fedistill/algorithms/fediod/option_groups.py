@@ -321,7 +321,8 @@ class PerPixelTaskOptions:
     truth_weight: float = 0.0
     """What the server knows of G's images, weighed against the teachers' ensemble in the student's loss;
     default 0, the paper's (the ensemble alone); the lean preset, the default on the per-pixel tasks, sets
-    it on reconstruction (0.5, with 16 replay steps: options.LEAN_IMAGE_OUTPUTS). Reconstruction: G draws
+    it on reconstruction (0.5, with 16 replay steps: options.LEAN_IMAGE_OUTPUTS) and on nuclei (0.75:
+    options.LEAN_MASK_SHAPED_IMAGES), not on the brain lesions, where it hurt. Reconstruction: G draws
     the fully sampled image and the sites see its undersampled version, so the server holds the exact
     answer to every synthetic input, the correction that turns the zero-filled image back into G's image,
     and mixes it into the target, (1 - w) ensemble + w truth. Segmentation: G draws each image from a

@@ -271,9 +271,10 @@ def preset_fills_any_task(preset: str) -> dict[str, object]:
     """What `preset` may fill before the task is known: `"auto"` fills the stable preset's keys on
     classification and the lean one's on per-pixel tasks, so either counts until `resolve_options` checks
     the one that applies."""
+    lean_extras = {**LEAN_IMAGE_OUTPUTS, **LEAN_MASK_SHAPED_IMAGES}
     if preset == "auto":
-        return {**PRESET_CHANGES["stable"], **PRESET_CHANGES["lean"], **LEAN_IMAGE_OUTPUTS}
-    return {**PRESET_CHANGES[preset], **(LEAN_IMAGE_OUTPUTS if preset == "lean" else {})}
+        return {**PRESET_CHANGES["stable"], **PRESET_CHANGES["lean"], **lean_extras}
+    return {**PRESET_CHANGES[preset], **(lean_extras if preset == "lean" else {})}
 
 
 def preset_changes(
