@@ -158,10 +158,10 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     two_class = resolved_for({"tau": 2.0}, per_pixel=True, two_classes=True)
     assert two_class == dataclasses.replace(pixels, pixel_logits="margin")
     # image outputs (reconstruction): the teachers' plain mean instead of Eq. 8, unless a user names one, half
-    # of each target the image G drew, and 16 replay steps
+    # of each target the image G drew, 16 replay steps and a student lr of 2e-3
     images = resolved_for({"tau": 2.0}, per_pixel=True, images=True)
     assert images == dataclasses.replace(
-        pixels, ensemble_weighting="uniform", truth_weight=0.5, pool_steps=16
+        pixels, ensemble_weighting="uniform", truth_weight=0.5, pool_steps=16, lr_student=2e-3
     )
     assert resolved_for({"truth_weight": 0.0}, per_pixel=True, images=True).truth_weight == 0.0
     assert pixels.ensemble_weighting == "eq8"
