@@ -241,9 +241,9 @@ LEAN = {
 #: student's learning rate doubled. Why: the server knows the true answer for G's images (`truth_weight`),
 #: and replaying costs no message. On Table 9 (brain-t1-sites, seeds 0-2) the student rose from SSIM 0.5559
 #: to 0.6405 on average with the truth and the replay steps, chosen at seed 0 by the sites' validation
-#: slices over truth weights 0-1 and 2-24 replay steps; it was still improving at its last epoch on every
-#: seed, and a student lr of 2e-3 (validation at seed 0: 0.7022 against 0.6989 at 1e-3, 0.7023 at 3e-3, a
-#: tie kept at the smaller step) raised it to 0.6531 (FedAvg: 0.6665)
+#: slices over truth weights 0-1 and 2-24 replay steps; it was selected at epochs 20, 19 and 20 of 20,
+#: still improving, and a student lr of 2e-3 (validation at seed 0: 0.7022 against 0.6989 at 1e-3,
+#: 0.7023 at 3e-3, a tie kept at the smaller step) raised it to 0.6531 (FedAvg: 0.6665)
 #: (docs/methods/fediod/per-pixel.md, benchmarks/results/sweeps/reconstruction_table9_fediod-*.md).
 LEAN_IMAGE_OUTPUTS = {
     "ensemble_weighting": "uniform",
