@@ -15,9 +15,9 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-from scipy import ndimage
 
 from fedistill.data.base import DatasetInfo
+from fedistill.metrics.instances import instances_from_semantic
 
 
 class Condition(ABC):
@@ -97,7 +97,9 @@ class NucleiForeground(Foreground):
     def target_of(self, masks: torch.Tensor) -> torch.Tensor:
         """An instance map: each 4-connected nucleus of the foreground one instance (nuclei that touch in
         the mask become one, the mask keeps no line between them)."""
-        maps = [ndimage.label(m)[0] for m in (masks > 0).cpu().numpy()]
+        maps = [
+            instances_from_semantic(m, method="components", connectivity=1) for m in (masks > 0).cpu().numpy()
+        ]
         return torch.from_numpy(np.stack(maps).astype(np.int64)).to(masks.device) if maps else masks.long()
 
     def prior(
