@@ -80,6 +80,11 @@ def test_every_method_gets_the_same_model_and_local_epochs(tables):
             logits = (fediod.pixel_logits, margin.pixel_logits, sampled.pixel_logits)
             assert logits == ("all", "margin", "margin")
             assert (fediod.sites_per_step, margin.sites_per_step, sampled.sites_per_step) == (0, 0, 3)
+        # the default row leaves the preset and the S-steps to the library: only the paper's row sets them
+        paper_only = {"fediod.preset='paper'", f"fediod.student_steps={args.student_steps}"}
+        assert set(specs["fediod"].sets) - set(specs["fediod-default"].sets) == paper_only
+        assert set(specs["fediod-default"].sets) < set(specs["fediod"].sets)
+        assert built["fediod-default"][1].preset == "auto"
         assert len({s.name for s in specs.values()}) == len(specs)  # one run folder per method
 
 
@@ -157,6 +162,41 @@ def test_table2_labels_every_measured_number_and_keeps_the_papers_apart(tables, 
     assert record["data"] == "semi-synthetic" and "not comparable" in record["paper_note"]
     assert record["command"].startswith("python benchmarks/segmentation_tables.py --tables 2")
     assert record["rows"]["fediod"]["sites"][0]["dice"] == 0.7
+
+
+def test_merge_adds_rows_to_a_record_of_the_same_settings_only(tables, tmp_path):
+    from fedistill.errors import ConfigError
+
+    metrics = {"dice": 0.7, "sensitivity": 0.8, "specificity": 0.99, "hd95": 5.0}
+    metrics |= {f"real_{m}_patient{p}": 0.1 for m in ("dice", "hd95") for p in (1, 2)}
+    first = tables.parse(["--tables", "2", "--methods", "fedavg,fediod", "--results", str(tmp_path)])
+    (table,) = tables.tables(first)
+    tables.write(table, {m: _fake_row(m, 1, metrics) for m in table.methods}, first)
+
+    added = tables.parse(
+        ["--tables", "2", "--methods", "fediod-default", "--merge", "--results", str(tmp_path)]
+    )
+    (table,) = tables.tables(added)
+    text = tables.write(table, {"fediod-default": _fake_row("fediod-default", 1, metrics)}, added, merge=True)
+    record = json.loads((tmp_path / "segmentation_table2.json").read_text())
+    assert list(record["rows"]) == ["fedavg", "fediod", "fediod-default"]  # in the table's order
+    assert record["settings"]["methods"] == list(record["rows"])
+    assert [c.split("--methods ")[1].split()[0] for c in record["commands"]] == [
+        "fedavg,fediod",
+        "fediod-default",
+    ]
+    assert (
+        "Commands: `python benchmarks/segmentation_tables.py --tables 2 --methods fedavg,fediod`; then"
+        in (text.read_text())
+    )
+    assert "| FedIOD, default settings (semi-synthetic) | 70.00 |" in text.read_text()
+
+    other = tables.parse(["--tables", "2", "--methods", "fediod-default", "--merge", "--t2-iters", "5",
+                          "--results", str(tmp_path)])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"other settings \(iters\).*run the whole table"):
+        tables.write(tables.tables(other)[0], {}, other, merge=True)
+    with pytest.raises(ConfigError, match="no record"):
+        segmentation_report.earlier_record(table, tables.parse(["--results", str(tmp_path / "none")]))
 
 
 def test_table4_rows_per_test_site_and_table8_per_trained_site(tables, tmp_path):

@@ -60,6 +60,7 @@ METHODS = (
     "fedavg",
     "asyndgan",
     "fediod",
+    "fediod-default",
     "fediod-prior",
     "fediod-margin",
     "fediod-sampled",
@@ -80,6 +81,7 @@ LABELS = {
     "fedavg": "FedAvg",
     "asyndgan": "AsynDGAN",
     "fediod": "FedIOD",
+    "fediod-default": "FedIOD, default settings",
     "fediod-prior": "FedIOD, prior masks",
     "fediod-margin": "FedIOD, one logit per pixel",
     "fediod-sampled": "FedIOD, one logit per pixel, a sample of sites per G-step",
@@ -169,6 +171,12 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--t4-distill-epochs", type=int, default=10)
     parser.add_argument("--t4-iters", type=int, default=20)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="for every run")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="add the rows run now to the table's record "
+        "under --results, keeping its other rows (the record must have the same settings)",
+    )
     args = parser.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
     unknown = set(args.methods.split(",")) - set(METHODS)
@@ -220,10 +228,13 @@ def plan(table: Table, args: argparse.Namespace, train_samples: int) -> list[Run
     gan = [f"generator_width={args.g_width}", f"generator_blocks={args.g_blocks}",
            f"discriminator_width={args.d_width}", f"discriminator_layers={args.d_layers}",
            f"synthetic_batch_size={args.synthetic_batch}", f"iters_per_epoch={table.iters}"]  # fmt: skip
-    # the paper's exchanges (fresh S-step samples every site labels), as the recorded tables were run;
-    # `fediod-lean` sends what FedIOD's default (lean) preset sends, with its own pool and replay steps
-    fediod = [*(f"fediod.{s}" for s in gan), f"fediod.teacher_epochs={table.epochs}", "fediod.preset='paper'",
-              f"fediod.student_steps={args.student_steps}", f"fediod.lr_student={args.lr}"]  # fmt: skip
+    # `fediod`: the paper's exchanges (fresh S-step samples every site labels), as the tables were first run;
+    # `fediod-default`: the library's default on these tasks (the lean preset: S learns from G's own
+    # batches, and, where the mask lays out the image, from the mask too); `fediod-lean` sends what the lean
+    # preset sends, with its own pool and replay steps
+    distil = [*(f"fediod.{s}" for s in gan), f"fediod.teacher_epochs={table.epochs}",
+              f"fediod.lr_student={args.lr}"]  # fmt: skip
+    fediod = [*distil, "fediod.preset='paper'", f"fediod.student_steps={args.student_steps}"]
     # AsynDGAN's S trains at the server on G's pairs: as many epochs' worth as a site's model gets
     segmenter_steps = math.ceil(table.epochs / table.distill_epochs * train_samples / args.batch_size)
     asyndgan = [*(f"asyndgan.{s}" for s in gan), f"asyndgan.segmenter_steps={segmenter_steps}"]
@@ -240,6 +251,7 @@ def plan(table: Table, args: argparse.Namespace, train_samples: int) -> list[Run
         "fedavg": ("fedavg", table.rounds, local, ()),
         "asyndgan": ("asyndgan", table.distill_epochs, base, asyndgan),
         "fediod": ("fediod", table.distill_epochs, base, fediod),
+        "fediod-default": ("fediod", table.distill_epochs, base, distil),
         "fediod-prior": ("fediod", table.distill_epochs, base, (*fediod, "fediod.mask_source='prior'")),
         "fediod-margin": ("fediod", table.distill_epochs, base, (*fediod, margin)),
         "fediod-sampled": ("fediod", table.distill_epochs, base, (*fediod, margin, sampled)),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import shlex
 from collections.abc import Sequence
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from fedistill.data.registry import load_dataset
+from fedistill.errors import ConfigError
 from fedistill.reproduce.segmentation_plan import LABELS, METHODS, SEMI, SENDING_LESS, Table
 from fedistill.reproduce.tables import write_table
 
@@ -67,6 +69,16 @@ def fmt(values: Sequence[float], scale: float = 100.0) -> str:
 MACHINE_PATHS = ("--out", "--results", "--data-dir")
 
 
+def commands_line(commands: Sequence[str]) -> str:
+    if len(commands) == 1:
+        return f"Command: `{commands[0]}`"
+    later = "; then ".join(f"`{c}`" for c in commands[1:])
+    return f"Commands: `{commands[0]}`; then, adding or replacing the rows it ran ({MERGE_FLAG}), {later}"
+
+
+MERGE_FLAG = "--merge"
+
+
 def command(args: argparse.Namespace) -> str:
     """The command as run, less the folders it read from and wrote to (they are the machine's)."""
     kept, skip = [], False
@@ -93,11 +105,13 @@ def settings_line(table: Table, args: argparse.Namespace) -> str:
             f"per run, one run at a time")  # fmt: skip
 
 
-def table2_lines(rows: dict[str, dict[str, Any]], table: Table, args: argparse.Namespace) -> list[str]:
+def table2_lines(
+    rows: dict[str, dict[str, Any]], table: Table, args: argparse.Namespace, commands: Sequence[str]
+) -> list[str]:
     lines = [
         f"# Table 2-style: brain-lesion segmentation, {SEMI} (brats-synthetic-lesions), K = {table.clients}",
         "",
-        f"Command: `{command(args)}`",
+        commands_line(commands),
         "",
         f"Settings: {settings_line(table, args)}.",
         "",
@@ -149,7 +163,7 @@ def table2_lines(rows: dict[str, dict[str, Any]], table: Table, args: argparse.N
         ]
     if "fediod" in rows and "fediod-prior" in rows:
         lines += ["", *mask_source_lines(rows["fediod"], rows["fediod-prior"])]
-    if "fediod" in rows and "fedavg" in rows and set(rows) & set(SENDING_LESS):
+    if "fediod" in rows and "fedavg" in rows and set(rows) & {*SENDING_LESS, "fediod-default"}:
         lines += ["", *sending_less_lines(rows, args)]
     lines += ["", *paper2_lines()]
     return lines
@@ -204,7 +218,9 @@ def sending_less_lines(rows: dict[str, dict[str, Any]], args: argparse.Namespace
     """FedIOD's sites' bytes against FedAvg's, and the Dice each way of sending less keeps."""
     fedavg = rows["fedavg"]
     what = {
-        "fediod": "every site, every class's logits (the default)",
+        "fediod": "every site, every class's logits, fresh S-step samples (the paper's exchanges)",
+        "fediod-default": "every site, one logit per pixel, G's batches only (the default settings: the "
+        "lean preset)",
         "fediod-margin": 'every site, one logit per pixel (`pixel_logits = "margin"`)',
         "fediod-sampled": f"{args.sampled_sites} sites per G-step (`sites_per_step`), one logit per pixel",
         "fediod-lean": f"every site, one logit per pixel, G's batches only ({args.lean_iters} G-steps per "
@@ -262,13 +278,17 @@ def instance_row(label: str, test: str, values: Sequence[float]) -> str:
 
 
 def table4_lines(
-    rows: dict[str, dict[str, Any]], table: Table, args: argparse.Namespace, sites: Sequence[str]
+    rows: dict[str, dict[str, Any]],
+    table: Table,
+    args: argparse.Namespace,
+    sites: Sequence[str],
+    commands: Sequence[str],
 ) -> list[str]:
     header = ["| method | test site | Dice % | Obj-Dice % | AJI % | HD95 px |", "|---|---|---|---|---|---|"]
     lines = [
         f"# Table 4-style: cross-site nuclei instance segmentation, {SEMI} (nuclei-synthetic-sites)",
         "",
-        f"Command: `{command(args)}`",
+        commands_line(commands),
         "",
         f"Settings: {settings_line(table, args)}.",
         "",
@@ -279,7 +299,7 @@ def table4_lines(
         "",
         *header,
     ]
-    for method in ("centralized", "fedavg", "asyndgan", "fediod"):
+    for method in ("centralized", "fedavg", "asyndgan", "fediod", "fediod-default"):
         if method not in rows:
             continue
         metrics = rows[method]["sites"][0]
@@ -329,27 +349,56 @@ def paper_instance_row(label: str, test: str, v: Sequence[float]) -> str:
     return f"| {label} | {test} | {v[0]:.2f} | {v[1]:.2f} | {v[2]:.2f} | {v[3]:.2f} |"
 
 
-def write(table: Table, rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> Path:
+def settings(table: Table, args: argparse.Namespace) -> dict[str, Any]:
+    """What a record was made with: the table's data and budgets, the models and training every row shares."""
+    keys = ("width", "depth", "lr", "batch_size", "g_width", "g_blocks", "d_width", "d_layers", "seed",
+            "synthetic_batch", "student_steps", "threads")  # fmt: skip
+    return {**vars(table), **{k: getattr(args, k) for k in keys}}
+
+
+def earlier_record(table: Table, args: argparse.Namespace) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The rows and commands of the table's record under --results, for `--merge`: refused when the record
+    was made with other settings, since its rows and the new ones would then not compare."""
+    path = Path(args.results) / f"segmentation_table{table.number}.json"
+    if not path.is_file():
+        raise ConfigError(f"{MERGE_FLAG}: no record {path} to add rows to; run the whole table first")
+    record = json.loads(path.read_text(encoding="utf-8"))
+    ours = json.loads(json.dumps(settings(table, args)))  # as the record stores them (tuples as lists)
+    shared = (k for k in ours if k not in ("methods", "threads"))
+    differ = sorted(k for k in shared if record["settings"].get(k) != ours[k])
+    if differ:
+        raise ConfigError(
+            f"{MERGE_FLAG}: {path} was made with other settings ({', '.join(differ)}), so its rows would not "
+            "compare with these; run the whole table"
+        )
+    return record["rows"], list(record.get("commands", [record["command"]]))
+
+
+def write(
+    table: Table, rows: dict[str, dict[str, Any]], args: argparse.Namespace, merge: bool = False
+) -> Path:
     """segmentation_table<N>.{md,json} under --results (the JSON holds every site's metrics and runs); the
-    Markdown's path."""
+    Markdown's path. With `merge`, the record's other rows stay (`earlier_record`)."""
+    commands = [command(args)]
+    if merge:
+        earlier, before = earlier_record(table, args)
+        merged = earlier | rows
+        rows = {m: merged[m] for m in METHODS if m in merged}
+        commands = [*before, *commands]
     if table.number == 2:
-        lines = table2_lines(rows, table, args)
+        lines = table2_lines(rows, table, args, commands)
         paper: dict[str, Any] = {"table2": PAPER_TABLE2}
     else:
         data = load_dataset(table.dataset, args.data_dir, **table.dataset_options)
-        lines = table4_lines(rows, table, args, data.group_names)
+        lines = table4_lines(rows, table, args, data.group_names, commands)
         paper = {"table4": PAPER_TABLE4, "table8": PAPER_TABLE8, "sites": PAPER_SITES}
     mismatched = [m for m, r in rows.items() if not r["matches_run_summary"]]
     if mismatched:
         lines += ["", f"Warning: the saved models of {', '.join(mismatched)} score differently from their "
                   "runs' own final test Dice."]  # fmt: skip
-    record = {"command": command(args), "data": SEMI, "dataset": table.dataset, "table": table.number,
-              "settings": {**vars(table), "width": args.width, "depth": args.depth, "lr": args.lr,
-                           "batch_size": args.batch_size, "g_width": args.g_width, "g_blocks": args.g_blocks,
-                           "d_width": args.d_width, "d_layers": args.d_layers, "seed": args.seed,
-                           "synthetic_batch": args.synthetic_batch, "student_steps": args.student_steps,
-                           "threads": args.threads},
-              "rows": rows, "paper": paper,
+    made_with = settings(table, args) | {"methods": list(rows)}
+    record = {"command": commands[-1], "commands": commands, "data": SEMI, "dataset": table.dataset,
+              "table": table.number, "settings": made_with, "rows": rows, "paper": paper,
               "paper_note":
                   "real data, the paper's models and budgets: for orientation, not comparable"}  # fmt: skip
     return write_table(args.results, f"segmentation_table{table.number}", lines, record)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from fedistill.reproduce.segmentation_plan import execute, parse, plan, tables, training_samples
-from fedistill.reproduce.segmentation_report import write
+from fedistill.reproduce.segmentation_report import earlier_record, write
 from fedistill.reproduce.segmentation_scores import row
 
 
@@ -18,9 +18,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     torch.set_num_threads(args.threads)
     for table in tables(args):
+        if args.merge:  # refused before any run when the record does not compare
+            earlier_record(table, args)
         specs = plan(table, args, training_samples(table, args))
         runs = {spec.method: execute(table, spec, args) for spec in specs}
         rows = {method: row(method, run, args, table.number) for method, run in runs.items()}
-        path = write(table, rows, args)
+        path = write(table, rows, args, merge=args.merge)
         print(path.read_text(encoding="utf-8"))
     return 0
