@@ -172,6 +172,10 @@ def test_merge_adds_rows_to_a_record_of_the_same_settings_only(tables, tmp_path)
     first = tables.parse(["--tables", "2", "--methods", "fedavg,fediod", "--results", str(tmp_path)])
     (table,) = tables.tables(first)
     tables.write(table, {m: _fake_row(m, 1, metrics) for m in table.methods}, first)
+    path = tmp_path / "segmentation_table2.json"  # a record of the older form: one command, a folder in it
+    old = json.loads(path.read_text())
+    old["command"] += " --out /machine/runs"
+    path.write_text(json.dumps({k: v for k, v in old.items() if k != "commands"}))
 
     added = tables.parse(
         ["--tables", "2", "--methods", "fediod-default", "--merge", "--results", str(tmp_path)]

@@ -81,15 +81,19 @@ MERGE_FLAG = "--merge"
 
 def command(args: argparse.Namespace) -> str:
     """The command as run, less the folders it read from and wrote to (they are the machine's)."""
+    return " ".join(["python benchmarks/segmentation_tables.py", *map(shlex.quote, _no_folders(args.argv))])
+
+
+def _no_folders(argv: Sequence[str]) -> list[str]:
     kept, skip = [], False
-    for item in args.argv:
+    for item in argv:
         if skip:
             skip = False
         elif item in MACHINE_PATHS:
             skip = True
         elif not item.startswith(tuple(f"{flag}=" for flag in MACHINE_PATHS)):
             kept.append(item)
-    return " ".join(["python benchmarks/segmentation_tables.py", *map(shlex.quote, kept)])
+    return kept
 
 
 def settings_line(table: Table, args: argparse.Namespace) -> str:
@@ -371,7 +375,11 @@ def earlier_record(table: Table, args: argparse.Namespace) -> tuple[dict[str, di
             f"{MERGE_FLAG}: {path} was made with other settings ({', '.join(differ)}), so its rows would not "
             "compare with these; run the whole table"
         )
-    return record["rows"], list(record.get("commands", [record["command"]]))
+    before = [
+        " ".join(map(shlex.quote, _no_folders(shlex.split(c))))
+        for c in record.get("commands", [record["command"]])
+    ]
+    return record["rows"], before
 
 
 def write(
