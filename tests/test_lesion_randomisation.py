@@ -84,13 +84,20 @@ def test_corruption_keeps_geometry_and_range():
     host = _host()
     stack = np.ascontiguousarray(host.volume.transpose(2, 0, 1))
     brain = host.brain.transpose(2, 0, 1)
-    heads = 0
-    for seed in range(6):
-        out = rnd.corrupt(stack, brain, VOXEL_MM, np.random.default_rng(seed))
+    surrounds = set()
+    for seed in range(12):
+        out, shown = rnd.corrupt(stack, brain, VOXEL_MM, np.random.default_rng(seed))
         assert out.shape == stack.shape and out.dtype == np.float32
-        assert out.min() >= 0.0 and out.max() <= 1.0
-        heads += bool((out[~brain] > 0).any())  # a synthetic head around the brain, or none
-    assert 0 < heads < 6
+        assert out.min() >= 0.0 and out.max() <= 1.0 and not out[~shown].any()
+        if np.array_equal(shown, brain):
+            surrounds.add("none")
+        elif shown[brain].all():  # a whole head around the brain
+            assert (shown & ~brain).any()
+            surrounds.add("kept")
+        else:  # the head cut STRIP_MM inside its outline: mostly brain, some of it cut
+            assert (shown & brain).sum() > 0.5 * shown.sum()
+            surrounds.add("extracted")
+    assert surrounds == set(rnd.HEADS)
 
 
 def test_plain_synthesis_is_untouched_by_the_option():
@@ -157,6 +164,6 @@ def test_the_real_lesions_visibility_is_measured_on_what_the_models_see():
     first = [s for s in slices if s["patient"] == 1]
     second = [s for s in slices if s["patient"] == 2]
     assert first and second
-    assert all(s["contrast"] > 0.05 for s in first)
+    assert all(s["contrast"] > 0.14 for s in first)  # on the brain's own scale (skull stripped)
     assert max(s["pixels"] for s in second) < 10 < min(s["pixels"] for s in first)
-    assert all(abs(s["contrast"]) < 0.08 for s in second)
+    assert all(abs(s["contrast"]) < 0.12 for s in second)

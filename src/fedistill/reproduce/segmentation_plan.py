@@ -170,6 +170,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--t4-rounds", type=int, default=30)
     parser.add_argument("--t4-distill-epochs", type=int, default=10)
     parser.add_argument("--t4-iters", type=int, default=20)
+    parser.add_argument("--real-skull", default="stripped", choices=("stripped", "on"),
+                        help="the real patients' scans as scored: brain-extracted (as the training brains "
+                        "are), or the whole head")  # fmt: skip
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="for every run")
     parser.add_argument(
         "--merge",

@@ -41,6 +41,7 @@ from scipy import ndimage
 from fedistill.data.base import LoadedDataset
 from fedistill.data.medical import lesion_randomisation as randomisation
 from fedistill.data.medical import options as opt
+from fedistill.data.medical.brain_extraction import STRIP_MM, extract_brain
 from fedistill.data.medical.lesions import draw_look, paint_lesion
 from fedistill.data.medical.slice_sets import SubjectSlices, slice_dataset, subject_slices
 from fedistill.data.medical.volumes import (
@@ -60,6 +61,7 @@ NILEARN_MNI152 = "datasets/data/mni_icbm152_t1_tal_nlin_sym_09a_converted.nii.gz
 HOST_PEAK = 0.75  # the host brain's 99.5th percentile; lesions are brighter (see load_host)
 _TRAIN, _TEST = 0, 1  # seed stream of each split, so the test subjects do not move when train_subjects does
 SYNTHESES = ("plain", "randomised")  # option `synthesis`: randomised = lesion_randomisation, training only
+SKULLS = ("stripped", "on")  # the real patients' scans: brain extraction first (brain_extraction), or not
 _CHOICE = 2  # seed stream of "is this training subject randomised", apart from the subject's own
 
 
@@ -90,8 +92,7 @@ def load_host(path: str, name: str, image_size: int) -> Host:
     """
     volume, (zx, zy, zz) = read_volume(Path(path))
     brain = volume > 0
-    lo, hi = np.percentile(volume[brain], [0.5, 99.5])
-    scaled = np.clip((volume - lo) / max(float(hi - lo), 1e-8), 0.0, 1.0) * (HOST_PEAK * brain)
+    scaled = host_scale(volume, brain)
     voxel_mm = FIELD_OF_VIEW_MM / image_size
     shape = tuple(max(1, round(n * z / voxel_mm)) for n, z in zip(volume.shape, (zx, zy, zz), strict=True))
     small_brain = _resample(brain.astype(np.float32), shape)
@@ -103,6 +104,14 @@ def load_host(path: str, name: str, image_size: int) -> Host:
     out = np.clip(to_field_of_view(small.transpose(2, 0, 1), fov).transpose(1, 2, 0), 0.0, 1.0) * out_brain
     depth = ndimage.distance_transform_edt(out_brain)
     return Host(name, np.ascontiguousarray(out, dtype=np.float32), out_brain, depth, voxel_mm)
+
+
+def host_scale(volume: np.ndarray, brain: np.ndarray) -> np.ndarray:
+    """The hosts' intensity scale: the brain's 0.5th-99.5th percentiles span 0..HOST_PEAK, 0 outside it."""
+    lo, hi = np.percentile(volume[brain], [0.5, 99.5])
+    return (np.clip((volume - lo) / max(float(hi - lo), 1e-8), 0.0, 1.0) * (HOST_PEAK * brain)).astype(
+        np.float32
+    )
 
 
 def _augment(
@@ -160,8 +169,9 @@ def synthetic_subject(
     image, lesion, brain = _augment(
         axial_slices(painted), axial_slices(lesion), axial_slices(host.brain), host.voxel_mm, rng
     )
-    if randomised:
-        image = randomisation.corrupt(image, brain, host.voxel_mm, rng)
+    if randomised:  # the label keeps only what the image still shows
+        image, shown = randomisation.corrupt(image, brain, host.voxel_mm, rng)
+        lesion = lesion & shown
     slices = np.round(image * 255.0).astype(np.uint8)
     vox = host.voxel_mm
     return subject_slices(name, slices, lesion, brain, (vox, vox, vox), rule, image_size)
@@ -234,9 +244,13 @@ def randomised_share(dataset: str, synthesis: object, randomised_fraction: objec
     return share if opt.choice(dataset, "synthesis", synthesis, SYNTHESES) == "randomised" else 0.0
 
 
-def real_patients(folder: Path, image_size: int, rule: str, dataset: str) -> list[SubjectSlices]:
-    """The two patients' slices with their real lesion masks (their head, skull included, is the mask
-    the intensity scale and the "brain" slice rule use)."""
+def real_patients(
+    folder: Path, image_size: int, rule: str, dataset: str, skull: str = "stripped"
+) -> list[SubjectSlices]:
+    """The two patients' slices with their real lesion masks. `skull = "stripped"`: the brain alone
+    (`brain_extraction`), on the hosts' intensity scale, as the models trained; `"on"`: the whole head,
+    its 0.5th-99.5th percentiles spanning 0..255. That mask is also the one the "brain" slice rule uses."""
+    skull = opt.choice(dataset, "skull" if dataset == "brain-lesions-real" else "real_skull", skull, SKULLS)
     out = []
     for patient in PATIENTS:
         image_path, label_path = _require(
@@ -247,9 +261,17 @@ def real_patients(folder: Path, image_size: int, rule: str, dataset: str) -> lis
         if label.shape != volume.shape:
             raise DataError(f"{label_path} has shape {label.shape} but {image_path} has {volume.shape}")
         images, lesion = axial_slices(volume), axial_slices(label) > 0
-        head = images > 0
-        scaled = scale_to_uint8(images, head, "volume-percentile", str(image_path))
-        out.append(subject_slices(f"real-{patient}", scaled, lesion, head, (zy, zx, zz), rule, image_size))
+        if skull == "on":
+            inside = images > 0
+            scaled = scale_to_uint8(images, inside, "volume-percentile", str(image_path))
+        else:
+            inside = extract_brain(images, (zy, zx))
+            if not inside.any():
+                raise DataError(
+                    f"{image_path}: no brain found {STRIP_MM:g} mm inside the head; is it a head scan?"
+                )
+            scaled = np.round(host_scale(images, inside) * 255.0).astype(np.uint8)
+        out.append(subject_slices(f"real-{patient}", scaled, lesion, inside, (zy, zx, zz), rule, image_size))
     return out
 
 
@@ -264,6 +286,7 @@ def load_brats_synthetic(
     synthesis: str = "plain",
     randomised_fraction: float = 1.0,
     real_test: bool = False,
+    real_skull: str = "stripped",
 ) -> LoadedDataset:
     """Lesions painted into the Colin 27 and MNI152 brains, seeded per subject; with `real_test` the real
     patients are added to the test set; `synthesis = "randomised"` domain-randomises that share of the
@@ -273,6 +296,7 @@ def load_brats_synthetic(
         name, image_size, train_subjects, test_subjects, seed, slices
     )
     real_test = opt.flag(name, "real_test", real_test)
+    real_skull = opt.choice(name, "real_skull", real_skull, SKULLS)
     share = randomised_share(name, synthesis, randomised_fraction)
     colin, mni = _require(Path(folder), [COLIN27, MNI152], name)
     hosts = [load_host(str(colin), "colin27", image_size), load_host(str(mni), "mni152", image_size)]
@@ -280,7 +304,7 @@ def load_brats_synthetic(
     test = _subjects(hosts, _TEST, test_n, seed, rule, image_size)
     extra = None
     if real_test:
-        patients = real_patients(Path(folder), image_size, rule, name)
+        patients = real_patients(Path(folder), image_size, rule, name, real_skull)
         flags = [(s, 0) for s in test] + [(s, 1) for s in patients]
         extra = {"real": np.concatenate([np.full(len(s.images), f, np.int64) for s, f in flags])}
         test = [*test, *patients]
@@ -324,9 +348,12 @@ def load_mni152_synthetic(
     return slice_dataset(name, train, test, image_size)
 
 
-def load_real_lesions(folder: Path, *, image_size: int = 128, slices: str = "tumour") -> LoadedDataset:
-    """Test only: the training set is empty; evaluate a model trained elsewhere at the same image_size."""
+def load_real_lesions(
+    folder: Path, *, image_size: int = 128, slices: str = "tumour", skull: str = "stripped"
+) -> LoadedDataset:
+    """Test only: the training set is empty; evaluate a model trained elsewhere at the same image_size.
+    `skull`: "stripped" (the default: brain extraction, as the training brains are) or "on"."""
     name = "brain-lesions-real"
     image_size = opt.positive_int(name, "image_size", image_size, minimum=16)
     rule = opt.choice(name, "slices", slices, SLICE_RULES)
-    return slice_dataset(name, [], real_patients(Path(folder), image_size, rule, name), image_size)
+    return slice_dataset(name, [], real_patients(Path(folder), image_size, rule, name, skull), image_size)

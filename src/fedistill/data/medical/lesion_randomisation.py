@@ -11,12 +11,14 @@ gets, from its own seeded generator:
   or darker than the brain around them, with or without a bright or dark rim, each at least
   `MIN_CONTRAST` away from the brain's median level so the label stays visible;
 - after the host's usual mild change (flip, rotation, shift, gamma, noise: brain_synthetic): a smooth
-  multiplicative bias field, blur in-plane and across slices (thick slices), noise, and, for half of the
-  subjects, a synthetic head around the brain (CSF gap, skull, scalp of random thickness and intensity),
-  since the hosts are skull-stripped and the patients are not;
-- the intensity scale of the real patients: the head's 0.5th-99.5th percentiles span 0..1.
+  multiplicative bias field, blur in-plane and across slices (thick slices), noise, and, around the brain,
+  one of `HEADS`: nothing (skull-stripped, as the hosts are), a synthetic head (CSF gap, skull, scalp of
+  random thickness and intensity: the scan as taken), or that head cut by `brain_extraction` as the real
+  patients are before scoring (some skull left, some cortex cut);
+- an intensity scale like the patients': the shown region's 0.5th-99.5th percentiles span 0..1.
 
-The label is the union of the painted lesions' masks, moved with the image, so it stays aligned.
+The label is the union of the painted lesions' masks, moved with the image, so it stays aligned; where
+the extraction cut the image away the label goes too.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage
 
+from fedistill.data.medical.brain_extraction import STRIP_MM, inside_distance
 from fedistill.data.medical.lesions import LesionLook, paint_lesion
 
 RADIUS_MM = (4.0, 30.0)  # equivalent lesion radius, log-uniform: the real lesions are small, the plain big
@@ -34,7 +37,10 @@ BIAS_STD = (0.0, 0.3)  # std of the log bias field
 BLUR_MM = (0.0, 2.0)  # in-plane Gaussian blur sigma
 SLICE_BLUR_MM = (0.0, 4.0)  # across-slice blur sigma: the patients' slices are 6.5 mm thick
 NOISE_STD = (0.0, 0.06)
-SKULL_PROBABILITY = 0.5
+#: what surrounds the brain, with its share of the subjects: nothing (skull-stripped, as the hosts are), a
+#: synthetic head (the scan as taken), or a synthetic head then brain extraction (`brain_extraction`, as the
+#: real patients are scored), which leaves some skull and cuts some cortex
+HEADS = {"none": 0.25, "kept": 0.25, "extracted": 0.5}
 HEAD_MM = {"csf": (0.5, 4.0), "skull": (3.0, 8.0), "scalp": (3.0, 10.0)}  # layer thickness ranges
 
 
@@ -99,7 +105,7 @@ def _bias_field(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     return np.exp(fine).astype(np.float32)
 
 
-def _synthetic_head(
+def synthetic_head(
     image: np.ndarray, brain: np.ndarray, voxel_mm: float, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """The stack with layers of CSF, skull and scalp around the brain (thickness and intensity random),
@@ -123,20 +129,26 @@ def _synthetic_head(
     return out, brain | (outside_mm <= edge)
 
 
-def corrupt(image: np.ndarray, brain: np.ndarray, voxel_mm: float, rng: np.random.Generator) -> np.ndarray:
-    """The randomised acquisition of an axial stack (Z, H, W) in [0, 1]: a head around the brain for
-    SKULL_PROBABILITY of the subjects, bias field, blur (in-plane and across slices), noise, and the
-    patients' intensity scale (the head's 0.5th-99.5th percentiles span 0..1). Geometry is unchanged."""
+def corrupt(
+    image: np.ndarray, brain: np.ndarray, voxel_mm: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """The randomised acquisition of an axial stack (Z, H, W) in [0, 1], and the region it shows: what
+    surrounds the brain drawn from HEADS (nothing; a head; a head, then `brain_extraction`'s cut), bias
+    field, blur (in-plane and across slices), noise, and the patients' intensity scale (the region's
+    0.5th-99.5th percentiles span 0..1). Geometry is unchanged; outside the region the image is 0."""
     head = brain
-    if rng.random() < SKULL_PROBABILITY and brain.any():
-        image, head = _synthetic_head(image, brain, voxel_mm, rng)
+    surround = rng.choice(list(HEADS), p=list(HEADS.values())) if brain.any() else "none"
+    if surround != "none":
+        image, head = synthetic_head(image, brain, voxel_mm, rng)
     image = image * _bias_field(image.shape, rng)
     sigma_xy = rng.uniform(*BLUR_MM) / voxel_mm
     sigma_z = rng.uniform(*SLICE_BLUR_MM) / voxel_mm
     image = ndimage.gaussian_filter(image, sigma=(sigma_z, sigma_xy, sigma_xy))
     image = image + rng.standard_normal(image.shape).astype(np.float32) * rng.uniform(*NOISE_STD)
+    if surround == "extracted":  # what the real patients go through: the outline moved STRIP_MM inwards
+        head = inside_distance(head, (voxel_mm, voxel_mm)) > STRIP_MM
     image = image * head
     if head.any():
         lo, hi = np.percentile(image[head], [0.5, 99.5])
         image = (image - lo) / max(float(hi - lo), 1e-8) * head
-    return np.clip(image, 0.0, 1.0).astype(np.float32)
+    return np.clip(image, 0.0, 1.0).astype(np.float32), head

@@ -1,0 +1,84 @@
+"""Brain extraction for scans that keep the skull: the head found by intensity, the brain a set depth
+inside its outline, and the real patients scored either way."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import SHARED_DATA
+from fedistill.data.medical import brain_extraction as bx
+from fedistill.data.medical.brain_synthetic import HOST_PEAK, load_brats_synthetic, load_real_lesions
+from fedistill.errors import ConfigError
+
+PIXEL_MM = 1.0
+
+
+def _head(size: int = 160, brain_r: float = 50.0, layers=((2, 0.05), (6, 0.02), (6, 1.0))):
+    """One slice of a T1-like head: a grey brain disc, then CSF (dark), skull (dark), scalp (bright, like
+    fat), and a bright speck of noise outside; the true brain mask."""
+    yy, xx = np.mgrid[:size, :size] - size / 2
+    r = np.hypot(yy, xx)
+    image = np.where(r <= brain_r, 0.4, 0.0)
+    edge = brain_r
+    for thickness, level in layers:
+        image = np.where((r > edge) & (r <= edge + thickness), level, image)
+        edge += thickness
+    image[3:5, 3:5] = 1.0  # a speck outside the head
+    return image[None].astype(np.float32), (r <= brain_r)[None]
+
+
+def test_the_head_is_filled_through_its_dark_skull_and_keeps_no_speck():
+    image, brain = _head()
+    head = bx.head_mask(image)
+    assert head[brain].all()  # the dark CSF and skull between brain and scalp are inside the head
+    assert not head[0, 3:5, 3:5].any()
+    yy, xx = np.mgrid[:160, :160] - 80
+    assert not head[0][np.hypot(yy, xx) > 64.5].any()  # nothing beyond the scalp
+
+
+def test_the_brain_starts_strip_mm_inside_the_outline():
+    image, brain = _head()  # 14 mm of CSF, skull and scalp: the depth STRIP_MM expects on average
+    found = bx.extract_brain(image, (PIXEL_MM, PIXEL_MM))
+    dice = 2 * (found & brain).sum() / (found.sum() + brain.sum())
+    assert dice > 0.97
+    deeper = bx.extract_brain(image, (PIXEL_MM, PIXEL_MM), depth_mm=30.0)
+    assert deeper.sum() < found.sum() and not (deeper & ~found).any()
+    # the same head on 2 mm pixels: the depth is in millimetres, not pixels
+    coarse = bx.extract_brain(image[:, ::2, ::2], (2.0, 2.0))
+    assert abs(coarse.sum() * 4 - found.sum()) < 0.05 * found.sum()
+
+
+def test_the_chosen_depth_is_the_recorded_one():
+    import json
+    from pathlib import Path
+
+    record = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "brain_extraction.json"
+    assert json.loads(record.read_text())["chosen_mm"] == bx.STRIP_MM
+
+
+def _require_patients():
+    if not (SHARED_DATA / "brain-mri" / "lesion_brain1_image.nii.gz").is_file():
+        pytest.skip(f"the real lesion patients are not under {SHARED_DATA}")
+
+
+def test_the_real_patients_are_scored_brain_extracted_by_default():
+    _require_patients()
+    folder = SHARED_DATA / "brain-mri"
+    stripped = load_real_lesions(folder, image_size=64)
+    whole = load_real_lesions(folder, image_size=64, skull="on")
+    assert len(stripped.test.y) == len(whole.test.y) == 10  # the lesion slices, both ways
+    assert (stripped.test.y == whole.test.y).all()
+    x, on = stripped.test.x.float() / 255, whole.test.x.float() / 255
+    assert x.max() <= HOST_PEAK + 1e-6 < on.max()  # the training brains' scale
+    assert ((x > 0).sum() < 0.8 * (on > 0.05).sum()).item()  # the head around the brain is gone
+    with_real = load_brats_synthetic(folder, image_size=32, train_subjects=2, test_subjects=1, real_test=True)
+    assert with_real.test.x.shape[0] > 10
+
+
+def test_a_skull_option_must_be_stripped_or_on():
+    _require_patients()
+    with pytest.raises(ConfigError, match="skull must be one of stripped, on"):
+        load_real_lesions(SHARED_DATA / "brain-mri", image_size=64, skull="off")
+    with pytest.raises(ConfigError, match="real_skull must be one of stripped, on"):
+        load_brats_synthetic(SHARED_DATA / "brain-mri", image_size=32, train_subjects=2, real_skull="yes")
