@@ -7,10 +7,12 @@ and once per share of randomised training subjects (`synthesis = "randomised"`, 
 `fedistill.data.medical.lesion_randomisation`). The share is chosen per method on the semi-synthetic test
 subjects only (plain synthesis; the real patients never choose anything); every model is then scored
 (Dice, sensitivity, HD95) on the real patients of `brain-lesions-real` by
-`fedistill.reproduce.segmentation_scores`, like Table 2's real-patient columns.
+`fedistill.reproduce.segmentation_scores`, like Table 2's real-patient columns: after brain extraction by
+default (`--real-skull stripped`, as the training brains are skull-stripped), or the whole head (`on`).
+FedIOD runs at its default settings (`fediod-default`) unless `fediod` (the paper's exchanges) is asked.
 
-    python benchmarks/lesion_randomisation.py [--methods centralized,fedavg,fediod] [--fractions 0.5,1]
-        [--reuse]
+    python benchmarks/lesion_randomisation.py [--methods centralized,fedavg,fediod-default]
+        [--fractions 0.5,1] [--real-skull stripped|on] [--reuse]
 
 Writes benchmarks/results/lesion_randomisation.{md,json}; runs go to runs/lesion-randomisation/, one
 `fedistill run` process at a time at `--threads` torch threads.
@@ -30,17 +32,23 @@ from fedistill.reproduce.arguments import benchmark_parser
 from fedistill.reproduce.paths import CHECKOUT, RESULTS, RUNS
 from fedistill.reproduce.segmentation_plan import LABELS, Table, execute, plan, training_samples
 from fedistill.reproduce.segmentation_plan import parse as table_defaults
+from fedistill.reproduce.segmentation_report import REAL_SKULL
 from fedistill.reproduce.segmentation_scores import real_patients, saved_models, score
 
 DATASET = "brats-synthetic-lesions"
-METHODS = ("centralized", "fedavg", "fediod")
+METHODS = ("centralized", "fedavg", "fediod", "fediod-default")
+DEFAULT_METHODS = ("centralized", "fedavg", "fediod-default")  # FedIOD at its default settings
 REAL_KEYS = ("dice", "sensitivity", "hd95")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     """The comparison's settings; Table 2's budget unless told (`--help`)."""
     parser = benchmark_parser(__doc__)
-    parser.add_argument("--methods", default=",".join(METHODS), help="a subset of " + ", ".join(METHODS))
+    parser.add_argument(
+        "--methods", default=",".join(DEFAULT_METHODS), help="a subset of " + ", ".join(METHODS)
+    )
+    parser.add_argument("--real-skull", default="stripped", choices=("stripped", "on"),
+                        help="the real patients' scans as scored: brain-extracted, or the whole head")  # fmt: skip
     parser.add_argument("--fractions", default="0.5,1", help="shares of randomised training subjects")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(RUNS / "lesion-randomisation"))
@@ -130,7 +138,9 @@ def lesion_visibility(args: argparse.Namespace) -> list[dict[str, float]]:
 
     from fedistill.data.registry import load_dataset
 
-    real = load_dataset("brain-lesions-real", args.data_dir, image_size=args.image_size)
+    real = load_dataset(
+        "brain-lesions-real", args.data_dir, image_size=args.image_size, skull=args.real_skull
+    )
     images, masks = real.test.x.numpy()[:, 0] / 255.0, real.test.y.numpy() == 1
     out = []
     for image, mask, subject in zip(images, masks, real.test_meta["subject"], strict=True):
@@ -177,8 +187,8 @@ def report(
         f"{args.rounds} rounds); FedIOD {args.distill_epochs} distillation epochs x {args.iters} G-steps; "
         f"seed {args.seed}, {args.threads} torch thread(s). Semi-synthetic Dice: the plain semi-synthetic "
         "test subjects (the validation that chooses the randomised share, marked *). Real: the two patients "
-        "of brain-lesions-real (real contrast T1 lesions, skull on), mean over their lesion slices; never "
-        "used to choose anything.",
+        f"of brain-lesions-real (real contrast T1 lesions, {REAL_SKULL[args.real_skull]}), mean over their "
+        "lesion slices; never used to choose anything.",
         "",
         "| method | synthesis | semi-synthetic Dice % | real Dice % | real sens. % | real HD95 px | "
         "real Dice % patient 1 / 2 | real HD95 px patient 1 / 2 | real pixel AUC | real p(lesion): on "
@@ -235,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     results.mkdir(parents=True, exist_ok=True)
     visibility = lesion_visibility(args)
     payload = {"command": "python benchmarks/lesion_randomisation.py " + " ".join(args.argv), "commit": commit,
-               "dataset": DATASET, "real_dataset": "brain-lesions-real", "rows": rows,
+               "dataset": DATASET, "real_dataset": "brain-lesions-real", "real_skull": args.real_skull, "rows": rows,
                "real_lesion_visibility": visibility}  # fmt: skip
     text = report(rows, visibility, args, commit)
     (results / "lesion_randomisation.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")

@@ -159,7 +159,7 @@ def test_the_real_lesions_visibility_is_measured_on_what_the_models_see():
 
     if not (SHARED_DATA / "brain-mri" / "lesion_brain1_image.nii.gz").is_file():
         pytest.skip(f"the real lesion patients are not under {SHARED_DATA}")
-    args = argparse.Namespace(data_dir=str(SHARED_DATA), image_size=64)
+    args = argparse.Namespace(data_dir=str(SHARED_DATA), image_size=64, real_skull="stripped")
     slices = _benchmark().lesion_visibility(args)
     first = [s for s in slices if s["patient"] == 1]
     second = [s for s in slices if s["patient"] == 2]
