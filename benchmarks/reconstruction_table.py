@@ -3,7 +3,7 @@
 The runs, their budgets, the scoring and the table are `fedistill.reproduce.reconstruction_plan`,
 `reconstruction_scores` and `reconstruction_report` (`--help` describes them).
 
-    python benchmarks/reconstruction_table.py --image-size 64 --epochs 20 --fediod-epochs 20 --iters 10 \\
+    python benchmarks/reconstruction_table.py --image-size 64 --epochs 20 --fediod-epochs 30 --iters 10 \\
         --threads 1 --reuse
 
 Writes <results>/reconstruction_table9.{md,json} (default benchmarks/results/); runs go under --out
