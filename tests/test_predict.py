@@ -206,6 +206,39 @@ def test_segmentation_of_a_nifti_volume_keeps_its_grid_affine_and_header(tmp_pat
     assert other.shape == (30, 28, 5) and set(np.unique(other)) <= {0, 1}
 
 
+def _head_scan(size: int = 60) -> tuple[np.ndarray, np.ndarray]:
+    """A head at 4 mm voxels (X, Y, Z): a grey brain (radius 48 mm) with a bright lesion, dark CSF and
+    skull (8 mm), a scalp as bright as fat (8 mm); and the lesion mask."""
+    yy, xx = np.mgrid[:size, :size] - (size - 1) / 2
+    r = np.hypot(yy, xx)
+    image = np.where(r <= 12, 0.4, 0.0) + np.where((r > 14) & (r <= 16), 1.0, 0.0)
+    lesion = np.hypot(yy - 3, xx + 2) <= 3
+    image = np.where(lesion, 0.9, image) + 0.01
+    image[r > 16] = 0.0
+    return np.repeat(image[:, :, None], 3, axis=2), np.repeat(lesion[:, :, None], 3, axis=2)
+
+
+@pytest.mark.parametrize("dataset", ["brats", "brats-synthetic-lesions"])
+def test_skull_strip_segments_the_brain_of_a_head_scan_and_not_its_scalp(tmp_path, dataset):
+    """Without brain extraction the bright scalp is called lesion; with it only the lesion is, on the
+    run's own scale (the semi-synthetic hosts': the brain at 0..0.75, so a threshold between sees it)."""
+    info = dataclasses.replace(SEMANTIC, image_size=60, mean=(0.0,), std=(1.0,))
+    model = Standin(Threshold(), info, RunConfig(dataset=dataset))
+    data, lesion = _head_scan()
+    scalp = data > 0.95
+    (tmp_path / "in").mkdir()
+    _nifti(tmp_path / "in" / "head.nii.gz", data, np.diag([4.0, 4.0, 4.0, 1.0]))
+    predict_path(model, tmp_path / "in", tmp_path / "whole")
+    predict_path(model, tmp_path / "in", tmp_path / "brain", skull_strip=True)
+    whole = np.asarray(nib.load(str(tmp_path / "whole" / "head.nii.gz")).dataobj) == 1
+    brain = np.asarray(nib.load(str(tmp_path / "brain" / "head.nii.gz")).dataobj) == 1
+    assert whole[scalp].all()
+    assert not brain[scalp].any() and brain[lesion].all() and not brain[~lesion].any()
+    with pytest.raises(ConfigError, match="--skull-strip applies to NIfTI volumes"):
+        _write_png(tmp_path / "png" / "slice.png", np.zeros((8, 8), dtype=np.uint8))
+        predict_path(model, tmp_path / "png", tmp_path / "out", skull_strip=True)
+
+
 def _reconstruction(config: RunConfig | None = None, module: nn.Module | None = None) -> Standin:
     config = config or RunConfig(
         dataset="ixi", options={"task": {"acceleration": 2.0, "center_fraction": 0.2}}

@@ -65,13 +65,22 @@ def _accepted(model: Trained) -> dict[str, str]:
 
 
 def predict_path(
-    model: Trained, input_path: Path, output: Path, *, batch_size: int = 64, overwrite: bool = False
+    model: Trained,
+    input_path: Path,
+    output: Path,
+    *,
+    batch_size: int = 64,
+    overwrite: bool = False,
+    skull_strip: bool = False,
 ) -> Prediction:
-    """Predict every file at `input_path` (a file or a folder) with `model`, answers to `output`."""
+    """Predict every file at `input_path` (a file or a folder) with `model`, answers to `output`;
+    `skull_strip`: segmentation of NIfTI head scans, brain extraction first."""
     check_batch_size(batch_size)
     accepted = _accepted(model)
     files = find_inputs(input_path)
     check_kinds(files, accepted, f"the {model.task.name} model of {model.algorithm!r}")
+    if skull_strip and (model.task.outputs_images or not any(f.kind == "nifti" for f in files)):
+        raise ConfigError("--skull-strip applies to NIfTI volumes given to a segmentation model")
     if not model.task.per_pixel:
         named = output.suffix.lower() == ".csv" and not output.is_dir()
         csv_path = output if named else output / DEFAULT_CSV
@@ -82,11 +91,13 @@ def predict_path(
         raise ConfigError(f"--output {output} is a file; the answers go to a folder, so name a folder")
     answers = output_paths(files, output, ANSWER_SUFFIX)
     check_free(answers, overwrite, files)
-    _dense(model, files, answers, batch_size)
+    _dense(model, files, answers, batch_size, skull_strip)
     return Prediction(len(files), output)
 
 
-def _dense(model: Trained, files: list[InputFile], answers: list[Path], batch_size: int) -> None:
+def _dense(
+    model: Trained, files: list[InputFile], answers: list[Path], batch_size: int, skull_strip: bool
+) -> None:
     """Segmentation and reconstruction: one answer file per input."""
     images = [i for i, f in enumerate(files) if f.kind == "image"]
     if images:
@@ -95,7 +106,7 @@ def _dense(model: Trained, files: list[InputFile], answers: list[Path], batch_si
         if file.kind == "nifti" and model.task.outputs_images:
             reconstruct_volume(model, file.path, answer, batch_size)
         elif file.kind == "nifti":
-            segment_volume(model, file.path, answer, batch_size)
+            segment_volume(model, file.path, answer, batch_size, skull_strip)
         elif file.kind == "hdf5":
             reconstruct_hdf5(model, file.path, answer, batch_size)
 
@@ -128,6 +139,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu (default), auto, cuda, cuda:N or mps")
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64)")
     parser.add_argument("--overwrite", action="store_true", help="replace answers that already exist")
+    parser.add_argument(
+        "--skull-strip",
+        action="store_true",
+        help="NIfTI head scans to a segmentation model trained on skull-stripped brains: brain extraction "
+        "first (the head's outline moved 14 mm inwards)",
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -139,7 +156,12 @@ def run_command(args: argparse.Namespace) -> int:
         Path(args.run_dir), args.algorithm, name=args.name, device=args.device, data_dir=args.data_dir
     )
     result = predict_path(
-        model, Path(args.input), Path(args.output), batch_size=args.batch_size, overwrite=args.overwrite
+        model,
+        Path(args.input),
+        Path(args.output),
+        batch_size=args.batch_size,
+        overwrite=args.overwrite,
+        skull_strip=args.skull_strip,
     )
     print(result.summary(model))
     return 0

@@ -10,9 +10,11 @@ resized back to the image's size.
 
 A NIfTI volume goes through the BraTS loader's steps: axial slices of the canonical volume, intensities
 scaled per volume (the 0.5th-99.5th percentiles of its non-zero voxels, or each slice by its maximum when
-the run's BraTS data used `intensity = "slice-max"`), the slices placed on BraTS' 240 mm field of view
-and resized to `image_size`. Every slice is predicted, and the class map is taken back through the same
-steps to the volume's grid and voxel order.
+the run's BraTS data used `intensity = "slice-max"`; the semi-synthetic lesion sets' brains span 0..0.75
+as their hosts'), the slices placed on BraTS' 240 mm field of view and resized to `image_size`. The
+models learned skull-stripped brains: a scan that keeps the head is first brain-extracted when asked
+(`skull_strip`, `fedistill predict --skull-strip`). Every slice is predicted, and the class map is
+taken back through the same steps to the volume's grid and voxel order.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedistill.data.medical.brain_extraction import extract_brain
+from fedistill.data.medical.brain_synthetic import host_scale
 from fedistill.data.medical.patches import extract_patches, stitch
 from fedistill.data.medical.volumes import (
     axial_slices,
@@ -31,6 +35,7 @@ from fedistill.data.medical.volumes import (
     scale_to_uint8,
     to_field_of_view,
 )
+from fedistill.errors import DataError
 from fedistill.inference.forward import Trained, chunks, dataset_options, outputs
 from fedistill.inference.images import model_image, nearest_resize, read_image, to_channels, write_labels
 from fedistill.inference.inputs import InputFile
@@ -103,14 +108,37 @@ def from_axial(slices: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.rot90(slices.transpose(1, 2, 0), k=-1, axes=(0, 1)))
 
 
-def segment_volume(model: Trained, path: Path, answer: Path, batch_size: int) -> None:
-    """The class of every voxel of the NIfTI volume at `path`, written to `answer` (uint8)."""
+#: datasets whose brains sit on the semi-synthetic hosts' scale (`brain_synthetic.host_scale`)
+HOST_SCALED = ("brats-synthetic-lesions", "mni152-synthetic-lesions")
+
+
+def scan_to_uint8(
+    model: Trained, images: np.ndarray, spacing: tuple[float, float], source: str, skull_strip: bool
+) -> np.ndarray:
+    """Axial slices (Z, H, W) on the intensity scale of the run's training brains, 0 outside the brain:
+    the brain is the non-zero voxels (a skull-stripped scan, as BraTS's are), or with `skull_strip` what
+    `brain_extraction` finds in a scan that keeps the head. The semi-synthetic lesion sets scale it as
+    their hosts (`host_scale`); the others by the run's `intensity` rule."""
+    brain = extract_brain(images, spacing) if skull_strip else images > 0
+    if not brain.any():
+        found = "brain extraction found no brain in it" if skull_strip else "the volume has no brain voxels"
+        raise DataError(f"{source}: {found} (all zero?); check the file")
+    if model.config.dataset in HOST_SCALED:
+        return np.round(host_scale(images, brain) * 255.0).astype(np.uint8)
+    intensity = dataset_options(model).get("intensity", "volume-percentile")
+    return scale_to_uint8(images, brain, str(intensity), source) * brain.astype(np.uint8)
+
+
+def segment_volume(
+    model: Trained, path: Path, answer: Path, batch_size: int, skull_strip: bool = False
+) -> None:
+    """The class of every voxel of the NIfTI volume at `path`, written to `answer` (uint8); `skull_strip`:
+    brain extraction first, for a scan that keeps the head (`scan_to_uint8`)."""
     volume = read_nifti(path)
     zooms = volume.canonical_zooms
     images = axial_slices(volume.canonical)
-    intensity = dataset_options(model).get("intensity", "volume-percentile")
-    scaled = scale_to_uint8(images, images > 0, str(intensity), str(path))
     spacing = (zooms[1], zooms[0])  # rows run along y, columns along x
+    scaled = scan_to_uint8(model, images, spacing, str(path), skull_strip)
     on_view = to_field_of_view(scaled, spacing)
     small = resize_images(on_view, model.info.image_size)
     labels = outputs(model, torch.from_numpy(small)[:, None], batch_size).argmax(1).numpy()

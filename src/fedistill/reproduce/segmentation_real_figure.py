@@ -14,9 +14,10 @@ contour, that slice's Dice and how many pixels it called lesion. A method whose 
 model (Standalone keeps its models with the sites; Centralized runs older than its export too) is taken
 from the last checkpoint instead (Standalone: the site with the median semi-synthetic test Dice) and
 starred. The models were
-trained on semi-synthetic lesions; the patients are real contrast T1 with the skull on.
+trained on semi-synthetic, skull-stripped brains; the patients are real contrast T1 with the skull on, so
+predict extracts their brains first (`--skull-strip`, as the tables score them) unless `--whole-head`.
 
-    python benchmarks/segmentation_real_figure.py --runs RUNS_DIR [--out DIR] [--slices 2]
+    python benchmarks/segmentation_real_figure.py --runs RUNS_DIR [--out DIR] [--slices 2] [--whole-head]
 
 RUNS_DIR holds run folders (e.g. `<out>/reproduce/segmentation-table2-ci/runs` of
 `fedistill reproduce segmentation-table2 --scale ci --out <out>`); every finished method folder in them is
@@ -62,7 +63,7 @@ if TYPE_CHECKING:  # the inference layer is passed in by the caller (benchmarks/
     from fedistill.inference.forward import Trained
 
     Loader = Callable[[Path, str], Trained]  # fedistill.load_model
-    Segmenter = Callable[[Trained, Path, Path, int], None]  # fedistill.inference.segment.segment_volume
+    Segmenter = Callable[..., None]  # fedistill.inference.segment.segment_volume
 
 NAME = "segmentation_real_patients"
 #: Config keys that hold machine paths, recorded as placeholders.
@@ -113,11 +114,13 @@ def largest_lesion_slices(truth: np.ndarray, count: int) -> list[int]:
     return sorted(ranked[:count])
 
 
-def predicted_lesion(model: Trained, patient: Patient, folder: Path, segment: Segmenter) -> np.ndarray:
+def predicted_lesion(
+    model: Trained, patient: Patient, folder: Path, segment: Segmenter, skull_strip: bool
+) -> np.ndarray:
     """The model's lesion mask of the patient's volume, exactly as `fedistill predict` writes it, read
     back as axial slices (Z, H, W)."""
     answer = folder / f"{len(list(folder.iterdir()))}-{patient.image_path.name}"
-    segment(model, patient.image_path, answer, 64)
+    segment(model, patient.image_path, answer, 64, skull_strip=skull_strip)
     return axial_slices(read_volume(answer)[0]) > 0
 
 
@@ -161,6 +164,7 @@ def real_patients_figure(
     count: int = 2,
     command: str = "",
     runs_made_by: str = "",
+    skull_strip: bool = True,
 ) -> dict[str, Any]:
     """Load every method's model with `load` (`fedistill.load_model`), predict both patients with `segment`
     (`fedistill predict`'s `segment_volume`) and write `<out_dir>/segmentation_real_patients` .png and
@@ -168,8 +172,9 @@ def real_patients_figure(
     models, sources = load_models(runs, data_dir, load)
     fallback = [label for label, source in sources.items() if not source.startswith("fedistill.load_model")]
     record = draw_real_patients(
-        models, data_dir, out_dir, segment=segment, count=count, command=command, fallback=fallback
-    )
+        models, data_dir, out_dir, segment=segment, count=count, command=command, fallback=fallback,
+        skull_strip=skull_strip,
+    )  # fmt: skip
     record["runs"] = {label: run_record(*runs[label]) | {"model": sources[label]} for label in runs}
     if runs_made_by:
         record["runs_made_by"] = runs_made_by
@@ -186,12 +191,14 @@ def draw_real_patients(
     count: int = 2,
     command: str = "",
     fallback: Sequence[str] = (),
+    skull_strip: bool = True,
 ) -> dict[str, Any]:
-    """The figure of loaded models on the two patients (`<data_dir>/brain-mri`), and its JSON record."""
+    """The figure of loaded models on the two patients (`<data_dir>/brain-mri`), and its JSON record;
+    `skull_strip`: predict on the brain-extracted scans (`segment_volume`'s option)."""
     patients = [read_patient(Path(data_dir) / "brain-mri", name) for name in PATIENTS]
     with tempfile.TemporaryDirectory() as scratch:
         masks = {
-            label: [predicted_lesion(model, p, Path(scratch), segment) for p in patients]
+            label: [predicted_lesion(model, p, Path(scratch), segment, skull_strip) for p in patients]
             for label, model in models.items()
         }
     rows = [(k, p, z) for k, p in enumerate(patients) for z in largest_lesion_slices(p.truth, count)]
@@ -212,9 +219,10 @@ def draw_real_patients(
         )
     path = out_dir / f"{NAME}.png"
     out_dir.mkdir(parents=True, exist_ok=True)
-    _draw(models, patients, masks, rows, slices, path, fallback)
+    _draw(models, patients, masks, rows, slices, path, fallback, skull_strip)
     return {
         "command": command,
+        "skull_strip": skull_strip,
         "figure": f"{NAME}.png",
         "data": "brain-lesions-real (<data>/brain-mri/lesion_brain{1,2}_{image,label}.nii.gz)",
         "slice_choice": f"each patient's {count} axial slices with the largest true lesion area",
@@ -233,6 +241,7 @@ def _draw(
     slices: Sequence[dict[str, Any]],
     path: Path,
     fallback: Sequence[str],
+    skull_strip: bool,
 ) -> None:
     """Whole slices (cut to the head), so false positives anywhere in the slice show as well as misses."""
     columns = ["image", "true lesion", *(f"{m}*" if m in fallback else m for m in models)]
@@ -259,9 +268,14 @@ def _draw(
             for ax, title in zip(axes[r], columns, strict=True):
                 ax.set_title(title, fontsize=8)
     starred = "\n* no exported model: the run's last checkpoint (Standalone: median site)" if fallback else ""
+    how = (
+        "`fedistill predict --skull-strip` does (brain extraction first"
+        if skull_strip
+        else ("`fedistill predict` does (the whole head")
+    )
     fig.suptitle(
         "Real patients (contrast T1, skull on), models trained on semi-synthetic lesions: "
-        "true lesion (green), predicted (red)\nPredicted as `fedistill predict` does (at each "
+        f"true lesion (green), predicted (red)\nPredicted as {how}, at each "
         "model's image size, mapped back to 0.78 mm pixels); Dice in %; patient's right on the right"
         + starred,
         fontsize=8,
@@ -322,6 +336,7 @@ def main(argv: Sequence[str] | None, load: Loader, segment: Segmenter) -> int:
     parser.add_argument("--runs", required=True, help="the folder holding the segmentation run folders")
     parser.add_argument("--out", default=str(RESULTS), help="where the PNG and JSON go")
     parser.add_argument("--slices", type=int, default=2, help="slices per patient (largest true lesion)")
+    parser.add_argument("--whole-head", action="store_true", help="predict on the whole head, no extraction")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     runs = find_runs(Path(args.runs))
@@ -329,6 +344,7 @@ def main(argv: Sequence[str] | None, load: Loader, segment: Segmenter) -> int:
         print(f"no finished runs under {args.runs}", file=sys.stderr)
         return 1
     command = f"python benchmarks/segmentation_real_figure.py --runs <runs> --slices {args.slices}"
+    command += " --whole-head" if args.whole_head else ""
     made_by = reproduce_command(Path(args.runs))
     real_patients_figure(
         runs,
@@ -339,6 +355,7 @@ def main(argv: Sequence[str] | None, load: Loader, segment: Segmenter) -> int:
         count=args.slices,
         command=command,
         runs_made_by=made_by,
+        skull_strip=not args.whole_head,
     )
     return 0
 
