@@ -14,8 +14,8 @@ FedIOD runs at its default settings (`fediod-default`) unless `fediod` (the pape
     python benchmarks/lesion_randomisation.py [--methods centralized,fedavg,fediod-default]
         [--fractions 0.5,1] [--real-skull stripped|on] [--reuse]
 
-Writes benchmarks/results/lesion_randomisation.{md,json}; runs go to runs/lesion-randomisation/, one
-`fedistill run` process at a time at `--threads` torch threads.
+Writes benchmarks/results/lesion_randomisation.{md,json}; runs go to --out (default: lesion-randomisation/ in
+the benchmarks' runs folder), one `fedistill run` process at a time at `--threads` torch threads.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from PIL import Image
 from fedistill.algorithms.shared.training import evaluate_model, task_of
 from fedistill.config import RunConfig, read_config
 from fedistill.data.base import DatasetInfo
+from fedistill.data.medical.brain_extraction import extract_brain
 from fedistill.data.medical.brain_synthetic import PATIENTS
 from fedistill.data.medical.volumes import axial_slices, read_volume, scale_to_uint8
 from fedistill.data.registry import load_dataset
@@ -66,6 +67,7 @@ if TYPE_CHECKING:  # the inference layer is passed in by the caller (benchmarks/
     Segmenter = Callable[..., None]  # fedistill.inference.segment.segment_volume
 
 NAME = "segmentation_real_patients"
+EXTRACTED = "#ffd92f"  # the outline of what brain extraction keeps
 #: Config keys that hold machine paths, recorded as placeholders.
 PLACEHOLDERS = {"data_dir": "<data>", "out": "<runs>", "cache_dir": "<cache>"}
 
@@ -79,6 +81,7 @@ class Patient:
     image_path: Path
     images: np.ndarray
     truth: np.ndarray
+    brain: np.ndarray  # what `--skull-strip` keeps (brain_extraction)
 
 
 @dataclass
@@ -100,10 +103,11 @@ class SiteModel:
 def read_patient(folder: Path, name: str) -> Patient:
     """`<name>_image.nii.gz` and `<name>_label.nii.gz`, cut into axial slices as predict cuts them."""
     image_path, label_path = folder / f"{name}_image.nii.gz", folder / f"{name}_label.nii.gz"
-    raw = axial_slices(read_volume(image_path)[0])
+    volume, (zx, zy, _) = read_volume(image_path)
+    raw = axial_slices(volume)
     truth = axial_slices(read_volume(label_path)[0]) > 0
     images = scale_to_uint8(raw, raw > 0, "volume-percentile", str(image_path))
-    return Patient(name, image_path, images, truth)
+    return Patient(name, image_path, images, truth, extract_brain(raw, (zy, zx)))
 
 
 def largest_lesion_slices(truth: np.ndarray, count: int) -> list[int]:
@@ -244,13 +248,16 @@ def _draw(
     skull_strip: bool,
 ) -> None:
     """Whole slices (cut to the head), so false positives anywhere in the slice show as well as misses."""
-    columns = ["image", "true lesion", *(f"{m}*" if m in fallback else m for m in models)]
+    first = "image (yellow: the brain extracted)" if skull_strip else "image"
+    columns = [first, "true lesion", *(f"{m}*" if m in fallback else m for m in models)]
     fig = new_figure(1.9 * len(columns), 2.0 * len(rows) + 0.7)
     axes = fig.subplots(len(rows), len(columns), squeeze=False)
     for r, ((k, patient, z), facts) in enumerate(zip(rows, slices, strict=True)):
         view = head_box(patient.images[z])
         truth, image = patient.truth[z][view], patient.images[z][view]
         _show(axes[r][0], image)
+        if skull_strip:
+            contour(axes[r][0], patient.brain[z][view], EXTRACTED)
         axes[r][0].set_ylabel(f"{patient.name}, slice {z}\nlesion {int(truth.sum())} px", fontsize=7)
         _show(axes[r][1], image)
         contour(axes[r][1], truth, TRUE)
