@@ -175,6 +175,7 @@ def test_merge_adds_rows_to_a_record_of_the_same_settings_only(tables, tmp_path)
     path = tmp_path / "segmentation_table2.json"  # a record of the older form: one command, a folder in it
     old = json.loads(path.read_text())
     old["command"] += " --out /machine/runs"
+    old["rows"]["fedavg"]["run"] = "/machine/runs/seg2-x/fedavg"
     path.write_text(json.dumps({k: v for k, v in old.items() if k != "commands"}))
 
     added = tables.parse(
@@ -185,6 +186,7 @@ def test_merge_adds_rows_to_a_record_of_the_same_settings_only(tables, tmp_path)
     record = json.loads((tmp_path / "segmentation_table2.json").read_text())
     assert list(record["rows"]) == ["fedavg", "fediod", "fediod-default"]  # in the table's order
     assert record["settings"]["methods"] == list(record["rows"])
+    assert record["rows"]["fedavg"]["run"] == "OUT/seg2-x/fedavg"  # no machine folder carried over
     assert [c.split("--methods ")[1].split()[0] for c in record["commands"]] == [
         "fedavg,fediod",
         "fediod-default",

@@ -16,6 +16,7 @@ import numpy as np
 from fedistill.data.registry import load_dataset
 from fedistill.errors import ConfigError
 from fedistill.reproduce.segmentation_plan import LABELS, METHODS, SEMI, SENDING_LESS, Table
+from fedistill.reproduce.segmentation_scores import display_path
 from fedistill.reproduce.tables import write_table
 
 # The paper's numbers (FedIOD, AAAI 2024, arXiv:2312.14478): real BraTS 2018 T2 at 224 px and real
@@ -386,7 +387,11 @@ def earlier_record(table: Table, args: argparse.Namespace) -> tuple[dict[str, di
         " ".join(map(shlex.quote, _no_folders(shlex.split(c))))
         for c in record.get("commands", [record["command"]])
     ]
-    return record["rows"], before
+    rows = record["rows"]
+    for row in rows.values():  # records older than `display_path` named the machine's folder
+        if Path(row["run"]).is_absolute():
+            row["run"] = display_path(Path(row["run"]))
+    return rows, before
 
 
 def write(
