@@ -24,7 +24,7 @@ from fedistill.data.medical.brain_extraction import STRIP_MM, inside_distance
 from fedistill.data.medical.brain_synthetic import COLIN27, MNI152, load_host
 from fedistill.data.medical.lesion_randomisation import synthetic_head
 from fedistill.data.medical.volumes import axial_slices
-from fedistill.reproduce.arguments import benchmark_parser
+from fedistill.reproduce.arguments import benchmark_parser, shown_arguments
 from fedistill.reproduce.paths import RESULTS
 from fedistill.reproduce.tables import write_table
 
@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
          "non_brain_kept": float(np.mean(kept[d])), "non_brain_kept_p95": float(np.percentile(kept[d], 95))}
         for d in DEPTHS_MM
     ]  # fmt: skip
-    command = " ".join(["python benchmarks/brain_extraction.py", *(a for a in (argv or sys.argv[1:])
-                                                                      if not a.startswith("--data-dir"))])  # fmt: skip
+    shown = shown_arguments(sys.argv[1:] if argv is None else argv)
+    command = " ".join(["python benchmarks/brain_extraction.py", *shown])
     lines = [
         "# Brain extraction depth, on semi-synthetic heads",
         "",

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from fedistill.data.base import LoadedDataset
-from fedistill.reproduce.arguments import benchmark_parser
+from fedistill.data.medical.brain_synthetic import SKULLS
+from fedistill.reproduce.arguments import benchmark_parser, shown_arguments
 from fedistill.reproduce.paths import CHECKOUT, RESULTS, RUNS
 from fedistill.reproduce.segmentation_plan import LABELS, Table, execute, plan, training_samples
 from fedistill.reproduce.segmentation_plan import parse as table_defaults
@@ -47,7 +48,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--methods", default=",".join(DEFAULT_METHODS), help="a subset of " + ", ".join(METHODS)
     )
-    parser.add_argument("--real-skull", default="stripped", choices=("stripped", "on"),
+    parser.add_argument("--real-skull", default="stripped", choices=SKULLS,
                         help="the real patients' scans as scored: brain-extracted, or the whole head")  # fmt: skip
     parser.add_argument("--fractions", default="0.5,1", help="shares of randomised training subjects")
     parser.add_argument("--seed", type=int, default=0)
@@ -76,22 +77,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         if not hasattr(args, key):
             setattr(args, key, value)
     return args
-
-
-def shown_arguments(argv: list[str]) -> list[str]:
-    """The command line as the results cite it: folders (`--out`, `--results`, `--data-dir`) left out, since
-    they are one machine's."""
-    shown, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        flag = arg.split("=", 1)[0]
-        if flag in ("--out", "--results", "--data-dir"):
-            skip = "=" not in arg
-            continue
-        shown.append(arg)
-    return shown
 
 
 def variants(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:

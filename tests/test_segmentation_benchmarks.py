@@ -205,6 +205,14 @@ def test_merge_adds_rows_to_a_record_of_the_same_settings_only(tables, tmp_path)
         segmentation_report.earlier_record(table, tables.parse(["--results", str(tmp_path / "none")]))
 
 
+def test_merge_without_a_record_stops_with_one_line_before_any_run(tables, tmp_path, capsys):
+    argv = ["--tables", "2", "--methods", "fedavg", "--merge", "--results", str(tmp_path / "none")]
+    assert tables.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error: --merge: no record" in err and "Traceback" not in err
+    assert not (tmp_path / "none").exists()
+
+
 def test_table4_rows_per_test_site_and_table8_per_trained_site(tables, tmp_path):
     if not (SHARED / "nuclei" / "fluorescence_instances.tif").is_file():
         pytest.skip("the shared nuclei image is not on this machine")

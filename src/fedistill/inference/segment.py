@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from fedistill.data.medical.brain_extraction import extract_brain
-from fedistill.data.medical.brain_synthetic import host_scale
+from fedistill.data.medical.brain_synthetic import HOST_SCALED, host_scale
 from fedistill.data.medical.patches import extract_patches, stitch
 from fedistill.data.medical.volumes import (
     axial_slices,
@@ -106,10 +106,6 @@ def from_field_of_view(stack: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
 def from_axial(slices: np.ndarray) -> np.ndarray:
     """The inverse of `axial_slices`: (Z, Y, X) axial slices back to a RAS volume (X, Y, Z)."""
     return np.ascontiguousarray(np.rot90(slices.transpose(1, 2, 0), k=-1, axes=(0, 1)))
-
-
-#: datasets whose brains sit on the semi-synthetic hosts' scale (`brain_synthetic.host_scale`)
-HOST_SCALED = ("brats-synthetic-lesions", "mni152-synthetic-lesions")
 
 
 def scan_to_uint8(

@@ -18,6 +18,24 @@ def benchmark_parser(doc: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+#: Options naming the machine's folders: a recorded command leaves them (and their values) out.
+MACHINE_PATHS = ("--out", "--results", "--data-dir")
+
+
+def shown_arguments(argv: Sequence[str], folders: Sequence[str] = MACHINE_PATHS) -> list[str]:
+    """The command line as a record cites it: the `folders` options left out, in both spellings
+    (`--out X` and `--out=X`), since they are one machine's."""
+    kept, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item in folders:
+            skip = True
+        elif not item.startswith(tuple(f"{flag}=" for flag in folders)):
+            kept.append(item)
+    return kept
+
+
 def fediod_parser(doc: str | None) -> argparse.ArgumentParser:
     """`benchmark_parser` with the data and partition options every FedIOD benchmark starts with."""
     parser = benchmark_parser(doc)

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedistill.data.medical.brain_synthetic import SKULLS
 from fedistill.data.registry import load_dataset
 from fedistill.reproduce.arguments import benchmark_parser, settings_digest
 from fedistill.reproduce.launch import run_fedistill
@@ -170,7 +171,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--t4-rounds", type=int, default=30)
     parser.add_argument("--t4-distill-epochs", type=int, default=10)
     parser.add_argument("--t4-iters", type=int, default=20)
-    parser.add_argument("--real-skull", default="stripped", choices=("stripped", "on"),
+    parser.add_argument("--real-skull", default="stripped", choices=SKULLS,
                         help="the real patients' scans as scored: brain-extracted (as the training brains "
                         "are), or the whole head")  # fmt: skip
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="for every run")

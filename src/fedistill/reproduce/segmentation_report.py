@@ -15,6 +15,7 @@ import numpy as np
 
 from fedistill.data.registry import load_dataset
 from fedistill.errors import ConfigError
+from fedistill.reproduce.arguments import shown_arguments
 from fedistill.reproduce.segmentation_plan import LABELS, METHODS, SEMI, SENDING_LESS, Table
 from fedistill.reproduce.segmentation_scores import display_path
 from fedistill.reproduce.tables import write_table
@@ -66,10 +67,6 @@ def fmt(values: Sequence[float], scale: float = 100.0) -> str:
     return f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ± {std:.2f}"
 
 
-#: Options naming this machine's folders: a record leaves them out (the runs and results go to the defaults).
-MACHINE_PATHS = ("--out", "--results", "--data-dir")
-
-
 def commands_line(commands: Sequence[str]) -> str:
     if len(commands) == 1:
         return f"Command: `{commands[0]}`"
@@ -82,19 +79,9 @@ MERGE_FLAG = "--merge"
 
 def command(args: argparse.Namespace) -> str:
     """The command as run, less the folders it read from and wrote to (they are the machine's)."""
-    return " ".join(["python benchmarks/segmentation_tables.py", *map(shlex.quote, _no_folders(args.argv))])
-
-
-def _no_folders(argv: Sequence[str]) -> list[str]:
-    kept, skip = [], False
-    for item in argv:
-        if skip:
-            skip = False
-        elif item in MACHINE_PATHS:
-            skip = True
-        elif not item.startswith(tuple(f"{flag}=" for flag in MACHINE_PATHS)):
-            kept.append(item)
-    return kept
+    return " ".join(
+        ["python benchmarks/segmentation_tables.py", *map(shlex.quote, shown_arguments(args.argv))]
+    )
 
 
 def settings_line(table: Table, args: argparse.Namespace) -> str:
@@ -384,7 +371,7 @@ def earlier_record(table: Table, args: argparse.Namespace) -> tuple[dict[str, di
             "compare with these; run the whole table"
         )
     before = [
-        " ".join(map(shlex.quote, _no_folders(shlex.split(c))))
+        " ".join(map(shlex.quote, shown_arguments(shlex.split(c))))
         for c in record.get("commands", [record["command"]])
     ]
     rows = record["rows"]

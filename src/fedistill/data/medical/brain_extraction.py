@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage
 
+from fedistill.data.mri.foreground import foreground_masks
+
 #: how far inside the head's outline the brain starts, mm (benchmarks/results/brain_extraction.md)
 STRIP_MM = 14.0
 #: a pixel is head where it is brighter than this share of the volume's 99th percentile
@@ -25,16 +27,9 @@ HEAD_LEVEL = 0.1
 
 
 def head_mask(volume: np.ndarray) -> np.ndarray:
-    """(Z, H, W) -> the head of every slice: brighter than HEAD_LEVEL of the volume's 99th percentile,
-    closed, its holes filled, its largest piece (noise specks and bright spots outside fall away)."""
-    level = HEAD_LEVEL * float(np.percentile(volume, 99.0))
-    out = np.zeros(volume.shape, dtype=bool)
-    for z, image in enumerate(volume):
-        head = ndimage.binary_fill_holes(ndimage.binary_closing(image > level, iterations=2))
-        pieces, count = ndimage.label(head)
-        if count:
-            out[z] = pieces == 1 + int(np.argmax(ndimage.sum(head, pieces, range(1, count + 1))))
-    return out
+    """(Z, H, W) -> the head of every slice: the reconstruction sets' foreground mask (brighter than
+    HEAD_LEVEL of the volume's level, closed, holes filled, its largest piece), unsmoothed."""
+    return foreground_masks(volume, fraction=HEAD_LEVEL, smooth=0.0)
 
 
 def inside_distance(head: np.ndarray, pixel_mm: tuple[float, float]) -> np.ndarray:

@@ -62,6 +62,8 @@ HOST_PEAK = 0.75  # the host brain's 99.5th percentile; lesions are brighter (se
 _TRAIN, _TEST = 0, 1  # seed stream of each split, so the test subjects do not move when train_subjects does
 SYNTHESES = ("plain", "randomised")  # option `synthesis`: randomised = lesion_randomisation, training only
 SKULLS = ("stripped", "on")  # the real patients' scans: brain extraction first (brain_extraction), or not
+#: the datasets whose brains sit on the hosts' scale (`host_scale`): predict scales a scan so for their models
+HOST_SCALED = ("brats-synthetic-lesions", "mni152-synthetic-lesions")
 _CHOICE = 2  # seed stream of "is this training subject randomised", apart from the subject's own
 
 
@@ -249,8 +251,8 @@ def real_patients(
 ) -> list[SubjectSlices]:
     """The two patients' slices with their real lesion masks. `skull = "stripped"`: the brain alone
     (`brain_extraction`), on the hosts' intensity scale, as the models trained; `"on"`: the whole head,
-    its 0.5th-99.5th percentiles spanning 0..255. That mask is also the one the "brain" slice rule uses."""
-    skull = opt.choice(dataset, "skull" if dataset == "brain-lesions-real" else "real_skull", skull, SKULLS)
+    its 0.5th-99.5th percentiles spanning 0..255. That mask is also the one the "brain" slice rule uses.
+    `skull` is one of SKULLS, checked by the loader that names the option."""
     out = []
     for patient in PATIENTS:
         image_path, label_path = _require(
@@ -356,4 +358,5 @@ def load_real_lesions(
     name = "brain-lesions-real"
     image_size = opt.positive_int(name, "image_size", image_size, minimum=16)
     rule = opt.choice(name, "slices", slices, SLICE_RULES)
+    skull = opt.choice(name, "skull", skull, SKULLS)
     return slice_dataset(name, [], real_patients(Path(folder), image_size, rule, name, skull), image_size)
