@@ -1,4 +1,5 @@
-"""FedIOD's wire encodings on the digits demo: `fediod.wire = "float32"` against `"compact"`, seed by seed.
+"""FedIOD's wire encodings on the digits demo: `fediod.wire = "float32"` against `"compact"` (or any wires,
+the first the baseline of the others), seed by seed.
 
 Each (seed, wire) is one `fedistill run` of src/fedistill/engine/demo.toml's FedIOD at one torch thread, as
 its own process. The table gives the bytes each direction moved per content kind (the ledger's totals,
@@ -6,9 +7,11 @@ which count encoded arrays at their wire size), the encodings the ledger recorde
 student's test accuracy; the paired difference compact - float32 is taken on the same seed. It also
 splits the `parameters` the server sends by message type (what they are for).
 
-    python benchmarks/fediod_wire_encodings.py [--seeds 0,1] [--jobs 2] [--out /tmp/fediod_wire] [--reuse]
+    python benchmarks/fediod_wire_encodings.py [--seeds 0,1] [--wires float32,compact] [--jobs 2]
+        [--out /tmp/fediod_wire] [--reuse]
 
-Writes benchmarks/results/fediod_wire_encodings.{md,json}.
+Writes benchmarks/results/fediod_wire_encodings.{md,json}; with other wires than float32,compact,
+benchmarks/results/fediod_wire_encodings_<wires>.{md,json}.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from fedistill.algorithms.fediod import wire as fediod_wires
 
 #: What the numbers mean; the report ends with it.
 NOTES = """## Reading it
@@ -49,7 +54,7 @@ NOTES = """## Reading it
 HERE = Path(__file__).resolve().parent
 DEMO = HERE.parent / "src" / "fedistill" / "engine" / "demo.toml"
 RESULTS = HERE / "results"
-WIRES = ("float32", "compact")
+DEFAULT_WIRES = "float32,compact"
 UP, DOWN = "client->server", "server->client"
 
 
@@ -99,8 +104,8 @@ def mb(n: float) -> str:
     return f"{n / 1e6:.2f}"
 
 
-def table(rows: list[dict[str, Any]]) -> list[str]:
-    """The markdown report of the rows."""
+def table(rows: list[dict[str, Any]], wires: list[str]) -> list[str]:
+    """The markdown report of the rows; every wire after the first is compared with the first."""
     by = {(r["seed"], r["wire"]): r for r in rows}
     seeds = sorted({r["seed"] for r in rows})
     lines = ["## Bytes per content kind (MB) and the student's accuracy", ""]
@@ -109,7 +114,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
               *[f"down {k}" for k in kinds["down"]], "down total", "all", "student %", "wall s"]  # fmt: skip
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for seed in seeds:
-        for wire in WIRES:
+        for wire in wires:
             r = by.get((seed, wire))
             if r is None:
                 continue
@@ -118,12 +123,32 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
                      mb(r["up"]["total"] + r["down"]["total"]), f"{100 * r['test_accuracy']:.2f}",
                      f"{r['wall_time_s']:.0f}"]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "## Compact against float32, same seed", ""]
-    lines += ["| seed | bytes up (ratio) | bytes down (ratio) | all (ratio) | student % difference |",
-              "|---|---|---|---|---|"]  # fmt: skip
+    for other in wires[1:]:
+        lines += paired(by, seeds, wires[0], other)
+    for wire in wires:
+        first = next((r for r in rows if r["wire"] == wire and r["encodings"]), None)
+        if first is not None:
+            lines += ["", f"Encodings the ledger recorded with `{wire}` (per direction and kind): "
+                      f"`{json.dumps(first['encodings'])}`"]  # fmt: skip
+    lines += ["", "## The `parameters` the server sends", ""]
+    for r in rows:
+        if r["wire"] == wires[0]:
+            parts = ", ".join(
+                f"{t}: {mb(v)} MB in {r['parameter_messages_by_type'][t]} messages"
+                for t, v in sorted(r["parameters_down_by_type"].items())
+            )
+            lines.append(f"- seed {r['seed']}: {parts}")
+    return lines
+
+
+def paired(by: dict[tuple[int, str], dict[str, Any]], seeds: list[int], base: str, other: str) -> list[str]:
+    """`other` against `base` on the same seeds: the byte ratios and the student's difference."""
+    lines = ["", f"## {other.capitalize()} against {base}, same seed", "",
+             "| seed | bytes up (ratio) | bytes down (ratio) | all (ratio) | student % difference |",
+             "|---|---|---|---|---|"]  # fmt: skip
     diffs: list[float] = []
     for seed in seeds:
-        a, b = by.get((seed, "float32")), by.get((seed, "compact"))
+        a, b = by.get((seed, base)), by.get((seed, other))
         if a is None or b is None:
             continue
         up, down = b["up"]["total"] / a["up"]["total"], b["down"]["total"] / a["down"]["total"]
@@ -136,18 +161,6 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         half_width = 2 * spread / len(diffs) ** 0.5
         lines += ["", f"Paired difference over {len(diffs)} seeds: {mean:+.2f} ± {spread:.2f} points (mean ± std; "
                   f"about ±{half_width:.2f} for the mean at two standard errors)."]  # fmt: skip
-    compact = next((r for r in rows if r["wire"] == "compact"), None)
-    if compact is not None:
-        lines += ["", "Encodings the ledger recorded with `compact` (per direction and kind): "
-                  f"`{json.dumps(compact['encodings'])}`"]  # fmt: skip
-    lines += ["", "## The `parameters` the server sends", ""]
-    for r in rows:
-        if r["wire"] == "float32":
-            parts = ", ".join(
-                f"{t}: {mb(v)} MB in {r['parameter_messages_by_type'][t]} messages"
-                for t, v in sorted(r["parameters_down_by_type"].items())
-            )
-            lines.append(f"- seed {r['seed']}: {parts}")
     return lines
 
 
@@ -156,23 +169,32 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--wires", default=DEFAULT_WIRES, help="fediod.wire values; the first is the baseline")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default="/tmp/fediod_wire", help="parent folder of the run directories")
     parser.add_argument("--reuse", action="store_true", help="keep runs that already finished")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     out = Path(args.out)
-    jobs = [(seed, wire) for seed in seeds for wire in WIRES]
+    wires = args.wires.split(",")
+    unknown = set(wires) - set(fediod_wires.WIRES)
+    if unknown or len(wires) < 2:
+        parser.error(f"--wires takes two or more of {', '.join(fediod_wires.WIRES)}, got {args.wires!r}")
+    jobs = [(seed, wire) for seed in seeds for wire in wires]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         rows = list(pool.map(lambda job: run(*job, out, args.reuse), jobs))
-    payload = {"command": "python benchmarks/fediod_wire_encodings.py --seeds " + args.seeds, "runs": rows}
+    command = "python benchmarks/fediod_wire_encodings.py --seeds " + args.seeds
+    if args.wires != DEFAULT_WIRES:
+        command += " --wires " + args.wires
+    payload = {"command": command, "wires": wires, "runs": rows}
+    stem = "fediod_wire_encodings" + ("" if args.wires == DEFAULT_WIRES else "_" + "-".join(wires))
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "fediod_wire_encodings.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
     lines = ["# FedIOD's wire encodings on the digits demo", "",
              f"Command: `{payload['command']}`; each row is one of these runs:", ""]  # fmt: skip
-    lines += [f"    {r['command']}" for r in rows] + [""] + table(rows)
+    lines += [f"    {r['command']}" for r in rows] + [""] + table(rows, wires)
     lines += ["", NOTES.strip()]
-    (RESULTS / "fediod_wire_encodings.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

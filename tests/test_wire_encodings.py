@@ -269,6 +269,29 @@ def test_compact_fediod_moves_fewer_bytes_and_learns_alike(tmp_path):
     assert abs(compact["test_accuracy"] - plain["test_accuracy"]) < 0.1
 
 
+def test_compact8_sends_the_sites_logits_and_input_gradients_in_one_byte(tmp_path):
+    """`wire = "compact8"`: the two kinds the sites send most of at one byte a value, the rest as compact;
+    the same protocol and teachers, and a student alike (the digits demo's paired seeds:
+    benchmarks/results/fediod_wire_encodings_compact-compact8.md)."""
+    compact, compact_ledger = _run(tmp_path, "compact")
+    eight, eight_ledger = _run(tmp_path, "compact8")
+    assert [r["type"] for r in eight_ledger] == [r["type"] for r in compact_ledger]
+    kinds = {k: v for r in eight_ledger if r["status"] == "ok" for k, v in r.get("encodings", {}).items()}
+    assert kinds == {"synthetic-inputs": "uint8-affine", "logits": "uint8-affine",
+                     "input-gradients": "uint8-affine", "output-gradients": "float16-scaled",
+                     "discriminator-outputs": "float16-scaled"}  # fmt: skip
+    before, after = compact["communication"][UP]["per_kind"], eight["communication"][UP]["per_kind"]
+    # 1 byte instead of 2, 16 bytes instead of 8 per tensor (the logits also count stage 1's, sent as they are)
+    assert 0.5 < after["input-gradients"] / before["input-gradients"] < 0.52
+    stage2 = [(a, b) for a, b in zip(eight_ledger, compact_ledger, strict=True)
+              if a["type"] in ("query.generate", "query.student") and a["direction"] == UP]  # fmt: skip
+    logits = [a["kinds"]["logits"] / b["kinds"]["logits"] for a, b in stage2 if a["status"] == "ok"]
+    assert logits and all(0.5 < r < 0.55 for r in logits)
+    assert after["discriminator-outputs"] == before["discriminator-outputs"]
+    assert eight["final"]["ensemble_accuracy"] == compact["final"]["ensemble_accuracy"]
+    assert abs(eight["test_accuracy"] - compact["test_accuracy"]) < 0.1
+
+
 def test_compact_fediod_over_a_flower_grid_matches_in_process(tmp_path):
     """Flower's codec carries the encoded arrays: the same ledger records, encodings included, and the same
     student."""

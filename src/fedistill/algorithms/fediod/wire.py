@@ -5,7 +5,9 @@ range (a scale and an offset per tensor), and the logits, discriminator outputs 
 float16 under a per-tensor power-of-two scale (federation/encodings.py has the error bounds). Why scaled
 float16 everywhere: the input-gradients of batch-mean losses sit far below float16's smallest normal
 number and a density ratio may exceed its largest, while the scale keeps float16's relative precision
-(2^-11, eight times bfloat16's 2^-8) at the same two bytes.
+(2^-11, eight times bfloat16's 2^-8) at the same two bytes. `compact8` sends what the sites send most of,
+their logits and input-gradients, as 8 bits over each tensor's range instead (one byte a value, within half a
+level of 1/255 of the tensor's range); the rest as `compact`.
 
 Stage 1, the label masks, the teachers' evaluation outputs and the student's parameters for validation
 always go as they are: they are integer, evaluation-only or must be exact.
@@ -13,7 +15,7 @@ always go as they are: they are integer, evaluation-only or must be exact.
 
 from __future__ import annotations
 
-WIRES = ("float32", "compact")
+WIRES = ("float32", "compact", "compact8")
 
 #: `compact`'s encoding per content kind.
 COMPACT = {
@@ -25,6 +27,10 @@ COMPACT = {
 }
 
 
+#: `compact8`'s: the sites' two largest kinds at one byte a value.
+COMPACT8 = {**COMPACT, "logits": "uint8-affine", "input-gradients": "uint8-affine"}
+
+
 def wire_encodings(wire: str) -> dict[str, str]:
     """The encodings per content kind that `fediod.wire = wire` sends stage 2's messages in."""
-    return dict(COMPACT) if wire == "compact" else {}
+    return dict({"compact": COMPACT, "compact8": COMPACT8}.get(wire, {}))
