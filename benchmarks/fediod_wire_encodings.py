@@ -169,7 +169,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seeds", default="0,1")
-    parser.add_argument("--wires", default=DEFAULT_WIRES, help="fediod.wire values; the first is the baseline")
+    parser.add_argument(
+        "--wires", default=DEFAULT_WIRES, help="fediod.wire values; the first is the baseline"
+    )
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default="/tmp/fediod_wire", help="parent folder of the run directories")
     parser.add_argument("--reuse", action="store_true", help="keep runs that already finished")

@@ -281,7 +281,7 @@ def test_compact8_sends_the_sites_logits_and_input_gradients_in_one_byte(tmp_pat
                      "input-gradients": "uint8-affine", "output-gradients": "float16-scaled",
                      "discriminator-outputs": "float16-scaled"}  # fmt: skip
     before, after = compact["communication"][UP]["per_kind"], eight["communication"][UP]["per_kind"]
-    # 1 byte instead of 2, 16 bytes instead of 8 per tensor (the logits also count stage 1's, sent as they are)
+    # 1 byte instead of 2, 16 bytes instead of 8 per tensor (the logits also count stage 1's, sent raw)
     assert 0.5 < after["input-gradients"] / before["input-gradients"] < 0.52
     stage2 = [(a, b) for a, b in zip(eight_ledger, compact_ledger, strict=True)
               if a["type"] in ("query.generate", "query.student") and a["direction"] == UP]  # fmt: skip
