@@ -47,7 +47,9 @@ def _bound(encoding: str, x: np.ndarray, encoded: Encoded) -> np.ndarray:
         return np.maximum(2.0**-11 * size, 2.0**-39 * top)
     if encoding == "bfloat16":
         return 2.0**-8 * size
-    scale = encoded.params[0]  # the affine ones
+    scale = encoded.params[0]  # the 8- and 16-bit grids
+    if encoding == "int8-symmetric":
+        return np.full(x.shape, scale / 2 + 2.0**-23 * top)
     return np.full(x.shape, scale / 2 + 2.0**-22 * top)
 
 
@@ -65,7 +67,20 @@ def test_round_trip_error_stays_within_the_stated_bound(encoding, name):
     assert (error <= _bound(encoding, x, encoded)).all(), float(error.max())
     if name == "zeros" or (name == "constant" and encoding.endswith("affine")):
         assert np.array_equal(decoded, x)  # zeros cross exactly, and any constant tensor on 8 or 16 bits
-    assert encoded.data.nbytes == x.nbytes // (4 if encoding == "uint8-affine" else 2)
+    assert encoded.data.nbytes == x.nbytes // (4 if encoding in ("uint8-affine", "int8-symmetric") else 2)
+
+
+def test_int8_symmetric_keeps_zero_and_sign_where_an_offset_grid_does_not():
+    """A gradient's many near-zero entries must not all move by one common error: on the symmetric grid
+    they decode to zero (or their own level); on the 8-bit affine grid, whose levels start at the
+    minimum, every zero entry lands on the same level next to zero."""
+    x = np.zeros((4, 1, 8, 8), np.float32)
+    x[0, 0, 0, 0], x[1, 0, 3, 3] = 1.0, -0.3
+    symmetric = decode(encode("int8-symmetric", x))
+    assert np.array_equal(symmetric == 0, x == 0) and np.array_equal(np.sign(symmetric), np.sign(x))
+    affine = decode(encode("uint8-affine", x))
+    zeros = affine[x == 0]
+    assert (zeros == zeros[0]).all() and zeros[0] != 0  # one shared offset on 254 of the 256 entries
 
 
 @pytest.mark.parametrize("encoding", [e for e in encoding_names() if e != "raw"])
@@ -277,11 +292,11 @@ def test_compact8_sends_the_sites_logits_and_input_gradients_in_one_byte(tmp_pat
     eight, eight_ledger = _run(tmp_path, "compact8")
     assert [r["type"] for r in eight_ledger] == [r["type"] for r in compact_ledger]
     kinds = {k: v for r in eight_ledger if r["status"] == "ok" for k, v in r.get("encodings", {}).items()}
-    assert kinds == {"synthetic-inputs": "uint8-affine", "logits": "uint8-affine",
-                     "input-gradients": "uint8-affine", "output-gradients": "float16-scaled",
+    assert kinds == {"synthetic-inputs": "uint8-affine", "logits": "int8-symmetric",
+                     "input-gradients": "int8-symmetric", "output-gradients": "float16-scaled",
                      "discriminator-outputs": "float16-scaled"}  # fmt: skip
     before, after = compact["communication"][UP]["per_kind"], eight["communication"][UP]["per_kind"]
-    # 1 byte instead of 2, 16 bytes instead of 8 per tensor (the logits also count stage 1's, sent raw)
+    # 1 byte a value instead of 2 (the logits also count stage 1's, sent raw)
     assert 0.5 < after["input-gradients"] / before["input-gradients"] < 0.52
     stage2 = [(a, b) for a, b in zip(eight_ledger, compact_ledger, strict=True)
               if a["type"] in ("query.generate", "query.student") and a["direction"] == UP]  # fmt: skip

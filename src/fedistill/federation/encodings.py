@@ -16,6 +16,10 @@ The encodings and their round-trip error (x the sent value, x' the decoded one, 
 - `bfloat16`: float32's upper 16 bits, rounded to nearest even: |x - x'| <= 2^-8 |x|, float32's range.
 - `uint8-affine`, `uint16-affine`: x' = offset + q * scale with q on 255 (65535) levels between the
   tensor's minimum and maximum: |x - x'| <= scale / 2 + 2^-22 max(|min|, |max|); a constant tensor is exact.
+  Zero need not be on the grid: for images, not for values whose many near-zero entries add up.
+- `int8-symmetric`: x' = q * scale with q in -127..127 and scale = m / 127: |x - x'| <= scale / 2 (plus
+  float32 rounding, 2^-23 m); zero and sign are kept, so near-zero values (most of a gradient) decode to
+  at most scale / 2 from their value, never to a common offset.
 
 A non-finite value stays non-finite through every encoding (the affine ones then decode to NaN
 everywhere), so the receiver's check still refuses it.
@@ -199,6 +203,24 @@ def _affine(bits: int) -> WireFormat:
     return WireFormat(np.dtype(wire).name, 2, encode_affine, decode_affine)
 
 
+_INT8_TOP = 127
+
+
+def _int8_symmetric_encode(x: np.ndarray) -> tuple[np.ndarray, Params]:
+    if not np.isfinite(x).all():  # decodes to NaN everywhere: the receiver refuses it
+        return np.zeros(x.shape, np.int8), (float("nan"),)
+    top = float(np.abs(x).max()) if x.size else 0.0
+    if top == 0:
+        return np.zeros(x.shape, np.int8), (0.0,)
+    scale = np.float32(top / _INT8_TOP)
+    q = np.rint(x.astype(np.float64) / float(scale))  # the nearest level of the decoder's grid
+    return np.clip(q, -_INT8_TOP, _INT8_TOP).astype(np.int8), (float(scale),)
+
+
+def _int8_symmetric_decode(data: np.ndarray, params: Params) -> np.ndarray:
+    return data.astype(np.float32) * np.float32(params[0])
+
+
 def _identity(x: np.ndarray) -> tuple[np.ndarray, Params]:
     return x, ()
 
@@ -210,4 +232,5 @@ ENCODINGS: dict[str, WireFormat] = {
     "bfloat16": WireFormat("uint16", 0, _bfloat16_encode, _bfloat16_decode),
     "uint8-affine": _affine(8),
     "uint16-affine": _affine(16),
+    "int8-symmetric": WireFormat("int8", 1, _int8_symmetric_encode, _int8_symmetric_decode),
 }

@@ -6,8 +6,9 @@ float16 under a per-tensor power-of-two scale (federation/encodings.py has the e
 float16 everywhere: the input-gradients of batch-mean losses sit far below float16's smallest normal
 number and a density ratio may exceed its largest, while the scale keeps float16's relative precision
 (2^-11, eight times bfloat16's 2^-8) at the same two bytes. `compact8` sends what the sites send most of,
-their logits and input-gradients, as 8 bits over each tensor's range instead (one byte a value, within half a
-level of 1/255 of the tensor's range); the rest as `compact`.
+their logits and input-gradients, as 8 bits instead: `int8-symmetric`, one byte a value within half of
+1/127 of the tensor's largest magnitude, zero kept exact (an offset grid would add one common error to
+every near-zero gradient entry, and those add up in G's update); the rest as `compact`.
 
 Stage 1, the label masks, the teachers' evaluation outputs and the student's parameters for validation
 always go as they are: they are integer, evaluation-only or must be exact.
@@ -28,7 +29,7 @@ COMPACT = {
 
 
 #: `compact8`'s: the sites' two largest kinds at one byte a value.
-COMPACT8 = {**COMPACT, "logits": "uint8-affine", "input-gradients": "uint8-affine"}
+COMPACT8 = {**COMPACT, "logits": "int8-symmetric", "input-gradients": "int8-symmetric"}
 
 
 def wire_encodings(wire: str) -> dict[str, str]:
