@@ -307,6 +307,19 @@ def test_compact8_sends_the_sites_logits_and_input_gradients_in_one_byte(tmp_pat
     assert abs(eight["test_accuracy"] - compact["test_accuracy"]) < 0.1
 
 
+def test_each_fediod_wire_names_its_encodings_per_kind():
+    from fedistill.algorithms.fediod.wire import WIRES, wire_encodings
+
+    assert wire_encodings("float32") == {}
+    compact = wire_encodings("compact")
+    assert wire_encodings("compact8") == compact | {
+        "logits": "int8-symmetric",
+        "input-gradients": "int8-symmetric",
+    }
+    assert wire_encodings("compact8-gradients") == compact | {"input-gradients": "int8-symmetric"}
+    assert all(set(wire_encodings(w).values()) <= set(encoding_names()) for w in WIRES)
+
+
 def test_compact_fediod_over_a_flower_grid_matches_in_process(tmp_path):
     """Flower's codec carries the encoded arrays: the same ledger records, encodings included, and the same
     student."""

@@ -87,10 +87,16 @@ class ProtocolOptions:
     wire: str = "compact"
     """How stage 2's exchanges cross the wire (wire.py): compact (default: synthetic images as 8 bits over
     each tensor's range; logits, discriminator outputs and gradients as float16 under a per-tensor
-    power-of-two scale) | float32 (every array as computed, as runs before compact became the default).
+    power-of-two scale) | float32 (every array as computed, as runs before compact became the default) |
+    compact8 (compact, with the sites' logits and input-gradients as `int8-symmetric`, one byte a value) |
+    compact8-gradients (compact, with only the input-gradients as `int8-symmetric`).
     Why: compact moves 38% of float32's bytes on the digits demo with the student within noise over six
     paired seeds (benchmarks/results/fediod_wire_encodings.md), and 53% / 47% of them on the segmentation and
-    reconstruction demos at the same Dice and SSIM (fediod_dense_communication.md)."""
+    reconstruction demos at the same Dice and SSIM (fediod_dense_communication.md). compact8 halves the
+    sites' bytes again with the student within noise on the digits demo and Table 9, but cost the brain-lesion
+    student of Table 2 about 14 Dice points on three seeds (one logit per pixel loses its fine steps on one
+    byte); compact8-gradients kept it (docs/methods/fediod/per-pixel.md, "One byte a value"). Neither is a
+    default yet."""
 
     channels_last: bool = True
     """Stage 2's convolutions (T_k after stage 1, D_k, G, S) in channels-last memory layout: the same

@@ -16,7 +16,7 @@ always go as they are: they are integer, evaluation-only or must be exact.
 
 from __future__ import annotations
 
-WIRES = ("float32", "compact", "compact8")
+WIRES = ("float32", "compact", "compact8", "compact8-gradients")
 
 #: `compact`'s encoding per content kind.
 COMPACT = {
@@ -31,7 +31,12 @@ COMPACT = {
 #: `compact8`'s: the sites' two largest kinds at one byte a value.
 COMPACT8 = {**COMPACT, "logits": "int8-symmetric", "input-gradients": "int8-symmetric"}
 
+#: `compact8-gradients`'s: only the input-gradients at one byte a value.
+COMPACT8_GRADIENTS = {**COMPACT, "input-gradients": "int8-symmetric"}
+
 
 def wire_encodings(wire: str) -> dict[str, str]:
     """The encodings per content kind that `fediod.wire = wire` sends stage 2's messages in."""
-    return dict({"compact": COMPACT, "compact8": COMPACT8}.get(wire, {}))
+    return dict(
+        {"compact": COMPACT, "compact8": COMPACT8, "compact8-gradients": COMPACT8_GRADIENTS}.get(wire, {})
+    )
