@@ -50,6 +50,8 @@ def _bound(encoding: str, x: np.ndarray, encoded: Encoded) -> np.ndarray:
     scale = encoded.params[0]  # the 8- and 16-bit grids
     if encoding == "int8-symmetric":
         return np.full(x.shape, scale / 2 + 2.0**-23 * top)
+    if encoding == "int8-sqrt":
+        return np.sqrt(size * top) / 127 + top / 64516 + 2.0**-23 * top
     return np.full(x.shape, scale / 2 + 2.0**-22 * top)
 
 
@@ -67,7 +69,8 @@ def test_round_trip_error_stays_within_the_stated_bound(encoding, name):
     assert (error <= _bound(encoding, x, encoded)).all(), float(error.max())
     if name == "zeros" or (name == "constant" and encoding.endswith("affine")):
         assert np.array_equal(decoded, x)  # zeros cross exactly, and any constant tensor on 8 or 16 bits
-    assert encoded.data.nbytes == x.nbytes // (4 if encoding in ("uint8-affine", "int8-symmetric") else 2)
+    one_byte = ("uint8-affine", "int8-symmetric", "int8-sqrt")
+    assert encoded.data.nbytes == x.nbytes // (4 if encoding in one_byte else 2)
 
 
 def test_int8_symmetric_keeps_zero_and_sign_where_an_offset_grid_does_not():
@@ -317,7 +320,18 @@ def test_each_fediod_wire_names_its_encodings_per_kind():
         "input-gradients": "int8-symmetric",
     }
     assert wire_encodings("compact8-gradients") == compact | {"input-gradients": "int8-symmetric"}
+    assert wire_encodings("compact8-sqrt") == wire_encodings("compact8") | {"logits": "int8-sqrt"}
     assert all(set(wire_encodings(w).values()) <= set(encoding_names()) for w in WIRES)
+
+
+def test_int8_sqrt_steps_finest_near_zero():
+    """A margin map's boundary pixels (near zero) keep finer steps on the square-root grid than on the
+    linear one, when a confident background sets the range."""
+    x = np.concatenate([np.full(50, -40.0), np.linspace(-2, 2, 41)]).astype(np.float32)
+    near = np.abs(x) <= 2
+    linear = np.abs(decode(encode("int8-symmetric", x)) - x)[near].max()
+    root = np.abs(decode(encode("int8-sqrt", x)) - x)[near].max()
+    assert root < linear / 2 and linear > 0.1  # 40 / 254 = 0.157 on the linear grid
 
 
 def test_compact_fediod_over_a_flower_grid_matches_in_process(tmp_path):

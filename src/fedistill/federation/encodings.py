@@ -20,6 +20,11 @@ The encodings and their round-trip error (x the sent value, x' the decoded one, 
 - `int8-symmetric`: x' = q * scale with q in -127..127 and scale = m / 127: |x - x'| <= scale / 2 (plus
   float32 rounding, 2^-23 m); zero and sign are kept, so near-zero values (most of a gradient) decode to
   at most scale / 2 from their value, never to a common offset.
+- `int8-sqrt`: the same byte on a square-root grid, x' = sign(q) q^2 scale with q in -127..127 and
+  scale = m / 127^2: |x - x'| <= sqrt(|x| m) / 127 + m / 64516 (plus 2^-23 m). Finer steps near zero
+  (the smallest is m / 16129 instead of m / 127), coarser near m: for values whose range a few large
+  ones set, as a segmentation's per-pixel margins, where the confident background is far from zero and the
+  boundary pixels near it.
 
 A non-finite value stays non-finite through every encoding (the affine ones then decode to NaN
 everywhere), so the receiver's check still refuses it.
@@ -221,6 +226,24 @@ def _int8_symmetric_decode(data: np.ndarray, params: Params) -> np.ndarray:
     return data.astype(np.float32) * np.float32(params[0])
 
 
+def _int8_sqrt_encode(x: np.ndarray) -> tuple[np.ndarray, Params]:
+    if not np.isfinite(x).all():
+        return np.zeros(x.shape, np.int8), (float("nan"),)
+    top = float(np.abs(x).max()) if x.size else 0.0
+    if top == 0:
+        return np.zeros(x.shape, np.int8), (0.0,)
+    scale = np.float32(top / _INT8_TOP**2)
+    # the nearest level in the square-root domain (sqrt is correctly rounded: the same q on any machine)
+    root = np.sqrt(np.abs(x.astype(np.float64)) / (float(scale) * _INT8_TOP**2)) * _INT8_TOP
+    q = np.clip(np.rint(root), 0, _INT8_TOP) * np.sign(x)
+    return q.astype(np.int8), (float(scale),)
+
+
+def _int8_sqrt_decode(data: np.ndarray, params: Params) -> np.ndarray:
+    q = data.astype(np.float32)
+    return q * np.abs(q) * np.float32(params[0])  # q |q| is exact in float32: one rounding
+
+
 def _identity(x: np.ndarray) -> tuple[np.ndarray, Params]:
     return x, ()
 
@@ -233,4 +256,5 @@ ENCODINGS: dict[str, WireFormat] = {
     "uint8-affine": _affine(8),
     "uint16-affine": _affine(16),
     "int8-symmetric": WireFormat("int8", 1, _int8_symmetric_encode, _int8_symmetric_decode),
+    "int8-sqrt": WireFormat("int8", 1, _int8_sqrt_encode, _int8_sqrt_decode),
 }

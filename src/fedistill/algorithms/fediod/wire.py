@@ -16,7 +16,6 @@ always go as they are: they are integer, evaluation-only or must be exact.
 
 from __future__ import annotations
 
-WIRES = ("float32", "compact", "compact8", "compact8-gradients")
 
 #: `compact`'s encoding per content kind.
 COMPACT = {
@@ -34,9 +33,16 @@ COMPACT8 = {**COMPACT, "logits": "int8-symmetric", "input-gradients": "int8-symm
 #: `compact8-gradients`'s: only the input-gradients at one byte a value.
 COMPACT8_GRADIENTS = {**COMPACT, "input-gradients": "int8-symmetric"}
 
+#: `compact8-sqrt`'s: compact8 with the logits on the square-root grid, whose steps are finest near zero,
+#: where a two-class segmentation's margins decide a pixel.
+COMPACT8_SQRT = {**COMPACT8, "logits": "int8-sqrt"}
+
+BY_WIRE = {"compact": COMPACT, "compact8": COMPACT8, "compact8-gradients": COMPACT8_GRADIENTS,
+           "compact8-sqrt": COMPACT8_SQRT}  # fmt: skip
+#: every `fediod.wire`: float32 sends each array as it is
+WIRES = ("float32", *BY_WIRE)
+
 
 def wire_encodings(wire: str) -> dict[str, str]:
     """The encodings per content kind that `fediod.wire = wire` sends stage 2's messages in."""
-    return dict(
-        {"compact": COMPACT, "compact8": COMPACT8, "compact8-gradients": COMPACT8_GRADIENTS}.get(wire, {})
-    )
+    return dict(BY_WIRE.get(wire, {}))
