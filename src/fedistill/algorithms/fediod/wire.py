@@ -16,7 +16,6 @@ always go as they are: they are integer, evaluation-only or must be exact.
 
 from __future__ import annotations
 
-
 #: `compact`'s encoding per content kind.
 COMPACT = {
     "synthetic-inputs": "uint8-affine",
