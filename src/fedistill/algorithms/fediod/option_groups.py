@@ -89,14 +89,16 @@ class ProtocolOptions:
     each tensor's range; logits, discriminator outputs and gradients as float16 under a per-tensor
     power-of-two scale) | float32 (every array as computed, as runs before compact became the default) |
     compact8 (compact, with the sites' logits and input-gradients as `int8-symmetric`, one byte a value) |
-    compact8-gradients (compact, with only the input-gradients as `int8-symmetric`).
+    compact8-gradients (compact, with only the input-gradients as `int8-symmetric`) | compact8-sqrt
+    (compact8, with the logits on the square-root grid `int8-sqrt`, finest near zero).
     Why: compact moves 38% of float32's bytes on the digits demo with the student within noise over six
     paired seeds (benchmarks/results/fediod_wire_encodings.md), and 53% / 47% of them on the segmentation and
     reconstruction demos at the same Dice and SSIM (fediod_dense_communication.md). compact8 halves the
     sites' bytes again with the student within noise on the digits demo and Table 9, but cost the brain-lesion
     student of Table 2 about 14 Dice points on three seeds (one logit per pixel loses its fine steps on one
-    byte); compact8-gradients moved it by -4.7, +8.1 and -15.3 points, not settled either way
-    (docs/methods/fediod/per-pixel.md, "One byte a value"). Neither is a default."""
+    byte); compact8-gradients moved it by -4.7, +8.1 and -15.3 points and compact8-sqrt by +1.5, +6.3 and
+    -25.0 (its third seed collapsed), not settled either way (docs/methods/fediod/per-pixel.md, "One byte a
+    value"). None is a default."""
 
     channels_last: bool = True
     """Stage 2's convolutions (T_k after stage 1, D_k, G, S) in channels-last memory layout: the same
