@@ -13,6 +13,7 @@ from flwr.app import ArrayRecord
 
 from algorithm_helpers import TINY_FEDIOD
 from fedistill.algorithms.fediod import FedIODOptions
+from fedistill.algorithms.fediod.wire import WIRES, wire_encodings
 from fedistill.config import RunConfig, build_config, options_for
 from fedistill.engine.launch import run_suite
 from fedistill.errors import ConfigError, FederationError
@@ -311,8 +312,6 @@ def test_compact8_sends_the_sites_logits_and_input_gradients_in_one_byte(tmp_pat
 
 
 def test_each_fediod_wire_names_its_encodings_per_kind():
-    from fedistill.algorithms.fediod.wire import WIRES, wire_encodings
-
     assert wire_encodings("float32") == {}
     compact = wire_encodings("compact")
     assert wire_encodings("compact8") == compact | {

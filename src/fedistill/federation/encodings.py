@@ -211,37 +211,28 @@ def _affine(bits: int) -> WireFormat:
 _INT8_TOP = 127
 
 
-def _int8_symmetric_encode(x: np.ndarray) -> tuple[np.ndarray, Params]:
-    if not np.isfinite(x).all():  # decodes to NaN everywhere: the receiver refuses it
-        return np.zeros(x.shape, np.int8), (float("nan"),)
-    top = float(np.abs(x).max()) if x.size else 0.0
-    if top == 0:
-        return np.zeros(x.shape, np.int8), (0.0,)
-    scale = np.float32(top / _INT8_TOP)
-    q = np.rint(x.astype(np.float64) / float(scale))  # the nearest level of the decoder's grid
-    return np.clip(q, -_INT8_TOP, _INT8_TOP).astype(np.int8), (float(scale),)
+def _int8_grid(power: int) -> WireFormat:
+    """One signed byte on the grid x' = sign(q) |q|^power scale, q in -127..127, scale = m / 127^power:
+    power 1 is the linear grid (`int8-symmetric`), power 2 the square-root one (`int8-sqrt`)."""
 
+    def encode_grid(x: np.ndarray) -> tuple[np.ndarray, Params]:
+        if not np.isfinite(x).all():  # decodes to NaN everywhere: the receiver refuses it
+            return np.zeros(x.shape, np.int8), (float("nan"),)
+        top = float(np.abs(x).max()) if x.size else 0.0
+        if top == 0:
+            return np.zeros(x.shape, np.int8), (0.0,)
+        scale = np.float32(top / _INT8_TOP**power)
+        # the nearest level of the decoder's grid, in float64 (sqrt is correctly rounded on any machine)
+        level = np.abs(x.astype(np.float64)) / float(scale)
+        q = np.rint(level if power == 1 else np.sqrt(level))
+        return (np.clip(q, 0, _INT8_TOP) * np.sign(x)).astype(np.int8), (float(scale),)
 
-def _int8_symmetric_decode(data: np.ndarray, params: Params) -> np.ndarray:
-    return data.astype(np.float32) * np.float32(params[0])
+    def decode_grid(data: np.ndarray, params: Params) -> np.ndarray:
+        q = data.astype(np.float32)
+        magnitude = q if power == 1 else q * np.abs(q)  # exact in float32: the product rounds once
+        return magnitude * np.float32(params[0])
 
-
-def _int8_sqrt_encode(x: np.ndarray) -> tuple[np.ndarray, Params]:
-    if not np.isfinite(x).all():
-        return np.zeros(x.shape, np.int8), (float("nan"),)
-    top = float(np.abs(x).max()) if x.size else 0.0
-    if top == 0:
-        return np.zeros(x.shape, np.int8), (0.0,)
-    scale = np.float32(top / _INT8_TOP**2)
-    # the nearest level in the square-root domain (sqrt is correctly rounded: the same q on any machine)
-    root = np.sqrt(np.abs(x.astype(np.float64)) / (float(scale) * _INT8_TOP**2)) * _INT8_TOP
-    q = np.clip(np.rint(root), 0, _INT8_TOP) * np.sign(x)
-    return q.astype(np.int8), (float(scale),)
-
-
-def _int8_sqrt_decode(data: np.ndarray, params: Params) -> np.ndarray:
-    q = data.astype(np.float32)
-    return q * np.abs(q) * np.float32(params[0])  # q |q| is exact in float32: one rounding
+    return WireFormat("int8", 1, encode_grid, decode_grid)
 
 
 def _identity(x: np.ndarray) -> tuple[np.ndarray, Params]:
@@ -255,6 +246,6 @@ ENCODINGS: dict[str, WireFormat] = {
     "bfloat16": WireFormat("uint16", 0, _bfloat16_encode, _bfloat16_decode),
     "uint8-affine": _affine(8),
     "uint16-affine": _affine(16),
-    "int8-symmetric": WireFormat("int8", 1, _int8_symmetric_encode, _int8_symmetric_decode),
-    "int8-sqrt": WireFormat("int8", 1, _int8_sqrt_encode, _int8_sqrt_decode),
+    "int8-symmetric": _int8_grid(1),
+    "int8-sqrt": _int8_grid(2),
 }
