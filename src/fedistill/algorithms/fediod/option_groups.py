@@ -97,8 +97,8 @@ class ProtocolOptions:
     sites' bytes again with the student within noise on the digits demo and Table 9, but cost the brain-lesion
     student of Table 2 about 14 Dice points on three seeds (one logit per pixel loses its fine steps on one
     byte); compact8-gradients moved it by -4.7, +8.1 and -15.3 points and compact8-sqrt by +1.5, +6.3,
-    -25.0 (that seed collapsed) and -0.7 on four seeds, not settled either way (docs/methods/fediod/per-pixel.md, "One byte a
-    value"). None is a default."""
+    -25.0 (that seed collapsed) and -0.7 on four seeds, not settled either way
+    (docs/methods/fediod/per-pixel.md, "One byte a value"). None is a default."""
 
     channels_last: bool = True
     """Stage 2's convolutions (T_k after stage 1, D_k, G, S) in channels-last memory layout: the same
