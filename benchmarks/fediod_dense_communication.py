@@ -88,6 +88,8 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "default": (),  # FedIOD's defaults: the lean preset (its uniform ensemble on reconstruction)
     # the lean preset with the paper's Eq. 8 ensemble
     "lean+eq8": ("fediod.preset='lean'", "fediod.ensemble_weighting='eq8'"),
+    # the lean preset before its small-mask settings (one-byte margins, a pool of 2,500 replayed 5 times)
+    "lean-before-small-masks": ("fediod.wire='compact'", "fediod.pool_size=1000", "fediod.pool_steps=2"),
     **{name: (*PAPER, *sets) for name, sets in ON_PAPER.items()},
 }
 

@@ -63,6 +63,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--distill-epochs", type=int, default=10)
     parser.add_argument("--iters", type=int, default=25)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config key for every run (e.g. fediod.w_adv=0), as `fedistill run --set`")  # fmt: skip
     args = parser.parse_args(argv)
     args.argv = shown_arguments(list(argv if argv is not None else sys.argv[1:]))
     unknown = set(args.methods.split(",")) - set(METHODS)

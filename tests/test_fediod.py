@@ -155,8 +155,12 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     pixels = resolved_for({"tau": 2.0}, per_pixel=True)
     assert pixels == dataclasses.replace(paper_options, preset="lean", **lean)
     assert pixels.pixel_logits == "all"
+    # a two-class segmentation's small masks (lesions): one logit per pixel, one byte a value, a larger pool
     two_class = resolved_for({"tau": 2.0}, per_pixel=True, two_classes=True)
-    assert two_class == dataclasses.replace(pixels, pixel_logits="margin")
+    assert two_class == dataclasses.replace(
+        pixels, pixel_logits="margin", wire="compact8-sqrt", pool_size=2500, pool_steps=5
+    )
+    assert resolved_for({"wire": "compact"}, per_pixel=True, two_classes=True).wire == "compact"
     # image outputs (reconstruction): the teachers' plain mean instead of Eq. 8, unless a user names one, half
     # of each target the image G drew, 16 replay steps and a student lr of 2e-3
     images = resolved_for({"tau": 2.0}, per_pixel=True, images=True)
@@ -169,6 +173,8 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     assert resolved_for({"tau": 2.0}, per_pixel=True, mask_shaped=True) == dataclasses.replace(
         pixels, truth_weight=0.75
     )
+    nuclei = resolved_for({"tau": 2.0}, per_pixel=True, mask_shaped=True, two_classes=True)
+    assert nuclei == dataclasses.replace(pixels, truth_weight=0.75, pixel_logits="margin")
     assert resolved_for({"truth_weight": 0.0}, per_pixel=True, mask_shaped=True).truth_weight == 0.0
     assert resolved_for({"preset": "paper"}, per_pixel=True, mask_shaped=True).truth_weight == 0.0
     assert (

@@ -115,9 +115,11 @@ def test_the_default_on_dense_tasks_is_lean_the_sites_label_only_the_generator_b
     assert server.options.pixel_logits == ("margin" if two_classes else "all")
     # reconstruction: the teachers' mean, so the sites send no Eq. 8 ratios (segmentation keeps Eq. 8)
     assert server.options.ensemble_weighting == ("eq8" if two_classes else "uniform")
-    # reconstruction: half of each target is the image G drew, replayed 16 times per G-step
-    replayed = (server.options.truth_weight, server.options.pool_steps)
-    assert replayed == ((0.0, 2) if two_classes else (0.5, 16))
+    # reconstruction: half of each target is the image G drew, replayed 16 times per G-step; the lesions'
+    # small masks: a pool of 2,500 replayed 5 times per G-step
+    replayed = (server.options.truth_weight, server.options.pool_size, server.options.pool_steps)
+    assert replayed == ((0.0, 2500, 5) if two_classes else (0.5, 1000, 16))
+    assert server.options.wire == "float32"  # the preset's one-byte wire yields to the user's
     ratios = [r for r in lean_records if r["direction"] == UP and "discriminator-outputs" in r["kinds"]]
     assert bool(ratios) == two_classes
     logits = [
