@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from fedistill.algorithms.fediod import LEAN_SMALL_MASKS
 from fedistill.data.registry import load_dataset
 from fedistill.errors import ConfigError
 from fedistill.reproduce.arguments import shown_arguments
@@ -218,7 +219,8 @@ def sending_less_lines(rows: dict[str, dict[str, Any]], args: argparse.Namespace
     what = {
         "fediod": "every site, every class's logits, fresh S-step samples (the paper's exchanges)",
         "fediod-default": "every site, one logit per pixel, logits and input-gradients in one byte, G's "
-        "batches only, in a pool of 2500 with 5 S-steps per G-step (the default settings: the lean preset)",
+        f"batches only, in a pool of {LEAN_SMALL_MASKS['pool_size']} with {LEAN_SMALL_MASKS['pool_steps']} "
+        "S-steps per G-step (the default settings: the lean preset)",
         "fediod-margin": 'every site, one logit per pixel (`pixel_logits = "margin"`)',
         "fediod-sampled": f"{args.sampled_sites} sites per G-step (`sites_per_step`), one logit per pixel",
         "fediod-lean": f"every site, one logit per pixel, G's batches only ({args.lean_iters} G-steps per "

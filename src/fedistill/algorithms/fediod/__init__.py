@@ -33,6 +33,7 @@ from fedistill.algorithms.base import ALL_TASKS, Algorithm, register
 from fedistill.algorithms.fediod import losses
 from fedistill.algorithms.fediod.client import FedIODClient
 from fedistill.algorithms.fediod.options import (
+    LEAN_SMALL_MASKS,
     OFFICIAL_CODE,
     FedIODOptions,
     cosine_lr,
@@ -44,6 +45,7 @@ from fedistill.algorithms.fediod.server import Federation, FedIODServer
 from fedistill.algorithms.fediod.task_view import TaskView
 
 __all__ = [
+    "LEAN_SMALL_MASKS",
     "OFFICIAL_CODE",
     "FedIODClient",
     "FedIODOptions",
