@@ -1,13 +1,15 @@
-"""What the reconstruction task's residual and data consistency change, measured on the reconstruction demo.
+"""What the reconstruction task's residual, data consistency and output scale change, measured on the
+reconstruction demo.
 
 One `fedistill run --config configs/demo-reconstruction.toml --set threads=1` per variant (every method
 of the demo: FedIOD, Standalone, FedAvg, Centralized), the variants being the task's defaults
-(`residual` and `data_consistency` on) and each switched off, then both off (the task as it was). Every
+(`residual`, `data_consistency` on, `output_scale = "slice"`) and each switched off, then all three off (the
+task as it was). Every
 model is scored per test site (SSIM, PSNR per volume, fastMRI's evaluation) beside the zero-filled input
 scored through the same task (with its data consistency where the variant applies it): a method that
 does not beat its own input on every site is flagged.
 
-    python benchmarks/reconstruction_residual_dc.py [--variants default,no-dc,no-residual,neither] \\
+    python benchmarks/reconstruction_residual_dc.py [--variants default,no-scale,no-dc,no-residual,neither] \\
         [--out benchmarks/runs/reconstruction-residual-dc] [--jobs 1] [--reuse] [--update-docs]
 
 Writes benchmarks/results/reconstruction_residual_dc.{md,json}; --update-docs rewrites the reconstruction
@@ -38,10 +40,17 @@ STEM = "reconstruction_residual_dc"
 WALL_FILE = "wall_time_s.json"
 METHODS = ("fediod", "standalone", "fedavg", "centralized")
 VARIANTS = {
-    "default": ("residual + data consistency (the defaults)", ()),
+    "default": ("residual + data consistency, output in the slice's units (the defaults)", ()),
+    "no-scale": (
+        "residual + data consistency, output as it is (the defaults before `output_scale`)",
+        ("task.output_scale='none'",),
+    ),
     "no-dc": ("residual, no data consistency", ("task.data_consistency=false",)),
     "no-residual": ("data consistency, no residual", ("task.residual=false",)),
-    "neither": ("neither (the task as it was)", ("task.residual=false", "task.data_consistency=false")),
+    "neither": (
+        "none of the three (the task as it was)",
+        ("task.residual=false", "task.data_consistency=false", "task.output_scale='none'"),
+    ),
 }
 
 

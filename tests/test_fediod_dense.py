@@ -342,10 +342,13 @@ def test_truth_weight_teaches_the_student_the_image_g_drew_on_reconstruction(tmp
         if weight == 1.0:
             zero_filled = server.view.model_input(drawn, server._mask_index(0, 0))
             assert torch.allclose(server.pool.x, zero_filled, atol=1e-6)
-            truth = server.view.rows(drawn - zero_filled).reshape(targets[1.0].shape)
-            assert torch.allclose(targets[1.0], truth, atol=1e-6)
-            image = server.pool.x + server.view.unrows(truth.reshape(-1, 1), drawn.shape)
-            assert torch.allclose(image, drawn)  # the corrected input is G's image
+            # the correction back to G's image, in units of each zero-filled slice's std (`output_scale`)
+            std = zero_filled.std(dim=(1, 2, 3), keepdim=True)
+            truth = server.view.rows((drawn - zero_filled) / std).reshape(targets[1.0].shape)
+            assert torch.allclose(targets[1.0], truth, atol=1e-5)
+            correction = server.view.unrows(truth.reshape(-1, 1), drawn.shape)
+            image = server.view.task.corrected(server.pool.x, correction)
+            assert torch.allclose(image, drawn, atol=1e-6)  # the corrected input is G's image
     assert not torch.allclose(targets[0.0], targets[1.0], atol=1e-3)  # the ensemble is not the truth
     assert torch.allclose(targets[0.5], (targets[0.0] + targets[1.0]) / 2, atol=1e-6)
     classification = build_config(

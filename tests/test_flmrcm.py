@@ -97,7 +97,7 @@ def test_source_step_trains_d_first_then_the_net_against_the_updated_d():
     net_ref, d_ref, lr, weight = copy.deepcopy(net), copy.deepcopy(d), 0.1, 0.7
 
     with net_ref.bottleneck_features() as captured:
-        outputs = x + net_ref(x)  # the task's residual: the net learns a correction to its input
+        outputs = task.corrected(x, net_ref(x))  # the task's residual and output scale
     z_s = latent_vectors(captured[-1])
     d_grads = torch.autograd.grad(discriminator_loss(d_ref, z_s.detach(), z_t), list(d_ref.parameters()))
     with torch.no_grad():

@@ -165,13 +165,20 @@ def test_table_writes_every_method_per_source_with_the_paper_and_the_ledger(tiny
     assert sites == ["reference", "bias-field-noisy", "low-resolution", "contrast-shift"]
     methods = [r["method"] for r in payload["rows"]]
     assert methods == [
-        "zero-filled", "standalone", *["standalone-site"] * 4, "centralized", "fedavg", "flmrcm",
-        *["flmrcm-target"] * 4, "fediod", "fediod-paper",
+        "zero-filled", "standalone", "standalone-own", *["standalone-site"] * 4, "centralized", "fedavg",
+        "flmrcm", *["flmrcm-target"] * 4, "fediod", "fediod-paper",
     ]  # fmt: skip
     for row in payload["rows"]:
         assert set(row["ssim"]) == set(row["psnr"]) == set(sites)
         assert all(0 < v < 1 for v in row["ssim"].values())
-        assert (row["wall_time_s"] is None) == (row["method"] in ("zero-filled", "standalone-site"))
+        assert (row["wall_time_s"] is None) == (
+            row["method"] in ("zero-filled", "standalone-own", "standalone-site")
+        )
+    # Standalone as each site deploys it: every source scored by the model of its own site
+    own = next(r for r in payload["rows"] if r["method"] == "standalone-own")
+    site_models = {r["site"]: r for r in payload["rows"] if r["method"] == "standalone-site"}
+    for metric in ("ssim", "psnr"):
+        assert own[metric] == {s: site_models[s][metric][s] for s in sites}
     assert payload["facts"]["rescore_max_abs_diff"] < 1e-6  # saved models score as their runs did
     assert payload["facts"]["fediod"]["up_per_kind"].get("parameters", 0) == 0
     # every run's ledger totals; the lean default sends less than the paper's exchanges on the same budget

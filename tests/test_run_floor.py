@@ -4,15 +4,19 @@ own numbers, scored on the same test set; a classification run reports none."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 from fedistill.config import RunConfig, build_config
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.engine.launch import run_suite
 from fedistill.engine.summary import results_rows, summary_markdown
+from fedistill.inference.loading import load_model
 from fedistill.tasks.reconstruction import Reconstruction
 
 INFO = DatasetInfo("toy-mri", 1, 16, 1, (0.0,), (1.0,), task="reconstruction")
@@ -41,6 +45,7 @@ def test_the_floor_scores_what_a_net_that_learnt_nothing_returns(consistency):
     assert floor["ssim"] == pytest.approx(untrained["ssim"], abs=1e-6)
     assert floor["psnr"] == pytest.approx(untrained["psnr"], abs=1e-4)
     assert dataclasses.replace(task, residual=False).trivial_baseline()[0] == label
+    assert dataclasses.replace(task, output_scale="none").trivial_baseline()[0] == label
 
 
 def test_a_reconstruction_run_reports_its_floor_in_the_summary_and_the_results_table(tmp_path):
@@ -63,6 +68,17 @@ def test_a_reconstruction_run_reports_its_floor_in_the_summary_and_the_results_t
     assert rows[-1]["algorithm"] == floor["label"] and rows[-1]["SSIM"] == f"{floor['test_ssim']:.4f}"
     assert rows[-1]["time s"] == "-"
     assert "floor (zero-filled input + data consistency, no training)" in summary_markdown(summary)
+    # the model file records the task it trained under, so a loaded model predicts as the run scored it
+    run_dir = tmp_path / "s" / "fedavg"
+    model = load_model(run_dir)
+    assert model.task.output_scale == "slice" and model.task.residual
+    # a file saved before `output_scale` existed (no task record) took its net's output as it is
+    path = run_dir / "models" / "global.safetensors"
+    with safe_open(str(path), framework="pt") as handle:
+        metadata, state = handle.metadata(), handle.get_tensors()
+    assert json.loads(metadata.pop("task_options"))["output_scale"] == "slice"
+    save_file(state, str(path), metadata=metadata)
+    assert load_model(run_dir).task.output_scale == "none"
 
 
 def test_a_classification_run_has_no_floor(tmp_path):

@@ -6,6 +6,7 @@ resumed with `--resume` ends with exactly the metrics of an uninterrupted run.
 
 from __future__ import annotations
 
+import json
 import logging
 import platform
 import resource
@@ -243,7 +244,8 @@ def _loop(
         # a module may name what its weights alone do not record (a generator: its number of upsamplings)
         described = getattr(module, "export_metadata", dict)()
         # the dataset's facts (normalisation, size, classes) travel with the weights: load_model needs no data
-        metadata = {"algorithm": algorithm.name, "dataset_info": info.to_json(), **described}
+        metadata = {"algorithm": algorithm.name, "dataset_info": info.to_json(),
+                    "task_options": json.dumps(task.options()), **described}  # fmt: skip
         save_model(module, run_dir / "models" / f"{name}.safetensors", metadata)
     plot_learning_curves(
         {algorithm.name: metrics.rows},

@@ -88,8 +88,8 @@ def export_model(model: TrainedModel, format: str, path: Path) -> dict[str, Any]
 
 
 def exported_module(model: TrainedModel) -> torch.nn.Module:
-    """What an ONNX or TorchScript file computes: the module, a reconstruction net with its residual
-    (`Reconstruction.standalone`)."""
+    """What an ONNX or TorchScript file computes: the module, a reconstruction net with its residual and
+    output scale (`Reconstruction.standalone`)."""
     from fedistill.tasks.reconstruction import Reconstruction
 
     task = model.task

@@ -13,7 +13,9 @@ another one; the first whose parameters match the file in names and shapes is re
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -22,6 +24,9 @@ from fedistill.data.base import DatasetInfo
 from fedistill.errors import RunDirError
 from fedistill.inference.run_folder import finished_dir
 from fedistill.inference.trained_model import TrainedModel
+
+if TYPE_CHECKING:
+    from fedistill.config import RunConfig
 
 #: The exported models a user predicts with, in the order one is picked when `name` is not given.
 PREFERRED = ("global", "student", "segmenter")
@@ -70,20 +75,36 @@ def candidate_architectures(name: str, model: str, options: object) -> list[str]
     return [n for n in dict.fromkeys(names) if n in known]
 
 
-def read_model_file(path: Path) -> tuple[dict[str, torch.Tensor], DatasetInfo | None]:
-    """A safetensors file's tensors and the dataset facts the run saved in its header (normalisation,
-    size, classes, task; None for a file saved without them), read in one opening of the file.
-    RunDirError when the file is damaged."""
+def read_model_file(path: Path) -> tuple[dict[str, torch.Tensor], DatasetInfo | None, dict[str, Any] | None]:
+    """A safetensors file's tensors, the dataset facts the run saved in its header (normalisation, size,
+    classes, task) and the task's options it trained under (each None for a file saved without them),
+    read in one opening of the file. RunDirError when the file is damaged."""
     from safetensors import safe_open
 
     try:
         with safe_open(str(path), framework="pt") as handle:
-            text = (handle.metadata() or {}).get("dataset_info")
+            metadata = handle.metadata() or {}
             state = handle.get_tensors()
     except Exception as exc:  # a truncated or overwritten file: safetensors raises its own error types
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise RunDirError(f"{path} is damaged ({reason}); run the algorithm again to export it") from None
-    return state, _dataset_info(text)
+    options = metadata.get("task_options")
+    return (
+        state,
+        _dataset_info(metadata.get("dataset_info")),
+        None if options is None else json.loads(options),
+    )
+
+
+def _task_options(config: RunConfig, recorded: dict[str, Any] | None, info: DatasetInfo) -> dict[str, Any]:
+    """The options of the task the model trained under: those its file recorded, else the run's `[task]`
+    table; a reconstruction model saved before `output_scale` existed took its net's output as it is."""
+    if recorded is not None:
+        return recorded
+    options = dict(config.options.get("task", {}))
+    if info.task == "reconstruction":
+        options.setdefault("output_scale", "none")
+    return options
 
 
 def _dataset_info(text: str | None) -> DatasetInfo | None:
@@ -115,10 +136,11 @@ def load_model(
     The dataset's facts (normalisation, image size, classes) are read from the model file, where the run
     recorded them: no data is needed. Models saved before that record existed, or a `data_dir` given,
     take them from loading the dataset the run used (from `data_dir`, or the run's own)."""
-    from fedistill.algorithms.shared.training import new_model, task_of
+    from fedistill.algorithms.shared.training import new_model
     from fedistill.config import read_config
     from fedistill.data.registry import load_dataset
     from fedistill.engine.setup import resolve
+    from fedistill.tasks import make_task
 
     folder = finished_dir(run_dir, algorithm)
     files = model_files(folder)
@@ -129,7 +151,7 @@ def load_model(
     chosen = choose_model(files, folder.name, config.model, name)
     if "generator" in chosen:
         raise RunDirError(f"{chosen} is {folder.name}'s generator, not a model of the task; pick another")
-    state, recorded = read_model_file(files[chosen])
+    state, recorded, task_options = read_model_file(files[chosen])
     info = recorded if data_dir is None else None
     if info is None:  # a model saved before its dataset's facts were recorded beside it
         dataset = load_dataset(
@@ -145,7 +167,7 @@ def load_model(
             module.load_state_dict(state)
             return TrainedModel(
                 module=_ready(module, device),
-                task=task_of(config, info),
+                task=make_task(info, _task_options(config, task_options, info)),
                 info=info,
                 algorithm=folder.name,
                 config=config,

@@ -89,11 +89,12 @@ def reconstructions(table: dict[str, Any], harness: Harness) -> list[tuple[str, 
 
     data, task = harness.dataset, harness.task
 
-    def outputs(model: Any) -> np.ndarray:
-        return task.outputs(model, data.test, data.info).clamp(min=0)[:, 0].detach().cpu().numpy()
+    def outputs(model: Any, through: Any = task) -> np.ndarray:
+        return through.outputs(model, data.test, data.info).clamp(min=0)[:, 0].detach().cpu().numpy()
 
     rows = {r["method"]: r for r in table["rows"]}
-    columns = [("Zero-filled", dict.fromkeys(harness.site_names, outputs(nn.Identity())))]
+    zero_filled = outputs(nn.Identity(), task.identity_baseline())
+    columns = [("Zero-filled", dict.fromkeys(harness.site_names, zero_filled))]
     for method, title, how in COLUMNS:
         if method not in rows:
             continue

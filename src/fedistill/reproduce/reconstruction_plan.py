@@ -63,6 +63,7 @@ METHODS = ("standalone", "centralized", "fedavg", "flmrcm", "fediod", "fediod-pa
 LABELS = {
     "zero-filled": "Zero-filled input (floor)",
     "standalone": "Standalone (mean of the site models)",
+    "standalone-own": "Standalone (the column's site's own model)",
     "centralized": "Centralized (pooled data, not federated)",
     "fedavg": "FedAvg",
     "flmrcm": "FL-MRCM (target = the column's site)",

@@ -114,6 +114,9 @@ def write_results(rows: list[dict[str, Any]], facts: dict[str, Any], args: argpa
         "- Standalone's and Centralized's rows are their final models read from the runs' last checkpoints "
         "and scored with the runner's harness (per volume, per source): those methods' clients hold no "
         "volume ids, so the `test_ssim` in their own summaries scores each slice on its own maximum.",
+        "- Standalone (the column's site's own model): each volume scored by the model its own site "
+        "trained, what a site that trains alone deploys; the mean of the site models also scores every "
+        "model on the other sites' volumes, whose anatomy and contrast it never saw.",
         "- FedAvg's, FL-MRCM's and FedIOD's rows are their summaries; their saved models re-scored here "
         f"agree to {facts['rescore_max_abs_diff']:.1e} SSIM.",
     ]

@@ -55,13 +55,11 @@ class Harness:
     def zero_filled(self) -> dict[str, float]:
         """The undersampled input scored as a reconstruction: the input itself through the task (its masks,
         and its data consistency when on), i.e. what a net whose correction is zero returns."""
-        import dataclasses
-
         from torch import nn
 
         from fedistill.algorithms.shared.training import evaluate_model
 
-        task = dataclasses.replace(self.task, residual=False)  # an identity net: the input is the output
+        task = self.task.identity_baseline()  # an identity net: the input is the output
         data = self.dataset
         return evaluate_model(
             nn.Identity(), data.test, data.info, task=task, meta=data.test_meta, groups=self.sources
@@ -156,9 +154,12 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
             }
             rows.append(row("standalone", LABELS["standalone"], mean, std=std, wall_time_s=wall,
                             run_dir=rel(run_dir), models=models, **sent(summary)))  # fmt: skip
-            for k, scores in enumerate(scored):
-                rows.append(row("standalone-site", f"Standalone: {sites[k]}'s model", scores, site=sites[k],
-                                wall_time_s=None, run_dir=rel(run_dir), models=[models[k]]))  # fmt: skip
+            site_rows = [
+                row("standalone-site", f"Standalone: {sites[k]}'s model", scores, site=sites[k],
+                    wall_time_s=None, run_dir=rel(run_dir), models=[models[k]])
+                for k, scores in enumerate(scored)
+            ]  # fmt: skip
+            rows += [own_site_row(site_rows), *site_rows]
         elif spec.method == "fedavg":
             check(run_dir, "global", summary)
             model = {"site": "global", "run_dir": rel(run_dir), "file": "models/global.safetensors"}
@@ -188,6 +189,7 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
     order = [
         "zero-filled",
         "standalone",
+        "standalone-own",
         "standalone-site",
         "centralized",
         "fedavg",
@@ -198,6 +200,14 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
     ]
     rows.sort(key=lambda r: order.index(r["method"]))
     return rows, facts
+
+
+def own_site_row(site_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Standalone as each site deploys it: every source scored by its own site's model (the diagonal of the
+    per-site rows), as FL-MRCM's row scores each source by the run whose target it is."""
+    own = {m: {r["site"]: r[m][r["site"]] for r in site_rows} for m in ("ssim", "psnr")}
+    models = [model for r in site_rows for model in r["models"]]
+    return row("standalone-own", LABELS["standalone-own"], own, wall_time_s=None, models=models)
 
 
 def flmrcm_rows(

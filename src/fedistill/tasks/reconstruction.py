@@ -10,7 +10,11 @@ By default the network learns a correction to its input (`residual`: output = ze
 net(zero-filled image)), and a data-consistency step puts the measured lines back into that output
 (`data_consistency`), as fastMRI's baselines do, so a network that has learnt nothing returns its input
 rather than an image worse than it. `task.residual = false` / `task.data_consistency = false` give the
-plain image-to-image network.
+plain image-to-image network. The net's output is in units of its input slice's spread (`output_scale =
+"slice"`): the correction is std(zero-filled) x net, and without the residual the image is mean + std x net,
+fastMRI's per-slice normalisation seen from the output side (its U-Net's instance norm already makes the net
+blind to its input's offset and scale, so only the output needs the slice's units). `"none"` takes the net's
+output as it is.
 
 Loss: L1 (default) or L2 between output and target, as the protocol the paper follows. Metrics: SSIM,
 PSNR and NMSE per volume with the volume's maximum as data range (fastMRI's evaluation), then averaged
@@ -38,6 +42,10 @@ from fedistill.tasks.base import Inputs, Task
 from fedistill.tasks.conditions import BrainForeground
 from fedistill.tasks.per_pixel_batches import per_pixel_batches
 
+OUTPUT_SCALES = ("slice", "none")
+#: the smallest std a slice's unit takes: an empty (all-zero) slice keeps its zero-filled input
+MIN_SLICE_STD = 1e-6
+
 
 @dataclass(frozen=True)
 class Reconstruction(Task):
@@ -60,6 +68,7 @@ class Reconstruction(Task):
     loss_kind: str = "l1"  # l1 | l2
     residual: bool = True  # output = zero-filled input + net(input)
     data_consistency: bool = True  # the measured k-space lines put back into the output
+    output_scale: str = "slice"  # slice: the net's output in units of its input slice's std | none
 
     def __post_init__(self) -> None:
         if self.mask not in MASK_KINDS:
@@ -70,6 +79,10 @@ class Reconstruction(Task):
             )
         if self.loss_kind not in ("l1", "l2"):
             raise ConfigError(f"task.loss_kind must be l1 or l2, got {self.loss_kind!r}")
+        if self.output_scale not in OUTPUT_SCALES:
+            raise ConfigError(
+                f"task.output_scale must be one of {', '.join(OUTPUT_SCALES)}, got {self.output_scale!r}"
+            )
         _ = self.masks  # builds the mask function: bad accelerations/fractions fail here, before any work
 
     @property
@@ -122,21 +135,38 @@ class Reconstruction(Task):
         zero_filled, kspace, mask = inputs
         return data_consistency(self.corrected(zero_filled, model(zero_filled)), kspace, mask)
 
+    def _base_and_unit(self, zero_filled: torch.Tensor) -> tuple[torch.Tensor | float, torch.Tensor | float]:
+        """(what the net's output is added to, the unit it is in): the zero-filled input with `residual`, else
+        the slice's mean under `output_scale = "slice"` or 0; the unit the slice's std, or 1."""
+        if self.output_scale == "none":
+            return (zero_filled if self.residual else 0.0), 1.0
+        dims = tuple(range(1, zero_filled.dim()))
+        std = zero_filled.std(dim=dims, keepdim=True).clamp_min(MIN_SLICE_STD)
+        base = zero_filled if self.residual else zero_filled.mean(dim=dims, keepdim=True)
+        return base, std
+
     def corrected(self, zero_filled: torch.Tensor, net_output: torch.Tensor) -> torch.Tensor:
         """The image a net's output stands for: the zero-filled input plus the output (a correction) with
-        `residual`, the output itself without."""
-        return zero_filled + net_output if self.residual else net_output
+        `residual`, the output itself without; the output in units of the slice's std (`output_scale`)."""
+        base, unit = self._base_and_unit(zero_filled)
+        return base + unit * net_output
 
     def net_output_for(self, zero_filled: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
-        """The net output that `corrected` turns into `image`: its difference from the zero-filled input
-        with `residual`, the image itself without."""
-        return image - zero_filled if self.residual else image
+        """The net output that `corrected` turns into `image`."""
+        base, unit = self._base_and_unit(zero_filled)
+        return (image - base) / unit
 
     def standalone(self, model: nn.Module) -> nn.Module:
         """A module that computes the reconstruction from the zero-filled image alone (what an exported file
-        runs): `model` with its residual built in. Data consistency needs the measured k-space, which such
-        a module does not take, so it is left to the caller."""
-        return WithResidual(model) if self.residual else model
+        runs): `model` with its residual and output scale built in. Data consistency needs the measured
+        k-space, which such a module does not take, so it is left to the caller."""
+        if not self.residual and self.output_scale == "none":
+            return model
+        return Corrected(model, self)
+
+    def identity_baseline(self) -> Reconstruction:
+        """This task for a net that returns its input (`nn.Identity`): no residual, no output scale."""
+        return dataclasses.replace(self, residual=False, output_scale="none")
 
     def decode(self, outputs: torch.Tensor) -> torch.Tensor:
         """The reconstructed images themselves."""
@@ -158,7 +188,7 @@ class Reconstruction(Task):
         """The undersampled input itself (after data consistency when on): what a net whose correction is
         zero returns, the floor a reconstruction must rise above."""
         label = "zero-filled input" + (" + data consistency" if self.data_consistency else "")
-        return label, nn.Identity(), dataclasses.replace(self, residual=False)
+        return label, nn.Identity(), self.identity_baseline()
 
     def distilled_columns(self, info: DatasetInfo) -> int:
         """One: each pixel of an output image is a row with one value."""
@@ -197,12 +227,13 @@ class Reconstruction(Task):
         return metrics
 
 
-class WithResidual(nn.Module):
-    """A reconstruction net with the task's residual inside: input + net(input)."""
+class Corrected(nn.Module):
+    """A reconstruction net with the task's residual and output scale inside: `task.corrected(x, net(x))`."""
 
-    def __init__(self, net: nn.Module) -> None:
+    def __init__(self, net: nn.Module, task: Reconstruction) -> None:
         super().__init__()
         self.net = net
+        self.task = task
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.net(x)
+        return self.task.corrected(x, self.net(x))

@@ -18,9 +18,10 @@ them unchanged by treating each pixel as a sample:
   and L_mimic's hardness. T_k and S see the zero-filled image of an undersampled k-space of G's image;
   the masks are drawn from a seeded stream both sides know, so the server sends only G's image. With the
   task's residual (`task.residual`, the default) a net's output is a correction to that zero-filled
-  image, and FedIOD distils the corrections: every model sees the same input, Eq. 9's weights sum to 1
-  over k at every pixel, so the ensemble of the images is the input plus the ensemble of the corrections
-  and every L_mimic mode compares the same differences. Scoring a teacher or the student goes through
+  image, in units of that image's std (`task.output_scale`), and FedIOD distils the corrections: every
+  model sees the same input, Eq. 9's weights sum to 1 over k at every pixel, so the ensemble of the
+  images is the input plus the ensemble of the corrections (times that std) and every L_mimic mode
+  compares the same differences. Scoring a teacher or the student goes through
   the task (`Task.outputs`), which adds the input back and applies data consistency.
 
 The per-pixel tasks condition G on a label mask (segmentation) or the brain's foreground mask
