@@ -147,7 +147,8 @@ class Reconstruction(Task):
 
     def corrected(self, zero_filled: torch.Tensor, net_output: torch.Tensor) -> torch.Tensor:
         """The image a net's output stands for: the zero-filled input plus the output (a correction) with
-        `residual`, the output itself without; the output in units of the slice's std (`output_scale`)."""
+        `residual`, the output itself without; under `output_scale = "slice"` the output is in units of the
+        slice's std (and, without the residual, counted from the slice's mean)."""
         base, unit = self._base_and_unit(zero_filled)
         return base + unit * net_output
 
