@@ -55,6 +55,7 @@ def test_default_export_is_safetensors_in_the_runs_export_folder_with_a_card(run
     with safe_open(str(path), "pt") as handle:
         metadata = handle.metadata()
     assert metadata["architecture"] == "small-cnn" and metadata["algorithm"] == "fedavg"
+    assert json.loads(metadata["task_options"]) == model.task.options()
     assert json.loads(metadata["preprocessing"])["mean"] == list(model.info.mean)
 
     summary = json.loads((run_dir / "fedavg" / "summary.json").read_text(encoding="utf-8"))
@@ -116,6 +117,17 @@ DENSE = {
         {"chans": 4, "num_pool_layers": 2},
     ),
 }
+
+
+def test_a_reconstruction_net_s_weights_carry_what_turns_their_output_into_the_image(tmp_path):
+    info, options = DENSE["unet-fastmri"]
+    model = _dense_model("unet-fastmri", info, options)
+    path = tmp_path / "net.safetensors"
+    export_model(model, "safetensors", path)
+    with safe_open(str(path), "pt") as handle:
+        recorded = json.loads(handle.metadata()["task_options"])
+    assert recorded["residual"] is True and recorded["output_scale"] == "slice"
+    assert recorded == model.task.options()
 
 
 @pytest.mark.parametrize("architecture", sorted(DENSE))

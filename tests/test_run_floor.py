@@ -16,6 +16,7 @@ from fedistill.config import RunConfig, build_config
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.engine.launch import run_suite
 from fedistill.engine.summary import results_rows, summary_markdown
+from fedistill.errors import RunDirError
 from fedistill.inference.loading import load_model
 from fedistill.tasks.reconstruction import Reconstruction
 
@@ -79,6 +80,10 @@ def test_a_reconstruction_run_reports_its_floor_in_the_summary_and_the_results_t
     assert json.loads(metadata.pop("task_options"))["output_scale"] == "slice"
     save_file(state, str(path), metadata=metadata)
     assert load_model(run_dir).task.output_scale == "none"
+    # a damaged record is refused with the file named, not guessed
+    save_file(state, str(path), metadata={**metadata, "task_options": "{not json"})
+    with pytest.raises(RunDirError, match=r"global\.safetensors: its record of the task options is damaged"):
+        load_model(run_dir)
 
 
 def test_a_classification_run_has_no_floor(tmp_path):

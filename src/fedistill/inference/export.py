@@ -106,6 +106,8 @@ def _save_safetensors(model: TrainedModel, path: Path) -> None:
         "exported_model": model.name,
         "architecture": model.architecture,
         "task": model.task.name,
+        # what turns the net's raw output into the task's answer (a reconstruction's residual and scale)
+        "task_options": json.dumps(model.task.options()),
         "dataset": model.info.name,
         "norm": model.config.norm,
         "model_options": json.dumps(model.config.options.get("model_options", {})),

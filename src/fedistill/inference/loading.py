@@ -88,12 +88,22 @@ def read_model_file(path: Path) -> tuple[dict[str, torch.Tensor], DatasetInfo | 
     except Exception as exc:  # a truncated or overwritten file: safetensors raises its own error types
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise RunDirError(f"{path} is damaged ({reason}); run the algorithm again to export it") from None
-    options = metadata.get("task_options")
-    return (
-        state,
-        _dataset_info(metadata.get("dataset_info")),
-        None if options is None else json.loads(options),
-    )
+    return state, _dataset_info(metadata.get("dataset_info")), _recorded_task_options(path, metadata)
+
+
+def _recorded_task_options(path: Path, metadata: dict[str, str]) -> dict[str, Any] | None:
+    """The task options a file's header records (None without a record); RunDirError when the record
+    cannot be read, since guessing them would change what the model predicts."""
+    text = metadata.get("task_options")
+    if text is None:
+        return None
+    try:
+        options = json.loads(text)
+    except ValueError:
+        options = None
+    if not isinstance(options, dict):
+        raise RunDirError(f"{path}: its record of the task options is damaged; run the algorithm again")
+    return options
 
 
 def _task_options(config: RunConfig, recorded: dict[str, Any] | None, info: DatasetInfo) -> dict[str, Any]:

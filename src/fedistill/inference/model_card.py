@@ -103,6 +103,7 @@ def model_card(
             "exported_model": model.name,
             "architecture": model.architecture,
             "task": model.task.name,
+            "task_options": model.task.options(),
             "parameters": sum(p.numel() for p in model.module.parameters()),
             "input_shape": ["N", *model.input_shape],
             "output": OUTPUTS.get(model.task.name, "the model's outputs"),
