@@ -1,15 +1,15 @@
-"""What the reconstruction task's residual, data consistency and output scale change, measured on the
-reconstruction demo.
+"""What the reconstruction task's residual, data consistency, output scale and augmentation change, measured
+on the reconstruction demo.
 
 One `fedistill run --config configs/demo-reconstruction.toml --set threads=1` per variant (every method
 of the demo: FedIOD, Standalone, FedAvg, Centralized), the variants being the task's defaults
-(`residual`, `data_consistency` on, `output_scale = "slice"`) and each switched off, then all three off (the
-task as it was). Every
+(`residual`, `data_consistency` on, `output_scale = "slice"`, random flips and quarter turns) and each
+switched off, then all four off (the task as it was). Every
 model is scored per test site (SSIM, PSNR per volume, fastMRI's evaluation) beside the zero-filled input
 scored through the same task (with its data consistency where the variant applies it): a method that
 does not beat its own input on every site is flagged.
 
-    python benchmarks/reconstruction_residual_dc.py [--variants default,no-scale,no-dc,no-residual,neither] \\
+    python benchmarks/reconstruction_residual_dc.py [--variants default,no-scale,no-augment,no-dc,no-residual,neither] \\
         [--out benchmarks/runs/reconstruction-residual-dc] [--jobs 1] [--reuse] [--update-docs]
 
 Writes benchmarks/results/reconstruction_residual_dc.{md,json}; --update-docs rewrites the reconstruction
@@ -45,11 +45,15 @@ VARIANTS = {
         "residual + data consistency, output as it is (the defaults before `output_scale`)",
         ("task.output_scale='none'",),
     ),
+    "no-augment": (
+        "the defaults without random flips and quarter turns (before they became the task's usual augmentation)",
+        ("augment='off'",),
+    ),
     "no-dc": ("residual, no data consistency", ("task.data_consistency=false",)),
     "no-residual": ("data consistency, no residual", ("task.residual=false",)),
     "neither": (
-        "none of the three (the task as it was)",
-        ("task.residual=false", "task.data_consistency=false", "task.output_scale='none'"),
+        "none of the four (the task as it was)",
+        ("task.residual=false", "task.data_consistency=false", "task.output_scale='none'", "augment='off'"),
     ),
 }
 

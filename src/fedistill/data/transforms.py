@@ -164,3 +164,29 @@ def _batches(
         if augment:
             x = _augment(x, info, generator)
         yield devices.on_device(to_float(x, info)), devices.on_device(images.y[idx])
+
+
+def random_recolour(
+    x: torch.Tensor, info: DatasetInfo, probability: float, generator: torch.Generator
+) -> torch.Tensor:
+    """Each image of a normalised float batch (B, C, H, W), with `probability`, in a random new look, drawn
+    in pixel units u in [0, 1]: its channels shuffled, then u -> 1/2 + s g (u - 1/2) + o per channel, with a
+    contrast g of 1/2 to 2 (log-uniform), an offset o of std 0.1 and, for half of the images, s = -1 (the
+    image inverted: dark objects on a light ground become light on dark), clipped to [0, 1] and normalised
+    again. For targets a colour does not decide, such as a segmentation mask: a student that sees its
+    inputs in many stains learns the shapes, not one stain's look (SynthSeg's domain randomisation,
+    applied to what the student trains on). The draws come from `generator` alone, on the CPU."""
+    if probability <= 0:
+        return x
+    mean, std = _stats(info, x)
+    b, c = x.shape[:2]
+    chosen = torch.rand(b, generator=generator) < probability
+    order = torch.argsort(torch.rand(b, c, generator=generator), dim=1)
+    contrast = torch.exp((torch.rand(b, c, generator=generator) * 2 - 1) * torch.log(torch.tensor(2.0)))
+    sign = torch.where(torch.rand(b, 1, generator=generator) < 0.5, -1.0, 1.0)
+    offset = 0.1 * torch.randn(b, c, generator=generator)
+    order = torch.where(chosen[:, None], order, torch.arange(c).expand(b, c)).to(x.device)
+    contrast, offset = (contrast * sign).to(x)[:, :, None, None], offset.to(x)[:, :, None, None]
+    units = torch.gather(x * std.to(x) + mean.to(x), 1, order[:, :, None, None].expand_as(x))
+    recoloured = ((units - 0.5) * contrast + 0.5 + offset).clamp(0.0, 1.0)
+    return torch.where(chosen.to(x.device)[:, None, None, None], (recoloured - mean.to(x)) / std.to(x), x)

@@ -287,6 +287,12 @@ class StabiliserOptions:
     """Then mix them in pairs with a Beta(a, a) weight, a = this; classification only; default 0. Why off:
     with a shift of 1 it gained only on the digits setting it was chosen on."""
 
+    student_recolour: float = 0.0
+    """Segmentation: the share of the student's training images shown in a random new look (channels
+    shuffled, per-channel contrast and offset, half of them inverted; `random_recolour`), targets kept;
+    default 0. Why: a mask does not depend on the stain, and G draws only the looks the teachers made it
+    draw, so a student that learns the shapes under many looks can reach a site whose look G missed."""
+
     student_ema: float = 0.0
     """> 0: the student that is validated, selected and handed over is an exponential moving average of
     the trained student's weights, with this decay per S-step; default 0, the trained student itself. Why

@@ -122,6 +122,8 @@ class FedIODOptions(
             raise ConfigError("fediod.combine_trim must lie in [0, 0.5) and fediod.combine_clip in (0, 1)")
         if not 0.0 <= self.truth_weight <= 1.0:
             raise ConfigError(f"fediod.truth_weight is a weight in [0, 1]; got {self.truth_weight}")
+        if not 0.0 <= self.student_recolour <= 1.0:
+            raise ConfigError(f"fediod.student_recolour is a share in [0, 1]; got {self.student_recolour}")
         if not 0.0 <= self.student_ema < 1.0:
             raise ConfigError(f"fediod.student_ema is a decay in [0, 1); got {self.student_ema}")
         for key in (
@@ -334,6 +336,11 @@ def resolve_options(
     for key in ("student_shift", "student_mixup"):
         if per_pixel and getattr(options, key):
             raise ConfigError(f"fediod.{key} is for classification; this task is per-pixel")
+    if options.student_recolour and (not per_pixel or image_outputs):
+        raise ConfigError(
+            "fediod.student_recolour recolours the student's images under unchanged targets; it is for "
+            "segmentation, where a mask does not depend on the colours"
+        )
     idle = [k for k in ("student_noise", "student_shift", "student_mixup") if getattr(options, k)]
     if not options.student_steps and idle:
         log.warning("fediod.%s act on S-step samples; with student_steps = 0 there are none", ", ".join(idle))

@@ -20,7 +20,7 @@ from fedistill.algorithms.fediod.robustness import combined_ensemble, screened_l
 from fedistill.algorithms.fediod.wire import wire_encodings
 from fedistill.algorithms.shared.selection import clients_validation_score, keep_if_best
 from fedistill.algorithms.shared.training import test_metrics
-from fedistill.data.transforms import random_shift
+from fedistill.data.transforms import random_recolour, random_shift
 from fedistill.errors import FederationError
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import ArraySpec, Message
@@ -172,10 +172,11 @@ class StudentSteps:
         per_sample = targets.reshape(len(batch.x), -1, targets.shape[-1])  # (B, rows per sample, C)
         self.student.train()
         losses = []
+        shown = self._recoloured(inputs, "student-recolour", batch.step)
         for j in range(n):
             part = slice(j * b, (j + 1) * b)
             loss = self._target_loss(
-                self.student(inputs[part]), per_sample[part].reshape(-1, targets.shape[-1])
+                self.student(shown[part]), per_sample[part].reshape(-1, targets.shape[-1])
             )
             if not torch.isfinite(loss):
                 raise FederationError(
@@ -197,10 +198,20 @@ class StudentSteps:
         options = self.options
         rng = torch_generator(self.ctx.config.seed, "pool", drawn_at + 1)
         batch = options.pool_batch_size or options.synthetic_batch_size
-        for _ in range(options.pool_steps):
+        for i in range(options.pool_steps):
             x, target = self.pool.sample(batch, rng)
+            x = self._recoloured(x, "pool-recolour", drawn_at + 1, i)
             loss = self._target_loss(self.student(x), target.reshape(-1, target.shape[-1]))
             self._student_optimizer_step(loss)
+
+    def _recoloured(self, x: torch.Tensor, *draw: object) -> torch.Tensor:
+        """`x` as the student trains on it: with `student_recolour`, a share of the images in a random new
+        look drawn from (seed, *`draw`), so a resumed run recolours the same; else `x` itself.
+        The pool keeps the images as G drew them."""
+        share = self.options.student_recolour
+        if not share:
+            return x
+        return random_recolour(x, self.view.info, share, torch_generator(self.ctx.config.seed, *draw))
 
     def _student_optimizer_step(self, loss: torch.Tensor) -> None:
         self.s_optimizer.zero_grad(set_to_none=True)
