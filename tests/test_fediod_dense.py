@@ -19,7 +19,7 @@ from fedistill.errors import ConfigError
 from fedistill.federation.ledger import UP, Ledger, read_ledger
 from fedistill.models.perceptual import PerceptualLoss, encoder_features
 from fedistill.seeding import torch_generator
-from fedistill.tasks import SemanticSegmentation
+from fedistill.tasks import InstanceSegmentation, SemanticSegmentation
 from fedistill.transports.inprocess import InProcessFleet
 
 SEGMENTATION = {
@@ -279,7 +279,7 @@ def test_the_per_client_mixture_tells_a_conditional_generator_each_samples_site(
 def test_a_margin_halves_the_logits_and_keeps_each_teachers_softmax(tmp_path):
     """`pixel_logits = "margin"` on two-class segmentation: the sites send one value per pixel instead of
     two (half the logits' and output-gradients' bytes, float32 wire), the server's (0, z_1 - z_0) has the
-    teacher's softmax, and a task without two classes per pixel is refused in one line."""
+    teacher's softmax, and a task without classes per pixel is refused in one line."""
     view = TaskView(SemanticSegmentation(), DatasetInfo("toy", 1, 4, 2, (0.5,), (0.25,)), 0)
     margin = view.with_sent_outputs("patch", "margin")
     z = torch.randn(3, 2, 4, 4)
@@ -299,8 +299,26 @@ def test_a_margin_halves_the_logits_and_keeps_each_teachers_softmax(tmp_path):
             stage2[mode, kind] = sum(kinds.get(kind, 0) for kinds in queries)
     for kind in ("logits", "output-gradients"):
         assert stage2["margin", kind] / stage2["all", kind] == pytest.approx(0.5, rel=0.01)
-    with pytest.raises(ConfigError, match="two-class per-pixel task"):
+    with pytest.raises(ConfigError, match="needs classes per pixel"):
         run_suite(_config(RECONSTRUCTION, pixel_logits="margin"), tmp_path / "r", progress=False)
+
+
+def test_margins_over_the_background_keep_a_three_class_softmax():
+    """On nuclei (background, inside, contour) the margins are z_1 - z_0 and z_2 - z_0: two values per
+    pixel instead of three, and the server's (0, z_1 - z_0, z_2 - z_0) has the teacher's softmax."""
+    view = TaskView(
+        InstanceSegmentation(),
+        DatasetInfo("toy", 3, 4, 2, (0.5,) * 3, (0.25,) * 3, task="instance-segmentation"),
+        0,
+    )
+    margin = view.with_sent_outputs("patch", "margin")
+    z = torch.randn(5, 3, 4, 4)
+    sent = margin.sent_logits(z)
+    assert sent.shape == (5, 2, 4, 4) == margin.sent_shape(5)
+    torch.testing.assert_close(sent, z[:, 1:] - z[:, :1])
+    received = margin.received_logits(torch.stack([sent, sent]))  # the server's (K, B, 2, H, W)
+    assert received.shape == (2, 5, 3, 4, 4)
+    torch.testing.assert_close(received[0].softmax(1), z.softmax(1))
 
 
 @pytest.mark.parametrize("base", [SEGMENTATION, RECONSTRUCTION], ids=["segmentation", "reconstruction"])

@@ -349,11 +349,11 @@ class PerPixelTaskOptions:
 
     pixel_logits: str = "all"
     """What a site sends of its teacher's per-pixel logits: all (default: every class's) | margin (a
-    two-class segmentation: one value per pixel, z_1 - z_0, and the server takes (0, z_1 - z_0)). Why:
-    half the largest thing the sites send, and a two-class softmax depends on nothing else. The output-
-    gradients the server returns halve with it. Not lossless under Eq. 8 or class-share weighting: their
-    weights differ per class, so the ensemble depends on the logits' centring, and margin centres them
-    on class 0."""
+    segmentation: the C - 1 margins over the background, z_c - z_0, and the server takes (0, z_1 - z_0,
+    ...); on two classes one value per pixel). Why: a softmax depends on nothing else, and on two classes
+    it halves the largest thing the sites send (on three, a third less). The output-gradients the server
+    returns shrink with it. Not lossless under Eq. 8 or class-share weighting: their weights differ per
+    class, so the ensemble depends on the logits' centring, and margin centres them on class 0."""
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ class TaskView:
     ratio_resolution: str = "pixel"
     """Per-pixel tasks: whether sites send D_k's ratios per pixel or per patch (`fediod.ratio_resolution`)."""
     pixel_logits: str = "all"
-    """Per-pixel tasks: every class's logits, or a two-class task's margin z_1 - z_0
+    """Per-pixel tasks: every class's logits, or a segmentation's margins z_c - z_0 over the background
     (`fediod.pixel_logits`)."""
 
     def with_ratio_resolution(self, resolution: str) -> TaskView:
@@ -64,11 +64,11 @@ class TaskView:
 
     def with_sent_outputs(self, ratio_resolution: str, pixel_logits: str) -> TaskView:
         """This view with what sites send of D_k's ratios and T_k's logits (`fediod.ratio_resolution`,
-        `fediod.pixel_logits`); ConfigError for a margin the task has no two classes for."""
-        if pixel_logits == "margin" and not self.two_class_pixels:
+        `fediod.pixel_logits`); ConfigError for a margin on a task without classes per pixel."""
+        if pixel_logits == "margin" and not self.class_pixels:
             raise ConfigError(
-                f"fediod.pixel_logits = 'margin' needs a two-class per-pixel task; {self.task.name!r} on "
-                f"{self.info.name} has {self.outputs} output column(s) per "
+                "fediod.pixel_logits = 'margin' needs classes per pixel (a segmentation); "
+                f"{self.task.name!r} on {self.info.name} has {self.outputs} output column(s) per "
                 f"{'pixel' if self.per_pixel else 'sample'}: use 'all'"
             )
         return replace(self, ratio_resolution=ratio_resolution, pixel_logits=pixel_logits)
@@ -79,23 +79,28 @@ class TaskView:
         return self.per_pixel and self.task.outputs_images
 
     @property
+    def class_pixels(self) -> bool:
+        """Classes per pixel (a segmentation): the margins z_c - z_0 carry each site's whole softmax."""
+        return self.per_pixel and not self.image_outputs and self.task.output_channels(self.info) >= 2
+
+    @property
     def two_class_pixels(self) -> bool:
         """A two-class per-pixel task: a site's margin z_1 - z_0 carries its whole softmax."""
         return self.per_pixel and self.task.output_channels(self.info) == 2 and self.outputs == 2
 
     def sent_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """What a site sends of T_k's outputs (B, C, ...): all of them, or the margin z_1 - z_0
-        (B, 1, H, W)."""
+        """What a site sends of T_k's outputs (B, C, ...): all of them, or the margins over the background
+        z_c - z_0, c >= 1 (B, C - 1, H, W)."""
         if self.pixel_logits != "margin":
             return logits
-        return logits[:, 1:2] - logits[:, 0:1]
+        return logits[:, 1:] - logits[:, 0:1]
 
     def received_logits(self, sent: torch.Tensor) -> torch.Tensor:
-        """Logits (..., C, H, W) from what sites sent (..., C or 1, H, W): a margin d becomes (0, d), whose
+        """Logits (..., C, H, W) from what sites sent (..., C or C - 1, H, W): margins d become (0, d), whose
         softmax is the teacher's; the gradient flows back to d."""
         if self.pixel_logits != "margin":
             return sent
-        return torch.cat([torch.zeros_like(sent), sent], dim=-3)
+        return torch.cat([torch.zeros_like(sent[..., :1, :, :]), sent], dim=-3)
 
     @property
     def per_pixel(self) -> bool:
@@ -184,9 +189,9 @@ class TaskView:
         return (batch, self.task.output_channels(self.info), s, s)
 
     def sent_shape(self, batch: int) -> tuple[int, ...]:
-        """The shape of the logits a site sends in stage 2 (`sent_logits`): with the margin, one per pixel."""
+        """The shape of the logits a site sends in stage 2 (`sent_logits`): margins, one fewer a pixel."""
         shape = self.output_shape(batch)
-        return (batch, 1, *shape[2:]) if self.pixel_logits == "margin" else shape
+        return (batch, shape[1] - 1, *shape[2:]) if self.pixel_logits == "margin" else shape
 
     def ratio_shape(self, batch: int) -> tuple[int, ...]:
         """The shape of a batch's ensemble ratios as sites send them: one per sample, one per pixel, or
