@@ -75,11 +75,17 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2", help="seeds of the model and the draws, comma-separated")
     parser.add_argument("--results", default=str(RESULTS))
     args = parser.parse_args()
+    try:
+        shares = [float(x) for x in args.shares.split(",")]
+        seeds = [int(x) for x in args.seeds.split(",")]
+    except ValueError:
+        parser.error("--shares takes numbers and --seeds integers, comma-separated (e.g. 0,0.5 and 0,1,2)")
+    if not all(0.0 <= share <= 1.0 for share in shares):
+        parser.error("--shares are shares of the training images, each in [0, 1]")
     torch.set_num_threads(1)
     data = load_dataset(DATASET, args.data_dir, **OPTIONS)
-    seeds = [int(x) for x in args.seeds.split(",")]
     runs: dict[float, list[dict[str, float]]] = {}
-    for share in (float(x) for x in args.shares.split(",")):
+    for share in shares:
         for seed in seeds:
             start = time.perf_counter()
             runs.setdefault(share, []).append(train_and_score(data, share, args.epochs, seed))

@@ -8,6 +8,7 @@ black into -mean/std, not into 0.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -182,7 +183,7 @@ def random_recolour(
     b, c = x.shape[:2]
     chosen = torch.rand(b, generator=generator) < probability
     order = torch.argsort(torch.rand(b, c, generator=generator), dim=1)
-    contrast = torch.exp((torch.rand(b, c, generator=generator) * 2 - 1) * torch.log(torch.tensor(2.0)))
+    contrast = torch.exp((torch.rand(b, c, generator=generator) * 2 - 1) * math.log(2.0))
     sign = torch.where(torch.rand(b, 1, generator=generator) < 0.5, -1.0, 1.0)
     offset = 0.1 * torch.randn(b, c, generator=generator)
     order = torch.where(chosen[:, None], order, torch.arange(c).expand(b, c)).to(x.device)
