@@ -169,12 +169,14 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     )
     assert resolved_for({"truth_weight": 0.0}, per_pixel=True, images=True).truth_weight == 0.0
     assert pixels.ensemble_weighting == "eq8"
-    # masks that lay out G's image (nuclei): three quarters of the student's loss against them
+    # masks that lay out G's image (nuclei): three quarters of the student's loss against them, and a share of
+    # G's batch per site, each in that site's colours
+    looks = {"truth_weight": 0.75, "generator_mixture": "per-client", "site_looks": True}
     assert resolved_for({"tau": 2.0}, per_pixel=True, mask_shaped=True) == dataclasses.replace(
-        pixels, truth_weight=0.75
+        pixels, **looks
     )
     nuclei = resolved_for({"tau": 2.0}, per_pixel=True, mask_shaped=True, two_classes=True)
-    assert nuclei == dataclasses.replace(pixels, truth_weight=0.75, pixel_logits="margin")
+    assert nuclei == dataclasses.replace(pixels, pixel_logits="margin", **looks)
     assert resolved_for({"truth_weight": 0.0}, per_pixel=True, mask_shaped=True).truth_weight == 0.0
     assert resolved_for({"preset": "paper"}, per_pixel=True, mask_shaped=True).truth_weight == 0.0
     assert (

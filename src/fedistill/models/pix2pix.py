@@ -39,6 +39,8 @@ from fedistill.models.checks import check_divisible, non_negative_int, positive_
 from fedistill.models.norm import DENSE_NORMS, check_norm, make_norm2d
 
 OUTPUTS = ("tanh", "sigmoid")
+#: How far one unit of a look's parameters moves its colour map (`ResnetGenerator._in_look`).
+LOOK_STEP = 10.0
 
 
 def one_hot_mask(mask: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -111,9 +113,16 @@ class ResnetGenerator(nn.Module):
         groups: int = 2,
         dropout: bool = True,
         output: str = "tanh",
+        looks: int = 0,
     ):
         super().__init__()
         self.condition_channels = positive_int("generator condition_channels", condition_channels)
+        self.looks = non_negative_int("generator looks", looks)
+        if self.looks >= self.condition_channels:
+            raise ConfigError(
+                f"generator looks = {looks} must leave the mask among its {condition_channels} condition "
+                "channels"
+            )
         self.noise_channels = non_negative_int("generator noise_channels", noise_channels)
         width = positive_int("generator width", width)
         blocks = non_negative_int("generator blocks", blocks)
@@ -127,7 +136,7 @@ class ResnetGenerator(nn.Module):
 
         layers: list[nn.Module] = [
             nn.ReflectionPad2d(3),
-            nn.Conv2d(self.condition_channels + self.noise_channels, width, 7, bias=bias),
+            nn.Conv2d(self.condition_channels - self.looks + self.noise_channels, width, 7, bias=bias),
             make_norm2d(norm, width, groups=groups),
             nn.ReLU(True),
         ]
@@ -150,6 +159,9 @@ class ResnetGenerator(nn.Module):
         layers.append(nn.Tanh() if output == "tanh" else nn.Sigmoid())
         self.model = nn.Sequential(*layers)
         init_pix2pix(self)
+        if self.looks:  # each look a colour map C -> C of the image in [0, 1], the identity at the start
+            self.look_matrix = nn.Parameter(torch.zeros(self.looks, info.channels, info.channels))
+            self.look_bias = nn.Parameter(torch.zeros(self.looks, info.channels))
         # Normalisation constants: buffers so they follow .to(device), not saved in the state dict.
         self.register_buffer(
             "mean", torch.tensor(info.mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False
@@ -159,9 +171,24 @@ class ResnetGenerator(nn.Module):
         )
 
     def forward_unit(self, condition: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
-        """Images in [0, 1], e.g. for plotting or a VGG perceptual loss."""
-        out = self.model(self._input(condition, noise))
-        return (out + 1) / 2 if self.output == "tanh" else out
+        """Images in [0, 1], e.g. for plotting or a VGG perceptual loss (with looks, each image in its
+        look's colours, which may leave [0, 1] a little)."""
+        self._check_condition(condition)
+        mask = condition[:, : self.condition_channels - self.looks]
+        out = self.model(self._input(mask, noise))
+        out = (out + 1) / 2 if self.output == "tanh" else out
+        return self._in_look(out, condition[:, self.condition_channels - self.looks :]) if self.looks else out
+
+    def _in_look(self, image: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
+        """`image` through the colour map of the look its one-hot `planes` name: (I + s M_k) x + s b_k.
+        The scale s = LOOK_STEP lets Adam's steps of G's learning rate turn a look's colours over within a
+        run's few hundred G-steps (a fluorescence site's look inverts the H&E-like ones' brightness)."""
+        which = planes[:, :, 0, 0]  # (B, looks) one-hot
+        matrix = torch.eye(image.shape[1], device=image.device) + LOOK_STEP * torch.einsum(
+            "bk,kij->bij", which, self.look_matrix
+        )
+        bias = LOOK_STEP * which @ self.look_bias
+        return torch.einsum("bij,bjhw->bihw", matrix, image) + bias[:, :, None, None]
 
     def forward(
         self, condition: torch.Tensor, noise: torch.Tensor | None = None, *, unit: bool = False
@@ -177,13 +204,15 @@ class ResnetGenerator(nn.Module):
         noise = torch.randn(b, self.noise_channels, h, w, generator=generator, device=gen_device)
         return noise.to(self.mean.device)
 
-    def _input(self, condition: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+    def _check_condition(self, condition: torch.Tensor) -> None:
         if condition.dim() != 4 or condition.shape[1] != self.condition_channels:
             raise ValueError(
                 f"the generator expects a condition (B, {self.condition_channels}, H, W), "
                 f"got {tuple(condition.shape)}"
             )
         check_divisible("the ResNet generator", condition.shape[-2], condition.shape[-1], 4)
+
+    def _input(self, condition: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
         if self.noise_channels == 0:
             if noise is not None:
                 raise ValueError("this generator takes no noise (noise_channels=0)")
@@ -296,8 +325,11 @@ def build_conditional_generator(
     group_norm_groups: int = 2,
     dropout: bool = True,
     output: str = "tanh",
+    looks: int = 0,
 ) -> ResnetGenerator:
-    """FedIOD's conditional G for a per-pixel task (pix2pix defaults); ConfigError on bad values."""
+    """FedIOD's conditional G for a per-pixel task (pix2pix defaults); ConfigError on bad values. With
+    `looks` = K the last K condition channels are a site's one-hot planes: the net draws from the mask
+    alone and each site's images come out in that site's colours (FedIOD's `site_looks`)."""
     return ResnetGenerator(
         info,
         condition_channels,
@@ -308,6 +340,7 @@ def build_conditional_generator(
         groups=group_norm_groups,
         dropout=dropout,
         output=output,
+        looks=looks,
     )
 
 

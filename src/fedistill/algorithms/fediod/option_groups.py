@@ -166,7 +166,18 @@ class GeneratorOptions:
     samples, so the mixture approximates the union of the sites' data, sum_k pi_k P_k. Every teacher
     still labels every sample. Each client receives which samples are its own (a 0/1 vector); nothing
     else changes. On per-pixel tasks each mask already belongs to a site; per-client adds that site's
-    one-hot as constant planes to G's mask condition."""
+    one-hot as constant planes to G's mask condition. The lean preset takes per-client, with `site_looks`,
+    where the masks lay out the image (nuclei)."""
+
+    site_looks: bool = False
+    """With the per-client mixture on a per-pixel task: G draws every image from its mask alone, through one
+    net, and a site's images come out through that site's own colour map (a C x C matrix and an offset on
+    the image, the identity at first), so the sites share what a mask says and differ only in colours. Why:
+    with the site as input planes G drew the fluorescence nuclei site of Table 4 as a dark image with no or
+    faint nuclei, while its H&E-like sites' images followed the masks; a colour map can turn the H&E-like
+    rendering of a mask into that site's look. Default false; the lean preset sets it, with per-client,
+    where the masks lay out the image (nuclei: on Table 4 the student found the fluorescence site on two
+    seeds of five, where it never had, and the mean Dice rose from 74.86 to 80.37; options.py)."""
 
 
 @dataclass(frozen=True)

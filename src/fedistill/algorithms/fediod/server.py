@@ -144,6 +144,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
                 width=width,
                 blocks=options.generator_blocks,
                 dropout=False,  # pix2pix's dropout noise would come from torch's global stream
+                looks=self.ctx.num_clients if options.site_looks else 0,
             )
         return build_generator(
             info,
