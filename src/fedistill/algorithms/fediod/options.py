@@ -270,7 +270,7 @@ LEAN_IMAGE_OUTPUTS = {
 #: (Table 2, seed 0: 53.63 without, 51.60 at 0.25, 42.65 at 0.5). And a share of G's batch per site, each
 #: in that site's colours (`site_looks`): with one look for all, G drew only the H&E-like look and the
 #: student never segmented Table 4's fluorescence site (Dice 30.97-31.21 on five seeds); with the looks it
-#: did on seeds 2 and 3 (82.44, 81.44) and the average Dice over seeds 0-4 rose from 74.86 to 80.37, for 1-7
+#: did on seeds 2 and 3 (82.44, 81.44) and the average Dice over seeds 0-4 rose from 74.86 to 80.37, for 2-7
 #: points on the H&E-like sites at seeds 0, 1 and 4 (per-pixel.md, "The fluorescence site").
 LEAN_MASK_SHAPED_IMAGES = {"truth_weight": 0.75, "generator_mixture": "per-client", "site_looks": True}
 
