@@ -54,7 +54,7 @@ def test_a_sites_colour_map_is_its_matrix_and_offset_on_the_image():
     matrix = torch.eye(3) + LOOK_STEP * g.look_matrix[1]
     expected = torch.einsum("ij,jhw->ihw", matrix, plain[1]) + LOOK_STEP * g.look_bias[1][:, None, None]
     assert torch.allclose(coloured[1], expected, atol=1e-6)
-    # site 1's first channel is inverted: 1 - 10 * 0.1 = 0 of its own, plus 1.0
+    # site 1's first channel keeps none of its own signal (1 - 10 x 0.1 = 0), only the offset 10 x 0.1
     assert torch.allclose(coloured[1, 0], torch.full_like(coloured[1, 0], 1.0), atol=1e-6)
     assert torch.equal(coloured[0], plain[0]) and torch.equal(coloured[2], plain[2])
     normalised = g(condition, noise)
