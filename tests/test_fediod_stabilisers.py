@@ -458,7 +458,7 @@ def test_owner_weighting_labels_each_sample_by_the_teacher_of_the_site_g_drew_it
         torch.testing.assert_close(ensemble[i], want)
     assert (draw.owner == 0).any()
     with pytest.raises(ConfigError, match=r"set fediod\.generator_mixture = 'per-client' too"):
-        FedIODOptions(ensemble_weighting="owner").validate()
+        FedIODOptions(ensemble_weighting="owner", preset="stable").validate()
 
 
 def test_the_per_client_mixture_sends_only_a_sample_mask_more_and_resumes_exactly(tmp_path):

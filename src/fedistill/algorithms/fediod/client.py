@@ -222,7 +222,9 @@ class FedIODClient(ClientLogic):
         dp_metrics: dict[str, float] = {}
         if self.budget is not None:  # the step's privacy first: a refused step touches no data
             try:
-                dp_metrics = self._spend(x.shape[0], int(message.scalar("config", "total_steps")))
+                dp_metrics = self._spend(
+                    request.real_batch, x.shape[0], int(message.scalar("config", "total_steps"))
+                )
             except PrivacyBudgetExceeded as exc:
                 return refusal("query.generate", exc, self.budget.epsilon())
         # the previous step's S-step targets first: with D_k as it was before this step's D-step
@@ -233,7 +235,7 @@ class FedIODClient(ClientLogic):
             )
         # (1) D-step on (x, a batch of this site's data); a conditional D_k judges (mask, image) pairs
         set_lr(self.d_optimizer, request.lr_discriminator)
-        real, real_masks = self._real_batch(request.step, x.shape[0])
+        real, real_masks = self._real_batch(request.step, request.real_batch)
         real_logits = self._judge(real, real_masks)
         mine = slice(None) if own is None or not bool(own.any()) else own
         d_loss = L.discriminator_loss(
@@ -256,14 +258,16 @@ class FedIODClient(ClientLogic):
         metrics |= {"d_loss": d_loss.item()} if self.budget is None else dp_metrics
         return generate_reply(logits, ratio, student, metrics, self.wire)
 
-    def _spend(self, batch: int, planned_steps: int) -> dict[str, float]:
-        """Record this G-step on the accountant (refusing it past the target); see the module docstring."""
+    def _spend(self, real_batch: int, released: int, planned_steps: int) -> dict[str, float]:
+        """Record this G-step on the accountant (refusing it past the target): the D-step samples
+        `real_batch` private samples, and `released` per-sample input-gradients leave; see the module
+        docstring."""
         assert self.budget is not None
         n = len(self.ctx.train)
         if self.options.dp_accounting == "d-step":
-            rate, scale = min(batch, n) / n, 1.0
+            rate, scale = min(real_batch, n) / n, 1.0
         else:  # release: B per-sample gradients, each may move by 2C: L2 sensitivity 2C sqrt(B)
-            rate, scale = 1.0, 2.0 * math.sqrt(batch)
+            rate, scale = 1.0, 2.0 * math.sqrt(released)
         noise = self.budget.noise_multiplier(rate, planned_steps, scale)
         epsilon = self.budget.spend(noise / scale, rate)
         return {"epsilon": epsilon, "noise_multiplier": noise}

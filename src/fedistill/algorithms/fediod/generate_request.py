@@ -41,6 +41,7 @@ class GenerateRequest:
     step: int
     want_ratio: bool
     lr_discriminator: float
+    real_batch: int = 0  # real samples of the D-step: the batch's size unless the server names it
     student_x: torch.Tensor | None = None
     student_masks: torch.Tensor | None = None
     student_index: int = 0
@@ -71,6 +72,9 @@ def read_generate(message: Message, view: TaskView, info: DatasetInfo) -> Genera
         step=step,
         want_ratio=bool(config("want_ratio")),
         lr_discriminator=float(config("lr_discriminator")),
+        # owner_queries: the site sees its own samples only, and D_k still learns from the whole batch's
+        # worth of real ones
+        real_batch=int(config("real_batch", batch)),
     )
     if carried:
         request.student_x = message.tensor("synthetic-inputs", "student_x")

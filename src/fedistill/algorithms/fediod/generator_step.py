@@ -17,6 +17,7 @@ from fedistill.algorithms.fediod import draws
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import calibrated
 from fedistill.algorithms.fediod.options import cosine_lr, set_lr
+from fedistill.algorithms.fediod.owner_split import OwnerSplit
 from fedistill.algorithms.fediod.robustness import combined_ensemble, screened_gradients, screened_logits
 from fedistill.algorithms.fediod.step_sites import shared_batch_request, step_sites
 from fedistill.algorithms.fediod.wire import wire_encodings
@@ -135,51 +136,70 @@ class GeneratorStep:
 
         wire = wire_encodings(options.wire)
         want_ratio = self._want_ratio()
+        # owner_queries: each site is asked only about its own samples (owner_split.py)
+        split = OwnerSplit.of(draw.owner, clients, position) if options.owner_queries else None
+        batch_arrays = {"synthetic-inputs": inputs} | ({"label-masks": masks} if masks else {})
         # one copy of the batch, shared by every site's request (step_sites.py)
-        batch = Message.build(
-            "query.generate",
-            arrays={"synthetic-inputs": inputs} | ({"label-masks": masks} if masks else {}),
-            encodings=wire,
-        )
-        requests = {
-            cid: shared_batch_request(
-                batch,
-                own(position[cid]),
-                scalars={
-                    "config": {
-                        # Eq. 8's ratios on G's batch (and on a carried S-step batch) only when used
-                        "want_ratio": want_ratio,
-                        **({"student_index": carried.index} if carried is not None else {}),
-                        "index": self._mask_index(self.step, 0),
-                        "step": self.step,
-                        "lr_discriminator": lr_d,
-                        "c_gan": options.w_gan * float(gan_weight[i]),
-                        "c_conf": options.w_conf * float(pi_all[i]) if options.use_conf else 0.0,
-                        "tau": options.tau,
-                        "gan_loss": options.gan_loss,
-                        **({"c_bn": options.w_bn * float(pi_all[i])} if options.w_bn else {}),
-                        **(
-                            {"c_perceptual": options.w_perceptual * float(pi_all[i])}
-                            if options.w_perceptual and self.mask_pools
-                            else {}
-                        ),
-                        **({"total_steps": self.total_steps} if options.dp_enabled else {}),
-                    }
-                },
-                encodings=wire,
-            )
-            for i, cid in enumerate(clients)
-        }
+        batch = Message.build("query.generate", arrays=batch_arrays, encodings=wire)
+
+        def scalars(i: int) -> dict[str, dict[str, object]]:
+            return {
+                "config": {
+                    # Eq. 8's ratios on G's batch (and on a carried S-step batch) only when used
+                    "want_ratio": want_ratio,
+                    **({"student_index": carried.index} if carried is not None else {}),
+                    "index": self._mask_index(self.step, 0),
+                    "step": self.step,
+                    "lr_discriminator": lr_d,
+                    "c_gan": options.w_gan * float(gan_weight[i]),
+                    "c_conf": options.w_conf * float(pi_all[i]) if options.use_conf else 0.0,
+                    "tau": options.tau,
+                    "gan_loss": options.gan_loss,
+                    **({"c_bn": options.w_bn * float(pi_all[i])} if options.w_bn else {}),
+                    **(
+                        {"c_perceptual": options.w_perceptual * float(pi_all[i])}
+                        if options.w_perceptual and self.mask_pools
+                        else {}
+                    ),
+                    **({"total_steps": self.total_steps} if options.dp_enabled else {}),
+                    # owner_queries: D_k's real batch stays the whole batch's size (generate_request.py)
+                    **({"real_batch": options.synthetic_batch_size} if split is not None else {}),
+                }
+            }
+
+        if split is None:
+            requests = {
+                cid: shared_batch_request(batch, own(position[cid]), scalars=scalars(i), encodings=wire)
+                for i, cid in enumerate(clients)
+            }
+        else:
+            own_arrays = {"own": torch.ones(len(draw.owner))}
+            if draw.pair is not None and self.mask_pools:
+                own_arrays["pair"] = draw.pair
+            requests = {
+                cid: Message.build(
+                    "query.generate",
+                    arrays=split.arrays_for(cid, {**batch_arrays, "synthetic-inputs": inputs | own_arrays}),
+                    scalars=scalars(i),
+                    encodings=wire,
+                )
+                for i, cid in enumerate(clients)
+                if cid in split.rows
+            }
         timeout = config.timeout or None
         b, view = options.synthetic_batch_size, self.view
-        logits_spec = {"z": ArraySpec("float32", view.sent_shape(b))}
-        ratio_spec = {"ratio": ArraySpec("float32", view.ratio_shape(b))}
-        if carried is not None:  # step t-1's S-step targets ride along
-            logits_spec["student_z"] = ArraySpec("float32", view.sent_shape(len(carried.x)))
-            ratio_spec["student_ratio"] = ArraySpec("float32", view.ratio_shape(len(carried.x)))
-        expect = ReplySpec(
-            {"logits": logits_spec} | ({"discriminator-outputs": ratio_spec} if want_ratio else {})
-        )
+
+        def reply_spec(b: int) -> ReplySpec:
+            logits_spec = {"z": ArraySpec("float32", view.sent_shape(b))}
+            ratio_spec = {"ratio": ArraySpec("float32", view.ratio_shape(b))}
+            if carried is not None:  # step t-1's S-step targets ride along
+                logits_spec["student_z"] = ArraySpec("float32", view.sent_shape(len(carried.x)))
+                ratio_spec["student_ratio"] = ArraySpec("float32", view.ratio_shape(len(carried.x)))
+            return ReplySpec(
+                {"logits": logits_spec} | ({"discriminator-outputs": ratio_spec} if want_ratio else {})
+            )
+
+        expect = reply_spec(b) if split is None else {c: reply_spec(len(r)) for c, r in split.rows.items()}
         sent = fleet.send(requests, step=self.step, timeout=timeout, expect=expect)
         self.epsilons.update(epsilons_of(sent))
         reason = refusal_reason(sent, f"G-step {self.step}")
@@ -195,9 +215,18 @@ class GeneratorStep:
             s_losses.append(self._student_update(carried, replies, "student_z", "student_ratio"))
             set_lr(self.s_optimizer, lr_s)
             self.carried = None
-        raw = torch.stack([replies[cid].tensor("logits", "z") for cid in answered]).requires_grad_(True)
         # the gradient still goes to what clients sent; per-pixel outputs become one row per pixel
-        logits = calibrated(view.stacked_rows(view.received_logits(raw)), self.teacher_logits)
+        to_rows = lambda z: calibrated(view.stacked_rows(view.received_logits(z)), self.teacher_logits)  # noqa: E731
+        kept = own_rows = None  # owner_queries: the samples whose owner answered, each teacher's own rows
+        if split is None:
+            parts = [
+                torch.stack([replies[cid].tensor("logits", "z") for cid in answered]).requires_grad_(True)
+            ]
+            logits = to_rows(parts[0])
+        else:
+            parts = [replies[cid].tensor("logits", "z").requires_grad_(True) for cid in answered]
+            logits, own_rows = split.stacked_rows(dict(zip(answered, parts, strict=True)), answered, to_rows)
+            kept = split.answered(answered).to(x.device)
         ratio = None
         if want_ratio:
             ratio = torch.stack([replies[cid].tensor("discriminator-outputs", "ratio") for cid in answered])
@@ -207,15 +236,20 @@ class GeneratorStep:
         self.student.train()
         ensemble = combined_ensemble(options, logits, weights)
         student_in = view.model_input(x_server, self._mask_index(self.step, 0))
+        # the samples (and rows) the step learns from: all, or those whose owner answered
+        samples = slice(None) if kept is None else kept
+        rows = slice(None) if kept is None else kept.repeat_interleave(ensemble.shape[0] // len(kept))
         if options.pool_generator_batch:  # per-pixel targets kept per sample, as the S-steps keep theirs
-            kept = self._with_truth(x_server, student_in, ensemble.detach(), draw.masks)
-            per_sample = kept.reshape(len(x), -1, kept.shape[-1]) if view.per_pixel else kept
-            self.pool.add(student_in, per_sample)
+            targets = self._with_truth(x_server, student_in, ensemble.detach(), draw.masks)
+            per_sample = targets.reshape(len(x), -1, targets.shape[-1]) if view.per_pixel else targets
+            self.pool.add(student_in[samples], per_sample[samples])
             if not options.student_steps and not view.per_pixel:  # no S-step batch to measure it on
-                self.last_coverage = class_coverage(ensemble.detach())
-                self.last_coverage["adapted_is"] = adapted_inception_score(logits.detach())
+                self.last_coverage = class_coverage(ensemble.detach()[samples])
+                # with owner queries a sample's one teacher is its owner, whose logits the ensemble is
+                scored = logits.detach() if kept is None else ensemble.detach()[kept][None]
+                self.last_coverage["adapted_is"] = adapted_inception_score(scored)
         student_out = view.rows(self.student(student_in))
-        mimic = L.mimic_loss(student_out, ensemble, mode=options.mimic, tau=options.tau)
+        mimic = L.mimic_loss(student_out[rows], ensemble[rows], mode=options.mimic, tau=options.tau)
         server_loss = -options.w_adv * mimic
         unique = torch.zeros(())
         if options.use_unique:
@@ -227,11 +261,16 @@ class GeneratorStep:
             server_loss = server_loss + options.w_unique * unique
         if options.w_balance:
             if options.balance == "ensemble":
-                balance = L.marginal_balance_loss(ensemble)
+                balance = L.marginal_balance_loss(ensemble[rows])
             else:
-                balance = L.balance_loss(logits, pi)
+                balance = L.balance_loss(logits, pi, own_rows)
             server_loss = server_loss + options.w_balance * balance
-        grad_logits, grad_x = torch.autograd.grad(server_loss, [raw, x_server])
+        *grads, grad_x = torch.autograd.grad(server_loss, [*parts, x_server])
+        grad_logits = grads[0] if split is None else grads
+
+        def gradient_spec(b: int) -> ReplySpec:
+            return ReplySpec({"input-gradients": {"x": ArraySpec("float32", (b, *x.shape[1:]))}})
+
         gradients = fleet.send(
             {
                 cid: Message.build(
@@ -241,7 +280,9 @@ class GeneratorStep:
             },
             step=self.step,
             timeout=timeout,
-            expect=ReplySpec({"input-gradients": {"x": ArraySpec("float32", tuple(x.shape))}}),
+            expect=gradient_spec(len(x))
+            if split is None
+            else {c: gradient_spec(len(split.rows[c])) for c in answered},
         )
         back = successful(
             screened_gradients(options, fleet, gradients, self.step),
@@ -249,8 +290,11 @@ class GeneratorStep:
             what="input-gradients",
         )
         total = grad_x.clone()
-        for reply in back.values():
-            total += reply.tensor("input-gradients", "x")
+        for cid, reply in back.items():
+            if split is None:
+                total += reply.tensor("input-gradients", "x")
+            else:
+                split.scatter(total, cid, reply.tensor("input-gradients", "x"))
         self.g_optimizer.zero_grad(set_to_none=True)
         x.backward(total)
         self.g_optimizer.step()

@@ -168,15 +168,22 @@ def official_js_loss(teacher_logits: torch.Tensor, tau: float = 1.0) -> torch.Te
     return kl.mean(dim=1).mean(dim=0)
 
 
-def balance_loss(teacher_logits: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
+def balance_loss(
+    teacher_logits: torch.Tensor, pi: torch.Tensor, rows: torch.Tensor | None = None
+) -> torch.Tensor:
     """The released code's ``L_balance``: ``sum_k pi_k sum_c pbar_kc log2 pbar_kc``.
 
     ``pbar_k`` is the batch-mean softmax (``tau = 1``) of teacher ``k``, so each term is the negative
     entropy, in bits, of that teacher's predicted class marginal; minimising it balances the classes of
-    the synthetic batch. Zero marginals contribute 0 (the log argument is floored).
+    the synthetic batch. Zero marginals contribute 0 (the log argument is floored). ``rows`` (K, B), where
+    given, marks the rows each teacher answered for (`fediod.owner_queries`): its mean runs over those.
     """
     _check_teachers(teacher_logits, pi)
-    marginal = torch.softmax(teacher_logits, dim=-1).mean(dim=1)  # (K, C)
+    if rows is None:
+        marginal = torch.softmax(teacher_logits, dim=-1).mean(dim=1)  # (K, C)
+    else:
+        mine = rows.to(teacher_logits.dtype)[..., None]
+        marginal = (torch.softmax(teacher_logits, dim=-1) * mine).sum(1) / mine.sum(1).clamp_min(1.0)
     tiny = torch.finfo(marginal.dtype).tiny
     neg_entropy_bits = (marginal * torch.log2(marginal.clamp_min(tiny))).sum(dim=-1)  # (K,)
     return (pi.to(marginal.dtype) * neg_entropy_bits).sum()

@@ -68,6 +68,15 @@ class ProtocolOptions:
     at 1,000 sites a G-step that asks every site holds every site's graph and replies at once; sampled,
     a step's memory and time grow with the sites asked, not with the federation."""
 
+    owner_queries: bool = False
+    """With the per-client G and owner labels (`ensemble_weighting = "owner"`): each site is sent only the
+    samples G drew for it, and answers (its D-step, logits and input-gradients) only for them; default
+    false: every site answers for the whole batch. Why: under owner labels a sample's target is its owner's
+    teacher's, and a site's own terms (L_gan, L_conf, the perceptual term) already see its own samples
+    only, so the other sites' answers on it fed only the disagreement term (refused here) and each
+    teacher's class balance (taken over its own samples here); asking the owner alone moves about 1/K of
+    the G-step's bytes. A sample whose owner does not answer is left out of the step."""
+
     recompute_graphs: bool = False
     """A site drops the graph of its G-step terms once it has answered `query.generate` and recomputes it
     (one more forward pass through T_k and D_k) when `query.backprop` arrives; default false: it keeps the

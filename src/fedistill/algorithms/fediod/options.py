@@ -157,12 +157,14 @@ class FedIODOptions(
             raise ConfigError("fediod.pool_steps replays the pool: set fediod.pool_size > 0 too")
         if self.pool_generator_batch and not (self.pool_size or filled.get("pool_size", 0)):
             raise ConfigError("fediod.pool_generator_batch adds to the pool: set fediod.pool_size > 0 too")
-        if self.ensemble_weighting == "owner" and self.generator_mixture != "per-client":
+        per_client = "per-client" in (self.generator_mixture, filled.get("generator_mixture"))
+        if self.ensemble_weighting == "owner" and not per_client:
             raise ConfigError(
                 "fediod.ensemble_weighting = 'owner' labels each sample by the teacher of the site G drew it "
                 "for: set fediod.generator_mixture = 'per-client' too"
             )
-        per_client = "per-client" in (self.generator_mixture, filled.get("generator_mixture"))
+        if self.owner_queries:
+            self._check_owner_queries(filled)
         if self.site_looks and not per_client:
             raise ConfigError(
                 "fediod.site_looks gives each site's share of G's batch that site's colours: set "
@@ -175,6 +177,29 @@ class FedIODOptions(
             raise ConfigError(
                 "fediod.student_steps = 0 trains the student only on the G-steps' batches in the replay "
                 "pool: set fediod.pool_generator_batch = true and fediod.pool_steps > 0 too"
+            )
+
+    def _check_owner_queries(self, filled: dict[str, object]) -> None:
+        """`owner_queries` asks each site about its own samples only: what needs every teacher on every
+        sample is refused with it."""
+        # before the preset applies, either its value or the current one may be the run's
+        values = lambda key: (getattr(self, key), filled.get(key, getattr(self, key)))  # noqa: E731
+        if "owner" not in values("ensemble_weighting"):
+            raise ConfigError(
+                "fediod.owner_queries asks each site only about the samples G drew for it, so only their "
+                "owner's teacher labels them: set fediod.ensemble_weighting = 'owner' (and "
+                "fediod.generator_mixture = 'per-client') too"
+            )
+        if all(values("use_unique")):
+            raise ConfigError(
+                "fediod.owner_queries asks one teacher per sample, and the disagreement term (L_unique) "
+                "compares every teacher on every sample: set fediod.use_unique = false too"
+            )
+        if all(values("student_steps")):
+            raise ConfigError(
+                "fediod.owner_queries leaves the S-steps' fresh samples unlabelled by the other sites: set "
+                "fediod.student_steps = 0 (the student learns from G's batches in the replay pool: "
+                "fediod.pool_generator_batch = true, fediod.pool_steps > 0)"
             )
 
     @property
@@ -273,7 +298,17 @@ LEAN_IMAGE_OUTPUTS = {
 #: did on seeds 2 and 3 (82.44, 81.44) and the average Dice over seeds 0-4 rose from 74.86 to 80.37, for 2-7
 #: points on the H&E-like sites at seeds 0, 1 and 4; over seeds 0-9 it found the site on four seeds and
 #: averaged 75.77 against 73.07, its worst seed 37.66 against 63.99 (per-pixel.md, "The fluorescence site").
-LEAN_MASK_SHAPED_IMAGES = {"truth_weight": 0.75, "generator_mixture": "per-client", "site_looks": True}
+LEAN_MASK_SHAPED_IMAGES = {
+    "truth_weight": 0.75,
+    "generator_mixture": "per-client",
+    "site_looks": True,
+    "ensemble_weighting": "owner",
+    "use_unique": False,
+    "owner_queries": True,
+}
+#: The keys of `LEAN_MASK_SHAPED_IMAGES` that go with its per-site mixture: a user who names the mixture
+#: chooses them too.
+PER_SITE_MIXTURE_KEYS = ("site_looks", "ensemble_weighting", "use_unique", "owner_queries")
 
 #: What the lean preset changes on top where a two-class segmentation's masks mark a small part of G's
 #: image (lesions): one byte a value for the logits and input-gradients (`wire = "compact8-sqrt"`) and a
@@ -386,8 +421,17 @@ def resolve_options(
         return dataclasses.replace(options, preset=preset)
     explicit = set(config.options.get("fediod", {}))
     taken = {k: v for k, v in changes.items() if k not in explicit}
-    if "generator_mixture" in explicit and "site_looks" not in explicit:
-        taken.pop("site_looks", None)  # the preset's looks go with its per-site mixture, not a user's choice
+    if "generator_mixture" in explicit:  # the preset's per-site keys go with its mixture, not a user's
+        for key in PER_SITE_MIXTURE_KEYS:
+            if key not in explicit:
+                taken.pop(key, None)
+    mine = config.options.get("fediod", {})
+    if (
+        mine.get("ensemble_weighting", "owner") != "owner"
+        or mine.get("use_unique", False)
+        or mine.get("student_steps", 0)
+    ):
+        taken.pop("owner_queries", None)  # a user's labels, disagreement term or S-steps need every site
     resolved = dataclasses.replace(options, preset=preset, **taken)
     try:  # the preset's keys next to the user's (e.g. its pool_steps with a user's pool_size = 0)
         resolved.validate()

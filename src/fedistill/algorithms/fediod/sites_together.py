@@ -143,7 +143,7 @@ def generate_together(clients: Sequence[FedIODClient], messages: Sequence[Messag
     # (1) the D-steps: every site's D_k on its own real batch and on G's batch, each with its own Adam
     d_params, d_buffers = stacked(discriminators, grad=True)
     real = torch.stack(
-        [c._real_batch(r.step, r.x.shape[0])[0] for c, r in zip(clients, requests, strict=True)]
+        [c._real_batch(r.step, r.real_batch)[0] for c, r in zip(clients, requests, strict=True)]
     ).contiguous()
     x = torch.stack([r.x for r in requests]).contiguous()
     real_logits = vmap(judge)(d_params, d_buffers, real)

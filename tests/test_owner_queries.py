@@ -1,0 +1,195 @@
+"""FedIOD's `owner_queries`: with the per-client G and owner labels each site is sent, and answers for,
+only the samples G drew for it. The step is the one every site answering for the whole batch gives (where
+no term couples a batch's samples), the ledger shows each site's share crossing instead of the batch, a
+teacher's class balance runs over its own samples, and what needs every teacher on every sample is
+refused with it."""
+
+import copy
+import functools
+
+import pytest
+import torch
+
+from fedistill.algorithms.fediod import FedIODOptions, client
+from fedistill.algorithms.fediod import losses as L
+from fedistill.algorithms.fediod.options import resolve_options
+from fedistill.algorithms.fediod.owner_split import OwnerSplit
+from fedistill.config import RunConfig, build_config
+from fedistill.errors import ConfigError
+from fedistill.federation.ledger import DOWN, UP, Ledger, read_ledger
+from fedistill.seeding import torch_generator
+from fedistill.transports.inprocess import InProcessFleet
+from test_fediod_dense import SEGMENTATION, fediod_parts
+from test_site_looks import _config
+
+OWNER = {
+    "generator_mixture": "per-client",
+    "site_looks": True,
+    "ensemble_weighting": "owner",
+    "use_unique": False,
+    "student_steps": 0,
+    "pool_generator_batch": True,
+    "pool_size": 64,
+    "pool_steps": 1,
+    "synthetic_batch_size": 6,
+    "wire": "float32",
+}
+
+
+def _step(owner_queries: bool, ledger: Ledger | None = None, **extra):
+    clients, server, _ = fediod_parts(_config(**OWNER, owner_queries=owner_queries, **extra))
+    fleet = InProcessFleet(clients, ledger or Ledger(None))
+    server.setup(fleet)
+    owner = server._draw(6, torch_generator(server.ctx.config.seed, "latent", server.step)).owner
+    server.distillation_step(fleet)
+    fleet.ledger.flush()
+    return clients, server, owner
+
+
+def test_asking_only_the_owner_gives_the_step_every_site_answering_gives(monkeypatch):
+    """Instance-normed D_k (no batch statistics across samples) and no class balance: G, the student and
+    every D_k come out of one G-step as when every site answers for the whole batch, since a site's own
+    terms see its own samples only and owner labels read only the owner's logits."""
+    per_sample_d = functools.partial(client.build_conditional_discriminator, norm="instance")
+    monkeypatch.setattr(client, "build_conditional_discriminator", per_sample_d)
+    full_clients, full, owner = _step(False, w_balance=0.0)
+    split_clients, split, _ = _step(True, w_balance=0.0)
+    assert len(set(owner.tolist())) == 2  # both sites own part of the batch
+    for a, b in zip(full.generator.parameters(), split.generator.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    for a, b in zip(full.student.parameters(), split.student.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    for cid in full_clients:
+        d_full = full_clients[cid].discriminator.parameters()
+        d_split = split_clients[cid].discriminator.parameters()
+        for a, b in zip(d_full, d_split, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_each_site_is_sent_and_sends_only_its_own_samples(tmp_path):
+    _, full, _ = _step(False, Ledger(tmp_path / "full.jsonl"))
+    _, split, owner = _step(True, Ledger(tmp_path / "split.jsonl"))
+    info, view = split.ctx.info, split.view
+    image = info.channels * info.image_size**2 * 4  # float32 bytes of one synthetic image
+    logits = int(torch.tensor(view.sent_shape(1)).prod()) * 4
+
+    def by_message(name: str) -> dict[tuple[str, str, int], dict[str, int]]:
+        rows = read_ledger(tmp_path / name)
+        return {
+            (r["type"], r["direction"], r["client"]): r["kinds"]
+            for r in rows
+            if r["type"].startswith("query.")
+        }
+
+    full_rows, split_rows = by_message("full.jsonl"), by_message("split.jsonl")
+    for position, cid in enumerate(split.federation.clients):
+        n = int((owner == position).sum())
+        assert 0 < n < len(owner)
+        assert split_rows[("query.generate", DOWN, cid)]["synthetic-inputs"] == n * (image + 4 + 8)
+        assert split_rows[("query.generate", UP, cid)]["logits"] == n * logits
+        assert split_rows[("query.backprop", UP, cid)]["input-gradients"] == n * image
+        assert full_rows[("query.generate", UP, cid)]["logits"] == len(owner) * logits
+        assert full_rows[("query.backprop", UP, cid)]["input-gradients"] == len(owner) * image
+    assert full.step == split.step == 1
+
+
+def test_a_teachers_balance_runs_over_its_own_rows():
+    torch.manual_seed(0)
+    z, pi = torch.randn(2, 5, 3), torch.tensor([0.3, 0.7])
+    rows = torch.tensor([[1, 1, 0, 0, 0], [0, 0, 1, 1, 1]], dtype=torch.bool)
+    own = [z[0, :2], z[1, 2:]]
+    want = sum(
+        p * (m * torch.log2(m)).sum()
+        for p, m in zip(pi, [torch.softmax(o, -1).mean(0) for o in own], strict=True)
+    )
+    torch.testing.assert_close(L.balance_loss(z, pi, rows), want)
+    assert torch.equal(L.balance_loss(z, pi, torch.ones(2, 5, dtype=torch.bool)), L.balance_loss(z, pi))
+
+
+def test_the_split_puts_each_sites_rows_back_in_place_with_the_gradient_to_what_it_sent():
+    owner = torch.tensor([0, 0, 1, 2, 2])
+    split = OwnerSplit.of(owner, [10, 11, 12], {10: 0, 11: 1, 12: 2})
+    parts = {cid: torch.randn(len(split.rows[cid]), 2, 2, 2, requires_grad=True) for cid in (10, 12)}
+    to_rows = lambda z: z.movedim(-3, -1).reshape(1, -1, 2)  # noqa: E731  (1, n, C, H, W) -> (1, n·H·W, C)
+    full, mine = split.stacked_rows(parts, [10, 12], to_rows)
+    assert full.shape == (2, 5 * 4, 2)
+    assert torch.equal(full[0, :8], to_rows(parts[10][None])[0]) and torch.equal(
+        full[1, 12:], to_rows(parts[12][None])[0]
+    )
+    assert mine.sum(1).tolist() == [8, 8] and not full[0, 8:].any()
+    full.sum().backward()
+    assert torch.equal(parts[10].grad, torch.ones_like(parts[10]))
+    assert split.answered([10, 12]).tolist() == [True, True, False, True, True]  # site 11 did not answer
+    total = torch.zeros(5, 1)
+    split.scatter(total, 12, torch.tensor([[1.0], [2.0]]))
+    assert total.flatten().tolist() == [0, 0, 0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"ensemble_weighting": "eq8"}, r"set fediod\.ensemble_weighting = 'owner'"),
+        ({"use_unique": True}, r"set fediod\.use_unique = false too"),
+        ({"student_steps": 2}, r"set fediod\.student_steps = 0"),
+    ],
+)
+def test_what_needs_every_teacher_on_every_sample_is_refused(changes, message):
+    settings = {**OWNER, "owner_queries": True, **changes}
+    config = _config(**settings)
+    options = FedIODOptions(**settings)
+    with pytest.raises(ConfigError, match=message):
+        resolve_options(config, options, per_pixel=True, mask_shapes_images=True)
+
+
+def test_owner_labels_without_the_per_client_mixture_are_refused_once_the_task_is_known():
+    """The auto preset gives nuclei the per-client mixture, so owner labels pass the first check; on a
+    task whose preset keeps one G they are refused when the options are resolved."""
+    FedIODOptions(ensemble_weighting="owner").validate()
+    config = _config(ensemble_weighting="owner")
+    with pytest.raises(ConfigError, match=r"generator_mixture = 'per-client' too"):
+        resolve_options(
+            config, FedIODOptions(ensemble_weighting="owner"), per_pixel=True, two_class_pixels=True
+        )
+
+
+def test_the_lean_default_on_nuclei_asks_owners_only_and_a_users_own_choices_keep_every_site_asked():
+    """Nuclei: the lean preset asks each site about its own samples; a user who keeps the disagreement
+    term, names other labels or S-steps keeps every site answering for the whole batch instead of an
+    error, and one who names the mixture chooses what goes with it."""
+
+    def resolved(**mine):
+        layer = copy.deepcopy(SEGMENTATION)
+        del layer["fediod"]["student_steps"]  # the tests' small run sets S-steps; the preset's have none
+        layer["fediod"].update(mine)
+        config = build_config(RunConfig(), layer, {"algorithm": "fediod"})
+        return resolve_options(config, FedIODOptions(**mine), per_pixel=True, mask_shapes_images=True)
+
+    nuclei = resolved()
+    assert (nuclei.owner_queries, nuclei.ensemble_weighting, nuclei.use_unique) == (True, "owner", False)
+    assert not resolved(use_unique=True).owner_queries
+    assert resolved(use_unique=True).ensemble_weighting == "owner"
+    assert not resolved(ensemble_weighting="eq8").owner_queries
+    assert not resolved(student_steps=1).owner_queries
+    shared = resolved(generator_mixture="shared")
+    assert (shared.owner_queries, shared.ensemble_weighting, shared.use_unique) == (False, "eq8", True)
+    assert resolved(ensemble_weighting="owner").owner_queries
+
+
+def test_the_samples_of_a_site_that_does_not_answer_are_left_out_of_the_step():
+    clients, server, _ = fediod_parts(_config(**OWNER, owner_queries=True))
+    fleet = InProcessFleet(clients, Ledger(None))
+    server.setup(fleet)
+    first = server.federation.clients[0]
+    honest = clients[first].handle
+
+    def handle(message):
+        if message.type == "query.generate":
+            raise RuntimeError("site down")
+        return honest(message)
+
+    clients[first].handle = handle
+    owner = server._draw(6, torch_generator(server.ctx.config.seed, "latent", server.step)).owner
+    before = len(server.pool)
+    metrics = server.distillation_step(fleet)
+    assert len(server.pool) - before == int((owner != 0).sum()) < len(owner)
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values() if isinstance(v, float))
