@@ -33,14 +33,13 @@ from fedistill.algorithms.base import ALL_TASKS, Algorithm, register
 from fedistill.algorithms.fediod import losses
 from fedistill.algorithms.fediod.client import FedIODClient
 from fedistill.algorithms.fediod.options import (
-    LEAN_SMALL_MASKS,
-    OFFICIAL_CODE,
     FedIODOptions,
     cosine_lr,
     network_widths,
     resolve_options,
     teacher_name,
 )
+from fedistill.algorithms.fediod.presets import LEAN_SMALL_MASKS, OFFICIAL_CODE
 from fedistill.algorithms.fediod.server import Federation, FedIODServer
 from fedistill.algorithms.fediod.task_view import TaskView
 
