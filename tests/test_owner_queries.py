@@ -193,3 +193,29 @@ def test_the_samples_of_a_site_that_does_not_answer_are_left_out_of_the_step():
     metrics = server.distillation_step(fleet)
     assert len(server.pool) - before == int((owner != 0).sum()) < len(owner)
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values() if isinstance(v, float))
+
+
+def test_owner_queries_over_a_flower_grid_match_in_process(tmp_path):
+    """Flower carries each site's own share as in-process does: the same ledger rows, the same student."""
+    import json
+
+    from fedistill.engine.flower.apps import make_client_app
+    from fedistill.engine.launch import run_suite
+    from flower_local_grid import LocalGrid, run_on_grid
+
+    config = _config(**OWNER, owner_queries=True)
+    here = run_suite(config, tmp_path / "here", progress=False)[0]
+    grid = LocalGrid(make_client_app(config, state_root=tmp_path / "nodes"), config.clients)
+    there = run_on_grid(config, tmp_path / "flower", grid)[0]
+
+    def traffic(run: str) -> list[str]:  # a grid sends a round's requests before any reply
+        records = read_ledger(tmp_path / run / "fediod" / "ledger.jsonl")
+        return sorted(
+            json.dumps([r["direction"], r["client"], r["type"], r["kinds"]])
+            for r in records
+            if r["type"] != "query.hello"
+        )
+
+    assert traffic("flower") == traffic("here")
+    assert there["transport"] == "flower"
+    assert there["test_dice"] == pytest.approx(here["test_dice"], abs=1e-6)
