@@ -178,6 +178,7 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
         "ensemble_weighting": "owner",
         "use_unique": False,
         "owner_queries": True,
+        "w_adv": 0.1,
     }
     assert resolved_for({"tau": 2.0}, per_pixel=True, mask_shaped=True) == dataclasses.replace(
         pixels, **looks

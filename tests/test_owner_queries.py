@@ -172,6 +172,7 @@ def test_the_lean_default_on_nuclei_asks_owners_only_and_a_users_own_choices_kee
     assert not resolved(student_steps=1).owner_queries
     shared = resolved(generator_mixture="shared")
     assert (shared.owner_queries, shared.ensemble_weighting, shared.use_unique) == (False, "eq8", True)
+    assert (nuclei.w_adv, shared.w_adv) == (0.1, 0.2)  # the weaker adversarial term goes with owner labels
     assert resolved(ensemble_weighting="owner").owner_queries
 
 
