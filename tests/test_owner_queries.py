@@ -220,3 +220,42 @@ def test_owner_queries_over_a_flower_grid_match_in_process(tmp_path):
     assert traffic("flower") == traffic("here")
     assert there["transport"] == "flower"
     assert there["test_dice"] == pytest.approx(here["test_dice"], abs=1e-6)
+
+
+def test_on_classification_each_site_labels_only_its_own_samples(tmp_path):
+    """The per-client G on classification (latent one-hot, no masks): a G-step sends each site its share,
+    its logits come back one row per own sample, and G and the student train."""
+    from algorithm_helpers import TINY_FEDIOD
+
+    layer = copy.deepcopy(TINY_FEDIOD)
+    layer["fediod"].update(
+        generator_mixture="per-client",
+        ensemble_weighting="owner",
+        use_unique=False,
+        owner_queries=True,
+        student_steps=0,
+        pool_generator_batch=True,
+        pool_size=256,
+        pool_steps=1,
+        wire="float32",
+    )
+    config = build_config(RunConfig(), layer, {"algorithm": "fediod"})
+    clients, server, _ = fediod_parts(config)
+    fleet = InProcessFleet(clients, Ledger(tmp_path / "ledger.jsonl"))
+    server.setup(fleet)
+    batch = server.options.synthetic_batch_size
+    owner = server._draw(batch, torch_generator(config.seed, "latent", server.step)).owner
+    before = [p.detach().clone() for p in server.generator.parameters()]
+    server.distillation_step(fleet)
+    fleet.ledger.flush()
+    up = {
+        r["client"]: r["kinds"]["logits"]
+        for r in read_ledger(tmp_path / "ledger.jsonl")
+        if r["type"] == "query.generate" and r["direction"] == UP
+    }
+    classes = server.ctx.info.num_classes
+    for position, cid in enumerate(server.federation.clients):
+        n = int((owner == position).sum())
+        assert up.get(cid, 0) == n * classes * 4
+    assert sum(up.values()) == batch * classes * 4 and len(server.pool) == batch
+    assert any(not torch.equal(a, b) for a, b in zip(before, server.generator.parameters(), strict=True))
