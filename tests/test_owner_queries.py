@@ -259,3 +259,15 @@ def test_on_classification_each_site_labels_only_its_own_samples(tmp_path):
         assert up.get(cid, 0) == n * classes * 4
     assert sum(up.values()) == batch * classes * 4 and len(server.pool) == batch
     assert any(not torch.equal(a, b) for a, b in zip(before, server.generator.parameters(), strict=True))
+
+
+def test_with_a_sample_of_sites_per_step_only_the_asked_sites_samples_are_learnt():
+    clients, server, _ = fediod_parts(_config(**OWNER, owner_queries=True, sites_per_step=1))
+    fleet = InProcessFleet(clients, Ledger(None))
+    server.setup(fleet)
+    (asked,) = server.step_sites(server.step)
+    position = server.federation.clients.index(asked)
+    owner = server._draw(6, torch_generator(server.ctx.config.seed, "latent", server.step)).owner
+    before = len(server.pool)
+    server.distillation_step(fleet)
+    assert len(server.pool) - before == int((owner == position).sum()) > 0
