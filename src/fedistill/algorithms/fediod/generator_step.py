@@ -189,9 +189,9 @@ class GeneratorStep:
         timeout = config.timeout or None
         b, view = options.synthetic_batch_size, self.view
 
-        def reply_spec(b: int) -> ReplySpec:
-            logits_spec = {"z": ArraySpec("float32", view.sent_shape(b))}
-            ratio_spec = {"ratio": ArraySpec("float32", view.ratio_shape(b))}
+        def reply_spec(n: int) -> ReplySpec:  # n samples asked about
+            logits_spec = {"z": ArraySpec("float32", view.sent_shape(n))}
+            ratio_spec = {"ratio": ArraySpec("float32", view.ratio_shape(n))}
             if carried is not None:  # step t-1's S-step targets ride along
                 logits_spec["student_z"] = ArraySpec("float32", view.sent_shape(len(carried.x)))
                 ratio_spec["student_ratio"] = ArraySpec("float32", view.ratio_shape(len(carried.x)))
@@ -268,8 +268,8 @@ class GeneratorStep:
         *grads, grad_x = torch.autograd.grad(server_loss, [*parts, x_server])
         grad_logits = grads[0] if split is None else grads
 
-        def gradient_spec(b: int) -> ReplySpec:
-            return ReplySpec({"input-gradients": {"x": ArraySpec("float32", (b, *x.shape[1:]))}})
+        def gradient_spec(n: int) -> ReplySpec:
+            return ReplySpec({"input-gradients": {"x": ArraySpec("float32", (n, *x.shape[1:]))}})
 
         gradients = fleet.send(
             {

@@ -274,14 +274,13 @@ def resolve_options(
         for key in PER_SITE_MIXTURE_KEYS:
             if key not in explicit:
                 taken.pop(key, None)
-    mine = config.options.get("fediod", {})
-    if (
-        mine.get("ensemble_weighting", "owner") != "owner"
-        or mine.get("use_unique", False)
-        or mine.get("student_steps", 0)
-    ):
-        taken.pop("owner_queries", None)  # a user's labels, disagreement term or S-steps need every site
     resolved = dataclasses.replace(options, preset=preset, **taken)
+    if "owner_queries" in taken:  # a user's labels, disagreement term or S-steps need every site asked
+        try:
+            resolved._check_owner_queries({})
+        except ConfigError:
+            del taken["owner_queries"]
+            resolved = dataclasses.replace(resolved, owner_queries=options.owner_queries)
     try:  # the preset's keys next to the user's (e.g. its pool_steps with a user's pool_size = 0)
         resolved.validate()
         resolved.check_combinations()
