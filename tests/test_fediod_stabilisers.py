@@ -586,9 +586,11 @@ def test_student_ema_validates_and_hands_over_the_average_of_every_s_step(monkey
     monkeypatch.setattr(fleet, "broadcast", spy)
     server.evaluate(fleet, 1)
     averaged = server.student_average.model.state_dict()
-    assert sent and all(
-        torch.equal(sent[0].tensor("parameters", key), value.cpu()) for key, value in averaged.items()
-    )
+    assert sent
+    for key, value in averaged.items():  # the validation copy travels as float16 (the compact wire)
+        bound = 2**-39 * float(value.abs().max())  # float16-scaled's error: max(2^-11 |x|, 2^-39 max |x|)
+        torch.testing.assert_close(sent[0].tensor("parameters", key), value.cpu(), rtol=2**-11, atol=bound)
+    # selection keeps the float32 average itself
     assert all(torch.equal(server.best["state"][key], value) for key, value in averaged.items())
 
 

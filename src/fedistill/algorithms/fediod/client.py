@@ -81,7 +81,7 @@ from fedistill.algorithms.fediod.sites_together import (
     together_key,
 )
 from fedistill.algorithms.fediod.task_view import TaskView
-from fedistill.algorithms.fediod.wire import wire_encodings
+from fedistill.algorithms.fediod.wire import evaluation_encodings, wire_encodings
 from fedistill.algorithms.shared.bn_matching import batchnorm_statistics_loss
 from fedistill.algorithms.shared.mask_upload import site_masks
 from fedistill.algorithms.shared.stage1 import train_teacher
@@ -127,6 +127,7 @@ class FedIODClient(ClientLogic):
         self.student_specs: dict[str, ArraySpec] | None = None  # what evaluate.student must carry
         self.budget = ClientBudget(self.options.dp, ctx.client_id) if self.options.dp_enabled else None
         self.wire = wire_encodings(self.options.wire)  # stage 2's replies: the encoding of each kind
+        self.evaluation_wire = evaluation_encodings(self.options.wire)  # the teachers' test outputs
 
     @property
     def discriminator(self) -> nn.Module:
@@ -391,11 +392,15 @@ class FedIODClient(ClientLogic):
             x = devices.on_device(to_float(self.ctx.global_test.x[:count], self.ctx.info))
             with torch.no_grad():
                 logits = torch.cat([self.teacher(chunk) for chunk in x.split(512)])
-            return Message.build("evaluate.teachers", arrays={"logits": {"z": logits}})
+            return Message.build(
+                "evaluate.teachers", arrays={"logits": {"z": logits}}, encodings=self.evaluation_wire
+            )
         samples = int(message.scalar("config", "samples", len(self.ctx.global_test)))
         test = self.ctx.global_test.subset(torch.arange(samples))
         outputs = self.view.task.outputs(self.teacher, test, self.ctx.info)
-        return Message.build("evaluate.teachers", arrays={"logits": {"z": outputs}})
+        return Message.build(
+            "evaluate.teachers", arrays={"logits": {"z": outputs}}, encodings=self.evaluation_wire
+        )
 
     # --- answering together with the other sites of this process (sites_together.py) -------------------
     def together_key(self, message: Message) -> Hashable | None:

@@ -17,7 +17,7 @@ from fedistill.algorithms.fediod.options import (
     set_lr,
 )
 from fedistill.algorithms.fediod.robustness import combined_ensemble, screened_logits
-from fedistill.algorithms.fediod.wire import wire_encodings
+from fedistill.algorithms.fediod.wire import evaluation_encodings, wire_encodings
 from fedistill.algorithms.shared.selection import clients_validation_score, keep_if_best
 from fedistill.algorithms.shared.training import test_metrics
 from fedistill.data.transforms import random_recolour, random_shift
@@ -291,6 +291,7 @@ class StudentSteps:
                 handed_over,
                 f"val_{headline}",
                 timeout=self.ctx.config.timeout or None,
+                encodings=evaluation_encodings(self.options.wire),
             )
             metrics[f"val_{headline}"] = score
         elif selection == "best-on-test":

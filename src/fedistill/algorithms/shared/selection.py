@@ -4,6 +4,7 @@ the one handed over. The test set is never read here."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -40,10 +41,12 @@ def clients_validation_score(
     *,
     clients: list[int] | None = None,
     timeout: float | None = None,
+    encodings: Mapping[str, str] | None = None,
 ) -> float:
     """Send `module` to the clients in a `kind` message; each returns `metric` on its validation split
-    and the split's size (`val_count`). The score is their size-weighted mean (0 if no client has one)."""
-    request = Message.build(kind, arrays={"parameters": module.state_dict()})
+    and the split's size (`val_count`). The score is their size-weighted mean (0 if no client has one).
+    `encodings`: the wire encoding of the parameters (`{"parameters": ...}`; default: as they are)."""
+    request = Message.build(kind, arrays={"parameters": module.state_dict()}, encodings=encodings)
     replies = successful(
         fleet.broadcast(request, clients, timeout=timeout, expect=ReplySpec(metrics=(metric, "val_count"))),
         what="validation metrics",
