@@ -101,7 +101,9 @@ class ProtocolOptions:
     power-of-two scale) | float32 (every array as computed, as runs before compact became the default) |
     compact8 (compact, with the sites' logits and input-gradients as `int8-symmetric`, one byte a value) |
     compact8-gradients (compact, with only the input-gradients as `int8-symmetric`) | compact8-sqrt
-    (compact8, with the logits on the square-root grid `int8-sqrt`, finest near zero).
+    (compact8, with the logits on the square-root grid `int8-sqrt`, finest near zero). Every wire but
+    float32 also sends evaluation as float16 under a per-tensor scale: the student the sites validate and
+    the teachers' outputs on the test images (wire.py, `EVALUATION`).
     Why: compact moves 38% of float32's bytes on the digits demo with the student within noise over six
     paired seeds (benchmarks/results/fediod_wire_encodings.md), and 53% / 47% of them on the segmentation and
     reconstruction demos at the same Dice and SSIM (fediod_dense_communication.md). compact8 halves the
