@@ -4,19 +4,21 @@ ledger names crosses the boundary, no parameter ever leaves a client, the gradie
 replies is the true one, and Eq. 8's per-pixel weights match a hand-computed case."""
 
 import copy
+import json
 
 import pytest
 import torch
 
 from algorithm_helpers import fediod_parts
 from fedistill.algorithms.fediod import losses as L
+from fedistill.algorithms.fediod import wire as wire_module
 from fedistill.algorithms.fediod.task_view import TaskView
 from fedistill.config import RunConfig, build_config
 from fedistill.data.base import DatasetInfo
 from fedistill.data.transforms import to_float
 from fedistill.engine.launch import run_suite
 from fedistill.errors import ConfigError
-from fedistill.federation.ledger import UP, Ledger, read_ledger
+from fedistill.federation.ledger import DOWN, UP, Ledger, read_ledger
 from fedistill.models.perceptual import PerceptualLoss, encoder_features
 from fedistill.seeding import torch_generator
 from fedistill.tasks import InstanceSegmentation, SemanticSegmentation
@@ -430,3 +432,25 @@ def test_a_nuclei_mask_labels_each_nucleus_with_its_inside_and_contour():
     assert int((classes == 2).sum()) == 16  # each 3 x 3 nucleus: 8 contour pixels around 1 inside
     # nuclei lay out the image, so the lean preset teaches their masks; a lesion mask does not
     assert condition.shapes_the_image and not SemanticSegmentation.condition.shapes_the_image
+
+
+def test_two_class_masks_travel_as_bits_and_change_nothing_but_their_bytes(tmp_path, monkeypatch):
+    """Under `compact` the label masks (each site's upload, then G's masks with every G-step's request)
+    travel at one bit a pixel: about an eighth of their bytes, and the same run, epoch by epoch."""
+    packed = run_suite(_config(SEGMENTATION, wire="compact"), tmp_path / "bits", progress=False)[0]
+    monkeypatch.delitem(wire_module.COMPACT, "label-masks")
+    plain = run_suite(_config(SEGMENTATION, wire="compact"), tmp_path / "bytes", progress=False)[0]
+    ledgers = {name: read_ledger(tmp_path / name / "fediod" / "ledger.jsonl") for name in ("bits", "bytes")}
+    with_masks = {
+        name: [r for r in records if "label-masks" in r["kinds"]] for name, records in ledgers.items()
+    }
+    assert {r["type"] for r in with_masks["bits"]} == {"query.masks", "query.generate", "query.student"}
+    assert all(r["encodings"]["label-masks"] == "bits" for r in with_masks["bits"])
+    assert not any("label-masks" in r.get("encodings", {}) for r in with_masks["bytes"])
+    for direction in (UP, DOWN):
+        ratio = (packed["communication"][direction]["per_kind"]["label-masks"]
+                 / plain["communication"][direction]["per_kind"]["label-masks"])  # fmt: skip
+        assert 0.125 <= ratio < 0.15, (direction, ratio)  # 1 bit instead of 8, and 3 shape numbers a tensor
+    rows = {name: (tmp_path / name / "fediod" / "metrics.jsonl").read_text().splitlines() for name in ledgers}
+    dice = {name: [json.loads(row)["test_dice"] for row in lines] for name, lines in rows.items()}
+    assert dice["bits"] == dice["bytes"] and len(dice["bits"]) == 2

@@ -57,7 +57,10 @@ def _bound(encoding: str, x: np.ndarray, encoded: Encoded) -> np.ndarray:
     return np.full(x.shape, scale / 2 + 2.0**-22 * top)
 
 
-@pytest.mark.parametrize("encoding", [e for e in encoding_names() if e != "raw"])
+FLOAT_ENCODINGS = [e for e in encoding_names() if e not in ("raw", "bits")]
+
+
+@pytest.mark.parametrize("encoding", FLOAT_ENCODINGS)
 @pytest.mark.parametrize("name", list(_tensors()))
 def test_round_trip_error_stays_within_the_stated_bound(encoding, name):
     x = _tensors()[name]
@@ -88,13 +91,53 @@ def test_int8_symmetric_keeps_zero_and_sign_where_an_offset_grid_does_not():
     assert (zeros == zeros[0]).all() and zeros[0] != 0  # one shared offset on 254 of the 256 entries
 
 
-@pytest.mark.parametrize("encoding", [e for e in encoding_names() if e != "raw"])
+@pytest.mark.parametrize("encoding", FLOAT_ENCODINGS)
 def test_non_finite_values_stay_non_finite_and_are_refused_on_receipt(encoding):
     x = np.array([1.0, np.nan, 3.0], np.float32)
     message = Message.build("query.generate", arrays={"logits": {"z": x}}, encodings={"logits": encoding})
     assert not np.isfinite(message.array("logits", "z")).all()
     with pytest.raises(FederationError, match="NaN or infinite"):
         check_on_receipt(message)
+
+
+@pytest.mark.parametrize("shape", [(10, 64, 64), (3, 5, 7), (0, 4, 4), (9,)])
+def test_bits_pack_a_two_class_mask_exactly_in_an_eighth(shape):
+    """`bits`: zeros and ones at one bit each, read back exactly with their shape and uint8 dtype, through
+    a message, its receipt checks and Flower's codec; a count that is not a multiple of 8 pads the last
+    byte."""
+    mask = (np.random.default_rng(1).random(shape) > 0.7).astype(np.uint8)
+    encoded = encode("bits", mask)
+    assert isinstance(encoded, Encoded) and encoded.check() is None
+    assert encoded.shape == shape and encoded.dtype == np.uint8 and encoded.ndim == len(shape)
+    assert encoded.data.nbytes == -(-mask.size // 8) and encoded.nbytes == encoded.data.nbytes + 8 * len(
+        shape
+    )
+    message = Message.build(
+        "query.generate", arrays={"label-masks": {"m": mask}}, encodings={"label-masks": "bits"}
+    )
+    back = from_records(to_records(message), "query.generate")
+    check_on_receipt(back)
+    expect_arrays(back, "label-masks", {"m": ArraySpec("uint8", (None, *shape[1:]))})
+    decoded = back.array("label-masks", "m")
+    assert decoded.dtype == np.uint8 and np.array_equal(decoded, mask)
+    assert back.nbytes == message.nbytes
+
+
+def test_bits_take_only_zeros_and_ones_and_refuse_a_wrong_wire_form():
+    """A mask with a third class, or a float array, travels as it is under `bits`; a packed array whose
+    bytes do not fit the shape it names is refused on receipt."""
+    three = np.array([[0, 1], [2, 1]], np.uint8)
+    masks = {"m": three, "f": three.astype(np.float32)}
+    message = Message.build(
+        "query.generate", arrays={"label-masks": masks}, encodings={"label-masks": "bits"}
+    )
+    assert all(isinstance(a, np.ndarray) for a in message.arrays["label-masks"].values())
+    with pytest.raises(FederationError, match="zeros and ones"):
+        encode("bits", three)
+    wrong = Encoded("bits", np.zeros(3, np.uint8), (4.0, 8.0))  # 32 values need 4 bytes
+    assert "do not hold shape [4, 8]" in wrong.check()
+    with pytest.raises(FederationError, match="do not hold"):
+        Message.build("query.generate", arrays={"label-masks": {"m": wrong}})
 
 
 ENCODINGS = {"synthetic-inputs": "uint8-affine", "logits": "float16-scaled", "input-gradients": "bfloat16"}

@@ -26,12 +26,17 @@ The encodings and their round-trip error (x the sent value, x' the decoded one, 
   ones set, as a segmentation's per-pixel margins, where the confident background is far from zero and the
   boundary pixels near it.
 
+- `bits`: a uint8 array of zeros and ones (a two-class label mask) packed eight values to a byte; exact.
+  Its per-tensor numbers are the array's shape, which packing flattens. An array with another value, or
+  of another dtype, travels as it is.
+
 A non-finite value stays non-finite through every encoding (the affine ones then decode to NaN
 everywhere), so the receiver's check still refuses it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -50,19 +55,27 @@ Params = tuple[float, ...]
 
 @dataclass(frozen=True)
 class WireFormat:
-    """One encoding: the dtype its wire array has, how many per-tensor numbers travel with it, and its
-    two halves."""
+    """One encoding: the dtype its wire array has, how many per-tensor numbers travel with it (None: as
+    many as the decoded array has axes, which they give), its two halves, and the dtype it decodes to."""
 
     wire_dtype: str
-    params: int
+    params: int | None
     encode: Callable[[np.ndarray], tuple[np.ndarray, Params]]
     decode: Callable[[np.ndarray, Params], np.ndarray]
+    decoded_dtype: str = "float32"
+    accepts: Callable[[np.ndarray], bool] | None = None
+
+    def takes(self, array: np.ndarray) -> bool:
+        """Whether `array` may travel in this encoding; a sender sends any other as it is."""
+        if array.dtype != np.dtype(self.decoded_dtype):
+            return False
+        return self.accepts is None or bool(self.accepts(array))
 
 
 @dataclass(frozen=True, eq=False)
 class Encoded:
-    """A float32 array in its wire form. It answers `dtype`, `shape` and `ndim` as the decoded array does
-    (what array specs check) and `nbytes` as what crosses the wire (what the ledger counts).
+    """An array in its wire form. It answers `dtype`, `shape` and `ndim` as the decoded array does (what
+    array specs check) and `nbytes` as what crosses the wire (what the ledger counts).
 
     It is not an array: NumPy cannot read it implicitly, so every read goes through `decoded` (via
     `Message.array`), which decodes once and keeps the result."""
@@ -72,27 +85,35 @@ class Encoded:
     params: Params = ()
 
     @property
+    def _format(self) -> WireFormat | None:
+        return ENCODINGS.get(self.encoding)
+
+    @property
     def dtype(self) -> np.dtype:
-        return np.dtype(np.float32)
+        wire = self._format
+        return np.dtype(wire.decoded_dtype if wire is not None else np.float32)
 
     @property
     def shape(self) -> tuple[int, ...]:
+        wire = self._format
+        if wire is not None and wire.params is None:  # the numbers are the shape
+            return tuple(int(p) for p in self.params)
         return tuple(self.data.shape)
 
     @property
     def ndim(self) -> int:
-        return self.data.ndim
+        return len(self.shape)
 
     @property
     def nbytes(self) -> int:
         return int(self.data.nbytes) + PARAM_BYTES * len(self.params)
 
     def __len__(self) -> int:
-        return len(self.data)
+        return self.shape[0]
 
     @cached_property
     def decoded(self) -> np.ndarray:
-        """The float32 array the receiver reads (decoded once, read-only)."""
+        """The array the receiver reads (decoded once, read-only)."""
         array = wire_format(self.encoding).decode(self.data, self.params)
         array.flags.writeable = False
         return array
@@ -105,24 +126,36 @@ class Encoded:
         if not isinstance(self.data, np.ndarray) or self.data.dtype.name != wire.wire_dtype:
             got = getattr(getattr(self.data, "dtype", None), "name", type(self.data).__name__)
             return f"{self.encoding} travels as {wire.wire_dtype}, got {got}"
-        if len(self.params) != wire.params or not all(isinstance(p, float) for p in self.params):
+        if not all(isinstance(p, float) for p in self.params):
+            return f"{self.encoding} carries float parameters, got {self.params!r}"
+        if wire.params is None:
+            if not all(p >= 0 and p.is_integer() for p in self.params):
+                return f"{self.encoding} carries its array's shape, got {self.params!r}"
+            if self.data.ndim != 1 or self.data.size != -(-math.prod(self.shape) // 8):
+                return f"{self.encoding}: {self.data.size} bytes do not hold shape {list(self.shape)}"
+        elif len(self.params) != wire.params:
             return f"{self.encoding} carries {wire.params} float parameters, got {self.params!r}"
         return None
 
 
 def encode(encoding: str, array: np.ndarray) -> Encoded | np.ndarray:
-    """`array` (float32) in the wire form of `encoding`; `raw` returns the array itself."""
+    """`array` in the wire form of `encoding` (float32 arrays; `bits`: uint8 zeros and ones); `raw`
+    returns the array itself."""
     if encoding == RAW:
         return array
-    if array.dtype != np.float32:
-        raise FederationError(f"encoding {encoding!r} applies to float32 arrays, not {array.dtype}")
-    data, params = wire_format(encoding).encode(np.ascontiguousarray(array))
+    wire = wire_format(encoding)
+    if not wire.takes(array):
+        raise FederationError(
+            f"encoding {encoding!r} applies to {wire.decoded_dtype} arrays"
+            f"{' of zeros and ones' if wire.accepts is not None else ''}, not this {array.dtype} one"
+        )
+    data, params = wire.encode(np.ascontiguousarray(array))
     data.flags.writeable = False
     return Encoded(encoding, data, params)
 
 
 def decode(value: Encoded | np.ndarray) -> np.ndarray:
-    """What the receiver reads: a plain array as it is, an encoded one as float32."""
+    """What the receiver reads: a plain array as it is, an encoded one decoded (float32; `bits`: uint8)."""
     return value.decoded if isinstance(value, Encoded) else value
 
 
@@ -239,6 +272,19 @@ def _identity(x: np.ndarray) -> tuple[np.ndarray, Params]:
     return x, ()
 
 
+def _bits_encode(x: np.ndarray) -> tuple[np.ndarray, Params]:
+    return np.packbits(x.reshape(-1)), tuple(float(n) for n in x.shape)
+
+
+def _bits_decode(data: np.ndarray, params: Params) -> np.ndarray:
+    shape = tuple(int(p) for p in params)
+    return np.unpackbits(data, count=math.prod(shape)).reshape(shape)
+
+
+def _zeros_and_ones(x: np.ndarray) -> bool:
+    return x.size == 0 or int(x.max()) <= 1
+
+
 ENCODINGS: dict[str, WireFormat] = {
     RAW: WireFormat("float32", 0, _identity, lambda data, params: data),
     "float16": WireFormat("float16", 0, _float16_encode, _float16_decode),
@@ -248,4 +294,5 @@ ENCODINGS: dict[str, WireFormat] = {
     "uint16-affine": _affine(16),
     "int8-symmetric": _int8_grid(1),
     "int8-sqrt": _int8_grid(2),
+    "bits": WireFormat("uint8", None, _bits_encode, _bits_decode, "uint8", _zeros_and_ones),
 }

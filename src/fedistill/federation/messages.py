@@ -20,7 +20,7 @@ import torch
 
 from fedistill import devices
 from fedistill.errors import FederationError
-from fedistill.federation.encodings import RAW, Encoded, decode, encode, encoding_of
+from fedistill.federation.encodings import RAW, Encoded, decode, encode, encoding_of, wire_format
 
 #: What torch.from_numpy says about each read-only array of a decoded payload (receivers never write).
 NOT_WRITABLE = "The given NumPy array is not writable"
@@ -106,8 +106,9 @@ class Message:
     ) -> Message:
         """A message with its arrays copied into read-only NumPy arrays and its structure checked.
 
-        `encodings` names a wire encoding per content kind (encodings.py) for that kind's float32
-        arrays; other arrays, and values already encoded, are kept as they are."""
+        `encodings` names a wire encoding per content kind (encodings.py) for that kind's arrays that
+        it takes (float32; `bits`: uint8 zeros and ones); other arrays, and values already encoded, are
+        kept as they are."""
         wire = dict(encodings or {})
         message = Message(
             type=type,
@@ -122,7 +123,7 @@ class Message:
 
     # --- reading -----------------------------------------------------------------------------
     def array(self, kind: str, name: str) -> np.ndarray:
-        """The array `name` of content kind `kind`, decoded from its wire encoding (float32) if it has one;
+        """The array `name` of content kind `kind`, decoded from its wire encoding if it has one;
         FederationError when the message lacks it."""
         try:
             return decode(self.arrays[kind][name])
@@ -173,13 +174,13 @@ class Message:
 
 
 def _payload(value: np.ndarray | torch.Tensor | Encoded, encoding: str) -> Payload:
-    """A value as the message holds it: encoded values as they are, arrays snapshotted, and float32
-    arrays of a kind with an encoding in that encoding."""
+    """A value as the message holds it: encoded values as they are, arrays snapshotted, and the arrays
+    of a kind with an encoding that the encoding takes (float32; `bits`: uint8 zeros and ones) in it."""
     if isinstance(value, Encoded):
         value.data.flags.writeable = False
         return value
     array = _as_array(value)
-    if encoding == RAW or array.dtype != np.float32:
+    if encoding == RAW or not wire_format(encoding).takes(array):
         return array
     return encode(encoding, array)
 
@@ -259,7 +260,7 @@ class ArraySpec:
 
     def matches(self, array: Payload) -> bool:
         """Whether `array` has this dtype and shape (None in the shape matches any length); an encoded
-        array matches as the float32 array it decodes to."""
+        array matches as the array it decodes to."""
         if array.dtype.name != self.dtype or array.ndim != len(self.shape):
             return False
         return all(e is None or e == s for e, s in zip(self.shape, array.shape, strict=True))

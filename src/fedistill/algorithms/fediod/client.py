@@ -189,7 +189,7 @@ class FedIODClient(ClientLogic):
         order, so a synthetic image can later be paired with the real image of its mask."""
         limit = int(message.scalar("config", "limit", 0))
         self.uploaded, masks = site_masks(self.ctx, limit, self.view.condition_of)
-        return Message.build("query.masks", arrays={"label-masks": {"masks": masks}})
+        return Message.build("query.masks", arrays={"label-masks": {"masks": masks}}, encodings=self.wire)
 
     # --- stage 2: one G-step ---------------------------------------------------------------------
     def _real_batch(self, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -1,8 +1,9 @@
 """Which wire encoding each of FedIOD's stage-2 contents travels in (`fediod.wire`).
 
 `float32` sends every array as computed. `compact` sends G's images as 8 bits over each tensor's own
-range (a scale and an offset per tensor), and the logits, discriminator outputs and both gradients as
-float16 under a per-tensor power-of-two scale (federation/encodings.py has the error bounds). Why scaled
+range (a scale and an offset per tensor), two-class label masks as one bit a pixel (exact), and the
+logits, discriminator outputs and both gradients as float16 under a per-tensor power-of-two scale
+(federation/encodings.py has the error bounds). Why scaled
 float16 everywhere: the input-gradients of batch-mean losses sit far below float16's smallest normal
 number and a density ratio may exceed its largest, while the scale keeps float16's relative precision
 (2^-11, eight times bfloat16's 2^-8) at the same two bytes. `compact8` sends what the sites send most of,
@@ -17,13 +18,15 @@ sizes the validation copies were most of what the server sent (Table 9: 120 copi
 of its 1,088 MB), and a validation score read through float16's relative 2^-11 moves by far less than the
 epochs it chooses between: Table 9's run selected the same epoch and scored the same to four decimals with
 783.8 MB in both directions instead of 1,251.9. The server keeps, selects and hands over its float32
-student. Stage 1's statistics and the label masks go as they are: they are counts and integers.
+student. Stage 1's statistics go as they are: they are counts.
 """
 
 from __future__ import annotations
 
-#: `compact`'s encoding per content kind.
+#: `compact`'s encoding per content kind. Label masks of zeros and ones (a two-class segmentation's)
+#: travel packed eight to a byte (`bits`, exact); masks with more classes go as they are.
 COMPACT = {
+    "label-masks": "bits",
     "synthetic-inputs": "uint8-affine",
     "logits": "float16-scaled",
     "discriminator-outputs": "float16-scaled",
