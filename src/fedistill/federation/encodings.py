@@ -1,10 +1,11 @@
-"""Wire encodings: how a float32 array may cross the boundary in fewer bytes, and how it is read back.
+"""Wire encodings: how an array may cross the boundary in fewer bytes, and how it is read back.
 
 A sender names an encoding per content kind (`Message.build(..., encodings={"logits": "float16-scaled"})`);
-each float32 array of that kind then travels as an `Encoded` value: the wire array (uint8, float16 or
-uint16 bit patterns) and a few per-tensor numbers (a scale, an offset). Receivers never see the wire
-form: `Message.array` and `Message.tensor` decode it to float32. Every encoding is plain NumPy arithmetic
-on the CPU, so the same wire bytes decode to the same float32 values on any machine and transport.
+each array of that kind that the encoding takes (float32; `bits`: a uint8 mask of zeros and ones) then
+travels as an `Encoded` value: the wire array (uint8, float16 or uint16 bit patterns) and a few per-tensor
+numbers (a scale, an offset; `bits`: the shape). Receivers never see the wire form: `Message.array` and
+`Message.tensor` decode it (to float32; `bits` to uint8). Every encoding is plain NumPy arithmetic on the
+CPU, so the same wire bytes decode to the same values on any machine and transport.
 
 The encodings and their round-trip error (x the sent value, x' the decoded one, m = max |x|):
 
@@ -25,7 +26,6 @@ The encodings and their round-trip error (x the sent value, x' the decoded one, 
   (the smallest is m / 16129 instead of m / 127), coarser near m: for values whose range a few large
   ones set, as a segmentation's per-pixel margins, where the confident background is far from zero and the
   boundary pixels near it.
-
 - `bits`: a uint8 array of zeros and ones (a two-class label mask) packed eight values to a byte; exact.
   Its per-tensor numbers are the array's shape, which packing flattens. An array with another value, or
   of another dtype, travels as it is.

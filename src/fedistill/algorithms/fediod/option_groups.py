@@ -97,23 +97,24 @@ class ProtocolOptions:
 
     wire: str = "compact"
     """How stage 2's exchanges cross the wire (wire.py): compact (default: synthetic images as 8 bits over
-    each tensor's range; logits, discriminator outputs and gradients as float16 under a per-tensor
-    power-of-two scale) | float32 (every array as computed, as runs before compact became the default) |
-    compact8 (compact, with the sites' logits and input-gradients as `int8-symmetric`, one byte a value) |
-    compact8-gradients (compact, with only the input-gradients as `int8-symmetric`) | compact8-sqrt
-    (compact8, with the logits on the square-root grid `int8-sqrt`, finest near zero). Every wire but
-    float32 also sends evaluation as float16 under a per-tensor scale: the student the sites validate and
-    the teachers' outputs on the test images (wire.py, `EVALUATION`).
-    Why: compact moves 38% of float32's bytes on the digits demo with the student within noise over six
-    paired seeds (benchmarks/results/fediod_wire_encodings.md), and 53% / 47% of them on the segmentation and
-    reconstruction demos at the same Dice and SSIM (fediod_dense_communication.md). compact8 halves the
-    sites' bytes again with the student within noise on the digits demo and Table 9, but cost the brain-lesion
-    student of Table 2 about 14 Dice points on three seeds (one logit per pixel loses its fine steps on one
-    byte); compact8-gradients moved it by -4.7, +8.1 and -15.3 points and compact8-sqrt by +1.5, +6.3,
-    -25.0 (that seed collapsed) and -0.7 on four seeds, not settled either way
-    (docs/methods/fediod/per-pixel.md, "One byte a value"). With a replay pool of 2,500 and 5 replay steps
-    compact8-sqrt moved the same four seeds by -1.8, +9.3, +3.2 and +9.9, and the lean preset takes it on a
-    two-class segmentation with small masks (lesions: presets.py, `LEAN_SMALL_MASKS`)."""
+    each tensor's range; two-class label masks as one bit a pixel, exact; logits, discriminator outputs
+    and gradients as float16 under a per-tensor power-of-two scale) | float32 (every array as computed, as
+    runs before compact became the default) | compact8 (compact, with the sites' logits and
+    input-gradients as `int8-symmetric`, one byte a value) | compact8-gradients (compact, with only the
+    input-gradients as `int8-symmetric`) | compact8-sqrt (compact8, with the logits on the square-root
+    grid `int8-sqrt`, finest near zero). Every wire but float32 also sends evaluation as float16 under a
+    per-tensor scale: the student the sites validate and the teachers' outputs on the test images
+    (wire.py, `EVALUATION`). Why: compact moves 38% of float32's bytes on the digits demo with the student
+    within noise over six paired seeds (benchmarks/results/fediod_wire_encodings.md), and 53% / 47% of
+    them on the segmentation and reconstruction demos at the same Dice and SSIM
+    (fediod_dense_communication.md). compact8 halves the sites' bytes again with the student within noise
+    on the digits demo and Table 9, but cost the brain-lesion student of Table 2 about 14 Dice points on
+    three seeds (one logit per pixel loses its fine steps on one byte); compact8-gradients moved it by
+    -4.7, +8.1 and -15.3 points and compact8-sqrt by +1.5, +6.3, -25.0 (that seed collapsed) and -0.7 on
+    four seeds, not settled either way (docs/methods/fediod/per-pixel.md, "One byte a value"). With a
+    replay pool of 2,500 and 5 replay steps compact8-sqrt moved the same four seeds by -1.8, +9.3, +3.2
+    and +9.9, and the lean preset takes it on a two-class segmentation with small masks (lesions:
+    presets.py, `LEAN_SMALL_MASKS`)."""
 
     channels_last: bool = True
     """Stage 2's convolutions (T_k after stage 1, D_k, G, S) in channels-last memory layout: the same
