@@ -454,3 +454,14 @@ def test_two_class_masks_travel_as_bits_and_change_nothing_but_their_bytes(tmp_p
     rows = {name: (tmp_path / name / "fediod" / "metrics.jsonl").read_text().splitlines() for name in ledgers}
     dice = {name: [json.loads(row)["test_dice"] for row in lines] for name, lines in rows.items()}
     assert dice["bits"] == dice["bytes"] and len(dice["bits"]) == 2
+
+
+def test_the_log_names_what_the_preset_set_and_not_what_the_user_did(caplog):
+    """The lean preset resolves at run time; the run's log lists the keys it changed, so a run folder
+    says which settings the run took. Keys the user set stay theirs and are not listed."""
+    with caplog.at_level("INFO", logger="fedistill.algorithms.fediod.server"):
+        fediod_parts(_config(SEGMENTATION))  # student_steps = 1 is the user's
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("FedIOD preset")]
+    assert line.startswith("FedIOD preset 'lean' (auto): ")
+    assert "pixel_logits = 'margin'" in line and "pool_generator_batch = True" in line
+    assert "student_steps" not in line and "preset =" not in line

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -82,7 +82,18 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             config, ctx.options, TaskView(task_of(config, info), info, config.seed)
         )
         options = self.options
-        log.info("FedIOD preset %r%s", options.preset, " (auto)" if ctx.options.preset == "auto" else "")
+        keys = [key.name for key in fields(options) if key.name != "preset"]
+        set_by_preset = [  # what the preset changed: the run's log says which settings the run took
+            f"{key} = {getattr(options, key)!r}"
+            for key in keys
+            if getattr(options, key) != getattr(ctx.options, key)
+        ]
+        log.info(
+            "FedIOD preset %r%s%s",
+            options.preset,
+            " (auto)" if ctx.options.preset == "auto" else "",
+            f": {', '.join(set_by_preset)}" if set_by_preset else "",
+        )
         if options.selection == "validation" and config.val_fraction == 0:
             raise ConfigError(
                 "fediod.selection = 'validation' needs validation splits: set val_fraction > 0 "
