@@ -149,6 +149,19 @@ def encode(encoding: str, array: np.ndarray) -> Encoded | np.ndarray:
             f"encoding {encoding!r} applies to {wire.decoded_dtype} arrays"
             f"{' of zeros and ones' if wire.accepts is not None else ''}, not this {array.dtype} one"
         )
+    return _encoded(encoding, wire, array)
+
+
+def encode_or_keep(encoding: str, array: np.ndarray) -> Encoded | np.ndarray:
+    """`array` in the wire form of `encoding` if the encoding takes it, else the array as it is (what a
+    sender does with each array of a kind it names an encoding for)."""
+    if encoding == RAW:
+        return array
+    wire = wire_format(encoding)
+    return _encoded(encoding, wire, array) if wire.takes(array) else array
+
+
+def _encoded(encoding: str, wire: WireFormat, array: np.ndarray) -> Encoded:
     data, params = wire.encode(np.ascontiguousarray(array))
     data.flags.writeable = False
     return Encoded(encoding, data, params)

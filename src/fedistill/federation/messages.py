@@ -20,7 +20,7 @@ import torch
 
 from fedistill import devices
 from fedistill.errors import FederationError
-from fedistill.federation.encodings import RAW, Encoded, decode, encode, encoding_of, wire_format
+from fedistill.federation.encodings import RAW, Encoded, decode, encode_or_keep, encoding_of
 
 #: What torch.from_numpy says about each read-only array of a decoded payload (receivers never write).
 NOT_WRITABLE = "The given NumPy array is not writable"
@@ -179,10 +179,7 @@ def _payload(value: np.ndarray | torch.Tensor | Encoded, encoding: str) -> Paylo
     if isinstance(value, Encoded):
         value.data.flags.writeable = False
         return value
-    array = _as_array(value)
-    if encoding == RAW or not wire_format(encoding).takes(array):
-        return array
-    return encode(encoding, array)
+    return encode_or_keep(encoding, _as_array(value))
 
 
 def _scalar_bytes(value: Scalar) -> int:
