@@ -26,6 +26,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fedistill.reproduce.reuse import kept
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
@@ -53,8 +55,7 @@ def protocol(args: argparse.Namespace, dataset: str, alpha: float, seed: int) ->
 
 def run(args: argparse.Namespace, name: str, algorithms: str, extra: list[str], cell: list[str]) -> Path:
     folder = Path(args.out) / name
-    done = all((folder / a / "summary.json").is_file() for a in algorithms.split(","))
-    if not (args.reuse and done):
+    if not (args.reuse and kept(folder / a / "summary.json" for a in algorithms.split(","))):
         command = [sys.executable, "-m", "fedistill.cli", "run", "--quiet", "--algorithm", algorithms,
                    "--out", args.out, "--name", name, *cell, *extra]  # fmt: skip
         subprocess.run(command, check=True)

@@ -24,13 +24,15 @@ import sys
 from pathlib import Path
 
 from _common import PAPER_PRESET
+from fedistill.reproduce.reuse import kept
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
 
 def fedistill(args: list[str], run_dir: Path, reuse: bool) -> None:
-    if reuse and any(run_dir.glob("*/summary.json")):
+    summaries = list(run_dir.glob("*/summary.json"))
+    if reuse and summaries and kept(summaries):
         print(f"reusing {run_dir}", flush=True)
         return
     subprocess.run([sys.executable, "-m", "fedistill.cli", "run", "--quiet", *args], check=True)

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedistill.reproduce.reuse import reusable
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 UP, DOWN = "client->server", "server->client"
@@ -155,7 +157,7 @@ def run(task: str, variant: str, out: Path, reuse: bool, seed: int = 0) -> dict[
     name = run_name(task, variant, seed)
     run_dir = out / name / "fediod"
     argv = command(task, variant, out, seed)
-    if not (reuse and (run_dir / "summary.json").is_file()):
+    if not reusable(run_dir / "summary.json", reuse):
         started = time.time()
         subprocess.run(["nice", "-n", "5", sys.executable, "-m", "fedistill.cli", *argv[1:]], check=True)
         print(f"{name}: {time.time() - started:.0f} s", flush=True)

@@ -33,6 +33,7 @@ from typing import Any
 
 from _common import RESULTS, add_seed_and_out, benchmark_parser, run_on_demo
 from fedistill.engine.rundir import read_jsonl
+from fedistill.reproduce.reuse import reusable
 
 # the stabilisers off, and the demo's digits-only input noise and ensemble weighting back to the paper's
 PAPER = ["fediod.w_bn=0.0", "fediod.pool_size=0", "fediod.pool_steps=0", "fediod.mimic='l2'",
@@ -59,7 +60,7 @@ def run(args: Any, dataset: str, clients: int, alpha: str, seed: int) -> dict[st
     name = f"robust-{dataset}-K{clients}-alpha{alpha}-seed{seed}" + ("-paper" if args.paper else "")
     name += f"-{args.tag}" if args.tag else ""
     folder = Path(args.out) / name / "fediod"
-    if not (args.reuse and (folder / "summary.json").is_file()):
+    if not reusable(folder / "summary.json", args.reuse):
         error = run_on_demo(
             algorithms="fediod", name=name, out=args.out, clients=clients, alpha=alpha, seed=seed,
             sets=[*(PAPER if args.paper else []), *overrides(args), *args.set],

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fedistill.algorithms.fediod import wire as fediod_wires
+from fedistill.reproduce.reuse import reusable
 
 #: What the numbers mean; the report ends with it.
 NOTES = """## Reading it
@@ -70,7 +71,7 @@ def command(seed: int, wire: str, out: Path) -> list[str]:
 def run(seed: int, wire: str, out: Path, reuse: bool) -> dict[str, Any]:
     """Run one (seed, wire) unless `reuse` finds it finished; its row of the table."""
     run_dir = out / f"wire-{wire}-seed-{seed}" / "fediod"
-    if not (reuse and (run_dir / "summary.json").is_file()):
+    if not reusable(run_dir / "summary.json", reuse):
         argv = command(seed, wire, out)
         started = time.time()
         subprocess.run([sys.executable, "-m", "fedistill.cli", *argv[1:]], check=True)

@@ -31,6 +31,7 @@ from typing import Any
 from fedistill.reproduce.arguments import benchmark_parser
 from fedistill.reproduce.paths import RESULTS, RUNS
 from fedistill.reproduce.reconstruction_scores import Harness, client_states, saved_state
+from fedistill.reproduce.reuse import kept
 from fedistill.reproduce.tables import write_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +61,7 @@ VARIANTS = {
 
 def start_variant(name: str, sets: tuple[str, ...], out: Path, reuse: bool) -> subprocess.Popen | None:
     """The demo with `sets`, as its own process (None when `reuse` finds its runs finished)."""
-    if reuse and all((out / name / m / "summary.json").is_file() for m in METHODS):
+    if reuse and kept(out / name / m / "summary.json" for m in METHODS):
         return None
     shutil.rmtree(out / name, ignore_errors=True)  # a run folder of the same name is replaced
     items = ["threads=1", *sets]

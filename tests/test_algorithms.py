@@ -13,6 +13,7 @@ import pytest
 from fedistill.config import RunConfig, build_config
 from fedistill.engine.launch import resume_suite, run_suite
 from fedistill.engine.rundir import read_jsonl
+from fedistill.version import code_fingerprint
 from fedistill.federation.ledger import DOWN, UP, read_ledger
 
 SMALL = {"clients": 5, "alpha": 0.5, "rounds": 4, "model": "mlp", "batch_size": 32, "lr": 0.05}
@@ -81,6 +82,7 @@ def test_run_directory_contents(digits_suite):
     for key in ("test_accuracy", "wall_time_s", "peak_memory_mb", "versions", "seed", "communication"):
         assert key in summary
     assert summary["device_name"] == "cpu"  # the device a run used, by name (on a GPU: the card)
+    assert summary["versions"]["code"] == code_fingerprint()  # what `--reuse` checks (reproduce/reuse.py)
     assert (suite / "results.md").is_file() and (suite / "plots" / "test_accuracy.png").is_file()
     assert len(read_jsonl(run / "metrics.jsonl")) == 6
 

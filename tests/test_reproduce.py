@@ -15,6 +15,7 @@ import fedistill.errors
 from fedistill.reproduce import command, execute, targets
 from fedistill.reproduce.plan import plan
 from fedistill.reproduce.target_spec import SCALES, Column, Expected, Row, Run, Scale, Target
+from fedistill.version import code_fingerprint
 from fedistill.reproduce.verdict import NO_RESULT, OUTSIDE, UNCHECKED, WITHIN, checks, exit_code
 
 CI_TARGETS = ("fedmdcg-table", "one-shot", "segmentation-table2", "reconstruction-table9")
@@ -231,6 +232,23 @@ def test_a_target_runs_writes_its_table_and_reuses_finished_runs(tiny, tmp_path,
     assert table["rows"][0]["verdict"] == OUTSIDE and table["rows"][0]["mean"] == fedavg["mean"]
     assert "1 outside tolerance" in (markdown := (folder / "table.md").read_text(encoding="utf-8"))
     assert "\nRuns: 1 reused.\n" in markdown
+
+
+def test_a_finished_run_that_other_code_made_is_set_aside_and_run_again(tiny, tmp_path, capsys, caplog):
+    out = tmp_path / "out"
+    assert reproduce(capsys, "tiny", "--out", str(out))[0] == 0
+    (run,) = (out / "reproduce" / "tiny-ci" / "runs").iterdir()
+    summary_path = run / "fedavg" / "summary.json"
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    summary["versions"]["code"] = "0123456789ab"  # as if a library change had come since
+    summary_path.write_text(json.dumps(summary), encoding="utf-8")
+    code, _, err = reproduce(capsys, "tiny", "--out", str(out))
+    assert code == 0 and "suite seed 0: ran" in err and "made by other code (0123456789ab" in caplog.text
+    aside = run.with_name(f"{run.name}.other-code-0123456789ab")
+    assert json.loads((aside / "fedavg" / "summary.json").read_text("utf-8")) == summary  # kept, not deleted
+    again = json.loads(summary_path.read_text(encoding="utf-8"))
+    assert again["versions"]["code"] == code_fingerprint()
+    assert again["final"]["test_accuracy"] == summary["final"]["test_accuracy"]  # same settings, same run
 
 
 def test_an_interrupted_run_resumes_and_new_seeds_run_beside_it(tiny, tmp_path, capsys):

@@ -38,7 +38,7 @@ from fedistill.federation.fleet import Fleet
 from fedistill.federation.ledger import Ledger
 from fedistill.plots import plot_learning_curves, plot_partition
 from fedistill.transports.inprocess import InProcessFleet
-from fedistill.version import __version__
+from fedistill.version import __version__, code_fingerprint
 
 log = logging.getLogger("fedistill")
 
@@ -57,9 +57,10 @@ def _device_peak_memory() -> dict[str, float]:
 
 def versions() -> dict[str, str]:
     """The versions of the project, Python and the libraries a run's numbers depend on, as its summary records
-    them."""
+    them; `code`: the fingerprint of the project's code (`--reuse` keeps a run only with this code's)."""
     return {
         "fedistill": __version__,
+        "code": code_fingerprint(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": np.__version__,

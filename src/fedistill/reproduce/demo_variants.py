@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedistill.reproduce.launch import run_on_demo
+from fedistill.reproduce.reuse import reusable
 from fedistill.reproduce.tables import write_table
 
 
@@ -61,7 +62,7 @@ def run_variant(args: Any, variant: str, sets: list[str], k: int, alpha: str, se
     algorithms = "fediod,fedavg" if args.fedavg and variant == "base" else "fediod"
     row: dict[str, Any] = {"variant": variant, "clients": k, "alpha": float(alpha), "seed": seed}
     folder = Path(args.out) / name
-    if not (args.reuse and (folder / "fediod" / "summary.json").is_file()):
+    if not reusable(folder / "fediod" / "summary.json", args.reuse):
         error = run_on_demo(
             algorithms=algorithms, name=name, out=args.out, clients=k, alpha=alpha, seed=seed, sets=sets
         )

@@ -21,6 +21,7 @@ from pathlib import Path
 from fedistill.errors import FederationError, UserError
 from fedistill.reproduce import worker_pool
 from fedistill.reproduce.plan import Job
+from fedistill.reproduce.reuse import kept
 
 STOPPED = (
     "fedistill: stopped (SIGTERM); run the same command again to continue "
@@ -39,7 +40,8 @@ class Outcome:
 
 
 def finished(folder: Path, algorithms: Sequence[str]) -> bool:
-    return all((folder / name / "summary.json").is_file() for name in algorithms)
+    """Every algorithm's summary is there, made by this code (a run another code made is set aside)."""
+    return kept(folder / name / "summary.json" for name in algorithms)
 
 
 def state(job: Job) -> str:

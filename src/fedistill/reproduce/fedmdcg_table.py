@@ -29,6 +29,7 @@ from typing import Any
 
 from fedistill.reproduce.launch import fedistill_run
 from fedistill.reproduce.paths import CONFIGS, relative_to_checkout
+from fedistill.reproduce.reuse import reusable
 from fedistill.reproduce.tables import write_table
 
 METHODS = ("fedavg", "standalone", "fedper", "lgfedavg", "fedgen", "fedcg", "fedmdcg")
@@ -70,7 +71,7 @@ def run_cell(
     out = Path(args.out)
     name = cell_name(dataset, method, omega, seed, args.rounds, variant)
     suite, run_dir = out / name, out / name / method
-    if args.reuse and (run_dir / "summary.json").is_file():
+    if reusable(run_dir / "summary.json", args.reuse):
         return run_dir
     if args.reuse and (suite / "config.toml").is_file():
         fedistill_run(["--resume", str(suite)])

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import fedistill.engine as engine_package
+from fedistill.reproduce.reuse import reusable
 
 #: The digits demo's settings, the base of the demo sweeps.
 DEMO = Path(engine_package.__file__).parent / "demo.toml"
@@ -46,7 +47,7 @@ def run_fedistill(
     pass, `extra` are options that go after `--rounds`, and `sets` become `--set` options.
     """
     summary_path = Path(out) / name / algorithm / "summary.json"
-    if not (args.reuse and summary_path.is_file()):
+    if not reusable(summary_path, args.reuse):
         try:
             subprocess.run(
                 [sys.executable, "-m", "fedistill.cli", "run", "--quiet", "--algorithm", algorithm,

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fedistill.reproduce.launch import PAPER_PRESET, run_fedistill
+from fedistill.reproduce.reuse import current
 from fedistill.reproduce.tables import write_json
 
 METHODS = ("fedavg-oneshot", "feddf-oneshot", "dense", "coboosting", "fediod", "fediod-stable")
@@ -85,8 +86,8 @@ def cell(args: Any, dataset: str, alpha: str) -> dict[str, Any]:
         rounds = args.epochs if algorithm_of(method) in ("fediod", "dense", "coboosting") else 1
         args.dataset = dataset
         run = f"{name}-{method}{f'-kd{kd}' if kd else ''}"
-        if args.table_only and not (Path(args.out) / run / algorithm_of(method) / "summary.json").is_file():
-            continue
+        if args.table_only and not current(Path(args.out) / run / algorithm_of(method) / "summary.json"):
+            continue  # the table from finished runs of this code only
         summary = run_fedistill(
             algorithm_of(method), args, name=run, alpha=alpha, model=args.model,
             rounds=rounds, out=args.out, sets=[*common, *method_sets(method, args, dataset, kd)],

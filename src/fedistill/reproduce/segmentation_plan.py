@@ -54,6 +54,7 @@ from fedistill.data.registry import load_dataset
 from fedistill.reproduce.arguments import benchmark_parser, settings_digest
 from fedistill.reproduce.launch import run_fedistill
 from fedistill.reproduce.paths import RESULTS, RUNS
+from fedistill.reproduce.reuse import reusable
 
 METHODS = (
     "standalone",
@@ -279,7 +280,7 @@ def execute(table: Table, spec: RunSpec, args: argparse.Namespace) -> Path:
     print(f"table {table.number}: {spec.method} ({spec.name})", flush=True)
     folder = Path(args.out) / spec.name / spec.algorithm
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    fresh = not (args.reuse and (folder / "summary.json").is_file())
+    fresh = not reusable(folder / "summary.json", args.reuse)
     run_fedistill(spec.algorithm, run_args, name=spec.name, alpha="1", model="unet", rounds=spec.rounds,
                   out=args.out, sets=spec.sets, extra=spec.extra)  # fmt: skip
     if fresh:

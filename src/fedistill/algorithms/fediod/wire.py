@@ -17,8 +17,9 @@ teachers' outputs on the test images (the ensemble's reported ceiling). Why: at 
 sizes the validation copies were most of what the server sent (Table 9: 120 copies of a 7.76 MB U-Net, 931
 of its 1,088 MB), and a validation score read through float16's relative 2^-11 moves by far less than the
 epochs it chooses between: Table 9's run selected the same epoch and scored the same to four decimals with
-783.8 MB in both directions instead of 1,251.9. The server keeps, selects and hands over its float32
-student. Stage 1's statistics go as they are: they are counts.
+783.8 MB in both directions instead of 1,251.9 (748.8 MB once the label masks went as `bits` too). The
+server keeps, selects and hands over its float32 student. Stage 1's statistics go as they are: they are
+counts.
 """
 
 from __future__ import annotations

@@ -1,0 +1,101 @@
+"""`--reuse` keeps a finished run only when this code made it: the code fingerprint a summary records, and
+what happens to a run another code made (reproduce/reuse.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from fedistill.reproduce import reuse
+from fedistill.version import code_fingerprint, fingerprint_of
+
+
+def package(root: Path, source: str) -> Path:
+    (root / "pkg").mkdir(parents=True, exist_ok=True)
+    (root / "pkg" / "mod.py").write_text(source, encoding="utf-8")
+    return root / "pkg"
+
+
+BASE = '"""A module."""\n\n\ndef f(x):\n    """Twice x."""\n    return 2 * x\n'
+
+
+def test_the_fingerprint_ignores_comments_docstrings_and_layout_but_not_code(tmp_path):
+    base = fingerprint_of(package(tmp_path / "a", BASE))
+    assert len(base) == 12 and int(base, 16) >= 0
+    reworded = '"""Another module text."""\n# a comment\ndef f(x):  # why\n    """Doubles x."""\n\n    return 2*x\n'
+    assert fingerprint_of(package(tmp_path / "b", reworded)) == base
+    assert fingerprint_of(package(tmp_path / "c", BASE.replace("2 * x", "3 * x"))) != base
+    assert fingerprint_of(package(tmp_path / "d", BASE.replace("return", "y = 1\n    return"))) != base
+    moved = package(tmp_path / "e", BASE)
+    (moved / "mod.py").rename(moved / "other.py")  # the same code under another module name
+    assert fingerprint_of(moved) != base
+    lone = fingerprint_of(package(tmp_path / "f", 'def f():\n    """Only a docstring."""\n'))
+    assert lone == fingerprint_of(package(tmp_path / "g", "def f():\n    pass\n"))
+
+
+def test_this_installation_has_one_fingerprint():
+    assert code_fingerprint() == fingerprint_of(Path(reuse.__file__).parents[1])
+
+
+def finished_run(out: Path, name: str, code: str | None, algorithm: str = "fedavg") -> Path:
+    """A run folder as `fedistill run` leaves it, its summary recording `code` (None: no fingerprint)."""
+    suite = out / name
+    (suite / algorithm).mkdir(parents=True)
+    (suite / "config.toml").write_text('algorithm = "fedavg"\n', encoding="utf-8")
+    versions = {"fedistill": "0.1.0"} | ({} if code is None else {"code": code})
+    summary = {"algorithm": algorithm, "versions": versions}
+    (suite / algorithm / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    return suite / algorithm / "summary.json"
+
+
+def test_a_run_this_code_made_is_kept_where_it_is(tmp_path):
+    path = finished_run(tmp_path, "run", code_fingerprint())
+    assert reuse.current(path) and reuse.reusable(path, True)
+    assert not reuse.reusable(path, False)  # without --reuse nothing is kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert not reuse.kept([path, tmp_path / "run" / "standalone" / "summary.json"])  # one is missing
+
+
+@pytest.mark.parametrize("code", ["0123456789ab", None])
+def test_a_run_other_code_made_is_set_aside_and_named(tmp_path, caplog, monkeypatch, code):
+    monkeypatch.delenv(reuse.KEEP_OTHER_CODE, raising=False)
+    path = finished_run(tmp_path, "run", code)
+    assert not reuse.current(path)  # nothing moves when only asked
+    assert (tmp_path / "run").is_dir()
+    with caplog.at_level(logging.WARNING, logger=reuse.__name__):
+        assert not reuse.reusable(path, True)
+    label = code or "unrecorded"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"run.other-code-{label}"]
+    assert f"set aside as run.other-code-{label}" in caplog.text and reuse.KEEP_OTHER_CODE in caplog.text
+    finished_run(tmp_path, "run", code)  # made again by other code, set aside beside the first
+    assert not reuse.reusable(path, True)
+    assert (tmp_path / f"run.other-code-{label}-2" / "fedavg" / "summary.json").is_file()
+
+
+def test_the_environment_variable_keeps_runs_of_other_code_with_a_warning(tmp_path, caplog, monkeypatch):
+    monkeypatch.setenv(reuse.KEEP_OTHER_CODE, "1")
+    path = finished_run(tmp_path, "run", "0123456789ab")
+    with caplog.at_level(logging.WARNING, logger=reuse.__name__):
+        assert reuse.reusable(path, True)
+    assert "kept, though made by other code (0123456789ab" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_one_stale_algorithm_sets_the_whole_run_aside_even_after_a_missing_one(tmp_path):
+    current = finished_run(tmp_path, "run", code_fingerprint())
+    (tmp_path / "run" / "fediod").mkdir()
+    stale = tmp_path / "run" / "fediod" / "summary.json"
+    stale.write_text(json.dumps({"versions": {"code": "0123456789ab"}}), encoding="utf-8")
+    missing = tmp_path / "run" / "standalone" / "summary.json"
+    assert not reuse.kept([current, missing, stale])
+    assert not (tmp_path / "run").exists() and (tmp_path / "run.other-code-0123456789ab").is_dir()
+
+
+def test_a_summary_outside_a_run_folder_is_never_moved(tmp_path):
+    (tmp_path / "loose").mkdir()
+    path = tmp_path / "loose" / "summary.json"
+    path.write_text(json.dumps({"versions": {"code": "0123456789ab"}}), encoding="utf-8")
+    assert not reuse.reusable(path, True) and path.is_file()
