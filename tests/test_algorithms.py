@@ -13,8 +13,8 @@ import pytest
 from fedistill.config import RunConfig, build_config
 from fedistill.engine.launch import resume_suite, run_suite
 from fedistill.engine.rundir import read_jsonl
-from fedistill.version import code_fingerprint
 from fedistill.federation.ledger import DOWN, UP, read_ledger
+from fedistill.version import code_fingerprint
 
 SMALL = {"clients": 5, "alpha": 0.5, "rounds": 4, "model": "mlp", "batch_size": 32, "lr": 0.05}
 

@@ -15,8 +15,8 @@ import fedistill.errors
 from fedistill.reproduce import command, execute, targets
 from fedistill.reproduce.plan import plan
 from fedistill.reproduce.target_spec import SCALES, Column, Expected, Row, Run, Scale, Target
-from fedistill.version import code_fingerprint
 from fedistill.reproduce.verdict import NO_RESULT, OUTSIDE, UNCHECKED, WITHIN, checks, exit_code
+from fedistill.version import code_fingerprint
 
 CI_TARGETS = ("fedmdcg-table", "one-shot", "segmentation-table2", "reconstruction-table9")
 ACCURACY = Column("test", "test %", ("final.test_accuracy",))

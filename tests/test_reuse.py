@@ -25,7 +25,9 @@ BASE = '"""A module."""\n\n\ndef f(x):\n    """Twice x."""\n    return 2 * x\n'
 def test_the_fingerprint_ignores_comments_docstrings_and_layout_but_not_code(tmp_path):
     base = fingerprint_of(package(tmp_path / "a", BASE))
     assert len(base) == 12 and int(base, 16) >= 0
-    reworded = '"""Another module text."""\n# a comment\ndef f(x):  # why\n    """Doubles x."""\n\n    return 2*x\n'
+    reworded = (
+        '"""Another module text."""\n# a comment\ndef f(x):  # why\n    """Doubles x."""\n\n    return 2*x\n'
+    )
     assert fingerprint_of(package(tmp_path / "b", reworded)) == base
     assert fingerprint_of(package(tmp_path / "c", BASE.replace("2 * x", "3 * x"))) != base
     assert fingerprint_of(package(tmp_path / "d", BASE.replace("return", "y = 1\n    return"))) != base
