@@ -16,6 +16,7 @@ from fedistill.algorithms.base import StopRun
 from fedistill.algorithms.fediod import draws
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import calibrated
+from fedistill.algorithms.fediod.look_trials import LookTrials
 from fedistill.algorithms.fediod.options import cosine_lr, set_lr
 from fedistill.algorithms.fediod.owner_split import OwnerSplit
 from fedistill.algorithms.fediod.robustness import combined_ensemble, screened_gradients, screened_logits
@@ -73,6 +74,12 @@ class GeneratorStep:
         noise = self.generator.sample_noise(draw.latent, rng) if self.generator.noise_channels else None
         return self.generator(draw.latent, noise)
 
+    def _look_trials(self) -> LookTrials | None:
+        """The trials of the sites' colour maps (`look_trials`), made once the epoch's G-steps are known."""
+        if self.look_trials is None and self.options.look_trials:
+            self.look_trials = LookTrials(self.options.look_trials, self.iters)
+        return self.look_trials
+
     def step_sites(self, step: int) -> list[int]:
         """The sites G-step `step` asks, and that answer the S-step inputs it carries (`sites_per_step`)."""
         assert self.federation is not None
@@ -120,6 +127,9 @@ class GeneratorStep:
         self.generator.train()
         draw = self._draw(options.synthetic_batch_size, latent_gen)
         x = self._generate(draw, latent_gen)
+        trials, flipped = self._look_trials(), None
+        if trials is not None and trials.in_trial(self.step):
+            x, flipped = trials.flip(x, draw.owner)
         carried = self.carried
         inputs = {"x": x.detach()} if carried is None else {"x": x.detach(), "student_x": carried.x}
         masks = {} if draw.masks is None else {"m": draw.masks.to(torch.uint8)}
@@ -209,6 +219,8 @@ class GeneratorStep:
         replies = successful(sent, minimum=min(config.min_clients, len(clients)), what="generator queries")
         answered = sorted(replies)
         pi = self.federation.pi(answered)
+        if flipped is not None:  # each teacher on its own site's samples, drawn and flipped
+            trials.record_replies(replies, position, draw, flipped, view.received_logits, split)
         s_losses = []
         if carried is not None:  # step t-1's S-steps, at its learning rate, before this step's L_mimic
             set_lr(self.s_optimizer, carried.lr)
@@ -298,6 +310,8 @@ class GeneratorStep:
         self.g_optimizer.zero_grad(set_to_none=True)
         x.backward(total)
         self.g_optimizer.step()
+        if trials is not None and trials.ends(self.step):
+            trials.decide(self.generator, self.g_optimizer)
         if not options.student_steps:  # the student learns from the pool alone: no query beyond G's batch
             self._replay(self.step)
         elif options.merge_student_queries:

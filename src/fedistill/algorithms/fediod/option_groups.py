@@ -194,6 +194,14 @@ class GeneratorOptions:
     where the masks lay out the image (nuclei: on Table 4 the student found the fluorescence site on four
     seeds of ten, where it never had, and the mean Dice rose from 73.07 to 75.77; options.py)."""
 
+    look_trials: int = 0
+    """With `site_looks`: the first this many G-steps of each epoch are a trial in which every other sample
+    of each site's share is shown with its contrast flipped about the share's mean colour; a site whose own
+    teacher finds the masks' foreground better in the flipped half (Dice against the masks G drew from)
+    gets its colour map flipped for good (look_trials.py). Why: a map learnt by gradient from the
+    H&E-like rendering can stop at dark nuclei on a dark ground for a fluorescence site, since turning
+    the nuclei brighter passes through images with none visible. Default 0 (no trials)."""
+
 
 @dataclass(frozen=True)
 class GeneratorLossOptions:

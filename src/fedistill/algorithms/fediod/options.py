@@ -149,6 +149,7 @@ class FedIODOptions(
             "reference_samples",
             "sites_per_step",
             "student_steps",
+            "look_trials",
         ):
             if getattr(self, key) < 0:
                 raise ConfigError(f"fediod.{key} must be >= 0")
@@ -175,6 +176,11 @@ class FedIODOptions(
             raise ConfigError(
                 "fediod.site_looks gives each site's share of G's batch that site's colours: set "
                 "fediod.generator_mixture = 'per-client' too"
+            )
+        if self.look_trials and not (self.site_looks or filled.get("site_looks", False)):
+            raise ConfigError(
+                "fediod.look_trials tries each site's colour map the other way round: set "
+                "fediod.site_looks = true (with fediod.generator_mixture = 'per-client') too"
             )
         if not self.student_steps and not (
             (self.pool_generator_batch or filled.get("pool_generator_batch", False))

@@ -25,6 +25,7 @@ from fedistill.algorithms.base import (
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import auto_mode, one_class_sites
 from fedistill.algorithms.fediod.generator_step import GeneratorStep
+from fedistill.algorithms.fediod.look_trials import LookTrials
 from fedistill.algorithms.fediod.options import network_widths, resolve_for_task
 from fedistill.algorithms.fediod.reference import teacher_report, upload_masks
 from fedistill.algorithms.fediod.robustness import screened_counts
@@ -118,6 +119,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
         )
         self.federation: Federation | None = None
         self.iters = 0
+        self.look_trials: LookTrials | None = None  # look_trials.py, made at the first G-step
         self.step = 0
         self.best: dict[str, Any] = nothing_selected()
         self.reference: dict[str, float] = {}
