@@ -93,13 +93,14 @@ def test_the_lean_default_gives_mask_shaped_images_a_share_per_site_in_its_own_c
     user's own mixture keeps the preset's looks out; two-class lesions keep one shared G."""
     nuclei = resolve_options(_config(), FedIODOptions(), per_pixel=True, mask_shapes_images=True)
     assert (nuclei.generator_mixture, nuclei.site_looks, nuclei.truth_weight) == ("per-client", True, 0.75)
+    assert nuclei.look_trials == 4  # each site's colours tried both ways (look_trials.py)
     config = _config(generator_mixture="shared")
     own = resolve_options(
         config, FedIODOptions(generator_mixture="shared"), per_pixel=True, mask_shapes_images=True
     )
-    assert (own.generator_mixture, own.site_looks) == ("shared", False)
+    assert (own.generator_mixture, own.site_looks, own.look_trials) == ("shared", False, 0)
     lesions = resolve_options(_config(), FedIODOptions(), per_pixel=True, two_class_pixels=True)
-    assert (lesions.generator_mixture, lesions.site_looks) == ("shared", False)
+    assert (lesions.generator_mixture, lesions.site_looks, lesions.look_trials) == ("shared", False, 0)
 
 
 @pytest.mark.parametrize(("per_pixel", "image_outputs"), [(False, False), (True, True)])
