@@ -170,7 +170,8 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     assert resolved_for({"truth_weight": 0.0}, per_pixel=True, images=True).truth_weight == 0.0
     assert pixels.ensemble_weighting == "eq8"
     # masks that lay out G's image (nuclei): three quarters of the student's loss against them, and a share of
-    # G's batch per site, each in that site's colours, labelled by its own site alone, which is all it asks
+    # G's batch per site, each in that site's colours (tried both ways), labelled by its own site alone,
+    # which is all it asks
     looks = {
         "truth_weight": 0.75,
         "generator_mixture": "per-client",
@@ -179,6 +180,7 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
         "use_unique": False,
         "owner_queries": True,
         "w_adv": 0.1,
+        "look_trials": 4,  # each site's colours tried both ways (look_trials.py)
     }
     assert resolved_for({"tau": 2.0}, per_pixel=True, mask_shaped=True) == dataclasses.replace(
         pixels, **looks
