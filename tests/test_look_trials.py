@@ -107,3 +107,49 @@ def test_a_run_with_look_trials_shows_flipped_samples_in_the_trial_only_and_deci
     queries = [r for r in sent if next(iter(r.values())).type == "query.generate"]
     for (_, shown, _), query in zip(flips, queries, strict=False):  # what the sites saw, up to the wire
         assert torch.allclose(next(iter(query.values())).tensor("synthetic-inputs", "x"), shown, atol=0.05)
+
+
+def test_a_run_with_look_trials_resumes_to_the_same_result(tmp_path, monkeypatch):
+    """A trial decides within its epoch, so a checkpoint (after an epoch) holds nothing of it but G and its
+    optimiser; site 0 is made to prefer its flipped half, so every epoch folds a flip."""
+    from fedistill.algorithms.fediod.server import FedIODServer
+    from fedistill.engine.launch import resume_suite, run_suite
+    from fedistill.engine.rundir import read_jsonl
+
+    config = _config(site_looks=True, generator_mixture="per-client", look_trials=3, iters_per_epoch=4)
+    config = config.replace(rounds=3, stage1_cache=False)
+    dice = LookTrials.dice
+    monkeypatch.setattr(
+        LookTrials,
+        "dice",
+        lambda self, site, half: (
+            None if dice(self, site, half) is None else float(site == 0) * (half == "flipped")
+        ),
+    )
+    folds = []
+    monkeypatch.setattr(
+        "fedistill.algorithms.fediod.look_trials.fold_flip",
+        lambda *a, fold=fold_flip: folds.append(1) or fold(*a),
+    )
+    run_suite(config, tmp_path / "ref", progress=False)
+    assert len(folds) == 3  # one flip of site 0's map an epoch
+    original = FedIODServer.run_round
+
+    def crash_in_round_3(self, fleet, round):
+        if round == 3:
+            raise KeyboardInterrupt
+        return original(self, fleet, round)
+
+    monkeypatch.setattr(FedIODServer, "run_round", crash_in_round_3)
+    with pytest.raises(KeyboardInterrupt):
+        run_suite(config, tmp_path / "cut", progress=False)
+    monkeypatch.setattr(FedIODServer, "run_round", original)
+    resume_suite(tmp_path / "cut", progress=False)
+
+    def rows(path):
+        return [
+            {k: v for k, v in r.items() if not k.endswith("_s")}
+            for r in read_jsonl(path / "fediod" / "metrics.jsonl")
+        ]
+
+    assert len(rows(tmp_path / "ref")) == 3 and rows(tmp_path / "cut") == rows(tmp_path / "ref")
