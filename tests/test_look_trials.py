@@ -153,3 +153,22 @@ def test_a_run_with_look_trials_resumes_to_the_same_result(tmp_path, monkeypatch
         ]
 
     assert len(rows(tmp_path / "ref")) == 3 and rows(tmp_path / "cut") == rows(tmp_path / "ref")
+
+
+@pytest.mark.parametrize(("margin", "flips"), [(0.0, [0]), (0.3, [0]), (0.4, [])])
+def test_a_margin_keeps_a_map_unless_the_flipped_half_wins_by_more(margin, flips):
+    trials = LookTrials(steps=2, iters=10, margin=margin)
+    masks = torch.zeros(2, 8, 8, dtype=torch.long)
+    masks[:, 2:6, 2:6] = 1  # 16 pixels each
+    half = masks[0].clone()
+    half[2:4] = 0  # the drawn sample: half the nucleus found, Dice 2 x 8 / (8 + 16) = 2/3
+    trials.record(0, torch.stack([half, masks[1]]), masks, torch.tensor([False, True]))
+    trials.colours[0] = torch.zeros(3)
+    assert (trials.dice(0, "drawn"), trials.dice(0, "flipped")) == (pytest.approx(2 / 3), 1.0)
+    g = _generator()
+    assert trials.decide(g, torch.optim.Adam(g.parameters())) == flips  # 1 - 2/3 = 0.33 to beat the margin
+
+
+def test_the_margin_is_a_dice_in_zero_to_one():
+    with pytest.raises(ConfigError, match=r"look_trial_margin is a Dice margin in \[0, 1\); got 1.5"):
+        FedIODOptions(look_trial_margin=1.5).validate()

@@ -77,7 +77,8 @@ class GeneratorStep:
     def _look_trials(self) -> LookTrials | None:
         """The trials of the sites' colour maps (`look_trials`), made once the epoch's G-steps are known."""
         if self.look_trials is None and self.options.look_trials:
-            self.look_trials = LookTrials(self.options.look_trials, self.iters)
+            options = self.options
+            self.look_trials = LookTrials(options.look_trials, self.iters, options.look_trial_margin)
         return self.look_trials
 
     def step_sites(self, step: int) -> list[int]:

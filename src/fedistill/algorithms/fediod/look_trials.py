@@ -45,6 +45,7 @@ class LookTrials:
 
     steps: int
     iters: int
+    margin: float = 0.0  # how much higher the flipped half's Dice must be
     counts: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
     colours: dict[int, torch.Tensor] = field(default_factory=dict)
 
@@ -109,15 +110,15 @@ class LookTrials:
         return float(2 * counts[0] / (counts[1] + counts[2]))
 
     def decide(self, generator: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[int]:
-        """Flip the colour map of each site whose teacher found the masks better in the flipped half; the
-        sites flipped (their positions). The records start afresh for the next trial."""
+        """Flip the colour map of each site whose teacher found the masks better in the flipped half (by more
+        than `margin`); the sites flipped (their positions). The records start afresh for the next trial."""
         turned = []
         for site in sorted({site for site, _ in self.counts}):
             drawn, flipped = self.dice(site, "drawn"), self.dice(site, "flipped")
             if drawn is None or flipped is None:
                 continue
             log.info("look trial: site %d's teacher Dice %.3f as drawn, %.3f flipped", site, drawn, flipped)
-            if flipped > drawn:
+            if flipped > drawn + self.margin:
                 fold_flip(generator, optimizer, site, self.colours[site])
                 turned.append(site)
                 log.info("look trial: site %d's colours flipped", site)

@@ -202,6 +202,10 @@ class GeneratorOptions:
     H&E-like rendering can stop at dark nuclei on a dark ground for a fluorescence site, since turning
     the nuclei brighter passes through images with none visible. Default 0 (no trials)."""
 
+    look_trial_margin: float = 0.0
+    """How much higher (Dice, 0-1) the flipped half must score for a trial to flip a site's map; 0: any
+    win flips it. A margin keeps a map whose teacher finds little either way from flipping back and forth."""
+
 
 @dataclass(frozen=True)
 class GeneratorLossOptions:

@@ -130,6 +130,9 @@ class FedIODOptions(
             raise ConfigError(f"fediod.truth_weight is a weight in [0, 1]; got {self.truth_weight}")
         if not 0.0 <= self.student_recolour <= 1.0:
             raise ConfigError(f"fediod.student_recolour is a share in [0, 1]; got {self.student_recolour}")
+        if not 0.0 <= self.look_trial_margin < 1.0:
+            margin = self.look_trial_margin
+            raise ConfigError(f"fediod.look_trial_margin is a Dice margin in [0, 1); got {margin}")
         if not 0.0 <= self.student_ema < 1.0:
             raise ConfigError(f"fediod.student_ema is a decay in [0, 1); got {self.student_ema}")
         for key in (
