@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from algorithm_helpers import check_resume_after_crash
 from fedistill.algorithms.fediod import FedIODOptions
 from fedistill.algorithms.fediod.look_trials import LookTrials, fold_flip
 from fedistill.errors import ConfigError
@@ -113,11 +114,8 @@ def test_a_run_with_look_trials_resumes_to_the_same_result(tmp_path, monkeypatch
     """A trial decides within its epoch, so a checkpoint (after an epoch) holds nothing of it but G and its
     optimiser; site 0 is made to prefer its flipped half, so every epoch folds a flip."""
     from fedistill.algorithms.fediod.server import FedIODServer
-    from fedistill.engine.launch import resume_suite, run_suite
-    from fedistill.engine.rundir import read_jsonl
 
     config = _config(site_looks=True, generator_mixture="per-client", look_trials=3, iters_per_epoch=4)
-    config = config.replace(rounds=3, stage1_cache=False)
     dice = LookTrials.dice
     monkeypatch.setattr(
         LookTrials,
@@ -131,28 +129,8 @@ def test_a_run_with_look_trials_resumes_to_the_same_result(tmp_path, monkeypatch
         "fedistill.algorithms.fediod.look_trials.fold_flip",
         lambda *a, fold=fold_flip: folds.append(1) or fold(*a),
     )
-    run_suite(config, tmp_path / "ref", progress=False)
-    assert len(folds) == 3  # one flip of site 0's map an epoch
-    original = FedIODServer.run_round
-
-    def crash_in_round_3(self, fleet, round):
-        if round == 3:
-            raise KeyboardInterrupt
-        return original(self, fleet, round)
-
-    monkeypatch.setattr(FedIODServer, "run_round", crash_in_round_3)
-    with pytest.raises(KeyboardInterrupt):
-        run_suite(config, tmp_path / "cut", progress=False)
-    monkeypatch.setattr(FedIODServer, "run_round", original)
-    resume_suite(tmp_path / "cut", progress=False)
-
-    def rows(path):
-        return [
-            {k: v for k, v in r.items() if not k.endswith("_s")}
-            for r in read_jsonl(path / "fediod" / "metrics.jsonl")
-        ]
-
-    assert len(rows(tmp_path / "ref")) == 3 and rows(tmp_path / "cut") == rows(tmp_path / "ref")
+    check_resume_after_crash(config.replace(rounds=3, stage1_cache=False), FedIODServer, tmp_path)
+    assert len(folds) == 6  # one flip of site 0's map an epoch: 3 in the whole run, 2 + 1 around the crash
 
 
 @pytest.mark.parametrize(("margin", "flips"), [(0.0, [0]), (0.3, [0]), (0.4, [])])
