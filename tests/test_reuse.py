@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fedistill.errors import RunDirError
 from fedistill.reproduce import reuse
 from fedistill.version import code_fingerprint, fingerprint_of
 
@@ -101,3 +102,16 @@ def test_a_summary_outside_a_run_folder_is_never_moved(tmp_path):
     path = tmp_path / "loose" / "summary.json"
     path.write_text(json.dumps({"versions": {"code": "0123456789ab"}}), encoding="utf-8")
     assert not reuse.reusable(path, True) and path.is_file()
+
+
+def test_a_run_that_cannot_be_set_aside_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.delenv(reuse.KEEP_OTHER_CODE, raising=False)
+    path = finished_run(tmp_path, "run", "0123456789ab")
+
+    def refuse(self, target):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "rename", refuse)
+    told = r"cannot be set aside .*Permission denied.*FEDISTILL_REUSE_OTHER_CODE=1"
+    with pytest.raises(RunDirError, match=told):
+        reuse.reusable(path, True)

@@ -166,6 +166,8 @@ def _loop(
     metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_at=runner_state["metrics"] if state else None)
     tracking = start_tracking(config, run_dir)  # None unless config.track names trackers
     fleet = _fleet(config, algorithm, clients, ledger, grid)
+    # the versions of the code that starts the run, not of whatever is on disk when it ends
+    ran_with = versions()
     started = time.perf_counter() - runner_state["elapsed"]  # wall time includes set-up (stage 1)
     if state:
         server.load_state_dict(state["server"])
@@ -287,7 +289,7 @@ def _loop(
         **_device_peak_memory(),
         "communication": ledger.totals.summary(),
         "dropped_clients": {str(k): v for k, v in fleet.dropped.items()},
-        "versions": versions(),
+        "versions": ran_with,
     }
     write_summary(run_dir, summary)
     if tracking is not None:

@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from fedistill.errors import RunDirError
 from fedistill.version import code_fingerprint
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,13 @@ def set_aside(suite: Path, code: str | None) -> Path:
     while target.exists():
         number += 1
         target = suite.with_name(f"{base}-{number}")
-    suite.rename(target)
+    try:
+        suite.rename(target)
+    except OSError as exc:
+        raise RunDirError(
+            f"{suite} was made by other code and cannot be set aside as {target.name} ({exc.strerror}); "
+            f"move it away, or set {KEEP_OTHER_CODE}=1 to keep it"
+        ) from exc
     return target
 
 

@@ -55,7 +55,7 @@ class LookTrials:
 
     def ends(self, step: int) -> bool:
         """Whether G-step `step` is its epoch's last trial step, after which the trial decides."""
-        return self.in_trial(step) and step % self.iters == min(self.steps, self.iters) - 1
+        return step % self.iters == min(self.steps, self.iters) - 1
 
     def flip(self, x: torch.Tensor, owner: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`x` (normalised images) with every other sample of each site's share flipped about the share's
