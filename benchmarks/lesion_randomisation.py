@@ -8,11 +8,13 @@ and once per share of randomised training subjects (`synthesis = "randomised"`, 
 subjects only (plain synthesis; the real patients never choose anything); every model is then scored
 (Dice, sensitivity, HD95) on the real patients of `brain-lesions-real` by
 `fedistill.reproduce.segmentation_scores`, like Table 2's real-patient columns: after brain extraction by
-default (`--real-skull stripped`, as the training brains are skull-stripped), or the whole head (`on`).
+default (`--real-skull stripped`, as the training brains are skull-stripped), or the whole head (`on`); an
+extracted brain is put on the training brains' scale by its median (`--real-intensity brain-median`, the
+default) or by its percentiles as the training brains were (`percentile`): `scan_scale`.
 FedIOD runs at its default settings (`fediod-default`) unless `fediod` (the paper's exchanges) is asked.
 
     python benchmarks/lesion_randomisation.py [--methods centralized,fedavg,fediod-default]
-        [--fractions 0.5,1] [--real-skull stripped|on] [--reuse]
+        [--fractions 0.5,1] [--real-skull stripped|on] [--real-intensity brain-median|percentile] [--reuse]
 
 Writes benchmarks/results/lesion_randomisation.{md,json}; runs go to --out (default: lesion-randomisation/ in
 the benchmarks' runs folder), one `fedistill run` process at a time at `--threads` torch threads.
@@ -28,12 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from fedistill.data.base import LoadedDataset
-from fedistill.data.medical.brain_synthetic import SKULLS
+from fedistill.data.medical.brain_synthetic import SCAN_SCALES, SKULLS
 from fedistill.reproduce.arguments import benchmark_parser, shown_arguments
 from fedistill.reproduce.paths import CHECKOUT, RESULTS, RUNS
 from fedistill.reproduce.segmentation_plan import LABELS, Table, execute, plan, training_samples
 from fedistill.reproduce.segmentation_plan import parse as table_defaults
-from fedistill.reproduce.segmentation_report import REAL_SKULL
+from fedistill.reproduce.segmentation_report import REAL_SKULL, real_intensity_text
 from fedistill.reproduce.segmentation_scores import real_patients, saved_models, score
 
 DATASET = "brats-synthetic-lesions"
@@ -50,6 +52,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--real-skull", default="stripped", choices=SKULLS,
                         help="the real patients' scans as scored: brain-extracted, or the whole head")  # fmt: skip
+    parser.add_argument("--real-intensity", default="brain-median", choices=SCAN_SCALES,
+                        help="how an extracted real brain is put on the training brains' scale")  # fmt: skip
     parser.add_argument("--fractions", default="0.5,1", help="shares of randomised training subjects")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(RUNS / "lesion-randomisation"))
@@ -126,7 +130,11 @@ def lesion_visibility(args: argparse.Namespace) -> list[dict[str, float]]:
     from fedistill.data.registry import load_dataset
 
     real = load_dataset(
-        "brain-lesions-real", args.data_dir, image_size=args.image_size, skull=args.real_skull
+        "brain-lesions-real",
+        args.data_dir,
+        image_size=args.image_size,
+        skull=args.real_skull,
+        intensity=args.real_intensity,
     )
     images, masks = real.test.x.numpy()[:, 0] / 255.0, real.test.y.numpy() == 1
     out = []
@@ -174,7 +182,8 @@ def report(
         f"{args.rounds} rounds); FedIOD {args.distill_epochs} distillation epochs x {args.iters} G-steps; "
         f"seed {args.seed}, {args.threads} torch thread(s). Semi-synthetic Dice: the plain semi-synthetic "
         "test subjects (the validation that chooses the randomised share, marked *). Real: the two patients "
-        f"of brain-lesions-real (real contrast T1 lesions, {REAL_SKULL[args.real_skull]}), mean over their "
+        f"of brain-lesions-real (real contrast T1 lesions, {REAL_SKULL[args.real_skull]}"
+        f"{real_intensity_text(args)}), mean over their "
         "lesion slices; never used to choose anything.",
         "",
         "| method | synthesis | semi-synthetic Dice % | real Dice % | real sens. % | real HD95 px | "
@@ -232,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     results.mkdir(parents=True, exist_ok=True)
     visibility = lesion_visibility(args)
     payload = {"command": "python benchmarks/lesion_randomisation.py " + " ".join(args.argv), "commit": commit,
-               "dataset": DATASET, "real_dataset": "brain-lesions-real", "real_skull": args.real_skull, "rows": rows,
+               "dataset": DATASET, "real_dataset": "brain-lesions-real", "real_skull": args.real_skull,
+               "real_intensity": args.real_intensity, "rows": rows,
                "real_lesion_visibility": visibility}  # fmt: skip
     text = report(rows, visibility, args, commit)
     (results / "lesion_randomisation.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")

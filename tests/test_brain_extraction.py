@@ -1,5 +1,6 @@
 """Brain extraction for scans that keep the skull: the head found by intensity, the brain a set depth
-inside its outline, and the real patients scored either way."""
+inside its outline, the extracted brain put on the training brains' scale by its median, and the real
+patients scored either way."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ import pytest
 
 from conftest import SHARED_DATA
 from fedistill.data.medical import brain_extraction as bx
-from fedistill.data.medical.brain_synthetic import HOST_PEAK, load_brats_synthetic, load_real_lesions
+from fedistill.data.medical.brain_synthetic import (
+    COLIN27,
+    HOST_MEDIAN,
+    HOST_PEAK,
+    MNI152,
+    load_brats_synthetic,
+    load_host,
+    load_real_lesions,
+    scan_scale,
+)
 from fedistill.errors import ConfigError
 
 PIXEL_MM = 1.0
@@ -70,8 +80,12 @@ def test_the_real_patients_are_scored_brain_extracted_by_default():
     assert len(stripped.test.y) == len(whole.test.y) == 10  # the lesion slices, both ways
     assert (stripped.test.y == whole.test.y).all()
     x, on = stripped.test.x.float() / 255, whole.test.x.float() / 255
-    assert x.max() <= HOST_PEAK + 1e-6 < on.max()  # the training brains' scale
+    assert abs(x[x > 0].median().item() - HOST_MEDIAN) < 0.05  # the training brains' scale, by the median
     assert ((x > 0).sum() < 0.8 * (on > 0.05).sum()).item()  # the head around the brain is gone
+    by_percentile = load_real_lesions(folder, image_size=64, intensity="percentile").test.x.float() / 255
+    assert by_percentile.max() <= HOST_PEAK + 1e-6 < on.max()
+    # the patients' brightest voxels set the percentile scale: their brains sit far below the hosts'
+    assert by_percentile[by_percentile > 0].median().item() < HOST_MEDIAN - 0.1
     with_real = load_brats_synthetic(folder, image_size=32, train_subjects=2, test_subjects=1, real_test=True)
     assert with_real.test.x.shape[0] > 10
 
@@ -82,3 +96,50 @@ def test_a_skull_option_must_be_stripped_or_on():
         load_real_lesions(SHARED_DATA / "brain-mri", image_size=64, skull="off")
     with pytest.raises(ConfigError, match="real_skull must be one of stripped, on"):
         load_brats_synthetic(SHARED_DATA / "brain-mri", image_size=32, train_subjects=2, real_skull="yes")
+    with pytest.raises(ConfigError, match="intensity must be one of brain-median, percentile"):
+        load_real_lesions(SHARED_DATA / "brain-mri", image_size=64, intensity="max")
+
+
+def _brain_with_bright_part(bright_share: float) -> tuple[np.ndarray, np.ndarray]:
+    """A volume whose brain is normal tissue around 100 with `bright_share` of it at 400 (an enhancing
+    lesion, vessels), zero outside; and its brain mask."""
+    rng = np.random.default_rng(0)
+    volume = np.zeros((4, 40, 40), np.float32)
+    brain = np.zeros_like(volume, dtype=bool)
+    brain[:, 5:35, 5:35] = True
+    volume[brain] = rng.normal(100.0, 10.0, brain.sum())
+    bright = brain & (rng.random(volume.shape) < bright_share)
+    volume[bright] = 400.0
+    return volume, brain
+
+
+def test_a_scan_meets_the_hosts_by_its_brain_median_whatever_its_bright_part():
+    normal = {}
+    for share in (0.002, 0.03):
+        volume, brain = _brain_with_bright_part(share)
+        scaled = scan_scale(volume, brain)
+        assert (scaled[~brain] == 0).all() and scaled.max() <= 1.0
+        tissue = brain & (volume < 300)
+        normal[share] = float(np.median(scaled[tissue]))
+        # zero stays zero: one factor, the hosts' median over the brain's
+        np.testing.assert_allclose(scaled[tissue], volume[tissue] * HOST_MEDIAN / np.median(volume[brain]),
+                                   rtol=1e-5)  # fmt: skip
+        by_percentile = scan_scale(volume, brain, "percentile")
+        assert by_percentile.max() <= HOST_PEAK + 1e-6
+        normal[f"percentile {share}"] = float(np.median(by_percentile[tissue]))
+    assert abs(normal[0.002] - HOST_MEDIAN) < 0.01 and abs(normal[0.03] - HOST_MEDIAN) < 0.02
+    # by percentiles the bright part decides where normal tissue lands: 0.2% or 3% of it moves it a lot
+    assert normal["percentile 0.002"] - normal["percentile 0.03"] > 0.1
+    with pytest.raises(ValueError, match="unknown scan scale 'max'"):
+        scan_scale(volume, brain, "max")
+
+
+def test_host_median_is_the_hosts_own():
+    folder = SHARED_DATA / "brain-mri"
+    if not (folder / COLIN27).is_file() or not (folder / MNI152).is_file():
+        pytest.skip(f"the host brains are not under {SHARED_DATA}")
+    medians = []
+    for path, name in ((COLIN27, "colin27"), (MNI152, "mni152")):
+        host = load_host(str(folder / path), name, 240)  # 1 mm voxels, their own resolution
+        medians.append(float(np.median(host.volume[host.brain])))
+    assert abs(np.mean(medians) - HOST_MEDIAN) < 0.005

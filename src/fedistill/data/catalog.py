@@ -193,13 +193,13 @@ DATASETS: dict[str, DatasetEntry] = {
         "brain-mri",
         _medical("brain_synthetic", "load_brats_synthetic"),
         _medical_text("brain_synthetic", "describe_brain_mri"),
-        options=(*_SYNTHETIC_BRAIN_OPTIONS, "real_test", "real_skull"),
+        options=(*_SYNTHETIC_BRAIN_OPTIONS, "real_test", "real_skull", "real_intensity"),
     ),
     "brain-lesions-real": DatasetEntry(
         "brain-mri",
         _medical("brain_synthetic", "load_real_lesions"),
         _medical_text("brain_synthetic", "describe_brain_mri"),
-        options=("image_size", "slices", "skull"),
+        options=("image_size", "slices", "skull", "intensity"),
     ),
     "mni152-synthetic-lesions": DatasetEntry(
         None,

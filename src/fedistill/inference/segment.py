@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from fedistill.data.medical.brain_extraction import extract_brain
-from fedistill.data.medical.brain_synthetic import HOST_SCALED, host_scale
+from fedistill.data.medical.brain_synthetic import HOST_SCALED, scan_scale
 from fedistill.data.medical.patches import extract_patches, stitch
 from fedistill.data.medical.volumes import (
     axial_slices,
@@ -113,14 +113,16 @@ def scan_to_uint8(
 ) -> np.ndarray:
     """Axial slices (Z, H, W) on the intensity scale of the run's training brains, 0 outside the brain:
     the brain is the non-zero voxels (a skull-stripped scan, as BraTS's are), or with `skull_strip` what
-    `brain_extraction` finds in a scan that keeps the head. The semi-synthetic lesion sets scale it as
-    their hosts (`host_scale`); the others by the run's `intensity` rule."""
+    `brain_extraction` finds in a scan that keeps the head. The semi-synthetic lesion sets put it on
+    their hosts' scale (`scan_scale`, by the run's `real_intensity` rule); the others scale it by the run's
+    `intensity` rule."""
     brain = extract_brain(images, spacing) if skull_strip else images > 0
     if not brain.any():
         found = "brain extraction found no brain in it" if skull_strip else "the volume has no brain voxels"
         raise DataError(f"{source}: {found} (all zero?); check the file")
     if model.config.dataset in HOST_SCALED:
-        return np.round(host_scale(images, brain) * 255.0).astype(np.uint8)
+        rule = str(dataset_options(model).get("real_intensity", "brain-median"))
+        return np.round(scan_scale(images, brain, rule) * 255.0).astype(np.uint8)
     intensity = dataset_options(model).get("intensity", "volume-percentile")
     return scale_to_uint8(images, brain, str(intensity), source) * brain.astype(np.uint8)
 

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedistill.data.medical.brain_synthetic import SKULLS
+from fedistill.data.medical.brain_synthetic import SCAN_SCALES, SKULLS
 from fedistill.data.registry import load_dataset
 from fedistill.reproduce.arguments import benchmark_parser, settings_digest
 from fedistill.reproduce.launch import run_fedistill
@@ -175,6 +175,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--real-skull", default="stripped", choices=SKULLS,
                         help="the real patients' scans as scored: brain-extracted (as the training brains "
                         "are), or the whole head")  # fmt: skip
+    parser.add_argument("--real-intensity", default="brain-median", choices=SCAN_SCALES,
+                        help="how the brain-extracted real scans are put on the training brains' scale: "
+                        "their brain's median to the hosts' (the default), or the hosts' own percentile "
+                        "rule, which the scans' brightest voxels set")  # fmt: skip
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="for every run")
     parser.add_argument(
         "--merge",

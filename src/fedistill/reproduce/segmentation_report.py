@@ -111,7 +111,8 @@ def table2_lines(
         f"Every number in the first two tables is measured on {SEMI} data: real brains (Colin 27 and the "
         "MNI152 2009a template, T1) with painted synthetic lesions, except the 'real patient' columns: "
         "the two real lesion patients of `brain-lesions-real`, contrast-enhanced T1 with 6.5 mm slices, "
-        f"{REAL_SKULL[args.real_skull]}. No model saw a real lesion in training, so those columns "
+        f"{REAL_SKULL[args.real_skull]}{real_intensity_text(args)}. No model saw a real lesion in training, "
+        "so those columns "
         "measure a shift of domain, not BraTS performance.",
         "",
         "| method | Dice % | Sens. % | Spec. % | HD95 px | real patient 1: Dice % / HD95 | real patient 2: "
@@ -158,6 +159,21 @@ def table2_lines(
         lines += ["", *sending_less_lines(rows, args)]
     lines += ["", *paper2_lines()]
     return lines
+
+
+def real_intensity_text(args: argparse.Namespace) -> str:
+    """How the brain-extracted real scans were put on the training brains' scale (`--real-intensity`)."""
+    if args.real_skull != "stripped":
+        return ""
+    return REAL_INTENSITY[getattr(args, "real_intensity", "percentile")]
+
+
+#: how the extracted real brains were scaled (`--real-intensity`; records without it used "percentile")
+REAL_INTENSITY = {
+    "brain-median": ", each scan scaled so that its brain's median meets the training brains' median "
+    "(`scan_scale`)",
+    "percentile": ", each scan scaled by its brain's 0.5th-99.5th percentiles, as the training brains were",
+}
 
 
 #: how the real patients' scans were scored (`--real-skull`)
@@ -353,7 +369,9 @@ def settings(table: Table, args: argparse.Namespace) -> dict[str, Any]:
     """What a record was made with: the table's data and budgets, the models and training every row shares."""
     keys = ("width", "depth", "lr", "batch_size", "g_width", "g_blocks", "d_width", "d_layers", "seed",
             "synthetic_batch", "student_steps", "threads")  # fmt: skip
-    real = ("real_skull",) if table.number == 2 else ()  # only Table 2 meets the real patients
+    real = (
+        ("real_skull", "real_intensity") if table.number == 2 else ()
+    )  # only Table 2 meets the real patients
     return {**vars(table), **{k: getattr(args, k) for k in (*keys, *real)}}
 
 

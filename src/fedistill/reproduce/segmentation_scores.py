@@ -53,7 +53,8 @@ def real_patients(config: RunConfig, args: argparse.Namespace) -> tuple[LoadedDa
     """The two patients' slices at the run's image size and slice rule, and each slice's patient."""
     options = config.options.get(config.dataset, {})
     real = load_dataset("brain-lesions-real", args.data_dir, image_size=options.get("image_size", 128),
-                        slices=options.get("slices", "tumour"), skull=args.real_skull)  # fmt: skip
+                        slices=options.get("slices", "tumour"), skull=args.real_skull,
+                        intensity=args.real_intensity)  # fmt: skip
     return real, [f"patient{int(s) + 1}" for s in real.test_meta["subject"]]
 
 

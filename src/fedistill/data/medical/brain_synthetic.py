@@ -59,6 +59,11 @@ MNI152 = "mni152_2009a_t1.nii.gz"
 PATIENTS = ("lesion_brain1", "lesion_brain2")
 NILEARN_MNI152 = "datasets/data/mni_icbm152_t1_tal_nlin_sym_09a_converted.nii.gz"
 HOST_PEAK = 0.75  # the host brain's 99.5th percentile; lesions are brighter (see load_host)
+#: the hosts' brain median on that scale (Colin 27 0.517, MNI152 0.503 at their own resolution), where
+#: `scan_scale`'s "brain-median" rule puts a scan's brain median
+HOST_MEDIAN = 0.51
+#: how a scan that is not a host is put on the hosts' scale (`scan_scale`; the real patients, `predict`)
+SCAN_SCALES = ("brain-median", "percentile")
 _TRAIN, _TEST = 0, 1  # seed stream of each split, so the test subjects do not move when train_subjects does
 SYNTHESES = ("plain", "randomised")  # option `synthesis`: randomised = lesion_randomisation, training only
 SKULLS = ("stripped", "on")  # the real patients' scans: brain extraction first (brain_extraction), or not
@@ -114,6 +119,24 @@ def host_scale(volume: np.ndarray, brain: np.ndarray) -> np.ndarray:
     return (np.clip((volume - lo) / max(float(hi - lo), 1e-8), 0.0, 1.0) * (HOST_PEAK * brain)).astype(
         np.float32
     )
+
+
+def scan_scale(volume: np.ndarray, brain: np.ndarray, rule: str = "brain-median") -> np.ndarray:
+    """A scan that is not a host (a real patient's, one given to `predict`) on the hosts' intensity scale,
+    0 outside `brain`. "brain-median": its brain's median goes to HOST_MEDIAN, zero stays zero, clipped to
+    [0, 1]; normal tissue sets the scale, as it does in the lesion-free hosts, whatever bright structures
+    the scan also holds (an enhancing lesion, vessels, scalp left by brain extraction). "percentile":
+    `host_scale`, as the hosts themselves were scaled, so the scan's brightest 0.5% set its top: on the two
+    real patients that put the brain's median near 0.29 instead of the hosts' 0.51, and every lesion
+    below the level the models learned lesions at."""
+    if rule == "percentile":
+        return host_scale(volume, brain)
+    if rule != "brain-median":
+        raise ValueError(f"unknown scan scale {rule!r}; valid: {', '.join(SCAN_SCALES)}")
+    median = float(np.median(volume[brain]))
+    if median <= 0:
+        raise DataError("the scan's brain has a median intensity of 0 or less; is it a magnitude image?")
+    return (np.clip(volume * (HOST_MEDIAN / median), 0.0, 1.0) * brain).astype(np.float32)
 
 
 def _augment(
@@ -247,12 +270,17 @@ def randomised_share(dataset: str, synthesis: object, randomised_fraction: objec
 
 
 def real_patients(
-    folder: Path, image_size: int, rule: str, dataset: str, skull: str = "stripped"
+    folder: Path,
+    image_size: int,
+    rule: str,
+    dataset: str,
+    skull: str = "stripped",
+    intensity: str = "brain-median",
 ) -> list[SubjectSlices]:
     """The two patients' slices with their real lesion masks. `skull = "stripped"`: the brain alone
-    (`brain_extraction`), on the hosts' intensity scale, as the models trained; `"on"`: the whole head,
-    its 0.5th-99.5th percentiles spanning 0..255. That mask is also the one the "brain" slice rule uses.
-    `skull` is one of SKULLS, checked by the loader that names the option."""
+    (`brain_extraction`), put on the hosts' intensity scale by `intensity` (`scan_scale`), as the models
+    trained; `"on"`: the whole head, its 0.5th-99.5th percentiles spanning 0..255. That mask is also the
+    one the "brain" slice rule uses. `skull` and `intensity` are checked by the loader that names them."""
     out = []
     for patient in PATIENTS:
         image_path, label_path = _require(
@@ -272,7 +300,7 @@ def real_patients(
                 raise DataError(
                     f"{image_path}: no brain found {STRIP_MM:g} mm inside the head; is it a head scan?"
                 )
-            scaled = np.round(host_scale(images, inside) * 255.0).astype(np.uint8)
+            scaled = np.round(scan_scale(images, inside, intensity) * 255.0).astype(np.uint8)
         out.append(subject_slices(f"real-{patient}", scaled, lesion, inside, (zy, zx, zz), rule, image_size))
     return out
 
@@ -289,6 +317,7 @@ def load_brats_synthetic(
     randomised_fraction: float = 1.0,
     real_test: bool = False,
     real_skull: str = "stripped",
+    real_intensity: str = "brain-median",
 ) -> LoadedDataset:
     """Lesions painted into the Colin 27 and MNI152 brains, seeded per subject; with `real_test` the real
     patients are added to the test set; `synthesis = "randomised"` domain-randomises that share of the
@@ -299,6 +328,7 @@ def load_brats_synthetic(
     )
     real_test = opt.flag(name, "real_test", real_test)
     real_skull = opt.choice(name, "real_skull", real_skull, SKULLS)
+    real_intensity = opt.choice(name, "real_intensity", real_intensity, SCAN_SCALES)
     share = randomised_share(name, synthesis, randomised_fraction)
     colin, mni = _require(Path(folder), [COLIN27, MNI152], name)
     hosts = [load_host(str(colin), "colin27", image_size), load_host(str(mni), "mni152", image_size)]
@@ -306,7 +336,7 @@ def load_brats_synthetic(
     test = _subjects(hosts, _TEST, test_n, seed, rule, image_size)
     extra = None
     if real_test:
-        patients = real_patients(Path(folder), image_size, rule, name, real_skull)
+        patients = real_patients(Path(folder), image_size, rule, name, real_skull, real_intensity)
         flags = [(s, 0) for s in test] + [(s, 1) for s in patients]
         extra = {"real": np.concatenate([np.full(len(s.images), f, np.int64) for s, f in flags])}
         test = [*test, *patients]
@@ -351,12 +381,20 @@ def load_mni152_synthetic(
 
 
 def load_real_lesions(
-    folder: Path, *, image_size: int = 128, slices: str = "tumour", skull: str = "stripped"
+    folder: Path,
+    *,
+    image_size: int = 128,
+    slices: str = "tumour",
+    skull: str = "stripped",
+    intensity: str = "brain-median",
 ) -> LoadedDataset:
     """Test only: the training set is empty; evaluate a model trained elsewhere at the same image_size.
-    `skull`: "stripped" (the default: brain extraction, as the training brains are) or "on"."""
+    `skull`: "stripped" (the default: brain extraction, as the training brains are) or "on"; `intensity`:
+    how the extracted brain is put on the hosts' scale (`scan_scale`)."""
     name = "brain-lesions-real"
     image_size = opt.positive_int(name, "image_size", image_size, minimum=16)
     rule = opt.choice(name, "slices", slices, SLICE_RULES)
     skull = opt.choice(name, "skull", skull, SKULLS)
-    return slice_dataset(name, [], real_patients(Path(folder), image_size, rule, name, skull), image_size)
+    intensity = opt.choice(name, "intensity", intensity, SCAN_SCALES)
+    patients = real_patients(Path(folder), image_size, rule, name, skull, intensity)
+    return slice_dataset(name, [], patients, image_size)
