@@ -201,6 +201,11 @@ def test_merge_adds_rows_to_a_record_of_the_same_settings_only(tables, tmp_path)
                           "--results", str(tmp_path)])  # fmt: skip
     with pytest.raises(ConfigError, match=r"other settings \(iters\).*run the whole table"):
         tables.write(tables.tables(other)[0], {}, other, merge=True)
+    # the real patients scored on the other scale: their columns would not compare
+    scale = tables.parse(["--tables", "2", "--methods", "fediod-default", "--merge", "--real-intensity",
+                          "percentile", "--results", str(tmp_path)])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"other settings \(real_intensity\)"):
+        tables.write(tables.tables(scale)[0], {}, scale, merge=True)
     with pytest.raises(ConfigError, match="no record"):
         segmentation_report.earlier_record(table, tables.parse(["--results", str(tmp_path / "none")]))
 

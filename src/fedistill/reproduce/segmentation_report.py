@@ -168,7 +168,8 @@ def real_intensity_text(args: argparse.Namespace) -> str:
     return REAL_INTENSITY[getattr(args, "real_intensity", "percentile")]
 
 
-#: how the extracted real brains were scaled (`--real-intensity`; records without it used "percentile")
+#: how the extracted real brains were scaled (`--real-intensity`; records that lack it used "percentile",
+#: and `--merge` refuses to add to them)
 REAL_INTENSITY = {
     "brain-median": ", each scan scaled so that its brain's median meets the training brains' median "
     "(`scan_scale`)",
@@ -369,9 +370,7 @@ def settings(table: Table, args: argparse.Namespace) -> dict[str, Any]:
     """What a record was made with: the table's data and budgets, the models and training every row shares."""
     keys = ("width", "depth", "lr", "batch_size", "g_width", "g_blocks", "d_width", "d_layers", "seed",
             "synthetic_batch", "student_steps", "threads")  # fmt: skip
-    real = (
-        ("real_skull", "real_intensity") if table.number == 2 else ()
-    )  # only Table 2 meets the real patients
+    real = ("real_skull", "real_intensity") if table.number == 2 else ()  # Table 2 alone meets patients
     return {**vars(table), **{k: getattr(args, k) for k in (*keys, *real)}}
 
 
