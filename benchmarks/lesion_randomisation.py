@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -170,7 +171,7 @@ def report(
     rows: list[dict[str, Any]], visibility: list[dict[str, float]], args: argparse.Namespace, commit: str
 ) -> str:
     """The results as Markdown."""
-    command = "python benchmarks/lesion_randomisation.py " + " ".join(args.argv)
+    command = "python benchmarks/lesion_randomisation.py " + shlex.join(args.argv)
     lines = [
         "# Lesion synthesis: plain vs domain-randomised, scored on real lesions",
         "",
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     visibility = lesion_visibility(args)
-    payload = {"command": "python benchmarks/lesion_randomisation.py " + " ".join(args.argv), "commit": commit,
+    payload = {"command": "python benchmarks/lesion_randomisation.py " + shlex.join(args.argv), "commit": commit,
                "dataset": DATASET, "real_dataset": "brain-lesions-real", "real_skull": args.real_skull,
                "real_intensity": args.real_intensity, "rows": rows,
                "real_lesion_visibility": visibility}  # fmt: skip
