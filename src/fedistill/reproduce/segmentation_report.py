@@ -165,7 +165,7 @@ def real_intensity_text(args: argparse.Namespace) -> str:
     """How the brain-extracted real scans were put on the training brains' scale (`--real-intensity`)."""
     if args.real_skull != "stripped":
         return ""
-    return REAL_INTENSITY[getattr(args, "real_intensity", "percentile")]
+    return REAL_INTENSITY[args.real_intensity]
 
 
 #: how the extracted real brains were scaled (`--real-intensity`; records that lack it used "percentile",
