@@ -8,13 +8,14 @@ and once per share of randomised training subjects (`synthesis = "randomised"`, 
 subjects only (plain synthesis; the real patients never choose anything); every model is then scored
 (Dice, sensitivity, HD95) on the real patients of `brain-lesions-real` by
 `fedistill.reproduce.segmentation_scores`, like Table 2's real-patient columns: after brain extraction by
-default (`--real-skull stripped`, as the training brains are skull-stripped), or the whole head (`on`); an
+default (`--real-skull stripped`, as the training brains are skull-stripped; `stripped-tissue`: the
+tissue rule of `brain_extraction`), or the whole head (`on`); an
 extracted brain is put on the training brains' scale by its median (`--real-intensity brain-median`, the
 default) or by its percentiles as the training brains were (`percentile`): `scan_scale`.
 FedIOD runs at its default settings (`fediod-default`) unless `fediod` (the paper's exchanges) is asked.
 
     python benchmarks/lesion_randomisation.py [--methods centralized,fedavg,fediod-default]
-        [--fractions 0.5,1] [--real-skull stripped|on] [--real-intensity brain-median|percentile] [--reuse]
+        [--fractions 0.5,1] [--real-skull stripped|stripped-tissue|on] [--real-intensity brain-median|percentile] [--reuse]
 
 Writes benchmarks/results/lesion_randomisation.{md,json}; runs go to --out (default: lesion-randomisation/ in
 the benchmarks' runs folder), one `fedistill run` process at a time at `--threads` torch threads.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import ndimage
 
 from conftest import SHARED_DATA
 from fedistill.data.medical import brain_extraction as bx
@@ -19,6 +20,7 @@ from fedistill.data.medical.brain_synthetic import (
     load_real_lesions,
     scan_scale,
 )
+from fedistill.data.medical.volumes import axial_slices, read_volume
 from fedistill.errors import ConfigError
 
 PIXEL_MM = 1.0
@@ -59,6 +61,81 @@ def test_the_brain_starts_strip_mm_inside_the_outline():
     assert abs(coarse.sum() * 4 - found.sum()) < 0.05 * found.sum()
 
 
+def _head_with_orbit(slices: int = 5):
+    """A stack of T1-like head slices at 1 mm: a grey brain disc (0.4) with a bright enhancing lesion at its
+    edge (0.9) and a dark one enclosed in it (0.1); dark CSF and skull, a bright scalp (1.0); and in front
+    of the brain, inside the same skull, an orbit of bright fat (0.8) that a 3 mm line of bone separates
+    from the brain. Returns the image, the brain (lesions included), the orbit and the lesions."""
+    size = 160
+    yy, xx = np.mgrid[:size, :size] - size / 2
+    r = np.hypot(yy, xx)
+    brain = (r <= 45) & ~((yy < -20) & (np.abs(xx) < 22))  # a notch where the orbit sits
+    orbit = np.hypot(yy + 33, xx) <= 9
+    image = np.zeros((size, size), np.float32)
+    image[(r > 47) & (r <= 53)] = 0.02  # skull
+    image[(r > 53) & (r <= 60)] = 1.0  # scalp
+    image[brain] = 0.4
+    image[orbit] = 0.8
+    bright = np.hypot(yy, xx - 40) <= 4  # at the brain's edge
+    dark = np.hypot(yy - 10, xx + 10) <= 5  # enclosed in the brain
+    image[bright], image[dark] = 0.9, 0.1
+    stack = lambda a: np.repeat(a[None], slices, axis=0)  # noqa: E731
+    return stack(image), stack(brain), stack(orbit), stack(bright), stack(dark)
+
+
+def test_the_tissue_rule_drops_an_orbit_that_the_outline_keeps_and_keeps_the_lesions():
+    image, brain, orbit, bright, dark = _head_with_orbit()
+    outline = bx.extract_brain(image, (PIXEL_MM, PIXEL_MM))
+    tissue = bx.extract_brain(image, (PIXEL_MM, PIXEL_MM), rule="tissue")
+    assert outline[orbit].mean() > 0.9  # the orbit lies deeper than STRIP_MM inside the head
+    assert tissue[orbit].mean() < 0.05
+    assert tissue[bright].all() and tissue[dark].all()
+    dice = 2 * (tissue & brain).sum() / (tissue.sum() + brain.sum())
+    assert dice > 0.95
+    with pytest.raises(ConfigError, match="unknown brain extraction rule 'bet'; valid: outline, tissue"):
+        bx.extract_brain(image, (PIXEL_MM, PIXEL_MM), rule="bet")
+
+
+def test_a_skull_strip_setting_names_a_rule():
+    assert bx.extraction_rule(True) == "outline" and bx.extraction_rule("tissue") == "tissue"
+    assert bx.extraction_rule(False) is None and bx.extraction_rule("") is None
+    with pytest.raises(ConfigError, match="valid: outline, tissue"):
+        bx.extraction_rule("hd-bet")
+
+
+def test_the_tissue_rule_fits_the_real_colin27_head_better_than_the_outline():
+    """The Colin 27 T1 keeps its skull, orbits and neck; its brain mask is known. Every 7th slice, as far
+    apart as the real patients' slices."""
+    folder = SHARED_DATA / "brain-mri"
+    if not (folder / "colin27_t1.nii.gz").is_file() or not (folder / COLIN27).is_file():
+        pytest.skip(f"the Colin 27 head is not under {SHARED_DATA}")
+    head = axial_slices(read_volume(folder / "colin27_t1.nii.gz")[0])[3::7]
+    truth = axial_slices(read_volume(folder / COLIN27)[0])[3::7] > 0
+    truth = np.stack([ndimage.binary_fill_holes(s) for s in truth])
+    scored = truth.sum(axis=(1, 2)) >= 0.2 * truth.sum(axis=(1, 2)).max()
+
+    def dice(mask):
+        m, t = mask[scored], truth[scored]
+        return 2 * (m & t).sum() / (m.sum() + t.sum())
+
+    outline, tissue = (dice(bx.extract_brain(head, (1.0, 1.0), rule=r)) for r in bx.RULES)
+    assert outline < 0.86 and tissue > 0.88 and tissue > outline + 0.04
+
+
+def test_the_chosen_tissue_constants_are_the_recorded_ones():
+    import json
+    from pathlib import Path
+
+    record = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "brain_extraction.json"
+    chosen = json.loads(record.read_text())["tissue_chosen"]
+    assert (chosen["scalp_mm"], chosen["level"], chosen["neck_mm"], chosen["close_mm"]) == (
+        bx.SCALP_MM,
+        bx.TISSUE_LEVEL,
+        bx.NECK_MM,
+        bx.CLOSE_MM,
+    )
+
+
 def test_the_chosen_depth_is_the_recorded_one():
     import json
     from pathlib import Path
@@ -92,9 +169,9 @@ def test_the_real_patients_are_scored_brain_extracted_by_default():
 
 def test_a_skull_option_must_be_stripped_or_on():
     _require_patients()
-    with pytest.raises(ConfigError, match="skull must be one of stripped, on"):
+    with pytest.raises(ConfigError, match="skull must be one of stripped, stripped-tissue, on"):
         load_real_lesions(SHARED_DATA / "brain-mri", image_size=64, skull="off")
-    with pytest.raises(ConfigError, match="real_skull must be one of stripped, on"):
+    with pytest.raises(ConfigError, match="real_skull must be one of stripped, stripped-tissue, on"):
         load_brats_synthetic(SHARED_DATA / "brain-mri", image_size=32, train_subjects=2, real_skull="yes")
     with pytest.raises(ConfigError, match="intensity must be one of brain-median, percentile"):
         load_real_lesions(SHARED_DATA / "brain-mri", image_size=64, intensity="max")

@@ -234,11 +234,14 @@ def test_skull_strip_segments_the_brain_of_a_head_scan_and_not_its_scalp(tmp_pat
     (tmp_path / "in").mkdir()
     _nifti(tmp_path / "in" / "head.nii.gz", data, np.diag([4.0, 4.0, 4.0, 1.0]))
     predict_path(model, tmp_path / "in", tmp_path / "whole")
-    predict_path(model, tmp_path / "in", tmp_path / "brain", skull_strip=True)
     whole = np.asarray(nib.load(str(tmp_path / "whole" / "head.nii.gz")).dataobj) == 1
-    brain = np.asarray(nib.load(str(tmp_path / "brain" / "head.nii.gz")).dataobj) == 1
     assert whole[scalp].all()
-    assert not brain[scalp].any() and brain[lesion].all() and not brain[~lesion].any()
+    for rule in (True, "outline", "tissue"):  # True: the outline rule, `--skull-strip` without a rule
+        predict_path(model, tmp_path / "in", tmp_path / f"brain-{rule}", skull_strip=rule)
+        brain = np.asarray(nib.load(str(tmp_path / f"brain-{rule}" / "head.nii.gz")).dataobj) == 1
+        assert not brain[scalp].any() and brain[lesion].all() and not brain[~lesion].any()
+    with pytest.raises(ConfigError, match="unknown brain extraction rule 'bet'"):
+        predict_path(model, tmp_path / "in", tmp_path / "bet", skull_strip="bet")
     with pytest.raises(ConfigError, match="--skull-strip applies to NIfTI volumes"):
         _write_png(tmp_path / "png" / "slice.png", np.zeros((8, 8), dtype=np.uint8))
         predict_path(model, tmp_path / "png", tmp_path / "out", skull_strip=True)
@@ -415,3 +418,14 @@ def test_predict_command_on_a_real_run(tmp_path, capsys):
     assert [rows[f"{int(data.test.y[i])}/{i}.png"] for i in range(12)] == expected.tolist()
     with pytest.raises(UserError, match="already exists"):
         run_command(args)
+
+
+def test_skull_strip_takes_an_optional_rule_on_the_command_line():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    base = ["RUN", "--input", "in", "--output", "out"]
+    assert parser.parse_args(base).skull_strip == ""  # no extraction
+    assert parser.parse_args([*base, "--skull-strip"]).skull_strip == "outline"
+    assert parser.parse_args([*base, "--skull-strip", "tissue"]).skull_strip == "tissue"
+    with pytest.raises(SystemExit):
+        parser.parse_args([*base, "--skull-strip", "bet"])

@@ -81,3 +81,12 @@ def test_figure_of_the_real_patients_writes_png_and_dice_per_method_per_slice(tm
     for chosen in written["slices"]:
         assert set(chosen["dice"]) == {"A", "B"}
         assert all(0.0 <= d <= 100.0 for d in chosen["dice"].values())
+    assert written["brain_extraction"] == "outline" and written["skull_strip"] is True
+    # the tissue rule's figure stands beside the default's, and says which rule made it
+    tissue = real_patients_figure(
+        runs, SHARED_DATA, out, load=load_model, segment=segment_volume, count=1, skull_strip="tissue"
+    )
+    assert tissue["brain_extraction"] == "tissue"
+    assert tissue["figure"] == "segmentation_real_patients_tissue.png"
+    assert (out / "segmentation_real_patients_tissue.json").is_file()
+    assert json.loads((out / "segmentation_real_patients.json").read_text()) == written

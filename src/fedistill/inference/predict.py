@@ -16,6 +16,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedistill.data.medical.brain_extraction import RULES, extraction_rule
 from fedistill.errors import ConfigError
 from fedistill.inference.classify import classify_images
 from fedistill.inference.forward import Trained, check_batch_size
@@ -71,15 +72,17 @@ def predict_path(
     *,
     batch_size: int = 64,
     overwrite: bool = False,
-    skull_strip: bool = False,
+    skull_strip: bool | str = False,
 ) -> Prediction:
     """Predict every file at `input_path` (a file or a folder) with `model`, answers to `output`;
-    `skull_strip`: segmentation of NIfTI head scans, brain extraction first."""
+    `skull_strip`: segmentation of NIfTI head scans, brain extraction first (True or "outline", or
+    "tissue": `brain_extraction.RULES`)."""
     check_batch_size(batch_size)
     accepted = _accepted(model)
     files = find_inputs(input_path)
     check_kinds(files, accepted, f"the {model.task.name} model of {model.algorithm!r}")
-    if skull_strip and (model.task.outputs_images or not any(f.kind == "nifti" for f in files)):
+    volumes = any(f.kind == "nifti" for f in files)
+    if extraction_rule(skull_strip) and (model.task.outputs_images or not volumes):
         raise ConfigError("--skull-strip applies to NIfTI volumes given to a segmentation model")
     if not model.task.per_pixel:
         named = output.suffix.lower() == ".csv" and not output.is_dir()
@@ -96,7 +99,7 @@ def predict_path(
 
 
 def _dense(
-    model: Trained, files: list[InputFile], answers: list[Path], batch_size: int, skull_strip: bool
+    model: Trained, files: list[InputFile], answers: list[Path], batch_size: int, skull_strip: bool | str
 ) -> None:
     """Segmentation and reconstruction: one answer file per input."""
     images = [i for i, f in enumerate(files) if f.kind == "image"]
@@ -141,9 +144,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace answers that already exist")
     parser.add_argument(
         "--skull-strip",
-        action="store_true",
+        nargs="?",
+        const="outline",
+        default="",
+        choices=RULES,
+        metavar="RULE",
         help="NIfTI head scans to a segmentation model trained on skull-stripped brains: brain extraction "
-        "first (the head's outline moved 14 mm inwards)",
+        "first; RULE outline (the default: the head's outline moved 14 mm inwards; keeps every lesion "
+        "deeper than that, and on low slices the orbits) or tissue (the tissue connected to the brain: "
+        "a closer brain on a T1 head without contrast, not better on the contrast T1 patients)",
     )
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedistill.data.medical.brain_extraction import extract_brain
+from fedistill.data.medical.brain_extraction import extract_brain, extraction_rule
 from fedistill.data.medical.brain_synthetic import HOST_SCALED, scan_scale
 from fedistill.data.medical.patches import extract_patches, stitch
 from fedistill.data.medical.volumes import (
@@ -109,16 +109,22 @@ def from_axial(slices: np.ndarray) -> np.ndarray:
 
 
 def scan_to_uint8(
-    model: Trained, images: np.ndarray, spacing: tuple[float, float], source: str, skull_strip: bool
+    model: Trained,
+    images: np.ndarray,
+    spacing: tuple[float, float],
+    source: str,
+    skull_strip: bool | str,
 ) -> np.ndarray:
     """Axial slices (Z, H, W) on the intensity scale of the run's training brains, 0 outside the brain:
     the brain is the non-zero voxels (a skull-stripped scan, as BraTS's are), or with `skull_strip` what
-    `brain_extraction` finds in a scan that keeps the head. The semi-synthetic lesion sets put it on
+    `brain_extraction` finds in a scan that keeps the head (True or "outline": its outline rule; "tissue":
+    its tissue rule). The semi-synthetic lesion sets put it on
     their hosts' scale (`scan_scale`, by the run's `real_intensity` rule); the others scale it by the run's
     `intensity` rule."""
-    brain = extract_brain(images, spacing) if skull_strip else images > 0
+    rule = extraction_rule(skull_strip)
+    brain = extract_brain(images, spacing, rule=rule) if rule else images > 0
     if not brain.any():
-        found = "brain extraction found no brain in it" if skull_strip else "the volume has no brain voxels"
+        found = "brain extraction found no brain in it" if rule else "the volume has no brain voxels"
         raise DataError(f"{source}: {found} (all zero?); check the file")
     if model.config.dataset in HOST_SCALED:
         rule = str(dataset_options(model).get("real_intensity", "brain-median"))
@@ -128,7 +134,7 @@ def scan_to_uint8(
 
 
 def segment_volume(
-    model: Trained, path: Path, answer: Path, batch_size: int, skull_strip: bool = False
+    model: Trained, path: Path, answer: Path, batch_size: int, skull_strip: bool | str = False
 ) -> None:
     """The class of every voxel of the NIfTI volume at `path`, written to `answer` (uint8); `skull_strip`:
     brain extraction first, for a scan that keeps the head (`scan_to_uint8`)."""

@@ -148,10 +148,12 @@ PAGES = (
             "fediod_dense_communication_lean-reconstruction",
             "fediod_dense_communication_uniform-reconstruction",
             "lesion_randomisation",
+            "brain_extraction",
         ),
         figures=(
             "segmentation_figure5.png",
             "segmentation_real_patients.png",
+            "segmentation_real_patients_tissue.png",
             "segmentation_figure6_nuclei.png",
             "reconstruction_figure7.png",
         ),

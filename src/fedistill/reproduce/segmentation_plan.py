@@ -174,7 +174,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--t4-iters", type=int, default=20)
     parser.add_argument("--real-skull", default="stripped", choices=SKULLS,
                         help="the real patients' scans as scored: brain-extracted (as the training brains "
-                        "are), or the whole head")  # fmt: skip
+                        "are; stripped-tissue: by the tissue rule), or the whole head")  # fmt: skip
     parser.add_argument("--real-intensity", default="brain-median", choices=SCAN_SCALES,
                         help="how the brain-extracted real scans are put on the training brains' scale: "
                         "their brain's median to the hosts' (the default), or the hosts' own percentile "

@@ -44,7 +44,7 @@ from PIL import Image
 from fedistill.algorithms.shared.training import evaluate_model, task_of
 from fedistill.config import RunConfig, read_config
 from fedistill.data.base import DatasetInfo
-from fedistill.data.medical.brain_extraction import extract_brain
+from fedistill.data.medical.brain_extraction import RULES, extract_brain, extraction_rule
 from fedistill.data.medical.brain_synthetic import PATIENTS
 from fedistill.data.medical.volumes import axial_slices, read_volume, scale_to_uint8
 from fedistill.data.registry import load_dataset
@@ -100,14 +100,15 @@ class SiteModel:
         return to_float(images.detach().cpu(), self.info)
 
 
-def read_patient(folder: Path, name: str) -> Patient:
-    """`<name>_image.nii.gz` and `<name>_label.nii.gz`, cut into axial slices as predict cuts them."""
+def read_patient(folder: Path, name: str, rule: str = "outline") -> Patient:
+    """`<name>_image.nii.gz` and `<name>_label.nii.gz`, cut into axial slices as predict cuts them, and
+    the brain that extraction by `rule` keeps."""
     image_path, label_path = folder / f"{name}_image.nii.gz", folder / f"{name}_label.nii.gz"
     volume, (zx, zy, _) = read_volume(image_path)
     raw = axial_slices(volume)
     truth = axial_slices(read_volume(label_path)[0]) > 0
     images = scale_to_uint8(raw, raw > 0, "volume-percentile", str(image_path))
-    return Patient(name, image_path, images, truth, extract_brain(raw, (zy, zx)))
+    return Patient(name, image_path, images, truth, extract_brain(raw, (zy, zx), rule=rule))
 
 
 def largest_lesion_slices(truth: np.ndarray, count: int) -> list[int]:
@@ -119,7 +120,7 @@ def largest_lesion_slices(truth: np.ndarray, count: int) -> list[int]:
 
 
 def predicted_lesion(
-    model: Trained, patient: Patient, folder: Path, segment: Segmenter, skull_strip: bool
+    model: Trained, patient: Patient, folder: Path, segment: Segmenter, skull_strip: bool | str
 ) -> np.ndarray:
     """The model's lesion mask of the patient's volume, exactly as `fedistill predict` writes it, read
     back as axial slices (Z, H, W)."""
@@ -168,7 +169,7 @@ def real_patients_figure(
     count: int = 2,
     command: str = "",
     runs_made_by: str = "",
-    skull_strip: bool = True,
+    skull_strip: bool | str = True,
 ) -> dict[str, Any]:
     """Load every method's model with `load` (`fedistill.load_model`), predict both patients with `segment`
     (`fedistill predict`'s `segment_volume`) and write `<out_dir>/segmentation_real_patients` .png and
@@ -182,7 +183,9 @@ def real_patients_figure(
     record["runs"] = {label: run_record(*runs[label]) | {"model": sources[label]} for label in runs}
     if runs_made_by:
         record["runs_made_by"] = runs_made_by
-    (out_dir / f"{NAME}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    (out_dir / f"{figure_name(skull_strip)}.json").write_text(
+        json.dumps(record, indent=2) + "\n", encoding="utf-8"
+    )
     return record
 
 
@@ -195,11 +198,12 @@ def draw_real_patients(
     count: int = 2,
     command: str = "",
     fallback: Sequence[str] = (),
-    skull_strip: bool = True,
+    skull_strip: bool | str = True,
 ) -> dict[str, Any]:
     """The figure of loaded models on the two patients (`<data_dir>/brain-mri`), and its JSON record;
-    `skull_strip`: predict on the brain-extracted scans (`segment_volume`'s option)."""
-    patients = [read_patient(Path(data_dir) / "brain-mri", name) for name in PATIENTS]
+    `skull_strip`: predict on the brain-extracted scans (`segment_volume`'s option: True or a rule)."""
+    rule = extraction_rule(skull_strip)
+    patients = [read_patient(Path(data_dir) / "brain-mri", name, rule or "outline") for name in PATIENTS]
     with tempfile.TemporaryDirectory() as scratch:
         masks = {
             label: [predicted_lesion(model, p, Path(scratch), segment, skull_strip) for p in patients]
@@ -221,13 +225,14 @@ def draw_real_patients(
                 "predicted_pixels": {label: int(masks[label][k][z].sum()) for label in models},
             }
         )
-    path = out_dir / f"{NAME}.png"
+    path = out_dir / f"{figure_name(skull_strip)}.png"
     out_dir.mkdir(parents=True, exist_ok=True)
     _draw(models, patients, masks, rows, slices, path, fallback, skull_strip)
     return {
         "command": command,
-        "skull_strip": skull_strip,
-        "figure": f"{NAME}.png",
+        "skull_strip": bool(rule),
+        "brain_extraction": rule or "none",
+        "figure": path.name,
         "data": "brain-lesions-real (<data>/brain-mri/lesion_brain{1,2}_{image,label}.nii.gz)",
         "slice_choice": f"each patient's {count} axial slices with the largest true lesion area",
         "dice_unit": "percent, on the volume's own grid",
@@ -245,7 +250,7 @@ def _draw(
     slices: Sequence[dict[str, Any]],
     path: Path,
     fallback: Sequence[str],
-    skull_strip: bool,
+    skull_strip: bool | str,
 ) -> None:
     """Whole slices (cut to the head), so false positives anywhere in the slice show as well as misses."""
     first = "image (yellow: the brain extracted)" if skull_strip else "image"
@@ -275,9 +280,10 @@ def _draw(
             for ax, title in zip(axes[r], columns, strict=True):
                 ax.set_title(title, fontsize=8)
     starred = "\n* no exported model: the run's last checkpoint (Standalone: median site)" if fallback else ""
+    rule = extraction_rule(skull_strip)
     how = (
-        "`fedistill predict --skull-strip` does (brain extraction first"
-        if skull_strip
+        f"`fedistill predict --skull-strip {rule}` does (brain extraction first"
+        if rule
         else ("`fedistill predict` does (the whole head")
     )
     fig.suptitle(
@@ -344,6 +350,8 @@ def main(argv: Sequence[str] | None, load: Loader, segment: Segmenter) -> int:
     parser.add_argument("--out", default=str(RESULTS), help="where the PNG and JSON go")
     parser.add_argument("--slices", type=int, default=2, help="slices per patient (largest true lesion)")
     parser.add_argument("--whole-head", action="store_true", help="predict on the whole head, no extraction")
+    parser.add_argument("--brain-extraction", default="outline", choices=RULES,
+                        help="the brain extraction rule (tissue: a figure of its own)")  # fmt: skip
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     runs = find_runs(Path(args.runs))
@@ -352,6 +360,7 @@ def main(argv: Sequence[str] | None, load: Loader, segment: Segmenter) -> int:
         return 1
     command = f"python benchmarks/segmentation_real_figure.py --runs <runs> --slices {args.slices}"
     command += " --whole-head" if args.whole_head else ""
+    command += f" --brain-extraction {args.brain_extraction}" if args.brain_extraction != "outline" else ""
     made_by = reproduce_command(Path(args.runs))
     real_patients_figure(
         runs,
@@ -362,9 +371,14 @@ def main(argv: Sequence[str] | None, load: Loader, segment: Segmenter) -> int:
         count=args.slices,
         command=command,
         runs_made_by=made_by,
-        skull_strip=not args.whole_head,
+        skull_strip="" if args.whole_head else args.brain_extraction,
     )
     return 0
+
+
+def figure_name(skull_strip: bool | str) -> str:
+    """The figure's file stem: the tissue rule's figure stands beside the default's."""
+    return f"{NAME}_tissue" if extraction_rule(skull_strip) == "tissue" else NAME
 
 
 def reproduce_command(runs_dir: Path) -> str:

@@ -163,7 +163,7 @@ def table2_lines(
 
 def real_intensity_text(args: argparse.Namespace) -> str:
     """How the brain-extracted real scans were put on the training brains' scale (`--real-intensity`)."""
-    if args.real_skull != "stripped":
+    if args.real_skull == "on":
         return ""
     return REAL_INTENSITY[args.real_intensity]
 
@@ -182,6 +182,8 @@ REAL_SKULL = {
     "on": "scored with the skull on, as scanned (the models trained on skull-stripped brains)",
     "stripped": "scored after brain extraction (`fedistill.data.medical.brain_extraction`: the head's "
     "outline moved inwards, as the training brains are skull-stripped)",
+    "stripped-tissue": "scored after brain extraction by its tissue rule (`fedistill.data.medical."
+    "brain_extraction`: the tissue connected to the brain, as the training brains are skull-stripped)",
 }
 
 

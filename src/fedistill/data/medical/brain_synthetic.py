@@ -41,7 +41,7 @@ from scipy import ndimage
 from fedistill.data.base import LoadedDataset
 from fedistill.data.medical import lesion_randomisation as randomisation
 from fedistill.data.medical import options as opt
-from fedistill.data.medical.brain_extraction import STRIP_MM, extract_brain
+from fedistill.data.medical.brain_extraction import extract_brain
 from fedistill.data.medical.lesions import draw_look, paint_lesion
 from fedistill.data.medical.slice_sets import SubjectSlices, slice_dataset, subject_slices
 from fedistill.data.medical.volumes import (
@@ -66,7 +66,10 @@ HOST_MEDIAN = 0.51
 SCAN_SCALES = ("brain-median", "percentile")
 _TRAIN, _TEST = 0, 1  # seed stream of each split, so the test subjects do not move when train_subjects does
 SYNTHESES = ("plain", "randomised")  # option `synthesis`: randomised = lesion_randomisation, training only
-SKULLS = ("stripped", "on")  # the real patients' scans: brain extraction first (brain_extraction), or not
+#: the real patients' scans: brain extraction first (brain_extraction's "outline" rule, or its "tissue"
+#: rule), or the whole head
+SKULLS = ("stripped", "stripped-tissue", "on")
+EXTRACTION_RULES = {"stripped": "outline", "stripped-tissue": "tissue"}
 #: the datasets whose brains sit on the hosts' scale (`host_scale`): predict scales a scan so for their models
 HOST_SCALED = ("brats-synthetic-lesions", "mni152-synthetic-lesions")
 _CHOICE = 2  # seed stream of "is this training subject randomised", apart from the subject's own
@@ -278,9 +281,10 @@ def real_patients(
     intensity: str = "brain-median",
 ) -> list[SubjectSlices]:
     """The two patients' slices with their real lesion masks. `skull = "stripped"`: the brain alone
-    (`brain_extraction`), put on the hosts' intensity scale by `intensity` (`scan_scale`), as the models
-    trained; `"on"`: the whole head, its 0.5th-99.5th percentiles spanning 0..255. That mask is also the
-    one the "brain" slice rule uses. `skull` and `intensity` are checked by the loader that names them."""
+    (`brain_extraction`'s outline rule; "stripped-tissue": its tissue rule), put on the hosts' intensity
+    scale by `intensity` (`scan_scale`), as the models trained; `"on"`: the whole head, its 0.5th-99.5th
+    percentiles spanning 0..255. That mask is also the one the "brain" slice rule uses. `skull` and
+    `intensity` are checked by the loader that names them."""
     out = []
     for patient in PATIENTS:
         image_path, label_path = _require(
@@ -295,10 +299,11 @@ def real_patients(
             inside = images > 0
             scaled = scale_to_uint8(images, inside, "volume-percentile", str(image_path))
         else:
-            inside = extract_brain(images, (zy, zx))
+            inside = extract_brain(images, (zy, zx), rule=EXTRACTION_RULES[skull])
             if not inside.any():
                 raise DataError(
-                    f"{image_path}: no brain found {STRIP_MM:g} mm inside the head; is it a head scan?"
+                    f"{image_path}: brain extraction ({EXTRACTION_RULES[skull]} rule) found no brain; "
+                    "is it a head scan?"
                 )
             scaled = np.round(scan_scale(images, inside, intensity) * 255.0).astype(np.uint8)
         out.append(subject_slices(f"real-{patient}", scaled, lesion, inside, (zy, zx, zz), rule, image_size))
@@ -389,7 +394,8 @@ def load_real_lesions(
     intensity: str = "brain-median",
 ) -> LoadedDataset:
     """Test only: the training set is empty; evaluate a model trained elsewhere at the same image_size.
-    `skull`: "stripped" (the default: brain extraction, as the training brains are) or "on"; `intensity`:
+    `skull`: "stripped" (the default: brain extraction, as the training brains are), "stripped-tissue"
+    (brain_extraction's tissue rule) or "on"; `intensity`:
     how the extracted brain is put on the hosts' scale (`scan_scale`)."""
     name = "brain-lesions-real"
     image_size = opt.positive_int(name, "image_size", image_size, minimum=16)
