@@ -118,13 +118,12 @@ def scan_to_uint8(
     """Axial slices (Z, H, W) on the intensity scale of the run's training brains, 0 outside the brain:
     the brain is the non-zero voxels (a skull-stripped scan, as BraTS's are), or with `skull_strip` what
     `brain_extraction` finds in a scan that keeps the head (True or "outline": its outline rule; "tissue":
-    its tissue rule). The semi-synthetic lesion sets put it on
-    their hosts' scale (`scan_scale`, by the run's `real_intensity` rule); the others scale it by the run's
-    `intensity` rule."""
-    rule = extraction_rule(skull_strip)
-    brain = extract_brain(images, spacing, rule=rule) if rule else images > 0
+    its tissue rule). The semi-synthetic lesion sets put it on their hosts' scale (`scan_scale`, by the
+    run's `real_intensity` rule); the others scale it by the run's `intensity` rule."""
+    extraction = extraction_rule(skull_strip)
+    brain = extract_brain(images, spacing, rule=extraction) if extraction else images > 0
     if not brain.any():
-        found = "brain extraction found no brain in it" if rule else "the volume has no brain voxels"
+        found = "brain extraction found no brain in it" if extraction else "the volume has no brain voxels"
         raise DataError(f"{source}: {found} (all zero?); check the file")
     if model.config.dataset in HOST_SCALED:
         rule = str(dataset_options(model).get("real_intensity", "brain-median"))
