@@ -17,7 +17,7 @@ from fedistill.data.base import DatasetInfo
 from fedistill.engine.checkpoint import save_model
 from fedistill.inference import load_model
 from fedistill.inference.segment import segment_volume
-from fedistill.reproduce.segmentation_real_figure import largest_lesion_slices, real_patients_figure
+from fedistill.reproduce.segmentation_real_figure import largest_lesion_slices, main, real_patients_figure
 
 BRAIN_MRI = SHARED_DATA / "brain-mri"
 PATIENTS = ("lesion_brain1", "lesion_brain2")
@@ -90,3 +90,10 @@ def test_figure_of_the_real_patients_writes_png_and_dice_per_method_per_slice(tm
     assert tissue["figure"] == "segmentation_real_patients_tissue.png"
     assert (out / "segmentation_real_patients_tissue.json").is_file()
     assert json.loads((out / "segmentation_real_patients.json").read_text()) == written
+
+
+def test_whole_head_and_a_brain_extraction_rule_are_refused_together(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        argv = ["--runs", str(tmp_path), "--whole-head", "--brain-extraction", "tissue"]
+        main(argv, load_model, segment_volume)
+    assert "--whole-head predicts with no brain extraction" in capsys.readouterr().err

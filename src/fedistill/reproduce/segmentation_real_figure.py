@@ -353,6 +353,8 @@ def main(argv: Sequence[str] | None, load: Loader, segment: Segmenter) -> int:
     parser.add_argument("--brain-extraction", default="outline", choices=RULES,
                         help="the brain extraction rule (tissue: a figure of its own)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.whole_head and args.brain_extraction != "outline":
+        parser.error("--whole-head predicts with no brain extraction; leave out --brain-extraction")
     torch.set_num_threads(1)
     runs = find_runs(Path(args.runs))
     if not runs:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage
 
-from fedistill.data.mri.foreground import foreground_masks
+from fedistill.data.mri.foreground import foreground_masks, largest_component
 from fedistill.errors import ConfigError
 
 #: how far inside the head's outline the brain starts, mm (benchmarks/results/brain_extraction.md)
@@ -61,10 +61,13 @@ def extraction_rule(skull_strip: bool | str | None) -> str | None:
     """What a `skull_strip` setting asks for: None (no extraction), or one of RULES (True: "outline")."""
     if skull_strip is None or skull_strip is False or skull_strip == "":
         return None
-    rule = "outline" if skull_strip is True else skull_strip
+    return _checked("outline" if skull_strip is True else skull_strip)
+
+
+def _checked(rule: object) -> str:
     if rule not in RULES:
-        raise ConfigError(f"unknown brain extraction rule {skull_strip!r}; valid: {', '.join(RULES)}")
-    return rule
+        raise ConfigError(f"unknown brain extraction rule {rule!r}; valid: {', '.join(RULES)}")
+    return str(rule)
 
 
 def extract_brain(
@@ -75,10 +78,8 @@ def extract_brain(
 ) -> np.ndarray:
     """(Z, H, W) -> the brain mask by `rule` (see the module's docstring); `pixel_mm`: row and column
     spacing; `depth_mm`: the outline rule's depth."""
-    if rule == "outline":
+    if _checked(rule) == "outline":
         return inside_distance(head_mask(volume), pixel_mm) > depth_mm
-    if rule != "tissue":
-        raise ConfigError(f"unknown brain extraction rule {rule!r}; valid: {', '.join(RULES)}")
     return tissue_brain(volume, pixel_mm)
 
 
@@ -112,16 +113,12 @@ def tissue_brain(
         return deep
     candidate = inside > scalp_mm
     threshold = level * float(np.median(volume[deep]))  # the brain's median, found the outline's way
-    smoothed = np.stack([ndimage.gaussian_filter(s.astype(np.float32), 1.0 / pixel_mm[0]) for s in volume])
+    sigma = (1.0 / pixel_mm[0], 1.0 / pixel_mm[1])  # 1 mm
+    smoothed = np.stack([ndimage.gaussian_filter(s.astype(np.float32), sigma) for s in volume])
     tissue = candidate & (smoothed > threshold)
     neck = _disk(neck_mm, pixel_mm)
     core = _per_slice(ndimage.binary_erosion, tissue, neck)
-    labels, count = ndimage.label(core, structure=ndimage.generate_binary_structure(3, 1))
-    if count == 0:
-        return core
-    sizes = np.bincount(labels.ravel())
-    sizes[0] = 0
-    brain = _per_slice(ndimage.binary_dilation, labels == int(sizes.argmax()), neck) & tissue
+    brain = _per_slice(ndimage.binary_dilation, largest_component(core), neck) & tissue
     if close_mm > 0:
         brain = _per_slice(ndimage.binary_closing, brain, _disk(close_mm, pixel_mm)) & candidate
     return np.stack([ndimage.binary_fill_holes(s) for s in brain])

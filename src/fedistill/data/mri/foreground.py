@@ -39,12 +39,17 @@ def foreground_mask(
         return mask
     padded = np.pad(mask, 2)  # closing next to the border must not erode pixels on it
     mask = ndimage.binary_fill_holes(ndimage.binary_closing(padded, iterations=2)[2:-2, 2:-2])
+    return ndimage.binary_fill_holes(largest_component(mask))
+
+
+def largest_component(mask: np.ndarray) -> np.ndarray:
+    """The largest face-connected piece of `mask` (2-D or 3-D); the mask itself when it has one or none."""
     labels, count = ndimage.label(mask)
-    if count > 1:
-        sizes = np.bincount(labels.ravel())
-        sizes[0] = 0
-        mask = labels == int(sizes.argmax())
-    return ndimage.binary_fill_holes(mask)
+    if count <= 1:
+        return mask
+    sizes = np.bincount(labels.ravel())
+    sizes[0] = 0
+    return labels == int(sizes.argmax())
 
 
 def foreground_masks(
