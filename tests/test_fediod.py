@@ -181,6 +181,7 @@ def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
         "owner_queries": True,
         "w_adv": 0.1,
         "look_trials": 4,  # each site's colours tried both ways (look_trials.py)
+        "w_gan": 5.0,  # the sites' discriminators weigh five times as much in G's loss
     }
     assert resolved_for({"tau": 2.0}, per_pixel=True, mask_shaped=True) == dataclasses.replace(
         pixels, **looks

@@ -230,7 +230,8 @@ class GeneratorLossOptions:
     + (1/K) sum KL(M || P_k), clamped)."""
 
     w_gan: float = 1.0
-    """Weight of L_gan; default 1 (Eq. 11)."""
+    """Weight of L_gan; default 1 (Eq. 11). The lean preset takes 5 on nuclei, where at 1 the sites'
+    discriminators won on the seeds that missed the fluorescence site (docs/methods/fediod/per-pixel.md)."""
 
     w_conf: float = 1.0
     """Weight of L_conf; default 1 (Eq. 11)."""
