@@ -104,7 +104,10 @@ def lesion_ranking(
 ) -> dict[str, float]:
     """Whether the model sees the real lesions at all, whatever its threshold: the area under the ROC curve
     of its lesion probability over every real-patient pixel (0.5: no signal), and its mean probability on
-    the lesion pixels and on the others. `data`: the run's training set, as `score` loaded it."""
+    the lesion pixels and on the others; both over the two patients and per patient (a patient whose
+    lesion ranks high but scores below 0.5 is a threshold away from being found; one near 0.5 is not seen
+    at all). `data`: the run's training set, as `score` loaded it."""
+    import numpy as np
     import torch
     from sklearn.metrics import roc_auc_score
 
@@ -112,16 +115,22 @@ def lesion_ranking(
     from fedistill.data.transforms import to_float
 
     config = read_config(folder / "config.toml")
-    real, _ = real_patients(config, args)
+    real, patients = real_patients(config, args)
     (net,) = saved_models(folder, method, config, data)
     with torch.no_grad():
         lesion = net(to_float(real.test.x, data.info)).softmax(1)[:, 1].flatten().numpy()
     truth = real.test.y.flatten().numpy() == 1
-    return {
+    patient = np.repeat(np.asarray(patients), truth.size // len(patients))
+    out = {
         "real_pixel_auc": float(roc_auc_score(truth, lesion)),
         "real_p_lesion": float(lesion[truth].mean()),
         "real_p_other": float(lesion[~truth].mean()),
     }
+    for name in ("patient1", "patient2"):
+        mine = patient == name
+        out[f"real_pixel_auc_{name}"] = float(roc_auc_score(truth[mine], lesion[mine]))
+        out[f"real_p_lesion_{name}"] = float(lesion[mine & truth].mean())
+    return out
 
 
 def lesion_visibility(args: argparse.Namespace) -> list[dict[str, float]]:
@@ -190,8 +199,8 @@ def report(
         "",
         "| method | synthesis | semi-synthetic Dice % | real Dice % | real sens. % | real HD95 px | "
         "real Dice % patient 1 / 2 | real HD95 px patient 1 / 2 | real pixel AUC | real p(lesion): on "
-        "lesion / elsewhere |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "lesion / elsewhere | pixel AUC patient 1 / 2 | p(lesion) on lesion, patient 1 / 2 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         mark = " *" if r["chosen"] else ""
@@ -200,13 +209,15 @@ def report(
             f"{100 * r['real_dice']:.2f} | {100 * r['real_sensitivity']:.2f} | {r['real_hd95']:.2f} | "
             f"{100 * r['real_dice_patient1']:.2f} / {100 * r['real_dice_patient2']:.2f} | "
             f"{r['real_hd95_patient1']:.2f} / {r['real_hd95_patient2']:.2f} | {r['real_pixel_auc']:.3f} | "
-            f"{r['real_p_lesion']:.4f} / {r['real_p_other']:.4f} |"
+            f"{r['real_p_lesion']:.4f} / {r['real_p_other']:.4f} | {r['real_pixel_auc_patient1']:.3f} / "
+            f"{r['real_pixel_auc_patient2']:.3f} | {r['real_p_lesion_patient1']:.4f} / "
+            f"{r['real_p_lesion_patient2']:.4f} |"
         )
     lines += [
         "",
         "Real pixel AUC: how well the model's lesion probability ranks the real patients' lesion pixels above "
         "all their other pixels (0.5: no signal), whatever the threshold; Dice needs the probability above 0.5 "
-        "as well.",
+        "as well. Per patient: the same over that patient's slices alone.",
         "",
         f"How visible the real lesions are at {args.image_size} px (each lesion slice: its pixels, and their "
         "mean intensity on the 0..1 scale the models see minus that of a ring 2-4 px around them):",
