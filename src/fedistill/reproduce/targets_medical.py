@@ -70,6 +70,16 @@ CI_RECONSTRUCTION_FLOOR = {"ssim": 0.6649, "psnr": 20.18}
 FLOOR_LABEL = "Zero-filled input + data consistency (floor, no training)"
 #: ci tolerances: float rounding differs between CPUs, and a GAN's samples amplify it
 CI_TOLERANCE = {"dice": 4.0, "hd95": 4.0, "sensitivity": 4.0, "specificity": 4.0, "ssim": 0.02, "psnr": 0.75}
+#: ci, segmentation: wider where a method's few steps on a few slices turn the CPU's rounding into another
+#: run. Seed 0 on one Intel host through three kernel paths (AVX-512, AVX2, SSE4.1 and no vectorised ATen:
+#: ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA), against the numbers above from another host: FedAvg's Dice
+#: +9.08 / -4.34 / +0.24, sensitivity +9.17 / -3.79 / +0.11, HD95 -4.20 / +2.79 / +0.01; FedIOD's Dice
+#: -0.79 / -4.98 / +2.32, sensitivity -1.38 / +3.74 / -1.18; Standalone and Centralized within 2.8. Each
+#: widened tolerance is 1.5 times the largest gap seen, rounded up.
+CI_SEGMENTATION_TOLERANCE = {
+    "fedavg": {"dice": 14.0, "sensitivity": 14.0, "hd95": 7.0},
+    "fediod": {"dice": 8.0, "sensitivity": 6.0},
+}
 
 
 def demo_scale(
@@ -78,12 +88,14 @@ def demo_scale(
     paper_keys: dict[str, str],
     fediod_sets: tuple[str, ...] = CI_FEDIOD,
     floor: dict[str, float] | None = None,
+    tolerances: dict[str, dict[str, float]] | None = None,
 ) -> Scale:
     """One run per method of a demo (FedIOD with `fediod_sets`, the ci budget by default) on the CPU at
     one thread; see `recorded_scale`."""
     sets = {m: ("threads=1", "device='cpu'", *(fediod_sets if m == "fediod" else ())) for m in DEMO_METHODS}
     note = f"{config}: semi-synthetic data, no data files"
-    return recorded_scale(config, recorded, sets, "demo", paper_keys=paper_keys, floor=floor, note=note)
+    return recorded_scale(config, recorded, sets, "demo", paper_keys=paper_keys, floor=floor, note=note,
+                          tolerances=tolerances)  # fmt: skip
 
 
 def recorded_scale(
@@ -96,18 +108,21 @@ def recorded_scale(
     floor: dict[str, float] | None = None,
     labels: dict[str, str] = LABELS,
     note: str = "",
+    tolerances: dict[str, dict[str, float]] | None = None,
 ) -> Scale:
     """One run per method of `recorded` on `config` (its `sets` after the algorithm's), named
     `<prefix>-<method>`, checked against our recorded numbers; the paper's number of the same method beside
     it (`paper_keys`: method -> configs/expected.toml entry); `floor`: the recorded numbers of the task's
-    trivial predictor, a row read from the FedAvg run's summary."""
+    trivial predictor, a row read from the FedAvg run's summary; `tolerances`: per method, the columns
+    whose tolerance is not `CI_TOLERANCE`'s."""
     expected = read_expected()
     runs, rows = [], []
     for method, values in recorded.items():
         runs.append(Run(f"{prefix}-{method}", config, (f"algorithm='{method}'", *sets.get(method, ()))))
         entry = expected.get((paper_keys or {}).get(method, ""), {})
+        tolerance = CI_TOLERANCE | (tolerances or {}).get(method, {})
         cells = {
-            column: Expected(entry.get(f"paper_{column}"), value, CI_TOLERANCE[column])
+            column: Expected(entry.get(f"paper_{column}"), value, tolerance[column])
             for column, value in values.items()
         }
         rows.append(Row(labels[method], f"{prefix}-{method}", method, cells))
@@ -127,7 +142,9 @@ def segmentation_target() -> Target:
         source="FedIOD paper, Table 2 (BraTS 2018, K = 10)",
         columns=SEGMENTATION,
         scales={
-            "ci": demo_scale("demo-segmentation.toml", CI_SEGMENTATION, paper),
+            "ci": demo_scale(
+                "demo-segmentation.toml", CI_SEGMENTATION, paper, tolerances=CI_SEGMENTATION_TOLERANCE
+            ),
             "paper": config_scale(table2, SEGMENTATION),
         },
     )

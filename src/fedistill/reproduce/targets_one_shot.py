@@ -47,7 +47,12 @@ CI_RECORDED = {
     ("0.1", "coboosting"): 33.06,
     ("0.1", "fedavg-oneshot"): 58.61,
 }
-CI_TOLERANCE = 3.0
+#: ci tolerances per method: float rounding differs between CPUs, and a generator's samples amplify it. Seed
+#: 0 on one Intel host through three kernel paths (AVX-512, AVX2, SSE4.1 and no vectorised ATen:
+#: ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA) moved DENSE by up to 3.33 points from the numbers above
+#: (measured on another host), Co-Boosting by up to 2.50, FedIOD by up to 1.94, one-shot FedAvg by 0.28:
+#: 1.5 times the largest gap, rounded up, and never below 3.
+CI_TOLERANCE = {"fediod": 3.0, "dense": 5.0, "coboosting": 4.0, "fedavg-oneshot": 3.0}
 
 CPU_METHODS = tuple(LABELS)
 CPU_DATASETS = ("mnist", "fashion-mnist")
@@ -80,7 +85,7 @@ def ci_scale() -> Scale:
             f"{LABELS[method]}, alpha {alpha}",
             f"digits-alpha{alpha}",
             method,
-            {"test": Expected(ours=CI_RECORDED[alpha, method], tolerance=CI_TOLERANCE)},
+            {"test": Expected(ours=CI_RECORDED[alpha, method], tolerance=CI_TOLERANCE[method])},
         )
         for alpha in CI_ALPHAS
         for method in CI_METHODS
