@@ -13,7 +13,7 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export HF_DATASETS_OFFLINE := 1
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test test-all lint bench docs clean
+.PHONY: demo test test-all test-kernels lint bench docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ test: $(STAMP)  ## the fast test suite (what CI runs)
 
 test-all: $(STAMP)  ## every test, slow ones included
 	$(PY) -m pytest -m ""
+
+# Another CPU's arithmetic on this one: the fast suite through the AVX2 and the SSE4.1 kernels of PyTorch and
+# oneDNN, whatever this CPU has. A test that passes on one CPU only is a failing test.
+test-kernels: $(STAMP)  ## the fast suite on the AVX2 and SSE4.1 kernel paths (about twice `make test`)
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest -q
+	ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 $(PY) -m pytest -q
 
 bench: $(STAMP)  ## quick speed checks at small settings: FedIOD step time, transport speed (in-process, simulation)
 	$(PY) benchmarks/fediod_step_time.py --steps 2 --results $(BENCH_OUT)
