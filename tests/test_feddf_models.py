@@ -216,4 +216,8 @@ def test_trains_a_few_steps_without_nan(name: str):
         losses.append(loss.item())
     assert all(torch.isfinite(torch.tensor(losses)))
     assert all(torch.isfinite(p).all() for p in model.parameters())
-    assert all(not torch.equal(a, p) for a, p in zip(start, model.parameters(), strict=True))
+    # every parameter takes part in training: a nonzero gradient; nearly all of them move (a step below
+    # float32's resolution may leave one as it was: a BatchNorm scale of ShuffleNetV2 on AVX2 kernels)
+    assert all(p.grad is not None and bool(p.grad.any()) for p in model.parameters())
+    moved = [not torch.equal(a, p) for a, p in zip(start, model.parameters(), strict=True)]
+    assert sum(moved) >= 0.95 * len(moved)
