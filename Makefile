@@ -30,8 +30,8 @@ test: $(STAMP)  ## the fast test suite (what CI runs)
 test-all: $(STAMP)  ## every test, slow ones included
 	$(PY) -m pytest -m ""
 
-# Another CPU's arithmetic on this one: the fast suite through the AVX2 and the SSE4.1 kernels of PyTorch and
-# oneDNN, whatever this CPU has. A test that passes on one CPU only is a failing test.
+# Another CPU's arithmetic on this one (x86-64): the fast suite through the AVX2 and the SSE4.1 kernels of
+# PyTorch and oneDNN, whatever this CPU has. A test that passes on one CPU only is a failing test.
 test-kernels: $(STAMP)  ## the fast suite on the AVX2 and SSE4.1 kernel paths (about twice `make test`)
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest -q
 	ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 $(PY) -m pytest -q
