@@ -173,6 +173,7 @@ PAGES = (
         (
             "flower_speed_digits",
             "flower_speed_fashion-mnist",
+            "demo_arithmetic",
             "fediod_step_time_digits",
             "fediod_step_time_fashion-mnist",
             "fediod_step_time_fashion-mnist_32px_3ch_channels-last",
