@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,20 +43,25 @@ LABELS = {"fediod": "FedIOD", "fedavg": "FedAvg", "standalone": "Standalone", "c
 
 class OperationCount(TorchDispatchMode):
     """Floating-point operations of every matrix product and convolution, forward and backward, added to
-    `counts[bucket]`; `bucket` names who is computing. (torch's `FlopCounterMode` tracks modules with
-    hooks that `torch.autograd.grad` on a leaf refuses, as FedIOD's server step does.)"""
+    `counts[bucket]`, and the seconds those products took to `seconds[bucket]`; `bucket` names who is
+    computing. (torch's `FlopCounterMode` tracks modules with hooks that `torch.autograd.grad` on a leaf
+    refuses, as FedIOD's server step does.)"""
 
     def __init__(self) -> None:
         super().__init__()
         self.counts: dict[str, float] = defaultdict(float)
+        self.seconds: dict[str, float] = defaultdict(float)
         self.bucket = "server"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         formula = flop_registry.get(func._overloadpacket)
-        if formula is not None:
-            self.counts[self.bucket] += formula(*args, **kwargs, out_val=out)
+        if formula is None:
+            return func(*args, **kwargs)
+        start = time.perf_counter()
+        out = func(*args, **kwargs)
+        self.seconds[self.bucket] += time.perf_counter() - start
+        self.counts[self.bucket] += formula(*args, **kwargs, out_val=out)
         return out
 
     def enter(self, bucket: str) -> str:
@@ -153,6 +159,11 @@ def counted(method: str, seed: int, threads: int, out: Path) -> dict:
     gflop = {bucket: flops / 1e9 for bucket, flops in sorted(count.counts.items())}
     server, generator = gflop.pop("server", 0.0), gflop.pop("generator", 0.0)
     sites = sum(gflop.values())
+    groups = {
+        "sites": [b for b in count.counts if b not in ("server", "generator")],
+        "generator": ["generator"],
+    }
+    groups["server_other"] = ["server"]
     return {
         "test_accuracy": row["test_accuracy"],
         "gflop": sites + server + generator,
@@ -160,6 +171,12 @@ def counted(method: str, seed: int, threads: int, out: Path) -> dict:
         "gflop_server": server + generator,
         "gflop_server_generator": generator,
         "gflop_by_request": gflop,
+        # how fast each party's products ran inside the counted run (the products alone, no other work)
+        "gflops_in_products": {
+            group: sum(count.counts[b] for b in buckets) / sum(count.seconds[b] for b in buckets) / 1e9
+            for group, buckets in groups.items()
+            if sum(count.seconds[b] for b in buckets) > 0
+        },
     }
 
 
@@ -229,6 +246,16 @@ def markdown(payload: dict) -> str:
             time_ratio = f"{r['wall_s'] / base['wall_s']:.1f}x" if base else "-"
             line += f" | {r['wall_s']:.1f} | {time_ratio}"
         lines.append(line + " |")
+    lines += [
+        "",
+        "How fast each party's products ran, inside the counted run (GFLOP/s; the products alone):",
+        "",
+    ]
+    lines += ["| method | sites | G | rest of the server |", "|---|---|---|---|"]
+    for r in rows:
+        rate = r.get("gflops_in_products", {})
+        cells = [f"{rate[k]:.1f}" if k in rate else "-" for k in ("sites", "generator", "server_other")]
+        lines.append(f"| {LABELS[r['method']]} | " + " | ".join(cells) + " |")
     lines += ["", "The sites' operations by request type (GFLOP):", ""]
     lines += ["| method | request | GFLOP |", "|---|---|---|"]
     for r in rows:

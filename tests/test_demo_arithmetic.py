@@ -25,6 +25,7 @@ def test_a_linear_layer_costs_two_operations_per_multiply_add_and_backward_only_
     with count:
         layer(x).sum().backward()  # dL/dx and dL/dW: two products the size of the forward one
     assert count.counts == {"server": 3 * forward}
+    assert set(count.seconds) == {"server"} and count.seconds["server"] > 0  # the products' own time
     count = arithmetic.OperationCount()
     with count:
         (grad_x,) = torch.autograd.grad(layer(x).sum(), [x])  # a leaf, as FedIOD's server asks: dL/dx only
