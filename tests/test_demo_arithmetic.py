@@ -76,3 +76,17 @@ def test_the_servers_generator_is_told_apart_from_its_other_models_forward_and_b
     with alone:
         generator(torch.randn(2, 100)).sum().backward()
     assert count.counts["generator"] == alone.counts["server"] > 0
+
+
+def test_two_generator_graphs_alive_at_once_hand_the_count_back_to_the_server():
+    from fedistill.data.base import DatasetInfo
+    from fedistill.models.generator import build_generator
+
+    generator = build_generator(DatasetInfo("digits", 1, 8, 10, (0.5,), (0.3,)), width=4, upsamples=1)
+    count = arithmetic.OperationCount()
+    with count, arithmetic.generators_known(count):
+        first, second = generator(torch.randn(2, 100)), generator(torch.randn(2, 100))
+        second.sum().backward()
+        first.sum().backward()
+        nn.Linear(3, 1, bias=False)(torch.ones(1, 3))
+    assert count.bucket == "server" and count.counts["server"] == 2 * 3
