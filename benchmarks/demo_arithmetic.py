@@ -193,6 +193,8 @@ def main() -> None:
     unknown = sorted(set(methods) - set(LABELS))
     if unknown:
         parser.error(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(LABELS)}")
+    if args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
     torch.set_num_threads(args.threads)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
