@@ -224,7 +224,7 @@ def test_forwarding_client_app_and_node_workers_give_the_in_process_results(tmp_
     results and traffic are the in-process ones, and the workers stop when asked."""
     from fedistill.engine.flower.apps import config_from_run_config
     from fedistill.engine.flower.forward import client_app as forwarding_app
-    from fedistill.engine.flower.forward import stop_worker
+    from fedistill.transports.flower.forward import stop_worker
 
     small = " ".join(f"fediod.{k}={v}" for k, v in SMALL_FEDIOD.items())
     run_config = {

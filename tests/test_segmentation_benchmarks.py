@@ -244,16 +244,23 @@ def test_tables_and_figures_end_to_end_at_a_tiny_size(tables, tmp_path):
             "--t2-rounds", "1", "--t2-distill-epochs", "1", "--t2-iters", "1", "--t4-image-size", "64",
             "--t4-patch-size", "32", "--t4-images", "4,1", "--t4-epochs", "1", "--t4-rounds", "1",
             "--t4-distill-epochs", "1", "--t4-iters", "1", "--width", "4", "--depth", "2", "--g-width", "4",
-            "--g-blocks", "1", "--d-width", "4", "--d-layers", "1", "--synthetic-batch", "3"]  # fmt: skip
+            "--g-blocks", "1", "--d-width", "4", "--d-layers", "1", "--synthetic-batch", "3",
+            "--sampled-sites", "1"]  # fmt: skip
     assert tables.main(tiny) == 0
     for n in (2, 4):
         record = json.loads((tmp_path / f"segmentation_table{n}.json").read_text())
         assert all(r["matches_run_summary"] for r in record["rows"].values())
         assert all(r["cpu_s"] > 0 for r in record["rows"].values())
     assert tables.main([*tiny, "--reuse"]) == 0  # scored again from the saved models, nothing rerun
-    assert (
-        segmentation_figures.main(["--results", str(tmp_path), "--data-dir", str(SHARED), "--slices", "2"])
-        == 0
-    )
+    figures = ["--results", str(tmp_path), "--runs", str(tmp_path / "runs"), "--data-dir", str(SHARED)]
+    assert segmentation_figures.main([*figures, "--slices", "2"]) == 0
     for name in ("figure5", "figure6", "figure3_nuclei", "figure6_nuclei"):
         assert (tmp_path / f"segmentation_{name}.png").stat().st_size > 0
+
+
+def test_a_records_run_outside_the_repository_is_found_under_the_tables_out_folder(tmp_path):
+    from fedistill.reproduce.paths import CHECKOUT
+
+    run = segmentation_figures.run_path("OUT/seg2-x-fediod-1234/fediod", tmp_path)
+    assert run == tmp_path / "seg2-x-fediod-1234" / "fediod"
+    assert segmentation_figures.run_path("runs/seg2/fediod", tmp_path) == CHECKOUT / "runs/seg2/fediod"

@@ -13,9 +13,10 @@
 
 Everything shown is semi-synthetic except the real patients' rows.
 
-    python benchmarks/segmentation_figures.py [--results DIR] [--slices 4]
+    python benchmarks/segmentation_figures.py [--results DIR] [--runs DIR] [--slices 4]
 
-Reads the runs named in <results>/segmentation_table{2,4}.json (either may be missing) and writes
+Reads the runs named in <results>/segmentation_table{2,4}.json (either may be missing; a run outside
+the repository is named `OUT/<run>/<algorithm>` there, found under `--runs`, the tables' `--out`) and writes
 segmentation_figure5.png, segmentation_figure3_nuclei.png and segmentation_figure6[_nuclei].png there.
 """
 
@@ -46,7 +47,7 @@ from fedistill.metrics.instances import instances_from_three_class
 from fedistill.metrics.segmentation import dice
 from fedistill.models.pix2pix import build_conditional_generator, one_hot_mask
 from fedistill.reproduce.arguments import benchmark_parser
-from fedistill.reproduce.paths import CHECKOUT, RESULTS
+from fedistill.reproduce.paths import CHECKOUT, RESULTS, RUNS
 from fedistill.reproduce.segmentation_plan import LABELS, SEMI
 from fedistill.reproduce.segmentation_scores import real_patients, saved_models
 from fedistill.seeding import derive_seed
@@ -60,10 +61,10 @@ TRUE, PREDICTED = "#2ca02c", "#d62728"
 class Runs:
     """The runs one table's JSON names, each with its config, and the dataset they share."""
 
-    def __init__(self, record: dict[str, Any], data_dir: str) -> None:
+    def __init__(self, record: dict[str, Any], data_dir: str, runs: Path = RUNS) -> None:
         self.record = record
         self.rows: dict[str, dict[str, Any]] = record["rows"]
-        self.paths = {m: _repo_path(r["run"]) for m, r in self.rows.items()}
+        self.paths = {m: run_path(r["run"], runs) for m, r in self.rows.items()}
         self.configs = {m: read_config(p / "config.toml") for m, p in self.paths.items()}
         config = next(iter(self.configs.values()))
         self.config = config
@@ -87,17 +88,21 @@ class Runs:
         return out
 
 
-def _repo_path(text: str) -> Path:
+def run_path(text: str, runs: Path) -> Path:
+    """A record's run folder: `OUT/<run>/<algorithm>` under `runs` (the tables' `--out`), a relative path
+    under the repository (`segmentation_scores.display_path` writes both)."""
     path = Path(text)
+    if path.parts and path.parts[0] == "OUT":
+        return Path(runs).joinpath(*path.parts[1:])
     return path if path.is_absolute() else CHECKOUT / path
 
 
-def read_runs(results: Path, table: int, data_dir: str) -> Runs | None:
+def read_runs(results: Path, table: int, data_dir: str, runs: Path = RUNS) -> Runs | None:
     path = results / f"segmentation_table{table}.json"
     if not path.is_file():
         print(f"{path} not found: run benchmarks/segmentation_tables.py first; table {table} skipped")
         return None
-    return Runs(json.loads(path.read_text(encoding="utf-8")), data_dir)
+    return Runs(json.loads(path.read_text(encoding="utf-8")), data_dir, runs)
 
 
 def predict(task: Task, model: nn.Module, data: ImageSet, info: Any) -> np.ndarray:
@@ -156,7 +161,10 @@ def pick_slices(data: LoadedDataset, count: int) -> list[int]:
 
 def figure5(runs: Runs, count: int, path: Path) -> Path:
     data, info, task = runs.data, runs.data.info, runs.task
-    real, patients = real_patients(runs.config, argparse.Namespace(data_dir=runs.data_dir))
+    settings = runs.record.get("settings", {})  # the patients as the table scored them
+    scored = argparse.Namespace(data_dir=runs.data_dir, real_skull=settings.get("real_skull", "stripped"),
+                                real_intensity=settings.get("real_intensity", "brain-median"))  # fmt: skip
+    real, patients = real_patients(runs.config, scored)
     chosen = pick_slices(data, count)
     cases: list[tuple[str, ImageSet, int]] = [(f"{SEMI} test slice {i}", data.test, i) for i in chosen]
     for patient in sorted(set(patients)):
@@ -310,18 +318,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--results", default=str(RESULTS), help="where the tables' JSON are; figures go there"
     )
+    parser.add_argument(
+        "--runs", default=str(RUNS), help="the tables' --out: where a record's OUT/<run> folders are"
+    )
     parser.add_argument("--slices", type=int, default=4, help="semi-synthetic test slices in Figure 5")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     results = Path(args.results)
     written = []
-    brain = read_runs(results, 2, args.data_dir)
+    brain = read_runs(results, 2, args.data_dir, Path(args.runs))
     if brain is not None:
         written.append(figure5(brain, args.slices, results / "segmentation_figure5.png"))
         written.append(
             figure6(brain, pick_slices(brain.data, args.slices), results / "segmentation_figure6.png")
         )
-    nuclei = read_runs(results, 4, args.data_dir)
+    nuclei = read_runs(results, 4, args.data_dir, Path(args.runs))
     if nuclei is not None:
         written.append(figure3_nuclei(nuclei, results / "segmentation_figure3_nuclei.png"))
         written.append(
