@@ -165,6 +165,7 @@ def counted(method: str, seed: int, threads: int, out: Path) -> dict:
         "generator": ["generator"],
         "server_other": ["server"],
     }
+    seconds = {group: sum(count.seconds.get(b, 0.0) for b in buckets) for group, buckets in groups.items()}
     return {
         "test_accuracy": row["test_accuracy"],
         "gflop": sites + server + generator,
@@ -174,9 +175,9 @@ def counted(method: str, seed: int, threads: int, out: Path) -> dict:
         "gflop_by_request": gflop,
         # how fast each party's products ran inside the counted run (the products alone, no other work)
         "gflops_in_products": {
-            group: sum(count.counts[b] for b in buckets) / sum(count.seconds[b] for b in buckets) / 1e9
+            group: sum(count.counts.get(b, 0.0) for b in buckets) / seconds[group] / 1e9
             for group, buckets in groups.items()
-            if sum(count.seconds[b] for b in buckets) > 0
+            if seconds[group] > 0
         },
     }
 

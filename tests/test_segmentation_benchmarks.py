@@ -260,7 +260,18 @@ def test_tables_and_figures_end_to_end_at_a_tiny_size(tables, tmp_path):
 
 def test_a_records_run_outside_the_repository_is_found_under_the_tables_out_folder(tmp_path):
     from fedistill.reproduce.paths import CHECKOUT
+    from fedistill.reproduce.segmentation_scores import display_path, recorded_path
 
-    run = segmentation_figures.run_path("OUT/seg2-x-fediod-1234/fediod", tmp_path)
+    run = recorded_path("OUT/seg2-x-fediod-1234/fediod", tmp_path)
     assert run == tmp_path / "seg2-x-fediod-1234" / "fediod"
-    assert segmentation_figures.run_path("runs/seg2/fediod", tmp_path) == CHECKOUT / "runs/seg2/fediod"
+    assert display_path(run) == "OUT/seg2-x-fediod-1234/fediod"  # the inverse of what records write
+    assert recorded_path("runs/seg2/fediod", tmp_path) == CHECKOUT / "runs/seg2/fediod"
+
+
+def test_figures_name_the_missing_runs_and_the_option_that_finds_them(tmp_path):
+    record = {"rows": {"fediod": {"run": "OUT/seg2-x-fediod-1234/fediod"}}}
+    (tmp_path / "segmentation_table2.json").write_text(json.dumps(record))
+    with pytest.raises(
+        SystemExit, match=r"seg2-x-fediod-1234.*pass the segmentation tables' --out as --runs"
+    ):
+        segmentation_figures.main(["--results", str(tmp_path), "--runs", str(tmp_path / "elsewhere")])

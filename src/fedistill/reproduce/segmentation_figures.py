@@ -47,9 +47,9 @@ from fedistill.metrics.instances import instances_from_three_class
 from fedistill.metrics.segmentation import dice
 from fedistill.models.pix2pix import build_conditional_generator, one_hot_mask
 from fedistill.reproduce.arguments import benchmark_parser
-from fedistill.reproduce.paths import CHECKOUT, RESULTS, RUNS
-from fedistill.reproduce.segmentation_plan import LABELS, SEMI
-from fedistill.reproduce.segmentation_scores import real_patients, saved_models
+from fedistill.reproduce.paths import RESULTS, RUNS
+from fedistill.reproduce.segmentation_plan import LABELS, REAL_SCORING, SEMI
+from fedistill.reproduce.segmentation_scores import real_patients, recorded_path, saved_models
 from fedistill.seeding import derive_seed
 from fedistill.tasks import Task
 
@@ -64,7 +64,13 @@ class Runs:
     def __init__(self, record: dict[str, Any], data_dir: str, runs: Path = RUNS) -> None:
         self.record = record
         self.rows: dict[str, dict[str, Any]] = record["rows"]
-        self.paths = {m: run_path(r["run"], runs) for m, r in self.rows.items()}
+        self.paths = {m: recorded_path(r["run"], runs) for m, r in self.rows.items()}
+        missing = [str(p) for p in self.paths.values() if not (p / "config.toml").is_file()]
+        if missing:
+            raise SystemExit(
+                f"the table's runs are not there: {', '.join(missing)}; pass the segmentation tables' "
+                "--out as --runs"
+            )
         self.configs = {m: read_config(p / "config.toml") for m, p in self.paths.items()}
         config = next(iter(self.configs.values()))
         self.config = config
@@ -86,15 +92,6 @@ class Runs:
                 nets, label = [nets[site]], f"{label} (site {site}, median)"
             out[method] = (label, nets[0])
         return out
-
-
-def run_path(text: str, runs: Path) -> Path:
-    """A record's run folder: `OUT/<run>/<algorithm>` under `runs` (the tables' `--out`), a relative path
-    under the repository (`segmentation_scores.display_path` writes both)."""
-    path = Path(text)
-    if path.parts and path.parts[0] == "OUT":
-        return Path(runs).joinpath(*path.parts[1:])
-    return path if path.is_absolute() else CHECKOUT / path
 
 
 def read_runs(results: Path, table: int, data_dir: str, runs: Path = RUNS) -> Runs | None:
@@ -162,9 +159,8 @@ def pick_slices(data: LoadedDataset, count: int) -> list[int]:
 def figure5(runs: Runs, count: int, path: Path) -> Path:
     data, info, task = runs.data, runs.data.info, runs.task
     settings = runs.record.get("settings", {})  # the patients as the table scored them
-    scored = argparse.Namespace(data_dir=runs.data_dir, real_skull=settings.get("real_skull", "stripped"),
-                                real_intensity=settings.get("real_intensity", "brain-median"))  # fmt: skip
-    real, patients = real_patients(runs.config, scored)
+    scored = {key: settings.get(key, default) for key, default in REAL_SCORING.items()}
+    real, patients = real_patients(runs.config, argparse.Namespace(data_dir=runs.data_dir, **scored))
     chosen = pick_slices(data, count)
     cases: list[tuple[str, ImageSet, int]] = [(f"{SEMI} test slice {i}", data.test, i) for i in chosen]
     for patient in sorted(set(patients)):

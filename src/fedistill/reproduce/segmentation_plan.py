@@ -91,6 +91,10 @@ LABELS = {
 }
 
 
+#: How Table 2 scores the real patients unless told otherwise (`--real-skull`, `--real-intensity`).
+REAL_SCORING = {"real_skull": "stripped", "real_intensity": "brain-median"}
+
+
 SAVED = {"fedavg": "global", "asyndgan": "segmenter"}
 SAVED |= {m: "student" for m in METHODS if m.startswith("fediod")}
 
@@ -172,10 +176,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--t4-rounds", type=int, default=30)
     parser.add_argument("--t4-distill-epochs", type=int, default=10)
     parser.add_argument("--t4-iters", type=int, default=20)
-    parser.add_argument("--real-skull", default="stripped", choices=SKULLS,
+    parser.add_argument("--real-skull", default=REAL_SCORING["real_skull"], choices=SKULLS,
                         help="the real patients' scans as scored: brain-extracted (as the training brains "
                         "are; stripped-tissue: by the tissue rule), or the whole head")  # fmt: skip
-    parser.add_argument("--real-intensity", default="brain-median", choices=SCAN_SCALES,
+    parser.add_argument("--real-intensity", default=REAL_SCORING["real_intensity"], choices=SCAN_SCALES,
                         help="how the brain-extracted real scans are put on the training brains' scale: "
                         "their brain's median to the hosts' (the default), or the hosts' own percentile "
                         "rule, which the scans' brightest voxels set")  # fmt: skip

@@ -127,3 +127,12 @@ def display_path(path: Path) -> str:
         return str(path.resolve().relative_to(CHECKOUT))
     except ValueError:
         return f"OUT/{path.parent.name}/{path.name}"
+
+
+def recorded_path(text: str, runs: Path) -> Path:
+    """The inverse of `display_path`: `OUT/<run>/<algorithm>` under `runs` (the command's `--out`), a
+    relative path under the repository."""
+    path = Path(text)
+    if path.parts and path.parts[0] == "OUT":
+        return Path(runs).joinpath(*path.parts[1:])
+    return path if path.is_absolute() else CHECKOUT / path
