@@ -54,6 +54,7 @@ from _common import (
 from fediod_step_time import matmul_peak_gflops
 from fediod_time_to_quality import STABILISERS, shape_sets
 from fedistill.engine.rundir import read_jsonl
+from fedistill.machine import of_summaries
 
 #: The fractions of FedAvg's final accuracy whose first crossing is counted.
 LEVELS = (0.90, 0.95, 1.00)
@@ -295,8 +296,11 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def machine(device: str, gflops: float, threads: int, runs: Sequence[Path] = ()) -> str:
-    """The host as a record names it: its CPUs, the card a CUDA run used, the CPU's matmul rate. A table
-    re-rendered without a GPU names the card the runs' summaries recorded (`device_name`), if any did."""
+    """The host as a record names it: the CPU, kernel path and card its runs' summaries name (older runs: the
+    CPU count here and the card a summary's `device_name` recorded), and this CPU's matmul rate."""
+    summaries = [json.loads((r / "summary.json").read_text()) for r in runs if (r / "summary.json").is_file()]
+    if any("machine" in summary for summary in summaries):  # runs that name their CPU, kernels and card
+        return f"{of_summaries(summaries)}; fp32 matmul {gflops:.1f} GFLOP/s at {threads} thread(s)"
     card = ""
     if device.startswith("cuda"):
         recorded = [json.loads((r / "summary.json").read_text()).get("device_name") for r in runs

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ import torch
 
 from fedistill.analysis.threat_models import LR, VARIANTS, Setup
 from fedistill.data.registry import load_dataset
+from fedistill.machine import this_machine
 from fedistill.reproduce.paths import DATA, RESULTS
 from fedistill.reproduce.privacy_attacks import (
     OBSERVED,
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         "grids": grids,
         "notes": NOTES,
         "seconds": time.perf_counter() - started,
-        "machine": f"{platform.machine()} CPU, {args.threads} thread(s), torch {torch.__version__}",
+        "machine": this_machine(args.threads),
         "python": sys.version.split()[0],
     }
     (out / "privacy_attacks.json").write_text(json.dumps(data, indent=2))

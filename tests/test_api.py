@@ -22,6 +22,7 @@ from fedistill.engine.summary import results_rows
 from fedistill.errors import RunDirError, UserError
 from fedistill.federation.ledger import UP
 from fedistill.inference import InputError
+from fedistill.machine import describe, machine
 
 KEYS = {"algorithm": "fedavg", "model": "small-cnn", "clients": 3, "rounds": 1, "device": "cpu"}
 
@@ -68,6 +69,11 @@ def test_run_result_holds_what_the_run_wrote(finished):
     assert finished.table() == results_rows([written])
     assert finished.table()[0]["algorithm"] == "fedavg"
     assert finished.markdown() in (run_dir / "results.md").read_text(encoding="utf-8")
+    # which CPU and kernel path made these numbers, in the summary, its Markdown and the suite's results
+    assert written["machine"] == machine()
+    ran_on = describe(written["machine"])
+    assert f"Machine: {ran_on}" in (run_dir / "fedavg" / "summary.md").read_text(encoding="utf-8")
+    assert f"Ran on: {ran_on}" in (run_dir / "results.md").read_text(encoding="utf-8")
     with pytest.raises(KeyError, match="fedprox"):
         finished["fedprox"]
 

@@ -13,6 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "fedistill"
 
 #: The ground floor: what a run is (config), the protocol (federation), errors, seeds, devices, figures.
 GROUND = {"errors", "devices", "seeding", "interrupt", "config", "plots", "federation", "version"}
+GROUND |= {"machine"}  # which CPU, kernel path and GPU a run's numbers came from
 GROUND |= {"disk", "checksums"}  # atomic writes, and the sha256 manifests that verify them
 LIBRARY = {"data", "models", "metrics", "tasks", "privacy", "algorithms", "analysis"}
 BELOW_ENGINE = GROUND | LIBRARY | {"transports"}
@@ -25,6 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "plots": {"disk"},
     "interrupt": set(),
     "devices": {"errors"},
+    "machine": {"devices"},
     "seeding": {"errors", "devices"},
     "config": {"errors", "disk"},
     "federation": {"errors", "devices"},

@@ -21,6 +21,7 @@ from fedistill import cli
 from fedistill.algorithms.registry import get_algorithm
 from fedistill.config import RunConfig, build_config, load_toml, options_for
 from fedistill.engine import setup as runner
+from fedistill.machine import describe, machine
 from fedistill.reproduce import launch, reconstruction_figures, reconstruction_plan, reconstruction_report
 from fedistill.reproduce.reconstruction_scores import Harness
 
@@ -189,6 +190,7 @@ def test_table_writes_every_method_per_source_with_the_paper_and_the_ledger(tiny
     assert "| FedAvg | " in text and "0.9232" in text and "32.31" in text  # the paper's T1 IXI beside ours
     assert "parameters: 0 B" in text and "Not comparable" in text and "| sites sent MB | all MB |" in text
     assert "--dataset mni152-t1 --image-size 16" in text and str(tiny_table) not in text
+    assert f"Machine: {describe(machine())}." in text and payload["facts"]["machine"] == describe(machine())
 
 
 def test_figure_draws_every_method_from_the_table(tiny_table):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import fedistill.errors
+from fedistill.machine import describe, machine
 from fedistill.reproduce import command, execute, targets
 from fedistill.reproduce.plan import plan
 from fedistill.reproduce.target_spec import SCALES, Column, Expected, Row, Run, Scale, Target
@@ -219,6 +220,8 @@ def test_a_target_runs_writes_its_table_and_reuses_finished_runs(tiny, tmp_path,
     assert markdown == stdout.rstrip("\n") + "\n"
     assert "| FedAvg | test % | 97.00 | 50.00 |" in markdown and "**all within tolerance**" in markdown
     assert re.search(r"^Runs: 1 ran; the 1 that ran or resumed took [\d,]+ s of run time", markdown, re.M)
+    here = describe(machine())
+    assert f"Machine: {here}." in markdown and table["machine"] == here  # the results pages' provenance
     assert (folder / "table.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     def never(job):

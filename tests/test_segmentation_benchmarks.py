@@ -127,7 +127,7 @@ def _fake_row(method: str, sites: int, keys: dict[str, float]) -> dict:
             "trained_on": [], "wall_s": 12.0, "cpu_s": 10.0, "rounds_s": 8.0, "up_bytes": 2e6,
             "label_bytes": 1e5 if method in ("asyndgan", "fediod") else 0, "matches_run_summary": True,
             "ensemble_dice": 0.8, "teacher_mean_dice": 0.5, "fraction_of_ensemble": 0.9,
-            "selected_epoch": 3}  # fmt: skip
+            "selected_epoch": 3, "machine": "Some CPU, 2 CPUs, AVX512 kernels"}  # fmt: skip
 
 
 def test_records_name_no_folder_of_the_machine(tables, tmp_path):
@@ -150,7 +150,9 @@ def test_table2_labels_every_measured_number_and_keeps_the_papers_apart(tables, 
     metrics = {"dice": 0.7, "sensitivity": 0.8, "specificity": 0.99, "hd95": 5.0}
     metrics |= {f"real_{m}_patient{p}": 0.1 for m in ("dice", "hd95") for p in (1, 2)}
     rows = {m: _fake_row(m, 10 if m == "standalone" else 1, metrics) for m in table.methods}
+    rows["fediod"]["machine"] = "Another CPU, 2 CPUs, AVX2 kernels"  # a row from another machine: both named
     text = tables.write(table, rows, args).read_text()
+    assert "Machine: Some CPU, 2 CPUs, AVX512 kernels; Another CPU, 2 CPUs, AVX2 kernels." in text
     measured = [line for line in text.splitlines() if line.startswith("| ") and "(semi-synthetic)" in line]
     assert len(measured) == len(tables.METHODS)
     assert "| Standalone (semi-synthetic) | 70.00 ± 0.00 |" in text

@@ -36,6 +36,7 @@ from fedistill.engine.tracking import start_tracking
 from fedistill.errors import ConfigError
 from fedistill.federation.fleet import Fleet
 from fedistill.federation.ledger import Ledger
+from fedistill.machine import machine
 from fedistill.plots import plot_learning_curves, plot_partition
 from fedistill.transports.inprocess import InProcessFleet
 from fedistill.version import __version__, code_fingerprint
@@ -167,7 +168,7 @@ def _loop(
     tracking = start_tracking(config, run_dir)  # None unless config.track names trackers
     fleet = _fleet(config, algorithm, clients, ledger, grid)
     # the versions of the code that starts the run, not of whatever is on disk when it ends
-    ran_with = versions()
+    ran_with, ran_on = versions(), machine()
     started = time.perf_counter() - runner_state["elapsed"]  # wall time includes set-up (stage 1)
     if state:
         server.load_state_dict(state["server"])
@@ -290,6 +291,7 @@ def _loop(
         "communication": ledger.totals.summary(),
         "dropped_clients": {str(k): v for k, v in fleet.dropped.items()},
         "versions": ran_with,
+        "machine": ran_on,  # the server's: in-process and on Flower's simulation, every site's too
     }
     write_summary(run_dir, summary)
     if tracking is not None:

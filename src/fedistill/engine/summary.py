@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from fedistill import disk
+from fedistill import disk, machine
 from fedistill.engine.rundir import write_json
 from fedistill.errors import RunDirError
 from fedistill.federation.ledger import DOWN, UP
@@ -132,7 +132,8 @@ def summary_markdown(s: dict[str, Any]) -> str:
     if s["dropped_clients"]:
         lines += ["", "## Dropped clients", ""]
         lines += [f"- client {c}: {why}" for c, why in s["dropped_clients"].items()]
-    lines += ["", f"Versions: {', '.join(f'{k} {v}' for k, v in s['versions'].items())}", ""]
+    lines += ["", f"Versions: {', '.join(f'{k} {v}' for k, v in s['versions'].items())}"]
+    lines += [f"Machine: {machine.describe(s.get('machine'))}", ""]
     return "\n".join(lines)
 
 
@@ -176,7 +177,8 @@ def floor_row(s: dict[str, Any], like: dict[str, str]) -> dict[str, str]:
 def results_table(summaries: list[dict[str, Any]], title: str = "") -> Table:
     """The suite's results table for the terminal, one row per algorithm."""
     rows = results_rows(summaries)
-    table = Table(title=title or None)
+    ran_on = machine.of_summaries(summaries) if summaries else None
+    table = Table(title=title or None, caption=f"ran on: {ran_on}" if ran_on else None)
     for column in rows[0] if rows else []:
         table.add_column(column, justify="left" if column == "algorithm" else "right", no_wrap=True)
     for row in rows:
@@ -204,6 +206,7 @@ def write_suite_results(
         f"# Results: {first['dataset']}, {first['clients']} clients, "
         f"{first['partition']['method']} alpha {first['partition']['alpha']}, seed {first['seed']}\n\n"
         + results_markdown(summaries)
+        + f"\nRan on: {machine.of_summaries(summaries)}\n"
     )
     disk.write_text(suite_dir / "results.md", text)
     write_json(suite_dir / "results.json", summaries)

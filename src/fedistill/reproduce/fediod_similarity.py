@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from fedistill.machine import this_machine
 from fedistill.reproduce.paths import DATA, RESULTS, RUNS
 from fedistill.reproduce.similarity_report import plot, reading, strict_json, write_markdown
 from fedistill.reproduce.similarity_study import (
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             "runs": measured,
             "plot": stem.with_suffix(".png").name,
             "seconds": time.perf_counter() - started,
-            "machine": f"{platform.machine()} CPU, {args.threads} thread(s), torch {torch.__version__}",
+            "machine": this_machine(args.threads),
         }
         data["readings"] = {entry["label"]: reading(entry) for entry in measured}
         plot(data, stem.with_suffix(".png"))

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fedistill import machine
 from fedistill.reproduce.reconstruction_plan import (
     FEDIOD_SMALL,
     PAPER_SOURCES,
@@ -73,6 +74,8 @@ def write_results(rows: list[dict[str, Any]], facts: dict[str, Any], args: argpa
         f"{args.acceleration:g}x",
         "",
         f"Command: `{command}` (each method its own `fedistill run` process).",
+        "",
+        f"Machine: {facts.get('machine', machine.NOT_RECORDED)}.",
         "",
         f"Budgets: fastMRI's U-Net (`unet-fastmri`, chans {args.chans}, {args.pools} poolings) for every "
         f"method and every FedIOD teacher and student; Adam at lr {args.lr:g}, batch {args.batch_size}; {e} "

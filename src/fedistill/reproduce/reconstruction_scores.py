@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fedistill import machine
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.reproduce.paths import relative_to_checkout
 from fedistill.reproduce.reconstruction_plan import LABELS, run, run_specs
@@ -126,7 +127,8 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
     sites = harness.site_names
     zero = per_source(harness.zero_filled(), sites)
     rows = [row("zero-filled", harness.zero_filled_label(), zero, wall_time_s=None)]
-    facts: dict[str, Any] = {"sites": sites, "rescore_max_abs_diff": 0.0}
+    facts: dict[str, Any] = {"sites": sites, "rescore_max_abs_diff": 0.0,
+                             "machine": machine.of_summaries(summary for _, _, summary in done)}  # fmt: skip
 
     def check(run_dir: Path, state_name: str, summary: dict[str, Any]) -> None:
         """The saved model, re-scored here, gives the run's own numbers (the harness is the runner's)."""

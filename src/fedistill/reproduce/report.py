@@ -3,10 +3,12 @@ to the paper's and the checked number, per row), in `<out>/reproduce/<name>-<sca
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fedistill import machine
 from fedistill.reproduce.execute import Outcome
 from fedistill.reproduce.figure import plot_checks
 from fedistill.reproduce.paths import relative_to_checkout
@@ -44,6 +46,18 @@ def runs_line(outcomes: Sequence[Outcome]) -> str:
     return line + "."
 
 
+def machines(outcomes: Sequence[Outcome]) -> str:
+    """Which machine(s) the runs' summaries say they ran on: a number may not repeat on another CPU."""
+    summaries = []
+    for outcome in outcomes:
+        for path in sorted(outcome.job.folder.glob("*/summary.json")):
+            try:
+                summaries.append(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError):  # a damaged summary is the run's problem, reported with it
+                continue
+    return machine.of_summaries(summaries)
+
+
 def markdown(target: Target, scale: str, cells: Sequence[Check], outcomes: Sequence[Outcome]) -> list[str]:
     spec = target.scales[scale]
     columns = {c.key: c for c in target.columns_at(scale)}
@@ -76,7 +90,7 @@ def markdown(target: Target, scale: str, cells: Sequence[Check], outcomes: Seque
             f"{ours_text(cell, d)} | {number(cell.difference, d, sign=True)} | {number(cell.tolerance, d)} | "
             f"{MARKS[cell.verdict]} |"
         )
-    lines += ["", runs_line(outcomes)]
+    lines += ["", runs_line(outcomes), f"Machine: {machines(outcomes)}."]
     failed = [o for o in outcomes if o.status == "failed"]
     if failed:
         lines += ["", "Runs that failed:", *(f"- {o.job.run} seed {o.job.seed}: {o.error}" for o in failed)]
@@ -99,6 +113,7 @@ def payload(
             for c in target.columns_at(scale)
         ],
         "rows": [cell.as_dict() for cell in cells],
+        "machine": machines(outcomes),
         "runs": [
             {
                 "run": o.job.run,

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from fedistill import machine
 from fedistill.algorithms.fediod import LEAN_SMALL_MASKS
 from fedistill.data.registry import load_dataset
 from fedistill.errors import ConfigError
@@ -78,6 +79,15 @@ def commands_line(commands: Sequence[str]) -> str:
 MERGE_FLAG = "--merge"
 
 
+def machines(rows: dict[str, dict[str, Any]]) -> str:
+    """Which machine(s) the rows' runs came from: a row's numbers may not repeat on another CPU."""
+    return machine.joined(r.get("machine", machine.NOT_RECORDED) for r in rows.values())
+
+
+def machine_line(rows: dict[str, dict[str, Any]]) -> str:
+    return f"Machine: {machines(rows)}."
+
+
 def command(args: argparse.Namespace) -> str:
     """The command as run, less the folders it read from and wrote to (they are the machine's)."""
     return " ".join(
@@ -105,6 +115,8 @@ def table2_lines(
         f"# Table 2-style: brain-lesion segmentation, {SEMI} (brats-synthetic-lesions), K = {table.clients}",
         "",
         commands_line(commands),
+        "",
+        machine_line(rows),
         "",
         f"Settings: {settings_line(table, args)}.",
         "",
@@ -308,6 +320,8 @@ def table4_lines(
         f"# Table 4-style: cross-site nuclei instance segmentation, {SEMI} (nuclei-synthetic-sites)",
         "",
         commands_line(commands),
+        "",
+        machine_line(rows),
         "",
         f"Settings: {settings_line(table, args)}.",
         "",

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from fedistill import machine
 from fedistill.algorithms.shared.training import evaluate_model, new_model, task_of
 from fedistill.config import RunConfig, read_config
 from fedistill.data.base import LoadedDataset
@@ -78,7 +79,8 @@ def score(run: Path, method: str, args: argparse.Namespace) -> tuple[list[dict[s
 
 
 def run_facts(run: Path) -> dict[str, Any]:
-    """Wall time, stage-2 time, bytes sent up (label masks among them) and the run's own headline."""
+    """Wall time, stage-2 time, bytes sent up (label masks among them), the machine and the run's own
+    headline."""
     summary = json.loads((run / "summary.json").read_text())
     up = summary["communication"]["client->server"]
     rounds = read_jsonl(run / "metrics.jsonl")
@@ -89,6 +91,7 @@ def run_facts(run: Path) -> dict[str, Any]:
         "rounds_s": float(sum(r.get("round_time_s", 0.0) for r in rounds)),
         "up_bytes": up["total_bytes"],
         "label_bytes": up["per_kind"].get("label-masks", 0),
+        "machine": machine.describe(summary.get("machine")),
         "final": summary["final"],
     }
 

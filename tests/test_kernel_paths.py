@@ -1,0 +1,59 @@
+"""benchmarks/kernel_paths.py: one segmentation command through three kernel paths, each under its own
+environment and folders, and a record of each method's numbers per path with their spread."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import kernel_paths
+
+DICE = {"": 0.76, "avx2": 0.7957, "default": 0.70}  # by ATEN_CPU_CAPABILITY, as a run would score
+
+
+def _fake_tables(command, env, check):
+    """segmentation_tables.py as far as this script sees it: a Table 2 record in --results."""
+    results = Path(command[command.index("--results") + 1])
+    results.mkdir(parents=True, exist_ok=True)
+    kernels = env.get("ATEN_CPU_CAPABILITY", "")
+    site = {"dice": DICE[kernels], "hd95": 9.0, "real_dice_patient1": 0.4}
+    rows = {"centralized": {"sites": [site], "machine": f"Some CPU, 2 CPUs, {kernels or 'AVX512'} kernels"}}
+    (results / "segmentation_table2.json").write_text(json.dumps({"rows": rows}))
+    assert check
+
+
+def test_each_path_runs_under_its_kernels_and_the_record_shows_the_spread(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(
+        kernel_paths.subprocess, "run", lambda c, env, check: seen.append(c) or _fake_tables(c, env, check)
+    )
+    argv = ["--name", "t", "--out", str(tmp_path / "runs"), "--results", str(tmp_path), "--reuse", "--",
+            "--tables", "2", "--methods", "centralized", "--seed", "0"]  # fmt: skip
+    kernel_paths.main(argv)
+    assert [Path(c[c.index("--out") + 1]).name for c in seen] == ["native", "avx2", "sse41"]
+    assert all(c[-1] == "--reuse" for c in seen)
+    text = (tmp_path / "kernel_paths_t.md").read_text()
+    assert "| Centralized | Dice % | 76.00 | 79.57 | 70.00 | 9.57 |" in text
+    assert "| Centralized | HD95 px | 9.00 | 9.00 | 9.00 | 0.00 |" in text
+    assert "- avx2: Some CPU, 2 CPUs, avx2 kernels" in text
+    assert str(tmp_path) not in text  # the command without this machine's folders
+    record = json.loads((tmp_path / "kernel_paths_t.json").read_text())
+    assert record["paths"]["sse41"] == {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--name", "t"], "arguments after --"),
+        (["--name", "t", "--", "--tables", "2", "--out", "x"], "--out and --results are this script's"),
+        (["--name", "t", "--paths", "avx9", "--", "--tables", "2"], "--paths takes native, avx2, sse41"),
+    ],
+)
+def test_mistakes_are_one_line(argv, says, capsys):
+    with pytest.raises(SystemExit) as stop:
+        kernel_paths.parse(argv)
+    assert stop.value.code == 2 and says in capsys.readouterr().err
