@@ -7,7 +7,7 @@ and the ledger: the bytes each direction moved per content kind, per G-step (the
 the selected student's test quality.
 
     python benchmarks/fediod_dense_communication.py [--tasks segmentation,reconstruction]
-        [--variants pixel,patch,...] [--seeds 0] [--out /tmp/fediod_dense] [--reuse] [--tag TAG]
+        [--variants pixel,patch,...] [--seeds 0] [--out benchmarks/runs/fediod_dense] [--reuse] [--tag TAG]
 
 Writes benchmarks/results/fediod_dense_communication{_TAG}.{md,json}; with several seeds, also each
 variant's mean over them.
@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedistill.reproduce.paths import RUNS
 from fedistill.reproduce.reuse import reusable
 
 HERE = Path(__file__).resolve().parent
@@ -272,7 +273,9 @@ def main() -> None:
     )
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--out", default="/tmp/fediod_dense", help="parent folder of the run directories")
+    parser.add_argument(
+        "--out", default=str(RUNS / "fediod_dense"), help="parent folder of the run directories"
+    )
     parser.add_argument("--reuse", action="store_true", help="keep runs that already finished")
     parser.add_argument("--seeds", default="0", help="comma list of seeds, each variant on every one")
     parser.add_argument("--tag", default="", help="suffix of the result files")

@@ -48,7 +48,7 @@ from _common import (
 )
 from fedistill.algorithms.shared.selection import keep_if_best, nothing_selected
 from fedistill.engine.rundir import read_jsonl
-from fedistill.reproduce.paths import relative_to_checkout
+from fedistill.reproduce.paths import display_path
 
 # the digits demo's stabilisers and student budget (chosen there, not on these datasets)
 STABILISERS = ["fediod.preset='stable'"]
@@ -107,7 +107,7 @@ def cell(args: argparse.Namespace, dataset: str, alpha: str) -> dict[str, Any]:
     out = Path(args.out)
     fediod = fediod_curve(out / fediod_name / "fediod", args.iters)
     fedavg = fedavg_curve(out / f"{name}-fedavg" / "fedavg")
-    runs = f"{relative_to_checkout(out / name)}-{{{fediod_name.removeprefix(name + '-')},fedavg}}"
+    runs = f"{display_path(out / name, out)}-{{{fediod_name.removeprefix(name + '-')},fedavg}}"
     target = fediod["final"]["validated_accuracy"]
     first = next((p for p in fedavg["points"] if (p["test_accuracy"] or 0) >= target), None)
     fedavg["reaches_fediod_final"] = (

@@ -8,7 +8,7 @@ student's test accuracy; the paired difference compact - float32 is taken on the
 splits the `parameters` the server sends by message type (what they are for).
 
     python benchmarks/fediod_wire_encodings.py [--seeds 0,1] [--wires float32,compact] [--jobs 2]
-        [--out /tmp/fediod_wire] [--reuse]
+        [--out benchmarks/runs/fediod_wire] [--reuse]
 
 Writes benchmarks/results/fediod_wire_encodings.{md,json}; with other wires than float32,compact,
 benchmarks/results/fediod_wire_encodings_<wires>.{md,json}.
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fedistill.algorithms.fediod import wire as fediod_wires
+from fedistill.reproduce.paths import RUNS
 from fedistill.reproduce.reuse import reusable
 
 #: What the numbers mean; the report ends with it.
@@ -88,7 +89,7 @@ def run(seed: int, wire: str, out: Path, reuse: bool) -> dict[str, Any]:
     return {
         "seed": seed,
         "wire": wire,
-        "command": " ".join(command(seed, wire, out)),
+        "command": " ".join(command(seed, wire, Path("OUT"))),  # OUT: the --out given, no machine folder
         "test_accuracy": summary["test_accuracy"],
         "selected_epoch": summary["final"].get("selected_epoch"),
         "ensemble_accuracy": summary["final"].get("ensemble_accuracy"),
@@ -174,7 +175,9 @@ def main() -> None:
         "--wires", default=DEFAULT_WIRES, help="fediod.wire values; the first is the baseline"
     )
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--out", default="/tmp/fediod_wire", help="parent folder of the run directories")
+    parser.add_argument(
+        "--out", default=str(RUNS / "fediod_wire"), help="parent folder of the run directories"
+    )
     parser.add_argument("--reuse", action="store_true", help="keep runs that already finished")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]

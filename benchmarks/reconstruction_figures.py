@@ -2,6 +2,7 @@
 the models benchmarks/reconstruction_table.py trained (`fedistill.reproduce.reconstruction_figures`).
 
     python benchmarks/reconstruction_figures.py                 # after reconstruction_table.py
+    python benchmarks/reconstruction_figures.py --runs OUT      # the table ran with --out OUT
 
 Writes <results>/reconstruction_figure7.png (default benchmarks/results/).
 """

@@ -9,7 +9,7 @@ of the run process and all its descendants, sampled every `--sample-s` seconds: 
 engine that adds Ray's workers, raylet and GCS, with shared pages (Ray's object store) counted once.
 Round times come from each run's metrics.jsonl (`round_time_s`).
 
-    python benchmarks/scale_clients.py [--data-dir ../shared/data] [--out /tmp/scale-runs] \
+    python benchmarks/scale_clients.py [--data-dir ../shared/data] [--out benchmarks/runs/scale-runs] \
         [--cases fedavg,feddf,fediod,fedavg-simulation,feddf-simulation,fediod-simulation] \
         [--sizes 100,300,1000] [--fraction 0.1] \
         [--set fediod.sites_per_step=100 ...] [--append] [--device cuda]
@@ -38,7 +38,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from fediod_step_time import matmul_peak_gflops  # noqa: E402
-from fedistill.reproduce.arguments import check_device  # noqa: E402
+from fedistill.reproduce.arguments import check_device, shown_arguments  # noqa: E402
+from fedistill.reproduce.paths import RUNS  # noqa: E402
 
 RESULTS = HERE / "results"
 FEDIOD_SIZES = (100, 1000)  # FedIOD queries every site at every generator step: two sizes only
@@ -165,7 +166,7 @@ def sampled(row: dict) -> str:
 
 def write(args: argparse.Namespace, rows: list[dict], gflops: float) -> None:
     """The table and the raw rows."""
-    command = " ".join(["python benchmarks/scale_clients.py", *sys.argv[1:]])
+    command = " ".join(["python benchmarks/scale_clients.py", *shown_arguments(sys.argv[1:])])
     cpus = getattr(args, "cpus", None) or os.cpu_count()
     commands = args.earlier_commands if args.table_only else [*args.earlier_commands, command]
     command = commands[-1]  # a table rewritten from its rows keeps the command that measured them
@@ -237,7 +238,7 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--sample-s", type=float, default=0.5, help="memory sampling period")
-    parser.add_argument("--out", default="/tmp/scale-runs")
+    parser.add_argument("--out", default=str(RUNS / "scale-runs"))
     parser.add_argument("--results", default=str(RESULTS), help="where the table is written")
     parser.add_argument(
         "--device", default="cpu", help="every run's device; not cpu: files scale_clients_<device>"

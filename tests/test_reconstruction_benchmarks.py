@@ -23,6 +23,7 @@ from fedistill.config import RunConfig, build_config, load_toml, options_for
 from fedistill.engine import setup as runner
 from fedistill.machine import describe, machine
 from fedistill.reproduce import launch, reconstruction_figures, reconstruction_plan, reconstruction_report
+from fedistill.reproduce.paths import recorded_path
 from fedistill.reproduce.reconstruction_scores import Harness
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,10 +199,15 @@ def test_figure_draws_every_method_from_the_table(tiny_table):
     table = str(tiny_table / "results" / "reconstruction_table9.json")
     with pytest.raises(SystemExit):
         figures.parse_args(["--table", table, "--error-max", "0"])
-    out = figures.main(["--table", table, "--results", str(tiny_table / "figures")])
+    runs = str(tiny_table / "runs")  # the table's --out: it names its runs OUT/<run>/<algorithm>
+    assert all(m["run_dir"].startswith("OUT/") for r in json.loads(Path(table).read_text())["rows"]
+               for m in r.get("models") or [])  # fmt: skip
+    out = figures.main(["--table", table, "--results", str(tiny_table / "figures"), "--runs", runs])
     assert out.name == "reconstruction_figure7.png" and out.stat().st_size > 10_000
-    harness = Harness((ROOT / json.loads(Path(table).read_text())["rows"][1]["run_dir"]).resolve(), "")
-    columns = figures.reconstructions(json.loads(Path(table).read_text()), harness)
+    harness = Harness(
+        recorded_path(json.loads(Path(table).read_text())["rows"][1]["run_dir"], Path(runs)), ""
+    )
+    columns = figures.reconstructions(json.loads(Path(table).read_text()), harness, Path(runs))
     titles = [title for title, _ in columns]
     assert titles == [
         "Zero-filled",

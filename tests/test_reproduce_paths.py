@@ -4,6 +4,7 @@ folder or missing configs stop it with one line."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import tomllib
 from pathlib import Path
@@ -111,3 +112,32 @@ def test_a_wheel_built_from_an_explicit_package_list_ships_every_package_and_the
     assert set(listed) == found | {configs_package}
     assert setuptools["package-dir"][configs_package] == "configs"
     assert any(glob.endswith("*.toml") for glob in setuptools["package-data"][configs_package])
+
+
+#: What a folder of the machine that made a result looks like in a file (relative links between pages, such
+#: as `../../results/index.md`, are not folders of a machine).
+MACHINE_FOLDER = re.compile(r"(?<![\w.])/(?:tmp|work|home|root|Users)/|(?:\.\./)+tmp/")
+
+
+def test_no_published_result_or_page_names_a_folder_of_the_machine_that_made_it():
+    """Records cite runs as OUT/<run>/<algorithm> and commands without their folders (`display_path`,
+    `shown_arguments`): a record made in a scratch folder must not carry that folder into the repository."""
+    results = (REPOSITORY / "benchmarks" / "results").rglob("*")
+    published = [REPOSITORY / "README.md", *(REPOSITORY / "docs").rglob("*.md")]
+    published += [p for p in results if p.suffix in (".md", ".json")]
+    found = {
+        str(p.relative_to(REPOSITORY)): MACHINE_FOLDER.search(p.read_text(encoding="utf-8"))
+        for p in published
+    }
+    named = {path: match.group(0) for path, match in found.items() if match}
+    assert not named, named
+
+
+def test_a_run_outside_the_checkout_is_cited_under_out_and_read_back(tmp_path):
+    run = tmp_path / "runs" / "t9-x-fedavg" / "fedavg"
+    assert paths.display_path(run) == "OUT/t9-x-fedavg/fedavg"
+    assert paths.display_path(tmp_path / "runs" / "ttq-a", tmp_path / "runs") == "OUT/ttq-a"
+    assert paths.recorded_path("OUT/t9-x-fedavg/fedavg", tmp_path / "runs") == run
+    inside = REPOSITORY / "benchmarks" / "runs" / "x" / "fedavg"
+    assert paths.display_path(inside) == "benchmarks/runs/x/fedavg"
+    assert paths.recorded_path("benchmarks/runs/x/fedavg", tmp_path) == inside

@@ -133,7 +133,7 @@ def _fake_row(method: str, sites: int, keys: dict[str, float]) -> dict:
 def test_records_name_no_folder_of_the_machine(tables, tmp_path):
     """The recorded command leaves out the folders it read and wrote (both spellings), and a run outside
     the checkout is named under OUT, so a record carries no machine path."""
-    from fedistill.reproduce.segmentation_scores import display_path
+    from fedistill.reproduce.paths import display_path
 
     argv = ["--tables", "4", "--out", str(tmp_path / "runs"), f"--results={tmp_path}", "--data-dir",
             str(tmp_path), "--t4-iters", "10", "--set", "fediod.sites_per_step=2"]  # fmt: skip
@@ -261,8 +261,7 @@ def test_tables_and_figures_end_to_end_at_a_tiny_size(tables, tmp_path):
 
 
 def test_a_records_run_outside_the_repository_is_found_under_the_tables_out_folder(tmp_path):
-    from fedistill.reproduce.paths import CHECKOUT
-    from fedistill.reproduce.segmentation_scores import display_path, recorded_path
+    from fedistill.reproduce.paths import CHECKOUT, display_path, recorded_path
 
     run = recorded_path("OUT/seg2-x-fediod-1234/fediod", tmp_path)
     assert run == tmp_path / "seg2-x-fediod-1234" / "fediod"

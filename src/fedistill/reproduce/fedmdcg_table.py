@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fedistill.reproduce.launch import fedistill_run
-from fedistill.reproduce.paths import CONFIGS, relative_to_checkout
+from fedistill.reproduce.paths import CONFIGS, display_path
 from fedistill.reproduce.reuse import reusable
 from fedistill.reproduce.tables import write_table
 
@@ -103,7 +103,7 @@ def measured(run_dir: Path) -> dict[str, Any]:
         "global": None if global_acc is None else 100 * global_acc,
         "global_source": source,
         "wall_time_s": summary["wall_time_s"],
-        "run_dir": relative_to_checkout(run_dir),
+        "run_dir": display_path(run_dir),
     }
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from fedistill.engine.rundir import read_jsonl
 from fedistill.reproduce.fedmdcg_table import cell_name, config_key, run_cell
-from fedistill.reproduce.paths import CONFIGS, relative_to_checkout
+from fedistill.reproduce.paths import CONFIGS, display_path
 from fedistill.reproduce.tables import write_table
 
 VARIANTS: dict[str, list[str]] = {
@@ -72,7 +72,7 @@ def row(label: str, omega: float, run_dir: Path, reference: bool = False) -> dic
         "local_by_round": curve(run_dir),
         "global_oracle": None if oracle is None else 100 * oracle,
         "wall_time_s": summary["wall_time_s"],
-        "run_dir": relative_to_checkout(run_dir),
+        "run_dir": display_path(run_dir),
     }
 
 

@@ -24,7 +24,7 @@ from fedistill.algorithms.shared.distillation_data import dataset_source
 from fedistill.data.transforms import to_float
 from fedistill.privacy import pate
 from fedistill.reproduce.pate_teachers import Queries
-from fedistill.reproduce.paths import relative_to_checkout
+from fedistill.reproduce.paths import display_path
 from fedistill.reproduce.tables import write_table
 from fedistill.seeding import torch_generator
 
@@ -96,7 +96,7 @@ def write(
 ) -> list[str]:
     """`<results>/pate_fedkd_fediod_<dataset>.{md,json}`: both methods at every query count and epsilon,
     the paper's FedIOD number beside them; the Markdown's lines."""
-    shown = relative_to_checkout(args.run)
+    shown = display_path(Path(args.run))
     final = summary["final"]
     lines = [
         f"# FedKD and FedIOD under PATE, same teachers: {config.dataset}, K = {config.clients}, "

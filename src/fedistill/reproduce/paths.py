@@ -82,8 +82,34 @@ DATA = LAYOUT.data
 
 
 def relative_to_checkout(path: str | Path) -> str:
-    """``path`` as written from the checkout (``..`` where it lies outside), as result files cite runs."""
+    """``path`` as written from the checkout (``..`` where it lies outside): a user's own output folders.
+    A result file we publish cites its runs with `display_path` instead, which names no machine folder."""
     return os.path.relpath(path, CHECKOUT)
+
+
+def display_path(path: Path, out: Path | None = None) -> str:
+    """A run's folder as a result file cites it: relative to the repository when it lies inside it, else
+    `OUT/...` under the runs folder the command was given (`out`; without it the last two parts,
+    `OUT/<run>/<algorithm>`), so that no record names a folder of the machine that made it."""
+    try:
+        return str(path.resolve().relative_to(CHECKOUT))
+    except ValueError:
+        pass
+    if out is not None:
+        try:
+            return str(Path("OUT") / path.resolve().relative_to(Path(out).resolve()))
+        except ValueError:
+            pass
+    return f"OUT/{path.parent.name}/{path.name}"
+
+
+def recorded_path(text: str, runs: Path) -> Path:
+    """The inverse of `display_path`: `OUT/...` under `runs` (the command's `--out`), a relative path under
+    the repository."""
+    path = Path(text)
+    if path.parts and path.parts[0] == "OUT":
+        return Path(runs).joinpath(*path.parts[1:])
+    return path if path.is_absolute() else CHECKOUT / path
 
 
 def require_configs(configs: Path = CONFIGS) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from fedistill.reproduce.arguments import benchmark_parser
-from fedistill.reproduce.paths import CHECKOUT, RESULTS
+from fedistill.reproduce.paths import RESULTS, RUNS, recorded_path
 from fedistill.reproduce.reconstruction_plan import STEM
 from fedistill.reproduce.reconstruction_scores import Harness, client_states, saved_state
 
@@ -51,6 +51,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
     parser.add_argument("--slice", type=int, default=None, help="test slice of each source (default: middle)")
     parser.add_argument("--error-max", type=float, default=0.2, help="error colour scale, share of the max")
     parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--runs", default=str(RUNS / "reconstruction-table"),
+                        help="the table's --out: where runs the table names as OUT/... lie")  # fmt: skip
     args = parser.parse_args(argv)
     if not 0 < args.error_max <= 1:
         parser.error(f"--error-max must be in (0, 1], got {args.error_max}")
@@ -67,12 +69,12 @@ def pick(row: dict[str, Any], source: str, how: str) -> dict[str, Any] | None:
     return models[0] if models else None
 
 
-def load_model(entry: dict[str, Any], harness: Harness) -> Any:
+def load_model(entry: dict[str, Any], harness: Harness, runs: Path) -> Any:
     """A model from a run's export (`file`) or from its last checkpoint (`checkpoint_client`)."""
     from fedistill.algorithms.shared.training import new_model
     from fedistill.config import read_config
 
-    run_dir = (CHECKOUT / entry["run_dir"]).resolve()
+    run_dir = recorded_path(entry["run_dir"], runs).resolve()
     config = read_config(run_dir / "config.toml")
     if "file" in entry:
         state = saved_state(run_dir, Path(entry["file"]).stem)
@@ -83,7 +85,9 @@ def load_model(entry: dict[str, Any], harness: Harness) -> Any:
     return model.eval()
 
 
-def reconstructions(table: dict[str, Any], harness: Harness) -> list[tuple[str, dict[str, np.ndarray]]]:
+def reconstructions(
+    table: dict[str, Any], harness: Harness, runs: Path
+) -> list[tuple[str, dict[str, np.ndarray]]]:
     """(column title, {source: every test slice's reconstruction (N, H, W)}) for the columns there are."""
     from torch import nn
 
@@ -106,7 +110,7 @@ def reconstructions(table: dict[str, Any], harness: Harness) -> list[tuple[str, 
                 break
             key = json.dumps(entry, sort_keys=True)
             if key not in cache:
-                cache[key] = outputs(load_model(entry, harness))
+                cache[key] = outputs(load_model(entry, harness, runs))
             per_source[source] = cache[key]
         if len(per_source) == len(harness.site_names):
             columns.append((title, per_source))
@@ -181,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
 
         torch.set_num_threads(table["settings"]["threads"])
     first = next(m for r in table["rows"] for m in r.get("models") or [])
-    harness = Harness((CHECKOUT / first["run_dir"]).resolve(), args.data_dir)
-    out = draw(harness, reconstructions(table, harness), args)
+    harness = Harness(recorded_path(first["run_dir"], Path(args.runs)).resolve(), args.data_dir)
+    out = draw(harness, reconstructions(table, harness, Path(args.runs)), args)
     print(out)
     return out

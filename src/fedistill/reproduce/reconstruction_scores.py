@@ -16,7 +16,7 @@ from typing import Any
 
 from fedistill import machine
 from fedistill.federation.ledger import DOWN, UP
-from fedistill.reproduce.paths import relative_to_checkout
+from fedistill.reproduce.paths import display_path
 from fedistill.reproduce.reconstruction_plan import LABELS, run, run_specs
 
 
@@ -112,8 +112,8 @@ def sent(summary: dict[str, Any]) -> dict[str, int]:
 
 
 def rel(path: Path) -> str:
-    """A run folder as the table cites it: from the checkout."""
-    return relative_to_checkout(path)
+    """A run folder as the table cites it (`display_path`: no machine folder)."""
+    return display_path(path)
 
 
 def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -47,9 +47,9 @@ from fedistill.metrics.instances import instances_from_three_class
 from fedistill.metrics.segmentation import dice
 from fedistill.models.pix2pix import build_conditional_generator, one_hot_mask
 from fedistill.reproduce.arguments import benchmark_parser
-from fedistill.reproduce.paths import RESULTS, RUNS
+from fedistill.reproduce.paths import RESULTS, RUNS, recorded_path
 from fedistill.reproduce.segmentation_plan import LABELS, REAL_SCORING, SEMI
-from fedistill.reproduce.segmentation_scores import real_patients, recorded_path, saved_models
+from fedistill.reproduce.segmentation_scores import real_patients, saved_models
 from fedistill.seeding import derive_seed
 from fedistill.tasks import Task
 

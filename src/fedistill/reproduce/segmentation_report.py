@@ -18,8 +18,8 @@ from fedistill.algorithms.fediod import LEAN_SMALL_MASKS
 from fedistill.data.registry import load_dataset
 from fedistill.errors import ConfigError
 from fedistill.reproduce.arguments import shown_arguments
+from fedistill.reproduce.paths import display_path
 from fedistill.reproduce.segmentation_plan import LABELS, METHODS, SEMI, SENDING_LESS, Table
-from fedistill.reproduce.segmentation_scores import display_path
 from fedistill.reproduce.tables import write_table
 
 # The paper's numbers (FedIOD, AAAI 2024, arXiv:2312.14478): real BraTS 2018 T2 at 224 px and real

@@ -27,7 +27,7 @@ from fedistill.data.registry import load_dataset
 from fedistill.engine.checkpoint import latest_checkpoint, read_checkpoint
 from fedistill.engine.rundir import read_jsonl
 from fedistill.engine.setup import source_names
-from fedistill.reproduce.paths import CHECKOUT
+from fedistill.reproduce.paths import display_path
 from fedistill.reproduce.segmentation_plan import SAVED
 
 
@@ -121,21 +121,3 @@ def trained_on(run: Path, names: Sequence[str]) -> list[str]:
     """The source (group) most of each client's training data comes from, by the saved partition."""
     partition = json.loads((run / "partition.json").read_text())
     return [names[int(np.argmax(counts))] for counts in partition["train_counts"]]
-
-
-def display_path(path: Path) -> str:
-    """A run's folder relative to the repository when it lies inside it, else as `OUT/<run>/<algorithm>`
-    under the runs folder the command was given (no machine path in a record)."""
-    try:
-        return str(path.resolve().relative_to(CHECKOUT))
-    except ValueError:
-        return f"OUT/{path.parent.name}/{path.name}"
-
-
-def recorded_path(text: str, runs: Path) -> Path:
-    """The inverse of `display_path`: `OUT/<run>/<algorithm>` under `runs` (the command's `--out`), a
-    relative path under the repository."""
-    path = Path(text)
-    if path.parts and path.parts[0] == "OUT":
-        return Path(runs).joinpath(*path.parts[1:])
-    return path if path.is_absolute() else CHECKOUT / path
