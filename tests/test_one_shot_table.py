@@ -34,6 +34,10 @@ def test_the_table_divides_each_student_by_its_ensemble():
            "teachers_from_cache": 10.0, "wall_time_s": 3.0, "parameters_up": 1234}  # fmt: skip
     text = table.markdown([{"dataset": "mnist", "alpha": "0.1", "rows": {"dense": row}}], "cmd")
     assert "| mnist | 0.1 | dense | 60.00 | 80.00 | 0.750 | 0.800 | 10 | 1,234 | 3 | DENSE: 0.77" in text
+    assert "Machine: not recorded." in text  # a run older than the summary's machine
+    row["machine"] = "Some CPU, 2 CPUs, AVX2 kernels"
+    text = table.markdown([{"dataset": "mnist", "alpha": "0.1", "rows": {"dense": row}}], "cmd")
+    assert "Machine: Some CPU, 2 CPUs, AVX2 kernels." in text
 
 
 def test_kd_steps_give_dense_and_coboosting_a_longer_student_schedule_as_extra_rows():

@@ -80,3 +80,8 @@ def joined(descriptions: Iterable[str]) -> str:
 def of_summaries(summaries: Iterable[Mapping[str, Any]]) -> str:
     """The machines a set of runs' summaries came from (`joined`)."""
     return joined(describe(summary.get("machine")) for summary in summaries)
+
+
+def of_rows(rows: Iterable[Mapping[str, Any]]) -> str:
+    """The machines a result file's rows name (each row's `machine`, a `describe` line), `joined`."""
+    return joined(row.get("machine", NOT_RECORDED) for row in rows)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fedistill import machine
 from fedistill.engine.rundir import read_jsonl
 from fedistill.reproduce.launch import run_fedistill
 from fedistill.reproduce.tables import write_json
@@ -94,6 +95,7 @@ def row(args: Any, table: str, label: str, algorithm: str, model: str, sets: lis
         "table": table, "label": label, "algorithm": algorithm, "model": model, "alpha": alpha, "sets": sets,
         "test_accuracy": final["test_accuracy"], "full_precision": final.get("test_accuracy_full_precision"),
         "curve": [c for c in curve if c is not None], "wall_time_s": summary["wall_time_s"], "run": name,
+        "machine": machine.describe(summary.get("machine")),
     }  # fmt: skip
 
 
@@ -104,6 +106,8 @@ def markdown(rows: list[dict], args: Any, command: str) -> str:
         f"# FedDF's Tables 3, 4 and 5-8 (ablations), scaled down: {args.dataset}",
         "",
         f"Command: `{command}`",
+        "",
+        f"Machine: {machine.of_rows(rows)}.",
         "",
         f"K = {args.clients} (`{args.partition}` partition), C = {args.fraction}, {args.rounds} rounds x "
         f"{args.local_epochs} local epochs, seed {args.seed}; FedDF distils on "

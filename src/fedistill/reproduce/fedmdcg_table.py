@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fedistill import machine
 from fedistill.reproduce.launch import fedistill_run
 from fedistill.reproduce.paths import CONFIGS, display_path
 from fedistill.reproduce.reuse import reusable
@@ -104,6 +105,7 @@ def measured(run_dir: Path) -> dict[str, Any]:
         "global_source": source,
         "wall_time_s": summary["wall_time_s"],
         "run_dir": display_path(run_dir),
+        "machine": machine.describe(summary.get("machine")),
     }
 
 

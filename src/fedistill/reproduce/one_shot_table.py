@@ -24,6 +24,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from fedistill import machine
 from fedistill.reproduce.launch import PAPER_PRESET, run_fedistill
 from fedistill.reproduce.reuse import current
 from fedistill.reproduce.tables import write_json
@@ -104,6 +105,7 @@ def cell(args: Any, dataset: str, alpha: str) -> dict[str, Any]:
             "teachers_from_cache": final.get("teachers_from_cache"),
             "wall_time_s": summary["wall_time_s"],
             "parameters_up": summary["communication"]["client->server"]["per_kind"].get("parameters", 0),
+            "machine": machine.describe(summary.get("machine")),
         }
     return {"dataset": dataset, "alpha": alpha, "rows": rows}
 
@@ -125,6 +127,8 @@ def markdown(cells: list[dict[str, Any]], command: str) -> str:
         "# One-shot methods on identical teachers",
         "",
         f"Command: `{command}`",
+        "",
+        f"Machine: {machine.of_rows(r for c in cells for r in c['rows'].values())}.",
         "",
         "Every row of a cell distils (or averages) the same stage-1 models: one cache, and each summary's "
         "`teachers_from_cache` shows the hits. The ceiling is the teachers' ensemble as each method "

@@ -81,7 +81,7 @@ MERGE_FLAG = "--merge"
 
 def machines(rows: dict[str, dict[str, Any]]) -> str:
     """Which machine(s) the rows' runs came from: a row's numbers may not repeat on another CPU."""
-    return machine.joined(r.get("machine", machine.NOT_RECORDED) for r in rows.values())
+    return machine.of_rows(rows.values())
 
 
 def machine_line(rows: dict[str, dict[str, Any]]) -> str:
