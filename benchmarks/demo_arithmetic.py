@@ -33,6 +33,7 @@ from torch.utils.flop_counter import flop_registry
 from fedistill import cli
 from fedistill.federation.client import ClientLogic
 from fedistill.models.generator import Generator
+from fedistill.reproduce.arguments import shown_arguments
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DEMO, RESULTS, benchmark_parser
@@ -206,7 +207,7 @@ def main() -> None:
                 row |= {"wall_s": timed["wall_time_s"], "timed_test_accuracy": timed["test_accuracy"]}
             rows.append(row)
     payload = {
-        "command": " ".join(["python benchmarks/demo_arithmetic.py", *sys.argv[1:]]),
+        "command": " ".join(["python benchmarks/demo_arithmetic.py", *shown_arguments(sys.argv[1:])]),
         "seed": args.seed,
         "threads": args.threads,
         "matmul_gflops_1_thread": matmul_peak_gflops(),

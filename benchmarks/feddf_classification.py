@@ -26,6 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fedistill.reproduce.arguments import shown_arguments
 from fedistill.reproduce.reuse import kept
 
 HERE = Path(__file__).resolve().parent
@@ -159,7 +160,7 @@ def main() -> None:
 
 def write(args: argparse.Namespace, rows: list[dict]) -> None:
     stem = "feddf_distillation_data" if args.ablation else "feddf_classification"
-    command = " ".join(["python benchmarks/feddf_classification.py", *sys.argv[1:]])
+    command = " ".join(["python benchmarks/feddf_classification.py", *shown_arguments(sys.argv[1:])])
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "data_dir", "reuse")}
     path = RESULTS / f"{stem}.json"
     key = lambda r: (r["dataset"], r["alpha"], r["method"])  # noqa: E731

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS, add_seed_and_out, benchmark_parser, cell_name, run_fedistill
 from fedistill.engine.rundir import read_jsonl
+from fedistill.reproduce.arguments import shown_arguments
 
 DEFAULT_GROUPS = "lenet-fedmdcg,mlp,resnet8"
 
@@ -85,7 +86,7 @@ def main() -> None:
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run is its own process
         rows = list(pool.map(lambda spec: run(*spec), (("per-group FedAvg", False), (feddf_label, True))))
-    command = " ".join(["python benchmarks/feddf_heterogeneous.py", *sys.argv[1:]])
+    command = " ".join(["python benchmarks/feddf_heterogeneous.py", *shown_arguments(sys.argv[1:])])
     for row in rows:
         row["command"] = command
     stem = (

@@ -24,6 +24,7 @@ from __future__ import annotations
 import sys
 
 from _common import RESULTS, add_seed_and_out, benchmark_parser
+from fedistill.reproduce.arguments import shown_arguments
 from fedistill.reproduce.feddf_tables import TABLES, row, write
 
 
@@ -58,7 +59,7 @@ def main() -> None:
             for spec in TABLES[table]:
                 rows.append(row(args, *spec, alpha=alpha))
                 print(f"{spec[1]} (alpha {alpha}): {100 * rows[-1]['test_accuracy']:.2f}%", flush=True)
-    command = "python benchmarks/feddf_tables.py " + " ".join(sys.argv[1:])
+    command = " ".join(["python benchmarks/feddf_tables.py", *shown_arguments(sys.argv[1:])])
     print(write(rows, args, command, RESULTS))
 
 

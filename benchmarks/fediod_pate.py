@@ -42,6 +42,7 @@ from fedistill.algorithms.shared.training import evaluate_model
 from fedistill.config import read_config
 from fedistill.engine.setup import prepare_data
 from fedistill.privacy import pate
+from fedistill.reproduce.arguments import shown_arguments
 from fedistill.reproduce.pate_teachers import Queries, load_teachers, make_queries, train_student
 from fedistill.reproduce.paths import RESULTS, RUNS
 
@@ -195,7 +196,7 @@ def percent(accuracy: float | None) -> float | None:
 def write(
     args: argparse.Namespace, config: Any, queries: Queries, rows: list[dict[str, Any]], seconds: float
 ) -> None:
-    command = " ".join(["python benchmarks/fediod_pate.py", *sys.argv[1:]])
+    command = " ".join(["python benchmarks/fediod_pate.py", *shown_arguments(sys.argv[1:])])
     shown = os.path.relpath(args.run, HERE.parent)
     consensus = queries.votes.max(1) / queries.votes.sum(1)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS, add_fediod_run_options, cell_name, fediod_budget_sets, fediod_parser, run_fediod
+from fedistill.reproduce.arguments import shown_arguments
 
 
 def main() -> None:
@@ -54,7 +55,7 @@ def main() -> None:
 
 
 def write(results: list[dict], args: argparse.Namespace) -> None:
-    command = " ".join(["python benchmarks/fediod_privacy_utility.py", *sys.argv[1:]])
+    command = " ".join(["python benchmarks/fediod_privacy_utility.py", *shown_arguments(sys.argv[1:])])
     lines = [
         f"# FedIOD privacy-utility (Table 5 style): {args.dataset}, K = {args.clients}, alpha = {args.alpha:g}",
         "",

@@ -28,6 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
+from fedistill.reproduce.arguments import shown_arguments  # noqa: E402
 from flower_processes import deployment, round_times  # noqa: E402
 
 RESULTS = HERE / "results"
@@ -123,7 +124,7 @@ def write(args: argparse.Namespace, rows: list[dict]) -> None:
         ref = next((r for r in rows if r["transport"] == "inprocess" and r["run"] == row["run"]), None)
         row["x_inprocess"] = row["steady_round_s"] / ref["steady_round_s"] if ref else None
         row["same_accuracy"] = abs(row["test_accuracy"] - ref["test_accuracy"]) < 1e-5 if ref else None
-    command = " ".join(["python benchmarks/flower_speed.py", *sys.argv[1:]])
+    command = " ".join(["python benchmarks/flower_speed.py", *shown_arguments(sys.argv[1:])])
     lines = [
         f"# Transport speed: {args.dataset}, {args.nodes} clients/nodes, {args.model}",
         "",

@@ -109,7 +109,7 @@ def markdown(
 ) -> list[str]:
     paths = list(records)
     lines = [
-        f"# Table {table} through three kernel paths of one host: how far one seed moves between CPUs",
+        f"# Table {table} through {len(paths)} kernel path(s) of one host: how far one seed moves between CPUs",
         "",
         f"Command: `{command}`",
         "",

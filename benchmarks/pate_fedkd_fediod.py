@@ -38,6 +38,7 @@ import torch
 from fedistill.algorithms.shared.training import evaluate_model
 from fedistill.config import read_config
 from fedistill.engine.setup import prepare_data
+from fedistill.reproduce.arguments import shown_arguments
 from fedistill.reproduce.pate_comparison import gnmax_row, public_inputs, votes_on, write
 from fedistill.reproduce.pate_teachers import Queries, load_teachers, make_queries, train_student
 from fedistill.reproduce.paths import DATA, RESULTS, RUNS
@@ -103,7 +104,7 @@ def main() -> None:
                     flush=True,
                 )
     summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
-    command = " ".join(["python benchmarks/pate_fedkd_fediod.py", *sys.argv[1:]])
+    command = " ".join(["python benchmarks/pate_fedkd_fediod.py", *shown_arguments(sys.argv[1:])])
     seconds = time.perf_counter() - started
     print("\n".join(write(args, config, public_line, rows, summary, seconds, command, RESULTS)))
 

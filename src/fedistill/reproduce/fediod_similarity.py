@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from fedistill.machine import this_machine
+from fedistill.reproduce.arguments import shown_arguments
 from fedistill.reproduce.paths import DATA, RESULTS, RUNS
 from fedistill.reproduce.similarity_report import plot, reading, strict_json, write_markdown
 from fedistill.reproduce.similarity_study import (
@@ -64,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python benchmarks/fediod_similarity.py", *(sys.argv[1:] if argv is None else argv)])
+    command = " ".join(
+        ["python benchmarks/fediod_similarity.py", *shown_arguments(sys.argv[1:] if argv is None else argv)]
+    )
 
     by_dataset: dict[str, list[FedIODRun]] = {}
     for path in run_paths(args.run):
