@@ -47,7 +47,7 @@ docs: $(STAMP)  ## the documentation site: results pages refreshed from benchmar
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks docs
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

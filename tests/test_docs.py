@@ -145,6 +145,19 @@ def test_the_site_builds_strictly(tmp_path):
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    built = (tmp_path / "site" / "how-to" / "write-algorithm" / "index.html").read_text(encoding="utf-8")
+    assert "TrimmedMeanClient" in built  # the example file, pulled in by its snippet line
+
+
+def test_every_snippet_line_is_one_the_docs_build_reads():
+    """A mangled `--8<--` line (a formatter's `--8 < --"x"`) still builds, strictly, into a page that shows
+    the line instead of the file; every snippet line must be the exact form, naming a file that exists."""
+    for page in ROOT.joinpath("docs").rglob("*.md"):
+        for line in page.read_text(encoding="utf-8").splitlines():
+            if line.replace(" ", "").startswith("--8<--"):
+                found = re.fullmatch(r'--8<-- "([^":]+)(:\w+)?"', line)
+                assert found, f"{page}: {line}"
+                assert (ROOT / found.group(1)).is_file(), f"{page}: {line}"
 
 
 def test_every_page_in_docs_is_in_the_nav():
