@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 from pathlib import Path
 
 from fedistill.reproduce.arguments import (
@@ -29,6 +30,14 @@ from fedistill.reproduce.launch import (
 from fedistill.reproduce.paths import RESULTS
 
 HERE = Path(__file__).resolve().parent
+
+
+def head_commit() -> str:
+    """The checkout's short commit hash, as a record names the code that made it ("unknown" outside git)."""
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE, check=False
+    )
+    return done.stdout.strip() or "unknown"
 
 
 def add_budget_arguments(parser: argparse.ArgumentParser, set_help: str | None = None) -> None:
@@ -60,6 +69,7 @@ __all__ = [
     "check_shape",
     "fediod_budget_sets",
     "fediod_parser",
+    "head_commit",
     "resampled_shape",
     "run_fediod",
     "run_fedistill",

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,6 +46,7 @@ from _common import (
     add_seed_and_out,
     benchmark_parser,
     check_shape,
+    head_commit,
     run_fedistill,
     variant_flags,
     variant_suffix,
@@ -315,14 +315,6 @@ def machine(device: str, gflops: float, threads: int, runs: Sequence[Path] = ())
     return f"{os.cpu_count()} CPUs{card}; fp32 matmul {gflops:.1f} GFLOP/s at {threads} thread(s)"
 
 
-def commit() -> str:
-    """The checkout's short commit hash ("unknown" outside git)."""
-    done = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    )
-    return done.stdout.strip() or "unknown"
-
-
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Run every method (or keep it with `--reuse`) and read its curve; the whole result."""
     if args.demo:
@@ -406,7 +398,7 @@ def main() -> None:
             f"Runs done: {', '.join(result['runs'].values())}; no table without FedAvg (--methods fedavg,...)"
         )
         return
-    result |= {"command": command_line(args), "commit": commit(),
+    result |= {"command": command_line(args), "commit": head_commit(),
                "machine": machine(args.device, gflops, args.threads,
                                   [Path(args.out) / run for run in result["runs"].values()]),
                "matmul_peak_gflops": gflops, "note": args.note}  # fmt: skip

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _common import head_commit
 from fedistill.reproduce.paths import RUNS
 from fedistill.reproduce.reuse import reusable
 
@@ -249,14 +250,9 @@ def seed_means(task: str, rows: list[dict[str, Any]]) -> list[str]:
     return [*lines, ""]
 
 
-def git_commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE)
-    return done.stdout.strip() or "unknown"
-
-
 def write(rows: list[dict[str, Any]], argv: str, tag: str = "") -> list[str]:
     """Write the json and markdown results; the markdown's lines."""
-    payload = {"command": argv, "commit": git_commit(), "runs": rows}
+    payload = {"command": argv, "commit": head_commit(), "runs": rows}
     RESULTS.mkdir(exist_ok=True)
     stem = "fediod_dense_communication" + (f"_{tag}" if tag else "")
     (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")

@@ -26,15 +26,15 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from _common import head_commit
 from fedistill.data.base import LoadedDataset
 from fedistill.data.medical.brain_synthetic import SCAN_SCALES, SKULLS
 from fedistill.reproduce.arguments import benchmark_parser, shown_arguments
-from fedistill.reproduce.paths import CHECKOUT, RESULTS, RUNS
+from fedistill.reproduce.paths import RESULTS, RUNS
 from fedistill.reproduce.segmentation_plan import LABELS, Table, execute, plan, training_samples
 from fedistill.reproduce.segmentation_plan import parse as table_defaults
 from fedistill.reproduce.segmentation_report import REAL_SKULL, real_intensity_text
@@ -248,8 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows:
             if r["method"] == method:
                 r["chosen"] = r is best
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=CHECKOUT, check=False).stdout.strip() or "unknown"  # fmt: skip
+    commit = head_commit()
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     visibility = lesion_visibility(args)

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedistill.reference.demo_block import with_demo
 from fedistill.reference.headline import HEADLINE_END, HEADLINE_START, headline_markdown
 from fedistill.reference.provenance import provenance_lines
 
@@ -243,12 +244,12 @@ def results_pages(root: Path = ROOT) -> dict[str, str]:
 
 
 def readme_with_headline(readme: str, root: Path = ROOT) -> str:
-    """`readme` with the headline table between its marker comments replaced by a fresh one."""
+    """`readme` with the headline table and the demo block between their marker comments made afresh."""
     start, end = readme.find(HEADLINE_START), readme.find(HEADLINE_END)
     if start < 0 or end < start:
         raise ValueError(f"README.md lacks the markers {HEADLINE_START} ... {HEADLINE_END}")
     inner = "\n" + headline_markdown(root) + "\n"
-    return readme[: start + len(HEADLINE_START)] + inner + readme[end:]
+    return with_demo(readme[: start + len(HEADLINE_START)] + inner + readme[end:], root)
 
 
 def write_all(root: Path = ROOT) -> list[Path]:
