@@ -28,24 +28,22 @@ def demo_markdown(root: Path) -> str:
     fediod, fedavg, standalone = methods["fediod"], methods["fedavg"], methods["standalone"]
     gap = _accuracy(fedavg) - _accuracy(fediod)
     lead = f"{abs(gap):.1f} points {'ahead' if gap > 0 else 'behind'}" if abs(gap) >= 0.05 else "level"
-    return "\n".join([
-        GENERATED_NOTE,
-        "",
-        "```",
-        digits["terminal"].rstrip(),
-        "```",
-        "",
+    recorded = (
         f"(Recorded by `python benchmarks/demos.py` on {record['machine']}, commit `{record['commit']}`: "
-        f"{digits['process_s']:.0f} s from process start to exit. Float kernels differ between CPUs, so another "
-        "moves the digits a little; on one CPU and thread count a run repeats exactly.)",
+        f"{digits['process_s']:.0f} s from process start to exit. Float kernels differ between CPUs, so "
+        "another moves the digits a little; on one CPU and thread count a run repeats exactly.)"
+    )
+    ceiling = fediod["final"]["fraction_of_ensemble"]
+    said = (
         f"FedIOD's student, trained in one shot without a single parameter leaving a client, reaches "
-        f"{_accuracy(fediod):.1f}% ({fediod['final']['fraction_of_ensemble']:.2f} of its teachers' ensemble), "
-        f"where the clients' own models average {_accuracy(standalone):.0f}%; FedAvg, which sends the model "
-        f"both ways every round, is {lead} on this easy, well-mixed federation. In both directions FedIOD moved "
+        f"{_accuracy(fediod):.1f}% ({ceiling:.2f} of its teachers' ensemble), where the clients' own models "
+        f"average {_accuracy(standalone):.0f}%; FedAvg, which sends the model both ways every round, is "
+        f"{lead} on this easy, well-mixed federation. In both directions FedIOD moved "
         f"{fediod['all_bytes'] / 1e6:.1f} MB against FedAvg's {fedavg['all_bytes'] / 1e6:.1f} MB "
         f"({fediod['all_bytes'] / fedavg['all_bytes']:.1f} times), in "
-        f"{fediod['wall_time_s'] / fedavg['wall_time_s']:.1f} times FedAvg's time on the same cores.",
-    ])  # fmt: skip
+        f"{fediod['wall_time_s'] / fedavg['wall_time_s']:.1f} times FedAvg's time on the same cores."
+    )
+    return "\n".join([GENERATED_NOTE, "", "```", digits["terminal"].rstrip(), "```", "", recorded, said])
 
 
 def with_demo(readme: str, root: Path) -> str:
