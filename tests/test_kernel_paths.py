@@ -57,3 +57,35 @@ def test_mistakes_are_one_line(argv, says, capsys):
     with pytest.raises(SystemExit) as stop:
         kernel_paths.parse(argv)
     assert stop.value.code == 2 and says in capsys.readouterr().err
+
+
+def _fake_demos(command, env, check):
+    """benchmarks/demos.py as far as this script sees it: a demos record in --results."""
+    results = Path(command[command.index("--results") + 1])
+    results.mkdir(parents=True, exist_ok=True)
+    slower = {"": 1.0, "avx2": 1.2, "default": 3.0}[env.get("ATEN_CPU_CAPABILITY", "")]
+    methods = {
+        "fediod": {
+            "headline": "test_accuracy",
+            "final": {"test_accuracy": 0.95 * slower},
+            "wall_time_s": 30 * slower,
+        },
+        "fedavg": {"headline": "test_accuracy", "final": {"test_accuracy": 0.9667}, "wall_time_s": 4.0},
+    }
+    demos = {
+        "digits": {"machine": f"Some CPU, {env.get('ATEN_CPU_CAPABILITY') or 'AVX512'}", "methods": methods}
+    }
+    (results / "demos.json").write_text(json.dumps({"demos": demos}))
+
+
+def test_the_demos_through_the_paths_give_each_headline_time_and_time_ratio(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernel_paths.subprocess, "run", _fake_demos)
+    argv = ["--name", "d", "--script", "demos", "--out", str(tmp_path / "runs"), "--results", str(tmp_path),
+            "--", "--demos", "digits"]  # fmt: skip
+    kernel_paths.main(argv)
+    text = (tmp_path / "kernel_paths_d.md").read_text()
+    assert text.startswith("# The digits demo through 3 kernel path(s)")
+    assert "| fediod | accuracy | 95.00 | 114.00 | 285.00 | 190.00 |" in text
+    assert "| fedavg | run s | 4.00 | 4.00 | 4.00 | 0.00 |" in text
+    assert "| fediod / fedavg | run time ratio | 7.50 | 9.00 | 22.50 | 15.00 |" in text
+    assert "- sse41: Some CPU, default" in text

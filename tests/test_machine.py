@@ -42,3 +42,37 @@ def test_runs_of_two_machines_are_both_named_once_and_old_runs_as_not_recorded()
     assert machine.of_summaries([]) == machine.NOT_RECORDED
     gpu = machine.describe({**a, "gpu": "NVIDIA H200"})
     assert gpu == "AMD EPYC 9B14, 2 CPUs, AVX512 kernels, NVIDIA H200"
+
+
+def test_a_run_resumed_on_another_machine_names_both(tmp_path, monkeypatch):
+    """The checkpoint carries the machines a run has run on, so a run stopped on one machine and resumed
+    on another says so in its summary, summary.md and the results table."""
+    import errno
+    from pathlib import Path
+
+    import safetensors.torch
+
+    from fedistill.cli import main
+    from fedistill.engine import loop
+
+    real_save = safetensors.torch.save_file
+
+    def full_at_round_2(tensors, filename, metadata=None):
+        if ".round_00002" in str(filename):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(tensors, filename, metadata=metadata)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_at_round_2)
+    argv = ["run", "--algorithm", "fedavg", "--model", "small-cnn", "--clients", "3", "--rounds", "2",
+            "--device", "cpu", "--out", str(tmp_path), "--name", "r", "--quiet"]  # fmt: skip
+    assert main(argv) == 1  # stopped by the full disk after round 1's checkpoint
+    monkeypatch.setattr(safetensors.torch, "save_file", real_save)
+    other = {"cpu": "Other CPU", "cpus": 4, "kernels": "AVX2"}
+    monkeypatch.setattr(loop, "machine", lambda: other)
+    assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 0
+    summary = json.loads(Path(tmp_path / "r" / "fedavg" / "summary.json").read_text())
+    both = [machine.describe(machine.machine()), "Other CPU, 4 CPUs, AVX2 kernels"]
+    assert summary["machine"] == other and summary["machine_history"] == both
+    assert f"Machine: {both[0]} then {both[1]}" in (tmp_path / "r" / "fedavg" / "summary.md").read_text()
+    assert machine.of_summaries([summary]) == f"{both[0]} then {both[1]}"
+    assert machine.history_after(both, other) == both  # a second start on the same machine adds nothing

@@ -77,9 +77,23 @@ def joined(descriptions: Iterable[str]) -> str:
     return "; ".join(seen) if seen else NOT_RECORDED
 
 
+def of_summary(summary: Mapping[str, Any]) -> str:
+    """The machine a run's summary names; a run resumed on another machine names each, in order."""
+    history = summary.get("machine_history")
+    return " then ".join(history) if history else describe(summary.get("machine"))
+
+
 def of_summaries(summaries: Iterable[Mapping[str, Any]]) -> str:
     """The machines a set of runs' summaries came from (`joined`)."""
-    return joined(describe(summary.get("machine")) for summary in summaries)
+    return joined(of_summary(summary) for summary in summaries)
+
+
+def history_after(history: Iterable[str], found: Mapping[str, Any]) -> list[str]:
+    """The machines a run has run on, `found` (this start's) added unless it is the last one already: a
+    checkpoint carries the list, so a run resumed elsewhere keeps where each part of it ran."""
+    machines = list(history)
+    here = describe(found)
+    return machines if machines and machines[-1] == here else [*machines, here]
 
 
 def of_rows(rows: Iterable[Mapping[str, Any]]) -> str:

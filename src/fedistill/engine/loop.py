@@ -36,7 +36,7 @@ from fedistill.engine.tracking import start_tracking
 from fedistill.errors import ConfigError
 from fedistill.federation.fleet import Fleet
 from fedistill.federation.ledger import Ledger
-from fedistill.machine import machine
+from fedistill.machine import history_after, machine
 from fedistill.plots import plot_learning_curves, plot_partition
 from fedistill.transports.inprocess import InProcessFleet
 from fedistill.version import __version__, code_fingerprint
@@ -169,6 +169,7 @@ def _loop(
     fleet = _fleet(config, algorithm, clients, ledger, grid)
     # the versions of the code that starts the run, not of whatever is on disk when it ends
     ran_with, ran_on = versions(), machine()
+    machines_so_far = history_after(runner_state.get("machines", []), ran_on)  # this start's machine last
     started = time.perf_counter() - runner_state["elapsed"]  # wall time includes set-up (stage 1)
     if state:
         server.load_state_dict(state["server"])
@@ -229,6 +230,7 @@ def _loop(
                     "elapsed": time.perf_counter() - started,
                     "dropped": {str(k): v for k, v in fleet.dropped.items()},
                     "last_eval": last_eval,
+                    "machines": machines_so_far,
                 }
                 parts = {"runner": runner_state, "server": server.state_dict()}
                 parts |= {f"client_{cid:03d}": c.state_dict() for cid, c in clients.items()}
@@ -292,6 +294,7 @@ def _loop(
         "dropped_clients": {str(k): v for k, v in fleet.dropped.items()},
         "versions": ran_with,
         "machine": ran_on,  # the server's: in-process and on Flower's simulation, every site's too
+        **({"machine_history": machines_so_far} if len(machines_so_far) > 1 else {}),  # resumed elsewhere
     }
     write_summary(run_dir, summary)
     if tracking is not None:

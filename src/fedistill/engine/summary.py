@@ -133,7 +133,7 @@ def summary_markdown(s: dict[str, Any]) -> str:
         lines += ["", "## Dropped clients", ""]
         lines += [f"- client {c}: {why}" for c, why in s["dropped_clients"].items()]
     lines += ["", f"Versions: {', '.join(f'{k} {v}' for k, v in s['versions'].items())}"]
-    lines += [f"Machine: {machine.describe(s.get('machine'))}", ""]
+    lines += [f"Machine: {machine.of_summary(s)}", ""]
     return "\n".join(lines)
 
 
