@@ -95,7 +95,7 @@ def row(args: Any, table: str, label: str, algorithm: str, model: str, sets: lis
         "table": table, "label": label, "algorithm": algorithm, "model": model, "alpha": alpha, "sets": sets,
         "test_accuracy": final["test_accuracy"], "full_precision": final.get("test_accuracy_full_precision"),
         "curve": [c for c in curve if c is not None], "wall_time_s": summary["wall_time_s"], "run": name,
-        "machine": machine.describe(summary.get("machine")),
+        "machine": machine.of_summary(summary),
     }  # fmt: skip
 
 

@@ -105,7 +105,7 @@ def measured(run_dir: Path) -> dict[str, Any]:
         "global_source": source,
         "wall_time_s": summary["wall_time_s"],
         "run_dir": display_path(run_dir),
-        "machine": machine.describe(summary.get("machine")),
+        "machine": machine.of_summary(summary),
     }
 
 

@@ -105,7 +105,7 @@ def cell(args: Any, dataset: str, alpha: str) -> dict[str, Any]:
             "teachers_from_cache": final.get("teachers_from_cache"),
             "wall_time_s": summary["wall_time_s"],
             "parameters_up": summary["communication"]["client->server"]["per_kind"].get("parameters", 0),
-            "machine": machine.describe(summary.get("machine")),
+            "machine": machine.of_summary(summary),
         }
     return {"dataset": dataset, "alpha": alpha, "rows": rows}
 

@@ -91,7 +91,7 @@ def run_facts(run: Path) -> dict[str, Any]:
         "rounds_s": float(sum(r.get("round_time_s", 0.0) for r in rounds)),
         "up_bytes": up["total_bytes"],
         "label_bytes": up["per_kind"].get("label-masks", 0),
-        "machine": machine.describe(summary.get("machine")),
+        "machine": machine.of_summary(summary),
         "final": summary["final"],
     }
 
