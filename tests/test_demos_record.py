@@ -77,6 +77,13 @@ def test_the_readme_block_is_computed_from_the_record(tmp_path):
     assert "reaches 95.0% (0.99 of its teachers' ensemble)" in text and "average 61%" in text
     assert "is 1.7 points ahead" in text and "37.5 MB against FedAvg's 25.7 MB (1.5 times)" in text
     assert "in 6.9 times FedAvg's time" in text
+    assert "another moves the digits a little" in text  # no kernel-path record yet
+    values = {"native": 95.0, "avx2": 94.7222, "sse41": 95.8333}
+    rows = [{"method": "fediod", "metric": "test_accuracy", "values": values}]
+    kernels = tmp_path / "benchmarks" / "results" / "sweeps" / "kernel_paths_demo-digits.json"
+    kernels.parent.mkdir()
+    kernels.write_text(json.dumps({"sections": {"The digits demo": {"rows": rows}}}))
+    assert "FedIOD scored 94.72-95.83% through 3 kernel paths of one host" in demo_markdown(tmp_path)
     readme = f"top\n{DEMO_START}\nold numbers\n{DEMO_END}\nbottom\n"
     fresh = with_demo(readme, tmp_path)
     assert (
