@@ -21,6 +21,7 @@ from fedistill.errors import ConfigError
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.inference import TrainedModel
 from fedistill.inference.export import add_arguments, export_model, exported_module, run_command, verify
+from fedistill.machine import describe, machine
 from fedistill.models import build_model
 from fedistill.tasks import make_task
 
@@ -70,6 +71,7 @@ def test_default_export_is_safetensors_in_the_runs_export_folder_with_a_card(run
     assert card["final_metrics"] == summary["final"]
     assert card["differential_privacy"] is None
     assert card["versions"] == summary["versions"]
+    assert card["trained_on"] == describe(summary["machine"]) == describe(machine())
     assert card["git_commit"] is None or re.fullmatch(r"[0-9a-f]{40,64}", card["git_commit"])
     pre = card["preprocessing"]
     assert (pre["image_size"], pre["channels"]) == (8, 1)
@@ -77,6 +79,7 @@ def test_default_export_is_safetensors_in_the_runs_export_folder_with_a_card(run
     assert pre["class_names"] == [str(d) for d in range(10)]
     text = (path.parent / "model-card.md").read_text(encoding="utf-8")
     assert "## What left the sites" in text and "parameters" in text and summary["partition"]["hash"] in text
+    assert f"- trained on: {describe(machine())}" in text
 
 
 def test_onnx_classifier_equals_pytorch_on_the_test_set(run_dir, test_images, tmp_path):

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from fedistill import machine
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.inference.trained_model import TrainedModel
 
@@ -123,6 +124,7 @@ def model_card(
         "final_metrics": summary["final"],
         "differential_privacy": privacy(summary["final"]),
         "versions": summary.get("versions", {}),
+        "trained_on": machine.of_summary(summary),  # its numbers are this machine's (kernels round apart)
         "git_commit": git_commit(),
         "preprocessing": preprocessing(model),
         "check": check,
@@ -150,6 +152,7 @@ def card_markdown(card: dict[str, Any]) -> str:
         f"- partition: {part['method']} (alpha {part['alpha']}), hash `{part['hash']}`",
         f"- git commit: {card['git_commit'] or 'unknown (not a git checkout)'}",
         f"- versions: {', '.join(f'{k} {v}' for k, v in card['versions'].items())}",
+        f"- trained on: {card.get('trained_on', machine.NOT_RECORDED)}",
     ]
     if card["check"]:
         difference = card["check"]["max_abs_difference"]
