@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -62,9 +64,6 @@ def run_demo(name: str, args: argparse.Namespace) -> dict[str, Any]:
     folder = Path(args.out) / name
     timing = folder / "process.json"
     if not (args.reuse and timing.is_file()):
-        import shutil
-        import subprocess
-
         shutil.rmtree(folder, ignore_errors=True)  # `fedistill run` refuses to write over a run
         command = [sys.executable, "-m", "fedistill.cli", "run", *DEMOS[name], "--out", str(args.out),
                    "--name", name, "--quiet"]  # fmt: skip
