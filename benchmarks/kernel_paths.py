@@ -77,6 +77,15 @@ def parse(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, list[s
     return args, passed
 
 
+def path_environment(path: str) -> dict[str, str]:
+    """This process's environment with the path's kernel choice, and none inherited: `native` is what torch
+    picks, even when the command itself ran under a lowered path."""
+    inherited = {
+        k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+    }
+    return {**inherited, **PATHS[path]}
+
+
 def run_path(path: str, passed: Sequence[str], args: argparse.Namespace) -> Path:
     """The script under one path's kernels; the folder of the records it wrote."""
     folder = Path(args.out) / path
@@ -84,7 +93,7 @@ def run_path(path: str, passed: Sequence[str], args: argparse.Namespace) -> Path
     command = [sys.executable, str(HERE / f"{args.script}.py"), *passed, "--out", str(folder),
                "--results", str(results), *(["--reuse"] if args.reuse and "--reuse" not in passed else [])]  # fmt: skip
     print(f"kernel path {path}: {' '.join(command)}", flush=True)
-    subprocess.run(command, env={**os.environ, **PATHS[path]}, check=True)
+    subprocess.run(command, env=path_environment(path), check=True)
     return results
 
 

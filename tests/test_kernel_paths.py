@@ -20,6 +20,7 @@ def _fake_tables(command, env, check):
     results = Path(command[command.index("--results") + 1])
     results.mkdir(parents=True, exist_ok=True)
     kernels = env.get("ATEN_CPU_CAPABILITY", "")
+    assert env.get("ONEDNN_MAX_CPU_ISA", "") == {"": "", "avx2": "AVX2", "default": "SSE41"}[kernels]
     site = {"dice": DICE[kernels], "hd95": 9.0, "real_dice_patient1": 0.4}
     rows = {"centralized": {"sites": [site], "machine": f"Some CPU, 2 CPUs, {kernels or 'AVX512'} kernels"}}
     (results / "segmentation_table2.json").write_text(json.dumps({"rows": rows}))
@@ -27,6 +28,8 @@ def _fake_tables(command, env, check):
 
 
 def test_each_path_runs_under_its_kernels_and_the_record_shows_the_spread(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # run under a lowered path (make test-kernels): native
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # is still what torch picks, the cap not inherited
     seen = []
     monkeypatch.setattr(
         kernel_paths.subprocess, "run", lambda c, env, check: seen.append(c) or _fake_tables(c, env, check)
