@@ -68,7 +68,8 @@ def run_demo(name: str, args: argparse.Namespace) -> dict[str, Any]:
         command = [sys.executable, "-m", "fedistill.cli", "run", *DEMOS[name], "--out", str(args.out),
                    "--name", name, "--quiet"]  # fmt: skip
         started = time.perf_counter()
-        subprocess.run(command, check=True)
+        if subprocess.run(command, check=False).returncode:  # the run printed why
+            raise SystemExit(f"demos.py: the {name} demo failed; its run is in {folder}")
         timing.write_text(json.dumps({"process_s": time.perf_counter() - started}), encoding="utf-8")
     summaries = json.loads((folder / "results.json").read_text(encoding="utf-8"))  # in the run's order
     return {

@@ -93,7 +93,8 @@ def run_path(path: str, passed: Sequence[str], args: argparse.Namespace) -> Path
     command = [sys.executable, str(HERE / f"{args.script}.py"), *passed, "--out", str(folder),
                "--results", str(results), *(["--reuse"] if args.reuse and "--reuse" not in passed else [])]  # fmt: skip
     print(f"kernel path {path}: {' '.join(command)}", flush=True)
-    subprocess.run(command, env=path_environment(path), check=True)
+    if subprocess.run(command, env=path_environment(path), check=False).returncode:  # it printed why
+        raise SystemExit(f"kernel_paths.py: {args.script}.py failed under the {path} path; see above")
     return results
 
 

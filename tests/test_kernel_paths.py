@@ -4,6 +4,7 @@ environment and folders, and a record of each method's numbers per path with the
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,7 +25,8 @@ def _fake_tables(command, env, check):
     site = {"dice": DICE[kernels], "hd95": 9.0, "real_dice_patient1": 0.4}
     rows = {"centralized": {"sites": [site], "machine": f"Some CPU, 2 CPUs, {kernels or 'AVX512'} kernels"}}
     (results / "segmentation_table2.json").write_text(json.dumps({"rows": rows}))
-    assert check
+    assert not check  # the script reads the exit code itself, to stop with one line
+    return subprocess.CompletedProcess(command, 0)
 
 
 def test_each_path_runs_under_its_kernels_and_the_record_shows_the_spread(tmp_path, monkeypatch):
@@ -79,6 +81,7 @@ def _fake_demos(command, env, check):
         "digits": {"machine": f"Some CPU, {env.get('ATEN_CPU_CAPABILITY') or 'AVX512'}", "methods": methods}
     }
     (results / "demos.json").write_text(json.dumps({"demos": demos}))
+    return subprocess.CompletedProcess(command, 0)
 
 
 def test_the_demos_through_the_paths_give_each_headline_time_and_time_ratio(tmp_path, monkeypatch):
@@ -92,3 +95,13 @@ def test_the_demos_through_the_paths_give_each_headline_time_and_time_ratio(tmp_
     assert "| fedavg | run s | 4.00 | 4.00 | 4.00 | 0.00 |" in text
     assert "| fediod / fedavg | run time ratio | 7.50 | 9.00 | 22.50 | 15.00 |" in text
     assert "- sse41: Some CPU, default" in text
+
+
+def test_a_path_whose_run_fails_stops_with_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(
+        kernel_paths.subprocess, "run", lambda c, env, check: subprocess.CompletedProcess(c, 1)
+    )
+    with pytest.raises(SystemExit, match=r"segmentation_tables\.py failed under the native path"):
+        kernel_paths.main(
+            ["--name", "t", "--out", str(tmp_path), "--results", str(tmp_path), "--", "--tables", "2"]
+        )

@@ -202,6 +202,8 @@ def test_figure_draws_every_method_from_the_table(tiny_table):
     runs = str(tiny_table / "runs")  # the table's --out: it names its runs OUT/<run>/<algorithm>
     assert all(m["run_dir"].startswith("OUT/") for r in json.loads(Path(table).read_text())["rows"]
                for m in r.get("models") or [])  # fmt: skip
+    with pytest.raises(SystemExit, match="pass the table's --out as --runs"):
+        figures.main(["--table", table, "--results", str(tiny_table / "figures"), "--runs", str(tiny_table)])
     out = figures.main(["--table", table, "--results", str(tiny_table / "figures"), "--runs", runs])
     assert out.name == "reconstruction_figure7.png" and out.stat().st_size > 10_000
     harness = Harness(

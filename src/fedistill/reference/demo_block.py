@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fedistill.reference.markdown import between_markers
+
 #: The README's markers around the block; pymdownx.snippets section markers too, so the demos page shows
 #: the same block (`--8<-- "README.md:demo"`).
 DEMO_START = "<!-- --8<-- [start:demo] -->"
@@ -61,7 +63,4 @@ def demo_markdown(root: Path) -> str:
 
 def with_demo(readme: str, root: Path) -> str:
     """`readme` with the block between its markers replaced by a fresh one."""
-    start, end = readme.find(DEMO_START), readme.find(DEMO_END)
-    if start < 0 or end < start:
-        raise ValueError(f"README.md lacks the markers {DEMO_START} ... {DEMO_END}")
-    return readme[: start + len(DEMO_START)] + "\n" + demo_markdown(root) + "\n" + readme[end:]
+    return between_markers(readme, DEMO_START, DEMO_END, demo_markdown(root))

@@ -38,3 +38,12 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def between_markers(text: str, start: str, end: str, inner: str) -> str:
+    """`text` with what lies between its `start` and `end` marker lines replaced by `inner`; ValueError
+    naming the markers when they are missing or out of order."""
+    first, last = text.find(start), text.find(end)
+    if first < 0 or last < first:
+        raise ValueError(f"README.md lacks the markers {start} ... {end}")
+    return text[: first + len(start)] + "\n" + inner + "\n" + text[last:]

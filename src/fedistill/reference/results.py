@@ -16,6 +16,7 @@ from pathlib import Path
 
 from fedistill.reference.demo_block import with_demo
 from fedistill.reference.headline import HEADLINE_END, HEADLINE_START, headline_markdown
+from fedistill.reference.markdown import between_markers
 from fedistill.reference.provenance import provenance_lines
 
 #: The repository's root, when running from a checkout (src/fedistill/reference/results.py).
@@ -245,11 +246,8 @@ def results_pages(root: Path = ROOT) -> dict[str, str]:
 
 def readme_with_headline(readme: str, root: Path = ROOT) -> str:
     """`readme` with the headline table and the demo block between their marker comments made afresh."""
-    start, end = readme.find(HEADLINE_START), readme.find(HEADLINE_END)
-    if start < 0 or end < start:
-        raise ValueError(f"README.md lacks the markers {HEADLINE_START} ... {HEADLINE_END}")
-    inner = "\n" + headline_markdown(root) + "\n"
-    return with_demo(readme[: start + len(HEADLINE_START)] + inner + readme[end:], root)
+    with_headline = between_markers(readme, HEADLINE_START, HEADLINE_END, headline_markdown(root))
+    return with_demo(with_headline, root)
 
 
 def write_all(root: Path = ROOT) -> list[Path]:

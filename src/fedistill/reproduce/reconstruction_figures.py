@@ -184,6 +184,13 @@ def main(argv: Sequence[str] | None = None) -> Path:
         import torch
 
         torch.set_num_threads(table["settings"]["threads"])
+    named = {m["run_dir"] for r in table["rows"] for m in r.get("models") or []}
+    missing = sorted(d for d in named if not recorded_path(d, Path(args.runs)).is_dir())
+    if missing:  # the table ran with another --out: say so, not a missing config.toml
+        raise SystemExit(
+            f"reconstruction_figures: {len(missing)} of the table's runs ({missing[0]}, ...) are not under "
+            f"--runs {args.runs}; pass the table's --out as --runs"
+        )
     first = next(m for r in table["rows"] for m in r.get("models") or [])
     harness = Harness(recorded_path(first["run_dir"], Path(args.runs)).resolve(), args.data_dir)
     out = draw(harness, reconstructions(table, harness, Path(args.runs)), args)

@@ -58,7 +58,9 @@ def machines(outcomes: Sequence[Outcome]) -> str:
     return machine.of_summaries(summaries)
 
 
-def markdown(target: Target, scale: str, cells: Sequence[Check], outcomes: Sequence[Outcome]) -> list[str]:
+def markdown(
+    target: Target, scale: str, cells: Sequence[Check], outcomes: Sequence[Outcome], ran_on: str
+) -> list[str]:
     spec = target.scales[scale]
     columns = {c.key: c for c in target.columns_at(scale)}
     checked = "our recorded number at this scale" if spec.check == "ours" else "the paper's number"
@@ -90,7 +92,7 @@ def markdown(target: Target, scale: str, cells: Sequence[Check], outcomes: Seque
             f"{ours_text(cell, d)} | {number(cell.difference, d, sign=True)} | {number(cell.tolerance, d)} | "
             f"{MARKS[cell.verdict]} |"
         )
-    lines += ["", runs_line(outcomes), f"Machine: {machines(outcomes)}."]
+    lines += ["", runs_line(outcomes), f"Machine: {ran_on}."]
     failed = [o for o in outcomes if o.status == "failed"]
     if failed:
         lines += ["", "Runs that failed:", *(f"- {o.job.run} seed {o.job.seed}: {o.error}" for o in failed)]
@@ -98,7 +100,7 @@ def markdown(target: Target, scale: str, cells: Sequence[Check], outcomes: Seque
 
 
 def payload(
-    target: Target, scale: str, cells: Sequence[Check], outcomes: Sequence[Outcome]
+    target: Target, scale: str, cells: Sequence[Check], outcomes: Sequence[Outcome], ran_on: str
 ) -> dict[str, Any]:
     spec = target.scales[scale]
     return {
@@ -113,7 +115,7 @@ def payload(
             for c in target.columns_at(scale)
         ],
         "rows": [cell.as_dict() for cell in cells],
-        "machine": machines(outcomes),
+        "machine": ran_on,
         "runs": [
             {
                 "run": o.job.run,
@@ -132,8 +134,8 @@ def write_report(
     folder: Path, target: Target, scale: str, cells: Sequence[Check], outcomes: Sequence[Outcome]
 ) -> Path:
     """table.md, table.json and table.png in `folder`; the Markdown's path."""
-    path = write_table(
-        folder, "table", markdown(target, scale, cells, outcomes), payload(target, scale, cells, outcomes)
-    )
+    ran_on = machines(outcomes)  # read from the runs' summaries once, for both files
+    lines = markdown(target, scale, cells, outcomes, ran_on)
+    path = write_table(folder, "table", lines, payload(target, scale, cells, outcomes, ran_on))
     plot_checks(cells, target.columns_at(scale), folder / "table.png", title=f"{target.name} ({scale})")
     return path
