@@ -9,11 +9,16 @@ model is scored per test site (SSIM, PSNR per volume, fastMRI's evaluation) besi
 scored through the same task (with its data consistency where the variant applies it): a method that
 does not beat its own input on every site is flagged.
 
-    python benchmarks/reconstruction_residual_dc.py [--variants default,no-scale,no-augment,no-dc,no-residual,neither] \\
-        [--out benchmarks/runs/reconstruction-residual-dc] [--jobs 1] [--reuse] [--update-docs]
+With several `--seeds` every variant runs at each seed, and the record opens with each method's mean over
+the seeds and how often Centralized, the pooled-data ceiling, scored above FedIOD. The `no-truth` variant
+takes away what FedIOD's student learns beyond its teachers: G's own images with their known
+reconstructions (`fediod.truth_weight = 0`), data that no other method has.
 
-Writes benchmarks/results/reconstruction_residual_dc.{md,json}; --update-docs rewrites the reconstruction
-row of docs/getting-started/demos.md from the default variant's numbers.
+    python benchmarks/reconstruction_residual_dc.py [--variants default,no-scale,no-augment,no-dc,no-residual,neither] \\
+        [--seeds 0] [--tag TAG] [--out benchmarks/runs/reconstruction-residual-dc] [--jobs 1] [--reuse] [--update-docs]
+
+Writes benchmarks/results/reconstruction_residual_dc{_TAG}.{md,json}; --update-docs rewrites the
+reconstruction row of docs/getting-started/demos.md from the default variant's numbers at the first seed.
 """
 
 from __future__ import annotations
@@ -28,7 +33,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedistill.reproduce.arguments import benchmark_parser
+from _common import head_commit
+from fediod_step_time import matmul_peak_gflops
+from fedistill import machine
+from fedistill.reproduce.arguments import benchmark_parser, shown_arguments
 from fedistill.reproduce.paths import RESULTS, RUNS
 from fedistill.reproduce.reconstruction_scores import Harness, client_states, saved_state
 from fedistill.reproduce.reuse import kept
@@ -56,44 +64,60 @@ VARIANTS = {
         "none of the four (the task as it was)",
         ("task.residual=false", "task.data_consistency=false", "task.output_scale='none'", "augment='off'"),
     ),
+    "no-truth": (
+        "the defaults, FedIOD's student taught by its teachers only (no G image as its own truth)",
+        ("fediod.truth_weight=0",),
+    ),
 }
 
 
-def start_variant(name: str, sets: tuple[str, ...], out: Path, reuse: bool) -> subprocess.Popen | None:
-    """The demo with `sets`, as its own process (None when `reuse` finds its runs finished)."""
-    if reuse and kept(out / name / m / "summary.json" for m in METHODS):
+def run_folder(variant: str, seed: int) -> str:
+    """A (variant, seed)'s folder under `--out`: the variant's name at seed 0, as before seeds existed."""
+    return variant if seed == 0 else f"{variant}-seed{seed}"
+
+
+def start_variant(
+    name: str, seed: int, sets: tuple[str, ...], out: Path, reuse: bool
+) -> subprocess.Popen | None:
+    """The demo with `sets` at `seed`, as its own process (None when `reuse` finds its runs finished)."""
+    folder = run_folder(name, seed)
+    if reuse and kept(out / folder / m / "summary.json" for m in METHODS):
         return None
-    shutil.rmtree(out / name, ignore_errors=True)  # a run folder of the same name is replaced
+    shutil.rmtree(out / folder, ignore_errors=True)  # a run folder of the same name is replaced
     items = ["threads=1", *sets]
     return subprocess.Popen(
         [sys.executable, "-m", "fedistill.cli", "run", "--quiet", "--config", str(CONFIG), "--out", str(out),
-         "--name", name, *[x for s in items for x in ("--set", s)]]
+         "--name", folder, "--seed", str(seed), *[x for s in items for x in ("--set", s)]]
     )  # fmt: skip
 
 
-def run_variants(names: list[str], out: Path, reuse: bool, jobs: int) -> dict[str, float | None]:
-    """Every variant's demo, `jobs` at once; each one's wall time in seconds, kept beside its runs
-    (`wall_time_s.json`) so a reused variant still reports it (None when it has none)."""
-    walls: dict[str, float | None] = {}
-    running: dict[str, tuple[subprocess.Popen, float]] = {}
-    pending = list(names)
+def run_variants(
+    runs: list[tuple[str, int]], out: Path, reuse: bool, jobs: int
+) -> dict[tuple[str, int], float | None]:
+    """Every (variant, seed)'s demo, `jobs` at once; each one's wall time in seconds, kept beside its runs
+    (`wall_time_s.json`) so a reused one still reports it (None when it has none)."""
+    walls: dict[tuple[str, int], float | None] = {}
+    running: dict[tuple[str, int], tuple[subprocess.Popen, float]] = {}
+    pending = list(runs)
     while pending or running:
         while pending and len(running) < jobs:
-            name = pending.pop(0)
-            process = start_variant(name, VARIANTS[name][1], out, reuse)
+            name, seed = run = pending.pop(0)
+            process = start_variant(name, seed, VARIANTS[name][1], out, reuse)
             if process is None:
-                stored = out / name / WALL_FILE
-                walls[name] = json.loads(stored.read_text())["wall_time_s"] if stored.is_file() else None
+                stored = out / run_folder(name, seed) / WALL_FILE
+                walls[run] = json.loads(stored.read_text())["wall_time_s"] if stored.is_file() else None
             else:
-                running[name] = (process, time.perf_counter())
-        for name, (process, start) in list(running.items()):
+                running[run] = (process, time.perf_counter())
+        for run, (process, start) in list(running.items()):
             if process.poll() is not None:
+                label = f"{run[0]}, seed {run[1]}"
                 if process.returncode != 0:
-                    raise SystemExit(f"variant {name}: fedistill run failed ({process.returncode})")
-                walls[name] = time.perf_counter() - start
-                (out / name / WALL_FILE).write_text(json.dumps({"wall_time_s": walls[name], "jobs": jobs}))
-                print(f"{name}: done in {walls[name]:.0f} s", flush=True)
-                del running[name]
+                    raise SystemExit(f"variant {label}: fedistill run failed ({process.returncode})")
+                walls[run] = time.perf_counter() - start
+                stored = out / run_folder(*run) / WALL_FILE
+                stored.write_text(json.dumps({"wall_time_s": walls[run], "jobs": jobs}))
+                print(f"{label}: done in {walls[run]:.0f} s", flush=True)
+                del running[run]
         time.sleep(1)
     return walls
 
@@ -102,9 +126,10 @@ def per_site(metrics: dict[str, float], sites: list[str]) -> dict[str, dict[str,
     return {m: {s: float(metrics[f"{m}_{s}"]) for s in sites} for m in ("ssim", "psnr")}
 
 
-def measure(name: str, out: Path, data_dir: str, wall: float | None) -> dict[str, Any]:
-    """Every method's overall and per-site scores in one variant, and the zero-filled input's."""
-    harness = Harness(out / name / "fedavg", data_dir)
+def measure(name: str, seed: int, out: Path, data_dir: str, wall: float | None) -> dict[str, Any]:
+    """Every method's overall and per-site scores in one variant at one seed, and the zero-filled input's."""
+    folder = out / run_folder(name, seed)
+    harness = Harness(folder / "fedavg", data_dir)
     sites = harness.site_names
     zero = harness.zero_filled()
     rows: dict[str, Any] = {
@@ -116,7 +141,7 @@ def measure(name: str, out: Path, data_dir: str, wall: float | None) -> dict[str
         }
     }
     for method in METHODS:
-        run_dir = out / name / method
+        run_dir = folder / method
         summary = json.loads((run_dir / "summary.json").read_text())
         final = summary["final"]
         if method in ("standalone", "centralized"):
@@ -134,32 +159,82 @@ def measure(name: str, out: Path, data_dir: str, wall: float | None) -> dict[str
             "worst_margin": worst,
             "wall_time_s": float(summary.get("wall_time_s", 0.0)),
         }
-    return {"variant": name, "label": VARIANTS[name][0], "sets": list(VARIANTS[name][1]), "sites": sites,
-            "wall_time_s": wall, "rows": rows}  # fmt: skip
+    return {"variant": name, "seed": seed, "label": VARIANTS[name][0], "sets": list(VARIANTS[name][1]),
+            "sites": sites, "wall_time_s": wall, "rows": rows, "machine": machine.of_summary(summary)}  # fmt: skip
 
 
 def _saved(method: str) -> str:
     return "student" if method == "fediod" else "global"
 
 
-def markdown(results: list[dict[str, Any]]) -> list[str]:
+def over_seeds(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per variant: each method's mean (and spread) SSIM and PSNR over the seeds it ran, and at how many
+    seeds Centralized, the pooled-data ceiling, scored above FedIOD's student."""
+    summary = []
+    for variant in dict.fromkeys(r["variant"] for r in results):
+        runs = [r for r in results if r["variant"] == variant]
+        methods = {}
+        for method in ("zero-filled", *METHODS):
+            ssim = [r["rows"][method]["ssim"] for r in runs]
+            psnr = [r["rows"][method]["psnr"] for r in runs]
+            spread = statistics.stdev(ssim) if len(ssim) > 1 else 0.0
+            methods[method] = {
+                "ssim": statistics.fmean(ssim),
+                "ssim_std": spread,
+                "psnr": statistics.fmean(psnr),
+            }
+        above = sum(r["rows"]["centralized"]["ssim"] > r["rows"]["fediod"]["ssim"] for r in runs)
+        summary.append({"variant": variant, "label": runs[0]["label"], "seeds": [r["seed"] for r in runs],
+                        "methods": methods, "centralized_above_fediod": above})  # fmt: skip
+    return summary
+
+
+def markdown(results: list[dict[str, Any]], command: str, commit: str, gflops: float) -> list[str]:
+    seeds = sorted({r["seed"] for r in results})
     lines = [
         "# Reconstruction: residual and data consistency on the demo",
         "",
-        f"`python benchmarks/reconstruction_residual_dc.py`: {CONFIG.relative_to(ROOT)} at one torch thread, "
-        "seed 0, one run per variant. SSIM / PSNR dB on the test volumes (fastMRI's evaluation); per site: "
+        f"Command: `{command}` (commit `{commit}`). {CONFIG.relative_to(ROOT)} at one torch thread, "
+        f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, one run per variant and seed. "
+        "SSIM / PSNR dB on the test volumes (fastMRI's evaluation); per site: "
         "the site's test volumes (Standalone: the mean of the site models). `worst margin`: the smallest "
         "(method - zero-filled input) over the sites (and, for Standalone, over the site models); above 0: "
         "the method beats its own input everywhere.",
         "",
+        f"Machine: {machine.joined(r['machine'] for r in results)}; fp32 matmul {gflops:.1f} GFLOP/s at one "
+        "thread.",
+        "",
     ]
+    if len(seeds) > 1:
+        lines += [
+            "## Over the seeds",
+            "",
+            "Each method's SSIM averaged over the seeds (± their standard deviation) and PSNR; the last "
+            "column counts the seeds at which Centralized, trained on the pooled real slices, scored above "
+            "FedIOD's student.",
+            "",
+            "| variant | seeds | zero-filled | " + " | ".join(METHODS) + " | Centralized above FedIOD |",
+            "|---|---|---|" + "---|" * len(METHODS) + "---|",
+        ]
+        for row in over_seeds(results):
+            cells = [
+                f"{m['ssim']:.4f} ± {m['ssim_std']:.4f} / {m['psnr']:.2f}"
+                for m in (row["methods"][k] for k in ("zero-filled", *METHODS))
+            ]
+            lines.append(
+                f"| {row['variant']} | {len(row['seeds'])} | "
+                + " | ".join(cells)
+                + f" | {row['centralized_above_fediod']} of {len(row['seeds'])} |"
+            )
+        lines.append("")
     for result in results:
         sites = result["sites"]
         wall = result["wall_time_s"]
         methods_wall = sum(row.get("wall_time_s", 0.0) for row in result["rows"].values())
         process = "" if wall is None else f"; {wall:.0f} s for the whole `fedistill run`"
+        seed = f", seed {result['seed']}" if len(seeds) > 1 else ""
         lines += [
-            f"## {result['label']}",
+            f"## {result['label']}{seed}",
             "",
             f"`--set {' '.join(result['sets']) or '(none)'}`: {methods_wall:.0f} s for the four methods"
             f"{process}.",
@@ -211,7 +286,9 @@ def update_docs(row: str) -> None:
 
 def main() -> None:
     parser = benchmark_parser(__doc__)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(v for v in VARIANTS if v != "no-truth"))
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds; each variant runs at each")
+    parser.add_argument("--tag", default="", help="the record's name: reconstruction_residual_dc_TAG")
     parser.add_argument("--out", default=str(RUNS / "reconstruction-residual-dc"))
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--reuse", action="store_true", help="keep variants whose runs finished")
@@ -222,11 +299,20 @@ def main() -> None:
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"--variants: unknown {', '.join(unknown)} (valid: {', '.join(VARIANTS)})")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise SystemExit(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1,2") from None
     out = Path(args.out)
-    walls = run_variants(names, out, args.reuse, args.jobs)
-    results = [measure(name, out, args.data_dir, walls[name]) for name in names]
-    path = write_table(args.results, STEM, markdown(results), {"config": str(CONFIG.relative_to(ROOT)),
-                                                             "variants": results})  # fmt: skip
+    runs = [(name, seed) for seed in seeds for name in names]
+    walls = run_variants(runs, out, args.reuse, args.jobs)
+    results = [measure(name, seed, out, args.data_dir, walls[name, seed]) for name, seed in runs]
+    command = " ".join(["python", "benchmarks/reconstruction_residual_dc.py", *shown_arguments(sys.argv[1:])])
+    gflops = matmul_peak_gflops()
+    lines = markdown(results, command, head_commit(), gflops)
+    payload = {"config": str(CONFIG.relative_to(ROOT)), "command": command, "commit": head_commit(),
+               "matmul_peak_gflops": gflops, "over_seeds": over_seeds(results), "variants": results}  # fmt: skip
+    path = write_table(args.results, STEM + (f"_{args.tag}" if args.tag else ""), lines, payload)
     print(path)
     default = next((r for r in results if r["variant"] == "default"), None)
     if default is not None:
