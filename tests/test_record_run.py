@@ -1,0 +1,72 @@
+"""benchmarks/record_run.py: one `fedistill run` command's numbers in a record a page can cite, exactly as the
+run measured them, with the command, commit and machine, and no folder of the machine that made it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import record_run
+
+RUN = ["--algorithm", "centralized", "--rounds", "2", "--model", "small-cnn", "--set", "threads=1"]
+
+
+def test_the_record_holds_what_the_run_measured(tmp_path):
+    out, results = tmp_path / "runs", tmp_path / "results"
+    argv = ["probe", "--note", "A check.", "--out", str(out), "--results", str(results), "--", *RUN]
+    path = record_run.main(argv)
+
+    summary = json.loads((out / "probe" / "centralized" / "summary.json").read_text())
+    record = json.loads((results / "probe.json").read_text())
+    (centralized,) = record["algorithms"]
+    assert centralized["final"] == summary["final"]
+    assert len(centralized["by_round"]) == 2
+    assert centralized["by_round"][-1] == summary["final"]["test_accuracy"]
+    assert record["command"] == "fedistill run " + " ".join(RUN)  # nothing here needs quoting
+    assert record["machine"] and record["commit"]
+    text = path.read_text()
+    assert f"| centralized | accuracy | {100 * summary['final']['test_accuracy']:.2f} |" in text
+    assert "A check." in text and "--note 'A check.'" in record["recorded_with"]
+    assert str(tmp_path) not in text and str(tmp_path) not in (results / "probe.json").read_text()
+
+
+def test_reuse_keeps_a_finished_run_with_the_same_options_and_reruns_a_changed_one(tmp_path, monkeypatch):
+    folder = tmp_path / "runs" / "probe"
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text("[]")
+    (folder / "record_options.json").write_text(json.dumps({"options": RUN, "commit": "abc1234"}))
+    started = []
+    monkeypatch.setattr(record_run, "head_commit", lambda: "def5678")
+    monkeypatch.setattr(record_run.subprocess, "run", lambda *a, **k: started.append(a) or _failed())
+    common = ["probe", "--out", str(tmp_path / "runs"), "--reuse", "--"]
+    assert record_run.run(record_run.parse([*common, *RUN])) == (folder, "abc1234")  # the commit that ran it
+    assert not started
+    with pytest.raises(SystemExit, match="failed"):
+        record_run.run(record_run.parse([*common, *RUN[:-1], "threads=2"]))
+    assert started
+
+
+def _failed():
+    class Done:
+        returncode = 1
+
+    return Done()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["probe"], "after `--`"),
+        (["probe", "--", "--algorithm", "fedavg", "--out", "x"], "--out: the record chooses"),
+        (["probe", "--", "--name=x"], "--name=x: the record chooses"),
+        (["../probe", "--", "--rounds", "1"], "use letters"),
+    ],
+)
+def test_bad_commands_stop_with_what_to_do(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        record_run.parse(argv)
+    assert message in capsys.readouterr().err
