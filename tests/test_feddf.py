@@ -263,6 +263,24 @@ def test_generator_source_rebuilds_a_saved_generator_from_its_weights(tmp_path):
         dd.build_source(f"generator:{tmp_path / 'none.safetensors'}", bigger, data_dir=".", size=0, seed=0)
 
 
+@pytest.mark.parametrize("kind", ["noise", "dataset", "generator"])
+def test_every_source_hands_its_batches_to_the_run_s_device(kind, tmp_path, monkeypatch):
+    """On a GPU the teachers and the student live on the card: a batch left on the CPU stops the run.
+    `meta` stands in for the card (no data, only the device), with a `to` that records the move."""
+    info = _info(channels=1, size=8)
+    spec = {"noise": "noise", "dataset": "dataset:digits"}.get(kind)
+    if spec is None:
+        path = tmp_path / "generator.safetensors"
+        save_model(seeded(0, lambda: build_generator(info, latent_dim=8, width=4), "g"), path, {})
+        spec = f"generator:{path}"
+    source = dd.build_source(spec, info, data_dir="unused", size=50, seed=0)
+    on_cpu = source.batch(4, torch.Generator().manual_seed(0))
+    monkeypatch.setattr(dd.devices, "_current", torch.device("meta"))
+    moved = source.batch(4, torch.Generator().manual_seed(0))
+    assert on_cpu.device.type == "cpu" and moved.device.type == "meta"
+    assert moved.shape == on_cpu.shape and moved.dtype == on_cpu.dtype
+
+
 def test_a_saved_generator_records_its_upsamplings_and_loads_with_them(tmp_path):
     """The weights fix G's base grid, not how often it is upsampled: a G of 1 upsampling (4x4 -> 8x8)
     reloads as 8x8 from its file's metadata; a file without any (released weights) is the paper's 2."""

@@ -286,9 +286,12 @@ class GeneratorSource(DistillationSource):
 
     @torch.no_grad()
     def batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
-        """`size` samples of the frozen generator, fitted and normalised."""
+        """`size` samples of the frozen generator, fitted and normalised, on the run's device. The generator
+        stays where it was loaded (the CPU), so its latents come from the CPU seed and a run draws the same
+        samples on any device."""
         x01 = self.generator.forward_unit(self.generator.sample_latent(size, generator))
-        return normalize(fit_images(x01, self.info.channels, self.info.image_size), self.info)
+        fitted = fit_images(x01, self.info.channels, self.info.image_size)
+        return devices.on_device(normalize(fitted, self.info))
 
 
 def build_source(
