@@ -13,7 +13,8 @@ Round t (Algorithms 1 and 3 of the paper):
    improvement, and the best-on-validation student is kept. It goes back to that group next round.
 
 Defaults follow the released code where the paper is silent (notes section 3): AVGLOGITS with
-temperature 1 and no T^2 factor, Adam 1e-3, clipping at 5, batch 64. Two defaults are scaled for a
+temperature 1 and no T^2 factor, Adam 1e-3, clipping at 5, batch 64; one departs from it, measured, the
+student's BatchNorm (`student_bn`, below). Two defaults are scaled for a
 CPU and say so: `steps` = 500 (the paper: 10^4, early stop after 10^3) and `source` = `noise` (the
 paper distils on another real dataset, e.g. CIFAR-100 for CIFAR-10; noise is its worst case, chosen
 here only because it needs no files; use `dataset:fashion-mnist` for MNIST-size federations).
