@@ -6,12 +6,14 @@ same settings left in the stage-1 cache: `--cache-dir`), exactly as a run's stag
 class-share ensemble (n_kc^p / sum_j n_jc^p per class) of their raw logits and of their log-probabilities
 is scored for each power p on the images the partition holds out for validation (the union of the sites'
 validation splits) and on the test set. Eq. 8's density ratios are not part of it: they come from the
-discriminators of stage 2.
+discriminators of stage 2. `--label-shares counts,frequencies` scores both readings of Eq. 8's label term
+(`fediod.label_shares`): the sites' shares of each class's samples, or each site's class frequencies.
 
     python benchmarks/fediod_share_power.py --config configs/fediod-vs-fedavg/fediod-fashion-mnist-alpha0.1.toml \\
-        --seeds 0,1,2 --powers 0.25,0.5,0.75,1 [--cache-dir runs/reproduce/fediod-vs-fedavg-cpu/runs/.cache]
+        --seeds 0,1,2 --powers 0.25,0.5,0.75,1 [--label-shares counts] [--tag TAG] \\
+        [--cache-dir runs/reproduce/fediod-vs-fedavg-cpu/runs/.cache]
 
-Writes benchmarks/results/fediod_share_power_<dataset>-alpha<alpha>.{md,json}. One torch thread, as the
+Writes benchmarks/results/fediod_share_power_<dataset>-alpha<alpha>[_TAG].{md,json}. One torch thread, as the
 target's runs (a teacher trained at another thread count is another model, and is not the cached one).
 """
 
@@ -66,18 +68,19 @@ def teachers_and_data(config: RunConfig) -> tuple[list[torch.nn.Module], torch.T
     return teachers, server.federation.counts.float(), sets
 
 
-def scores(config: RunConfig, powers: list[float]) -> list[dict]:
-    """One row per (logits, power): the ensemble's accuracy % on each set."""
+def scores(config: RunConfig, powers: list[float], readings: list[str]) -> list[dict]:
+    """One row per (label shares, logits, power): the ensemble's accuracy % on each set."""
     teachers, counts, sets = teachers_and_data(config)
-    rows = {(mode, p): {"logits": mode, "power": p} for mode in LOGITS for p in powers}
+    keys = [(r, mode, p) for r in readings for mode in LOGITS for p in powers]
+    rows = {k: {"label_shares": k[0], "logits": k[1], "power": k[2]} for k in keys}
+    base = {"counts": counts, "frequencies": L.class_frequencies(counts)}
     for name, (x, y) in sets.items():
         with torch.no_grad():
             raw = torch.stack([t(x) for t in teachers])  # (K, N, C)
-        for mode in LOGITS:
+        for reading, mode, p in keys:
             logits = raw if mode == "raw" else raw.log_softmax(-1)
-            for p in powers:
-                ensemble = (L.class_share(counts**p)[:, None, :] * logits).sum(0)
-                rows[mode, p][name] = round(100 * float((ensemble.argmax(-1) == y).float().mean()), 2)
+            ensemble = (L.class_share(base[reading] ** p)[:, None, :] * logits).sum(0)
+            rows[reading, mode, p][name] = round(100 * float((ensemble.argmax(-1) == y).float().mean()), 2)
     return list(rows.values())
 
 
@@ -85,14 +88,16 @@ def table(runs: list[dict]) -> list[str]:
     """Mean over the seeds, then each seed, for every (logits, power)."""
     seeds = sorted({r["seed"] for r in runs})
     per_seed = " | ".join(f"seed {s} val / test" for s in seeds)
-    lines = [f"| logits | power | validation % (mean) | test % (mean) | {per_seed} |",
-             "|---" * (4 + len(seeds)) + "|"]  # fmt: skip
-    for mode, p in dict.fromkeys((r["logits"], r["power"]) for r in runs):
-        mine = [r for r in runs if (r["logits"], r["power"]) == (mode, p)]
+    lines = [f"| label shares | logits | power | validation % (mean) | test % (mean) | {per_seed} |",
+             "|---" * (5 + len(seeds)) + "|"]  # fmt: skip
+    row_key = lambda r: (r.get("label_shares", "counts"), r["logits"], r["power"])  # noqa: E731
+    for key in dict.fromkeys(row_key(r) for r in runs):
+        reading, mode, p = key
+        mine = [r for r in runs if row_key(r) == key]
         by_seed = {r["seed"]: r for r in mine}
         cells = " | ".join(f"{by_seed[s]['validation']:.2f} / {by_seed[s]['test']:.2f}" for s in seeds)
         lines.append(
-            f"| {mode} | {p:g} | {statistics.mean(r['validation'] for r in mine):.2f} "
+            f"| {reading} | {mode} | {p:g} | {statistics.mean(r['validation'] for r in mine):.2f} "
             f"| {statistics.mean(r['test'] for r in mine):.2f} | {cells} |"
         )
     return lines
@@ -103,6 +108,8 @@ def main() -> None:
     parser.add_argument("--config", required=True, help="a FedIOD config (its dataset, partition, teachers)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--powers", default="0.25,0.5,0.75,1")
+    parser.add_argument("--label-shares", default="counts", help="comma list of counts, frequencies")
+    parser.add_argument("--tag", default="", help="the record's name ends in _TAG")
     parser.add_argument("--cache-dir", default="", help="the stage-1 cache of runs with the same settings")
     parser.add_argument("--results", default=str(RESULTS))
     args = parser.parse_args()
@@ -115,20 +122,24 @@ def main() -> None:
         )
     if min(powers) <= 0:
         parser.error(f"every power must be > 0 (fediod.share_power), got {args.powers}")
+    readings = [r.strip() for r in args.label_shares.split(",") if r.strip()]
+    if not readings or set(readings) - {"counts", "frequencies"}:
+        parser.error(f"--label-shares takes counts and/or frequencies, got {args.label_shares!r}")
     torch.set_num_threads(1)
     runs = []
     for seed in seeds:
         keys = {"seed": seed, "data_dir": args.data_dir, "threads": 1, "device": "cpu"}
         try:
             config = build_config(RunConfig(), load_toml(args.config), keys | {"cache_dir": args.cache_dir})
-            runs += [{"seed": seed, **row} for row in scores(config, powers)]
+            runs += [{"seed": seed, **row} for row in scores(config, powers, readings)]
         except UserError as error:  # a missing config or data file, a bad key: one line, not a traceback
             parser.error(str(error))
         print(f"seed {seed} done", flush=True)
-    name = f"fediod_share_power_{config.dataset}-alpha{config.alpha:g}"
+    name = f"fediod_share_power_{config.dataset}-alpha{config.alpha:g}" + (f"_{args.tag}" if args.tag else "")
     command = "python benchmarks/fediod_share_power.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in (("config", args.config), ("seeds", args.seeds),
-                                                    ("powers", args.powers), ("cache_dir", args.cache_dir)) if v
+                                                    ("powers", args.powers), ("label_shares", args.label_shares),
+                                                    ("tag", args.tag), ("cache_dir", args.cache_dir)) if v
     )  # fmt: skip
     header = [
         f"# FedIOD's teachers' ensemble by class shares from the counts to a power ({config.dataset}, "
@@ -139,7 +150,9 @@ def main() -> None:
         "Each site's stage-1 teacher as a run of the config trains it (one torch thread); the class-share "
         "ensemble n_kc^p / sum_j n_jc^p of the teachers' raw logits or log-probabilities, scored on the "
         "partition's held-out validation images (the union of the sites' validation splits) and on the test "
-        "set. Power 1 is the paper's shares; `fediod.share_power` sets p.",
+        "set. Power 1 is the shares unchanged; `fediod.share_power` sets p. Label shares: counts, each site's "
+        "share of a class's samples (the default), or frequencies, each site's class frequency against the "
+        "other sites' (`fediod.label_shares`).",
         "",
     ]
     markdown = write_table(

@@ -211,15 +211,28 @@ def marginal_balance_loss(logits: torch.Tensor) -> torch.Tensor:
 def class_share(counts: torch.Tensor) -> torch.Tensor:
     """Client k's share of all class-c training samples, ``n_kc / sum_j n_jc``, shape ``(K, C)``.
 
-    This is the label term of Eq. 8 (``P_Y'_k(y) / P_Y'(y)`` up to a per-class constant that the
-    normalisation over k removes) and the released code's static weights. A class that no client holds
-    gets a uniform ``1/K`` column: there is no information to prefer any client, and it avoids 0/0.
+    This is the label term of Eq. 8 read as the paper's "number of samples from class c used to train the
+    model at the local node k", and the released code's static weights. It is ``pi_k P_Y'_k(c) / P_Y'(c)``
+    with ``pi_k = n_k / N``: the ratio the paper names, times the site's size, which the normalisation
+    over k does not remove (`class_frequencies` gives the ratio alone). A class that no client holds gets a
+    uniform ``1/K`` column: there is no information to prefer any client, and it avoids 0/0.
     """
     counts = _as_float(torch.as_tensor(counts))
     if counts.dim() != 2:
         raise ValueError(f"counts must have shape (K, C), got {tuple(counts.shape)}")
     _check_non_negative("counts", counts)
     return _normalise_over_k(counts)
+
+
+def class_frequencies(counts: torch.Tensor) -> torch.Tensor:
+    """Each client's class frequencies ``n_kc / n_k``, shape ``(K, C)``: with `class_share` on top, Eq. 8's
+    label term as the ratio ``P_Y'_k(c) / P_Y'(c)`` the paper says it corresponds to (normalised over k).
+    A client with no samples keeps a row of zeros."""
+    counts = _as_float(torch.as_tensor(counts))
+    if counts.dim() != 2:
+        raise ValueError(f"counts must have shape (K, C), got {tuple(counts.shape)}")
+    _check_non_negative("counts", counts)
+    return counts / counts.sum(dim=1, keepdim=True).clamp_min(1.0)
 
 
 def importance_weights(

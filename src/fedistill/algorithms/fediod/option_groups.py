@@ -148,6 +148,15 @@ class TeacherOptions:
     square roots let the class's smaller holders temper it (Fashion-MNIST, Dirichlet 0.1, K = 10: the
     class-share ensemble 80.75 / 74.83 / 79.53% on seeds 0 / 1 / 2 becomes 83.19 / 79.94 / 82.19%)."""
 
+    label_shares: str = "counts"
+    """What Eq. 8's label term compares, per class c: counts (default) | frequencies. The paper writes the
+    term as E|y'_k = c| / E_k|y'_k = c|, "acquired by ... the number of samples from class c used to train
+    the model at the local node k", and says it "corresponds to P_Y'k(y) / P_Y'(y)". counts reads the first:
+    n_kc / sum_j n_jc, site k's share of all class-c samples (the released code's class shares too).
+    frequencies reads the second: (n_kc / n_k) / sum_j (n_jc / n_j), the class's frequency at site k against
+    the others'. After the normalisation over the sites the two differ by the site's size: counts weigh a
+    large site more where two sites hold a class equally often, frequencies weigh them alike."""
+
     teacher_logits: str = "raw"
     """The teachers' logits before the ensemble (calibration.py): raw (default, the paper) | scaled (mixed
     architectures) | centred (one-class sites) | log-probabilities (each teacher's log-softmax: the ensemble

@@ -98,6 +98,7 @@ class FedIODOptions(
             "ensemble_combine": COMBINES,
             "ratio_resolution": RATIO_RESOLUTIONS,
             "pixel_logits": ("all", "margin"),
+            "label_shares": ("counts", "frequencies"),
         }
         check_choices("fediod", self, choices)
         if self.selection == "best-on-test" and self.preset != "official-code":

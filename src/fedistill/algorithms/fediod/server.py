@@ -57,6 +57,7 @@ class Federation:
     counts: torch.Tensor | None  # (K, C)
     teacher_val: dict[int, float] = field(default_factory=dict)
     share_power: float = 1.0  # `fediod.share_power`: the counts' power in the class shares
+    label_shares: str = "counts"  # `fediod.label_shares`: Eq. 8's label term from counts or frequencies
 
     def pi(self, clients: list[int]) -> torch.Tensor:
         """The weights of `clients` by their data sizes, summing to 1."""
@@ -64,11 +65,14 @@ class Federation:
         return sizes / sizes.sum()
 
     def share(self, clients: list[int], num_classes: int) -> torch.Tensor:
-        """Each of `clients`' share of every class (Eq. 8), from the counts raised to `share_power`;
-        uniform when the class counts were not collected."""
+        """Each of `clients`' share of every class (Eq. 8's label term), from the counts (or, with
+        `label_shares = "frequencies"`, each site's class frequencies) raised to `share_power`; uniform when
+        the class counts were not collected."""
         if self.counts is None:
             return torch.full((len(clients), num_classes), 1.0 / len(clients), device=self.sizes.device)
         counts = torch.stack([self.counts[self.clients.index(c)] for c in clients]).float()
+        if self.label_shares == "frequencies":
+            counts = L.class_frequencies(counts)
         return L.class_share(counts if self.share_power == 1.0 else counts**self.share_power)
 
 
@@ -202,6 +206,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             counts,
             {c: float(replies[c].scalar("metrics", self._teacher_val_metric)) for c in clients},
             options.share_power,
+            options.label_shares,
         )
         logits_choice = self._resolve_teacher_logits()
         per_client = [math.ceil(float(s) / options.synthetic_batch_size) for s in sizes]
@@ -332,5 +337,6 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             counts,
             {int(k): v for k, v in f["teacher_val"].items()},
             self.options.share_power,
+            self.options.label_shares,
         )
         self._resolve_teacher_logits()
