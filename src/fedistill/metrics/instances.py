@@ -8,14 +8,16 @@ torch): 0 is background, every other value one instance; label values carry no m
   matched to the object of the other map that it overlaps most (largest intersection; ties go to the
   partner giving the higher Dice), its Dice weighted by its share of its map's total object area; the
   truth-side and prediction-side sums are averaged. A prediction may serve several true objects.
-- :func:`aji`: the paper's Eq. 12 (Kumar et al. 2017, as Vu et al. 2019 use it). "Sorted and
-  non-repeated": true instances are visited in ascending label order, each takes the still unused predicted
-  instance of highest IoU, and a predicted instance once taken is not offered again (the MoNuSeg reference
-  code removes it from the map). A true instance left with no overlapping unused prediction adds only its
-  own area to the union (the reference code adds predicted instance 1 there, a known quirk not copied).
-  Predicted instances never taken add their areas to the union. So AJI does not depend on how predictions
-  are numbered, and depends on the numbering of the truth only when two true instances want the same
-  prediction (a merge): the lower label wins it, as in the reference.
+- :func:`aji`: the paper's Eq. 12 (Kumar et al. 2017, as Vu et al. 2019 use it), with the paper's
+  "sorted and non-repeated" matching: true instances are visited in ascending label order, each takes the
+  still unused predicted instance of highest IoU (equal IoU: the larger intersection, then the lower
+  label), and a predicted instance once taken is not offered again. Kumar et al.'s original lets one
+  prediction match several true instances; where a prediction merges two nuclei the two rules differ (by
+  a few AJI points on merged pairs), so these numbers compare with the paper's, not necessarily with
+  MoNuSeg's. A true instance left with no overlapping unused prediction adds only its own area to the
+  union; predicted instances never taken add their areas to the union. So AJI depends on how predictions
+  are numbered only on an exact tie in IoU and intersection, and on the numbering of the truth when two
+  true instances want the same prediction (a merge): the lower label wins it.
 - :func:`instances_from_semantic`: foreground probability (or mask) to instances, by connected components
   or by a watershed of the distance transform (touching nuclei become separate instances).
 - :func:`instances_from_three_class`: background / inside / contour probabilities (DCAN-style three-class

@@ -215,7 +215,9 @@ class Reconstruction(Task):
     ) -> dict[str, float]:
         """SSIM, PSNR, NMSE of output images (N, 1, H, W) per volume (`meta["subject"]`; each slice its own
         volume without it), averaged over volumes; `ssim_<source>` etc. per source when `groups` name each
-        slice's source."""
+        slice's source. Outputs are clipped at 0 first, as a magnitude image has no negative pixel
+        (fastMRI's evaluation does not clip; with data consistency, the default, the output is a magnitude
+        already and the clip changes nothing)."""
         n = len(data)
         if n == 0:
             return self.empty_metrics()
