@@ -14,7 +14,8 @@ Who computes what:
   ``spacing`` is given. MONAI takes the 95th percentile of each directed set of boundary distances
   (truth to prediction, prediction to truth) and reports the larger one, which is the paper's Eq. 13 with
   each ``sup`` replaced by a 95 % quantile (medpy's ``hd95`` instead pools both directions before taking the
-  percentile; the two agree on most shapes, not all).
+  percentile: never above MONAI's, equal on about half of random blob pairs, up to a quarter lower on
+  the rest).
 
 Empty-mask conventions (those of the BraTS evaluation, so that every image gets a number and means are
 over all images):
