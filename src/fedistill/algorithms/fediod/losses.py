@@ -386,8 +386,11 @@ def patch_scores(d_logits: torch.Tensor) -> torch.Tensor:
 def density_ratio(fake_scores: torch.Tensor, real_mean: float | torch.Tensor) -> torch.Tensor:
     """``D_k(x) / E_{x' in X'_k} D_k(x')`` (the second factor of Eq. 8), shape ``(B,)``.
 
-    It approximates ``P_X(x) / P_X'_k(x)``: how plausible the synthetic sample is under client k's data
-    relative to k's own real data. The denominator is floored at ``1e-6``.
+    The paper says it approximates ``P_X(x) / P_X'_k(x)`` (Eq. 7). A discriminator trained to tell k's
+    real data from G's samples grows with ``P_X'_k(x) / P_X(x)`` instead (the optimal one is
+    ``P_k / (P_k + P_G)``), so the ratio as Eq. 8 writes it, which this computes, weighs a teacher up where
+    the sample looks like its own data: the weight a mixture of experts gives its members, the inverse of
+    Eq. 7's derivation. The denominator is floored at ``1e-6``.
     """
     denominator = torch.as_tensor(real_mean, dtype=fake_scores.dtype, device=fake_scores.device)
     if bool(torch.isnan(denominator).any()):
