@@ -2,12 +2,13 @@
 
 A ResNet-8's logits are 2-5 times larger than a LeNet's on the same inputs, so in a sum of logits the
 larger-scaled teachers decide every sample, and in the heterogeneous Fashion-MNIST run the ensemble
-called almost every early synthetic sample one class. The calibrated logits are also what the server's terms
-of G's loss read (the disagreement term L_unique and the balance term, which the paper's Eqs. 4-5 take on
-the teachers' own outputs); each site's L_conf stays on its raw logits. `teacher_logits = "scaled"` divides each
+called almost every early synthetic sample one class. `teacher_logits = "scaled"` divides each
 teacher's logits by its mean per-sample standard deviation over the classes, taken over the batch and
 held constant (detached): within a teacher, confident and unsure samples keep their relative scale;
-across teachers, the scales match. `"raw"` (the paper) leaves the logits as the clients sent them.
+across teachers, the scales match. `"raw"` (the paper) leaves the logits as the clients sent them. The
+calibrated logits are also what the server's terms of G's loss read (the disagreement term L_unique and
+the balance term, which the paper's Eqs. 4-5 take on the teachers' own outputs); each site's L_conf stays
+on its raw logits.
 
 `"centred"` subtracts from each teacher's logit for each class its mean over the batch (held constant):
 a teacher then votes for a class only as far as a sample scores above that batch's average. It is meant
