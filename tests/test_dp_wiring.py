@@ -25,6 +25,9 @@ from fedistill.engine.setup import client_contexts, prepare_data
 from fedistill.errors import ConfigError
 from fedistill.federation.ledger import Ledger
 from fedistill.federation.messages import Message
+from fedistill.privacy.accounting import DPConfig
+from fedistill.privacy.budget import ClientBudget
+from fedistill.seeding import torch_generator
 from fedistill.transports.inprocess import InProcessFleet
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha")  # sigma ~ 0 probes
@@ -208,7 +211,9 @@ def test_fediod_budget_stop_at_the_right_step_ends_the_run_cleanly(tmp_path):
 
 
 def test_fediod_accountants_round_trip_through_resume(tmp_path, monkeypatch):
-    config = _fediod_config(dp_target_epsilon=4.0)
+    """Compared with a second, uninterrupted run, so the noise comes from the run seed here (`dp_noise_seed =
+    "run"`); with the default secret noise a resumed run reads its sites' secrets back (test below)."""
+    config = _fediod_config(dp_target_epsilon=4.0, dp_noise_seed="run")
     run_suite(config, tmp_path / "ref", progress=False)
     original = FedIODServer.run_round
 
@@ -356,8 +361,9 @@ def test_dp_over_flower_with_a_fresh_process_per_message_matches_in_process(tmp_
     from flower_local_grid import LocalGrid, run_on_grid
 
     layer = copy.deepcopy(TINY)
-    layer["fediod"].update(dp_noise_multiplier=1.3, dp_target_epsilon=50.0)
-    fedavg = {"dp_enabled": True, "dp_noise_multiplier": 1.0, "dp_clip_norm": 0.5}
+    # two runs compared: the noise from the run seed (the default secret noise differs between runs)
+    layer["fediod"].update(dp_noise_multiplier=1.3, dp_target_epsilon=50.0, dp_noise_seed="run")
+    fedavg = {"dp_enabled": True, "dp_noise_multiplier": 1.0, "dp_clip_norm": 0.5, "dp_noise_seed": "run"}
     config = build_config(
         RunConfig(), layer, {"algorithm": "fedavg,fediod", "model": "mlp", "fraction": 0.67, "fedavg": fedavg}
     )
@@ -376,3 +382,70 @@ def test_dp_over_flower_with_a_fresh_process_per_message_matches_in_process(tmp_
             key = f"epsilon_client_{k}"
             assert b["final"][key] == pytest.approx(a["final"][key], rel=1e-12) and a["final"][key] > 0
         assert b["final"]["test_accuracy"] == pytest.approx(a["final"]["test_accuracy"], abs=1e-6)
+
+
+# --------------------------------------------------------------------------------------------------
+# where the noise comes from (`dp_noise_seed`)
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("noise_seed", ["run", "secret"])
+def test_only_noise_from_the_run_seed_can_be_taken_off_by_the_server(noise_seed):
+    """The server knows the run seed, the client and the round. From them it regenerates noise seeded by the
+    run (`dp_noise_seed = "run"`) and recovers the clipped update exactly; the default secret noise it
+    cannot: what is left after taking off its guess is as large as the noise."""
+    clip, sigma = 0.05, 3.0
+    quiet, global_state = _fedavg_client(FedAvgClient, "fedavg", dp_noise_multiplier=1e-9, dp_clip_norm=clip)
+    clipped = _update(_train(quiet, global_state), global_state)
+    client, _ = _fedavg_client(
+        FedAvgClient, "fedavg", dp_noise_multiplier=sigma, dp_clip_norm=clip, dp_noise_seed=noise_seed
+    )
+    released = _update(_train(client, global_state), global_state)
+    known = torch_generator(client.ctx.config.seed, "dp-update", client.ctx.client_id, 1)
+    guess = torch.randn((released.numel(),), generator=known) * sigma * clip
+    left = float((released - guess - clipped).norm())
+    noise = sigma * clip * math.sqrt(released.numel())
+    if noise_seed == "run":
+        assert left < 1e-3 * clip
+    else:
+        assert left > 0.5 * noise
+
+
+def test_secret_noise_differs_between_clients_runs_and_repeated_rounds_and_survives_a_checkpoint():
+    """Each client draws its own secret; a round the server asks for twice gets fresh noise (the same
+    noise twice would cancel in the difference of the two releases); the client's state carries the
+    secret and the count of releases, so a restored client draws exactly the noise the original would."""
+    config = DPConfig(enabled=True, noise_multiplier=1.0)
+    a, b = ClientBudget(config, 0, run_seed=0), ClientBudget(config, 0, run_seed=0)
+    assert a.secret is not None and a.secret != b.secret
+    first, again = a.noise_generator("dp-update", 1), a.noise_generator("dp-update", 1)
+    assert not torch.equal(torch.randn(8, generator=first), torch.randn(8, generator=again))
+    restored = ClientBudget(config, 0, run_seed=0)
+    restored.load_state_dict(a.state_dict())
+    assert torch.equal(
+        torch.randn(8, generator=restored.noise_generator("dp-update", 2)),
+        torch.randn(8, generator=a.noise_generator("dp-update", 2)),
+    )
+    seeded = ClientBudget(DPConfig(enabled=True, noise_multiplier=1.0, noise_seed="run"), 3, run_seed=7)
+    assert seeded.secret is None
+    assert torch.equal(
+        torch.randn(8, generator=seeded.noise_generator("dp-update", 5)),
+        torch.randn(8, generator=torch_generator(7, "dp-update", 3, 5)),
+    )
+
+
+def test_the_secret_never_crosses_the_boundary(tmp_path):
+    """No message of a DP run carries the clients' secrets: the ledger's payloads hold none of their bytes
+    and no scalar equals one."""
+    clients, server, fleet, _ = _fediod(_fediod_config(dp_noise_multiplier=1.0))
+    server.distillation_step(fleet)
+    secrets_ = {c.budget.secret for c in clients.values()}
+    assert None not in secrets_ and len(secrets_) == len(clients)
+    for _, _, message in fleet.replies:
+        scalars = repr(message.scalars)
+        assert not any(str(s) in scalars for s in secrets_)
+
+
+def test_an_unknown_noise_seed_is_refused():
+    with pytest.raises(ConfigError, match="noise_seed"):
+        options_for(_fediod_config(dp_noise_multiplier=1.0, dp_noise_seed="public"), "fediod", FedIODOptions)

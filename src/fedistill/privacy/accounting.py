@@ -64,6 +64,13 @@ class PrivacyBudgetExceeded(UserError):
 # --------------------------------------------------------------------------------------------------
 
 
+#: Where a client's DP noise comes from: "secret", a seed the client draws from the operating system and
+#: never sends (the default: the server cannot reproduce the noise), or "run", the run seed (reproducible
+#: across runs and transports, for tests and for repeating a record; the server holds that seed, so it can
+#: regenerate the noise and take it off: no privacy against the server).
+NOISE_SEEDS = ("secret", "run")
+
+
 @dataclass(frozen=True)
 class DPConfig:
     """Differential-privacy options for what a client releases.
@@ -79,6 +86,7 @@ class DPConfig:
     target_epsilon: float = 0.0
     delta: float = 1e-5
     accountant: str = "rdp"
+    noise_seed: str = "secret"
 
     def validate(self) -> None:
         """Raise `ConfigError` naming the first invalid field, its value and what to use instead."""
@@ -86,6 +94,8 @@ class DPConfig:
             raise ConfigError(f"dp.enabled must be true or false, got {self.enabled!r}")
         if self.accountant not in ACCOUNTANTS:
             raise unknown_name("dp.accountant", self.accountant, list(ACCOUNTANTS), ConfigError)
+        if self.noise_seed not in NOISE_SEEDS:
+            raise unknown_name("dp.noise_seed", self.noise_seed, list(NOISE_SEEDS), ConfigError)
         _check_number("dp.clip_norm", self.clip_norm, "> 0", lambda x: x > 0)
         _check_number("dp.noise_multiplier", self.noise_multiplier, ">= 0", lambda x: x >= 0)
         _check_number("dp.target_epsilon", self.target_epsilon, ">= 0 (0 = not set)", lambda x: x >= 0)

@@ -15,15 +15,19 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from fedistill.errors import ConfigError
 from fedistill.federation import reply_spec
 from fedistill.federation.fleet import Reply
 from fedistill.federation.messages import Message
 from fedistill.privacy.accounting import ClientAccountant, DPConfig, PrivacyBudgetExceeded, calibrate_noise
+from fedistill.seeding import torch_generator
 
 __all__ = [
     "PRIVACY_QUERY",
@@ -61,6 +65,7 @@ class DPOptions:
     dp_target_epsilon: float = 0.0  # 0: not set
     dp_delta: float = 1e-5  # the delta of the (epsilon, delta) each client reports
     dp_accountant: str = "rdp"  # rdp | prv (Opacus' accountants)
+    dp_noise_seed: str = "secret"  # secret (each client's, never sent) | run (reproducible, not private)
 
     @property
     def dp(self) -> DPConfig:
@@ -72,6 +77,7 @@ class DPOptions:
             target_epsilon=self.dp_target_epsilon,
             delta=self.dp_delta,
             accountant=self.dp_accountant,
+            noise_seed=self.dp_noise_seed,
         )
 
     def validate_dp(self) -> None:
@@ -88,12 +94,34 @@ class DPOptions:
 
 
 class ClientBudget:
-    """One client's privacy: the noise it applies and what it has spent (an Opacus accountant)."""
+    """One client's privacy: the noise it applies, where that noise comes from, and what it has spent (an
+    Opacus accountant).
 
-    def __init__(self, config: DPConfig, client: int | str) -> None:
+    The Gaussian mechanism protects only against whoever cannot predict the noise. With ``noise_seed =
+    "secret"`` (the default) the client draws a seed from the operating system when it is created and
+    keeps it in its own state (its checkpoint, on its own side of the boundary; never in a message), and
+    every release takes the next stream of it, so no two releases share noise, not even a round the server
+    asks for twice. A resumed run reads the seed and the count back and draws the same noise. With
+    ``"run"`` the noise is derived from the run seed, the client and the step the server names: the same
+    on every run and transport, and regenerable by the server, which holds the run seed.
+    """
+
+    def __init__(self, config: DPConfig, client: int, run_seed: int) -> None:
         self.config = config
+        self.client = client
+        self.run_seed = run_seed
         self.accountant = ClientAccountant(client, config.accountant)
         self.noise: float | None = config.noise_multiplier or None  # None: not calibrated yet
+        self.secret = secrets.randbits(63) if config.noise_seed == "secret" else None
+        self.releases = 0  # noise streams drawn from the secret so far
+
+    def noise_generator(self, purpose: str, step: int) -> torch.Generator:
+        """The generator of one release's noise: from the client's secret and its count of releases, or
+        (``noise_seed = "run"``) from the run seed, the client and the server's `step`."""
+        if self.secret is None:
+            return torch_generator(self.run_seed, purpose, self.client, step)
+        self.releases += 1
+        return torch_generator(self.secret, purpose, self.releases)
 
     def noise_multiplier(self, sample_rate: float, planned_steps: int, scale: float = 1.0) -> float:
         """The noise multiplier to apply: the configured one, or, on first use, ``scale`` times the one
@@ -131,14 +159,23 @@ class ClientBudget:
         return self.accountant.epsilon(self.config.delta)
 
     def state_dict(self) -> dict[str, Any]:
-        """The accountant's history and the noise multiplier, so a resumed run spends the same budget."""
-        return {"accountant": self.accountant.state_dict(), "noise": self.noise}
+        """The accountant's history, the noise multiplier and the noise's secret seed and count, so a resumed
+        run spends the same budget with the same noise. This is the client's own state, never sent."""
+        return {
+            "accountant": self.accountant.state_dict(),
+            "noise": self.noise,
+            "secret": self.secret,
+            "releases": self.releases,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what `state_dict` saved."""
+        """Restore what `state_dict` saved (a state without a secret keeps the one drawn at creation)."""
         self.accountant.load_state_dict(dict(state["accountant"]))
         noise = state.get("noise")
         self.noise = None if noise is None else float(noise)
+        if self.secret is not None and state.get("secret") is not None:
+            self.secret = int(state["secret"])
+            self.releases = int(state.get("releases", 0))
 
 
 # --------------------------------------------------------------------------------------------------

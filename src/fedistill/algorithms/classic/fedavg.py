@@ -18,7 +18,10 @@ records the rounds since its last one, and `query.privacy` records the rounds af
 end. The amplification by ``q`` holds against whoever sees only the global models without knowing who
 took part; the server, which picks the clients, is not such an observer, so ``fraction = 1`` gives the
 bound that holds against it. Models with BatchNorm are refused under DP (their running statistics
-would leave unclipped and un-noised). With DP on, clients leave their training loss out of their metrics.
+would leave unclipped and un-noised). With DP on, clients leave their training loss out of their metrics;
+their sample counts (the averaging weights) and local step counts still travel un-noised. The noise comes
+from each client's secret seed (`dp_noise_seed = "secret"`, the default; fresh for every release) or from
+the run seed (`"run"`: reproducible, and regenerable by the server); see `ClientBudget`.
 """
 
 from __future__ import annotations
@@ -93,7 +96,7 @@ class FedAvgClient(ClientLogic):
         self.local = LocalModel(ctx.config, ctx.info, model_name)  # built per round: idle sites hold none
         self.training = LocalTraining.from_config(ctx.config, ctx.info)
         dp = dp_of(ctx.options)
-        self.budget = ClientBudget(dp, ctx.client_id) if dp is not None else None
+        self.budget = ClientBudget(dp, ctx.client_id, ctx.config.seed) if dp is not None else None
         self.accounted_round = 0  # DP: the last round this client's accountant has recorded
         if self.budget is not None and has_batchnorm(self.model):
             raise ConfigError(
@@ -177,7 +180,7 @@ class FedAvgClient(ClientLogic):
         assert self.budget is not None and self.budget.noise is not None
         names = [k for k, v in trained.items() if v.is_floating_point()]
         update = torch.cat([(trained[k] - received[k].to(trained[k].dtype)).flatten() for k in names])
-        noise = torch_generator(self.ctx.config.seed, "dp-update", self.ctx.client_id, round)
+        noise = self.budget.noise_generator("dp-update", round)
         update = sanitize_sum(update[None], self.budget.config.clip_norm, self.budget.noise, noise)
         out, start = dict(trained), 0
         for k in names:

@@ -24,8 +24,10 @@ tensor, the gradient of batch-mean losses (about 1/B of a per-sample loss gradie
 * ``"d-step"`` (default): the D-step's use of real data is a subsampled Gaussian mechanism with
   sample rate ``q_k = B / n_k`` (the real batch over the client's data size) and the applied noise
   multiplier, one accountant step per D-step (one per G-step). This is DP-CGAN's accounting, which the
-  paper cites; it is exact for a discriminator trained with DP-SGD. Here D_k carries unnoised state
-  from step to step, so it measures the cost the way the paper reports it, not a worst-case bound.
+  paper cites, for a discriminator trained with DP-SGD on Poisson-sampled batches. Here the D-step is
+  not noised, D_k carries its state from step to step, T_k is trained without DP, and the real batch is
+  a fixed-size draw from a stream the server can derive: the figure measures the cost the way the paper
+  reports it and is no differential-privacy bound on what the site sends.
 * ``"release"``: the worst case for the gradient channel (GS-WGAN's bound without discriminator
   subsampling). Each `query.backprop` releases B clipped per-sample gradients; removing one real
   record may change D_k and so every one of them, each by up to 2C: an L2 sensitivity of
@@ -34,8 +36,13 @@ tensor, the gradient of batch-mean losses (about 1/B of a per-sample loss gradie
 
 Neither covers T_k's logits (`query.generate`, `query.student`; the paper applies PATE to local
 outputs, `fedistill.privacy.pate`), Eq. 8's density ratios (from D_k and the mean score on the real
-batch), stage 1 (teacher training, label and sample counts) or the validation accuracies used for
-model selection. With DP on, clients leave their real-batch D-loss out of their metrics.
+batch), the G-loss and entropy each `query.generate` reply reports (D_k's and T_k's outputs on the
+synthetic batch), stage 1 (teacher training, label and sample counts) or the validation accuracies used
+for model selection. With DP on, clients leave their real-batch D-loss out of their metrics.
+
+*Noise.* Drawn from the client's secret seed (`dp_noise_seed = "secret"`, the default: the server cannot
+regenerate it) or from the run seed (`"run"`: reproducible, and removable by the server); see
+`fedistill.privacy.budget.ClientBudget`.
 
 *Budget.* ``dp_target_epsilon`` with no noise multiplier calibrates the noise once per client
 (`calibrate_noise`) for the planned number of G-steps, which the server sends. A client whose next
@@ -125,7 +132,9 @@ class FedIODClient(ClientLogic):
         self.pending: tuple[torch.Tensor, ...] | TogetherPending | None = None
         self.pending_inputs: dict[str, Any] = {}  # what rebuilds `pending` in another process
         self.student_specs: dict[str, ArraySpec] | None = None  # what evaluate.student must carry
-        self.budget = ClientBudget(self.options.dp, ctx.client_id) if self.options.dp_enabled else None
+        self.budget = (
+            ClientBudget(self.options.dp, ctx.client_id, ctx.config.seed) if self.options.dp_enabled else None
+        )
         self.wire = wire_encodings(self.options.wire)  # stage 2's replies: the encoding of each kind
         self.evaluation_wire = evaluation_encodings(self.options.wire)  # the teachers' test outputs
 
@@ -330,9 +339,7 @@ class FedIODClient(ClientLogic):
             (grad,) = torch.autograd.grad(linearised, x)
         if self.budget is not None:  # the sanitisation point: every per-sample gradient that leaves
             assert self.budget.noise is not None
-            noise = torch_generator(
-                self.ctx.config.seed, "dp-input-gradients", self.ctx.client_id, self.pending_inputs["step"]
-            )
+            noise = self.budget.noise_generator("dp-input-gradients", self.pending_inputs["step"])
             grad = sanitize_per_sample(grad, self.options.dp_clip_norm, self.budget.noise, noise)
         self.pending, self.pending_inputs = None, {}
         return Message.build("query.backprop", arrays={"input-gradients": {"x": grad}}, encodings=self.wire)

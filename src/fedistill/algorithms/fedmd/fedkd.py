@@ -13,7 +13,8 @@ Set-up, once:
    `votes`, uint8 (N, C)): a one-hot vote for its top class (`output = "one-hot"`, the default), or
    its softmax probabilities quantised to `bits` bits (`output = "probs"`), rounded by largest
    remainder so that each sample's levels sum to exactly 2^bits - 1. `client_noise` > 0 first adds
-   N(0, client_noise^2) to each probability (a local randomisation, not accounted).
+   N(0, client_noise^2) to each probability (a local randomisation, not accounted; drawn from the run
+   seed, so reproducible and regenerable by the server: no privacy against it).
 3. The server sums the votes per image (probabilities as level / (2^bits - 1)) and labels each public
    image with GNMax, the noisy plurality argmax_j (n_j + N(0, sigma^2)) of PATE
    (`fedistill.privacy.pate`); sigma = 0 is the plain plurality (ties to the lower class).
