@@ -449,3 +449,13 @@ def test_the_secret_never_crosses_the_boundary(tmp_path):
 def test_an_unknown_noise_seed_is_refused():
     with pytest.raises(ConfigError, match="noise_seed"):
         options_for(_fediod_config(dp_noise_multiplier=1.0, dp_noise_seed="public"), "fediod", FedIODOptions)
+
+
+def test_a_round_asked_for_again_is_accounted_again():
+    """An honest server asks for each round once; a round asked for twice is a second release and costs a
+    second step, not nothing."""
+    client, global_state = _fedavg_client(FedAvgClient, "fedavg", dp_noise_multiplier=1.0)
+    _train(client, global_state, round=1)
+    once = client.budget.epsilon()
+    _train(client, global_state, round=1)
+    assert client.budget.epsilon() > once

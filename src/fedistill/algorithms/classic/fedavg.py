@@ -164,12 +164,14 @@ class FedAvgClient(ClientLogic):
 
     # --- differential privacy (module docstring) ---------------------------------------------------
     def _spend(self, round: int, *, enforce: bool) -> dict[str, float]:
-        """Record the rounds since the last recorded one (sample rate m / K); refuse past the target."""
+        """Record the rounds since the last recorded one (sample rate m / K); refuse past the target. A
+        release (`enforce`) records at least one step: a round the server asks for again is a new release."""
         assert self.budget is not None
         config = self.ctx.config
         rate = sampling_rate(config.fraction, config.clients)
         noise = self.budget.noise_multiplier(rate, config.rounds)
-        epsilon = self.budget.spend(noise, rate, max(0, round - self.accounted_round), enforce=enforce)
+        steps = max(1 if enforce else 0, round - self.accounted_round)
+        epsilon = self.budget.spend(noise, rate, steps, enforce=enforce)
         self.accounted_round = max(self.accounted_round, round)
         return {"epsilon": epsilon, "noise_multiplier": noise}
 
