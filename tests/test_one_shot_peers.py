@@ -195,6 +195,22 @@ def test_the_server_reweights_once_per_pool_batch_with_a_decaying_step():
     assert [metrics["ensemble_weight_0"], metrics["ensemble_weight_1"]] == pytest.approx([0.525, 0.475])
 
 
+def test_the_reweighting_makes_one_pass_over_the_pool_whatever_the_students_kd_steps():
+    """With `kd_steps` = 200 the student takes 200 random batches; the re-weighting still takes one step per
+    batch of one pass (here one batch: the same weights as without kd_steps), not 200 steps that would
+    drive the weights to the bounds of [0, 1]."""
+    weights = []
+    for kd_steps in (0, 200):
+        server = _hand_server(
+            CoBoostingServer, kd_batch_size=2, kd_steps=kd_steps, reweight_lr=0.1, reweight_decay=0.5
+        )
+        server.pool.add(X, LABELS)
+        metrics = server._after_synthesis(2)
+        weights.append([metrics["ensemble_weight_0"], metrics["ensemble_weight_1"]])
+        assert len(server.pool_batches(torch.Generator().manual_seed(0))) == (kd_steps or 1)
+    assert weights[0] == pytest.approx([0.525, 0.475]) and weights[1] == pytest.approx(weights[0])
+
+
 # --- options --------------------------------------------------------------------------------------------
 def test_both_train_their_local_models_as_fediod_by_default():
     assert (

@@ -7,8 +7,10 @@ data and the ensemble improving each other at the server. Its own steps follow t
   (1 - p_E(y_i | x_i))^h (`hard_power` h = 1, the code's ``--hs``; the weight carries no gradient), so G
   works hardest on the samples the ensemble finds hard.
 * Ensemble re-weighting (`reweight`). The ensemble is sum_k w_k f_k(x) / sum_k w_k with w_k = 1/K at
-  the start. From the second epoch on, after synthesis, one pass over the pool (`reweight_passes`) takes
-  one signed-gradient step per batch on the pool's samples and their sampled labels:
+  the start. From the second epoch on, after synthesis, one pass over the pool (`reweight_passes`; the
+  student's `kd_steps` does not change it) takes one signed-gradient step per batch on the pool's samples
+  and their sampled labels (the pool includes the epoch's new batch; the released code re-weights before
+  adding it):
   w <- clip(w - mu * decay^e * sign(d CE(sum_k w_k f_k(x) / sum_k w_k, y) / dw), 0, 1)
   (e the 0-based epoch; `reweight_lr` mu = 0.01, `reweight_decay` 0.99). Weights that help the ensemble
   on the synthetic (hard) samples grow. The code's extra bound |w - w_start| <= 1 is implied by [0, 1].
@@ -160,8 +162,8 @@ class CoBoostingServer(DenseServer):
         if o.reweight and epoch > 0:
             rng = torch_generator(self.ctx.config.seed, "coboosting-reweight", epoch)
             step = o.reweight_lr * o.reweight_decay**epoch
-            for _ in range(o.reweight_passes):
-                for index in self.pool_batches(rng):
+            for _ in range(o.reweight_passes):  # whole passes, whatever the student's `kd_steps`
+                for index in self.one_pass(rng):
                     x, targets = self.pool.take(index)
                     with torch.no_grad():
                         logits = self.teacher_logits(x)

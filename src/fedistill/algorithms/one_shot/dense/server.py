@@ -251,12 +251,17 @@ class DenseServer(ServerLogic):
         return x
 
     def pool_batches(self, rng: torch.Generator) -> list[torch.Tensor]:
-        """Index batches over the pool: one shuffled pass (`kd_steps` = 0, the code) or `kd_steps` random
-        batches. A last batch of one sample is left out (BatchNorm needs two)."""
+        """The student's index batches over the pool: one shuffled pass (`kd_steps` = 0, the code) or
+        `kd_steps` random batches."""
         o, n = self.options, len(self.pool)
         if o.kd_steps:
             return [torch.randint(n, (o.kd_batch_size,), generator=rng) for _ in range(o.kd_steps)]
-        batches = list(torch.randperm(n, generator=rng).split(o.kd_batch_size))
+        return self.one_pass(rng)
+
+    def one_pass(self, rng: torch.Generator) -> list[torch.Tensor]:
+        """Index batches of one shuffled pass over the pool. A last batch of one sample is left out
+        (BatchNorm needs two)."""
+        batches = list(torch.randperm(len(self.pool), generator=rng).split(self.options.kd_batch_size))
         return [b for b in batches if len(b) > 1]
 
     def _distil(self, epoch: int) -> dict[str, float]:
