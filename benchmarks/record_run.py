@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     payload = {
         "name": args.name,
         "note": args.note,
-        "command": shlex.join(["fedistill", "run", *args.run]),
+        "command": shlex.join(["fedistill", "run", *shown_arguments(args.run)]),  # no folder of this machine
         "recorded_with": shlex.join(["python", "benchmarks/record_run.py", *shown_arguments(args.argv)]),
         "commit": commit,
         "machine": of_summaries(summaries),

@@ -13,11 +13,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import record_run
 
 RUN = ["--algorithm", "centralized", "--rounds", "2", "--model", "small-cnn", "--set", "threads=1"]
+DATA = ["--data-dir", "data"]  # a folder of this machine: the run reads it, the record leaves it out
 
 
 def test_the_record_holds_what_the_run_measured(tmp_path):
     out, results = tmp_path / "runs", tmp_path / "results"
-    argv = ["probe", "--note", "A check.", "--out", str(out), "--results", str(results), "--", *RUN]
+    argv = ["probe", "--note", "A check.", "--out", str(out), "--results", str(results), "--", *RUN, *DATA]
     path = record_run.main(argv)
 
     summary = json.loads((out / "probe" / "centralized" / "summary.json").read_text())
