@@ -221,7 +221,9 @@ class DenseServer(ServerLogic):
 
     def generator_terms(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         """L_G's terms on a synthetic batch (dense/losses.py); the batch-norm term sums over every
-        BatchNorm layer of every teacher, as DENSE's code."""
+        BatchNorm layer of every teacher, as DENSE's paper and README describe. (Its released code hooks
+        `net.modules()` of an ensemble that keeps its models in a plain list, which reaches no BatchNorm
+        layer, so there the term is zero whatever its weight.)"""
         o = self.options
         with contextlib.ExitStack() as stack:
             hooks = (
