@@ -464,6 +464,14 @@ def test_emnist_letters_in_zip(tmp_path: Path) -> None:
         load_dataset("emnist-letters", tmp_path)  # the fake zip is not the official one
 
 
+def test_emnist_unzipped_as_released_is_found_in_its_gzip_folder(tmp_path: Path) -> None:
+    """Unpacking the release's gzip.zip in emnist/ makes emnist/gzip/; the loose files are found there."""
+    files, (x, _) = _emnist_files("balanced", 0)
+    write_folder(tmp_path / "emnist" / "gzip", files)
+    ds = load_dataset("emnist-balanced", tmp_path)
+    assert torch.equal(ds.train.x[:, 0], torch.from_numpy(x).transpose(1, 2))
+
+
 # ---------------------------------------------------------------- image-folder
 
 

@@ -16,6 +16,7 @@ from scipy.io import savemat
 from conftest import SHARED_DATA
 from fedistill.data.medical import brain_synthetic, lesions
 from fedistill.data.medical.aperio import read_instances
+from fedistill.data.medical.nuclei_sets import read_rgb
 from fedistill.data.medical.patches import (
     extract_patches,
     patch_starts,
@@ -24,6 +25,7 @@ from fedistill.data.medical.patches import (
     stitch_by_meta,
     stitch_instances,
 )
+from fedistill.data.medical.volumes import read_volume
 from fedistill.data.registry import dataset_names, describe_files, load_dataset
 from fedistill.errors import ConfigError, DataError
 
@@ -325,6 +327,39 @@ def test_tnbc_patients_split_and_connected_components(tmp_path):
     (tmp_path / "tnbc" / "GT_02" / "02_1.png").unlink()
     with pytest.raises(DataError, match=r"GT_02/02_1\.png"):
         load_dataset("tnbc", tmp_path)
+
+
+def test_tnbc_unzipped_as_released_is_found_in_its_top_folder(tmp_path):
+    """The release's zip unpacks into TNBC_NucleiSegmentation/ (beside a __MACOSX folder)."""
+    _tnbc(tmp_path / "tnbc" / "TNBC_NucleiSegmentation")
+    (tmp_path / "tnbc" / "__MACOSX").mkdir()
+    data = load_dataset("tnbc", tmp_path, patch_size=24)
+    assert data.group_names == ("Slide_01", "Slide_02", "Slide_03") and data.train.x.shape == (4, 3, 24, 24)
+
+
+def test_malformed_label_and_volume_files_stop_with_a_line_naming_them(tmp_path):
+    """A truncated .mat (scipy's MatReadError) and a NIfTI header with an unknown datatype (nibabel's
+    HeaderDataError) are DataErrors that name the file, not tracebacks."""
+    _cpm17(tmp_path / "cpm17")
+    (tmp_path / "cpm17" / "train" / "Labels" / "image_00.mat").write_bytes(b"")
+    with pytest.raises(DataError, match=r"image_00\.mat"):
+        load_dataset("cpm17", tmp_path)
+    volume = tmp_path / "bad.nii"
+    nib.save(nib.Nifti1Image(np.zeros((4, 4, 4), np.float32), np.eye(4)), volume)
+    raw = bytearray(volume.read_bytes())
+    raw[70:72] = (77).to_bytes(2, "little")  # the datatype code: not one NIfTI defines
+    volume.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match=r"bad\.nii"):
+        read_volume(volume)
+
+
+def test_a_compressed_tiff_tile_is_read(tmp_path):
+    """LZW-compressed TIFFs need a codec tifffile does not ship; Pillow reads them."""
+    tile = np.random.default_rng(0).integers(0, 255, (12, 10, 3), dtype=np.uint8)
+    path = tmp_path / "tile.tif"
+    Image.fromarray(tile).save(path, compression="tiff_lzw")
+    assert read_rgb(path).shape == (3, 12, 10)
+    assert np.array_equal(read_rgb(path), tile.transpose(2, 0, 1))
 
 
 def test_cross_site_one_group_per_source(tmp_path):

@@ -191,12 +191,14 @@ def _emnist_names(split: str) -> list[str]:
 
 
 def _emnist_sources(folder: Path, split: str, download: bool, verify: bool) -> list[tuple[bytes | Path, str]]:
-    """The four EMNIST files as (content or path, name for messages): loose files first, else gzip.zip."""
+    """The four EMNIST files as (content or path, name for messages): loose files first (in the folder, or in
+    the `gzip/` folder that unpacking the release's gzip.zip makes), else gzip.zip."""
     names = _emnist_names(split)
     loose = []
     for n in names:
-        gz, raw = folder / n, folder / n.removesuffix(".gz")
-        loose.append(gz if gz.is_file() else raw if raw.is_file() else None)
+        places = (folder, folder / "gzip")
+        candidates = [place / name for place in places for name in (n, n.removesuffix(".gz"))]
+        loose.append(next((c for c in candidates if c.is_file()), None))
     if all(p is not None for p in loose):
         return [(p, str(p)) for p in loose]  # no published per-file md5: checked by format only
     if not download and not (folder / EMNIST_ZIP.name).is_file():

@@ -16,6 +16,7 @@ import nibabel as nib
 import numpy as np
 from nibabel.filebasedimages import ImageFileError
 from nibabel.orientations import apply_orientation, axcodes2ornt, io_orientation, ornt_transform
+from nibabel.spatialimages import HeaderDataError
 
 from fedistill.errors import DataError
 
@@ -54,7 +55,7 @@ def read_nifti(path: Path) -> NiftiVolume:
         image = nib.load(str(path))
         data = np.asarray(image.dataobj, dtype=np.float32)
         orientation = io_orientation(image.affine)
-    except (OSError, EOFError, ValueError, zlib.error, ImageFileError) as e:
+    except (OSError, EOFError, ValueError, zlib.error, ImageFileError, HeaderDataError) as e:
         raise DataError(f"cannot read NIfTI volume {path} ({e}); replace the file") from e
     if data.ndim == 4 and data.shape[3] == 1:
         data = data[..., 0]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 from scipy.io import loadmat
+from scipy.io.matlab import MatReadError
 
 from fedistill.data.base import LoadedDataset
 from fedistill.data.medical.nuclei_sets import WholeImage, nuclei_dataset, patching_options, read_rgb
@@ -42,7 +43,7 @@ def read_inst_map(path: Path) -> np.ndarray:
     malformed."""
     try:
         content = loadmat(str(path))
-    except (OSError, ValueError, NotImplementedError, TypeError) as e:
+    except (OSError, ValueError, NotImplementedError, TypeError, MatReadError) as e:
         raise DataError(f"cannot read MATLAB file {path} ({e}); replace it") from e
     if "inst_map" not in content:
         keys = ", ".join(k for k in content if not k.startswith("__"))

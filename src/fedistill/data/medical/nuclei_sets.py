@@ -54,11 +54,23 @@ def patching_options(dataset: str, patch_size: object, stride: object, scale: ob
     return Patching(size, step, opt.positive_float(dataset, "scale", scale, maximum=4.0))
 
 
+def _read_tiff(path: Path) -> np.ndarray:
+    """A TIFF's pixels: tifffile, or Pillow where tifffile lacks the codec (LZW or JPEG compression needs
+    the optional imagecodecs package there; Pillow decodes both)."""
+    try:
+        return np.asarray(tifffile.imread(path))
+    except ValueError as e:
+        if "imagecodecs" not in str(e):
+            raise
+    with Image.open(path) as image:
+        return np.asarray(image)
+
+
 def read_rgb(path: Path) -> np.ndarray:
     """An image file as (3, H, W) uint8: grey is repeated, alpha dropped, 16-bit scaled by its maximum."""
     try:
         if path.suffix.lower() in (".tif", ".tiff"):
-            array = np.asarray(tifffile.imread(path))
+            array = _read_tiff(path)
         else:
             with Image.open(path) as image:
                 array = np.asarray(image.convert("RGB") if image.mode in ("P", "PA", "CMYK") else image)

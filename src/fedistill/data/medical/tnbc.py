@@ -58,22 +58,31 @@ def read_mask_instances(path: Path) -> np.ndarray:
 
 
 def find_slides(folder: Path) -> dict[int, Path]:
-    """The Slide_XX folders of `folder` by slide number, in order; DataError when there are none."""
+    """The Slide_XX folders by slide number, in order: in `folder`, or in the one folder below it that holds
+    them (the release's zip unpacks into `TNBC_NucleiSegmentation/`); DataError when there are none."""
     if not folder.is_dir():
         raise DataError(f"TNBC folder {folder} does not exist; expected {LAYOUT} in it")
+    slides = _slides_in(folder)
+    if not slides:
+        below = [d for d in sorted(folder.iterdir()) if d.is_dir() and not d.name.startswith(("_", "."))]
+        slides = next((found for found in map(_slides_in, below) if found), {})
+    if not slides:
+        raise DataError(f"no Slide_XX folder in {folder} or a folder below it; expected {LAYOUT} there")
+    return dict(sorted(slides.items()))
+
+
+def _slides_in(folder: Path) -> dict[int, Path]:
     slides = {}
     for path in folder.iterdir():
         match = re.fullmatch(r"Slide_(\d+)", path.name)
         if match and path.is_dir():
             slides[int(match.group(1))] = path
-    if not slides:
-        raise DataError(f"no Slide_XX folder in {folder}; expected {LAYOUT} there")
-    return dict(sorted(slides.items()))
+    return slides
 
 
 def read_slide(folder: Path, slide_dir: Path, group: int) -> list[WholeImage]:
     """The whole images of one slide with their instance maps from the matching GT_XX folder, in `group`."""
-    gt_dir = folder / slide_dir.name.replace("Slide_", "GT_")
+    gt_dir = slide_dir.parent / slide_dir.name.replace("Slide_", "GT_")
     wholes = []
     for path in sorted(p for p in slide_dir.iterdir() if p.suffix.lower() == ".png"):
         mask = gt_dir / path.name

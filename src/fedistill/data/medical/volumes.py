@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from nibabel.filebasedimages import ImageFileError
+from nibabel.spatialimages import HeaderDataError
 
 from fedistill.errors import DataError
 
@@ -32,7 +33,7 @@ def read_volume(path: Path) -> tuple[np.ndarray, tuple[float, float, float]]:
         image = nib.as_closest_canonical(nib.load(str(path)))
         data = np.asarray(image.dataobj, dtype=np.float32)
         zooms = tuple(float(z) for z in image.header.get_zooms()[:3])
-    except (OSError, EOFError, ValueError, zlib.error, ImageFileError) as e:
+    except (OSError, EOFError, ValueError, zlib.error, ImageFileError, HeaderDataError) as e:
         raise DataError(f"cannot read NIfTI volume {path} ({e}); replace the file") from e
     if data.ndim == 4 and data.shape[3] == 1:
         data = data[..., 0]

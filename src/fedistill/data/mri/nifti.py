@@ -16,6 +16,8 @@ from pathlib import Path
 
 import nibabel as nib
 import numpy as np
+from nibabel.filebasedimages import ImageFileError
+from nibabel.spatialimages import HeaderDataError
 
 from fedistill.errors import ConfigError, DataError
 
@@ -40,7 +42,7 @@ def read_slices(path: Path, axis: str = "axial") -> SliceStack:
             img = nib.as_closest_canonical(img)
         data = np.asarray(img.dataobj, dtype=np.float32)
         zooms = tuple(float(z) for z in img.header.get_zooms()[:3])
-    except (OSError, ValueError, EOFError, zlib.error, nib.filebasedimages.ImageFileError) as e:
+    except (OSError, ValueError, EOFError, zlib.error, ImageFileError, HeaderDataError) as e:
         raise DataError(f"cannot read NIfTI volume {path} ({e}); replace the file") from e
     if data.ndim == 4 and data.shape[3] == 1:
         data = data[..., 0]
