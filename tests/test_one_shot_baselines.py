@@ -6,8 +6,12 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch import nn
 
+from fedistill.algorithms.one_shot.baselines import _Ensemble
+from fedistill.algorithms.shared.training import evaluate_model
 from fedistill.config import RunConfig, build_config
+from fedistill.data.registry import load_dataset
 from fedistill.engine.launch import run_suite
 from fedistill.errors import ConfigError
 from fedistill.federation.ledger import UP, read_ledger
@@ -59,3 +63,19 @@ def test_one_shot_fedavg_is_the_sample_weighted_average_of_the_teachers(tmp_path
 def test_a_one_shot_method_runs_one_round(tmp_path):
     with pytest.raises(ConfigError, match="set rounds = 1"):
         run_suite(_config(tmp_path, "fedavg-oneshot", rounds=2), tmp_path / "s", progress=False)
+
+
+def test_scoring_the_ensemble_ceiling_leaves_the_local_models_in_eval_mode():
+    """The ceiling's ensemble shares its members' layers with the local models; an evaluation harness that
+    restores "train" on it must not switch those models' BatchNorm layers to training."""
+    info = load_dataset("digits").info
+    models = [
+        nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.LazyLinear(10)) for _ in "ab"
+    ]
+    for m in models:
+        m(torch.zeros(2, 1, 8, 8))
+        m.eval()
+    ensemble = _Ensemble(models)
+    ensemble.train()  # what evaluate_model does after scoring a model it found in train mode
+    evaluate_model(ensemble, load_dataset("digits").test, info)
+    assert all(not layer.training for m in models for layer in m.modules())

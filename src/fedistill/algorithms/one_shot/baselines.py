@@ -193,6 +193,12 @@ class _Ensemble(nn.Module):
         super().__init__()
         self.members = nn.ModuleList(copy.copy(m) for m in models)
 
+    def train(self, mode: bool = True) -> _Ensemble:
+        """The members stay in the mode they came in (they share their layers with the local models, so an
+        evaluation harness restoring "train" here would switch the models' BatchNorm to training)."""
+        self.training = mode
+        return self
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.stack([m(x) for m in self.members]).mean(0)
 
