@@ -7,16 +7,23 @@ masks follow fastMRI (`fedistill.data.mri.masks`): random or equispaced columns 
 fully sampled centre that counts inside the budget, one seeded mask per slice (slice i of a set always
 gets the same mask) or one fixed mask. k-space is simulated from magnitude images, so it has no phase.
 By default the network learns a correction to its input (`residual`: output = zero-filled image +
-net(zero-filled image)), and a data-consistency step puts the measured lines back into that output
-(`data_consistency`), as fastMRI's baselines do, so a network that has learnt nothing returns its input
-rather than an image worse than it. `task.residual = false` / `task.data_consistency = false` give the
+net(zero-filled image)), and a data-consistency step puts the measured lines back into that output's
+k-space (`data_consistency`; learnt residuals and data consistency are cascaded networks' habits, e.g.
+Schlemper et al. 2017 and fastMRI's VarNet; fastMRI's U-Net baseline and FL-MRCM's code have neither), so a
+network that has learnt nothing returns about its input rather than an image worse than it. The output is
+the magnitude of that image: the measured lines are exact before the magnitude, and since the mixed
+k-space is not conjugate-symmetric they move a little after it (the data have no phase, so each measured
+column also fixes its mirror column; using that is not done here), and a second pass of the step changes
+the image again. `task.residual = false` / `task.data_consistency = false` give the
 plain image-to-image network. The net's output is in units of its input slice's spread (`output_scale =
 "slice"`): the correction is std(zero-filled) x net, and without the residual the image is mean + std x net,
 fastMRI's per-slice normalisation seen from the output side (its U-Net's instance norm already makes the net
 blind to its input's offset and scale, so only the output needs the slice's units). `"none"` takes the net's
 output as it is.
 
-Loss: L1 (default) or L2 between output and target, as the protocol the paper follows. Metrics: SSIM,
+Loss: L1 (default) or L2 between output and target, as the protocol the paper follows, on the images'
+own scale ([0, 1] per volume; fastMRI and FL-MRCM take it after normalising both by the input slice's mean
+and std, which weighs a dim slice more). Metrics: SSIM,
 PSNR and NMSE per volume with the volume's maximum as data range (fastMRI's evaluation), then averaged
 over volumes, overall and per test source. FedIOD on this task compares output images and conditions
 its generator on the brain's foreground mask.

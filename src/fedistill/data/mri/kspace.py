@@ -87,8 +87,9 @@ def data_consistency(
     weight = 1 replaces every sampled line by its measurement (hard data consistency); 0 < weight < 1
     blends them, (1 - weight) * predicted + weight * measured, the noisy-measurement form of Schlemper
     et al. 2017 with weight = lambda / (1 + lambda). Unsampled lines keep the prediction. A magnitude
-    prediction has no phase, so the result is complex in general: `magnitude=False` returns it as is,
-    the default its magnitude (what a magnitude-image network is trained and scored on).
+    prediction has no phase, so the result is complex in general: `magnitude=False` returns it as is (its
+    measured lines exact), the default its magnitude (what a magnitude-image network is trained and scored
+    on; taking the magnitude moves the measured lines a little, so the step is not idempotent then).
     """
     if not 0.0 < weight <= 1.0:
         raise ValueError(f"data consistency weight must be in (0, 1], got {weight}")
