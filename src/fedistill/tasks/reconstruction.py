@@ -10,7 +10,7 @@ By default the network learns a correction to its input (`residual`: output = ze
 net(zero-filled image)), and a data-consistency step puts the measured lines back into that output's
 k-space (`data_consistency`; learnt residuals and data consistency are cascaded networks' habits, e.g.
 Schlemper et al. 2017 and fastMRI's VarNet; fastMRI's U-Net baseline and FL-MRCM's code have neither), so a
-network that has learnt nothing returns about its input rather than an image worse than it. The output is
+network that has learnt nothing returns nearly its input rather than an image worse than it. The output is
 the magnitude of that image: the measured lines are exact before the magnitude, and since the mixed
 k-space is not conjugate-symmetric they move a little after it (the data have no phase, so each measured
 column also fixes its mirror column; using that is not done here), and a second pass of the step changes
