@@ -104,11 +104,12 @@ def test_a_client_refuses_its_private_part(algorithm):
 
 
 @pytest.mark.parametrize(
-    ("algorithm", "shared"),
-    [("fedper", EXTRACTOR_PREFIX), ("lgfedavg", CLASSIFIER_PREFIX), ("fedmdcg", CLASSIFIER_PREFIX),
-     ("fedcg", CLASSIFIER_PREFIX)],
+    ("algorithm", "shared", "options"),
+    [("fedper", EXTRACTOR_PREFIX, {}), ("lgfedavg", CLASSIFIER_PREFIX, {}),
+     ("fedmdcg", CLASSIFIER_PREFIX, {}), ("fedcg", CLASSIFIER_PREFIX, {}),
+     ("fedgen", CLASSIFIER_PREFIX, {"fedgen": {"share": "classifier"}})],
 )  # fmt: skip
-def test_private_part_starts_from_a_client_seed_on_request(algorithm, shared):
+def test_private_part_starts_from_a_client_seed_on_request(algorithm, shared, options):
     """Default: every site starts from the run seed's model (the papers' protocol), so the server can
     rebuild a client's private part in round 1. ``private_init = "client"`` draws it per client."""
     model = "lenet-fedmdcg" if algorithm in ("fedmdcg", "fedcg") else "mlp"
@@ -119,15 +120,17 @@ def test_private_part_starts_from_a_client_seed_on_request(algorithm, shared):
         state = client.model.state_dict()
         return {k: v for k, v in state.items() if not k.startswith(shared) and v.is_floating_point()}
 
-    default = make_client(_config(model=model), algorithm, 0)
+    default = make_client(_config(model=model, **options), algorithm, 0)
     assert all(torch.equal(v, server_built[k]) for k, v in private(default).items())
 
-    per_client = [make_client(_config(model=model, private_init="client"), algorithm, k) for k in (0, 1)]
+    per_client = [
+        make_client(_config(model=model, private_init="client", **options), algorithm, k) for k in (0, 1)
+    ]
     weights = [{k: v for k, v in private(c).items() if v.dim() > 1} for c in per_client]  # random inits
     assert weights[0] and all(not torch.equal(v, server_built[k]) for k, v in weights[0].items())
     assert all(not torch.equal(v, weights[1][k]) for k, v in weights[0].items())
     for client in per_client:  # the shared part is untouched
         state = client.model.state_dict()
         assert all(torch.equal(state[k], server_built[k]) for k in state if k.startswith(shared))
-    again = make_client(_config(model=model, private_init="client"), algorithm, 0)  # reproducible
+    again = make_client(_config(model=model, private_init="client", **options), algorithm, 0)  # reproducible
     assert all(torch.equal(v, private(again)[k]) for k, v in private(per_client[0]).items())

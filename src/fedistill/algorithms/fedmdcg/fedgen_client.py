@@ -21,6 +21,7 @@ from fedistill.algorithms.fedmdcg.personalized import (
     local_report,
     part_of,
     prefixed,
+    private_start,
     unprefixed,
 )
 from fedistill.algorithms.shared.training import LocalTraining, check_finite, local_batches
@@ -95,6 +96,7 @@ class FedGenClient(ClientLogic):
         self.options: FedGenOptions = ctx.options
         self.model = decoupled_model(ctx.config, ctx.info, "FedGen")
         self.prefix = shared_prefix(self.options)
+        private_start(self.model, ctx, self.prefix)  # `share = "classifier"`: the extractor stays private
         self.generator = build_generator(ctx.config, ctx.info, self.model, **generator_options(self.options))
         self.specs = state_specs(part_of(self.model.state_dict(), self.prefix))
         self.generator_specs = state_specs(prefixed(self.generator.state_dict(), GENERATOR_PREFIX))
