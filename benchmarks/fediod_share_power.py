@@ -20,6 +20,7 @@ target's runs (a teacher trained at another thread count is another model, and i
 from __future__ import annotations
 
 import statistics
+import sys
 from pathlib import Path
 
 import torch
@@ -35,6 +36,7 @@ from fedistill.data.transforms import to_float
 from fedistill.engine.setup import client_contexts, prepare_data, score_first
 from fedistill.errors import UserError
 from fedistill.federation.ledger import Ledger
+from fedistill.reproduce.arguments import shown_arguments
 from fedistill.reproduce.tables import write_table
 from fedistill.transports.inprocess import InProcessFleet
 
@@ -136,11 +138,7 @@ def main() -> None:
             parser.error(str(error))
         print(f"seed {seed} done", flush=True)
     name = f"fediod_share_power_{config.dataset}-alpha{config.alpha:g}" + (f"_{args.tag}" if args.tag else "")
-    command = "python benchmarks/fediod_share_power.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in (("config", args.config), ("seeds", args.seeds),
-                                                    ("powers", args.powers), ("label_shares", args.label_shares),
-                                                    ("tag", args.tag), ("cache_dir", args.cache_dir)) if v
-    )  # fmt: skip
+    command = " ".join(["python benchmarks/fediod_share_power.py", *shown_arguments(sys.argv[1:])])
     header = [
         f"# FedIOD's teachers' ensemble by class shares from the counts to a power ({config.dataset}, "
         f"K = {config.clients}, Dirichlet alpha {config.alpha:g}, {config.model})",

@@ -302,15 +302,20 @@ def main() -> None:
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
-        raise SystemExit(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1,2") from None
+        seeds = []
+    if not seeds or not names:
+        raise SystemExit(
+            f"--seeds {args.seeds!r} --variants {args.variants!r}: expected comma-separated integers "
+            "(e.g. 0,1,2) and at least one variant"
+        )
     out = Path(args.out)
     runs = [(name, seed) for seed in seeds for name in names]
     walls = run_variants(runs, out, args.reuse, args.jobs)
     results = [measure(name, seed, out, args.data_dir, walls[name, seed]) for name, seed in runs]
     command = " ".join(["python", "benchmarks/reconstruction_residual_dc.py", *shown_arguments(sys.argv[1:])])
-    gflops = matmul_peak_gflops()
-    lines = markdown(results, command, head_commit(), gflops)
-    payload = {"config": str(CONFIG.relative_to(ROOT)), "command": command, "commit": head_commit(),
+    gflops, commit = matmul_peak_gflops(), head_commit()
+    lines = markdown(results, command, commit, gflops)
+    payload = {"config": str(CONFIG.relative_to(ROOT)), "command": command, "commit": commit,
                "matmul_peak_gflops": gflops, "over_seeds": over_seeds(results), "variants": results}  # fmt: skip
     path = write_table(args.results, STEM + (f"_{args.tag}" if args.tag else ""), lines, payload)
     print(path)
