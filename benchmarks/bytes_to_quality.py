@@ -13,7 +13,7 @@ global model for FedAvg and FedDF, the student its clients' validation splits ra
         [--model lenet-fedmdcg] [--clients 10] [--epochs 8] [--iters 30] [--teacher-epochs 10] \\
         [--fedavg-rounds 50] [--feddf-rounds 50] [--feddf-source dataset:mnist] [--threads 1] \\
         [--set fediod.KEY=VALUE ...] [--feddf-set feddf.KEY=VALUE ...] [--methods fedavg,feddf] [--reuse] \\
-        [--note "why a method is missing"]
+        [--note "why a method is missing"] [--reference RECORD.json]
         [--device cuda] [--model resnet8 --image-size 32 --channels 3]   # on a GPU; CIFAR's shape
 
 On the demo every method keeps demo.toml's settings (FedDF, which it does not list, gets its 3 local epochs
@@ -23,7 +23,8 @@ FedIOD alone), FedAvg and FedDF one local epoch per round, FedDF distilling on t
 `--methods` runs a subset (without fedavg, the runs only: a later `--reuse` keeps them). Writes
 benchmarks/results/bytes_to_quality_<set>.{md,json,png}; with `--tag NAME` (a variant: its `--set` items)
 benchmarks/results/sweeps/bytes_to_quality_<set>_NAME.*, its FedIOD and FedDF runs named with the tag and
-FedAvg's untagged run shared by every tag.
+FedAvg's untagged run shared by every tag. `--reference RECORD.json` takes FedAvg's curve from an earlier
+record of the same set instead of running it (bytes do not depend on the machine; the report names it).
 """
 
 from __future__ import annotations
@@ -233,35 +234,53 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def reference_curve(record: Path) -> tuple[dict[str, Any], str]:
+    """FedAvg's curve and run name from an earlier record of the same set (`--reference`): its bytes do not
+    depend on the machine, so a variant of FedIOD can be measured against it without running FedAvg
+    again (on the CIFAR-shaped set 20 rounds of FedAvg move 7.9 GB)."""
+    try:
+        earlier = json.loads(record.read_text())
+        return earlier["curves"][REFERENCE], f"{earlier['runs'][REFERENCE]}, from {record.name}"
+    except (OSError, ValueError, KeyError) as error:
+        raise SystemExit(
+            f"--reference {record}: not a bytes-to-quality record with a FedAvg curve ({error})"
+        ) from None
+
+
 def method_runs(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Per method: its algorithm, rounds, `--set` options and further command-line options."""
     if args.demo:
         demo = ["--config", str(DEMO)]
-        base = [f"threads={args.threads}", *args.set]
+        base = [f"threads={args.threads}"]
         fediod = {"algorithm": "fediod", "rounds": DEMO_SETTING["rounds"], "extra": demo}
         return {
-            REFERENCE: {"algorithm": "fedavg", "rounds": DEMO_SETTING["rounds"], "extra": demo, "sets": base},
-            "FedIOD (float32)": fediod | {"sets": [*base, "fediod.wire='float32'"]},
-            "FedIOD (compact)": fediod | {"sets": [*base, "fediod.wire='compact'"]},
+            REFERENCE: {
+                "algorithm": "fedavg",
+                "rounds": DEMO_SETTING["rounds"],
+                "extra": demo,
+                "sets": [*base, *args.set],
+            },
+            "FedIOD (float32)": fediod | {"sets": [*base, "fediod.wire='float32'", *args.set]},
+            "FedIOD (compact)": fediod | {"sets": [*base, "fediod.wire='compact'", *args.set]},
             "FedDF": {
                 "algorithm": "feddf",
                 "rounds": DEMO_SETTING["rounds"],
                 "extra": demo,
-                "sets": [*base, f"feddf.local_epochs={DEMO_LOCAL_EPOCHS}", *args.feddf_set],
+                "sets": [*base, *args.set, f"feddf.local_epochs={DEMO_LOCAL_EPOCHS}", *args.feddf_set],
             },
         }
     common = [f"threads={args.threads}", f"device='{args.device}'", *shape_sets(args)]
     fediod_sets = [*common, f"fediod.teacher_epochs={args.teacher_epochs}", f"fediod.iters_per_epoch={args.iters}",
-                   *STABILISERS, *args.set]  # fmt: skip
+                   *STABILISERS]  # fmt: skip
     local = ["--local-epochs", "1"]
     resampled = args.image_size or args.channels  # the other set would keep its own shape: noise instead
     source = args.feddf_source or ("noise" if resampled else OTHER.get(args.dataset, "noise"))
     return {
         REFERENCE: {"algorithm": "fedavg", "rounds": args.fedavg_rounds, "extra": local, "sets": common},
         "FedIOD (float32)": {"algorithm": "fediod", "rounds": args.epochs, "extra": [],
-                             "sets": [*fediod_sets, "fediod.wire='float32'"]},
+                             "sets": [*fediod_sets, "fediod.wire='float32'", *args.set]},
         "FedIOD (compact)": {"algorithm": "fediod", "rounds": args.epochs, "extra": [],
-                             "sets": [*fediod_sets, "fediod.wire='compact'"]},
+                             "sets": [*fediod_sets, "fediod.wire='compact'", *args.set]},
         "FedDF": {"algorithm": "feddf", "rounds": args.feddf_rounds, "extra": local,
                   "sets": [*common, f"feddf.source='{source}'", *args.feddf_set]},
     }  # fmt: skip
@@ -282,6 +301,7 @@ def command_line(args: argparse.Namespace) -> str:
     sets += "".join(f" --feddf-set {item}" for item in args.feddf_set)
     sets += "" if args.methods == ",".join(METHODS) else f" --methods {args.methods}"
     sets += f" --tag {args.tag}" if args.tag else ""
+    sets += f" --reference {Path(args.reference).name}" if args.reference else ""
     sets += " --unfinished" if args.unfinished else ""
     if args.demo:
         return (
@@ -324,9 +344,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         alpha, model = args.alpha, args.model
     prefix = f"b2q-{set_name(args)}-seed{args.seed}"
     curves, runs = {}, {}
-    chosen = [METHODS[key] for key in args.methods.split(",")]
+    chosen = [METHODS[key] for key in args.methods.split(",")] + ([REFERENCE] if args.reference else [])
     for method, spec in method_runs(args).items():
         if method not in chosen:
+            continue
+        if method == REFERENCE and args.reference:  # a published record's FedAvg, not run again
+            curves[method], runs[method] = reference_curve(Path(args.reference))
             continue
         name = f"{prefix}-{next(key for key, label in METHODS.items() if label == method)}"
         name += f"-{args.tag}" if args.tag and method != REFERENCE else ""  # FedAvg's run serves every tag
@@ -383,6 +406,12 @@ def main() -> None:
         default="",
         help="a variant's name (with its --set items): its FedIOD and FedDF runs and its result files "
         "(results/sweeps/..._<tag>) carry it, the published files stay as they are",
+    )
+    parser.add_argument(
+        "--reference",
+        default="",
+        metavar="RECORD.json",
+        help="take FedAvg's curve from this earlier record of the same set instead of running it again",
     )
     add_seed_and_out(parser)
     args = parser.parse_args()

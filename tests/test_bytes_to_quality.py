@@ -113,7 +113,7 @@ def test_unfinished_keeps_a_stopped_run_as_far_as_it_got_and_a_tag_names_only_th
                      teacher_epochs=1, fedavg_rounds=2, feddf_rounds=1, feddf_source="", threads=1,
                      device="cpu", image_size=0, channels=0, reuse=True, unfinished=True, tag="last", seed=0,
                      out=str(tmp_path), data_dir=str(tmp_path), methods="fedavg,fediod-compact",
-                     set=["fediod.selection='last'"], feddf_set=[])  # fmt: skip
+                     set=["fediod.selection='last'"], feddf_set=[], reference="")  # fmt: skip
     prefix = tmp_path / "b2q-digits-alpha1_mlp-seed0"
     fedavg = _write_run(Path(f"{prefix}-fedavg") / "fedavg", [(1, DOWN, {"parameters": 100})],
                         [{"round": 1, "test_accuracy": 0.8}])  # fmt: skip
@@ -142,7 +142,7 @@ def test_tiny_digits_run_end_to_end(tmp_path):
                      out=str(tmp_path),
                      data_dir=str(tmp_path), methods=",".join(b2q.METHODS),
                      set=["fediod.generator_width=16", "fediod.discriminator_width=16"],
-                     feddf_set=["feddf.steps=10", "feddf.eval_every_steps=5"])  # fmt: skip
+                     feddf_set=["feddf.steps=10", "feddf.eval_every_steps=5"], reference="")  # fmt: skip
     result = b2q.measure(args)
     assert list(result["curves"]) == ["FedAvg", "FedIOD (float32)", "FedIOD (compact)", "FedDF"]
     for method, run in result["runs"].items():
@@ -176,3 +176,39 @@ def test_a_table_rendered_without_a_gpu_names_the_card_its_runs_recorded(tmp_pat
     assert ", NVIDIA H200 (rendered from its runs" in named
     assert "rendered from CUDA runs on a machine without a GPU" in b2q.machine("cuda", 90.0, 2, [])
     assert b2q.machine("cpu", 90.0, 1, [run]).startswith(f"{b2q.os.cpu_count()} CPUs; fp32")
+
+
+def test_reference_takes_fedavgs_curve_from_an_earlier_record_without_running_it(tmp_path, monkeypatch):
+    earlier = {"curves": {"FedAvg": {"points": [{"round": 1, "bytes": 100, "accuracy": 0.8}],
+                                     "final_accuracy": 0.8, "total_bytes": 100, "by_kind": {}}},
+               "runs": {"FedAvg": "b2q-x-seed0-fedavg/fedavg"}}  # fmt: skip
+    record = tmp_path / "earlier.json"
+    record.write_text(json.dumps(earlier))
+    args = Namespace(demo=False, dataset="digits", alpha="1", clients=3, model="mlp", epochs=2, iters=2,
+                     teacher_epochs=1, fedavg_rounds=2, feddf_rounds=1, feddf_source="", threads=1,
+                     device="cpu", image_size=0, channels=0, reuse=True, unfinished=False, tag="v", seed=0,
+                     out=str(tmp_path), data_dir=str(tmp_path), methods="fediod-compact", set=[],
+                     feddf_set=[], reference=str(record))  # fmt: skip
+    _write_run(tmp_path / "b2q-digits-alpha1_mlp-seed0-fediod-compact-v" / "fediod",
+               [(1, DOWN, {"synthetic-inputs": 30})], [{"round": 1, "test_accuracy": 0.76}])  # fmt: skip
+    launched = []
+    monkeypatch.setattr(b2q, "run_fedistill", lambda algorithm, *a, **k: launched.append(k["name"]))
+    result = b2q.measure(args)
+    assert launched == ["b2q-digits-alpha1_mlp-seed0-fediod-compact-v"]  # FedAvg is not run
+    assert result["curves"]["FedAvg"] == earlier["curves"]["FedAvg"]
+    assert result["runs"]["FedAvg"] == "b2q-x-seed0-fedavg/fedavg, from earlier.json"
+    assert result["reached"]["FedIOD (compact)"]["0.95"] == {"round": 1, "bytes": 30, "ratio": 0.3}
+    assert " --reference earlier.json" in b2q.command_line(args)
+    record.write_text("{}")
+    with pytest.raises(SystemExit, match="not a bytes-to-quality record with a FedAvg curve"):
+        b2q.measure(args)
+
+
+@pytest.mark.parametrize("demo", [False, True])
+def test_a_variants_wire_outranks_the_methods_own(demo):
+    args = Namespace(demo=demo, dataset="fashion-mnist", alpha="0.1", clients=10, model="resnet8", epochs=2,
+                     iters=2, teacher_epochs=1, fedavg_rounds=2, feddf_rounds=1, feddf_source="", threads=1,
+                     device="cpu", image_size=0, channels=0, set=["fediod.wire='compact8-gradients'"],
+                     feddf_set=[])  # fmt: skip
+    sets = b2q.method_runs(args)["FedIOD (compact)"]["sets"]
+    assert sets.index("fediod.wire='compact8-gradients'") > sets.index("fediod.wire='compact'")
