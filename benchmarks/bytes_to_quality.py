@@ -319,8 +319,11 @@ def machine(device: str, gflops: float, threads: int, runs: Sequence[Path] = ())
     """The host as a record names it: the CPU, kernel path and card its runs' summaries name (older runs: the
     CPU count here and the card a summary's `device_name` recorded), and this CPU's matmul rate."""
     summaries = [json.loads((r / "summary.json").read_text()) for r in runs if (r / "summary.json").is_file()]
+    rate = f"fp32 matmul {gflops:.1f} GFLOP/s at {threads} thread(s)"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        rate += " on the machine that rendered the table"  # not the GPU host's: it is measured here
     if any("machine" in summary for summary in summaries):  # runs that name their CPU, kernels and card
-        return f"{of_summaries(summaries)}; fp32 matmul {gflops:.1f} GFLOP/s at {threads} thread(s)"
+        return f"{of_summaries(summaries)}; {rate}"
     card = ""
     if device.startswith("cuda"):
         recorded = [json.loads((r / "summary.json").read_text()).get("device_name") for r in runs
@@ -332,7 +335,7 @@ def machine(device: str, gflops: float, threads: int, runs: Sequence[Path] = ())
             card = f", {' and '.join(named)} (rendered from its runs on a machine without a GPU)"
         else:
             card = ", rendered from CUDA runs on a machine without a GPU"
-    return f"{os.cpu_count()} CPUs{card}; fp32 matmul {gflops:.1f} GFLOP/s at {threads} thread(s)"
+    return f"{os.cpu_count()} CPUs{card}; {rate}"
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

@@ -176,6 +176,8 @@ def test_a_table_rendered_without_a_gpu_names_the_card_its_runs_recorded(tmp_pat
     assert ", NVIDIA H200 (rendered from its runs" in named
     assert "rendered from CUDA runs on a machine without a GPU" in b2q.machine("cuda", 90.0, 2, [])
     assert b2q.machine("cpu", 90.0, 1, [run]).startswith(f"{b2q.os.cpu_count()} CPUs; fp32")
+    assert named.endswith("at 2 thread(s) on the machine that rendered the table")
+    assert not b2q.machine("cpu", 90.0, 1, [run]).endswith("rendered the table")
 
 
 def test_reference_takes_fedavgs_curve_from_an_earlier_record_without_running_it(tmp_path, monkeypatch):
