@@ -16,6 +16,7 @@ from fedistill.algorithms.base import ServerContext
 from fedistill.algorithms.fediod import draws
 from fedistill.algorithms.medical.asyndgan import AsynDGANServer
 from fedistill.algorithms.registry import get_algorithm
+from fedistill.algorithms.shared import site_shares
 from fedistill.algorithms.shared.training import evaluate_model, new_model, task_of
 from fedistill.config import RunConfig, build_config, options_for
 from fedistill.data.transforms import to_float
@@ -120,9 +121,10 @@ def _parts(config: RunConfig):
     return clients, server, fleet
 
 
-def test_the_generator_step_is_the_gradient_of_every_sites_terms_weighted_by_its_share():
-    """G's gradient from the replies equals autograd through G of sum_k (n_k / B) * site k's mean terms on
-    its own samples against its D_k after that step's D-step, with pi_k shares of a batch of 5."""
+def test_the_generator_step_is_the_gradient_of_every_sites_terms_weighted_by_pi():
+    """G's gradient from the replies equals autograd through G of sum_k pi_k * site k's mean terms on its
+    own samples against its D_k after that step's D-step: pi_k = n_k / n, not the site's share of the
+    batch of 5 (2 and 3 samples, 0.4 and 0.6, where pi is 13/42 and 29/42)."""
     config = _config(asyndgan={"synthetic_batch_size": 5, "noise_channels": 1})
     clients, server, fleet = _parts(config)
     generator = copy.deepcopy(server.generator)
@@ -140,9 +142,10 @@ def test_the_generator_step_is_the_gradient_of_every_sites_terms_weighted_by_its
         client, mine = clients[k], owner == i
         real = to_float(client.ctx.train.x[client.uploaded[pair[mine]]], client.ctx.info)
         gan, l1, _ = client.generator_terms(x[mine], one_hot_mask(masks[mine], 2), real)
-        loss = loss + float(mine.sum()) / 5 * (gan + 100.0 * l1)
+        loss = loss + float(server._weights()[i]) * (gan + 100.0 * l1)
     want = torch.autograd.grad(loss, list(generator.parameters()))
     assert torch.bincount(owner).tolist() == [2, 3]  # pi = (13, 29) / 42 of 5
+    torch.testing.assert_close(server._weights(), torch.tensor([13.0, 29.0]) / 42)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)  # gradients up to ~5 here
 
@@ -302,3 +305,16 @@ def test_the_released_codes_perceptual_term_adds_its_own_gradient(tmp_path):
     terms = [F.mse_loss(a, b) for a, b in zip(vgg(_unit(xg, info)), vgg(real), strict=True)]
     (want,) = torch.autograd.grad(0.5 * torch.stack(terms).mean(), xg)
     torch.testing.assert_close(replies[1] - replies[0], want, rtol=1e-3, atol=1e-6)
+
+
+def test_the_segmenters_masks_are_drawn_uniformly_over_every_upload():
+    """S's pairs: every uploaded mask equally likely, so a site's share of the draws is its share of the
+    uploads (a small site is not over-drawn by a minimum per site)."""
+    pools = [torch.zeros(1000, 2, 2, dtype=torch.int64), torch.ones(10, 2, 2, dtype=torch.int64)]
+    pools[0][:, 0, 0] = torch.arange(1000)
+    masks = site_shares.uniform_over_uploads(pools, 20000, torch.Generator().manual_seed(0))
+    small = masks[:, 1, 1] == 1
+    assert masks.shape == (20000, 2, 2) and masks.dtype == torch.int64
+    assert abs(float(small.float().mean()) - 10 / 1010) < 0.004  # ~198 draws; a per-site minimum gives more
+    drawn = torch.bincount(masks[~small][:, 0, 0], minlength=1000)
+    assert int(drawn.min()) > 0 and int(drawn.max()) < 60  # about 19.8 each

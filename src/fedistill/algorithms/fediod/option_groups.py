@@ -161,7 +161,8 @@ class TeacherOptions:
     """The teachers' logits before the ensemble (calibration.py): raw (default, the paper) | scaled (mixed
     architectures) | centred (one-class sites) | log-probabilities (each teacher's log-softmax: the ensemble
     becomes a weighted product of probabilities; on the wide ResNet-8 the setting to use, on LeNet-5 and
-    the digits demo a loss: docs/methods/fediod/options.md) | auto (centred if any site saw a single class)."""
+    the digits demo a loss: docs/methods/fediod/options.md) | auto (centred if any site saw a single
+    class)."""
 
 
 @dataclass(frozen=True)

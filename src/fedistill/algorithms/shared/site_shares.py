@@ -35,3 +35,14 @@ def from_uploads(
             positions[rows] = torch.randint(len(pools[site]), (len(rows),), generator=rng)
     masks = torch.stack([pools[int(s)][int(p)] for s, p in zip(owner, positions, strict=True)])
     return masks.to(torch.int64), positions
+
+
+def uniform_over_uploads(pools: list[torch.Tensor], batch: int, rng: torch.Generator) -> torch.Tensor:
+    """`batch` masks drawn uniformly from all the sites' uploads together, so every uploaded mask is
+    equally likely (a site's share of the draws is its share of the uploads, with no minimum)."""
+    sizes = torch.tensor([len(pool) for pool in pools])
+    flat = torch.randint(int(sizes.sum()), (batch,), generator=rng)
+    starts = torch.cumsum(sizes, 0) - sizes
+    site = torch.searchsorted(torch.cumsum(sizes, 0), flat, right=True)
+    masks = [pools[int(k)][int(f - starts[k])] for k, f in zip(site, flat, strict=True)]
+    return torch.stack(masks).to(torch.int64)

@@ -17,9 +17,9 @@ Protocol (the ledger shows exactly this):
    D-step on real pairs (m, x_real of m) against (m, G(m)), then returns the gradient with respect to
    G(m) of its G terms on the updated D_k, GAN + w_l1 * L1(G(m), x_real of m) (pix2pix's objective; the
    L1 needs the real image paired with m, which only its site holds), and its losses. The server weighs
-   each site's gradient by its share of the batch and steps G: G descends the batch mean of every
-   sample's terms, sum_k pi_k E_k[...] (the released code: the sum over sites of one sample each,
-   `site_shares = "uniform"`).
+   site k's gradient (of its mean terms over its samples) by pi_k and steps G: G descends
+   sum_k pi_k E_k[...], however the batch's rounding split the samples (the released code: the sum over
+   sites of one sample each, `site_shares = "uniform"`, pi_k = 1 / K).
 2. After each round's G-steps (from round `segmenter_start`), S takes `segmenter_steps` steps at the
    server on fresh pairs (G(m), m) with the task's loss, as a site's local model trains. The paper trains
    S once on a synthetic set after G; training it every round instead lets the sites' validation splits

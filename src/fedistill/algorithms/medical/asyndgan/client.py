@@ -1,6 +1,9 @@
 """AsynDGAN's site: it uploads its label masks once, keeps its own discriminator D_k, and for every
 G-step judges the synthetic images drawn from its own masks and returns the input-gradient of its
-terms of G's loss. Its images, its D_k and every parameter stay here.
+terms of G's loss. Its D_k and every parameter stay here; its images do not stay secret: the L1 term's
+gradient is w_l1 times a positive constant times sign(x - x_real) per pixel and outweighs the GAN term,
+so a server that chooses x can bisect each real pixel (docs/methods/asyndgan.md, "What a site's
+gradients reveal"). `w_l1 = 0` removes that term, and with it the method's paired supervision.
 """
 
 from __future__ import annotations

@@ -168,8 +168,10 @@ class AsynDGANServer(ServerLogic):
 
     def generator_step(self, fleet: Fleet, lr_discriminator: float) -> dict[str, float]:
         """One G-step: draw masks per site, generate, send each site its own samples (`query.adversarial`),
-        and step G on the input-gradients that come back, each weighted by the site's share of the batch,
-        so G descends the batch mean of every sample's GAN + w_l1 * L1 (+ perceptual) terms."""
+        and step G on the input-gradients that come back, site k's (the gradient of its mean terms over its
+        samples) weighted by pi_k renormalised over the sites that answered, so G descends
+        sum_k pi_k E_k[GAN + w_l1 * L1 (+ perceptual)] whatever number of samples each site got (a batch
+        gives every site at least one and rounds the rest)."""
         options, config, info = self.options, self.ctx.config, self.ctx.info
         batch = options.synthetic_batch_size
         rng = torch_generator(config.seed, "asyndgan-draw", self.step)
@@ -195,11 +197,12 @@ class AsynDGANServer(ServerLogic):
             minimum=min(config.min_clients, len(self.clients)),
             what="input-gradients",
         )
+        pi = self._weights()
+        answered = float(sum(pi[i] for i, cid in enumerate(self.clients) if cid in replies))
         grad = torch.zeros_like(x)
         for i, cid in enumerate(self.clients):
-            rows = owner == i
             if cid in replies:
-                grad[rows] = replies[cid].tensor("input-gradients", "x") * (float(rows.sum()) / batch)
+                grad[owner == i] = replies[cid].tensor("input-gradients", "x") * (float(pi[i]) / answered)
         self.g_optimizer.zero_grad(set_to_none=True)
         x.backward(grad)
         self.g_optimizer.step()
@@ -220,13 +223,12 @@ class AsynDGANServer(ServerLogic):
         (`augment`). Every uploaded mask is equally likely, as in the paper's synthetic set (G applied to
         the sites' masks), whatever `site_shares` G's batches follow."""
         batch = self.training.batch_size
-        uploads = torch.tensor([float(len(pool)) for pool in self.pools])
-        steps = self.options.segmenter_steps or math.ceil(float(uploads.sum()) / batch)
+        steps = self.options.segmenter_steps or math.ceil(sum(len(pool) for pool in self.pools) / batch)
         self.segmenter.train()
         losses = []
         for j in range(steps):
             rng = torch_generator(self.ctx.config.seed, "asyndgan-segmenter", round, j)
-            masks, _ = draws.from_uploads(self.pools, draws.owners(uploads / uploads.sum(), batch), rng)
+            masks = draws.uniform_over_uploads(self.pools, batch, rng)
             x = self._sample(masks, rng, "segmenter", round, j)
             if self.training.augment:  # flips and right-angle turns of the pair, as a site's batches
                 x, masks = joint_flip_rotate(x, masks, rng)
