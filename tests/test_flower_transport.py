@@ -77,6 +77,18 @@ def test_codec_round_trip_is_lossless() -> None:
     assert back.bytes_by_kind() == message.bytes_by_kind()
 
 
+def test_big_endian_and_fortran_ordered_arrays_from_the_wire_arrive_in_native_order() -> None:
+    """A big-endian float32 is still named float32, so it passed every receipt check and then broke
+    torch.from_numpy in the server's own code; it now arrives as the same values in native order."""
+    values = np.arange(6, dtype=np.float32).reshape(2, 3)
+    arrays = {"out": Array(values.astype(">f4")), "half": Array(np.asfortranarray(values.astype(">f2")))}
+    back = from_records(RecordDict({"logits": ArrayRecord(arrays)}), "query.logits")
+    for name in ("out", "half"):
+        got = back.array("logits", name)
+        assert got.dtype.isnative and got.flags.c_contiguous and np.array_equal(got, values)
+        assert torch.equal(back.tensor("logits", name).float(), torch.from_numpy(values))
+
+
 def test_codec_refuses_records_it_does_not_know() -> None:
     content = RecordDict({"metrics": MetricRecord({"a": 1.0})})
     with pytest.raises(FederationError, match="unexpected record 'metrics'"):

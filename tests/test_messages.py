@@ -94,3 +94,10 @@ def test_array_spec_wildcard_axis():
     assert spec.matches(np.zeros((7, 10), np.float32))
     assert not spec.matches(np.zeros((7, 9), np.float32))
     assert not spec.matches(np.zeros((7, 10), np.float64))
+
+
+def test_an_array_in_another_byte_order_is_kept_as_its_values_in_native_order():
+    message = Message.build("train", arrays={"parameters": {"w": np.arange(4, dtype=">f4")}})
+    got = message.array("parameters", "w")
+    assert got.dtype == np.float32 and got.dtype.isnative
+    assert torch.equal(message.tensor("parameters", "w"), torch.arange(4, dtype=torch.float32))

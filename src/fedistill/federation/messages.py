@@ -69,6 +69,13 @@ DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 _TYPE_PATTERN = re.compile(r"^(train|evaluate|query)(\.[A-Za-z_][A-Za-z0-9_]*)?$")
 
 
+def native(array: np.ndarray) -> np.ndarray:
+    """A C-ordered copy in this machine's byte order, the same values: a big-endian or Fortran-ordered
+    array from the wire would pass every dtype check and then fail in torch.from_numpy inside the
+    receiver's own code."""
+    return np.array(array, dtype=array.dtype.newbyteorder("="), order="C", copy=True)
+
+
 def _as_array(value: np.ndarray | torch.Tensor) -> np.ndarray:
     """Snapshot a tensor or array as a read-only NumPy array owned by the message."""
     if isinstance(value, torch.Tensor):
@@ -77,7 +84,7 @@ def _as_array(value: np.ndarray | torch.Tensor) -> np.ndarray:
             value = value.float()
         array = value.cpu().numpy().copy()
     elif isinstance(value, np.ndarray):
-        array = np.array(value, copy=True)
+        array = native(value)
     else:
         raise TypeError(f"message arrays must be torch tensors or numpy arrays, got {type(value).__name__}")
     array.flags.writeable = False

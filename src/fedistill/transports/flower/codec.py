@@ -18,7 +18,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedistill.errors import FederationError
 from fedistill.federation.encodings import Encoded
-from fedistill.federation.messages import Message
+from fedistill.federation.messages import Message, native
 
 HEADER = "fedistill.header"
 _SCALARS = ".scalars"
@@ -55,7 +55,7 @@ def from_records(content: RecordDict, message_type: str) -> Message:
         if key == HEADER:
             continue
         if isinstance(record, ArrayRecord):
-            arrays[key] = {name: array.numpy() for name, array in record.items()}
+            arrays[key] = {name: native(array.numpy()) for name, array in record.items()}
         elif isinstance(record, ConfigRecord) and key.endswith(_SCALARS):
             scalars[key.removesuffix(_SCALARS)] = dict(record)
         elif isinstance(record, ConfigRecord) and key.endswith(_ENCODINGS):
