@@ -459,3 +459,39 @@ def test_a_round_asked_for_again_is_accounted_again():
     once = client.budget.epsilon()
     _train(client, global_state, round=1)
     assert client.budget.epsilon() > once
+
+
+def _refusal(**extra_metrics):
+    from fedistill.privacy.accounting import PrivacyBudgetExceeded
+    from fedistill.privacy.budget import refusal
+
+    reply = refusal("train", PrivacyBudgetExceeded("client 0", 3.0, 2.0, 1e-5), 1.5)
+    if not extra_metrics:
+        return reply
+    return type(reply).build("train", scalars={"metrics": {**reply.scalars["metrics"], **extra_metrics}})
+
+
+def test_a_refusal_is_valid_only_where_the_request_takes_one_and_carries_nothing_else():
+    """A reply flagged as a refusal skipped every check: it carried arrays of any shape to servers that
+    never read refusals (FedMD-CG broadcast them into its weights)."""
+    import numpy as np
+
+    from fedistill.errors import FederationError
+    from fedistill.federation.messages import ArraySpec, Message
+    from fedistill.federation.reply_spec import ReplySpec
+
+    spec = {"parameters": {"w": ArraySpec("float32", (2,))}}
+    ReplySpec(spec, ("num_samples",), refusable=True).check(_refusal())  # the honest refusal
+    with pytest.raises(FederationError, match="a privacy-budget refusal, which this request does not take"):
+        ReplySpec(spec, ("num_samples",)).check(_refusal())
+    smuggled = Message.build(
+        "train",
+        arrays={"parameters": {"w": np.zeros(1, dtype=np.float32)}},
+        scalars=_refusal().scalars,
+    )
+    with pytest.raises(FederationError, match="refusal that carries arrays"):
+        ReplySpec(spec, refusable=True).check(smuggled)
+    with pytest.raises(FederationError, match=r"refusal with other scalars \(\['num_samples'\]\)"):
+        ReplySpec(spec, refusable=True).check(_refusal(num_samples=5))
+    with pytest.raises(FederationError, match="'epsilon' is 'x', not a number"):
+        ReplySpec(spec, refusable=True).check(_refusal(epsilon="x"))

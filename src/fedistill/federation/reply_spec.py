@@ -22,22 +22,31 @@ NUM_SAMPLES = "num_samples"
 TRAIN_METRICS = (NUM_SAMPLES,)
 TRAIN_LOSS = "train_loss"
 LOCAL_METRICS = ("local_accuracy", "local_count")
-#: A client's refusal to exceed its privacy budget (privacy/budget.py) is a valid answer to any request.
+#: A client's refusal to exceed its privacy budget (privacy/budget.py): a valid answer where the request's
+#: spec is `refusable` (the server then stops the run with the client's reason), invalid elsewhere.
 REFUSED = "privacy_budget_refused"
+#: What a refusal carries, and nothing else (privacy/budget.py `refusal`): numbers and the reason.
+REFUSAL_NUMBERS = ("epsilon", "epsilon_would_be", "target_epsilon")
 
 
 @dataclass(frozen=True)
 class ReplySpec:
     """Arrays per kind (exact: no other names under that kind, unless listed in `open_kinds`), and the
-    `metrics` scalars that must be finite numbers; `num_samples` must also be >= 0."""
+    `metrics` scalars that must be finite numbers; `num_samples` must also be >= 0. `refusable`: a
+    privacy-budget refusal (only its own scalars) is also a valid answer; elsewhere it is an invalid reply,
+    so a flag cannot carry arrays past these checks to a server that never reads refusals."""
 
     arrays: Mapping[str, Mapping[str, ArraySpec]] = field(default_factory=dict)
     metrics: tuple[str, ...] = ()
     open_kinds: frozenset[str] = frozenset()
+    refusable: bool = False
 
     def check(self, message: Message) -> None:
         """FederationError saying what is wrong with `message`; nothing when it is as expected."""
         if message.scalars.get("metrics", {}).get(REFUSED) is True:
+            if not self.refusable:
+                raise _fault(message, "a privacy-budget refusal, which this request does not take")
+            check_refusal(message)
             return
         for kind, specs in self.arrays.items():
             expect_arrays(message, kind, specs, exact=kind not in self.open_kinds)
@@ -56,7 +65,25 @@ class ReplySpec:
             {**self.arrays, **other.arrays},
             tuple(dict.fromkeys(self.metrics + other.metrics)),
             self.open_kinds | other.open_kinds,
+            self.refusable or other.refusable,
         )
+
+
+def check_refusal(message: Message) -> None:
+    """A refusal is its flag, finite epsilons and a reason: no arrays, no other scalars."""
+    if message.arrays:
+        raise _fault(message, f"a privacy-budget refusal that carries arrays ({sorted(message.arrays)})")
+    extra = set(message.scalars) - {"metrics"}
+    metrics = message.scalars.get("metrics", {})
+    extra |= set(metrics) - {REFUSED, "reason", *REFUSAL_NUMBERS}
+    if extra:
+        raise _fault(message, f"a privacy-budget refusal with other scalars ({sorted(extra)})")
+    for name in REFUSAL_NUMBERS:
+        value = metrics.get(name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise _fault(message, f"a privacy-budget refusal whose {name!r} is {value!r}, not a number")
+    if not isinstance(metrics.get("reason"), str):
+        raise _fault(message, "a privacy-budget refusal without its reason")
 
 
 def _fault(message: Message, what: str) -> Exception:

@@ -286,7 +286,9 @@ class FedAvgServer(ServerLogic):
         )
         local_name, local_count = local_metric_names(self.task)
         expect = ReplySpec(
-            {"parameters": self.specs}, TRAIN_METRICS + ((local_name, local_count) if evaluate_local else ())
+            {"parameters": self.specs},
+            TRAIN_METRICS + ((local_name, local_count) if evaluate_local else ()),
+            refusable=True,  # a client at its privacy budget refuses; `privacy.check` stops the run
         )
         requests = self.requests(fleet, round, request, chosen)
         sent = fleet.send(requests, timeout=config.timeout or None, expect=expect)

@@ -94,7 +94,10 @@ class FedDFServer(ServerLogic):
             for name, model in self.group_models.items()
         }
         needed = TRAIN_METRICS + (LOCAL_METRICS if evaluate_local else ())
-        expect = {cid: ReplySpec({"parameters": self.specs[self.group(cid)]}, needed) for cid in chosen}
+        expect = {
+            cid: ReplySpec({"parameters": self.specs[self.group(cid)]}, needed, refusable=True)
+            for cid in chosen
+        }
         sent = fleet.send(
             {cid: requests[self.group(cid)] for cid in chosen}, timeout=config.timeout or None, expect=expect
         )

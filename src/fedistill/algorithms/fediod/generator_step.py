@@ -207,7 +207,8 @@ class GeneratorStep:
                 logits_spec["student_z"] = ArraySpec("float32", view.sent_shape(len(carried.x)))
                 ratio_spec["student_ratio"] = ArraySpec("float32", view.ratio_shape(len(carried.x)))
             return ReplySpec(
-                {"logits": logits_spec} | ({"discriminator-outputs": ratio_spec} if want_ratio else {})
+                {"logits": logits_spec} | ({"discriminator-outputs": ratio_spec} if want_ratio else {}),
+                refusable=True,  # a site at its privacy budget refuses; refusal_reason stops the run
             )
 
         expect = reply_spec(b) if split is None else {c: reply_spec(len(r)) for c, r in split.rows.items()}

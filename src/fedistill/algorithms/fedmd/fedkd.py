@@ -77,7 +77,7 @@ from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import ArraySpec, Message
-from fedistill.federation.reply_spec import LOCAL_METRICS, NUM_SAMPLES, REFUSED, ReplySpec
+from fedistill.federation.reply_spec import LOCAL_METRICS, NUM_SAMPLES, ReplySpec
 from fedistill.privacy import pate
 from fedistill.seeding import numpy_generator, torch_generator
 
@@ -188,9 +188,7 @@ class VotesSpec(ReplySpec):
     levels: int = 1
 
     def check(self, message: Message) -> None:
-        super().check(message)
-        if message.scalars.get("metrics", {}).get(REFUSED) is True:
-            return
+        super().check(message)  # no client refuses its votes: a refusal is an invalid reply here
         votes = message.array("votes", "votes")
         if (votes > self.levels).any() or (votes.sum(1, dtype=np.int64) != self.levels).any():
             raise FederationError(f"{message.type}: votes/votes rows must sum to {self.levels}")
