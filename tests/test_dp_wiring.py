@@ -495,3 +495,20 @@ def test_a_refusal_is_valid_only_where_the_request_takes_one_and_carries_nothing
         ReplySpec(spec, refusable=True).check(_refusal(num_samples=5))
     with pytest.raises(FederationError, match="'epsilon' is 'x', not a number"):
         ReplySpec(spec, refusable=True).check(_refusal(epsilon="x"))
+
+
+def test_a_metric_that_is_not_a_number_makes_the_reply_invalid_even_when_the_spec_does_not_name_it():
+    """FedAvg reads `train_loss` (and the privacy report `epsilon`) with float() when a reply has one: a
+    string there crashed the server instead of dropping the reply."""
+    import numpy as np
+
+    from fedistill.errors import FederationError
+    from fedistill.federation.messages import Message
+    from fedistill.federation.reply_spec import ReplySpec
+
+    arrays = {"parameters": {"w": np.zeros(2, dtype=np.float32)}}
+    spec = ReplySpec({}, ("num_samples",))
+    spec.check(Message.build("train", arrays=arrays, scalars={"metrics": {"num_samples": 3, "flag": True}}))
+    bad = Message.build("train", arrays=arrays, scalars={"metrics": {"num_samples": 3, "train_loss": "x"}})
+    with pytest.raises(FederationError, match="metric 'train_loss' is 'x', not a number"):
+        spec.check(bad)

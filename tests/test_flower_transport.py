@@ -312,3 +312,95 @@ def test_a_wrong_client_cache_is_named_in_one_line(value) -> None:
         client_cache(SimpleNamespace(node_config={"client-cache": value}))
     assert client_cache(SimpleNamespace(node_config={})) == 64
     assert client_cache(SimpleNamespace(node_config={"client-cache": 0})) == 0
+
+
+class _StoringGrid:
+    """A Grid that answers every stored message with `answer(node, request)` and stores none of the
+    messages to the nodes in `refused` (`mode`: an empty id for each, as a deployment's SuperLink answers,
+    or no id, as the in-memory grid skips one)."""
+
+    def __init__(self, nodes, answer, refused=(), mode="empty-id"):
+        from flwr.supercore.task_identity import TaskIdentity
+
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
+        self.nodes, self.answer, self.refused, self.mode = list(nodes), answer, set(), mode
+        self.later_refused, self.stored, self.count = set(refused), {}, 0
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            node = message.metadata.dst_node_id
+            if node in self.refused:
+                ids += [""] if self.mode == "empty-id" else []
+                continue
+            self.count += 1
+            mid = f"m{self.count}"
+            message.metadata.__dict__["_message_id"] = mid
+            self.stored[mid] = message
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, ids):
+        from flwr.app import Message as FlowerMessage
+
+        out = []
+        for mid in ids:
+            request = self.stored.pop(mid, None)
+            if request is not None:
+                out.append(
+                    FlowerMessage(self.answer(request.metadata.dst_node_id, request), reply_to=request)
+                )
+        return out
+
+
+def _hello_then(reply):
+    def answer(node, request):
+        if request.metadata.message_type == "query.hello":
+            return to_records(Message.build("query.hello", scalars={"metrics": {"partition_id": node - 101}}))
+        return to_records(reply)
+
+    return answer
+
+
+@pytest.mark.parametrize("mode", ["empty-id", "no-id"])
+def test_a_request_the_superlink_did_not_store_is_that_nodes_failure_at_once(mode) -> None:
+    """An empty id for two nodes made the server crash on a KeyError; a missing id on a zip()."""
+    from fedistill.federation.ledger import Ledger
+    from fedistill.transports.flower.grid_fleet import GridFleet
+
+    grid = _StoringGrid([101, 102, 103], _hello_then(Message.build("train", scalars={"metrics": {"n": 1}})))
+    fleet = GridFleet(grid, Ledger(None), algorithm="fedavg", expected_clients=3, timeout=60.0)
+    grid.refused, grid.mode = {102, 103}, mode
+    replies = fleet.send({c: Message.build("train") for c in range(3)})
+    assert replies[0].ok
+    for client in (1, 2):
+        assert replies[client].error == "not delivered: the SuperLink did not store the request"
+
+
+def test_an_invalid_reply_over_flower_is_ledgered_with_its_bytes(tmp_path) -> None:
+    from fedistill.federation.ledger import Ledger
+    from fedistill.transports.flower.grid_fleet import GridFleet
+
+    nan = Message.build("query.logits", arrays={"logits": {"z": np.full((4, 10), np.nan, np.float32)}})
+    grid = _StoringGrid([101, 102], _hello_then(nan))
+    fleet = GridFleet(grid, Ledger(tmp_path / "ledger.jsonl"), algorithm="fediod", expected_clients=2)
+    replies = fleet.send({c: Message.build("query.logits") for c in range(2)})
+    assert not replies[0].ok and "NaN" in replies[0].error
+    fleet.ledger.close()
+    invalid = [r for r in read_ledger(tmp_path / "ledger.jsonl") if r["status"] == "invalid"]
+    assert len(invalid) == 2 and all(r["bytes"] == 4 * 10 * 4 for r in invalid)
+
+
+@pytest.mark.parametrize("partition", ["zero", 1.5, True])
+def test_a_node_that_names_no_whole_partition_is_named_in_one_line(partition) -> None:
+    from fedistill.federation.ledger import Ledger
+    from fedistill.transports.flower.grid_fleet import GridFleet
+
+    def answer(node, request):
+        return to_records(Message.build("query.hello", scalars={"metrics": {"partition_id": partition}}))
+
+    with pytest.raises(FederationError, match=f"Flower node 101 named partition {partition!r}, not a whole"):
+        GridFleet(_StoringGrid([101], answer), Ledger(None), algorithm="fedavg", expected_clients=1)

@@ -57,6 +57,11 @@ CORRUPTIONS: dict[str, Callable[[Message], Message]] = {
     "missing metric": lambda m: _rebuilt(m, metrics=_without_one(m.scalars["metrics"])),
     "negative num_samples": lambda m: _rebuilt(m, metrics={**m.scalars["metrics"], "num_samples": -50}),
     "oversize": lambda m: _with_array(m, lambda a: a),  # with a message cap set below its size
+    "text metric": lambda m: _rebuilt(m, metrics={**m.scalars["metrics"], "train_loss": "low"}),
+    # the refusal flag on a reply that also carries its arrays: refusals carry their epsilons alone
+    "refusal with arrays": lambda m: _rebuilt(
+        m, metrics={**m.scalars["metrics"], "privacy_budget_refused": True}
+    ),
 }
 WHAT_IS_NAMED = {
     "wrong shape": "expected",
@@ -66,6 +71,8 @@ WHAT_IS_NAMED = {
     "missing metric": "missing metric 'num_samples'",
     "negative num_samples": "negative",
     "oversize": "exceeds the cap",
+    "text metric": "metric 'train_loss' is 'low', not a number",
+    "refusal with arrays": "refusal that carries arrays",
 }
 
 
@@ -117,6 +124,7 @@ def test_fedavg_drops_a_client_whose_update_is_invalid(tmp_path, misbehaving, co
     assert summary["test_accuracy"] is not None
     invalid = [r for r in read_ledger(tmp_path / "fedavg" / "ledger.jsonl") if r["status"] == "invalid"]
     assert {r["client"] for r in invalid} == {BAD_CLIENT}
+    assert all(r["bytes"] > 0 for r in invalid)  # an invalid reply's bytes crossed the boundary too
 
 
 def test_an_oversize_reply_is_invalid_like_any_other(tmp_path, misbehaving):
@@ -124,6 +132,8 @@ def test_an_oversize_reply_is_invalid_like_any_other(tmp_path, misbehaving):
     config = _config("fediod", max_message_mb=2.0)  # above every honest message of the tiny run
     summary = run_suite(config, tmp_path, progress=False)[0]
     assert "exceeds the cap" in summary["dropped_clients"][str(BAD_CLIENT)]
+    invalid = [r for r in read_ledger(tmp_path / "fediod" / "ledger.jsonl") if r["status"] == "invalid"]
+    assert invalid and all(r["bytes"] > 4 * 2**20 for r in invalid)  # the padding crossed too
 
 
 @pytest.mark.parametrize(

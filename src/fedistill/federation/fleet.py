@@ -23,6 +23,8 @@ class Reply:
     client: int
     message: Message | None
     error: str | None = None  # set when the client failed or timed out
+    # what arrived when it failed the receipt checks (NaN, oversize): for the ledger's bytes only
+    received: Message | None = None
 
     @property
     def ok(self) -> bool:
@@ -139,7 +141,7 @@ class Fleet(ABC):
             step=step,
             direction=UP,
             client=reply.client,
-            message=received,  # an invalid reply's bytes crossed the boundary too
+            message=received or reply.received,  # an invalid reply's bytes crossed the boundary too
             type=request_type,
             status=status,
             error=reply.error,

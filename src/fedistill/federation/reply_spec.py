@@ -32,7 +32,8 @@ REFUSAL_NUMBERS = ("epsilon", "epsilon_would_be", "target_epsilon")
 @dataclass(frozen=True)
 class ReplySpec:
     """Arrays per kind (exact: no other names under that kind, unless listed in `open_kinds`), and the
-    `metrics` scalars that must be finite numbers; `num_samples` must also be >= 0. `refusable`: a
+    `metrics` scalars that must be there as finite numbers; `num_samples` must also be >= 0. Every other
+    metric a reply carries must be a number too (bool counts). `refusable`: a
     privacy-budget refusal (only its own scalars) is also a valid answer; elsewhere it is an invalid reply,
     so a flag cannot carry arrays past these checks to a server that never reads refusals."""
 
@@ -51,6 +52,9 @@ class ReplySpec:
         for kind, specs in self.arrays.items():
             expect_arrays(message, kind, specs, exact=kind not in self.open_kinds)
         metrics = message.scalars.get("metrics", {})
+        for name, value in metrics.items():  # servers read any metric they find with float()
+            if not isinstance(value, int | float):
+                raise _fault(message, f"metric {name!r} is {value!r}, not a number")
         for name in self.metrics:
             if name not in metrics:
                 raise _fault(message, f"missing metric {name!r}")

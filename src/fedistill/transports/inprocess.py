@@ -136,7 +136,7 @@ class InProcessFleet(Fleet):
         try:
             check_on_receipt(answer, max_bytes=self.max_bytes)
         except FederationError as exc:  # NaN, oversize, a malformed message: invalid, like any other fault
-            return Reply(cid, None, f"invalid reply: {exc}")
+            return Reply(cid, None, f"invalid reply: {exc}", received=answer)
         if timeout is not None and elapsed > timeout:
             return Reply(cid, None, f"timed out after {elapsed:.1f} s (limit {timeout:.1f} s)")
         return Reply(cid, answer)

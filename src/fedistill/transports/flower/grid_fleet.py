@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 HELLO = "query.hello"
 #: How long a send waits for its replies when the run config sets no `timeout`.
 DEFAULT_TIMEOUT_S = 600.0
+#: A node's answer: (the valid message, None, None) or (None, the error, what arrived if it decoded).
+Decoded = tuple[Message | None, str | None, Message | None]
 
 
 class GridFleet(Fleet):
@@ -72,10 +74,12 @@ class GridFleet(Fleet):
         hello = Message.build(HELLO)
         replies = self._exchange({node: hello for node in nodes}, step=None, timeout=connect_timeout)
         node_of: dict[int, int] = {}
-        for node, (reply, error) in replies.items():
+        for node, (reply, error, _) in replies.items():
             if reply is None:
                 raise FederationError(f"Flower node {node} did not answer {HELLO}: {error}")
-            pid = int(reply.scalar("metrics", "partition_id"))
+            pid = reply.scalars.get("metrics", {}).get("partition_id")
+            if isinstance(pid, bool) or not isinstance(pid, int):
+                raise FederationError(f"Flower node {node} named partition {pid!r}, not a whole number")
             if pid in node_of:
                 raise FederationError(f"Flower nodes {node_of[pid]} and {node} both hold partition {pid}")
             node_of[pid] = node
@@ -116,25 +120,31 @@ class GridFleet(Fleet):
             elif cid in offline:
                 reply = Reply(cid, None, f"node {self.node_of[cid]} is offline (the SuperLink lost it)")
             else:
-                message, error = answers[self.node_of[cid]]
-                reply = Reply(cid, message, error)
+                message, error, received = answers[self.node_of[cid]]
+                reply = Reply(cid, message, error, received)
             replies[cid] = self.record_reply(reply, requests[cid].type, step, expect)
         self.seconds_in_transport += time.perf_counter() - started
         return replies
 
     def _exchange(
         self, requests: Mapping[int, Message], *, step: int | None, timeout: float
-    ) -> dict[int, tuple[Message | None, str | None]]:
-        """Push one message per node, pull until every reply is in or the deadline passes."""
+    ) -> dict[int, Decoded]:
+        """Push one message per node, pull until every reply is in or the deadline passes.
+
+        Each message is pushed on its own: the SuperLink answers a message it did not store with an empty
+        id (a deployment) or no id at all (the in-memory grid, a payload it refused), and only one at a
+        time tells whose it was; that node's reply is "not delivered" at once, not a timeout later."""
         header = {"algorithm": self.algorithm, "round": self.round, "step": -1 if step is None else step}
-        outgoing = [
-            FlowerMessage(to_records(message, header), dst_node_id=node, message_type=message.type)
-            for node, message in requests.items()
-        ]
-        ids = list(self.grid.push_messages(outgoing))
-        node_of_id = {mid: node for mid, node in zip(ids, requests, strict=True)}
-        results: dict[int, tuple[Message | None, str | None]] = {}
-        pending = set(ids)
+        results: dict[int, Decoded] = {}
+        node_of_id: dict[str, int] = {}
+        for node, message in requests.items():
+            outgoing = FlowerMessage(to_records(message, header), dst_node_id=node, message_type=message.type)
+            stored = [mid for mid in self.grid.push_messages([outgoing]) if mid]
+            if len(stored) == 1:
+                node_of_id[stored[0]] = node
+            else:
+                results[node] = (None, "not delivered: the SuperLink did not store the request", None)
+        pending = set(node_of_id)
         deadline = time.monotonic() + timeout
         while pending:
             interrupt.check()
@@ -149,15 +159,22 @@ class GridFleet(Fleet):
                     break
                 time.sleep(self.poll_s)
         for mid in pending:
-            results[node_of_id[mid]] = (None, f"timed out after {timeout:.1f} s (no reply from the node)")
+            results[node_of_id[mid]] = (
+                None,
+                f"timed out after {timeout:.1f} s (no reply from the node)",
+                None,
+            )
         return results
 
-    def _decode(self, reply: FlowerMessage, message_type: str) -> tuple[Message | None, str | None]:
+    def _decode(self, reply: FlowerMessage, message_type: str) -> Decoded:
+        """(message, None, None) for a valid reply; else (None, the error, what arrived if it decoded:
+        its bytes go to the ledger)."""
         if reply.has_error():
-            return None, f"client error {reply.error.code}: {reply.error.reason}"
+            return None, f"client error {reply.error.code}: {reply.error.reason}", None
+        received = None
         try:
-            message = from_records(reply.content, message_type)
-            check_on_receipt(message, max_bytes=self.max_bytes)
+            received = from_records(reply.content, message_type)
+            check_on_receipt(received, max_bytes=self.max_bytes)
         except Exception as exc:  # a malformed reply is that client's failure, not the server's
-            return None, f"invalid reply: {exc}"
-        return message, None
+            return None, f"invalid reply: {exc}", received
+        return received, None, None
