@@ -16,7 +16,7 @@ from fedistill.config import RunConfig
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.errors import FederationError
 from fedistill.models import build_model
-from fedistill.seeding import seeded
+from fedistill.seeding import derive_seed, global_rng, seeded
 from fedistill.tasks import Classification, Inputs, Task, make_task
 
 
@@ -139,8 +139,15 @@ def train_local(
     anchor = {n: p.detach().clone() for n, p in model.named_parameters()} if prox_mu > 0 else None
     model.train()
     total, count, steps = 0.0, 0, 0
+    # dropout draws from torch's global RNG: seeded per step from this training's own stream, so a run
+    # (and a resumed one) draws the same masks whatever ran before in the process
+    dropout_seed = generator.initial_seed() if has_dropout(model) else None
     for x, y in local_batches(data, info, spec, generator):
-        loss = spec.task.loss(spec.task.predict(model, x), y)
+        if dropout_seed is None:
+            loss = spec.task.loss(spec.task.predict(model, x), y)
+        else:
+            with global_rng(derive_seed(dropout_seed, "dropout", steps)):
+                loss = spec.task.loss(spec.task.predict(model, x), y)
         objective = loss if anchor is None else loss + 0.5 * prox_mu * _prox_term(model, anchor)
         check_finite(loss, "local training", steps)
         optimizer.zero_grad(set_to_none=True)
@@ -150,6 +157,11 @@ def train_local(
         count += y.shape[0]
         steps += 1
     return {"train_loss": total / count, "steps": steps}
+
+
+def has_dropout(model: nn.Module) -> bool:
+    """Whether `model` holds a dropout layer (whose masks come from torch's global RNG)."""
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
 
 
 def evaluate_model(
