@@ -72,3 +72,54 @@ def test_clients_that_hold_nothing_cost_no_file_and_read_back_empty(tmp_path):
     (path / "empty-parts.json").write_text('["server"]')  # the list is in the manifest like every part
     with pytest.raises(DamagedCheckpoint):
         verify_checkpoint(path)
+
+
+def test_fedavgm_velocity_read_back_from_a_checkpoint_goes_to_the_runs_device(monkeypatch):
+    """A checkpoint reads back on the CPU; FedAvgM's velocity stayed there and its first update on a GPU
+    mixed devices. `meta` stands in for the card."""
+    from types import SimpleNamespace
+
+    from fedistill import devices
+    from fedistill.algorithms.classic.fedavg import FedAvgServer
+
+    server = SimpleNamespace(
+        model=torch.nn.Linear(2, 1), privacy=SimpleNamespace(load_state_dict=lambda state: None)
+    )
+    state = {"model": server.model.state_dict(), "momentum": {"weight": torch.ones(1, 2)}}
+    monkeypatch.setattr(devices, "_current", torch.device("meta"))
+    FedAvgServer.load_state_dict(server, state)
+    assert server.momentum["weight"].device.type == "meta"
+
+
+@pytest.mark.parametrize("edit", ["lr = 0.05", "rounds = 3"])
+def test_a_resume_refuses_a_config_edited_since_the_checkpoint_naming_the_key(tmp_path, edit):
+    """An edited config.toml was accepted: the run went on with other settings (or more rounds) and its
+    record kept the old ones."""
+    from fedistill.algorithms.classic.fedavg import FedAvgServer
+    from fedistill.config import RunConfig, build_config
+    from fedistill.engine.launch import resume_suite, run_suite
+    from fedistill.errors import ConfigError
+
+    config = build_config(
+        RunConfig(), {"algorithm": "fedavg", "clients": 2, "rounds": 2, "model": "mlp", "lr": 0.1}, {}
+    )
+    run_round = FedAvgServer.run_round
+
+    def crash(self, fleet, round):
+        if round == 2:
+            raise RuntimeError("simulated crash")
+        return run_round(self, fleet, round)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FedAvgServer, "run_round", crash)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            run_suite(config, tmp_path, progress=False)
+    path = tmp_path / "config.toml"
+    key = edit.split(" = ")[0]
+    lines = path.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(f"{key} = "))
+    path.write_text("\n".join([*lines[:at], edit, *lines[at + 1 :]]) + "\n")
+    with pytest.raises(ConfigError, match=rf"written under \({key}\); a resume continues"):
+        resume_suite(tmp_path, progress=False)
+    path.write_text("\n".join(lines) + "\n")
+    assert resume_suite(tmp_path, progress=False)[0]["rounds"] == 2

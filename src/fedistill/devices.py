@@ -42,7 +42,8 @@ def resolve(name: str) -> torch.device:
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ConfigError(
-                f"device {name!r}: this machine has no CUDA device; use device = 'cpu' or 'auto'"
+                f"device {name!r}: this machine has no CUDA device; use device = 'cpu' or 'auto' "
+                "(a resumed run: --resume RUN --device cpu)"
             )
         index = int(name.split(":")[1]) if ":" in name else 0
         if index >= torch.cuda.device_count():

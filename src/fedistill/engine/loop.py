@@ -103,6 +103,8 @@ def run_algorithm(
         raise ConfigError(
             f"{run_dir}: the saved partition differs from the one this config makes; cannot resume"
         )
+    else:
+        check_same_settings(run_dir, state["runner"].get("settings"), config)
 
     handler = logging.FileHandler(run_dir / "run.log", mode="a" if checkpoint else "w")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -112,6 +114,31 @@ def run_algorithm(
     finally:
         logging.getLogger().removeHandler(handler)
         handler.close()
+
+
+#: What a resume may change: where the run computes, and where its folder is.
+RESUME_MAY_CHANGE = ("device", "out", "name")
+
+
+def resumable_settings(config: RunConfig) -> dict[str, Any]:
+    """The config a checkpoint was written under (as JSON reads it back), less what a resume may change."""
+    settings = {k: v for k, v in config.to_dict().items() if k not in RESUME_MAY_CHANGE}
+    return json.loads(json.dumps(settings, default=str))
+
+
+def check_same_settings(run_dir: Path, saved: dict[str, Any] | None, config: RunConfig) -> None:
+    """ConfigError naming the keys when config.toml no longer says what the checkpoint was written under
+    (an edited file would go on with other settings, silently); checkpoints that predate the record pass."""
+    if saved is None:
+        return
+    now = resumable_settings(config)
+    changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+    if changed:
+        raise ConfigError(
+            f"{run_dir}: config.toml differs from the settings its checkpoint was written under "
+            f"({', '.join(changed)}); a resume continues with those (only --device may change): undo the "
+            "edit, or start a new run under another --name"
+        )
 
 
 def _loop(
@@ -231,6 +258,7 @@ def _loop(
                     "dropped": {str(k): v for k, v in fleet.dropped.items()},
                     "last_eval": last_eval,
                     "machines": machines_so_far,
+                    "settings": resumable_settings(config),
                 }
                 parts = {"runner": runner_state, "server": server.state_dict()}
                 parts |= {f"client_{cid:03d}": c.state_dict() for cid, c in clients.items()}

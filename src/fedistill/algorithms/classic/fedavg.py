@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedistill import devices
 from fedistill.algorithms.base import (
     ALL_TASKS,
     TEXT_TASKS,
@@ -371,7 +372,8 @@ class FedAvgServer(ServerLogic):
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
-        self.momentum = dict(state.get("momentum", {}))
+        # a checkpoint reads back on the CPU: the velocity meets the model's parameters on the run's device
+        self.momentum = {name: devices.on_device(v) for name, v in state.get("momentum", {}).items()}
         self.last_local = dict(state.get("last_local", {}))
         self.privacy.load_state_dict(state.get("privacy", {}))
 
