@@ -202,8 +202,8 @@ class FedMDCGClient(ClientLogic):
         if self.options.label_counts == "data":
             return class_counts(self.ctx.train, c)
         counts = torch.full((c,), 0 if t == 0 else 1, dtype=torch.int64)
-        for _, y in self.cache:
-            counts += torch.bincount(y, minlength=c)
+        for _, y in self.cache:  # the cached labels sit on the run's device, the counts on the CPU
+            counts += torch.bincount(y, minlength=c).cpu()
         return counts
 
     def state_dict(self) -> dict:
