@@ -160,8 +160,8 @@ def train_local(
 
 
 def has_dropout(model: nn.Module) -> bool:
-    """Whether `model` holds a dropout layer (whose masks come from torch's global RNG)."""
-    return any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
+    """Whether `model` holds a dropout layer that drops (its masks come from torch's global RNG)."""
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
 
 
 def evaluate_model(
