@@ -33,7 +33,7 @@ from fedistill.federation.messages import ArraySpec, Message
 from fedistill.federation.reply_spec import NUM_SAMPLES, ReplySpec
 from fedistill.models.pix2pix import build_conditional_generator, one_hot_mask
 from fedistill.plots import plot_image_grid
-from fedistill.seeding import derive_seed, seeded, torch_generator
+from fedistill.seeding import derive_seed, global_rng, seeded, torch_generator
 from fedistill.tasks.per_pixel_batches import joint_flip_rotate
 
 log = logging.getLogger(__name__)
@@ -134,8 +134,7 @@ class AsynDGANServer(ServerLogic):
         """G's images of `masks` (noise channels from `rng`; dropout from a stream seeded by `purpose`)."""
         condition = one_hot_mask(masks, self.classes)
         noise = self.generator.sample_noise(condition, rng) if self.generator.noise_channels else None
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.ctx.config.seed, "asyndgan-dropout", *purpose))
+        with global_rng(derive_seed(self.ctx.config.seed, "asyndgan-dropout", *purpose)):  # CUDA's too
             return self.generator(condition, noise)
 
     def _sample(self, masks: torch.Tensor, rng: torch.Generator, *purpose: object) -> torch.Tensor:
@@ -145,8 +144,7 @@ class AsynDGANServer(ServerLogic):
         state = (dict(generator.named_parameters()), {n: b.clone() for n, b in generator.named_buffers()})
         condition = one_hot_mask(masks, self.classes)
         noise = generator.sample_noise(condition, rng) if generator.noise_channels else None
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.ctx.config.seed, "asyndgan-dropout", *purpose))
+        with torch.no_grad(), global_rng(derive_seed(self.ctx.config.seed, "asyndgan-dropout", *purpose)):
             return functional_call(generator, state, (condition, noise))
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
