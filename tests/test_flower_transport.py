@@ -320,9 +320,6 @@ class _StoringGrid:
     or no id, as the in-memory grid skips one)."""
 
     def __init__(self, nodes, answer, refused=(), mode="empty-id"):
-        from flwr.supercore.task_identity import TaskIdentity
-
-        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
         self.nodes, self.answer, self.refused, self.mode = list(nodes), answer, set(), mode
         self.later_refused, self.stored, self.count = set(refused), {}, 0
 
@@ -356,6 +353,15 @@ class _StoringGrid:
         return out
 
 
+@pytest.fixture
+def task_identity(monkeypatch):
+    """The process's Flower task identity a Message needs, set for the test and restored after it."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name in ("_run_id", "_node_id", "_task_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1 if name == "_run_id" else 0)
+
+
 def _hello_then(reply):
     def answer(node, request):
         if request.metadata.message_type == "query.hello":
@@ -366,7 +372,7 @@ def _hello_then(reply):
 
 
 @pytest.mark.parametrize("mode", ["empty-id", "no-id"])
-def test_a_request_the_superlink_did_not_store_is_that_nodes_failure_at_once(mode) -> None:
+def test_a_request_the_superlink_did_not_store_is_that_nodes_failure_at_once(mode, task_identity) -> None:
     """An empty id for two nodes made the server crash on a KeyError; a missing id on a zip()."""
     from fedistill.federation.ledger import Ledger
     from fedistill.transports.flower.grid_fleet import GridFleet
@@ -380,7 +386,7 @@ def test_a_request_the_superlink_did_not_store_is_that_nodes_failure_at_once(mod
         assert replies[client].error == "not delivered: the SuperLink did not store the request"
 
 
-def test_an_invalid_reply_over_flower_is_ledgered_with_its_bytes(tmp_path) -> None:
+def test_an_invalid_reply_over_flower_is_ledgered_with_its_bytes(tmp_path, task_identity) -> None:
     from fedistill.federation.ledger import Ledger
     from fedistill.transports.flower.grid_fleet import GridFleet
 
@@ -395,7 +401,7 @@ def test_an_invalid_reply_over_flower_is_ledgered_with_its_bytes(tmp_path) -> No
 
 
 @pytest.mark.parametrize("partition", ["zero", 1.5, True])
-def test_a_node_that_names_no_whole_partition_is_named_in_one_line(partition) -> None:
+def test_a_node_that_names_no_whole_partition_is_named_in_one_line(partition, task_identity) -> None:
     from fedistill.federation.ledger import Ledger
     from fedistill.transports.flower.grid_fleet import GridFleet
 
