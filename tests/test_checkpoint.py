@@ -123,3 +123,34 @@ def test_a_resume_refuses_a_config_edited_since_the_checkpoint_naming_the_key(tm
         resume_suite(tmp_path, progress=False)
     path.write_text("\n".join(lines) + "\n")
     assert resume_suite(tmp_path, progress=False)[0]["rounds"] == 2
+
+
+def test_a_checkpoint_from_before_manifests_that_lost_a_clients_part_is_named_in_one_line(tmp_path):
+    """Without a manifest nothing notices a missing part: a client then restarted from nothing and the
+    resume died in its load_state_dict with a bare KeyError."""
+    from fedistill.algorithms.classic.standalone import StandaloneServer
+    from fedistill.config import RunConfig, build_config
+    from fedistill.engine.checkpoint import MANIFEST
+    from fedistill.engine.launch import resume_suite, run_suite
+    from fedistill.errors import RunDirError
+
+    config = build_config(
+        RunConfig(), {"algorithm": "standalone", "clients": 2, "rounds": 2, "model": "mlp"}, {}
+    )
+    run_round = StandaloneServer.run_round
+
+    def crash(self, fleet, round):
+        if round == 2:
+            raise RuntimeError("simulated crash")
+        return run_round(self, fleet, round)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(StandaloneServer, "run_round", crash)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            run_suite(config, tmp_path, progress=False)
+    checkpoint = tmp_path / "standalone" / "checkpoints" / "round_00001"
+    (checkpoint / MANIFEST).unlink()  # as a checkpoint written before manifests
+    for part in checkpoint.glob("client_001.*"):
+        part.unlink()
+    with pytest.raises(RunDirError, match="its checkpoint lacks client_001; start again"):
+        resume_suite(tmp_path, progress=False)

@@ -33,7 +33,7 @@ from fedistill.engine.rundir import MetricsWriter
 from fedistill.engine.setup import Prepared, client_contexts, resolve, score_first, source_names
 from fedistill.engine.summary import write_summary
 from fedistill.engine.tracking import start_tracking
-from fedistill.errors import ConfigError
+from fedistill.errors import ConfigError, RunDirError
 from fedistill.federation.fleet import Fleet
 from fedistill.federation.ledger import Ledger
 from fedistill.machine import history_after, machine
@@ -199,9 +199,16 @@ def _loop(
     machines_so_far = history_after(runner_state.get("machines", []), ran_on)  # this start's machine last
     started = time.perf_counter() - runner_state["elapsed"]  # wall time includes set-up (stage 1)
     if state:
+        missing = [
+            part for part in ("server", *(f"client_{cid:03d}" for cid in clients)) if part not in state
+        ]
+        if missing:  # a checkpoint from before manifests, with files gone (a manifest's would fall back)
+            raise RunDirError(
+                f"{run_dir}: its checkpoint lacks {', '.join(missing)}; start again under another --name"
+            )
         server.load_state_dict(state["server"])
         for cid, client in clients.items():
-            client.load_state_dict(state.get(f"client_{cid:03d}", {}))
+            client.load_state_dict(state[f"client_{cid:03d}"])
         fleet.dropped = {int(k): v for k, v in runner_state.get("dropped", {}).items()}
         log.info("resumed %s from round %d", algorithm.name, runner_state["round"])
     else:
