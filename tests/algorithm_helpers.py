@@ -80,14 +80,8 @@ def _results(final: dict) -> dict:
     return {k: v for k, v in final.items() if k not in PROVENANCE}
 
 
-def check_resume_after_crash(
-    config: RunConfig, server: type[ServerLogic], out: Path, crash_round: int = 3
-) -> Path:
-    """Run `config` (one algorithm) once through, and once crashing in `crash_round` then resuming from
-    the checkpoint: the final metrics and every metrics row (timings aside) must be the same.
-    Returns the resumed run's directory."""
-    (algorithm,) = config.algorithms
-    reference = run_suite(config, out / "ref", progress=False)[0]
+def run_until_crash(config: RunConfig, server: type[ServerLogic], out: Path, crash_round: int) -> None:
+    """Run `config` into `out`, crashing in `crash_round` (its last checkpoint is the one before)."""
     run_round = server.run_round
 
     def crash(self: ServerLogic, fleet: Fleet, round: int) -> dict[str, float]:
@@ -98,7 +92,18 @@ def check_resume_after_crash(
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(server, "run_round", crash)
         with pytest.raises(RuntimeError, match="simulated crash"):
-            run_suite(config, out / "crashed", progress=False)
+            run_suite(config, out, progress=False)
+
+
+def check_resume_after_crash(
+    config: RunConfig, server: type[ServerLogic], out: Path, crash_round: int = 3
+) -> Path:
+    """Run `config` (one algorithm) once through, and once crashing in `crash_round` then resuming from
+    the checkpoint: the final metrics and every metrics row (timings aside) must be the same.
+    Returns the resumed run's directory."""
+    (algorithm,) = config.algorithms
+    reference = run_suite(config, out / "ref", progress=False)[0]
+    run_until_crash(config, server, out / "crashed", crash_round)
     resumed = resume_suite(out / "crashed", progress=False)[0]
     assert _results(resumed["final"]) == _results(reference["final"])
     got = _strip_times(read_jsonl(out / "crashed" / algorithm / "metrics.jsonl"))

@@ -95,25 +95,16 @@ def test_fedavgm_velocity_read_back_from_a_checkpoint_goes_to_the_runs_device(mo
 def test_a_resume_refuses_a_config_edited_since_the_checkpoint_naming_the_key(tmp_path, edit):
     """An edited config.toml was accepted: the run went on with other settings (or more rounds) and its
     record kept the old ones."""
+    from algorithm_helpers import run_until_crash
     from fedistill.algorithms.classic.fedavg import FedAvgServer
     from fedistill.config import RunConfig, build_config
-    from fedistill.engine.launch import resume_suite, run_suite
+    from fedistill.engine.launch import resume_suite
     from fedistill.errors import ConfigError
 
     config = build_config(
         RunConfig(), {"algorithm": "fedavg", "clients": 2, "rounds": 2, "model": "mlp", "lr": 0.1}, {}
     )
-    run_round = FedAvgServer.run_round
-
-    def crash(self, fleet, round):
-        if round == 2:
-            raise RuntimeError("simulated crash")
-        return run_round(self, fleet, round)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(FedAvgServer, "run_round", crash)
-        with pytest.raises(RuntimeError, match="simulated crash"):
-            run_suite(config, tmp_path, progress=False)
+    run_until_crash(config, FedAvgServer, tmp_path, crash_round=2)
     path = tmp_path / "config.toml"
     key = edit.split(" = ")[0]
     lines = path.read_text().splitlines()
@@ -128,26 +119,17 @@ def test_a_resume_refuses_a_config_edited_since_the_checkpoint_naming_the_key(tm
 def test_a_checkpoint_from_before_manifests_that_lost_a_clients_part_is_named_in_one_line(tmp_path):
     """Without a manifest nothing notices a missing part: a client then restarted from nothing and the
     resume died in its load_state_dict with a bare KeyError."""
+    from algorithm_helpers import run_until_crash
     from fedistill.algorithms.classic.standalone import StandaloneServer
     from fedistill.config import RunConfig, build_config
     from fedistill.engine.checkpoint import MANIFEST
-    from fedistill.engine.launch import resume_suite, run_suite
+    from fedistill.engine.launch import resume_suite
     from fedistill.errors import RunDirError
 
     config = build_config(
         RunConfig(), {"algorithm": "standalone", "clients": 2, "rounds": 2, "model": "mlp"}, {}
     )
-    run_round = StandaloneServer.run_round
-
-    def crash(self, fleet, round):
-        if round == 2:
-            raise RuntimeError("simulated crash")
-        return run_round(self, fleet, round)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(StandaloneServer, "run_round", crash)
-        with pytest.raises(RuntimeError, match="simulated crash"):
-            run_suite(config, tmp_path, progress=False)
+    run_until_crash(config, StandaloneServer, tmp_path, crash_round=2)
     checkpoint = tmp_path / "standalone" / "checkpoints" / "round_00001"
     (checkpoint / MANIFEST).unlink()  # as a checkpoint written before manifests
     for part in checkpoint.glob("client_001.*"):

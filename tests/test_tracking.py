@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from algorithm_helpers import run_until_crash
 from fedistill.algorithms.classic.fedavg import FedAvgServer
 from fedistill.config import RunConfig, build_config
 from fedistill.engine.launch import resume_suite, run_suite
@@ -127,17 +128,7 @@ def test_resumed_run_logs_on_from_its_checkpoint(tmp_path, file_store_env):
         RunConfig(),
         {**TINY, "rounds": 4, "checkpoint_every": 2, "out": str(tmp_path), "track": "tensorboard,mlflow"},
     )
-    run_round = FedAvgServer.run_round
-
-    def crash(self, fleet, round):
-        if round == 4:
-            raise RuntimeError("simulated crash")
-        return run_round(self, fleet, round)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(FedAvgServer, "run_round", crash)
-        with pytest.raises(RuntimeError, match="simulated crash"):
-            run_suite(config, tmp_path / "suite", progress=False)
+    run_until_crash(config, FedAvgServer, tmp_path / "suite", crash_round=4)
     from mlflow.tracking import MlflowClient
 
     run_dir = tmp_path / "suite" / "fedavg"
