@@ -226,8 +226,11 @@ def test_iid_shards_and_empty_holdout():
         LABELS, TEST_LABELS, 5, method="iid", alpha=None, seed=0, num_classes=NUM_CLASSES, val_fraction=0
     )
     assert split.server_val.size == 0 and all(v.size == 0 for v in split.client_val)
-    with pytest.raises(PartitionError, match=r"cannot give each of 400 clients an evaluation shard"):
+    with pytest.raises(PartitionError, match=r"400 clients a validation shard .* larger validation fraction"):
         iid_shards(TEST_LABELS, 400, seed=0)
+    # a test set too small for the clients: no validation fraction can help there
+    with pytest.raises(PartitionError, match=r"400 clients a test shard from 300 samples; use fewer clients$"):
+        iid_shards(TEST_LABELS, 400, seed=0, what="test")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -55,19 +55,22 @@ def _largest_remainder(quotas: np.ndarray, total: int) -> np.ndarray:
     return base
 
 
-def iid_shards(labels: Any, num_clients: int, *, seed: int) -> list[np.ndarray]:
+def iid_shards(labels: Any, num_clients: int, *, seed: int, what: str = "validation") -> list[np.ndarray]:
     """Per-client IID shards of an evaluation set: each class split evenly, indices shuffled.
 
     FedMD-CG splits the global test set this way for its "local accuracy". An empty set gives empty
-    shards; a non-empty set needs at least one sample per client.
+    shards; a non-empty set needs at least one sample per client. `what` names the set in that error:
+    "validation" (its fraction can grow) or "test" (it cannot).
     """
     y = as_labels(labels, None)
     if isinstance(num_clients, bool) or not isinstance(num_clients, int | np.integer) or num_clients < 1:
         raise PartitionError(f"num_clients must be a positive integer (got {num_clients!r})")
     if 0 < y.size < num_clients:
+        fix = "use fewer clients" + (
+            " or a larger validation fraction (or 0 for no validation set)" if what == "validation" else ""
+        )
         raise PartitionError(
-            f"cannot give each of {num_clients} clients an evaluation shard from {y.size} samples; "
-            "use fewer clients or a larger validation fraction (or 0 for no validation set)"
+            f"cannot give each of {num_clients} clients a {what} shard from {y.size} samples; {fix}"
         )
     return deal_by_class(y, int(num_clients), seeded_rng(check_seed(seed)))
 

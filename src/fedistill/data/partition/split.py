@@ -131,7 +131,7 @@ def make_split(
         client_train=client_train,
         client_val=client_val,
         server_val=held,
-        client_test=iid_shards(y_test, num_clients, seed=s_test),
+        client_test=iid_shards(y_test, num_clients, seed=s_test, what="test"),
         train_counts=class_counts(y_train, client_train, num_classes),
         options={key: np.asarray(value).item() for key, value in options.items()},
         val_fraction=float(val_fraction),
