@@ -90,7 +90,12 @@ def test_onnx_classifier_equals_pytorch_on_the_test_set(run_dir, test_images, tm
     inputs = model.preprocess(test_images)  # 360 images: a batch size the export never saw
     with torch.no_grad():
         expected = model.module(inputs)
-    difference = float((_onnx_outputs(path, inputs) - expected).abs().max())
+    # one self-contained file: copied alone (as a user hands a model on) it still runs
+    assert sorted(p.name for p in tmp_path.glob("digits.onnx*")) == ["digits.onnx"]
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "digits.onnx").write_bytes(path.read_bytes())
+    difference = float((_onnx_outputs(alone / "digits.onnx", inputs) - expected).abs().max())
     print(f"ONNX small-cnn (digits) max abs difference: {difference:.3g}")
     assert difference <= TOLERANCE
     card = json.loads((tmp_path / "model-card.json").read_text(encoding="utf-8"))

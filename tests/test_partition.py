@@ -229,7 +229,9 @@ def test_iid_shards_and_empty_holdout():
     with pytest.raises(PartitionError, match=r"400 clients a validation shard .* larger validation fraction"):
         iid_shards(TEST_LABELS, 400, seed=0)
     # a test set too small for the clients: no validation fraction can help there
-    with pytest.raises(PartitionError, match=r"400 clients a test shard from 300 samples; use fewer clients$"):
+    with pytest.raises(
+        PartitionError, match=r"400 clients a test shard from 300 samples; use fewer clients$"
+    ):
         iid_shards(TEST_LABELS, 400, seed=0, what="test")
 
 

@@ -117,6 +117,15 @@ def _save_safetensors(model: TrainedModel, path: Path) -> None:
     save_file(state, str(path), metadata=metadata)
 
 
+#: Above this many bytes of weights an ONNX export keeps them in a `.onnx.data` file beside the graph
+#: (one protobuf file cannot exceed 2 GB).
+ONNX_INLINE_LIMIT = 1_800_000_000
+
+
+def _parameter_bytes(module: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+
+
 def _save_onnx(module: torch.nn.Module, example: torch.Tensor, path: Path) -> None:
     try:
         import onnx  # noqa: F401
@@ -140,6 +149,9 @@ def _save_onnx(module: torch.nn.Module, example: torch.Tensor, path: Path) -> No
                 output_names=[OUTPUT_NAME],
                 dynamic_shapes=({0: batch},),
                 dynamo=True,
+                # one self-contained file (the weights inline; protobuf's 2 GB limit applies): with a
+                # sidecar `.onnx.data` file, copying the .onnx alone broke it
+                external_data=_parameter_bytes(module) >= ONNX_INLINE_LIMIT,
                 verbose=False,
             )
     finally:
