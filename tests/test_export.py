@@ -184,3 +184,16 @@ def test_torchscript_equals_pytorch_and_the_export_command(run_dir, test_images,
 def test_unknown_format_is_refused_before_any_work(run_dir):
     with pytest.raises(ConfigError, match="unknown export format 'tflite'"):
         fedistill.export(run_dir, "fedavg", "tflite")
+
+
+def test_an_output_file_named_for_another_format_is_refused_in_one_line(run_dir, tmp_path):
+    """`--format onnx --output m.safetensors` wrote an ONNX graph under a safetensors name."""
+    with pytest.raises(ConfigError, match=r"m\.safetensors: an export as onnx is a \.onnx file"):
+        fedistill.export(run_dir, "fedavg", "onnx", output=tmp_path / "m.safetensors")
+    assert not list(tmp_path.glob("m.*"))
+
+
+def test_a_batch_size_below_one_is_one_clear_error_in_the_api(run_dir, test_images):
+    model = fedistill.load_model(run_dir, "fedavg")
+    with pytest.raises(ConfigError, match="must be a positive integer, got 0"):
+        model.predict(test_images[:4], batch_size=0)

@@ -52,7 +52,11 @@ def target_path(model: TrainedModel, format: str, output: str | Path | None) -> 
             raise ConfigError("this model comes from no run directory; give an output path")
         return model.run_dir / EXPORT_FOLDER / filename
     path = Path(output)
-    return path / filename if path.is_dir() or not path.suffix else path
+    if path.is_dir() or not path.suffix:
+        return path / filename
+    if path.suffix != FORMATS[format]:
+        raise ConfigError(f"--output {path}: an export as {format} is a {FORMATS[format]} file")
+    return path
 
 
 def example_inputs(model: TrainedModel, batch: int = 2, seed: int = 0) -> torch.Tensor:

@@ -20,6 +20,7 @@ from fedistill.config import RunConfig
 from fedistill.data.base import DatasetInfo
 from fedistill.data.transforms import to_float
 from fedistill.errors import UserError
+from fedistill.inference.forward import chunks
 from fedistill.tasks import Task
 
 
@@ -91,9 +92,8 @@ class TrainedModel:
         or images (N, C, H, W)."""
         x = self.preprocess(images)
         self.module.eval()
-        starts = range(0, len(x), batch_size)
-        chunks = [self.task.predict(self.module, x[i : i + batch_size]).cpu() for i in starts]
-        return torch.cat(chunks) if chunks else torch.zeros(0)
+        parts = [self.task.predict(self.module, x[s]).cpu() for s in chunks(len(x), batch_size)]
+        return torch.cat(parts) if parts else torch.zeros(0)
 
     def predict(self, images: Any, batch_size: int = 512) -> torch.Tensor:
         """Class ids (N,) for classification; a class per pixel (N, H, W) for semantic segmentation; an
