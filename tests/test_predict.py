@@ -429,3 +429,16 @@ def test_skull_strip_takes_an_optional_rule_on_the_command_line():
     assert parser.parse_args([*base, "--skull-strip", "tissue"]).skull_strip == "tissue"
     with pytest.raises(SystemExit):
         parser.parse_args([*base, "--skull-strip", "bet"])
+
+
+def test_a_tiff_stack_is_refused_and_a_planar_rgb_tiff_read_as_rgb(tmp_path):
+    """A stack of three greyscale pages was read as one RGB image (and of two, as grey with alpha)."""
+    from fedistill.errors import DataError
+    from fedistill.inference.images import read_image
+
+    image = np.arange(3 * 16 * 16, dtype=np.uint16).reshape(3, 16, 16).astype(np.uint8)
+    tifffile.imwrite(tmp_path / "stack.tif", image, photometric="minisblack")
+    with pytest.raises(DataError, match=r"stack\.tif holds 3 images \(a TIFF stack\), not one 2D image"):
+        read_image(tmp_path / "stack.tif")
+    tifffile.imwrite(tmp_path / "planar.tif", image, photometric="rgb", planarconfig="separate")
+    assert np.array_equal(read_image(tmp_path / "planar.tif"), image.transpose(1, 2, 0))

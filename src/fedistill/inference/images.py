@@ -30,9 +30,15 @@ def read_image(path: Path) -> np.ndarray:
     """The image at `path` as uint8 (H, W, C); DataError when it cannot be read or is no 2D image."""
     try:
         if path.suffix.lower() in (".tif", ".tiff"):
-            array = np.asarray(tifffile.imread(path))
-            if array.ndim == 3 and array.shape[-1] > 4 and array.shape[0] < array.shape[-1]:
-                array = array.transpose(1, 2, 0)  # planar TIFF: channels first
+            with tifffile.TiffFile(path) as tif:
+                if len(tif.pages) > 1:  # a stack (a volume, a time series), not one image
+                    raise DataError(
+                        f"{path} holds {len(tif.pages)} images (a TIFF stack), not one 2D image; "
+                        "save each image on its own"
+                    )
+                array = np.asarray(tif.asarray())
+                if array.ndim == 3 and tif.pages[0].planarconfig == tifffile.PLANARCONFIG.SEPARATE:
+                    array = array.transpose(1, 2, 0)  # planar TIFF: channels first
         else:
             with Image.open(path) as image:
                 if image.mode in _TO_RGB:
