@@ -21,6 +21,7 @@ from fedistill.errors import ConfigError
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.inference import TrainedModel
 from fedistill.inference.export import add_arguments, export_model, exported_module, run_command, verify
+from fedistill.inference.trained_model import InputError
 from fedistill.machine import describe, machine
 from fedistill.models import build_model
 from fedistill.tasks import make_task
@@ -197,3 +198,12 @@ def test_a_batch_size_below_one_is_one_clear_error_in_the_api(run_dir, test_imag
     model = fedistill.load_model(run_dir, "fedavg")
     with pytest.raises(ConfigError, match="must be a positive integer, got 0"):
         model.predict(test_images[:4], batch_size=0)
+
+
+def test_float_images_on_the_0_255_scale_are_refused_not_read_as_they_are(run_dir, test_images):
+    model = fedistill.load_model(run_dir, "fedavg")
+    on_255 = test_images[:2].float()
+    assert float(on_255.max()) > 2
+    with pytest.raises(InputError, match=r"float images must lie in \[0, 1\], got values in \[0, "):
+        model.predict(on_255)
+    model.predict(on_255 / 255)  # the same images on the scale the model takes

@@ -84,6 +84,12 @@ class TrainedModel:
             )
         if x.dtype != torch.uint8 and not x.dtype.is_floating_point:
             raise InputError(f"images must be uint8 (0..255) or float in [0, 1], got {x.dtype}")
+        low, high = (float(x.min()), float(x.max())) if x.dtype.is_floating_point and x.numel() else (0, 0)
+        if low < -1.0 or high > 2.0:  # another scale (0..255 as floats) would be read as it is, silently
+            raise InputError(
+                f"float images must lie in [0, 1], got values in [{low:.4g}, {high:.4g}]; "
+                "pass uint8 for 0..255, or divide by 255"
+            )
         return to_float(x.detach().cpu(), self.info).to(self.device)
 
     @torch.no_grad()
