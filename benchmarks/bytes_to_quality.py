@@ -234,17 +234,27 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def reference_curve(record: Path) -> tuple[dict[str, Any], str]:
-    """FedAvg's curve and run name from an earlier record of the same set (`--reference`): its bytes do not
-    depend on the machine, so a variant of FedIOD can be measured against it without running FedAvg
-    again (on the CIFAR-shaped set 20 rounds of FedAvg move 7.9 GB)."""
+def reference_curve(record: Path, title: str) -> tuple[dict[str, Any], str]:
+    """FedAvg's curve and run name from an earlier record of the same set (`--reference`; its `title`
+    must be this run's): its bytes do not depend on the machine, so a variant of FedIOD can be measured
+    against it without running FedAvg again (on the CIFAR-shaped set 20 rounds of FedAvg move 7.9 GB)."""
     try:
         earlier = json.loads(record.read_text())
-        return earlier["curves"][REFERENCE], f"{earlier['runs'][REFERENCE]}, from {record.name}"
+        curve, run, made_for = earlier["curves"][REFERENCE], earlier["runs"][REFERENCE], earlier["title"]
     except (OSError, ValueError, KeyError) as error:
         raise SystemExit(
             f"--reference {record}: not a bytes-to-quality record with a FedAvg curve ({error})"
         ) from None
+    if made_for != title:
+        raise SystemExit(f"--reference {record}: a record of {made_for!r}, not of this set ({title!r})")
+    return curve, f"{run}, from {record.name}"
+
+
+def shown_path(path: str) -> str:
+    """`path` as a record shows it: from the repository's root when inside it, else its name alone."""
+    resolved = Path(path).resolve()
+    root = RESULTS.resolve().parents[1]
+    return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else resolved.name
 
 
 def method_runs(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -301,7 +311,7 @@ def command_line(args: argparse.Namespace) -> str:
     sets += "".join(f" --feddf-set {item}" for item in args.feddf_set)
     sets += "" if args.methods == ",".join(METHODS) else f" --methods {args.methods}"
     sets += f" --tag {args.tag}" if args.tag else ""
-    sets += f" --reference {Path(args.reference).name}" if args.reference else ""
+    sets += f" --reference {shown_path(args.reference)}" if args.reference else ""
     sets += " --unfinished" if args.unfinished else ""
     if args.demo:
         return (
@@ -346,13 +356,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     else:
         alpha, model = args.alpha, args.model
     prefix = f"b2q-{set_name(args)}-seed{args.seed}"
+    title = "digits demo (K = 10, alpha 0.5, small-cnn)" if args.demo else (
+        f"{args.dataset}, alpha {args.alpha}, K = {args.clients}, {args.model}{variant_flags(args)}")  # fmt: skip
     curves, runs = {}, {}
     chosen = [METHODS[key] for key in args.methods.split(",")] + ([REFERENCE] if args.reference else [])
     for method, spec in method_runs(args).items():
         if method not in chosen:
             continue
         if method == REFERENCE and args.reference:  # a published record's FedAvg, not run again
-            curves[method], runs[method] = reference_curve(Path(args.reference))
+            curves[method], runs[method] = reference_curve(Path(args.reference), title)
             continue
         name = f"{prefix}-{next(key for key, label in METHODS.items() if label == method)}"
         name += f"-{args.tag}" if args.tag and method != REFERENCE else ""  # FedAvg's run serves every tag
@@ -370,8 +382,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "rounds": spec["rounds"],
             }
         runs[method] = f"{name}/{spec['algorithm']}"
-    title = "digits demo (K = 10, alpha 0.5, small-cnn)" if args.demo else (
-        f"{args.dataset}, alpha {args.alpha}, K = {args.clients}, {args.model}{variant_flags(args)}")  # fmt: skip
     return {
         "title": title,
         "curves": curves,

@@ -183,7 +183,8 @@ def test_a_table_rendered_without_a_gpu_names_the_card_its_runs_recorded(tmp_pat
 def test_reference_takes_fedavgs_curve_from_an_earlier_record_without_running_it(tmp_path, monkeypatch):
     earlier = {"curves": {"FedAvg": {"points": [{"round": 1, "bytes": 100, "accuracy": 0.8}],
                                      "final_accuracy": 0.8, "total_bytes": 100, "by_kind": {}}},
-               "runs": {"FedAvg": "b2q-x-seed0-fedavg/fedavg"}}  # fmt: skip
+               "runs": {"FedAvg": "b2q-x-seed0-fedavg/fedavg"},
+               "title": "digits, alpha 1, K = 3, mlp"}  # fmt: skip
     record = tmp_path / "earlier.json"
     record.write_text(json.dumps(earlier))
     args = Namespace(demo=False, dataset="digits", alpha="1", clients=3, model="mlp", epochs=2, iters=2,
@@ -201,6 +202,9 @@ def test_reference_takes_fedavgs_curve_from_an_earlier_record_without_running_it
     assert result["runs"]["FedAvg"] == "b2q-x-seed0-fedavg/fedavg, from earlier.json"
     assert result["reached"]["FedIOD (compact)"]["0.95"] == {"round": 1, "bytes": 30, "ratio": 0.3}
     assert " --reference earlier.json" in b2q.command_line(args)
+    record.write_text(json.dumps(earlier | {"title": "mnist, alpha 1, K = 3, mlp"}))
+    with pytest.raises(SystemExit, match="a record of 'mnist, alpha 1, K = 3, mlp', not of this set"):
+        b2q.measure(args)
     record.write_text("{}")
     with pytest.raises(SystemExit, match="not a bytes-to-quality record with a FedAvg curve"):
         b2q.measure(args)

@@ -55,7 +55,8 @@ def from_records(content: RecordDict, message_type: str) -> Message:
         if key == HEADER:
             continue
         if isinstance(record, ArrayRecord):
-            arrays[key] = {name: native(array.numpy()) for name, array in record.items()}
+            # plain arrays reach native byte order in Message.build (_as_array); encoded ones below
+            arrays[key] = {name: array.numpy() for name, array in record.items()}
         elif isinstance(record, ConfigRecord) and key.endswith(_SCALARS):
             scalars[key.removesuffix(_SCALARS)] = dict(record)
         elif isinstance(record, ConfigRecord) and key.endswith(_ENCODINGS):
@@ -69,7 +70,7 @@ def from_records(content: RecordDict, message_type: str) -> Message:
             if name not in arrays.get(kind, {}):
                 raise FederationError(f"{message_type}: encoding for {kind}/{name}, which has no array")
             numbers = tuple(float(p) for p in params.get(kind, {}).get(name, []))
-            arrays[kind][name] = Encoded(str(encoding), arrays[kind][name], numbers)
+            arrays[kind][name] = Encoded(str(encoding), native(arrays[kind][name]), numbers)
     return Message.build(message_type, arrays=arrays, scalars=scalars)
 
 
