@@ -237,7 +237,8 @@ class PrivacyReport:
         """Every client's epsilon through the last completed round (`query.privacy`)."""
         if self.dp is None:
             return {}
-        replies = fleet.broadcast(privacy_request(self.rounds_done), timeout=timeout)
+        expect = ReplySpec(metrics=("epsilon",))  # checked like every other reply: a number, finite
+        replies = fleet.broadcast(privacy_request(self.rounds_done), timeout=timeout, expect=expect)
         self.epsilons.update(epsilons_of(replies))
         return self.metrics() | {"dp_sample_rate": self.sample_rate, "dp_rounds": self.rounds_done}
 

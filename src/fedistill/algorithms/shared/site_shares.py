@@ -42,7 +42,7 @@ def uniform_over_uploads(pools: list[torch.Tensor], batch: int, rng: torch.Gener
     equally likely (a site's share of the draws is its share of the uploads, with no minimum)."""
     sizes = torch.tensor([len(pool) for pool in pools])
     flat = torch.randint(int(sizes.sum()), (batch,), generator=rng)
-    starts = torch.cumsum(sizes, 0) - sizes
-    site = torch.searchsorted(torch.cumsum(sizes, 0), flat, right=True)
+    ends = torch.cumsum(sizes, 0)
+    site, starts = torch.searchsorted(ends, flat, right=True), ends - sizes
     masks = [pools[int(k)][int(f - starts[k])] for k, f in zip(site, flat, strict=True)]
     return torch.stack(masks).to(torch.int64)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -143,11 +144,13 @@ def train_local(
     # (and a resumed one) draws the same masks whatever ran before in the process
     dropout_seed = generator.initial_seed() if has_dropout(model) else None
     for x, y in local_batches(data, info, spec, generator):
-        if dropout_seed is None:
+        dropout = (
+            global_rng(derive_seed(dropout_seed, "dropout", steps))
+            if dropout_seed is not None
+            else nullcontext()
+        )
+        with dropout:
             loss = spec.task.loss(spec.task.predict(model, x), y)
-        else:
-            with global_rng(derive_seed(dropout_seed, "dropout", steps)):
-                loss = spec.task.loss(spec.task.predict(model, x), y)
         objective = loss if anchor is None else loss + 0.5 * prox_mu * _prox_term(model, anchor)
         check_finite(loss, "local training", steps)
         optimizer.zero_grad(set_to_none=True)
