@@ -116,8 +116,10 @@ def run_algorithm(
         handler.close()
 
 
-#: What a resume may change: where the run computes, and where its folder is.
-RESUME_MAY_CHANGE = ("device", "out", "name")
+#: What a resume may change: where the run computes, where its folder and data are, what it logs to, and
+#: how long and for how many sites it waits (the fixes after a stop for too few answers).
+RESUME_MAY_CHANGE = ("device", "out", "name", "data_dir", "download", "cache_dir", "track", "timeout",
+                     "min_clients")  # fmt: skip
 
 
 def resumable_settings(config: RunConfig) -> dict[str, Any]:
@@ -136,8 +138,8 @@ def check_same_settings(run_dir: Path, saved: dict[str, Any] | None, config: Run
     if changed:
         raise ConfigError(
             f"{run_dir}: config.toml differs from the settings its checkpoint was written under "
-            f"({', '.join(changed)}); a resume continues with those (only --device may change): undo the "
-            "edit, or start a new run under another --name"
+            f"({', '.join(changed)}); a resume continues with those (it may change only "
+            f"{', '.join(RESUME_MAY_CHANGE)}): undo the edit, or start a new run under another --name"
         )
 
 
@@ -218,6 +220,7 @@ def _loop(
         server.setup(fleet)
 
     start_round = runner_state["round"] + 1
+    settings = resumable_settings(config)  # what every checkpoint records
     setup_s = time.perf_counter() - started if not state else None
     last_eval: dict[str, float] = dict(runner_state.get("last_eval", {}))
     stopped: str | None = None  # why the server ended the run early (StopRun), if it did
@@ -265,7 +268,7 @@ def _loop(
                     "dropped": {str(k): v for k, v in fleet.dropped.items()},
                     "last_eval": last_eval,
                     "machines": machines_so_far,
-                    "settings": resumable_settings(config),
+                    "settings": settings,
                 }
                 parts = {"runner": runner_state, "server": server.state_dict()}
                 parts |= {f"client_{cid:03d}": c.state_dict() for cid, c in clients.items()}
