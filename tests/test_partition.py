@@ -305,3 +305,39 @@ def test_natural_cuts_the_ordered_groups_into_contiguous_sites():
     assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))  # the data fix the sites
     with pytest.raises(PartitionError, match="10 groups in its data, fewer than 11 clients"):
         partition(groups, 11, method="natural", alpha=None, seed=0, num_classes=10)
+
+
+def test_blocks_hold_out_a_slab_of_each_sites_own_subjects():
+    """12 subjects x 20 slices over 3 natural sites: each site validates on contiguous slabs of its own
+    subjects, never on a subject another site trains on, and trains on no slice it validates on."""
+    groups = np.repeat(np.arange(12), 20)
+    split = make_split(
+        groups, np.arange(12), 3, method="natural", alpha=None, seed=0, num_classes=12, val_mode="blocks"
+    )
+    for train, val in zip(split.client_train, split.client_val, strict=True):
+        assert val.size == 8 and np.intersect1d(train, val).size == 0  # floor(0.1 x 80) of its own 80
+        assert set(groups[val]) <= set(groups[train])  # its own subjects only
+        for subject in set(groups[val]):
+            slab = np.sort(val[groups[val] == subject])
+            assert np.array_equal(slab, np.arange(slab[0], slab[0] + slab.size))  # one contiguous slab
+    assert np.array_equal(np.sort(np.concatenate(split.client_val)), split.server_val)
+    every = np.sort(np.concatenate(split.client_train + split.client_val))
+    assert np.array_equal(every, np.arange(groups.size))
+    # one subject per site (a volume per hospital): still a slab of it, and at least one slice
+    one = make_split(np.repeat(np.arange(2), 5), [0, 1], 2, method="natural", alpha=None, seed=0,
+                     num_classes=2, val_mode="blocks")  # fmt: skip
+    assert [v.size for v in one.client_val] == [1, 1]
+    with pytest.raises(UserError, match="needs partition = 'natural'"):
+        make_split(
+            LABELS, TEST_LABELS, 2, method="iid", alpha=None, seed=0, num_classes=10, val_mode="blocks"
+        )
+
+
+def test_a_per_pixel_natural_run_validates_on_slabs_by_default():
+    from fedistill.config import RunConfig
+    from fedistill.engine.setup import validation_mode
+
+    assert validation_mode(RunConfig(partition="natural"), per_pixel=True) == "blocks"
+    assert validation_mode(RunConfig(partition="natural"), per_pixel=False) == "random"
+    assert validation_mode(RunConfig(partition="dirichlet"), per_pixel=True) == "random"
+    assert validation_mode(RunConfig(partition="natural", val_mode="random"), per_pixel=True) == "random"

@@ -37,7 +37,8 @@ class RunConfig:
     partition: str = "dirichlet"
     alpha: float = 0.5
     val_fraction: float = 0.1  # held out from the training data, FedDF-style
-    val_mode: str = "random"  # random | tail
+    # auto: blocks for a per-pixel set's natural sites, else random | random | tail | blocks
+    val_mode: str = "auto"
     fraction: float = 1.0  # clients sampled per round
     rounds: int = 10
     local_epochs: int = 1
@@ -209,7 +210,10 @@ def validate(config: RunConfig) -> None:
             f"threads = {config.threads}: use 0 (torch's default) or a positive number of threads",
         ),
         (config.augment in ("auto", "on", "off"), "augment must be auto, on or off"),
-        (config.val_mode in ("random", "tail"), "val_mode must be random or tail"),
+        (
+            config.val_mode in ("auto", "random", "tail", "blocks"),
+            "val_mode must be auto, random, tail or blocks",
+        ),
         (config.private_init in ("shared", "client"), "private_init must be shared or client"),
         (config.optimizer in ("sgd", "adam"), "optimizer must be sgd or adam"),
         (config.transport in ("inprocess", "flower"), "transport must be inprocess or flower"),

@@ -80,7 +80,8 @@ def prepare_data(config: RunConfig) -> Prepared:
     dataset = load_dataset(
         config.dataset, config.data_dir, download=config.download, **config.options.get(config.dataset, {})
     )
-    train_labels, test_labels, num_labels = task_class(dataset.info).partition_labels(dataset)
+    task = task_class(dataset.info)
+    train_labels, test_labels, num_labels = task.partition_labels(dataset)
     split = make_split(
         train_labels,
         test_labels,
@@ -90,10 +91,18 @@ def prepare_data(config: RunConfig) -> Prepared:
         seed=derive_seed(config.seed, "partition"),
         num_classes=num_labels,
         val_fraction=config.val_fraction,
-        val_mode=config.val_mode,
+        val_mode=validation_mode(config, task.per_pixel),
         **config.options.get("partition", {}),
     )
     return Prepared(dataset, split)
+
+
+def validation_mode(config: RunConfig, per_pixel: bool) -> str:
+    """`val_mode = "auto"`: slabs of each site's own subjects where the sites are a per-pixel set's
+    natural groups (neighbouring slices of one subject are nearly the same sample), else a random holdout."""
+    if config.val_mode != "auto":
+        return config.val_mode
+    return "blocks" if per_pixel and config.partition == "natural" else "random"
 
 
 def check_sections(config: RunConfig) -> None:

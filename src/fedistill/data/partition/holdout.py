@@ -23,12 +23,7 @@ def holdout(
     an empty holdout.
     """
     y = as_labels(labels, None)
-    try:
-        fraction = float(fraction)
-    except (TypeError, ValueError):
-        raise UserError(f"val fraction must be a number in [0, 1) (got {fraction!r})") from None
-    if not 0 <= fraction < 1:
-        raise UserError(f"val fraction must lie in [0, 1) (got {fraction}); use e.g. 0.1, or 0 for none")
+    fraction = _checked_fraction(fraction)
     n = y.size
     size = min(math.floor(fraction * n + 1e-9), max(n - 1, 0))
     if mode == "tail":
@@ -43,6 +38,49 @@ def holdout(
     mask = np.ones(n, dtype=bool)
     mask[held] = False
     return np.flatnonzero(mask).astype(np.int64), held.astype(np.int64)
+
+
+def block_holdout(
+    groups: Any, parts: list[np.ndarray], fraction: float, *, seed: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each client's own validation split, for sites made of natural groups (subjects, volumes, sources).
+
+    A slice next to a training slice of the same subject is nearly a training sample, so a random holdout
+    of slices measures memory, not generalisation. Here every client keeps ``floor(fraction · n_k)``
+    of its own samples (at least one when it has two), shared over its groups by size, and each group
+    gives one contiguous block in file order (a slab of slices) at a seeded offset. Returns
+    ``(train, held)`` per client, both sorted ascending.
+    """
+    y = as_labels(groups, None)
+    fraction = _checked_fraction(fraction)
+    rng = seeded_rng(check_seed(seed))
+    train, held = [], []
+    for part in parts:
+        part = np.sort(np.asarray(part, dtype=np.int64))
+        n = part.size
+        size = min(math.floor(fraction * n + 1e-9), max(n - 1, 0))
+        if fraction > 0 and n >= 2:
+            size = max(size, 1)
+        names, counts = np.unique(y[part], return_counts=True)
+        per_group = np.minimum(_largest_remainder(counts * (size / max(n, 1)), size), counts - 1)
+        mask = np.zeros(n, dtype=bool)
+        for name, m in zip(names, per_group, strict=True):
+            positions = np.flatnonzero(y[part] == name)
+            start = int(rng.integers(0, positions.size - m + 1))
+            mask[positions[start : start + m]] = True
+        train.append(part[~mask])
+        held.append(part[mask])
+    return train, held
+
+
+def _checked_fraction(fraction: Any) -> float:
+    try:
+        fraction = float(fraction)
+    except (TypeError, ValueError):
+        raise UserError(f"val fraction must be a number in [0, 1) (got {fraction!r})") from None
+    if not 0 <= fraction < 1:
+        raise UserError(f"val fraction must lie in [0, 1) (got {fraction}); use e.g. 0.1, or 0 for none")
+    return fraction
 
 
 def _largest_remainder(quotas: np.ndarray, total: int) -> np.ndarray:
