@@ -318,3 +318,20 @@ def test_the_segmenters_masks_are_drawn_uniformly_over_every_upload():
     assert abs(float(small.float().mean()) - 10 / 1010) < 0.004  # ~198 draws; a per-site minimum gives more
     drawn = torch.bincount(masks[~small][:, 0, 0], minlength=1000)
     assert int(drawn.min()) > 0 and int(drawn.max()) < 60  # about 19.8 each
+
+
+def test_a_batch_smaller_than_the_sites_still_draws_every_site_in_proportion():
+    """Two samples for four sites: with a generator the leftover slots are drawn, so each site's mean count
+    is its quota pi_k x 2 (before, and still without one, the two largest fractional parts won every
+    time and two sites' masks were never drawn); a batch that the minimum of one each fills is unchanged."""
+    pi = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    rng = torch.Generator().manual_seed(0)
+    draws = torch.stack([site_shares.shares(pi, 2, rng) for _ in range(4000)])
+    assert int(draws.sum(1).min()) == int(draws.sum(1).max()) == 2 and int(draws.max()) == 1
+    assert torch.allclose(draws.double().mean(0), pi.double() * 2, atol=0.03)
+    assert torch.equal(site_shares.shares(pi, 2), torch.tensor([0, 0, 1, 1]))
+    uniform = torch.full((10,), 0.1)
+    assert torch.equal(site_shares.shares(uniform, 10, rng), torch.ones(10, dtype=torch.int64))
+    assert torch.equal(
+        site_shares.owners(pi, 7, rng).bincount(minlength=4).clamp(max=1), torch.ones(4).long()
+    )

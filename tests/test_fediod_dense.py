@@ -465,3 +465,24 @@ def test_the_log_names_what_the_preset_set_and_not_what_the_user_did(caplog):
     assert line.startswith("FedIOD preset 'lean' (auto): ")
     assert "pixel_logits = 'margin'" in line and "pool_generator_batch = True" in line
     assert "student_steps" not in line and "preset =" not in line
+
+
+def test_with_sites_per_step_g_draws_only_for_the_asked_sites_so_each_sample_has_its_judge():
+    """A G-step's samples belong to the sites it asks: a sample drawn for a site that is not asked has no
+    discriminator to judge it (before: owners over all sites, so with 2 of 4 asked about half went
+    unjudged, and an asked site that owned none judged the whole batch)."""
+    layer = copy.deepcopy(SEGMENTATION)
+    layer["clients"] = 4
+    layer["mni152-synthetic-lesions"] = {"image_size": 32, "train_subjects": 8, "test_subjects": 2}
+    layer["fediod"].update(sites_per_step=2, synthetic_batch_size=6, wire="float32")
+    config = build_config(RunConfig(), layer, {"algorithm": "fediod"})
+    _, server, fleet = _dense_parts(config)
+    every = server.federation.clients
+    for step in range(4):
+        asked = server.step_sites(step)
+        draw = server._draw(6, torch_generator(0, "latent", step), asked, torch_generator(0, "shares", step))
+        assert {every[int(o)] for o in draw.owner} == set(asked)  # only asked sites, each at least once
+        for sample, owner in enumerate(draw.owner.tolist()):  # each mask from its owner's uploads
+            assert torch.equal(draw.masks[sample], server.mask_pools[owner][int(draw.pair[sample])].long())
+    metrics = server.distillation_step(fleet)
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values() if isinstance(v, float))

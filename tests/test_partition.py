@@ -307,29 +307,36 @@ def test_natural_cuts_the_ordered_groups_into_contiguous_sites():
         partition(groups, 11, method="natural", alpha=None, seed=0, num_classes=10)
 
 
-def test_blocks_hold_out_a_slab_of_each_sites_own_subjects():
-    """12 subjects x 20 slices over 3 natural sites: each site validates on contiguous slabs of its own
-    subjects, never on a subject another site trains on, and trains on no slice it validates on."""
+def test_sites_of_several_subjects_validate_on_whole_subjects_of_their_own():
+    """12 subjects x 20 slices over 3 natural sites of 4: a tenth of the 12 subjects (one) held out whole
+    by one site, never a subject another site trains on, no slice of a training subject (before: a
+    random tenth of every subject's slices, dealt to the sites round-robin)."""
     groups = np.repeat(np.arange(12), 20)
     split = make_split(
-        groups, np.arange(12), 3, method="natural", alpha=None, seed=0, num_classes=12, val_mode="blocks"
+        groups, np.arange(12), 3, method="natural", alpha=None, seed=0, num_classes=12, val_mode="subjects"
     )
-    for train, val in zip(split.client_train, split.client_val, strict=True):
-        assert val.size == 8 and np.intersect1d(train, val).size == 0  # floor(0.1 x 80) of its own 80
-        assert set(groups[val]) <= set(groups[train])  # its own subjects only
-        for subject in set(groups[val]):
-            slab = np.sort(val[groups[val] == subject])
-            assert np.array_equal(slab, np.arange(slab[0], slab[0] + slab.size))  # one contiguous slab
+    held = [sorted(set(groups[v])) for v in split.client_val]
+    assert sum(len(h) for h in held) == 1 and sum(v.size for v in split.client_val) == 20
+    for train, val, subjects in zip(split.client_train, split.client_val, held, strict=True):
+        assert not set(groups[train]) & set(subjects)  # whole subjects: none of their slices trains
+        assert set(subjects) <= set(range(12)) and np.intersect1d(train, val).size == 0
+    assert [sorted(set(groups[np.concatenate([t, v])])) for t, v in zip(split.client_train, split.client_val,
+            strict=True)] == [list(range(0, 4)), list(range(4, 8)), list(range(8, 12))]  # fmt: skip
     assert np.array_equal(np.sort(np.concatenate(split.client_val)), split.server_val)
     every = np.sort(np.concatenate(split.client_train + split.client_val))
     assert np.array_equal(every, np.arange(groups.size))
-    # one subject per site (a volume per hospital): still a slab of it, and at least one slice
-    one = make_split(np.repeat(np.arange(2), 5), [0, 1], 2, method="natural", alpha=None, seed=0,
-                     num_classes=2, val_mode="blocks")  # fmt: skip
-    assert [v.size for v in one.client_val] == [1, 1]
+    # 40 subjects over 10 sites: four held out, by four sites, one each
+    forty = make_split(np.repeat(np.arange(40), 5), np.arange(40), 10, method="natural", alpha=None, seed=1,
+                       num_classes=40, val_mode="subjects")  # fmt: skip
+    assert sorted(v.size for v in forty.client_val) == [0] * 6 + [5] * 4
+    # one volume per site: a contiguous slab of it, at least one slice
+    one = make_split(np.repeat(np.arange(2), 30), [0, 1], 2, method="natural", alpha=None, seed=0,
+                     num_classes=2, val_mode="subjects")  # fmt: skip
+    for val in one.client_val:
+        assert val.size == 3 and np.array_equal(val, np.arange(val[0], val[0] + 3))
     with pytest.raises(UserError, match="needs partition = 'natural'"):
         make_split(
-            LABELS, TEST_LABELS, 2, method="iid", alpha=None, seed=0, num_classes=10, val_mode="blocks"
+            LABELS, TEST_LABELS, 2, method="iid", alpha=None, seed=0, num_classes=10, val_mode="subjects"
         )
 
 
@@ -337,7 +344,7 @@ def test_a_per_pixel_natural_run_validates_on_slabs_by_default():
     from fedistill.config import RunConfig
     from fedistill.engine.setup import validation_mode
 
-    assert validation_mode(RunConfig(partition="natural"), per_pixel=True) == "blocks"
+    assert validation_mode(RunConfig(partition="natural"), per_pixel=True) == "subjects"
     assert validation_mode(RunConfig(partition="natural"), per_pixel=False) == "random"
     assert validation_mode(RunConfig(partition="dirichlet"), per_pixel=True) == "random"
     assert validation_mode(RunConfig(partition="natural", val_mode="random"), per_pixel=True) == "random"

@@ -37,7 +37,7 @@ class RunConfig:
     partition: str = "dirichlet"
     alpha: float = 0.5
     val_fraction: float = 0.1  # held out from the training data, FedDF-style
-    # auto: blocks for a per-pixel set's natural sites, else random | random | tail | blocks
+    # auto: subjects for a per-pixel set's natural sites, else random | random | tail | subjects
     val_mode: str = "auto"
     fraction: float = 1.0  # clients sampled per round
     rounds: int = 10
@@ -211,8 +211,8 @@ def validate(config: RunConfig) -> None:
         ),
         (config.augment in ("auto", "on", "off"), "augment must be auto, on or off"),
         (
-            config.val_mode in ("auto", "random", "tail", "blocks"),
-            "val_mode must be auto, random, tail or blocks",
+            config.val_mode in ("auto", "random", "tail", "subjects"),
+            "val_mode must be auto, random, tail or subjects",
         ),
         (config.private_init in ("shared", "client"), "private_init must be shared or client"),
         (config.optimizer in ("sgd", "adam"), "optimizer must be sgd or adam"),

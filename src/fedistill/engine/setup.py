@@ -98,11 +98,11 @@ def prepare_data(config: RunConfig) -> Prepared:
 
 
 def validation_mode(config: RunConfig, per_pixel: bool) -> str:
-    """`val_mode = "auto"`: slabs of each site's own subjects where the sites are a per-pixel set's
-    natural groups (neighbouring slices of one subject are nearly the same sample), else a random holdout."""
+    """`val_mode = "auto"`: whole subjects of each site where the sites are a per-pixel set's natural
+    groups (neighbouring slices of one subject are nearly the same sample), else a random holdout."""
     if config.val_mode != "auto":
         return config.val_mode
-    return "blocks" if per_pixel and config.partition == "natural" else "random"
+    return "subjects" if per_pixel and config.partition == "natural" else "random"
 
 
 def check_sections(config: RunConfig) -> None:

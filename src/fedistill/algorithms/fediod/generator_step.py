@@ -45,18 +45,29 @@ class GeneratorStep:
             for b in (o.lr_generator, o.lr_discriminator, o.lr_student)
         )  # type: ignore[return-value]
 
-    def _draw(self, batch: int, rng: torch.Generator) -> draws.Draw:
-        """What G draws `batch` samples from (see draws.py)."""
+    def _draw(
+        self,
+        batch: int,
+        rng: torch.Generator,
+        clients: list[int] | None = None,
+        shares_rng: torch.Generator | None = None,
+    ) -> draws.Draw:
+        """What G draws `batch` samples from (see draws.py): samples owned by `clients` (every site by
+        default) in shares pi_k renormalised over them, each owner's slots drawn with `shares_rng`."""
         assert self.federation is not None
-        pi = self.federation.pi(self.federation.clients)
+        every = self.federation.clients
+        clients = every if clients is None else clients
+        pi = self.federation.pi(clients)
+        # G numbers the sites by their position among all of them (its mixture, the uploaded masks)
+        numbering = torch.tensor([every.index(cid) for cid in clients], dtype=torch.int64)
         if not self.view.conditional:
             z = self.generator.sample_latent(batch, rng)
             if self.options.generator_mixture != "per-client":
                 return draws.Draw(z, None)
-            owner = draws.owners(pi, batch)
+            owner = numbering[draws.owners(pi, batch, shares_rng)]
             onehot = torch.nn.functional.one_hot(owner, self.generator.condition_dim).to(z)
             return draws.Draw(torch.cat([z, onehot], 1), owner)
-        owner = draws.owners(pi, batch)
+        owner = numbering[draws.owners(pi, batch, shares_rng)]
         if self.mask_pools:
             masks, pair = draws.from_uploads(self.mask_pools, owner, rng)
         else:
@@ -126,7 +137,9 @@ class GeneratorStep:
         gan_weight = pi_all if options.gan_weighting == "pi" else torch.full_like(pi_all, 1.0 / len(clients))
         latent_gen = torch_generator(config.seed, "latent", self.step)
         self.generator.train()
-        draw = self._draw(options.synthetic_batch_size, latent_gen)
+        # G's samples belong to the asked sites only: each is judged by its own site's discriminator
+        shares_gen = torch_generator(config.seed, "site-shares", self.step)
+        draw = self._draw(options.synthetic_batch_size, latent_gen, clients, shares_gen)
         x = self._generate(draw, latent_gen)
         trials, flipped = self._look_trials(), None
         if trials is not None and trials.in_trial(self.step):

@@ -57,7 +57,8 @@ class StudentSteps:
         n, b = self.options.student_steps, self.options.synthetic_batch_size
         latent_gen = torch_generator(self.ctx.config.seed, "student-latent", self.step)
         with torch.no_grad():
-            draw = self._draw(n * b, latent_gen)
+            shares_gen = torch_generator(self.ctx.config.seed, "student-site-shares", self.step)
+            draw = self._draw(n * b, latent_gen, shares_rng=shares_gen)
             x = self._generate(draw, latent_gen)
             x = self._shifted_and_mixed(x)
             if self.options.student_noise:

@@ -6,22 +6,32 @@ from __future__ import annotations
 import torch
 
 
-def shares(pi: torch.Tensor, batch: int) -> torch.Tensor:
+def shares(pi: torch.Tensor, batch: int, rng: torch.Generator | None = None) -> torch.Tensor:
     """Samples per site: a share pi_k of `batch`, at least one each when the batch has room, the rest by
-    largest remainders (ties to the earlier site)."""
+    the fractional parts of the quotas. With `rng` those slots are drawn (systematic sampling: site k
+    gets one with probability equal to its fractional part), so over many draws every site's count
+    averages its quota even when the batch is smaller than the sites; without, they go to the largest
+    fractional parts (ties to the earlier site), the same sites every time."""
     k = len(pi)
     floor = 1 if batch >= k else 0
     quota = pi.double() * (batch - floor * k)
     counts = quota.floor().long() + floor
     extra = batch - int(counts.sum())
     if extra > 0:
-        counts[torch.argsort(quota - quota.floor(), descending=True, stable=True)[:extra]] += 1
+        fraction = quota - quota.floor()
+        if rng is None:
+            counts[torch.argsort(fraction, descending=True, stable=True)[:extra]] += 1
+        else:
+            points = torch.rand((), generator=rng, dtype=torch.float64) + torch.arange(extra)
+            edges = torch.cumsum(fraction, 0) * (extra / float(fraction.sum()))  # the sum is `extra`
+            counts += torch.bincount(torch.searchsorted(edges, points, right=True).clamp(max=k - 1),
+                                     minlength=k)  # fmt: skip
     return counts
 
 
-def owners(pi: torch.Tensor, batch: int) -> torch.Tensor:
+def owners(pi: torch.Tensor, batch: int, rng: torch.Generator | None = None) -> torch.Tensor:
     """(batch,) site positions on the CPU, site by site in order (see `shares`)."""
-    return torch.repeat_interleave(torch.arange(len(pi)), shares(pi.cpu(), batch))
+    return torch.repeat_interleave(torch.arange(len(pi)), shares(pi.cpu(), batch, rng))
 
 
 def from_uploads(

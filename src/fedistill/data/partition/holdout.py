@@ -40,37 +40,52 @@ def holdout(
     return np.flatnonzero(mask).astype(np.int64), held.astype(np.int64)
 
 
-def block_holdout(
+def subject_holdout(
     groups: Any, parts: list[np.ndarray], fraction: float, *, seed: int
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Each client's own validation split, for sites made of natural groups (subjects, volumes, sources).
 
-    A slice next to a training slice of the same subject is nearly a training sample, so a random holdout
-    of slices measures memory, not generalisation. Here every client keeps ``floor(fraction · n_k)``
-    of its own samples (at least one when it has two), shared over its groups by size, and each group
-    gives one contiguous block in file order (a slab of slices) at a seeded offset. Returns
+    A slice next to a training slice of the same subject is nearly a training sample, so a holdout of
+    slices measures memory, not generalisation. A client of several groups holds out whole groups: about
+    ``fraction`` of all such groups, shared over those clients by their numbers of groups (largest
+    remainders, ties drawn; at least one in all, never a client's last), so some small sites hold none
+    out. A client of one group (a volume, a hospital's stack) holds out one contiguous block of
+    ``floor(fraction · n_k)`` samples in file order (a slab; at least one) at a seeded offset. Returns
     ``(train, held)`` per client, both sorted ascending.
     """
     y = as_labels(groups, None)
     fraction = _checked_fraction(fraction)
     rng = seeded_rng(check_seed(seed))
+    parts = [np.sort(np.asarray(part, dtype=np.int64)) for part in parts]
+    names = [np.unique(y[part]) for part in parts]
+    several = np.array([len(n) >= 2 for n in names])
+    quotas = np.array([fraction * len(n) if many else 0.0 for n, many in zip(names, several, strict=True)])
+    total = round(float(quotas.sum())) if fraction > 0 else 0
+    total = max(total, 1) if fraction > 0 and several.any() else total
+    whole = _largest_remainder_drawn(quotas, total, rng)
     train, held = [], []
-    for part in parts:
-        part = np.sort(np.asarray(part, dtype=np.int64))
-        n = part.size
-        size = min(math.floor(fraction * n + 1e-9), max(n - 1, 0))
-        if fraction > 0 and n >= 2:
-            size = max(size, 1)
-        names, counts = np.unique(y[part], return_counts=True)
-        per_group = np.minimum(_largest_remainder(counts * (size / max(n, 1)), size), counts - 1)
-        mask = np.zeros(n, dtype=bool)
-        for name, m in zip(names, per_group, strict=True):
-            positions = np.flatnonzero(y[part] == name)
-            start = int(rng.integers(0, positions.size - m + 1))
-            mask[positions[start : start + m]] = True
+    for part, part_names, many, count in zip(parts, names, several, whole, strict=True):
+        mask = np.zeros(part.size, dtype=bool)
+        if many:
+            chosen = rng.choice(part_names, size=min(int(count), part_names.size - 1), replace=False)
+            mask = np.isin(y[part], chosen)
+        elif fraction > 0 and part.size >= 2:
+            size = min(max(math.floor(fraction * part.size + 1e-9), 1), part.size - 1)
+            start = int(rng.integers(0, part.size - size + 1))
+            mask[start : start + size] = True
         train.append(part[~mask])
         held.append(part[mask])
     return train, held
+
+
+def _largest_remainder_drawn(quotas: np.ndarray, total: int, rng: np.random.Generator) -> np.ndarray:
+    """Integer counts close to ``quotas`` summing to ``total``, equal remainders in a seeded random order."""
+    base = np.floor(quotas).astype(np.int64)
+    extra = total - int(base.sum())
+    if extra > 0:
+        order = np.lexsort((rng.permutation(quotas.size), -(quotas - base)))
+        base[order[:extra]] += 1
+    return base
 
 
 def _checked_fraction(fraction: Any) -> float:

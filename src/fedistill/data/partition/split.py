@@ -14,7 +14,7 @@ import numpy as np
 
 from fedistill import disk
 from fedistill.data.partition.checks import as_labels, check_seed
-from fedistill.data.partition.holdout import block_holdout, class_counts, holdout, iid_shards
+from fedistill.data.partition.holdout import class_counts, holdout, iid_shards, subject_holdout
 from fedistill.data.partition.registry import get_partitioner
 from fedistill.errors import DataError, UserError
 
@@ -109,8 +109,8 @@ def make_split(
 ) -> FederatedSplit:
     """Hold out a validation set, partition the rest, and shard the holdout and the test set IID.
 
-    ``val_mode="blocks"`` (natural partitions of per-pixel sets) partitions first and holds out a slab of
-    each site's own groups as that site's validation split (`block_holdout`).
+    ``val_mode="subjects"`` (natural partitions of per-pixel sets) partitions first and holds out whole
+    subjects of each site (a slab where a site is one volume) as its validation split (`subject_holdout`).
 
     The holdout, the partition and the two shardings each get their own stream derived from ``seed``
     (``numpy.random.SeedSequence``), so changing one stage's size does not shift another's draws.
@@ -120,16 +120,16 @@ def make_split(
     y_train = as_labels(train_labels, num_classes, "train_labels")
     y_test = as_labels(test_labels, num_classes, "test_labels")
     s_hold, s_part, s_val, s_test = (int(s) for s in np.random.SeedSequence(seed).generate_state(4))
-    if val_mode == "blocks":
+    if val_mode == "subjects":
         if method != "natural":
             raise UserError(
-                f"val_mode = 'blocks' holds out slabs of each site's own groups and needs partition = "
+                f"val_mode = 'subjects' holds out each site's own subjects and needs partition = "
                 f"'natural' (got {method!r}); use val_mode = 'random'"
             )
         parts = partitioner(
             y_train, num_clients, alpha=alpha, seed=s_part, num_classes=num_classes, **options
         )
-        client_train, client_val = block_holdout(y_train, parts, val_fraction, seed=s_hold)
+        client_train, client_val = subject_holdout(y_train, parts, val_fraction, seed=s_hold)
         held = np.sort(np.concatenate(client_val)) if client_val else np.zeros(0, dtype=np.int64)
     else:
         train_pos, held = holdout(y_train, val_fraction, seed=s_hold, mode=val_mode)

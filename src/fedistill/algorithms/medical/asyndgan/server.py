@@ -173,7 +173,7 @@ class AsynDGANServer(ServerLogic):
         options, config, info = self.options, self.ctx.config, self.ctx.info
         batch = options.synthetic_batch_size
         rng = torch_generator(config.seed, "asyndgan-draw", self.step)
-        owner = draws.owners(self._weights(), batch)
+        owner = draws.owners(self._weights(), batch, torch_generator(config.seed, "site-shares", self.step))
         masks, pair = draws.from_uploads(self.pools, owner, rng)
         self.generator.train()
         x = self._generate(masks, rng, "g-step", self.step)
