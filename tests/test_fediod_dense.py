@@ -159,6 +159,17 @@ def test_class_logit_calibration_on_image_outputs_is_refused_before_any_work(tmp
     assert not (tmp_path / "fediod" / "ledger.jsonl").exists()
 
 
+def test_owner_queries_on_reconstruction_is_refused_before_any_work(tmp_path):
+    """Each site would get its rows of G's batch but number their undersampling masks from the batch's
+    start, so its teacher would label other inputs than the student learns from (site 1's zero-filled
+    inputs differed from the server's by up to 0.149)."""
+    options = dict(owner_queries=True, ensemble_weighting="owner", generator_mixture="per-client",
+                   use_unique=False, student_steps=0, pool_generator_batch=True, pool_steps=2)  # fmt: skip
+    with pytest.raises(ConfigError, match="owner_queries sends each site only its rows"):
+        run_suite(_config(RECONSTRUCTION, **options), tmp_path, progress=False)
+    assert not (tmp_path / "fediod" / "ledger.jsonl").exists()
+
+
 def _dense_parts(config: RunConfig):
     clients, server, _ = fediod_parts(config)
     fleet = InProcessFleet(clients, Ledger(None))
@@ -486,3 +497,25 @@ def test_with_sites_per_step_g_draws_only_for_the_asked_sites_so_each_sample_has
             assert torch.equal(draw.masks[sample], server.mask_pools[owner][int(draw.pair[sample])].long())
     metrics = server.distillation_step(fleet)
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values() if isinstance(v, float))
+
+
+def test_a_site_g_drew_nothing_for_only_labels_its_discriminator_neither_judges_nor_learns():
+    """Two samples for four sites: the two sites that own none this step keep D_k as it was and add no
+    GAN or entropy term (before, they judged, and trained on, the other sites' masks)."""
+    layer = copy.deepcopy(SEGMENTATION)
+    layer["clients"] = 4
+    layer["fediod"].update(synthetic_batch_size=2, wire="float32", student_steps=0, pool_generator_batch=True)
+    config = build_config(RunConfig(), layer, {"algorithm": "fediod"})
+    clients, server, fleet = _dense_parts(config)
+    before = {
+        cid: {n: t.detach().clone() for n, t in c.discriminator.named_parameters()}
+        for cid, c in clients.items()
+    }
+    draw = server._draw(2, torch_generator(config.seed, "latent", 0), server.step_sites(0),
+                        torch_generator(config.seed, "site-shares", 0))  # fmt: skip
+    owners = {server.federation.clients[int(o)] for o in draw.owner}
+    server.distillation_step(fleet)
+    for cid, client in clients.items():
+        after = dict(client.discriminator.named_parameters())
+        assert all(torch.equal(before[cid][n], after[n]) for n in after) == (cid not in owners)
+    assert len(owners) <= 2

@@ -247,13 +247,15 @@ class FedIODClient(ClientLogic):
         set_lr(self.d_optimizer, request.lr_discriminator)
         real, real_masks = self._real_batch(request.step, request.real_batch)
         real_logits = self._judge(real, real_masks)
-        mine = slice(None) if own is None or not bool(own.any()) else own
-        d_loss = L.discriminator_loss(
-            real_logits, self._judge(x[mine], None if masks is None else masks[mine])
-        )
-        self.d_optimizer.zero_grad(set_to_none=True)
-        d_loss.backward()
-        self.d_optimizer.step()
+        d_loss = None
+        if own is None or bool(own.any()):  # a site G drew nothing for this step has nothing to judge
+            mine = slice(None) if own is None else own
+            d_loss = L.discriminator_loss(
+                real_logits, self._judge(x[mine], None if masks is None else masks[mine])
+            )
+            self.d_optimizer.zero_grad(set_to_none=True)
+            d_loss.backward()
+            self.d_optimizer.step()
         # E_{x' in X'_k}[D_k(x')] of Eq. 8, from this step's real batch (scored before the update)
         self.real_mean = float(L.patch_scores(real_logits.detach()).mean())
         # (2) the terms this site computes alone, and their gradient with respect to x
@@ -264,8 +266,11 @@ class FedIODClient(ClientLogic):
         self.pending = None if self.options.recompute_graphs else (x, logits, local)
         ratio = self.view.pixel_ratio(fake_logits.detach(), self.real_mean) if request.want_ratio else None
         # with DP on, the loss on the real batch stays here (it is not sanitised)
-        metrics = {"gan_loss": gan.item(), "entropy": conf.item()}
-        metrics |= {"d_loss": d_loss.item()} if self.budget is None else dp_metrics
+        metrics = {"gan_loss": gan.item(), "entropy": conf.item()} if d_loss is not None else {}
+        if self.budget is not None:
+            metrics |= dp_metrics
+        elif d_loss is not None:
+            metrics["d_loss"] = d_loss.item()
         return generate_reply(logits, ratio, student, metrics, self.wire)
 
     def _spend(self, real_batch: int, released: int, planned_steps: int) -> dict[str, float]:
@@ -289,13 +294,17 @@ class FedIODClient(ClientLogic):
         x = inputs["x"].clone().requires_grad_(True)
         c_bn = float(inputs.get("c_bn", 0.0))
         own, masks = inputs.get("own"), inputs.get("masks")  # a site's terms see its own samples only
-        rows = own if own is not None and bool(own.any()) else None
-        mine = slice(None) if rows is None else rows
-        with batchnorm_statistics_loss(self.teacher if c_bn else nn.Identity(), rows) as bn_terms:
+        owns_none = own is not None and not bool(own.any())  # then it only labels: its terms are 0
+        mine = slice(None) if own is None else own
+        matching = self.teacher if c_bn and not owns_none else nn.Identity()
+        with batchnorm_statistics_loss(matching, own) as bn_terms:
             logits = self.teacher(self.view.model_input(x, int(inputs.get("index", 0))))
         fake_logits = self._judge(x, masks)
-        gan = L.generator_gan_loss(fake_logits[mine], mode=str(inputs["gan_loss"]))
-        conf = L.entropy(self.view.rows(logits[mine]), float(inputs["tau"])).mean()
+        if owns_none:
+            gan = conf = x.new_zeros(())
+        else:
+            gan = L.generator_gan_loss(fake_logits[mine], mode=str(inputs["gan_loss"]))
+            conf = L.entropy(self.view.rows(logits[mine]), float(inputs["tau"])).mean()
         local = float(inputs["c_gan"]) * gan + float(inputs["c_conf"]) * conf
         if bn_terms:
             local = local + c_bn * torch.stack(bn_terms).sum()

@@ -254,6 +254,12 @@ def resolve_options(
             f"fediod.teacher_logits = {options.teacher_logits!r} calibrates class logits; this task's "
             "outputs are images, which the ensemble averages as they are (use 'raw')"
         )
+    if options.owner_queries and image_outputs:
+        raise ConfigError(
+            "fediod.owner_queries sends each site only its rows of G's batch, and a reconstruction's "
+            "undersampling masks are numbered by position in the whole batch, so a site would undersample "
+            "its rows with other rows' masks; use it on classification or segmentation"
+        )
     if options.site_looks and (not per_pixel or image_outputs):
         raise ConfigError(
             "fediod.site_looks colours the images a conditional G draws from a mask; it is for segmentation "
