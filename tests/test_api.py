@@ -239,3 +239,33 @@ def test_resume_of_a_finished_run_gives_its_results(finished, tmp_path):
     resumed = fedistill.run(resume=copy, quiet=True)
     assert resumed.run_dir == copy
     assert resumed["fedavg"].final == finished["fedavg"].final
+
+
+def test_nan_images_and_empty_batches_get_a_clear_answer(finished, digits):
+    """One NaN pixel made every logit NaN and predicted class 0 silently; an empty batch crashed."""
+    model = fedistill.load_model(finished.run_dir, "fedavg")
+    images = digits.test.x[:2].float() / 255.0
+    images[0, 0, 3, 3] = float("nan")
+    with pytest.raises(InputError, match="NaN or infinite"):
+        model.predict(images)
+    assert model.predict(digits.test.x[:0]).shape == (0,)
+    assert model.predict_proba(digits.test.x[:0]).shape == (0, 10)
+
+
+def test_a_reconstruction_model_reconstructs_as_its_run_scored(tmp_path, finished, digits):
+    """`reconstruct` undersamples with the run's masks and keeps the measured lines: on the test slices it
+    gives the run's own SSIM (`predict` takes zero-filled images and skips data consistency)."""
+    keys = {"algorithm": "fedavg", "dataset": "mni152-t1", "model": "unet-fastmri", "clients": 2, "rounds": 1,
+            "partition": "natural", "batch_size": 8, "optimizer": "adam", "lr": 1e-3, "device": "cpu",
+            "mni152-t1": {"image_size": 32, "sites": 2},
+            "model_options": {"chans": 4, "num_pool_layers": 2}}  # fmt: skip
+    result = fedistill.run(**keys, out=str(tmp_path), name="mri", quiet=True)
+    model = fedistill.load_model(result.run_dir, "fedavg")
+    assert model.task.data_consistency
+    data = load_dataset("mni152-t1", image_size=32, sites=2)
+    reconstructed = model.reconstruct(data.test.x)
+    assert reconstructed.shape == data.test.x.shape
+    scored = model.task.score(reconstructed, data.test, model.info, meta=data.test_meta, groups=None)
+    assert abs(scored["ssim"] - result["fedavg"].final["test_ssim"]) <= 1e-5
+    with pytest.raises(InputError, match="reconstruct is for reconstruction models"):
+        fedistill.load_model(finished.run_dir, "fedavg").reconstruct(digits.test.x[:2])

@@ -23,7 +23,7 @@ import torch
 
 from fedistill.errors import ConfigError, UserError
 from fedistill.inference.loading import load_model
-from fedistill.inference.model_card import model_card, write_model_card
+from fedistill.inference.model_card import architecture_facts, model_card, write_model_card
 from fedistill.inference.trained_model import TrainedModel
 
 #: Export format -> the file's suffix.
@@ -113,7 +113,10 @@ def _save_safetensors(model: TrainedModel, path: Path) -> None:
         # what turns the net's raw output into the task's answer (a reconstruction's residual and scale)
         "task_options": json.dumps(model.task.options()),
         "dataset": model.info.name,
-        "norm": model.config.norm,
+        # the dataset's facts, and the norm resolved ("auto" is the model's default) with its group count:
+        # GroupNorm's weights have one shape for every group count, so a wrong count loads and answers wrong
+        "dataset_info": model.info.to_json(),
+        **{key: str(value) for key, value in architecture_facts(model).items() if value is not None},
         "model_options": json.dumps(model.config.options.get("model_options", {})),
         "preprocessing": json.dumps(preprocessing(model)),
     }

@@ -92,6 +92,16 @@ def traffic(communication: dict[str, Any], direction: str) -> dict[str, Any]:
     }
 
 
+def architecture_facts(model: TrainedModel) -> dict[str, Any]:
+    """What rebuilds the net besides its weights and options: its norm ("auto" resolved to the model's
+    default) and, for GroupNorm, its groups (its weights have one shape for every group count, so a wrong
+    count loads without a word and answers wrong)."""
+    from fedistill.models.registry import resolved_norm
+
+    norm = resolved_norm(model.architecture, model.config.norm)
+    return {"norm": norm, "group_norm_groups": model.config.group_norm_groups if norm == "group" else None}
+
+
 def model_card(
     model: TrainedModel, summary: dict[str, Any], file: Path, format: str, check: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -103,6 +113,8 @@ def model_card(
             "format": format,
             "exported_model": model.name,
             "architecture": model.architecture,
+            **architecture_facts(model),
+            "model_options": dict(model.config.options.get("model_options", {})),
             "task": model.task.name,
             "task_options": model.task.options(),
             "parameters": sum(p.numel() for p in model.module.parameters()),

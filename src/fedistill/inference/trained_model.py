@@ -3,7 +3,9 @@ its inputs must match (image size, channels, normalisation, class names).
 
 `preprocess` is the run's own evaluation preprocessing (`data.transforms.to_float`): uint8 images are
 divided by 255, float images are taken to be in [0, 1] already, then each channel is normalised with the
-training split's mean and std. So `predict` on a run's test images reproduces the run's test metrics.
+training split's mean and std. So `predict` on a run's test images reproduces the run's test metrics,
+and for a reconstruction model `reconstruct` does (it undersamples fully sampled slices with the run's
+masks and keeps the measured lines, as the run's evaluation did; `predict` takes zero-filled images).
 """
 
 from __future__ import annotations
@@ -71,8 +73,19 @@ class TrainedModel:
         Token ids (N, L) of a text model pass as they are."""
         x = torch.as_tensor(np.asarray(images)) if not isinstance(images, torch.Tensor) else images
         if self.info.text is not None:
+            text = self.info.text
             if x.dim() != 2 or x.dtype.is_floating_point or x.dtype == torch.bool:
                 raise InputError(f"a text model takes token ids (N, L), got {x.dtype} {tuple(x.shape)}")
+            if x.shape[1] > text.max_length:  # the model never saw positions past its training length
+                raise InputError(
+                    f"token ids are {x.shape[1]} long, more than the {text.max_length} the model was trained "
+                    f"on; encode with max_length={text.max_length} (fedistill.data.text.encode does)"
+                )
+            if x.numel() and (int(x.min()) < 0 or int(x.max()) >= text.vocab_size):
+                raise InputError(
+                    f"token ids must lie in [0, {text.vocab_size}) (the tokenizer {text.tokenizer}'s), got "
+                    f"[{int(x.min())}, {int(x.max())}]"
+                )
             return x.to(torch.int64).to(self.device)
         c, s = self.info.channels, self.info.image_size
         if x.dim() == 3 and c == 1:
@@ -84,6 +97,8 @@ class TrainedModel:
             )
         if x.dtype != torch.uint8 and not x.dtype.is_floating_point:
             raise InputError(f"images must be uint8 (0..255) or float in [0, 1], got {x.dtype}")
+        if x.dtype.is_floating_point and not bool(torch.isfinite(x).all()):  # NaN passes every comparison
+            raise InputError("images hold NaN or infinite values; replace them before predicting")
         low, high = (float(x.min()), float(x.max())) if x.dtype.is_floating_point and x.numel() else (0, 0)
         if low < -1.0 or high > 2.0:  # another scale (0..255 as floats) would be read as it is, silently
             raise InputError(
@@ -98,13 +113,38 @@ class TrainedModel:
         or images (N, C, H, W)."""
         x = self.preprocess(images)
         self.module.eval()
-        parts = [self.task.predict(self.module, x[s]).cpu() for s in chunks(len(x), batch_size)]
-        return torch.cat(parts) if parts else torch.zeros(0)
+        if not len(x):  # the shape of an answer, with no rows
+            return self.task.predict(self.module, self._example()).cpu()[:0]
+        return torch.cat([self.task.predict(self.module, x[s]).cpu() for s in chunks(len(x), batch_size)])
+
+    def _example(self) -> torch.Tensor:
+        """One input of zeros, on the model's device (an empty batch's answer takes its shape)."""
+        dtype = torch.int64 if self.info.text is not None else torch.float32
+        return torch.zeros((1, *self.input_shape), dtype=dtype, device=self.device)
+
+    @torch.no_grad()
+    def reconstruct(self, images: Any, batch_size: int = 512, first_index: int = 0) -> torch.Tensor:
+        """Reconstructions (N, 1, H, W) of fully sampled slices as the run scored its test slices: slice i
+        undersampled with the run's mask of index `first_index + i` (the test set's own numbering from
+        0), through the net (and its residual), and, when the run kept them, the measured lines put back
+        (data consistency). On the run's test images this reproduces its SSIM and PSNR."""
+        if self.task.name != "reconstruction":
+            raise InputError(f"reconstruct is for reconstruction models; this one is {self.task.name}")
+        x = self.preprocess(images)
+        self.module.eval()
+        parts = []
+        for part in chunks(len(x), batch_size):
+            index = torch.arange(part.start, part.stop) + int(first_index)
+            zero_filled, kspace, mask = self.task.undersampled(x[part], index)  # type: ignore[attr-defined]
+            inputs = (zero_filled, kspace, mask) if self.task.data_consistency else zero_filled  # type: ignore[attr-defined]
+            parts.append(self.task.predict(self.module, inputs).cpu())
+        return torch.cat(parts) if parts else torch.zeros((0, *self.input_shape))
 
     def predict(self, images: Any, batch_size: int = 512) -> torch.Tensor:
         """Class ids (N,) for classification; a class per pixel (N, H, W) for semantic segmentation; an
         instance id per pixel (N, H, W), 0 the background, for instance segmentation; images (N, C, H, W)
-        for reconstruction (from the zero-filled images the net takes, without data consistency)."""
+        for reconstruction (from the zero-filled images the net takes, without data consistency: from fully
+        sampled slices, `reconstruct` scores as the run did)."""
         return self.task.decode(self.outputs(images, batch_size))
 
     def predict_proba(self, images: Any, batch_size: int = 512) -> torch.Tensor:

@@ -120,6 +120,14 @@ def model_options(name: str) -> tuple[str, ...]:
     return _MODELS[name].options
 
 
+def resolved_norm(name: str, norm: str | None) -> str:
+    """The normalisation `build_model(name, norm=...)` uses: `norm`, or the model's default for None or
+    "auto" (what a file records, so that a reader need not know each model's default)."""
+    if name not in _MODELS:
+        raise unknown_choice("model", name, model_names())
+    return _MODELS[name].default_norm if norm in (None, "auto") else norm
+
+
 def build_model(
     name: str,
     info: DatasetInfo,
