@@ -439,3 +439,12 @@ def test_compact_fediod_over_a_flower_grid_matches_in_process(tmp_path):
     assert traffic(there_ledger) == traffic(here_ledger)
     assert there["transport"] == "flower"
     assert there["test_accuracy"] == pytest.approx(here["test_accuracy"], abs=1e-6)
+
+
+def test_values_below_float32s_range_of_scales_decode_to_zeros_without_warnings():
+    """max |x| = 1e-42: the square-root grid's scale (m / 127^2) underflowed to 0 and the encoder divided
+    by it (NaN cast to int8); it now sends zeros, all a byte can tell such values from."""
+    x = np.array([1e-42, -1e-42, 0.0], dtype=np.float32)
+    with np.errstate(all="raise"):
+        decoded = decode(encode("int8-sqrt", x))
+    assert np.array_equal(decoded, np.zeros(3, np.float32))

@@ -268,7 +268,11 @@ def _int8_grid(power: int) -> WireFormat:
         if top == 0:
             return np.zeros(x.shape, np.int8), (0.0,)
         scale = np.float32(top / _INT8_TOP**power)
-        # the nearest level of the decoder's grid, in float64 (sqrt is correctly rounded on any machine)
+        if scale == 0:  # below float32's subnormals (max |x| < ~2e-41): nothing a byte can tell from 0
+            return np.zeros(x.shape, np.int8), (0.0,)
+        # power 1: the nearest level of the decoder's grid; power 2: the nearest in the square-root domain,
+        # which for a few values near a midpoint is the neighbour of the nearest level (well within the
+        # stated bound). In float64: sqrt is correctly rounded on any machine.
         level = np.abs(x.astype(np.float64)) / float(scale)
         q = np.rint(level if power == 1 else np.sqrt(level))
         return (np.clip(q, 0, _INT8_TOP) * np.sign(x)).astype(np.int8), (float(scale),)
