@@ -258,7 +258,8 @@ def test_fedmd_resumes_exactly(tmp_path):
 
 
 def test_fedkd_resumes_exactly_and_reports_its_pate_epsilon(tmp_path):
-    run = check_resume_after_crash(_config(TINY, algorithm="fedkd"), FedKDServer, tmp_path, crash_round=2)
+    config = _config(TINY, algorithm="fedkd", **{"fedkd.pate_noise_seed": "run"})  # exact: the run's noise
+    run = check_resume_after_crash(config, FedKDServer, tmp_path, crash_round=2)
     final = run_final(run)
     sigma, queries = final["pate_sigma"], int(final["pate_queries"])
     assert queries == 150 and sigma > 0
@@ -269,3 +270,25 @@ def test_fedkd_resumes_exactly_and_reports_its_pate_epsilon(tmp_path):
 
 def run_final(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())["final"]
+
+
+def test_gnmax_noise_comes_from_a_secret_unless_the_run_seed_is_asked_for():
+    """Noise regenerated from the run's seed (0 by default, and named in the run's records) turns each
+    released label into a function of the votes: the default draws it from a seed only the aggregator
+    holds."""
+    from types import SimpleNamespace
+
+    from fedistill.seeding import numpy_generator
+
+    def noise(mode: str) -> np.ndarray:
+        server = SimpleNamespace(
+            options=FedKDOptions(pate_noise_seed=mode), ctx=SimpleNamespace(config=RunConfig())
+        )
+        return FedKDServer._gnmax_noise(server).standard_normal(8)
+
+    public = numpy_generator(0, "fedkd-gnmax").standard_normal(8)
+    assert np.array_equal(noise("run"), public)
+    first, second = noise("secret"), noise("secret")
+    assert not np.array_equal(first, public) and not np.array_equal(first, second)
+    with pytest.raises(ConfigError, match="pate_noise_seed must be secret or run"):
+        FedKDOptions(pate_noise_seed="seed").validate()

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +101,9 @@ class FedKDOptions:
     pate_sigma: float = 0.0  # GNMax noise on the vote sums; 0: the plain plurality
     pate_epsilon: float = 0.0  # > 0: calibrate pate_sigma to this (data-independent) epsilon instead
     pate_delta: float = 1e-5  # the delta of the reported PATE epsilons (and of pate_epsilon's calibration)
+    # secret (the aggregator's own, drawn when it starts, never recorded) | run (from the run seed:
+    # reproducible, and no privacy against whoever knows the seed, which the run's records name)
+    pate_noise_seed: str = "secret"
     student: str = ""  # the central model; "" = the run's model
     student_epochs: int = 1  # per round
     student_batch_size: int = 64  # the central student's batch size
@@ -120,6 +124,8 @@ class FedKDOptions:
             )
         if not 0 < self.pate_delta < 1:
             raise ConfigError(f"fedkd.pate_delta must be in (0, 1), got {self.pate_delta}")
+        if self.pate_noise_seed not in ("secret", "run"):
+            raise ConfigError(f"fedkd.pate_noise_seed must be secret or run, got {self.pate_noise_seed!r}")
 
     @property
     def levels(self) -> int:
@@ -298,7 +304,7 @@ class FedKDServer(ServerLogic):
             [answered[c].tensor("votes", "votes") for c in clients],
             self.options.levels,
             self.sigma,
-            numpy_generator(config.seed, "fedkd-gnmax"),
+            self._gnmax_noise(),
         )
         self.labels = torch.from_numpy(labels).long()
         accuracy = np.array([float(trained[c].scalar("metrics", "test_accuracy")) for c in sorted(trained)])
@@ -346,6 +352,13 @@ class FedKDServer(ServerLogic):
 
     def final_evaluate(self, fleet: Fleet, last: dict[str, float]) -> dict[str, float]:
         return dict(last) | self.reference
+
+    def _gnmax_noise(self) -> np.random.Generator:
+        """GNMax's noise: from a seed only the aggregator holds (`pate_noise_seed = "secret"`), since noise
+        anyone can regenerate from the run's seed makes each label a function of the votes alone."""
+        if self.options.pate_noise_seed == "run":
+            return numpy_generator(self.ctx.config.seed, "fedkd-gnmax")
+        return np.random.default_rng(secrets.randbits(128))
 
     def models(self) -> dict[str, torch.nn.Module]:
         return {"student": self.student}
