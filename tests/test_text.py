@@ -317,6 +317,25 @@ def test_feddf_refuses_image_sources_for_text_and_reads_another_text_dataset(roo
     assert int(batch.max()) < info.text.vocab_size and bool((batch[:, 0] == 2).all())
 
 
+@pytest.mark.parametrize("source", ["dataset:sst-2", "dataset:SST_2", "dataset: Sst2 "])
+def test_feddf_refuses_its_own_dataset_under_any_spelling(root, tmp_path, source):
+    """An alias or another spelling of the run's dataset loads the clients' training texts all the same."""
+    settings = {
+        "algorithm": "feddf",
+        "dataset": "sst2",
+        "data_dir": str(root),
+        "clients": 2,
+        "rounds": 1,
+        "model": "distilbert",
+        "val_fraction": 0.2,
+        "sst2": {"model_dir": str(root / "model"), "max_length": 16},
+        "model_options": TINY,
+        "feddf": {"source": source, "steps": 1},
+    }
+    with pytest.raises(ConfigError, match="federation's own dataset"):
+        run_suite(build_config(RunConfig(), settings), tmp_path, progress=False)
+
+
 def test_the_holdout_source_splits_the_held_out_set_for_images_too():
     digits = load_dataset("digits")
     held = digits.train.subset(range(100))
