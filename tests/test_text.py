@@ -17,11 +17,12 @@ from algorithm_helpers import check_resume_after_crash
 from fedistill.algorithms.feddf.feddf import FedDFServer
 from fedistill.algorithms.shared import distillation_data as dd
 from fedistill.cli import main
-from fedistill.config import RunConfig, build_config
+from fedistill.config import RunConfig, build_config, read_config
 from fedistill.data.registry import describe_files, load_dataset
 from fedistill.engine.checkpoint import latest_checkpoint, read_checkpoint, save_model
-from fedistill.engine.launch import run_suite
+from fedistill.engine.launch import run_suite, start_suite
 from fedistill.engine.rundir import read_jsonl
+from fedistill.engine.setup import canonical_dataset, validate_setup
 from fedistill.errors import ConfigError, DataError
 from fedistill.federation.ledger import DOWN, UP, read_ledger
 from fedistill.models import build_model
@@ -334,6 +335,40 @@ def test_feddf_refuses_its_own_dataset_under_any_spelling(root, tmp_path, source
     }
     with pytest.raises(ConfigError, match="federation's own dataset"):
         run_suite(build_config(RunConfig(), settings), tmp_path, progress=False)
+
+
+def _sst2_settings(root: Path, dataset: str, table: str) -> dict:
+    return {
+        "algorithm": "fedavg",
+        "dataset": dataset,
+        "data_dir": str(root),
+        "clients": 2,
+        "rounds": 1,
+        "local_epochs": 1,
+        "model": "distilbert",
+        table: {"model_dir": str(root / "model"), "max_length": 16},
+        "model_options": TINY,
+    }
+
+
+def test_a_dataset_alias_and_its_options_table_are_one_dataset(root, tmp_path):
+    """`--dataset sst-2` with an [sst2] table (or any spelling of either) reads the table's options, and
+    the run spells the registered name; a config that already does is left exactly as it is."""
+    for dataset, table in (("sst-2", "sst2"), ("SST_2", "sst-2"), ("sst2", "sst-2")):
+        config = build_config(RunConfig(), _sst2_settings(root, dataset, table))
+        assert validate_setup(config).dataset.info.text.max_length == 16  # the table's, not the default
+        canonical = canonical_dataset(config)
+        assert canonical.dataset == "sst2" and canonical.options["sst2"] == config.options[table]
+        assert set(canonical.options) == {"sst2", "model_options"}
+    config = build_config(RunConfig(), _sst2_settings(root, "sst2", "sst2"))
+    assert canonical_dataset(config) is config
+    both = build_config(RunConfig(), _sst2_settings(root, "sst-2", "sst2"), {"sst-2": {"max_length": 8}})
+    with pytest.raises(ConfigError, match=r"\[sst2\], \[sst-2\] all set options of dataset 'sst2'"):
+        validate_setup(both)
+    alias = build_config(RunConfig(), _sst2_settings(root, "sst-2", "sst-2"), {"out": str(tmp_path)})
+    suite_dir, summaries = start_suite(alias, progress=False)
+    assert suite_dir.name.startswith("sst2-") and summaries[0]["dataset"] == "sst2"
+    assert read_config(suite_dir / "config.toml") == canonical_dataset(alias)
 
 
 def test_the_holdout_source_splits_the_held_out_set_for_images_too():
