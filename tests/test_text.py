@@ -221,6 +221,21 @@ def test_distilbert_loads_a_pretrained_folder_and_refuses_a_missing_one(root, tm
         build_model("distilbert", info, options={**TINY, "vocab_size": 10})
 
 
+def test_a_relative_model_folder_is_recorded_absolute(root, tmp_path, monkeypatch):
+    """The model file records the tokenizer's folder, and a trained model is loaded from any directory."""
+    from transformers import DistilBertConfig, DistilBertModel
+
+    folder = tmp_path / "pretrained"
+    config = DistilBertConfig(vocab_size=len(WORDS), dim=16, n_layers=1, n_heads=2, hidden_dim=32)
+    seeded(1, lambda: DistilBertModel(config)).save_pretrained(str(folder))
+    _save_tokenizer(folder)
+    monkeypatch.chdir(tmp_path)
+    info = load_dataset("sst2", root, model_dir="pretrained", max_length=16).info
+    assert info.text.tokenizer == str(folder.resolve())
+    monkeypatch.chdir(root)
+    assert seeded(0, lambda: build_model("distilbert", info)).num_classes == 2
+
+
 # --- federated fine-tuning ---------------------------------------------------------------------------
 def _config(root: Path, **changes) -> RunConfig:
     settings = {

@@ -121,7 +121,8 @@ def text_dataset(
         ids = encode(tokenizer, [texts[i] for i in index], max_length)
         sets[split] = ImageSet(ids, torch.as_tensor(np.asarray(labels, dtype=np.int64)[index]))
     text = TextInfo(
-        tokenizer=str(Path(model_dir).expanduser()),
+        # absolute: the model file records it, and is loaded from wherever the user then stands
+        tokenizer=str(Path(model_dir).expanduser().resolve()),
         vocab_size=len(tokenizer),
         pad_id=int(tokenizer.pad_token_id),
         max_length=max_length,
