@@ -19,6 +19,8 @@ from fedistill.algorithms.shared import distillation_data as dd
 from fedistill.cli import main
 from fedistill.config import RunConfig, build_config, read_config
 from fedistill.data.registry import describe_files, load_dataset
+from fedistill.data.text.ag_news import read_ag_news
+from fedistill.data.text.sst2 import read_sst2
 from fedistill.engine.checkpoint import latest_checkpoint, read_checkpoint, save_model
 from fedistill.engine.launch import run_suite, start_suite
 from fedistill.engine.rundir import read_jsonl
@@ -147,6 +149,28 @@ def test_sst2_reads_glue_tsv_and_dev_is_the_test_set(root, tmp_path):
     (folder / "train.tsv").write_text("sentence\tlabel\ngreat film\t7\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"train\.tsv:2: the label must be 0 or 1"):
         load_dataset("sst2", tmp_path, model_dir=str(root / "model"))
+
+
+def test_loaders_read_what_editors_write_and_name_a_file_that_is_not_utf8(tmp_path):
+    """A byte-order mark, blank lines and Unicode line separators inside a sentence lose no sample and
+    split none; a file in another encoding is one clear error, not a decoding traceback."""
+    ag, sst = tmp_path / "ag.csv", tmp_path / "sst.tsv"
+    ag.write_text('\ufeff"3","stocks","profit"\n\n"1","war","treaty"\n\n', encoding="utf-8")
+    assert read_ag_news(ag) == (["stocks profit", "war treaty"], [2, 0])
+    ag.write_text("\ufeff3,stocks,profit\r\n", encoding="utf-8")
+    assert read_ag_news(ag) == (["stocks profit"], [2])
+    ag.write_text("\ufeffClass Index,Title,Description\n3,stocks,profit\n", encoding="utf-8")
+    assert read_ag_news(ag) == (["stocks profit"], [2])
+    sentences = ["great\u2028film", "awful \x85 dull\x0bfilm", "a\x0c\x1c\x1d\x1eboring film"]
+    rows = "".join(f"{text}\t{label}\r\n" for text, label in zip(sentences, (1, 0, 0), strict=True))
+    sst.write_text(f"\ufeffsentence\tlabel\r\n{rows}\n", encoding="utf-8")
+    assert read_sst2(sst) == (sentences, [1, 0, 0])
+    ag.write_bytes(b'"3","caf\xe9","profit"\n')  # Latin-1
+    with pytest.raises(DataError, match=r"ag\.csv:1: the file is not UTF-8 text \(byte 0xe9"):
+        read_ag_news(ag)
+    sst.write_bytes(b"sentence\tlabel\ncaf\xe9\t1\n")
+    with pytest.raises(DataError, match=r"sst\.tsv:2: the file is not UTF-8 text \(byte 0xe9"):
+        read_sst2(sst)
 
 
 def test_missing_files_and_model_folders_are_clear_errors(root, tmp_path):

@@ -9,6 +9,7 @@ the dataset keeps the columns some text uses, so short texts (SST-2's sentences)
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,20 @@ def text_dataset(
         text=text,
     )
     return LoadedDataset(info, sets["train"], sets["test"])
+
+
+def read_text_file(path: Path) -> str:
+    """A dataset file's text, UTF-8 with a byte-order mark dropped (editors on Windows add one, and it
+    would glue itself to the first field); DataError naming the file and line when it is not UTF-8."""
+    data = path.read_bytes().removeprefix(codecs.BOM_UTF8)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise DataError(
+            f"{path}:{line}: the file is not UTF-8 text (byte 0x{data[exc.start]:02x} is not UTF-8); "
+            "save it as UTF-8"
+        ) from None
 
 
 def require_files(folder: Path, names: Sequence[str], describe: str) -> list[Path]:
