@@ -260,6 +260,14 @@ def test_a_relative_model_folder_is_recorded_absolute(root, tmp_path, monkeypatc
     assert seeded(0, lambda: build_model("distilbert", info)).num_classes == 2
 
 
+@pytest.mark.parametrize("norm", ["group", "batch"])
+def test_distilbert_refuses_another_norm_before_a_run_writes(root, tmp_path, norm):
+    """DistilBERT's LayerNorms are its architecture: a run asking for another norm is refused up front."""
+    with pytest.raises(ConfigError, match=rf"'distilbert' has its own layer norm .* norm = '{norm}'"):
+        start_suite(_config(root, norm=norm, out=str(tmp_path)), progress=False)
+    assert not any(tmp_path.iterdir())
+
+
 # --- federated fine-tuning ---------------------------------------------------------------------------
 def _config(root: Path, **changes) -> RunConfig:
     settings = {

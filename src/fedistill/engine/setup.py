@@ -22,7 +22,7 @@ from fedistill.data.base import LoadedDataset
 from fedistill.data.partition import FederatedSplit, make_split
 from fedistill.data.registry import canonical_dataset_name, load_dataset
 from fedistill.errors import ConfigError, DataError, UserError, unknown_name
-from fedistill.models import model_names
+from fedistill.models import check_model_norm, model_names
 from fedistill.seeding import derive_seed
 from fedistill.tasks import Task, task_class
 
@@ -168,9 +168,10 @@ def validate_setup(config: RunConfig) -> Prepared:
     check_sections(config)
     devices.resolve(config.device)  # a device this machine lacks is a mistake named before any work
     for name in config.algorithms:
-        model = resolve(config, name).config.model
-        if model not in model_names():
-            raise unknown_name("model", model, model_names(), ConfigError)
+        own = resolve(config, name).config
+        if own.model not in model_names():
+            raise unknown_name("model", own.model, model_names(), ConfigError)
+        check_model_norm(own.model, None if own.norm == "auto" else own.norm)
     data = prepare_data(config)
     info = data.dataset.info
     task = task_of(config, info)
