@@ -21,6 +21,7 @@ from fedistill.config import RunConfig, build_config, read_config
 from fedistill.data.registry import describe_files, load_dataset
 from fedistill.data.text.ag_news import read_ag_news
 from fedistill.data.text.sst2 import read_sst2
+from fedistill.data.text.tokens import encode, load_tokenizer
 from fedistill.engine.checkpoint import latest_checkpoint, read_checkpoint, save_model
 from fedistill.engine.launch import run_suite, start_suite
 from fedistill.engine.rundir import read_jsonl
@@ -125,6 +126,15 @@ def test_ag_news_reads_the_csv_files_into_padded_token_ids(root, tmp_path):
     assert len(other.train) == 5 and other.test.y.tolist() == [2]
     words = [WORDS.index(w) for w in ("stocks", "market", "profit")]
     assert other.test.x[0].tolist() == [2, *words, 3]  # [CLS] stocks market profit [SEP]
+
+
+def test_special_tokens_typed_in_a_text_are_words(root):
+    """A text quoting "[PAD]" or "[CLS]" must not gain padding ids (masked out) or extra special ids."""
+    tokenizer = load_tokenizer(root / "model", "ag-news")
+    padded, framed = encode(tokenizer, ["great [PAD] film", "a [CLS] b [SEP] c"], 16).tolist()
+    great, film, unk = (WORDS.index(word) for word in ("great", "film", "[UNK]"))
+    assert padded == [2, great, unk, unk, unk, film, 3, 0, 0, 0, 0]  # "[", "pad", "]": unknown words
+    assert framed.count(2) == 1 and framed.count(3) == 1  # the tokenizer's own [CLS] and [SEP] only
 
 
 def test_max_samples_take_a_fixed_subset_and_max_length_truncates(root):

@@ -4,7 +4,8 @@ The tokenizer is the one a Hugging Face model folder holds (`tokenizer.json` wit
 `tokenizer_config.json`, or a BERT-style `vocab.txt` with `config.json`), read by
 `transformers.AutoTokenizer` from that folder only: nothing is downloaded. Every text is truncated to
 `max_length` tokens (special tokens included) and padded at the end with the tokenizer's padding id;
-the dataset keeps the columns some text uses, so short texts (SST-2's sentences) cost no more.
+the dataset keeps the columns some text uses, so short texts (SST-2's sentences) cost no more. A special
+token's string typed in a text ("[PAD]") is read as words, never as that token's id.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ def encode(tokenizer: Any, texts: Sequence[str], max_length: int) -> torch.Tenso
             padding="max_length",
             truncation=True,
             max_length=max_length,
+            split_special_tokens=True,  # "[PAD]" typed in a text is words, not a padding id that is masked
             return_tensors="np",
             return_attention_mask=False,
             return_token_type_ids=False,
