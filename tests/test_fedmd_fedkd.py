@@ -169,6 +169,10 @@ def test_public_data_is_never_the_clients_own_and_holdout_needs_one():
     config = _config(TINY)
     with pytest.raises(ConfigError, match="clients' private data"):
         build_public("dataset:digits", _server_context(config), size=0, key="fedmd.public", labelled=True)
+    fashion = _server_context(config)
+    fashion.config = config.replace(dataset="fashion-mnist")  # its alias loads the same training images
+    with pytest.raises(ConfigError, match="clients' private data"):
+        build_public("dataset:fmnist", fashion, size=0, key="fedmd.public", labelled=True)
     with pytest.raises(ConfigError, match="val_fraction > 0"):
         build_public("holdout", _server_context(config, False), size=0, key="fedkd.public", labelled=False)
     with pytest.raises(ConfigError, match="public_size > 0"):

@@ -17,11 +17,15 @@ from algorithm_helpers import check_resume_after_crash
 from fedistill.algorithms.feddf.feddf import FedDFServer
 from fedistill.algorithms.shared import distillation_data as dd
 from fedistill.cli import main
-from fedistill.config import RunConfig, build_config
+from fedistill.config import RunConfig, build_config, read_config
 from fedistill.data.registry import describe_files, load_dataset
+from fedistill.data.text.ag_news import read_ag_news
+from fedistill.data.text.sst2 import read_sst2
+from fedistill.data.text.tokens import encode, load_tokenizer
 from fedistill.engine.checkpoint import latest_checkpoint, read_checkpoint, save_model
-from fedistill.engine.launch import run_suite
+from fedistill.engine.launch import run_suite, start_suite
 from fedistill.engine.rundir import read_jsonl
+from fedistill.engine.setup import canonical_dataset, validate_setup
 from fedistill.errors import ConfigError, DataError
 from fedistill.federation.ledger import DOWN, UP, read_ledger
 from fedistill.models import build_model
@@ -124,6 +128,15 @@ def test_ag_news_reads_the_csv_files_into_padded_token_ids(root, tmp_path):
     assert other.test.x[0].tolist() == [2, *words, 3]  # [CLS] stocks market profit [SEP]
 
 
+def test_special_tokens_typed_in_a_text_are_words(root):
+    """A text quoting "[PAD]" or "[CLS]" must not gain padding ids (masked out) or extra special ids."""
+    tokenizer = load_tokenizer(root / "model", "ag-news")
+    padded, framed = encode(tokenizer, ["great [PAD] film", "a [CLS] b [SEP] c"], 16).tolist()
+    great, film, unk = (WORDS.index(word) for word in ("great", "film", "[UNK]"))
+    assert padded == [2, great, unk, unk, unk, film, 3, 0, 0, 0, 0]  # "[", "pad", "]": unknown words
+    assert framed.count(2) == 1 and framed.count(3) == 1  # the tokenizer's own [CLS] and [SEP] only
+
+
 def test_max_samples_take_a_fixed_subset_and_max_length_truncates(root):
     small = _ag_news(root, max_train_samples=50, max_test_samples=10, max_length=5)
     again = _ag_news(root, max_train_samples=50, max_test_samples=10, max_length=5)
@@ -146,6 +159,28 @@ def test_sst2_reads_glue_tsv_and_dev_is_the_test_set(root, tmp_path):
     (folder / "train.tsv").write_text("sentence\tlabel\ngreat film\t7\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"train\.tsv:2: the label must be 0 or 1"):
         load_dataset("sst2", tmp_path, model_dir=str(root / "model"))
+
+
+def test_loaders_read_what_editors_write_and_name_a_file_that_is_not_utf8(tmp_path):
+    """A byte-order mark, blank lines and Unicode line separators inside a sentence lose no sample and
+    split none; a file in another encoding is one clear error, not a decoding traceback."""
+    ag, sst = tmp_path / "ag.csv", tmp_path / "sst.tsv"
+    ag.write_text('\ufeff"3","stocks","profit"\n\n"1","war","treaty"\n\n', encoding="utf-8")
+    assert read_ag_news(ag) == (["stocks profit", "war treaty"], [2, 0])
+    ag.write_text("\ufeff3,stocks,profit\r\n", encoding="utf-8")
+    assert read_ag_news(ag) == (["stocks profit"], [2])
+    ag.write_text("\ufeffClass Index,Title,Description\n3,stocks,profit\n", encoding="utf-8")
+    assert read_ag_news(ag) == (["stocks profit"], [2])
+    sentences = ["great\u2028film", "awful \x85 dull\x0bfilm", "a\x0c\x1c\x1d\x1eboring film"]
+    rows = "".join(f"{text}\t{label}\r\n" for text, label in zip(sentences, (1, 0, 0), strict=True))
+    sst.write_text(f"\ufeffsentence\tlabel\r\n{rows}\n", encoding="utf-8")
+    assert read_sst2(sst) == (sentences, [1, 0, 0])
+    ag.write_bytes(b'"3","caf\xe9","profit"\n')  # Latin-1
+    with pytest.raises(DataError, match=r"ag\.csv:1: the file is not UTF-8 text \(byte 0xe9"):
+        read_ag_news(ag)
+    sst.write_bytes(b"sentence\tlabel\ncaf\xe9\t1\n")
+    with pytest.raises(DataError, match=r"sst\.tsv:2: the file is not UTF-8 text \(byte 0xe9"):
+        read_sst2(sst)
 
 
 def test_missing_files_and_model_folders_are_clear_errors(root, tmp_path):
@@ -218,6 +253,29 @@ def test_distilbert_loads_a_pretrained_folder_and_refuses_a_missing_one(root, tm
         build_model("distilbert", info, options={"model_dir": str(folder), "dim": 8})
     with pytest.raises(ConfigError, match="embeds only 10"):
         build_model("distilbert", info, options={**TINY, "vocab_size": 10})
+
+
+def test_a_relative_model_folder_is_recorded_absolute(root, tmp_path, monkeypatch):
+    """The model file records the tokenizer's folder, and a trained model is loaded from any directory."""
+    from transformers import DistilBertConfig, DistilBertModel
+
+    folder = tmp_path / "pretrained"
+    config = DistilBertConfig(vocab_size=len(WORDS), dim=16, n_layers=1, n_heads=2, hidden_dim=32)
+    seeded(1, lambda: DistilBertModel(config)).save_pretrained(str(folder))
+    _save_tokenizer(folder)
+    monkeypatch.chdir(tmp_path)
+    info = load_dataset("sst2", root, model_dir="pretrained", max_length=16).info
+    assert info.text.tokenizer == str(folder.resolve())
+    monkeypatch.chdir(root)
+    assert seeded(0, lambda: build_model("distilbert", info)).num_classes == 2
+
+
+@pytest.mark.parametrize("norm", ["group", "batch"])
+def test_distilbert_refuses_another_norm_before_a_run_writes(root, tmp_path, norm):
+    """DistilBERT's LayerNorms are its architecture: a run asking for another norm is refused up front."""
+    with pytest.raises(ConfigError, match=rf"'distilbert' has its own layer norm .* norm = '{norm}'"):
+        start_suite(_config(root, norm=norm, out=str(tmp_path)), progress=False)
+    assert not any(tmp_path.iterdir())
 
 
 # --- federated fine-tuning ---------------------------------------------------------------------------
@@ -315,6 +373,59 @@ def test_feddf_refuses_image_sources_for_text_and_reads_another_text_dataset(roo
         source.description == "30 unlabeled texts of sst2" and batch.dtype == torch.int64 and len(batch) == 8
     )
     assert int(batch.max()) < info.text.vocab_size and bool((batch[:, 0] == 2).all())
+
+
+@pytest.mark.parametrize("source", ["dataset:sst-2", "dataset:SST_2", "dataset: Sst2 "])
+def test_feddf_refuses_its_own_dataset_under_any_spelling(root, tmp_path, source):
+    """An alias or another spelling of the run's dataset loads the clients' training texts all the same."""
+    settings = {
+        "algorithm": "feddf",
+        "dataset": "sst2",
+        "data_dir": str(root),
+        "clients": 2,
+        "rounds": 1,
+        "model": "distilbert",
+        "val_fraction": 0.2,
+        "sst2": {"model_dir": str(root / "model"), "max_length": 16},
+        "model_options": TINY,
+        "feddf": {"source": source, "steps": 1},
+    }
+    with pytest.raises(ConfigError, match="federation's own dataset"):
+        run_suite(build_config(RunConfig(), settings), tmp_path, progress=False)
+
+
+def _sst2_settings(root: Path, dataset: str, table: str) -> dict:
+    return {
+        "algorithm": "fedavg",
+        "dataset": dataset,
+        "data_dir": str(root),
+        "clients": 2,
+        "rounds": 1,
+        "local_epochs": 1,
+        "model": "distilbert",
+        table: {"model_dir": str(root / "model"), "max_length": 16},
+        "model_options": TINY,
+    }
+
+
+def test_a_dataset_alias_and_its_options_table_are_one_dataset(root, tmp_path):
+    """`--dataset sst-2` with an [sst2] table (or any spelling of either) reads the table's options, and
+    the run spells the registered name; a config that already does is left exactly as it is."""
+    for dataset, table in (("sst-2", "sst2"), ("SST_2", "sst-2"), ("sst2", "sst-2")):
+        config = build_config(RunConfig(), _sst2_settings(root, dataset, table))
+        assert validate_setup(config).dataset.info.text.max_length == 16  # the table's, not the default
+        canonical = canonical_dataset(config)
+        assert canonical.dataset == "sst2" and canonical.options["sst2"] == config.options[table]
+        assert set(canonical.options) == {"sst2", "model_options"}
+    config = build_config(RunConfig(), _sst2_settings(root, "sst2", "sst2"))
+    assert canonical_dataset(config) is config
+    both = build_config(RunConfig(), _sst2_settings(root, "sst-2", "sst2"), {"sst-2": {"max_length": 8}})
+    with pytest.raises(ConfigError, match=r"\[sst2\], \[sst-2\] all set options of dataset 'sst2'"):
+        validate_setup(both)
+    alias = build_config(RunConfig(), _sst2_settings(root, "sst-2", "sst-2"), {"out": str(tmp_path)})
+    suite_dir, summaries = start_suite(alias, progress=False)
+    assert suite_dir.name.startswith("sst2-") and summaries[0]["dataset"] == "sst2"
+    assert read_config(suite_dir / "config.toml") == canonical_dataset(alias)
 
 
 def test_the_holdout_source_splits_the_held_out_set_for_images_too():

@@ -24,7 +24,9 @@ def dataset_names() -> list[str]:
     return list(DATASETS)
 
 
-def _resolve(name: str) -> str:
+def canonical_dataset_name(name: str) -> str:
+    """The registered name of dataset `name`, whichever spelling a user typed (case, `_` for `-`, an alias
+    such as `sst-2` or `fmnist`); the unknown-name error when it names none."""
     if not isinstance(name, str):
         raise UserError(f"dataset name must be a string, got {name!r}")
     key = name.strip().lower().replace("_", "-")
@@ -36,12 +38,12 @@ def _resolve(name: str) -> str:
 
 def dataset_options(name: str) -> tuple[str, ...]:
     """The options dataset `name` takes (a text dataset's include `model_dir`, its tokenizer)."""
-    return DATASETS[_resolve(name)].options
+    return DATASETS[canonical_dataset_name(name)].options
 
 
 def describe_files(name: str, data_dir: str | Path | None = None) -> str:
     """Which files dataset `name` needs, their md5s, where they go under `data_dir` and where to get them."""
-    key = _resolve(name)
+    key = canonical_dataset_name(name)
     entry = DATASETS[key]
     base = str(data_dir) if data_dir is not None else "<data_dir>"
     folder = base if not entry.subdir else f"{base.rstrip('/')}/{entry.subdir}"
@@ -64,7 +66,7 @@ def load_dataset(
     `download` fetches missing files (md5-checked) for the datasets that have a canonical URL;
     `verify=False` skips the md5 check of local files (their format is still checked).
     """
-    key = _resolve(name)
+    key = canonical_dataset_name(name)
     entry = DATASETS[key]
     unknown = sorted(set(options) - set(entry.options))
     if unknown:

@@ -12,7 +12,7 @@ from typing import Any
 
 from fedistill.config import RunConfig, read_config
 from fedistill.engine import suite_dir as folder
-from fedistill.engine.setup import Prepared, validate_setup
+from fedistill.engine.setup import Prepared, canonical_dataset, validate_setup
 from fedistill.engine.suite import default_name, run_algorithms
 from fedistill.errors import ConfigError, RunDirError
 
@@ -28,6 +28,7 @@ def run_suite(
     """Run every algorithm named in the config side by side on the same partition, on the config's
     transport. The setup is validated before anything is written (`validate_setup`, or the caller
     passes the `data` it validated)."""
+    config = canonical_dataset(config)  # config.toml and the summaries name the dataset one way
     data = validate_setup(config) if data is None else data
     if config.transport == "flower":
         try:
@@ -59,6 +60,7 @@ def start_suite(
     written, and the directory's lock is held while the run writes it. `resume_hint` ends the message
     when the directory already holds a run (`{dir}` stands for it); `started` hears of the directory
     before the run begins."""
+    config = canonical_dataset(config)  # the default name spells the dataset one way
     folder.check_name(config.name)
     suite_dir = Path(config.out) / (config.name or default_name(config))
     if folder.run_started(suite_dir):

@@ -20,9 +20,9 @@ from fedistill.algorithms.shared.training import task_of
 from fedistill.config import RunConfig, for_algorithm, options_for
 from fedistill.data.base import LoadedDataset
 from fedistill.data.partition import FederatedSplit, make_split
-from fedistill.data.registry import dataset_names, load_dataset
-from fedistill.errors import ConfigError, DataError, unknown_name
-from fedistill.models import model_names
+from fedistill.data.registry import canonical_dataset_name, load_dataset
+from fedistill.errors import ConfigError, DataError, UserError, unknown_name
+from fedistill.models import check_model_norm, model_names
 from fedistill.seeding import derive_seed
 from fedistill.tasks import Task, task_class
 
@@ -75,8 +75,40 @@ def score_first(
     return task.score(outputs, subset, dataset.info, meta=meta, groups=groups)
 
 
+def _dataset_of(name: str) -> str | None:
+    """The registered dataset `name` spells (an alias, another case), None when it names none."""
+    try:
+        return canonical_dataset_name(name)
+    except UserError:
+        return None
+
+
+def canonical_dataset(config: RunConfig) -> RunConfig:
+    """`config` with its dataset, and the dataset's options table, under the registered name (`sst-2`,
+    `[sst-2]` -> `sst2`, `[sst2]`): the table is then found whichever spelling each used, and run names,
+    summaries and config.toml spell it one way. A config that already does is returned as it is; an
+    unknown name is left for the loader's error."""
+    name = _dataset_of(config.dataset)
+    if name is None:
+        return config
+    aliases = [section for section in config.options if section != name and _dataset_of(section) == name]
+    if name == config.dataset and not aliases:
+        return config
+    tables = [section for section in config.options if section in (name, *aliases)]
+    if len(tables) > 1:
+        raise ConfigError(
+            f"config tables {', '.join(f'[{t}]' for t in tables)} all set options of dataset {name!r}: "
+            f"use one, [{name}]"
+        )
+    options = {section: values for section, values in config.options.items() if section not in aliases}
+    if aliases:
+        options[name] = config.options[aliases[0]]
+    return config.replace(dataset=name, options=options)
+
+
 def prepare_data(config: RunConfig) -> Prepared:
     """Load the run's dataset, with its options, and split it among the clients as the config says."""
+    config = canonical_dataset(config)
     dataset = load_dataset(
         config.dataset, config.data_dir, download=config.download, **config.options.get(config.dataset, {})
     )
@@ -108,11 +140,12 @@ def validation_mode(config: RunConfig, per_pixel: bool) -> str:
 def check_sections(config: RunConfig) -> None:
     """Every config table is an algorithm's, the dataset's or [partition], and every algorithm table is
     valid for its algorithm, whether or not it runs (a typo in another table is still a typo)."""
-    algorithms, datasets = set(algorithm_names()), set(dataset_names())
+    config = canonical_dataset(config)
+    algorithms = set(algorithm_names())
     for section in config.options:
         if section in NON_ALGORITHM_SECTIONS or section == config.dataset:
             continue
-        if section in datasets:
+        if _dataset_of(section) is not None:
             raise ConfigError(
                 f"config table [{section}] sets options of dataset {section!r}, "
                 f"but the run uses dataset {config.dataset!r}"
@@ -131,12 +164,14 @@ def check_sections(config: RunConfig) -> None:
 def validate_setup(config: RunConfig) -> Prepared:
     """Everything a user's input can get wrong, checked before a run writes anything: names, config
     tables, every running algorithm's options, its models, the dataset files and the partition."""
+    config = canonical_dataset(config)
     check_sections(config)
     devices.resolve(config.device)  # a device this machine lacks is a mistake named before any work
     for name in config.algorithms:
-        model = resolve(config, name).config.model
-        if model not in model_names():
-            raise unknown_name("model", model, model_names(), ConfigError)
+        own = resolve(config, name).config
+        if own.model not in model_names():
+            raise unknown_name("model", own.model, model_names(), ConfigError)
+        check_model_norm(own.model, None if own.norm == "auto" else own.norm)
     data = prepare_data(config)
     info = data.dataset.info
     task = task_of(config, info)

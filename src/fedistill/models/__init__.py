@@ -2,6 +2,20 @@
 classifier head, segmentation and reconstruction U-Nets."""
 
 from fedistill.models.base import Classifier, count_parameters
-from fedistill.models.registry import build_model, model_names, model_options, register_model
+from fedistill.models.registry import (
+    build_model,
+    check_model_norm,
+    model_names,
+    model_options,
+    register_model,
+)
 
-__all__ = ["Classifier", "build_model", "count_parameters", "model_names", "model_options", "register_model"]
+__all__ = [
+    "Classifier",
+    "build_model",
+    "check_model_norm",
+    "count_parameters",
+    "model_names",
+    "model_options",
+    "register_model",
+]

@@ -12,7 +12,7 @@ the classifiers and the segmentation U-Nets, none for ``vgg9`` (FedDF's Table 3 
 normalisation), InstanceNorm for fastMRI's U-Net. Models without norm layers (``mlp``, ``lenet5``) accept
 ``norm="batch"`` (the default, so that a run-wide setting can stay at its default) and ``"none"``, and
 reject ``"group"``: an explicit request for GroupNorm that the model cannot honour is an error, not
-something to ignore silently.
+something to ignore silently. ``distilbert`` has its own LayerNorms and refuses any other norm.
 
 Per-model options are the constructor's keyword-only parameters (``options={"width": 32}``); any other
 name is refused, and the constructor checks the values.
@@ -166,7 +166,19 @@ def _check_task(name: str, spec: ModelSpec, info: DatasetInfo) -> None:
     )
 
 
+def check_model_norm(name: str, norm: str | None) -> None:
+    """ConfigError unless model `name` offers `norm` (None: its default), as `build_model` checks: for a
+    run's setup, to refuse it before anything is written."""
+    if name in _MODELS and norm is not None:
+        _check_norm(name, _MODELS[name], norm)
+
+
 def _check_norm(name: str, spec: ModelSpec, norm: str) -> None:
+    if spec.norms == ("layer",) and norm != "layer":  # a transformer: its LayerNorms are the architecture
+        raise ConfigError(
+            f"model {name!r} has its own layer norm (LayerNorm in every transformer block), so norm = "
+            f"{norm!r} cannot apply; leave norm at 'auto'"
+        )
     if norm not in DENSE_NORMS:
         check_norm(norm, spec.norms)  # an unknown name: the error lists the model's norms
     if norm not in spec.norms:

@@ -21,6 +21,7 @@ from fedistill.algorithms.shared.drop_worst import accuracy, drop_worst_weights,
 from fedistill.algorithms.shared.sampling import mean_metric, sample_clients, sampling_rate
 from fedistill.algorithms.shared.training import average_states, evaluate_model, new_model
 from fedistill.algorithms.shared.weight_average import robust_average_states
+from fedistill.data.registry import canonical_dataset_name
 from fedistill.errors import ConfigError
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import Message, state_specs
@@ -50,7 +51,8 @@ class FedDFServer(ServerLogic):
         if kind == "holdout":
             share = self.options.holdout_val_share
             self.validation, held_out = split_holdout(ctx.validation, share, config.seed)
-        if kind == "dataset" and argument.strip().lower() == config.dataset.strip().lower():
+        # by registered name: an alias (sst-2, fmnist) loads the same training set
+        if kind == "dataset" and canonical_dataset_name(argument) == canonical_dataset_name(config.dataset):
             raise ConfigError(
                 f"feddf.source = {self.options.source!r} is the federation's own dataset: the server "
                 "would hold the clients' training images. Use another dataset, a generator or noise"

@@ -31,7 +31,7 @@ from fedistill import devices
 from fedistill.algorithms.base import ServerContext
 from fedistill.algorithms.shared.distillation_data import build_source, parse_source
 from fedistill.data.base import DatasetInfo
-from fedistill.data.registry import load_dataset
+from fedistill.data.registry import canonical_dataset_name, load_dataset
 from fedistill.data.transforms import fit_uint8, to_float
 from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.messages import ArraySpec, Message, expect_arrays
@@ -99,7 +99,7 @@ def build_public(spec: str, ctx: ServerContext, *, size: int, key: str, labelled
         images, labels = held.x, held.y
         what = f"the held-out split of {config.dataset}"
     else:
-        if argument.strip().lower().replace("_", "-") == config.dataset.strip().lower().replace("_", "-"):
+        if canonical_dataset_name(argument) == canonical_dataset_name(config.dataset):  # aliases too
             raise ConfigError(
                 f"{key} = {spec!r} is the federation's own dataset, whose training images are the "
                 "clients' private data: use 'holdout' (its held-out split) or another dataset"

@@ -2,40 +2,46 @@
 
 The CSV files of the original release, as torchtext distributes them: `train.csv` and `test.csv`, one
 article a row, `"class index","title","description"` with class index 1-4 (World, Sports, Business,
-Sci/Tech) and no header (a header row, as some copies have, is skipped). The text is the title and the
-description joined by a space, the release's backslashes (its line breaks) turned into spaces.
+Sci/Tech) and no header (a header row of column names, as some copies have, is skipped, and so are blank
+lines). The text is the title and the description joined by a space, the release's backslashes (its line
+breaks) turned into spaces. Files are UTF-8, with or without a byte-order mark.
 """
 
 from __future__ import annotations
 
 import csv
+import io
+import re
 from pathlib import Path
 
 from fedistill.data.base import LoadedDataset
-from fedistill.data.text.tokens import model_folder_text, require_files, text_dataset
+from fedistill.data.text.tokens import model_folder_text, read_text_file, require_files, text_dataset
 from fedistill.errors import DataError
 
 CLASSES = ("World", "Sports", "Business", "Sci/Tech")
 FILES = ("train.csv", "test.csv")
 DEFAULT_MAX_LENGTH = 128  # the released FedDF NLP code's --max_seq_len
+_COLUMN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9 _.-]{0,39}")  # "Class Index", "Title", "Description"
 
 
 def read_ag_news(path: Path) -> tuple[list[str], list[int]]:
-    """(texts, class indices 0-3) of one AG News CSV file."""
+    """(texts, class indices 0-3) of one AG News CSV file; blank lines are skipped."""
     texts, labels = [], []
-    with path.open(newline="", encoding="utf-8") as f:
-        for line, row in enumerate(csv.reader(f), start=1):
-            if line == 1 and row and not row[0].strip().isdigit():
-                continue  # a header row
-            if len(row) != 3:
-                raise DataError(
-                    f"{path}:{line}: expected 3 fields (class index, title, description), got {len(row)}"
-                )
-            label = row[0].strip()
-            if label not in ("1", "2", "3", "4"):
-                raise DataError(f"{path}:{line}: the class index must be 1-4, got {row[0]!r}")
-            texts.append(" ".join(part.replace("\\", " ").strip() for part in row[1:]))
-            labels.append(int(label) - 1)
+    rows = csv.reader(io.StringIO(read_text_file(path), newline=""))
+    for line, row in enumerate(rows, start=1):
+        if not "".join(row).strip() and len(row) <= 1:
+            continue  # a blank line (one at the end, as some copies have)
+        if line == 1 and all(_COLUMN_NAME.fullmatch(field.strip()) for field in row):
+            continue  # a header row: column names, never an article (whose class index is a number)
+        if len(row) != 3:
+            raise DataError(
+                f"{path}:{line}: expected 3 fields (class index, title, description), got {len(row)}"
+            )
+        label = row[0].strip()
+        if label not in ("1", "2", "3", "4"):
+            raise DataError(f"{path}:{line}: the class index must be 1-4, got {row[0]!r}")
+        texts.append(" ".join(part.replace("\\", " ").strip() for part in row[1:]))
+        labels.append(int(label) - 1)
     if not texts:
         raise DataError(f"{path} holds no articles")
     return texts, labels

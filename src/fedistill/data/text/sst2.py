@@ -3,7 +3,7 @@
 GLUE's TSV files: `train.tsv` and `dev.tsv`, a header `sentence<TAB>label` and one sentence a line with
 label 0 (negative) or 1 (positive). GLUE's test split has no labels, so `dev.tsv` (872 sentences) is
 the test set here, as in FedDF's experiments; a validation split is held out of `train.tsv`
-(`val_fraction`; the paper holds out 1%).
+(`val_fraction`; the paper holds out 1%). Files are UTF-8, with or without a byte-order mark.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedistill.data.base import LoadedDataset
-from fedistill.data.text.tokens import model_folder_text, require_files, text_dataset
+from fedistill.data.text.tokens import model_folder_text, read_text_file, require_files, text_dataset
 from fedistill.errors import DataError
 
 CLASSES = ("negative", "positive")
@@ -21,7 +21,8 @@ DEFAULT_MAX_LENGTH = 128  # the released FedDF NLP code's --max_seq_len (SST-2's
 
 def read_sst2(path: Path) -> tuple[list[str], list[int]]:
     """(sentences, labels 0/1) of one GLUE SST-2 TSV file."""
-    lines = path.read_text(encoding="utf-8").splitlines()
+    # lines end at "\n" only: str.splitlines would also cut a sentence at U+2028, U+0085 or a form feed
+    lines = [line.removesuffix("\r") for line in read_text_file(path).split("\n")]
     header = lines[0].split("\t") if lines else []
     if "sentence" not in header or "label" not in header:
         unlabelled = " (GLUE's test split has no labels: use dev.tsv as the test set)" if header else ""

@@ -4,11 +4,13 @@ The tokenizer is the one a Hugging Face model folder holds (`tokenizer.json` wit
 `tokenizer_config.json`, or a BERT-style `vocab.txt` with `config.json`), read by
 `transformers.AutoTokenizer` from that folder only: nothing is downloaded. Every text is truncated to
 `max_length` tokens (special tokens included) and padded at the end with the tokenizer's padding id;
-the dataset keeps the columns some text uses, so short texts (SST-2's sentences) cost no more.
+the dataset keeps the columns some text uses, so short texts (SST-2's sentences) cost no more. A special
+token's string typed in a text ("[PAD]") is read as words, never as that token's id.
 """
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,7 @@ def encode(tokenizer: Any, texts: Sequence[str], max_length: int) -> torch.Tenso
             padding="max_length",
             truncation=True,
             max_length=max_length,
+            split_special_tokens=True,  # "[PAD]" typed in a text is words, not a padding id that is masked
             return_tensors="np",
             return_attention_mask=False,
             return_token_type_ids=False,
@@ -121,7 +124,8 @@ def text_dataset(
         ids = encode(tokenizer, [texts[i] for i in index], max_length)
         sets[split] = ImageSet(ids, torch.as_tensor(np.asarray(labels, dtype=np.int64)[index]))
     text = TextInfo(
-        tokenizer=str(Path(model_dir).expanduser()),
+        # absolute: the model file records it, and is loaded from wherever the user then stands
+        tokenizer=str(Path(model_dir).expanduser().resolve()),
         vocab_size=len(tokenizer),
         pad_id=int(tokenizer.pad_token_id),
         max_length=max_length,
@@ -138,6 +142,20 @@ def text_dataset(
         text=text,
     )
     return LoadedDataset(info, sets["train"], sets["test"])
+
+
+def read_text_file(path: Path) -> str:
+    """A dataset file's text, UTF-8 with a byte-order mark dropped (editors on Windows add one, and it
+    would glue itself to the first field); DataError naming the file and line when it is not UTF-8."""
+    data = path.read_bytes().removeprefix(codecs.BOM_UTF8)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise DataError(
+            f"{path}:{line}: the file is not UTF-8 text (byte 0x{data[exc.start]:02x} is not UTF-8); "
+            "save it as UTF-8"
+        ) from None
 
 
 def require_files(folder: Path, names: Sequence[str], describe: str) -> list[Path]:

@@ -25,7 +25,7 @@ from fedistill.engine.flower.enrolled_grid import enrolled
 from fedistill.engine.flower.enrolment import ASSIGNED_PARTITION, enrolment_from_environment
 from fedistill.engine.flower.node import node_for, partition_of
 from fedistill.engine.flower.outcome import clear_failure, record_failure
-from fedistill.engine.setup import validate_setup
+from fedistill.engine.setup import canonical_dataset, validate_setup
 from fedistill.engine.suite import default_name, run_algorithms
 from fedistill.errors import FederationError, UserError
 from fedistill.federation.messages import Message, check_on_receipt
@@ -135,7 +135,7 @@ def make_server_app(
     def main(grid: Grid, context: Context) -> None:
         target: Path | None = None
         try:
-            run_config = config or config_from_run_config(dict(context.run_config))
+            run_config = canonical_dataset(config or config_from_run_config(dict(context.run_config)))
             target = suite_dir or Path(run_config.out) / (run_config.name or default_name(run_config))
             run_config = run_config.replace(transport="flower")
             data = validate_setup(run_config)
