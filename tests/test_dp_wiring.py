@@ -512,3 +512,16 @@ def test_a_metric_that_is_not_a_number_makes_the_reply_invalid_even_when_the_spe
     bad = Message.build("train", arrays=arrays, scalars={"metrics": {"num_samples": 3, "train_loss": "x"}})
     with pytest.raises(FederationError, match="metric 'train_loss' is 'x', not a number"):
         spec.check(bad)
+
+
+def test_a_fediod_model_card_says_what_its_epsilon_does_not_cover(tmp_path):
+    """A card printed "epsilon 1.107 at delta 1e-05" for a student distilled from un-noised logits, under
+    an accounting the docs call no bound on what a site sends, and with noise from the run's seed."""
+    import fedistill
+
+    config = _fediod_config(dp_noise_multiplier=1.3, dp_noise_seed="run")
+    run_suite(config, tmp_path / "s", progress=False)
+    path = fedistill.export(tmp_path / "s", "fediod")
+    card = (path.parent / "model-card.md").read_text(encoding="utf-8")
+    assert "at delta 1e-05." in card and "carries no differential-privacy guarantee" in card
+    assert "the paper's convention" in card and "anyone who knows it can regenerate" in card

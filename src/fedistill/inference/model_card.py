@@ -73,13 +73,51 @@ def preprocessing(model: TrainedModel) -> dict[str, Any]:
     }
 
 
-def privacy(final: dict[str, Any]) -> dict[str, Any] | None:
-    """The differential-privacy budget the run spent (the largest epsilon of any site), or None."""
+def privacy(final: dict[str, Any], options: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The differential-privacy budget the run spent (the largest epsilon of any site) and what it covers,
+    from the algorithm's options (`options`), or None."""
     if final.get("epsilon_max") is None:
         return None
+    options = options or {}
     prefix = "epsilon_client_"
     per_site = {k.removeprefix(prefix): v for k, v in final.items() if k.startswith(prefix)}
-    return {"epsilon": final["epsilon_max"], "delta": final.get("dp_delta"), "epsilon_per_client": per_site}
+    accounting, seed = options.get("dp_accounting"), options.get("dp_noise_seed", "secret")
+    return {
+        "epsilon": final["epsilon_max"],
+        "delta": final.get("dp_delta"),
+        "epsilon_per_client": per_site,
+        "accounting": accounting,
+        "noise_seed": seed,
+        "covers": _covers(accounting, seed),
+    }
+
+
+def _covers(accounting: str | None, seed: str) -> str:
+    """What the epsilon bounds, in a sentence (docs/how-to/privacy.md has the whole account)."""
+    if accounting == "d-step":
+        what = (
+            "the paper's convention for FedIOD's discriminator steps, not a bound on what a site sends; the "
+            "sites' logits and discriminator outputs are not noised, so this model carries no "
+            "differential-privacy guarantee"
+        )
+    elif accounting == "release":
+        what = (
+            "the input-gradients FedIOD's sites return (clipped and noised); their logits and discriminator "
+            "outputs are not noised, so this model carries no differential-privacy guarantee"
+        )
+    else:
+        what = "what each client releases (clipped and noised), per client"
+    if seed == "run":
+        what += "; the noise came from the run's seed, which anyone who knows it can regenerate: no privacy"
+    return what
+
+
+def _algorithm_options(model: TrainedModel) -> dict[str, Any]:
+    """The privacy options of the algorithm that trained `model`, its defaults filled in."""
+    from fedistill.engine.setup import resolve
+
+    options = resolve(model.config, model.algorithm).options
+    return {key: getattr(options, key) for key in ("dp_accounting", "dp_noise_seed") if hasattr(options, key)}
 
 
 def traffic(communication: dict[str, Any], direction: str) -> dict[str, Any]:
@@ -134,7 +172,7 @@ def model_card(
         "left_the_sites": traffic(summary["communication"], UP),
         "sent_to_the_sites": traffic(summary["communication"], DOWN),
         "final_metrics": summary["final"],
-        "differential_privacy": privacy(summary["final"]),
+        "differential_privacy": privacy(summary["final"], _algorithm_options(model)),
         "versions": summary.get("versions", {}),
         "trained_on": machine.of_summary(summary),  # its numbers are this machine's (kernels round apart)
         "git_commit": git_commit(),
@@ -175,7 +213,9 @@ def card_markdown(card: dict[str, Any]) -> str:
     dp = card["differential_privacy"]
     lines += ["", "## Privacy", ""]
     if dp:
-        lines.append(f"Differential privacy: epsilon {dp['epsilon']:.4g} at delta {dp['delta']}.")
+        lines.append(f"Differential privacy: epsilon {dp['epsilon']:.4g} at delta {dp['delta']:g}.")
+        if dp.get("covers"):
+            lines.append(f"It covers {dp['covers']}.")
     else:
         lines.append("Trained without differential privacy.")
     lines += ["", "## Final metrics", "", "| metric | value |", "|---|---|"]
