@@ -124,7 +124,7 @@ def _parts(config: RunConfig):
 def test_the_generator_step_is_the_gradient_of_every_sites_terms_weighted_by_pi():
     """G's gradient from the replies equals autograd through G of sum_k pi_k * site k's mean terms on its
     own samples against its D_k after that step's D-step: pi_k = n_k / n, not the site's share of the
-    batch of 5 (2 and 3 samples, 0.4 and 0.6, where pi is 13/42 and 29/42)."""
+    batch of 5 (2 and 3 samples, 0.4 and 0.6, where pi is 12/44 and 32/44)."""
     config = _config(asyndgan={"synthetic_batch_size": 5, "noise_channels": 1})
     clients, server, fleet = _parts(config)
     generator = copy.deepcopy(server.generator)
@@ -133,7 +133,7 @@ def test_the_generator_step_is_the_gradient_of_every_sites_terms_weighted_by_pi(
     got = [p.grad.clone() for p in server.generator.parameters()]
 
     rng = torch_generator(config.seed, "asyndgan-draw", step)
-    owner = draws.owners(server._weights(), 5)
+    owner = draws.owners(server._weights(), 5, torch_generator(config.seed, "site-shares", step))
     masks, pair = draws.from_uploads(server.pools, owner, rng)
     server.generator = generator  # the same draw, noise and dropout through the unstepped copy
     x = server._generate(masks, rng, "g-step", step)
@@ -144,8 +144,8 @@ def test_the_generator_step_is_the_gradient_of_every_sites_terms_weighted_by_pi(
         gan, l1, _ = client.generator_terms(x[mine], one_hot_mask(masks[mine], 2), real)
         loss = loss + float(server._weights()[i]) * (gan + 100.0 * l1)
     want = torch.autograd.grad(loss, list(generator.parameters()))
-    assert torch.bincount(owner).tolist() == [2, 3]  # pi = (13, 29) / 42 of 5
-    torch.testing.assert_close(server._weights(), torch.tensor([13.0, 29.0]) / 42)
+    assert torch.bincount(owner).tolist() == [2, 3]  # pi = (12, 32) / 44 of 5
+    torch.testing.assert_close(server._weights(), torch.tensor([12.0, 32.0]) / 44)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)  # gradients up to ~5 here
 

@@ -204,11 +204,10 @@ def test_the_dense_generator_gradient_equals_autograd_through_every_model(base, 
     got = [p.grad.clone() for p in server.generator.parameters()]
 
     options, view = server.options, server.view
-    rng = torch_generator(config.seed, "latent", step)
-    draw = server._draw(options.synthetic_batch_size, rng)
+    ids = sorted(clients)
+    draw, rng = server.step_draw(step, ids)
     noise = generator.sample_noise(draw.latent, rng)
     x = generator(draw.latent, noise)
-    ids = sorted(clients)
     pi = server.federation.pi(ids)
     index = server._mask_index(step, 0)
     outputs, loss = [], torch.zeros(())
@@ -366,8 +365,8 @@ def test_truth_weight_teaches_the_student_the_image_g_drew_on_reconstruction(tmp
         )
         _, server, fleet = _dense_parts(config)
         with torch.no_grad():  # G's batch of step 0, drawn as the step draws it
-            latent = torch_generator(config.seed, "latent", 0)
-            drawn = server._generate(server._draw(server.options.synthetic_batch_size, latent), latent)
+            draw, latent = server.step_draw(0, server.step_sites(0))
+            drawn = server._generate(draw, latent)
         server.distillation_step(fleet)
         targets[weight] = server.pool.targets.clone()
         if weight == 1.0:
@@ -405,9 +404,7 @@ def test_truth_weight_on_segmentation_scores_the_student_against_g_s_own_masks()
     )
     _, server, fleet = _dense_parts(config)
     with torch.no_grad():  # G's masks of step 0, drawn as the step draws them
-        masks = server._draw(
-            server.options.synthetic_batch_size, torch_generator(config.seed, "latent", 0)
-        ).masks
+        masks = server.step_draw(0, server.step_sites(0))[0].masks
     server.distillation_step(fleet)
     targets = server.pool.targets  # (B, pixels, classes + 1)
     columns = server.view.outputs

@@ -407,7 +407,7 @@ def test_the_per_client_mixture_gradient_equals_autograd_through_each_sites_own_
     got = [p.grad.clone() for p in server.generator.parameters()]
 
     options = server.options
-    draw = server._draw(options.synthetic_batch_size, torch_generator(config.seed, "latent", step))
+    draw = server.step_draw(step, server.step_sites(step))[0]
     latent, owner = draw.latent, draw.owner
     ids = sorted(clients)
     pi = server.federation.pi(ids)

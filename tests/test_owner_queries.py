@@ -17,7 +17,6 @@ from fedistill.algorithms.fediod.owner_split import OwnerSplit
 from fedistill.config import RunConfig, build_config
 from fedistill.errors import ConfigError
 from fedistill.federation.ledger import DOWN, UP, Ledger, read_ledger
-from fedistill.seeding import torch_generator
 from fedistill.transports.inprocess import InProcessFleet
 from test_fediod_dense import SEGMENTATION, fediod_parts
 from test_site_looks import _config
@@ -40,7 +39,7 @@ def _step(owner_queries: bool, ledger: Ledger | None = None, **extra):
     clients, server, _ = fediod_parts(_config(**OWNER, owner_queries=owner_queries, **extra))
     fleet = InProcessFleet(clients, ledger or Ledger(None))
     server.setup(fleet)
-    owner = server._draw(6, torch_generator(server.ctx.config.seed, "latent", server.step)).owner
+    owner = server.step_draw(server.step, server.step_sites(server.step))[0].owner
     server.distillation_step(fleet)
     fleet.ledger.flush()
     return clients, server, owner
@@ -189,7 +188,7 @@ def test_the_samples_of_a_site_that_does_not_answer_are_left_out_of_the_step():
         return honest(message)
 
     clients[first].handle = handle
-    owner = server._draw(6, torch_generator(server.ctx.config.seed, "latent", server.step)).owner
+    owner = server.step_draw(server.step, server.step_sites(server.step))[0].owner
     before = len(server.pool)
     metrics = server.distillation_step(fleet)
     assert len(server.pool) - before == int((owner != 0).sum()) < len(owner)
@@ -244,7 +243,7 @@ def test_on_classification_each_site_labels_only_its_own_samples(tmp_path):
     fleet = InProcessFleet(clients, Ledger(tmp_path / "ledger.jsonl"))
     server.setup(fleet)
     batch = server.options.synthetic_batch_size
-    owner = server._draw(batch, torch_generator(config.seed, "latent", server.step)).owner
+    owner = server.step_draw(server.step, server.step_sites(server.step))[0].owner
     before = [p.detach().clone() for p in server.generator.parameters()]
     server.distillation_step(fleet)
     fleet.ledger.flush()
@@ -267,7 +266,7 @@ def test_with_a_sample_of_sites_per_step_only_the_asked_sites_samples_are_learnt
     server.setup(fleet)
     (asked,) = server.step_sites(server.step)
     position = server.federation.clients.index(asked)
-    owner = server._draw(6, torch_generator(server.ctx.config.seed, "latent", server.step)).owner
+    owner = server.step_draw(server.step, server.step_sites(server.step))[0].owner
     before = len(server.pool)
     server.distillation_step(fleet)
     assert len(server.pool) - before == int((owner == position).sum()) > 0

@@ -78,6 +78,13 @@ class GeneratorStep:
             condition = torch.cat([condition, draws.owner_planes(owner, self.ctx.num_clients, condition)], 1)
         return draws.Draw(condition, owner, masks, pair)
 
+    def step_draw(self, step: int, clients: list[int]) -> tuple[draws.Draw, torch.Generator]:
+        """G-step `step`'s draw for the asked `clients`, and its latent stream (G's noise comes next)."""
+        seed = self.ctx.config.seed
+        latent_gen = torch_generator(seed, "latent", step)
+        shares_gen = torch_generator(seed, "site-shares", step)
+        return self._draw(self.options.synthetic_batch_size, latent_gen, clients, shares_gen), latent_gen
+
     def _generate(self, draw: draws.Draw, rng: torch.Generator) -> torch.Tensor:
         """G's images for a draw (noise channels of conditional G from `rng`)."""
         if not self.view.conditional:
@@ -135,11 +142,9 @@ class GeneratorStep:
         position = {cid: i for i, cid in enumerate(self.federation.clients)}  # in G's draws (mixture)
         pi_all = self.federation.pi(clients)
         gan_weight = pi_all if options.gan_weighting == "pi" else torch.full_like(pi_all, 1.0 / len(clients))
-        latent_gen = torch_generator(config.seed, "latent", self.step)
         self.generator.train()
         # G's samples belong to the asked sites only: each is judged by its own site's discriminator
-        shares_gen = torch_generator(config.seed, "site-shares", self.step)
-        draw = self._draw(options.synthetic_batch_size, latent_gen, clients, shares_gen)
+        draw, latent_gen = self.step_draw(self.step, clients)
         x = self._generate(draw, latent_gen)
         trials, flipped = self._look_trials(), None
         if trials is not None and trials.in_trial(self.step):
