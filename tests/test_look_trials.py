@@ -115,7 +115,8 @@ def test_a_run_with_look_trials_resumes_to_the_same_result(tmp_path, monkeypatch
     optimiser; site 0 is made to prefer its flipped half, so every epoch folds a flip."""
     from fedistill.algorithms.fediod.server import FedIODServer
 
-    config = _config(site_looks=True, generator_mixture="per-client", look_trials=3, iters_per_epoch=4)
+    config = _config(site_looks=True, generator_mixture="per-client", look_trials=3, iters_per_epoch=4,
+                     synthetic_batch_size=6)  # fmt: skip  # two samples or more a site: one of each half
     dice = LookTrials.dice
     monkeypatch.setattr(
         LookTrials,

@@ -128,7 +128,7 @@ class TrainedModel:
         undersampled with the run's mask of index `first_index + i` (the test set's own numbering from
         0), through the net (and its residual), and, when the run kept them, the measured lines put back
         (data consistency). On the run's test images this reproduces its SSIM and PSNR."""
-        if self.task.name != "reconstruction":
+        if not self.task.outputs_images or not hasattr(self.task, "undersampled"):
             raise InputError(f"reconstruct is for reconstruction models; this one is {self.task.name}")
         x = self.preprocess(images)
         self.module.eval()
