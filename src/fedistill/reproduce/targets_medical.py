@@ -188,8 +188,9 @@ CPU_RECONSTRUCTION = {
     "fedavg": {"ssim": 0.6850, "psnr": 23.31},
     "flmrcm": {"ssim": 0.6719, "psnr": 23.01},
     # the lean preset with truth_weight 0.5, 16 replay steps and a student lr of 2e-3, plus CPU_FEDIOD's 2
-    # fresh S-steps (at lr 1e-3: 0.6496 / 22.8613; before truth_weight and the 16 steps: 0.5283 / 20.49)
-    "fediod": {"ssim": 0.6994, "psnr": 23.7505},
+    # fresh S-steps, with the slab holdout and drawn site shares (`--rows FedIOD`; before: 0.6994 / 23.7505;
+    # at lr 1e-3: 0.6496 / 22.8613; before truth_weight and the 16 steps: 0.5283 / 20.49)
+    "fediod": {"ssim": 0.7026, "psnr": 23.7655},
 }
 CPU_RECONSTRUCTION_FLOOR = {"ssim": 0.5308, "psnr": 19.99}
 #: the CPU table's FedIOD: pix2pix's G and the PatchGAN D_k at width 16 (the paper: 64), 20 distillation
