@@ -65,6 +65,8 @@ def run_demo(name: str, args: argparse.Namespace) -> dict[str, Any]:
     timing = folder / "process.json"
     if not (args.reuse and timing.is_file()):
         shutil.rmtree(folder, ignore_errors=True)  # `fedistill run` refuses to write over a run
+        # and no stage-1 model from an earlier demo: a new user's first run trains its teachers
+        shutil.rmtree(Path(args.out) / ".cache", ignore_errors=True)
         command = [sys.executable, "-m", "fedistill.cli", "run", *DEMOS[name], "--out", str(args.out),
                    "--name", name, "--quiet"]  # fmt: skip
         started = time.perf_counter()
