@@ -515,7 +515,7 @@ def test_a_metric_that_is_not_a_number_makes_the_reply_invalid_even_when_the_spe
 
 
 def test_a_fediod_model_card_says_what_its_epsilon_does_not_cover(tmp_path):
-    """A card printed "epsilon 1.107 at delta 1e-05" for a student distilled from un-noised logits, under
+    """A card printed a bare "epsilon E at delta D" for a student distilled from un-noised logits, under
     an accounting the docs call no bound on what a site sends, and with noise from the run's seed."""
     import fedistill
 

@@ -213,7 +213,7 @@ def test_float_images_on_the_0_255_scale_are_refused_not_read_as_they_are(run_di
 
 def test_a_group_norm_export_records_its_groups_and_rebuilds_from_the_file_alone(tmp_path):
     """GroupNorm's weights have one shape for every group count: a file without the count loaded into a
-    net of 2 groups without a word and answered differently (logits up to 1.23 apart on a U-Net)."""
+    net of 2 groups without a word and answered differently."""
     keys = {"algorithm": "centralized", "model": "small-cnn", "clients": 2, "rounds": 1, "device": "cpu"}
     run = fedistill.run(**keys, norm="group", group_norm_groups=4, out=str(tmp_path), name="gn", quiet=True)
     path = fedistill.export(run.run_dir, "centralized")

@@ -161,8 +161,7 @@ def test_class_logit_calibration_on_image_outputs_is_refused_before_any_work(tmp
 
 def test_owner_queries_on_reconstruction_is_refused_before_any_work(tmp_path):
     """Each site would get its rows of G's batch but number their undersampling masks from the batch's
-    start, so its teacher would label other inputs than the student learns from (site 1's zero-filled
-    inputs differed from the server's by up to 0.149)."""
+    start, so its teacher would label other inputs than the student learns from."""
     options = dict(owner_queries=True, ensemble_weighting="owner", generator_mixture="per-client",
                    use_unique=False, student_steps=0, pool_generator_batch=True, pool_steps=2)  # fmt: skip
     with pytest.raises(ConfigError, match="owner_queries sends each site only its rows"):
