@@ -450,3 +450,21 @@ def test_a_missing_model_folder_is_one_clear_error(root, tmp_path, capsys, key):
     assert main([*argv, "--set", f"{key}={tmp_path / 'missing'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"model folder {tmp_path / 'missing'} does not exist" in err[0]
+
+
+def test_a_loaded_text_model_refuses_ids_it_was_not_trained_on(suite):
+    """Token ids wider than the training length (a plain tokenizer call pads to the longest text) or
+    outside the vocabulary passed the check and were answered, differently or with a bare IndexError."""
+    import fedistill
+    from fedistill.inference import InputError
+
+    out, _, _ = suite
+    model = fedistill.load_model(out, "fedavg")
+    text = model.info.text
+    ids = torch.full((2, text.max_length), text.pad_id, dtype=torch.int64)
+    ids[:, 0] = 1
+    assert model.predict(ids).shape == (2,)
+    with pytest.raises(InputError, match=f"more than the {text.max_length} the model was trained on"):
+        model.predict(torch.ones((2, text.max_length + 5), dtype=torch.int64))
+    with pytest.raises(InputError, match=r"token ids must lie in \[0, "):
+        model.predict(torch.full((1, 4), text.vocab_size, dtype=torch.int64))
