@@ -47,9 +47,7 @@ def _run(model: Trained, slices: np.ndarray, measured: bool, batch_size: int) ->
         if measured:
             inputs = normalize(x, model.info).to(device)
         else:
-            indices = torch.arange(part.start, part.stop)
-            zero_filled, kspace, mask = task.undersampled(model.preprocess(x).to(device), indices)
-            inputs = (zero_filled, kspace, mask) if task.data_consistency else zero_filled
+            inputs = task.net_inputs(model.preprocess(x).to(device), torch.arange(part.start, part.stop))
         out.append(task.predict(module, inputs).clamp(min=0).float().cpu()[:, 0].numpy())
     return np.concatenate(out)
 

@@ -128,15 +128,14 @@ class TrainedModel:
         undersampled with the run's mask of index `first_index + i` (the test set's own numbering from
         0), through the net (and its residual), and, when the run kept them, the measured lines put back
         (data consistency). On the run's test images this reproduces its SSIM and PSNR."""
-        if not self.task.outputs_images or not hasattr(self.task, "undersampled"):
+        net_inputs = getattr(self.task, "net_inputs", None)  # a reconstruction task's (Reconstruction)
+        if net_inputs is None:
             raise InputError(f"reconstruct is for reconstruction models; this one is {self.task.name}")
         x = self.preprocess(images)
         self.module.eval()
         parts = []
         for part in chunks(len(x), batch_size):
-            index = torch.arange(part.start, part.stop) + int(first_index)
-            zero_filled, kspace, mask = self.task.undersampled(x[part], index)  # type: ignore[attr-defined]
-            inputs = (zero_filled, kspace, mask) if self.task.data_consistency else zero_filled  # type: ignore[attr-defined]
+            inputs = net_inputs(x[part], torch.arange(part.start, part.stop) + int(first_index))
             parts.append(self.task.predict(self.module, inputs).cpu())
         return torch.cat(parts) if parts else torch.zeros((0, *self.input_shape))
 

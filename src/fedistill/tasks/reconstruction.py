@@ -120,6 +120,12 @@ class Reconstruction(Task):
         kspace, zero_filled = undersample(x, mask)
         return zero_filled.to(x.dtype), kspace, mask
 
+    def net_inputs(self, x: torch.Tensor, indices: torch.Tensor) -> Inputs:
+        """What `predict` takes for fully sampled slices `x`: the zero-filled images, or with data
+        consistency (zero-filled, measured k-space, mask); slice i undersampled with mask `indices[i]`."""
+        zero_filled, kspace, mask = self.undersampled(x, indices)
+        return (zero_filled, kspace, mask) if self.data_consistency else zero_filled
+
     def batches(
         self,
         data: ImageSet,
@@ -136,8 +142,7 @@ class Reconstruction(Task):
         for x, _, idx in per_pixel_batches(
             data, info, batch_size, shuffle=shuffle, generator=generator, augment=augment, drop_last=drop_last
         ):
-            zero_filled, kspace, mask = self.undersampled(x, idx)
-            yield ((zero_filled, kspace, mask) if self.data_consistency else zero_filled), x
+            yield self.net_inputs(x, idx), x
 
     def predict(self, model: nn.Module, inputs: Inputs) -> torch.Tensor:
         """The reconstruction: the net's output (plus its input with `residual`), its measured lines

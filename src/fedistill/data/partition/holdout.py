@@ -62,7 +62,7 @@ def subject_holdout(
     quotas = np.array([fraction * len(n) if many else 0.0 for n, many in zip(names, several, strict=True)])
     total = round(float(quotas.sum())) if fraction > 0 else 0
     total = max(total, 1) if fraction > 0 and several.any() else total
-    whole = _largest_remainder_drawn(quotas, total, rng)
+    whole = _largest_remainder(quotas, total, rng)
     train, held = [], []
     for part, part_names, many, count in zip(parts, names, several, whole, strict=True):
         mask = np.zeros(part.size, dtype=bool)
@@ -78,16 +78,6 @@ def subject_holdout(
     return train, held
 
 
-def _largest_remainder_drawn(quotas: np.ndarray, total: int, rng: np.random.Generator) -> np.ndarray:
-    """Integer counts close to ``quotas`` summing to ``total``, equal remainders in a seeded random order."""
-    base = np.floor(quotas).astype(np.int64)
-    extra = total - int(base.sum())
-    if extra > 0:
-        order = np.lexsort((rng.permutation(quotas.size), -(quotas - base)))
-        base[order[:extra]] += 1
-    return base
-
-
 def _checked_fraction(fraction: Any) -> float:
     try:
         fraction = float(fraction)
@@ -98,12 +88,14 @@ def _checked_fraction(fraction: Any) -> float:
     return fraction
 
 
-def _largest_remainder(quotas: np.ndarray, total: int) -> np.ndarray:
-    """Integer counts close to ``quotas`` that sum to ``total`` (ties go to the earlier class)."""
+def _largest_remainder(quotas: np.ndarray, total: int, rng: np.random.Generator | None = None) -> np.ndarray:
+    """Integer counts close to ``quotas`` that sum to ``total``; equal remainders go to the earlier entry,
+    or with `rng` in a seeded random order."""
     base = np.floor(quotas).astype(np.int64)
     extra = total - int(base.sum())
     if extra > 0:
-        order = np.argsort(-(quotas - base), kind="stable")
+        ties = np.arange(quotas.size) if rng is None else rng.permutation(quotas.size)
+        order = np.lexsort((ties, -(quotas - base)))
         base[order[:extra]] += 1
     return base
 
