@@ -5,6 +5,8 @@ exact resume, clear errors)."""
 from __future__ import annotations
 
 import csv
+import dataclasses
+import json
 import logging
 from pathlib import Path
 
@@ -468,3 +470,32 @@ def test_a_loaded_text_model_refuses_ids_it_was_not_trained_on(suite):
         model.predict(torch.ones((2, text.max_length + 5), dtype=torch.int64))
     with pytest.raises(InputError, match=r"token ids must lie in \[0, "):
         model.predict(torch.full((1, 4), text.vocab_size, dtype=torch.int64))
+
+
+def test_a_model_fine_tuned_from_a_folder_loads_without_it(root, tmp_path):
+    """A trained DistilBERT is rebuilt from the architecture its file records: the pretrained folder it
+    started from (or the tokenizer's) may be gone on the machine that loads it."""
+    from transformers import DistilBertConfig, DistilBertModel
+
+    import fedistill
+
+    folder = tmp_path / "pretrained"
+    config = DistilBertConfig(vocab_size=len(WORDS), dim=16, n_layers=1, n_heads=2, hidden_dim=32)
+    seeded(1, lambda: DistilBertModel(config)).save_pretrained(str(folder))
+    _save_tokenizer(folder)
+    config = _config(root, rounds=1, local_epochs=1, **{"ag-news": {"model_dir": str(folder)}})
+    config = dataclasses.replace(config, options={**config.options, "model_options": {}})  # pretrained
+    out = tmp_path / "run"
+    run_suite(config, out, progress=False)
+    ids = load_dataset("ag-news", root, model_dir=str(folder), max_length=16).test.x[:8]
+    before = fedistill.load_model(out, "fedavg").predict(ids)
+    folder.rename(tmp_path / "moved")
+    model = fedistill.load_model(out, "fedavg")
+    assert torch.equal(model.predict(ids), before)
+    from safetensors import safe_open
+
+    from fedistill.inference.export import export_model
+
+    export_model(model, "safetensors", tmp_path / "exported.safetensors")
+    with safe_open(str(tmp_path / "exported.safetensors"), framework="pt") as handle:
+        assert json.loads(handle.metadata()["distilbert_config"])["dim"] == 16

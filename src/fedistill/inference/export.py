@@ -119,6 +119,8 @@ def _save_safetensors(model: TrainedModel, path: Path) -> None:
         **{key: str(value) for key, value in architecture_facts(model).items() if value is not None},
         "model_options": json.dumps(model.config.options.get("model_options", {})),
         "preprocessing": json.dumps(preprocessing(model)),
+        # what the weights alone do not say (a DistilBERT's transformers config)
+        **getattr(model.module, "export_metadata", dict)(),
     }
     state = {k: v.detach().cpu().contiguous() for k, v in model.module.state_dict().items()}
     save_file(state, str(path), metadata=metadata)

@@ -75,10 +75,12 @@ def candidate_architectures(name: str, model: str, options: object) -> list[str]
     return [n for n in dict.fromkeys(names) if n in known]
 
 
-def read_model_file(path: Path) -> tuple[dict[str, torch.Tensor], DatasetInfo | None, dict[str, Any] | None]:
+def read_model_file(
+    path: Path,
+) -> tuple[dict[str, torch.Tensor], DatasetInfo | None, dict[str, Any] | None, dict[str, str]]:
     """A safetensors file's tensors, the dataset facts the run saved in its header (normalisation, size,
-    classes, task) and the task's options it trained under (each None for a file saved without them),
-    read in one opening of the file. RunDirError when the file is damaged."""
+    classes, task), the task's options it trained under (each None for a file saved without them) and the
+    whole header, read in one opening of the file. RunDirError when the file is damaged."""
     from safetensors import safe_open
 
     try:
@@ -88,7 +90,12 @@ def read_model_file(path: Path) -> tuple[dict[str, torch.Tensor], DatasetInfo | 
     except Exception as exc:  # a truncated or overwritten file: safetensors raises its own error types
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise RunDirError(f"{path} is damaged ({reason}); run the algorithm again to export it") from None
-    return state, _dataset_info(metadata.get("dataset_info")), _recorded_task_options(path, metadata)
+    return (
+        state,
+        _dataset_info(metadata.get("dataset_info")),
+        _recorded_task_options(path, metadata),
+        metadata,
+    )
 
 
 def _recorded_task_options(path: Path, metadata: dict[str, str]) -> dict[str, Any] | None:
@@ -146,7 +153,6 @@ def load_model(
     The dataset's facts (normalisation, image size, classes) are read from the model file, where the run
     recorded them: no data is needed. Models saved before that record existed, or a `data_dir` given,
     take them from loading the dataset the run used (from `data_dir`, or the run's own)."""
-    from fedistill.algorithms.shared.training import new_model
     from fedistill.config import read_config
     from fedistill.data.registry import load_dataset
     from fedistill.engine.setup import resolve
@@ -161,7 +167,7 @@ def load_model(
     chosen = choose_model(files, folder.name, config.model, name)
     if "generator" in chosen:
         raise RunDirError(f"{chosen} is {folder.name}'s generator, not a model of the task; pick another")
-    state, recorded, task_options = read_model_file(files[chosen])
+    state, recorded, task_options, header = read_model_file(files[chosen])
     info = recorded if data_dir is None else None
     if info is None:  # a model saved before its dataset's facts were recorded beside it
         dataset = load_dataset(
@@ -172,7 +178,7 @@ def load_model(
         info = dataset.info
     candidates = candidate_architectures(chosen, config.model, options)
     for architecture in candidates:
-        module = new_model(config, info, architecture)
+        module = _architecture(config, info, architecture, header)
         if _shapes(module.state_dict()) == _shapes(state):
             module.load_state_dict(state)
             return TrainedModel(
@@ -189,6 +195,19 @@ def load_model(
         f"{files[chosen]} is not a whole {' or '.join(candidates)} as the run's config.toml builds it "
         "(a part of a model, or a damaged file); pick another name"
     )
+
+
+def _architecture(
+    config: RunConfig, info: DatasetInfo, architecture: str, header: dict[str, str]
+) -> nn.Module:
+    """`architecture` as the run built it: from the file's own record where the model needs one (a
+    DistilBERT fine-tuned from a folder the loading machine may lack), else from the run's config."""
+    from fedistill.algorithms.shared.training import new_model
+    from fedistill.models import distilbert
+
+    if architecture == "distilbert" and distilbert.RECORD_KEY in header:
+        return distilbert.from_record(info, header[distilbert.RECORD_KEY])
+    return new_model(config, info, architecture)
 
 
 def _ready(module: nn.Module, device: str | torch.device) -> nn.Module:

@@ -20,6 +20,7 @@ implementation (matmul, softmax), the same arithmetic on any CPU.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,6 +35,8 @@ from fedistill.models.base import Classifier
 
 BASE_SIZES = {"dim": 768, "n_layers": 6, "n_heads": 12}  # distilbert-base
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+#: The exported files' entry holding the transformers config (`DistilBertClassifier.export_metadata`).
+RECORD_KEY = "distilbert_config"
 _REPORTED: set[str] = set()  # folders whose loading report (e.g. the new head's weights) was shown
 
 
@@ -88,6 +91,33 @@ def distilbert(
         hf = _random(info, text, vocab_size, dim, n_layers, n_heads, hidden_dim)
     else:
         hf = _pretrained(info, text, model_dir or text.tokenizer, vocab_size)
+    return _classifier(info, text, hf)
+
+
+class DistilBertClassifier(Classifier):
+    """A DistilBERT `Classifier` that records its transformers config in the files a run exports, so that
+    a trained model is rebuilt (`from_record`) where the folder it started from does not exist."""
+
+    def export_metadata(self) -> dict[str, str]:
+        return {RECORD_KEY: self.extractor.distilbert.config.to_json_string()}
+
+
+def from_record(info: DatasetInfo, record: str) -> Classifier:
+    """The architecture an exported file's `RECORD_KEY` entry describes, with fresh weights for the file's
+    own to replace: no model folder is read."""
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    text = _text_of(info)
+    try:
+        config = DistilBertConfig.from_dict(json.loads(record))
+    except (ValueError, TypeError) as exc:
+        raise DataError(f"distilbert: the recorded architecture cannot be read ({exc})") from None
+    config._attn_implementation = "eager"
+    return _classifier(info, text, DistilBertForSequenceClassification(config))
+
+
+def _classifier(info: DatasetInfo, text: TextInfo, hf: nn.Module) -> Classifier:
+    """Checks the transformer fits the token ids (vocabulary, length) and wraps it as a Classifier."""
     config = hf.config
     if config.vocab_size < text.vocab_size:
         raise ConfigError(
@@ -99,7 +129,7 @@ def distilbert(
             f"{info.name}.max_length = {text.max_length} exceeds the model's "
             f"{config.max_position_embeddings} positions: lower max_length"
         )
-    return Classifier(
+    return DistilBertClassifier(
         DistilBertFeatures(hf, text.pad_id),
         hf.classifier,
         feature_dim=config.dim,
