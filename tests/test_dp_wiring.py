@@ -3,6 +3,7 @@ configured, each client's epsilon is Opacus' for its (noise, rate, steps, delta)
 cleanly at the right step, and the accountants survive a resume."""
 
 import copy
+import json
 import math
 import warnings
 
@@ -525,3 +526,43 @@ def test_a_fediod_model_card_says_what_its_epsilon_does_not_cover(tmp_path):
     card = (path.parent / "model-card.md").read_text(encoding="utf-8")
     assert "at delta 1e-05." in card and "carries no differential-privacy guarantee" in card
     assert "the paper's convention" in card and "anyone who knows it can regenerate" in card
+
+
+def test_releases_after_the_checkpoint_count_and_get_fresh_noise_on_resume(tmp_path, monkeypatch):
+    """A run stopped after its sites released round 2 but before its checkpoint resumes from round 1: the
+    sites' journals (privacy/journal.py) make the accountants count round 2's first releases too, and the
+    repeats draw new noise streams, so no two releases share noise (the checkpoint alone counted 3 rounds
+    for 4 releases and re-drew round 2's noise)."""
+    from fedistill.algorithms.classic.fedavg import FedAvgServer
+    from fedistill.privacy.journal import journal_file
+
+    dp = {"dp_enabled": True, "dp_noise_multiplier": 1.0, "dp_clip_norm": 1.0}
+    config = build_config(RunConfig(), SMALL, {"algorithm": "fedavg", "fedavg": dp})
+    reference = run_suite(config, tmp_path / "ref", progress=False)[0]
+    original = FedAvgServer.run_round
+
+    def stop_after_round_2(self, fleet, round):
+        metrics = original(self, fleet, round)
+        if round == 2:
+            raise KeyboardInterrupt  # the sites released round 2; its checkpoint is not written
+        return metrics
+
+    monkeypatch.setattr(FedAvgServer, "run_round", stop_after_round_2)
+    with pytest.raises(KeyboardInterrupt):
+        run_suite(config, tmp_path / "cut", progress=False)
+    run = tmp_path / "cut" / "fedavg"
+    kept = json.loads(journal_file(run, 0).read_text())
+    assert kept["releases"] == 2 and kept["accountant"]["history"][0][2] == 2
+    monkeypatch.setattr(FedAvgServer, "run_round", original)
+    resumed = resume_suite(tmp_path / "cut", progress=False)[0]
+    rate = 1.0  # every site every round
+    assert reference["final"]["epsilon_max"] == pytest.approx(opacus_epsilon(1.0, rate, 3), rel=1e-9)
+    assert resumed["final"]["epsilon_max"] == pytest.approx(opacus_epsilon(1.0, rate, 4), rel=1e-9)
+    assert json.loads(journal_file(run, 0).read_text())["releases"] == 4  # round 2's repeat: stream 3
+
+
+def test_noise_from_the_run_seed_keeps_no_journal(tmp_path):
+    dp = {"dp_enabled": True, "dp_noise_multiplier": 1.0, "dp_clip_norm": 1.0, "dp_noise_seed": "run"}
+    config = build_config(RunConfig(), SMALL, {"algorithm": "fedavg", "rounds": 1, "fedavg": dp})
+    run_suite(config, tmp_path, progress=False)
+    assert not (tmp_path / "fedavg" / "privacy").exists()

@@ -38,6 +38,7 @@ from fedistill.federation.fleet import Fleet
 from fedistill.federation.ledger import Ledger
 from fedistill.machine import history_after, machine
 from fedistill.plots import plot_learning_curves, plot_partition
+from fedistill.privacy import journal as privacy_journal
 from fedistill.transports.inprocess import InProcessFleet
 from fedistill.version import __version__, code_fingerprint
 
@@ -195,7 +196,7 @@ def _loop(
     ledger = Ledger(run_dir / "ledger.jsonl", resume_at=runner_state["ledger"] if state else None)
     metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_at=runner_state["metrics"] if state else None)
     tracking = start_tracking(config, run_dir)  # None unless config.track names trackers
-    fleet = _fleet(config, algorithm, clients, ledger, grid)
+    fleet = _fleet(config, algorithm, clients, ledger, grid, run_dir)
     # the versions of the code that starts the run, not of whatever is on disk when it ends
     ran_with, ran_on = versions(), machine()
     machines_so_far = history_after(runner_state.get("machines", []), ran_on)  # this start's machine last
@@ -211,6 +212,7 @@ def _loop(
         server.load_state_dict(state["server"])
         for cid, client in clients.items():
             client.load_state_dict(state[f"client_{cid:03d}"])
+        privacy_journal.catch_up(run_dir, clients)  # DP releases made after the checkpoint count
         fleet.dropped = {int(k): v for k, v in runner_state.get("dropped", {}).items()}
         log.info("resumed %s from round %d", algorithm.name, runner_state["round"])
     else:
@@ -353,11 +355,15 @@ def _oracle_note(algorithm: Algorithm, grid: Any) -> str | None:
 
 
 def _fleet(
-    config: RunConfig, algorithm: Algorithm, clients: dict[int, Any], ledger: Ledger, grid: Any
+    config: RunConfig, algorithm: Algorithm, clients: dict[int, Any], ledger: Ledger, grid: Any, run_dir: Path
 ) -> Fleet:
     max_bytes, timeout = int(config.max_message_mb * 2**20), config.timeout or None
     if grid is None:
-        return InProcessFleet(clients, ledger, max_bytes=max_bytes, timeout=timeout)
+
+        def answered(cid: int) -> None:
+            privacy_journal.keep(run_dir, cid, clients[cid])
+
+        return InProcessFleet(clients, ledger, max_bytes=max_bytes, timeout=timeout, answered=answered)
     from fedistill.transports.flower.grid_fleet import GridFleet  # Flower is optional
 
     return GridFleet(

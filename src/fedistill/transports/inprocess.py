@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 
 from fedistill.errors import FederationError
 from fedistill.federation.client import ClientLogic
@@ -31,6 +31,9 @@ class InProcessFleet(Fleet):
     A handler that raises becomes an error reply, as on a real network. A handler that takes longer
     than the timeout has its reply discarded and is reported as timed out: a single process cannot
     pre-empt it, but the server sees exactly what it would see from a slow remote client.
+
+    `answered(cid)`, when given, is called after each client has answered a message, before its reply
+    crosses: where a site keeps what must outlive a crash (its DP spending, privacy/journal.py).
     """
 
     def __init__(
@@ -40,9 +43,11 @@ class InProcessFleet(Fleet):
         *,
         max_bytes: int = DEFAULT_MAX_BYTES,
         timeout: float | None = None,
+        answered: Callable[[int], None] | None = None,
     ) -> None:
         super().__init__(ledger)
         self._clients = dict(sorted(clients.items()))
+        self._answered = answered
         self.max_bytes = max_bytes
         self.timeout = timeout
 
@@ -85,6 +90,8 @@ class InProcessFleet(Fleet):
             self.seconds_in_clients += time.perf_counter() - handler_start
         except Exception as exc:  # a failing client must not take the server down
             return self._failed(cid, request.type, exc)
+        if self._answered is not None:
+            self._answered(cid)
         return self._checked(cid, answer, time.perf_counter() - start, timeout)
 
     def _together(self, requests: Mapping[int, Message]) -> dict[int, list[int]]:
@@ -120,6 +127,8 @@ class InProcessFleet(Fleet):
         except Exception as exc:  # as for one client: every member's request failed
             return replies | {cid: self._failed(cid, requests[cid].type, exc) for cid in ready}
         self.seconds_in_clients += time.perf_counter() - handler_start
+        for cid in ready if self._answered is not None else ():
+            self._answered(cid)
         share = (time.perf_counter() - start) / len(members)
         for cid, answer in zip(ready, answers, strict=True):
             replies[cid] = self._checked(cid, answer, share, timeout)
