@@ -497,6 +497,18 @@ def test_image_folder(tmp_path: Path) -> None:
     assert grey.train.x.shape == (3, 1, 32, 32) and grey.info.channels == 1
 
 
+@pytest.mark.parametrize("channels", [1, 3])
+def test_image_folder_scales_16_bit_grey_to_8_bits(tmp_path: Path, channels: int) -> None:
+    for split in ("train", "test"):
+        for name, value in (("dim", 1000), ("bright", 60000)):
+            path = tmp_path / split / name / "a.png"
+            path.parent.mkdir(parents=True)
+            Image.fromarray(np.full((4, 4), value, np.uint16)).save(path)
+    ds = load_dataset("image-folder", tmp_path, channels=channels, image_size=4)
+    # 1000 and 60000 of 65535: 4 and 233 of 255 (Pillow's own conversion clips both to 255)
+    assert ds.train.x[:, :, 0, 0].tolist() == [[233] * channels, [4] * channels]
+
+
 def test_image_folder_errors(tmp_path: Path) -> None:
     _png(tmp_path / "train" / "cat" / "a.png", (1, 2, 3))
     _png(tmp_path / "test" / "dog" / "b.png", (1, 2, 3))
