@@ -370,6 +370,21 @@ def test_cifar10_batch_checksum_mismatch(tmp_path: Path) -> None:
     assert "data_batch_1" in str(e.value) and "c99cafc152244af753f735de768cd75f" in str(e.value)
 
 
+def _flip_bytes(path: Path, start: int, stop: int) -> None:
+    """Corrupt `path` in place: bytes start..stop garbled, as a bad disk or transfer would."""
+    data = bytearray(path.read_bytes())
+    data[start:stop] = bytes(b ^ 0x55 for b in data[start:stop])
+    path.write_bytes(bytes(data))
+
+
+def test_cifar10_corrupt_archive_is_a_data_error(tmp_path: Path) -> None:
+    archive = tmp_path / "cifar-10-python.tar.gz"
+    write_tar_gz(archive, "cifar-10-batches-py", cifar10_files())
+    _flip_bytes(archive, 200, 400)  # inside the deflate stream: zlib fails, not gzip or tarfile
+    with pytest.raises(DataError, match=r"cifar-10-python\.tar\.gz is not a readable \.tar\.gz archive"):
+        load_cifar10(tmp_path, verify=False)
+
+
 def test_cifar10_missing_everything(tmp_path: Path) -> None:
     with pytest.raises(DataError) as e:
         load_dataset("cifar10", tmp_path)
@@ -462,6 +477,19 @@ def test_emnist_letters_in_zip(tmp_path: Path) -> None:
     assert ds.info.class_names[0] == "A" and ds.train.x.shape == (4, 1, 28, 28)
     with pytest.raises(DataError, match="58c8d27c78d21e728a6bc7b3cc06412e"):
         load_dataset("emnist-letters", tmp_path)  # the fake zip is not the official one
+
+
+def test_emnist_corrupt_zip_is_a_data_error(tmp_path: Path) -> None:
+    files, _ = _emnist_files("digits", 0)
+    archive = tmp_path / "emnist" / "gzip.zip"
+    archive.parent.mkdir()
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            zf.writestr(f"gzip/{name}", data)
+    start = 30 + len(f"gzip/{next(iter(files))}")  # the first member's data: after its header and name
+    _flip_bytes(archive, start, start + 5)  # its deflate block header: zlib fails before any CRC check
+    with pytest.raises(DataError, match=r"gzip\.zip is not a readable zip archive"):
+        load_dataset("emnist-digits", tmp_path, verify=False)
 
 
 def test_emnist_unzipped_as_released_is_found_in_its_gzip_folder(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import io
 import pickle
 import struct
 import tarfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -206,7 +207,7 @@ def read_cifar_files(
                     f = tar.extractfile(info)
                     if f is not None:
                         out[member] = f.read()
-    except (tarfile.TarError, OSError, EOFError) as e:
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:  # zlib: corrupt compressed data
         raise DataError(f"{archive_path} is not a readable .tar.gz archive ({e}); replace it") from e
     absent = [m for m in required if m not in out]
     if absent:
