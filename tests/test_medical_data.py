@@ -374,6 +374,14 @@ def test_a_compressed_tiff_tile_is_read(tmp_path):
     assert np.array_equal(read_rgb(path), tile.transpose(2, 0, 1))
 
 
+def test_a_tiff_cut_short_in_its_header_is_a_data_error(tmp_path):
+    path = tmp_path / "tile.tif"
+    tifffile.imwrite(path, np.zeros((4, 4, 3), np.uint8))
+    path.write_bytes(path.read_bytes()[:5])  # byte order, magic and half the first IFD's offset
+    with pytest.raises(DataError, match=r"cannot read image .*tile\.tif"):
+        read_rgb(path)
+
+
 def test_cross_site_one_group_per_source(tmp_path):
     _cpm17(tmp_path / "cpm17")
     _monuseg(tmp_path / "monuseg")
