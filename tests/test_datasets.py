@@ -385,6 +385,17 @@ def test_cifar10_corrupt_archive_is_a_data_error(tmp_path: Path) -> None:
         load_cifar10(tmp_path, verify=False)
 
 
+def test_cifar10_archive_is_read_when_the_extracted_folder_is_incomplete(tmp_path: Path) -> None:
+    files = cifar10_files()
+    write_tar_gz(tmp_path / "cifar-10-python.tar.gz", "cifar-10-batches-py", files)
+    write_folder(tmp_path / "cifar-10-batches-py", {k: v for k, v in files.items() if k != "test_batch"})
+    ds = load_cifar10(tmp_path, verify=False)  # an unpacking cut short: the archive next to it is whole
+    assert ds.train.x.shape == (15, 3, 32, 32) and ds.test.x.shape == (3, 3, 32, 32)
+    (tmp_path / "cifar-10-python.tar.gz").unlink()
+    with pytest.raises(DataError, match=r"missing dataset file .*cifar-10-batches-py/test_batch"):
+        load_cifar10(tmp_path, verify=False)
+
+
 def test_cifar10_missing_everything(tmp_path: Path) -> None:
     with pytest.raises(DataError) as e:
         load_dataset("cifar10", tmp_path)

@@ -177,12 +177,15 @@ def read_cifar_files(
 ) -> dict[str, bytes]:
     """The bytes of the named batch files, from `folder/dir_name/` if present, else from the archive.
 
-    With `verify`, extracted files are checked against KNOWN_MD5 and the archive against its md5.
+    With `verify`, extracted files are checked against KNOWN_MD5 and the archive against its md5. An
+    extracted folder that lacks a required file (an unpacking cut short) gives way to the archive when
+    that is there.
     """
     extracted = folder / dir_name
     wanted = [*required, *optional]
     out: dict[str, bytes] = {}
-    if extracted.is_dir():
+    complete = all((extracted / member).is_file() for member in required)
+    if extracted.is_dir() and (complete or not (folder / archive.name).is_file()):
         for member in wanted:
             path = extracted / member
             if not path.is_file():
