@@ -370,6 +370,32 @@ def test_cifar10_batch_checksum_mismatch(tmp_path: Path) -> None:
     assert "data_batch_1" in str(e.value) and "c99cafc152244af753f735de768cd75f" in str(e.value)
 
 
+def _flip_bytes(path: Path, start: int, stop: int) -> None:
+    """Corrupt `path` in place: bytes start..stop garbled, as a bad disk or transfer would."""
+    data = bytearray(path.read_bytes())
+    data[start:stop] = bytes(b ^ 0x55 for b in data[start:stop])
+    path.write_bytes(bytes(data))
+
+
+def test_cifar10_corrupt_archive_is_a_data_error(tmp_path: Path) -> None:
+    archive = tmp_path / "cifar-10-python.tar.gz"
+    write_tar_gz(archive, "cifar-10-batches-py", cifar10_files())
+    _flip_bytes(archive, 200, 400)  # inside the deflate stream: zlib fails, not gzip or tarfile
+    with pytest.raises(DataError, match=r"cifar-10-python\.tar\.gz is not a readable \.tar\.gz archive"):
+        load_cifar10(tmp_path, verify=False)
+
+
+def test_cifar10_archive_is_read_when_the_extracted_folder_is_incomplete(tmp_path: Path) -> None:
+    files = cifar10_files()
+    write_tar_gz(tmp_path / "cifar-10-python.tar.gz", "cifar-10-batches-py", files)
+    write_folder(tmp_path / "cifar-10-batches-py", {k: v for k, v in files.items() if k != "test_batch"})
+    ds = load_cifar10(tmp_path, verify=False)  # an unpacking cut short: the archive next to it is whole
+    assert ds.train.x.shape == (15, 3, 32, 32) and ds.test.x.shape == (3, 3, 32, 32)
+    (tmp_path / "cifar-10-python.tar.gz").unlink()
+    with pytest.raises(DataError, match=r"missing dataset file .*cifar-10-batches-py/test_batch"):
+        load_cifar10(tmp_path, verify=False)
+
+
 def test_cifar10_missing_everything(tmp_path: Path) -> None:
     with pytest.raises(DataError) as e:
         load_dataset("cifar10", tmp_path)
@@ -464,6 +490,19 @@ def test_emnist_letters_in_zip(tmp_path: Path) -> None:
         load_dataset("emnist-letters", tmp_path)  # the fake zip is not the official one
 
 
+def test_emnist_corrupt_zip_is_a_data_error(tmp_path: Path) -> None:
+    files, _ = _emnist_files("digits", 0)
+    archive = tmp_path / "emnist" / "gzip.zip"
+    archive.parent.mkdir()
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            zf.writestr(f"gzip/{name}", data)
+    start = 30 + len(f"gzip/{next(iter(files))}")  # the first member's data: after its header and name
+    _flip_bytes(archive, start, start + 5)  # its deflate block header: zlib fails before any CRC check
+    with pytest.raises(DataError, match=r"gzip\.zip is not a readable zip archive"):
+        load_dataset("emnist-digits", tmp_path, verify=False)
+
+
 def test_emnist_unzipped_as_released_is_found_in_its_gzip_folder(tmp_path: Path) -> None:
     """Unpacking the release's gzip.zip in emnist/ makes emnist/gzip/; the loose files are found there."""
     files, (x, _) = _emnist_files("balanced", 0)
@@ -495,6 +534,18 @@ def test_image_folder(tmp_path: Path) -> None:
     )
     grey = load_dataset("image-folder", tmp_path, channels=1)
     assert grey.train.x.shape == (3, 1, 32, 32) and grey.info.channels == 1
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_image_folder_scales_16_bit_grey_to_8_bits(tmp_path: Path, channels: int) -> None:
+    for split in ("train", "test"):
+        for name, value in (("dim", 1000), ("bright", 60000)):
+            path = tmp_path / split / name / "a.png"
+            path.parent.mkdir(parents=True)
+            Image.fromarray(np.full((4, 4), value, np.uint16)).save(path)
+    ds = load_dataset("image-folder", tmp_path, channels=channels, image_size=4)
+    # 1000 and 60000 of 65535: 4 and 233 of 255 (Pillow's own conversion clips both to 255)
+    assert ds.train.x[:, :, 0, 0].tolist() == [[233] * channels, [4] * channels]
 
 
 def test_image_folder_errors(tmp_path: Path) -> None:

@@ -338,12 +338,24 @@ def test_tnbc_unzipped_as_released_is_found_in_its_top_folder(tmp_path):
 
 
 def test_malformed_label_and_volume_files_stop_with_a_line_naming_them(tmp_path):
-    """A truncated .mat (scipy's MatReadError) and a NIfTI header with an unknown datatype (nibabel's
-    HeaderDataError) are DataErrors that name the file, not tracebacks."""
+    """A truncated .mat (scipy's MatReadError, or IndexError within the header), an inst_map with negative or
+    NaN ids and a NIfTI header with an unknown datatype (nibabel's HeaderDataError) are DataErrors that name
+    the file, not tracebacks."""
     _cpm17(tmp_path / "cpm17")
     (tmp_path / "cpm17" / "train" / "Labels" / "image_00.mat").write_bytes(b"")
     with pytest.raises(DataError, match=r"image_00\.mat"):
         load_dataset("cpm17", tmp_path)
+    label = tmp_path / "cpm17" / "train" / "Labels" / "image_00.mat"
+    savemat(label, {"inst_map": np.zeros((16, 16))})
+    label.write_bytes(label.read_bytes()[:100])  # cut short inside the 128-byte MATLAB header
+    with pytest.raises(DataError, match=r"cannot read MATLAB file .*image_00\.mat"):
+        load_dataset("cpm17", tmp_path)
+    for bad, found in ((-1.0, r"-1\.\.0"), (np.nan, r"0\.\.0 and NaN")):
+        savemat(label, {"inst_map": np.where(np.eye(16, dtype=bool), bad, 0.0)})
+        with pytest.raises(
+            DataError, match=rf"image_00\.mat: inst_map must hold instance ids >= 0 .*got {found}"
+        ):
+            load_dataset("cpm17", tmp_path)
     volume = tmp_path / "bad.nii"
     nib.save(nib.Nifti1Image(np.zeros((4, 4, 4), np.float32), np.eye(4)), volume)
     raw = bytearray(volume.read_bytes())
@@ -360,6 +372,14 @@ def test_a_compressed_tiff_tile_is_read(tmp_path):
     Image.fromarray(tile).save(path, compression="tiff_lzw")
     assert read_rgb(path).shape == (3, 12, 10)
     assert np.array_equal(read_rgb(path), tile.transpose(2, 0, 1))
+
+
+def test_a_tiff_cut_short_in_its_header_is_a_data_error(tmp_path):
+    path = tmp_path / "tile.tif"
+    tifffile.imwrite(path, np.zeros((4, 4, 3), np.uint8))
+    path.write_bytes(path.read_bytes()[:5])  # byte order, magic and half the first IFD's offset
+    with pytest.raises(DataError, match=r"cannot read image .*tile\.tif"):
+        read_rgb(path)
 
 
 def test_cross_site_one_group_per_source(tmp_path):

@@ -260,6 +260,10 @@ def test_fastmri_single_coil_and_bad_files(tmp_path, monkeypatch):
     _fastmri_file(tmp_path / "val" / "b.h5", 6, coils=0)
     ds = load_fastmri_brain(tmp_path, image_size=None)
     assert np.allclose(ds.train.x[:, 0].numpy(), image[:, 16:48] / image[:, 16:48].max(), atol=1e-5)
+    # single-coil files also hold the multi-coil data's RSS; their stored target is the ESC image
+    _fastmri_file(tmp_path / "train" / "a.h5", 5, coils=0, reconstruction_rss=np.ones((5, 32, 32)))
+    from_file = load_fastmri_brain(tmp_path, image_size=None, target="file")
+    assert np.allclose(from_file.train.x.numpy(), ds.train.x.numpy(), atol=1e-5)
     _fastmri_file(tmp_path / "val" / "c.h5", 7, mask=np.ones(32))
     with pytest.raises(DataError, match=r"c\.h5 holds undersampled k-space"):
         load_fastmri_brain(tmp_path)

@@ -13,6 +13,7 @@ import io
 import pickle
 import struct
 import tarfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -176,12 +177,15 @@ def read_cifar_files(
 ) -> dict[str, bytes]:
     """The bytes of the named batch files, from `folder/dir_name/` if present, else from the archive.
 
-    With `verify`, extracted files are checked against KNOWN_MD5 and the archive against its md5.
+    With `verify`, extracted files are checked against KNOWN_MD5 and the archive against its md5. An
+    extracted folder that lacks a required file (an unpacking cut short) gives way to the archive when
+    that is there.
     """
     extracted = folder / dir_name
     wanted = [*required, *optional]
     out: dict[str, bytes] = {}
-    if extracted.is_dir():
+    complete = all((extracted / member).is_file() for member in required)
+    if extracted.is_dir() and (complete or not (folder / archive.name).is_file()):
         for member in wanted:
             path = extracted / member
             if not path.is_file():
@@ -206,7 +210,7 @@ def read_cifar_files(
                     f = tar.extractfile(info)
                     if f is not None:
                         out[member] = f.read()
-    except (tarfile.TarError, OSError, EOFError) as e:
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:  # zlib: corrupt compressed data
         raise DataError(f"{archive_path} is not a readable .tar.gz archive ({e}); replace it") from e
     absent = [m for m in required if m not in out]
     if absent:

@@ -3,7 +3,8 @@
 Class names sorted alphabetically give the label order, so the labels are the same
 on every machine. Every image is converted to RGB or greyscale and resized to a
 square `image_size` with bilinear filtering (the aspect ratio is not kept), so the
-models see the same tensor shape as with the built-in datasets.
+models see the same tensor shape as with the built-in datasets. 16-bit grey images are mapped to 8 bits
+over their full range (65535 becomes 255).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ IMAGE_SUFFIXES = frozenset(
     {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 )
 LAYOUT = "<data_dir>/train/<class>/*.png|jpg|... and <data_dir>/test/<class>/*"
+_SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})  # how Pillow opens 16-bit grey
 
 
 def _class_dirs(split_dir: Path) -> dict[str, Path]:
@@ -40,10 +42,19 @@ def _image_files(class_dir: Path) -> list[Path]:
     )
 
 
+def _eight_bit(img: Image.Image) -> Image.Image:
+    """A 16-bit grey image scaled to 8 bits (x 255 / 65535); others as they are. Pillow's own conversion
+    of 16-bit grey to "L" or "RGB" clips at 255, which turns almost every such image white."""
+    if img.mode not in _SIXTEEN_BIT_MODES:
+        return img
+    wide = np.clip(np.asarray(img, dtype=np.float64), 0, 65535)
+    return Image.fromarray(np.round(wide * (255 / 65535)).astype(np.uint8), "L")
+
+
 def _load_image(path: Path, mode: str, image_size: int) -> np.ndarray:
     try:
         with Image.open(path) as img:
-            img = img.convert(mode)
+            img = _eight_bit(img).convert(mode)
             if img.size != (image_size, image_size):
                 img = img.resize((image_size, image_size), Image.Resampling.BILINEAR)
             arr = np.asarray(img, dtype=np.uint8)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -214,7 +215,7 @@ def _emnist_sources(folder: Path, split: str, download: bool, verify: bool) -> l
                     f"{zip_path} lacks {', '.join(absent)}; it is not the official EMNIST gzip.zip"
                 )
             return [(zf.read(by_base[n]), f"{zip_path}:{by_base[n]}") for n in names]
-    except (zipfile.BadZipFile, OSError) as e:
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error, NotImplementedError) as e:  # zlib: bad data
         raise DataError(f"{zip_path} is not a readable zip archive ({e}); replace it") from e
 
 

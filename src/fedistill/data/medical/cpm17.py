@@ -43,7 +43,8 @@ def read_inst_map(path: Path) -> np.ndarray:
     malformed."""
     try:
         content = loadmat(str(path))
-    except (OSError, ValueError, NotImplementedError, TypeError, MatReadError) as e:
+    except (OSError, ValueError, NotImplementedError, TypeError, IndexError, MatReadError) as e:
+        # IndexError: scipy's reading of a file cut short inside its 128-byte header
         raise DataError(f"cannot read MATLAB file {path} ({e}); replace it") from e
     if "inst_map" not in content:
         keys = ", ".join(k for k in content if not k.startswith("__"))
@@ -51,7 +52,20 @@ def read_inst_map(path: Path) -> np.ndarray:
     inst = np.asarray(content["inst_map"])
     if inst.ndim != 2:
         raise DataError(f"{path}: inst_map must be a 2-D instance map, got shape {inst.shape}")
+    if inst.dtype.kind not in "biuf" or not np.isfinite(inst).all() or (inst < 0).any():
+        raise DataError(
+            f"{path}: inst_map must hold instance ids >= 0 (0 = background), got {_value_range(inst)}"
+        )
     return relabel(np.round(inst).astype(np.int64))
+
+
+def _value_range(inst: np.ndarray) -> str:
+    """What an invalid inst_map holds, for the message."""
+    if inst.dtype.kind not in "biuf":
+        return f"values of type {inst.dtype}"
+    finite = inst[np.isfinite(inst)]
+    span = f"{finite.min():g}..{finite.max():g}" if finite.size else "no finite value"
+    return span + (" and NaN or infinite values" if finite.size < inst.size else "")
 
 
 def read_split(folder: Path, split: str, group: int = 0) -> list[WholeImage]:

@@ -10,7 +10,7 @@ Target (`target`): "kspace" (default) reconstructs every slice from the fully sa
 magnitude of `ifft2c` for single-coil data, the root-sum-of-squares of the coil images for multi-coil
 data (fastMRI's own definition of `reconstruction_rss`), centre-cropped to 320x320 as fastMRI crops
 its targets (the crop also removes the readout oversampling); "file" takes the file's stored
-`reconstruction_rss` / `reconstruction_esc` instead.
+`reconstruction_rss` (multi-coil) / `reconstruction_esc` (single-coil) instead.
 
 Single coil: fastMRI's brain data are multi-coil only (its single-coil knee data were *emulated* from
 the coils, ESC). Here, as in Guo et al.'s single-coil setting, the magnitude target is the image, and
@@ -87,11 +87,19 @@ def _target_slices(f: h5py.File, path: Path, target: str) -> np.ndarray:
             "target; use the files of fastMRI's train and val releases"
         )
     if target == "file":
-        key = next((k for k in ("reconstruction_rss", "reconstruction_esc") if k in f), None)
+        key = next((k for k in _stored_targets(f) if k in f), None)
         if key is None:
             raise DataError(f"{path} has no reconstruction_rss or reconstruction_esc; use target='kspace'")
         return center_crop(np.asarray(f[key], dtype=np.float32), TARGET_SIZE, TARGET_SIZE)
     return kspace_magnitudes(f, path, "is it a fastMRI file?")
+
+
+def _stored_targets(f: h5py.File) -> tuple[str, str]:
+    """The stored targets in the order fastMRI uses them: single-coil files (3-D `kspace`) also hold
+    `reconstruction_rss`, made from the original multi-coil data, but their target is `reconstruction_esc`,
+    the image of their own k-space."""
+    keys = ("reconstruction_rss", "reconstruction_esc")
+    return keys[::-1] if "kspace" in f and f["kspace"].ndim == 3 else keys
 
 
 def kspace_magnitudes(f: h5py.File, path: Path, hint: str) -> np.ndarray:
