@@ -201,6 +201,14 @@ def test_images_in_minus_one_to_one_or_normalised_are_refused(finished, digits):
     assert model.predict(overshoot).shape == (20,)
 
 
+def test_flipped_numpy_views_are_taken(finished, digits):
+    """A NumPy view with negative strides (a horizontal flip, channels reversed) raised torch's ValueError."""
+    model = fedistill.load_model(finished.run_dir)
+    images = digits.test.x[:20, 0].numpy()
+    flipped = images[:, :, ::-1]
+    assert torch.equal(model.predict(flipped), model.predict(flipped.copy()))
+
+
 def _copy(finished, tmp_path: Path) -> Path:
     copy = tmp_path / "copy"
     shutil.copytree(finished.run_dir, copy, ignore=shutil.ignore_patterns(".lock*"))

@@ -75,7 +75,9 @@ class TrainedModel:
         """Images as the model takes them: uint8 (0..255) or float in [0, 1], (N, H, W) for one channel or
         (N, C, H, W), a NumPy array or a tensor -> normalised float32 (N, C, H, W) on the model's device.
         Token ids (N, L) of a text model pass as they are."""
-        x = torch.as_tensor(np.asarray(images)) if not isinstance(images, torch.Tensor) else images
+        # contiguous: a flipped view (`images[..., ::-1]`, OpenCV's BGR reversed) has negative strides,
+        # which torch cannot wrap
+        x = images if isinstance(images, torch.Tensor) else torch.as_tensor(np.ascontiguousarray(images))
         if self.info.text is not None:
             text = self.info.text
             if x.dim() != 2 or x.dtype.is_floating_point or x.dtype == torch.bool:
