@@ -188,6 +188,27 @@ def test_wrong_images_are_refused_in_one_line(finished):
     assert issubclass(InputError, ValueError) and issubclass(InputError, UserError)
 
 
+def test_images_in_minus_one_to_one_or_normalised_are_refused(finished, digits):
+    """Floats in [-1, 1] and already normalised digits (about [-0.81, 1.85]) were taken for [0, 1] images
+    and normalised again: other labels, without a word."""
+    model = fedistill.load_model(finished.run_dir)
+    x01 = digits.test.x[:20].float() / 255.0
+    for images in (x01 * 2 - 1, model.preprocess(x01).cpu()):
+        with pytest.raises(InputError, match=r"must lie in \[0, 1\].*\(x \+ 1\) / 2") as exc:
+            model.predict(images)
+        _one_line(exc)
+    overshoot = x01 * 1.2 - 0.1  # [-0.1, 1.1], as a bicubic resize leaves [0, 1] images: still taken
+    assert model.predict(overshoot).shape == (20,)
+
+
+def test_flipped_numpy_views_are_taken(finished, digits):
+    """A NumPy view with negative strides (a horizontal flip, channels reversed) raised torch's ValueError."""
+    model = fedistill.load_model(finished.run_dir)
+    images = digits.test.x[:20, 0].numpy()
+    flipped = images[:, :, ::-1]
+    assert torch.equal(model.predict(flipped), model.predict(flipped.copy()))
+
+
 def _copy(finished, tmp_path: Path) -> Path:
     copy = tmp_path / "copy"
     shutil.copytree(finished.run_dir, copy, ignore=shutil.ignore_patterns(".lock*"))

@@ -137,6 +137,25 @@ def test_classification_converts_channels_and_says_what_it_resized(tmp_path):
     assert int(rows["native.png"]["label"]) == int(expected[1].argmax())
 
 
+@pytest.mark.parametrize("suffix", [".ppm", ".pgm", ".gif", ".webp"])
+def test_classification_reads_every_format_image_folder_trains_on(tmp_path, suffix):
+    """`image-folder` trains on PPM, PGM, GIF and WebP files; predict refused them (a single file) or
+    left them out of the CSV without a word (in a folder beside PNGs)."""
+    model, data = _digits_model()
+    image = data.test.x[0, 0].numpy()
+    _write_png(tmp_path / "in" / "a.png", image)
+    Image.fromarray(image).save(
+        tmp_path / "in" / f"b{suffix}", **({"lossless": True} if suffix == ".webp" else {})
+    )
+    result = predict_path(model, tmp_path / "in", tmp_path / "out.csv")
+    rows = {row["path"]: row for row in _rows(result.output)}
+    assert result.count == 2 and set(rows) == {"a.png", f"b{suffix}"}
+    assert rows[f"b{suffix}"]["label"] == rows["a.png"]["label"]
+    assert rows[f"b{suffix}"]["confidence"] == rows["a.png"]["confidence"]
+    alone = predict_path(model, tmp_path / "in" / f"b{suffix}", tmp_path / "alone.csv")
+    assert alone.count == 1
+
+
 def test_semantic_segmentation_writes_masks_on_each_image_grid(tmp_path):
     model = Standin(_tiny("unet", SEMANTIC, width=4, depth=2), SEMANTIC)
     rng = np.random.default_rng(0)

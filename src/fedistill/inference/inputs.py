@@ -1,8 +1,9 @@
 """What `fedistill predict` reads and where each answer goes.
 
 An input is one file or a folder searched recursively (hidden files skipped, names sorted, so the order
-is the same everywhere). Files are told apart by their suffix: images (PNG, JPEG, TIFF, BMP), NIfTI
-volumes (.nii, .nii.gz) and HDF5 k-space files (.h5, .hdf5); other files in a folder are ignored. A
+is the same everywhere). Files are told apart by their suffix: images (every format the `image-folder`
+dataset trains on, so a model reads what it was trained on), NIfTI volumes (.nii, .nii.gz) and HDF5
+k-space files (.h5, .hdf5); other files in a folder are ignored. A
 task takes only some kinds, and a file of another kind is an error that says what the model takes,
 rather than a file silently left out of the answer.
 """
@@ -13,9 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedistill.data.image_folder import IMAGE_SUFFIXES as TRAINED_IMAGE_SUFFIXES
 from fedistill.errors import ConfigError, DataError
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
+IMAGE_SUFFIXES = tuple(sorted(TRAINED_IMAGE_SUFFIXES))
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
 HDF5_SUFFIXES = (".h5", ".hdf5")
 KIND_NAMES = {
@@ -24,7 +26,8 @@ KIND_NAMES = {
     "hdf5": "an HDF5 file",
 }
 WHAT_PREDICT_READS = (
-    "images (PNG, JPEG, TIFF, BMP), NIfTI volumes (.nii, .nii.gz) or HDF5 k-space files (.h5, .hdf5)"
+    f"images ({', '.join(s.removeprefix('.').upper() for s in IMAGE_SUFFIXES)}), NIfTI volumes (.nii, "
+    ".nii.gz) or HDF5 k-space files (.h5, .hdf5)"
 )
 
 

@@ -33,6 +33,10 @@ class InputError(UserError, ValueError):
 #: Tasks whose outputs are class scores (per sample or per pixel), which `predict_proba` turns into
 #: probabilities; a reconstruction net's outputs are images.
 SCORED_TASKS = ("classification", "text-classification", "semantic-segmentation", "instance-segmentation")
+#: The float values `preprocess` takes. Images in [-1, 1], already normalised ones and 0..255 as floats lie
+#: outside; a bicubic resize's overshoot (about 0.11 below 0) passes, and up to 2, a zero-filled MRI
+#: slice's magnitude, which passes 1.
+FLOAT_RANGE = (-0.25, 2.0)
 
 
 @dataclass
@@ -71,7 +75,9 @@ class TrainedModel:
         """Images as the model takes them: uint8 (0..255) or float in [0, 1], (N, H, W) for one channel or
         (N, C, H, W), a NumPy array or a tensor -> normalised float32 (N, C, H, W) on the model's device.
         Token ids (N, L) of a text model pass as they are."""
-        x = torch.as_tensor(np.asarray(images)) if not isinstance(images, torch.Tensor) else images
+        # contiguous: a flipped view (`images[..., ::-1]`, OpenCV's BGR reversed) has negative strides,
+        # which torch cannot wrap
+        x = images if isinstance(images, torch.Tensor) else torch.as_tensor(np.ascontiguousarray(images))
         if self.info.text is not None:
             text = self.info.text
             if x.dim() != 2 or x.dtype.is_floating_point or x.dtype == torch.bool:
@@ -100,10 +106,11 @@ class TrainedModel:
         if x.dtype.is_floating_point and not bool(torch.isfinite(x).all()):  # NaN passes every comparison
             raise InputError("images hold NaN or infinite values; replace them before predicting")
         low, high = (float(x.min()), float(x.max())) if x.dtype.is_floating_point and x.numel() else (0, 0)
-        if low < -1.0 or high > 2.0:  # another scale (0..255 as floats) would be read as it is, silently
+        if low < FLOAT_RANGE[0] or high > FLOAT_RANGE[1]:  # another scale would be read as it is, silently
             raise InputError(
                 f"float images must lie in [0, 1], got values in [{low:.4g}, {high:.4g}]; "
-                "pass uint8 for 0..255, or divide by 255"
+                "pass uint8 for 0..255, divide by 255, map [-1, 1] with (x + 1) / 2, and do not normalise: "
+                "the model normalises"
             )
         return to_float(x.detach().cpu(), self.info).to(self.device)
 
