@@ -537,15 +537,24 @@ def test_image_folder(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("channels", [1, 3])
-def test_image_folder_scales_16_bit_grey_to_8_bits(tmp_path: Path, channels: int) -> None:
+def test_image_folder_reads_wide_grey_images_as_predict_does(tmp_path: Path, channels: int) -> None:
+    """16-bit and float grey images are scaled by their own maximum, the rule predict reads them by, so
+    a model sees the same pixels at training and at prediction (Pillow's conversion clips them at 255
+    or 1: almost every 16-bit image white)."""
+    from fedistill.inference.images import read_image, to_channels
+
+    ramp = np.arange(16, dtype=np.float64).reshape(4, 4) / 15
     for split in ("train", "test"):
-        for name, value in (("dim", 1000), ("bright", 60000)):
-            path = tmp_path / split / name / "a.png"
+        for name, image in (("sixteen", Image.fromarray((ramp * 1000).astype(np.uint16))),
+                            ("float", Image.fromarray((ramp * 0.5).astype(np.float32), "F"))):  # fmt: skip
+            path = tmp_path / split / name / "a.tif"
             path.parent.mkdir(parents=True)
-            Image.fromarray(np.full((4, 4), value, np.uint16)).save(path)
+            image.save(path)
     ds = load_dataset("image-folder", tmp_path, channels=channels, image_size=4)
-    # 1000 and 60000 of 65535: 4 and 233 of 255 (Pillow's own conversion clips both to 255)
-    assert ds.train.x[:, :, 0, 0].tolist() == [[233] * channels, [4] * channels]
+    for row, name in enumerate(("float", "sixteen")):
+        read = to_channels(read_image(tmp_path / "train" / name / "a.tif"), channels, Path(name))
+        assert ds.train.x[row].permute(1, 2, 0).numpy().tolist() == read.tolist()
+        assert int(ds.train.x[row].max()) == 255 and int(ds.train.x[row].min()) == 0
 
 
 def test_image_folder_errors(tmp_path: Path) -> None:

@@ -3,8 +3,8 @@
 Class names sorted alphabetically give the label order, so the labels are the same
 on every machine. Every image is converted to RGB or greyscale and resized to a
 square `image_size` with bilinear filtering (the aspect ratio is not kept), so the
-models see the same tensor shape as with the built-in datasets. 16-bit grey images are mapped to 8 bits
-over their full range (65535 becomes 255).
+models see the same tensor shape as with the built-in datasets. Grey images of more than 8 bits are scaled by
+their own maximum (`fedistill.data.eight_bit`, as predict reads them).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset, is_plain_int
+from fedistill.data.eight_bit import WIDE_GREY_MODES, to_uint8
 from fedistill.errors import ConfigError, DataError
 
 IMAGE_SUFFIXES = frozenset(
     {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 )
 LAYOUT = "<data_dir>/train/<class>/*.png|jpg|... and <data_dir>/test/<class>/*"
-_SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})  # how Pillow opens 16-bit grey
 
 
 def _class_dirs(split_dir: Path) -> dict[str, Path]:
@@ -43,12 +43,12 @@ def _image_files(class_dir: Path) -> list[Path]:
 
 
 def _eight_bit(img: Image.Image) -> Image.Image:
-    """A 16-bit grey image scaled to 8 bits (x 255 / 65535); others as they are. Pillow's own conversion
-    of 16-bit grey to "L" or "RGB" clips at 255, which turns almost every such image white."""
-    if img.mode not in _SIXTEEN_BIT_MODES:
+    """A grey image of more than 8 bits as 8 bits by `eight_bit`'s rule (predict's too); others as they
+    are. Pillow's own conversion of 16-bit grey to "L" or "RGB" clips at 255 (nearly every such image
+    white) and of floats at 1."""
+    if img.mode not in WIDE_GREY_MODES:
         return img
-    wide = np.clip(np.asarray(img, dtype=np.float64), 0, 65535)
-    return Image.fromarray(np.round(wide * (255 / 65535)).astype(np.uint8), "L")
+    return Image.fromarray(to_uint8(np.asarray(img)), "L")
 
 
 def _load_image(path: Path, mode: str, image_size: int) -> np.ndarray:

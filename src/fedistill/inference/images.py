@@ -2,9 +2,10 @@
 
 Reading: TIFF through tifffile, everything else through Pillow; any image becomes uint8 (H, W, C).
 Palette, bilevel and CMYK images are converted to RGB or greyscale first; images stored with more than
-8 bits (16-bit PNG or TIFF, float TIFF) are scaled by their own maximum, as the nuclei loaders read
-theirs. Channels: greyscale becomes RGB by repetition and RGB becomes greyscale by Pillow's luma (what
-the `image-folder` dataset does to its training images); an alpha channel is dropped. Any other count
+8 bits (16-bit PNG or TIFF, float TIFF) are scaled by their own maximum, as the training loaders read
+theirs (`fedistill.data.eight_bit`). Channels: greyscale becomes RGB by repetition and RGB becomes
+greyscale by Pillow's luma (what the `image-folder` dataset does to its training images); an alpha
+channel is dropped. Any other count
 of channels cannot be converted and is an error.
 
 Resizing: Pillow's bilinear filter, which averages over the source pixels when shrinking, again as
@@ -19,6 +20,7 @@ import numpy as np
 import tifffile
 from PIL import Image, UnidentifiedImageError
 
+from fedistill.data.eight_bit import to_uint8
 from fedistill.errors import DataError
 
 _TO_RGB = ("P", "CMYK", "YCbCr", "LAB", "HSV", "RGBX")
@@ -56,17 +58,7 @@ def read_image(path: Path) -> np.ndarray:
         raise DataError(
             f"{path} holds an array of shape {array.shape}, not one 2D image; save each image on its own"
         )
-    return _to_uint8(array)
-
-
-def _to_uint8(array: np.ndarray) -> np.ndarray:
-    if array.dtype == np.uint8:
-        return np.ascontiguousarray(array)
-    if array.dtype == bool:
-        return array.astype(np.uint8) * 255
-    values = np.nan_to_num(array.astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0).clip(min=0.0)
-    peak = float(values.max()) if values.size else 0.0
-    return np.round(values * (255.0 / max(peak, 1e-12))).astype(np.uint8)
+    return to_uint8(array)
 
 
 def to_channels(array: np.ndarray, channels: int, path: Path) -> np.ndarray:

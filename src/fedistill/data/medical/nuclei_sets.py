@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
+from fedistill.data.eight_bit import to_uint8
 from fedistill.data.medical import options as opt
 from fedistill.data.medical.patches import extract_patches, relabel
 from fedistill.errors import DataError
@@ -85,10 +86,7 @@ def read_rgb(path: Path) -> np.ndarray:
     if array.ndim != 3 or array.shape[2] < 3:
         raise DataError(f"{path}: expected an RGB image, got an array of shape {array.shape}")
     array = array[:, :, :3]
-    if array.dtype != np.uint8:
-        peak = float(array.max()) if array.size else 1.0
-        array = np.round(array.astype(np.float64) * (255.0 / max(peak, 1e-8))).astype(np.uint8)
-    return np.ascontiguousarray(array.transpose(2, 0, 1))
+    return np.ascontiguousarray(to_uint8(array).transpose(2, 0, 1))
 
 
 def rescale(image: np.ndarray, instances: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
