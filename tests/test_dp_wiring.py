@@ -523,7 +523,7 @@ def test_a_fediod_model_card_says_what_its_epsilon_does_not_cover(tmp_path):
     config = _fediod_config(dp_noise_multiplier=1.3, dp_noise_seed="run")
     run_suite(config, tmp_path / "s", progress=False)
     path = fedistill.export(tmp_path / "s", "fediod")
-    card = (path.parent / "model-card.md").read_text(encoding="utf-8")
+    card = (path.parent / f"{path.name}.card.md").read_text(encoding="utf-8")
     assert "at delta 1e-05." in card and "carries no differential-privacy guarantee" in card
     assert "the paper's convention" in card and "anyone who knows it can regenerate" in card
 

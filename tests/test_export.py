@@ -63,7 +63,7 @@ def test_default_export_is_safetensors_in_the_runs_export_folder_with_a_card(run
     assert DatasetInfo.from_json(metadata["dataset_info"]) == model.info
 
     summary = json.loads((run_dir / "fedavg" / "summary.json").read_text(encoding="utf-8"))
-    card = json.loads((path.parent / "model-card.json").read_text(encoding="utf-8"))
+    card = json.loads((path.parent / "global.safetensors.card.json").read_text(encoding="utf-8"))
     assert card["model"]["file"] == "global.safetensors" and card["model"]["architecture"] == "small-cnn"
     assert card["method"]["algorithm"] == "fedavg" and card["method"]["federated"] is True
     assert card["dataset"] == "digits" and card["clients"] == 3
@@ -80,7 +80,7 @@ def test_default_export_is_safetensors_in_the_runs_export_folder_with_a_card(run
     assert (pre["image_size"], pre["channels"]) == (8, 1)
     assert (pre["mean"], pre["std"]) == (list(model.info.mean), list(model.info.std))
     assert pre["class_names"] == [str(d) for d in range(10)]
-    text = (path.parent / "model-card.md").read_text(encoding="utf-8")
+    text = (path.parent / "global.safetensors.card.md").read_text(encoding="utf-8")
     assert "## What left the sites" in text and "parameters" in text and summary["partition"]["hash"] in text
     assert f"- trained on: {describe(machine())}" in text
 
@@ -88,21 +88,33 @@ def test_default_export_is_safetensors_in_the_runs_export_folder_with_a_card(run
 def test_onnx_classifier_equals_pytorch_on_the_test_set(run_dir, test_images, tmp_path):
     pytest.importorskip("onnxruntime")
     path = fedistill.export(run_dir, "fedavg", "onnx", output=tmp_path / "digits.onnx")
-    assert path == tmp_path / "digits.onnx" and (tmp_path / "model-card.json").is_file()
+    assert path == tmp_path / "digits.onnx" and (tmp_path / "digits.onnx.card.json").is_file()
     model = fedistill.load_model(run_dir, "fedavg")
     inputs = model.preprocess(test_images)  # 360 images: a batch size the export never saw
     with torch.no_grad():
         expected = model.module(inputs)
     # one self-contained file: copied alone (as a user hands a model on) it still runs
-    assert sorted(p.name for p in tmp_path.glob("digits.onnx*")) == ["digits.onnx"]
+    assert [p.name for p in tmp_path.glob("digits.onnx*") if ".card." not in p.name] == ["digits.onnx"]
     alone = tmp_path / "alone"
     alone.mkdir()
     (alone / "digits.onnx").write_bytes(path.read_bytes())
     difference = float((_onnx_outputs(alone / "digits.onnx", inputs) - expected).abs().max())
     print(f"ONNX small-cnn (digits) max abs difference: {difference:.3g}")
     assert difference <= TOLERANCE
-    card = json.loads((tmp_path / "model-card.json").read_text(encoding="utf-8"))
+    card = json.loads((tmp_path / "digits.onnx.card.json").read_text(encoding="utf-8"))
     assert card["model"]["format"] == "onnx" and card["check"]["max_abs_difference"] <= TOLERANCE
+
+
+def test_each_export_in_one_folder_keeps_its_own_card(run_dir, tmp_path):
+    """Two exports into one folder: each file's card describes it (one shared model-card.md was
+    overwritten by the second export, leaving the first file beside a card of another file)."""
+    pytest.importorskip("onnxruntime")
+    onnx = fedistill.export(run_dir, "fedavg", "onnx", output=tmp_path)
+    weights = fedistill.export(run_dir, "fedavg", "safetensors", output=tmp_path)
+    for path, format in ((onnx, "onnx"), (weights, "safetensors")):
+        card = json.loads((tmp_path / f"{path.name}.card.json").read_text(encoding="utf-8"))
+        assert (card["model"]["file"], card["model"]["format"]) == (path.name, format)
+        assert path.name in (tmp_path / f"{path.name}.card.md").read_text(encoding="utf-8")
 
 
 def _dense_model(architecture: str, info: DatasetInfo, options: dict) -> TrainedModel:
@@ -175,7 +187,7 @@ def test_torchscript_equals_pytorch_and_the_export_command(run_dir, test_images,
     args = parser.parse_args([str(run_dir), "--format", "torchscript", "--output", str(tmp_path)])
     assert run_command(args) == 0
     path = tmp_path / "global.pt"
-    assert str(path) in capsys.readouterr().out and (tmp_path / "model-card.md").is_file()
+    assert str(path) in capsys.readouterr().out and (tmp_path / "global.pt.card.md").is_file()
     model = fedistill.load_model(run_dir)
     inputs = model.preprocess(test_images)
     scripted = torch.jit.load(str(path))
@@ -228,5 +240,5 @@ def test_a_group_norm_export_records_its_groups_and_rebuilds_from_the_file_alone
     model = fedistill.load_model(run.run_dir, "centralized")
     images = load_dataset("digits").test.x[:16]
     assert torch.equal(rebuilt.eval()(model.preprocess(images)), model.outputs(images))
-    card = json.loads((path.parent / "model-card.json").read_text(encoding="utf-8"))
+    card = json.loads((path.parent / f"{path.name}.card.json").read_text(encoding="utf-8"))
     assert (card["model"]["norm"], card["model"]["group_norm_groups"]) == ("group", 4)

@@ -82,7 +82,7 @@ def resumed_round(run_dir: Path) -> int:
 
 def artifacts(run_dir: Path) -> dict[str, list[Path]]:
     """What a finished run attaches, by the folder it goes under: its plots and any model card
-    (an export writes `export/model-card.md` and `.json`)."""
+    (an export writes `export/<file>.card.md` and `.card.json`)."""
     plots = [run_dir / "plots" / name for name in ("learning_curve.png", "partition.png")]
     cards = sorted(p for p in run_dir.rglob("*card*") if p.is_file())
     found: dict[str, list[Path]] = defaultdict(list)

@@ -23,7 +23,7 @@ import torch
 
 from fedistill.errors import ConfigError, UserError
 from fedistill.inference.loading import load_model
-from fedistill.inference.model_card import architecture_facts, model_card, write_model_card
+from fedistill.inference.model_card import architecture_facts, card_paths, model_card, write_model_card
 from fedistill.inference.trained_model import TrainedModel
 
 #: Export format -> the file's suffix.
@@ -224,7 +224,7 @@ def export(
     data_dir: str | Path | None = None,
 ) -> Path:
     """Export the model `algorithm` trained in `run_dir` (see `load_model`) in `format` to `output`
-    (default `<run>/<algorithm>/export/`), with model-card.md and model-card.json beside it."""
+    (default `<run>/<algorithm>/export/`), with its card beside it (`<file>.card.md` and `.card.json`)."""
     from fedistill.engine.summary import read_summary
 
     check_format(format)
@@ -232,7 +232,7 @@ def export(
     assert model.run_dir is not None
     path = target_path(model, format, output)
     check = export_model(model, format, path)
-    write_model_card(path.parent, model_card(model, read_summary(model.run_dir), path, format, check))
+    write_model_card(path, model_card(model, read_summary(model.run_dir), path, format, check))
     return path
 
 
@@ -256,5 +256,5 @@ def run_command(args: argparse.Namespace) -> int:
     path = export(
         args.run_dir, args.algorithm, args.format, args.output, name=args.name, data_dir=args.data_dir
     )
-    print(f"exported {path} (model card: {path.parent / 'model-card.md'})")
+    print(f"exported {path} (model card: {card_paths(path)[1]})")
     return 0

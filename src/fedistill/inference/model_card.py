@@ -1,4 +1,5 @@
-"""The model card written beside an exported model (model-card.json and model-card.md): how it was
+"""The model card written beside an exported model (`<file>.card.json` and `<file>.card.md`, e.g.
+`student.onnx.card.md`, so that each export in one folder keeps its own): how it was
 trained (method, dataset, partition, clients), what left the sites to train it and how many bytes, how
 well it scores, its privacy budget where it has one, the versions and commit that made it, and the
 preprocessing its inputs need."""
@@ -15,8 +16,7 @@ from fedistill import machine
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.inference.trained_model import TrainedModel
 
-CARD_JSON = "model-card.json"
-CARD_MD = "model-card.md"
+CARD_SUFFIXES = (".card.json", ".card.md")
 
 #: What the exported model outputs, per task.
 OUTPUTS = {
@@ -225,10 +225,16 @@ def card_markdown(card: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_model_card(folder: Path, card: dict[str, Any]) -> tuple[Path, Path]:
-    """model-card.json and model-card.md in `folder`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    as_json, as_md = folder / CARD_JSON, folder / CARD_MD
+def card_paths(exported: Path) -> tuple[Path, Path]:
+    """The card files of the exported file `exported`: its name with `.card.json` and `.card.md`."""
+    json_suffix, md_suffix = CARD_SUFFIXES
+    return exported.with_name(exported.name + json_suffix), exported.with_name(exported.name + md_suffix)
+
+
+def write_model_card(exported: Path, card: dict[str, Any]) -> tuple[Path, Path]:
+    """The card of the exported file `exported` beside it (`card_paths`)."""
+    exported.parent.mkdir(parents=True, exist_ok=True)
+    as_json, as_md = card_paths(exported)
     as_json.write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
     as_md.write_text(card_markdown(card), encoding="utf-8")
     return as_json, as_md
