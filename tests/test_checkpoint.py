@@ -7,6 +7,7 @@ import torch
 
 from fedistill.engine.checkpoint import (
     DamagedCheckpoint,
+    checkpoints,
     latest_checkpoint,
     read_checkpoint,
     verify_checkpoint,
@@ -50,6 +51,14 @@ def test_the_two_newest_checkpoints_are_kept(tmp_path):
     assert latest_checkpoint(tmp_path).name == "round_00003"
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["round_00002", "round_00003"]
     assert not list(tmp_path.rglob("*.pt")) and not list(tmp_path.rglob("*.pkl"))
+
+
+def test_checkpoints_past_round_99999_stay_newest(tmp_path):
+    """Names sorted as text put round_100000 before round_99999: the newest checkpoints were pruned as
+    old ones and a resume went back to round 99999."""
+    for round in (99998, 99999, 100000, 100001):
+        write_checkpoint(tmp_path, f"round_{round:05d}", {"runner": {"round": round}})
+    assert [p.name for p in checkpoints(tmp_path)] == ["round_100001", "round_100000"]
 
 
 def test_clients_that_hold_nothing_cost_no_file_and_read_back_empty(tmp_path):

@@ -174,10 +174,12 @@ def sweep_temporaries(directory: Path) -> None:
 
 
 def checkpoints(directory: Path) -> list[Path]:
-    """The complete checkpoint folders (temporary ones excluded), newest first."""
+    """The complete checkpoint folders (temporary ones excluded), newest first. Round numbers are padded to
+    five digits only, so a longer name is a later round (round_100000 after round_99999)."""
     if not directory.is_dir():
         return []
-    return sorted((p for p in directory.iterdir() if p.is_dir() and not p.name.startswith(".")), reverse=True)
+    found = (p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return sorted(found, key=lambda p: (len(p.name), p.name), reverse=True)
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
