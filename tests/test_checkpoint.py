@@ -1,10 +1,13 @@
 """Checkpoints: exact round trips of nested state, atomic replacement, no pickle."""
 
+import json
+
 import pytest
 import torch
 
 from fedistill.engine.checkpoint import (
     DamagedCheckpoint,
+    checkpoints,
     latest_checkpoint,
     read_checkpoint,
     verify_checkpoint,
@@ -50,6 +53,14 @@ def test_the_two_newest_checkpoints_are_kept(tmp_path):
     assert not list(tmp_path.rglob("*.pt")) and not list(tmp_path.rglob("*.pkl"))
 
 
+def test_checkpoints_past_round_99999_stay_newest(tmp_path):
+    """Names sorted as text put round_100000 before round_99999: the newest checkpoints were pruned as
+    old ones and a resume went back to round 99999."""
+    for round in (99998, 99999, 100000, 100001):
+        write_checkpoint(tmp_path, f"round_{round:05d}", {"runner": {"round": round}})
+    assert [p.name for p in checkpoints(tmp_path)] == ["round_100001", "round_100000"]
+
+
 def test_clients_that_hold_nothing_cost_no_file_and_read_back_empty(tmp_path):
     """A thousand idle clients (never sampled, or stateless) must not cost two files each."""
     runner = {"round": 1, "ledger": 0, "metrics": 1, "elapsed": 0.5}
@@ -72,6 +83,25 @@ def test_clients_that_hold_nothing_cost_no_file_and_read_back_empty(tmp_path):
     (path / "empty-parts.json").write_text('["server"]')  # the list is in the manifest like every part
     with pytest.raises(DamagedCheckpoint):
         verify_checkpoint(path)
+
+
+def test_a_checkpoint_that_lost_its_manifest_is_damaged_unless_it_predates_manifests(tmp_path):
+    """Without its manifest a checkpoint was read unchecked as one from before manifests: a flipped byte in
+    the server's weights then resumed silently into other numbers. Only a runner state without the
+    settings record (older than manifests) is still read that way."""
+    runner = {"round": 1, "ledger": 0, "metrics": 1, "elapsed": 0.5}
+    server = {"model": {"w": torch.ones(4)}}
+    for name, state in (("new", runner | {"settings": {"rounds": 2}}), ("old", runner)):
+        path = write_checkpoint(tmp_path / name, "round_00001", {"runner": state, "server": server})
+        (path / "manifest.json").unlink()
+        data = bytearray((path / "server.safetensors").read_bytes())
+        data[-1] ^= 0x40
+        (path / "server.safetensors").write_bytes(bytes(data))
+    with pytest.raises(DamagedCheckpoint, match=r"^its manifest\.json is missing$"):
+        verify_checkpoint(tmp_path / "new" / "round_00001")
+    assert not torch.equal(
+        verify_checkpoint(tmp_path / "old" / "round_00001")["server"]["model"]["w"], torch.ones(4)
+    )
 
 
 def test_fedavgm_velocity_read_back_from_a_checkpoint_goes_to_the_runs_device(monkeypatch):
@@ -131,7 +161,11 @@ def test_a_checkpoint_from_before_manifests_that_lost_a_clients_part_is_named_in
     )
     run_until_crash(config, StandaloneServer, tmp_path, crash_round=2)
     checkpoint = tmp_path / "standalone" / "checkpoints" / "round_00001"
-    (checkpoint / MANIFEST).unlink()  # as a checkpoint written before manifests
+    (checkpoint / MANIFEST).unlink()  # as a checkpoint written before manifests, which had no settings
+    runner = checkpoint / "runner.json"
+    runner.write_text(
+        json.dumps({k: v for k, v in json.loads(runner.read_text()).items() if k != "settings"})
+    )
     for part in checkpoint.glob("client_001.*"):
         part.unlink()
     with pytest.raises(RunDirError, match="its checkpoint lacks client_001; start again"):

@@ -137,3 +137,48 @@ def test_records_are_written_by_each_flush_and_a_written_one_is_not_revised(tmp_
     records = read_ledger(path)
     assert [r["status"] for r in records] == ["ok", "ok", "ok", "ok", "invalid"]
     assert records[-1]["bytes"] == 0 and records[-1]["client"] == 1
+
+
+_RESUME_ON_A_FULL_DISK = """
+import sys
+from pathlib import Path
+from fedistill.federation.ledger import UP, Ledger
+from fedistill.federation.messages import Message
+try:
+    ledger = Ledger(Path(sys.argv[1]), resume_at=4)
+    ledger.record(round=3, step=None, direction=UP, client=0, message=Message.build("train"), type="train")
+    ledger.flush()
+except OSError as exc:
+    print(exc.filename)
+"""
+
+
+def test_a_resume_that_cannot_write_keeps_the_records_it_resumes_from(tmp_path):
+    """A resume cuts the ledger back to its checkpoint. Rewriting the file emptied it first, so a full disk
+    (here: a file-size limit below the ledger's size) lost the records every checkpoint needs and the run
+    could never be resumed; the error named no file."""
+    import resource
+    import subprocess
+    import sys
+
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(path)
+    fleet = InProcessFleet({0: Echo(0)}, ledger)
+    for _ in range(3):
+        fleet.broadcast(_request())
+    ledger.close()
+    records = read_ledger(path)
+    limit = path.stat().st_size // 2
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    run = subprocess.run(
+        [sys.executable, "-c", _RESUME_ON_A_FULL_DISK, str(path)],
+        preexec_fn=small_files,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert run.stdout.strip() == str(path)
+    assert read_ledger(path) == records[:4]

@@ -85,6 +85,7 @@ def test_a_second_ctrl_c_ends_the_process_at_once_without_a_traceback(tmp_path):
         ({"algorithm": "nosuch"}, "unknown algorithm 'nosuch'"),
         ({"set": "rounds=abc"}, "rounds must be int"),
         ({"clients": 0}, "clients must be >= 1"),
+        ({"set": "lr='0.1"}, 'set = "lr=\'0.1": No closing quotation'),
     ],
 )
 def test_a_bad_flwr_run_config_is_one_logged_line_and_fails_the_run(tmp_path, caplog, run_config, named):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -312,6 +313,31 @@ def test_a_wrong_client_cache_is_named_in_one_line(value) -> None:
         client_cache(SimpleNamespace(node_config={"client-cache": value}))
     assert client_cache(SimpleNamespace(node_config={})) == 64
     assert client_cache(SimpleNamespace(node_config={"client-cache": 0})) == 0
+
+
+@pytest.mark.parametrize(
+    ("node_config", "named"),
+    [
+        ({"partition-id": 1.5}, "partition-id must be a whole number >= 0, got 1.5"),
+        ({"partition-id": "abc"}, "partition-id must be a whole number >= 0, got 'abc'"),
+        (
+            {"partition-id": 0, "num-partitions": "ten"},
+            "num-partitions must be a whole number >= 1, got 'ten'",
+        ),
+    ],
+)
+def test_a_wrong_partition_in_a_node_config_is_named_in_one_line(node_config, named) -> None:
+    """int() took partition-id 1.5 as partition 1 (the node then served another site's data), and for a
+    word raised a ValueError that named no key."""
+    from types import SimpleNamespace
+
+    from fedistill.config import RunConfig
+    from fedistill.engine.flower.node import partition_of
+    from fedistill.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^node config {re.escape(named)}$"):
+        partition_of(SimpleNamespace(node_config=node_config), RunConfig(clients=2))
+    assert partition_of(SimpleNamespace(node_config={"partition-id": 1}), RunConfig(clients=2)) == 1
 
 
 class _StoringGrid:

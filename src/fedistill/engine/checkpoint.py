@@ -96,6 +96,8 @@ def load_state(path_stem: Path) -> Any:
 MANIFEST = "manifest.json"
 #: The names of the parts that held nothing (holds_nothing), in one file for all of them.
 EMPTY_PARTS = "empty-parts.json"
+#: A record of the runner state that came after manifests: a checkpoint holding it had one.
+MANIFESTED_SINCE = "settings"
 #: Checkpoints kept: the newest and the one before it, so a damaged newest one has a fallback.
 KEEP = 2
 
@@ -172,10 +174,12 @@ def sweep_temporaries(directory: Path) -> None:
 
 
 def checkpoints(directory: Path) -> list[Path]:
-    """The complete checkpoint folders (temporary ones excluded), newest first."""
+    """The complete checkpoint folders (temporary ones excluded), newest first. Round numbers are padded to
+    five digits only, so a longer name is a later round (round_100000 after round_99999)."""
     if not directory.is_dir():
         return []
-    return sorted((p for p in directory.iterdir() if p.is_dir() and not p.name.startswith(".")), reverse=True)
+    found = (p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return sorted(found, key=lambda p: (len(p.name), p.name), reverse=True)
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
@@ -190,9 +194,11 @@ def latest_checkpoint(directory: Path) -> Path | None:
 def verify_checkpoint(path: Path) -> dict[str, Any]:
     """Read a checkpoint after checking every file against its manifest; DamagedCheckpoint if not intact.
 
-    Checkpoints written before manifests existed are read without the hash check."""
+    Checkpoints written before manifests existed are read without the hash check; one whose runner state
+    records its settings was written with a manifest, so without it nothing of it can be trusted."""
     manifest_path = path / MANIFEST
-    if manifest_path.is_file():
+    manifested = manifest_path.is_file()
+    if manifested:
         try:
             files = manifest_files(manifest_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
@@ -207,6 +213,8 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
     runner = state.get("runner")
     if not isinstance(runner, dict) or not {"round", "ledger", "metrics", "elapsed"} <= set(runner):
         raise DamagedCheckpoint("its runner state is missing or incomplete")
+    if not manifested and MANIFESTED_SINCE in runner:
+        raise DamagedCheckpoint(f"its {MANIFEST} is missing")
     return state
 
 

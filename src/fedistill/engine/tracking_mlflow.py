@@ -30,6 +30,8 @@ log = logging.getLogger("fedistill")
 
 #: MLflow's limits per `log_batch` call.
 MAX_PARAMS, MAX_METRICS, MAX_PARAM_LENGTH = 100, 1000, 6000
+#: A metric every logged round carries (its traffic total): which rounds a reopened MLflow run holds.
+EVERY_ROUND = next(iter(communication_scalars({})))
 
 
 def tracking_uri(run_dir: Path) -> str:
@@ -51,6 +53,7 @@ class MlflowTracker:
         self.client: Any = None
         self.run_id = ""
         self.step = 0
+        self.logged = 0  # the last round the MLflow run already holds (one an interrupted run logged)
 
     def start(self, config: RunConfig, run_dir: Path) -> None:
         """Log on into the MLflow run an interrupted run left, else create one with the config as params;
@@ -86,6 +89,8 @@ class MlflowTracker:
         if run.info.lifecycle_stage != "active":
             return ""
         self.client.update_run(run.info.run_id, status="RUNNING")
+        history = self.client.get_metric_history(run.info.run_id, EVERY_ROUND)
+        self.logged = max((int(m.step) for m in history), default=0)
         log.info("mlflow: logging on into run %s", run.info.run_id)
         return str(run.info.run_id)
 
@@ -117,8 +122,12 @@ class MlflowTracker:
             self.client.log_batch(self.run_id, metrics=metrics[at : at + MAX_METRICS])
 
     def log_round(self, row: dict[str, Any], communication: Communication) -> None:
-        """Log the round's metrics and traffic at the round's step."""
+        """Log the round's metrics and traffic at the round's step, unless the MLflow run holds that round
+        already: MLflow keeps every value logged at a step, so a round an interrupted run logged after its
+        last checkpoint, run again on resume, would count twice in its history."""
         self.step = int(row["round"])
+        if self.step <= self.logged:
+            return
         self._log_metrics(row_scalars(row) | communication_scalars(communication), self.step)
 
     def finish(self, summary: dict[str, Any], run_dir: Path) -> None:

@@ -112,9 +112,16 @@ class Ledger:
                 self._file = path.open("w", encoding="utf-8")
 
     def _replay(self, path: Path, keep: int) -> None:
-        """Resume: keep the first `keep` records (those before the checkpoint), drop the rest."""
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()[:keep]
-        path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        """Resume: keep the first `keep` records (those before the checkpoint), drop the rest.
+
+        The file is cut in place, not rewritten: shrinking a file needs no free space, so a full disk
+        cannot cost the records a resume needs (a rewrite emptied the file first and lost them)."""
+        lines = path.read_bytes().splitlines(keepends=True)[:keep]
+        with path.open("r+b") as file:
+            file.truncate(sum(map(len, lines)))
+            if lines and not lines[-1].endswith(b"\n"):  # the last record kept had no line end yet
+                file.seek(0, 2)
+                file.write(b"\n")
         for line in lines:
             self.totals.add(json.loads(line))
         self.count = len(lines)
@@ -170,21 +177,25 @@ class Ledger:
         self.totals.revise(record)
         return True
 
-    def _write(self, n: int) -> None:
-        """Write the first `n` pending records to the file."""
+    def _write(self, n: int, *, flush: bool = False) -> None:
+        """Write the first `n` pending records to the file (and push them to disk if `flush`); an OSError
+        (a full disk) names the ledger file, as the run directory's other writers do."""
         if self._file is not None:
-            self._file.write("".join(line + "\n" for line in self._pending[:n]))
+            try:
+                self._file.write("".join(line + "\n" for line in self._pending[:n]))
+                if flush:
+                    self._file.flush()
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
         del self._pending[:n]
 
     def flush(self) -> None:
         """Push every record so far to disk (a checkpoint's ledger must be complete)."""
-        self._write(len(self._pending))
-        if self._file is not None:
-            self._file.flush()
+        self._write(len(self._pending), flush=True)
 
     def close(self) -> None:
         """Write what is pending and close the ledger file; the totals stay readable."""
-        self._write(len(self._pending))
+        self._write(len(self._pending), flush=True)
         if self._file is not None:
             self._file.close()
             self._file = None

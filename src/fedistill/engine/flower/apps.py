@@ -27,7 +27,7 @@ from fedistill.engine.flower.node import node_for, partition_of
 from fedistill.engine.flower.outcome import clear_failure, record_failure
 from fedistill.engine.setup import canonical_dataset, validate_setup
 from fedistill.engine.suite import default_name, run_algorithms
-from fedistill.errors import FederationError, UserError
+from fedistill.errors import ConfigError, FederationError, UserError
 from fedistill.federation.messages import Message, check_on_receipt
 from fedistill.transports.flower.codec import from_records, header_of, to_records
 from fedistill.transports.flower.forward import CLIENT_ERROR
@@ -43,8 +43,17 @@ def config_from_run_config(run_config: dict[str, Any]) -> RunConfig:
     `fediod.teacher_epochs`) goes through the declared `set` key: `-c "set='fediod.teacher_epochs=1 lr=0.1'"`
     (space-separated `key=value`, as `fedistill run --set`)."""
     keys = {key.replace("-", "_"): value for key, value in run_config.items()}
-    assignments = dict(parse_assignment(item) for item in shlex.split(str(keys.pop("set", "") or "")))
+    assignments = dict(parse_assignment(item) for item in _set_items(str(keys.pop("set", "") or "")))
     return build_config(RunConfig(), keys, assignments)
+
+
+def _set_items(value: str) -> list[str]:
+    """The `key=value` items of the `set` key, split as a shell would; a ConfigError (a user mistake,
+    one logged line) when its quotes do not close, not a bare ValueError."""
+    try:
+        return shlex.split(value)
+    except ValueError as exc:
+        raise ConfigError(f"set = {value!r}: {exc} (space-separated key=value items)") from None
 
 
 def message_types() -> list[str]:

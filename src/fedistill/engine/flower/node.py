@@ -102,9 +102,15 @@ def _freeze_long_lived() -> None:
 
 def client_cache(context: Context) -> int:
     """The node config's `client-cache`: a whole number >= 0 (0: keep every client), else one clear line."""
-    value = context.node_config.get("client-cache", CLIENT_CACHE)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"node config client-cache must be a whole number >= 0 (0: all), got {value!r}")
+    return _whole_number(context.node_config, "client-cache", CLIENT_CACHE, minimum=0, note=" (0: all)")
+
+
+def _whole_number(node_config: Any, key: str, default: Any, *, minimum: int, note: str = "") -> int:
+    """A node config value that must be a whole number >= `minimum`; one clear line naming the key
+    otherwise (int() cut 1.5 to 1 and named no key for 'abc')."""
+    value = node_config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"node config {key} must be a whole number >= {minimum}{note}, got {value!r}")
     return value
 
 
@@ -114,15 +120,15 @@ def partition_of(context: Context, config: RunConfig, assigned: int | None = Non
     node_config = context.node_config
     if assigned is not None:
         claimed = node_config.get("partition-id")
-        if claimed is not None and int(claimed) != int(assigned):
+        if claimed is not None and _whole_number(node_config, "partition-id", None, minimum=0) != assigned:
             raise ConfigError(
                 f"this SuperNode's node config says partition-id={claimed}, but its enrolment fixes "
                 f"partition {assigned}: remove partition-id from --node-config"
             )
     elif "partition-id" not in node_config:
         raise ConfigError("this SuperNode has no partition-id in its node config (--node-config)")
-    pid = int(assigned) if assigned is not None else int(node_config["partition-id"])
-    total = int(node_config.get("num-partitions", config.clients))
+    pid = assigned if assigned is not None else _whole_number(node_config, "partition-id", None, minimum=0)
+    total = _whole_number(node_config, "num-partitions", config.clients, minimum=1)
     if total != config.clients:
         raise ConfigError(f"node config says num-partitions={total}, the run has clients={config.clients}")
     if not 0 <= pid < total:
