@@ -157,8 +157,10 @@ def _deployed_run(
         )
         # the client state lived on the nodes' disks, one folder per (run, algorithm, partition)
         for i, state_dir in enumerate(dep.state_dirs):
-            states = list(state_dir.glob(f"run-*/{overrides['algorithm']}-client-{i:03d}/state.safetensors"))
-            assert len(states) == 1, f"node {i}: client state files {states}"
+            folders = {p.parent.name for p in state_dir.glob("run-*/*-client-*/state-*.safetensors")}
+            assert folders == {f"{overrides['algorithm']}-client-{i:03d}"}, (
+                f"node {i}: client states {folders}"
+            )
     return algorithm_dir, run_s
 
 

@@ -6,6 +6,7 @@ import ctypes
 import sys
 
 import pytest
+import torch
 
 pytest.importorskip("flwr")
 
@@ -99,3 +100,46 @@ def test_clients_pushed_out_of_the_cache_are_freed(tmp_path, monkeypatch) -> Non
             assert sum(ref() is not None for ref in alive) <= limit
     finally:
         gc.enable()
+
+
+class _Counter:
+    """A client whose whole state is a tensor and a step count, kept in the two files a commit writes."""
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def state_dict(self) -> dict:
+        return {"weights": torch.full((2,), float(self.step)), "step": self.step}
+
+
+def test_a_node_killed_while_it_commits_reloads_the_version_its_context_names(tmp_path, monkeypatch) -> None:
+    """The tensors and the JSON of a client's state are two files: a process killed between their writes
+    (or before its reply brought the new version into the node's context) left the next process a state of
+    mixed or later versions, loaded as the context's. Each version now has files of its own."""
+    from flwr.app import Context, RecordDict
+
+    from fedistill import disk
+    from fedistill.engine.checkpoint import load_state
+    from fedistill.transports.flower.forward import VERSIONS
+
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
+    client, stem = _Counter(), tmp_path / "fediod-client-000" / "state"
+    node = flower_node.Node((1, "fediod", 0), client, 0, stem)
+    for step in (1, 2, 3):
+        client.step = step
+        node.commit(context)
+    assert int(context.state[VERSIONS]["fediod"]) == 3
+    assert sorted(p.name for p in stem.parent.iterdir()) == [
+        f"state-{v:08d}.{suffix}" for v in (2, 3) for suffix in ("json", "safetensors")
+    ]
+    client.step = 4
+
+    def killed(path, text):
+        raise OSError("killed")
+
+    monkeypatch.setattr(disk, "write_text", killed)  # the tensors are written, the JSON is not
+    with pytest.raises(OSError):
+        node.commit(context)
+    version = int(context.state[VERSIONS]["fediod"])
+    state = load_state(flower_node.versioned(stem, version))
+    assert version == 3 and state["step"] == 3 and state["weights"].tolist() == [3.0, 3.0]

@@ -5,8 +5,11 @@ data itself and builds the algorithm's client logic; nothing private is ever sen
 state (trained model, discriminator, optimiser state, ...) must outlive the process: Flower's
 simulation engine routes a node's messages to whichever worker is free, and a deployed SuperNode
 starts a fresh process per message. So after every message the state is written to node-local
-storage (safetensors + JSON) and a version number is kept in the node's `context.state`; a process
-whose in-memory copy has that version reuses it, any other reloads it from disk. A process keeps at
+storage (safetensors + JSON, under a name holding its version) and the version number is kept in the
+node's `context.state`; a process whose in-memory copy has that version reuses it, any other reloads that
+version's files. A process killed while it writes, or before its reply (which carries the context back)
+leaves, cannot mix two versions' files or load a state ahead of its context: the version the context
+names is still on disk (the one before it is kept too, older ones are removed). A process keeps at
 most `client-cache` clients in memory (node config; default 64), so a worker that serves a thousand
 simulated sites does not hold them all, and before each message it returns the C heap's free pages to
 the system (heap.py), so what earlier messages freed is not kept either.
@@ -53,13 +56,29 @@ class Node:
     state_stem: Path
 
     def commit(self, context: Context) -> None:
-        """Persist the client's state and publish its new version in the node's context."""
-        self.version += 1
+        """Persist the client's state as its next version, then publish that version in the node's
+        context; versions before the previous one are removed."""
+        version = self.version + 1
         self.state_stem.parent.mkdir(parents=True, exist_ok=True)
-        save_state(self.client.state_dict(), self.state_stem)  # each file atomically (fedistill.disk)
+        save_state(self.client.state_dict(), versioned(self.state_stem, version))
+        self.version = version
         versions = dict(context.state[VERSIONS]) if VERSIONS in context.state else {}
-        versions[self.key[1]] = self.version
+        versions[self.key[1]] = version
         context.state[VERSIONS] = ConfigRecord(versions)
+        for old in self.state_stem.parent.glob(f"{self.state_stem.name}-*.*"):
+            if _version_of(old, self.state_stem) < version - 1:
+                old.unlink(missing_ok=True)
+
+
+def versioned(stem: Path, version: int) -> Path:
+    """Where version `version` of a client's state lives (`<stem>-<version>.safetensors` and `.json`)."""
+    return stem.with_name(f"{stem.name}-{version:08d}")
+
+
+def _version_of(path: Path, stem: Path) -> int:
+    """The version in a state file's name (`versioned`); one it cannot read counts as current."""
+    number = path.name[len(stem.name) + 1 :].split(".", 1)[0]
+    return int(number) if number.isdigit() else 1 << 62
 
 
 #: The clients a process keeps in memory, least recently used first. A simulation worker serves many nodes,
@@ -161,7 +180,7 @@ def node_for(
     stem = Path(root) / f"run-{key[0]}" / f"{algorithm_name}-client-{pid:03d}" / "state"
     client = _build_client(context, config, algorithm_name, pid, cache_folder(config, beside=Path(root)))
     if version > 0:
-        client.load_state_dict(load_state(stem))
+        client.load_state_dict(load_state(versioned(stem, version)))
     node = Node(key, client, version, stem)
     _remember(key, node, limit)
     return node
