@@ -456,3 +456,55 @@ def test_student_from_previous_starts_where_the_last_round_ended(tmp_path, monke
     assert seen and set(seen) == {0.01}  # the clients train with FedProx's term (Table 8)
     first, second = read_jsonl(tmp_path / "suite" / "feddf" / "metrics.jsonl")[:2]
     assert second["val_accuracy_average_mlp"] == pytest.approx(first["val_accuracy_mlp"], abs=1e-9)
+
+
+def test_each_group_starts_from_its_members_average_and_learns_from_all(tmp_path, monkeypatch):
+    """Algorithm 3 by hand: with groups cycled over 5 clients (0, 2, 4 -> mlp; 1, 3 -> lenet-fedmdcg), each
+    group's student starts from sum_k n_k x_k / sum_k n_k over ITS clients only (line 11), and is distilled
+    from the ensemble of ALL received models with uniform weights 1/|S_t| (line 14, AVGLOGITS)."""
+    from fedistill.algorithms.feddf import server as feddf_server
+
+    calls: list[dict] = []
+    distill_for_real = feddf_server.distill
+
+    def spy(student, teachers, weights, *args, **kwargs):
+        calls.append(
+            {
+                "start": {k: v.clone() for k, v in student.state_dict().items()},
+                "teachers": [{k: v.clone() for k, v in t.state_dict().items()} for t in teachers],
+                "weights": list(weights),
+            }
+        )
+        return distill_for_real(student, teachers, weights, *args, **kwargs)
+
+    monkeypatch.setattr(feddf_server, "distill", spy)
+    groups = ["mlp", "lenet-fedmdcg"]
+    config = build_config(
+        RunConfig(),
+        {"clients": 5, "rounds": 1, "model": "mlp", "alpha": 0.5, "algorithm": "feddf"},
+        {"feddf": {**FAST, "groups": ",".join(groups)}},
+    )
+    summary = run_suite(config, tmp_path / "suite", progress=False)[0]
+    sizes = summary["partition"]["sizes"]
+    assert len(calls) == 2 and len(set(sizes)) > 1  # one distillation per group; unequal n_k
+    for group, call in zip(groups, calls, strict=True):
+        assert len(call["teachers"]) == 5 and call["weights"] == pytest.approx([0.2] * 5)
+        members = [k for k in range(5) if groups[k % 2] == group]
+        n = [sizes[k] for k in members]
+        for name, value in call["start"].items():
+            if not value.is_floating_point():
+                continue
+            expected = sum(call["teachers"][k][name].double() * w for k, w in zip(members, n, strict=True))
+            assert torch.allclose(value.double(), expected / sum(n), atol=1e-6), (group, name)
+
+
+def test_a_tiny_validation_split_is_named_in_a_warning(tmp_path, caplog):
+    """`source = "holdout"` keeps `holdout_val_share` (2%) of the held-out split labelled: on digits that is
+    3 samples, too few to select a student or stop on, and the log says so."""
+    with caplog.at_level("WARNING", logger="fedistill.algorithms.feddf.server"):
+        _suite(tmp_path, algorithm="feddf", rounds=1, feddf={**FAST, "source": "holdout"})
+    assert "on 3 labelled validation samples only" in caplog.text and "holdout_val_share" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fedistill.algorithms.feddf.server"):
+        _suite(tmp_path / "noise", algorithm="feddf", rounds=1, feddf=FAST)  # 143 samples: no warning
+    assert "validation samples only" not in caplog.text

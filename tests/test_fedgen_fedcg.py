@@ -237,3 +237,45 @@ def _traffic(suite_dir: Path, summary: dict) -> dict:
                 key = (record["direction"], record["client"], kind, record["type"])
                 totals[key] = totals.get(key, 0) + size
     return totals
+
+
+def test_fedgen_teacher_loss_and_fedcg_gan_losses_by_hand():
+    """FedGen's server term Σ_k mean_b w_{k,y_b}·CE(head_k(h_b), y_b) with w_{k,c} = n_{k,c} / Σ_j n_{j,c},
+    its client weights max(1e-4, 10·0.98^t), and FedCG's GAN losses and γ ramps, on a tiny case."""
+    import math
+
+    from torch import nn
+
+    from fedistill.algorithms.fedmdcg.fedcg_gan import discriminator_loss, generator_loss
+    from fedistill.algorithms.fedmdcg.fedcg_options import FedCGOptions
+    from fedistill.algorithms.fedmdcg.fedcg_server import gamma_at
+    from fedistill.algorithms.fedmdcg.fedgen_server import regularizer_weight
+
+    heads = [
+        {"weight": torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]), "bias": torch.zeros(3)},
+        {"weight": torch.tensor([[0.0, 2.0], [1.0, 0.0], [0.0, 0.0]]), "bias": torch.tensor([0.0, 0.0, 1.0])},
+    ]
+    # w = (0.75, 0.5, 0) for client 0 and (0.25, 0.5, 1) for client 1
+    weights = label_weights(torch.tensor([[3.0, 1.0, 0.0], [1.0, 1.0, 2.0]]))
+    h, y = torch.tensor([[1.0, 2.0], [0.5, -1.0]]), torch.tensor([0, 2])
+    loss, _ = ensemble_teacher(nn.Linear(2, 3), heads, weights, h, y)
+
+    def ce(z: list[float], t: int) -> float:
+        return -z[t] + math.log(sum(math.exp(v) for v in z))
+
+    # head 0: logits (1, 2, 3) and (0.5, -1, -0.5); head 1: (4, 1, 1) and (-2, 0.5, 1)
+    hand = (0.75 * ce([1, 2, 3], 0) + 0.0 * ce([0.5, -1, -0.5], 2)) / 2
+    hand += (0.25 * ce([4, 1, 1], 0) + 1.0 * ce([-2, 0.5, 1], 2)) / 2
+    assert float(loss) == pytest.approx(hand, rel=1e-6)
+    assert [regularizer_weight(10.0, t, 0.98, 1e-4) for t in (0, 1, 2)] == pytest.approx([10.0, 9.8, 9.604])
+    assert regularizer_weight(10.0, 10_000, 0.98, 1e-4) == 1e-4
+
+    real, fake = torch.tensor([0.5, -1.0]), torch.tensor([2.0, 0.0])
+    sigmoid = lambda z: 1 / (1 + math.exp(-z))  # noqa: E731
+    d_hand = -(math.log(sigmoid(0.5)) + math.log(sigmoid(-1.0))) / 2
+    d_hand -= (math.log(1 - sigmoid(2.0)) + math.log(1 - sigmoid(0.0))) / 2
+    assert float(discriminator_loss(real, fake)) == pytest.approx(d_hand, rel=1e-6)
+    assert float(generator_loss(fake)) == pytest.approx(-(math.log(sigmoid(2.0)) + math.log(0.5)) / 2)
+    assert [gamma_at(FedCGOptions(), t, 5) for t in range(5)] == pytest.approx([0, 1 / 64, 1 / 8, 27 / 64, 1])
+    sigmoid_ramp = FedCGOptions(gamma_schedule="sigmoid", gamma=2.0)
+    assert gamma_at(sigmoid_ramp, 5, 100) == pytest.approx(2.0 * (2 / (1 + math.exp(-1.0)) - 1))

@@ -196,6 +196,64 @@ def test_crossed_distillation_follows_the_client_that_holds_each_class():
         assert all(torch.equal(module.state_dict()[k], v) for k, v in state.items())
 
 
+def test_each_generator_output_feeds_every_term_it_appears_in():
+    """One draw of G_i(y) is read by C_i (the teacher) and by C_g (L2), one draw of G_g(y) by C_g (L1)
+    and by C_i (L3), as in the released code (manager.py: cache_gen_result, global_gen_result). With a
+    generator whose output is its noise and C_g = C_i, L2 is then exactly 0 and L1 = L3; were each
+    term to draw its own ε, neither would hold."""
+    generator = FeatureGenerator(2, 2, noise_dim=2, hidden_dims=())
+    with torch.no_grad():  # G(y, ε) = ε: the output is all noise
+        generator.representation_layer.weight.copy_(torch.eye(2, 4))  # the input is (ε, one-hot y)
+        generator.representation_layer.bias.zero_()
+    head = nn.Linear(2, 2)
+    with torch.no_grad():
+        head.weight.copy_(torch.tensor([[3.0, -1.0], [0.5, 2.0]]))
+        head.bias.zero_()
+    local_g, local_c = FeatureGenerator(2, 2, noise_dim=2, hidden_dims=()), nn.Linear(2, 2)
+    local_g.load_state_dict(generator.state_dict())
+    local_c.load_state_dict(head.state_dict())
+    optimizer = torch.optim.SGD([*generator.parameters(), *head.parameters()], lr=0.0)
+    metrics = crossed_distillation_steps(
+        generator, head, [local_g], [local_c], torch.tensor([[4, 4]]), optimizer, steps=1, batch_size=16,
+        temperature=1.0, rng=torch.Generator().manual_seed(0),
+    )  # fmt: skip
+    assert metrics["server_l2"] == pytest.approx(0.0, abs=1e-7)
+    assert metrics["server_l1"] == pytest.approx(metrics["server_l3"], abs=1e-7) and metrics["server_l1"] > 0
+
+
+def test_one_draw_of_the_received_generator_is_both_targets_of_the_local_model():
+    """Stage 1 (Eq. 2): the KL target is the local head's reading of the same Ĝ(y, ε) the extractor's
+    features are pulled towards (the code's one gen_result), not of another draw."""
+    client = make_client(_config(), "fedmdcg")
+    message = Message.build(
+        "train",
+        arrays={
+            "parameters": {CLASSIFIER_PREFIX + k: v for k, v in client.model.classifier.state_dict().items()}
+            | {GENERATOR_PREFIX + k: v for k, v in client.generator.state_dict().items()},
+            "label-statistics": {"label_distribution": torch.full((10,), 0.1)},
+        },
+        scalars={"config": {"round": 2}},
+    )
+    seen: dict[str, list[torch.Tensor]] = {"kl": [], "mse": []}
+    kl, mse = L.logit_kd_from_global, L.feature_kd_to_global
+
+    def spy_kl(local_logits, generated_logits, temperature):
+        seen["kl"].append(generated_logits.detach().clone())
+        return kl(local_logits, generated_logits, temperature)
+
+    def spy_mse(local_features, generated_features):
+        seen["mse"].append(client.model.classifier(generated_features).detach().clone())
+        return mse(local_features, generated_features)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(L, "logit_kd_from_global", spy_kl)
+        patch.setattr(L, "feature_kd_to_global", spy_mse)
+        client.handle(message)
+    assert len(seen["kl"]) == len(seen["mse"]) == 20
+    for target, read in zip(seen["kl"], seen["mse"], strict=True):
+        assert torch.allclose(target, read, atol=1e-6)
+
+
 def test_server_weight_decay_outweighs_a_near_converged_distillation_and_shrinks_the_head():
     """Why FedMD-CG's clients start each round from a shrunken classifier (benchmarks/fedmdcg_variants.py).
 

@@ -32,6 +32,9 @@ from fedistill.seeding import torch_generator
 
 log = logging.getLogger(__name__)
 
+#: Below this many labelled validation samples, model selection and early stopping are mostly noise.
+FEW_VALIDATION_SAMPLES = 50
+
 
 class FedDFServer(ServerLogic):
     """One model per architecture group, fused each round from the ensemble of every received model."""
@@ -51,6 +54,15 @@ class FedDFServer(ServerLogic):
         if kind == "holdout":
             share = self.options.holdout_val_share
             self.validation, held_out = split_holdout(ctx.validation, share, config.seed)
+        if len(self.validation) < FEW_VALIDATION_SAMPLES:
+            log.warning(
+                "FedDF selects its students, stops early%s on %d labelled validation samples only: "
+                "their accuracies move in steps of %.3f; raise val_fraction%s",
+                " and drops models" if self.options.drop_worst != "off" else "",
+                len(self.validation),
+                1.0 / len(self.validation),
+                " or feddf.holdout_val_share" if kind == "holdout" else "",
+            )
         # by registered name: an alias (sst-2, fmnist) loads the same training set
         if kind == "dataset" and canonical_dataset_name(argument) == canonical_dataset_name(config.dataset):
             raise ConfigError(

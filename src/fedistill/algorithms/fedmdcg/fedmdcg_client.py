@@ -130,11 +130,11 @@ class FedMDCGClient(ClientLogic):
             kl = ce_gen = mse = None
             if distil:
                 assert distribution is not None
-                with torch.no_grad():
-                    target = model.classifier(self.received(y, generator=noise))
+                with torch.no_grad():  # one draw of Ĝ(y, ε) is both targets (Eq. 2; the code's gen_result)
+                    paired = self.received(y, generator=noise)
+                    target = model.classifier(paired)
                     sampled = L.sample_labels(distribution, options.generated_batch_size, noise)
                     generated = self.received(sampled, generator=noise)
-                    paired = self.received(y, generator=noise)
                 kl = L.logit_kd_from_global(logits, target, options.client_temperature)
                 ce_gen = L.generated_ce(model.classifier(generated), sampled)
                 mse = L.feature_kd_to_global(features, paired)

@@ -45,8 +45,9 @@ def crossed_distillation_steps(
     """The server's data-free step, ``steps`` times: (G_g, C_g) learn from the frozen local pairs.
 
     Labels y are drawn ∝ the summed (K, C) label counts; each client i teaches with weight w_{i,y}
-    (its share of class y). Every generator call draws its own ε; C_g(G_g(y)) (L1) and G_g(y) read
-    by every C_i (L3) are computed once per step for all clients.
+    (its share of class y). Each generator draws its own ε once per step, and its output feeds every
+    term it appears in, as in the released code: G_i(y) is read by C_i (the teacher) and by C_g (L2),
+    G_g(y) by C_g (L1) and by every C_i (L3).
     """
     for module in (*local_generators, *local_classifiers):
         frozen(module)
@@ -57,13 +58,11 @@ def crossed_distillation_steps(
     for _ in range(steps):
         y = L.sample_labels(counts, batch_size, rng)
         with torch.no_grad():
-            teachers = torch.stack(
-                [c(g(y, generator=rng)) for g, c in zip(local_generators, local_classifiers, strict=True)]
-            )
             local_features = [g(y, generator=rng) for g in local_generators]
-        global_pair = classifier(generator(y, generator=rng))
-        head_on_local = torch.stack([classifier(f) for f in local_features])
+            teachers = torch.stack([c(f) for f, c in zip(local_features, local_classifiers, strict=True)])
         global_features = generator(y, generator=rng)
+        global_pair = classifier(global_features)
+        head_on_local = torch.stack([classifier(f) for f in local_features])
         local_on_global = torch.stack([c(global_features) for c in local_classifiers])
         terms = L.crossed_distillation(
             global_pair,

@@ -58,7 +58,8 @@ def generated_ce(generated_logits: torch.Tensor, sampled_labels: torch.Tensor) -
 def feature_kd_to_global(local_features: torch.Tensor, generated_features: torch.Tensor) -> torch.Tensor:
     """Eq. 2, L_mse^→ (λ_mse_F): MSE(F_i(x), Ĝ(y,ε).detach()), mean over batch and feature dims.
 
-    Feature-level KD that pulls the local extractor towards the global generator (same y, fresh ε).
+    Feature-level KD that pulls the local extractor towards the global generator: same y, and the same
+    draw Ĝ(y, ε) whose reading by the local head is L_kl's target.
     """
     check_same_shape("local features", local_features, "generated features", generated_features)
     return F.mse_loss(local_features.flatten(1), generated_features.detach().flatten(1))
