@@ -290,3 +290,15 @@ def test_a_reconstruction_model_reconstructs_as_its_run_scored(tmp_path, finishe
     assert abs(scored["ssim"] - result["fedavg"].final["test_ssim"]) <= 1e-5
     with pytest.raises(InputError, match="reconstruct is for reconstruction models"):
         fedistill.load_model(finished.run_dir, "fedavg").reconstruct(digits.test.x[:2])
+
+
+def test_a_run_killed_before_its_next_algorithm_asks_which_to_load(finished, tmp_path):
+    """A run planning two algorithms that stopped before the second started holds one folder: leaving the
+    algorithm out silently took that one, though the user may have meant the other."""
+    copy = _copy(finished, tmp_path)
+    config = copy / "config.toml"
+    config.write_text(config.read_text().replace('algorithm = "fedavg"', 'algorithm = "fedavg,fediod"'))
+    with pytest.raises(RunDirError, match=r"holds 2 algorithms \(fedavg; not started: fediod\)") as exc:
+        fedistill.load_model(copy)
+    _one_line(exc)
+    assert fedistill.load_model(copy, "fedavg").algorithm == "fedavg"

@@ -58,10 +58,14 @@ def algorithm_dir(run_dir: str | Path, algorithm: str | None = None) -> Path:
         return path
     present = algorithms_in(path)
     if algorithm is None:
-        if len(present) == 1:
+        # a run that plans more algorithms than have started (one killed early) holds more than it shows
+        unstarted = [name for name in planned_algorithms(path) if name not in present]
+        if len(present) == 1 and not unstarted:
             return path / present[0]
         which = ", ".join(present) if present else "none has started"
-        raise RunDirError(f"{path} holds {len(present)} algorithms ({which}); name the one to use")
+        which += f"; not started: {', '.join(unstarted)}" if unstarted and present else ""
+        count = len(present) + len(unstarted)
+        raise RunDirError(f"{path} holds {count} algorithms ({which}); name the one to use")
     if algorithm in present:
         return path / algorithm
     if algorithm in planned_algorithms(path):
