@@ -4,6 +4,7 @@ the semi-synthetic stand-ins, and patching/stitching."""
 from __future__ import annotations
 
 import logging
+import re
 
 import nibabel as nib
 import numpy as np
@@ -92,8 +93,9 @@ def _nifti(path, data, spacing=10.0):
     nib.save(nib.Nifti1Image(np.asarray(data), np.diag([spacing, spacing, spacing, 1.0])), str(path))
 
 
-def _brats_subject(folder, name, cube, suffix=".nii.gz", seg_name=None):
-    """A 24×24×8 volume of 10 mm voxels (BraTS' 240 mm field of view) with a tumour cube of side `cube`."""
+def _brats_subject(folder, name, cube, suffix=".nii.gz", seg_name=None, names=None):
+    """A 24×24×8 volume of 10 mm voxels (BraTS' 240 mm field of view) with a tumour cube of side `cube`;
+    `names` maps the modalities to another release's file names (BraTS 2023: {"t2": "-t2w", ...})."""
     folder.mkdir(parents=True)
     rng = np.random.default_rng(cube)
     yy, xx = np.mgrid[:24, :24]
@@ -102,9 +104,10 @@ def _brats_subject(folder, name, cube, suffix=".nii.gz", seg_name=None):
     seg = np.zeros((24, 24, 8), np.uint8)
     seg[8 : 8 + cube, 8 : 8 + cube, 2 : 2 + cube] = 2
     seg[8, 8, 2] = 4  # any label > 0 is whole tumour
+    names = names or {m: f"_{m}" for m in ("t1", "t1ce", "t2", "flair", "seg")}
     for modality in ("t1", "t1ce", "t2", "flair"):
-        _nifti(folder / f"{name}_{modality}{suffix}", volume * (2 if modality == "t2" else 1))
-    _nifti(folder / (seg_name or f"{name}_seg{suffix}"), seg)
+        _nifti(folder / f"{name}{names[modality]}{suffix}", volume * (2 if modality == "t2" else 1))
+    _nifti(folder / (seg_name or f"{name}{names['seg']}{suffix}"), seg)
 
 
 def test_brats_2018_layout_split_groups_and_meta(tmp_path, caplog):
@@ -149,6 +152,40 @@ def test_brats_2020_layout_with_name_mapping(tmp_path):
     data = load_dataset("brats", tmp_path, image_size=24, modality="flair", intensity="slice-max")
     assert data.group_names == ("BraTS20_Training_002",) and len(data.test) > 0
     assert int(data.train.x.max()) == 255  # each slice scaled by its own maximum
+
+
+BRATS_2023 = {"t1": "-t1n", "t1ce": "-t1c", "t2": "-t2w", "flair": "-t2f", "seg": "-seg"}
+
+
+@pytest.mark.parametrize("release", ["2021", "2023"])
+def test_brats_2021_and_2023_layouts_use_every_subject(tmp_path, release):
+    """The releases from 2021 on name no grade and 2023 renamed the files; both read as 2018's do."""
+    root = tmp_path / "brats" / f"BraTS{release}_TrainingData"
+    cubes = {1: 3, 2: 1, 3: 4}
+    for i, cube in cubes.items():
+        name = f"BraTS2021_{i:05d}" if release == "2021" else f"BraTS-GLI-{i:05d}-000"
+        _brats_subject(root / name, name, cube, names=BRATS_2023 if release == "2023" else None)
+    data = load_dataset("brats", tmp_path, image_size=24, slices="brain")
+    assert len(data.group_names) == 2 and set(data.test_meta["subject"].tolist()) == {0}
+    tumour = sorted(int(data.train.y[data.train_groups == g].sum()) for g in range(2))
+    assert tumour == [1**3, 4**3]  # subject 1 (cube 3), the first by name, is the test subject
+    with pytest.raises(DataError, match=r"names no grades.*leave brats\.grades unset"):
+        load_dataset("brats", tmp_path, image_size=24, grades="hgg")
+    first = sorted(root.iterdir())[1]
+    expected = f"{first.name}_t2.nii.gz" if release == "2021" else f"{first.name}-t2w.nii.gz"
+    (first / expected).unlink()
+    with pytest.raises(DataError, match=re.escape(expected)):
+        load_dataset("brats", tmp_path, image_size=24)
+    assert len(load_dataset("brats", tmp_path, image_size=24, modality="t1").group_names) == 2
+
+
+def test_brats_2020_without_its_name_mapping_is_refused(tmp_path):
+    """2020 subjects are HGG and LGG; without name_mapping.csv the grades are unknown, not ungraded."""
+    root = tmp_path / "brats" / "MICCAI_BraTS2020_TrainingData"
+    for i in (1, 2):
+        _brats_subject(root / f"BraTS20_Training_00{i}", f"BraTS20_Training_00{i}", 2)
+    with pytest.raises(DataError, match=r"name_mapping\.csv"):
+        load_dataset("brats", tmp_path, image_size=24)
 
 
 def test_brats_missing_files_and_bad_options(tmp_path):

@@ -333,6 +333,26 @@ def test_brats_official_split_and_protocol_slices(tmp_path):
         load_brats_mri(tmp_path)
 
 
+def test_brats_2023_file_names(tmp_path):
+    """BraTS 2023 names its native T1 `-t1n` and its T2 `-t2w`; the contrast-enhanced `-t1c` is not read."""
+    for split, i in (("Training", 1), ("Training", 2), ("Validation", 3)):
+        subject = f"BraTS-GLI-{i:05d}-000"
+        folder = tmp_path / f"ASNR-MICCAI-BraTS2023-GLI-Challenge-{split}Data" / subject
+        for ending, seed in (("t1n", i), ("t2w", 50 + i), ("t1c", 90 + i)):
+            _nifti(folder / f"{subject}-{ending}.nii.gz", _head((24, 24, 155), seed, skull=False))
+    ds = load_brats_mri(tmp_path, image_size=None)
+    assert len(ds.train) == 2 * 121 and len(ds.test) == 121
+    for path in tmp_path.rglob("*-t1c.nii.gz"):
+        path.unlink()
+    assert torch.equal(load_brats_mri(tmp_path, image_size=None).test.x, ds.test.x)
+    t2 = load_brats_mri(tmp_path, contrast="t2", image_size=None)
+    assert not torch.equal(t2.test.x, ds.test.x)
+    for path in tmp_path.rglob("*-t2w.nii.gz"):
+        path.unlink()
+    with pytest.raises(DataError, match=r"-t2w\.nii\.gz"):
+        load_brats_mri(tmp_path, contrast="t2")
+
+
 def test_cross_site_one_group_per_source(tmp_path, monkeypatch):
     monkeypatch.setattr(fastmri, "TARGET_SIZE", 32)
     _fastmri_file(tmp_path / "fastmri" / "train" / "a.h5", 1)

@@ -1,7 +1,7 @@
 """Medical segmentation datasets of the FedIOD paper, and semi-synthetic stand-ins for them.
 
 Real datasets, read from their released files (none can be downloaded automatically):
-  brats              BraTS 2018-2020 whole tumour on 2D slices, Chang et al.'s protocol (brats.py)
+  brats              BraTS 2018-2023 whole tumour on 2D slices, Chang et al.'s protocol (brats.py)
   monuseg (tcga)     MoNuSeg/TCGA nuclei, Chang et al.'s cross-organ split or the challenge's (monuseg.py)
   cpm17 (cell17)     CPM-17 nuclei (cpm17.py)
   tnbc               TNBC nuclei (tnbc.py)

@@ -1,12 +1,15 @@
-"""BraTS 2018-2020 whole-tumour segmentation on 2D axial slices, with Chang et al.'s (2020) protocol.
+"""BraTS 2018-2023 whole-tumour segmentation on 2D axial slices, with Chang et al.'s (2020) protocol.
 
 Layouts read (the folder itself or one level below, e.g. `MICCAI_BraTS_2018_Data_Training/`):
   2018/2019: `HGG/<subject>/<subject>_<modality>.nii.gz` and `LGG/<subject>/...`;
   2020:      `<subject>/<subject>_<modality>.nii.gz` plus `name_mapping.csv` (columns `Grade` and
-             `BraTS_2020_subject_ID`), which says which subjects are HGG and which LGG.
-Modalities are t1, t1ce, t2, flair; the labels are `<subject>_seg` (uncompressed `.nii` works too; a
-subject folder with no `_seg` file but exactly one file named like `*seg*.nii*`, as one BraTS 2020
-subject has, uses that one).
+             `BraTS_2020_subject_ID`), which says which subjects are HGG and which LGG;
+  2021:      `BraTS2021_00000/BraTS2021_00000_<modality>.nii.gz`, no grades;
+  2023:      `BraTS-GLI-00000-000/BraTS-GLI-00000-000-<t1n|t1c|t2w|t2f|seg>.nii.gz`, no grades.
+Modalities are t1, t1ce, t2, flair (2023's t1n, t1c, t2w, t2f); the labels are `<subject>_seg` (uncompressed
+`.nii` works too; a subject folder with no `_seg` file but exactly one file named like `*seg*.nii*`, as one
+BraTS 2020 subject has, uses that one). The releases from 2021 on name no grade (nearly all are
+high-grade gliomas): every subject is used, and `grades` must be left unset there.
 
 Protocol (defaults): T2 of the HGG subjects, whole tumour = label > 0. The subjects sorted by name are
 split as Chang et al.'s released code does: the first 40 are the test set, the next 170 the training
@@ -35,11 +38,17 @@ log = logging.getLogger(__name__)
 NAME = "brats"
 MODALITIES = ("t1", "t1ce", "t2", "flair")
 GRADES = ("hgg", "lgg")
+#: the releases from 2021 on, which name no grade
+UNGRADED = "ungraded"
+#: BraTS 2023's file name for each modality (`BraTS-GLI-00000-000-t2w.nii.gz` is the T2)
+NAMES_2023 = {"t1": "t1n", "t1ce": "t1c", "t2": "t2w", "flair": "t2f", "seg": "seg"}
 INTENSITY_MODES = ("volume-percentile", "slice-max")
 CHANG_TRAIN, CHANG_TEST = 170, 40
 LAYOUT = (
     "BraTS 2018/2019: <folder>/HGG/<subject>/<subject>_t2.nii.gz and <subject>_seg.nii.gz (and LGG/...); "
-    "BraTS 2020: <folder>/<subject>/<subject>_t2.nii.gz, <subject>_seg.nii.gz and <folder>/name_mapping.csv"
+    "BraTS 2020: <folder>/<subject>/<subject>_t2.nii.gz, <subject>_seg.nii.gz and <folder>/name_mapping.csv; "
+    "BraTS 2021: <folder>/BraTS2021_00000/BraTS2021_00000_t2.nii.gz and _seg.nii.gz; "
+    "BraTS 2023: <folder>/BraTS-GLI-00000-000/BraTS-GLI-00000-000-t2w.nii.gz and -seg.nii.gz"
 )
 
 
@@ -57,10 +66,11 @@ def describe(folder: str) -> str:
 
 
 def _modality_file(folder: Path, subject: str, modality: str) -> Path | None:
-    for suffix in (".nii.gz", ".nii"):
-        path = folder / f"{subject}_{modality}{suffix}"
-        if path.is_file():
-            return path
+    for stem in (f"{subject}_{modality}", f"{subject}-{NAMES_2023[modality]}"):
+        for suffix in (".nii.gz", ".nii"):
+            path = folder / f"{stem}{suffix}"
+            if path.is_file():
+                return path
     if modality == "seg":
         odd = sorted(p for p in folder.glob("*.nii*") if "seg" in p.name.lower())
         if len(odd) == 1:
@@ -86,9 +96,14 @@ def _grade_folders(folder: Path) -> dict[str, dict[str, Path]]:
         mapping = root / "name_mapping.csv"
         if mapping.is_file():
             return _from_name_mapping(root, mapping)
+    for root in _roots(folder):
+        folders = sorted(p for p in root.iterdir() if p.is_dir())
+        labelled = {p.name: p for p in folders if _modality_file(p, p.name, "seg")}
+        if labelled and not any(name.startswith("BraTS20_") for name in labelled):
+            return {UNGRADED: labelled}
     raise DataError(
-        f"no BraTS subjects under {folder}: found neither HGG/ and LGG/ folders nor name_mapping.csv; "
-        f"expected {LAYOUT}"
+        f"no BraTS subjects under {folder}: found neither HGG/ and LGG/ folders, nor name_mapping.csv (BraTS "
+        f"2020 needs it for the grades), nor subject folders with a _seg file (2021, 2023); expected {LAYOUT}"
     )
 
 
@@ -139,7 +154,9 @@ def _subject(
     folder: Path, subject: str, modality: str, image_size: int, rule: str, intensity: str
 ) -> SubjectSlices:
     paths = {m: _modality_file(folder, subject, m) for m in (modality, "seg")}
-    missing = [f"{folder}/{subject}_{m}.nii.gz" for m, p in paths.items() if p is None]
+    separator = "-" if subject.startswith("BraTS-") else "_"
+    names = NAMES_2023 if separator == "-" else {m: m for m in NAMES_2023}
+    missing = [f"{folder}/{subject}{separator}{names[m]}.nii.gz" for m, p in paths.items() if p is None]
     if missing:
         raise DataError(f"BraTS subject {subject} lacks {', '.join(missing)} (or .nii)")
     volume, zooms = read_volume(paths[modality])
@@ -156,23 +173,31 @@ def load_brats(
     folder: Path,
     *,
     modality: str = "t2",
-    grades: object = "hgg",
+    grades: object = None,
     image_size: int = 128,
     train_subjects: int = CHANG_TRAIN,
     test_subjects: int = CHANG_TEST,
     slices: str = "tumour",
     intensity: str = "volume-percentile",
 ) -> LoadedDataset:
-    """BraTS as 2-D slices of one modality: the chosen grades' subjects split into train and test, their
-    volumes cut into the slices the `slices` rule picks."""
+    """BraTS as 2-D slices of one modality: the chosen grades' subjects (HGG unless `grades` says otherwise;
+    every subject of a release without grades) split into train and test, their volumes cut into the slices
+    the `slices` rule picks."""
     modality = opt.choice(NAME, "modality", modality, MODALITIES)
-    wanted = opt.name_list(NAME, "grades", grades, GRADES)
+    wanted = ("hgg",) if grades is None else opt.name_list(NAME, "grades", grades, GRADES)
     image_size = opt.positive_int(NAME, "image_size", image_size, minimum=8)
     train_subjects = opt.positive_int(NAME, "train_subjects", train_subjects)
     test_subjects = opt.positive_int(NAME, "test_subjects", test_subjects)
     rule = opt.choice(NAME, "slices", slices, SLICE_RULES)
     intensity = opt.choice(NAME, "intensity", intensity, INTENSITY_MODES)
     by_grade = _grade_folders(Path(folder))
+    if UNGRADED in by_grade:
+        if grades is not None:
+            raise DataError(
+                f"the BraTS release under {folder} names no grades (2021 and later); leave brats.grades "
+                "unset to use every subject"
+            )
+        wanted = (UNGRADED,)
     subjects = {name: path for g in wanted for name, path in by_grade.get(g, {}).items()}
     if not subjects:
         grades = "/".join(g.upper() for g in wanted)

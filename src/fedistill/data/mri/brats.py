@@ -2,7 +2,8 @@
 
 Files: `<subject>_t1.nii.gz` / `<subject>_t2.nii.gz` anywhere under the folder, as the BraTS 2020
 archives unpack them (`MICCAI_BraTS2020_TrainingData/BraTS20_Training_001/BraTS20_Training_001_t1.nii.gz`;
-the tumour labels are not needed). BraTS volumes are skull-stripped, co-registered, 1 mm, 240x240x155.
+the tumour labels are not needed), and as BraTS 2021 does; BraTS 2023's `<subject>-t1n.nii.gz` /
+`<subject>-t2w.nii.gz` too. BraTS volumes are skull-stripped, co-registered, 1 mm, 240x240x155.
 
 Split: by default the official one the paper uses, 369 training subjects (files under a folder whose
 name contains "Training") and 125 test subjects (under "Validation": the validation release has the
@@ -35,6 +36,8 @@ from fedistill.errors import DataError
 
 NAME = "brats-mri"
 CONTRASTS = ("t1", "t2")
+#: BraTS 2023's file name for each contrast (`BraTS-GLI-00000-000-t1n.nii.gz` is the native T1)
+NAMES_2023 = {"t1": "t1n", "t2": "t2w"}
 SLICE_CHOICES = ("protocol", "brain", "all")
 PROTOCOL_SLICES = range(14, 135)
 OPTIONS = ("contrast", "image_size", "slices", "test_fraction", "max_volumes")
@@ -60,19 +63,21 @@ def describe_brats_mri(folder: str) -> str:
 
 
 def find_brats(folder: Path, contrast: str) -> dict[str, Path]:
-    """{subject: file} for the `<subject>_<contrast>.nii[.gz]` files under `folder`."""
+    """{subject: file} for the `<subject>_<contrast>.nii[.gz]` files (2023: `<subject>-t1n`, `-t2w`)
+    under `folder`."""
     if not folder.is_dir():
         raise DataError(f"BraTS folder {folder} does not exist; expected {EXPECTED} in it")
-    pattern = re.compile(rf"^(.+)_{contrast}\.nii(\.gz)?$")
     found: dict[str, Path] = {}
-    for path in sorted(folder.rglob(f"*_{contrast}.nii*")):
-        m = pattern.match(path.name)
-        if m and path.is_file():
-            found.setdefault(m.group(1), path)
+    for ending in (f"_{contrast}", f"-{NAMES_2023[contrast]}"):
+        pattern = re.compile(rf"^(.+){ending}\.nii(\.gz)?$")
+        for path in sorted(folder.rglob(f"*{ending}.nii*")):
+            m = pattern.match(path.name)
+            if m and path.is_file():
+                found.setdefault(m.group(1), path)
     if not found:
         raise DataError(
-            f"no BraTS {contrast.upper()} files (<subject>_{contrast}.nii.gz) under {folder}; "
-            f"expected {EXPECTED}"
+            f"no BraTS {contrast.upper()} files (<subject>_{contrast}.nii.gz, or BraTS 2023's "
+            f"<subject>-{NAMES_2023[contrast]}.nii.gz) under {folder}; expected {EXPECTED}"
         )
     return found
 
