@@ -63,6 +63,14 @@ def test_hd95_agrees_with_a_distance_transform_computation():
         assert hd95(truth, prediction) == pytest.approx(_hd95_reference(truth, prediction), abs=1e-4)
 
 
+def test_hd95_takes_a_numpy_scalar_spacing_as_a_python_number():
+    truth, prediction = _square((8, 8), 2, 2, 3), _square((8, 8), 3, 3, 3)
+    expected = 0.5 * hd95(truth, prediction)
+    for spacing in (0.5, np.float32(0.5), np.float64(0.5)):
+        assert hd95(truth, prediction, spacing=spacing) == pytest.approx(expected, rel=1e-6)
+    assert hd95(truth, prediction, spacing=np.int64(2)) == pytest.approx(4 * expected, rel=1e-6)
+
+
 def test_empty_mask_conventions():
     empty, square = np.zeros((30, 40), bool), _square((30, 40), 3, 3, 5)
     assert dice(empty, empty) == 1.0 and hd95(empty, empty) == 0.0

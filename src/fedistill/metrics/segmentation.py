@@ -33,6 +33,7 @@ over all images):
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Sequence
 from typing import Literal
@@ -258,7 +259,7 @@ def _groups_for_batch(groups: str | Sequence[str] | None, size: int) -> list[str
 def _spacing(spacing: float | Sequence[float] | None, ndim: int) -> tuple[float, ...]:
     if spacing is None:
         values = (1.0,) * ndim
-    elif isinstance(spacing, int | float):
+    elif isinstance(spacing, numbers.Real):  # numpy scalars too (a header's np.float32 voxel size)
         values = (float(spacing),) * ndim
     else:
         values = tuple(float(s) for s in spacing)
