@@ -179,6 +179,21 @@ def test_exhausted_retries_raise(method, options, message):
         _split(method, alpha=0.05, **options)
 
 
+def test_switch_options_must_be_booleans():
+    """`--set partition.shuffle_within_class=False` reaches the partitioner as the text "False" (TOML's
+    false is lower case); a truthy string used to shuffle when the user asked for file order."""
+    with pytest.raises(UserError, match=r"shuffle_within_class must be true or false \(got 'False'\)"):
+        _split("dirichlet", alpha=1.0, shuffle_within_class="False")
+    with pytest.raises(UserError, match=r"shuffle_within_class must be true or false \(got 0\)"):
+        _split("dirichlet", alpha=1.0, shuffle_within_class=0)
+    ordered = _split("dirichlet", alpha=1.0, shuffle_within_class=np.bool_(False))
+    assert all(np.array_equal(p, np.sort(p)) for p in ordered)  # class by class, each in file order
+    pytest.importorskip("flwr_datasets")
+    for option in ("self_balancing", "shuffle"):
+        with pytest.raises(UserError, match=rf"{option} must be true or false \(got 'false'\)"):
+            _split("dirichlet-flwr", alpha=0.5, **{option: "false"})
+
+
 def test_client_without_data_is_named():
     with pytest.raises(PartitionError, match=r"client \d+ received no training samples.*raise alpha, lower"):
         _split("dirichlet", k=50, alpha=0.01)
