@@ -250,6 +250,19 @@ def test_iid_shards_and_empty_holdout():
         iid_shards(TEST_LABELS, 400, seed=0, what="test")
 
 
+def test_make_split_names_every_val_mode():
+    """The holdout knows random and tail only; make_split also takes subjects, which its error omitted."""
+    with pytest.raises(
+        UserError,
+        match=r"unknown val_mode 'subject'; did you mean 'subjects'\? \(valid: random, subjects, tail\)",
+    ):
+        make_split(
+            LABELS, TEST_LABELS, 2, method="natural", alpha=None, seed=0, num_classes=10, val_mode="subject"
+        )
+    with pytest.raises(UserError, match=r"unknown val_mode 'auto' \(valid: random, subjects, tail\)"):
+        make_split(LABELS, TEST_LABELS, 2, method="iid", alpha=None, seed=0, num_classes=10, val_mode="auto")
+
+
 # ------------------------------------------------------------------------------------------------
 # files
 

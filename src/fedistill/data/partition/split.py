@@ -16,10 +16,11 @@ from fedistill import disk
 from fedistill.data.partition.checks import as_labels, check_seed
 from fedistill.data.partition.holdout import class_counts, holdout, iid_shards, subject_holdout
 from fedistill.data.partition.registry import get_partitioner
-from fedistill.errors import DataError, UserError
+from fedistill.errors import DataError, UserError, unknown_name
 
 _SPLIT_FORMAT = "fedistill-partition"
 _SPLIT_VERSION = 1
+_VAL_MODES = ["random", "subjects", "tail"]  # a config's "auto" is resolved before a split is made
 
 
 @dataclass
@@ -116,6 +117,8 @@ def make_split(
     (``numpy.random.SeedSequence``), so changing one stage's size does not shift another's draws.
     """
     partitioner = get_partitioner(method)
+    if val_mode not in _VAL_MODES:
+        raise unknown_name("val_mode", val_mode, _VAL_MODES)
     seed = check_seed(seed)
     y_train = as_labels(train_labels, num_classes, "train_labels")
     y_test = as_labels(test_labels, num_classes, "test_labels")
