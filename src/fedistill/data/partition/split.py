@@ -106,12 +106,15 @@ def make_split(
     num_classes: int,
     val_fraction: float = 0.1,
     val_mode: str = "random",
+    subjects: Any = None,
     **options: Any,
 ) -> FederatedSplit:
     """Hold out a validation set, partition the rest, and shard the holdout and the test set IID.
 
     ``val_mode="subjects"`` (natural partitions of per-pixel sets) partitions first and holds out whole
-    subjects of each site (a slab where a site is one volume) as its validation split (`subject_holdout`).
+    subjects of each site (a slab where a site is one volume) as its validation split (`subject_holdout`);
+    ``subjects`` (one per training sample: its volume or whole image) lets a site that is one source of
+    many subjects hold out whole ones of them. Other modes ignore it.
 
     The holdout, the partition and the two shardings each get their own stream derived from ``seed``
     (``numpy.random.SeedSequence``), so changing one stage's size does not shift another's draws.
@@ -132,7 +135,9 @@ def make_split(
         parts = partitioner(
             y_train, num_clients, alpha=alpha, seed=s_part, num_classes=num_classes, **options
         )
-        client_train, client_val = subject_holdout(y_train, parts, val_fraction, seed=s_hold)
+        client_train, client_val = subject_holdout(
+            y_train, parts, val_fraction, seed=s_hold, subjects=subjects
+        )
         held = np.sort(np.concatenate(client_val)) if client_val else np.zeros(0, dtype=np.int64)
     else:
         train_pos, held = holdout(y_train, val_fraction, seed=s_hold, mode=val_mode)
