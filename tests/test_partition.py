@@ -179,6 +179,21 @@ def test_exhausted_retries_raise(method, options, message):
         _split(method, alpha=0.05, **options)
 
 
+def test_switch_options_must_be_booleans():
+    """`--set partition.shuffle_within_class=False` reaches the partitioner as the text "False" (TOML's
+    false is lower case); a truthy string used to shuffle when the user asked for file order."""
+    with pytest.raises(UserError, match=r"shuffle_within_class must be true or false \(got 'False'\)"):
+        _split("dirichlet", alpha=1.0, shuffle_within_class="False")
+    with pytest.raises(UserError, match=r"shuffle_within_class must be true or false \(got 0\)"):
+        _split("dirichlet", alpha=1.0, shuffle_within_class=0)
+    ordered = _split("dirichlet", alpha=1.0, shuffle_within_class=np.bool_(False))
+    assert all(np.array_equal(p, np.sort(p)) for p in ordered)  # class by class, each in file order
+    pytest.importorskip("flwr_datasets")
+    for option in ("self_balancing", "shuffle"):
+        with pytest.raises(UserError, match=rf"{option} must be true or false \(got 'false'\)"):
+            _split("dirichlet-flwr", alpha=0.5, **{option: "false"})
+
+
 def test_client_without_data_is_named():
     with pytest.raises(PartitionError, match=r"client \d+ received no training samples.*raise alpha, lower"):
         _split("dirichlet", k=50, alpha=0.01)
@@ -233,6 +248,19 @@ def test_iid_shards_and_empty_holdout():
         PartitionError, match=r"400 clients a test shard from 300 samples; use fewer clients$"
     ):
         iid_shards(TEST_LABELS, 400, seed=0, what="test")
+
+
+def test_make_split_names_every_val_mode():
+    """The holdout knows random and tail only; make_split also takes subjects, which its error omitted."""
+    with pytest.raises(
+        UserError,
+        match=r"unknown val_mode 'subject'; did you mean 'subjects'\? \(valid: random, subjects, tail\)",
+    ):
+        make_split(
+            LABELS, TEST_LABELS, 2, method="natural", alpha=None, seed=0, num_classes=10, val_mode="subject"
+        )
+    with pytest.raises(UserError, match=r"unknown val_mode 'auto' \(valid: random, subjects, tail\)"):
+        make_split(LABELS, TEST_LABELS, 2, method="iid", alpha=None, seed=0, num_classes=10, val_mode="auto")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -348,3 +376,47 @@ def test_a_per_pixel_natural_run_validates_on_slabs_by_default():
     assert validation_mode(RunConfig(partition="natural"), per_pixel=False) == "random"
     assert validation_mode(RunConfig(partition="dirichlet"), per_pixel=True) == "random"
     assert validation_mode(RunConfig(partition="natural", val_mode="random"), per_pixel=True) == "random"
+
+
+def test_a_site_of_one_source_validates_on_whole_subjects_of_its_own(monkeypatch):
+    """Two sources of five 8-slice volumes, one source per site: each site holds out floor(0.2 · 5) = 1
+    whole volume (before: a 8-slice slab at a random offset, mostly cutting across two volumes that kept
+    their other slices in training). The assembled MRI and nuclei sets carry the volume of each sample."""
+    from fedistill.data.medical.nuclei_sets import Patching, WholeImage, nuclei_dataset
+    from fedistill.data.mri.assemble import Volume, build_dataset
+
+    rng = np.random.default_rng(0)
+    volumes = [
+        Volume(f"s{i}", rng.random((8, 8, 8), dtype=np.float32), np.arange(8), group=i // 5)
+        for i in range(10)
+    ]
+    data = build_dataset("two-sources", volumes, volumes[:2], ("a", "b"))
+    subjects = data.train_subject_ids
+    assert np.array_equal(subjects, np.repeat(np.arange(10), 8))
+    for seed in range(20):
+        split = make_split(
+            data.train_groups, data.test_groups, 2, method="natural", alpha=None, seed=seed, num_classes=2,
+            val_fraction=0.2, val_mode="subjects", subjects=subjects,
+        )  # fmt: skip
+        for site, (train, val) in enumerate(zip(split.client_train, split.client_val, strict=True)):
+            held = np.unique(subjects[val])
+            assert held.size == 1 and val.size == 8 and held[0] // 5 == site  # one whole volume of its own
+            assert not set(subjects[train]) & set(held)
+        every = np.sort(np.concatenate(split.client_train + split.client_val))
+        assert np.array_equal(every, np.arange(80))
+    from fedistill.config import RunConfig
+    from fedistill.engine import setup
+
+    monkeypatch.setattr(setup, "load_dataset", lambda *args, **kwargs: data)
+    prepared = setup.prepare_data(
+        RunConfig(dataset="two-sources", partition="natural", clients=2, val_fraction=0.2)
+    )
+    assert [np.unique(subjects[v]).size for v in prepared.split.client_val] == [
+        1,
+        1,
+    ]  # the run passes them on
+    wholes = [WholeImage(f"w{i}", np.zeros((3, 8, 16), np.uint8), np.zeros((8, 16), np.int64), i % 2)
+              for i in range(3)]  # fmt: skip
+    nuclei = nuclei_dataset("tiles", wholes, wholes[:1], Patching(8, 8, 1.0), ("x", "y"))
+    assert np.array_equal(nuclei.train_subject_ids, [0, 0, 1, 1, 2, 2])  # two patches per whole image
+    assert np.array_equal(nuclei.test_meta["subject"], [0, 0])

@@ -126,6 +126,9 @@ class LoadedDataset:
     train_groups: np.ndarray | None = None
     test_groups: np.ndarray | None = None
     group_names: tuple[str, ...] = field(default=())
+    # The subject (volume, whole image) of each training sample, where a group holds several: a site that
+    # is one source of many subjects validates on whole subjects of its own, not on a slab across two.
+    train_subject_ids: np.ndarray | None = None
     # Per-test-sample facts a task's metrics need, each an array of len(test): "subject" (the volume or
     # whole image a slice or patch came from: per-volume data range, stitching patches back), "row" and
     # "col" (a patch's top-left corner in its whole image), "height" and "width" (the whole image's size).

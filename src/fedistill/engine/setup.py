@@ -124,6 +124,7 @@ def prepare_data(config: RunConfig) -> Prepared:
         num_classes=num_labels,
         val_fraction=config.val_fraction,
         val_mode=validation_mode(config, task.per_pixel),
+        subjects=dataset.train_subject_ids,
         **config.options.get("partition", {}),
     )
     return Prepared(dataset, split)

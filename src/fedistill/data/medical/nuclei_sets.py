@@ -114,10 +114,10 @@ def _patch(
         xs.append(image_patches)
         ys.extend(relabel(t) for t in target_patches)
         groups.append(np.full(len(rows), whole.group, np.int64))
+        meta["subject"].append(np.full(len(rows), index, np.int64))  # the whole image: kept for training too
         if test:
             whole_ids.append(target_patches.astype(np.int32))
             for key, values in (
-                ("subject", np.full(len(rows), index)),
                 ("row", rows),
                 ("col", cols),
                 ("height", np.full(len(rows), instances.shape[0])),
@@ -129,9 +129,9 @@ def _patch(
         empty = ImageSet(
             torch.zeros((0, 3, size, size), dtype=torch.uint8), torch.zeros((0, size, size)).long()
         )
-        return empty, np.zeros(0, np.int64), {}
+        return empty, np.zeros(0, np.int64), {"subject": np.zeros(0, np.int64)}
     images = ImageSet(torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.stack(ys)))
-    test_meta = {k: np.concatenate(v) for k, v in meta.items()} if test else {}
+    test_meta = {k: np.concatenate(v) for k, v in meta.items() if test or k == "subject"}
     if test:
         test_meta["image_instances"] = np.concatenate(whole_ids)
     return images, np.concatenate(groups), test_meta
@@ -148,7 +148,7 @@ def nuclei_dataset(
     for split, wholes in (("training", train), ("test", test)):
         if not wholes:
             raise DataError(f"{name}: no {split} image was found; check the folder layout")
-    train_set, train_groups, _ = _patch(train, patching, test=False)
+    train_set, train_groups, train_meta = _patch(train, patching, test=False)
     test_set, test_groups, test_meta = _patch(test, patching, test=True)
     pixels = train_set.x.double().div(255.0).transpose(0, 1).reshape(3, -1)
     info = DatasetInfo(
@@ -170,4 +170,5 @@ def nuclei_dataset(
         test_groups=test_groups,
         group_names=group_names,
         test_meta=test_meta,
+        train_subject_ids=train_meta["subject"],
     )

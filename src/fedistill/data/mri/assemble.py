@@ -91,6 +91,9 @@ def build_dataset(
         test_groups=_groups(test) if group_names else None,
         group_names=tuple(group_names),
         test_meta=meta,
+        train_subject_ids=np.concatenate(
+            [np.full(len(v.images), i, dtype=np.int64) for i, v in enumerate(train)]
+        ),
     )
 
 

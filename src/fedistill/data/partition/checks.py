@@ -85,6 +85,14 @@ def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
+def check_bool(name: str, value: Any) -> bool:
+    """`value` as a plain bool; UserError otherwise. A string such as "false" (a quoted TOML value, or
+    ``--set key=False``, which TOML reads as text) is truthy and would silently mean the opposite."""
+    if not isinstance(value, bool | np.bool_):
+        raise UserError(f"{name} must be true or false (got {value!r}); write it unquoted, in lower case")
+    return bool(value)
+
+
 def check_nonempty(parts: list[np.ndarray], method: str, alpha: float | None) -> None:
     """PartitionError naming the client that received no sample, and what to change."""
     for client, part in enumerate(parts):

@@ -41,7 +41,7 @@ def holdout(
 
 
 def subject_holdout(
-    groups: Any, parts: list[np.ndarray], fraction: float, *, seed: int
+    groups: Any, parts: list[np.ndarray], fraction: float, *, seed: int, subjects: Any = None
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Each client's own validation split, for sites made of natural groups (subjects, volumes, sources).
 
@@ -49,11 +49,17 @@ def subject_holdout(
     slices measures memory, not generalisation. A client of several groups holds out whole groups: about
     ``fraction`` of all such groups, shared over those clients by their numbers of groups (largest
     remainders, ties drawn; at least one in all, never a client's last), so some small sites hold none
-    out. A client of one group (a volume, a hospital's stack) holds out one contiguous block of
-    ``floor(fraction · n_k)`` samples in file order (a slab; at least one) at a seeded offset. Returns
-    ``(train, held)`` per client, both sorted ascending.
+    out. A client of one group made of several ``subjects`` (one per sample: a source's volumes or whole
+    images) holds out ``floor(fraction · m)`` of its m subjects whole (at least one, never all), drawn:
+    a slab across two volumes would leave part of each in training. A client of one group with no such
+    subjects (a volume, a hospital's stack) holds out one contiguous block of ``floor(fraction · n_k)``
+    samples in file order (a slab; at least one) at a seeded offset. Returns ``(train, held)`` per
+    client, both sorted ascending.
     """
     y = as_labels(groups, None)
+    who = None if subjects is None else as_labels(subjects, None, "subjects")
+    if who is not None and who.size != y.size:
+        raise UserError(f"subjects has {who.size} entries for {y.size} samples; give one per sample")
     fraction = _checked_fraction(fraction)
     rng = seeded_rng(check_seed(seed))
     parts = [np.sort(np.asarray(part, dtype=np.int64)) for part in parts]
@@ -69,6 +75,10 @@ def subject_holdout(
         if many:
             chosen = rng.choice(part_names, size=min(int(count), part_names.size - 1), replace=False)
             mask = np.isin(y[part], chosen)
+        elif fraction > 0 and who is not None and np.unique(who[part]).size >= 2:
+            own = np.unique(who[part])
+            size = min(max(math.floor(fraction * own.size + 1e-9), 1), own.size - 1)
+            mask = np.isin(who[part], rng.choice(own, size=size, replace=False))
         elif fraction > 0 and part.size >= 2:
             size = min(max(math.floor(fraction * part.size + 1e-9), 1), part.size - 1)
             start = int(rng.integers(0, part.size - size + 1))

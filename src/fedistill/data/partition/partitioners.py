@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 
-from fedistill.data.partition.checks import check_positive_int, seeded_rng
+from fedistill.data.partition.checks import check_bool, check_positive_int, seeded_rng
 from fedistill.data.partition.registry import register
 from fedistill.errors import PartitionError, UserError
 
@@ -111,6 +111,7 @@ def dirichlet(
     them first so that the chunks are not tied to the file's ordering, ``False`` reproduces the release.
     Each client's indices come class by class (class 0 first), in the cut order.
     """
+    shuffle_within_class = check_bool("shuffle_within_class", shuffle_within_class)
     rng = seeded_rng(seed)
     proportions = rng.dirichlet(np.full(num_clients, alpha), size=num_classes)
     chunks: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
@@ -288,14 +289,16 @@ def dirichlet_flwr(
             "`pip install -e .[flower]`, or pick another partitioner"
         ) from exc
     min_partition_size = check_positive_int("min_partition_size", min_partition_size, minimum=0)
+    self_balancing = check_bool("self_balancing", self_balancing)
+    shuffle = check_bool("shuffle", shuffle)
     table = Dataset.from_dict({"idx": np.arange(labels.size, dtype=np.int64), "label": labels})
     partitioner = DirichletPartitioner(
         num_partitions=num_clients,
         partition_by="label",
         alpha=float(alpha),
         min_partition_size=min_partition_size,
-        self_balancing=bool(self_balancing),
-        shuffle=bool(shuffle),
+        self_balancing=self_balancing,
+        shuffle=shuffle,
         seed=seed,
     )
     partitioner.dataset = table

@@ -16,10 +16,11 @@ from fedistill import disk
 from fedistill.data.partition.checks import as_labels, check_seed
 from fedistill.data.partition.holdout import class_counts, holdout, iid_shards, subject_holdout
 from fedistill.data.partition.registry import get_partitioner
-from fedistill.errors import DataError, UserError
+from fedistill.errors import DataError, UserError, unknown_name
 
 _SPLIT_FORMAT = "fedistill-partition"
 _SPLIT_VERSION = 1
+_VAL_MODES = ["random", "subjects", "tail"]  # a config's "auto" is resolved before a split is made
 
 
 @dataclass
@@ -105,17 +106,22 @@ def make_split(
     num_classes: int,
     val_fraction: float = 0.1,
     val_mode: str = "random",
+    subjects: Any = None,
     **options: Any,
 ) -> FederatedSplit:
     """Hold out a validation set, partition the rest, and shard the holdout and the test set IID.
 
     ``val_mode="subjects"`` (natural partitions of per-pixel sets) partitions first and holds out whole
-    subjects of each site (a slab where a site is one volume) as its validation split (`subject_holdout`).
+    subjects of each site (a slab where a site is one volume) as its validation split (`subject_holdout`);
+    ``subjects`` (one per training sample: its volume or whole image) lets a site that is one source of
+    many subjects hold out whole ones of them. Other modes ignore it.
 
     The holdout, the partition and the two shardings each get their own stream derived from ``seed``
     (``numpy.random.SeedSequence``), so changing one stage's size does not shift another's draws.
     """
     partitioner = get_partitioner(method)
+    if val_mode not in _VAL_MODES:
+        raise unknown_name("val_mode", val_mode, _VAL_MODES)
     seed = check_seed(seed)
     y_train = as_labels(train_labels, num_classes, "train_labels")
     y_test = as_labels(test_labels, num_classes, "test_labels")
@@ -129,7 +135,9 @@ def make_split(
         parts = partitioner(
             y_train, num_clients, alpha=alpha, seed=s_part, num_classes=num_classes, **options
         )
-        client_train, client_val = subject_holdout(y_train, parts, val_fraction, seed=s_hold)
+        client_train, client_val = subject_holdout(
+            y_train, parts, val_fraction, seed=s_hold, subjects=subjects
+        )
         held = np.sort(np.concatenate(client_val)) if client_val else np.zeros(0, dtype=np.int64)
     else:
         train_pos, held = holdout(y_train, val_fraction, seed=s_hold, mode=val_mode)
