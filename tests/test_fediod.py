@@ -274,6 +274,25 @@ def test_an_interrupted_run_resumes_to_the_same_result(tmp_path, monkeypatch):
     assert rows(tmp_path / "cut") == rows(tmp_path / "ref")
 
 
+def test_a_students_dropout_follows_the_run_seed_not_torchs_global_stream():
+    """VGG-9 drops out in the G-step's L_mimic, the S-steps and the replay: its masks come from the run's
+    seed, so two G-steps give the same G and student whatever drew from torch's global RNG before."""
+    config = _config(student="vgg9", pool_size=64, pool_steps=1)
+    clients, server = _build(config)
+    server.setup(InProcessFleet(clients, Ledger(None)))
+
+    def two_steps(global_seed: int) -> list[torch.Tensor]:
+        sites, run = copy.deepcopy((clients, server))
+        fleet = InProcessFleet(sites, Ledger(None))
+        torch.manual_seed(global_seed)  # whatever ran before in the process
+        run.distillation_step(fleet)
+        run.distillation_step(fleet)
+        return [p.detach().clone() for m in (run.student, run.generator) for p in m.parameters()]
+
+    for got, want in zip(two_steps(1), two_steps(2), strict=True):
+        assert torch.equal(got, want)
+
+
 def test_heterogeneous_teachers_and_student(tmp_path):
     config = _config(teachers="lenet5,lenet-fedmdcg,mlp", student="mlp")
     clients, _ = _build(config)

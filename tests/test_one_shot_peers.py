@@ -211,6 +211,34 @@ def test_the_reweighting_makes_one_pass_over_the_pool_whatever_the_students_kd_s
     assert weights[0] == pytest.approx([0.525, 0.475]) and weights[1] == pytest.approx(weights[0])
 
 
+@pytest.mark.parametrize("server_type", [DenseServer, CoBoostingServer])
+def test_a_students_dropout_follows_the_run_seed_not_torchs_global_stream(server_type):
+    """VGG-9 drops out; its masks must come from the run's seed, so that the same run (or a resumed one)
+    distils the same student whatever drew from torch's global RNG before it."""
+    from fedistill.algorithms.shared.training import new_model
+
+    config = build_config(RunConfig(), {"clients": 2, "model": "lenet-fedmdcg"})
+    info = load_dataset("digits", "data").info
+    kind = CoBoostingOptions if server_type is CoBoostingServer else DenseOptions
+
+    def distilled(global_seed: int) -> torch.Tensor:
+        options = kind(student="vgg9", kd_batch_size=8, synthetic_batch_size=16, selection="last")
+        ctx = ServerContext(info, config, options, 2, lambda m: {"accuracy": 0.0, "loss": 0.0})
+        server = server_type(ctx)
+        torch.manual_seed(0)
+        server.clients = [0, 1]
+        server.teachers = [new_model(config, info, "lenet-fedmdcg").eval() for _ in range(2)]
+        server.weights = torch.tensor([0.5, 0.5])
+        draw = torch.Generator().manual_seed(0)
+        x = torch.randn(16, info.channels, info.image_size, info.image_size, generator=draw)
+        server.pool.add(x, torch.randint(info.num_classes, (16,), generator=draw))
+        torch.manual_seed(global_seed)  # whatever ran before in the process
+        server._distil(0)
+        return torch.cat([p.detach().flatten() for p in server.student.parameters()])
+
+    assert torch.equal(distilled(1), distilled(2))
+
+
 # --- options --------------------------------------------------------------------------------------------
 def test_both_train_their_local_models_as_fediod_by_default():
     assert (

@@ -280,7 +280,7 @@ class GeneratorStep:
                 # with owner queries a sample's one teacher is its owner, whose logits the ensemble is
                 scored = logits.detach() if kept is None else ensemble.detach()[kept][None]
                 self.last_coverage["adapted_is"] = adapted_inception_score(scored)
-        student_out = view.rows(self.student(student_in))
+        student_out = view.rows(self._student_forward(student_in, "g-step", self.step))
         mimic = L.mimic_loss(student_out[rows], ensemble[rows], mode=options.mimic, tau=options.tau)
         server_loss = -options.w_adv * mimic
         unique = torch.zeros(())

@@ -19,7 +19,7 @@ from fedistill.algorithms.fediod.options import (
 from fedistill.algorithms.fediod.robustness import combined_ensemble, screened_logits
 from fedistill.algorithms.fediod.wire import evaluation_encodings, wire_encodings
 from fedistill.algorithms.shared.selection import clients_validation_score, keep_if_best
-from fedistill.algorithms.shared.training import test_metrics
+from fedistill.algorithms.shared.training import has_dropout, test_metrics
 from fedistill.data.transforms import random_recolour, random_shift
 from fedistill.errors import FederationError
 from fedistill.federation.fleet import Fleet, successful
@@ -27,7 +27,7 @@ from fedistill.federation.messages import ArraySpec, Message
 from fedistill.federation.reply_spec import ReplySpec
 from fedistill.metrics.generation import adapted_inception_score, class_coverage
 from fedistill.plots import plot_image_grid
-from fedistill.seeding import numpy_generator, torch_generator
+from fedistill.seeding import derive_seed, global_rng, numpy_generator, torch_generator
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,8 @@ class StudentSteps:
         for j in range(n):
             part = slice(j * b, (j + 1) * b)
             loss = self._target_loss(
-                self.student(shown[part]), per_sample[part].reshape(-1, targets.shape[-1])
+                self._student_forward(shown[part], "s-step", batch.step, j),
+                per_sample[part].reshape(-1, targets.shape[-1]),
             )
             if not torch.isfinite(loss):
                 raise FederationError(
@@ -202,7 +203,8 @@ class StudentSteps:
         for i in range(options.pool_steps):
             x, target = self.pool.sample(batch, rng)
             x = self._recoloured(x, "pool-recolour", drawn_at + 1, i)
-            loss = self._target_loss(self.student(x), target.reshape(-1, target.shape[-1]))
+            out = self._student_forward(x, "replay", drawn_at + 1, i)
+            loss = self._target_loss(out, target.reshape(-1, target.shape[-1]))
             self._student_optimizer_step(loss)
 
     def _recoloured(self, x: torch.Tensor, *draw: object) -> torch.Tensor:
@@ -213,6 +215,15 @@ class StudentSteps:
         if not share:
             return x
         return random_recolour(x, self.view.info, share, torch_generator(self.ctx.config.seed, *draw))
+
+    def _student_forward(self, x: torch.Tensor, *draw: object) -> torch.Tensor:
+        """The student's outputs on `x` in training mode. A student with dropout draws its masks from
+        torch's global RNG: seeded here by (seed, *`draw`), so a run, and a resumed one, draws the same
+        masks whatever ran before it in the process."""
+        if not has_dropout(self.student):
+            return self.student(x)
+        with global_rng(derive_seed(self.ctx.config.seed, "student-dropout", *draw)):
+            return self.student(x)
 
     def _student_optimizer_step(self, loss: torch.Tensor) -> None:
         self.s_optimizer.zero_grad(set_to_none=True)

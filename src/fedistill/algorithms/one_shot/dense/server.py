@@ -46,7 +46,7 @@ from fedistill.federation.fleet import Fleet
 from fedistill.metrics.generation import class_coverage
 from fedistill.models.generator import build_generator, resolve_upsamples
 from fedistill.plots import plot_image_grid
-from fedistill.seeding import seeded, torch_generator
+from fedistill.seeding import derive_seed, global_rng, seeded, torch_generator
 
 log = logging.getLogger(__name__)
 
@@ -270,12 +270,16 @@ class DenseServer(ServerLogic):
         o = self.options
         rng = torch_generator(self.ctx.config.seed, "dense-distillation", epoch)
         losses = []
-        for index in self.pool_batches(rng):
+        for i, index in enumerate(self.pool_batches(rng)):
             x = self._kd_inputs(*self.pool.take(index), rng)
             with torch.no_grad():
                 target = self.ensemble(x)
             self.student.train()
-            loss = L.distillation_loss(self.student(x), target, o.kd_temperature)
+            # a student with dropout draws its masks from torch's global RNG: seeded by (seed, epoch,
+            # batch), so a run (and a resumed one) draws the same masks whatever ran before it
+            with global_rng(derive_seed(self.ctx.config.seed, "dense-dropout", epoch, i)):
+                out = self.student(x)
+            loss = L.distillation_loss(out, target, o.kd_temperature)
             if not torch.isfinite(loss):
                 raise FederationError(
                     f"the student's loss is {float(loss)} at epoch {epoch + 1}; lower {o.section}.lr_student"
