@@ -5,7 +5,9 @@ teacher's class balance runs over its own samples, and what needs every teacher 
 refused with it."""
 
 import copy
+import dataclasses
 import functools
+import logging
 
 import pytest
 import torch
@@ -130,6 +132,8 @@ def test_the_split_puts_each_sites_rows_back_in_place_with_the_gradient_to_what_
         ({"ensemble_weighting": "eq8"}, r"set fediod\.ensemble_weighting = 'owner'"),
         ({"use_unique": True}, r"set fediod\.use_unique = false too"),
         ({"student_steps": 2}, r"set fediod\.student_steps = 0"),
+        ({"teacher_logits": "centred"}, r"'centred' would calibrate each teacher over its own share"),
+        ({"teacher_logits": "scaled"}, r"set fediod\.teacher_logits = 'raw' or 'log-probabilities'"),
     ],
 )
 def test_what_needs_every_teacher_on_every_sample_is_refused(changes, message):
@@ -270,3 +274,25 @@ def test_with_a_sample_of_sites_per_step_only_the_asked_sites_samples_are_learnt
     before = len(server.pool)
     server.distillation_step(fleet)
     assert len(server.pool) - before == int((owner == position).sum()) > 0
+
+
+def test_auto_logits_stay_raw_under_owner_queries_where_a_site_saw_one_class(tmp_path, caplog):
+    """Centring takes a teacher's mean over the rows it labelled: under owner queries only its own share of
+    G's batch (one sample: all zeros), so "auto" keeps the logits raw there instead of centring them."""
+    from algorithm_helpers import TINY_FEDIOD
+
+    layer = copy.deepcopy(TINY_FEDIOD)
+    settings = dict(generator_mixture="per-client", ensemble_weighting="owner", use_unique=False)
+    settings |= dict(student_steps=0, pool_generator_batch=True, pool_size=256, pool_steps=1)
+    layer["fediod"].update(settings, teacher_logits="auto")
+    clients, server, _ = fediod_parts(build_config(RunConfig(), layer, {"algorithm": "fediod"}))
+    server.setup(InProcessFleet(clients, Ledger(tmp_path / "ledger.jsonl")))
+    one_class = server.federation.counts.clone()
+    one_class[0] = 0
+    one_class[0, 1] = 7
+    server.federation.counts = one_class
+    assert server._resolve_teacher_logits()["teacher_logits_centred"] == 1.0  # every site asked: centred
+    server.options = dataclasses.replace(server.options, owner_queries=True)
+    with caplog.at_level(logging.WARNING):
+        assert server._resolve_teacher_logits()["teacher_logits_centred"] == 0.0
+    assert server.teacher_logits == "raw" and "under owner_queries" in caplog.text

@@ -211,6 +211,16 @@ class FedIODOptions(
                 "fediod.owner_queries asks one teacher per sample, and the disagreement term (L_unique) "
                 "compares every teacher on every sample: set fediod.use_unique = false too"
             )
+        batchwise = [mode for mode in values("teacher_logits") if mode in ("centred", "scaled")]
+        if batchwise:
+            # centring and scaling take a teacher's statistics over the batch it labelled: under owner
+            # queries that is its own share only (a site owning one sample would centre it to zero); "auto"
+            # stays raw under them (server.py)
+            raise ConfigError(
+                f"fediod.owner_queries asks each site about its own samples only, so teacher_logits = "
+                f"{batchwise[0]!r} would calibrate each teacher over its own share of G's batch, not the "
+                "whole batch: set fediod.teacher_logits = 'raw' or 'log-probabilities'"
+            )
         if all(values("student_steps")):
             raise ConfigError(
                 "fediod.owner_queries leaves the S-steps' fresh samples unlabelled by the other sites: set "

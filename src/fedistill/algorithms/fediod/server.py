@@ -241,6 +241,15 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             return {}
         self.teacher_logits = auto_mode(counts)
         sites = one_class_sites(counts)
+        if self.options.owner_queries and self.teacher_logits == "centred":
+            # each site labels only its own share of G's batch: centring there is over that share, not the
+            # batch, and a site owning one sample would send zeros
+            log.warning(
+                "teacher_logits 'auto': raw, not centred, for %d one-class sites: under owner_queries each "
+                "site labels only its own share of G's batch",
+                sites,
+            )
+            self.teacher_logits = "raw"
         log.info("teacher_logits 'auto': %s (%d one-class sites)", self.teacher_logits, sites)
         centred = float(self.teacher_logits == "centred")
         return {"one_class_sites": float(sites), "teacher_logits_centred": centred}
