@@ -96,6 +96,18 @@ def test_keys_dotted_tables_and_a_config_file_layer_as_the_cli_does(tmp_path):
     assert run_config(None, {"out": "x"}).algorithm == load_toml(DEMO_CONFIG)["algorithm"]  # the demo
 
 
+def test_streaming_a_run_keeps_the_demo_as_on_the_command_line():
+    """`track` says where a run is watched, not what it runs: `fedistill run --track tensorboard` runs the
+    demo, and so does `fedistill.run(track="tensorboard")`."""
+    from fedistill.cli import build_parser, config_from_args
+
+    config = run_config(None, {"track": "tensorboard", "out": "x"})
+    assert config.algorithm == load_toml(DEMO_CONFIG)["algorithm"] and config.track == "tensorboard"
+    assert config.options["fediod"]["student_noise"] == 0.5  # the demo's own setting, not the defaults'
+    on_the_command_line = config_from_args(build_parser().parse_args(["run", "--track", "tensorboard"]))
+    assert on_the_command_line.algorithm == config.algorithm
+
+
 def test_loaded_model_reproduces_the_runs_test_accuracy(finished, digits):
     model = fedistill.load_model(finished.run_dir, "fedavg")
     assert (model.name, model.architecture, model.algorithm) == ("global", "small-cnn", "fedavg")

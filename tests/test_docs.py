@@ -168,3 +168,19 @@ def test_every_page_in_docs_is_in_the_nav():
     in_nav = set(re.findall(r"([\w./-]+\.md)\s*$", nav_text, flags=re.MULTILINE))
     pages = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")}
     assert pages - in_nav == set()
+
+
+def test_the_documented_default_run_name_is_the_one_a_run_gets():
+    """`name`'s doc (the config reference) and `--name`'s help spell the folder a run without a name gets."""
+    from fedistill.engine.suite import default_name
+
+    config = RunConfig(dataset="mnist", algorithm="fedavg", seed=3)
+    made = default_name(config)
+    fills = {"dataset": "mnist", "algorithm": "fedavg", "seed": "3", "time": r"\d{8}-\d{6}"}
+    docs = [key.doc for key in config_keys.common_keys() if key.name == "name"]
+    docs += [flag.help for flag in cli_reference.flags() if flag.command == "run" and flag.dest == "name"]
+    assert len(docs) == 2
+    for doc in docs:
+        spelled = re.search(r"<\w+>[\w<>-]*", doc).group(0)
+        pattern = re.sub(r"<(\w+)>", lambda m: fills[m.group(1)], re.sub(r"[^\w<>]", r"\\\g<0>", spelled))
+        assert re.fullmatch(pattern, made), f"{doc!r} does not describe {made!r}"

@@ -31,7 +31,7 @@ log = logging.getLogger("fedistill")
 #: What `run()` runs when given no experiment keys: the main job on the embedded digits data.
 DEMO_CONFIG = Path(__file__).parent / "engine" / "demo.toml"
 #: Keys that say where and how a run goes, not what it runs: with only these, `run()` runs the demo.
-PLACEMENT_KEYS = frozenset({"out", "name", "transport", "device"})
+PLACEMENT_KEYS = frozenset({"out", "name", "transport", "device", "track"})
 
 
 def run(

@@ -51,7 +51,7 @@ class RunConfig:
     augment: str = "auto"  # auto (the dataset's usual augmentation) | on | off
     seed: int = 0
     out: str = "runs"
-    name: str = ""  # run directory name; empty: <dataset>-<algorithm>-seed<seed>
+    name: str = ""  # run directory name; empty: <dataset>-<time> (the local date and time it started)
     eval_every: int = 1
     checkpoint_every: int = 1
     timeout: float = 0.0  # seconds a client may take to answer; 0: no limit
