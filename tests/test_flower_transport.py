@@ -436,3 +436,45 @@ def test_a_node_that_names_no_whole_partition_is_named_in_one_line(partition, ta
 
     with pytest.raises(FederationError, match=f"Flower node 101 named partition {partition!r}, not a whole"):
         GridFleet(_StoringGrid([101], answer), Ledger(None), algorithm="fedavg", expected_clients=1)
+
+
+def _image_folder(root: Path, drop: int = 0) -> Path:
+    """A two-class image folder (`train/`, `test/`), the last `drop` training images of class 'b' left out."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 12), ("test", 4)):
+        for label in ("a", "b"):
+            (root / split / label).mkdir(parents=True)
+            kept = n - drop if (split, label) == ("train", "b") else n
+            for i in range(kept):
+                pixels = rng.integers(0, 255, (8, 8), dtype=np.uint8) // (1 if label == "a" else 4)
+                Image.fromarray(pixels).save(root / split / label / f"{i:02d}.png")
+    return root
+
+
+def test_a_node_whose_copy_of_the_data_splits_otherwise_stops_the_run(tmp_path) -> None:
+    """Each node rebuilds the split from the data under its own data-dir: a node with another copy (two
+    images fewer) would train silently on other shards than the server's split assigns it."""
+    folder = _image_folder(tmp_path / "data")
+    config = _config(dataset="image-folder", data_dir=str(folder), model="mlp", clients=2, rounds=1)
+    grid = LocalGrid(make_client_app(config, state_root=tmp_path / "nodes"), config.clients)
+    run_on_grid(config, tmp_path / "same", grid)  # the same copy on every node runs
+    other = _image_folder(tmp_path / "other", drop=2)
+    grid = LocalGrid(make_client_app(config, state_root=tmp_path / "nodes2"), config.clients)
+    node = next(iter(grid.contexts.values()))
+    node.node_config["data-dir"] = str(other)
+    pid = node.node_config["partition-id"]
+    named = rf"node {node.node_id} \(partition {pid}\) splits its data into other shards than the server"
+    with pytest.raises(FederationError, match=named):
+        run_on_grid(config, tmp_path / "other-run", grid)
+
+
+def test_a_hello_without_the_nodes_split_is_refused_when_the_server_knows_its_own(task_identity) -> None:
+    from fedistill.federation.ledger import Ledger
+    from fedistill.transports.flower.grid_fleet import GridFleet
+
+    grid = _StoringGrid([101, 102], _hello_then(Message.build("train")))
+    GridFleet(grid, Ledger(None), algorithm="fedavg", expected_clients=2)  # no split to compare: runs
+    with pytest.raises(FederationError, match="older fedistill than the server"):
+        GridFleet(grid, Ledger(None), algorithm="fedavg", expected_clients=2, split_hash="ab" * 32)

@@ -196,7 +196,7 @@ def _loop(
     ledger = Ledger(run_dir / "ledger.jsonl", resume_at=runner_state["ledger"] if state else None)
     metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_at=runner_state["metrics"] if state else None)
     tracking = start_tracking(config, run_dir)  # None unless config.track names trackers
-    fleet = _fleet(config, algorithm, clients, ledger, grid, run_dir)
+    fleet = _fleet(config, algorithm, clients, ledger, grid, run_dir, data.split.hash())
     # the versions of the code that starts the run, not of whatever is on disk when it ends
     ran_with, ran_on = versions(), machine()
     machines_so_far = history_after(runner_state.get("machines", []), ran_on)  # this start's machine last
@@ -355,7 +355,13 @@ def _oracle_note(algorithm: Algorithm, grid: Any) -> str | None:
 
 
 def _fleet(
-    config: RunConfig, algorithm: Algorithm, clients: dict[int, Any], ledger: Ledger, grid: Any, run_dir: Path
+    config: RunConfig,
+    algorithm: Algorithm,
+    clients: dict[int, Any],
+    ledger: Ledger,
+    grid: Any,
+    run_dir: Path,
+    split_hash: str,
 ) -> Fleet:
     max_bytes, timeout = int(config.max_message_mb * 2**20), config.timeout or None
     if grid is None:
@@ -373,4 +379,5 @@ def _fleet(
         expected_clients=config.clients,
         max_bytes=max_bytes,
         timeout=timeout,
+        split_hash=split_hash,
     )

@@ -23,7 +23,7 @@ from fedistill.algorithms.registry import ALGORITHMS, algorithm_names
 from fedistill.config import RunConfig, build_config, parse_assignment
 from fedistill.engine.flower.enrolled_grid import enrolled
 from fedistill.engine.flower.enrolment import ASSIGNED_PARTITION, enrolment_from_environment
-from fedistill.engine.flower.node import node_for, partition_of
+from fedistill.engine.flower.node import node_data, node_for, partition_of
 from fedistill.engine.flower.outcome import clear_failure, record_failure
 from fedistill.engine.setup import canonical_dataset, validate_setup
 from fedistill.engine.suite import default_name, run_algorithms
@@ -31,7 +31,7 @@ from fedistill.errors import ConfigError, FederationError, UserError
 from fedistill.federation.messages import Message, check_on_receipt
 from fedistill.transports.flower.codec import from_records, header_of, to_records
 from fedistill.transports.flower.forward import CLIENT_ERROR
-from fedistill.transports.flower.grid_fleet import HELLO
+from fedistill.transports.flower.grid_fleet import HELLO, SPLIT_HASH
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,10 @@ def answer(
     assigned = int(header[ASSIGNED_PARTITION]) if ASSIGNED_PARTITION in header else None
     if message_type == HELLO:
         pid = partition_of(context, run_config, assigned)
-        return to_records(Message.build(HELLO, scalars={"metrics": {"partition_id": pid}}))
+        # the split this node's copy of the data gives: the server stops the run if it is not its own
+        split_hash = node_data(context, run_config)[1].split.hash()
+        scalars = {"metrics": {"partition_id": pid}, "config": {SPLIT_HASH: split_hash}}
+        return to_records(Message.build(HELLO, scalars=scalars))
     algorithm = str(header.get("algorithm", ""))
     if not algorithm:
         raise FederationError(f"{message_type}: no algorithm in the transport header")

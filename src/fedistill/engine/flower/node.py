@@ -186,6 +186,18 @@ def node_for(
     return node
 
 
+def node_data(context: Context, config: RunConfig) -> tuple[RunConfig, Any]:
+    """The run config with this node's `data-dir`, and the data prepared from it (loaded once per config):
+    the node's copy of the dataset, split as the config says."""
+    config = config.replace(data_dir=str(context.node_config.get("data-dir", config.data_dir)))
+    data_key = repr(sorted(config.to_dict().items()))
+    if data_key not in _DATA:
+        _DATA.clear()  # one config's data at a time
+        _DATA[data_key] = prepare_data(config)
+        _freeze_long_lived()
+    return config, _DATA[data_key]
+
+
 def _build_client(
     context: Context, config: RunConfig, algorithm_name: str, pid: int, cache_dir: Path | None
 ) -> ClientLogic:
@@ -193,16 +205,10 @@ def _build_client(
     torch.set_num_threads(int(context.node_config.get("threads", config.threads or 1)))
     # a node may run on its own accelerator: node config `device`, else the run's
     devices.use(str(context.node_config.get("device", config.device)))
-    data_dir = str(context.node_config.get("data-dir", config.data_dir))
-    config = config.replace(data_dir=data_dir)
-    data_key = repr(sorted(config.to_dict().items()))
-    if data_key not in _DATA:
-        _DATA.clear()  # one config's data at a time
-        _DATA[data_key] = prepare_data(config)
-        _freeze_long_lived()
+    config, data = node_data(context, config)
     resolved = resolve(config, algorithm_name)
     if resolved.algorithm.pooled:
         raise ConfigError(f"{algorithm_name} pools every client's data; it cannot run on Flower nodes")
     # only this node's site: building all K contexts would copy every site's shard on each node
-    context_k = client_context(resolved.config, resolved.options, _DATA[data_key], pid, cache_dir)
+    context_k = client_context(resolved.config, resolved.options, data, pid, cache_dir)
     return resolved.algorithm.client(context_k)

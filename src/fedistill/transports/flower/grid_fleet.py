@@ -26,6 +26,8 @@ from fedistill.transports.flower.codec import from_records, to_records
 log = logging.getLogger(__name__)
 
 HELLO = "query.hello"
+#: the scalar (content kind "config") in a node's HELLO reply: the hash of the split its data gives
+SPLIT_HASH = "split_hash"
 #: How long a send waits for its replies when the run config sets no `timeout`.
 DEFAULT_TIMEOUT_S = 600.0
 #: A node's answer: (the valid message, None, None) or (None, the error, what arrived if it decoded).
@@ -47,6 +49,7 @@ class GridFleet(Fleet):
         timeout: float | None = None,
         connect_timeout: float = 300.0,  # Ray workers start slowly on a loaded machine
         poll_s: float = 0.02,
+        split_hash: str | None = None,
     ) -> None:
         super().__init__(ledger)
         self.grid = grid
@@ -54,6 +57,7 @@ class GridFleet(Fleet):
         self.max_bytes = max_bytes
         self.timeout = timeout or DEFAULT_TIMEOUT_S
         self.poll_s = poll_s
+        self.split_hash = split_hash
         self.node_of = self._discover(expected_clients, connect_timeout)
 
     @property
@@ -82,6 +86,7 @@ class GridFleet(Fleet):
                 raise FederationError(f"Flower node {node} named partition {pid!r}, not a whole number")
             if pid in node_of:
                 raise FederationError(f"Flower nodes {node_of[pid]} and {node} both hold partition {pid}")
+            self._check_split(node, pid, reply.scalars.get("config", {}).get(SPLIT_HASH))
             node_of[pid] = node
         if sorted(node_of) != list(range(expected)):
             raise FederationError(f"expected partitions 0..{expected - 1}, the nodes hold {sorted(node_of)}")
@@ -90,6 +95,22 @@ class GridFleet(Fleet):
             self.record_reply(Reply(pid, replies[node][0]), HELLO, None)
         log.info("Flower nodes by partition: %s", node_of)
         return node_of
+
+    def _check_split(self, node: int, pid: int, theirs: object) -> None:
+        """Each node rebuilds the split from its own copy of the data: another copy (a different version, a
+        missing file, other options) gives other shards, which would train silently on the wrong samples."""
+        if self.split_hash is None or theirs == self.split_hash:
+            return
+        if theirs is None:
+            raise FederationError(
+                f"Flower node {node} (partition {pid}) did not say which split its data gives; it runs an "
+                "older fedistill than the server: install the same version on every node"
+            )
+        raise FederationError(
+            f"Flower node {node} (partition {pid}) splits its data into other shards than the server "
+            f"(split {str(theirs)[:12]} against {self.split_hash[:12]}): its copy of the dataset, or the "
+            "options it read, differ from the server's; give every node the same data under its data-dir"
+        )
 
     # --- the Fleet interface ---------------------------------------------------------------------
     def send(
