@@ -256,3 +256,9 @@ def test_local_training_draws_dropout_from_its_own_stream_not_from_whatever_ran_
 
     for a, b in zip(trained(1), trained(2), strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(("name", "size"), [("vgg9", 4), ("lenet5", 1), ("small-cnn", 1)])
+def test_images_too_small_for_a_model_are_a_config_error_naming_the_size(name: str, size: int):
+    with pytest.raises(ConfigError, match=rf"images of 3×{size}×{size} \(dataset 'tiny'\) are too small"):
+        build_model(name, make_info("tiny", 3, size, 10))

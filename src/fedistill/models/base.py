@@ -47,12 +47,19 @@ def output_dim(module: nn.Module, info: DatasetInfo) -> int:
     """Flat output size of ``module`` on one image of ``info``'s shape.
 
     Runs in eval mode so that BatchNorm running statistics are left untouched (and a 1×1 map with a
-    batch of one is allowed); the module's training flag is restored afterwards.
+    batch of one is allowed); the module's training flag is restored afterwards. Images its pooling
+    shrinks to nothing are a ConfigError naming the size, not torch's shape error from deep inside.
     """
     was_training = module.training
     module.eval()
     try:
         out = module(torch.zeros(1, info.channels, info.image_size, info.image_size))
+    except RuntimeError as exc:
+        raise ConfigError(
+            f"images of {info.channels}×{info.image_size}×{info.image_size} (dataset {info.name!r}) are "
+            f"too small for this model: its layers shrink them to nothing ({str(exc).splitlines()[0]}); "
+            "use larger images or another model"
+        ) from exc
     finally:
         module.train(was_training)
     return int(out[0].numel())
