@@ -123,6 +123,23 @@ def test_lenet_fedmdcg_latent_matches_released_configs(info: DatasetInfo, h: int
     assert all(isinstance(m, nn.Linear) for m in model.classifier)
 
 
+def test_lenet_fedmdcg_and_its_generator_parameter_counts():
+    """FedMD-CG's released configs, counted by hand (conv3×3 with bias, BatchNorm 2 per channel):
+    MNIST    conv 1→6 60 + 12, conv 6→16 880 + 32, fc 64→32 2,080, fc 32→10 330: 3,394;
+    FMNIST   conv 1→16 160 + 32, conv 16→32 4,640 + 64, fc 128→64 8,256, fc 64→10 650: 13,802;
+    CIFAR-10 conv 3→16 448 + 32, 4,640 + 64, fc 128→128 16,512, fc 128→10 1,290: 22,986.
+    Its generator, input noise + one-hot, Linear → BatchNorm1d → ReLU per hidden width, Linear out:
+    MNIST    (64 + 10)→512 38,400 + 1,024, 512→128 65,664 + 256, 128→64 8,256: 113,600;
+    FMNIST   (128 + 10)→512 71,168 + 1,024, 512→256 131,328 + 512, 256→128 32,896: 236,928."""
+    from fedistill.models.feature_generator import feature_generator_for
+
+    counts = {MNIST: (3_394, 113_600), FMNIST: (13_802, 236_928), CIFAR10: (22_986, 236_928)}
+    for info, (model_count, generator_count) in counts.items():
+        model = build_model("lenet-fedmdcg", info)
+        assert count_parameters(model) == model_count, info.name
+        assert count_parameters(feature_generator_for(model, info)) == generator_count, info.name
+
+
 def test_lenet5_has_classic_geometry():
     for info in (MNIST, CIFAR10):
         assert build_model("lenet5", info).extractor.fc1.in_features == 16 * 5 * 5
