@@ -181,6 +181,31 @@ def test_public_data_is_never_the_clients_own_and_holdout_needs_one():
     assert len(public) == 50 and public.labels is not None and public.images.dtype == torch.uint8
 
 
+def test_public_labels_must_name_the_federations_classes(monkeypatch):
+    """Fashion-MNIST's labels 0..9 fit a digits model's outputs but name clothes: FedMD's transfer learning
+    would teach a trouser as a 1, so it is refused; FedKD keeps the images and drops those labels, which
+    would only score its own labels against another label space (`public_label_accuracy`)."""
+    import fedistill.algorithms.fedmd.public_data as public_data
+    from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
+    from fedistill.data.mnist_like import FASHION_MNIST_CLASSES
+
+    def fake(names: tuple[str, ...]) -> LoadedDataset:
+        info = DatasetInfo("other", 1, 8, len(names), (0.5,), (0.5,), class_names=names)
+        x = torch.zeros(20, 1, 8, 8, dtype=torch.uint8)
+        return LoadedDataset(info, ImageSet(x, torch.arange(20) % 10), ImageSet(x, torch.arange(20) % 10))
+
+    ctx = _server_context(_config(TINY))
+    monkeypatch.setattr(public_data, "load_dataset", lambda *a, **k: fake(FASHION_MNIST_CLASSES))
+    with pytest.raises(ConfigError, match=r"fashion-mnist's classes .*not the federation's"):
+        build_public("dataset:fashion-mnist", ctx, size=0, key="fedmd.public", labelled=True)
+    unlabelled = build_public("dataset:fashion-mnist", ctx, size=0, key="fedkd.public", labelled=False)
+    assert len(unlabelled) == 20 and unlabelled.labels is None
+
+    monkeypatch.setattr(public_data, "load_dataset", lambda *a, **k: fake(tuple("0123456789")))
+    digits = build_public("dataset:mnist", ctx, size=0, key="fedmd.public", labelled=True)
+    assert digits.labels is not None and digits.labels.tolist() == (torch.arange(20) % 10).tolist()
+
+
 def test_fedkd_distils_the_same_stage1_models_as_fediod():
     config = _config(TINY, fediod={"teacher_epochs": 2})
     kd, iod = make_client(config, "fedkd", 1), make_client(config, "fediod", 1)

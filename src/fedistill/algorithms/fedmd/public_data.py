@@ -9,7 +9,8 @@ how they cross the boundary.
   because it runs on any dataset without files; a real deployment names another dataset.
 - `dataset:<name>`: the training images of another dataset (a random subset of `public_size`),
   resized and re-channelled to the federation's image shape, with that dataset's labels, which must
-  be classes the federation's models have (MNIST for a digits federation). The federation's own
+  be classes the federation's models have, by name at the same index (MNIST for a digits federation);
+  FedMD refuses other labels, FedKD (which labels the images itself) drops them. The federation's own
   dataset is refused: its training images are the clients' private data.
 - `noise`, `generator:<path>` (no labels, so FedKD only): `public_size` draws of
   `distillation_data.py`'s sources, fixed once from the run seed.
@@ -96,7 +97,7 @@ def build_public(spec: str, ctx: ServerContext, *, size: int, key: str, labelled
         held = ctx.validation
         if held is None or len(held) == 0:
             raise ConfigError(f"{key} = 'holdout' is the federation's held-out split: set val_fraction > 0")
-        images, labels = held.x, held.y
+        images, labels, names = held.x, held.y, info.class_names
         what = f"the held-out split of {config.dataset}"
     else:
         if canonical_dataset_name(argument) == canonical_dataset_name(config.dataset):  # aliases too
@@ -104,8 +105,9 @@ def build_public(spec: str, ctx: ServerContext, *, size: int, key: str, labelled
                 f"{key} = {spec!r} is the federation's own dataset, whose training images are the "
                 "clients' private data: use 'holdout' (its held-out split) or another dataset"
             )
-        loaded = load_dataset(argument, config.data_dir, download=config.download).train
-        images, labels = fit_uint8(loaded.x, info.channels, info.image_size), loaded.y
+        loaded = load_dataset(argument, config.data_dir, download=config.download)
+        images = fit_uint8(loaded.train.x, info.channels, info.image_size)
+        labels, names = loaded.train.y, loaded.info.class_names
         what = f"{argument}'s training images"
     if labels.dim() != 1:
         raise ConfigError(f"{key} = {spec!r} has per-pixel targets; public data must be image-level classes")
@@ -114,13 +116,32 @@ def build_public(spec: str, ctx: ServerContext, *, size: int, key: str, labelled
             f"{key} = {spec!r} has labels up to {int(labels.max())}, but the federation's models have "
             f"{info.num_classes} classes: use a public dataset whose classes are among them"
         )
+    foreign = not same_classes(names, info.class_names, labels)
+    if foreign and labelled:
+        raise ConfigError(
+            f"{key} = {spec!r} labels its images with {argument}'s classes "
+            f"({', '.join(names[:4])}, ...), not the federation's "
+            f"({', '.join(info.class_names[:4])}, ...): a label would teach the wrong class; use "
+            "'holdout' or a dataset of the federation's classes"
+        )
     if 0 < size < len(images):
         keep = torch.randperm(len(images), generator=torch_generator(config.seed, "public-subset"))[:size]
         keep = keep.sort().values
         images, labels = images[keep], labels[keep]
     if len(images) == 0:
         raise ConfigError(f"{key} = {spec!r} holds no images")
-    return PublicData(images, labels, f"{len(images)} images of {what}")
+    # another label space (CIFAR-100 for CIFAR-10 models): its labels mean nothing to these models
+    return PublicData(images, None if foreign else labels, f"{len(images)} images of {what}")
+
+
+def same_classes(public: tuple[str, ...], federation: tuple[str, ...], labels: torch.Tensor) -> bool:
+    """Whether each class the public labels use is the federation's class of the same index, by name
+    (case aside); True when either dataset names no classes."""
+    if not public or not federation:
+        return True
+    key = lambda names, c: names[c].strip().lower() if 0 <= c < len(names) else None  # noqa: E731
+    used = labels.unique().tolist()
+    return all(key(public, c) is not None and key(public, c) == key(federation, c) for c in used)
 
 
 def public_arrays(images: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
