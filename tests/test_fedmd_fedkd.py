@@ -206,6 +206,23 @@ def test_public_labels_must_name_the_federations_classes(monkeypatch):
     assert digits.labels is not None and digits.labels.tolist() == (torch.arange(20) % 10).tolist()
 
 
+def test_drawn_public_images_stay_on_the_cpu_whatever_the_runs_device():
+    """`noise` (and `generator:`) public images are drawn once at the server and sent in messages: they are
+    made in [0, 1] on the CPU, as data sets stay, not normalised on the run's device and mapped back with
+    CPU statistics (a CUDA run failed there). `meta` stands in for an accelerator."""
+    from fedistill import devices
+
+    ctx = _server_context(_config(TINY))
+    on_cpu = build_public("noise", ctx, size=30, key="fedkd.public", labelled=False)
+    devices.use(torch.device("meta"))
+    try:
+        elsewhere = build_public("noise", ctx, size=30, key="fedkd.public", labelled=False)
+    finally:
+        devices.use(torch.device("cpu"))
+    assert elsewhere.images.device.type == "cpu" and torch.equal(elsewhere.images, on_cpu.images)
+    assert on_cpu.images.dtype == torch.float32 and on_cpu.images.min() == 0 and on_cpu.images.max() == 1
+
+
 def test_fedkd_distils_the_same_stage1_models_as_fediod():
     config = _config(TINY, fediod={"teacher_epochs": 2})
     kd, iod = make_client(config, "fedkd", 1), make_client(config, "fediod", 1)

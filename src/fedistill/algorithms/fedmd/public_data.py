@@ -30,7 +30,12 @@ from torch import nn
 
 from fedistill import devices
 from fedistill.algorithms.base import ServerContext
-from fedistill.algorithms.shared.distillation_data import build_source, parse_source
+from fedistill.algorithms.shared.distillation_data import (
+    GeneratorSource,
+    NoiseSource,
+    load_generator,
+    parse_source,
+)
 from fedistill.data.base import DatasetInfo
 from fedistill.data.registry import canonical_dataset_name, load_dataset
 from fedistill.data.transforms import fit_uint8, to_float
@@ -88,11 +93,14 @@ def build_public(spec: str, ctx: ServerContext, *, size: int, key: str, labelled
     if kind in ("noise", "generator"):
         if size <= 0:
             raise ConfigError(f"{key} = {spec!r} draws its images: set public_size > 0 (e.g. 2000)")
-        source = build_source(spec, info, data_dir=config.data_dir, size=size, seed=config.seed)
-        x = source.batch(size, torch_generator(config.seed, "public-draws"))
-        mean = torch.tensor(info.mean).view(1, -1, 1, 1)
-        std = torch.tensor(info.std).view(1, -1, 1, 1)
-        return PublicData((x * std + mean).clamp(0.0, 1.0).contiguous(), None, source.description)
+        # drawn in [0, 1] on the CPU, where data sets stay, whatever the run's device
+        source = (
+            NoiseSource(info)
+            if kind == "noise"
+            else GeneratorSource(load_generator(argument), info, argument)
+        )
+        x01 = source.unit_batch(size, torch_generator(config.seed, "public-draws"))
+        return PublicData(x01.clamp(0.0, 1.0).contiguous(), None, source.description)
     if kind == "holdout":
         held = ctx.validation
         if held is None or len(held) == 0:
