@@ -179,6 +179,11 @@ def test_public_data_is_never_the_clients_own_and_holdout_needs_one():
         build_public("noise", _server_context(config), size=0, key="fedkd.public", labelled=False)
     public = build_public("holdout", _server_context(config), size=50, key="fedmd.public", labelled=True)
     assert len(public) == 50 and public.labels is not None and public.images.dtype == torch.uint8
+    for spec in ("holdout", "noise"):  # one image: both methods train on it, which takes two
+        with pytest.raises(ConfigError, match="public_size = 1; a public set needs at least 2 images"):
+            build_public(spec, _server_context(config), size=1, key="fedkd.public", labelled=False)
+    two = build_public("noise", _server_context(config), size=2, key="fedkd.public", labelled=False)
+    assert len(two) == 2
 
 
 def test_public_labels_must_name_the_federations_classes(monkeypatch):

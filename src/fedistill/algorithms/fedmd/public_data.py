@@ -45,6 +45,10 @@ from fedistill.seeding import torch_generator
 
 #: The content kind of public inputs (and labels) in messages.
 PUBLIC = "public-data"
+#: Both methods train on the public set (FedMD's transfer learning, FedKD's student), which needs two
+#: samples (BatchNorm); one image would stop the run only after every client had trained.
+MIN_PUBLIC = 2
+TOO_FEW = f"a public set needs at least {MIN_PUBLIC} images (FedMD and FedKD train on it)"
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,8 @@ def build_public(spec: str, ctx: ServerContext, *, size: int, key: str, labelled
     check_public(spec, key, labelled=labelled)
     config, info = ctx.config, ctx.info
     kind, argument = parse_public(spec, key)
+    if 0 < size < MIN_PUBLIC:
+        raise ConfigError(f"{key}: public_size = {size}; {TOO_FEW}")
     if kind in ("noise", "generator"):
         if size <= 0:
             raise ConfigError(f"{key} = {spec!r} draws its images: set public_size > 0 (e.g. 2000)")
@@ -136,8 +142,8 @@ def build_public(spec: str, ctx: ServerContext, *, size: int, key: str, labelled
         keep = torch.randperm(len(images), generator=torch_generator(config.seed, "public-subset"))[:size]
         keep = keep.sort().values
         images, labels = images[keep], labels[keep]
-    if len(images) == 0:
-        raise ConfigError(f"{key} = {spec!r} holds no images")
+    if len(images) < MIN_PUBLIC:
+        raise ConfigError(f"{key} = {spec!r} holds {len(images)} image(s); {TOO_FEW}")
     # another label space (CIFAR-100 for CIFAR-10 models): its labels mean nothing to these models
     return PublicData(images, None if foreign else labels, f"{len(images)} images of {what}")
 
