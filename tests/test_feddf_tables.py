@@ -51,6 +51,20 @@ def test_pate_rows_give_both_methods_the_same_sigma_and_score_the_released_label
     assert len(seen) == 2 and all(len(labels) == 50 for labels in seen)
 
 
+def test_pate_public_inputs_are_never_the_clients_training_images():
+    """FedKD's public set must be data no client trains on: the federation's own dataset (by any spelling)
+    is refused, whose training images are the clients' shards; its held-out split is public."""
+    from fedistill.engine.setup import prepare_data
+
+    config = build_config(RunConfig(), {"clients": 3, "seed": 0, "val_fraction": 0.2}, {})
+    data = prepare_data(config)
+    for spec in ("dataset:digits", "dataset:DIGITS"):
+        with pytest.raises(SystemExit, match="clients' private data"):
+            pate_comparison.public_inputs(spec, data, config, 20, 0)
+    x, line = pate_comparison.public_inputs("holdout", data, config, 20, 0)
+    assert x.shape[0] == 20 and "held-out split" in line
+
+
 def test_the_paper_scale_configs_parse_and_state_the_papers_number():
     import tomllib
 

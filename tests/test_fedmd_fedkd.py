@@ -179,6 +179,53 @@ def test_public_data_is_never_the_clients_own_and_holdout_needs_one():
         build_public("noise", _server_context(config), size=0, key="fedkd.public", labelled=False)
     public = build_public("holdout", _server_context(config), size=50, key="fedmd.public", labelled=True)
     assert len(public) == 50 and public.labels is not None and public.images.dtype == torch.uint8
+    for spec in ("holdout", "noise"):  # one image: both methods train on it, which takes two
+        with pytest.raises(ConfigError, match="public_size = 1; a public set needs at least 2 images"):
+            build_public(spec, _server_context(config), size=1, key="fedkd.public", labelled=False)
+    two = build_public("noise", _server_context(config), size=2, key="fedkd.public", labelled=False)
+    assert len(two) == 2
+
+
+def test_public_labels_must_name_the_federations_classes(monkeypatch):
+    """Fashion-MNIST's labels 0..9 fit a digits model's outputs but name clothes: FedMD's transfer learning
+    would teach a trouser as a 1, so it is refused; FedKD keeps the images and drops those labels, which
+    would only score its own labels against another label space (`public_label_accuracy`)."""
+    import fedistill.algorithms.fedmd.public_data as public_data
+    from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
+    from fedistill.data.mnist_like import FASHION_MNIST_CLASSES
+
+    def fake(names: tuple[str, ...]) -> LoadedDataset:
+        info = DatasetInfo("other", 1, 8, len(names), (0.5,), (0.5,), class_names=names)
+        x = torch.zeros(20, 1, 8, 8, dtype=torch.uint8)
+        return LoadedDataset(info, ImageSet(x, torch.arange(20) % 10), ImageSet(x, torch.arange(20) % 10))
+
+    ctx = _server_context(_config(TINY))
+    monkeypatch.setattr(public_data, "load_dataset", lambda *a, **k: fake(FASHION_MNIST_CLASSES))
+    with pytest.raises(ConfigError, match=r"fashion-mnist's classes .*not the federation's"):
+        build_public("dataset:fashion-mnist", ctx, size=0, key="fedmd.public", labelled=True)
+    unlabelled = build_public("dataset:fashion-mnist", ctx, size=0, key="fedkd.public", labelled=False)
+    assert len(unlabelled) == 20 and unlabelled.labels is None
+
+    monkeypatch.setattr(public_data, "load_dataset", lambda *a, **k: fake(tuple("0123456789")))
+    digits = build_public("dataset:mnist", ctx, size=0, key="fedmd.public", labelled=True)
+    assert digits.labels is not None and digits.labels.tolist() == (torch.arange(20) % 10).tolist()
+
+
+def test_drawn_public_images_stay_on_the_cpu_whatever_the_runs_device():
+    """`noise` (and `generator:`) public images are drawn once at the server and sent in messages: they are
+    made in [0, 1] on the CPU, as data sets stay, not normalised on the run's device and mapped back with
+    CPU statistics (a CUDA run failed there). `meta` stands in for an accelerator."""
+    from fedistill import devices
+
+    ctx = _server_context(_config(TINY))
+    on_cpu = build_public("noise", ctx, size=30, key="fedkd.public", labelled=False)
+    devices.use(torch.device("meta"))
+    try:
+        elsewhere = build_public("noise", ctx, size=30, key="fedkd.public", labelled=False)
+    finally:
+        devices.use(torch.device("cpu"))
+    assert elsewhere.images.device.type == "cpu" and torch.equal(elsewhere.images, on_cpu.images)
+    assert on_cpu.images.dtype == torch.float32 and on_cpu.images.min() == 0 and on_cpu.images.max() == 1
 
 
 def test_fedkd_distils_the_same_stage1_models_as_fediod():

@@ -25,7 +25,8 @@ with cross-entropy, `student_epochs` epochs a round (Adam `student_lr`, batches 
 `test_accuracy` is the student's on the test set (the last round's; there is no model selection);
 the final metrics add the local models' mean test accuracy (`teacher_mean_accuracy`, what each client
 reports of its own model, the mean Standalone client of the same models) and, when the public source
-has labels, `public_label_accuracy`, the aggregated labels' accuracy on them (evaluation only).
+has labels of the federation's classes, `public_label_accuracy`, the aggregated labels' accuracy on them
+(evaluation only).
 
 Privacy (PATE). `pate_sigma` sets GNMax's noise; `pate_epsilon` instead picks the smallest sigma whose
 data-independent epsilon at `pate_delta` for labelling every public image stays within it (calibrated

@@ -9,7 +9,8 @@ how they cross the boundary.
   because it runs on any dataset without files; a real deployment names another dataset.
 - `dataset:<name>`: the training images of another dataset (a random subset of `public_size`),
   resized and re-channelled to the federation's image shape, with that dataset's labels, which must
-  be classes the federation's models have (MNIST for a digits federation). The federation's own
+  be classes the federation's models have, by name at the same index (MNIST for a digits federation);
+  FedMD refuses other labels, FedKD (which labels the images itself) drops them. The federation's own
   dataset is refused: its training images are the clients' private data.
 - `noise`, `generator:<path>` (no labels, so FedKD only): `public_size` draws of
   `distillation_data.py`'s sources, fixed once from the run seed.
@@ -29,7 +30,12 @@ from torch import nn
 
 from fedistill import devices
 from fedistill.algorithms.base import ServerContext
-from fedistill.algorithms.shared.distillation_data import build_source, parse_source
+from fedistill.algorithms.shared.distillation_data import (
+    GeneratorSource,
+    NoiseSource,
+    load_generator,
+    parse_source,
+)
 from fedistill.data.base import DatasetInfo
 from fedistill.data.registry import canonical_dataset_name, load_dataset
 from fedistill.data.transforms import fit_uint8, to_float
@@ -39,6 +45,10 @@ from fedistill.seeding import torch_generator
 
 #: The content kind of public inputs (and labels) in messages.
 PUBLIC = "public-data"
+#: Both methods train on the public set (FedMD's transfer learning, FedKD's student), which needs two
+#: samples (BatchNorm); one image would stop the run only after every client had trained.
+MIN_PUBLIC = 2
+TOO_FEW = f"a public set needs at least {MIN_PUBLIC} images (FedMD and FedKD train on it)"
 
 
 @dataclass(frozen=True)
@@ -84,19 +94,24 @@ def build_public(spec: str, ctx: ServerContext, *, size: int, key: str, labelled
     check_public(spec, key, labelled=labelled)
     config, info = ctx.config, ctx.info
     kind, argument = parse_public(spec, key)
+    if 0 < size < MIN_PUBLIC:
+        raise ConfigError(f"{key}: public_size = {size}; {TOO_FEW}")
     if kind in ("noise", "generator"):
         if size <= 0:
             raise ConfigError(f"{key} = {spec!r} draws its images: set public_size > 0 (e.g. 2000)")
-        source = build_source(spec, info, data_dir=config.data_dir, size=size, seed=config.seed)
-        x = source.batch(size, torch_generator(config.seed, "public-draws"))
-        mean = torch.tensor(info.mean).view(1, -1, 1, 1)
-        std = torch.tensor(info.std).view(1, -1, 1, 1)
-        return PublicData((x * std + mean).clamp(0.0, 1.0).contiguous(), None, source.description)
+        # drawn in [0, 1] on the CPU, where data sets stay, whatever the run's device
+        source = (
+            NoiseSource(info)
+            if kind == "noise"
+            else GeneratorSource(load_generator(argument), info, argument)
+        )
+        x01 = source.unit_batch(size, torch_generator(config.seed, "public-draws"))
+        return PublicData(x01.clamp(0.0, 1.0).contiguous(), None, source.description)
     if kind == "holdout":
         held = ctx.validation
         if held is None or len(held) == 0:
             raise ConfigError(f"{key} = 'holdout' is the federation's held-out split: set val_fraction > 0")
-        images, labels = held.x, held.y
+        images, labels, names = held.x, held.y, info.class_names
         what = f"the held-out split of {config.dataset}"
     else:
         if canonical_dataset_name(argument) == canonical_dataset_name(config.dataset):  # aliases too
@@ -104,8 +119,9 @@ def build_public(spec: str, ctx: ServerContext, *, size: int, key: str, labelled
                 f"{key} = {spec!r} is the federation's own dataset, whose training images are the "
                 "clients' private data: use 'holdout' (its held-out split) or another dataset"
             )
-        loaded = load_dataset(argument, config.data_dir, download=config.download).train
-        images, labels = fit_uint8(loaded.x, info.channels, info.image_size), loaded.y
+        loaded = load_dataset(argument, config.data_dir, download=config.download)
+        images = fit_uint8(loaded.train.x, info.channels, info.image_size)
+        labels, names = loaded.train.y, loaded.info.class_names
         what = f"{argument}'s training images"
     if labels.dim() != 1:
         raise ConfigError(f"{key} = {spec!r} has per-pixel targets; public data must be image-level classes")
@@ -114,13 +130,32 @@ def build_public(spec: str, ctx: ServerContext, *, size: int, key: str, labelled
             f"{key} = {spec!r} has labels up to {int(labels.max())}, but the federation's models have "
             f"{info.num_classes} classes: use a public dataset whose classes are among them"
         )
+    foreign = not same_classes(names, info.class_names, labels)
+    if foreign and labelled:
+        raise ConfigError(
+            f"{key} = {spec!r} labels its images with {argument}'s classes "
+            f"({', '.join(names[:4])}, ...), not the federation's "
+            f"({', '.join(info.class_names[:4])}, ...): a label would teach the wrong class; use "
+            "'holdout' or a dataset of the federation's classes"
+        )
     if 0 < size < len(images):
         keep = torch.randperm(len(images), generator=torch_generator(config.seed, "public-subset"))[:size]
         keep = keep.sort().values
         images, labels = images[keep], labels[keep]
-    if len(images) == 0:
-        raise ConfigError(f"{key} = {spec!r} holds no images")
-    return PublicData(images, labels, f"{len(images)} images of {what}")
+    if len(images) < MIN_PUBLIC:
+        raise ConfigError(f"{key} = {spec!r} holds {len(images)} image(s); {TOO_FEW}")
+    # another label space (CIFAR-100 for CIFAR-10 models): its labels mean nothing to these models
+    return PublicData(images, None if foreign else labels, f"{len(images)} images of {what}")
+
+
+def same_classes(public: tuple[str, ...], federation: tuple[str, ...], labels: torch.Tensor) -> bool:
+    """Whether each class the public labels use is the federation's class of the same index, by name
+    (case aside); True when either dataset names no classes."""
+    if not public or not federation:
+        return True
+    key = lambda names, c: names[c].strip().lower() if 0 <= c < len(names) else None  # noqa: E731
+    used = labels.unique().tolist()
+    return all(key(public, c) is not None and key(public, c) == key(federation, c) for c in used)
 
 
 def public_arrays(images: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:

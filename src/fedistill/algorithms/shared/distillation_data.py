@@ -95,12 +95,15 @@ class NoiseSource(DistillationSource):
         """What the source is, for the summary."""
         return "Gaussian noise images"
 
-    def batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
-        """`size` noise images, normalised as the federation's data."""
+    def unit_batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
+        """`size` noise images in [0, 1], on the CPU."""
         shape = (size, self.info.channels, self.info.image_size, self.info.image_size)
         noise = torch.randn(shape, generator=generator)
-        x01 = (noise - noise.min()) / (noise.max() - noise.min()).clamp_min(1e-12)
-        return devices.on_device(normalize(x01, self.info))
+        return (noise - noise.min()) / (noise.max() - noise.min()).clamp_min(1e-12)
+
+    def batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
+        """`size` noise images, normalised as the federation's data."""
+        return devices.on_device(normalize(self.unit_batch(size, generator), self.info))
 
 
 class ImagePool(DistillationSource):
@@ -285,13 +288,15 @@ class GeneratorSource(DistillationSource):
         return f"samples of the frozen generator {self.name}"
 
     @torch.no_grad()
-    def batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
-        """`size` samples of the frozen generator, fitted and normalised, on the run's device. The generator
-        stays where it was loaded (the CPU), so its latents come from the CPU seed and a run draws the same
-        samples on any device."""
+    def unit_batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
+        """`size` samples of the frozen generator in [0, 1], fitted to the federation's shape, on the CPU
+        (where the generator stays, so its latents come from the CPU seed and any device draws the same)."""
         x01 = self.generator.forward_unit(self.generator.sample_latent(size, generator))
-        fitted = fit_images(x01, self.info.channels, self.info.image_size)
-        return devices.on_device(normalize(fitted, self.info))
+        return fit_images(x01, self.info.channels, self.info.image_size)
+
+    def batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
+        """`size` samples of the frozen generator, fitted and normalised, on the run's device."""
+        return devices.on_device(normalize(self.unit_batch(size, generator), self.info))
 
 
 def build_source(
