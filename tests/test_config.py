@@ -40,6 +40,8 @@ def test_set_values_parse_as_toml_literals():
         ({"fraction": 1.5}, "fraction must be in"),
         ({"clients": True}, "clients must be an integer"),
         ({"augment": "maybe"}, "augment must be"),
+        ({"momentum": -0.5}, "momentum must be >= 0, got -0.5"),  # torch refuses it only once clients train
+        ({"weight_decay": -1}, "weight_decay must be >= 0, got -1.0"),
     ],
 )
 def test_bad_keys_and_values_say_what_to_change(layer, message):
@@ -85,6 +87,8 @@ def test_algorithm_tables_override_common_keys_for_that_algorithm_only():
     assert for_algorithm(config, "fedavg").lr == 0.1
     with pytest.raises(ConfigError, match="lr must be > 0"):
         for_algorithm(build_config(RunConfig(), {"fedavg.lr": -1.0}), "fedavg")
+    with pytest.raises(ConfigError, match="momentum must be >= 0"):
+        for_algorithm(build_config(RunConfig(), {"fedprox.momentum": -0.9}), "fedprox")
 
 
 def test_toml_round_trip_and_unreadable_files(tmp_path):

@@ -195,6 +195,8 @@ def validate(config: RunConfig) -> None:
         (config.local_steps >= 0, "local_steps must be >= 0"),
         (config.batch_size >= 1, "batch_size must be >= 1"),
         (config.lr > 0, "lr must be > 0"),
+        (config.momentum >= 0, f"momentum must be >= 0, got {config.momentum}"),
+        (config.weight_decay >= 0, f"weight_decay must be >= 0, got {config.weight_decay}"),
         (config.eval_every >= 1, "eval_every must be >= 1"),
         (config.checkpoint_every >= 1, "checkpoint_every must be >= 1"),
         (config.min_clients >= 1, "min_clients must be >= 1"),
