@@ -42,6 +42,7 @@ def test_set_values_parse_as_toml_literals():
         ({"augment": "maybe"}, "augment must be"),
         ({"momentum": -0.5}, "momentum must be >= 0, got -0.5"),  # torch refuses it only once clients train
         ({"weight_decay": -1}, "weight_decay must be >= 0, got -1.0"),
+        ({"algorithm": "fedavg, fedprox,fedavg"}, "names an algorithm twice"),  # one folder, two table rows
     ],
 )
 def test_bad_keys_and_values_say_what_to_change(layer, message):

@@ -221,6 +221,10 @@ def validate(config: RunConfig) -> None:
         (config.transport in ("inprocess", "flower"), "transport must be inprocess or flower"),
         (bool(config.algorithms), "algorithm must name at least one algorithm"),
         (
+            len(set(config.algorithms)) == len(config.algorithms),
+            f"algorithm = {config.algorithm!r} names an algorithm twice; each runs once, in its own folder",
+        ),
+        (
             all(name in TRACKERS for name in tracker_names(config.track)),
             f"track = {config.track!r}: valid values are empty, {', '.join(TRACKERS)}, "
             "or both comma-separated",
