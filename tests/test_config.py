@@ -81,6 +81,37 @@ def test_fedavg_family_errors_name_the_section_the_user_wrote(algorithm, assignm
         options_for(config, algorithm, get_algorithm(algorithm).options)
 
 
+@pytest.mark.parametrize(
+    ("assignment", "message"),
+    [
+        ("feddf-oneshot.steps=0", r"^feddf-oneshot\.steps must be >= 1, got 0"),
+        ("fedavg-oneshot.loss='mse'", r"^fedavg-oneshot\.loss must be one of"),
+        ("feddf-oneshot.teacher_epochs=0", r"^feddf-oneshot\.teacher_epochs must be >= 1, got 0"),
+        ("feddf.distill_lr=0", r"^feddf\.distill_lr must be > 0"),
+        ("fedavg-oneshot.section='x'", r"unknown config key 'fedavg-oneshot\.section'"),
+    ],
+)
+def test_one_shot_errors_name_the_table_the_user_wrote(assignment, message):
+    """The one-shot baselines reuse FedDF's options: their messages name their own table, not [feddf], and
+    the table's name is not itself an option."""
+    from fedistill.algorithms.registry import get_algorithm
+
+    config = build_config(RunConfig(), dict([parse_assignment(assignment)]))
+    algorithm = assignment.partition(".")[0]
+    with pytest.raises(ConfigError, match=message):
+        options_for(config, algorithm, get_algorithm(algorithm).options)
+
+
+def test_one_shot_teachers_are_named_under_their_table():
+    from fedistill.algorithms.one_shot.dense.options import teacher_of
+    from fedistill.algorithms.registry import get_algorithm
+
+    config = build_config(RunConfig(), {"feddf-oneshot": {"teachers": " , "}})
+    options = options_for(config, "feddf-oneshot", get_algorithm("feddf-oneshot").options)
+    with pytest.raises(ConfigError, match=r"^feddf-oneshot\.teachers names no model"):
+        teacher_of(options, config, 1)
+
+
 def test_algorithm_tables_override_common_keys_for_that_algorithm_only():
     config = build_config(RunConfig(), {"lr": 0.1, "fedprox": {"lr": 0.01, "mu": 0.5}})
     prox = for_algorithm(config, "fedprox")
