@@ -194,3 +194,28 @@ def test_resume_may_change_only_the_device(tmp_path, capsys):
     assert main(["run", "--quiet", "--resume", str(tmp_path / "r"), "--device", "cpu"]) == 0
     assert main(["run", "--quiet", "--resume", str(tmp_path / "r"), "--rounds", "3"]) == 2
     assert "only --device may change" in capsys.readouterr().err
+
+
+def test_partitioner_options_have_a_table_that_reaches_the_partitioner_and_survives_config_toml(tmp_path):
+    """`partition` names the partitioner, so its options cannot be a `[partition]` table: one TOML file
+    cannot hold both, and config.toml holds both. They go in `[partition_options]`."""
+    from fedistill.engine.setup import check_sections, prepare_data
+    from fedistill.errors import UserError
+
+    (tmp_path / "run.toml").write_text(
+        'dataset = "digits"\npartition = "dirichlet"\nclients = 3\n\n'
+        "[partition_options]\nshuffle_within_class = false\n",
+        encoding="utf-8",
+    )
+    config = build_config(RunConfig(), load_toml(tmp_path / "run.toml"))
+    check_sections(config)
+    write_config(config, tmp_path / "config.toml")
+    again = read_config(tmp_path / "config.toml")
+    assert again == config and again.partition == "dirichlet"
+    in_file_order = prepare_data(config).split.client_train
+    shuffled = prepare_data(config.replace(options={})).split.client_train
+    assert any(a.tolist() != b.tolist() for a, b in zip(in_file_order, shuffled, strict=True))
+    with pytest.raises(UserError, match="unknown dirichlet option 'nosuch'"):
+        prepare_data(build_config(config, {"partition_options.nosuch": 1}))
+    with pytest.raises(ConfigError, match=r"partitioner options go in \[partition_options\]"):
+        build_config(RunConfig(), {"partition.shuffle_within_class": False})

@@ -85,6 +85,12 @@ class RunConfig:
 
 
 _COMMON = {f.name: f for f in fields(RunConfig) if f.name != "options"}
+#: Keys whose options have a table of their own: a TOML file cannot hold `partition = "iid"` and a
+#: `[partition]` table, and config.toml must hold both.
+TABLE_HINTS = {
+    "model": "; model options go in [model_options]",
+    "partition": "; partitioner options go in [partition_options]",
+}
 
 #: The experiment trackers `track` may name (engine/tracking.py).
 TRACKERS = ("tensorboard", "mlflow")
@@ -169,7 +175,7 @@ def build_config(base: RunConfig | None = None, *layers: dict[str, Any]) -> RunC
             if isinstance(value, dict) or "." in key:
                 section, _, sub = key.partition(".")
                 if section in _COMMON:
-                    hint = "; model options go in [model_options]" if section == "model" else ""
+                    hint = TABLE_HINTS.get(section, "")
                     raise ConfigError(f"{section} is a key, not a table: {key} cannot be set{hint}")
             if isinstance(value, dict):
                 options.setdefault(key, {}).update(value)
