@@ -155,7 +155,7 @@ def parse_assignment(text: str) -> tuple[str, Any]:
 def load_toml(path: str | Path) -> dict[str, Any]:
     """The tables of a TOML config file; ConfigError naming the file when it is missing, a folder or not
     TOML."""
-    path = Path(path)
+    path = Path(path).expanduser()
     if path.is_dir():
         raise ConfigError(f"--config {path} is a folder; pass a TOML file (e.g. {path}/experiment.toml)")
     if not path.is_file():
