@@ -112,6 +112,16 @@ def test_one_shot_teachers_are_named_under_their_table():
         teacher_of(options, config, 1)
 
 
+def test_a_common_key_no_table_may_set_says_so():
+    """`[fediod] seed` is not a typo of a fediod option: the message says seed is shared by the run."""
+    from fedistill.algorithms.registry import get_algorithm
+
+    config = for_algorithm(build_config(RunConfig(), {"fediod": {"seed": 3, "lr": 0.01}}), "fediod")
+    assert config.lr == 0.01
+    with pytest.raises(ConfigError, match=r"^fediod\.seed: seed is a common key .* may set only augment, "):
+        options_for(config, "fediod", get_algorithm("fediod").options)
+
+
 def test_algorithm_tables_override_common_keys_for_that_algorithm_only():
     config = build_config(RunConfig(), {"lr": 0.1, "fedprox": {"lr": 0.01, "mu": 0.5}})
     prox = for_algorithm(config, "fedprox")

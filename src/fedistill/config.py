@@ -247,6 +247,11 @@ def options_for(config: RunConfig, name: str, options_type: type) -> Any:
     known = {f.name: f for f in fields(options_type)}
     values = {}
     for key, value in given.items():
+        if key in _COMMON and key not in known:
+            raise ConfigError(
+                f"{name}.{key}: {key} is a common key that every algorithm of a run shares; set it outside "
+                f"the table (an algorithm's table may set only {', '.join(sorted(PER_ALGORITHM_KEYS))})"
+            )
         if key not in known:
             raise _unknown(f"{name}.{key}", [f"{name}.{k}" for k in known])
         values[key] = _check_value(f"{name}.{key}", value, known[key].type)
