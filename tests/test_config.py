@@ -27,6 +27,13 @@ def test_set_values_parse_as_toml_literals():
     assert parse_assignment("alpha = 0.1") == ("alpha", 0.1)
     assert parse_assignment("dataset=mnist") == ("dataset", "mnist")
     assert parse_assignment("download=true") == ("download", True)
+    assert parse_assignment("lr=1e-3") == ("lr", 0.001)
+    assert parse_assignment("seed=-1") == ("seed", -1)
+    assert parse_assignment("feddf.groups='resnet8,vgg9'") == ("feddf.groups", "resnet8,vgg9")
+    # TOML reads these as a date and a time, which no key takes: they stay the text that was typed
+    assert parse_assignment("name=2024-06-01") == ("name", "2024-06-01")
+    assert parse_assignment("name=12:30:00") == ("name", "12:30:00")
+    assert build_config(RunConfig(), dict([parse_assignment("name=2024-06-01")])).name == "2024-06-01"
     with pytest.raises(ConfigError, match="key=value"):
         parse_assignment("rounds")
 

@@ -7,6 +7,7 @@ The resolved configuration is written to the run directory as `config.toml`.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import math
 import tomllib
@@ -137,11 +138,13 @@ def _unknown(key: str, valid: list[str]) -> ConfigError:
 
 
 def parse_value(text: str) -> Any:
-    """A `--set` value: a TOML literal if it parses (1, 0.5, true, [1,2]), else a plain string."""
+    """A `--set` value: a TOML literal if it parses (1, 0.5, true, [1,2]), else a plain string. A date or
+    time literal stays text: no key takes one, so `name=2024-06-01` names a run."""
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    return text if isinstance(value, datetime.date | datetime.time) else value
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
