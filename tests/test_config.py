@@ -46,6 +46,8 @@ def test_set_values_parse_as_toml_literals():
         ({"rounds": 0}, "rounds must be >= 1"),
         ({"fraction": 1.5}, "fraction must be in"),
         ({"clients": True}, "clients must be an integer"),
+        (dict([parse_assignment("download=False")]), r"must be true or false \(lower case.*got 'False'"),
+        (dict([parse_assignment("download=0")]), "download must be true or false .*got 0"),
         ({"augment": "maybe"}, "augment must be"),
         ({"momentum": -0.5}, "momentum must be >= 0, got -0.5"),  # torch refuses it only once clients train
         ({"weight_decay": -1}, "weight_decay must be >= 0, got -1.0"),

@@ -121,6 +121,8 @@ def _check_value(key: str, value: Any, annotation: Any) -> Any:
         return value
     if hint is int and isinstance(value, bool):
         raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if hint is bool and not isinstance(value, bool):  # `--set download=False` arrives as the text 'False'
+        raise ConfigError(f"{key} must be true or false (lower case, as TOML writes them), got {value!r}")
     if not isinstance(value, origin):
         raise ConfigError(f"{key} must be {getattr(hint, '__name__', hint)}, got {value!r}")
     return value
