@@ -151,3 +151,21 @@ def test_flag_mistakes_are_one_line_too(capsys, argv, expected):
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith(expected) and "--help" in err, err
+
+
+def test_a_tilde_in_out_config_and_resume_means_the_home_folder(tmp_path, capsys, monkeypatch):
+    """A shell expands `~` only at the start of a word: `--out=~/runs`, `out = "~/runs"` in a file and
+    the Python API's paths reach fedistill as written, and must not make a folder called `~`."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    (home / "exp.toml").write_text('algorithm = "fedavg"\nout = "~/runs"\n', encoding="utf-8")
+    assert main(["run", *FAST, "--config", "~/exp.toml", "--name", "x"]) == 0
+    assert (home / "runs" / "x" / "fedavg" / "summary.json").is_file()
+    assert main(["run", "--quiet", "--resume", "~/runs/x"]) == 0
+    assert list(work.iterdir()) == []
+    from fedistill.algorithms.shared.stage1 import cache_folder
+    from fedistill.config import RunConfig
+
+    assert cache_folder(RunConfig(cache_dir="~/cache"), beside=work) == home / "cache"

@@ -27,6 +27,13 @@ def test_set_values_parse_as_toml_literals():
     assert parse_assignment("alpha = 0.1") == ("alpha", 0.1)
     assert parse_assignment("dataset=mnist") == ("dataset", "mnist")
     assert parse_assignment("download=true") == ("download", True)
+    assert parse_assignment("lr=1e-3") == ("lr", 0.001)
+    assert parse_assignment("seed=-1") == ("seed", -1)
+    assert parse_assignment("feddf.groups='resnet8,vgg9'") == ("feddf.groups", "resnet8,vgg9")
+    # TOML reads these as a date and a time, which no key takes: they stay the text that was typed
+    assert parse_assignment("name=2024-06-01") == ("name", "2024-06-01")
+    assert parse_assignment("name=12:30:00") == ("name", "12:30:00")
+    assert build_config(RunConfig(), dict([parse_assignment("name=2024-06-01")])).name == "2024-06-01"
     with pytest.raises(ConfigError, match="key=value"):
         parse_assignment("rounds")
 
@@ -39,7 +46,12 @@ def test_set_values_parse_as_toml_literals():
         ({"rounds": 0}, "rounds must be >= 1"),
         ({"fraction": 1.5}, "fraction must be in"),
         ({"clients": True}, "clients must be an integer"),
+        (dict([parse_assignment("download=False")]), r"must be true or false \(lower case.*got 'False'"),
+        (dict([parse_assignment("download=0")]), "download must be true or false .*got 0"),
         ({"augment": "maybe"}, "augment must be"),
+        ({"momentum": -0.5}, "momentum must be >= 0, got -0.5"),  # torch refuses it only once clients train
+        ({"weight_decay": -1}, "weight_decay must be >= 0, got -1.0"),
+        ({"algorithm": "fedavg, fedprox,fedavg"}, "names an algorithm twice"),  # one folder, two table rows
     ],
 )
 def test_bad_keys_and_values_say_what_to_change(layer, message):
@@ -78,6 +90,47 @@ def test_fedavg_family_errors_name_the_section_the_user_wrote(algorithm, assignm
         options_for(config, algorithm, get_algorithm(algorithm).options)
 
 
+@pytest.mark.parametrize(
+    ("assignment", "message"),
+    [
+        ("feddf-oneshot.steps=0", r"^feddf-oneshot\.steps must be >= 1, got 0"),
+        ("fedavg-oneshot.loss='mse'", r"^fedavg-oneshot\.loss must be one of"),
+        ("feddf-oneshot.teacher_epochs=0", r"^feddf-oneshot\.teacher_epochs must be >= 1, got 0"),
+        ("feddf.distill_lr=0", r"^feddf\.distill_lr must be > 0"),
+        ("fedavg-oneshot.section='x'", r"unknown config key 'fedavg-oneshot\.section'"),
+    ],
+)
+def test_one_shot_errors_name_the_table_the_user_wrote(assignment, message):
+    """The one-shot baselines reuse FedDF's options: their messages name their own table, not [feddf], and
+    the table's name is not itself an option."""
+    from fedistill.algorithms.registry import get_algorithm
+
+    config = build_config(RunConfig(), dict([parse_assignment(assignment)]))
+    algorithm = assignment.partition(".")[0]
+    with pytest.raises(ConfigError, match=message):
+        options_for(config, algorithm, get_algorithm(algorithm).options)
+
+
+def test_one_shot_teachers_are_named_under_their_table():
+    from fedistill.algorithms.one_shot.dense.options import teacher_of
+    from fedistill.algorithms.registry import get_algorithm
+
+    config = build_config(RunConfig(), {"feddf-oneshot": {"teachers": " , "}})
+    options = options_for(config, "feddf-oneshot", get_algorithm("feddf-oneshot").options)
+    with pytest.raises(ConfigError, match=r"^feddf-oneshot\.teachers names no model"):
+        teacher_of(options, config, 1)
+
+
+def test_a_common_key_no_table_may_set_says_so():
+    """`[fediod] seed` is not a typo of a fediod option: the message says seed is shared by the run."""
+    from fedistill.algorithms.registry import get_algorithm
+
+    config = for_algorithm(build_config(RunConfig(), {"fediod": {"seed": 3, "lr": 0.01}}), "fediod")
+    assert config.lr == 0.01
+    with pytest.raises(ConfigError, match=r"^fediod\.seed: seed is a common key .* may set only augment, "):
+        options_for(config, "fediod", get_algorithm("fediod").options)
+
+
 def test_algorithm_tables_override_common_keys_for_that_algorithm_only():
     config = build_config(RunConfig(), {"lr": 0.1, "fedprox": {"lr": 0.01, "mu": 0.5}})
     prox = for_algorithm(config, "fedprox")
@@ -85,6 +138,8 @@ def test_algorithm_tables_override_common_keys_for_that_algorithm_only():
     assert for_algorithm(config, "fedavg").lr == 0.1
     with pytest.raises(ConfigError, match="lr must be > 0"):
         for_algorithm(build_config(RunConfig(), {"fedavg.lr": -1.0}), "fedavg")
+    with pytest.raises(ConfigError, match="momentum must be >= 0"):
+        for_algorithm(build_config(RunConfig(), {"fedprox.momentum": -0.9}), "fedprox")
 
 
 def test_toml_round_trip_and_unreadable_files(tmp_path):
@@ -158,3 +213,28 @@ def test_resume_may_change_only_the_device(tmp_path, capsys):
     assert main(["run", "--quiet", "--resume", str(tmp_path / "r"), "--device", "cpu"]) == 0
     assert main(["run", "--quiet", "--resume", str(tmp_path / "r"), "--rounds", "3"]) == 2
     assert "only --device may change" in capsys.readouterr().err
+
+
+def test_partitioner_options_have_a_table_that_reaches_the_partitioner_and_survives_config_toml(tmp_path):
+    """`partition` names the partitioner, so its options cannot be a `[partition]` table: one TOML file
+    cannot hold both, and config.toml holds both. They go in `[partition_options]`."""
+    from fedistill.engine.setup import check_sections, prepare_data
+    from fedistill.errors import UserError
+
+    (tmp_path / "run.toml").write_text(
+        'dataset = "digits"\npartition = "dirichlet"\nclients = 3\n\n'
+        "[partition_options]\nshuffle_within_class = false\n",
+        encoding="utf-8",
+    )
+    config = build_config(RunConfig(), load_toml(tmp_path / "run.toml"))
+    check_sections(config)
+    write_config(config, tmp_path / "config.toml")
+    again = read_config(tmp_path / "config.toml")
+    assert again == config and again.partition == "dirichlet"
+    in_file_order = prepare_data(config).split.client_train
+    shuffled = prepare_data(config.replace(options={})).split.client_train
+    assert any(a.tolist() != b.tolist() for a, b in zip(in_file_order, shuffled, strict=True))
+    with pytest.raises(UserError, match="unknown dirichlet option 'nosuch'"):
+        prepare_data(build_config(config, {"partition_options.nosuch": 1}))
+    with pytest.raises(ConfigError, match=r"partitioner options go in \[partition_options\]"):
+        build_config(RunConfig(), {"partition.shuffle_within_class": False})

@@ -7,6 +7,7 @@ The resolved configuration is written to the run directory as `config.toml`.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import math
 import tomllib
@@ -85,6 +86,12 @@ class RunConfig:
 
 
 _COMMON = {f.name: f for f in fields(RunConfig) if f.name != "options"}
+#: Keys whose options have a table of their own: a TOML file cannot hold `partition = "iid"` and a
+#: `[partition]` table, and config.toml must hold both.
+TABLE_HINTS = {
+    "model": "; model options go in [model_options]",
+    "partition": "; partitioner options go in [partition_options]",
+}
 
 #: The experiment trackers `track` may name (engine/tracking.py).
 TRACKERS = ("tensorboard", "mlflow")
@@ -114,6 +121,8 @@ def _check_value(key: str, value: Any, annotation: Any) -> Any:
         return value
     if hint is int and isinstance(value, bool):
         raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if hint is bool and not isinstance(value, bool):  # `--set download=False` arrives as the text 'False'
+        raise ConfigError(f"{key} must be true or false (lower case, as TOML writes them), got {value!r}")
     if not isinstance(value, origin):
         raise ConfigError(f"{key} must be {getattr(hint, '__name__', hint)}, got {value!r}")
     return value
@@ -131,11 +140,13 @@ def _unknown(key: str, valid: list[str]) -> ConfigError:
 
 
 def parse_value(text: str) -> Any:
-    """A `--set` value: a TOML literal if it parses (1, 0.5, true, [1,2]), else a plain string."""
+    """A `--set` value: a TOML literal if it parses (1, 0.5, true, [1,2]), else a plain string. A date or
+    time literal stays text: no key takes one, so `name=2024-06-01` names a run."""
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    return text if isinstance(value, datetime.date | datetime.time) else value
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
@@ -149,7 +160,7 @@ def parse_assignment(text: str) -> tuple[str, Any]:
 def load_toml(path: str | Path) -> dict[str, Any]:
     """The tables of a TOML config file; ConfigError naming the file when it is missing, a folder or not
     TOML."""
-    path = Path(path)
+    path = Path(path).expanduser()
     if path.is_dir():
         raise ConfigError(f"--config {path} is a folder; pass a TOML file (e.g. {path}/experiment.toml)")
     if not path.is_file():
@@ -169,7 +180,7 @@ def build_config(base: RunConfig | None = None, *layers: dict[str, Any]) -> RunC
             if isinstance(value, dict) or "." in key:
                 section, _, sub = key.partition(".")
                 if section in _COMMON:
-                    hint = "; model options go in [model_options]" if section == "model" else ""
+                    hint = TABLE_HINTS.get(section, "")
                     raise ConfigError(f"{section} is a key, not a table: {key} cannot be set{hint}")
             if isinstance(value, dict):
                 options.setdefault(key, {}).update(value)
@@ -195,6 +206,8 @@ def validate(config: RunConfig) -> None:
         (config.local_steps >= 0, "local_steps must be >= 0"),
         (config.batch_size >= 1, "batch_size must be >= 1"),
         (config.lr > 0, "lr must be > 0"),
+        (config.momentum >= 0, f"momentum must be >= 0, got {config.momentum}"),
+        (config.weight_decay >= 0, f"weight_decay must be >= 0, got {config.weight_decay}"),
         (config.eval_every >= 1, "eval_every must be >= 1"),
         (config.checkpoint_every >= 1, "checkpoint_every must be >= 1"),
         (config.min_clients >= 1, "min_clients must be >= 1"),
@@ -219,6 +232,10 @@ def validate(config: RunConfig) -> None:
         (config.transport in ("inprocess", "flower"), "transport must be inprocess or flower"),
         (bool(config.algorithms), "algorithm must name at least one algorithm"),
         (
+            len(set(config.algorithms)) == len(config.algorithms),
+            f"algorithm = {config.algorithm!r} names an algorithm twice; each runs once, in its own folder",
+        ),
+        (
             all(name in TRACKERS for name in tracker_names(config.track)),
             f"track = {config.track!r}: valid values are empty, {', '.join(TRACKERS)}, "
             "or both comma-separated",
@@ -235,6 +252,11 @@ def options_for(config: RunConfig, name: str, options_type: type) -> Any:
     known = {f.name: f for f in fields(options_type)}
     values = {}
     for key, value in given.items():
+        if key in _COMMON and key not in known:
+            raise ConfigError(
+                f"{name}.{key}: {key} is a common key that every algorithm of a run shares; set it outside "
+                f"the table (an algorithm's table may set only {', '.join(sorted(PER_ALGORITHM_KEYS))})"
+            )
         if key not in known:
             raise _unknown(f"{name}.{key}", [f"{name}.{k}" for k in known])
         values[key] = _check_value(f"{name}.{key}", value, known[key].type)

@@ -56,13 +56,14 @@ Started = Callable[[Path], None]
 def start_suite(
     config: RunConfig, *, progress: bool = True, resume_hint: str = "", started: Started | None = None
 ) -> tuple[Path, list[dict[str, Any]]]:
-    """Run `config` in a new run directory (`out`/`name`): the setup is validated before anything is
-    written, and the directory's lock is held while the run writes it. `resume_hint` ends the message
-    when the directory already holds a run (`{dir}` stands for it); `started` hears of the directory
-    before the run begins."""
+    """Run `config` in a new run directory (`out`/`name`, `~` standing for the home folder as it does for
+    `data_dir`: a shell does not expand it inside `--out=~/runs` or a config file): the setup is validated
+    before anything is written, and the directory's lock is held while the run writes it. `resume_hint`
+    ends the message when the directory already holds a run (`{dir}` stands for it); `started` hears of
+    the directory before the run begins."""
     config = canonical_dataset(config)  # the default name spells the dataset one way
     folder.check_name(config.name)
-    suite_dir = Path(config.out) / (config.name or default_name(config))
+    suite_dir = Path(config.out).expanduser() / (config.name or default_name(config))
     if folder.run_started(suite_dir):
         hint = resume_hint.format(dir=suite_dir) or "resume it or choose another name"
         raise RunDirError(f"{suite_dir} already holds a run; {hint}")
@@ -79,7 +80,7 @@ def continue_suite(
 ) -> tuple[Path, list[dict[str, Any]]]:
     """Continue a run directory from its last checkpoint with its saved config.toml, on `device` if given
     (checkpoints load anywhere; the rest of the run stays as it was)."""
-    suite_dir = folder.resume_target(Path(run_dir))
+    suite_dir = folder.resume_target(Path(run_dir).expanduser())
     folder.check_writable(suite_dir)
     config = read_config(suite_dir / "config.toml")
     if device is not None:

@@ -45,7 +45,7 @@ def resolve(config: RunConfig, name: str) -> Resolved:
 
 
 #: Sections of `config.options` that are not algorithm names.
-NON_ALGORITHM_SECTIONS = {"partition", "task", "model_options"}
+NON_ALGORITHM_SECTIONS = {"partition_options", "task", "model_options"}
 
 
 @dataclass
@@ -125,7 +125,7 @@ def prepare_data(config: RunConfig) -> Prepared:
         val_fraction=config.val_fraction,
         val_mode=validation_mode(config, task.per_pixel),
         subjects=dataset.train_subject_ids,
-        **config.options.get("partition", {}),
+        **config.options.get("partition_options", {}),
     )
     return Prepared(dataset, split)
 
@@ -139,8 +139,9 @@ def validation_mode(config: RunConfig, per_pixel: bool) -> str:
 
 
 def check_sections(config: RunConfig) -> None:
-    """Every config table is an algorithm's, the dataset's or [partition], and every algorithm table is
-    valid for its algorithm, whether or not it runs (a typo in another table is still a typo)."""
+    """Every config table is an algorithm's, the dataset's or one of NON_ALGORITHM_SECTIONS, and every
+    algorithm table is valid for its algorithm, whether or not it runs (a typo in another table is still a
+    typo)."""
     config = canonical_dataset(config)
     algorithms = set(algorithm_names())
     for section in config.options:
@@ -157,7 +158,7 @@ def check_sections(config: RunConfig) -> None:
             hint = f"; did you mean [{close[0]}]?" if close else ""
             raise ConfigError(
                 f"unknown config table [{section}]{hint}; tables are algorithm names, the dataset's "
-                f"name or [partition] (valid: {', '.join(valid)})"
+                f"name, [partition_options], [task] or [model_options] (valid: {', '.join(valid)})"
             )
         resolve(config, section)
 

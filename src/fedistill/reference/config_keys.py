@@ -81,8 +81,9 @@ def config_markdown() -> str:
             "",
             "¹ An algorithm's own table may set this key for that algorithm alone (`[fedprox] lr = 0.01`).",
             "",
-            "Other tables: `[partition]` takes the [partitioner's](partitioners.md) options, `[task]` the "
-            "[task's](tasks.md) and `[model_options]` the [model's](models.md); a table named after the "
+            "Other tables: `[partition_options]` takes the [partitioner's](partitioners.md) options, "
+            "`[task]` the [task's](tasks.md) and `[model_options]` the [model's](models.md); a table named "
+            "after the "
             "[dataset](datasets.md) (`[cifar100]`, `--set cifar100.labels=coarse`) takes its options.",
             "",
         ]

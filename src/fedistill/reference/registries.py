@@ -120,7 +120,7 @@ def partitioners_markdown() -> str:
     rows = [(f"`{e.name}`", e.doc, _options(e)) for e in entries()["partitioners"]]
     intro = (
         "Generated from `fedistill.data.partition.PARTITIONERS`; `partition` names one, its options go in "
-        "`[partition]`. More: [datasets and partitions](../concepts/data.md)."
+        "`[partition_options]`. More: [datasets and partitions](../concepts/data.md)."
     )
     return _page("Partitioners", intro, [table(("name", "what it does", "options"), rows)])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedistill.algorithms.base import model_cycle
 from fedistill.algorithms.shared.distillation_data import parse_source
@@ -66,9 +67,14 @@ class FedDFOptions(DPOptions):
     aggregate: str = "mean"
     aggregate_trim: float = 0.2  # trimmed-mean: the share of sites cut at each end (one at least from 3 up)
 
+    #: The config table these options are read from, which every message names (the one-shot baselines
+    #: reuse the class)
+    section: ClassVar[str] = "feddf"
+
     def validate(self) -> None:
         """Check the DP keys, the choices and the ranges of FedDF's distillation keys."""
         self.validate_dp()
+        s = self.section
         choices = {
             "loss": LOSSES,
             "drop_worst": DROP_WORST,
@@ -81,27 +87,27 @@ class FedDFOptions(DPOptions):
             "distill_optimizer": ("adam", "sgd"),
             "aggregate": COMBINES,
         }
-        check_choices("feddf", self, choices)
+        check_choices(s, self, choices)
         parse_source(self.source)
         for key in ("steps", "distill_batch_size", "eval_every_steps", "patience"):
             if getattr(self, key) < 1:
-                raise ConfigError(f"feddf.{key} must be >= 1, got {getattr(self, key)}")
+                raise ConfigError(f"{s}.{key} must be >= 1, got {getattr(self, key)}")
         for key in ("distill_lr", "temperature"):
             if getattr(self, key) <= 0:
-                raise ConfigError(f"feddf.{key} must be > 0, got {getattr(self, key)}")
+                raise ConfigError(f"{s}.{key} must be > 0, got {getattr(self, key)}")
         if not self.prox_mu >= 0:
-            raise ConfigError(f"feddf.prox_mu must be >= 0, got {self.prox_mu}")
+            raise ConfigError(f"{s}.prox_mu must be >= 0, got {self.prox_mu}")
         if self.clip_grad_norm < 0:
-            raise ConfigError(f"feddf.clip_grad_norm must be >= 0 (0: off), got {self.clip_grad_norm}")
+            raise ConfigError(f"{s}.clip_grad_norm must be >= 0 (0: off), got {self.clip_grad_norm}")
         if not 0 <= self.aggregate_trim < 0.5:
-            raise ConfigError(f"feddf.aggregate_trim must be in [0, 0.5), got {self.aggregate_trim}")
+            raise ConfigError(f"{s}.aggregate_trim must be in [0, 0.5), got {self.aggregate_trim}")
         if not 0 < self.holdout_val_share < 1:
-            raise ConfigError(f"feddf.holdout_val_share must be in (0, 1), got {self.holdout_val_share}")
+            raise ConfigError(f"{s}.holdout_val_share must be in (0, 1), got {self.holdout_val_share}")
 
 
 def group_names(options: FedDFOptions, config: RunConfig) -> list[str]:
     """The per-client cycle of model names, as given (a name may repeat to weight the cycle)."""
-    return model_cycle(options.groups, config.model, key="feddf.groups")
+    return model_cycle(options.groups, config.model, key=f"{options.section}.groups")
 
 
 def group_of(options: FedDFOptions, config: RunConfig, client_id: int) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -44,13 +44,20 @@ class OneShotOptions(FedDFOptions):
     teachers: str = ""  # one model name, or a comma list cycled over the clients; "" = `model`
     student: str = ""  # "" = `model`
     teacher_epochs: int = 30  # FedIOD's default, so every one-shot method sees the same local models
-    section: str = "one-shot"  # the config table's name in messages
+    section: ClassVar[str] = "fedavg-oneshot"
 
     def validate(self) -> None:
         """FedDF's checks, and at least one stage-1 epoch."""
         super().validate()
         if self.teacher_epochs < 1:
-            raise ConfigError("teacher_epochs must be >= 1")
+            raise ConfigError(f"{self.section}.teacher_epochs must be >= 1, got {self.teacher_epochs}")
+
+
+@dataclass(frozen=True)
+class FusionOneShotOptions(OneShotOptions):
+    """The same options, read from (and named in messages as) the `[feddf-oneshot]` table."""
+
+    section: ClassVar[str] = "feddf-oneshot"
 
 
 class OneShotServer(ServerLogic):
@@ -218,6 +225,6 @@ register(
         "one-shot FedDF: FedIOD's stage-1 models, uploaded once and fused once by ensemble distillation",
         OneShotClient,
         OneShotFusionServer,
-        OneShotOptions,
+        FusionOneShotOptions,
     )
 )

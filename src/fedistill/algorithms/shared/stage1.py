@@ -49,7 +49,7 @@ def cache_folder(config: RunConfig, beside: Path) -> Path | None:
     """Where sites keep stage-1 models: `cache_dir`, else `.cache` in `beside` (None: caching is off)."""
     if not config.stage1_cache:
         return None
-    return Path(config.cache_dir) if config.cache_dir else beside / ".cache"
+    return Path(config.cache_dir).expanduser() if config.cache_dir else beside / ".cache"
 
 
 def stage1_key(ctx: ClientContext, architecture: str, spec: LocalTraining, purpose: str) -> str:

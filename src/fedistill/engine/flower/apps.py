@@ -148,7 +148,9 @@ def make_server_app(
         target: Path | None = None
         try:
             run_config = canonical_dataset(config or config_from_run_config(dict(context.run_config)))
-            target = suite_dir or Path(run_config.out) / (run_config.name or default_name(run_config))
+            target = suite_dir or Path(run_config.out).expanduser() / (
+                run_config.name or default_name(run_config)
+            )
             run_config = run_config.replace(transport="flower")
             data = validate_setup(run_config)
             enrolment_file = enrolment or (enrolment_from_environment() if read_environment else None)
