@@ -314,3 +314,13 @@ def test_a_run_killed_before_its_next_algorithm_asks_which_to_load(finished, tmp
         fedistill.load_model(copy)
     _one_line(exc)
     assert fedistill.load_model(copy, "fedavg").algorithm == "fedavg"
+
+
+@pytest.mark.parametrize("config", [123, {"rounds": 2}, ["config.toml"]])
+def test_a_config_that_is_neither_a_path_nor_a_runconfig_is_one_clear_error(config):
+    """fedistill.run(config=...) takes a TOML path or a RunConfig; anything else was a bare TypeError from
+    deep inside the TOML reader (a dict of keys belongs in the keyword arguments)."""
+    with pytest.raises(
+        UserError, match=f"config must be a TOML file's path or a RunConfig, not {type(config).__name__}"
+    ):
+        run_config(config, {})

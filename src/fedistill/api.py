@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fedistill.config import RunConfig, build_config, load_toml
-from fedistill.errors import UserError
+from fedistill.errors import ConfigError, UserError
 from fedistill.inference import RunResult, TrainedModel, load_model, read_run
 
 __all__ = ["RunResult", "TrainedModel", "load_model", "resume_run", "run", "start_run", "summary"]
@@ -66,6 +66,10 @@ def summary(run_dir: str | Path) -> RunResult:
 
 def run_config(config: str | Path | RunConfig | None, keys: dict[str, Any]) -> RunConfig:
     """The run's config: the defaults (or the demo's, when nothing says what to run), the file, the keys."""
+    if config is not None and not isinstance(config, str | Path | RunConfig):
+        raise ConfigError(
+            f"config must be a TOML file's path or a RunConfig, not {type(config).__name__} ({config!r})"
+        )
     base = config if isinstance(config, RunConfig) else RunConfig()
     layers: list[dict[str, Any]] = []
     if config is None and not set(keys) - PLACEMENT_KEYS:
