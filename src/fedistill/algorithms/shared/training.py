@@ -96,7 +96,9 @@ def local_batches(
     """One round's mini-batches: `spec.steps` of them if > 0, else `spec.epochs` epochs."""
     if len(data) < 2:
         raise FederationError(f"a client needs at least 2 training samples, this one has {len(data)}")
-    drop_last = len(data) > spec.batch_size  # never a final batch of 1 under BatchNorm
+    # every batch full when the data fills one (so never a final batch of 1 under BatchNorm); the partial
+    # remainder is left out of that epoch only, as the order is reshuffled every epoch
+    drop_last = len(data) > spec.batch_size
     steps, epoch = 0, 0
     while True:
         for x, y in spec.task.batches(
