@@ -508,3 +508,25 @@ def test_a_tiny_validation_split_is_named_in_a_warning(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="fedistill.algorithms.feddf.server"):
         _suite(tmp_path / "noise", algorithm="feddf", rounds=1, feddf=FAST)  # 143 samples: no warning
     assert "validation samples only" not in caplog.text
+
+
+@pytest.mark.parametrize("download", [False, True])
+def test_feddfs_distillation_dataset_is_fetched_as_the_runs_own_dataset_is(download, monkeypatch):
+    """`download = true` fetched the run's dataset but not `feddf.source = 'dataset:<name>'`, which then
+    failed for want of files the run had been allowed to download."""
+    from fedistill.algorithms.base import ServerContext
+    from fedistill.algorithms.feddf.feddf import FedDFServer
+
+    digits = load_dataset("digits")
+    asked: list[tuple[str, bool]] = []
+
+    def fake_load(name, data_dir=None, *, download=False, **options):
+        asked.append((name, download))
+        return digits
+
+    monkeypatch.setattr(dd, "load_dataset", fake_load)
+    feddf = {"source": "dataset:mnist", "source_size": 16}
+    config = build_config(RunConfig(), {"model": "mlp", "download": download, "feddf": feddf})
+    ctx = ServerContext(digits.info, config, FedDFOptions(**feddf), 2, lambda m: {}, validation=digits.test)
+    FedDFServer(ctx)
+    assert asked == [("mnist", download)]

@@ -62,7 +62,7 @@ def public_inputs(spec: str, data: Any, config: Any, n: int, seed: int) -> tuple
             f"--public {spec!r} is the federation's own dataset, whose training images are the clients' "
             "private data: use 'holdout' (its held-out split) or another dataset"
         )
-    pool = dataset_source(name, info, config.data_dir, size=n, seed=seed)
+    pool = dataset_source(name, info, config.data_dir, size=n, seed=seed, download=config.download)
     return pool.batch(
         n, torch_generator(seed, "pate-public")
     ), f"{n} training images of {name} (labels dropped)"

@@ -86,6 +86,7 @@ class FedDFServer(ServerLogic):
             seed=config.seed,
             upsample=self.options.generator_upsample,
             held_out=held_out,
+            download=config.download,
         )
         log.info("FedDF distils on %s", self.source.description)
         self.last_local: dict[str, float] = {}

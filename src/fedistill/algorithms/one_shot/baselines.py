@@ -114,6 +114,7 @@ class OneShotServer(ServerLogic):
             seed=config.seed,
             upsample=options.generator_upsample,
             held_out=held_out,
+            download=config.download,
         )
 
         def validate(model: nn.Module) -> float:

@@ -162,11 +162,14 @@ def _subset(samples: torch.Tensor, size: int, seed: int) -> torch.Tensor:
     return samples
 
 
-def dataset_source(name: str, info: DatasetInfo, data_dir: str | Path, *, size: int, seed: int) -> ImagePool:
-    """`size` random training images of dataset `name` (all of them if size <= 0), labels dropped."""
+def dataset_source(
+    name: str, info: DatasetInfo, data_dir: str | Path, *, size: int, seed: int, download: bool = False
+) -> ImagePool:
+    """`size` random training images of dataset `name` (all of them if size <= 0), labels dropped; fetched
+    first with `download` (the run's `download` key), as the run's own dataset is."""
     if "model_dir" in dataset_options(name):
         raise ConfigError(f"feddf.source = 'dataset:{name}' is a text dataset; {info.name} distils on images")
-    images = load_dataset(name, data_dir).train.x  # only the images leave this line
+    images = load_dataset(name, data_dir, download=download).train.x  # only the images leave this line
     return ImagePool(_subset(images, size, seed), info, name)
 
 
@@ -179,6 +182,7 @@ def text_source(
     size: int,
     seed: int,
     held_out: ImageSet | None,
+    download: bool = False,
 ) -> TokenPool:
     """A text federation's source: the held-out texts, or another text dataset's training texts read by
     the federation's tokenizer (a fixed random subset of `size`, all if size <= 0), labels dropped."""
@@ -199,7 +203,9 @@ def text_source(
             "(dataset:ag-news, dataset:sst2 or holdout)"
         )
     options = {"model_dir": info.text.tokenizer, "max_length": info.text.max_length}
-    loaded = load_dataset(argument, data_dir, **options, max_train_samples=max(size, 0))  # tokenise no more
+    loaded = load_dataset(  # tokenise no more than `size`
+        argument, data_dir, download=download, **options, max_train_samples=max(size, 0)
+    )
     return TokenPool(loaded.train.x, info, argument)  # only the texts leave this function
 
 
@@ -308,12 +314,22 @@ def build_source(
     seed: int,
     upsample: str = "bilinear",
     held_out: ImageSet | None = None,
+    download: bool = False,
 ) -> DistillationSource:
     """The distillation source named by `spec` (see `parse_source`) for the federation `info`;
     `held_out` are the inputs a `holdout` source draws from."""
     kind, argument = parse_source(spec)
     if info.text is not None:
-        return text_source(kind, argument, info, data_dir=data_dir, size=size, seed=seed, held_out=held_out)
+        return text_source(
+            kind,
+            argument,
+            info,
+            data_dir=data_dir,
+            size=size,
+            seed=seed,
+            held_out=held_out,
+            download=download,
+        )
     if kind == "noise":
         return NoiseSource(info)
     if kind == "holdout":
@@ -321,5 +337,5 @@ def build_source(
             raise ConfigError("feddf.source = 'holdout' needs the held-out split: set val_fraction > 0")
         return ImagePool(held_out.x, info, f"the held-out split of {info.name}")
     if kind == "dataset":
-        return dataset_source(argument, info, data_dir, size=size, seed=seed)
+        return dataset_source(argument, info, data_dir, size=size, seed=seed, download=download)
     return GeneratorSource(load_generator(argument, upsample=upsample), info, argument)
