@@ -530,3 +530,13 @@ def test_feddfs_distillation_dataset_is_fetched_as_the_runs_own_dataset_is(downl
     ctx = ServerContext(digits.info, config, FedDFOptions(**feddf), 2, lambda m: {}, validation=digits.test)
     FedDFServer(ctx)
     assert asked == [("mnist", download)]
+
+
+def test_splits_of_one_release_count_as_one_dataset_for_the_distillation_data():
+    """EMNIST's splits are cut from one NIST release: a letters federation distilling on byclass would put
+    its clients' training characters on the server."""
+    from fedistill.data.registry import same_images
+
+    assert same_images("emnist-letters", "EMNIST_byclass") and same_images("fmnist", "fashion-mnist")
+    assert same_images("mnist", "emnist-mnist")  # the same NIST scans, processed otherwise
+    assert not same_images("digits", "mnist") and not same_images("cifar10", "cifar100")

@@ -173,6 +173,10 @@ def test_public_data_is_never_the_clients_own_and_holdout_needs_one():
     fashion.config = config.replace(dataset="fashion-mnist")  # its alias loads the same training images
     with pytest.raises(ConfigError, match="clients' private data"):
         build_public("dataset:fmnist", fashion, size=0, key="fedmd.public", labelled=True)
+    letters = _server_context(config)
+    letters.config = config.replace(dataset="emnist-letters")  # byclass holds every letter of it
+    with pytest.raises(ConfigError, match=r"shares images with\) the federation's own dataset"):
+        build_public("dataset:emnist_byclass", letters, size=0, key="fedmd.public", labelled=True)
     with pytest.raises(ConfigError, match="val_fraction > 0"):
         build_public("holdout", _server_context(config, False), size=0, key="fedkd.public", labelled=False)
     with pytest.raises(ConfigError, match="public_size > 0"):

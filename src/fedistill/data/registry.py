@@ -36,6 +36,19 @@ def canonical_dataset_name(name: str) -> str:
     raise unknown_name("dataset", name, list(DATASETS))
 
 
+#: Datasets cut from one release, whose training images overlap: EMNIST's splits all come from NIST Special
+#: Database 19 (byclass holds every character of the others), which also holds the scans MNIST was drawn from.
+SAME_RELEASE = (frozenset({"mnist", *(n for n in DATASETS if n.startswith("emnist-"))}),)
+
+
+def same_images(name: str, other: str) -> bool:
+    """Whether datasets `name` and `other` may hold the same training images: one dataset (any alias), or
+    two splits of one release (`SAME_RELEASE`). Distilling on such a dataset would put a federation's
+    private training images on its server."""
+    a, b = canonical_dataset_name(name), canonical_dataset_name(other)
+    return a == b or any(a in release and b in release for release in SAME_RELEASE)
+
+
 def dataset_options(name: str) -> tuple[str, ...]:
     """The options dataset `name` takes (a text dataset's include `model_dir`, its tokenizer)."""
     return DATASETS[canonical_dataset_name(name)].options

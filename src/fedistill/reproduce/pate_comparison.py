@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from fedistill.algorithms.shared.distillation_data import dataset_source
-from fedistill.data.registry import canonical_dataset_name
+from fedistill.data.registry import same_images
 from fedistill.data.transforms import to_float
 from fedistill.privacy import pate
 from fedistill.reproduce.pate_teachers import Queries
@@ -57,10 +57,10 @@ def public_inputs(spec: str, data: Any, config: Any, n: int, seed: int) -> tuple
     if not spec.startswith("dataset:"):
         sys.exit(f"--public takes 'dataset:<name>' or 'holdout', not {spec!r}")
     name = spec.split(":", 1)[1]
-    if canonical_dataset_name(name) == canonical_dataset_name(config.dataset):  # aliases too
+    if same_images(name, config.dataset):  # aliases and splits of one release too
         sys.exit(
-            f"--public {spec!r} is the federation's own dataset, whose training images are the clients' "
-            "private data: use 'holdout' (its held-out split) or another dataset"
+            f"--public {spec!r} is (or shares images with) the federation's own dataset, whose training "
+            "images are the clients' private data: use 'holdout' (its held-out split) or another dataset"
         )
     pool = dataset_source(name, info, config.data_dir, size=n, seed=seed, download=config.download)
     return pool.batch(

@@ -21,7 +21,7 @@ from fedistill.algorithms.shared.drop_worst import accuracy, drop_worst_weights,
 from fedistill.algorithms.shared.sampling import mean_metric, sample_clients, sampling_rate
 from fedistill.algorithms.shared.training import average_states, evaluate_model, new_model
 from fedistill.algorithms.shared.weight_average import robust_average_states
-from fedistill.data.registry import canonical_dataset_name
+from fedistill.data.registry import same_images
 from fedistill.errors import ConfigError
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import Message, state_specs
@@ -63,11 +63,12 @@ class FedDFServer(ServerLogic):
                 1.0 / len(self.validation),
                 " or feddf.holdout_val_share" if kind == "holdout" else "",
             )
-        # by registered name: an alias (sst-2, fmnist) loads the same training set
-        if kind == "dataset" and canonical_dataset_name(argument) == canonical_dataset_name(config.dataset):
+        # by registered name: an alias (sst-2, fmnist) loads the same training set, EMNIST's splits overlap
+        if kind == "dataset" and same_images(argument, config.dataset):
             raise ConfigError(
-                f"feddf.source = {self.options.source!r} is the federation's own dataset: the server "
-                "would hold the clients' training images. Use another dataset, a generator or noise"
+                f"feddf.source = {self.options.source!r} is (or shares images with) the federation's own "
+                "dataset: the server would hold the clients' training images. Use another dataset, a "
+                "generator or noise"
             )
         self.cycle = group_names(self.options, config)
         self.group_models = {name: new_model(config, info, name) for name in dict.fromkeys(self.cycle)}

@@ -37,7 +37,7 @@ from fedistill.algorithms.shared.distillation_data import (
     parse_source,
 )
 from fedistill.data.base import DatasetInfo
-from fedistill.data.registry import canonical_dataset_name, load_dataset
+from fedistill.data.registry import load_dataset, same_images
 from fedistill.data.transforms import fit_uint8, to_float
 from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.messages import ArraySpec, Message, expect_arrays
@@ -114,10 +114,10 @@ def build_public(spec: str, ctx: ServerContext, *, size: int, key: str, labelled
         images, labels, names = held.x, held.y, info.class_names
         what = f"the held-out split of {config.dataset}"
     else:
-        if canonical_dataset_name(argument) == canonical_dataset_name(config.dataset):  # aliases too
+        if same_images(argument, config.dataset):  # aliases and splits of one release too
             raise ConfigError(
-                f"{key} = {spec!r} is the federation's own dataset, whose training images are the "
-                "clients' private data: use 'holdout' (its held-out split) or another dataset"
+                f"{key} = {spec!r} is (or shares images with) the federation's own dataset, whose training "
+                "images are the clients' private data: use 'holdout' (its held-out split) or another dataset"
             )
         loaded = load_dataset(argument, config.data_dir, download=config.download)
         images = fit_uint8(loaded.train.x, info.channels, info.image_size)
