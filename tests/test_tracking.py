@@ -187,3 +187,22 @@ def test_mlflow_goes_where_the_environment_says(tmp_path, monkeypatch):
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
     assert tracking_uri(tmp_path / "suite" / "fedavg") == "http://tracking.example:5000"
+
+
+def test_a_run_resumed_after_its_last_round_logs_its_final_metrics_at_that_round(tmp_path, file_store_env):
+    """The run died after its last checkpoint (in the final evaluation), so the resumed run trains no round:
+    both trackers still log the final metrics at step = the last round, as a run that never stopped does."""
+    from mlflow.tracking import MlflowClient
+
+    config = build_config(RunConfig(), {**TINY, "out": str(tmp_path), "track": "tensorboard,mlflow"})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FedAvgServer, "final_evaluate", lambda *_: (_ for _ in ()).throw(RuntimeError("crash")))
+        with pytest.raises(RuntimeError, match="crash"):
+            run_suite(config, tmp_path / "suite", progress=False)
+    resume_suite(tmp_path / "suite", progress=False)
+    run_dir = tmp_path / "suite" / "fedavg"
+    record = json.loads((run_dir / "mlflow.json").read_text())
+    client = MlflowClient(record["tracking_uri"])
+    history = client.get_metric_history(record["run_id"], "final/test_accuracy")
+    assert [m.step for m in history] == [2]
+    assert [e.step for e in _events(run_dir).Scalars("final/test_accuracy")] == [2]
