@@ -169,3 +169,14 @@ def test_a_tilde_in_out_config_and_resume_means_the_home_folder(tmp_path, capsys
     from fedistill.config import RunConfig
 
     assert cache_folder(RunConfig(cache_dir="~/cache"), beside=work) == home / "cache"
+
+
+def test_summary_of_an_unfinished_algorithm_folder_names_the_folder_resume_takes(tmp_path, capsys):
+    """`--resume` takes the run's folder, not one algorithm's: the summary's advice must be one it accepts."""
+    assert main(["run", *FAST, "--algorithm", "fedavg", "--out", str(tmp_path), "--name", "x"]) == 0
+    (tmp_path / "x" / "fedavg" / "summary.json").unlink()  # as a run still going, or killed, leaves it
+    capsys.readouterr()
+    assert main(["summary", str(tmp_path / "x" / "fedavg")]) == 2
+    line = _error_line(capsys)
+    assert "no finished run yet" in line and line.endswith(f"--resume {tmp_path / 'x'}")
+    assert main(["run", "--resume", str(tmp_path / "x"), "--quiet"]) == 0

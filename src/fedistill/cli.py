@@ -215,9 +215,10 @@ def command_summary(args: argparse.Namespace) -> int:
         if (failure := recorded_failure(run_dir)) is not None:  # a `flwr run` that failed says why here
             print(failure_line(failure), file=sys.stderr)
             return failure_exit_code(failure)
-        if (run_dir / "config.toml").is_file():
+        if (run_dir / "config.toml").is_file():  # `--resume` takes the run's folder, not an algorithm's
+            suite = run_dir.parent if (run_dir.parent / "config.toml").is_file() else run_dir
             raise UserError(
-                f"{run_dir} holds no finished run yet (no summary.json); finish it with --resume {run_dir}"
+                f"{run_dir} holds no finished run yet (no summary.json); finish it with --resume {suite}"
             )
         raise UserError(f"{run_dir} holds no run (no summary.json); pass a folder written by `fedistill run`")
     print_results(summaries, title=str(run_dir))
