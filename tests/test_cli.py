@@ -169,3 +169,34 @@ def test_a_tilde_in_out_config_and_resume_means_the_home_folder(tmp_path, capsys
     from fedistill.config import RunConfig
 
     assert cache_folder(RunConfig(cache_dir="~/cache"), beside=work) == home / "cache"
+
+
+def test_summary_of_an_unfinished_algorithm_folder_names_the_folder_resume_takes(tmp_path, capsys):
+    """`--resume` takes the run's folder, not one algorithm's: the summary's advice must be one it accepts."""
+    assert main(["run", *FAST, "--algorithm", "fedavg", "--out", str(tmp_path), "--name", "x"]) == 0
+    (tmp_path / "x" / "fedavg" / "summary.json").unlink()  # as a run still going, or killed, leaves it
+    capsys.readouterr()
+    assert main(["summary", str(tmp_path / "x" / "fedavg")]) == 2
+    line = _error_line(capsys)
+    assert "no finished run yet" in line and line.endswith(f"--resume {tmp_path / 'x'}")
+    assert main(["run", "--resume", str(tmp_path / "x"), "--quiet"]) == 0
+
+
+def test_summary_of_a_run_partly_done_lists_its_algorithms_in_run_order_and_names_the_rest(tmp_path, capsys):
+    """A suite killed (or still running) after its first algorithm: the table is the one `fedistill run`
+    printed, in the run's order, and the algorithm still to come is named, not silently left out."""
+    algorithms = ["--algorithm", "standalone,fedavg,centralized"]
+    argv = ["run", *FAST, *algorithms, "--out", str(tmp_path), "--name", "x"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert main(["summary", str(tmp_path / "x")]) == 0
+    summary = capsys.readouterr()
+    assert summary.out.split("\n", 1)[1] == printed.split("\n", 1)[1]  # the same table under its title
+    (tmp_path / "x" / "centralized" / "summary.json").unlink()
+    assert main(["summary", str(tmp_path / "x")]) == 0
+    summary = capsys.readouterr()
+    rows = [line.split()[1] for line in summary.out.splitlines() if line.startswith("│")]
+    assert rows == ["standalone", "fedavg"]
+    assert summary.err.strip() == (
+        f"fedistill: not finished (no summary.json): centralized; finish with --resume {tmp_path / 'x'}"
+    )

@@ -49,3 +49,24 @@ def test_a_fediod_run_hands_over_the_latest_of_its_best_validated_epochs(tmp_pat
     latest_best = max(i for i, score in enumerate(scores) if score == max(scores))
     assert summary["final"]["selected_epoch"] == rows[latest_best]["round"]
     assert summary["final"]["test_accuracy"] == rows[latest_best]["test_accuracy"]
+
+
+def test_a_fediod_run_reports_the_validation_score_of_the_epoch_it_selected(tmp_path):
+    """Epoch 2 validates best and is handed over; epoch 3 validates worse. The summary's validation score
+    must be epoch 2's, beside epoch 2's test accuracy, not the last epoch's."""
+    import copy
+
+    from algorithm_helpers import TINY_FEDIOD
+    from fedistill.config import RunConfig, build_config
+    from fedistill.engine.launch import run_suite
+    from fedistill.engine.rundir import read_jsonl
+
+    layer = copy.deepcopy(TINY_FEDIOD) | {"rounds": 3, "val_fraction": 0.1}
+    layer["fediod"]["selection"] = "validation"
+    config = build_config(RunConfig(), layer, {"algorithm": "fediod", "dataset": "digits"})
+    final = run_suite(config, tmp_path, progress=False)[0]["final"]
+    rows = {row["round"]: row for row in read_jsonl(tmp_path / "fediod" / "metrics.jsonl")}
+    selected = final["selected_epoch"]
+    assert rows[selected]["val_accuracy"] > rows[3]["val_accuracy"]  # the last epoch is not the one kept
+    assert final["val_accuracy"] == rows[selected]["val_accuracy"]
+    assert final["test_accuracy"] == rows[selected]["test_accuracy"]

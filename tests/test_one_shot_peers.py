@@ -26,6 +26,7 @@ from fedistill.algorithms.one_shot.dense import losses as L
 from fedistill.config import RunConfig, build_config, options_for
 from fedistill.data.registry import load_dataset
 from fedistill.engine.launch import run_suite
+from fedistill.engine.rundir import read_jsonl
 from fedistill.errors import ConfigError
 from fedistill.federation.ledger import UP, read_ledger
 
@@ -327,6 +328,9 @@ def test_parameters_cross_once_and_the_three_methods_distil_the_same_teachers(tm
         assert sum("parameters" in r["kinds"] for r in records if r["direction"] == UP) == 3
         assert summaries[algorithm]["final"]["selection"] == "best on the clients' validation splits"
         assert summaries[algorithm]["final"]["fraction_of_ensemble"] > 0.0
+        rows = {r["round"]: r for r in read_jsonl(tmp_path / "suite" / algorithm / "metrics.jsonl")}
+        final = summaries[algorithm]["final"]
+        assert final["val_accuracy"] == rows[final["selected_epoch"]]["val_accuracy"]  # the selected epoch's
 
 
 def test_each_beats_the_mean_standalone_client_on_digits(tmp_path):

@@ -3,7 +3,7 @@
 import numpy as np
 from PIL import Image
 
-from fedistill.engine.summary import results_rows
+from fedistill.engine.summary import human_bytes, results_rows
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.plots import plot_image_grid
 
@@ -49,3 +49,18 @@ def test_the_image_grid_is_one_mosaic_with_every_image_in_its_cell(tmp_path):
         np.random.rand(4, 3, 8, 8), tmp_path / "rgb.png", labels=list("abcd"), columns=2
     )
     assert Image.open(labelled).size[0] > 0
+
+
+def test_byte_columns_count_in_powers_of_1000_as_every_other_mb_the_project_prints():
+    """The demo's FedAvg sent 12,874,400 bytes: 12.9 MB, as its README and demos record say (bytes / 1e6),
+    not 12.3 (bytes / 1024**2 under the name MB)."""
+    summary = _summary("fedavg", {"test_accuracy": 0.97})
+    summary["communication"][UP] = {
+        "total_bytes": 12_874_400,
+        "per_kind": {"parameters": 12_873_440, "metrics": 960},
+        "per_client": {},
+    }
+    (row,) = results_rows([summary])
+    assert row["up"] == "12.9 MB" and row["params up"] == "12.9 MB"
+    assert human_bytes(999) == "999 B" and human_bytes(772_464) == "772.5 KB"
+    assert human_bytes(1_500_000_000) == "1.5 GB"

@@ -187,3 +187,55 @@ def test_mlflow_goes_where_the_environment_says(tmp_path, monkeypatch):
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
     assert tracking_uri(tmp_path / "suite" / "fedavg") == "http://tracking.example:5000"
+
+
+def test_a_run_resumed_after_its_last_round_logs_its_final_metrics_at_that_round(tmp_path, file_store_env):
+    """The run died after its last checkpoint (in the final evaluation), so the resumed run trains no round:
+    both trackers still log the final metrics at step = the last round, as a run that never stopped does."""
+    from mlflow.tracking import MlflowClient
+
+    config = build_config(RunConfig(), {**TINY, "out": str(tmp_path), "track": "tensorboard,mlflow"})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FedAvgServer, "final_evaluate", lambda *_: (_ for _ in ()).throw(RuntimeError("crash")))
+        with pytest.raises(RuntimeError, match="crash"):
+            run_suite(config, tmp_path / "suite", progress=False)
+    resume_suite(tmp_path / "suite", progress=False)
+    run_dir = tmp_path / "suite" / "fedavg"
+    record = json.loads((run_dir / "mlflow.json").read_text())
+    client = MlflowClient(record["tracking_uri"])
+    history = client.get_metric_history(record["run_id"], "final/test_accuracy")
+    assert [m.step for m in history] == [2]
+    assert [e.step for e in _events(run_dir).Scalars("final/test_accuracy")] == [2]
+
+
+def test_a_tracker_that_fails_mid_run_is_dropped_with_a_warning_and_the_run_goes_on(
+    tmp_path, file_store_env, caplog
+):
+    """The MLflow server goes away in round 2: the run still finishes with its summary, TensorBoard still
+    gets every round and the final metrics, and a warning says MLflow stopped and why."""
+    from mlflow.exceptions import MlflowException
+
+    from fedistill.engine.tracking_mlflow import MlflowTracker
+
+    log_round = MlflowTracker.log_round
+
+    def server_gone(self, row, communication):
+        if row["round"] == 2:
+            raise MlflowException("API request to endpoint failed: connection refused")
+        log_round(self, row, communication)
+
+    config = build_config(RunConfig(), {**TINY, "out": str(tmp_path), "track": "mlflow,tensorboard"})
+    with pytest.MonkeyPatch.context() as patch, caplog.at_level("WARNING", logger="fedistill"):
+        patch.setattr(MlflowTracker, "log_round", server_gone)
+        (summary,) = run_suite(config, tmp_path / "suite", progress=False)
+    run_dir = tmp_path / "suite" / "fedavg"
+    assert json.loads((run_dir / "summary.json").read_text())["final"] == summary["final"]
+    events = _events(run_dir)
+    _check_tensorboard_scalars(events, run_dir)
+    assert [e.step for e in events.Scalars("final/test_accuracy")] == [2]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("mlflow" in m.lower() and "connection refused" in m for m in warned), warned
+    from mlflow.tracking import MlflowClient
+
+    record = json.loads((run_dir / "mlflow.json").read_text())
+    assert MlflowClient(record["tracking_uri"]).get_run(record["run_id"]).info.status == "KILLED"  # closed

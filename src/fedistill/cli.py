@@ -199,28 +199,43 @@ def command_list(args: argparse.Namespace) -> int:
 
 
 def command_summary(args: argparse.Namespace) -> int:
-    """`fedistill summary RUN`: the results table of a finished run directory."""
+    """`fedistill summary RUN`: the results table of a finished run directory, its algorithms in the order
+    `fedistill run` printed them; those not finished yet (running, failed, interrupted) are named on
+    stderr, with the command that finishes them."""
+    from fedistill.config import read_config
     from fedistill.engine.summary import print_results, read_summary
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise UserError(f"{run_dir} is not a folder; pass a run directory written by `fedistill run`")
+    suite = run_dir.parent if (run_dir.parent / "config.toml").is_file() else run_dir
     if (run_dir / "summary.json").is_file():
-        summaries = [read_summary(run_dir)]
+        summaries, unfinished = [read_summary(run_dir)], []
+    elif suite != run_dir and (run_dir / "config.toml").is_file():  # one algorithm's folder of a run
+        summaries, unfinished = [], [run_dir.name]
+    elif (run_dir / "config.toml").is_file():
+        names = read_config(run_dir / "config.toml").algorithms
+        summaries = [read_summary(run_dir / n) for n in names if (run_dir / n / "summary.json").is_file()]
+        unfinished = [n for n in names if not (run_dir / n / "summary.json").is_file()]
     else:
         summaries = [read_summary(d) for d in sorted(run_dir.iterdir()) if (d / "summary.json").is_file()]
+        unfinished = []
     if not summaries:
         from fedistill.engine.flower.outcome import failure_exit_code, failure_line, recorded_failure
 
         if (failure := recorded_failure(run_dir)) is not None:  # a `flwr run` that failed says why here
             print(failure_line(failure), file=sys.stderr)
             return failure_exit_code(failure)
-        if (run_dir / "config.toml").is_file():
+        if unfinished:
             raise UserError(
-                f"{run_dir} holds no finished run yet (no summary.json); finish it with --resume {run_dir}"
+                f"{run_dir} holds no finished run yet (no summary.json); finish it with --resume {suite}"
             )
         raise UserError(f"{run_dir} holds no run (no summary.json); pass a folder written by `fedistill run`")
     print_results(summaries, title=str(run_dir))
+    if unfinished:
+        names = ", ".join(unfinished)
+        print(f"fedistill: not finished (no summary.json): {names}; finish with --resume {suite}",
+              file=sys.stderr)  # fmt: skip
     return 0
 
 

@@ -33,11 +33,12 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
 
 
 def human_bytes(n: float) -> str:
-    """A byte count in the largest unit that keeps it readable (B, KB, MB or GB)."""
+    """A byte count in the largest unit that keeps it readable (B, KB, MB or GB), in powers of 1000 as
+    every other MB the project prints (the reports' and the READMEs' byte counts are bytes / 1e6)."""
     for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
+        if abs(n) < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+        n /= 1000
     return f"{n:.1f} GB"
 
 

@@ -75,18 +75,34 @@ class Tracking:
     def log_round(self, row: dict[str, Any]) -> None:
         """Call after `ledger.flush()`: traffic recorded before round 1 (set-up) goes to step 0."""
         traffic = self.ledger.read_by_round()
-        for round in sorted(r for r in traffic if r != row["round"]):
-            for tracker in self.trackers:
-                tracker.log_round({"round": round}, traffic[round])
-        for tracker in self.trackers:
-            tracker.log_round(row, traffic.get(row["round"], {}))
+        for tracker in list(self.trackers):
+            try:
+                for round in sorted(r for r in traffic if r != row["round"]):
+                    tracker.log_round({"round": round}, traffic[round])
+                tracker.log_round(row, traffic.get(row["round"], {}))
+            except Exception as exc:
+                self._drop(tracker, exc)
 
     def finish(self, summary: dict[str, Any], run_dir: Path) -> None:
         """Traffic after the last round's flush (a final evaluation) is not logged per round: it is in
         the summary's totals, which each tracker logs under `final/bytes/`."""
-        for tracker in self.trackers:
-            tracker.finish(summary, run_dir)
+        for tracker in list(self.trackers):
+            try:
+                tracker.finish(summary, run_dir)
+            except Exception as exc:
+                self._drop(tracker, exc)
         self.closed = True
+
+    def _drop(self, tracker: Tracker, exc: Exception) -> None:
+        """A tracker that failed (its server went away, its disk filled) is closed and left out, with a
+        warning: it is a live view, the run directory is the record, so the run goes on without it."""
+        self.trackers.remove(tracker)
+        log.warning("%s stopped tracking this run: %s; the run goes on, its record is the run directory",
+                    _name(tracker), exc)  # fmt: skip
+        try:
+            tracker.abort()
+        except Exception as again:
+            log.warning("could not close %s: %s", _name(tracker), again)
 
     def abort(self) -> None:
         """Close every tracker; a tracker failing here must not hide why the run stopped."""
@@ -96,7 +112,12 @@ class Tracking:
                 try:
                     tracker.abort()
                 except Exception as exc:
-                    log.warning("could not close %s: %s", type(tracker).__name__, exc)
+                    log.warning("could not close %s: %s", _name(tracker), exc)
+
+
+def _name(tracker: Tracker) -> str:
+    """The tracker as `track` names it (`MlflowTracker`: mlflow)."""
+    return type(tracker).__name__.removesuffix("Tracker").lower()
 
 
 class LedgerTail:

@@ -22,6 +22,7 @@ from fedistill.engine.tracking_values import (
     communication_scalars,
     config_params,
     final_scalars,
+    resumed_round,
     row_scalars,
 )
 from fedistill.errors import ConfigError
@@ -66,6 +67,9 @@ class MlflowTracker:
                 "track = mlflow needs MLflow: pip install -e '.[track]' (or fedistill[track])"
             ) from None
         uri = tracking_uri(run_dir)
+        # a resumed run that has no round left to train logs its final metrics at its last round, as
+        # TensorBoard does, not at step 0
+        self.step = resumed_round(run_dir)
         try:
             self.client = MlflowClient(tracking_uri=uri)
             self.run_id = self._reopen(run_dir, uri) or self._create(config, run_dir, uri)

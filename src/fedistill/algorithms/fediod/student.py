@@ -18,7 +18,7 @@ from fedistill.algorithms.fediod.options import (
 )
 from fedistill.algorithms.fediod.robustness import combined_ensemble, screened_logits
 from fedistill.algorithms.fediod.wire import evaluation_encodings, wire_encodings
-from fedistill.algorithms.shared.selection import clients_validation_score, keep_if_best
+from fedistill.algorithms.shared.selection import clients_validation_score, keep_if_best, with_selected_score
 from fedistill.algorithms.shared.training import has_dropout, test_metrics
 from fedistill.data.transforms import random_recolour, random_shift
 from fedistill.errors import FederationError
@@ -323,6 +323,8 @@ class StudentSteps:
             if not self.view.per_pixel:
                 test = {key: test[key] for key in (f"test_{headline}", "test_loss")}
             final |= test | {"selected_epoch": self.best["epoch"]}
+            if self.options.selection == "validation":
+                final = with_selected_score(final, self.best, f"val_{headline}")
         final["selection"] = {
             "validation": "best on the clients' validation splits",
             "last": "last epoch",

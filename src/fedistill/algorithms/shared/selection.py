@@ -33,6 +33,13 @@ def keep_if_best(best: dict[str, Any], score: float, epoch: int, module: nn.Modu
     return best
 
 
+def with_selected_score(final: dict[str, Any], best: dict[str, Any], key: str) -> dict[str, Any]:
+    """`final` (the last epoch's metrics, the selected epoch's test metrics put in) with `key`, the validation
+    metric selection ranked the epochs by, as the selected epoch's score: left as it was, it is the last
+    epoch's, beside a test metric of another epoch."""
+    return final | {key: best["score"]} if best["state"] is not None else final
+
+
 def clients_validation_score(
     fleet: Fleet,
     kind: str,

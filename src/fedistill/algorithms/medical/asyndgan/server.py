@@ -25,7 +25,12 @@ from fedistill.algorithms.medical.asyndgan.options import AsynDGANOptions, lr_fa
 from fedistill.algorithms.shared import site_shares as draws
 from fedistill.algorithms.shared.mask_upload import collect_masks
 from fedistill.algorithms.shared.schedules import set_lr
-from fedistill.algorithms.shared.selection import clients_validation_score, keep_if_best, nothing_selected
+from fedistill.algorithms.shared.selection import (
+    clients_validation_score,
+    keep_if_best,
+    nothing_selected,
+    with_selected_score,
+)
 from fedistill.algorithms.shared.training import LocalTraining, check_finite, new_model, task_of, test_metrics
 from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.fleet import Fleet, successful
@@ -285,6 +290,8 @@ class AsynDGANServer(ServerLogic):
         if self.best["state"] is not None:
             self.segmenter.load_state_dict(self.best["state"])
             final |= test_metrics(self.ctx.evaluate(self.segmenter)) | {"selected_epoch": self.best["epoch"]}
+            if self.options.selection == "validation":
+                final = with_selected_score(final, self.best, f"val_{self.task.headline}")
         final["selection"] = SELECTION_LABELS[self.options.selection]  # type: ignore[assignment]
         return final
 

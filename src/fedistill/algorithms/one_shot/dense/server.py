@@ -37,7 +37,12 @@ from fedistill.algorithms.one_shot.dense import losses as L
 from fedistill.algorithms.one_shot.dense.options import DenseOptions, teacher_of
 from fedistill.algorithms.shared.bn_matching import batchnorm_statistics_loss
 from fedistill.algorithms.shared.schedules import cosine_lr, set_lr
-from fedistill.algorithms.shared.selection import clients_validation_score, keep_if_best, nothing_selected
+from fedistill.algorithms.shared.selection import (
+    clients_validation_score,
+    keep_if_best,
+    nothing_selected,
+    with_selected_score,
+)
 from fedistill.algorithms.shared.stage1 import collect_local_models, teachers_from_cache
 from fedistill.algorithms.shared.synthetic_pool import SyntheticPool
 from fedistill.algorithms.shared.training import evaluate_model, new_model
@@ -342,6 +347,8 @@ class DenseServer(ServerLogic):
                 "test_loss": test["loss"],
                 "selected_epoch": self.best["epoch"],
             }
+            if self.options.selection in ("clients", "server"):
+                final = with_selected_score(final, self.best, "val_accuracy")
         final["selection"] = SELECTION_LABELS[self.options.selection]
         final |= self.reference
         if self.reference.get("ensemble_accuracy"):
