@@ -151,6 +151,20 @@ def test_each_cell_is_judged_against_its_recorded_number_with_mean_and_std_over_
     assert exit_code([by_row["near", "test"], by_row["free", "test"]]) == 0
 
 
+def test_a_cell_whose_seed_gave_no_number_is_no_result_not_the_mean_of_the_others(tmp_path):
+    """Seed 1 of run "a" failed (no summary): the seed that ran gives exactly the recorded 80.00, yet the
+    cell is no reproduction of a two-seed mean and fails, at either scale."""
+    fake_summary(tmp_path / "a0", "fedavg", test_accuracy=0.80, test_hd95=11.0)
+    folders = {"a": [tmp_path / "a0", tmp_path / "a1"]}
+    for scale in ("ci", "paper"):
+        by_row = {(c.row, c.column): c for c in checks(fake_target(scale), scale, folders)}
+        near = by_row["near", "test"]
+        assert near.values == pytest.approx((80.0,)) and near.verdict == NO_RESULT
+        assert by_row["hd", "hd95"].verdict == NO_RESULT
+        assert by_row["free", "test"].verdict == UNCHECKED  # nothing expected: still only reported
+        assert exit_code([near]) == 1
+
+
 def test_a_floor_row_reads_the_runs_trivial_predictor_not_its_model(tmp_path):
     summary = {"final": {"test_accuracy": 0.9}, "floor": {"label": "input", "test_accuracy": 0.4}}
     (tmp_path / "a0" / "fedavg").mkdir(parents=True)

@@ -4,8 +4,9 @@ it is checked against, the difference and the verdict.
 Below the paper's scale a number is checked both ways (|ours - recorded| <= tolerance: a regression check
 of our own recorded result). At the paper's scale only falling short counts against it: ours more than the
 tolerance below the paper's number (above it, for a lower-is-better column such as HD95) is `outside`,
-anything better is `within`. A cell with no expected number is `unchecked`; one whose runs gave no
-number is `no result`, which counts as a failure.
+anything better is `within`. A cell with no expected number is `unchecked`; one where any of its seeds
+gave no number (a run that failed) is `no result`, which counts as a failure: the mean of the seeds that
+did run is shown, but it is not the mean the expected number was recorded over.
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ def check_row(row: Row, column: Column, summaries: Sequence[Mapping[str, Any] | 
     std = statistics.stdev(values) if len(values) > 1 else None
     expected = row.expected.get(column.key)
     reference, difference, verdict = judge(mean, expected, check, column)
+    if reference is not None and len(values) < len(summaries):  # a seed without a number fails the cell
+        verdict = NO_RESULT
     return Check(
         row=row.label,
         column=column.key,
