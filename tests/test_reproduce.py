@@ -165,6 +165,20 @@ def test_a_cell_whose_seed_gave_no_number_is_no_result_not_the_mean_of_the_other
         assert exit_code([near]) == 1
 
 
+def test_a_seed_whose_summary_holds_nan_gives_no_number_instead_of_stopping_the_table(tmp_path):
+    """A metric left undefined (NaN in summary.json: an HD95 with no image to measure, a diverged loss) is
+    no number: the cell is `no result`, its std is over the numbers there are, and the table is written."""
+    fake_summary(tmp_path / "a0", "fedavg", test_accuracy=0.80, test_hd95=11.0)
+    fake_summary(tmp_path / "a1", "fedavg", test_accuracy=float("nan"), test_hd95=float("inf"))
+    fake_summary(tmp_path / "a2", "fedavg", test_accuracy=0.82, test_hd95=11.5)
+    cells = checks(fake_target(), "ci", {"a": [tmp_path / "a0", tmp_path / "a1", tmp_path / "a2"]})
+    by_row = {(c.row, c.column): c for c in cells}
+    near = by_row["near", "test"]
+    assert near.values == pytest.approx((80.0, 82.0)) and near.std == pytest.approx(1.4142, abs=1e-4)
+    assert near.verdict == NO_RESULT and by_row["hd", "hd95"].verdict == NO_RESULT
+    json.dumps([c.as_dict() for c in cells], allow_nan=False)  # table.json stays strict JSON
+
+
 def test_a_floor_row_reads_the_runs_trivial_predictor_not_its_model(tmp_path):
     summary = {"final": {"test_accuracy": 0.9}, "floor": {"label": "input", "test_accuracy": 0.4}}
     (tmp_path / "a0" / "fedavg").mkdir(parents=True)

@@ -12,6 +12,7 @@ did run is shown, but it is not the mean the expected number was recorded over.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -54,13 +55,14 @@ def value_at(summary: Mapping[str, Any], path: str) -> Any:
 
 def read_value(summary: Mapping[str, Any], column: Column, section: str = "final") -> float | None:
     """The column's number in one summary: the first of its paths that holds a number, scaled; paths into
-    "final" read `section` instead."""
+    "final" read `section` instead. NaN or infinity there (a metric left undefined) is no number: it cannot
+    be averaged with the other seeds' (and stopped the table's std), nor replaced by a later path's."""
     for path in column.paths:
         if section != "final" and path.startswith("final."):
             path = f"{section}.{path.removeprefix('final.')}"
         value = value_at(summary, path)
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value) * column.factor
+            return float(value) * column.factor if math.isfinite(value) else None
     return None
 
 
