@@ -304,6 +304,25 @@ def test_a_failing_run_leaves_its_rows_without_result(tiny, tmp_path, capsys):
     assert table["rows"][0]["verdict"] == NO_RESULT and table["runs"][0]["status"] == "failed"
 
 
+def test_a_failed_run_whose_rows_expect_no_number_still_fails_the_command(tmp_path, capsys, monkeypatch):
+    """Run "broken" (an unknown partition) is read only by a row without expected numbers: the checked row
+    is within, yet a run failed, so the command, table.json and the table's headline say so."""
+    config = tmp_path / "tiny.toml"
+    config.write_text('algorithm = "fedavg"\n', encoding="utf-8")
+    rows = (
+        Row("FedAvg", "suite", "fedavg", {"test": Expected(ours=50.0, tolerance=100.0)}),
+        Row("Broken", "broken", "fedavg"),
+    )
+    runs = (Run("suite", str(config), TINY), Run("broken", str(config), (*TINY, "partition='nope'")))
+    target = Target("tiny", "a tiny table", "no paper", (ACCURACY,), {"ci": Scale(runs, rows)})
+    monkeypatch.setattr(targets, "all_targets", lambda: {"tiny": target})
+    code, stdout, err = reproduce(capsys, "tiny", "--out", str(tmp_path / "out"))
+    assert "broken seed 0: failed" in err and code == 1
+    table = json.loads((tmp_path / "out" / "reproduce" / "tiny-ci" / "table.json").read_text("utf-8"))
+    assert [r["verdict"] for r in table["rows"]] == [WITHIN] and table["exit_code"] == 1
+    assert "**1 of 2 runs failed**" in stdout and "all within tolerance" not in stdout
+
+
 # --- the real ci targets -------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "name",

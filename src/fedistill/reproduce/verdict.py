@@ -129,6 +129,7 @@ def checks(target: Target, scale: str, folders: Mapping[str, Sequence[Path]]) ->
     return out
 
 
-def exit_code(cells: Sequence[Check]) -> int:
-    """1 when any cell is outside its tolerance or has no result, else 0."""
-    return 1 if any(c.verdict in FAILING for c in cells) else 0
+def exit_code(cells: Sequence[Check], run_failed: bool = False) -> int:
+    """1 when any cell is outside its tolerance or has no result, or a run failed (the rows it would give
+    may expect no number, and a row with neither value nor expected number is left out), else 0."""
+    return 1 if run_failed or any(c.verdict in FAILING for c in cells) else 0
