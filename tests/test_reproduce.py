@@ -202,6 +202,16 @@ def test_at_the_papers_scale_only_falling_short_fails(tmp_path):
     assert by_row["far", "test"] == OUTSIDE
 
 
+def test_the_table_lists_its_seeds_in_numeric_order():
+    from types import SimpleNamespace
+
+    from fedistill.reproduce.report import markdown
+
+    outcomes = [execute.Outcome(SimpleNamespace(run="a", seed=seed), "reused") for seed in (10, 2)]
+    lines = markdown(fake_target(), "ci", [], outcomes, "here")
+    assert "seeds 2, 10." in lines[2]
+
+
 # --- a tiny target end to end ---------------------------------------------------------------------------
 TINY = (
     "dataset='digits'",

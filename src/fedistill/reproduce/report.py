@@ -72,7 +72,7 @@ def markdown(
         f"# {target.title} ({scale} scale)",
         "",
         f"Reproduces: {target.source}. Target `{target.name}`, scale `{scale}`: {len(spec.runs)} runs, "
-        f"seeds {', '.join(sorted({str(o.job.seed) for o in outcomes}))}.",
+        f"seeds {', '.join(map(str, sorted({o.job.seed for o in outcomes})))}.",
     ]
     if spec.note:
         lines.append(f"Scale: {spec.note}.")
