@@ -26,6 +26,7 @@ from fedistill.federation.ledger import DOWN, UP
 from fedistill.machine import of_summaries
 from fedistill.reproduce.arguments import shown_arguments
 from fedistill.reproduce.paths import RUNS
+from fedistill.reproduce.reuse import kept
 from fedistill.reproduce.tables import write_table
 
 #: Options this script sets on the run itself: the record names where its runs went, not the user.
@@ -60,11 +61,11 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> tuple[Path, str]:
     """The run's folder and the commit that ran it, after running it (or finding it done with the same
-    options under `--reuse`)."""
+    options under `--reuse`, made by this code: one another code made is set aside, as `kept` does)."""
     folder = Path(args.out) / args.name
     given = folder / "record_options.json"
     done = json.loads(given.read_text()) if (folder / "results.json").is_file() and given.is_file() else {}
-    if args.reuse and done.get("options") == args.run:
+    if args.reuse and done.get("options") == args.run and kept(summary_paths(folder)):
         return folder, done["commit"]
     shutil.rmtree(folder, ignore_errors=True)  # `fedistill run` refuses to write over a run
     commit = head_commit()
@@ -76,6 +77,13 @@ def run(args: argparse.Namespace) -> tuple[Path, str]:
         )
     given.write_text(json.dumps({"options": args.run, "commit": commit}), encoding="utf-8")
     return folder, commit
+
+
+def summary_paths(folder: Path) -> list[Path]:
+    """The summary.json of every algorithm the finished run in `folder` lists in its results.json."""
+    return [
+        folder / s["algorithm"] / "summary.json" for s in json.loads((folder / "results.json").read_text())
+    ]
 
 
 def rounds(run_dir: Path, headline: str) -> list[float]:

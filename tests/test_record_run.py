@@ -51,6 +51,26 @@ def test_reuse_keeps_a_finished_run_with_the_same_options_and_reruns_a_changed_o
     assert started
 
 
+def test_reuse_runs_again_what_other_code_made_even_with_the_same_options(tmp_path, monkeypatch):
+    """The same options are not the same run when the library changed since: as every benchmark's
+    `--reuse`, the finished run another code made is set aside (kept, renamed) and made again."""
+    folder = tmp_path / "runs" / "probe"
+    (folder / "centralized").mkdir(parents=True)
+    (folder / "config.toml").write_text('algorithm = "centralized"\n')
+    summary = {"algorithm": "centralized", "versions": {"code": "0123456789ab"}}
+    (folder / "centralized" / "summary.json").write_text(json.dumps(summary))
+    (folder / "results.json").write_text(json.dumps([summary]))
+    (folder / "record_options.json").write_text(json.dumps({"options": RUN, "commit": "abc1234"}))
+    started = []
+    monkeypatch.setattr(record_run, "head_commit", lambda: "def5678")
+    monkeypatch.setattr(record_run.subprocess, "run", lambda *a, **k: started.append(a) or _failed())
+    with pytest.raises(SystemExit, match="failed"):
+        record_run.run(record_run.parse(["probe", "--out", str(tmp_path / "runs"), "--reuse", "--", *RUN]))
+    assert started
+    aside = folder.with_name("probe.other-code-0123456789ab")
+    assert json.loads((aside / "centralized" / "summary.json").read_text()) == summary
+
+
 def _failed():
     class Done:
         returncode = 1

@@ -151,6 +151,34 @@ def test_each_cell_is_judged_against_its_recorded_number_with_mean_and_std_over_
     assert exit_code([by_row["near", "test"], by_row["free", "test"]]) == 0
 
 
+def test_a_cell_whose_seed_gave_no_number_is_no_result_not_the_mean_of_the_others(tmp_path):
+    """Seed 1 of run "a" failed (no summary): the seed that ran gives exactly the recorded 80.00, yet the
+    cell is no reproduction of a two-seed mean and fails, at either scale."""
+    fake_summary(tmp_path / "a0", "fedavg", test_accuracy=0.80, test_hd95=11.0)
+    folders = {"a": [tmp_path / "a0", tmp_path / "a1"]}
+    for scale in ("ci", "paper"):
+        by_row = {(c.row, c.column): c for c in checks(fake_target(scale), scale, folders)}
+        near = by_row["near", "test"]
+        assert near.values == pytest.approx((80.0,)) and near.verdict == NO_RESULT
+        assert by_row["hd", "hd95"].verdict == NO_RESULT
+        assert by_row["free", "test"].verdict == UNCHECKED  # nothing expected: still only reported
+        assert exit_code([near]) == 1
+
+
+def test_a_seed_whose_summary_holds_nan_gives_no_number_instead_of_stopping_the_table(tmp_path):
+    """A metric left undefined (NaN in summary.json: an HD95 with no image to measure, a diverged loss) is
+    no number: the cell is `no result`, its std is over the numbers there are, and the table is written."""
+    fake_summary(tmp_path / "a0", "fedavg", test_accuracy=0.80, test_hd95=11.0)
+    fake_summary(tmp_path / "a1", "fedavg", test_accuracy=float("nan"), test_hd95=float("inf"))
+    fake_summary(tmp_path / "a2", "fedavg", test_accuracy=0.82, test_hd95=11.5)
+    cells = checks(fake_target(), "ci", {"a": [tmp_path / "a0", tmp_path / "a1", tmp_path / "a2"]})
+    by_row = {(c.row, c.column): c for c in cells}
+    near = by_row["near", "test"]
+    assert near.values == pytest.approx((80.0, 82.0)) and near.std == pytest.approx(1.4142, abs=1e-4)
+    assert near.verdict == NO_RESULT and by_row["hd", "hd95"].verdict == NO_RESULT
+    json.dumps([c.as_dict() for c in cells], allow_nan=False)  # table.json stays strict JSON
+
+
 def test_a_floor_row_reads_the_runs_trivial_predictor_not_its_model(tmp_path):
     summary = {"final": {"test_accuracy": 0.9}, "floor": {"label": "input", "test_accuracy": 0.4}}
     (tmp_path / "a0" / "fedavg").mkdir(parents=True)
@@ -172,6 +200,16 @@ def test_at_the_papers_scale_only_falling_short_fails(tmp_path):
     by_row = {(c.row, c.column): c.verdict for c in cells}
     assert by_row["near", "test"] == WITHIN and by_row["hd", "hd95"] == WITHIN
     assert by_row["far", "test"] == OUTSIDE
+
+
+def test_the_table_lists_its_seeds_in_numeric_order():
+    from types import SimpleNamespace
+
+    from fedistill.reproduce.report import markdown
+
+    outcomes = [execute.Outcome(SimpleNamespace(run="a", seed=seed), "reused") for seed in (10, 2)]
+    lines = markdown(fake_target(), "ci", [], outcomes, "here")
+    assert "seeds 2, 10." in lines[2]
 
 
 # --- a tiny target end to end ---------------------------------------------------------------------------
@@ -274,6 +312,25 @@ def test_a_failing_run_leaves_its_rows_without_result(tiny, tmp_path, capsys):
     assert code == 1 and "suite seed 0: failed" in err and "nope" in err
     table = json.loads((tmp_path / "out" / "reproduce" / "tiny-ci" / "table.json").read_text("utf-8"))
     assert table["rows"][0]["verdict"] == NO_RESULT and table["runs"][0]["status"] == "failed"
+
+
+def test_a_failed_run_whose_rows_expect_no_number_still_fails_the_command(tmp_path, capsys, monkeypatch):
+    """Run "broken" (an unknown partition) is read only by a row without expected numbers: the checked row
+    is within, yet a run failed, so the command, table.json and the table's headline say so."""
+    config = tmp_path / "tiny.toml"
+    config.write_text('algorithm = "fedavg"\n', encoding="utf-8")
+    rows = (
+        Row("FedAvg", "suite", "fedavg", {"test": Expected(ours=50.0, tolerance=100.0)}),
+        Row("Broken", "broken", "fedavg"),
+    )
+    runs = (Run("suite", str(config), TINY), Run("broken", str(config), (*TINY, "partition='nope'")))
+    target = Target("tiny", "a tiny table", "no paper", (ACCURACY,), {"ci": Scale(runs, rows)})
+    monkeypatch.setattr(targets, "all_targets", lambda: {"tiny": target})
+    code, stdout, err = reproduce(capsys, "tiny", "--out", str(tmp_path / "out"))
+    assert "broken seed 0: failed" in err and code == 1
+    table = json.loads((tmp_path / "out" / "reproduce" / "tiny-ci" / "table.json").read_text("utf-8"))
+    assert [r["verdict"] for r in table["rows"]] == [WITHIN] and table["exit_code"] == 1
+    assert "**1 of 2 runs failed**" in stdout and "all within tolerance" not in stdout
 
 
 # --- the real ci targets -------------------------------------------------------------------------------

@@ -115,3 +115,27 @@ def test_a_run_that_cannot_be_set_aside_says_what_to_do(tmp_path, monkeypatch):
     told = r"cannot be set aside .*Permission denied.*FEDISTILL_REUSE_OTHER_CODE=1"
     with pytest.raises(RunDirError, match=told):
         reuse.reusable(path, True)
+
+
+def test_the_fedmdcg_table_reuses_a_cell_only_when_its_config_still_asks_for_those_settings(tmp_path):
+    """A cell's run name says dataset, method, omega, seed and rounds, not what its config file holds:
+    after the config changes (here its lr), `--reuse` must run the cell again, not keep the old run."""
+    import argparse
+
+    from fedistill.config import read_config
+    from fedistill.reproduce.fedmdcg_table import run_cell
+
+    config = tmp_path / "cell.toml"
+    base = 'algorithm = "fedavg"\ndataset = "digits"\nmodel = "mlp"\nclients = 3\nval_fraction = 0.0\n'
+    config.write_text(base + "lr = 0.05\n", encoding="utf-8")
+    args = argparse.Namespace(out=str(tmp_path / "runs"), rounds=1, reuse=True, threads=1, data_dir="data")
+    run_dir = run_cell(config, "digits", "fedavg", 1.0, 0, args)
+    made = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["versions"]["code"]
+    assert made == code_fingerprint() and read_config(run_dir.parent / "config.toml").lr == 0.05
+    mtime = (run_dir / "summary.json").stat().st_mtime_ns
+    assert run_cell(config, "digits", "fedavg", 1.0, 0, args) == run_dir  # the same settings: kept
+    assert (run_dir / "summary.json").stat().st_mtime_ns == mtime
+    config.write_text(base + "lr = 0.01\n", encoding="utf-8")
+    assert run_cell(config, "digits", "fedavg", 1.0, 0, args) == run_dir
+    assert read_config(run_dir.parent / "config.toml").lr == 0.01  # run again under the new settings
+    assert (run_dir / "summary.json").stat().st_mtime_ns != mtime

@@ -5,7 +5,7 @@
 
 Runs what is missing (a finished run is reused, an interrupted one resumes), then writes table.md,
 table.json and table.png into <out>/reproduce/<NAME>-<scale>/. Exit code 0 when every checked number is
-within its tolerance, 1 when one is not (or has no result), 2 for a usage mistake.
+within its tolerance, 1 when one is not (or has no result) or a run failed, 2 for a usage mistake.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def reproduce(args: argparse.Namespace) -> int:
         f"written: {markdown.parent / 'table'}.md, .json and .png",
         file=sys.stderr,
     )
-    return exit_code(cells)
+    return exit_code(cells, any(o.status == "failed" for o in outcomes))
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -28,8 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from fedistill import machine
+from fedistill.config import RunConfig, build_config, load_toml, parse_assignment, read_config
+from fedistill.engine.setup import canonical_dataset
+from fedistill.errors import UserError
 from fedistill.reproduce.launch import fedistill_run
 from fedistill.reproduce.paths import CONFIGS, display_path
+from fedistill.reproduce.plan import digest
 from fedistill.reproduce.reuse import reusable
 from fedistill.reproduce.tables import write_table
 
@@ -57,6 +61,20 @@ def cell_name(dataset: str, method: str, omega: float, seed: int, rounds: int, v
     return f"{name}-{variant}" if variant else name
 
 
+def ran_as_asked(suite: Path, config: Path, seed: int, rounds: int, sets: Sequence[str]) -> bool:
+    """Whether the run in `suite` was given the settings the cell asks for now: its name says dataset,
+    method, omega, seed and rounds, not what the config file holds or the `--set`s (compared as
+    `fedistill reproduce` names its runs, where they go and read their data from aside)."""
+    if not (suite / "config.toml").is_file():
+        return False
+    layers = [load_toml(config), {"seed": seed, "rounds": rounds}, dict(parse_assignment(s) for s in sets)]
+    try:
+        made = read_config(suite / "config.toml")
+    except UserError:  # a damaged config.toml: nothing to go on from
+        return False
+    return digest(made) == digest(canonical_dataset(build_config(RunConfig(), *layers)))
+
+
 def run_cell(
     config: Path,
     dataset: str,
@@ -72,14 +90,15 @@ def run_cell(
     out = Path(args.out)
     name = cell_name(dataset, method, omega, seed, args.rounds, variant)
     suite, run_dir = out / name, out / name / method
-    if reusable(run_dir / "summary.json", args.reuse):
+    sets = [*sets, *([f"threads={args.threads}"] if args.threads else [])]
+    keep = args.reuse and ran_as_asked(suite, config, seed, args.rounds, sets)
+    if reusable(run_dir / "summary.json", keep):
         return run_dir
-    if args.reuse and (suite / "config.toml").is_file():
+    if keep and (suite / "config.toml").is_file():
         fedistill_run(["--resume", str(suite)])
         return run_dir
     if suite.exists():
         shutil.rmtree(suite)
-    sets = [*sets, *([f"threads={args.threads}"] if args.threads else [])]
     fedistill_run(
         ["--config", str(config), "--data-dir", args.data_dir, "--seed", str(seed),
          "--rounds", str(args.rounds), "--out", str(out), "--name", name,

@@ -65,11 +65,14 @@ def markdown(
     columns = {c.key: c for c in target.columns_at(scale)}
     checked = "our recorded number at this scale" if spec.check == "ours" else "the paper's number"
     failing = sum(c.verdict in FAILING for c in cells)
+    failed = [o for o in outcomes if o.status == "failed"]
+    problems = [f"{failing} outside tolerance or without result"] if failing else []
+    problems += [f"{len(failed)} of {len(outcomes)} runs failed"] if failed else []
     lines = [
         f"# {target.title} ({scale} scale)",
         "",
         f"Reproduces: {target.source}. Target `{target.name}`, scale `{scale}`: {len(spec.runs)} runs, "
-        f"seeds {', '.join(sorted({str(o.job.seed) for o in outcomes}))}.",
+        f"seeds {', '.join(map(str, sorted({o.job.seed for o in outcomes})))}.",
     ]
     if spec.note:
         lines.append(f"Scale: {spec.note}.")
@@ -79,7 +82,7 @@ def markdown(
         + "; the paper's number is shown "
         + ("for reference only." if spec.check == "ours" else "as checked."),
         "",
-        f"**{'all within tolerance' if not failing else f'{failing} outside tolerance or without result'}**",
+        f"**{'; '.join(problems) or 'all within tolerance'}**",
         "",
         "| row | column | paper | checked against | ours | difference | tolerance | verdict |",
         "|---|---|---|---|---|---|---|---|",
@@ -93,7 +96,6 @@ def markdown(
             f"{MARKS[cell.verdict]} |"
         )
     lines += ["", runs_line(outcomes), f"Machine: {ran_on}."]
-    failed = [o for o in outcomes if o.status == "failed"]
     if failed:
         lines += ["", "Runs that failed:", *(f"- {o.job.run} seed {o.job.seed}: {o.error}" for o in failed)]
     return lines
@@ -109,7 +111,7 @@ def payload(
         "source": target.source,
         "scale": scale,
         "checked_against": spec.check,
-        "exit_code": exit_code(cells),
+        "exit_code": exit_code(cells, any(o.status == "failed" for o in outcomes)),
         "columns": [
             {"key": c.key, "label": c.label, "higher_is_better": c.higher_is_better}
             for c in target.columns_at(scale)

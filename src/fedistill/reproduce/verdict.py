@@ -4,13 +4,15 @@ it is checked against, the difference and the verdict.
 Below the paper's scale a number is checked both ways (|ours - recorded| <= tolerance: a regression check
 of our own recorded result). At the paper's scale only falling short counts against it: ours more than the
 tolerance below the paper's number (above it, for a lower-is-better column such as HD95) is `outside`,
-anything better is `within`. A cell with no expected number is `unchecked`; one whose runs gave no
-number is `no result`, which counts as a failure.
+anything better is `within`. A cell with no expected number is `unchecked`; one where any of its seeds
+gave no number (a run that failed) is `no result`, which counts as a failure: the mean of the seeds that
+did run is shown, but it is not the mean the expected number was recorded over.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -53,13 +55,14 @@ def value_at(summary: Mapping[str, Any], path: str) -> Any:
 
 def read_value(summary: Mapping[str, Any], column: Column, section: str = "final") -> float | None:
     """The column's number in one summary: the first of its paths that holds a number, scaled; paths into
-    "final" read `section` instead."""
+    "final" read `section` instead. NaN or infinity there (a metric left undefined) is no number: it cannot
+    be averaged with the other seeds' (and stopped the table's std), nor replaced by a later path's."""
     for path in column.paths:
         if section != "final" and path.startswith("final."):
             path = f"{section}.{path.removeprefix('final.')}"
         value = value_at(summary, path)
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value) * column.factor
+            return float(value) * column.factor if math.isfinite(value) else None
     return None
 
 
@@ -95,6 +98,8 @@ def check_row(row: Row, column: Column, summaries: Sequence[Mapping[str, Any] | 
     std = statistics.stdev(values) if len(values) > 1 else None
     expected = row.expected.get(column.key)
     reference, difference, verdict = judge(mean, expected, check, column)
+    if reference is not None and len(values) < len(summaries):  # a seed without a number fails the cell
+        verdict = NO_RESULT
     return Check(
         row=row.label,
         column=column.key,
@@ -124,6 +129,7 @@ def checks(target: Target, scale: str, folders: Mapping[str, Sequence[Path]]) ->
     return out
 
 
-def exit_code(cells: Sequence[Check]) -> int:
-    """1 when any cell is outside its tolerance or has no result, else 0."""
-    return 1 if any(c.verdict in FAILING for c in cells) else 0
+def exit_code(cells: Sequence[Check], run_failed: bool = False) -> int:
+    """1 when any cell is outside its tolerance or has no result, or a run failed (the rows it would give
+    may expect no number, and a row with neither value nor expected number is left out), else 0."""
+    return 1 if run_failed or any(c.verdict in FAILING for c in cells) else 0
