@@ -239,3 +239,22 @@ def test_a_tracker_that_fails_mid_run_is_dropped_with_a_warning_and_the_run_goes
 
     record = json.loads((run_dir / "mlflow.json").read_text())
     assert MlflowClient(record["tracking_uri"]).get_run(record["run_id"]).info.status == "KILLED"  # closed
+
+
+def test_a_tracker_that_cannot_start_closes_the_ones_started_before_it(tmp_path, file_store_env):
+    """`track = "mlflow,tensorboard"` with TensorBoard failing to start: the run stops, and the MLflow run
+    already opened is closed (KILLED), not left RUNNING in the store."""
+    from mlflow.tracking import MlflowClient
+
+    from fedistill.engine.tracking_tensorboard import TensorBoardTracker
+
+    def cannot_start(self, config, run_dir):
+        raise OSError("No space left on device")
+
+    config = build_config(RunConfig(), {**TINY, "out": str(tmp_path), "track": "mlflow,tensorboard"})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(TensorBoardTracker, "start", cannot_start)
+        with pytest.raises(OSError, match="No space left"):
+            run_suite(config, tmp_path / "suite", progress=False)
+    record = json.loads((tmp_path / "suite" / "fedavg" / "mlflow.json").read_text())
+    assert MlflowClient(record["tracking_uri"]).get_run(record["run_id"]).info.status == "KILLED"
