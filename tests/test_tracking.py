@@ -258,3 +258,22 @@ def test_a_tracker_that_cannot_start_closes_the_ones_started_before_it(tmp_path,
             run_suite(config, tmp_path / "suite", progress=False)
     record = json.loads((tmp_path / "suite" / "fedavg" / "mlflow.json").read_text())
     assert MlflowClient(record["tracking_uri"]).get_run(record["run_id"]).info.status == "KILLED"
+
+
+def test_a_run_failing_after_its_last_round_closes_its_trackers(tmp_path, file_store_env):
+    """Writing the models, plot or summary fails (a full disk): the MLflow run is closed (KILLED), not left
+    RUNNING, and `--resume` logs on from the checkpoint as after any failure."""
+    from mlflow.tracking import MlflowClient
+
+    from fedistill.engine import loop
+
+    def disk_full(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    config = build_config(RunConfig(), {**TINY, "out": str(tmp_path), "track": "mlflow"})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop, "write_summary", disk_full)
+        with pytest.raises(OSError, match="No space left"):
+            run_suite(config, tmp_path / "suite", progress=False)
+    record = json.loads((tmp_path / "suite" / "fedavg" / "mlflow.json").read_text())
+    assert MlflowClient(record["tracking_uri"]).get_run(record["run_id"]).info.status == "KILLED"

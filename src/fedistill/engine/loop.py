@@ -284,59 +284,66 @@ def _loop(
         if tracking is not None and sys.exc_info()[0] is not None:
             tracking.abort()  # interrupted or failed: `--resume` logs on from its checkpoint
 
-    floor = floor_scores(task, data.dataset, test_sources)  # the trivial predictor, where the task names one
-    (run_dir / "models").mkdir(exist_ok=True)
-    for name, module in server.models().items():
-        # a module may name what its weights alone do not record (a generator: its number of upsamplings)
-        described = getattr(module, "export_metadata", dict)()
-        # the dataset's facts (normalisation, size, classes) travel with the weights: load_model needs no data
-        metadata = {"algorithm": algorithm.name, "dataset_info": info.to_json(),
-                    "task_options": json.dumps(task.options()), **described}  # fmt: skip
-        save_model(module, run_dir / "models" / f"{name}.safetensors", metadata)
-    plot_learning_curves(
-        {algorithm.name: metrics.rows},
-        run_dir / "plots" / "learning_curve.png",
-        title=f"{config.dataset}",
-        metrics=(headline,),
-    )
-    summary = {
-        "algorithm": algorithm.name,
-        "description": algorithm.summary,
-        "federated": not algorithm.pooled,
-        "dataset": config.dataset,
-        "task": task.name,
-        "headline": headline,
-        "columns": [list(column) for column in task.columns],
-        "model": config.model,
-        "clients": num_clients,
-        "transport": "flower" if grid is not None else "inprocess",
-        "device": str(devices.current()),
-        "device_name": devices.describe(),
-        "rounds": config.rounds,
-        "seed": config.seed,
-        "partition": {
-            "method": config.partition,
-            "alpha": config.alpha,
-            "hash": data.split.hash(),
-            "sizes": [len(idx) for idx in data.split.client_train],
-        },
-        "final": final,
-        headline: final.get(headline),  # the headline's value at the top level, as readers expect it
-        **({"floor": floor} if floor else {}),
-        "stopped": stopped,
-        ORACLE_METRIC: final_oracle,
-        "oracle": _oracle_note(algorithm, grid),
-        "wall_time_s": time.perf_counter() - started,
-        "setup_time_s": setup_s,  # before round 1 (FedIOD: stage 1); None when resumed
-        "peak_memory_mb": _peak_memory_mb(),
-        **_device_peak_memory(),
-        "communication": ledger.totals.summary(),
-        "dropped_clients": {str(k): v for k, v in fleet.dropped.items()},
-        "versions": ran_with,
-        "machine": ran_on,  # the server's: in-process and on Flower's simulation, every site's too
-        **({"machine_history": machines_so_far} if len(machines_so_far) > 1 else {}),  # resumed elsewhere
-    }
-    write_summary(run_dir, summary)
+    try:  # the models, plot and summary: a tracker still open is closed if writing them fails
+        # the trivial predictor, where the task names one
+        floor = floor_scores(task, data.dataset, test_sources)
+        (run_dir / "models").mkdir(exist_ok=True)
+        for name, module in server.models().items():
+            # a module may name what its weights alone do not record (a generator: its upsamplings)
+            described = getattr(module, "export_metadata", dict)()
+            # the dataset's facts (normalisation, size, classes) travel with the weights: load_model
+            # needs no data
+            metadata = {"algorithm": algorithm.name, "dataset_info": info.to_json(),
+                        "task_options": json.dumps(task.options()), **described}  # fmt: skip
+            save_model(module, run_dir / "models" / f"{name}.safetensors", metadata)
+        plot_learning_curves(
+            {algorithm.name: metrics.rows},
+            run_dir / "plots" / "learning_curve.png",
+            title=f"{config.dataset}",
+            metrics=(headline,),
+        )
+        summary = {
+            "algorithm": algorithm.name,
+            "description": algorithm.summary,
+            "federated": not algorithm.pooled,
+            "dataset": config.dataset,
+            "task": task.name,
+            "headline": headline,
+            "columns": [list(column) for column in task.columns],
+            "model": config.model,
+            "clients": num_clients,
+            "transport": "flower" if grid is not None else "inprocess",
+            "device": str(devices.current()),
+            "device_name": devices.describe(),
+            "rounds": config.rounds,
+            "seed": config.seed,
+            "partition": {
+                "method": config.partition,
+                "alpha": config.alpha,
+                "hash": data.split.hash(),
+                "sizes": [len(idx) for idx in data.split.client_train],
+            },
+            "final": final,
+            headline: final.get(headline),  # the headline's value at the top level, as readers expect it
+            **({"floor": floor} if floor else {}),
+            "stopped": stopped,
+            ORACLE_METRIC: final_oracle,
+            "oracle": _oracle_note(algorithm, grid),
+            "wall_time_s": time.perf_counter() - started,
+            "setup_time_s": setup_s,  # before round 1 (FedIOD: stage 1); None when resumed
+            "peak_memory_mb": _peak_memory_mb(),
+            **_device_peak_memory(),
+            "communication": ledger.totals.summary(),
+            "dropped_clients": {str(k): v for k, v in fleet.dropped.items()},
+            "versions": ran_with,
+            "machine": ran_on,  # the server's: in-process and on Flower's simulation, every site's too
+            **({"machine_history": machines_so_far} if len(machines_so_far) > 1 else {}),  # resumed elsewhere
+        }
+        write_summary(run_dir, summary)
+    except BaseException:
+        if tracking is not None:
+            tracking.abort()
+        raise
     if tracking is not None:
         tracking.finish(summary, run_dir)
     return summary
