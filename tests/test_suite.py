@@ -32,3 +32,25 @@ def test_a_suites_thread_count_does_not_outlive_it(tmp_path, one_thread):
     _final(tmp_path / "two", threads=2)
     assert torch.get_num_threads() == 1
     assert _final(tmp_path / "after") == fresh
+
+
+def test_an_algorithm_that_stops_a_suite_is_named(tmp_path, monkeypatch, capsys):
+    """A suite of several algorithms stopped by one said only 'only 0 of 2 clients returned ...', not
+    which algorithm's clients."""
+    from fedistill.algorithms.classic.fedavg import FedAvgClient
+    from fedistill.cli import main
+
+    handle = FedAvgClient.handle
+
+    def failing(self, message):
+        if type(self) is FedAvgClient:  # FedDF's clients are FedAvg's too: only FedAvg's fail
+            raise RuntimeError("out of memory")
+        return handle(self, message)
+
+    monkeypatch.setattr(FedAvgClient, "handle", failing)
+    argv = ["run", "--algorithm", "standalone,fedavg,feddf", "--clients", "2", "--rounds", "1"]
+    assert main([*argv, "--model", "mlp", "--quiet", "--out", str(tmp_path), "--name", "s"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fedistill: run stopped: fedavg: only 0 of 2 clients returned"), err
+    assert "client 0: RuntimeError: out of memory" in err and len(err.splitlines()) == 1
+    assert (tmp_path / "s" / "standalone" / "summary.json").is_file()

@@ -16,7 +16,7 @@ from fedistill.engine.loop import run_algorithm
 from fedistill.engine.rundir import read_jsonl
 from fedistill.engine.setup import Prepared, resolve
 from fedistill.engine.summary import read_summary, write_suite_results
-from fedistill.errors import RunDirError
+from fedistill.errors import FederationError, RunDirError
 
 log = logging.getLogger("fedistill")
 
@@ -66,11 +66,16 @@ def _run_algorithms(
             except RunDirError as exc:
                 log.warning("%s; finishing %s again from its last checkpoint", exc, name)
         on_grid = grid if not resolve(config, name).algorithm.pooled else None
-        summaries.append(
-            run_algorithm(
-                for_algorithm(config, name), run_dir, data, resume=resume, progress=progress, grid=on_grid
+        try:
+            summaries.append(
+                run_algorithm(
+                    for_algorithm(config, name), run_dir, data, resume=resume, progress=progress, grid=on_grid
+                )
             )
-        )
+        except FederationError as exc:  # in a suite, say whose clients stopped it
+            if len(config.algorithms) == 1:
+                raise
+            raise FederationError(f"{name}: {exc}") from exc
     curves = {s["algorithm"]: read_jsonl(suite_dir / s["algorithm"] / "metrics.jsonl") for s in summaries}
     write_suite_results(suite_dir, summaries, curves)
     return summaries
