@@ -170,3 +170,27 @@ def test_a_checkpoint_from_before_manifests_that_lost_a_clients_part_is_named_in
         part.unlink()
     with pytest.raises(RunDirError, match="its checkpoint lacks client_001; start again"):
         resume_suite(tmp_path, progress=False)
+
+
+def test_a_resumed_run_keeps_the_setup_time_its_first_start_measured(tmp_path, monkeypatch):
+    """The set-up before round 1 (FedIOD's stage 1) is timed once, by the start that ran it: a resumed run's
+    summary said `setup_time_s: null`, though its wall time counted that set-up."""
+    import time
+
+    from algorithm_helpers import run_until_crash
+    from fedistill.algorithms.classic.fedavg import FedAvgServer
+    from fedistill.config import RunConfig, build_config
+    from fedistill.engine.launch import resume_suite
+
+    setup = FedAvgServer.setup
+
+    def slow_setup(self, fleet):
+        time.sleep(0.3)
+        setup(self, fleet)
+
+    monkeypatch.setattr(FedAvgServer, "setup", slow_setup)
+    config = build_config(RunConfig(), {"algorithm": "fedavg", "clients": 2, "rounds": 2, "model": "mlp"}, {})
+    run_until_crash(config, FedAvgServer, tmp_path, crash_round=2)
+    monkeypatch.setattr(FedAvgServer, "setup", lambda self, fleet: pytest.fail("set up again on resume"))
+    summary = resume_suite(tmp_path, progress=False)[0]
+    assert 0.3 <= summary["setup_time_s"] < summary["wall_time_s"]

@@ -176,3 +176,23 @@ def test_ctrl_c_is_announced_once(capsys):
             interrupt.check()
     interrupt.check()  # the request ends with the outermost body
     assert capsys.readouterr().err.count("stopping after this step") == 1
+
+
+def test_a_full_disk_at_the_summary_leaves_a_run_resume_finishes(tmp_path, capsys, monkeypatch):
+    """summary.json marks a finished run (a resume keeps it): a disk that filled up before summary.md was
+    written left a summary.json alone, and `--resume`, which the message advised, never wrote summary.md."""
+    real_write = disk.write_text
+
+    def full_at_summary_md(path, text):
+        if Path(path).name == "summary.md":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real_write(path, text)
+
+    monkeypatch.setattr(disk, "write_text", full_at_summary_md)
+    run = tmp_path / "r"
+    assert main(_run(tmp_path, "--name", "r")) == 1
+    assert _stderr_line(capsys).endswith(f"continue with --resume {run}")
+    monkeypatch.setattr(disk, "write_text", real_write)
+    assert main(["run", "--resume", str(run), "--quiet"]) == 0
+    assert (run / "fedavg" / "summary.md").is_file() and (run / "fedavg" / "summary.json").is_file()
+    assert "# fedavg on digits" in (run / "fedavg" / "summary.md").read_text()

@@ -223,7 +223,8 @@ def _loop(
 
     start_round = runner_state["round"] + 1
     settings = resumable_settings(config)  # what every checkpoint records
-    setup_s = time.perf_counter() - started if not state else None
+    # timed once, by the start that ran it; a checkpoint carries it (None: one written before it did)
+    setup_s = time.perf_counter() - started if not state else runner_state.get("setup_time_s")
     last_eval: dict[str, float] = dict(runner_state.get("last_eval", {}))
     stopped: str | None = None  # why the server ended the run early (StopRun), if it did
     bar = tqdm(
@@ -267,6 +268,7 @@ def _loop(
                     "ledger": ledger.count,
                     "metrics": len(metrics.rows),
                     "elapsed": time.perf_counter() - started,
+                    "setup_time_s": setup_s,
                     "dropped": {str(k): v for k, v in fleet.dropped.items()},
                     "last_eval": last_eval,
                     "machines": machines_so_far,
@@ -330,7 +332,7 @@ def _loop(
             ORACLE_METRIC: final_oracle,
             "oracle": _oracle_note(algorithm, grid),
             "wall_time_s": time.perf_counter() - started,
-            "setup_time_s": setup_s,  # before round 1 (FedIOD: stage 1); None when resumed
+            "setup_time_s": setup_s,  # before round 1 (FedIOD: stage 1), by the run's first start
             "peak_memory_mb": _peak_memory_mb(),
             **_device_peak_memory(),
             "communication": ledger.totals.summary(),

@@ -73,9 +73,10 @@ def accuracy_cell(final: dict[str, Any]) -> str:
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    """Write a run's summary.json and its human-readable summary.md beside it."""
-    write_json(run_dir / "summary.json", summary)
+    """Write a run's human-readable summary.md, then its summary.json: the json marks a finished run (a
+    resume keeps it), so it comes last, and a write cut short leaves a run `--resume` finishes."""
     disk.write_text(run_dir / "summary.md", summary_markdown(summary))
+    write_json(run_dir / "summary.json", summary)
 
 
 def oracle_line(s: dict[str, Any]) -> list[str]:
