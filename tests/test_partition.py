@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -420,3 +421,24 @@ def test_a_site_of_one_source_validates_on_whole_subjects_of_its_own(monkeypatch
     nuclei = nuclei_dataset("tiles", wholes, wholes[:1], Patching(8, 8, 1.0), ("x", "y"))
     assert np.array_equal(nuclei.train_subject_ids, [0, 0, 1, 1, 2, 2])  # two patches per whole image
     assert np.array_equal(nuclei.test_meta["subject"], [0, 0])
+
+
+def test_a_learning_curve_stars_the_model_its_run_kept_and_names_its_units(tmp_path, monkeypatch):
+    """With model selection a run reports the kept epoch's score, not the last: the plot stars that point,
+    so the curve's end and the table's number no longer disagree without a word."""
+    from fedistill import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or Path(path))
+    rows = [{"round": r, "test_accuracy": [0.5, 0.9, 0.7][r - 1]} for r in (1, 2, 3)]
+    plots.plot_learning_curves(
+        {"fediod": rows}, tmp_path / "c.png", metrics=("test_accuracy",), selected={"fediod": 2}
+    )
+    (ax,) = figures[0].axes
+    star = [line for line in ax.get_lines() if line.get_marker() == "*"]
+    assert len(star) == 1 and list(star[0].get_xdata()) == [2.0] and list(star[0].get_ydata()) == [0.9]
+    assert "fediod kept (round 2)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert ax.get_ylabel() == "test accuracy (fraction, 1 = perfect)"
+    assert plots.axis_label("test_psnr") == "test psnr (dB)" and plots.axis_label("loss") == "loss"
+    plots.plot_learning_curves({"fedavg": rows}, tmp_path / "d.png", metrics=("test_accuracy",))
+    assert not [line for line in figures[1].axes[0].get_lines() if line.get_marker() == "*"]

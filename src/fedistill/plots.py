@@ -130,6 +130,21 @@ def _points(rows: Sequence[Mapping[str, Any]], x: str, metric: str) -> tuple[lis
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
+#: The unit of a metric's values, by the end of its name; the rest are fractions (accuracy, Dice, SSIM)
+#: or plain numbers (losses).
+_UNITS = {"psnr": "dB", "hd95": "px", "loss": "", "nmse": ""}
+_FRACTIONS = ("accuracy", "dice", "ssim", "sensitivity", "specificity", "aji", "object_dice")
+
+
+def axis_label(metric: str) -> str:
+    """`test_accuracy` → "test accuracy (fraction, 1 = all right)"; `test_psnr` → "test psnr (dB)"."""
+    words = metric.replace("_", " ")
+    unit = next((u for end, u in _UNITS.items() if metric.endswith(end)), None)
+    if unit is None and metric.endswith(_FRACTIONS):
+        unit = "fraction, 1 = perfect"
+    return f"{words} ({unit})" if unit else words
+
+
 def plot_learning_curves(
     series: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Mapping[str, Any]]],
     path: str | Path,
@@ -137,6 +152,7 @@ def plot_learning_curves(
     metrics: Sequence[str],
     x: str = "round",
     title: str | None = None,
+    selected: Mapping[str, Any] | None = None,
 ) -> Path:
     """One panel per metric (a run's headline, `test_<Task.headline>`, say), one line per run; returns
     the PNG path.
@@ -144,6 +160,8 @@ def plot_learning_curves(
     ``series`` is either a mapping ``label → metric rows`` (to overlay several runs) or a flat list of
     rows, grouped by their ``"run"`` (else ``"algorithm"``) key when present. Rows without ``x`` or the
     metric, or with a non-numeric value, are skipped; a metric with no data gets an empty, labelled panel.
+    ``selected`` maps a label to the ``x`` of the model its run kept (model selection): that point is
+    starred, since the run reports it, not the last one.
     """
     groups = _group_rows(series)
     metrics = list(metrics)
@@ -156,12 +174,20 @@ def plot_learning_curves(
         for label, rows in groups.items():
             xs, ys = _points(rows, x, metric)
             if xs:
-                ax.plot(xs, ys, marker="o" if len(xs) <= 30 else None, markersize=3, label=label or None)
+                line = ax.plot(
+                    xs, ys, marker="o" if len(xs) <= 30 else None, markersize=3, label=label or None
+                )
                 drawn += 1
+                kept = (selected or {}).get(label)
+                if kept is not None and float(kept) in xs:
+                    at = xs.index(float(kept))
+                    star = f"{label} kept ({x} {xs[at]:g})".strip()
+                    colour = line[0].get_color()
+                    ax.plot([xs[at]], [ys[at]], "*", markersize=12, color=colour, label=star)
         if not drawn:
             ax.text(0.5, 0.5, f"no {metric} values", ha="center", va="center", transform=ax.transAxes)
         ax.set_xlabel(x)
-        ax.set_ylabel(metric)
+        ax.set_ylabel(axis_label(metric))
         ax.grid(True, linewidth=0.3, alpha=0.6)
         if drawn and any(groups):
             ax.legend(fontsize=8)

@@ -303,6 +303,7 @@ def _loop(
             run_dir / "plots" / "learning_curve.png",
             title=f"{config.dataset}",
             metrics=(headline,),
+            selected={algorithm.name: final.get("selected_epoch")},
         )
         summary = {
             "algorithm": algorithm.name,

@@ -214,8 +214,13 @@ def write_suite_results(
     write_json(suite_dir / "results.json", summaries)
     (suite_dir / "plots").mkdir(exist_ok=True)
     headline = first.get("headline", "test_accuracy")
+    kept = {s["algorithm"]: s.get("final", {}).get("selected_epoch") for s in summaries}
     plot_learning_curves(
-        curves, suite_dir / "plots" / f"{headline}.png", title=first["dataset"], metrics=(headline,)
+        curves,
+        suite_dir / "plots" / f"{headline}.png",
+        title=first["dataset"],
+        metrics=(headline,),
+        selected=kept,
     )
 
 
