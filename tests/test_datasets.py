@@ -274,8 +274,9 @@ def test_mnist_like_sets_reshape_to_cifars_shape(tmp_path: Path) -> None:
     assert (ds.info.channels, ds.info.image_size) == (3, 32)
     assert ds.info.mean == pytest.approx((float(pixels.mean()),) * 3)
     assert ds.info.std[0] == pytest.approx(float(pixels[:, 0].std()))
-    with pytest.raises(ConfigError, match="channels must be 1 or 3"):
-        load_dataset("fashion-mnist", tmp_path, verify=False, channels=2)
+    for bad in (2, True):  # `channels = true` is no channel count, though Python's True == 1
+        with pytest.raises(ConfigError, match="channels must be 1 or 3"):
+            load_dataset("fashion-mnist", tmp_path, verify=False, channels=bad)
     with pytest.raises(ConfigError, match="image_size must be an integer from 8 to 512"):
         load_dataset("fashion-mnist", tmp_path, verify=False, image_size=4)
 
