@@ -274,8 +274,9 @@ def test_mnist_like_sets_reshape_to_cifars_shape(tmp_path: Path) -> None:
     assert (ds.info.channels, ds.info.image_size) == (3, 32)
     assert ds.info.mean == pytest.approx((float(pixels.mean()),) * 3)
     assert ds.info.std[0] == pytest.approx(float(pixels[:, 0].std()))
-    with pytest.raises(ConfigError, match="channels must be 1 or 3"):
-        load_dataset("fashion-mnist", tmp_path, verify=False, channels=2)
+    for bad in (2, True):  # `channels = true` is no channel count, though Python's True == 1
+        with pytest.raises(ConfigError, match="channels must be 1 or 3"):
+            load_dataset("fashion-mnist", tmp_path, verify=False, channels=bad)
     with pytest.raises(ConfigError, match="image_size must be an integer from 8 to 512"):
         load_dataset("fashion-mnist", tmp_path, verify=False, image_size=4)
 
@@ -574,6 +575,22 @@ def test_image_folder_errors(tmp_path: Path) -> None:
         load_dataset("image-folder", tmp_path)
     with pytest.raises(ConfigError):
         load_dataset("image-folder", tmp_path, channels=2)
+
+
+def test_image_folder_refuses_a_flip_option_that_is_no_boolean(tmp_path: Path) -> None:
+    """`--set image-folder.horizontal_flip=False` reaches the loader as the text "False", which is truthy:
+    taken as it is, it would switch mirrored training images on."""
+    from fedistill.tasks.classification import Classification
+
+    _png(tmp_path / "train" / "cat" / "a.png", (1, 2, 3))
+    _png(tmp_path / "train" / "dog" / "b.png", (4, 5, 6))
+    _png(tmp_path / "test" / "cat" / "c.png", (1, 2, 3))
+    assert not Classification().usual_augment(
+        load_dataset("image-folder", tmp_path, horizontal_flip=False).info
+    )
+    for bad in ("False", "false", 0, 1):
+        with pytest.raises(ConfigError, match="image-folder option horizontal_flip must be true or false"):
+            load_dataset("image-folder", tmp_path, horizontal_flip=bad)
 
 
 # ---------------------------------------------------------------- digits and the registry

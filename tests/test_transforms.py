@@ -137,3 +137,19 @@ def test_batches_with_augmentation_are_deterministic_and_pad_black() -> None:
 def test_batches_reject_bad_batch_size() -> None:
     with pytest.raises(ConfigError):
         batches(_images(3), info(), 0, shuffle=False, generator=None, augment=False)
+
+
+def test_token_batches_come_on_the_runs_device_as_image_batches_do(monkeypatch) -> None:
+    """Token ids pass through unnormalised, but on the run's device: a model there (FedDF's teachers scored
+    on a text federation's held-out split) cannot read ids left on the CPU."""
+    from fedistill import devices
+
+    ids = ImageSet(torch.tensor([[5, 6, 0], [7, 0, 0], [8, 9, 4]]), torch.tensor([1, 0, 1]))
+    text = DatasetInfo("text", 1, 3, 2, (0.0,), (1.0,))
+    monkeypatch.setattr(devices, "_current", torch.device("meta"))
+    for data, facts in ((_images(3), info()), (ids, text)):
+        (x, y), *_ = batches(data, facts, 3, shuffle=False, generator=None, augment=False)
+        assert (x.device.type, y.device.type) == ("meta", "meta")
+    assert x.dtype == torch.int64 and x.shape == (3, 3)  # the ids as they are, not normalised
+    embedding = torch.nn.Embedding(10, 2, device="meta")  # a text model on the run's device reads them
+    assert embedding(x).shape == (3, 3, 2)

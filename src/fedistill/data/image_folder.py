@@ -93,6 +93,10 @@ def load_image_folder(
         raise ConfigError(f"image-folder option image_size must be a positive integer, got {image_size!r}")
     if not is_plain_int(crop_padding) or crop_padding < 0:
         raise ConfigError(f"image-folder option crop_padding must be an integer >= 0, got {crop_padding!r}")
+    if not isinstance(horizontal_flip, bool):  # "false" (a typed `False` via --set) would switch flips on
+        raise ConfigError(
+            f"image-folder option horizontal_flip must be true or false, got {horizontal_flip!r}"
+        )
     root = Path(data_dir)
     train_classes = _class_dirs(root / "train")
     test_classes = _class_dirs(root / "test")

@@ -157,9 +157,9 @@ def reshaped(data: LoadedDataset, image_size: int, channels: int) -> LoadedDatas
     sizes, which is what a speed measurement at the paper's scale needs when CIFAR is not at hand."""
     info = data.info
     size, chans = image_size or info.image_size, channels or info.channels
-    if not isinstance(size, int) or isinstance(size, bool) or not 8 <= size <= 512:
+    if not is_plain_int(size) or not 8 <= size <= 512:
         raise ConfigError(f"{info.name}.image_size must be an integer from 8 to 512, got {image_size!r}")
-    if chans not in (1, 3):
+    if not is_plain_int(chans) or chans not in (1, 3):  # `true` == 1 in Python, but names no channel count
         raise ConfigError(f"{info.name}.channels must be 1 or 3, got {channels!r}")
     train, test = (ImageSet(fit_uint8(part.x, chans, size), part.y) for part in (data.train, data.test))
     pixels = train.x.double() / 255.0

@@ -127,8 +127,8 @@ def batches(
     augment: bool,
     drop_last: bool = False,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """One epoch of (normalised float32 x, int64 y) batches; token ids (text) pass through as they are,
-    neither normalised nor augmented.
+    """One epoch of (normalised float32 x, int64 y) batches; token ids (text) pass through as they are
+    (neither normalised nor augmented), on the run's device as the images are.
 
     With `shuffle`, each sample appears exactly once per epoch in a random order; the
     order and the augmentation are drawn from `generator` (the global RNG if None), so
@@ -159,8 +159,8 @@ def _batches(
     for start in range(0, stop, batch_size):
         idx = order[start : start + batch_size]
         x = images.x[idx]
-        if images.tokens:
-            yield x, images.y[idx]
+        if images.tokens:  # on the run's device too: the ensemble's drop-worst scores text through here
+            yield devices.on_device(x), devices.on_device(images.y[idx])
             continue
         if augment:
             x = _augment(x, info, generator)
