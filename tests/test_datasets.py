@@ -668,3 +668,21 @@ def test_real_mnist_files(name: str) -> None:
     ds = load_dataset(name, SHARED_DATA)  # verify=True: md5s must match
     assert (len(ds.train), len(ds.test)) == (60000, 10000)
     assert ds.train.x.shape == (60000, 1, 28, 28) and sorted(ds.train.y.unique().tolist()) == list(range(10))
+
+
+def test_augment_on_a_dataset_that_names_no_augmentation_says_it_changes_nothing(caplog) -> None:
+    """`augment = "on"` on digits trained exactly as "off" without a word: digits name neither a crop nor a
+    flip. The set-up now says so; with `crop_padding` it augments and says nothing."""
+    import logging
+
+    from fedistill.config import RunConfig, build_config
+    from fedistill.engine.setup import validate_setup
+
+    base = {"clients": 2, "rounds": 1, "model": "mlp", "augment": "on"}
+    with caplog.at_level(logging.WARNING, logger="fedistill"):
+        validate_setup(build_config(RunConfig(), base))
+    assert "augment = 'on' changes nothing on digits" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fedistill"):
+        validate_setup(build_config(RunConfig(), base | {"digits": {"crop_padding": 1}}))
+    assert "changes nothing" not in caplog.text

@@ -6,6 +6,7 @@ wrong is checked here, before a run writes anything.
 from __future__ import annotations
 
 import difflib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from fedistill.errors import ConfigError, DataError, UserError, unknown_name
 from fedistill.models import check_model_norm, model_names
 from fedistill.seeding import derive_seed
 from fedistill.tasks import Task, task_class
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,13 @@ def validate_setup(config: RunConfig) -> Prepared:
                 f"model {model!r} does not serve {task.name} (dataset {config.dataset!r}); "
                 f"models that do: {', '.join(model_names(task.name))}"
             )
+    if config.augment == "on" and not task.usual_augment(info):
+        log.warning(
+            "augment = 'on' changes nothing on %s: it names no augmentation (its crop_padding is 0 and "
+            "horizontal_flip off; a flip would change a digit's or letter's meaning); set the dataset's "
+            "crop_padding or horizontal_flip options where it takes them",
+            config.dataset,
+        )
     return data
 
 
