@@ -67,9 +67,13 @@ def fediod_curve(run: Path, iters: int) -> dict[str, Any]:
     start = summary["wall_time_s"] - sum(r["round_time_s"] for r in rows)
     points, best, elapsed = [], nothing_selected(), start
     chosen = 0.0
+    # a run that never validates (`selection = "last"`) hands over each epoch's student
+    validated = any(r.get("val_accuracy") is not None for r in rows)
     for r in rows:
         elapsed += r["round_time_s"]
-        if r.get("val_accuracy") is not None:  # the engine's selection rule, ties included
+        if not validated:
+            chosen = r["test_accuracy"] if r.get("test_accuracy") is not None else chosen
+        elif r.get("val_accuracy") is not None:  # the engine's selection rule, ties included
             best = keep_if_best(best, r["val_accuracy"], r["round"], NO_STATE)
             if best["epoch"] == r["round"]:
                 chosen = r["test_accuracy"]
