@@ -77,6 +77,7 @@ def run_demo(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "command": " ".join(["fedistill run", *DEMOS[name]]),
         "process_s": json.loads(timing.read_text(encoding="utf-8"))["process_s"],
+        # MiB (2^20 bytes): the summaries' peak_memory_mb is ru_maxrss, in KiB, over 1024
         "peak_memory_mb": max(s["peak_memory_mb"] for s in summaries),
         "machine": of_summaries(summaries),
         "terminal": terminal(summaries),
@@ -120,7 +121,7 @@ def markdown(payload: dict[str, Any]) -> list[str]:
         moved = ", ".join(f"{alg} {m['all_bytes'] / 1e6:.1f}" for alg, m in demo["methods"].items())
         lines += [
             f"**{name}** (`{demo['command']}`): {demo['process_s']:.1f} s from process start to exit, peak "
-            f"{demo['peak_memory_mb']:.0f} MB resident; MB both directions: {moved}.",
+            f"{demo['peak_memory_mb']:.0f} MiB resident; MB both directions: {moved}.",
             "",
             demo["table"].rstrip(),
             "",

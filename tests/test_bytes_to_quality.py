@@ -218,3 +218,19 @@ def test_a_variants_wire_outranks_the_methods_own(demo):
                      feddf_set=[])  # fmt: skip
     sets = b2q.method_runs(args)["FedIOD (compact)"]["sets"]
     assert sets.index("fediod.wire='compact8-gradients'") > sets.index("fediod.wire='compact'")
+
+
+def test_an_accuracy_equal_to_a_level_reaches_it_despite_the_products_rounding():
+    # FedAvg ends at 0.80 of 10,000 test images; 0.9 * 0.80 is 0.7200000000000001 in floats, yet 0.72
+    # (7,200 images) is exactly 0.90 of it, and 0.76 exactly 0.95 of it
+    curves = {
+        "FedAvg": {"points": [{"round": 1, "bytes": 100, "accuracy": 0.72},
+                              {"round": 2, "bytes": 200, "accuracy": 0.80}], "final_accuracy": 0.80},
+        "FedDF": {"points": [{"round": 1, "bytes": 50, "accuracy": 0.7199},
+                             {"round": 2, "bytes": 100, "accuracy": 0.76}], "final_accuracy": 0.76},
+    }  # fmt: skip
+    reached = b2q.reached(curves)
+    assert reached["FedAvg"]["0.90"] == {"round": 1, "bytes": 100, "ratio": 1.0}
+    assert reached["FedDF"]["0.90"] == {"round": 2, "bytes": 100, "ratio": 1.0}  # 0.7199 is below 0.72
+    assert reached["FedDF"]["0.95"] == {"round": 2, "bytes": 100, "ratio": 0.5}
+    assert reached["FedDF"]["1.00"] is None

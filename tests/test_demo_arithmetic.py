@@ -90,3 +90,30 @@ def test_two_generator_graphs_alive_at_once_hand_the_count_back_to_the_server():
         first.sum().backward()
         nn.Linear(3, 1, bias=False)(torch.ones(1, 3))
     assert count.bucket == "server" and count.counts["server"] == 2 * 3
+
+
+def test_the_matmul_rate_named_one_threads_is_measured_at_one_thread(tmp_path, monkeypatch):
+    # the runs use `--threads 2`; the record's "matmul_gflops_1_thread" must still be one thread's rate
+    seen = []
+    monkeypatch.setattr(arithmetic, "matmul_peak_gflops", lambda: seen.append(torch.get_num_threads()) or 1.0)
+    fake = {"test_accuracy": 0.5, "gflop": 1.0, "gflop_sites": 0.0, "gflop_server": 1.0,
+            "gflop_server_generator": 0.0, "gflop_by_request": {}}  # fmt: skip
+    monkeypatch.setattr(arithmetic, "counted", lambda *args: dict(fake))
+    argv = [
+        "demo_arithmetic.py",
+        "--methods",
+        "fedavg",
+        "--threads",
+        "2",
+        "--no-time",
+        "--results",
+        str(tmp_path),
+    ]
+    monkeypatch.setattr(sys, "argv", argv)
+    before = torch.get_num_threads()
+    try:
+        arithmetic.main()
+        assert seen == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert "rate at one thread, same run: 1.0 GFLOP/s" in (tmp_path / "demo_arithmetic.md").read_text()

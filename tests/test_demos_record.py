@@ -102,3 +102,13 @@ def test_a_demo_that_fails_stops_with_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(subprocess, "run", lambda command, check: subprocess.CompletedProcess(command, 1))
     with pytest.raises(SystemExit, match="the tiny demo failed; its run is in"):
         demos.main(["--demos", "tiny", "--out", str(tmp_path / "runs"), "--results", str(tmp_path)])
+
+
+def test_peak_memory_is_named_in_the_unit_it_was_measured_in():
+    # a run's peak_memory_mb is ru_maxrss (KiB) / 1024: MiB, where the record's MB of traffic are 10^6 bytes
+    demo = {"command": "fedistill run", "process_s": 44.5, "peak_memory_mb": 752.4375, "table": "| t |",
+            "methods": {"fedavg": {"all_bytes": 25_747_200}}}  # fmt: skip
+    payload = {"command": "python benchmarks/demos.py", "commit": "abc1234", "machine": "m",
+               "matmul_peak_gflops": 94.1, "demos": {"digits": demo}}  # fmt: skip
+    line = next(line for line in demos.markdown(payload) if line.startswith("**digits**"))
+    assert "peak 752 MiB resident; MB both directions: fedavg 25.7." in line

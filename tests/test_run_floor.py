@@ -91,3 +91,7 @@ def test_a_classification_run_has_no_floor(tmp_path):
     summary = run_suite(config, tmp_path / "s", progress=False)[0]
     assert "floor" not in summary
     assert len(results_rows([summary])) == 1
+    # the peak memory is ru_maxrss (KiB) / 1024: MiB, where the summary's traffic is in MB of 10^6 bytes
+    text = summary_markdown(summary)
+    assert f"peak memory: {summary['peak_memory_mb']:.0f} MiB\n" in text
+    assert (tmp_path / "s" / "fedavg" / "summary.md").read_text() == text
