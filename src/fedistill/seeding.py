@@ -17,9 +17,18 @@ import torch
 T = TypeVar("T")
 
 
+def _plain(part: object) -> object:
+    """A NumPy or one-element torch number as the Python number it equals: `np.int64(3)` and `3` name one
+    stream (their reprs differ, and the hash reads the repr)."""
+    if isinstance(part, torch.Tensor) and part.numel() == 1:
+        part = part.item()
+    return part.item() if isinstance(part, np.generic) else part
+
+
 def derive_seed(seed: int, *purpose: object) -> int:
     """A 63-bit seed derived from the run seed and a purpose (a name, a client, a round, ...)."""
-    digest = hashlib.blake2b(repr((seed, *purpose)).encode(), digest_size=8).digest()
+    parts = tuple(_plain(part) for part in (seed, *purpose))
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
