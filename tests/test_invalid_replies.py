@@ -56,6 +56,8 @@ CORRUPTIONS: dict[str, Callable[[Message], Message]] = {
     "NaN": lambda m: _with_array(m, lambda a: np.full(a.shape, np.nan, a.dtype)),
     "missing metric": lambda m: _rebuilt(m, metrics=_without_one(m.scalars["metrics"])),
     "negative num_samples": lambda m: _rebuilt(m, metrics={**m.scalars["metrics"], "num_samples": -50}),
+    # the weight of the site's local accuracy in the federation's: a count like num_samples
+    "negative local_count": lambda m: _rebuilt(m, metrics={**m.scalars["metrics"], "local_count": -50.0}),
     "oversize": lambda m: _with_array(m, lambda a: a),  # with a message cap set below its size
     "text metric": lambda m: _rebuilt(m, metrics={**m.scalars["metrics"], "train_loss": "low"}),
     # the refusal flag on a reply that also carries its arrays: refusals carry their epsilons alone
@@ -70,6 +72,7 @@ WHAT_IS_NAMED = {
     "NaN": "NaN",
     "missing metric": "missing metric 'num_samples'",
     "negative num_samples": "negative",
+    "negative local_count": "metric 'local_count' is -50.0, a negative sample count",
     "oversize": "exceeds the cap",
     "text metric": "metric 'train_loss' is 'low', not a number",
     "refusal with arrays": "refusal that carries arrays",

@@ -22,6 +22,8 @@ NUM_SAMPLES = "num_samples"
 TRAIN_METRICS = (NUM_SAMPLES,)
 TRAIN_LOSS = "train_loss"
 LOCAL_METRICS = ("local_accuracy", "local_count")
+#: The metrics that count samples: the weights of averages, so never below 0.
+COUNTS = frozenset({NUM_SAMPLES, "local_count"})
 #: A client's refusal to exceed its privacy budget (privacy/budget.py): a valid answer where the request's
 #: spec is `refusable` (the server then stops the run with the client's reason), invalid elsewhere.
 REFUSED = "privacy_budget_refused"
@@ -32,9 +34,9 @@ REFUSAL_NUMBERS = ("epsilon", "epsilon_would_be", "target_epsilon")
 @dataclass(frozen=True)
 class ReplySpec:
     """Arrays per kind (exact: no other names under that kind, unless listed in `open_kinds`), and the
-    `metrics` scalars that must be there as finite numbers; `num_samples` must also be >= 0. Every other
-    metric a reply carries must be a number too (bool counts). `refusable`: a
-    privacy-budget refusal (only its own scalars) is also a valid answer; elsewhere it is an invalid reply,
+    `metrics` scalars that must be there as finite numbers; the counts (`COUNTS`) must also be >= 0.
+    Every other metric a reply carries must be a number too (bool counts). `refusable`: a privacy-budget
+    refusal (only its own scalars) is also a valid answer; elsewhere it is an invalid reply,
     so a flag cannot carry arrays past these checks to a server that never reads refusals. `non_negative`:
     the kinds whose every value must be >= 0 (density ratios, class counts): a negative one is no honest
     site's output, and the server's weighting would stop the run on it."""
@@ -69,7 +71,7 @@ class ReplySpec:
             value = metrics[name]
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise _fault(message, f"metric {name!r} is {value!r}, not a finite number")
-            if name == NUM_SAMPLES and value < 0:
+            if name in COUNTS and value < 0:
                 raise _fault(message, f"metric {name!r} is {value}, a negative sample count")
 
     def __or__(self, other: ReplySpec) -> ReplySpec:
