@@ -56,6 +56,8 @@ CORRUPTIONS: dict[str, Callable[[Message], Message]] = {
     "NaN": lambda m: _with_array(m, lambda a: np.full(a.shape, np.nan, a.dtype)),
     "missing metric": lambda m: _rebuilt(m, metrics=_without_one(m.scalars["metrics"])),
     "negative num_samples": lambda m: _rebuilt(m, metrics={**m.scalars["metrics"], "num_samples": -50}),
+    # the weight of the site's local accuracy in the federation's: a count like num_samples
+    "negative local_count": lambda m: _rebuilt(m, metrics={**m.scalars["metrics"], "local_count": -50.0}),
     "oversize": lambda m: _with_array(m, lambda a: a),  # with a message cap set below its size
     "text metric": lambda m: _rebuilt(m, metrics={**m.scalars["metrics"], "train_loss": "low"}),
     # the refusal flag on a reply that also carries its arrays: refusals carry their epsilons alone
@@ -70,6 +72,7 @@ WHAT_IS_NAMED = {
     "NaN": "NaN",
     "missing metric": "missing metric 'num_samples'",
     "negative num_samples": "negative",
+    "negative local_count": "metric 'local_count' is -50.0, a negative sample count",
     "oversize": "exceeds the cap",
     "text metric": "metric 'train_loss' is 'low', not a number",
     "refusal with arrays": "refusal that carries arrays",
@@ -165,3 +168,43 @@ def test_too_few_valid_replies_stop_the_run_with_one_line(tmp_path, misbehaving,
     assert code == 1 and "Traceback" not in err
     assert len(err.splitlines()) == 1 and err.startswith("fedistill: run stopped: ")
     assert f"client {BAD_CLIENT}: invalid reply" in err and "expected" in err
+
+
+@pytest.mark.parametrize(
+    ("message_type", "kind", "changes"),
+    [
+        ("query.generate", "discriminator-outputs", {}),  # Eq. 8's density ratios
+        ("query.student", "discriminator-outputs", {}),
+        ("train", "label-statistics", {"plausibility_checks": False}),  # class counts, no screen
+    ],
+)
+def test_a_negative_ratio_or_count_is_invalid_not_the_end_of_the_run(
+    tmp_path, monkeypatch, message_type, kind, changes
+):
+    """A density ratio or class count below 0 is no site's honest output, and the ensemble's weighting
+    refuses it: the reply is invalid, the run goes on with the other sites."""
+    original = InProcessFleet.__init__
+
+    def init(self, clients, ledger, **kwargs):
+        original(self, clients, ledger, **kwargs)
+        honest = self._clients[BAD_CLIENT].handle
+
+        def handle(message: Message) -> Message:
+            reply = honest(message)
+            if reply.type != message_type or kind not in reply.arrays:
+                return reply
+            arrays = {k: {n: reply.array(k, n) for n in v} for k, v in reply.arrays.items()}
+            arrays[kind] = {n: np.full(a.shape, -1, a.dtype) for n, a in arrays[kind].items()}
+            return _rebuilt(reply, arrays=arrays)
+
+        self._clients[BAD_CLIENT].handle = handle
+
+    monkeypatch.setattr(InProcessFleet, "__init__", init)
+    fediod = {**TINY_FEDIOD["fediod"], "ensemble_weighting": "eq8", **changes}
+    summary = run_suite(_config("fediod", fediod=fediod), tmp_path, progress=False)[0]
+    reason = summary["dropped_clients"][str(BAD_CLIENT)]
+    assert "invalid reply" in reason and f"{kind}/" in reason and "negative value (-1)" in reason
+    assert summary["test_accuracy"] is not None
+    invalid = [r for r in read_ledger(tmp_path / "fediod" / "ledger.jsonl") if r["status"] == "invalid"]
+    assert invalid and {r["client"] for r in invalid} == {BAD_CLIENT}
+    assert all(r["bytes"] > 0 for r in invalid)  # the refused reply's bytes crossed the boundary

@@ -101,3 +101,16 @@ def test_an_array_in_another_byte_order_is_kept_as_its_values_in_native_order():
     got = message.array("parameters", "w")
     assert got.dtype == np.float32 and got.dtype.isnative
     assert torch.equal(message.tensor("parameters", "w"), torch.arange(4, dtype=torch.float32))
+
+
+def test_a_whole_number_beyond_64_bits_is_refused_not_an_overflow_in_the_receiver():
+    """Flower carries 64-bit integers; a larger one (in-process) made the reply checks raise OverflowError."""
+    from fedistill.federation.reply_spec import TRAIN_METRICS, ReplySpec
+
+    with pytest.raises(FederationError, match="scalar metrics/num_samples is beyond 64-bit integers"):
+        Message.build("train", scalars={"metrics": {"num_samples": 10**400}})
+    sent = Message(type="train", scalars={"metrics": {"num_samples": -(2**63) - 1}})  # as a client built it
+    with pytest.raises(FederationError, match="beyond 64-bit integers"):
+        check_on_receipt(sent)
+    largest = Message.build("train", scalars={"metrics": {"num_samples": 2**64 - 1}})
+    ReplySpec(metrics=TRAIN_METRICS).check(largest)  # what Flower's uint64 carries passes

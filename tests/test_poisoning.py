@@ -210,3 +210,17 @@ def test_a_bad_trim_share_is_one_line_that_names_its_section():
     config = build_config(RunConfig(), {"algorithm": "fedavg"}, {"fedavg": {"aggregate_trim": 0.5}})
     with pytest.raises(ConfigError, match=r"^fedavg\.aggregate_trim must be in \[0, 0\.5\), got 0\.5$"):
         resolve(config, "fedavg")
+
+
+def test_a_median_over_sites_of_no_weight_is_their_plain_median():
+    """Sites that all report 0 samples: the median is theirs unweighted (as the trimmed mean falls back to
+    its plain mean), not a model of zeros."""
+    values = torch.tensor([[1.0, 5.0], [2.0, 6.0], [4.0, 9.0]])
+    none = torch.zeros(3, 1)
+    assert torch.equal(robust_combine(values, none, "median"), torch.tensor([2.0, 6.0]))
+    assert torch.equal(robust_combine(values, none, "trimmed-mean"), torch.tensor([2.0, 6.0]))
+    alone = robust_average_states([{"w": torch.tensor([3.0, -1.0])}], [0.0], "median")
+    assert torch.equal(alone["w"], torch.tensor([3.0, -1.0]))
+    # weights that are not all 0 keep their meaning: 0.1 + 0.3 < 0.5, so the third value
+    some = torch.tensor([[0.1], [0.3], [0.6]])
+    assert torch.equal(robust_combine(values, some, "median"), torch.tensor([4.0, 9.0]))

@@ -63,6 +63,10 @@ Scalar = bool | int | float | str
 #: A payload value: a plain array, or a float32 array in its wire encoding.
 Payload = np.ndarray | Encoded
 
+#: The whole numbers a scalar may hold: what Flower carries (sint64, or uint64 above it). A larger Python
+#: int would reach a receiver only in-process, and `float()` of it raises instead of failing the reply.
+INT_RANGE = (-(2**63), 2**64 - 1)
+
 #: The default cap on one message's payload; large models raise it in the run config.
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 
@@ -221,6 +225,8 @@ def check_structure(message: Message) -> None:
                 raise FederationError(
                     f"{message.type}: scalar {kind}/{name} is {type(value).__name__}; only bool/int/float/str"
                 )
+            if isinstance(value, int) and not INT_RANGE[0] <= value <= INT_RANGE[1]:
+                raise FederationError(f"{message.type}: scalar {kind}/{name} is beyond 64-bit integers")
 
 
 def _check_kind(kind: str, message_type: str) -> None:

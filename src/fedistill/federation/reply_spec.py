@@ -1,10 +1,10 @@
 """What a server expects back: declared once per request, checked by the fleet on receipt.
 
 Every invalid reply is treated alike, whatever is wrong with it (a wrong shape or dtype, a missing
-array or metric, a NaN, an oversize payload, a negative sample count): the fleet turns it into a
-failed reply naming the client and the fault, the ledger records it as `invalid`, the client is
-listed among the dropped ones in the summary, and the run goes on while at least `min_clients`
-answered. Server code therefore only ever reads replies that match what it asked for.
+array or metric, a NaN, an oversize payload, a negative sample count or density ratio): the fleet
+turns it into a failed reply naming the client and the fault, the ledger records it as `invalid`, the
+client is listed among the dropped ones in the summary, and the run goes on while at least
+`min_clients` answered. Server code therefore only ever reads replies that match what it asked for.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ NUM_SAMPLES = "num_samples"
 TRAIN_METRICS = (NUM_SAMPLES,)
 TRAIN_LOSS = "train_loss"
 LOCAL_METRICS = ("local_accuracy", "local_count")
+#: The metrics that count samples: the weights of averages, so never below 0.
+COUNTS = frozenset({NUM_SAMPLES, "local_count"})
 #: A client's refusal to exceed its privacy budget (privacy/budget.py): a valid answer where the request's
 #: spec is `refusable` (the server then stops the run with the client's reason), invalid elsewhere.
 REFUSED = "privacy_budget_refused"
@@ -32,15 +34,18 @@ REFUSAL_NUMBERS = ("epsilon", "epsilon_would_be", "target_epsilon")
 @dataclass(frozen=True)
 class ReplySpec:
     """Arrays per kind (exact: no other names under that kind, unless listed in `open_kinds`), and the
-    `metrics` scalars that must be there as finite numbers; `num_samples` must also be >= 0. Every other
-    metric a reply carries must be a number too (bool counts). `refusable`: a
-    privacy-budget refusal (only its own scalars) is also a valid answer; elsewhere it is an invalid reply,
-    so a flag cannot carry arrays past these checks to a server that never reads refusals."""
+    `metrics` scalars that must be there as finite numbers; the counts (`COUNTS`) must also be >= 0.
+    Every other metric a reply carries must be a number too (bool counts). `refusable`: a privacy-budget
+    refusal (only its own scalars) is also a valid answer; elsewhere it is an invalid reply,
+    so a flag cannot carry arrays past these checks to a server that never reads refusals. `non_negative`:
+    the kinds whose every value must be >= 0 (density ratios, class counts): a negative one is no honest
+    site's output, and the server's weighting would stop the run on it."""
 
     arrays: Mapping[str, Mapping[str, ArraySpec]] = field(default_factory=dict)
     metrics: tuple[str, ...] = ()
     open_kinds: frozenset[str] = frozenset()
     refusable: bool = False
+    non_negative: frozenset[str] = frozenset()
 
     def check(self, message: Message) -> None:
         """FederationError saying what is wrong with `message`; nothing when it is as expected."""
@@ -51,6 +56,11 @@ class ReplySpec:
             return
         for kind, specs in self.arrays.items():
             expect_arrays(message, kind, specs, exact=kind not in self.open_kinds)
+        for kind in self.non_negative:
+            for name in message.arrays.get(kind, {}):
+                lowest = message.array(kind, name).min(initial=0)
+                if lowest < 0:
+                    raise _fault(message, f"{kind}/{name} has a negative value ({lowest:.3g})")
         metrics = message.scalars.get("metrics", {})
         for name, value in metrics.items():  # servers read any metric they find with float()
             if not isinstance(value, int | float):
@@ -61,7 +71,7 @@ class ReplySpec:
             value = metrics[name]
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise _fault(message, f"metric {name!r} is {value!r}, not a finite number")
-            if name == NUM_SAMPLES and value < 0:
+            if name in COUNTS and value < 0:
                 raise _fault(message, f"metric {name!r} is {value}, a negative sample count")
 
     def __or__(self, other: ReplySpec) -> ReplySpec:
@@ -70,6 +80,7 @@ class ReplySpec:
             tuple(dict.fromkeys(self.metrics + other.metrics)),
             self.open_kinds | other.open_kinds,
             self.refusable or other.refusable,
+            self.non_negative | other.non_negative,
         )
 
 

@@ -227,6 +227,7 @@ class GeneratorStep:
             return ReplySpec(
                 {"logits": logits_spec} | ({"discriminator-outputs": ratio_spec} if want_ratio else {}),
                 refusable=True,  # a site at its privacy budget refuses; refusal_reason stops the run
+                non_negative=frozenset({"discriminator-outputs"}),  # Eq. 8's density ratios
             )
 
         expect = reply_spec(b) if split is None else {c: reply_spec(len(r)) for c, r in split.rows.items()}

@@ -182,6 +182,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
         expect = ReplySpec(
             {"label-statistics": counts_spec} if wants_counts else {},
             (*TRAIN_METRICS, self._teacher_val_metric),
+            non_negative=frozenset({"label-statistics"}),
         )
         sent = fleet.broadcast(request, timeout=config.timeout or None, expect=expect)
         if wants_counts and not self.view.per_pixel:  # one label per sample: the counts must add up

@@ -130,9 +130,9 @@ class StudentSteps:
         arrays = {"logits": {"z": ArraySpec("float32", self.view.sent_shape(len(xs)))}}
         if self._want_ratio():
             arrays["discriminator-outputs"] = {"ratio": ArraySpec("float32", self.view.ratio_shape(len(xs)))}
-        sent = fleet.broadcast(
-            request, clients, step=self.step, timeout=config.timeout or None, expect=ReplySpec(arrays)
-        )
+        expect = ReplySpec(arrays, non_negative=frozenset({"discriminator-outputs"}))  # Eq. 8's ratios
+        timeout = config.timeout or None
+        sent = fleet.broadcast(request, clients, step=self.step, timeout=timeout, expect=expect)
         replies = successful(
             screened_logits(self.options, fleet, sent, self.step),
             minimum=min(config.min_clients, len(clients)),

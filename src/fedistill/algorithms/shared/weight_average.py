@@ -51,10 +51,11 @@ COMBINES = ("mean", "median", "trimmed-mean")
 
 def robust_combine(values: torch.Tensor, weights: torch.Tensor, mode: str, trim: float = 0.2) -> torch.Tensor:
     """Combine `values` over dim 0 (one row per site) with non-negative `weights` that broadcast to them:
-    the weighted mean, the weighted median (the value at half of the cumulative weight, in sorted order),
-    or the trimmed mean: the `max(1, trim * K)` highest and lowest of the K values cut (from three sites
-    up), the weighted mean of the rest (their plain mean where their weights are all 0). Differentiable
-    in `values` (the median's gradient goes to the chosen site)."""
+    the weighted mean, the weighted median (the value at half of the cumulative weight, in sorted order;
+    the plain median where the weights are all 0), or the trimmed mean: the `max(1, trim * K)` highest
+    and lowest of the K values cut (from three sites up), the weighted mean of the rest (their plain mean
+    where their weights are all 0). Differentiable in `values` (the median's gradient goes to the chosen
+    site)."""
     tiny = torch.finfo(values.dtype).tiny
     w = (weights.to(values.dtype) * torch.ones_like(values)).clamp_min(0)
     if mode == "mean":
@@ -62,7 +63,8 @@ def robust_combine(values: torch.Tensor, weights: torch.Tensor, mode: str, trim:
     ordered, order = values.sort(dim=0)
     w = w.gather(0, order)
     if mode == "median":
-        upper = w.cumsum(0) / w.sum(0, keepdim=True).clamp_min(tiny)
+        w = torch.where(w.sum(0, keepdim=True) > 0, w, torch.ones_like(w))  # no weight at all: plain median
+        upper = w.cumsum(0) / w.sum(0, keepdim=True)
         chosen = upper >= 0.5
         chosen &= chosen.cumsum(0) == 1  # the first site whose cumulative weight reaches half
         return (chosen.to(values.dtype) * ordered).sum(0)
