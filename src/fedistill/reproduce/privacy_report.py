@@ -134,12 +134,15 @@ NOTES = [
     "gradient: L-BFGS stalls in a poor local minimum. Swapping in Sigmoid alone does not help while the "
     "max-pools stay: each pool passes the gradient of one pixel in four. Only the DLG-friendly `dlg` variant "
     "shows how much a whole-model gradient can leak.",
-    "* iDLG reads the label from the sign of the last layer's gradient, which assumes non-negative inputs "
-    "to that layer. lenet-fedmdcg's head (every variant, every method here) is fc1 -> fc2 with no "
-    "activation in between, so that input can be negative and the inferred label can be wrong (see the "
-    "label accuracies), and with a wrong label iDLG fails outright (Fashion-MNIST, `dlg`, FedAvg: DLG "
-    "reconstructs exactly, iDLG not at all). DLG optimises the label instead. For FedPer the last layer is "
-    "private, so iDLG has no label to read (n/a).",
+    "* iDLG reads the label off the last layer's gradient. lenet-fedmdcg's head (every variant, every "
+    "method here) is fc1 -> fc2 with no activation in between, so that layer's input can be negative and "
+    "the paper's rule (the row that sums below zero) can name a wrong class. For one image the true "
+    "class's row is the one pointing against all the others whatever that sign, which is the rule used: "
+    "exact. For a batch (FedMD-CG's 2 images, multi-step FedAvg's images taken as one) the B most "
+    "negative row sums are taken, a heuristic that keeps the paper's assumption and can be wrong (see the "
+    "label accuracies); with a wrong label iDLG fails "
+    "outright. DLG optimises the label instead. For FedPer the last layer is private, so iDLG has no "
+    "label to read (n/a).",
     "* Multi-step FedAvg is attacked through the average-gradient approximation `(w_old - w_new) / (lr * "
     "steps)`, recovering the images as one batch. It fails here because at lr 0.05 one SGD step already "
     "changes these small models a lot (see the gradient errors above: the one-batch approximation is far "
