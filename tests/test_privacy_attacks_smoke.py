@@ -98,3 +98,30 @@ def test_the_recording_fleet_keeps_every_exchange_over_its_transport() -> None:
     assert request.type == "query.ping" and reply.scalar("metrics", "type") == "query.ping"
     with pytest.raises(KeyError):
         fleet.exchange("query.pong", 0)
+
+
+def test_per_image_scores_line_up_with_the_images_they_score(digits, monkeypatch) -> None:
+    """A batch recovered in reverse order: each PSNR, SSIM and label sits with the image it scores."""
+    from fedistill.analysis import inversion_scores
+    from fedistill.data.transforms import to_float
+    from fedistill.metrics.image_quality import psnr
+    from fedistill.privacy.attacks import AttackResult
+
+    truth, labels = to_float(digits.train.x[:2], digits.info), digits.train.y[:2]
+    noise = torch.randn(truth.shape, generator=torch.Generator().manual_seed(0))
+    # image 0 recovered coarsely, image 1 almost exactly, the attack returning them as (1, 0)
+    rec = torch.stack([truth[1] + 0.01 * noise[1], truth[0] + 0.3 * noise[0]])
+
+    def attack(*args, **kwargs):
+        return AttackResult("fake", rec, labels.flip(0), None, [1.0])
+
+    monkeypatch.setattr(inversion_scores, "dlg_attack", attack)
+    monkeypatch.setattr(inversion_scores, "idlg_attack", attack)
+    model = build_model("lenet-fedmdcg-dlg", digits.info, norm="none")
+    scores = inversion_scores.attack_gradient(model, {}, truth, labels, digits.info, iterations=1, seed=0)
+    got = scores["dlg"]
+    truth01 = inversion_scores.to_unit(truth, digits.info)
+    expected = psnr(truth01, got.reconstruction).tolist()
+    assert torch.equal(got.reconstruction[1], inversion_scores.to_unit(rec[:1], digits.info)[0])
+    assert got.psnr == pytest.approx(expected) and got.psnr[1] > got.psnr[0] + 10
+    assert got.ssim[1] > got.ssim[0] and got.label_accuracy == 1.0
