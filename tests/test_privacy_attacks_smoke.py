@@ -74,7 +74,8 @@ def test_partial_sharing_is_attacked_on_the_shared_part(bench, digits, algorithm
 def test_fediod_replay_reproduces_the_client_reply(bench, digits) -> None:
     out, _ = bench.fediod_setting(_setup(bench, digits, "relu"), 2, 0)
     inversion = out["dstep-inversion"]
-    assert set(inversion["kinds"]) <= {"logits", "discriminator-outputs", "input-gradients"}
+    # no parameter or gradient of one; the class counts of stage 1 (here: the labels of the whole batch)
+    assert inversion["kinds"] == ["discriminator-outputs", "input-gradients", "label-statistics", "logits"]
     replay = inversion["replay_error"]
     assert replay["input_gradient"] < 1e-4 and replay["ratio"] < 1e-5
     assert replay["objective_true_batch"] < 1e-8 <= replay["objective_other_batch"]
@@ -98,6 +99,18 @@ def test_the_recording_fleet_keeps_every_exchange_over_its_transport() -> None:
     assert request.type == "query.ping" and reply.scalar("metrics", "type") == "query.ping"
     with pytest.raises(KeyError):
         fleet.exchange("query.pong", 0)
+    assert fleet.kinds_sent(0) == []  # scalars only
+
+    class Counts:
+        def handle(self, request: Message) -> Message:
+            if request.type == "query.ping":
+                return Message.build("query.echo", scalars={"metrics": {"type": request.type}})
+            return Message.build("train", {"label-statistics": {"class_counts": torch.ones(3)}})
+
+    fleet = RecordingFleet(_in_process({0: Counts()}))
+    fleet.broadcast(Message.build("train"))
+    fleet.broadcast(Message.build("query.ping"))
+    assert fleet.kinds_sent(0) == ["label-statistics"]  # what an earlier exchange sent counts too
 
 
 def test_per_image_scores_line_up_with_the_images_they_score(digits, monkeypatch) -> None:

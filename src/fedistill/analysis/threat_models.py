@@ -279,7 +279,7 @@ def fediod_setting(setup: Setup, images: int, offset: int) -> tuple[dict[str, An
     server.distillation_step(fleet)
     generate_request, generate_reply = fleet.exchange("query.generate", 0)
     backprop_request, backprop_reply = fleet.exchange("query.backprop", 0)
-    kinds = sorted(set(generate_reply.arrays) | set(backprop_reply.arrays))
+    kinds = fleet.kinds_sent(0)  # stage 1's class counts too: the labels of the whole private set here
 
     x = generate_request.tensor("synthetic-inputs", "x").clone()
     cfg = generate_request.scalars["config"]

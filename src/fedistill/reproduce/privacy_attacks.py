@@ -63,7 +63,9 @@ OBSERVED = {
         "classifier update (+ generator, counts), batch 2; extractor rebuilt from the seed"
     ),
     "fedmdcg/unknown-extractor": "classifier update (+ generator, counts), batch 2; extractor unknown",
-    "fediod/dstep-inversion": "logits, density ratios, input-gradients; D_k init and T_k granted",
+    "fediod/dstep-inversion": (
+        "class counts (stage 1), logits, density ratios, input-gradients; D_k init and T_k granted"
+    ),
     "fediod/server-inputs": "the server's own synthetic inputs x",
     "reference/mean-image": "nothing: the training split's mean image",
 }
