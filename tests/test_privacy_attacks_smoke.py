@@ -138,3 +138,16 @@ def test_per_image_scores_line_up_with_the_images_they_score(digits, monkeypatch
     assert torch.equal(got.reconstruction[1], inversion_scores.to_unit(rec[:1], digits.info)[0])
     assert got.psnr == pytest.approx(expected) and got.psnr[1] > got.psnr[0] + 10
     assert got.ssim[1] > got.ssim[0] and got.label_accuracy == 1.0
+
+
+def test_the_mean_image_reference_scores_each_attacked_image_once(bench, digits) -> None:
+    """FedPer's known and unknown rows attack the same 2 images: the reference has 2 scores, not 4."""
+    from fedistill.reproduce.privacy_attacks import run_dataset_variant
+
+    setup = _setup(bench, digits)
+    setup.args.iterations, setup.args.images, setup.args.multi_steps = 1, 2, 1
+    setup.args.methods = "fedper"
+    results = run_dataset_variant(setup)
+    known, unknown = results["fedper/known-head"]["truth"], results["fedper/unknown-head"]["truth"]
+    assert torch.equal(known, unknown) and len(known) == 2
+    assert len(results["reference/mean-image"]["scores"]["attack"].psnr) == 2
