@@ -105,6 +105,37 @@ def test_idlg_infers_the_label_of_one_sample_exactly(label: int) -> None:
     assert infer_labels(grads[-2]).tolist() == [label]
 
 
+@pytest.mark.parametrize("label", [0, 3, 9])
+def test_idlg_reads_the_label_when_the_last_layer_sees_negative_features(label: int) -> None:
+    """A linear layer before the last gives h = -1: the true class's row is then the only one summing
+    above zero, and "the row that sums below zero" would name a wrong class."""
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 5), nn.Linear(5, NUM_CLASSES))
+    with torch.no_grad():
+        model[1].weight.zero_()
+        model[1].bias.fill_(-1.0)
+    grads = client_gradient(model, structured_image(label), torch.tensor([label]))
+    row_sums = grads[-2].sum(dim=1)
+    assert (row_sums > 0).nonzero().flatten().tolist() == [label]  # the paper's assumption h >= 0 fails
+    assert infer_labels(grads[-2]).tolist() == [label]
+
+
+def test_idlg_reads_every_label_off_the_dlg_variant_of_the_project_lenet() -> None:
+    """lenet-fedmdcg-dlg's head is fc1 -> fc2 with no activation between: one image at a time, through
+    `idlg_attack`'s own lookup of the last layer."""
+    from fedistill.data.registry import load_dataset
+    from fedistill.data.transforms import to_float
+    from fedistill.models import build_model
+    from fedistill.privacy.attacks import _labels_from_gradient
+
+    digits = load_dataset("digits")
+    torch.manual_seed(0)
+    model = build_model("lenet-fedmdcg-dlg", digits.info, norm="none")
+    for i in range(10):
+        x, y = to_float(digits.train.x[i : i + 1], digits.info), digits.train.y[i : i + 1]
+        grads = client_gradient(model, x, y)
+        assert _labels_from_gradient(model, grads, 10, 1, None).tolist() == y.tolist()
+
+
 def test_idlg_reconstructs_with_the_inferred_label() -> None:
     model, x, y = sigmoid_lenet(), structured_image(3), torch.tensor([6])
     grads = client_gradient(model, x, y)

@@ -74,7 +74,8 @@ def test_partial_sharing_is_attacked_on_the_shared_part(bench, digits, algorithm
 def test_fediod_replay_reproduces_the_client_reply(bench, digits) -> None:
     out, _ = bench.fediod_setting(_setup(bench, digits, "relu"), 2, 0)
     inversion = out["dstep-inversion"]
-    assert set(inversion["kinds"]) <= {"logits", "discriminator-outputs", "input-gradients"}
+    # no parameter or gradient of one; the class counts of stage 1 (here: the labels of the whole batch)
+    assert inversion["kinds"] == ["discriminator-outputs", "input-gradients", "label-statistics", "logits"]
     replay = inversion["replay_error"]
     assert replay["input_gradient"] < 1e-4 and replay["ratio"] < 1e-5
     assert replay["objective_true_batch"] < 1e-8 <= replay["objective_other_batch"]
@@ -98,3 +99,55 @@ def test_the_recording_fleet_keeps_every_exchange_over_its_transport() -> None:
     assert request.type == "query.ping" and reply.scalar("metrics", "type") == "query.ping"
     with pytest.raises(KeyError):
         fleet.exchange("query.pong", 0)
+    assert fleet.kinds_sent(0) == []  # scalars only
+
+    class Counts:
+        def handle(self, request: Message) -> Message:
+            if request.type == "query.ping":
+                return Message.build("query.echo", scalars={"metrics": {"type": request.type}})
+            return Message.build("train", {"label-statistics": {"class_counts": torch.ones(3)}})
+
+    fleet = RecordingFleet(_in_process({0: Counts()}))
+    fleet.broadcast(Message.build("train"))
+    fleet.broadcast(Message.build("query.ping"))
+    assert fleet.kinds_sent(0) == ["label-statistics"]  # what an earlier exchange sent counts too
+
+
+def test_per_image_scores_line_up_with_the_images_they_score(digits, monkeypatch) -> None:
+    """A batch recovered in reverse order: each PSNR, SSIM and label sits with the image it scores."""
+    from fedistill.analysis import inversion_scores
+    from fedistill.data.transforms import to_float
+    from fedistill.metrics.image_quality import psnr
+    from fedistill.privacy.attacks import AttackResult
+
+    truth, labels = to_float(digits.train.x[:2], digits.info), digits.train.y[:2]
+    noise = torch.randn(truth.shape, generator=torch.Generator().manual_seed(0))
+    # image 0 recovered coarsely, image 1 almost exactly, the attack returning them as (1, 0)
+    rec = torch.stack([truth[1] + 0.01 * noise[1], truth[0] + 0.3 * noise[0]])
+
+    def attack(*args, **kwargs):
+        return AttackResult("fake", rec, labels.flip(0), None, [1.0])
+
+    monkeypatch.setattr(inversion_scores, "dlg_attack", attack)
+    monkeypatch.setattr(inversion_scores, "idlg_attack", attack)
+    model = build_model("lenet-fedmdcg-dlg", digits.info, norm="none")
+    scores = inversion_scores.attack_gradient(model, {}, truth, labels, digits.info, iterations=1, seed=0)
+    got = scores["dlg"]
+    truth01 = inversion_scores.to_unit(truth, digits.info)
+    expected = psnr(truth01, got.reconstruction).tolist()
+    assert torch.equal(got.reconstruction[1], inversion_scores.to_unit(rec[:1], digits.info)[0])
+    assert got.psnr == pytest.approx(expected) and got.psnr[1] > got.psnr[0] + 10
+    assert got.ssim[1] > got.ssim[0] and got.label_accuracy == 1.0
+
+
+def test_the_mean_image_reference_scores_each_attacked_image_once(bench, digits) -> None:
+    """FedPer's known and unknown rows attack the same 2 images: the reference has 2 scores, not 4."""
+    from fedistill.reproduce.privacy_attacks import run_dataset_variant
+
+    setup = _setup(bench, digits)
+    setup.args.iterations, setup.args.images, setup.args.multi_steps = 1, 2, 1
+    setup.args.methods = "fedper"
+    results = run_dataset_variant(setup)
+    known, unknown = results["fedper/known-head"]["truth"], results["fedper/unknown-head"]["truth"]
+    assert torch.equal(known, unknown) and len(known) == 2
+    assert len(results["reference/mean-image"]["scores"]["attack"].psnr) == 2

@@ -59,6 +59,17 @@ class RecordingFleet(Fleet):
                 return requests[client], reply.message
         raise KeyError(f"no {message_type} exchange with client {client}")
 
+    def kinds_sent(self, client: int) -> list[str]:
+        """Every kind of array ``client`` sent over all exchanges (not only those an attack reads)."""
+        return sorted(
+            {
+                kind
+                for _, replies in self.exchanges
+                if client in replies and replies[client].message is not None
+                for kind in replies[client].message.arrays
+            }
+        )
+
 
 def capture_training_batches(module: nn.Module) -> list[torch.Tensor]:
     """Ground truth only: the inputs ``module`` sees while training (train mode, gradients on)."""

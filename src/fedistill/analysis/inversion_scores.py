@@ -32,7 +32,8 @@ def to_unit(x: torch.Tensor, info: DatasetInfo) -> torch.Tensor:
 
 @dataclass
 class Score:
-    """One attack's scores over the images it was run on, and how it went."""
+    """One attack's scores over the images it was run on, and how it went: per-image values and the
+    reconstruction in the order of the batch they were matched to."""
 
     psnr: list[float]
     ssim: list[float]
@@ -69,6 +70,19 @@ def score(truth01: torch.Tensor, rec01: torch.Tensor) -> tuple[list[float], list
     # SSIM's 11-pixel window (sigma 1.5) needs 11 pixels; smaller images (8x8 digits) get the widest that fits
     sigma = 1.5 if side >= 11 else ((side - 1) // 2 - 0.01) / 3.5
     return values.tolist(), ssim(truth01[index], rec01, sigma=sigma).tolist(), index
+
+
+def matched(
+    truth01: torch.Tensor, rec01: torch.Tensor
+) -> tuple[list[float], list[float], torch.Tensor, torch.Tensor]:
+    """`score`'s PSNR and SSIM and the reconstructions, all in the order of their matched truths (entry
+    ``j`` of each is the reconstruction of image ``j``, as the grids and results show them), and the
+    matched truth index of each reconstruction in its own order."""
+    psnrs, ssims, index = score(truth01, rec01)
+    ordered = torch.empty_like(rec01)
+    ordered[index] = rec01
+    by_truth = index.argsort().tolist()  # truth j was matched by reconstruction by_truth[j]
+    return [psnrs[i] for i in by_truth], [ssims[i] for i in by_truth], ordered, index
 
 
 def merge(scores: list[Score]) -> Score:
@@ -122,9 +136,7 @@ def attack_gradient(
             out[name] = Score([], [], note=f"n/a: {exc}")
             continue
         rec01 = to_unit(result.reconstruction, info)
-        psnrs, ssims, index = score(truth01, rec01)
-        ordered = torch.empty_like(rec01)
-        ordered[index] = rec01
+        psnrs, ssims, ordered, index = matched(truth01, rec01)
         out[name] = Score(
             psnrs,
             ssims,

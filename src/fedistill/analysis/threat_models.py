@@ -47,7 +47,7 @@ from fedistill.algorithms.registry import get_algorithm
 from fedistill.algorithms.shared.training import new_model
 from fedistill.analysis.dstep_replay import DStepReplay
 from fedistill.analysis.interception import RecordingFleet, Transport, capture_training_batches
-from fedistill.analysis.inversion_scores import Score, attack_gradient, gradient_check, score, to_unit
+from fedistill.analysis.inversion_scores import Score, attack_gradient, gradient_check, matched, to_unit
 from fedistill.config import RunConfig, build_config, options_for
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.data.transforms import to_float
@@ -279,7 +279,7 @@ def fediod_setting(setup: Setup, images: int, offset: int) -> tuple[dict[str, An
     server.distillation_step(fleet)
     generate_request, generate_reply = fleet.exchange("query.generate", 0)
     backprop_request, backprop_reply = fleet.exchange("query.backprop", 0)
-    kinds = sorted(set(generate_reply.arrays) | set(backprop_reply.arrays))
+    kinds = fleet.kinds_sent(0)  # stage 1's class counts too: the labels of the whole private set here
 
     x = generate_request.tensor("synthetic-inputs", "x").clone()
     cfg = generate_request.scalars["config"]
@@ -311,15 +311,10 @@ def fediod_setting(setup: Setup, images: int, offset: int) -> tuple[dict[str, An
     )
     truth01 = to_unit(truth, setup.info)
     rec01 = to_unit(rec, setup.info)
-    psnrs, ssims, index = score(truth01, rec01)
-    ordered = torch.empty_like(rec01)
-    ordered[index] = rec01
+    psnrs, ssims, ordered, _ = matched(truth01, rec01)
     inversion = Score(psnrs, ssims, None, distance, time.perf_counter() - start, "", ordered)
 
-    x01 = to_unit(x, setup.info)
-    p2, s2, index2 = score(truth01, x01)
-    ordered2 = torch.empty_like(x01)
-    ordered2[index2] = x01
+    p2, s2, ordered2, _ = matched(truth01, to_unit(x, setup.info))
     inputs = Score(p2, s2, None, None, 0.0, "", ordered2)
     return {
         "dstep-inversion": {"score": inversion, "truth": truth, "replay_error": check, "kinds": kinds},

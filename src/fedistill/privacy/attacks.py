@@ -118,16 +118,24 @@ def update_to_gradient(
 def infer_labels(last_weight_grad: torch.Tensor, batch_size: int = 1) -> torch.Tensor:
     """Labels from the sign of the last layer's weight gradient ``(num_classes, features)`` (iDLG).
 
-    With softmax cross-entropy, row ``c`` of that gradient is ``mean_b (p_bc - y_bc) h_b``. When the features
-    ``h`` are non-negative (after Sigmoid or ReLU), only the true class's row sums below zero, so for one
-    sample the label is exact. For ``batch_size > 1`` this returns the classes whose row sum is negative,
-    most negative first: the usual heuristic, which misses repeated labels and can include classes the
-    model is very unsure about.
+    With softmax cross-entropy, row ``c`` of that gradient is ``mean_b (p_bc - y_bc) h_b``. For one sample
+    every row is a multiple of the same ``h``, with a negative factor only for the true class, so the true
+    class's row is the one pointing against all the others, whatever the sign of ``h``: exact for three
+    classes or more. (The paper's "the row that sums below zero" assumes ``h >= 0``, after Sigmoid or
+    ReLU; a head whose last layer follows a linear one breaks it, and it then names the most likely wrong
+    class.) With two classes the two rows are opposite and the paper's rule decides. For
+    ``batch_size > 1`` this returns the classes whose row sum is negative, most negative first: the usual
+    heuristic, which misses repeated labels and can include classes the model is very unsure about.
     """
     if last_weight_grad.dim() != 2:
         raise ValueError(f"expected a 2-D weight gradient, got shape {tuple(last_weight_grad.shape)}")
     row_sums = last_weight_grad.detach().sum(dim=1)
     if batch_size == 1:
+        rows = last_weight_grad.detach().to(torch.float64)
+        along = rows @ rows[rows.norm(dim=1).argmax()]  # the sign of each row's factor, up to one flip
+        alone = [side for side in (along < 0, along > 0) if int(side.sum()) == 1]
+        if len(alone) == 1:
+            return alone[0].nonzero().reshape(1)
         return row_sums.argmin().reshape(1)
     order = row_sums.argsort()
     return order[row_sums[order] < 0]

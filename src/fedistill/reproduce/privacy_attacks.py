@@ -63,7 +63,9 @@ OBSERVED = {
         "classifier update (+ generator, counts), batch 2; extractor rebuilt from the seed"
     ),
     "fedmdcg/unknown-extractor": "classifier update (+ generator, counts), batch 2; extractor unknown",
-    "fediod/dstep-inversion": "logits, density ratios, input-gradients; D_k init and T_k granted",
+    "fediod/dstep-inversion": (
+        "class counts (stage 1), logits, density ratios, input-gradients; D_k init and T_k granted"
+    ),
     "fediod/server-inputs": "the server's own synthetic inputs x",
     "reference/mean-image": "nothing: the training split's mean image",
 }
@@ -112,11 +114,12 @@ def run_dataset_variant(setup: Setup) -> dict[str, Any]:
                 "replay_error": entry.get("replay_error"),
                 "kinds": entry["kinds"],
             }
-    # reference: the mean training image against every image attacked above
+    # reference: the mean training image against every image attacked above, once each (the known and
+    # unknown rows of a method attack the same images, as do FedIOD's two)
     truths = [r["truth"] for r in results.values()]
     if truths:
         mean01 = (setup.train.x.float() / 255.0).mean(0, keepdim=True)
-        truth01 = to_unit(torch.cat(truths), setup.info)
+        truth01 = to_unit(torch.unique(torch.cat(truths), dim=0), setup.info)
         psnrs, ssims = [], []
         for t in truth01:
             p, s, _ = score(t[None], mean01)
