@@ -137,7 +137,7 @@ _FRACTIONS = ("accuracy", "dice", "ssim", "sensitivity", "specificity", "aji", "
 
 
 def axis_label(metric: str) -> str:
-    """`test_accuracy` → "test accuracy (fraction, 1 = all right)"; `test_psnr` → "test psnr (dB)"."""
+    """`val_dice` → "val dice (fraction, 1 = perfect)"; `test_psnr` → "test psnr (dB)"."""
     words = metric.replace("_", " ")
     unit = next((u for end, u in _UNITS.items() if metric.endswith(end)), None)
     if unit is None and metric.endswith(_FRACTIONS):
