@@ -241,38 +241,27 @@ def test_a_tracker_that_fails_mid_run_is_dropped_with_a_warning_and_the_run_goes
     assert MlflowClient(record["tracking_uri"]).get_run(record["run_id"]).info.status == "KILLED"  # closed
 
 
-def test_a_tracker_that_cannot_start_closes_the_ones_started_before_it(tmp_path, file_store_env):
-    """`track = "mlflow,tensorboard"` with TensorBoard failing to start: the run stops, and the MLflow run
-    already opened is closed (KILLED), not left RUNNING in the store."""
+def _disk_full(*args, **kwargs):
+    raise OSError("No space left on device")
+
+
+@pytest.mark.parametrize(
+    ("track", "where"),
+    [
+        ("mlflow,tensorboard", "fedistill.engine.tracking_tensorboard.TensorBoardTracker.start"),
+        ("mlflow", "fedistill.engine.loop.write_summary"),
+    ],
+    ids=["a-later-tracker-cannot-start", "writing-the-summary-fails"],
+)
+def test_a_run_that_fails_outside_its_rounds_closes_its_mlflow_run(tmp_path, file_store_env, track, where):
+    """A tracker started before one that cannot start (TensorBoard on a full disk), or a failure after the
+    last round (writing the models, plot or summary): the MLflow run already opened is closed (KILLED), not
+    left RUNNING in the store; `--resume` logs on from the checkpoint as after any failure."""
     from mlflow.tracking import MlflowClient
 
-    from fedistill.engine.tracking_tensorboard import TensorBoardTracker
-
-    def cannot_start(self, config, run_dir):
-        raise OSError("No space left on device")
-
-    config = build_config(RunConfig(), {**TINY, "out": str(tmp_path), "track": "mlflow,tensorboard"})
+    config = build_config(RunConfig(), {**TINY, "out": str(tmp_path), "track": track})
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(TensorBoardTracker, "start", cannot_start)
-        with pytest.raises(OSError, match="No space left"):
-            run_suite(config, tmp_path / "suite", progress=False)
-    record = json.loads((tmp_path / "suite" / "fedavg" / "mlflow.json").read_text())
-    assert MlflowClient(record["tracking_uri"]).get_run(record["run_id"]).info.status == "KILLED"
-
-
-def test_a_run_failing_after_its_last_round_closes_its_trackers(tmp_path, file_store_env):
-    """Writing the models, plot or summary fails (a full disk): the MLflow run is closed (KILLED), not left
-    RUNNING, and `--resume` logs on from the checkpoint as after any failure."""
-    from mlflow.tracking import MlflowClient
-
-    from fedistill.engine import loop
-
-    def disk_full(*args, **kwargs):
-        raise OSError("No space left on device")
-
-    config = build_config(RunConfig(), {**TINY, "out": str(tmp_path), "track": "mlflow"})
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(loop, "write_summary", disk_full)
+        patch.setattr(where, _disk_full)
         with pytest.raises(OSError, match="No space left"):
             run_suite(config, tmp_path / "suite", progress=False)
     record = json.loads((tmp_path / "suite" / "fedavg" / "mlflow.json").read_text())
