@@ -194,3 +194,24 @@ def test_a_resumed_run_keeps_the_setup_time_its_first_start_measured(tmp_path, m
     monkeypatch.setattr(FedAvgServer, "setup", lambda self, fleet: pytest.fail("set up again on resume"))
     summary = resume_suite(tmp_path, progress=False)[0]
     assert 0.3 <= summary["setup_time_s"] < summary["wall_time_s"]
+
+
+def test_equal_tensors_and_metadata_give_equal_files(tmp_path):
+    """safetensors writes its header's metadata keys in a hash map's random order, so two identical
+    exports of one model had different bytes (and sha256); the header is now written with them sorted."""
+    import hashlib
+
+    from safetensors import safe_open
+
+    from fedistill.disk import save_tensors
+
+    tensors = {"weight": torch.arange(6.0).reshape(2, 3), "bias": torch.ones(2)}
+    metadata = {f"key{i}": f"value {i} é" for i in range(12)}
+    digests = set()
+    for i in range(8):
+        save_tensors(tensors, tmp_path / f"m{i}.safetensors", metadata)
+        digests.add(hashlib.sha256((tmp_path / f"m{i}.safetensors").read_bytes()).hexdigest())
+    assert len(digests) == 1
+    with safe_open(str(tmp_path / "m0.safetensors"), "pt") as f:
+        assert f.metadata() == metadata
+        assert all(torch.equal(f.get_tensor(name), value) for name, value in tensors.items())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import secrets
@@ -83,4 +84,26 @@ def save_tensors(
 
     table = dict(tensors)
     extra = None if metadata is None else dict(metadata)
-    write_atomic(path, lambda tmp: save_file(table, str(tmp), metadata=extra))
+
+    def write(tmp: Path) -> None:
+        save_file(table, str(tmp), metadata=extra)
+        sort_header_metadata(tmp)
+
+    write_atomic(path, write)
+
+
+def sort_header_metadata(path: Path) -> None:
+    """Rewrite a safetensors file's header in place with its metadata keys sorted. The library writes them
+    in a random order (a hash map), so two identical saves gave files with different bytes; sorted, equal
+    tensors and metadata give equal files. The header keeps its length (padded with spaces, as the format
+    allows), so no tensor moves; a header that would grow (another JSON escaping) is left as it is."""
+    with path.open("r+b") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+        if "__metadata__" not in header:
+            return
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if len(text) <= size:
+            f.seek(8)
+            f.write(text.ljust(size, b" "))

@@ -101,8 +101,7 @@ def exported_module(model: TrainedModel) -> torch.nn.Module:
 
 
 def _save_safetensors(model: TrainedModel, path: Path) -> None:
-    from safetensors.torch import save_file
-
+    from fedistill.disk import save_tensors
     from fedistill.inference.model_card import preprocessing
 
     metadata = {
@@ -123,7 +122,7 @@ def _save_safetensors(model: TrainedModel, path: Path) -> None:
         **getattr(model.module, "export_metadata", dict)(),
     }
     state = {k: v.detach().cpu().contiguous() for k, v in model.module.state_dict().items()}
-    save_file(state, str(path), metadata=metadata)
+    save_tensors(state, path, metadata)  # atomically, with its header's keys in one order: equal bytes
 
 
 #: Above this many bytes of weights an ONNX export keeps them in a `.onnx.data` file beside the graph
