@@ -74,6 +74,19 @@ def _fedavg(**fedavg) -> RunConfig:
     return build_config(RunConfig(), base, {"fedavg": fedavg})
 
 
+def _fedmd(**fedmd) -> RunConfig:
+    base = {
+        "algorithm": "fedmd",
+        "clients": 4,
+        "rounds": 2,
+        "model": "mlp",
+        "alpha": 100.0,
+        "val_fraction": 0.2,
+    }
+    small = {"transfer_epochs": 1, "private_epochs": 1, "alignment_size": 100}
+    return build_config(RunConfig(), base, {"fedmd": {**small, **fedmd}})
+
+
 CASES = {
     "fediod scaled logits": (_fediod, {}, scaled_logits, "logits: max |value|"),
     "fediod inflated class counts": (
@@ -224,3 +237,26 @@ def test_a_median_over_sites_of_no_weight_is_their_plain_median():
     # weights that are not all 0 keep their meaning: 0.1 + 0.3 < 0.5, so the third value
     some = torch.tensor([[0.1], [0.3], [0.6]])
     assert torch.equal(robust_combine(values, some, "median"), torch.tensor([4.0, 9.0]))
+
+
+@pytest.mark.parametrize("checks", [True, False])
+def test_fedmds_consensus_never_takes_a_sites_scaled_scores(tmp_path, poisoning, monkeypatch, checks):
+    """FedMD's consensus is a plain mean: one site's scores times 1e30 would be every site's digest target.
+    With the checks that site is dropped from each round's scores and named; without, the poison gets in.
+    (The accuracy is each site's own model's, so it is not compared with a run without that site.)"""
+    from fedistill.algorithms.fedmd import fedmd
+
+    peaks: list[float] = []
+    mean = fedmd.consensus
+    monkeypatch.setattr(
+        fedmd,
+        "consensus",
+        lambda scores: peaks.append(max(float(s.abs().max()) for s in scores)) or mean(scores),
+    )
+    poisoning(scaled_logits)
+    summary = _run(tmp_path, _fedmd(plausibility_checks=checks), "run")
+    assert len(peaks) == 2  # one consensus a round
+    if checks:
+        assert max(peaks) < 1e3 and "logits: max |value|" in summary["dropped_clients"][str(BAD)]
+    else:
+        assert min(peaks) > 1e20 and str(BAD) not in summary["dropped_clients"]

@@ -82,6 +82,7 @@ from fedistill.errors import ConfigError
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import ArraySpec, Message, expect_arrays
+from fedistill.federation.plausibility import magnitude_faults, screen
 from fedistill.federation.reply_spec import LOCAL_METRICS, NUM_SAMPLES, TRAIN_LOSS, ReplySpec
 from fedistill.seeding import torch_generator
 
@@ -104,6 +105,9 @@ class FedMDOptions:
     digest_epochs: int = 1  # epochs of the digest (training towards the consensus) per round
     digest_batch_size: int = 128  # batch size of the digest
     digest_lr: float = 1e-3  # Adam
+    # drop a site whose scores are far beyond the other sites' (federation/plausibility.py): the consensus
+    # is a plain mean, so one site's scores scaled by 1e30 would be every site's digest target
+    plausibility_checks: bool = True
 
     def validate(self) -> None:
         """Check the digest loss, the labelled public data and the epochs, sizes and learning rate."""
@@ -294,8 +298,9 @@ class FedMDServer(ServerLogic):
         settings = {"config": {"round": round}}
         ask = Message.build("query.scores", arrays={PUBLIC: public_arrays(images)}, scalars=settings)
         spec = ReplySpec({"logits": {"scores": ArraySpec("float32", (len(index), info.num_classes))}})
+        sent = fleet.broadcast(ask, chosen, timeout=self._timeout(), expect=spec)
         scored = successful(
-            fleet.broadcast(ask, chosen, timeout=self._timeout(), expect=spec),
+            screen(fleet, sent, magnitude_faults) if options.plausibility_checks else sent,
             minimum=self._minimum(len(chosen)),
             what="scores on the public images",
         )
