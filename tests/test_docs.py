@@ -184,3 +184,22 @@ def test_the_documented_default_run_name_is_the_one_a_run_gets():
         spelled = re.search(r"<\w+>[\w<>-]*", doc).group(0)
         pattern = re.sub(r"<(\w+)>", lambda m: fills[m.group(1)], re.sub(r"[^\w<>]", r"\\\g<0>", spelled))
         assert re.fullmatch(pattern, made), f"{doc!r} does not describe {made!r}"
+
+
+def test_a_missing_result_file_is_one_line_and_writes_nothing(tmp_path, capsys):
+    """The pages are built from benchmarks/results/; a file they cite that is missing was a
+    FileNotFoundError traceback. Now it names the file, exits 2, and no page is written."""
+    import shutil
+
+    from fedistill.reference import results
+
+    root = tmp_path / "repo"
+    shutil.copytree(ROOT / "benchmarks" / "results", root / "benchmarks" / "results")
+    shutil.copytree(ROOT / "docs", root / "docs")
+    shutil.copy(ROOT / "README.md", root / "README.md")
+    (root / "benchmarks" / "results" / "demos.json").unlink()
+    before = {p: p.read_bytes() for p in (root / "docs" / "results").glob("*.md")}
+    assert results.main([str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "demos.json is missing" in err and "Traceback" not in err
+    assert {p: p.read_bytes() for p in (root / "docs" / "results").glob("*.md")} == before

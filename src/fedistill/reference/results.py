@@ -263,6 +263,23 @@ def write_all(root: Path = ROOT) -> list[Path]:
     return changed
 
 
-if __name__ == "__main__":
-    for path in write_all(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT):
+def main(argv: list[str]) -> int:
+    """Write the pages; a result file the pages cite that is missing is one line and exit 2 (nothing is
+    written: every page is built before any is)."""
+    root = Path(argv[0]) if argv else ROOT
+    try:
+        changed = write_all(root)
+    except FileNotFoundError as exc:
+        print(
+            f"error: {exc.filename} is missing; the results pages are built from benchmarks/results/: "
+            "restore it (git checkout) or re-run the benchmark that writes it",
+            file=sys.stderr,
+        )
+        return 2
+    for path in changed:
         print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
