@@ -1,6 +1,7 @@
 """The in-process transport: dispatch, failures, timeouts and the ledger it writes."""
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,13 +88,19 @@ def test_unknown_message_type_is_refused():
     assert not reply.ok and "does not handle 'train'" in reply.error
 
 
-def test_ledger_resume_truncates_to_checkpoint(tmp_path):
+def _ledger_of_three_broadcasts(tmp_path: Path) -> Path:
+    """A closed ledger file holding three broadcasts to one client (six records)."""
     path = tmp_path / "ledger.jsonl"
     ledger = Ledger(path)
     fleet = InProcessFleet({0: Echo(0)}, ledger)
     for _ in range(3):
         fleet.broadcast(_request())
     ledger.close()
+    return path
+
+
+def test_ledger_resume_truncates_to_checkpoint(tmp_path):
+    path = _ledger_of_three_broadcasts(tmp_path)
     resumed = Ledger(path, resume_at=2)
     assert resumed.count == 2
     resumed.close()
@@ -161,12 +168,7 @@ def test_a_resume_that_cannot_write_keeps_the_records_it_resumes_from(tmp_path):
     import subprocess
     import sys
 
-    path = tmp_path / "ledger.jsonl"
-    ledger = Ledger(path)
-    fleet = InProcessFleet({0: Echo(0)}, ledger)
-    for _ in range(3):
-        fleet.broadcast(_request())
-    ledger.close()
+    path = _ledger_of_three_broadcasts(tmp_path)
     records = read_ledger(path)
     limit = path.stat().st_size // 2
 

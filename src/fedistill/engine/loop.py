@@ -25,7 +25,7 @@ from fedistill.algorithms.shared.oracle import ORACLE_LABEL, ORACLE_METRIC
 from fedistill.algorithms.shared.stage1 import cache_folder
 from fedistill.algorithms.shared.training import evaluate_model, task_of
 from fedistill.config import RunConfig, write_config
-from fedistill.data.partition import load_split, save_split
+from fedistill.data.partition import FederatedSplit, load_split, save_split
 from fedistill.engine.checkpoint import save_model, sweep_temporaries, write_checkpoint
 from fedistill.engine.floor import floor_scores
 from fedistill.engine.resume import resume_point
@@ -196,7 +196,7 @@ def _loop(
     ledger = Ledger(run_dir / "ledger.jsonl", resume_at=runner_state["ledger"] if state else None)
     metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_at=runner_state["metrics"] if state else None)
     tracking = start_tracking(config, run_dir)  # None unless config.track names trackers
-    fleet = _fleet(config, algorithm, clients, ledger, grid, run_dir, data.split.hash())
+    fleet = _fleet(config, algorithm, clients, ledger, grid, run_dir, data.split)
     # the versions of the code that starts the run, not of whatever is on disk when it ends
     ran_with, ran_on = versions(), machine()
     machines_so_far = history_after(runner_state.get("machines", []), ran_on)  # this start's machine last
@@ -371,7 +371,7 @@ def _fleet(
     ledger: Ledger,
     grid: Any,
     run_dir: Path,
-    split_hash: str,
+    split: FederatedSplit,
 ) -> Fleet:
     max_bytes, timeout = int(config.max_message_mb * 2**20), config.timeout or None
     if grid is None:
@@ -389,5 +389,5 @@ def _fleet(
         expected_clients=config.clients,
         max_bytes=max_bytes,
         timeout=timeout,
-        split_hash=split_hash,
+        split_hash=split.hash(),  # only a Flower node rebuilds the split, so only then compared
     )
