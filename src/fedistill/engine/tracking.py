@@ -8,7 +8,6 @@ neither TensorBoard nor MLflow: `trackers_for` imports the ones a config names, 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from pathlib import Path
@@ -60,16 +59,13 @@ def start_tracking(config: RunConfig, run_dir: Path) -> Tracking | None:
         return None
     trackers = trackers_for(config)
     tracking = Tracking(trackers, run_dir / "ledger.jsonl")
-    started: list[Tracker] = []
-    for tracker in trackers:
+    for count, tracker in enumerate(trackers):
         try:
             tracker.start(config, run_dir)
         except BaseException:
-            for earlier in started:  # e.g. an MLflow run left RUNNING when TensorBoard could not start
-                with contextlib.suppress(Exception):
-                    earlier.abort()
+            # those started before it are closed (an MLflow run is not left RUNNING), then the error goes on
+            Tracking(trackers[:count], tracking.ledger.path).abort()
             raise
-        started.append(tracker)
     return tracking
 
 
