@@ -97,6 +97,15 @@ def test_equispaced_spacing():
         assert outer[0] < acc and set(outer) == set(range(outer[0], n, acc)) - centre
 
 
+@pytest.mark.parametrize(("n", "center", "acc"), [(32, 0.24, 4), (12, 0.24, 4), (11, 0.24, 4), (5, 0.3, 3)])
+def test_equispaced_mask_is_the_centre_when_the_centre_fills_the_budget(n, center, acc):
+    num_low = round(n * center)
+    assert num_low * acc >= n  # the adjusted spacing would be infinite or negative
+    mask = EquispacedMaskFunc((center,), (acc,))(n, 0)
+    assert mask.nonzero().flatten().tolist() == list(range(n))[center_lines(n, num_low)]
+    assert torch.equal(mask, RandomMaskFunc((center,), (acc,))(n, 0))  # no outer column either
+
+
 def test_slice_masks_seeded_per_slice_or_fixed():
     func = RandomMaskFunc((0.08,), (4,))
     per = SliceMasks(func, "per-slice", seed=3)

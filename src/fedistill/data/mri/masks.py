@@ -11,7 +11,10 @@ acceleration budget. With several (center_fraction, acceleration) pairs one pair
   (N_low * acc - N), from a random offset in [0, round(spacing)); the total is close to N / acc.
   This is fastMRI's original `EquispacedMaskFunc` (fastmri <= 0.1; `EquispacedMaskFractionFunc` in
   fastmri >= 0.2), the one its public multi-coil data were undersampled with. As fastMRI notes
-  (its issue 54), rounding the adjusted spacing makes the lines only nearly equispaced.
+  (its issue 54), rounding the adjusted spacing makes the lines only nearly equispaced. Where the
+  rounded centre already holds N / acc columns or more (a few dozen columns and a centre fraction near
+  1 / acc), the mask is the centre alone, as the random mask's probability is then 0 (fastMRI's
+  spacing is then infinite or negative and it fails).
 - `EquispacedExactMaskFunc`: fastmri >= 0.2's `EquiSpacedMaskFunc`: every acc-th column from a random
   offset, plus the centre, so the real acceleration is below `acc`.
 
@@ -95,9 +98,11 @@ class EquispacedMaskFunc(MaskFunc):
     """Outer columns at a spacing adjusted so that the total, centre included, is about N / acceleration."""
 
     def _outer(self, rng: np.random.RandomState, num_cols: int, acceleration: float, num_low: int):
+        mask = np.zeros(num_cols, dtype=np.float32)
+        if num_low * acceleration >= num_cols:  # the centre alone fills the budget (a narrow mask)
+            return mask
         spacing = acceleration * (num_low - num_cols) / (num_low * acceleration - num_cols)
         offset = rng.randint(0, round(spacing))
-        mask = np.zeros(num_cols, dtype=np.float32)
         mask[np.around(np.arange(offset, num_cols - 1, spacing)).astype(np.int64)] = 1.0
         return mask
 
