@@ -276,6 +276,14 @@ def test_fastmri_single_coil_and_bad_files(tmp_path, monkeypatch):
     _fastmri_file(tmp_path / "val" / "c.h5", 7, mask=np.ones(32))
     with pytest.raises(DataError, match=r"c\.h5 holds undersampled k-space"):
         load_fastmri_brain(tmp_path)
+    with h5py.File(tmp_path / "val" / "c.h5", "w") as f:  # a 2-D target, k-space without coils
+        f.create_dataset("reconstruction_rss", data=np.ones((32, 32), dtype=np.float32))
+        f.create_dataset("kspace", data=np.zeros((2, 0, 64, 32), dtype=np.complex64))
+        f.attrs["acquisition"] = "AXT1"
+    with pytest.raises(DataError, match=r"c\.h5: `reconstruction_rss` must be a real \(slices, H, W\)"):
+        load_fastmri_brain(tmp_path, target="file")
+    with pytest.raises(DataError, match=r"c\.h5: `kspace` \(2, 0, 64, 32\) is empty"):
+        load_fastmri_brain(tmp_path)
     (tmp_path / "val" / "c.h5").write_bytes(b"not hdf5")
     with pytest.raises(DataError, match=r"cannot read HDF5 file .*c\.h5"):
         load_fastmri_brain(tmp_path)

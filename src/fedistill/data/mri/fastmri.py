@@ -90,7 +90,14 @@ def _target_slices(f: h5py.File, path: Path, target: str) -> np.ndarray:
         key = next((k for k in _stored_targets(f) if k in f), None)
         if key is None:
             raise DataError(f"{path} has no reconstruction_rss or reconstruction_esc; use target='kspace'")
-        return center_crop(np.asarray(f[key], dtype=np.float32), TARGET_SIZE, TARGET_SIZE)
+        stored = f[key]
+        real = np.issubdtype(stored.dtype, np.number) and not np.issubdtype(stored.dtype, np.complexfloating)
+        if stored.ndim != 3 or 0 in stored.shape or not real:
+            raise DataError(
+                f"{path}: `{key}` must be a real (slices, H, W) volume with at least one slice, got "
+                f"{stored.dtype} {stored.shape}; use target='kspace'"
+            )
+        return center_crop(np.asarray(stored, dtype=np.float32), TARGET_SIZE, TARGET_SIZE)
     return kspace_magnitudes(f, path, "is it a fastMRI file?")
 
 
@@ -113,8 +120,8 @@ def kspace_magnitudes(f: h5py.File, path: Path, hint: str) -> np.ndarray:
             f"{path}: `kspace` must be complex (slices, H, W) or (slices, coils, H, W), "
             f"got {kspace.dtype} {kspace.shape}"
         )
-    if kspace.shape[0] == 0:
-        raise DataError(f"{path}: `kspace` holds no slice")
+    if 0 in kspace.shape:
+        raise DataError(f"{path}: `kspace` {kspace.shape} is empty (a dimension of size 0)")
     out = []
     for i in range(kspace.shape[0]):  # one slice at a time: a multi-coil volume can be ~0.5 GB
         images = ifft2c(torch.from_numpy(np.asarray(kspace[i])))
