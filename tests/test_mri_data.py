@@ -284,6 +284,14 @@ def test_fastmri_single_coil_and_bad_files(tmp_path, monkeypatch):
         load_fastmri_brain(tmp_path, target="file")
     with pytest.raises(DataError, match=r"c\.h5: `kspace` \(2, 0, 64, 32\) is empty"):
         load_fastmri_brain(tmp_path)
+    kspace = np.ones((2, 64, 32), dtype=np.complex64)
+    kspace[1, 5, 7] = np.nan  # one corrupt sample spreads over its slice's image
+    _fastmri_file(tmp_path / "val" / "c.h5", 7, coils=0)
+    with h5py.File(tmp_path / "val" / "c.h5", "r+") as f:
+        del f["kspace"]
+        f.create_dataset("kspace", data=kspace)
+    with pytest.raises(DataError, match=r"c\.h5: the volume holds NaN or infinite values"):
+        load_fastmri_brain(tmp_path)
     (tmp_path / "val" / "c.h5").write_bytes(b"not hdf5")
     with pytest.raises(DataError, match=r"cannot read HDF5 file .*c\.h5"):
         load_fastmri_brain(tmp_path)

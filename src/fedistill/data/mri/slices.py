@@ -49,6 +49,8 @@ def resize(slices: np.ndarray, size: int | None) -> np.ndarray:
 
 def scale_to_unit(slices: np.ndarray, source: str) -> np.ndarray:
     """Negative values to 0, then divided by the maximum: a volume in [0, 1] with maximum 1."""
+    if not np.isfinite(slices).all():
+        raise DataError(f"{source}: the volume holds NaN or infinite values; replace the file")
     out = np.clip(slices.astype(np.float32, copy=False), 0.0, None)
     peak = float(out.max()) if out.size else 0.0
     if peak <= 0:
