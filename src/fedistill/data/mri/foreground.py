@@ -6,8 +6,9 @@ the foreground of the brain". Per slice:
 1. smooth with a Gaussian (sigma = `smooth` pixels), so background noise does not cross the threshold;
 2. threshold at `fraction` of the volume's reference level, the 99th percentile of its non-zero voxels
    (a robust maximum: a few hot voxels, e.g. contrast-filled vessels, do not move it);
-3. close small gaps (two 3x3 closings) and fill holes, so a bright scalp ring and the darker skull,
-   CSF and brain inside it become one object, not a ring and a separate brain;
+3. close small gaps (one closing by the 3x3 cross applied twice: two dilations, then two erosions)
+   and fill holes, so a bright scalp ring and the darker skull, CSF and brain inside it become one
+   object, not a ring and a separate brain;
 4. keep the largest connected component (drops noise specks and detached bits such as the neck's
    cross-section off the head's edge), then fill its holes again.
 """
