@@ -5,6 +5,7 @@ model is scored. Generic modules ask the task and never name one task's metric o
 from __future__ import annotations
 
 import ast
+import math
 from pathlib import Path
 
 import numpy as np
@@ -203,6 +204,23 @@ def test_an_empty_set_scores_its_headline_as_nan(task, info):
     metrics = task.evaluate(_PixelNet(1), empty, info)
     assert list(metrics) == [task.headline, "loss", "count"] and metrics["count"] == 0
     assert np.isnan(metrics[task.headline]) and np.isnan(metrics["loss"])
+
+
+def test_reconstruction_scores_per_slice_leave_blank_slices_out():
+    """Without subjects each slice is its own volume; a blank one has no data range (no PSNR), so it is
+    left out of the means instead of stopping the evaluation."""
+    info, task = _info("reconstruction", classes=2), Reconstruction()
+    images = torch.rand(3, 1, SIZE, SIZE) + 0.1
+    images[1] = 0
+    outputs = images + 0.05 * torch.randn_like(images)
+    masks = torch.zeros(3, SIZE, SIZE, dtype=torch.int64)
+    scored = task.score(outputs, ImageSet(images, masks), info)
+    kept = [0, 2]
+    alone = task.score(outputs[kept], ImageSet(images[kept], masks[kept]), info)
+    assert scored["count"] == 3 and math.isfinite(scored["psnr"])
+    assert scored["psnr"] == pytest.approx(alone["psnr"]) and scored["ssim"] == pytest.approx(alone["ssim"])
+    blank = task.score(outputs[[1]], ImageSet(images[[1]], masks[[1]]), info)
+    assert math.isnan(blank["ssim"]) and math.isnan(blank["psnr"]) and blank["count"] == 1
 
 
 def test_classification_evaluates_batch_by_batch():

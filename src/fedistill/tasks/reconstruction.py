@@ -32,6 +32,7 @@ its generator on the brain's foreground mask.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -226,21 +227,30 @@ class Reconstruction(Task):
         groups: Sequence[str] | None = None,
     ) -> dict[str, float]:
         """SSIM, PSNR, NMSE of output images (N, 1, H, W) per volume (`meta["subject"]`; each slice its own
-        volume without it), averaged over volumes; `ssim_<source>` etc. per source when `groups` name each
-        slice's source. Outputs are clipped at 0 first, as a magnitude image has no negative pixel
-        (fastMRI's evaluation does not clip; with data consistency, the default, the output is a magnitude
-        already and the clip changes nothing)."""
+        volume without it, blank slices left out), averaged over volumes; `ssim_<source>` etc. per source
+        when `groups` name each slice's source. Outputs are clipped at 0 first, as a magnitude image has no
+        negative pixel (fastMRI's evaluation does not clip; with data consistency, the default, the output
+        is a magnitude already and the clip changes nothing)."""
         n = len(data)
         if n == 0:
             return self.empty_metrics()
         outputs = outputs.detach().cpu()
-        subjects = np.asarray(meta["subject"]) if meta and len(meta.get("subject", ())) == n else np.arange(n)
-        scores = ReconstructionScores()
-        scores.update(
-            data.x.numpy(), outputs.clamp(min=0).numpy(), subjects, groups and [str(g) for g in groups]
-        )
-        summary = scores.summary()
         loss = self.loss(outputs, data.x).item()
+        targets, predictions = data.x.numpy(), outputs.clamp(min=0).numpy()
+        sources = groups and [str(g) for g in groups]
+        if meta and len(meta.get("subject", ())) == n:
+            subjects = np.asarray(meta["subject"])
+        else:
+            # each slice its own volume: a blank slice (a volume's edge) has no data range, so no SSIM
+            # or PSNR; it is left out of those means instead of stopping the evaluation
+            kept = np.flatnonzero(targets.reshape(n, -1).max(axis=1) > 0)
+            if len(kept) == 0:
+                return {"ssim": math.nan, "psnr": math.nan, "nmse": math.nan, "loss": loss, "count": n}
+            targets, predictions, subjects = targets[kept], predictions[kept], np.arange(n)[kept]
+            sources = sources and [sources[i] for i in kept]
+        scores = ReconstructionScores()
+        scores.update(targets, predictions, subjects, sources)
+        summary = scores.summary()
         metrics = {key: summary[key] for key in ("ssim", "psnr", "nmse")} | {"loss": loss, "count": n}
         for source, values in scores.by_source().items():
             metrics |= {f"{key}_{source}": values[key] for key in ("ssim", "psnr", "nmse")}
