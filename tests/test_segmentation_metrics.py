@@ -195,6 +195,22 @@ def test_instance_metrics_on_perfect_and_empty_maps():
         object_dice(truth, truth * 0.5)
 
 
+def test_instance_labels_that_do_not_fit_an_int64_are_refused():
+    truth, _ = _two_squares_case()
+    infinite = truth.astype(float)
+    infinite[0, 0] = np.inf
+    with pytest.raises(ValueError, match="finite"):
+        aji(truth, infinite)
+    with pytest.raises(ValueError, match="finite"):
+        object_dice(infinite, truth)
+    huge = truth.astype(np.uint64)
+    huge[0, 0] = np.uint64(2**63)  # would wrap to a negative label in int64
+    with pytest.raises(ValueError, match="int64"):
+        aji(truth, huge)
+    with pytest.raises(ValueError, match="non-empty"):
+        aji(np.zeros((0, 0), dtype=int), np.zeros((0, 0), dtype=int))
+
+
 # --- post-processing -----------------------------------------------------------------------------------
 
 
