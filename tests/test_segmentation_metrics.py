@@ -123,6 +123,17 @@ def test_scores_report_per_image_and_pooled_dice_per_group():
     assert groups["site-b"]["pooled_dice"] == 1.0
 
 
+def test_a_group_named_by_the_empty_string_holds_only_its_own_images():
+    square = _square((8, 8), 2, 2, 3)
+    scores = SegmentationScores(compute_hd95=False)
+    scores.update(square[None], square[None], groups="")
+    scores.update(square[None], ~square[None])  # no group: counted in summary() only
+    groups = scores.by_group()
+    assert list(groups) == [""]
+    assert groups[""]["images"] == 1 and groups[""]["mean_dice"] == 1.0
+    assert scores.summary()["images"] == 2
+
+
 # --- instance metrics ----------------------------------------------------------------------------------
 
 

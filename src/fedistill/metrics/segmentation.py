@@ -172,9 +172,11 @@ class SegmentationScores:
 
     def by_group(self) -> dict[str, dict[str, float]]:
         """The :meth:`summary` of each group's images, groups in sorted order."""
-        groups = np.array([g if g is not None else "" for g in self._groups], dtype=object)
-        named = [g for g in self._groups if g is not None]
-        return {name: self._summarise(groups == name) for name in sorted(set(named))}
+        named = {g for g in self._groups if g is not None}
+        return {
+            name: self._summarise(np.array([g == name for g in self._groups], dtype=bool))
+            for name in sorted(named)
+        }
 
     def _summarise(self, selected: np.ndarray) -> dict[str, float]:
         counts = np.array(self._counts, dtype=np.int64)[selected]
