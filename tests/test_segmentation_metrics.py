@@ -134,6 +134,16 @@ def test_a_group_named_by_the_empty_string_holds_only_its_own_images():
     assert scores.summary()["images"] == 2
 
 
+def test_site_numbers_name_groups_as_strings_do():
+    square = _square((8, 8), 2, 2, 3)
+    batch = np.stack([square, square])
+    for groups in (3, np.int64(3), torch.tensor([3, 3]), np.array([3, 3]), [3, 3]):
+        # a number raised "'int' object is not iterable"; a tensor's images were grouped as "tensor(3)"
+        scores = SegmentationScores(compute_hd95=False)
+        scores.update(batch, batch, groups=groups)
+        assert list(scores.by_group()) == ["3"]
+
+
 # --- instance metrics ----------------------------------------------------------------------------------
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 import numpy as np
@@ -134,8 +134,9 @@ class SegmentationScores:
     def update(self, truth: Mask, prediction: Mask, groups: str | Sequence[str] | None = None) -> None:
         """Add a batch: masks ``(N, H, W)`` or ``(N, 1, H, W)`` (one ``(H, W)`` image is a batch of one).
 
-        ``groups`` names each image's site (one name for the whole batch, or one per image); images
-        without a group count in :meth:`summary` but not in :meth:`by_group`.
+        ``groups`` names each image's site (one name for the whole batch, or one per image; numbers are
+        names too, turned into strings: site 3 is group ``"3"``); images without a group count in
+        :meth:`summary` but not in :meth:`by_group`.
         """
         truth_batch, prediction_batch = _binary_batch(truth, "truth"), _binary_batch(prediction, "prediction")
         if truth_batch.shape != prediction_batch.shape:
@@ -250,8 +251,13 @@ def _binary_batch(masks: Mask, name: str) -> np.ndarray:
 
 
 def _groups_for_batch(groups: str | Sequence[str] | None, size: int) -> list[str | None]:
+    """One name per image, as strings; a single name (a string or a number, e.g. a site index) for all."""
     if groups is None or isinstance(groups, str):
         return [groups] * size
+    if isinstance(groups, np.ndarray | torch.Tensor):
+        groups = groups.tolist()  # plain numbers, so that tensor(3) is named "3" like 3
+    if not isinstance(groups, Iterable):
+        return [str(groups)] * size
     names = list(groups)
     if len(names) != size:
         raise ValueError(f"got {len(names)} group names for a batch of {size} images")
