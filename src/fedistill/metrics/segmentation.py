@@ -10,12 +10,12 @@ Who computes what:
 - Dice, sensitivity, specificity: pixel counts with numpy, exactly the paper's formulas (appendix,
   "Magnetic resonance image segmentation").
 - HD95: MONAI's ``compute_hausdorff_distance(..., percentile=95)``. Boundaries are the mask pixels with a
-  4-neighbour outside the mask (mask XOR its binary erosion); distances are Euclidean, in pixels unless
-  ``spacing`` is given. MONAI takes the 95th percentile of each directed set of boundary distances
-  (truth to prediction, prediction to truth) and reports the larger one, which is the paper's Eq. 13 with
-  each ``sup`` replaced by a 95 % quantile (medpy's ``hd95`` instead pools both directions before taking the
-  percentile: never above MONAI's, equal on about half of random blob pairs, up to a quarter lower on
-  the rest).
+  4-neighbour (a voxel with a 6-neighbour, in a volume) outside the mask or outside the image (mask XOR its
+  binary erosion); distances are Euclidean, in pixels unless ``spacing`` is given. MONAI takes the 95th
+  percentile of each directed set of boundary distances (truth to prediction, prediction to truth) and
+  reports the larger one, which is the paper's Eq. 13 with each ``sup`` replaced by a 95 % quantile
+  (medpy's ``hd95`` instead pools both directions before taking the percentile: never above MONAI's, equal
+  on about half of random blob pairs, up to a quarter lower on the rest).
 
 Empty-mask conventions (those of the BraTS evaluation, so that every image gets a number and means are
 over all images):
