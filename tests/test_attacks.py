@@ -256,6 +256,29 @@ def test_psnr_and_ssim_fall_with_noise() -> None:
     assert 1.0 > ssims[0] > ssims[1] > ssims[2]
 
 
+def test_ssim_equals_scikit_image_gaussian_ssim() -> None:
+    from skimage.metrics import structural_similarity
+
+    rng = np.random.default_rng(3)
+    clean = rng.random((2, 3, 18, 21))
+    noisy = np.clip(clean + 0.1 * rng.standard_normal(clean.shape), 0, 1) * 2  # scale 2: data_range 2
+    for sigma in (1.5, 1.0):
+        ours = ssim(2 * clean, noisy, data_range=2.0, sigma=sigma).numpy()
+        theirs = [
+            structural_similarity(
+                2 * c,
+                n,
+                data_range=2.0,
+                channel_axis=0,
+                gaussian_weights=True,
+                sigma=sigma,
+                use_sample_covariance=False,
+            )
+            for c, n in zip(clean, noisy, strict=True)
+        ]
+        np.testing.assert_allclose(ours, theirs, rtol=1e-9, atol=1e-12)
+
+
 def test_ssim_rejects_images_smaller_than_its_window() -> None:
     image = torch.rand(1, 1, 8, 8)
     with pytest.raises(ValueError, match="smaller sigma"):

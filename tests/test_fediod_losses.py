@@ -414,6 +414,17 @@ def test_inception_score_extremes_and_hand_case() -> None:
     _close(inception_score(_t([[0.25, 0.75], [0.5, 0.5]])), math.exp((kl1 + kl2) / 2))
 
 
+def test_inception_score_refuses_rows_that_are_not_distributions() -> None:
+    # Positive logits (or scores) are not probabilities: taken as they were, they gave a number silently.
+    with pytest.raises(ValueError, match="sum to 1"):
+        inception_score(_t([[2.0, 1.0, 0.5], [0.1, 3.0, 1.0]]))
+    with pytest.raises(ValueError, match="sum to 1"):
+        inception_score(_t([[math.inf, 0.0], [0.5, 0.5]]))
+    # float32 softmax output is accepted despite its rounding
+    probs = torch.softmax(torch.randn(64, 10, generator=torch.Generator().manual_seed(0)), dim=1)
+    assert 1.0 <= inception_score(probs) <= 10.0
+
+
 def test_adapted_inception_score_averages_over_local_models() -> None:
     # teacher 0: probabilities (1/4, 3/4) and (1/2, 1/2); teacher 1: identical predictions -> IS 1
     logits = _t([[[0.0, LN3], [0.0, 0.0]], [[1.0, 2.0], [1.0, 2.0]]])

@@ -114,6 +114,18 @@ def test_scores_group_slices_into_volumes_and_average_volumes_per_source():
     assert scores.summary()["volumes"] == 3
 
 
+def test_one_subject_names_the_whole_batch_like_one_source():
+    volume = _volume(9)  # 3 slices
+    prediction = _noisy(volume, 0.05)
+    for subject in ("ab1", 7, np.int64(7), torch.tensor(7)):
+        # a string was split into its characters: 3 one-slice "volumes" 'a', 'b', '1'
+        scores = ReconstructionScores()
+        scores.update(volume, prediction, subjects=subject, sources="ixi-t1")
+        (only,) = scores.per_volume()
+        assert only.slices == 3 and only.subject == subject
+        assert only.ssim == pytest.approx(ssim(volume, prediction))
+
+
 def test_mistakes_are_named():
     volume = _volume(8)
     with pytest.raises(ValueError, match="differ in shape"):

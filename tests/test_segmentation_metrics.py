@@ -123,6 +123,27 @@ def test_scores_report_per_image_and_pooled_dice_per_group():
     assert groups["site-b"]["pooled_dice"] == 1.0
 
 
+def test_a_group_named_by_the_empty_string_holds_only_its_own_images():
+    square = _square((8, 8), 2, 2, 3)
+    scores = SegmentationScores(compute_hd95=False)
+    scores.update(square[None], square[None], groups="")
+    scores.update(square[None], ~square[None])  # no group: counted in summary() only
+    groups = scores.by_group()
+    assert list(groups) == [""]
+    assert groups[""]["images"] == 1 and groups[""]["mean_dice"] == 1.0
+    assert scores.summary()["images"] == 2
+
+
+def test_site_numbers_name_groups_as_strings_do():
+    square = _square((8, 8), 2, 2, 3)
+    batch = np.stack([square, square])
+    for groups in (3, np.int64(3), torch.tensor([3, 3]), np.array([3, 3]), [3, 3]):
+        # a number raised "'int' object is not iterable"; a tensor's images were grouped as "tensor(3)"
+        scores = SegmentationScores(compute_hd95=False)
+        scores.update(batch, batch, groups=groups)
+        assert list(scores.by_group()) == ["3"]
+
+
 # --- instance metrics ----------------------------------------------------------------------------------
 
 
@@ -193,6 +214,22 @@ def test_instance_metrics_on_perfect_and_empty_maps():
         aji(truth, -truth)
     with pytest.raises(ValueError, match="integer instance labels"):
         object_dice(truth, truth * 0.5)
+
+
+def test_instance_labels_that_do_not_fit_an_int64_are_refused():
+    truth, _ = _two_squares_case()
+    infinite = truth.astype(float)
+    infinite[0, 0] = np.inf
+    with pytest.raises(ValueError, match="finite"):
+        aji(truth, infinite)
+    with pytest.raises(ValueError, match="finite"):
+        object_dice(infinite, truth)
+    huge = truth.astype(np.uint64)
+    huge[0, 0] = np.uint64(2**63)  # would wrap to a negative label in int64
+    with pytest.raises(ValueError, match="int64"):
+        aji(truth, huge)
+    with pytest.raises(ValueError, match="non-empty"):
+        aji(np.zeros((0, 0), dtype=int), np.zeros((0, 0), dtype=int))
 
 
 # --- post-processing -----------------------------------------------------------------------------------

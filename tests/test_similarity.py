@@ -137,6 +137,15 @@ def test_uint8_images_and_image_sets_are_accepted_and_bad_ranges_refused() -> No
         to_unit(torch.full((2, 1, 8, 8), 2.0))
 
 
+def test_images_holding_nan_are_refused() -> None:
+    # A NaN pixel made that sample's nearest-neighbour distance NaN, which no threshold is above: it
+    # counted as "not memorised" without a word.
+    x = torch.rand(2, 1, 8, 8)
+    x[1, 0, 3, 3] = math.nan
+    with pytest.raises(ValueError, match="NaN"):
+        to_unit(x)
+
+
 # --- the feature network ---------------------------------------------------------------------------
 
 INFO = DatasetInfo("toy", 1, 8, 2, (0.5,), (0.25,))

@@ -44,7 +44,9 @@ class Score:
     reconstruction: torch.Tensor | None = field(default=None, repr=False)  # in [0, 1], in truth's order
 
     def summary(self) -> dict[str, Any]:
-        """Means, spreads and the per-image values, as the result files hold them."""
+        """Means, spreads (population standard deviations over the images, ddof 0) and the per-image
+        values, as the result files hold them; ``None`` for the means and spreads of an attack that ran
+        on no image."""
         out: dict[str, Any] = {
             "psnr_mean": float(np.mean(self.psnr)) if self.psnr else None,
             "psnr_std": float(np.std(self.psnr)) if self.psnr else None,

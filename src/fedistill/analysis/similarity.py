@@ -66,7 +66,8 @@ Features = Callable[[torch.Tensor], torch.Tensor]  # images in [0, 1] -> (N, D) 
 
 
 def to_unit(images: Images) -> torch.Tensor:
-    """A float32 CPU tensor ``(N, C, H, W)`` in [0, 1]: uint8 is divided by 255, floats are checked."""
+    """A float32 CPU tensor ``(N, C, H, W)`` in [0, 1]: uint8 is divided by 255, floats are checked (finite,
+    in [0, 1])."""
     x = images.x if isinstance(images, ImageSet) else torch.as_tensor(images)
     x = x.detach().cpu()
     if x.dim() != 4:
@@ -75,6 +76,8 @@ def to_unit(images: Images) -> torch.Tensor:
         return x.float() / 255.0
     if not x.is_floating_point():
         raise ValueError(f"images must be uint8 or float in [0, 1], got dtype {x.dtype}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("float images hold NaN or infinite values")
     if x.numel() and (float(x.min()) < -1e-6 or float(x.max()) > 1 + 1e-6):
         raise ValueError(
             f"float images must lie in [0, 1] (got values in [{float(x.min()):.3g}, {float(x.max()):.3g}]); "

@@ -1,7 +1,9 @@
 """Image similarity for reconstructions: PSNR, SSIM, order-free matching, and image grids.
 
-Used to score gradient-inversion attacks (FedMD-CG's Table 2 reports DLG PSNR) and image-to-image tasks
-(FedIOD's MRI reconstruction reports SSIM and PSNR). Images are batches ``(B, C, H, W)`` (a single
+Used to score gradient-inversion attacks (FedMD-CG's Table 2 reports DLG PSNR) and other images on a fixed
+scale. FedIOD's MRI reconstruction is not scored here: its SSIM and PSNR follow fastMRI's per-volume
+evaluation (a uniform 7 x 7 window, the target volume's maximum as data range) in
+:mod:`fedistill.metrics.reconstruction`. Images are batches ``(B, C, H, W)`` (a single
 ``(C, H, W)`` image counts as ``B = 1``), torch tensors or numpy arrays, on a common scale whose width is
 ``data_range`` (1.0 for images in [0, 1]; denormalise model inputs first).
 

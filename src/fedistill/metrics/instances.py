@@ -217,17 +217,21 @@ def _weighted_best_dice(intersection: np.ndarray, own_area: np.ndarray, other_ar
 
 def _instance_map(instances: InstanceMap, name: str) -> np.ndarray:
     array = instances.detach().cpu().numpy() if isinstance(instances, torch.Tensor) else np.asarray(instances)
-    if array.ndim != 2:
-        raise ValueError(f"{name} must be an (H, W) map of instance labels, got shape {array.shape}")
+    if array.ndim != 2 or array.size == 0:
+        raise ValueError(f"{name} must be a non-empty (H, W) map of instance labels, got shape {array.shape}")
     if array.dtype == bool:
         return array.astype(np.int64)
-    integral = np.issubdtype(array.dtype, np.integer) or (
-        np.issubdtype(array.dtype, np.floating) and np.array_equal(array, np.round(array))
-    )
+    floating = np.issubdtype(array.dtype, np.floating)
+    if floating and not np.isfinite(array).all():
+        raise ValueError(f"{name} must hold finite integer instance labels, found NaN or infinite values")
+    integral = np.issubdtype(array.dtype, np.integer) or (floating and np.array_equal(array, np.round(array)))
     if not integral:
         raise ValueError(f"{name} must hold integer instance labels, got {array.dtype} values that are not")
     if array.size and array.min() < 0:
         raise ValueError(f"{name} must hold labels >= 0 (0 = background), found {array.min()}")
+    # Larger labels would wrap to negative ones (or garbage) in int64 and scramble the background.
+    if array.size and (array.max() >= 2.0**63 if floating else array.max() > np.iinfo(np.int64).max):
+        raise ValueError(f"{name} holds a label ({array.max()}) too large for int64")
     return array.astype(np.int64)
 
 

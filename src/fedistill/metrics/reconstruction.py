@@ -23,7 +23,7 @@ fixed scale with a Gaussian-weighted SSIM (Wang et al. 2004) for attack and gene
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -113,11 +113,12 @@ class ReconstructionScores:
         self,
         targets: Image,
         predictions: Image,
-        subjects: Sequence[Hashable] | np.ndarray | torch.Tensor,
+        subjects: Hashable | Sequence[Hashable] | np.ndarray | torch.Tensor,
         sources: str | Sequence[str] | None = None,
     ) -> None:
         """Add slices ``(N, H, W)`` or ``(N, 1, H, W)`` with each slice's subject (volume id) and source.
 
+        ``subjects`` gives one id per slice, or one id (a string or a number) for the whole batch.
         ``sources`` names the test set of each slice (one name for the whole batch, or one per slice);
         volumes without a source count in :meth:`summary` but not in :meth:`by_source`.
         """
@@ -130,7 +131,7 @@ class ReconstructionScores:
                 f"targets and predictions differ in shape: {target_batch.shape} vs {prediction_batch.shape}"
             )
         size = target_batch.shape[0]
-        subject_ids = subjects.tolist() if isinstance(subjects, np.ndarray | torch.Tensor) else list(subjects)
+        subject_ids = _subjects_for_batch(subjects, size)
         if len(subject_ids) != size:
             raise ValueError(f"got {len(subject_ids)} subjects for a batch of {size} slices")
         if sources is None or isinstance(sources, str):
@@ -183,6 +184,18 @@ class ReconstructionScores:
             psnr=psnr(target, prediction, peak),
             nmse=nmse(target, prediction),
         )
+
+
+def _subjects_for_batch(
+    subjects: Hashable | Sequence[Hashable] | np.ndarray | torch.Tensor, size: int
+) -> list[Hashable]:
+    """One subject per slice; a single id (a string is one id, not a sequence of letters) for all of them."""
+    if isinstance(subjects, np.ndarray | torch.Tensor):
+        ids = subjects.tolist()
+        return ids if isinstance(ids, list) else [ids] * size  # a 0-d array holds one id
+    if isinstance(subjects, str | bytes) or not isinstance(subjects, Iterable):
+        return [subjects] * size
+    return list(subjects)
 
 
 def _means(volumes: list[VolumeScores]) -> dict[str, float]:

@@ -10,12 +10,12 @@ Who computes what:
 - Dice, sensitivity, specificity: pixel counts with numpy, exactly the paper's formulas (appendix,
   "Magnetic resonance image segmentation").
 - HD95: MONAI's ``compute_hausdorff_distance(..., percentile=95)``. Boundaries are the mask pixels with a
-  4-neighbour outside the mask (mask XOR its binary erosion); distances are Euclidean, in pixels unless
-  ``spacing`` is given. MONAI takes the 95th percentile of each directed set of boundary distances
-  (truth to prediction, prediction to truth) and reports the larger one, which is the paper's Eq. 13 with
-  each ``sup`` replaced by a 95 % quantile (medpy's ``hd95`` instead pools both directions before taking the
-  percentile: never above MONAI's, equal on about half of random blob pairs, up to a quarter lower on
-  the rest).
+  4-neighbour (a voxel with a 6-neighbour, in a volume) outside the mask or outside the image (mask XOR its
+  binary erosion); distances are Euclidean, in pixels unless ``spacing`` is given. MONAI takes the 95th
+  percentile of each directed set of boundary distances (truth to prediction, prediction to truth) and
+  reports the larger one, which is the paper's Eq. 13 with each ``sup`` replaced by a 95 % quantile
+  (medpy's ``hd95`` instead pools both directions before taking the percentile: never above MONAI's, equal
+  on about half of random blob pairs, up to a quarter lower on the rest).
 
 Empty-mask conventions (those of the BraTS evaluation, so that every image gets a number and means are
 over all images):
@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 import numpy as np
@@ -134,8 +134,9 @@ class SegmentationScores:
     def update(self, truth: Mask, prediction: Mask, groups: str | Sequence[str] | None = None) -> None:
         """Add a batch: masks ``(N, H, W)`` or ``(N, 1, H, W)`` (one ``(H, W)`` image is a batch of one).
 
-        ``groups`` names each image's site (one name for the whole batch, or one per image); images
-        without a group count in :meth:`summary` but not in :meth:`by_group`.
+        ``groups`` names each image's site (one name for the whole batch, or one per image; numbers are
+        names too, turned into strings: site 3 is group ``"3"``); images without a group count in
+        :meth:`summary` but not in :meth:`by_group`.
         """
         truth_batch, prediction_batch = _binary_batch(truth, "truth"), _binary_batch(prediction, "prediction")
         if truth_batch.shape != prediction_batch.shape:
@@ -172,9 +173,11 @@ class SegmentationScores:
 
     def by_group(self) -> dict[str, dict[str, float]]:
         """The :meth:`summary` of each group's images, groups in sorted order."""
-        groups = np.array([g if g is not None else "" for g in self._groups], dtype=object)
-        named = [g for g in self._groups if g is not None]
-        return {name: self._summarise(groups == name) for name in sorted(set(named))}
+        named = {g for g in self._groups if g is not None}
+        return {
+            name: self._summarise(np.array([g == name for g in self._groups], dtype=bool))
+            for name in sorted(named)
+        }
 
     def _summarise(self, selected: np.ndarray) -> dict[str, float]:
         counts = np.array(self._counts, dtype=np.int64)[selected]
@@ -248,8 +251,13 @@ def _binary_batch(masks: Mask, name: str) -> np.ndarray:
 
 
 def _groups_for_batch(groups: str | Sequence[str] | None, size: int) -> list[str | None]:
+    """One name per image, as strings; a single name (a string or a number, e.g. a site index) for all."""
     if groups is None or isinstance(groups, str):
         return [groups] * size
+    if isinstance(groups, np.ndarray | torch.Tensor):
+        groups = groups.tolist()  # plain numbers, so that tensor(3) is named "3" like 3
+    if not isinstance(groups, Iterable):
+        return [str(groups)] * size
     names = list(groups)
     if len(names) != size:
         raise ValueError(f"got {len(names)} group names for a batch of {size} images")
