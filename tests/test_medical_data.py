@@ -533,3 +533,14 @@ def test_registry_knows_the_medical_datasets(tmp_path):
         load_dataset("nuclei-synthetic-sites", tmp_path)
     with pytest.raises(ConfigError, match="image_size"):
         load_dataset("mni152-synthetic-lesions", image_size="big")
+
+
+def test_a_stride_longer_than_the_patch_is_refused_before_any_patch_is_cut(tmp_path):
+    """Patches every `stride` > `patch_size` pixels leave strips of the image in no patch: training would skip
+    them and the test set could not be stitched back into whole images."""
+    with pytest.raises(ValueError, match="stride"):
+        patch_starts(100, 32, 40)
+    _cpm17(tmp_path / "cpm17")
+    with pytest.raises(ConfigError, match=r"cpm17 option stride must be at most the patch_size \(16\)"):
+        load_dataset("cpm17", tmp_path, patch_size=16, stride=20)
+    assert len(load_dataset("cpm17", tmp_path, patch_size=16, stride=16).test) == 2 * 3

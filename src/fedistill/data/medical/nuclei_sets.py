@@ -24,7 +24,7 @@ from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
 from fedistill.data.eight_bit import to_uint8
 from fedistill.data.medical import options as opt
 from fedistill.data.medical.patches import extract_patches, relabel
-from fedistill.errors import DataError
+from fedistill.errors import ConfigError, DataError
 
 NUCLEUS_CLASSES = ("background", "nucleus")
 
@@ -50,9 +50,15 @@ class Patching:
 
 
 def patching_options(dataset: str, patch_size: object, stride: object, scale: object) -> Patching:
-    """A dataset's patch_size, stride (default: the patch size, no overlap) and scale, checked."""
+    """A dataset's patch_size, stride (default: the patch size, no overlap; at most the patch size, so that
+    every pixel is in a patch) and scale, checked."""
     size = opt.positive_int(dataset, "patch_size", patch_size, minimum=8)
     step = size if stride is None else opt.positive_int(dataset, "stride", stride)
+    if step > size:
+        raise ConfigError(
+            f"{dataset} option stride must be at most the patch_size ({size}), got {step}: patches every "
+            f"{step} pixels would leave strips of each image in no patch"
+        )
     return Patching(size, step, opt.positive_float(dataset, "scale", scale, maximum=4.0))
 
 
