@@ -544,3 +544,16 @@ def test_a_stride_longer_than_the_patch_is_refused_before_any_patch_is_cut(tmp_p
     with pytest.raises(ConfigError, match=r"cpm17 option stride must be at most the patch_size \(16\)"):
         load_dataset("cpm17", tmp_path, patch_size=16, stride=20)
     assert len(load_dataset("cpm17", tmp_path, patch_size=16, stride=16).test) == 2 * 3
+
+
+@pytest.mark.parametrize("suffix", [".png", ".tif"])
+def test_a_grey_image_with_alpha_is_read_as_grey(tmp_path, suffix):
+    """Grey plus alpha (Pillow's LA, a 2-sample TIFF): the grey is repeated and the alpha dropped."""
+    grey = np.random.default_rng(1).integers(0, 255, (6, 7), dtype=np.uint8)
+    pixels = np.stack([grey, np.full_like(grey, 255)], axis=2)
+    path = tmp_path / f"tile{suffix}"
+    if suffix == ".png":
+        Image.fromarray(pixels, "LA").save(path)
+    else:
+        tifffile.imwrite(path, pixels, photometric="minisblack", extrasamples=["unassalpha"])
+    np.testing.assert_array_equal(read_rgb(path), np.stack([grey] * 3))

@@ -75,7 +75,8 @@ def _read_tiff(path: Path) -> np.ndarray:
 
 
 def read_rgb(path: Path) -> np.ndarray:
-    """An image file as (3, H, W) uint8: grey is repeated, alpha dropped, 16-bit scaled by its maximum."""
+    """An image file as (3, H, W) uint8: grey is repeated, alpha dropped (RGBA and grey with alpha alike),
+    16-bit scaled by its maximum."""
     try:
         if path.suffix.lower() in (".tif", ".tiff"):
             array = _read_tiff(path)
@@ -85,8 +86,10 @@ def read_rgb(path: Path) -> np.ndarray:
     except (OSError, ValueError, UnidentifiedImageError, tifffile.TiffFileError, struct.error) as e:
         # struct.error: tifffile on a TIFF cut short within its 8-byte header
         raise DataError(f"cannot read image {path} ({e}); replace the file") from e
-    if array.ndim == 3 and array.shape[0] in (3, 4) and array.shape[-1] not in (3, 4):
+    if array.ndim == 3 and array.shape[0] in (2, 3, 4) and array.shape[-1] not in (2, 3, 4):
         array = array.transpose(1, 2, 0)  # planar TIFF
+    if array.ndim == 3 and array.shape[2] == 2:
+        array = array[:, :, 0]  # grey and alpha
     if array.ndim == 2:
         array = np.repeat(array[:, :, None], 3, axis=2)
     if array.ndim != 3 or array.shape[2] < 3:
