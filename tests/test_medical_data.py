@@ -557,3 +557,23 @@ def test_a_grey_image_with_alpha_is_read_as_grey(tmp_path, suffix):
     else:
         tifffile.imwrite(path, pixels, photometric="minisblack", extrasamples=["unassalpha"])
     np.testing.assert_array_equal(read_rgb(path), np.stack([grey] * 3))
+
+
+def test_macos_metadata_files_beside_the_data_are_ignored(tmp_path):
+    """Archives made on a Mac carry `__MACOSX/` folders and `._<name>` files (AppleDouble metadata, no image)
+    named like every image and label; they are skipped, not read as tiles."""
+    apple_double = b"\x00\x05\x16\x07" + bytes(100)
+    root = tmp_path / "monuseg"
+    _monuseg(root)
+    for path in list(root.rglob("*.*")):
+        for twin in (root / "__MACOSX" / path.relative_to(root), path):
+            twin.with_name(f"._{path.name}").parent.mkdir(parents=True, exist_ok=True)
+            twin.with_name(f"._{path.name}").write_bytes(apple_double)
+    data = load_dataset("monuseg", tmp_path, split="challenge", patch_size=40)
+    assert len(data.train) == len(MONUSEG_TILES) and len(data.test) == 1
+    _cpm17(tmp_path / "cpm17")
+    _tnbc(tmp_path / "tnbc")
+    for path in [*(tmp_path / "cpm17").rglob("*.*"), *(tmp_path / "tnbc").rglob("*.png")]:
+        path.with_name(f"._{path.name}").write_bytes(apple_double)
+    assert len(load_dataset("cpm17", tmp_path, patch_size=16).train) == 2 * 2 * 3
+    assert len(load_dataset("tnbc", tmp_path, patch_size=24).train) == 4

@@ -26,6 +26,7 @@ from fedistill.data.medical.aperio import read_instances
 from fedistill.data.medical.nuclei_sets import (
     Patching,
     WholeImage,
+    is_metadata,
     nuclei_dataset,
     patching_options,
     read_rgb,
@@ -117,11 +118,13 @@ def organ_of(name: str, overrides: dict[str, str]) -> str | None:
 
 
 def find_tiles(folder: Path) -> dict[str, tuple[Path, Path]]:
-    """{name: (image, annotation)} for every tile; a tile without its XML is an error."""
+    """{name: (image, annotation)} for every tile; a tile without its XML is an error. Hidden files and
+    `__MACOSX/` folders are skipped (see `is_metadata`)."""
     if not folder.is_dir():
         raise DataError(f"MoNuSeg folder {folder} does not exist; expected {LAYOUT} in it")
-    images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".tif", ".tiff") and p.is_file())
-    xmls = {p.stem: p for p in sorted(folder.rglob("*.xml"))}
+    files = sorted(p for p in folder.rglob("*") if not is_metadata(p, folder) and p.is_file())
+    images = [p for p in files if p.suffix.lower() in (".tif", ".tiff")]
+    xmls = {p.stem: p for p in files if p.suffix.lower() == ".xml"}
     if not images:
         raise DataError(f"no *.tif tile under {folder}; expected {LAYOUT} there")
     missing = [f"{p.with_suffix('.xml')}" for p in images if p.stem not in xmls]

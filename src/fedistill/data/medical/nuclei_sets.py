@@ -62,6 +62,12 @@ def patching_options(dataset: str, patch_size: object, stride: object, scale: ob
     return Patching(size, step, opt.positive_float(dataset, "scale", scale, maximum=4.0))
 
 
+def is_metadata(path: Path, folder: Path) -> bool:
+    """Whether a file below `folder` is no data file: hidden (`.name`, such as the `._name` metadata twin that
+    macOS writes beside every file it copies) or inside an archive's `__MACOSX/` folder."""
+    return any(part.startswith(".") or part == "__MACOSX" for part in path.relative_to(folder).parts)
+
+
 def _read_tiff(path: Path) -> np.ndarray:
     """A TIFF's pixels: tifffile, or Pillow where tifffile lacks the codec (LZW or JPEG compression needs
     the optional imagecodecs package there; Pillow decodes both)."""
