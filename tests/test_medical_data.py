@@ -526,6 +526,8 @@ def test_registry_knows_the_medical_datasets(tmp_path):
     assert {"brats", "monuseg", "cpm17", "tnbc", "nuclei-cross-site", "mni152-synthetic-lesions"} <= names
     assert {"brats-synthetic-lesions", "brain-lesions-real", "nuclei-synthetic-sites"} <= names
     assert f"{tmp_path}/brats/HGG/" in describe_files("brats", tmp_path)
+    brats = describe_files("brats", tmp_path)  # every release the loader reads, 2021's and 2023's names too
+    assert "BraTS2021_00000_t2.nii.gz" in brats and "BraTS-GLI-00000-000-<t1n|t1c|t2w|t2f|seg>" in brats
     assert "needs no files" in describe_files("mni152-synthetic-lesions")
     with pytest.raises(DataError, match="colin27_t1_brain"):
         load_dataset("brats-synthetic-lesions", tmp_path)

@@ -53,15 +53,18 @@ LAYOUT = (
 
 
 def describe(folder: str) -> str:
-    """Where to put the BraTS 2018-2020 training data, as released; it cannot be downloaded."""
+    """Where to put the BraTS training data (2018-2023), as released; it cannot be downloaded."""
     return (
-        f"BraTS 2018-2020 (brain tumour segmentation): put the training data under {folder}/, as released:\n"
+        f"BraTS 2018-2023 (brain tumour segmentation): put the training data under {folder}/, as released:\n"
         f"  {folder}/HGG/<subject>/<subject>_<t1|t1ce|t2|flair|seg>.nii.gz and {folder}/LGG/...\n"
         "  (2018, 2019),\n"
-        f"  or {folder}/<subject>/<subject>_<...>.nii.gz with {folder}/name_mapping.csv (2020);\n"
+        f"  or {folder}/<subject>/<subject>_<...>.nii.gz with {folder}/name_mapping.csv (2020),\n"
+        f"  or {folder}/BraTS2021_00000/BraTS2021_00000_t2.nii.gz and _seg.nii.gz (2021),\n"
+        f"  or {folder}/BraTS-GLI-00000-000/BraTS-GLI-00000-000-<t1n|t1c|t2w|t2f|seg>.nii.gz (2023);\n"
         "  the release's own top folder (e.g. MICCAI_BraTS_2018_Data_Training/) may sit in between.\n"
-        "BraTS needs a registration with the challenge (CBICA Image Processing Portal, or Synapse for 2020) "
-        "and cannot be downloaded automatically."
+        "  2021 and 2023 name no grades: every subject is used, and brats.grades stays unset.\n"
+        "BraTS needs a registration with the challenge (CBICA Image Processing Portal, or Synapse from 2020 "
+        "on) and cannot be downloaded automatically."
     )
 
 
