@@ -579,3 +579,11 @@ def test_macos_metadata_files_beside_the_data_are_ignored(tmp_path):
         path.with_name(f"._{path.name}").write_bytes(apple_double)
     assert len(load_dataset("cpm17", tmp_path, patch_size=16).train) == 2 * 2 * 3
     assert len(load_dataset("tnbc", tmp_path, patch_size=24).train) == 4
+
+
+def test_tnbc_test_slides_named_twice_count_once(tmp_path):
+    _tnbc(tmp_path / "tnbc")
+    data = load_dataset("tnbc", tmp_path, patch_size=24, test_slides="1, 2, 2")
+    assert data.test_groups.tolist() == [0, 0, 1, 1] and data.train_groups.tolist() == [2, 2]
+    with pytest.raises(ConfigError, match="some but not all"):
+        load_dataset("tnbc", tmp_path, test_slides=[1, 2, 3, 3])

@@ -116,7 +116,7 @@ def load_tnbc_images(
             "tnbc: test patients %s (the last 30%% of the slides)", ", ".join(f"{s:02d}" for s in chosen)
         )
     else:
-        chosen = list(opt.int_list(NAME, "test_slides", test_slides))
+        chosen = list(dict.fromkeys(opt.int_list(NAME, "test_slides", test_slides)))  # each patient once
         absent = [s for s in chosen if s not in slides]
         if absent or len(chosen) >= len(slides):
             raise ConfigError(
