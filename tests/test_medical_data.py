@@ -587,3 +587,14 @@ def test_tnbc_test_slides_named_twice_count_once(tmp_path):
     assert data.test_groups.tolist() == [0, 0, 1, 1] and data.train_groups.tolist() == [2, 2]
     with pytest.raises(ConfigError, match="some but not all"):
         load_dataset("tnbc", tmp_path, test_slides=[1, 2, 3, 3])
+
+
+def test_aperio_negative_regions_are_holes_not_nuclei(tmp_path):
+    """ImageScope marks an exclusion (a hole cut from the annotation) with NegativeROA="1" on its Region."""
+    path = tmp_path / "a.xml"
+    xml = _aperio([(4, 4, 12), (9, 9, 3), (20, 25, 8)])
+    path.write_text(xml.replace('<Region Id="2"', '<Region Id="2" NegativeROA="1"'))
+    instances = read_instances(path, (40, 40))
+    assert instances.max() == 2  # the two nuclei; the negative region is not a third
+    assert (instances[9:13, 9:13] == 0).all() and instances[5, 5] == 1 and instances[24, 29] == 2
+    assert (instances == 1).sum() == 13 * 13 - 4 * 4
