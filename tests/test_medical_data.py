@@ -598,3 +598,13 @@ def test_aperio_negative_regions_are_holes_not_nuclei(tmp_path):
     assert instances.max() == 2  # the two nuclei; the negative region is not a third
     assert (instances[9:13, 9:13] == 0).all() and instances[5, 5] == 1 and instances[24, 29] == 2
     assert (instances == 1).sum() == 13 * 13 - 4 * 4
+
+
+def test_a_short_row_of_monuseg_organs_csv_is_a_data_error_naming_it(tmp_path):
+    root = tmp_path / "monuseg"
+    _monuseg(root)
+    (root / "organs.csv").write_text(
+        "image,organ\nTCGA-A7-A13E-01Z-00-DX1.tif,breast\n,\nTCGA-B0-5711-01Z-00-DX1\n"
+    )
+    with pytest.raises(DataError, match=r"organs\.csv line 4: expected image,organ, got 'TCGA-B0-5711"):
+        load_dataset("monuseg", tmp_path, organs="breast,kidney", train_per_organ=1, test_per_organ=1)

@@ -100,12 +100,22 @@ def _organ_overrides(folder: Path) -> dict[str, str]:
         return {}
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:
-            rows = list(csv.DictReader(f))
+            reader = csv.DictReader(f)
+            rows = [(reader.line_num, row) for row in reader]
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise DataError(f"cannot read {path} ({e})") from e
-    if not rows or not {"image", "organ"} <= set(rows[0]):
+    if not rows or not {"image", "organ"} <= set(rows[0][1]):
         raise DataError(f"{path} must have the columns image,organ (one row per tile)")
-    return {Path(r["image"].strip()).stem: r["organ"].strip().lower() for r in rows}
+    overrides = {}
+    for line, row in rows:
+        image, organ = (row["image"] or "").strip(), (row["organ"] or "").strip().lower()
+        if not image and not organ:
+            continue  # an empty row, such as a spreadsheet's ",,"
+        if not image or not organ:
+            cells = ",".join(v for v in row.values() if isinstance(v, str))
+            raise DataError(f"{path} line {line}: expected image,organ, got {cells!r}")
+        overrides[Path(image).stem] = organ
+    return overrides
 
 
 def organ_of(name: str, overrides: dict[str, str]) -> str | None:
