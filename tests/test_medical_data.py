@@ -608,3 +608,15 @@ def test_a_short_row_of_monuseg_organs_csv_is_a_data_error_naming_it(tmp_path):
     )
     with pytest.raises(DataError, match=r"organs\.csv line 4: expected image,organ, got 'TCGA-B0-5711"):
         load_dataset("monuseg", tmp_path, organs="breast,kidney", train_per_organ=1, test_per_organ=1)
+
+
+def test_an_annotation_in_another_xml_format_is_a_data_error_not_an_empty_map(tmp_path):
+    """ASAP's XML outlines nuclei with <Coordinate> points: read as Aperio's it would give no nucleus."""
+    path = tmp_path / "a.xml"
+    path.write_text(
+        '<?xml version="1.0"?><ASAP_Annotations><Annotations><Annotation Name="n1" Type="Polygon">'
+        '<Coordinates><Coordinate Order="0" X="4" Y="4"/><Coordinate Order="1" X="9" Y="4"/>'
+        '<Coordinate Order="2" X="9" Y="9"/></Coordinates></Annotation></Annotations></ASAP_Annotations>'
+    )
+    with pytest.raises(DataError, match=r"a\.xml is not an Aperio ImageScope annotation .*ASAP_Annotations"):
+        read_instances(path, (20, 20))

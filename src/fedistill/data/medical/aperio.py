@@ -27,6 +27,13 @@ def _read(path: Path) -> list[tuple[np.ndarray, bool]]:
         root = ET.parse(path).getroot()
     except (OSError, ET.ParseError) as e:
         raise DataError(f"cannot read the Aperio XML annotation {path} ({e})") from e
+    if (
+        root.tag != "Annotations"
+    ):  # another tool's XML (ASAP, for one) would give no region: no nucleus at all
+        raise DataError(
+            f"{path} is not an Aperio ImageScope annotation (its root element is <{root.tag}>, not "
+            "<Annotations>); convert it to Aperio's XML, or give the instances another way"
+        )
     outlines = []
     for region in root.iter("Region"):
         try:
