@@ -17,6 +17,7 @@ from scipy.io import savemat
 from conftest import SHARED_DATA
 from fedistill.data.medical import brain_synthetic, lesions
 from fedistill.data.medical.aperio import read_instances
+from fedistill.data.medical.brats import split_subjects
 from fedistill.data.medical.nuclei_sets import read_rgb
 from fedistill.data.medical.patches import (
     extract_patches,
@@ -620,3 +621,14 @@ def test_an_annotation_in_another_xml_format_is_a_data_error_not_an_empty_map(tm
     )
     with pytest.raises(DataError, match=r"a\.xml is not an Aperio ImageScope annotation .*ASAP_Annotations"):
         read_instances(path, (20, 20))
+
+
+def test_brats_scans_of_one_patient_never_straddle_the_split():
+    """BraTS-<set>-<patient>-<timepoint>: a patient's other scans are not trained on when one is tested."""
+    names = ["BraTS-GLI-00003-000", "BraTS-GLI-00001-001", "BraTS-GLI-00002-000", "BraTS-GLI-00001-000"]
+    train, test = split_subjects(names, train=2, test=1)
+    assert test == ["BraTS-GLI-00001-000"] and train == ["BraTS-GLI-00002-000", "BraTS-GLI-00003-000"]
+    # without timepoints (2018-2021 names) the split is the plain one
+    assert split_subjects(["S3", "S1", "S2", "S4"], train=2, test=1) == (["S2", "S3"], ["S1"])
+    with pytest.raises(DataError, match="no patient is left to train on"):
+        split_subjects(["BraTS-GLI-00001-000", "BraTS-GLI-00001-001"], train=2, test=1)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import re
 from pathlib import Path
 
 from fedistill.data.base import LoadedDataset
@@ -128,7 +129,8 @@ def _from_name_mapping(root: Path, mapping: Path) -> dict[str, dict[str, Path]]:
 
 def split_subjects(names: list[str], train: int, test: int) -> tuple[list[str], list[str]]:
     """Chang et al.'s split: names sorted, the first `test` for testing and the next `train` for training;
-    fewer subjects than train + test are split in the same proportion."""
+    fewer subjects than train + test are split in the same proportion. Scans of a test patient at other
+    timepoints (BraTS 2023's `-001`, ...) are not trained on: no patient is in both sets."""
     names = sorted(names)
     if len(names) < 2:
         raise DataError(f"BraTS needs at least 2 subjects (one to train, one to test); found {len(names)}")
@@ -150,7 +152,26 @@ def split_subjects(names: list[str], train: int, test: int) -> tuple[list[str], 
             len(names),
             len(names) - train - test,
         )
-    return names[test : test + train], names[:test]
+    tested = {patient_of(n) for n in names[:test]}
+    rest = [n for n in names[test:] if patient_of(n) not in tested]
+    if len(rest) < len(names) - test:
+        log.info(
+            "brats: %d scans of the test patients' other timepoints are not used for training",
+            len(names) - test - len(rest),
+        )
+    if not rest:
+        raise DataError(
+            f"BraTS: every scan after the {test} test subject(s) is of a test patient; no patient is left to "
+            "train on. Lower brats.test_subjects or add subjects"
+        )
+    return rest[:train], names[:test]
+
+
+def patient_of(subject: str) -> str:
+    """The patient of a subject folder: BraTS 2023 on names scans `BraTS-<set>-<patient>-<timepoint>`, and a
+    patient's scans at several timepoints share one; older names are one patient each."""
+    match = re.fullmatch(r"(BraTS-[A-Za-z]+-\d+)-\d+", subject)
+    return match.group(1) if match else subject
 
 
 def _subject(
