@@ -632,3 +632,17 @@ def test_brats_scans_of_one_patient_never_straddle_the_split():
     assert split_subjects(["S3", "S1", "S2", "S4"], train=2, test=1) == (["S2", "S3"], ["S1"])
     with pytest.raises(DataError, match="no patient is left to train on"):
         split_subjects(["BraTS-GLI-00001-000", "BraTS-GLI-00001-001"], train=2, test=1)
+
+
+def test_a_nifti_of_rgb_or_complex_voxels_is_a_data_error_naming_its_type(tmp_path):
+    """Colour (RGB24) and complex voxels have no one intensity; they were a NumPy traceback or lost their
+    imaginary part without a word."""
+    rgb = np.zeros((4, 4, 4), dtype=[("R", "u1"), ("G", "u1"), ("B", "u1")])
+    nib.save(nib.Nifti1Image(rgb, np.eye(4)), tmp_path / "rgb.nii")
+    with pytest.raises(
+        DataError, match=r"rgb\.nii holds voxels of type RGB; expected one real number per voxel"
+    ):
+        read_volume(tmp_path / "rgb.nii")
+    nib.save(nib.Nifti1Image(np.ones((4, 4, 4), np.complex64), np.eye(4)), tmp_path / "c.nii")
+    with pytest.raises(DataError, match=r"c\.nii holds voxels of type complex64"):
+        read_volume(tmp_path / "c.nii")
