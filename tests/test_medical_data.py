@@ -646,3 +646,13 @@ def test_a_nifti_of_rgb_or_complex_voxels_is_a_data_error_naming_its_type(tmp_pa
     nib.save(nib.Nifti1Image(np.ones((4, 4, 4), np.complex64), np.eye(4)), tmp_path / "c.nii")
     with pytest.raises(DataError, match=r"c\.nii holds voxels of type complex64"):
         read_volume(tmp_path / "c.nii")
+
+
+def test_a_short_row_of_brats_name_mapping_is_a_data_error_naming_it(tmp_path):
+    root = tmp_path / "brats"
+    _brats_subject(root / "BraTS20_Training_001", "BraTS20_Training_001", 2)
+    (root / "name_mapping.csv").write_text("Grade,BraTS_2020_subject_ID\nHGG,BraTS20_Training_001\nLGG\n")
+    with pytest.raises(
+        DataError, match=r"name_mapping\.csv line 3: expected a Grade and a BraTS_2020_subject_ID"
+    ):
+        load_dataset("brats", tmp_path, image_size=24)

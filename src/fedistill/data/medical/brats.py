@@ -114,13 +114,19 @@ def _grade_folders(folder: Path) -> dict[str, dict[str, Path]]:
 def _from_name_mapping(root: Path, mapping: Path) -> dict[str, dict[str, Path]]:
     try:
         with mapping.open(newline="", encoding="utf-8-sig") as f:
-            rows = list(csv.DictReader(f))
+            reader = csv.DictReader(f)
+            rows = [(reader.line_num, row) for row in reader]
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise DataError(f"cannot read {mapping} ({e})") from e
-    if not rows or not {"Grade", "BraTS_2020_subject_ID"} <= set(rows[0]):
+    if not rows or not {"Grade", "BraTS_2020_subject_ID"} <= set(rows[0][1]):
         raise DataError(f"{mapping} lacks the columns Grade and BraTS_2020_subject_ID")
     out: dict[str, dict[str, Path]] = {g: {} for g in GRADES}
-    for row in rows:
+    for line, row in rows:
+        if row["Grade"] is None or row["BraTS_2020_subject_ID"] is None:
+            raise DataError(
+                f"{mapping} line {line}: expected a Grade and a BraTS_2020_subject_ID, got a row of "
+                f"{sum(v is not None for k, v in row.items() if k is not None)} column(s); replace the file"
+            )
         grade, subject = row["Grade"].strip().lower(), row["BraTS_2020_subject_ID"].strip()
         if grade in out and (root / subject).is_dir():
             out[grade][subject] = root / subject
