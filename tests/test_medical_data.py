@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 
 import nibabel as nib
 import numpy as np
@@ -656,3 +657,15 @@ def test_a_short_row_of_brats_name_mapping_is_a_data_error_naming_it(tmp_path):
         DataError, match=r"name_mapping\.csv line 3: expected a Grade and a BraTS_2020_subject_ID"
     ):
         load_dataset("brats", tmp_path, image_size=24)
+
+
+def test_the_challenge_split_without_monuseg_test_tiles_is_a_data_error(tmp_path):
+    """Without MoNuSeg's test archive the cross-site set had no TCGA test image at all, and said nothing."""
+    _cpm17(tmp_path / "cpm17")
+    _monuseg(tmp_path / "monuseg")
+    _tnbc(tmp_path / "tnbc")
+    shutil.rmtree(tmp_path / "monuseg" / "MoNuSegTestData")
+    with pytest.raises(DataError, match=r"split=challenge.*no test tile.*test archive"):
+        load_dataset("nuclei-cross-site", tmp_path, patch_size=24)
+    with pytest.raises(DataError, match=r"split=challenge.*no test tile"):
+        load_dataset("monuseg", tmp_path, split="challenge", patch_size=40)

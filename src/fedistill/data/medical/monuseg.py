@@ -220,6 +220,12 @@ def load_tiles(
     for name, paths in tiles.items():
         whole = read_tile(name, paths, group[organ[name] or "unknown"])
         (test if is_challenge_test(name, paths[0], folder) else train).append(whole)
+    for wholes, what, where in (
+        (test, "test", "MoNuSeg 2018's test archive (its 14 tiles, or tiles under a folder named *test*)"),
+        (train, "training", "MoNuSeg 2018's training archive"),
+    ):
+        if not wholes:
+            raise DataError(f"monuseg split=challenge: no {what} tile under {folder}; unpack {where} there")
     return train, test, tuple(names)
 
 
