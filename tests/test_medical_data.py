@@ -669,3 +669,22 @@ def test_the_challenge_split_without_monuseg_test_tiles_is_a_data_error(tmp_path
         load_dataset("nuclei-cross-site", tmp_path, patch_size=24)
     with pytest.raises(DataError, match=r"split=challenge.*no test tile"):
         load_dataset("monuseg", tmp_path, split="challenge", patch_size=40)
+
+
+@pytest.mark.parametrize("compression", [None, "lzw"])
+def test_a_palette_tiff_is_read_in_its_colours_not_as_grey_indices(tmp_path, compression):
+    """An indexed-colour TIFF holds palette indices; its colours are the colormap's (16 bits per channel)."""
+    colormap = np.zeros((3, 256), np.uint16)
+    colormap[:, 1] = (65535, 0, 0)
+    colormap[:, 2] = (0, 0, 65535)
+    colormap[:, 3] = (0, 32896, 0)
+    path = tmp_path / "tile.tif"
+    indices = np.array([[0, 1], [2, 3]], np.uint8)
+    if compression is None:
+        tifffile.imwrite(path, indices, photometric="palette", colormap=colormap)
+    else:  # read through Pillow: tifffile lacks the codec without imagecodecs
+        image = Image.fromarray(indices, "P")
+        image.putpalette((colormap[:, :256].T // 257).astype(np.uint8).ravel().tolist())
+        image.save(path, compression="tiff_lzw")
+    expected = [[[0, 0, 0], [255, 0, 0]], [[0, 0, 255], [0, 128, 0]]]
+    assert read_rgb(path).transpose(1, 2, 0).tolist() == expected

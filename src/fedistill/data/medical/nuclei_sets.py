@@ -70,14 +70,29 @@ def is_metadata(path: Path, folder: Path) -> bool:
 
 def _read_tiff(path: Path) -> np.ndarray:
     """A TIFF's pixels: tifffile, or Pillow where tifffile lacks the codec (LZW or JPEG compression needs
-    the optional imagecodecs package there; Pillow decodes both)."""
+    the optional imagecodecs package there; Pillow decodes both). An indexed-colour (palette) TIFF is
+    looked up in its colormap, so it gives its colours, not its indices."""
     try:
-        return np.asarray(tifffile.imread(path))
+        with tifffile.TiffFile(path) as tif:
+            array = np.asarray(tif.asarray())
+            page = tif.pages[0]
+            if page.photometric == tifffile.PHOTOMETRIC.PALETTE and page.colormap is not None:
+                array = _palette_colours(array, np.asarray(page.colormap))
+        return array
     except ValueError as e:
         if "imagecodecs" not in str(e):
             raise
     with Image.open(path) as image:
-        return np.asarray(image)
+        return np.asarray(image.convert("RGB") if image.mode in ("P", "PA") else image)
+
+
+def _palette_colours(indices: np.ndarray, colormap: np.ndarray) -> np.ndarray:
+    """(H, W, 3) uint8 colours of palette `indices` in a TIFF colormap (3, n): 16 bits per channel, as the
+    TIFF standard has it, or 8 where a writer stored them so (no value above 255)."""
+    table = colormap.T.astype(np.float64)
+    if table.max() > 255:
+        table = table / 257.0
+    return np.round(table).astype(np.uint8)[np.clip(indices, 0, len(table) - 1)]
 
 
 def read_rgb(path: Path) -> np.ndarray:
