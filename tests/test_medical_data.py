@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 
 import nibabel as nib
 import numpy as np
@@ -17,6 +18,7 @@ from scipy.io import savemat
 from conftest import SHARED_DATA
 from fedistill.data.medical import brain_synthetic, lesions
 from fedistill.data.medical.aperio import read_instances
+from fedistill.data.medical.brats import split_subjects
 from fedistill.data.medical.nuclei_sets import read_rgb
 from fedistill.data.medical.patches import (
     extract_patches,
@@ -526,6 +528,8 @@ def test_registry_knows_the_medical_datasets(tmp_path):
     assert {"brats", "monuseg", "cpm17", "tnbc", "nuclei-cross-site", "mni152-synthetic-lesions"} <= names
     assert {"brats-synthetic-lesions", "brain-lesions-real", "nuclei-synthetic-sites"} <= names
     assert f"{tmp_path}/brats/HGG/" in describe_files("brats", tmp_path)
+    brats = describe_files("brats", tmp_path)  # every release the loader reads, 2021's and 2023's names too
+    assert "BraTS2021_00000_t2.nii.gz" in brats and "BraTS-GLI-00000-000-<t1n|t1c|t2w|t2f|seg>" in brats
     assert "needs no files" in describe_files("mni152-synthetic-lesions")
     with pytest.raises(DataError, match="colin27_t1_brain"):
         load_dataset("brats-synthetic-lesions", tmp_path)
@@ -533,3 +537,154 @@ def test_registry_knows_the_medical_datasets(tmp_path):
         load_dataset("nuclei-synthetic-sites", tmp_path)
     with pytest.raises(ConfigError, match="image_size"):
         load_dataset("mni152-synthetic-lesions", image_size="big")
+
+
+def test_a_stride_longer_than_the_patch_is_refused_before_any_patch_is_cut(tmp_path):
+    """Patches every `stride` > `patch_size` pixels leave strips of the image in no patch: training would skip
+    them and the test set could not be stitched back into whole images."""
+    with pytest.raises(ValueError, match="stride"):
+        patch_starts(100, 32, 40)
+    _cpm17(tmp_path / "cpm17")
+    with pytest.raises(ConfigError, match=r"cpm17 option stride must be at most the patch_size \(16\)"):
+        load_dataset("cpm17", tmp_path, patch_size=16, stride=20)
+    assert len(load_dataset("cpm17", tmp_path, patch_size=16, stride=16).test) == 2 * 3
+
+
+@pytest.mark.parametrize("suffix", [".png", ".tif"])
+def test_a_grey_image_with_alpha_is_read_as_grey(tmp_path, suffix):
+    """Grey plus alpha (Pillow's LA, a 2-sample TIFF): the grey is repeated and the alpha dropped."""
+    grey = np.random.default_rng(1).integers(0, 255, (6, 7), dtype=np.uint8)
+    pixels = np.stack([grey, np.full_like(grey, 255)], axis=2)
+    path = tmp_path / f"tile{suffix}"
+    if suffix == ".png":
+        Image.fromarray(pixels, "LA").save(path)
+    else:
+        tifffile.imwrite(path, pixels, photometric="minisblack", extrasamples=["unassalpha"])
+    np.testing.assert_array_equal(read_rgb(path), np.stack([grey] * 3))
+
+
+def test_macos_metadata_files_beside_the_data_are_ignored(tmp_path):
+    """Archives made on a Mac carry `__MACOSX/` folders and `._<name>` files (AppleDouble metadata, no image)
+    named like every image and label; they are skipped, not read as tiles."""
+    apple_double = b"\x00\x05\x16\x07" + bytes(100)
+    root = tmp_path / "monuseg"
+    _monuseg(root)
+    for path in list(root.rglob("*.*")):
+        for twin in (root / "__MACOSX" / path.relative_to(root), path):
+            twin.with_name(f"._{path.name}").parent.mkdir(parents=True, exist_ok=True)
+            twin.with_name(f"._{path.name}").write_bytes(apple_double)
+    data = load_dataset("monuseg", tmp_path, split="challenge", patch_size=40)
+    assert len(data.train) == len(MONUSEG_TILES) and len(data.test) == 1
+    _cpm17(tmp_path / "cpm17")
+    _tnbc(tmp_path / "tnbc")
+    for path in [*(tmp_path / "cpm17").rglob("*.*"), *(tmp_path / "tnbc").rglob("*.png")]:
+        path.with_name(f"._{path.name}").write_bytes(apple_double)
+    assert len(load_dataset("cpm17", tmp_path, patch_size=16).train) == 2 * 2 * 3
+    assert len(load_dataset("tnbc", tmp_path, patch_size=24).train) == 4
+
+
+def test_tnbc_test_slides_named_twice_count_once(tmp_path):
+    _tnbc(tmp_path / "tnbc")
+    data = load_dataset("tnbc", tmp_path, patch_size=24, test_slides="1, 2, 2")
+    assert data.test_groups.tolist() == [0, 0, 1, 1] and data.train_groups.tolist() == [2, 2]
+    with pytest.raises(ConfigError, match="some but not all"):
+        load_dataset("tnbc", tmp_path, test_slides=[1, 2, 3, 3])
+
+
+def test_aperio_negative_regions_are_holes_not_nuclei(tmp_path):
+    """ImageScope marks an exclusion (a hole cut from the annotation) with NegativeROA="1" on its Region."""
+    path = tmp_path / "a.xml"
+    xml = _aperio([(4, 4, 12), (9, 9, 3), (20, 25, 8)])
+    path.write_text(xml.replace('<Region Id="2"', '<Region Id="2" NegativeROA="1"'))
+    instances = read_instances(path, (40, 40))
+    assert instances.max() == 2  # the two nuclei; the negative region is not a third
+    assert (instances[9:13, 9:13] == 0).all() and instances[5, 5] == 1 and instances[24, 29] == 2
+    assert (instances == 1).sum() == 13 * 13 - 4 * 4
+
+
+def test_a_short_row_of_monuseg_organs_csv_is_a_data_error_naming_it(tmp_path):
+    root = tmp_path / "monuseg"
+    _monuseg(root)
+    (root / "organs.csv").write_text(
+        "image,organ\nTCGA-A7-A13E-01Z-00-DX1.tif,breast\n,\nTCGA-B0-5711-01Z-00-DX1\n"
+    )
+    with pytest.raises(DataError, match=r"organs\.csv line 4: expected image,organ, got 'TCGA-B0-5711"):
+        load_dataset("monuseg", tmp_path, organs="breast,kidney", train_per_organ=1, test_per_organ=1)
+
+
+def test_an_annotation_in_another_xml_format_is_a_data_error_not_an_empty_map(tmp_path):
+    """ASAP's XML outlines nuclei with <Coordinate> points: read as Aperio's it would give no nucleus."""
+    path = tmp_path / "a.xml"
+    path.write_text(
+        '<?xml version="1.0"?><ASAP_Annotations><Annotations><Annotation Name="n1" Type="Polygon">'
+        '<Coordinates><Coordinate Order="0" X="4" Y="4"/><Coordinate Order="1" X="9" Y="4"/>'
+        '<Coordinate Order="2" X="9" Y="9"/></Coordinates></Annotation></Annotations></ASAP_Annotations>'
+    )
+    with pytest.raises(DataError, match=r"a\.xml is not an Aperio ImageScope annotation .*ASAP_Annotations"):
+        read_instances(path, (20, 20))
+
+
+def test_brats_scans_of_one_patient_never_straddle_the_split():
+    """BraTS-<set>-<patient>-<timepoint>: a patient's other scans are not trained on when one is tested."""
+    names = ["BraTS-GLI-00003-000", "BraTS-GLI-00001-001", "BraTS-GLI-00002-000", "BraTS-GLI-00001-000"]
+    train, test = split_subjects(names, train=2, test=1)
+    assert test == ["BraTS-GLI-00001-000"] and train == ["BraTS-GLI-00002-000", "BraTS-GLI-00003-000"]
+    # without timepoints (2018-2021 names) the split is the plain one
+    assert split_subjects(["S3", "S1", "S2", "S4"], train=2, test=1) == (["S2", "S3"], ["S1"])
+    with pytest.raises(DataError, match="no patient is left to train on"):
+        split_subjects(["BraTS-GLI-00001-000", "BraTS-GLI-00001-001"], train=2, test=1)
+
+
+def test_a_nifti_of_rgb_or_complex_voxels_is_a_data_error_naming_its_type(tmp_path):
+    """Colour (RGB24) and complex voxels have no one intensity; they were a NumPy traceback or lost their
+    imaginary part without a word."""
+    rgb = np.zeros((4, 4, 4), dtype=[("R", "u1"), ("G", "u1"), ("B", "u1")])
+    nib.save(nib.Nifti1Image(rgb, np.eye(4)), tmp_path / "rgb.nii")
+    with pytest.raises(
+        DataError, match=r"rgb\.nii holds voxels of type RGB; expected one real number per voxel"
+    ):
+        read_volume(tmp_path / "rgb.nii")
+    nib.save(nib.Nifti1Image(np.ones((4, 4, 4), np.complex64), np.eye(4)), tmp_path / "c.nii")
+    with pytest.raises(DataError, match=r"c\.nii holds voxels of type complex64"):
+        read_volume(tmp_path / "c.nii")
+
+
+def test_a_short_row_of_brats_name_mapping_is_a_data_error_naming_it(tmp_path):
+    root = tmp_path / "brats"
+    _brats_subject(root / "BraTS20_Training_001", "BraTS20_Training_001", 2)
+    (root / "name_mapping.csv").write_text("Grade,BraTS_2020_subject_ID\nHGG,BraTS20_Training_001\nLGG\n")
+    with pytest.raises(
+        DataError, match=r"name_mapping\.csv line 3: expected a Grade and a BraTS_2020_subject_ID"
+    ):
+        load_dataset("brats", tmp_path, image_size=24)
+
+
+def test_the_challenge_split_without_monuseg_test_tiles_is_a_data_error(tmp_path):
+    """Without MoNuSeg's test archive the cross-site set had no TCGA test image at all, and said nothing."""
+    _cpm17(tmp_path / "cpm17")
+    _monuseg(tmp_path / "monuseg")
+    _tnbc(tmp_path / "tnbc")
+    shutil.rmtree(tmp_path / "monuseg" / "MoNuSegTestData")
+    with pytest.raises(DataError, match=r"split=challenge.*no test tile.*test archive"):
+        load_dataset("nuclei-cross-site", tmp_path, patch_size=24)
+    with pytest.raises(DataError, match=r"split=challenge.*no test tile"):
+        load_dataset("monuseg", tmp_path, split="challenge", patch_size=40)
+
+
+@pytest.mark.parametrize("compression", [None, "lzw"])
+def test_a_palette_tiff_is_read_in_its_colours_not_as_grey_indices(tmp_path, compression):
+    """An indexed-colour TIFF holds palette indices; its colours are the colormap's (16 bits per channel)."""
+    colormap = np.zeros((3, 256), np.uint16)
+    colormap[:, 1] = (65535, 0, 0)
+    colormap[:, 2] = (0, 0, 65535)
+    colormap[:, 3] = (0, 32896, 0)
+    path = tmp_path / "tile.tif"
+    indices = np.array([[0, 1], [2, 3]], np.uint8)
+    if compression is None:
+        tifffile.imwrite(path, indices, photometric="palette", colormap=colormap)
+    else:  # read through Pillow: tifffile lacks the codec without imagecodecs
+        image = Image.fromarray(indices, "P")
+        image.putpalette((colormap[:, :256].T // 257).astype(np.uint8).ravel().tolist())
+        image.save(path, compression="tiff_lzw")
+    expected = [[[0, 0, 0], [255, 0, 0]], [[0, 0, 255], [0, 128, 0]]]
+    assert read_rgb(path).transpose(1, 2, 0).tolist() == expected

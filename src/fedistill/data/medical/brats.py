@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import re
 from pathlib import Path
 
 from fedistill.data.base import LoadedDataset
@@ -53,15 +54,18 @@ LAYOUT = (
 
 
 def describe(folder: str) -> str:
-    """Where to put the BraTS 2018-2020 training data, as released; it cannot be downloaded."""
+    """Where to put the BraTS training data (2018-2023), as released; it cannot be downloaded."""
     return (
-        f"BraTS 2018-2020 (brain tumour segmentation): put the training data under {folder}/, as released:\n"
+        f"BraTS 2018-2023 (brain tumour segmentation): put the training data under {folder}/, as released:\n"
         f"  {folder}/HGG/<subject>/<subject>_<t1|t1ce|t2|flair|seg>.nii.gz and {folder}/LGG/...\n"
         "  (2018, 2019),\n"
-        f"  or {folder}/<subject>/<subject>_<...>.nii.gz with {folder}/name_mapping.csv (2020);\n"
+        f"  or {folder}/<subject>/<subject>_<...>.nii.gz with {folder}/name_mapping.csv (2020),\n"
+        f"  or {folder}/BraTS2021_00000/BraTS2021_00000_t2.nii.gz and _seg.nii.gz (2021),\n"
+        f"  or {folder}/BraTS-GLI-00000-000/BraTS-GLI-00000-000-<t1n|t1c|t2w|t2f|seg>.nii.gz (2023);\n"
         "  the release's own top folder (e.g. MICCAI_BraTS_2018_Data_Training/) may sit in between.\n"
-        "BraTS needs a registration with the challenge (CBICA Image Processing Portal, or Synapse for 2020) "
-        "and cannot be downloaded automatically."
+        "  2021 and 2023 name no grades: every subject is used, and brats.grades stays unset.\n"
+        "BraTS needs a registration with the challenge (CBICA Image Processing Portal, or Synapse from 2020 "
+        "on) and cannot be downloaded automatically."
     )
 
 
@@ -110,13 +114,19 @@ def _grade_folders(folder: Path) -> dict[str, dict[str, Path]]:
 def _from_name_mapping(root: Path, mapping: Path) -> dict[str, dict[str, Path]]:
     try:
         with mapping.open(newline="", encoding="utf-8-sig") as f:
-            rows = list(csv.DictReader(f))
+            reader = csv.DictReader(f)
+            rows = [(reader.line_num, row) for row in reader]
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise DataError(f"cannot read {mapping} ({e})") from e
-    if not rows or not {"Grade", "BraTS_2020_subject_ID"} <= set(rows[0]):
+    if not rows or not {"Grade", "BraTS_2020_subject_ID"} <= set(rows[0][1]):
         raise DataError(f"{mapping} lacks the columns Grade and BraTS_2020_subject_ID")
     out: dict[str, dict[str, Path]] = {g: {} for g in GRADES}
-    for row in rows:
+    for line, row in rows:
+        if row["Grade"] is None or row["BraTS_2020_subject_ID"] is None:
+            raise DataError(
+                f"{mapping} line {line}: expected a Grade and a BraTS_2020_subject_ID, got a row of "
+                f"{sum(v is not None for k, v in row.items() if k is not None)} column(s); replace the file"
+            )
         grade, subject = row["Grade"].strip().lower(), row["BraTS_2020_subject_ID"].strip()
         if grade in out and (root / subject).is_dir():
             out[grade][subject] = root / subject
@@ -125,7 +135,8 @@ def _from_name_mapping(root: Path, mapping: Path) -> dict[str, dict[str, Path]]:
 
 def split_subjects(names: list[str], train: int, test: int) -> tuple[list[str], list[str]]:
     """Chang et al.'s split: names sorted, the first `test` for testing and the next `train` for training;
-    fewer subjects than train + test are split in the same proportion."""
+    fewer subjects than train + test are split in the same proportion. Scans of a test patient at other
+    timepoints (BraTS 2023's `-001`, ...) are not trained on: no patient is in both sets."""
     names = sorted(names)
     if len(names) < 2:
         raise DataError(f"BraTS needs at least 2 subjects (one to train, one to test); found {len(names)}")
@@ -147,7 +158,26 @@ def split_subjects(names: list[str], train: int, test: int) -> tuple[list[str], 
             len(names),
             len(names) - train - test,
         )
-    return names[test : test + train], names[:test]
+    tested = {patient_of(n) for n in names[:test]}
+    rest = [n for n in names[test:] if patient_of(n) not in tested]
+    if len(rest) < len(names) - test:
+        log.info(
+            "brats: %d scans of the test patients' other timepoints are not used for training",
+            len(names) - test - len(rest),
+        )
+    if not rest:
+        raise DataError(
+            f"BraTS: every scan after the {test} test subject(s) is of a test patient; no patient is left to "
+            "train on. Lower brats.test_subjects or add subjects"
+        )
+    return rest[:train], names[:test]
+
+
+def patient_of(subject: str) -> str:
+    """The patient of a subject folder: BraTS 2023 on names scans `BraTS-<set>-<patient>-<timepoint>`, and a
+    patient's scans at several timepoints share one; older names are one patient each."""
+    match = re.fullmatch(r"(BraTS-[A-Za-z]+-\d+)-\d+", subject)
+    return match.group(1) if match else subject
 
 
 def _subject(

@@ -15,7 +15,13 @@ from scipy.io import loadmat
 from scipy.io.matlab import MatReadError
 
 from fedistill.data.base import LoadedDataset
-from fedistill.data.medical.nuclei_sets import WholeImage, nuclei_dataset, patching_options, read_rgb
+from fedistill.data.medical.nuclei_sets import (
+    WholeImage,
+    is_metadata,
+    nuclei_dataset,
+    patching_options,
+    read_rgb,
+)
 from fedistill.data.medical.patches import relabel
 from fedistill.errors import DataError
 
@@ -73,7 +79,11 @@ def read_split(folder: Path, split: str, group: int = 0) -> list[WholeImage]:
     images_dir, labels_dir = folder / split / "Images", folder / split / "Labels"
     if not images_dir.is_dir():
         raise DataError(f"CPM-17: missing folder {images_dir}; expected {LAYOUT.format(folder=folder)}")
-    paths = sorted(p for p in images_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    paths = sorted(
+        p
+        for p in images_dir.iterdir()
+        if p.suffix.lower() in IMAGE_SUFFIXES and not is_metadata(p, images_dir) and p.is_file()
+    )
     if not paths:
         raise DataError(f"CPM-17: no image in {images_dir}; expected {LAYOUT.format(folder=folder)}")
     wholes = []

@@ -26,6 +26,7 @@ from fedistill.data.medical.aperio import read_instances
 from fedistill.data.medical.nuclei_sets import (
     Patching,
     WholeImage,
+    is_metadata,
     nuclei_dataset,
     patching_options,
     read_rgb,
@@ -99,12 +100,22 @@ def _organ_overrides(folder: Path) -> dict[str, str]:
         return {}
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:
-            rows = list(csv.DictReader(f))
+            reader = csv.DictReader(f)
+            rows = [(reader.line_num, row) for row in reader]
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise DataError(f"cannot read {path} ({e})") from e
-    if not rows or not {"image", "organ"} <= set(rows[0]):
+    if not rows or not {"image", "organ"} <= set(rows[0][1]):
         raise DataError(f"{path} must have the columns image,organ (one row per tile)")
-    return {Path(r["image"].strip()).stem: r["organ"].strip().lower() for r in rows}
+    overrides = {}
+    for line, row in rows:
+        image, organ = (row["image"] or "").strip(), (row["organ"] or "").strip().lower()
+        if not image and not organ:
+            continue  # an empty row, such as a spreadsheet's ",,"
+        if not image or not organ:
+            cells = ",".join(v for v in row.values() if isinstance(v, str))
+            raise DataError(f"{path} line {line}: expected image,organ, got {cells!r}")
+        overrides[Path(image).stem] = organ
+    return overrides
 
 
 def organ_of(name: str, overrides: dict[str, str]) -> str | None:
@@ -117,11 +128,13 @@ def organ_of(name: str, overrides: dict[str, str]) -> str | None:
 
 
 def find_tiles(folder: Path) -> dict[str, tuple[Path, Path]]:
-    """{name: (image, annotation)} for every tile; a tile without its XML is an error."""
+    """{name: (image, annotation)} for every tile; a tile without its XML is an error. Hidden files and
+    `__MACOSX/` folders are skipped (see `is_metadata`)."""
     if not folder.is_dir():
         raise DataError(f"MoNuSeg folder {folder} does not exist; expected {LAYOUT} in it")
-    images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".tif", ".tiff") and p.is_file())
-    xmls = {p.stem: p for p in sorted(folder.rglob("*.xml"))}
+    files = sorted(p for p in folder.rglob("*") if not is_metadata(p, folder) and p.is_file())
+    images = [p for p in files if p.suffix.lower() in (".tif", ".tiff")]
+    xmls = {p.stem: p for p in files if p.suffix.lower() == ".xml"}
     if not images:
         raise DataError(f"no *.tif tile under {folder}; expected {LAYOUT} there")
     missing = [f"{p.with_suffix('.xml')}" for p in images if p.stem not in xmls]
@@ -207,6 +220,12 @@ def load_tiles(
     for name, paths in tiles.items():
         whole = read_tile(name, paths, group[organ[name] or "unknown"])
         (test if is_challenge_test(name, paths[0], folder) else train).append(whole)
+    for wholes, what, where in (
+        (test, "test", "MoNuSeg 2018's test archive (its 14 tiles, or tiles under a folder named *test*)"),
+        (train, "training", "MoNuSeg 2018's training archive"),
+    ):
+        if not wholes:
+            raise DataError(f"monuseg split=challenge: no {what} tile under {folder}; unpack {where} there")
     return train, test, tuple(names)
 
 

@@ -24,7 +24,7 @@ from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
 from fedistill.data.eight_bit import to_uint8
 from fedistill.data.medical import options as opt
 from fedistill.data.medical.patches import extract_patches, relabel
-from fedistill.errors import DataError
+from fedistill.errors import ConfigError, DataError
 
 NUCLEUS_CLASSES = ("background", "nucleus")
 
@@ -50,26 +50,54 @@ class Patching:
 
 
 def patching_options(dataset: str, patch_size: object, stride: object, scale: object) -> Patching:
-    """A dataset's patch_size, stride (default: the patch size, no overlap) and scale, checked."""
+    """A dataset's patch_size, stride (default: the patch size, no overlap; at most the patch size, so that
+    every pixel is in a patch) and scale, checked."""
     size = opt.positive_int(dataset, "patch_size", patch_size, minimum=8)
     step = size if stride is None else opt.positive_int(dataset, "stride", stride)
+    if step > size:
+        raise ConfigError(
+            f"{dataset} option stride must be at most the patch_size ({size}), got {step}: patches every "
+            f"{step} pixels would leave strips of each image in no patch"
+        )
     return Patching(size, step, opt.positive_float(dataset, "scale", scale, maximum=4.0))
+
+
+def is_metadata(path: Path, folder: Path) -> bool:
+    """Whether a file below `folder` is no data file: hidden (`.name`, such as the `._name` metadata twin that
+    macOS writes beside every file it copies) or inside an archive's `__MACOSX/` folder."""
+    return any(part.startswith(".") or part == "__MACOSX" for part in path.relative_to(folder).parts)
 
 
 def _read_tiff(path: Path) -> np.ndarray:
     """A TIFF's pixels: tifffile, or Pillow where tifffile lacks the codec (LZW or JPEG compression needs
-    the optional imagecodecs package there; Pillow decodes both)."""
+    the optional imagecodecs package there; Pillow decodes both). An indexed-colour (palette) TIFF is
+    looked up in its colormap, so it gives its colours, not its indices."""
     try:
-        return np.asarray(tifffile.imread(path))
+        with tifffile.TiffFile(path) as tif:
+            array = np.asarray(tif.asarray())
+            page = tif.pages[0]
+            if page.photometric == tifffile.PHOTOMETRIC.PALETTE and page.colormap is not None:
+                array = _palette_colours(array, np.asarray(page.colormap))
+        return array
     except ValueError as e:
         if "imagecodecs" not in str(e):
             raise
     with Image.open(path) as image:
-        return np.asarray(image)
+        return np.asarray(image.convert("RGB") if image.mode in ("P", "PA") else image)
+
+
+def _palette_colours(indices: np.ndarray, colormap: np.ndarray) -> np.ndarray:
+    """(H, W, 3) uint8 colours of palette `indices` in a TIFF colormap (3, n): 16 bits per channel, as the
+    TIFF standard has it, or 8 where a writer stored them so (no value above 255)."""
+    table = colormap.T.astype(np.float64)
+    if table.max() > 255:
+        table = table / 257.0
+    return np.round(table).astype(np.uint8)[np.clip(indices, 0, len(table) - 1)]
 
 
 def read_rgb(path: Path) -> np.ndarray:
-    """An image file as (3, H, W) uint8: grey is repeated, alpha dropped, 16-bit scaled by its maximum."""
+    """An image file as (3, H, W) uint8: grey is repeated, alpha dropped (RGBA and grey with alpha alike),
+    16-bit scaled by its maximum."""
     try:
         if path.suffix.lower() in (".tif", ".tiff"):
             array = _read_tiff(path)
@@ -79,8 +107,10 @@ def read_rgb(path: Path) -> np.ndarray:
     except (OSError, ValueError, UnidentifiedImageError, tifffile.TiffFileError, struct.error) as e:
         # struct.error: tifffile on a TIFF cut short within its 8-byte header
         raise DataError(f"cannot read image {path} ({e}); replace the file") from e
-    if array.ndim == 3 and array.shape[0] in (3, 4) and array.shape[-1] not in (3, 4):
+    if array.ndim == 3 and array.shape[0] in (2, 3, 4) and array.shape[-1] not in (2, 3, 4):
         array = array.transpose(1, 2, 0)  # planar TIFF
+    if array.ndim == 3 and array.shape[2] == 2:
+        array = array[:, :, 0]  # grey and alpha
     if array.ndim == 2:
         array = np.repeat(array[:, :, None], 3, axis=2)
     if array.ndim != 3 or array.shape[2] < 3:

@@ -24,9 +24,12 @@ from skimage.segmentation import relabel_sequential
 
 
 def patch_starts(length: int, size: int, stride: int) -> list[int]:
-    """Start offsets along one axis: every `stride`, plus one patch flush with the far end."""
+    """Start offsets along one axis: every `stride`, plus one patch flush with the far end. A stride longer
+    than the patch would leave gaps no patch covers, and is a ValueError."""
     if length < 1 or size < 1 or stride < 1:
         raise ValueError(f"length, size and stride must be positive, got {length}, {size}, {stride}")
+    if stride > size:
+        raise ValueError(f"stride {stride} is longer than the patch size {size}: patches would leave gaps")
     if length <= size:
         return [0]
     starts = list(range(0, length - size + 1, stride))

@@ -21,7 +21,13 @@ from scipy import ndimage
 
 from fedistill.data.base import LoadedDataset
 from fedistill.data.medical import options as opt
-from fedistill.data.medical.nuclei_sets import WholeImage, nuclei_dataset, patching_options, read_rgb
+from fedistill.data.medical.nuclei_sets import (
+    WholeImage,
+    is_metadata,
+    nuclei_dataset,
+    patching_options,
+    read_rgb,
+)
 from fedistill.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -84,7 +90,9 @@ def read_slide(folder: Path, slide_dir: Path, group: int) -> list[WholeImage]:
     """The whole images of one slide with their instance maps from the matching GT_XX folder, in `group`."""
     gt_dir = slide_dir.parent / slide_dir.name.replace("Slide_", "GT_")
     wholes = []
-    for path in sorted(p for p in slide_dir.iterdir() if p.suffix.lower() == ".png"):
+    for path in sorted(
+        p for p in slide_dir.iterdir() if p.suffix.lower() == ".png" and not is_metadata(p, slide_dir)
+    ):
         mask = gt_dir / path.name
         if not mask.is_file():
             raise DataError(f"TNBC: missing mask {mask} for image {path}")
@@ -108,7 +116,7 @@ def load_tnbc_images(
             "tnbc: test patients %s (the last 30%% of the slides)", ", ".join(f"{s:02d}" for s in chosen)
         )
     else:
-        chosen = list(opt.int_list(NAME, "test_slides", test_slides))
+        chosen = list(dict.fromkeys(opt.int_list(NAME, "test_slides", test_slides)))  # each patient once
         absent = [s for s in chosen if s not in slides]
         if absent or len(chosen) >= len(slides):
             raise ConfigError(

@@ -31,6 +31,12 @@ def read_volume(path: Path) -> tuple[np.ndarray, tuple[float, float, float]]:
     """A 3-D float32 volume in RAS orientation and its voxel size in mm (x, y, z)."""
     try:
         image = nib.as_closest_canonical(nib.load(str(path)))
+        stored = image.get_data_dtype()
+        if stored.kind not in "biuf":  # RGB (a record of channels) or complex voxels
+            raise DataError(
+                f"{path} holds voxels of type {''.join(stored.names or ()) or stored.name}; expected one "
+                "real number per voxel (a grey-level scan or a label map)"
+            )
         data = np.asarray(image.dataobj, dtype=np.float32)
         zooms = tuple(float(z) for z in image.header.get_zooms()[:3])
     except (OSError, EOFError, ValueError, zlib.error, ImageFileError, HeaderDataError) as e:
