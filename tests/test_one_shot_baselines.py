@@ -79,3 +79,29 @@ def test_scoring_the_ensemble_ceiling_leaves_the_local_models_in_eval_mode():
     ensemble.train()  # what evaluate_model does after scoring a model it found in train mode
     evaluate_model(ensemble, load_dataset("digits").test, info)
     assert all(not layer.training for m in models for layer in m.modules())
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg-oneshot", "feddf-oneshot"])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("dp_enabled", True),
+        ("drop_worst", "drop"),
+        ("weighting", "uniform"),
+        ("groups", "lenet5,mlp"),
+        ("student_init", "previous"),
+        ("prox_mu", 0.1),
+        ("aggregate", "median"),
+        ("fuse_precision", "full"),
+        ("distill", False),
+    ],
+)
+def test_a_round_option_the_one_shot_baselines_ignore_is_refused(algorithm, key, value):
+    """The one-shot options reuse FedDF's class; a FedDF round key they never read (differential privacy
+    above all: the sites would upload unsanitised models) is refused, naming the table, not ignored."""
+    from fedistill.algorithms.registry import get_algorithm
+    from fedistill.config import options_for
+
+    config = build_config(RunConfig(), {algorithm: {key: value}})
+    with pytest.raises(ConfigError, match=rf"^{algorithm}\.{key} "):
+        options_for(config, algorithm, get_algorithm(algorithm).options)

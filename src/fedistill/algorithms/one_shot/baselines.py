@@ -36,6 +36,23 @@ from fedistill.seeding import torch_generator
 log = logging.getLogger(__name__)
 
 
+#: FedDF's keys a one-shot method never reads: differential privacy (the sites upload their stage-1
+#: models as trained), the groups (`teachers` and `student` name the architectures), the student's start
+#: (always the sample-weighted average of the student's architecture), drop-worst, the robust combines,
+#: binary fusion and the clients' proximal term.
+UNUSED_ROUND_KEYS = (
+    "dp_enabled",
+    "groups",
+    "distill",
+    "drop_worst",
+    "weighting",
+    "fuse_precision",
+    "student_init",
+    "prox_mu",
+    "aggregate",
+)
+
+
 @dataclass(frozen=True)
 class OneShotOptions(FedDFOptions):
     """FedIOD's stage 1 (`teachers`, `student`, `teacher_epochs`) and, for `feddf-oneshot`, FedDF's
@@ -47,7 +64,17 @@ class OneShotOptions(FedDFOptions):
     section: ClassVar[str] = "fedavg-oneshot"
 
     def validate(self) -> None:
-        """FedDF's checks, and at least one stage-1 epoch."""
+        """FedDF's checks, at least one stage-1 epoch, and none of FedDF's round keys set: the one upload is
+        never sanitised (no differential privacy), filtered or robustly combined, so such a key is refused
+        rather than ignored."""
+        defaults = FedDFOptions()
+        for key in UNUSED_ROUND_KEYS:
+            if getattr(self, key) != getattr(defaults, key):
+                raise ConfigError(
+                    f"{self.section}.{key} = {getattr(self, key)!r} is a key of FedDF's rounds, which a "
+                    f"one-shot method does not use (it would be ignored); leave it at "
+                    f"{getattr(defaults, key)!r}"
+                )
         super().validate()
         if self.teacher_epochs < 1:
             raise ConfigError(f"{self.section}.teacher_epochs must be >= 1, got {self.teacher_epochs}")
