@@ -540,3 +540,12 @@ def test_splits_of_one_release_count_as_one_dataset_for_the_distillation_data():
     assert same_images("emnist-letters", "EMNIST_byclass") and same_images("fmnist", "fashion-mnist")
     assert same_images("mnist", "emnist-mnist")  # the same NIST scans, processed otherwise
     assert not same_images("digits", "mnist") and not same_images("cifar10", "cifar100")
+
+
+def test_no_distillation_with_the_previous_student_is_refused():
+    """Without distillation the group's model changes only by the average; `student_init = "previous"`
+    skips that average, so the clients' training would never reach the model: refused, not run."""
+    with pytest.raises(ConfigError, match=r"^feddf\.student_init = 'previous' .*feddf\.distill"):
+        FedDFOptions(distill=False, student_init="previous").validate()
+    FedDFOptions(distill=False).validate()
+    FedDFOptions(student_init="previous").validate()

@@ -103,6 +103,12 @@ class FedDFOptions(DPOptions):
             raise ConfigError(f"{s}.aggregate_trim must be in [0, 0.5), got {self.aggregate_trim}")
         if not 0 < self.holdout_val_share < 1:
             raise ConfigError(f"{s}.holdout_val_share must be in (0, 1), got {self.holdout_val_share}")
+        if not self.distill and self.student_init == "previous":
+            raise ConfigError(
+                f"{s}.student_init = 'previous' with {s}.distill = false would never change the models: "
+                "the group's average is skipped and nothing is distilled, so the clients' training is "
+                "thrown away every round; use student_init = 'average' (per-group FedAvg) or distill"
+            )
 
 
 def group_names(options: FedDFOptions, config: RunConfig) -> list[str]:
