@@ -549,3 +549,11 @@ def test_no_distillation_with_the_previous_student_is_refused():
         FedDFOptions(distill=False, student_init="previous").validate()
     FedDFOptions(distill=False).validate()
     FedDFOptions(student_init="previous").validate()
+
+
+@pytest.mark.parametrize("key", ["distill_lr", "temperature"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_rate_or_temperature_that_is_not_a_finite_number_is_refused(key, value):
+    """TOML reads nan and inf; either would reach the optimiser or the loss and fail far from the key."""
+    with pytest.raises(ConfigError, match=rf"^feddf\.{key} must be > 0 and finite, got {value}"):
+        FedDFOptions(**{key: value}).validate()

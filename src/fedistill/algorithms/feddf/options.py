@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -93,8 +94,8 @@ class FedDFOptions(DPOptions):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{s}.{key} must be >= 1, got {getattr(self, key)}")
         for key in ("distill_lr", "temperature"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"{s}.{key} must be > 0, got {getattr(self, key)}")
+            if not 0 < getattr(self, key) < math.inf:
+                raise ConfigError(f"{s}.{key} must be > 0 and finite, got {getattr(self, key)}")
         if not self.prox_mu >= 0:
             raise ConfigError(f"{s}.prox_mu must be >= 0, got {self.prox_mu}")
         if self.clip_grad_norm < 0:
