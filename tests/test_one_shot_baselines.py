@@ -105,3 +105,26 @@ def test_a_round_option_the_one_shot_baselines_ignore_is_refused(algorithm, key,
     config = build_config(RunConfig(), {algorithm: {key: value}})
     with pytest.raises(ConfigError, match=rf"^{algorithm}\.{key} "):
         options_for(config, algorithm, get_algorithm(algorithm).options)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "extra", "match"),
+    [
+        ("feddf-oneshot", {"val_fraction": 0.0}, "set val_fraction > 0"),
+        ("feddf-oneshot", {"feddf-oneshot": {"source": "generator:no-such.safetensors"}}, "does not exist"),
+        ("fedavg-oneshot", {"fedavg-oneshot": {"teachers": "mlp"}}, "student's architecture"),
+    ],
+)
+def test_a_one_shot_setting_that_cannot_work_is_refused_before_any_site_trains(
+    tmp_path, monkeypatch, algorithm, extra, match
+):
+    """No validation split, a distillation source that cannot be built, or (FedAvg) no site of the student's
+    architecture is known at the start: the run fails there, not after every site has trained."""
+    import fedistill.algorithms.one_shot.dense.client as client
+
+    def never(*args, **kwargs):
+        raise AssertionError("a site trained before the run was refused")
+
+    monkeypatch.setattr(client, "train_teacher", never)
+    with pytest.raises(ConfigError, match=match):
+        run_suite(_config(tmp_path, algorithm, **extra), tmp_path / "s", progress=False)

@@ -26,9 +26,15 @@ from fedistill.algorithms.base import Algorithm, ServerContext, ServerLogic, clo
 from fedistill.algorithms.feddf import FedDFOptions, distill
 from fedistill.algorithms.one_shot.dense.client import OneShotClient
 from fedistill.algorithms.one_shot.dense.options import teacher_of
-from fedistill.algorithms.shared.distillation_data import build_source, parse_source, split_holdout
+from fedistill.algorithms.shared.distillation_data import (
+    DistillationSource,
+    build_source,
+    parse_source,
+    split_holdout,
+)
 from fedistill.algorithms.shared.stage1 import collect_local_models, teachers_from_cache
 from fedistill.algorithms.shared.training import average_states, evaluate_model, new_model, test_metrics
+from fedistill.data.base import ImageSet
 from fedistill.errors import ConfigError
 from fedistill.federation.fleet import Fleet
 from fedistill.seeding import torch_generator
@@ -50,6 +56,12 @@ UNUSED_ROUND_KEYS = (
     "student_init",
     "prox_mu",
     "aggregate",
+)
+
+
+NO_STUDENT_ARCHITECTURE = (
+    "one-shot FedAvg averages the sites' models of the student's architecture, and no site has it: "
+    "make `teachers` name the student's model (or `student` one of the teachers')"
 )
 
 
@@ -103,28 +115,14 @@ class OneShotServer(ServerLogic):
         self.student = new_model(config, ctx.info, self.options.student or config.model)
         self.reference: dict[str, float] = {}
         self.fusion: dict[str, float] = {}
-
-    def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
-        """The one round: gather every site's model once, then average (or fuse) them."""
-        config = self.ctx.config
-        replies = collect_local_models(fleet, config, self._local_model)
-        clients = sorted(replies)
-        counts = [float(replies[c].scalar("metrics", "num_samples")) for c in clients]
-        models = [self._frozen(c, replies[c].tensors("parameters")) for c in clients]
-        self.reference = self._teacher_report(models, counts)
-        self.reference["teachers_from_cache"] = teachers_from_cache(replies)
-        same = [i for i, c in enumerate(clients) if self._architecture(c) == self._student_architecture()]
-        if not same and not self.fuse:
-            raise ConfigError("one-shot FedAvg averages models of the student's architecture; none was sent")
-        if same:
-            self.student.load_state_dict(
-                average_states([models[i].state_dict() for i in same], [counts[i] for i in same])
-            )
+        # known now: refuse here rather than after every site has trained
         if self.fuse:
-            self.fusion = self._distil(models, counts, round)
-        return {"clients": len(clients)} | self.fusion
+            self.validation, self.source = self._fusion_data()
+        elif all(self._architecture(c) != self._student_architecture() for c in range(ctx.num_clients)):
+            raise ConfigError(NO_STUDENT_ARCHITECTURE)
 
-    def _distil(self, teachers: list[nn.Module], counts: list[float], round: int) -> dict[str, float]:
+    def _fusion_data(self) -> tuple[ImageSet, DistillationSource]:
+        """The labelled split the fusion selects on and the unlabelled inputs it distils on."""
         config, options = self.ctx.config, self.options
         validation = self.ctx.validation
         if validation is None or len(validation) == 0:
@@ -143,6 +141,34 @@ class OneShotServer(ServerLogic):
             held_out=held_out,
             download=config.download,
         )
+        return validation, source
+
+    def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
+        """The one round: gather every site's model once, then average (or fuse) them."""
+        config = self.ctx.config
+        replies = collect_local_models(fleet, config, self._local_model)
+        clients = sorted(replies)
+        counts = [float(replies[c].scalar("metrics", "num_samples")) for c in clients]
+        models = [self._frozen(c, replies[c].tensors("parameters")) for c in clients]
+        self.reference = self._teacher_report(models, counts)
+        self.reference["teachers_from_cache"] = teachers_from_cache(replies)
+        same = [i for i, c in enumerate(clients) if self._architecture(c) == self._student_architecture()]
+        if not same and not self.fuse:
+            raise ConfigError(
+                "one-shot FedAvg averages models of the student's architecture; none was sent (the sites "
+                "of that architecture did not answer)"
+            )
+        if same:
+            self.student.load_state_dict(
+                average_states([models[i].state_dict() for i in same], [counts[i] for i in same])
+            )
+        if self.fuse:
+            self.fusion = self._distil(models, counts, round)
+        return {"clients": len(clients)} | self.fusion
+
+    def _distil(self, teachers: list[nn.Module], counts: list[float], round: int) -> dict[str, float]:
+        config, options = self.ctx.config, self.options
+        validation, source = self.validation, self.source
 
         def validate(model: nn.Module) -> float:
             return evaluate_model(model, validation, self.ctx.info)["accuracy"]
