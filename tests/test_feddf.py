@@ -557,3 +557,32 @@ def test_a_rate_or_temperature_that_is_not_a_finite_number_is_refused(key, value
     """TOML reads nan and inf; either would reach the optimiser or the loss and fail far from the key."""
     with pytest.raises(ConfigError, match=rf"^feddf\.{key} must be > 0 and finite, got {value}"):
         FedDFOptions(**{key: value}).validate()
+
+
+def test_a_non_finite_loss_names_the_table_and_what_can_cause_it():
+    """A loss that is not finite before the first update comes from the ensemble, not the learning rate;
+    the message names the table the run reads (the one-shot baseline's, not [feddf])."""
+    from fedistill.algorithms.one_shot.baselines import FusionOneShotOptions
+    from fedistill.errors import FederationError
+
+    info = _info(size=4)
+    student, teachers = _tiny_models(info)
+    with torch.no_grad():
+        teachers[0][1].bias.fill_(float("inf"))
+    options = FusionOneShotOptions(steps=4, eval_every_steps=2, distill_batch_size=8)
+    rng = torch.Generator()
+    with pytest.raises(FederationError, match=r"at step 1: the ensemble's logits are not finite"):
+        distill(student, teachers, [0.5, 0.5], dd.NoiseSource(info), lambda m: 0.0, options, rng)
+
+    calls = []
+
+    def diverge(model: nn.Module) -> float:  # the student's weights blow up after its first steps
+        if calls:
+            with torch.no_grad():
+                model[1].weight.fill_(float("inf"))
+        calls.append(1)
+        return 0.0
+
+    student, teachers = _tiny_models(info)
+    with pytest.raises(FederationError, match=r"at step 3: lower feddf-oneshot\.distill_lr$"):
+        distill(student, teachers, [0.5, 0.5], dd.NoiseSource(info), diverge, options, rng)
