@@ -128,3 +128,18 @@ def test_a_one_shot_setting_that_cannot_work_is_refused_before_any_site_trains(
     monkeypatch.setattr(client, "train_teacher", never)
     with pytest.raises(ConfigError, match=match):
         run_suite(_config(tmp_path, algorithm, **extra), tmp_path / "s", progress=False)
+
+
+def test_a_distillation_source_error_names_the_one_shot_table(tmp_path):
+    """feddf-oneshot reads `source` from its own table: its messages say feddf-oneshot.source."""
+    from fedistill.algorithms.registry import get_algorithm
+    from fedistill.algorithms.shared import distillation_data as dd
+    from fedistill.config import options_for
+
+    config = build_config(RunConfig(), {"feddf-oneshot": {"source": "imagenet"}})
+    with pytest.raises(ConfigError, match=r"^feddf-oneshot\.source must be"):
+        options_for(config, "feddf-oneshot", get_algorithm("feddf-oneshot").options)
+    with pytest.raises(ConfigError, match=r"^feddf-oneshot\.source: generator file .* does not exist"):
+        dd.load_generator(tmp_path / "none.safetensors", key="feddf-oneshot.source")
+    with pytest.raises(ConfigError, match=r"^feddf-oneshot\.source = 'holdout' distils"):
+        dd.split_holdout(None, 0.1, 0, key="feddf-oneshot.source")

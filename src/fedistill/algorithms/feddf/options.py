@@ -89,7 +89,7 @@ class FedDFOptions(DPOptions):
             "aggregate": COMBINES,
         }
         check_choices(s, self, choices)
-        parse_source(self.source)
+        parse_source(self.source, f"{s}.source")
         for key in ("steps", "distill_batch_size", "eval_every_steps", "patience"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{s}.{key} must be >= 1, got {getattr(self, key)}")

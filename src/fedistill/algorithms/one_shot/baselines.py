@@ -127,10 +127,11 @@ class OneShotServer(ServerLogic):
         validation = self.ctx.validation
         if validation is None or len(validation) == 0:
             raise ConfigError("feddf-oneshot selects on the server's validation split: set val_fraction > 0")
-        kind, _ = parse_source(options.source)
+        key = f"{options.section}.source"
+        kind, _ = parse_source(options.source, key)
         held_out = None
         if kind == "holdout":
-            validation, held_out = split_holdout(validation, options.holdout_val_share, config.seed)
+            validation, held_out = split_holdout(validation, options.holdout_val_share, config.seed, key=key)
         source = build_source(
             options.source,
             self.ctx.info,
@@ -140,6 +141,7 @@ class OneShotServer(ServerLogic):
             upsample=options.generator_upsample,
             held_out=held_out,
             download=config.download,
+            key=key,
         )
         return validation, source
 
