@@ -143,3 +143,12 @@ def test_a_distillation_source_error_names_the_one_shot_table(tmp_path):
         dd.load_generator(tmp_path / "none.safetensors", key="feddf-oneshot.source")
     with pytest.raises(ConfigError, match=r"^feddf-oneshot\.source = 'holdout' distils"):
         dd.split_holdout(None, 0.1, 0, key="feddf-oneshot.source")
+
+
+def test_the_one_shot_options_say_which_feddf_keys_they_refuse():
+    """The options reference lists FedDF's keys under the one-shot tables too; the class's own doc names
+    the ones validation refuses."""
+    from fedistill.algorithms.one_shot.baselines import UNUSED_ROUND_KEYS, OneShotOptions
+
+    doc = " ".join((OneShotOptions.__doc__ or "").split())
+    assert [key for key in UNUSED_ROUND_KEYS if f"`{key}`" not in doc] == []

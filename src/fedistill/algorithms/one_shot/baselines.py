@@ -68,7 +68,10 @@ NO_STUDENT_ARCHITECTURE = (
 @dataclass(frozen=True)
 class OneShotOptions(FedDFOptions):
     """FedIOD's stage 1 (`teachers`, `student`, `teacher_epochs`) and, for `feddf-oneshot`, FedDF's
-    distillation options (`source`, `steps`, `distill_lr`, ...)."""
+    distillation options (`source`, `steps`, `distill_lr`, ...). FedDF's round keys (`dp_enabled`,
+    `groups`, `distill`, `drop_worst`, `weighting`, `fuse_precision`, `student_init`, `prox_mu`,
+    `aggregate`) are listed with the class they come from but must keep their defaults: a one-shot
+    method has no use for them (no differential privacy either)."""
 
     teachers: str = ""  # one model name, or a comma list cycled over the clients; "" = `model`
     student: str = ""  # "" = `model`
