@@ -16,9 +16,11 @@ Four sources, picked by `feddf.source`:
   SST-2's training set fine-tunes the clients, the other half is the unlabelled distillation text.
 
 Every image source returns normalised float32 batches (B, C, H, W) with the federation's mean and std,
-so they go straight into the clients' models. A text federation (token ids) distils on texts only:
-`holdout`, or `dataset:<another text dataset>` tokenised by the federation's own tokenizer; noise and
-generators make images, and are refused.
+so they go straight into the clients' models. Two departures from the released code, which loads
+another dataset with that dataset's own normalisation and its training transforms: the federation's
+constants are used, and no image is augmented (no random crop or flip; a pool's images come as stored).
+A text federation (token ids) distils on texts only: `holdout`, or `dataset:<another text dataset>`
+tokenised by the federation's own tokenizer; noise and generators make images, and are refused.
 """
 
 from __future__ import annotations
