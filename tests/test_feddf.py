@@ -586,3 +586,11 @@ def test_a_non_finite_loss_names_the_table_and_what_can_cause_it():
     student, teachers = _tiny_models(info)
     with pytest.raises(FederationError, match=r"at step 3: lower feddf-oneshot\.distill_lr$"):
         distill(student, teachers, [0.5, 0.5], dd.NoiseSource(info), diverge, options, rng)
+
+
+@pytest.mark.parametrize(("key", "value"), [("clip_grad_norm", float("nan")), ("prox_mu", float("inf"))])
+def test_a_clip_norm_or_proximal_weight_that_is_not_finite_is_refused(key, value):
+    """A nan clip norm turned clipping off without a word; an infinite proximal weight makes the clients'
+    objective infinite while their reported loss stays finite."""
+    with pytest.raises(ConfigError, match=rf"^feddf\.{key} must be >= 0"):
+        FedDFOptions(**{key: value}).validate()

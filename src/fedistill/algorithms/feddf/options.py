@@ -96,10 +96,12 @@ class FedDFOptions(DPOptions):
         for key in ("distill_lr", "temperature"):
             if not 0 < getattr(self, key) < math.inf:
                 raise ConfigError(f"{s}.{key} must be > 0 and finite, got {getattr(self, key)}")
-        if not self.prox_mu >= 0:
-            raise ConfigError(f"{s}.prox_mu must be >= 0, got {self.prox_mu}")
-        if self.clip_grad_norm < 0:
-            raise ConfigError(f"{s}.clip_grad_norm must be >= 0 (0: off), got {self.clip_grad_norm}")
+        if not 0 <= self.prox_mu < math.inf:
+            raise ConfigError(f"{s}.prox_mu must be >= 0 and finite, got {self.prox_mu}")
+        if not 0 <= self.clip_grad_norm < math.inf:
+            raise ConfigError(
+                f"{s}.clip_grad_norm must be >= 0 and finite (0: off), got {self.clip_grad_norm}"
+            )
         if not 0 <= self.aggregate_trim < 0.5:
             raise ConfigError(f"{s}.aggregate_trim must be in [0, 0.5), got {self.aggregate_trim}")
         if not 0 < self.holdout_val_share < 1:
