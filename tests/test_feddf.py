@@ -540,3 +540,57 @@ def test_splits_of_one_release_count_as_one_dataset_for_the_distillation_data():
     assert same_images("emnist-letters", "EMNIST_byclass") and same_images("fmnist", "fashion-mnist")
     assert same_images("mnist", "emnist-mnist")  # the same NIST scans, processed otherwise
     assert not same_images("digits", "mnist") and not same_images("cifar10", "cifar100")
+
+
+def test_no_distillation_with_the_previous_student_is_refused():
+    """Without distillation the group's model changes only by the average; `student_init = "previous"`
+    skips that average, so the clients' training would never reach the model: refused, not run."""
+    with pytest.raises(ConfigError, match=r"^feddf\.student_init = 'previous' .*feddf\.distill"):
+        FedDFOptions(distill=False, student_init="previous").validate()
+    FedDFOptions(distill=False).validate()
+    FedDFOptions(student_init="previous").validate()
+
+
+@pytest.mark.parametrize("key", ["distill_lr", "temperature"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_rate_or_temperature_that_is_not_a_finite_number_is_refused(key, value):
+    """TOML reads nan and inf; either would reach the optimiser or the loss and fail far from the key."""
+    with pytest.raises(ConfigError, match=rf"^feddf\.{key} must be > 0 and finite, got {value}"):
+        FedDFOptions(**{key: value}).validate()
+
+
+def test_a_non_finite_loss_names_the_table_and_what_can_cause_it():
+    """A loss that is not finite before the first update comes from the ensemble, not the learning rate;
+    the message names the table the run reads (the one-shot baseline's, not [feddf])."""
+    from fedistill.algorithms.one_shot.baselines import FusionOneShotOptions
+    from fedistill.errors import FederationError
+
+    info = _info(size=4)
+    student, teachers = _tiny_models(info)
+    with torch.no_grad():
+        teachers[0][1].bias.fill_(float("inf"))
+    options = FusionOneShotOptions(steps=4, eval_every_steps=2, distill_batch_size=8)
+    rng = torch.Generator()
+    with pytest.raises(FederationError, match=r"at step 1: the ensemble's logits are not finite"):
+        distill(student, teachers, [0.5, 0.5], dd.NoiseSource(info), lambda m: 0.0, options, rng)
+
+    calls = []
+
+    def diverge(model: nn.Module) -> float:  # the student's weights blow up after its first steps
+        if calls:
+            with torch.no_grad():
+                model[1].weight.fill_(float("inf"))
+        calls.append(1)
+        return 0.0
+
+    student, teachers = _tiny_models(info)
+    with pytest.raises(FederationError, match=r"at step 3: lower feddf-oneshot\.distill_lr$"):
+        distill(student, teachers, [0.5, 0.5], dd.NoiseSource(info), diverge, options, rng)
+
+
+@pytest.mark.parametrize(("key", "value"), [("clip_grad_norm", float("nan")), ("prox_mu", float("inf"))])
+def test_a_clip_norm_or_proximal_weight_that_is_not_finite_is_refused(key, value):
+    """A nan clip norm turned clipping off without a word; an infinite proximal weight makes the clients'
+    objective infinite while their reported loss stays finite."""
+    with pytest.raises(ConfigError, match=rf"^feddf\.{key} must be >= 0"):
+        FedDFOptions(**{key: value}).validate()

@@ -79,3 +79,76 @@ def test_scoring_the_ensemble_ceiling_leaves_the_local_models_in_eval_mode():
     ensemble.train()  # what evaluate_model does after scoring a model it found in train mode
     evaluate_model(ensemble, load_dataset("digits").test, info)
     assert all(not layer.training for m in models for layer in m.modules())
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg-oneshot", "feddf-oneshot"])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("dp_enabled", True),
+        ("drop_worst", "drop"),
+        ("weighting", "uniform"),
+        ("groups", "lenet5,mlp"),
+        ("student_init", "previous"),
+        ("prox_mu", 0.1),
+        ("aggregate", "median"),
+        ("fuse_precision", "full"),
+        ("distill", False),
+    ],
+)
+def test_a_round_option_the_one_shot_baselines_ignore_is_refused(algorithm, key, value):
+    """The one-shot options reuse FedDF's class; a FedDF round key they never read (differential privacy
+    above all: the sites would upload unsanitised models) is refused, naming the table, not ignored."""
+    from fedistill.algorithms.registry import get_algorithm
+    from fedistill.config import options_for
+
+    config = build_config(RunConfig(), {algorithm: {key: value}})
+    with pytest.raises(ConfigError, match=rf"^{algorithm}\.{key} "):
+        options_for(config, algorithm, get_algorithm(algorithm).options)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "extra", "match"),
+    [
+        ("feddf-oneshot", {"val_fraction": 0.0}, "set val_fraction > 0"),
+        ("feddf-oneshot", {"feddf-oneshot": {"source": "generator:no-such.safetensors"}}, "does not exist"),
+        ("fedavg-oneshot", {"fedavg-oneshot": {"teachers": "mlp"}}, "student's architecture"),
+    ],
+)
+def test_a_one_shot_setting_that_cannot_work_is_refused_before_any_site_trains(
+    tmp_path, monkeypatch, algorithm, extra, match
+):
+    """No validation split, a distillation source that cannot be built, or (FedAvg) no site of the student's
+    architecture is known at the start: the run fails there, not after every site has trained."""
+    import fedistill.algorithms.one_shot.dense.client as client
+
+    def never(*args, **kwargs):
+        raise AssertionError("a site trained before the run was refused")
+
+    monkeypatch.setattr(client, "train_teacher", never)
+    with pytest.raises(ConfigError, match=match):
+        run_suite(_config(tmp_path, algorithm, **extra), tmp_path / "s", progress=False)
+
+
+def test_a_distillation_source_error_names_the_one_shot_table(tmp_path):
+    """feddf-oneshot reads `source` from its own table: its messages say feddf-oneshot.source."""
+    from fedistill.algorithms.registry import get_algorithm
+    from fedistill.algorithms.shared import distillation_data as dd
+    from fedistill.config import options_for
+
+    config = build_config(RunConfig(), {"feddf-oneshot": {"source": "imagenet"}})
+    with pytest.raises(ConfigError, match=r"^feddf-oneshot\.source must be"):
+        options_for(config, "feddf-oneshot", get_algorithm("feddf-oneshot").options)
+    with pytest.raises(ConfigError, match=r"^feddf-oneshot\.source: generator file .* does not exist"):
+        dd.load_generator(tmp_path / "none.safetensors", key="feddf-oneshot.source")
+    with pytest.raises(ConfigError, match=r"^feddf-oneshot\.source = 'holdout' distils"):
+        dd.split_holdout(None, 0.1, 0, key="feddf-oneshot.source")
+
+
+def test_the_one_shot_options_say_which_feddf_keys_they_refuse():
+    """The options reference lists FedDF's keys under the one-shot tables too; the class's own doc names
+    the ones validation refuses."""
+    from fedistill.algorithms.one_shot.baselines import UNUSED_ROUND_KEYS, OneShotOptions
+
+    doc = " ".join((OneShotOptions.__doc__ or "").split())
+    assert [key for key in UNUSED_ROUND_KEYS if f"`{key}`" not in doc] == []

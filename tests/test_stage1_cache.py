@@ -93,3 +93,28 @@ def test_a_damaged_cache_file_is_retrained_with_a_warning(tmp_path, caplog):
     assert _same_results(first, second)
     third = _run(_config(), tmp_path / "third")  # the damaged file was replaced by the retrained model
     assert third["final"]["teachers_from_cache"] == 3.0
+
+
+def test_the_model_options_are_part_of_the_cache_key():
+    """`[model_options]` builds another model under the same name (DistilBERT from another folder, a wider
+    net): it must not load the entry a run without them trained. No options leave the key as it was."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from fedistill.algorithms.shared.stage1 import stage1_key
+    from fedistill.algorithms.shared.training import LocalTraining
+    from fedistill.data.base import DatasetInfo, ImageSet
+
+    info = DatasetInfo("synthetic", 1, 8, 10, (0.5,), (0.5,))
+    data = ImageSet(torch.zeros(4, 1, 8, 8, dtype=torch.uint8), torch.arange(4))
+
+    def key(**changes) -> str:
+        config = build_config(RunConfig(), changes)
+        ctx = SimpleNamespace(config=config, train=data, info=info, client_id=0)
+        return stage1_key(ctx, "cnn", LocalTraining.from_config(config, info), "teacher")
+
+    plain = key()
+    assert key(model_options={}) == plain
+    assert key(model_options={"width": 8}) != plain
+    assert key(model_options={"width": 8}) != key(model_options={"width": 32})

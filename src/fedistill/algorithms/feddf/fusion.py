@@ -120,9 +120,13 @@ def distill(
             t_squared=options.t_squared,
         )
         if not torch.isfinite(loss):
-            raise FederationError(
-                f"FedDF's distillation loss is {loss.item()} at step {step}; lower feddf.distill_lr"
-            )
+            if not torch.isfinite(targets).all():
+                cause = "the ensemble's logits are not finite (a received model or the source is broken)"
+            elif not torch.isfinite(outputs).all() and step == 1:
+                cause = "the student's starting logits are not finite"
+            else:
+                cause = f"lower {options.section}.distill_lr"
+            raise FederationError(f"FedDF's distillation loss is {loss.item()} at step {step}: {cause}")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if options.clip_grad_norm > 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -88,21 +89,29 @@ class FedDFOptions(DPOptions):
             "aggregate": COMBINES,
         }
         check_choices(s, self, choices)
-        parse_source(self.source)
+        parse_source(self.source, f"{s}.source")
         for key in ("steps", "distill_batch_size", "eval_every_steps", "patience"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{s}.{key} must be >= 1, got {getattr(self, key)}")
         for key in ("distill_lr", "temperature"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"{s}.{key} must be > 0, got {getattr(self, key)}")
-        if not self.prox_mu >= 0:
-            raise ConfigError(f"{s}.prox_mu must be >= 0, got {self.prox_mu}")
-        if self.clip_grad_norm < 0:
-            raise ConfigError(f"{s}.clip_grad_norm must be >= 0 (0: off), got {self.clip_grad_norm}")
+            if not 0 < getattr(self, key) < math.inf:
+                raise ConfigError(f"{s}.{key} must be > 0 and finite, got {getattr(self, key)}")
+        if not 0 <= self.prox_mu < math.inf:
+            raise ConfigError(f"{s}.prox_mu must be >= 0 and finite, got {self.prox_mu}")
+        if not 0 <= self.clip_grad_norm < math.inf:
+            raise ConfigError(
+                f"{s}.clip_grad_norm must be >= 0 and finite (0: off), got {self.clip_grad_norm}"
+            )
         if not 0 <= self.aggregate_trim < 0.5:
             raise ConfigError(f"{s}.aggregate_trim must be in [0, 0.5), got {self.aggregate_trim}")
         if not 0 < self.holdout_val_share < 1:
             raise ConfigError(f"{s}.holdout_val_share must be in (0, 1), got {self.holdout_val_share}")
+        if not self.distill and self.student_init == "previous":
+            raise ConfigError(
+                f"{s}.student_init = 'previous' with {s}.distill = false would never change the models: "
+                "the group's average is skipped and nothing is distilled, so the clients' training is "
+                "thrown away every round; use student_init = 'average' (per-group FedAvg) or distill"
+            )
 
 
 def group_names(options: FedDFOptions, config: RunConfig) -> list[str]:

@@ -26,9 +26,15 @@ from fedistill.algorithms.base import Algorithm, ServerContext, ServerLogic, clo
 from fedistill.algorithms.feddf import FedDFOptions, distill
 from fedistill.algorithms.one_shot.dense.client import OneShotClient
 from fedistill.algorithms.one_shot.dense.options import teacher_of
-from fedistill.algorithms.shared.distillation_data import build_source, parse_source, split_holdout
+from fedistill.algorithms.shared.distillation_data import (
+    DistillationSource,
+    build_source,
+    parse_source,
+    split_holdout,
+)
 from fedistill.algorithms.shared.stage1 import collect_local_models, teachers_from_cache
 from fedistill.algorithms.shared.training import average_states, evaluate_model, new_model, test_metrics
+from fedistill.data.base import ImageSet
 from fedistill.errors import ConfigError
 from fedistill.federation.fleet import Fleet
 from fedistill.seeding import torch_generator
@@ -36,10 +42,36 @@ from fedistill.seeding import torch_generator
 log = logging.getLogger(__name__)
 
 
+#: FedDF's keys a one-shot method never reads: differential privacy (the sites upload their stage-1
+#: models as trained), the groups (`teachers` and `student` name the architectures), the student's start
+#: (always the sample-weighted average of the student's architecture), drop-worst, the robust combines,
+#: binary fusion and the clients' proximal term.
+UNUSED_ROUND_KEYS = (
+    "dp_enabled",
+    "groups",
+    "distill",
+    "drop_worst",
+    "weighting",
+    "fuse_precision",
+    "student_init",
+    "prox_mu",
+    "aggregate",
+)
+
+
+NO_STUDENT_ARCHITECTURE = (
+    "one-shot FedAvg averages the sites' models of the student's architecture, and no site has it: "
+    "make `teachers` name the student's model (or `student` one of the teachers')"
+)
+
+
 @dataclass(frozen=True)
 class OneShotOptions(FedDFOptions):
     """FedIOD's stage 1 (`teachers`, `student`, `teacher_epochs`) and, for `feddf-oneshot`, FedDF's
-    distillation options (`source`, `steps`, `distill_lr`, ...)."""
+    distillation options (`source`, `steps`, `distill_lr`, ...). FedDF's round keys (`dp_enabled`,
+    `groups`, `distill`, `drop_worst`, `weighting`, `fuse_precision`, `student_init`, `prox_mu`,
+    `aggregate`) are listed with the class they come from but must keep their defaults: a one-shot
+    method has no use for them (no differential privacy either)."""
 
     teachers: str = ""  # one model name, or a comma list cycled over the clients; "" = `model`
     student: str = ""  # "" = `model`
@@ -47,7 +79,17 @@ class OneShotOptions(FedDFOptions):
     section: ClassVar[str] = "fedavg-oneshot"
 
     def validate(self) -> None:
-        """FedDF's checks, and at least one stage-1 epoch."""
+        """FedDF's checks, at least one stage-1 epoch, and none of FedDF's round keys set: the one upload is
+        never sanitised (no differential privacy), filtered or robustly combined, so such a key is refused
+        rather than ignored."""
+        defaults = FedDFOptions()
+        for key in UNUSED_ROUND_KEYS:
+            if getattr(self, key) != getattr(defaults, key):
+                raise ConfigError(
+                    f"{self.section}.{key} = {getattr(self, key)!r} is a key of FedDF's rounds, which a "
+                    f"one-shot method does not use (it would be ignored); leave it at "
+                    f"{getattr(defaults, key)!r}"
+                )
         super().validate()
         if self.teacher_epochs < 1:
             raise ConfigError(f"{self.section}.teacher_epochs must be >= 1, got {self.teacher_epochs}")
@@ -76,6 +118,35 @@ class OneShotServer(ServerLogic):
         self.student = new_model(config, ctx.info, self.options.student or config.model)
         self.reference: dict[str, float] = {}
         self.fusion: dict[str, float] = {}
+        # known now: refuse here rather than after every site has trained
+        if self.fuse:
+            self.validation, self.source = self._fusion_data()
+        elif all(self._architecture(c) != self._student_architecture() for c in range(ctx.num_clients)):
+            raise ConfigError(NO_STUDENT_ARCHITECTURE)
+
+    def _fusion_data(self) -> tuple[ImageSet, DistillationSource]:
+        """The labelled split the fusion selects on and the unlabelled inputs it distils on."""
+        config, options = self.ctx.config, self.options
+        validation = self.ctx.validation
+        if validation is None or len(validation) == 0:
+            raise ConfigError("feddf-oneshot selects on the server's validation split: set val_fraction > 0")
+        key = f"{options.section}.source"
+        kind, _ = parse_source(options.source, key)
+        held_out = None
+        if kind == "holdout":
+            validation, held_out = split_holdout(validation, options.holdout_val_share, config.seed, key=key)
+        source = build_source(
+            options.source,
+            self.ctx.info,
+            data_dir=config.data_dir,
+            size=options.source_size,
+            seed=config.seed,
+            upsample=options.generator_upsample,
+            held_out=held_out,
+            download=config.download,
+            key=key,
+        )
+        return validation, source
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
         """The one round: gather every site's model once, then average (or fuse) them."""
@@ -88,7 +159,10 @@ class OneShotServer(ServerLogic):
         self.reference["teachers_from_cache"] = teachers_from_cache(replies)
         same = [i for i, c in enumerate(clients) if self._architecture(c) == self._student_architecture()]
         if not same and not self.fuse:
-            raise ConfigError("one-shot FedAvg averages models of the student's architecture; none was sent")
+            raise ConfigError(
+                "one-shot FedAvg averages models of the student's architecture; none was sent (the sites "
+                "of that architecture did not answer)"
+            )
         if same:
             self.student.load_state_dict(
                 average_states([models[i].state_dict() for i in same], [counts[i] for i in same])
@@ -99,23 +173,7 @@ class OneShotServer(ServerLogic):
 
     def _distil(self, teachers: list[nn.Module], counts: list[float], round: int) -> dict[str, float]:
         config, options = self.ctx.config, self.options
-        validation = self.ctx.validation
-        if validation is None or len(validation) == 0:
-            raise ConfigError("feddf-oneshot selects on the server's validation split: set val_fraction > 0")
-        kind, _ = parse_source(options.source)
-        held_out = None
-        if kind == "holdout":
-            validation, held_out = split_holdout(validation, options.holdout_val_share, config.seed)
-        source = build_source(
-            options.source,
-            self.ctx.info,
-            data_dir=config.data_dir,
-            size=options.source_size,
-            seed=config.seed,
-            upsample=options.generator_upsample,
-            held_out=held_out,
-            download=config.download,
-        )
+        validation, source = self.validation, self.source
 
         def validate(model: nn.Module) -> float:
             return evaluate_model(model, validation, self.ctx.info)["accuracy"]

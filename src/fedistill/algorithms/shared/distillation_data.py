@@ -16,9 +16,11 @@ Four sources, picked by `feddf.source`:
   SST-2's training set fine-tunes the clients, the other half is the unlabelled distillation text.
 
 Every image source returns normalised float32 batches (B, C, H, W) with the federation's mean and std,
-so they go straight into the clients' models. A text federation (token ids) distils on texts only:
-`holdout`, or `dataset:<another text dataset>` tokenised by the federation's own tokenizer; noise and
-generators make images, and are refused.
+so they go straight into the clients' models. Two departures from the released code, which loads
+another dataset with that dataset's own normalisation and its training transforms: the federation's
+constants are used, and no image is augmented (no random crop or flip; a pool's images come as stored).
+A text federation (token ids) distils on texts only: `holdout`, or `dataset:<another text dataset>`
+tokenised by the federation's own tokenizer; noise and generators make images, and are refused.
 """
 
 from __future__ import annotations
@@ -41,8 +43,12 @@ from fedistill.tasks.text import trim_padding
 SOURCE_KINDS = ("noise", "dataset", "generator", "holdout")
 
 
-def parse_source(spec: str) -> tuple[str, str]:
-    """`noise`, `holdout`, `dataset:<name>` or `generator:<path>` -> (kind, argument)."""
+#: The option errors name by default; the one-shot baseline passes its own table's (`feddf-oneshot.source`).
+KEY = "feddf.source"
+
+
+def parse_source(spec: str, key: str = KEY) -> tuple[str, str]:
+    """`noise`, `holdout`, `dataset:<name>` or `generator:<path>` -> (kind, argument); errors name `key`."""
     kind, _, argument = spec.strip().partition(":")
     kind = kind.strip().lower()
     argument = argument.strip()
@@ -51,12 +57,14 @@ def parse_source(spec: str) -> tuple[str, str]:
     if kind in ("dataset", "generator") and argument:
         return kind, argument
     raise ConfigError(
-        f"feddf.source must be 'noise', 'holdout' (the held-out split's inputs), 'dataset:<name>' (e.g. "
+        f"{key} must be 'noise', 'holdout' (the held-out split's inputs), 'dataset:<name>' (e.g. "
         f"dataset:fashion-mnist) or 'generator:<path to a .safetensors file>'; got {spec!r}"
     )
 
 
-def split_holdout(held: ImageSet | None, share: float, seed: int) -> tuple[ImageSet, ImageSet]:
+def split_holdout(
+    held: ImageSet | None, share: float, seed: int, *, key: str = KEY
+) -> tuple[ImageSet, ImageSet]:
     """The server's held-out split cut at random (from the run seed) into (validation, distillation
     inputs): `share` of it, at least one sample, keeps its labels for model selection; the rest is
     distilled on, its labels never read."""
@@ -64,7 +72,7 @@ def split_holdout(held: ImageSet | None, share: float, seed: int) -> tuple[Image
     keep = max(1, round(share * n))
     if held is None or keep >= n:
         raise ConfigError(
-            f"feddf.source = 'holdout' distils on the held-out split, which has {n} samples: too few to "
+            f"{key} = 'holdout' distils on the held-out split, which has {n} samples: too few to "
             f"keep {keep} for validation and distil on the rest; raise val_fraction (the paper: 0.5)"
         )
     order = torch.randperm(n, generator=torch_generator(seed, "feddf-holdout"))
@@ -163,12 +171,19 @@ def _subset(samples: torch.Tensor, size: int, seed: int) -> torch.Tensor:
 
 
 def dataset_source(
-    name: str, info: DatasetInfo, data_dir: str | Path, *, size: int, seed: int, download: bool = False
+    name: str,
+    info: DatasetInfo,
+    data_dir: str | Path,
+    *,
+    size: int,
+    seed: int,
+    download: bool = False,
+    key: str = KEY,
 ) -> ImagePool:
     """`size` random training images of dataset `name` (all of them if size <= 0), labels dropped; fetched
     first with `download` (the run's `download` key), as the run's own dataset is."""
     if "model_dir" in dataset_options(name):
-        raise ConfigError(f"feddf.source = 'dataset:{name}' is a text dataset; {info.name} distils on images")
+        raise ConfigError(f"{key} = 'dataset:{name}' is a text dataset; {info.name} distils on images")
     images = load_dataset(name, data_dir, download=download).train.x  # only the images leave this line
     return ImagePool(_subset(images, size, seed), info, name)
 
@@ -183,23 +198,24 @@ def text_source(
     seed: int,
     held_out: ImageSet | None,
     download: bool = False,
+    key: str = KEY,
 ) -> TokenPool:
     """A text federation's source: the held-out texts, or another text dataset's training texts read by
     the federation's tokenizer (a fixed random subset of `size`, all if size <= 0), labels dropped."""
     assert info.text is not None
     if kind in ("noise", "generator"):
         raise ConfigError(
-            f"feddf.source = {kind!r} makes images, which mean nothing to a text model ({info.name}): use "
+            f"{key} = {kind!r} makes images, which mean nothing to a text model ({info.name}): use "
             "'holdout' (texts held out of the training set, the paper's choice; e.g. val_fraction = 0.5) or "
             "'dataset:<another text dataset>' (e.g. dataset:sst2)"
         )
     if kind == "holdout":
         if held_out is None or len(held_out) == 0:
-            raise ConfigError("feddf.source = 'holdout' needs the held-out split: set val_fraction > 0")
+            raise ConfigError(f"{key} = 'holdout' needs the held-out split: set val_fraction > 0")
         return TokenPool(held_out.x, info, f"the held-out split of {info.name}")
     if "model_dir" not in dataset_options(argument):
         raise ConfigError(
-            f"feddf.source = 'dataset:{argument}' is an image dataset; {info.name} distils on texts "
+            f"{key} = 'dataset:{argument}' is an image dataset; {info.name} distils on texts "
             "(dataset:ag-news, dataset:sst2 or holdout)"
         )
     options = {"model_dir": info.text.tokenizer, "max_length": info.text.max_length}
@@ -232,7 +248,7 @@ def infer_generator_shape(state: dict[str, torch.Tensor], upsamples: int = 2) ->
     }
 
 
-def load_generator(path: str | Path, *, upsample: str = "bilinear") -> Generator:
+def load_generator(path: str | Path, *, upsample: str = "bilinear", key: str = KEY) -> Generator:
     """A frozen generator rebuilt from a safetensors file alone, in eval mode.
 
     The shapes come from the weights (see `infer_generator_shape`) and the number of upsamplings from the
@@ -244,7 +260,7 @@ def load_generator(path: str | Path, *, upsample: str = "bilinear") -> Generator
     path = Path(path).expanduser()
     if not path.is_file():
         raise ConfigError(
-            f"feddf.source: generator file {path} does not exist "
+            f"{key}: generator file {path} does not exist "
             "(a FedIOD run saves one as <run>/models/generator.safetensors)"
         )
     try:  # one read for the weights and the metadata
@@ -252,9 +268,9 @@ def load_generator(path: str | Path, *, upsample: str = "bilinear") -> Generator
             recorded = (opened.metadata() or {}).get("upsamples", "2")
             state = {key: opened.get_tensor(key) for key in opened.keys()}  # noqa: SIM118 (not a dict)
     except Exception as exc:  # safetensors raises its own error types for corrupt files
-        raise ConfigError(f"feddf.source: {path} is not a readable safetensors file ({exc})") from None
+        raise ConfigError(f"{key}: {path} is not a readable safetensors file ({exc})") from None
     if recorded not in ("0", "1", "2"):
-        raise ConfigError(f"feddf.source: {path} records {recorded!r} upsamplings; a generator has 0, 1 or 2")
+        raise ConfigError(f"{key}: {path} records {recorded!r} upsamplings; a generator has 0, 1 or 2")
     upsamples = int(recorded)
     shape = infer_generator_shape(state, upsamples)
     info = DatasetInfo(
@@ -315,10 +331,11 @@ def build_source(
     upsample: str = "bilinear",
     held_out: ImageSet | None = None,
     download: bool = False,
+    key: str = KEY,
 ) -> DistillationSource:
     """The distillation source named by `spec` (see `parse_source`) for the federation `info`;
-    `held_out` are the inputs a `holdout` source draws from."""
-    kind, argument = parse_source(spec)
+    `held_out` are the inputs a `holdout` source draws from; errors name the option `key`."""
+    kind, argument = parse_source(spec, key)
     if info.text is not None:
         return text_source(
             kind,
@@ -329,13 +346,14 @@ def build_source(
             seed=seed,
             held_out=held_out,
             download=download,
+            key=key,
         )
     if kind == "noise":
         return NoiseSource(info)
     if kind == "holdout":
         if held_out is None or len(held_out) == 0:
-            raise ConfigError("feddf.source = 'holdout' needs the held-out split: set val_fraction > 0")
+            raise ConfigError(f"{key} = 'holdout' needs the held-out split: set val_fraction > 0")
         return ImagePool(held_out.x, info, f"the held-out split of {info.name}")
     if kind == "dataset":
-        return dataset_source(argument, info, data_dir, size=size, seed=seed, download=download)
-    return GeneratorSource(load_generator(argument, upsample=upsample), info, argument)
+        return dataset_source(argument, info, data_dir, size=size, seed=seed, download=download, key=key)
+    return GeneratorSource(load_generator(argument, upsample=upsample, key=key), info, argument)

@@ -4,12 +4,12 @@ One-shot methods (FedIOD and the one-shot baselines) distil the local models eac
 Training them again for every method of a comparison costs time and, worse, invites comparisons of
 methods that did not distil the same models. A site therefore keeps each stage-1 model it trains in
 a cache folder on its own disk, keyed by what determines the model exactly: the site's training data
-(a digest of its images and labels), the architecture and its normalisation layers, the training options,
-the dataset's description (its normalisation and augmentation: a crop's padding, a flip), the run seed,
-the site's id (its random streams derive from it), the torch version, and the device type and thread
-count it trains with (both change float rounding, so a model trained on two threads is not the
-one a one-thread run would train). A later run that needs exactly that model loads it instead of
-training it; anything else trains afresh.
+(a digest of its images and labels), the architecture, its normalisation layers and `[model_options]`
+(a pretrained folder, a width), the training options, the dataset's description (its normalisation and
+augmentation: a crop's padding, a flip), the run seed, the site's id (its random streams derive from
+it), the torch version, and the device type and thread count it trains with (both change float
+rounding, so a model trained on two threads is not the one a one-thread run would train). A later run
+that needs exactly that model loads it instead of training it; anything else trains afresh.
 
 The cache is the site's own: nothing of it crosses the client/server boundary. Each entry carries a
 sha256 record written with it (stage1_entry.py); an entry that is damaged, altered or without its
@@ -70,6 +70,9 @@ def stage1_key(ctx: ClientContext, architecture: str, spec: LocalTraining, purpo
         "device": devices.current().type,
         "threads": torch.get_num_threads(),
     }
+    model_options = config.options.get("model_options")
+    if model_options:  # only when set, so the entries of runs without them keep their keys
+        facts["model_options"] = model_options
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True).encode())
     digest.update(data.x.contiguous().numpy().tobytes())
     digest.update(data.y.contiguous().numpy().tobytes())
