@@ -448,3 +448,18 @@ def test_values_below_float32s_range_of_scales_decode_to_zeros_without_warnings(
     with np.errstate(all="raise"):
         decoded = decode(encode("int8-sqrt", x))
     assert np.array_equal(decoded, np.zeros(3, np.float32))
+
+
+@pytest.mark.parametrize("encoding", [*FLOAT_ENCODINGS, "bits"])
+def test_a_0_d_array_keeps_its_shape_through_every_encoding(encoding):
+    """A scalar tensor (a learnable temperature, a loss) crosses as shape (), not (1,), in-process and
+    through Flower's codec, so the receiver's spec for it still matches."""
+    x = np.array(1, np.uint8) if encoding == "bits" else np.array(2.5, np.float32)
+    assert decode(encode(encoding, x)).shape == ()
+    kind = "label-masks" if encoding == "bits" else "parameters"
+    message = Message.build("train", arrays={kind: {"t": x}}, encodings={kind: encoding})
+    back = from_records(to_records(message), "train")
+    for received in (message, back):
+        assert received.array(kind, "t").shape == ()
+        expect_arrays(received, kind, {"t": ArraySpec(x.dtype.name, ())})
+        assert float(received.array(kind, "t")) == pytest.approx(float(x), rel=2e-2)

@@ -114,7 +114,7 @@ class Encoded:
     @cached_property
     def decoded(self) -> np.ndarray:
         """The array the receiver reads (decoded once, read-only)."""
-        array = wire_format(self.encoding).decode(self.data, self.params)
+        array = np.asarray(wire_format(self.encoding).decode(self.data, self.params))  # 0-d: not a scalar
         array.flags.writeable = False
         return array
 
@@ -162,7 +162,9 @@ def encode_or_keep(encoding: str, array: np.ndarray) -> Encoded | np.ndarray:
 
 
 def _encoded(encoding: str, wire: WireFormat, array: np.ndarray) -> Encoded:
-    data, params = wire.encode(np.ascontiguousarray(array))
+    # not np.ascontiguousarray: it turns a 0-d array (a scalar parameter) into shape (1,)
+    data, params = wire.encode(np.asarray(array, order="C"))
+    data = np.asarray(data)  # NumPy's arithmetic gives a scalar, not an array, for a 0-d input
     data.flags.writeable = False
     return Encoded(encoding, data, params)
 
