@@ -60,3 +60,15 @@ def test_an_array_of_pickled_objects_is_refused_by_name():
     objects = _npy({"descr": "|O", "fortran_order": False, "shape": (2,)}, b"\0" * 16)
     with pytest.raises(FederationError, match=r"logits/z.*object"):
         from_records(RecordDict({"logits": ArrayRecord({"z": objects})}), "train")
+
+
+def test_raw_is_not_offered_as_a_known_wire_encoding_when_refused():
+    content = RecordDict(
+        {
+            "logits": ArrayRecord({"z": Array(np.ones(2, np.float32))}),
+            "logits.encodings": ConfigRecord({"z": "raw"}),
+        }
+    )
+    with pytest.raises(FederationError) as error:
+        from_records(content, "train")
+    assert "known: raw" not in str(error.value) and "'raw'" in str(error.value)

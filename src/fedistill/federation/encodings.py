@@ -120,8 +120,10 @@ class Encoded:
 
     def check(self) -> str | None:
         """What is wrong with this value's wire form, or None."""
-        if self.encoding not in ENCODINGS or self.encoding == RAW:
-            return f"unknown encoding {self.encoding!r}; known: {', '.join(encoding_names())}"
+        if self.encoding == RAW:  # a plain array travels as itself, never as an encoded value
+            return f"{RAW!r} is no wire encoding; known: {', '.join(encoding_names()[1:])}"
+        if self.encoding not in ENCODINGS:
+            return f"unknown encoding {self.encoding!r}; known: {', '.join(encoding_names()[1:])}"
         wire = ENCODINGS[self.encoding]
         if not isinstance(self.data, np.ndarray) or self.data.dtype.name != wire.wire_dtype:
             got = getattr(getattr(self.data, "dtype", None), "name", type(self.data).__name__)
