@@ -463,3 +463,17 @@ def test_a_0_d_array_keeps_its_shape_through_every_encoding(encoding):
         assert received.array(kind, "t").shape == ()
         expect_arrays(received, kind, {"t": ArraySpec(x.dtype.name, ())})
         assert float(received.array(kind, "t")) == pytest.approx(float(x), rel=2e-2)
+
+
+def test_a_float16_overflow_is_named_on_receipt_and_encodes_without_a_warning():
+    """Finite values past float16's 65504 become infinite on the wire, by design; the sender builds its
+    message quietly, and the receiver's refusal says the values went as float16 and what to use instead,
+    not only that they are infinite (they were not when sent)."""
+    x = np.array([7e4, 1.0], np.float32)
+    with np.errstate(all="raise"):
+        message = Message.build("train", arrays={"logits": {"z": x}}, encodings={"logits": "float16"})
+    with pytest.raises(FederationError, match=r"logits/z contains NaN or infinite values.*float16.*65504"):
+        check_on_receipt(message)
+    plain = Message.build("train", arrays={"logits": {"z": np.array([np.inf], np.float32)}})
+    with pytest.raises(FederationError, match=r"infinite values$"):
+        check_on_receipt(plain)

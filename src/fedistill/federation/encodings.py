@@ -198,7 +198,8 @@ def encoding_names() -> list[str]:
 
 # --- the encodings --------------------------------------------------------------------------------
 def _float16_encode(x: np.ndarray) -> tuple[np.ndarray, Params]:
-    return x.astype(np.float16), ()
+    with np.errstate(over="ignore"):  # past 65504: infinite, as documented; the receiver refuses it
+        return x.astype(np.float16), ()
 
 
 def _float16_decode(data: np.ndarray, params: Params) -> np.ndarray:

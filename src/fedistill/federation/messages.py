@@ -248,11 +248,23 @@ def check_on_receipt(message: Message, *, max_bytes: int = DEFAULT_MAX_BYTES) ->
         for name, value in named.items():
             array = decode(value)
             if array.dtype.kind == "f" and not np.isfinite(array).all():
-                raise FederationError(f"{message.type}: {kind}/{name} contains NaN or infinite values")
+                raise FederationError(
+                    f"{message.type}: {kind}/{name} contains NaN or infinite values{_sent_as(value)}"
+                )
     for kind, named in message.scalars.items():
         for name, value in named.items():
             if isinstance(value, float) and not np.isfinite(value):
                 raise FederationError(f"{message.type}: scalar {kind}/{name} is {value}")
+
+
+def _sent_as(value: Payload) -> str:
+    """How a non-finite array crossed, when its wire encoding may have made it so (float16 overflows)."""
+    encoding = encoding_of(value)
+    if encoding == RAW:
+        return ""
+    if encoding == "float16":
+        return " (sent as float16, which turns values past 65504 into infinities: use float16-scaled)"
+    return f" (sent as {encoding})"
 
 
 @dataclass(frozen=True)
