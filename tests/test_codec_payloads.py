@@ -72,3 +72,20 @@ def test_raw_is_not_offered_as_a_known_wire_encoding_when_refused():
     with pytest.raises(FederationError) as error:
         from_records(content, "train")
     assert "known: raw" not in str(error.value) and "'raw'" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "shape", [[0.0, 1e30], [1.0] * 70], ids=["an axis beyond NumPy's", "more axes than NumPy's"]
+)
+def test_a_packed_mask_naming_a_shape_numpy_cannot_make_is_refused_by_name(shape):
+    """`bits` carries its array's shape; one that no array can have failed at decoding with NumPy's
+    ValueError, which the in-process transport does not catch."""
+    content = RecordDict(
+        {
+            "label-masks": ArrayRecord({"m": Array(np.zeros(0 if shape[0] == 0 else 1, np.uint8))}),
+            "label-masks.encodings": ConfigRecord({"m": "bits"}),
+            "label-masks.encoding-params": ConfigRecord({"m": shape}),
+        }
+    )
+    with pytest.raises(FederationError, match=r"label-masks/m: bits carries its array's shape"):
+        from_records(content, "train")

@@ -131,13 +131,22 @@ class Encoded:
         if not all(isinstance(p, float) for p in self.params):
             return f"{self.encoding} carries float parameters, got {self.params!r}"
         if wire.params is None:
-            if not all(p >= 0 and p.is_integer() for p in self.params):
+            if not all(p >= 0 and p.is_integer() for p in self.params) or not _makeable(self.shape):
                 return f"{self.encoding} carries its array's shape, got {self.params!r}"
             if self.data.ndim != 1 or self.data.size != -(-math.prod(self.shape) // 8):
                 return f"{self.encoding}: {self.data.size} bytes do not hold shape {list(self.shape)}"
         elif len(self.params) != wire.params:
             return f"{self.encoding} carries {wire.params} float parameters, got {self.params!r}"
         return None
+
+
+def _makeable(shape: tuple[int, ...]) -> bool:
+    """Whether NumPy can make an array of `shape` (not too many axes, none too long), allocating nothing."""
+    try:
+        np.broadcast_to(np.zeros((), np.uint8), shape)
+    except (ValueError, OverflowError):
+        return False
+    return True
 
 
 def encode(encoding: str, array: np.ndarray) -> Encoded | np.ndarray:
