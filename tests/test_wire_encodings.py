@@ -477,3 +477,9 @@ def test_a_float16_overflow_is_named_on_receipt_and_encodes_without_a_warning():
     plain = Message.build("train", arrays={"logits": {"z": np.array([np.inf], np.float32)}})
     with pytest.raises(FederationError, match=r"infinite values$"):
         check_on_receipt(plain)
+
+
+def test_an_encoded_value_whose_wire_form_is_not_an_array_is_refused_by_name():
+    """Message.build froze the wire array before checking it: a list there was an AttributeError."""
+    with pytest.raises(FederationError, match=r"logits/z: uint8-affine travels as uint8, got list"):
+        Message.build("train", arrays={"logits": {"z": Encoded("uint8-affine", [1, 2], (1.0, 0.0))}})

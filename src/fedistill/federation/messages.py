@@ -188,7 +188,8 @@ def _payload(value: np.ndarray | torch.Tensor | Encoded, encoding: str) -> Paylo
     """A value as the message holds it: encoded values as they are, arrays snapshotted, and the arrays
     of a kind with an encoding that the encoding takes (float32; `bits`: uint8 zeros and ones) in it."""
     if isinstance(value, Encoded):
-        value.data.flags.writeable = False
+        if isinstance(value.data, np.ndarray):  # anything else is refused by check_structure, by name
+            value.data.flags.writeable = False
         return value
     return encode_or_keep(encoding, _as_array(value))
 
