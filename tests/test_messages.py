@@ -114,3 +114,9 @@ def test_a_whole_number_beyond_64_bits_is_refused_not_an_overflow_in_the_receive
         check_on_receipt(sent)
     largest = Message.build("train", scalars={"metrics": {"num_samples": 2**64 - 1}})
     ReplySpec(metrics=TRAIN_METRICS).check(largest)  # what Flower's uint64 carries passes
+
+
+def test_a_numpy_bool_scalar_is_refused_naming_its_numpy_type():
+    """NumPy 2 calls its bool type `bool`, so the refusal read "is bool; only bool/int/float/str"."""
+    with pytest.raises(FederationError, match=r"metrics/flag is numpy\.bool; only bool/int/float/str"):
+        Message.build("train", scalars={"metrics": {"flag": np.bool_(True)}})

@@ -224,10 +224,16 @@ def check_structure(message: Message) -> None:
         for name, value in named.items():
             if not isinstance(value, bool | int | float | str):
                 raise FederationError(
-                    f"{message.type}: scalar {kind}/{name} is {type(value).__name__}; only bool/int/float/str"
+                    f"{message.type}: scalar {kind}/{name} is {_type_name(value)}; only bool/int/float/str"
                 )
             if isinstance(value, int) and not INT_RANGE[0] <= value <= INT_RANGE[1]:
                 raise FederationError(f"{message.type}: scalar {kind}/{name} is beyond 64-bit integers")
+
+
+def _type_name(value: object) -> str:
+    """A value's type as a refusal names it: `numpy.bool`, not `bool`, for NumPy's own scalars."""
+    kind = type(value)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _check_kind(kind: str, message_type: str) -> None:
