@@ -483,3 +483,13 @@ def test_an_encoded_value_whose_wire_form_is_not_an_array_is_refused_by_name():
     """Message.build froze the wire array before checking it: a list there was an AttributeError."""
     with pytest.raises(FederationError, match=r"logits/z: uint8-affine travels as uint8, got list"):
         Message.build("train", arrays={"logits": {"z": Encoded("uint8-affine", [1, 2], (1.0, 0.0))}})
+
+
+def test_encodings_for_an_unknown_kind_or_by_an_unknown_name_are_refused_even_without_arrays():
+    """A misspelt kind (`logit`) sent that kind's arrays as float32 without a word; a misspelt encoding
+    was only noticed in messages that carried an array of its kind."""
+    z = {"logits": {"z": np.ones(3, np.float32)}}
+    with pytest.raises(FederationError, match=r"encodings name an unknown content kind 'logit'"):
+        Message.build("train", arrays=z, encodings={"logit": "float16-scaled"})
+    with pytest.raises(FederationError, match=r"unknown encoding 'float16-scaeld'"):
+        Message.build("train", arrays=z, encodings={"input-gradients": "float16-scaeld"})

@@ -20,7 +20,7 @@ import torch
 
 from fedistill import devices
 from fedistill.errors import FederationError
-from fedistill.federation.encodings import RAW, Encoded, decode, encode_or_keep, encoding_of
+from fedistill.federation.encodings import RAW, Encoded, decode, encode_or_keep, encoding_of, wire_format
 
 #: What torch.from_numpy says about each read-only array of a decoded payload (receivers never write).
 NOT_WRITABLE = "The given NumPy array is not writable"
@@ -121,6 +121,12 @@ class Message:
         it takes (float32; `bits`: uint8 zeros and ones); other arrays, and values already encoded, are
         kept as they are."""
         wire = dict(encodings or {})
+        for kind, encoding in wire.items():  # a misspelt one would send its kind's arrays as they are
+            if kind not in CONTENT_KINDS:
+                raise FederationError(
+                    f"{type}: encodings name an unknown content kind {kind!r}; known: {sorted(CONTENT_KINDS)}"
+                )
+            wire_format(encoding)
         message = Message(
             type=type,
             arrays={
