@@ -33,7 +33,7 @@ def test_bytes_by_kind_counts_arrays_and_scalars():
     assert message.nbytes == 160 + 2048 + 11
 
 
-@pytest.mark.parametrize("bad_type", ["fit", "query.", "train.x-y", "evaluate.1a"])
+@pytest.mark.parametrize("bad_type", ["fit", "query.", "train.x-y", "evaluate.1a", "train\n", "query.x\n"])
 def test_message_type_follows_flower_convention(bad_type):
     with pytest.raises(FederationError, match="is not 'train'"):
         Message.build(bad_type)

@@ -70,7 +70,7 @@ INT_RANGE = (-(2**63), 2**64 - 1)
 #: The default cap on one message's payload; large models raise it in the run config.
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 
-_TYPE_PATTERN = re.compile(r"^(train|evaluate|query)(\.[A-Za-z_][A-Za-z0-9_]*)?$")
+_TYPE_PATTERN = re.compile(r"(train|evaluate|query)(\.[A-Za-z_][A-Za-z0-9_]*)?")  # whole string: fullmatch
 
 
 def native(array: np.ndarray) -> np.ndarray:
@@ -206,7 +206,7 @@ def _scalar_bytes(value: Scalar) -> int:
 
 def check_structure(message: Message) -> None:
     """The checks every message passes on creation and on receipt, whatever its type."""
-    if not _TYPE_PATTERN.match(message.type):
+    if not isinstance(message.type, str) or not _TYPE_PATTERN.fullmatch(message.type):
         raise FederationError(f"message type {message.type!r} is not 'train', 'evaluate' or 'query.<action>'")
     for kind, named in message.arrays.items():
         _check_kind(kind, message.type)
