@@ -12,6 +12,7 @@ from fedistill.federation.messages import (
     expect_arrays,
     state_specs,
 )
+from fedistill.federation.reply_spec import ReplySpec
 
 
 def test_build_snapshots_and_freezes_arrays():
@@ -120,3 +121,15 @@ def test_a_numpy_bool_scalar_is_refused_naming_its_numpy_type():
     """NumPy 2 calls its bool type `bool`, so the refusal read "is bool; only bool/int/float/str"."""
     with pytest.raises(FederationError, match=r"metrics/flag is numpy\.bool; only bool/int/float/str"):
         Message.build("train", scalars={"metrics": {"flag": np.bool_(True)}})
+
+
+def test_joined_reply_specs_expect_the_arrays_of_both_under_a_shared_kind():
+    """`a | b` kept only b's arrays of a kind both name, so a reply carrying a's was refused as unexpected."""
+    spec = ArraySpec("float32", (3,))
+    joined = ReplySpec({"logits": {"z": spec}}) | ReplySpec({"logits": {"w": spec}}, metrics=("n",))
+    both = {"z": np.zeros(3, np.float32), "w": np.ones(3, np.float32)}
+    joined.check(Message.build("train", arrays={"logits": both}, scalars={"metrics": {"n": 1}}))
+    with pytest.raises(FederationError, match=r"missing logits arrays \['z'\]"):
+        joined.check(
+            Message.build("train", arrays={"logits": {"w": both["w"]}}, scalars={"metrics": {"n": 1}})
+        )
