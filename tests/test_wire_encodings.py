@@ -493,3 +493,12 @@ def test_encodings_for_an_unknown_kind_or_by_an_unknown_name_are_refused_even_wi
         Message.build("train", arrays=z, encodings={"logit": "float16-scaled"})
     with pytest.raises(FederationError, match=r"unknown encoding 'float16-scaeld'"):
         Message.build("train", arrays=z, encodings={"input-gradients": "float16-scaeld"})
+
+
+def test_bfloat16_keeps_float32s_range_but_its_top_half_step():
+    """As encodings.py states: values up to bfloat16's largest (3.3895e38) cross within 2^-8 |x|; past
+    3.3961e38 they round to infinity, which the receiver refuses."""
+    x = np.array([3.3895e38, -3.3960e38, 3.3962e38, -3.4028e38], np.float32)
+    decoded = decode(encode("bfloat16", x))
+    assert np.isfinite(decoded[:2]).all() and (np.abs(decoded[:2] - x[:2]) <= 2.0**-8 * np.abs(x[:2])).all()
+    assert np.array_equal(decoded[2:], [np.inf, -np.inf])

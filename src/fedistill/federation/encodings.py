@@ -14,7 +14,8 @@ The encodings and their round-trip error (x the sent value, x' the decoded one, 
   past 65504 become infinite (and the receiver rejects the message). For values of known small range.
 - `float16-scaled`: half precision after dividing by a power of two that puts m just under 2^15: the
   relative error of `float16` over any range, |x - x'| <= max(2^-11 |x|, 2^-39 m), never overflowing.
-- `bfloat16`: float32's upper 16 bits, rounded to nearest even: |x - x'| <= 2^-8 |x|, float32's range.
+- `bfloat16`: float32's upper 16 bits, rounded to nearest even: |x - x'| <= 2^-8 |x| over float32's range
+  but its top half step: values past 3.3961e38 round to infinity (and the receiver rejects the message).
 - `uint8-affine`, `uint16-affine`: x' = offset + q * scale with q on 255 (65535) levels between the
   tensor's minimum and maximum: |x - x'| <= scale / 2 + 2^-22 max(|min|, |max|); a constant tensor is exact.
   Zero need not be on the grid: for images, not for values whose many near-zero entries add up.
