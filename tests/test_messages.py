@@ -133,3 +133,15 @@ def test_joined_reply_specs_expect_the_arrays_of_both_under_a_shared_kind():
         joined.check(
             Message.build("train", arrays={"logits": {"w": both["w"]}}, scalars={"metrics": {"n": 1}})
         )
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [{"arrays": {"logits": np.ones(3)}}, {"scalars": {"metrics": 3}}, {"scalars": {"metrics": "abc"}}],
+    ids=["an array", "a number", "a string"],
+)
+def test_a_kind_given_a_value_instead_of_named_values_is_refused_by_name(payload):
+    """A kind maps names to values; one mapped to the value itself failed with an AttributeError, a
+    TypeError or a ValueError about dictionary update sequences."""
+    with pytest.raises(FederationError, match=r"train: .* must map names to values, got"):
+        Message.build("train", **payload)

@@ -127,6 +127,12 @@ class Message:
                     f"{type}: encodings name an unknown content kind {kind!r}; known: {sorted(CONTENT_KINDS)}"
                 )
             wire_format(encoding)
+        for what, given in (("arrays", arrays), ("scalars", scalars)):
+            for kind, named in (given or {}).items():
+                if not isinstance(named, Mapping):
+                    raise FederationError(
+                        f"{type}: {what} of kind {kind!r} must map names to values, got {_type_name(named)}"
+                    )
         message = Message(
             type=type,
             arrays={
