@@ -184,3 +184,36 @@ def test_a_resume_that_cannot_write_keeps_the_records_it_resumes_from(tmp_path):
     )
     assert run.stdout.strip() == str(path)
     assert read_ledger(path) == records[:4]
+
+
+class _Careless(ClientLogic):
+    """Client logic with bugs: a handler that returns no message, and a batched answer one short."""
+
+    @handles("query.echo")
+    def echo(self, message: Message) -> Message:
+        return None  # type: ignore[return-value]
+
+    def together_key(self, message: Message):
+        return "all" if message.scalar("config", "together", False) else None
+
+    @classmethod
+    def handle_together(cls, clients, messages):
+        return [Message.build("query.echo")] * (len(messages) - 1)
+
+
+def test_a_handler_that_returns_no_message_is_that_clients_invalid_reply():
+    """As over Flower (whose codec fails on it in the client): a failed reply naming what came back, not an
+    AttributeError out of the server's send."""
+    fleet = InProcessFleet({0: _Careless(), 1: Echo(1)}, Ledger(None))
+    replies = fleet.broadcast(_request())
+    assert replies[1].ok
+    assert not replies[0].ok and "returned NoneType, not a Message" in replies[0].error
+    assert fleet.ledger.totals.failures[0]["status"] == "failed"
+
+
+def test_answers_together_that_miss_a_member_fail_every_member_with_a_clear_error():
+    fleet = InProcessFleet({0: _Careless(), 1: _Careless(), 2: Echo(2)}, Ledger(None))
+    request = Message.build("query.echo", scalars={"config": {"together": True}})
+    replies = fleet.send({0: request, 1: request})
+    assert not replies[0].ok and not replies[1].ok
+    assert "1 answers to 2 requests" in replies[0].error

@@ -12,6 +12,7 @@ from fedistill.federation.messages import (
     expect_arrays,
     state_specs,
 )
+from fedistill.federation.reply_spec import ReplySpec
 
 
 def test_build_snapshots_and_freezes_arrays():
@@ -33,7 +34,7 @@ def test_bytes_by_kind_counts_arrays_and_scalars():
     assert message.nbytes == 160 + 2048 + 11
 
 
-@pytest.mark.parametrize("bad_type", ["fit", "query.", "train.x-y", "evaluate.1a"])
+@pytest.mark.parametrize("bad_type", ["fit", "query.", "train.x-y", "evaluate.1a", "train\n", "query.x\n"])
 def test_message_type_follows_flower_convention(bad_type):
     with pytest.raises(FederationError, match="is not 'train'"):
         Message.build(bad_type)
@@ -114,3 +115,33 @@ def test_a_whole_number_beyond_64_bits_is_refused_not_an_overflow_in_the_receive
         check_on_receipt(sent)
     largest = Message.build("train", scalars={"metrics": {"num_samples": 2**64 - 1}})
     ReplySpec(metrics=TRAIN_METRICS).check(largest)  # what Flower's uint64 carries passes
+
+
+def test_a_numpy_bool_scalar_is_refused_naming_its_numpy_type():
+    """NumPy 2 calls its bool type `bool`, so the refusal read "is bool; only bool/int/float/str"."""
+    with pytest.raises(FederationError, match=r"metrics/flag is numpy\.bool; only bool/int/float/str"):
+        Message.build("train", scalars={"metrics": {"flag": np.bool_(True)}})
+
+
+def test_joined_reply_specs_expect_the_arrays_of_both_under_a_shared_kind():
+    """`a | b` kept only b's arrays of a kind both name, so a reply carrying a's was refused as unexpected."""
+    spec = ArraySpec("float32", (3,))
+    joined = ReplySpec({"logits": {"z": spec}}) | ReplySpec({"logits": {"w": spec}}, metrics=("n",))
+    both = {"z": np.zeros(3, np.float32), "w": np.ones(3, np.float32)}
+    joined.check(Message.build("train", arrays={"logits": both}, scalars={"metrics": {"n": 1}}))
+    with pytest.raises(FederationError, match=r"missing logits arrays \['z'\]"):
+        joined.check(
+            Message.build("train", arrays={"logits": {"w": both["w"]}}, scalars={"metrics": {"n": 1}})
+        )
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [{"arrays": {"logits": np.ones(3)}}, {"scalars": {"metrics": 3}}, {"scalars": {"metrics": "abc"}}],
+    ids=["an array", "a number", "a string"],
+)
+def test_a_kind_given_a_value_instead_of_named_values_is_refused_by_name(payload):
+    """A kind maps names to values; one mapped to the value itself failed with an AttributeError, a
+    TypeError or a ValueError about dictionary update sequences."""
+    with pytest.raises(FederationError, match=r"train: .* must map names to values, got"):
+        Message.build("train", **payload)

@@ -448,3 +448,57 @@ def test_values_below_float32s_range_of_scales_decode_to_zeros_without_warnings(
     with np.errstate(all="raise"):
         decoded = decode(encode("int8-sqrt", x))
     assert np.array_equal(decoded, np.zeros(3, np.float32))
+
+
+@pytest.mark.parametrize("encoding", [*FLOAT_ENCODINGS, "bits"])
+def test_a_0_d_array_keeps_its_shape_through_every_encoding(encoding):
+    """A scalar tensor (a learnable temperature, a loss) crosses as shape (), not (1,), in-process and
+    through Flower's codec, so the receiver's spec for it still matches."""
+    x = np.array(1, np.uint8) if encoding == "bits" else np.array(2.5, np.float32)
+    assert decode(encode(encoding, x)).shape == ()
+    kind = "label-masks" if encoding == "bits" else "parameters"
+    message = Message.build("train", arrays={kind: {"t": x}}, encodings={kind: encoding})
+    back = from_records(to_records(message), "train")
+    for received in (message, back):
+        assert received.array(kind, "t").shape == ()
+        expect_arrays(received, kind, {"t": ArraySpec(x.dtype.name, ())})
+        assert float(received.array(kind, "t")) == pytest.approx(float(x), rel=2e-2)
+
+
+def test_a_float16_overflow_is_named_on_receipt_and_encodes_without_a_warning():
+    """Finite values past float16's 65504 become infinite on the wire, by design; the sender builds its
+    message quietly, and the receiver's refusal says the values went as float16 and what to use instead,
+    not only that they are infinite (they were not when sent)."""
+    x = np.array([7e4, 1.0], np.float32)
+    with np.errstate(all="raise"):
+        message = Message.build("train", arrays={"logits": {"z": x}}, encodings={"logits": "float16"})
+    with pytest.raises(FederationError, match=r"logits/z contains NaN or infinite values.*float16.*65504"):
+        check_on_receipt(message)
+    plain = Message.build("train", arrays={"logits": {"z": np.array([np.inf], np.float32)}})
+    with pytest.raises(FederationError, match=r"infinite values$"):
+        check_on_receipt(plain)
+
+
+def test_an_encoded_value_whose_wire_form_is_not_an_array_is_refused_by_name():
+    """Message.build froze the wire array before checking it: a list there was an AttributeError."""
+    with pytest.raises(FederationError, match=r"logits/z: uint8-affine travels as uint8, got list"):
+        Message.build("train", arrays={"logits": {"z": Encoded("uint8-affine", [1, 2], (1.0, 0.0))}})
+
+
+def test_encodings_for_an_unknown_kind_or_by_an_unknown_name_are_refused_even_without_arrays():
+    """A misspelt kind (`logit`) sent that kind's arrays as float32 without a word; a misspelt encoding
+    was only noticed in messages that carried an array of its kind."""
+    z = {"logits": {"z": np.ones(3, np.float32)}}
+    with pytest.raises(FederationError, match=r"encodings name an unknown content kind 'logit'"):
+        Message.build("train", arrays=z, encodings={"logit": "float16-scaled"})
+    with pytest.raises(FederationError, match=r"unknown encoding 'float16-scaeld'"):
+        Message.build("train", arrays=z, encodings={"input-gradients": "float16-scaeld"})
+
+
+def test_bfloat16_keeps_float32s_range_but_its_top_half_step():
+    """As encodings.py states: values up to bfloat16's largest (3.3895e38) cross within 2^-8 |x|; past
+    3.3961e38 they round to infinity, which the receiver refuses."""
+    x = np.array([3.3895e38, -3.3960e38, 3.3962e38, -3.4028e38], np.float32)
+    decoded = decode(encode("bfloat16", x))
+    assert np.isfinite(decoded[:2]).all() and (np.abs(decoded[:2] - x[:2]) <= 2.0**-8 * np.abs(x[:2])).all()
+    assert np.array_equal(decoded[2:], [np.inf, -np.inf])

@@ -14,7 +14,8 @@ The encodings and their round-trip error (x the sent value, x' the decoded one, 
   past 65504 become infinite (and the receiver rejects the message). For values of known small range.
 - `float16-scaled`: half precision after dividing by a power of two that puts m just under 2^15: the
   relative error of `float16` over any range, |x - x'| <= max(2^-11 |x|, 2^-39 m), never overflowing.
-- `bfloat16`: float32's upper 16 bits, rounded to nearest even: |x - x'| <= 2^-8 |x|, float32's range.
+- `bfloat16`: float32's upper 16 bits, rounded to nearest even: |x - x'| <= 2^-8 |x| over float32's range
+  but its top half step: values past 3.3961e38 round to infinity (and the receiver rejects the message).
 - `uint8-affine`, `uint16-affine`: x' = offset + q * scale with q on 255 (65535) levels between the
   tensor's minimum and maximum: |x - x'| <= scale / 2 + 2^-22 max(|min|, |max|); a constant tensor is exact.
   Zero need not be on the grid: for images, not for values whose many near-zero entries add up.
@@ -114,14 +115,16 @@ class Encoded:
     @cached_property
     def decoded(self) -> np.ndarray:
         """The array the receiver reads (decoded once, read-only)."""
-        array = wire_format(self.encoding).decode(self.data, self.params)
+        array = np.asarray(wire_format(self.encoding).decode(self.data, self.params))  # 0-d: not a scalar
         array.flags.writeable = False
         return array
 
     def check(self) -> str | None:
         """What is wrong with this value's wire form, or None."""
-        if self.encoding not in ENCODINGS or self.encoding == RAW:
-            return f"unknown encoding {self.encoding!r}; known: {', '.join(encoding_names())}"
+        if self.encoding == RAW:  # a plain array travels as itself, never as an encoded value
+            return f"{RAW!r} is no wire encoding; known: {', '.join(encoding_names()[1:])}"
+        if self.encoding not in ENCODINGS:
+            return f"unknown encoding {self.encoding!r}; known: {', '.join(encoding_names()[1:])}"
         wire = ENCODINGS[self.encoding]
         if not isinstance(self.data, np.ndarray) or self.data.dtype.name != wire.wire_dtype:
             got = getattr(getattr(self.data, "dtype", None), "name", type(self.data).__name__)
@@ -129,13 +132,22 @@ class Encoded:
         if not all(isinstance(p, float) for p in self.params):
             return f"{self.encoding} carries float parameters, got {self.params!r}"
         if wire.params is None:
-            if not all(p >= 0 and p.is_integer() for p in self.params):
+            if not all(p >= 0 and p.is_integer() for p in self.params) or not _makeable(self.shape):
                 return f"{self.encoding} carries its array's shape, got {self.params!r}"
             if self.data.ndim != 1 or self.data.size != -(-math.prod(self.shape) // 8):
                 return f"{self.encoding}: {self.data.size} bytes do not hold shape {list(self.shape)}"
         elif len(self.params) != wire.params:
             return f"{self.encoding} carries {wire.params} float parameters, got {self.params!r}"
         return None
+
+
+def _makeable(shape: tuple[int, ...]) -> bool:
+    """Whether NumPy can make an array of `shape` (not too many axes, none too long), allocating nothing."""
+    try:
+        np.broadcast_to(np.zeros((), np.uint8), shape)
+    except (ValueError, OverflowError):
+        return False
+    return True
 
 
 def encode(encoding: str, array: np.ndarray) -> Encoded | np.ndarray:
@@ -162,7 +174,9 @@ def encode_or_keep(encoding: str, array: np.ndarray) -> Encoded | np.ndarray:
 
 
 def _encoded(encoding: str, wire: WireFormat, array: np.ndarray) -> Encoded:
-    data, params = wire.encode(np.ascontiguousarray(array))
+    # not np.ascontiguousarray: it turns a 0-d array (a scalar parameter) into shape (1,)
+    data, params = wire.encode(np.asarray(array, order="C"))
+    data = np.asarray(data)  # NumPy's arithmetic gives a scalar, not an array, for a 0-d input
     data.flags.writeable = False
     return Encoded(encoding, data, params)
 
@@ -194,7 +208,8 @@ def encoding_names() -> list[str]:
 
 # --- the encodings --------------------------------------------------------------------------------
 def _float16_encode(x: np.ndarray) -> tuple[np.ndarray, Params]:
-    return x.astype(np.float16), ()
+    with np.errstate(over="ignore"):  # past 65504: infinite, as documented; the receiver refuses it
+        return x.astype(np.float16), ()
 
 
 def _float16_decode(data: np.ndarray, params: Params) -> np.ndarray:

@@ -20,7 +20,7 @@ import torch
 
 from fedistill import devices
 from fedistill.errors import FederationError
-from fedistill.federation.encodings import RAW, Encoded, decode, encode_or_keep, encoding_of
+from fedistill.federation.encodings import RAW, Encoded, decode, encode_or_keep, encoding_of, wire_format
 
 #: What torch.from_numpy says about each read-only array of a decoded payload (receivers never write).
 NOT_WRITABLE = "The given NumPy array is not writable"
@@ -70,7 +70,7 @@ INT_RANGE = (-(2**63), 2**64 - 1)
 #: The default cap on one message's payload; large models raise it in the run config.
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
 
-_TYPE_PATTERN = re.compile(r"^(train|evaluate|query)(\.[A-Za-z_][A-Za-z0-9_]*)?$")
+_TYPE_PATTERN = re.compile(r"(train|evaluate|query)(\.[A-Za-z_][A-Za-z0-9_]*)?")  # whole string: fullmatch
 
 
 def native(array: np.ndarray) -> np.ndarray:
@@ -121,6 +121,18 @@ class Message:
         it takes (float32; `bits`: uint8 zeros and ones); other arrays, and values already encoded, are
         kept as they are."""
         wire = dict(encodings or {})
+        for kind, encoding in wire.items():  # a misspelt one would send its kind's arrays as they are
+            if kind not in CONTENT_KINDS:
+                raise FederationError(
+                    f"{type}: encodings name an unknown content kind {kind!r}; known: {sorted(CONTENT_KINDS)}"
+                )
+            wire_format(encoding)
+        for what, given in (("arrays", arrays), ("scalars", scalars)):
+            for kind, named in (given or {}).items():
+                if not isinstance(named, Mapping):
+                    raise FederationError(
+                        f"{type}: {what} of kind {kind!r} must map names to values, got {_type_name(named)}"
+                    )
         message = Message(
             type=type,
             arrays={
@@ -188,7 +200,8 @@ def _payload(value: np.ndarray | torch.Tensor | Encoded, encoding: str) -> Paylo
     """A value as the message holds it: encoded values as they are, arrays snapshotted, and the arrays
     of a kind with an encoding that the encoding takes (float32; `bits`: uint8 zeros and ones) in it."""
     if isinstance(value, Encoded):
-        value.data.flags.writeable = False
+        if isinstance(value.data, np.ndarray):  # anything else is refused by check_structure, by name
+            value.data.flags.writeable = False
         return value
     return encode_or_keep(encoding, _as_array(value))
 
@@ -199,7 +212,7 @@ def _scalar_bytes(value: Scalar) -> int:
 
 def check_structure(message: Message) -> None:
     """The checks every message passes on creation and on receipt, whatever its type."""
-    if not _TYPE_PATTERN.match(message.type):
+    if not isinstance(message.type, str) or not _TYPE_PATTERN.fullmatch(message.type):
         raise FederationError(f"message type {message.type!r} is not 'train', 'evaluate' or 'query.<action>'")
     for kind, named in message.arrays.items():
         _check_kind(kind, message.type)
@@ -223,10 +236,16 @@ def check_structure(message: Message) -> None:
         for name, value in named.items():
             if not isinstance(value, bool | int | float | str):
                 raise FederationError(
-                    f"{message.type}: scalar {kind}/{name} is {type(value).__name__}; only bool/int/float/str"
+                    f"{message.type}: scalar {kind}/{name} is {_type_name(value)}; only bool/int/float/str"
                 )
             if isinstance(value, int) and not INT_RANGE[0] <= value <= INT_RANGE[1]:
                 raise FederationError(f"{message.type}: scalar {kind}/{name} is beyond 64-bit integers")
+
+
+def _type_name(value: object) -> str:
+    """A value's type as a refusal names it: `numpy.bool`, not `bool`, for NumPy's own scalars."""
+    kind = type(value)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _check_kind(kind: str, message_type: str) -> None:
@@ -248,11 +267,23 @@ def check_on_receipt(message: Message, *, max_bytes: int = DEFAULT_MAX_BYTES) ->
         for name, value in named.items():
             array = decode(value)
             if array.dtype.kind == "f" and not np.isfinite(array).all():
-                raise FederationError(f"{message.type}: {kind}/{name} contains NaN or infinite values")
+                raise FederationError(
+                    f"{message.type}: {kind}/{name} contains NaN or infinite values{_sent_as(value)}"
+                )
     for kind, named in message.scalars.items():
         for name, value in named.items():
             if isinstance(value, float) and not np.isfinite(value):
                 raise FederationError(f"{message.type}: scalar {kind}/{name} is {value}")
+
+
+def _sent_as(value: Payload) -> str:
+    """How a non-finite array crossed, when its wire encoding may have made it so (float16 overflows)."""
+    encoding = encoding_of(value)
+    if encoding == RAW:
+        return ""
+    if encoding == "float16":
+        return " (sent as float16, which turns values past 65504 into infinities: use float16-scaled)"
+    return f" (sent as {encoding})"
 
 
 @dataclass(frozen=True)

@@ -75,8 +75,11 @@ class ReplySpec:
                 raise _fault(message, f"metric {name!r} is {value}, a negative sample count")
 
     def __or__(self, other: ReplySpec) -> ReplySpec:
+        """Both specs at once: the arrays of both (under a kind both name, each one's names), the metrics,
+        open kinds and non-negative kinds of both, refusable if either is."""
+        kinds = dict.fromkeys([*self.arrays, *other.arrays])
         return ReplySpec(
-            {**self.arrays, **other.arrays},
+            {kind: {**self.arrays.get(kind, {}), **other.arrays.get(kind, {})} for kind in kinds},
             tuple(dict.fromkeys(self.metrics + other.metrics)),
             self.open_kinds | other.open_kinds,
             self.refusable or other.refusable,

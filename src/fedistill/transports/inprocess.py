@@ -123,7 +123,12 @@ class InProcessFleet(Fleet):
         clients = [self._clients[cid] for cid in ready]
         handler_start = time.perf_counter()
         try:
-            answers = type(clients[0]).handle_together(clients, [requests[cid] for cid in ready])
+            answers = list(type(clients[0]).handle_together(clients, [requests[cid] for cid in ready]))
+            if len(answers) != len(ready):
+                raise FederationError(
+                    f"{type(clients[0]).__name__}.handle_together gave {len(answers)} answers to "
+                    f"{len(ready)} requests"
+                )
         except Exception as exc:  # as for one client: every member's request failed
             return replies | {cid: self._failed(cid, requests[cid].type, exc) for cid in ready}
         self.seconds_in_clients += time.perf_counter() - handler_start
@@ -142,6 +147,9 @@ class InProcessFleet(Fleet):
     def _checked(self, cid: int, answer: Message, elapsed: float, timeout: float | None) -> Reply:
         """A client's answer as the server receives it: invalid if it fails the receipt checks, timed out
         if it took longer than `timeout`."""
+        if not isinstance(answer, Message):  # a failure in the client, as over Flower (its codec fails)
+            error = FederationError(f"the handler returned {type(answer).__name__}, not a Message")
+            return self._failed(cid, "a request", error)
         try:
             check_on_receipt(answer, max_bytes=self.max_bytes)
         except FederationError as exc:  # NaN, oversize, a malformed message: invalid, like any other fault

@@ -11,10 +11,13 @@ algorithm, so one SuperNode can serve the several algorithms of a suite.
 
 from __future__ import annotations
 
+import io
+import math
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from numpy.lib import format as npy
 
 from fedistill.errors import FederationError
 from fedistill.federation.encodings import Encoded
@@ -56,7 +59,9 @@ def from_records(content: RecordDict, message_type: str) -> Message:
             continue
         if isinstance(record, ArrayRecord):
             # plain arrays reach native byte order in Message.build (_as_array); encoded ones below
-            arrays[key] = {name: array.numpy() for name, array in record.items()}
+            arrays[key] = {
+                name: _numpy(array, f"{message_type}: {key}/{name}") for name, array in record.items()
+            }
         elif isinstance(record, ConfigRecord) and key.endswith(_SCALARS):
             scalars[key.removesuffix(_SCALARS)] = dict(record)
         elif isinstance(record, ConfigRecord) and key.endswith(_ENCODINGS):
@@ -65,13 +70,57 @@ def from_records(content: RecordDict, message_type: str) -> Message:
             params[key.removesuffix(_PARAMS)] = dict(record)
         else:
             raise FederationError(f"{message_type}: unexpected record {key!r} ({type(record).__name__})")
+    for kind, named in params.items():
+        for name in named:
+            if name not in encodings.get(kind, {}):
+                raise FederationError(
+                    f"{message_type}: encoding parameters for {kind}/{name}, which has no encoding"
+                )
     for kind, named in encodings.items():
         for name, encoding in named.items():
             if name not in arrays.get(kind, {}):
                 raise FederationError(f"{message_type}: encoding for {kind}/{name}, which has no array")
-            numbers = tuple(float(p) for p in params.get(kind, {}).get(name, []))
+            numbers = _numbers(params.get(kind, {}).get(name, []), f"{message_type}: {kind}/{name}")
             arrays[kind][name] = Encoded(str(encoding), native(arrays[kind][name]), numbers)
     return Message.build(message_type, arrays=arrays, scalars=scalars)
+
+
+def _numpy(array: Array, where: str) -> np.ndarray:
+    """The NumPy array a Flower `Array` carries, its `.npy` header checked first: NumPy's loader allocates
+    the shape a header declares before it reads a byte, so a hostile or corrupt one would ask for any amount
+    of memory, and an object array would fail deep inside NumPy instead of naming the array."""
+    try:
+        buffer = io.BytesIO(array.data)
+        version = npy.read_magic(buffer)
+        read_header = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}.get(version)
+        if read_header is None:
+            raise ValueError(f".npy format version {version} (np.save writes 1.0 or 2.0)")
+        shape, _, dtype = read_header(buffer)  # the header only, no array
+    except Exception as exc:
+        raise FederationError(f"{where}: not a NumPy array ({type(exc).__name__}: {exc})") from None
+    if dtype.hasobject or dtype.itemsize == 0:
+        raise FederationError(
+            f"{where}: an array of dtype {dtype} ({'object' if dtype.hasobject else 'empty'})"
+        )
+    carried = len(array.data) - buffer.tell()
+    if math.prod(shape) * dtype.itemsize > carried:
+        raise FederationError(
+            f"{where}: declares {math.prod(shape)} values of {dtype} in shape {list(shape)}, "
+            f"but carries only {carried} bytes"
+        )
+    try:
+        return array.numpy()
+    except Exception as exc:
+        raise FederationError(f"{where}: unreadable array ({type(exc).__name__}: {exc})") from None
+
+
+def _numbers(values: Any, where: str) -> tuple[float, ...]:
+    """An encoded array's per-tensor numbers as floats; FederationError for anything but a list of numbers."""
+    if not isinstance(values, list) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in values
+    ):
+        raise FederationError(f"{where}: encoding parameters must be a list of numbers, got {values!r}")
+    return tuple(float(v) for v in values)
 
 
 def header_of(content: RecordDict) -> dict[str, Any]:
