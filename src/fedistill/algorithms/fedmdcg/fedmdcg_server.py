@@ -142,6 +142,7 @@ class FedMDCGServer(ServerLogic):
         expect = ReplySpec(
             {"parameters": self.specs, "label-statistics": count_spec},
             (*TRAIN_METRICS, TRAIN_LOSS, "generator_loss", "generator_accuracy", "ramp"),
+            non_negative=frozenset({"label-statistics"}),  # they weigh the clients and draw the labels
         )
         replies = ask_sampled(
             fleet, request, config, round, "classifiers, generators and label counts", expect
