@@ -317,6 +317,18 @@ def test_weighted_average_by_sample_counts():
         weighted_average([a, b], [0, 0])
 
 
+def test_weighted_average_takes_entries_in_any_order_and_refuses_mismatched_shapes():
+    a = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.0])}
+    b = {"b": torch.tensor([4.0]), "w": torch.tensor([3.0, 6.0])}  # same entries, another order
+    avg = weighted_average([a, b], [1, 1])
+    assert list(avg) == ["w", "b"]
+    assert avg["w"].tolist() == pytest.approx([2.0, 4.0]) and avg["b"].tolist() == pytest.approx([2.0])
+    with pytest.raises(
+        ValueError, match="'w' has shape \\(1,\\) in state 1"
+    ):  # it would broadcast into a wrong average
+        weighted_average([a, {"w": torch.tensor([3.0]), "b": b["b"]}], [1, 1])
+
+
 TEACHER = [[0.0, 0.0], [LN3, 0.0]]  # p = (1/2, 1/2), (3/4, 1/4)
 STUDENT = [[0.0, LN3], [0.0, 0.0]]  # q = (1/4, 3/4), (1/2, 1/2)
 WEIGHTS = [0.2, 1.0]

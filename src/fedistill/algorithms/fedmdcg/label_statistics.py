@@ -66,8 +66,10 @@ def weighted_average(
 ) -> dict[str, torch.Tensor]:
     """Σ_i w_i·state_i / Σ_i w_i per entry: the FedAvg initialisation of (G_g, C_g).
 
-    The code weighs by each client's number of local training samples n_i. Integer buffers (BatchNorm's
-    ``num_batches_tracked``) are averaged and truncated back to their dtype, as the code does.
+    The code weighs by each client's number of local training samples n_i. The states must hold the
+    same entries (in any order) with the same shapes; the result has state 0's order. Integer buffers
+    (BatchNorm's ``num_batches_tracked``) are averaged and truncated back to their dtype, as the code
+    does.
     """
     w = torch.as_tensor(weights, dtype=torch.float64).flatten()
     if len(states) == 0 or w.numel() != len(states):
@@ -78,10 +80,16 @@ def weighted_average(
         raise ValueError(f"averaging weights must be non-negative with a positive sum, got {w.tolist()}")
     keys = list(states[0])
     for i, state in enumerate(states[1:], start=1):
-        if list(state) != keys:
+        if set(state) != set(keys):
             raise ValueError(
                 f"state {i} has different entries from state 0: {sorted(set(state) ^ set(keys))}"
             )
+        for key in keys:
+            if state[key].shape != states[0][key].shape:
+                raise ValueError(
+                    f"entry {key!r} has shape {tuple(state[key].shape)} in state {i} but "
+                    f"{tuple(states[0][key].shape)} in state 0"
+                )
     w = w / w.sum()
     out: dict[str, torch.Tensor] = {}
     for key in keys:
