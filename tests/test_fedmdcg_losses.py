@@ -295,6 +295,17 @@ def test_label_distribution_and_weights():
         label_weights(torch.tensor([[1, -1]]))
 
 
+def test_infinite_counts_or_averaging_weights_are_refused_not_turned_into_nan():
+    inf = float("inf")
+    with pytest.raises(ValueError, match="finite"):
+        label_distribution(torch.tensor([inf, 1.0]))
+    with pytest.raises(ValueError, match="finite"):
+        label_weights(torch.tensor([[inf, 1.0], [1.0, 1.0]]))
+    a, b = {"w": torch.tensor([1.0])}, {"w": torch.tensor([3.0])}
+    with pytest.raises(ValueError, match="finite"):
+        weighted_average([a, b], [inf, 1.0])  # it would give a NaN average
+
+
 def test_sample_labels_follows_global_counts_and_is_seeded():
     counts = torch.tensor([[2, 0, 1], [1, 0, 0]])  # global (3, 0, 1) / 4
     labels = sample_labels(counts, 4000, torch.Generator().manual_seed(0))

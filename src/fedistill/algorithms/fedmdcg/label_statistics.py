@@ -15,8 +15,8 @@ def _counts(label_counts: torch.Tensor) -> torch.Tensor:
     counts = torch.as_tensor(label_counts, dtype=torch.float64)
     if counts.dim() not in (1, 2):
         raise ValueError(f"label counts must have shape (C,) or (K, C), got {tuple(counts.shape)}")
-    if bool((~(counts >= 0)).any()):
-        raise ValueError("label counts must be non-negative (and not NaN)")
+    if not bool((torch.isfinite(counts) & (counts >= 0)).all()):
+        raise ValueError("label counts must be finite and non-negative (not NaN)")
     return counts
 
 
@@ -76,8 +76,10 @@ def weighted_average(
         raise ValueError(
             f"need one weight per state and at least one state, got {len(states)} and {w.numel()}"
         )
-    if bool((~(w >= 0)).any()) or not w.sum() > 0:
-        raise ValueError(f"averaging weights must be non-negative with a positive sum, got {w.tolist()}")
+    if not bool((torch.isfinite(w) & (w >= 0)).all()) or not w.sum() > 0:
+        raise ValueError(
+            f"averaging weights must be finite and non-negative with a positive sum, got {w.tolist()}"
+        )
     keys = list(states[0])
     for i, state in enumerate(states[1:], start=1):
         if set(state) != set(keys):
