@@ -213,6 +213,16 @@ def test_bad_options_name_the_key(key, value):
         options_for(config, section, get_algorithm(section).options)
 
 
+@pytest.mark.parametrize("key", ["fedgen.generator_batch_size", "fedcg.distill_batch_size"])
+def test_a_server_generator_batch_of_one_is_refused_before_the_run(key):
+    """The server trains its generator in train mode, and BatchNorm cannot normalise one sample."""
+    section = key.partition(".")[0]
+    options = get_algorithm(section).options
+    with pytest.raises(ConfigError, match=rf"{key} must be >= 2 .*BatchNorm.*got 1"):
+        options_for(_config(algorithm=section, **{key: 1}), section, options)
+    options_for(_config(algorithm=section, **{key: 2}), section, options)
+
+
 def test_over_a_flower_grid_both_give_the_in_process_results(tmp_path):
     """Client state kept on the node between rounds (FedCG's private extractor, discriminator and Adam
     states) and the generator in the messages give the in-process results and traffic on Flower."""

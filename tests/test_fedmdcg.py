@@ -355,6 +355,19 @@ def test_bad_options_fail_with_the_option_name(key, value):
         options_for(config, "fedmdcg", FedMDCGOptions)
 
 
+def test_a_server_batch_of_one_is_refused_before_the_run():
+    """G_g trains in train mode, and its BatchNorm cannot normalise a batch of one sample: the option
+    says so at once instead of stopping the run after the first round of local training."""
+    config = _config(**{"fedmdcg.server_batch_size": 1})
+    with pytest.raises(ConfigError, match=r"fedmdcg.server_batch_size must be >= 2 .*BatchNorm.*got 1"):
+        options_for(config, "fedmdcg", FedMDCGOptions)
+    options_for(
+        _config(**{"fedmdcg.server_batch_size": 2, "fedmdcg.generated_batch_size": 1}),
+        "fedmdcg",
+        FedMDCGOptions,
+    )
+
+
 def test_a_restart_under_the_official_preset_loses_nothing(tmp_path):
     """Crash in round 3, resume from the checkpoint: the same metrics as an uninterrupted run. Under the
     official-code preset the never-cleared cache, G_i and both optimisers must all survive."""
