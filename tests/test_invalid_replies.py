@@ -213,9 +213,9 @@ def test_a_negative_ratio_or_count_is_invalid_not_the_end_of_the_run(
 @pytest.mark.parametrize(
     ("algorithm", "changes"),
     [
-        ("fedmdcg", {"model": "lenet-fedmdcg", "local_steps": 2, "fedmdcg": {"server_steps": 2}}),
-        ("fedgen", {"local_steps": 2, "fedgen": {"generator_steps": 2}}),
-        ("fedcg", {"model": "lenet-fedmdcg", "local_steps": 2, "fedcg": {"aggregation": "distill"}}),
+        ("fedmdcg", {"model": "lenet-fedmdcg", "fedmdcg": {"server_steps": 2}}),
+        ("fedgen", {"fedgen": {"generator_steps": 2}}),
+        ("fedcg", {"model": "lenet-fedmdcg", "fedcg": {"aggregation": "distill", "distill_steps": 2}}),
     ],
 )
 def test_negative_class_counts_of_the_generator_methods_are_invalid_replies(
@@ -242,7 +242,8 @@ def test_negative_class_counts_of_the_generator_methods_are_invalid_replies(
         self._clients[BAD_CLIENT].handle = handle
 
     monkeypatch.setattr(InProcessFleet, "__init__", init)
-    summary = run_suite(_config(algorithm, **changes), tmp_path, progress=False)[0]
+    config = _config(algorithm, rounds=1, local_steps=2, **changes)  # round 1 already uses the counts
+    summary = run_suite(config, tmp_path, progress=False)[0]
     reason = summary["dropped_clients"][str(BAD_CLIENT)]
     assert "invalid reply" in reason and "label-statistics/class_counts" in reason
     assert "negative value (-5)" in reason
