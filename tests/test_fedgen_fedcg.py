@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from algorithm_helpers import SMALL_NON_IID, Sent, check_resume_after_crash, make_client, run_recording
+from fedistill import devices
+from fedistill.algorithms.fedmdcg import fedgen_client
 from fedistill.algorithms.fedmdcg.fedcg_gan import FeatureDiscriminator, train_gan
 from fedistill.algorithms.fedmdcg.fedcg_server import FedCGServer
 from fedistill.algorithms.fedmdcg.fedgen_options import FedGenOptions
 from fedistill.algorithms.fedmdcg.fedgen_server import FedGenServer, ensemble_teacher, train_generator
 from fedistill.algorithms.fedmdcg.label_statistics import label_weights
-from fedistill.algorithms.fedmdcg.personalized import GENERATOR_PREFIX, part_of
+from fedistill.algorithms.fedmdcg.personalized import GENERATOR_PREFIX, part_of, prefixed
 from fedistill.algorithms.registry import get_algorithm
 from fedistill.algorithms.shared.training import new_model
 from fedistill.config import RunConfig, build_config, options_for
@@ -211,6 +213,16 @@ def test_bad_options_name_the_key(key, value):
         options_for(config, section, get_algorithm(section).options)
 
 
+@pytest.mark.parametrize("key", ["fedgen.generator_batch_size", "fedcg.distill_batch_size"])
+def test_a_server_generator_batch_of_one_is_refused_before_the_run(key):
+    """The server trains its generator in train mode, and BatchNorm cannot normalise one sample."""
+    section = key.partition(".")[0]
+    options = get_algorithm(section).options
+    with pytest.raises(ConfigError, match=rf"{key} must be >= 2 .*BatchNorm.*got 1"):
+        options_for(_config(algorithm=section, **{key: 1}), section, options)
+    options_for(_config(algorithm=section, **{key: 2}), section, options)
+
+
 def test_over_a_flower_grid_both_give_the_in_process_results(tmp_path):
     """Client state kept on the node between rounds (FedCG's private extractor, discriminator and Adam
     states) and the generator in the messages give the in-process results and traffic on Flower."""
@@ -279,3 +291,31 @@ def test_fedgen_teacher_loss_and_fedcg_gan_losses_by_hand():
     assert [gamma_at(FedCGOptions(), t, 5) for t in range(5)] == pytest.approx([0, 1 / 64, 1 / 8, 27 / 64, 1])
     sigmoid_ramp = FedCGOptions(gamma_schedule="sigmoid", gamma=2.0)
     assert gamma_at(sigmoid_ramp, 5, 100) == pytest.approx(2.0 * (2 / (1 + math.exp(-1.0)) - 1))
+
+
+def test_fedgen_uniform_label_sampling_draws_the_labels_on_the_run_device(monkeypatch):
+    """Under `label_sampling = "uniform"` the labels ŷ a client draws live on the run's device, as under
+    "counts" (whose distribution comes in on it): the head's logits on a GPU meet them in the CE.
+    `meta` stands in for the card."""
+    client = make_client(_config(algorithm="fedgen", **{"fedgen.label_sampling": "uniform"}), "fedgen")
+    parameters = part_of(client.model.state_dict(), "") | prefixed(
+        client.generator.state_dict(), GENERATOR_PREFIX
+    )
+    config = {"round": 2, "regularize": True, "generative_alpha": 1.0, "generative_beta": 1.0}
+    message = Message.build("train", arrays={"parameters": parameters}, scalars={"config": config})
+    monkeypatch.setattr(devices, "_current", torch.device("meta"))
+    client.model.to("meta")
+    client.generator.to("meta")
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def train(*args, label_probs, **kwargs):
+        seen["device"] = label_probs.device
+        raise Stop
+
+    monkeypatch.setattr(fedgen_client, "train_regularized", train)
+    with pytest.raises(Stop):
+        client.train(message)
+    assert seen["device"].type == "meta"

@@ -11,7 +11,11 @@ from algorithm_helpers import SMALL_NON_IID, check_resume_after_crash, make_clie
 from fedistill.algorithms.fedmdcg import losses as L
 from fedistill.algorithms.fedmdcg.fedmdcg import ORACLE_METRIC, oracle_global_accuracy
 from fedistill.algorithms.fedmdcg.fedmdcg_options import FedMDCGOptions, resolve_options
-from fedistill.algorithms.fedmdcg.fedmdcg_server import FedMDCGServer, crossed_distillation_steps
+from fedistill.algorithms.fedmdcg.fedmdcg_server import (
+    FedMDCGServer,
+    crossed_distillation_steps,
+    pair_accuracy,
+)
 from fedistill.algorithms.fedmdcg.personalized import GENERATOR_PREFIX, part_of
 from fedistill.config import RunConfig, build_config, options_for
 from fedistill.engine.checkpoint import latest_checkpoint, read_checkpoint
@@ -351,6 +355,19 @@ def test_bad_options_fail_with_the_option_name(key, value):
         options_for(config, "fedmdcg", FedMDCGOptions)
 
 
+def test_a_server_batch_of_one_is_refused_before_the_run():
+    """G_g trains in train mode, and its BatchNorm cannot normalise a batch of one sample: the option
+    says so at once instead of stopping the run after the first round of local training."""
+    config = _config(**{"fedmdcg.server_batch_size": 1})
+    with pytest.raises(ConfigError, match=r"fedmdcg.server_batch_size must be >= 2 .*BatchNorm.*got 1"):
+        options_for(config, "fedmdcg", FedMDCGOptions)
+    options_for(
+        _config(**{"fedmdcg.server_batch_size": 2, "fedmdcg.generated_batch_size": 1}),
+        "fedmdcg",
+        FedMDCGOptions,
+    )
+
+
 def test_a_restart_under_the_official_preset_loses_nothing(tmp_path):
     """Crash in round 3, resume from the checkpoint: the same metrics as an uninterrupted run. Under the
     official-code preset the never-cleared cache, G_i and both optimisers must all survive."""
@@ -391,3 +408,25 @@ def test_flower_nodes_keep_the_client_state_between_messages(tmp_path):
         )
 
     assert traffic("flower") == traffic("inprocess")
+
+
+def test_the_pair_accuracy_probe_reads_both_generator_and_classifier_in_eval_mode():
+    """global_pair_accuracy is a probe: a head with dropout (VGG-9's) must not drop units while it is
+    read, and both modules go back to the mode they were in."""
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+            self.modes: list[bool] = []
+
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            self.modes.append(self.training)
+            return self.fc(h)
+
+    generator = FeatureGenerator(3, 4, noise_dim=2, hidden_dims=(8,))
+    head = Head()
+    accuracy = pair_accuracy(generator, head, torch.tensor([[2, 1, 1]]), 16, torch.Generator().manual_seed(0))
+    assert 0.0 <= accuracy <= 1.0
+    assert head.modes == [False]
+    assert head.training and generator.training

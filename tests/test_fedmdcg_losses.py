@@ -295,6 +295,17 @@ def test_label_distribution_and_weights():
         label_weights(torch.tensor([[1, -1]]))
 
 
+def test_infinite_counts_or_averaging_weights_are_refused_not_turned_into_nan():
+    inf = float("inf")
+    with pytest.raises(ValueError, match="finite"):
+        label_distribution(torch.tensor([inf, 1.0]))
+    with pytest.raises(ValueError, match="finite"):
+        label_weights(torch.tensor([[inf, 1.0], [1.0, 1.0]]))
+    a, b = {"w": torch.tensor([1.0])}, {"w": torch.tensor([3.0])}
+    with pytest.raises(ValueError, match="finite"):
+        weighted_average([a, b], [inf, 1.0])  # it would give a NaN average
+
+
 def test_sample_labels_follows_global_counts_and_is_seeded():
     counts = torch.tensor([[2, 0, 1], [1, 0, 0]])  # global (3, 0, 1) / 4
     labels = sample_labels(counts, 4000, torch.Generator().manual_seed(0))
@@ -315,6 +326,18 @@ def test_weighted_average_by_sample_counts():
         weighted_average([a, {"w": b["w"]}], [1, 1])
     with pytest.raises(ValueError, match="positive sum"):
         weighted_average([a, b], [0, 0])
+
+
+def test_weighted_average_takes_entries_in_any_order_and_refuses_mismatched_shapes():
+    a = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.0])}
+    b = {"b": torch.tensor([4.0]), "w": torch.tensor([3.0, 6.0])}  # same entries, another order
+    avg = weighted_average([a, b], [1, 1])
+    assert list(avg) == ["w", "b"]
+    assert avg["w"].tolist() == pytest.approx([2.0, 4.0]) and avg["b"].tolist() == pytest.approx([2.0])
+    with pytest.raises(
+        ValueError, match="'w' has shape \\(1,\\) in state 1"
+    ):  # it would broadcast into a wrong average
+        weighted_average([a, {"w": torch.tensor([3.0]), "b": b["b"]}], [1, 1])
 
 
 TEACHER = [[0.0, 0.0], [LN3, 0.0]]  # p = (1/2, 1/2), (3/4, 1/4)

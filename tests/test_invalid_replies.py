@@ -208,3 +208,42 @@ def test_a_negative_ratio_or_count_is_invalid_not_the_end_of_the_run(
     invalid = [r for r in read_ledger(tmp_path / "fediod" / "ledger.jsonl") if r["status"] == "invalid"]
     assert invalid and {r["client"] for r in invalid} == {BAD_CLIENT}
     assert all(r["bytes"] > 0 for r in invalid)  # the refused reply's bytes crossed the boundary
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "changes"),
+    [
+        ("fedmdcg", {"model": "lenet-fedmdcg", "fedmdcg": {"server_steps": 2}}),
+        ("fedgen", {"fedgen": {"generator_steps": 2}}),
+        ("fedcg", {"model": "lenet-fedmdcg", "fedcg": {"aggregation": "distill", "distill_steps": 2}}),
+    ],
+)
+def test_negative_class_counts_of_the_generator_methods_are_invalid_replies(
+    tmp_path, monkeypatch, algorithm, changes
+):
+    """FedMD-CG, FedGen and FedCG weigh and sample by the uploaded class counts: a negative count is an
+    invalid reply that drops its client, not an error that stops the server."""
+    original = InProcessFleet.__init__
+
+    def init(self, clients, ledger, **kwargs):
+        original(self, clients, ledger, **kwargs)
+        honest = self._clients[BAD_CLIENT].handle
+
+        def handle(message: Message) -> Message:
+            reply = honest(message)
+            if "label-statistics" not in reply.arrays:
+                return reply
+            arrays = {k: {n: reply.array(k, n) for n in v} for k, v in reply.arrays.items()}
+            counts = arrays["label-statistics"]["class_counts"].copy()
+            counts[0] = -5
+            arrays["label-statistics"] = {"class_counts": counts}
+            return _rebuilt(reply, arrays=arrays)
+
+        self._clients[BAD_CLIENT].handle = handle
+
+    monkeypatch.setattr(InProcessFleet, "__init__", init)
+    config = _config(algorithm, rounds=1, local_steps=2, **changes)  # round 1 already uses the counts
+    summary = run_suite(config, tmp_path, progress=False)[0]
+    reason = summary["dropped_clients"][str(BAD_CLIENT)]
+    assert "invalid reply" in reason and "label-statistics/class_counts" in reason
+    assert "negative value (-5)" in reason

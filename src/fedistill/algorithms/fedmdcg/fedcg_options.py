@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedistill.algorithms.shared.option_checks import (
+    check_batchnorm_batch,
     check_choices,
     check_nonnegative,
     check_positive,
@@ -69,6 +70,7 @@ class FedCGOptions:
             "generator_lr discriminator_lr gan_passes distill_steps distill_batch_size distill_lr "
             "distill_temperature",
         )
+        check_batchnorm_batch("fedcg", self, "distill_batch_size")  # the server's steps on G
         if not 0 <= self.gan_beta1 < 1:
             raise ConfigError(f"fedcg.gan_beta1 must be in [0, 1), got {self.gan_beta1}")
         if self.generator_hidden:

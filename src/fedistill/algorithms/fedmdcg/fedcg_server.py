@@ -136,6 +136,7 @@ class FedCGServer(ServerLogic):
         expect = ReplySpec(
             {"parameters": self.specs, **({"label-statistics": counts} if distill else {})},
             (*TRAIN_METRICS, TRAIN_LOSS, "discriminator_loss", "generator_loss"),
+            non_negative=frozenset({"label-statistics"}),  # the distillation draws labels from them
         )
         replies = ask_sampled(fleet, request, config, round, "trained classifiers and generators", expect)
         states = [reply.tensors("parameters") for reply in replies]

@@ -29,6 +29,10 @@ draws them uniformly (the server over labels some client holds more than one sam
 over all labels), ``label_sampling = "uniform"``. Label counts are those of the client's training
 data; the code counts the labels of the batches seen in the round, plus one.
 
+G's output is the model's split point: the extractor's features, read by the whole head
+(``classifier.*``, fc1 → fc2 for ``lenet-fedmdcg``). FedGen's code generates the input of the last
+layer only (``latent_layer_idx = -1``, 32 values for its MNIST CNN), so its "head" is that one layer.
+
 Metrics as in fedper.py (algorithms/fedmdcg/personalized.py): ``local_accuracy`` is each client's model just
 after local training on its own IID test shard (sample-weighted), ``personal_test_accuracy`` the mean
 of those models on the test set.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fedistill import devices
 from fedistill.algorithms.base import ClientContext, clone_state
 from fedistill.algorithms.fedmdcg.fedgen_options import (
     FedGenOptions,
@@ -120,7 +121,7 @@ class FedGenClient(ClientLogic):
                 expect_arrays(message, "label-statistics", spec)
                 label_probs = label_distribution(message.tensor("label-statistics", "global_counts"))
             else:
-                label_probs = torch.full((num_classes,), 1.0 / num_classes)
+                label_probs = torch.full((num_classes,), 1.0 / num_classes, device=devices.current())
         round = int(message.scalar("config", "round"))
         seed, cid = self.ctx.config.seed, self.ctx.client_id
         metrics = train_regularized(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedistill.algorithms.shared.option_checks import (
+    check_batchnorm_batch,
     check_choices,
     check_nonnegative,
     check_positive,
@@ -68,6 +69,7 @@ class FedGenOptions:
             "diversity_weight adversarial_weight",
         )
         check_positive("fedgen", self, "generator_batch_size generator_steps generator_lr noise_dim")
+        check_batchnorm_batch("fedgen", self, "generator_batch_size")  # the server's steps on G
         if not 0 < self.decay <= 1 or not 0 < self.generator_lr_decay <= 1:
             raise ConfigError(
                 f"fedgen.decay and fedgen.generator_lr_decay must be in (0, 1], "

@@ -177,7 +177,9 @@ class FedGenServer(ServerLogic):
         request = self._request(round, evaluate_local)
         count_spec = {"class_counts": ArraySpec("int64", (self.ctx.info.num_classes,))}
         expect = ReplySpec(
-            {"parameters": self.specs, "label-statistics": count_spec}, (*TRAIN_METRICS, TRAIN_LOSS)
+            {"parameters": self.specs, "label-statistics": count_spec},
+            (*TRAIN_METRICS, TRAIN_LOSS),
+            non_negative=frozenset({"label-statistics"}),  # they weigh the heads and draw the labels
         )
         replies = ask_sampled(fleet, request, config, round, "trained parameters and label counts", expect)
         states = [reply.tensors("parameters") for reply in replies]

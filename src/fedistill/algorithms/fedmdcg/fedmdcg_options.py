@@ -12,7 +12,12 @@ import torch
 from torch import nn
 
 from fedistill.algorithms.fedmdcg import losses as L
-from fedistill.algorithms.shared.option_checks import check_choices, check_nonnegative, check_positive
+from fedistill.algorithms.shared.option_checks import (
+    check_batchnorm_batch,
+    check_choices,
+    check_nonnegative,
+    check_positive,
+)
 from fedistill.config import RunConfig
 from fedistill.data.base import DatasetInfo
 from fedistill.errors import ConfigError, FederationError
@@ -88,6 +93,7 @@ class FedMDCGOptions:
             "generated_batch_size generator_passes server_steps server_batch_size "
             "ramp_power client_temperature generator_lr server_lr server_temperature",
         )
+        check_batchnorm_batch("fedmdcg", self, "server_batch_size")  # G_g's steps
         check_nonnegative("fedmdcg", self, "generator_weight_decay server_weight_decay")
         if self.noise_dim < 0:
             raise ConfigError(

@@ -99,12 +99,18 @@ def parameter_norm(module: nn.Module) -> float:
 def pair_accuracy(
     generator: FeatureGenerator, classifier: nn.Module, counts: torch.Tensor, size: int, rng: torch.Generator
 ) -> float:
-    """How often C(G(y)) = y for labels drawn ∝ ``counts``: a data-free check that the pair agrees."""
-    was_training = generator.training
+    """How often C(G(y)) = y for labels drawn ∝ ``counts``: a data-free check that the pair agrees.
+
+    Both modules are read in eval mode (BatchNorm's running statistics, no dropout) and then put back in
+    the mode they were in.
+    """
+    modes = [(module, module.training) for module in (generator, classifier)]
     generator.eval()
+    classifier.eval()
     y = L.sample_labels(counts, size, rng)
     hits = (classifier(generator(y, generator=rng)).argmax(1) == y).float().mean()
-    generator.train(was_training)
+    for module, was_training in modes:
+        module.train(was_training)
     return float(hits)
 
 
@@ -142,6 +148,7 @@ class FedMDCGServer(ServerLogic):
         expect = ReplySpec(
             {"parameters": self.specs, "label-statistics": count_spec},
             (*TRAIN_METRICS, TRAIN_LOSS, "generator_loss", "generator_accuracy", "ramp"),
+            non_negative=frozenset({"label-statistics"}),  # they weigh the clients and draw the labels
         )
         replies = ask_sampled(
             fleet, request, config, round, "classifiers, generators and label counts", expect

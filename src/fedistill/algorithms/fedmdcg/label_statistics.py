@@ -15,8 +15,8 @@ def _counts(label_counts: torch.Tensor) -> torch.Tensor:
     counts = torch.as_tensor(label_counts, dtype=torch.float64)
     if counts.dim() not in (1, 2):
         raise ValueError(f"label counts must have shape (C,) or (K, C), got {tuple(counts.shape)}")
-    if bool((~(counts >= 0)).any()):
-        raise ValueError("label counts must be non-negative (and not NaN)")
+    if not bool((torch.isfinite(counts) & (counts >= 0)).all()):
+        raise ValueError("label counts must be finite and non-negative (not NaN)")
     return counts
 
 
@@ -66,22 +66,32 @@ def weighted_average(
 ) -> dict[str, torch.Tensor]:
     """Σ_i w_i·state_i / Σ_i w_i per entry: the FedAvg initialisation of (G_g, C_g).
 
-    The code weighs by each client's number of local training samples n_i. Integer buffers (BatchNorm's
-    ``num_batches_tracked``) are averaged and truncated back to their dtype, as the code does.
+    The code weighs by each client's number of local training samples n_i. The states must hold the
+    same entries (in any order) with the same shapes; the result has state 0's order. Integer buffers
+    (BatchNorm's ``num_batches_tracked``) are averaged and truncated back to their dtype, as the code
+    does.
     """
     w = torch.as_tensor(weights, dtype=torch.float64).flatten()
     if len(states) == 0 or w.numel() != len(states):
         raise ValueError(
             f"need one weight per state and at least one state, got {len(states)} and {w.numel()}"
         )
-    if bool((~(w >= 0)).any()) or not w.sum() > 0:
-        raise ValueError(f"averaging weights must be non-negative with a positive sum, got {w.tolist()}")
+    if not bool((torch.isfinite(w) & (w >= 0)).all()) or not w.sum() > 0:
+        raise ValueError(
+            f"averaging weights must be finite and non-negative with a positive sum, got {w.tolist()}"
+        )
     keys = list(states[0])
     for i, state in enumerate(states[1:], start=1):
-        if list(state) != keys:
+        if set(state) != set(keys):
             raise ValueError(
                 f"state {i} has different entries from state 0: {sorted(set(state) ^ set(keys))}"
             )
+        for key in keys:
+            if state[key].shape != states[0][key].shape:
+                raise ValueError(
+                    f"entry {key!r} has shape {tuple(state[key].shape)} in state {i} but "
+                    f"{tuple(states[0][key].shape)} in state 0"
+                )
     w = w / w.sum()
     out: dict[str, torch.Tensor] = {}
     for key in keys:

@@ -34,6 +34,18 @@ def check_positive(section: str, options: object, keys: str) -> None:
             raise ConfigError(f"{section}.{key} must be > 0, got {value!r}")
 
 
+def check_batchnorm_batch(section: str, options: object, keys: str) -> None:
+    """Each of the space-separated `keys` sizes a batch that a module trains on in train mode with
+    BatchNorm (a feature generator), which cannot normalise a single sample: it must be >= 2."""
+    for key in keys.split():
+        value = getattr(options, key)
+        if value < 2:
+            raise ConfigError(
+                f"{section}.{key} must be >= 2 (the generator trains on it with BatchNorm, which needs "
+                f"two samples per batch), got {value!r}"
+            )
+
+
 def parse_widths(key: str, text: str) -> tuple[int, ...]:
     """'512,256' -> (512, 256); a ConfigError naming `key` for anything else."""
     try:
