@@ -461,3 +461,22 @@ def test_a_tiff_stack_is_refused_and_a_planar_rgb_tiff_read_as_rgb(tmp_path):
         read_image(tmp_path / "stack.tif")
     tifffile.imwrite(tmp_path / "planar.tif", image, photometric="rgb", planarconfig="separate")
     assert np.array_equal(read_image(tmp_path / "planar.tif"), image.transpose(1, 2, 0))
+
+
+def test_a_compressed_tiff_is_read_as_training_reads_it_and_a_cut_one_is_one_line(tmp_path):
+    """tifffile needs the optional imagecodecs package for LZW and JPEG compression, which image-folder
+    (through Pillow) trains on: predict refused such files; a TIFF cut short in its header ended in a
+    struct.error traceback, and one cut after it was called an array of shape (0,)."""
+    from fedistill.inference.images import read_image
+
+    grey = (np.arange(24 * 20).reshape(24, 20) % 251).astype(np.uint8)
+    rgb = np.stack([grey, grey[::-1], 255 - grey], axis=2)
+    Image.fromarray(grey).save(tmp_path / "grey.tif", compression="tiff_lzw")
+    Image.fromarray(rgb).save(tmp_path / "rgb.tif", compression="tiff_lzw")
+    assert np.array_equal(read_image(tmp_path / "grey.tif"), grey[:, :, None])
+    assert np.array_equal(read_image(tmp_path / "rgb.tif"), rgb)
+    whole = (tmp_path / "rgb.tif").read_bytes()
+    for length in (6, 200):
+        (tmp_path / "cut.tif").write_bytes(whole[:length])
+        with pytest.raises(DataError, match=r"cannot read image .*cut\.tif"):
+            read_image(tmp_path / "cut.tif")
