@@ -480,3 +480,16 @@ def test_a_compressed_tiff_is_read_as_training_reads_it_and_a_cut_one_is_one_lin
         (tmp_path / "cut.tif").write_bytes(whole[:length])
         with pytest.raises(DataError, match=r"cannot read image .*cut\.tif"):
             read_image(tmp_path / "cut.tif")
+
+
+def test_a_classifier_s_output_that_is_a_file_but_no_csv_is_refused_before_any_work(tmp_path):
+    """`--output notes.txt` (an existing file) was taken for a folder to put predictions.csv in: every
+    image was classified, then the command stopped with `run stopped: cannot write notes.txt: File
+    exists`."""
+    model, data = _digits_model()
+    image = _write_png(tmp_path / "a.png", data.test.x[0, 0].numpy())
+    (tmp_path / "notes.txt").write_text("old")
+    for overwrite in (False, True):
+        with pytest.raises(ConfigError, match=r"notes\.txt is a file, not a \.csv file"):
+            predict_path(model, image, tmp_path / "notes.txt", overwrite=overwrite)
+    assert (tmp_path / "notes.txt").read_text() == "old"

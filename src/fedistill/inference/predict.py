@@ -86,6 +86,11 @@ def predict_path(
         raise ConfigError("--skull-strip applies to NIfTI volumes given to a segmentation model")
     if not model.task.per_pixel:
         named = output.suffix.lower() == ".csv" and not output.is_dir()
+        if not named and output.exists() and not output.is_dir():
+            raise ConfigError(
+                f"--output {output} is a file, not a .csv file; name the .csv file to write, or a folder "
+                f"for {DEFAULT_CSV}"
+            )
         csv_path = output if named else output / DEFAULT_CSV
         check_free([csv_path], overwrite)
         resized = classify_images(model, files, csv_path, batch_size)
