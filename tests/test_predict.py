@@ -493,3 +493,18 @@ def test_a_classifier_s_output_that_is_a_file_but_no_csv_is_refused_before_any_w
         with pytest.raises(ConfigError, match=r"notes\.txt is a file, not a \.csv file"):
             predict_path(model, image, tmp_path / "notes.txt", overwrite=overwrite)
     assert (tmp_path / "notes.txt").read_text() == "old"
+
+
+def test_skull_strip_scales_each_slice_by_its_brain_s_maximum_under_slice_max(tmp_path):
+    """With `intensity = "slice-max"` a BraTS model learnt slices divided by their (skull-stripped)
+    brain's maximum; brain extraction took each slice's maximum over the whole head, so the bright scalp
+    set the scale and the lesion came out darker than any the model saw."""
+    info = dataclasses.replace(SEMANTIC, image_size=60, mean=(0.0,), std=(1.0,))
+    config = RunConfig(dataset="brats", options={"brats": {"intensity": "slice-max"}})
+    model = Standin(Threshold(0.95), info, config)  # only the brightest voxels of the brain: the lesion
+    data, lesion = _head_scan()
+    (tmp_path / "in").mkdir()
+    _nifti(tmp_path / "in" / "head.nii.gz", data, np.diag([4.0, 4.0, 4.0, 1.0]))
+    predict_path(model, tmp_path / "in", tmp_path / "out", skull_strip="outline")
+    found = np.asarray(nib.load(str(tmp_path / "out" / "head.nii.gz")).dataobj) == 1
+    assert found[lesion].all() and not found[~lesion].any()
