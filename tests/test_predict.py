@@ -508,3 +508,20 @@ def test_skull_strip_scales_each_slice_by_its_brain_s_maximum_under_slice_max(tm
     predict_path(model, tmp_path / "in", tmp_path / "out", skull_strip="outline")
     found = np.asarray(nib.load(str(tmp_path / "out" / "head.nii.gz")).dataobj) == 1
     assert found[lesion].all() and not found[~lesion].any()
+
+
+def test_a_wide_image_s_alpha_does_not_set_its_colours_scale(tmp_path):
+    """A 16-bit RGBA TIFF was scaled by the maximum over its colours and its alpha together: an opaque
+    alpha of 65535 over 12-bit colours left them 16 times darker than the nuclei loaders read them
+    (alpha dropped first, then the colours scaled by their own maximum)."""
+    from fedistill.data.eight_bit import to_uint8
+    from fedistill.data.medical.nuclei_sets import read_rgb
+    from fedistill.inference.images import read_image, to_channels
+
+    colours = (np.arange(12 * 10 * 3).reshape(12, 10, 3) * 11 % 4096).astype(np.uint16)
+    rgba = np.concatenate([colours, np.full((12, 10, 1), 65535, np.uint16)], axis=2)
+    tifffile.imwrite(tmp_path / "rgba.tif", rgba, photometric="rgb", extrasamples=["unassalpha"])
+    read = read_image(tmp_path / "rgba.tif")
+    assert np.array_equal(read[:, :, :3], to_uint8(colours)) and (read[:, :, 3] == 255).all()
+    rgb = to_channels(read, 3, tmp_path / "rgba.tif")
+    assert np.array_equal(rgb.transpose(2, 0, 1), read_rgb(tmp_path / "rgba.tif"))

@@ -2,13 +2,12 @@
 
 Reading: TIFF through tifffile (through Pillow where tifffile lacks the codec: LZW or JPEG compression
 without the optional imagecodecs package), everything else through Pillow; any image becomes uint8
-(H, W, C).
-Palette, bilevel and CMYK images are converted to RGB or greyscale first; images stored with more than
-8 bits (16-bit PNG or TIFF, float TIFF) are scaled by their own maximum, as the training loaders read
-theirs (`fedistill.data.eight_bit`). Channels: greyscale becomes RGB by repetition and RGB becomes
-greyscale by Pillow's luma (what the `image-folder` dataset does to its training images); an alpha
-channel is dropped. Any other count
-of channels cannot be converted and is an error.
+(H, W, C). Palette, bilevel and CMYK images are converted to RGB or greyscale first; images stored with
+more than 8 bits (16-bit PNG or TIFF, float TIFF) are scaled by their own maximum (over the colour
+channels: an alpha channel is scaled on its own), as the training loaders read theirs
+(`fedistill.data.eight_bit`). Channels: greyscale becomes RGB by repetition and RGB becomes greyscale by
+Pillow's luma (what the `image-folder` dataset does to its training images); an alpha channel is
+dropped. Any other count of channels cannot be converted and is an error.
 
 Resizing: Pillow's bilinear filter, which averages over the source pixels when shrinking, again as
 `image-folder` does. Label maps are resized back by nearest neighbour, so no label is invented.
@@ -45,6 +44,8 @@ def read_image(path: Path) -> np.ndarray:
         raise DataError(
             f"{path} holds an array of shape {array.shape}, not one 2D image; save each image on its own"
         )
+    if array.shape[2] in (2, 4) and array.dtype != np.uint8:  # alpha is no colour: scaled on its own
+        return np.concatenate([to_uint8(array[:, :, :-1]), to_uint8(array[:, :, -1:])], axis=2)
     return to_uint8(array)
 
 
