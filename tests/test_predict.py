@@ -525,3 +525,21 @@ def test_a_wide_image_s_alpha_does_not_set_its_colours_scale(tmp_path):
     assert np.array_equal(read[:, :, :3], to_uint8(colours)) and (read[:, :, 3] == 255).all()
     rgb = to_channels(read, 3, tmp_path / "rgba.tif")
     assert np.array_equal(rgb.transpose(2, 0, 1), read_rgb(tmp_path / "rgba.tif"))
+
+
+def test_answers_in_a_folder_inside_the_input_folder_are_not_read_as_inputs(tmp_path):
+    """`--input scans --output scans/masks` run twice: the second run took the first run's masks for
+    images and segmented them too (into scans/masks/masks/)."""
+    model = Standin(Threshold(), SEMANTIC)
+    for name in ("a", "b"):
+        _write_png(tmp_path / "scans" / f"{name}.png", np.full((24, 24), 200, np.uint8))
+    first = predict_path(model, tmp_path / "scans", tmp_path / "scans" / "masks")
+    again = predict_path(model, tmp_path / "scans", tmp_path / "scans" / "masks", overwrite=True)
+    assert first.count == again.count == 2
+    assert sorted(p.name for p in (tmp_path / "scans" / "masks").iterdir()) == ["a.png", "b.png"]
+    # answers beside their inputs (TIFF in, PNG out) still read every input
+    (tmp_path / "tiffs").mkdir()
+    for name in ("c", "d"):
+        tifffile.imwrite(tmp_path / "tiffs" / f"{name}.tif", np.full((24, 24), 200, np.uint8))
+    beside = predict_path(model, tmp_path / "tiffs", tmp_path / "tiffs")
+    assert beside.count == 2 and (tmp_path / "tiffs" / "c.png").is_file()

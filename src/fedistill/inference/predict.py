@@ -79,7 +79,8 @@ def predict_path(
     "tissue": `brain_extraction.RULES`)."""
     check_batch_size(batch_size)
     accepted = _accepted(model)
-    files = find_inputs(input_path)
+    # a folder of answers inside the input folder: what an earlier run wrote there is no input
+    files = find_inputs(input_path, output if model.task.per_pixel else None)
     check_kinds(files, accepted, f"the {model.task.name} model of {model.algorithm!r}")
     volumes = any(f.kind == "nifti" for f in files)
     if extraction_rule(skull_strip) and (model.task.outputs_images or not volumes):
