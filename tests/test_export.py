@@ -270,3 +270,20 @@ def test_the_card_of_a_reconstruction_net_s_weights_says_they_output_the_correct
     assert output_description(plain, "safetensors").startswith("images (N, C, H, W)")
     segmenter = _dense_model("unet", *DENSE["unet"])
     assert output_description(segmenter, "safetensors").startswith("per-pixel logits")
+
+
+def test_an_export_its_runtime_cannot_run_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    """An ONNX file that the installed onnxruntime could not load (an opset newer than it knows) ended the
+    export in onnxruntime's traceback, after the exporter's own failures were one line."""
+    import fedistill.inference.export as export_module
+
+    def refuse(format, path, inputs):
+        raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Load model failed\nopset 99 is not supported")
+
+    monkeypatch.setattr(export_module, "run_exported", refuse)
+    model = _dense_model("unet", *DENSE["unet"])
+    path = tmp_path / "unet.pt"
+    message = r"unet\.pt was written, but torch\.jit .* cannot run it \(\[ONNXRuntimeError\] : 1 : FAIL"
+    with pytest.raises(export_module.ExportError, match=message) as caught:
+        export_model(model, "torchscript", path)
+    assert "\n" not in str(caught.value) and path.is_file()
