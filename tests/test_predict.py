@@ -543,3 +543,16 @@ def test_answers_in_a_folder_inside_the_input_folder_are_not_read_as_inputs(tmp_
         tifffile.imwrite(tmp_path / "tiffs" / f"{name}.tif", np.full((24, 24), 200, np.uint8))
     beside = predict_path(model, tmp_path / "tiffs", tmp_path / "tiffs")
     assert beside.count == 2 and (tmp_path / "tiffs" / "c.png").is_file()
+
+
+def test_a_label_volume_drops_its_input_s_display_range(tmp_path):
+    """The label volume kept the scan's display range (cal_min/cal_max, e.g. 0..3000), so a viewer that
+    honours it showed labels 0 and 1 as black."""
+    model = Standin(Threshold(), dataclasses.replace(SEMANTIC, mean=(0.0,), std=(1.0,)))
+    image = nib.Nifti1Image(_blobs((6, 20, 24), seed=0) * 1000, OBLIQUE)
+    image.header["cal_min"], image.header["cal_max"] = 0.0, 3000.0
+    (tmp_path / "in").mkdir()
+    nib.save(image, str(tmp_path / "in" / "scan.nii.gz"))
+    predict_path(model, tmp_path / "in", tmp_path / "out")
+    header = nib.load(str(tmp_path / "out" / "scan.nii.gz")).header
+    assert (float(header["cal_min"]), float(header["cal_max"])) == (0.0, 0.0)  # 0, 0: no display range
