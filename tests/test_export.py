@@ -287,3 +287,25 @@ def test_an_export_its_runtime_cannot_run_is_one_line_naming_the_file(tmp_path, 
     with pytest.raises(export_module.ExportError, match=message) as caught:
         export_model(model, "torchscript", path)
     assert "\n" not in str(caught.value) and path.is_file()
+
+
+def test_a_model_file_with_task_options_this_version_lacks_says_so(run_dir, tmp_path):
+    """A model file written by a newer version, recording a task option this one does not have, was
+    refused as if the run's config had a typo ("task 'classification' has no option(s) ...")."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from fedistill.errors import RunDirError
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("checkpoints", "export"))
+    path = copy / "fedavg" / "models" / "global.safetensors"
+    with safe_open(str(path), "pt") as handle:
+        metadata = handle.metadata()
+    state = load_file(str(path))
+    metadata["task_options"] = json.dumps({"temperature_scaling": 1.5})
+    save_file(state, str(path), metadata)
+    message = r"global\.safetensors records task option\(s\) temperature_scaling.* newer version of fedistill"
+    with pytest.raises(RunDirError, match=message):
+        fedistill.load_model(copy, "fedavg")
