@@ -5,6 +5,7 @@ and the reconstruction U-Net; TorchScript equal to PyTorch; the `fedistill expor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 
@@ -242,3 +243,69 @@ def test_a_group_norm_export_records_its_groups_and_rebuilds_from_the_file_alone
     assert torch.equal(rebuilt.eval()(model.preprocess(images)), model.outputs(images))
     card = json.loads((path.parent / f"{path.name}.card.json").read_text(encoding="utf-8"))
     assert (card["model"]["norm"], card["model"]["group_norm_groups"]) == ("group", 4)
+
+
+def test_the_card_of_a_reconstruction_net_s_weights_says_they_output_the_correction(tmp_path):
+    """The card of a safetensors export said a reconstruction net outputs the image, while the bare net
+    outputs the correction that the task's residual and output scale turn into it."""
+    from fedistill.inference.model_card import model_card, output_description
+
+    info, options = DENSE["unet-fastmri"]
+    model = _dense_model("unet-fastmri", info, options)
+    inputs = model.preprocess(torch.rand(2, 1, 16, 16, generator=torch.Generator().manual_seed(4)))
+    with torch.no_grad():
+        raw, image = model.module(inputs), exported_module(model)(inputs)
+    std = inputs.std(dim=(1, 2, 3), keepdim=True)
+    assert float((inputs + raw * std - image).abs().max()) <= TOLERANCE  # what the card states
+    summary = {"algorithm": "fedavg", "description": "", "federated": True, "rounds": 1}
+    summary |= {"communication": {}, "final": {}}
+    model.algorithm = "fedavg"
+    for format, suffix in (("safetensors", ".safetensors"), ("onnx", ".onnx"), ("torchscript", ".pt")):
+        output = model_card(model, summary, tmp_path / f"net{suffix}", format)["model"]["output"]
+        if format == "safetensors":
+            assert "not the image" in output and "is x + y * std(x) (the unbiased std over" in output
+        else:
+            assert output.startswith("images (N, C, H, W)")
+    plain = dataclasses.replace(model, task=model.task.identity_baseline())  # no residual, no scale
+    assert output_description(plain, "safetensors").startswith("images (N, C, H, W)")
+    segmenter = _dense_model("unet", *DENSE["unet"])
+    assert output_description(segmenter, "safetensors").startswith("per-pixel logits")
+
+
+def test_an_export_its_runtime_cannot_run_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    """An ONNX file that the installed onnxruntime could not load (an opset newer than it knows) ended the
+    export in onnxruntime's traceback, after the exporter's own failures were one line."""
+    import fedistill.inference.export as export_module
+
+    def refuse(format, path, inputs):
+        raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Load model failed\nopset 99 is not supported")
+
+    monkeypatch.setattr(export_module, "run_exported", refuse)
+    model = _dense_model("unet", *DENSE["unet"])
+    path = tmp_path / "unet.pt"
+    message = r"unet\.pt was written, but torch\.jit .* cannot run it \(\[ONNXRuntimeError\] : 1 : FAIL"
+    with pytest.raises(export_module.ExportError, match=message) as caught:
+        export_model(model, "torchscript", path)
+    assert "\n" not in str(caught.value) and path.is_file()
+
+
+def test_a_model_file_with_task_options_this_version_lacks_says_so(run_dir, tmp_path):
+    """A model file written by a newer version, recording a task option this one does not have, was
+    refused as if the run's config had a typo ("task 'classification' has no option(s) ...")."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from fedistill.errors import RunDirError
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("checkpoints", "export"))
+    path = copy / "fedavg" / "models" / "global.safetensors"
+    with safe_open(str(path), "pt") as handle:
+        metadata = handle.metadata()
+    state = load_file(str(path))
+    metadata["task_options"] = json.dumps({"temperature_scaling": 1.5})
+    save_file(state, str(path), metadata)
+    message = r"global\.safetensors records task option\(s\) temperature_scaling.* newer version of fedistill"
+    with pytest.raises(RunDirError, match=message):
+        fedistill.load_model(copy, "fedavg")

@@ -461,3 +461,98 @@ def test_a_tiff_stack_is_refused_and_a_planar_rgb_tiff_read_as_rgb(tmp_path):
         read_image(tmp_path / "stack.tif")
     tifffile.imwrite(tmp_path / "planar.tif", image, photometric="rgb", planarconfig="separate")
     assert np.array_equal(read_image(tmp_path / "planar.tif"), image.transpose(1, 2, 0))
+
+
+def test_a_compressed_tiff_is_read_as_training_reads_it_and_a_cut_one_is_one_line(tmp_path):
+    """tifffile needs the optional imagecodecs package for LZW and JPEG compression, which image-folder
+    (through Pillow) trains on: predict refused such files; a TIFF cut short in its header ended in a
+    struct.error traceback, and one cut after it was called an array of shape (0,)."""
+    from fedistill.inference.images import read_image
+
+    grey = (np.arange(24 * 20).reshape(24, 20) % 251).astype(np.uint8)
+    rgb = np.stack([grey, grey[::-1], 255 - grey], axis=2)
+    Image.fromarray(grey).save(tmp_path / "grey.tif", compression="tiff_lzw")
+    Image.fromarray(rgb).save(tmp_path / "rgb.tif", compression="tiff_lzw")
+    assert np.array_equal(read_image(tmp_path / "grey.tif"), grey[:, :, None])
+    assert np.array_equal(read_image(tmp_path / "rgb.tif"), rgb)
+    whole = (tmp_path / "rgb.tif").read_bytes()
+    for length in (6, 200):
+        (tmp_path / "cut.tif").write_bytes(whole[:length])
+        with pytest.raises(DataError, match=r"cannot read image .*cut\.tif"):
+            read_image(tmp_path / "cut.tif")
+
+
+def test_a_classifier_s_output_that_is_a_file_but_no_csv_is_refused_before_any_work(tmp_path):
+    """`--output notes.txt` (an existing file) was taken for a folder to put predictions.csv in: every
+    image was classified, then the command stopped with `run stopped: cannot write notes.txt: File
+    exists`."""
+    model, data = _digits_model()
+    image = _write_png(tmp_path / "a.png", data.test.x[0, 0].numpy())
+    (tmp_path / "notes.txt").write_text("old")
+    for overwrite in (False, True):
+        with pytest.raises(ConfigError, match=r"notes\.txt is a file, not a \.csv file"):
+            predict_path(model, image, tmp_path / "notes.txt", overwrite=overwrite)
+    assert (tmp_path / "notes.txt").read_text() == "old"
+
+
+def test_skull_strip_scales_each_slice_by_its_brain_s_maximum_under_slice_max(tmp_path):
+    """With `intensity = "slice-max"` a BraTS model learnt slices divided by their (skull-stripped)
+    brain's maximum; brain extraction took each slice's maximum over the whole head, so the bright scalp
+    set the scale and the lesion came out darker than any the model saw."""
+    info = dataclasses.replace(SEMANTIC, image_size=60, mean=(0.0,), std=(1.0,))
+    config = RunConfig(dataset="brats", options={"brats": {"intensity": "slice-max"}})
+    model = Standin(Threshold(0.95), info, config)  # only the brightest voxels of the brain: the lesion
+    data, lesion = _head_scan()
+    (tmp_path / "in").mkdir()
+    _nifti(tmp_path / "in" / "head.nii.gz", data, np.diag([4.0, 4.0, 4.0, 1.0]))
+    predict_path(model, tmp_path / "in", tmp_path / "out", skull_strip="outline")
+    found = np.asarray(nib.load(str(tmp_path / "out" / "head.nii.gz")).dataobj) == 1
+    assert found[lesion].all() and not found[~lesion].any()
+
+
+def test_a_wide_image_s_alpha_does_not_set_its_colours_scale(tmp_path):
+    """A 16-bit RGBA TIFF was scaled by the maximum over its colours and its alpha together: an opaque
+    alpha of 65535 over 12-bit colours left them 16 times darker than the nuclei loaders read them
+    (alpha dropped first, then the colours scaled by their own maximum)."""
+    from fedistill.data.eight_bit import to_uint8
+    from fedistill.data.medical.nuclei_sets import read_rgb
+    from fedistill.inference.images import read_image, to_channels
+
+    colours = (np.arange(12 * 10 * 3).reshape(12, 10, 3) * 11 % 4096).astype(np.uint16)
+    rgba = np.concatenate([colours, np.full((12, 10, 1), 65535, np.uint16)], axis=2)
+    tifffile.imwrite(tmp_path / "rgba.tif", rgba, photometric="rgb", extrasamples=["unassalpha"])
+    read = read_image(tmp_path / "rgba.tif")
+    assert np.array_equal(read[:, :, :3], to_uint8(colours)) and (read[:, :, 3] == 255).all()
+    rgb = to_channels(read, 3, tmp_path / "rgba.tif")
+    assert np.array_equal(rgb.transpose(2, 0, 1), read_rgb(tmp_path / "rgba.tif"))
+
+
+def test_answers_in_a_folder_inside_the_input_folder_are_not_read_as_inputs(tmp_path):
+    """`--input scans --output scans/masks` run twice: the second run took the first run's masks for
+    images and segmented them too (into scans/masks/masks/)."""
+    model = Standin(Threshold(), SEMANTIC)
+    for name in ("a", "b"):
+        _write_png(tmp_path / "scans" / f"{name}.png", np.full((24, 24), 200, np.uint8))
+    first = predict_path(model, tmp_path / "scans", tmp_path / "scans" / "masks")
+    again = predict_path(model, tmp_path / "scans", tmp_path / "scans" / "masks", overwrite=True)
+    assert first.count == again.count == 2
+    assert sorted(p.name for p in (tmp_path / "scans" / "masks").iterdir()) == ["a.png", "b.png"]
+    # answers beside their inputs (TIFF in, PNG out) still read every input
+    (tmp_path / "tiffs").mkdir()
+    for name in ("c", "d"):
+        tifffile.imwrite(tmp_path / "tiffs" / f"{name}.tif", np.full((24, 24), 200, np.uint8))
+    beside = predict_path(model, tmp_path / "tiffs", tmp_path / "tiffs")
+    assert beside.count == 2 and (tmp_path / "tiffs" / "c.png").is_file()
+
+
+def test_a_label_volume_drops_its_input_s_display_range(tmp_path):
+    """The label volume kept the scan's display range (cal_min/cal_max, e.g. 0..3000), so a viewer that
+    honours it showed labels 0 and 1 as black."""
+    model = Standin(Threshold(), dataclasses.replace(SEMANTIC, mean=(0.0,), std=(1.0,)))
+    image = nib.Nifti1Image(_blobs((6, 20, 24), seed=0) * 1000, OBLIQUE)
+    image.header["cal_min"], image.header["cal_max"] = 0.0, 3000.0
+    (tmp_path / "in").mkdir()
+    nib.save(image, str(tmp_path / "in" / "scan.nii.gz"))
+    predict_path(model, tmp_path / "in", tmp_path / "out")
+    header = nib.load(str(tmp_path / "out" / "scan.nii.gz")).header
+    assert (float(header["cal_min"]), float(header["cal_max"])) == (0.0, 0.0)  # 0, 0: no display range

@@ -7,7 +7,8 @@ The exported ONNX and TorchScript models take normalised inputs (the card's prep
 raw outputs (logits or images); a reconstruction net that learns a correction (`task.residual`) is
 exported with its input added back, so the file returns the image. Data consistency needs the measured
 k-space, which the file does not take: it is left to the caller. Every ONNX or TorchScript export is run
-once on random inputs and compared with PyTorch; the card records the largest difference.
+once on random inputs and compared with PyTorch; the card records the largest difference (a file the
+runtime cannot run stops the export with one line: it stays written, without a card).
 """
 
 from __future__ import annotations
@@ -86,9 +87,21 @@ def export_model(model: TrainedModel, format: str, path: Path) -> dict[str, Any]
     except (ConfigError, OSError):
         raise
     except Exception as exc:  # an operator the format lacks, a model the tracer cannot follow
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise ExportError(f"cannot export {model.architecture or 'the model'} to {format}: {first}") from exc
-    return verify(model, format, path)
+        raise ExportError(
+            f"cannot export {model.architecture or 'the model'} to {format}: {_first_line(exc)}"
+        ) from exc
+    try:
+        return verify(model, format, path)
+    except Exception as exc:  # a runtime older than the file's opset, an operator it lacks
+        raise ExportError(
+            f"{path} was written, but {_runtime(format)} cannot run it ({_first_line(exc)}), so it is not "
+            "checked against PyTorch and has no model card; a newer runtime may run it"
+        ) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def exported_module(model: TrainedModel) -> torch.nn.Module:

@@ -1,10 +1,10 @@
 """What `fedistill predict` reads and where each answer goes.
 
 An input is one file or a folder searched recursively (hidden files skipped, names sorted, so the order
-is the same everywhere). Files are told apart by their suffix: images (every format the `image-folder`
-dataset trains on, so a model reads what it was trained on), NIfTI volumes (.nii, .nii.gz) and HDF5
-k-space files (.h5, .hdf5); other files in a folder are ignored. A
-task takes only some kinds, and a file of another kind is an error that says what the model takes,
+is the same everywhere; a folder of answers inside it is left out). Files are told apart by their
+suffix: images (every format the `image-folder` dataset trains on, so a model reads what it was trained
+on), NIfTI volumes (.nii, .nii.gz) and HDF5 k-space files (.h5, .hdf5); other files in a folder are
+ignored. A task takes only some kinds, and a file of another kind is an error that says what the model takes,
 rather than a file silently left out of the answer.
 """
 
@@ -61,8 +61,10 @@ def kind_of(path: Path) -> str | None:
     return None
 
 
-def find_inputs(path: Path) -> list[InputFile]:
-    """The files under `path` (or `path` itself) that predict reads; DataError when there are none."""
+def find_inputs(path: Path, answers: Path | None = None) -> list[InputFile]:
+    """The files under `path` (or `path` itself) that predict reads, leaving out those in the folder
+    `answers` where it lies inside `path` (a former run's answers are no inputs; answers written beside
+    their inputs, in `path` itself, leave every input in); DataError when there are none."""
     if not path.exists():
         raise DataError(f"input {path} does not exist; pass an image, a volume or a folder of them")
     if path.is_file():
@@ -71,9 +73,13 @@ def find_inputs(path: Path) -> list[InputFile]:
             raise DataError(f"input {path} is not a file predict reads; it reads {WHAT_PREDICT_READS}")
         return [InputFile(path, Path(path.name), kind)]
     found = []
+    inside = answers is not None and answers.resolve() != path.resolve()  # the input folder itself: kept
+    skipped = answers.resolve() if inside and answers is not None else None
     for file in sorted(path.rglob("*")):
         relative = file.relative_to(path)
         if any(part.startswith(".") for part in relative.parts) or not file.is_file():
+            continue
+        if skipped is not None and file.resolve().is_relative_to(skipped):
             continue
         kind = kind_of(file)
         if kind is not None:

@@ -13,6 +13,7 @@ another one; the first whose parameters match the file in names and shapes is re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ from fedistill.inference.trained_model import TrainedModel
 
 if TYPE_CHECKING:
     from fedistill.config import RunConfig
+    from fedistill.tasks import Task
 
 #: The exported models a user predicts with, in the order one is picked when `name` is not given.
 PREFERRED = ("global", "student", "segmenter")
@@ -124,6 +126,22 @@ def _task_options(config: RunConfig, recorded: dict[str, Any] | None, info: Data
     return options
 
 
+def _task(path: Path, info: DatasetInfo, options: dict[str, Any], recorded: dict[str, Any] | None) -> Task:
+    """The model's task with its options; RunDirError when the file records options this version's task
+    lacks (a file written by a newer version), where the run's config would be blamed otherwise."""
+    from fedistill.tasks import make_task, task_class
+
+    if recorded is not None:
+        known = {field.name for field in dataclasses.fields(task_class(info))}
+        unknown = sorted(set(recorded) - known)
+        if unknown:
+            raise RunDirError(
+                f"{path} records task option(s) {', '.join(unknown)} that this version's {info.task} task "
+                "does not have: it was written by a newer version of fedistill; load it with that version"
+            )
+    return make_task(info, options)
+
+
 def _dataset_info(text: str | None) -> DatasetInfo | None:
     """The recorded dataset facts; None when there is no record or it cannot be read (the data is then
     loaded instead)."""
@@ -156,7 +174,6 @@ def load_model(
     from fedistill.config import read_config
     from fedistill.data.registry import load_dataset
     from fedistill.engine.setup import resolve
-    from fedistill.tasks import make_task
 
     folder = finished_dir(run_dir, algorithm)
     files = model_files(folder)
@@ -183,7 +200,7 @@ def load_model(
             module.load_state_dict(state)
             return TrainedModel(
                 module=_ready(module, device),
-                task=make_task(info, _task_options(config, task_options, info)),
+                task=_task(files[chosen], info, _task_options(config, task_options, info), task_options),
                 info=info,
                 algorithm=folder.name,
                 config=config,

@@ -28,6 +28,30 @@ OUTPUTS = {
 }
 
 
+def output_description(model: TrainedModel, format: str) -> str:
+    """What the file exported in `format` outputs: `OUTPUTS` for its task, except a safetensors export of a
+    reconstruction net with a residual or output scale, whose bare net outputs what `Reconstruction.corrected`
+    turns into the image (ONNX and TorchScript files have that step inside)."""
+    from fedistill.tasks.reconstruction import Reconstruction
+
+    task = model.task
+    if format != "safetensors" or not isinstance(task, Reconstruction):
+        return OUTPUTS.get(task.name, "the model's outputs")
+    if task.standalone(model.module) is model.module:  # no residual, no output scale: the image itself
+        return OUTPUTS[task.name]
+    base = "x" if task.residual else ("mean(x)" if task.output_scale == "slice" else "0")
+    unit = " * std(x)" if task.output_scale == "slice" else ""
+    spread = ""
+    if task.output_scale == "slice":
+        which = "the unbiased std" if task.residual else "the mean and unbiased std"
+        spread = f" ({which} over each slice's pixels, the std at least 1e-6)"
+    return (
+        f"the net's raw output y (N, C, H, W), not the image: the reconstruction of the zero-filled input "
+        f"x is {base} + y{unit}{spread} (`Reconstruction.corrected`; ONNX and TorchScript exports return "
+        "the image)"
+    )
+
+
 def git_commit() -> str | None:
     """The commit of the git checkout this package's files belong to; None outside one (an installed
     package) or without git."""
@@ -157,7 +181,7 @@ def model_card(
             "task_options": model.task.options(),
             "parameters": sum(p.numel() for p in model.module.parameters()),
             "input_shape": ["N", *model.input_shape],
-            "output": OUTPUTS.get(model.task.name, "the model's outputs"),
+            "output": output_description(model, format),
         },
         "method": {
             "algorithm": summary["algorithm"],

@@ -79,13 +79,19 @@ def predict_path(
     "tissue": `brain_extraction.RULES`)."""
     check_batch_size(batch_size)
     accepted = _accepted(model)
-    files = find_inputs(input_path)
+    # a folder of answers inside the input folder: what an earlier run wrote there is no input
+    files = find_inputs(input_path, output if model.task.per_pixel else None)
     check_kinds(files, accepted, f"the {model.task.name} model of {model.algorithm!r}")
     volumes = any(f.kind == "nifti" for f in files)
     if extraction_rule(skull_strip) and (model.task.outputs_images or not volumes):
         raise ConfigError("--skull-strip applies to NIfTI volumes given to a segmentation model")
     if not model.task.per_pixel:
         named = output.suffix.lower() == ".csv" and not output.is_dir()
+        if not named and output.exists() and not output.is_dir():
+            raise ConfigError(
+                f"--output {output} is a file, not a .csv file; name the .csv file to write, or a folder "
+                f"for {DEFAULT_CSV}"
+            )
         csv_path = output if named else output / DEFAULT_CSV
         check_free([csv_path], overwrite)
         resized = classify_images(model, files, csv_path, batch_size)

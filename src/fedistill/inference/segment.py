@@ -129,7 +129,9 @@ def scan_to_uint8(
         rule = str(dataset_options(model).get("real_intensity", "brain-median"))
         return np.round(scan_scale(images, brain, rule) * 255.0).astype(np.uint8)
     intensity = dataset_options(model).get("intensity", "volume-percentile")
-    return scale_to_uint8(images, brain, str(intensity), source) * brain.astype(np.uint8)
+    # the brain alone, as the training scans hold it: under "slice-max" the scalp must not set the peak
+    stripped = np.where(brain, images, 0.0).astype(images.dtype, copy=False)
+    return scale_to_uint8(stripped, brain, str(intensity), source) * brain.astype(np.uint8)
 
 
 def segment_volume(

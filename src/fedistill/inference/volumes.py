@@ -3,7 +3,8 @@
 A volume is read as the training loaders read theirs (`fedistill.data.medical.volumes.read_volume`,
 `fedistill.data.mri.nifti.read_slices`): turned to its closest canonical (RAS+) orientation before it is
 cut into slices. The answer is turned back to the file's own voxel order and written with the input's
-affine and header (only the data type changes), so a viewer lays it exactly over the input.
+affine and header (only the data type changes, and for a label volume the scan's display range is
+dropped), so a viewer lays it exactly over the input.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def read_nifti(path: Path) -> NiftiVolume:
 
 def write_like(volume: NiftiVolume, data: np.ndarray, path: Path) -> None:
     """`data` (in the file's voxel order) as a NIfTI file with the input's affine and header; the header's
-    data type becomes `data`'s and its intensity scaling is dropped (labels and images are stored as is)."""
+    data type becomes `data`'s and its intensity scaling is dropped (labels and images are stored as is),
+    and for labels (integers) its display range (cal_min, cal_max) too."""
     if data.shape != volume.stored.shape:
         raise ValueError(f"answer of shape {data.shape} for a volume of shape {volume.stored.shape}")
     header = volume.image.header.copy()
@@ -78,6 +80,8 @@ def write_like(volume: NiftiVolume, data: np.ndarray, path: Path) -> None:
         data = data[..., None]
     header.set_data_dtype(data.dtype)
     header.set_slope_inter(1.0, 0.0)
+    if np.issubdtype(data.dtype, np.integer):  # labels: the scan's display range would hide them
+        header["cal_min"], header["cal_max"] = 0.0, 0.0  # 0 and 0: none set
     out = type(volume.image)(data, volume.image.affine, header)
     path.parent.mkdir(parents=True, exist_ok=True)
     nib.save(out, str(path))
