@@ -309,3 +309,22 @@ def test_a_model_file_with_task_options_this_version_lacks_says_so(run_dir, tmp_
     message = r"global\.safetensors records task option\(s\) temperature_scaling.* newer version of fedistill"
     with pytest.raises(RunDirError, match=message):
         fedistill.load_model(copy, "fedavg")
+
+
+def test_an_export_whose_outputs_differ_from_pytorch_fails_and_its_card_says_so(
+    run_dir, tmp_path, monkeypatch
+):
+    """The check against PyTorch only wrote its difference to the card: an export computing something else
+    succeeded. Now a difference above the tolerance fails the export, and the card names it."""
+    import fedistill.inference.export as export_module
+
+    real = export_module.run_exported
+    monkeypatch.setattr(export_module, "run_exported", lambda *args: real(*args) + 1.0)
+    with pytest.raises(export_module.ExportError, match=r"differ from PyTorch's by 1 \(tolerance") as caught:
+        export_module.export(run_dir, format="torchscript", output=tmp_path)
+    assert "\n" not in str(caught.value)
+    card = (tmp_path / "global.pt.card.md").read_text()
+    assert "max abs difference 1 (ABOVE the tolerance" in card
+    monkeypatch.setattr(export_module, "run_exported", real)
+    export_module.export(run_dir, format="torchscript", output=tmp_path / "good")
+    assert "(within the tolerance" in (tmp_path / "good" / "global.pt.card.md").read_text()

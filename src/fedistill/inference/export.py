@@ -7,8 +7,9 @@ The exported ONNX and TorchScript models take normalised inputs (the card's prep
 raw outputs (logits or images); a reconstruction net that learns a correction (`task.residual`) is
 exported with its input added back, so the file returns the image. Data consistency needs the measured
 k-space, which the file does not take: it is left to the caller. Every ONNX or TorchScript export is run
-once on random inputs and compared with PyTorch; the card records the largest difference (a file the
-runtime cannot run stops the export with one line: it stays written, without a card).
+once on random inputs and compared with PyTorch; the card records the largest difference, and one above
+the tolerance (`CHECK_TOLERANCE`) fails the export (the file and its card stay written; a file the runtime
+cannot run stops the export with one line: it stays written, without a card).
 """
 
 from __future__ import annotations
@@ -200,11 +201,17 @@ def run_exported(format: str, path: Path, inputs: torch.Tensor) -> torch.Tensor:
         return loaded(inputs.cpu())
 
 
+#: An export's outputs may differ from PyTorch's by this much times the larger of 1 and PyTorch's largest
+#: output magnitude (other kernels round differently; a wrong graph differs by far more).
+CHECK_TOLERANCE = 1e-3
+
+
 def verify(
     model: TrainedModel, format: str, path: Path, inputs: torch.Tensor | None = None
 ) -> dict[str, Any] | None:
     """The largest absolute difference between the exported file's outputs and PyTorch's on `inputs`
-    (default: 3 random inputs, a batch size the export did not trace with); None without onnxruntime."""
+    (default: 3 random inputs, a batch size the export did not trace with), the tolerance it is held to
+    (`CHECK_TOLERANCE`) and whether it is within; None without onnxruntime."""
     if format == "onnx":
         try:
             import onnxruntime  # noqa: F401
@@ -214,8 +221,18 @@ def verify(
     with torch.no_grad():
         expected = exported_module(model)(inputs.to(model.device)).cpu()
     got = run_exported(format, path, inputs)
-    difference = float((got.float() - expected.float()).abs().max()) if expected.numel() else 0.0
-    return {"max_abs_difference": difference, "inputs": int(inputs.shape[0]), "runtime": _runtime(format)}
+    if got.shape != expected.shape:
+        difference = float("inf")
+    else:
+        difference = float((got.float() - expected.float()).abs().max()) if expected.numel() else 0.0
+    tolerance = CHECK_TOLERANCE * max(1.0, float(expected.abs().max()) if expected.numel() else 0.0)
+    return {
+        "max_abs_difference": difference,
+        "tolerance": tolerance,
+        "within": difference <= tolerance,
+        "inputs": int(inputs.shape[0]),
+        "runtime": _runtime(format),
+    }
 
 
 def _runtime(format: str) -> str:
@@ -245,6 +262,11 @@ def export(
     path = target_path(model, format, output)
     check = export_model(model, format, path)
     write_model_card(path, model_card(model, read_summary(model.run_dir), path, format, check))
+    if check is not None and not check["within"]:
+        raise ExportError(
+            f"{path} was written, but its outputs differ from PyTorch's by {check['max_abs_difference']:.3g} "
+            f"(tolerance {check['tolerance']:.3g}): do not use it; the card records the check"
+        )
     return path
 
 

@@ -229,8 +229,14 @@ def card_markdown(card: dict[str, Any]) -> str:
         f"- trained on: {card.get('trained_on', machine.NOT_RECORDED)}",
     ]
     if card["check"]:
-        difference = card["check"]["max_abs_difference"]
-        lines.append(f"- checked against PyTorch: max abs difference {difference:.3g}")
+        check = card["check"]
+        verdict = ""
+        if "within" in check:
+            verdict = " (within" if check["within"] else " (ABOVE"
+            verdict += f" the tolerance {check['tolerance']:.3g})"
+        lines.append(
+            f"- checked against PyTorch: max abs difference {check['max_abs_difference']:.3g}{verdict}"
+        )
     lines += ["", "## What left the sites", "", "| kind | bytes |", "|---|---|"]
     lines += [f"| {kind} | {size:,} |" for kind, size in up["bytes_per_kind"].items()]
     lines += [f"| **total** ({up['messages']} messages) | {up['total_bytes']:,} |"]
