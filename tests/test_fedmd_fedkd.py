@@ -190,6 +190,19 @@ def test_public_data_is_never_the_clients_own_and_holdout_needs_one():
     assert len(two) == 2
 
 
+def test_a_missing_public_generator_file_is_named_under_the_methods_own_key(tmp_path):
+    """The error named `feddf.source`, an option a FedKD run does not have."""
+    missing = tmp_path / "g.safetensors"
+    with pytest.raises(ConfigError, match=r"^fedkd\.public: generator file .*g\.safetensors does not exist"):
+        build_public(
+            f"generator:{missing}",
+            _server_context(_config(TINY)),
+            size=10,
+            key="fedkd.public",
+            labelled=False,
+        )
+
+
 def test_public_labels_must_name_the_federations_classes(monkeypatch):
     """Fashion-MNIST's labels 0..9 fit a digits model's outputs but name clothes: FedMD's transfer learning
     would teach a trouser as a 1, so it is refused; FedKD keeps the images and drops those labels, which

@@ -103,7 +103,7 @@ def build_public(spec: str, ctx: ServerContext, *, size: int, key: str, labelled
         source = (
             NoiseSource(info)
             if kind == "noise"
-            else GeneratorSource(load_generator(argument), info, argument)
+            else GeneratorSource(load_generator(argument, key=key), info, argument)
         )
         x01 = source.unit_batch(size, torch_generator(config.seed, "public-draws"))
         return PublicData(x01.clamp(0.0, 1.0).contiguous(), None, source.description)
