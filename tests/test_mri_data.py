@@ -338,6 +338,21 @@ def _brats(root: Path, split: str, n: int, first: int) -> None:
             _nifti(folder / f"{subject}_{contrast}.nii.gz", _head((24, 24, 155), seed, skull=False))
 
 
+def test_a_patients_scans_at_several_timepoints_stay_on_one_side_of_the_split():
+    """BraTS 2023 names scans `BraTS-<set>-<patient>-<timepoint>`: a drawn split of the scans could test
+    on one timepoint of a patient and train on another."""
+    from fedistill.data.mri.split import brats_patient, split_subjects
+
+    names = [f"BraTS-GLI-{p:05d}-{t:03d}" for p in range(6) for t in range(3)]
+    train, test = split_subjects(names, 0.34, "brats", patient_of=brats_patient)
+    assert {brats_patient(n) for n in train}.isdisjoint(brats_patient(n) for n in test)
+    assert len(train) + len(test) == 18 and len(test) == 6  # two of the six patients, all their scans
+    old = [f"BraTS20_Training_{i:03d}" for i in range(9)]  # one scan per patient: the split is unchanged
+    assert split_subjects(old, 0.34, "brats", patient_of=brats_patient) == split_subjects(old, 0.34, "brats")
+    with pytest.raises(DataError, match="at least 2 patients"):
+        split_subjects(names[:3], 0.5, "brats", patient_of=brats_patient)
+
+
 def test_brats_official_split_and_protocol_slices(tmp_path):
     _brats(tmp_path, "Training", 2, 1)
     _brats(tmp_path, "Validation", 1, 1)

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import csv
 import logging
-import re
 from pathlib import Path
 
 from fedistill.data.base import LoadedDataset
 from fedistill.data.medical import options as opt
 from fedistill.data.medical.slice_sets import SubjectSlices, slice_dataset, subject_slices
 from fedistill.data.medical.volumes import SLICE_RULES, axial_slices, read_volume, scale_to_uint8
+from fedistill.data.mri.split import brats_patient as patient_of
 from fedistill.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -171,13 +171,6 @@ def split_subjects(names: list[str], train: int, test: int) -> tuple[list[str], 
             "train on. Lower brats.test_subjects or add subjects"
         )
     return rest[:train], names[:test]
-
-
-def patient_of(subject: str) -> str:
-    """The patient of a subject folder: BraTS 2023 on names scans `BraTS-<set>-<patient>-<timepoint>`, and a
-    patient's scans at several timepoints share one; older names are one patient each."""
-    match = re.fullmatch(r"(BraTS-[A-Za-z]+-\d+)-\d+", subject)
-    return match.group(1) if match else subject
 
 
 def _subject(

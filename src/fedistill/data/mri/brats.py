@@ -31,7 +31,7 @@ from fedistill.data.mri.options import (
     check_options,
     check_test_fraction,
 )
-from fedistill.data.mri.split import split_subjects
+from fedistill.data.mri.split import brats_patient, split_subjects
 from fedistill.errors import DataError
 
 NAME = "brats-mri"
@@ -117,7 +117,9 @@ def brats_volumes(
     if test_fraction is None:
         train_ids, test_ids = _official_split(files, folder)
     else:
-        train_ids, test_ids = split_subjects(list(files), check_test_fraction(test_fraction), str(folder))
+        train_ids, test_ids = split_subjects(
+            list(files), check_test_fraction(test_fraction), str(folder), patient_of=brats_patient
+        )
 
     def read(ids: list[str]) -> list[Volume]:
         return [
