@@ -200,3 +200,15 @@ def test_summary_of_a_run_partly_done_lists_its_algorithms_in_run_order_and_name
     assert summary.err.strip() == (
         f"fedistill: not finished (no summary.json): centralized; finish with --resume {tmp_path / 'x'}"
     )
+
+
+def test_a_file_error_outside_a_run_names_the_command_not_a_run(monkeypatch, capsys):
+    """`export` or `predict` failing to read a file said `run stopped: cannot write ...`."""
+    import fedistill.inference.export as export_module
+
+    def unreadable(args):
+        raise PermissionError(13, "Permission denied", "scans/a.png")
+
+    monkeypatch.setattr(export_module, "run_command", unreadable)
+    assert main(["export", "some-run"]) == 1
+    assert capsys.readouterr().err.strip() == "fedistill: export stopped: scans/a.png: Permission denied"

@@ -266,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         return 141
     except OSError as exc:  # the disk filled up or the folder went away during a run
         where = exc.filename or (_CURRENT_RUN[-1] if _CURRENT_RUN else "a file")
+        if not _CURRENT_RUN and args.command != "run":  # predict, export, ...: it may be a read as well
+            print(f"fedistill: {args.command} stopped: {where}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
         then = f"; once fixed, continue with --resume {_CURRENT_RUN[-1]}" if _CURRENT_RUN else ""
         print(f"fedistill: run stopped: cannot write {where}: {exc.strerror or exc}{then}", file=sys.stderr)
         return 1
