@@ -74,6 +74,11 @@ def _fedavg(**fedavg) -> RunConfig:
     return build_config(RunConfig(), base, {"fedavg": fedavg})
 
 
+def _fedavg_oneshot(**options) -> RunConfig:
+    base = {"algorithm": "fedavg-oneshot", "clients": 4, "rounds": 1, "model": "mlp", "alpha": 100.0}
+    return build_config(RunConfig(), base, {"fedavg-oneshot": {"teacher_epochs": 2, **options}})
+
+
 def _fedmd(**fedmd) -> RunConfig:
     base = {
         "algorithm": "fedmd",
@@ -97,6 +102,7 @@ CASES = {
     ),
     "feddf huge bias": (_feddf, {}, huge_bias, "parameters: norm"),
     "fedavg huge bias": (_fedavg, {}, huge_bias, "parameters: norm"),
+    "one-shot fedavg huge bias": (_fedavg_oneshot, {}, huge_bias, "parameters: norm"),
 }
 
 

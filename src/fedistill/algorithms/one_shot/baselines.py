@@ -151,7 +151,9 @@ class OneShotServer(ServerLogic):
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
         """The one round: gather every site's model once, then average (or fuse) them."""
         config = self.ctx.config
-        replies = collect_local_models(fleet, config, self._local_model)
+        replies = collect_local_models(
+            fleet, config, self._local_model, screen_norms=self.options.plausibility_checks
+        )
         clients = sorted(replies)
         counts = [float(replies[c].scalar("metrics", "num_samples")) for c in clients]
         models = [self._frozen(c, replies[c].tensors("parameters")) for c in clients]

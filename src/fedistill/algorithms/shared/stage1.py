@@ -35,6 +35,7 @@ from fedistill.algorithms.shared.training import LocalTraining, train_local
 from fedistill.config import RunConfig
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import Message, state_specs
+from fedistill.federation.plausibility import PARAMETERS, norm_faults, screen
 from fedistill.federation.reply_spec import TRAIN_METRICS, ReplySpec
 from fedistill.seeding import torch_generator
 
@@ -146,21 +147,22 @@ def _store(model: nn.Module, path: Path, metrics: dict[str, float]) -> None:
 
 
 def collect_local_models(
-    fleet: Fleet, config: RunConfig, model_of: Callable[[int], nn.Module]
+    fleet: Fleet, config: RunConfig, model_of: Callable[[int], nn.Module], *, screen_norms: bool = False
 ) -> dict[int, Message]:
     """The one exchange of the one-shot methods that upload models: every site trains (or loads) its
-    stage-1 model and sends its parameters once; `model_of(cid)` gives the expected architecture."""
+    stage-1 model and sends its parameters once; `model_of(cid)` gives the expected architecture. With
+    `screen_norms`, a model whose parameter norm is far beyond its architecture's others is dropped and
+    named (FedAvg's and FedDF's `plausibility_checks`)."""
     expect = {
         cid: ReplySpec(
             {"parameters": state_specs(model_of(cid).state_dict())}, (*TRAIN_METRICS, "teacher_val_accuracy")
         )
         for cid in fleet.clients
     }
-    return successful(
-        fleet.broadcast(Message.build("train"), timeout=config.timeout or None, expect=expect),
-        minimum=min(config.min_clients, len(fleet.clients)),
-        what="local models",
-    )
+    sent = fleet.broadcast(Message.build("train"), timeout=config.timeout or None, expect=expect)
+    if screen_norms:
+        sent = screen(fleet, sent, lambda messages: norm_faults(messages, "parameters", PARAMETERS))
+    return successful(sent, minimum=min(config.min_clients, len(fleet.clients)), what="local models")
 
 
 def teachers_from_cache(replies: dict[int, Message]) -> float:
