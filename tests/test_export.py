@@ -328,3 +328,23 @@ def test_an_export_whose_outputs_differ_from_pytorch_fails_and_its_card_says_so(
     monkeypatch.setattr(export_module, "run_exported", real)
     export_module.export(run_dir, format="torchscript", output=tmp_path / "good")
     assert "(within the tolerance" in (tmp_path / "good" / "global.pt.card.md").read_text()
+
+
+def test_an_existing_export_is_replaced_only_with_overwrite(run_dir, tmp_path, capsys):
+    """`export` wrote over any file at its target without a word (another run's model, an earlier export)."""
+    target = tmp_path / "model.pt"
+    target.write_bytes(b"someone else's file")
+    with pytest.raises(ConfigError, match=r"model\.pt already exists; pass --overwrite"):
+        fedistill.export(run_dir, "fedavg", "torchscript", output=target)
+    assert target.read_bytes() == b"someone else's file"
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert (
+        run_command(
+            parser.parse_args(
+                [str(run_dir), "--format", "torchscript", "--output", str(target), "--overwrite"]
+            )
+        )
+        == 0
+    )
+    assert target.read_bytes() != b"someone else's file" and target.with_name("model.pt.card.md").is_file()

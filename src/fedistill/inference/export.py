@@ -251,15 +251,19 @@ def export(
     *,
     name: str | None = None,
     data_dir: str | Path | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Export the model `algorithm` trained in `run_dir` (see `load_model`) in `format` to `output`
-    (default `<run>/<algorithm>/export/`), with its card beside it (`<file>.card.md` and `.card.json`)."""
+    (default `<run>/<algorithm>/export/`), with its card beside it (`<file>.card.md` and `.card.json`);
+    an existing file there is replaced only with `overwrite`."""
     from fedistill.engine.summary import read_summary
 
     check_format(format)
     model = load_model(run_dir, algorithm, name=name, data_dir=data_dir)
     assert model.run_dir is not None
     path = target_path(model, format, output)
+    if path.exists() and not overwrite:
+        raise ConfigError(f"{path} already exists; pass --overwrite to replace it, or another --output")
     check = export_model(model, format, path)
     write_model_card(path, model_card(model, read_summary(model.run_dir), path, format, check))
     if check is not None and not check["within"]:
@@ -283,12 +287,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", metavar="PATH", help="file or folder (default: RUN/ALGORITHM/export/)")
     parser.add_argument("--name", help="which exported model (default: global, student or segmenter)")
     parser.add_argument("--data-dir", help="where the run's dataset is, if not at the run's data_dir")
+    parser.add_argument("--overwrite", action="store_true", help="replace an export that already exists")
 
 
 def run_command(args: argparse.Namespace) -> int:
     """`fedistill export`: write the model and its card, print where."""
     path = export(
-        args.run_dir, args.algorithm, args.format, args.output, name=args.name, data_dir=args.data_dir
+        args.run_dir,
+        args.algorithm,
+        args.format,
+        args.output,
+        name=args.name,
+        data_dir=args.data_dir,
+        overwrite=args.overwrite,
     )
     print(f"exported {path} (model card: {card_paths(path)[1]})")
     return 0
