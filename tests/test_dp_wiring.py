@@ -3,7 +3,9 @@ configured, each client's epsilon is Opacus' for its (noise, rate, steps, delta)
 cleanly at the right step, and the accountants survive a resume."""
 
 import copy
+import dataclasses
 import json
+import logging
 import math
 import warnings
 
@@ -14,7 +16,7 @@ from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
 from algorithm_helpers import TINY_FEDIOD, fediod_parts
 from fedistill.algorithms.base import StopRun
-from fedistill.algorithms.classic.fedavg import FedAvgClient, FedAvgOptions
+from fedistill.algorithms.classic.fedavg import FedAvgClient, FedAvgOptions, PrivacyReport
 from fedistill.algorithms.feddf.feddf import FedDFClient, FedDFOptions
 from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
 from fedistill.algorithms.registry import get_algorithm
@@ -566,3 +568,40 @@ def test_noise_from_the_run_seed_keeps_no_journal(tmp_path):
     config = build_config(RunConfig(), SMALL, {"algorithm": "fedavg", "rounds": 1, "fedavg": dp})
     run_suite(config, tmp_path, progress=False)
     assert not (tmp_path / "fedavg" / "privacy").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# delta against the number of individuals protected
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_delta_not_below_one_over_the_records_is_warned_about(caplog):
+    """delta >= 1/n_k allows a mechanism that releases some record outright: each FedIOD site says so
+    for its own training set; a delta well below it stays silent."""
+    caplog.set_level(logging.WARNING, logger="fedistill")
+    config = _fediod_config(dp_noise_multiplier=1.0, dp_delta=0.5)
+    alg = get_algorithm("fediod")
+    options = options_for(config, "fediod", FedIODOptions)
+    ctx = client_contexts(config, alg, options, prepare_data(config))[0]
+    FedIODClient(ctx)
+    assert f"dp_delta = 0.5 is not below 1/{len(ctx.train)}" in caplog.text
+    assert "client 0" in caplog.text
+    caplog.clear()
+    FedIODClient(
+        dataclasses.replace(
+            ctx, options=options_for(_fediod_config(dp_noise_multiplier=1.0), "fediod", FedIODOptions)
+        )
+    )
+    assert "dp_delta" not in caplog.text
+
+
+def test_a_client_level_delta_not_below_one_over_the_clients_is_warned_about(caplog):
+    """User-level DP (FedAvg, FedDF) protects a client's whole data: delta is held against 1/K."""
+    caplog.set_level(logging.WARNING, logger="fedistill")
+    dp = {"dp_enabled": True, "dp_noise_multiplier": 1.0}
+    PrivacyReport(FedAvgOptions(**dp, dp_delta=0.25), 1.0, clients=5)
+    assert "dp_delta = 0.25 is not below 1/5" in caplog.text and "clients" in caplog.text
+    caplog.clear()
+    PrivacyReport(FedAvgOptions(**dp, dp_delta=1e-5), 1.0, clients=5)
+    PrivacyReport(FedAvgOptions(), 1.0, clients=5)  # no DP: nothing to say
+    assert "dp_delta" not in caplog.text
