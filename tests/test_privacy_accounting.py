@@ -84,6 +84,19 @@ def test_calibrate_noise_unreachable_target_is_a_config_error() -> None:
         calibrate_noise(0.01, 1e-5, 1.0, 1)
 
 
+@pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha")  # the search's small-sigma probes
+def test_a_target_below_what_the_rdp_accountant_can_certify_says_so() -> None:
+    """At delta 1e-5 Opacus' RDP orders (up to 63) cannot certify much below 0.1 with any noise or step
+    count: the error names that floor and the PRV accountant, not "run fewer steps"."""
+    with pytest.raises(ConfigError) as info:
+        calibrate_noise(0.05, 1e-5, 1.0, 1)
+    message = str(info.value)
+    assert "cannot certify less than about 0.103" in message
+    assert "dp_accountant = 'prv'" in message and "fewer steps" not in message
+    with pytest.raises(ConfigError, match="fewer steps"):  # a target the noise cap alone misses
+        calibrate_noise(0.11, 1e-5, 1.0, 10**9)
+
+
 def test_would_exceed_exactly_when_the_next_steps_cross_the_target() -> None:
     acc = ClientAccountant("a")
     acc.step(1.0, 0.01, 100)

@@ -307,8 +307,29 @@ def calibrate_noise(
                 epsilon_tolerance=epsilon_tolerance,
             )
     except ValueError as exc:
+        hint = "Raise the target epsilon or run fewer steps."
+        floor = _rdp_floor(delta) if accountant == "rdp" else 0.0
+        if target_epsilon <= floor:
+            hint = (
+                f"The RDP accountant cannot certify less than about {floor:.3g} at this delta, whatever the "
+                "noise and the number of steps (its largest Renyi order bounds it): raise the target epsilon "
+                "or use dp_accountant = 'prv'."
+            )
         raise ConfigError(
             f"cannot reach target epsilon {target_epsilon:g} (delta={delta:g}) in {steps} steps at sample "
-            f"rate {sample_rate:g}: {exc} Raise the target epsilon or run fewer steps."
+            f"rate {sample_rate:g}: {exc} {hint}"
         ) from None
     return float(sigma)
+
+
+def _rdp_floor(delta: float) -> float:
+    """The smallest epsilon the RDP accountant reports at `delta`: its conversion of a zero RDP curve, the
+    limit of infinite noise, set by its largest order."""
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis.rdp import get_privacy_spent
+
+    orders = RDPAccountant.DEFAULT_ALPHAS
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+        epsilon, _ = get_privacy_spent(orders=orders, rdp=[0.0] * len(orders), delta=delta)
+    return float(epsilon)
