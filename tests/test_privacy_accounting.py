@@ -3,6 +3,7 @@
 import json
 import pickle
 
+import numpy as np
 import pytest
 import torch
 from opacus.accountants import PRVAccountant, RDPAccountant
@@ -164,6 +165,21 @@ def test_load_state_refuses_another_client_accountant_or_bad_history() -> None:
 def test_step_rejects_bad_arguments(args: tuple[float, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         ClientAccountant("a").step(*args)
+
+
+def test_a_numpy_integer_step_count_is_an_integer() -> None:
+    """Step counts often come out of NumPy (a sum of sampled rounds): np.int64 is as good as int, and the
+    history keeps plain ints (JSON)."""
+    acc = ClientAccountant("a")
+    acc.step(1.0, 0.1, np.int64(3))
+    assert acc.epsilon_after(1e-5, 1.0, 0.1, np.int32(2)) == pytest.approx(
+        opacus_epsilon([(1.0, 0.1, 5)], 1e-5)
+    )
+    assert acc.history == [(1.0, 0.1, 3)] and type(acc.history[0][2]) is int
+    json.dumps(acc.state_dict())
+    for bad in (2.0, True, -1):
+        with pytest.raises(ValueError, match="steps must be an integer >= 0"):
+            acc.step(1.0, 0.1, bad)
 
 
 def test_unknown_accountant_suggests_the_closest() -> None:

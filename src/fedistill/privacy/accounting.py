@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import numbers
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,7 +127,7 @@ def _check_phase(noise_multiplier: float, sample_rate: float, steps: int) -> Non
         raise ValueError(f"noise_multiplier must be a finite number > 0, got {noise_multiplier!r}")
     if not 0 < sample_rate <= 1:
         raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
         raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
 
 
