@@ -182,6 +182,21 @@ def test_fediod_release_accounting_is_the_unamplified_batch_bound(tmp_path):
         assert summary["final"][f"epsilon_client_{k}"] == pytest.approx(expected, rel=1e-9)
 
 
+def test_fediod_release_calibration_covers_the_largest_release_a_step_can_make():
+    """`owner_queries` asks a site about its own rows of each batch only, so what it releases per step
+    varies: noise calibrated on the first (small) release must still cover a full batch's on every
+    later step, so the planned steps end within the target instead of being refused."""
+    target, planned = 3.0, 10
+    config = _fediod_config(dp_target_epsilon=target, dp_accounting="release")
+    options = options_for(config, "fediod", FedIODOptions)
+    ctx = client_contexts(config, get_algorithm("fediod"), options, prepare_data(config))[0]
+    client = FedIODClient(ctx)
+    client._spend(B, 2, planned)  # step 1: two of the batch's B samples are this site's
+    for _ in range(planned - 1):
+        client._spend(B, B, planned)  # later steps: all of them
+    assert client.budget.epsilon() <= target
+
+
 def test_fediod_budget_stop_at_the_right_step_ends_the_run_cleanly(tmp_path):
     noise = 1.0
     probe = run_suite(_fediod_config(dp_noise_multiplier=noise), tmp_path / "probe", progress=False)[0]

@@ -45,7 +45,8 @@ regenerate it) or from the run seed (`"run"`: reproducible, and removable by the
 `fedistill.privacy.budget.ClientBudget`.
 
 *Budget.* ``dp_target_epsilon`` with no noise multiplier calibrates the noise once per client
-(`calibrate_noise`) for the planned number of G-steps, which the server sends. A client whose next
+(`calibrate_noise`) for the planned number of G-steps, which the server sends (under ``"release"``, for
+a whole batch's release on every step, the largest a step can make). A client whose next
 step would exceed the target refuses it (`PrivacyBudgetExceeded`, answered as a refusal); the server
 then ends the run cleanly: the partial epoch is evaluated, the best student kept and the summary
 written with every client's epsilon (``epsilon_client_<k>``, ``epsilon_max``).
@@ -284,10 +285,13 @@ class FedIODClient(ClientLogic):
         assert self.budget is not None
         n = len(self.ctx.train)
         if self.options.dp_accounting == "d-step":
-            rate, scale = min(real_batch, n) / n, 1.0
+            rate, scale, widest = min(real_batch, n) / n, 1.0, 1.0
         else:  # release: B per-sample gradients, each may move by 2C: L2 sensitivity 2C sqrt(B)
             rate, scale = 1.0, 2.0 * math.sqrt(released)
-        noise = self.budget.noise_multiplier(rate, planned_steps, scale)
+            # a noise calibrated once must cover the largest release of any step: a site asked about its
+            # own rows only (`owner_queries`) releases fewer than the batch's `real_batch` on some steps
+            widest = 2.0 * math.sqrt(max(released, real_batch))
+        noise = self.budget.noise_multiplier(rate, planned_steps, widest)
         epsilon = self.budget.spend(noise / scale, rate)
         return {"epsilon": epsilon, "noise_multiplier": noise}
 
