@@ -578,6 +578,41 @@ def test_releases_after_the_checkpoint_count_and_get_fresh_noise_on_resume(tmp_p
     assert json.loads(journal_file(run, 0).read_text())["releases"] == 4  # round 2's repeat: stream 3
 
 
+def test_releases_of_a_run_stopped_before_its_first_checkpoint_count_when_it_starts_over(
+    tmp_path, monkeypatch
+):
+    """A run stopped after its sites released round 1 but before any checkpoint starts over on resume,
+    with new sites: their journals still make the accountants count round 1's first releases, and the
+    repeats draw later noise streams of the same secret (starting over alone counted 3 rounds for 4
+    releases, and drew the repeat's noise from a new secret the accountant knew nothing of)."""
+    from fedistill.algorithms.classic.fedavg import FedAvgServer
+    from fedistill.engine.resume import resume_point
+    from fedistill.privacy.journal import journal_file
+
+    dp = {"dp_enabled": True, "dp_noise_multiplier": 1.0, "dp_clip_norm": 1.0}
+    config = build_config(RunConfig(), SMALL, {"algorithm": "fedavg", "fedavg": dp})
+    original = FedAvgServer.run_round
+
+    def stop_after_round_1(self, fleet, round):
+        metrics = original(self, fleet, round)
+        if round == 1:
+            raise KeyboardInterrupt  # the sites released round 1; no checkpoint is written yet
+        return metrics
+
+    monkeypatch.setattr(FedAvgServer, "run_round", stop_after_round_1)
+    with pytest.raises(KeyboardInterrupt):
+        run_suite(config, tmp_path / "cut", progress=False)
+    run = tmp_path / "cut" / "fedavg"
+    assert resume_point(run) is None  # nothing to resume from: the run starts over
+    first = json.loads(journal_file(run, 0).read_text())
+    assert first["releases"] == 1
+    monkeypatch.setattr(FedAvgServer, "run_round", original)
+    resumed = resume_suite(tmp_path / "cut", progress=False)[0]
+    assert resumed["final"]["epsilon_max"] == pytest.approx(opacus_epsilon(1.0, 1.0, 4), rel=1e-9)
+    kept = json.loads(journal_file(run, 0).read_text())
+    assert kept["secret"] == first["secret"] and kept["releases"] == 4
+
+
 def test_noise_from_the_run_seed_keeps_no_journal(tmp_path):
     dp = {"dp_enabled": True, "dp_noise_multiplier": 1.0, "dp_clip_norm": 1.0, "dp_noise_seed": "run"}
     config = build_config(RunConfig(), SMALL, {"algorithm": "fedavg", "rounds": 1, "fedavg": dp})
