@@ -545,6 +545,19 @@ def test_a_fediod_model_card_says_what_its_epsilon_does_not_cover(tmp_path):
     assert "the paper's convention" in card and "anyone who knows it can regenerate" in card
 
 
+def test_a_fedavg_model_card_says_what_its_epsilon_does_not_cover():
+    """Client-level DP bounds each client's noised update; its sample count travels un-noised, and with
+    fewer than all clients per round the epsilon counts on an amplification the server (which picks them)
+    does not grant. The card said it covered "what each client releases"."""
+    from fedistill.inference.model_card import privacy
+
+    final = {"epsilon_max": 2.0, "epsilon_client_0": 2.0, "dp_delta": 1e-5, "dp_sample_rate": 0.6}
+    covers = privacy(final, {"dp_noise_seed": "secret"})["covers"]
+    assert "update" in covers and "sample counts" in covers and "not the server" in covers
+    everyone = privacy(final | {"dp_sample_rate": 1.0}, {"dp_noise_seed": "secret"})["covers"]
+    assert "sample counts" in everyone and "server" not in everyone
+
+
 def test_releases_after_the_checkpoint_count_and_get_fresh_noise_on_resume(tmp_path, monkeypatch):
     """A run stopped after its sites released round 2 but before its checkpoint resumes from round 1: the
     sites' journals (privacy/journal.py) make the accountants count round 2's first releases too, and the

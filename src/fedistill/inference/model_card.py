@@ -88,12 +88,13 @@ def privacy(final: dict[str, Any], options: dict[str, Any] | None = None) -> dic
         "epsilon_per_client": per_site,
         "accounting": accounting,
         "noise_seed": seed,
-        "covers": _covers(accounting, seed),
+        "covers": _covers(accounting, seed, float(final.get("dp_sample_rate", 1.0))),
     }
 
 
-def _covers(accounting: str | None, seed: str) -> str:
-    """What the epsilon bounds, in a sentence (docs/how-to/privacy.md has the whole account)."""
+def _covers(accounting: str | None, seed: str, sample_rate: float = 1.0) -> str:
+    """What the epsilon bounds, in a sentence (docs/how-to/privacy.md has the whole account);
+    `sample_rate`: the share of clients a round of client-level DP samples."""
     if accounting == "d-step":
         what = (
             "the paper's convention for FedIOD's discriminator steps, not a bound on what a site sends; the "
@@ -106,7 +107,15 @@ def _covers(accounting: str | None, seed: str) -> str:
             "outputs are not noised, so this model carries no differential-privacy guarantee"
         )
     else:
-        what = "what each client releases (clipped and noised), per client"
+        what = (
+            "each client's model update (clipped and noised), per client; the sample counts the clients "
+            "report are not noised"
+        )
+        if sample_rate < 1:
+            what += (
+                "; with a share of the clients sampled per round, the amplification it counts on holds "
+                "only against whoever does not know which clients took part, not the server"
+            )
     if seed == "run":
         what += "; the noise came from the run's seed, which anyone who knows it can regenerate: no privacy"
     return what
