@@ -2,6 +2,7 @@
 
 import json
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -71,6 +72,19 @@ def test_prv_accountant_matches_opacus_and_is_tighter_than_rdp() -> None:
     direct.history = [(1.0, 0.01, 500)]
     assert acc.epsilon(1e-5) == pytest.approx(direct.get_epsilon(delta=1e-5, eps_error=0.01), abs=1e-6)
     assert acc.epsilon(1e-5) < opacus_epsilon([(1.0, 0.01, 500)], 1e-5)
+
+
+def test_prv_at_sample_rate_one_is_computed_without_numpy_warnings() -> None:
+    """Every client in every round (FedAvg with fraction 1, FedIOD's release accounting) is sample rate 1,
+    where Opacus' PRV takes log(1 - q) inside a `where` that discards it: the answer is right, and the
+    "divide by zero" warnings it printed were noise."""
+    acc = ClientAccountant("a", accountant="prv")
+    acc.step(1.0, 1.0, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        epsilon = acc.epsilon(1e-5)
+        calibrate_noise(3.0, 1e-5, 1.0, 3, "prv")
+    assert 0 < epsilon < opacus_epsilon([(1.0, 1.0, 3)], 1e-5)  # PRV is tighter than RDP
 
 
 def test_calibrate_noise_hits_target_within_opacus_tolerance() -> None:

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from fedistill.errors import ConfigError, UserError, unknown_name
 
 __all__ = [
@@ -155,7 +157,9 @@ def _epsilon(history: list[Phase], delta: float, accountant: str) -> float:
     if accountant == "prv":
         prv = PRVAccountant()
         prv.history = list(history)
-        return float(prv.get_epsilon(delta=delta, eps_error=PRV_EPS_ERROR))
+        # at sample rate 1 Opacus takes log(1 - q) = log(0) inside a `where` that discards it
+        with np.errstate(divide="ignore"):
+            return float(prv.get_epsilon(delta=delta, eps_error=PRV_EPS_ERROR))
     from opacus.accountants.analysis.rdp import get_privacy_spent
 
     # What `RDPAccountant.get_epsilon` computes, with the per-step RDP of each (noise, rate) computed
@@ -295,7 +299,7 @@ def calibrate_noise(
     from opacus.accountants.utils import get_noise_multiplier
 
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), np.errstate(divide="ignore"):  # PRV at rate 1: see _epsilon
             # The binary search visits very large noise levels, where Opacus warns that the best order
             # is its largest one; that says nothing about the answer.
             warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
