@@ -37,8 +37,10 @@ tensor, the gradient of batch-mean losses (about 1/B of a per-sample loss gradie
 Neither covers T_k's logits (`query.generate`, `query.student`; the paper applies PATE to local
 outputs, `fedistill.privacy.pate`), Eq. 8's density ratios (from D_k and the mean score on the real
 batch), the G-loss and entropy each `query.generate` reply reports (D_k's and T_k's outputs on the
-synthetic batch), stage 1 (teacher training, label and sample counts) or the validation accuracies used
-for model selection. With DP on, clients leave their real-batch D-loss out of their metrics.
+synthetic batch), stage 1 (teacher training, label and sample counts), the training label masks a site
+uploads on a per-pixel task (`query.masks`, ``mask_source = "clients"``: sent as they are) or the
+validation accuracies used for model selection. With DP on, clients leave their real-batch D-loss out of
+their metrics.
 
 *Noise.* Drawn from the client's secret seed (`dp_noise_seed = "secret"`, the default: the server cannot
 regenerate it) or from the run seed (`"run"`: reproducible, and removable by the server); see

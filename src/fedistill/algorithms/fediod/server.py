@@ -137,12 +137,16 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             torch.Tensor
         ] = []  # each site's uploaded masks (per-pixel tasks, mask_source clients)
         if options.dp_enabled:
+            masks_up = self.view.conditional and options.mask_source == "clients"
             log.info(
                 "FedIOD with DP: input-gradients clipped to %g, accounting %r at delta %g; logits, density "
-                "ratios and stage 1 are not covered (see the fediod module docstring)",
+                "ratios%s and stage 1 are not covered (see the fediod module docstring)",
                 options.dp_clip_norm,
                 options.dp_accounting,
                 options.dp_delta,
+                ", the sites' training label masks (mask_source = 'clients'; 'prior' keeps them)"
+                if masks_up
+                else "",
             )
 
     @property
