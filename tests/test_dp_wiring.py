@@ -103,6 +103,17 @@ def test_dp_options_are_checked_with_their_own_names():
     assert (dp.enabled, dp.target_epsilon, dp.delta, dp.noise_multiplier) == (True, 3.0, 1e-6, 0.0)
 
 
+@pytest.mark.parametrize("algorithm", ["fedavg-oneshot", "feddf-oneshot"])
+def test_one_shot_baselines_refuse_dp_they_would_not_apply(algorithm):
+    """Their options come from FedDF's, dp_* keys included, but their clients upload the raw stage-1
+    models: dp_enabled = true was accepted and the run went on without clipping, noise or epsilon."""
+    options = get_algorithm(algorithm).options
+    dp = {"dp_enabled": True, "dp_noise_multiplier": 1.0}
+    with pytest.raises(ConfigError, match=f"{algorithm} does not offer differential privacy"):
+        options_for(build_config(RunConfig(), {algorithm: dp}, {"algorithm": algorithm}), algorithm, options)
+    options_for(build_config(RunConfig(), {"algorithm": algorithm}), algorithm, options)  # off: fine
+
+
 # --------------------------------------------------------------------------------------------------
 # FedIOD: the sanitised input-gradients
 # --------------------------------------------------------------------------------------------------

@@ -47,8 +47,14 @@ class OneShotOptions(FedDFOptions):
     section: ClassVar[str] = "fedavg-oneshot"
 
     def validate(self) -> None:
-        """FedDF's checks, and at least one stage-1 epoch."""
+        """FedDF's checks, no differential privacy, and at least one stage-1 epoch."""
         super().validate()
+        if self.dp_enabled:
+            raise ConfigError(
+                f"{self.section} does not offer differential privacy: its clients upload their stage-1 "
+                "models as they are, unclipped and un-noised. Set dp_enabled = false (fedavg and feddf "
+                "offer it)"
+            )
         if self.teacher_epochs < 1:
             raise ConfigError(f"{self.section}.teacher_epochs must be >= 1, got {self.teacher_epochs}")
 
