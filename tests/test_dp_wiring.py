@@ -569,6 +569,25 @@ def test_a_fedavg_model_card_says_what_its_epsilon_does_not_cover():
     assert "sample counts" in everyone and "server" not in everyone
 
 
+def test_a_fedkd_model_card_states_the_pate_guarantee_of_its_labels():
+    """FedKD's student learns from GNMax's noisy labels alone, and the summary holds their PATE epsilons;
+    its card said "Trained without differential privacy". It now states the data-independent epsilon (the
+    one that may be published) and what it leaves out; without noise there is none."""
+    from fedistill.inference.model_card import privacy
+
+    final = {
+        "pate_sigma": 40.0,
+        "pate_delta": 1e-5,
+        "pate_epsilon_data_independent": 5.9,
+        "pate_epsilon_data_dependent": 1.2,
+    }
+    card = privacy(final, {"pate_noise_seed": "secret"})
+    assert (card["epsilon"], card["delta"], card["accounting"]) == (5.9, 1e-5, "pate")
+    assert "labels" in card["covers"] and "client" in card["covers"] and "votes" in card["covers"]
+    assert "regenerate" in privacy(final, {"pate_noise_seed": "run"})["covers"]
+    assert privacy({"test_accuracy": 0.9}, {"pate_noise_seed": "secret"}) is None  # pate_sigma = 0
+
+
 def test_releases_after_the_checkpoint_count_and_get_fresh_noise_on_resume(tmp_path, monkeypatch):
     """A run stopped after its sites released round 2 but before its checkpoint resumes from round 1: the
     sites' journals (privacy/journal.py) make the accountants count round 2's first releases too, and the
