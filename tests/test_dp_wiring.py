@@ -3,7 +3,6 @@ configured, each client's epsilon is Opacus' for its (noise, rate, steps, delta)
 cleanly at the right step, and the accountants survive a resume."""
 
 import copy
-import dataclasses
 import json
 import logging
 import math
@@ -29,7 +28,7 @@ from fedistill.errors import ConfigError
 from fedistill.federation.ledger import Ledger
 from fedistill.federation.messages import Message
 from fedistill.privacy.accounting import DPConfig
-from fedistill.privacy.budget import ClientBudget
+from fedistill.privacy.budget import ClientBudget, warn_if_delta_too_large
 from fedistill.seeding import torch_generator
 from fedistill.transports.inprocess import InProcessFleet
 
@@ -669,22 +668,16 @@ def test_noise_from_the_run_seed_keeps_no_journal(tmp_path):
 
 
 def test_a_delta_not_below_one_over_the_records_is_warned_about(caplog):
-    """delta >= 1/n_k allows a mechanism that releases some record outright: each FedIOD site says so
-    for its own training set; a delta well below it stays silent."""
+    """delta >= 1/n allows a mechanism that releases some record outright. FedIOD's accounting protects
+    one record of a site's training set: the server says so once, for the smallest site, when stage 1 has
+    reported their sizes; a delta well below 1/n stays silent."""
     caplog.set_level(logging.WARNING, logger="fedistill")
-    config = _fediod_config(dp_noise_multiplier=1.0, dp_delta=0.5)
-    alg = get_algorithm("fediod")
-    options = options_for(config, "fediod", FedIODOptions)
-    ctx = client_contexts(config, alg, options, prepare_data(config))[0]
-    FedIODClient(ctx)
-    assert f"dp_delta = 0.5 is not below 1/{len(ctx.train)}" in caplog.text
-    assert "client 0" in caplog.text
+    _, _, _, sizes = _fediod(_fediod_config(dp_noise_multiplier=1.0, dp_delta=0.5))
+    smallest = min(sizes, key=lambda c: (sizes[c], c))
+    assert caplog.text.count("dp_delta = 0.5 is not below") == 1
+    assert f"1/{sizes[smallest]} for client {smallest}'s {sizes[smallest]} training records" in caplog.text
     caplog.clear()
-    FedIODClient(
-        dataclasses.replace(
-            ctx, options=options_for(_fediod_config(dp_noise_multiplier=1.0), "fediod", FedIODOptions)
-        )
-    )
+    warn_if_delta_too_large(1e-5, sizes[smallest], "records")
     assert "dp_delta" not in caplog.text
 
 

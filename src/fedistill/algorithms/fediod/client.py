@@ -107,7 +107,6 @@ from fedistill.privacy.accounting import PrivacyBudgetExceeded
 from fedistill.privacy.budget import (
     ClientBudget,
     refusal,
-    warn_if_delta_too_large,
 )
 from fedistill.privacy.sanitize import sanitize_per_sample
 from fedistill.seeding import torch_generator
@@ -139,9 +138,6 @@ class FedIODClient(ClientLogic):
         self.budget = (
             ClientBudget(self.options.dp, ctx.client_id, ctx.config.seed) if self.options.dp_enabled else None
         )
-        if self.budget is not None:  # the accounting protects one of this site's training records
-            what = f"client {ctx.client_id}'s {len(ctx.train)} training records"
-            warn_if_delta_too_large(self.options.dp_delta, len(ctx.train), what)
         self.wire = wire_encodings(self.options.wire)  # stage 2's replies: the encoding of each kind
         self.evaluation_wire = evaluation_encodings(self.options.wire)  # the teachers' test outputs
 
