@@ -4,6 +4,7 @@ cleanly at the right step, and the accountants survive a resume."""
 
 import copy
 import json
+import logging
 import math
 import warnings
 
@@ -14,7 +15,7 @@ from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
 from algorithm_helpers import TINY_FEDIOD, fediod_parts
 from fedistill.algorithms.base import StopRun
-from fedistill.algorithms.classic.fedavg import FedAvgClient, FedAvgOptions
+from fedistill.algorithms.classic.fedavg import FedAvgClient, FedAvgOptions, PrivacyReport
 from fedistill.algorithms.feddf.feddf import FedDFClient, FedDFOptions
 from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
 from fedistill.algorithms.registry import get_algorithm
@@ -27,7 +28,7 @@ from fedistill.errors import ConfigError
 from fedistill.federation.ledger import Ledger
 from fedistill.federation.messages import Message
 from fedistill.privacy.accounting import DPConfig
-from fedistill.privacy.budget import ClientBudget
+from fedistill.privacy.budget import ClientBudget, warn_if_delta_too_large
 from fedistill.seeding import torch_generator
 from fedistill.transports.inprocess import InProcessFleet
 
@@ -99,6 +100,17 @@ def test_dp_options_are_checked_with_their_own_names():
         options("fediod", FedIODOptions, dp_enabled=True, dp_noise_multiplier=1.0, dp_accounting="x")
     dp = options("fedprox", FedAvgOptions, dp_enabled=True, dp_target_epsilon=3.0, dp_delta=1e-6).dp
     assert (dp.enabled, dp.target_epsilon, dp.delta, dp.noise_multiplier) == (True, 3.0, 1e-6, 0.0)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg-oneshot", "feddf-oneshot"])
+def test_one_shot_baselines_refuse_dp_they_would_not_apply(algorithm):
+    """Their options come from FedDF's, dp_* keys included, but their clients upload the raw stage-1
+    models: dp_enabled = true was accepted and the run went on without clipping, noise or epsilon."""
+    options = get_algorithm(algorithm).options
+    dp = {"dp_enabled": True, "dp_noise_multiplier": 1.0}
+    with pytest.raises(ConfigError, match=f"{algorithm} does not offer differential privacy"):
+        options_for(build_config(RunConfig(), {algorithm: dp}, {"algorithm": algorithm}), algorithm, options)
+    options_for(build_config(RunConfig(), {"algorithm": algorithm}), algorithm, options)  # off: fine
 
 
 # --------------------------------------------------------------------------------------------------
@@ -178,6 +190,21 @@ def test_fediod_release_accounting_is_the_unamplified_batch_bound(tmp_path):
     expected = opacus_epsilon(noise / (2 * math.sqrt(B)), 1.0, STEPS)
     for k in range(3):
         assert summary["final"][f"epsilon_client_{k}"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_fediod_release_calibration_covers_the_largest_release_a_step_can_make():
+    """`owner_queries` asks a site about its own rows of each batch only, so what it releases per step
+    varies: noise calibrated on the first (small) release must still cover a full batch's on every
+    later step, so the planned steps end within the target instead of being refused."""
+    target, planned = 3.0, 10
+    config = _fediod_config(dp_target_epsilon=target, dp_accounting="release")
+    options = options_for(config, "fediod", FedIODOptions)
+    ctx = client_contexts(config, get_algorithm("fediod"), options, prepare_data(config))[0]
+    client = FedIODClient(ctx)
+    client._spend(B, 2, planned)  # step 1: two of the batch's B samples are this site's
+    for _ in range(planned - 1):
+        client._spend(B, B, planned)  # later steps: all of them
+    assert client.budget.epsilon() <= target
 
 
 def test_fediod_budget_stop_at_the_right_step_ends_the_run_cleanly(tmp_path):
@@ -528,6 +555,38 @@ def test_a_fediod_model_card_says_what_its_epsilon_does_not_cover(tmp_path):
     assert "the paper's convention" in card and "anyone who knows it can regenerate" in card
 
 
+def test_a_fedavg_model_card_says_what_its_epsilon_does_not_cover():
+    """Client-level DP bounds each client's noised update; its sample count travels un-noised, and with
+    fewer than all clients per round the epsilon counts on an amplification the server (which picks them)
+    does not grant. The card said it covered "what each client releases"."""
+    from fedistill.inference.model_card import privacy
+
+    final = {"epsilon_max": 2.0, "epsilon_client_0": 2.0, "dp_delta": 1e-5, "dp_sample_rate": 0.6}
+    covers = privacy(final, {"dp_noise_seed": "secret"})["covers"]
+    assert "update" in covers and "sample counts" in covers and "not the server" in covers
+    everyone = privacy(final | {"dp_sample_rate": 1.0}, {"dp_noise_seed": "secret"})["covers"]
+    assert "sample counts" in everyone and "server" not in everyone
+
+
+def test_a_fedkd_model_card_states_the_pate_guarantee_of_its_labels():
+    """FedKD's student learns from GNMax's noisy labels alone, and the summary holds their PATE epsilons;
+    its card said "Trained without differential privacy". It now states the data-independent epsilon (the
+    one that may be published) and what it leaves out; without noise there is none."""
+    from fedistill.inference.model_card import privacy
+
+    final = {
+        "pate_sigma": 40.0,
+        "pate_delta": 1e-5,
+        "pate_epsilon_data_independent": 5.9,
+        "pate_epsilon_data_dependent": 1.2,
+    }
+    card = privacy(final, {"pate_noise_seed": "secret"})
+    assert (card["epsilon"], card["delta"], card["accounting"]) == (5.9, 1e-5, "pate")
+    assert "labels" in card["covers"] and "client" in card["covers"] and "votes" in card["covers"]
+    assert "regenerate" in privacy(final, {"pate_noise_seed": "run"})["covers"]
+    assert privacy({"test_accuracy": 0.9}, {"pate_noise_seed": "secret"}) is None  # pate_sigma = 0
+
+
 def test_releases_after_the_checkpoint_count_and_get_fresh_noise_on_resume(tmp_path, monkeypatch):
     """A run stopped after its sites released round 2 but before its checkpoint resumes from round 1: the
     sites' journals (privacy/journal.py) make the accountants count round 2's first releases too, and the
@@ -561,8 +620,74 @@ def test_releases_after_the_checkpoint_count_and_get_fresh_noise_on_resume(tmp_p
     assert json.loads(journal_file(run, 0).read_text())["releases"] == 4  # round 2's repeat: stream 3
 
 
+def test_releases_of_a_run_stopped_before_its_first_checkpoint_count_when_it_starts_over(
+    tmp_path, monkeypatch
+):
+    """A run stopped after its sites released round 1 but before any checkpoint starts over on resume,
+    with new sites: their journals still make the accountants count round 1's first releases, and the
+    repeats draw later noise streams of the same secret (starting over alone counted 3 rounds for 4
+    releases, and drew the repeat's noise from a new secret the accountant knew nothing of)."""
+    from fedistill.algorithms.classic.fedavg import FedAvgServer
+    from fedistill.engine.resume import resume_point
+    from fedistill.privacy.journal import journal_file
+
+    dp = {"dp_enabled": True, "dp_noise_multiplier": 1.0, "dp_clip_norm": 1.0}
+    config = build_config(RunConfig(), SMALL, {"algorithm": "fedavg", "fedavg": dp})
+    original = FedAvgServer.run_round
+
+    def stop_after_round_1(self, fleet, round):
+        metrics = original(self, fleet, round)
+        if round == 1:
+            raise KeyboardInterrupt  # the sites released round 1; no checkpoint is written yet
+        return metrics
+
+    monkeypatch.setattr(FedAvgServer, "run_round", stop_after_round_1)
+    with pytest.raises(KeyboardInterrupt):
+        run_suite(config, tmp_path / "cut", progress=False)
+    run = tmp_path / "cut" / "fedavg"
+    assert resume_point(run) is None  # nothing to resume from: the run starts over
+    first = json.loads(journal_file(run, 0).read_text())
+    assert first["releases"] == 1
+    monkeypatch.setattr(FedAvgServer, "run_round", original)
+    resumed = resume_suite(tmp_path / "cut", progress=False)[0]
+    assert resumed["final"]["epsilon_max"] == pytest.approx(opacus_epsilon(1.0, 1.0, 4), rel=1e-9)
+    kept = json.loads(journal_file(run, 0).read_text())
+    assert kept["secret"] == first["secret"] and kept["releases"] == 4
+
+
 def test_noise_from_the_run_seed_keeps_no_journal(tmp_path):
     dp = {"dp_enabled": True, "dp_noise_multiplier": 1.0, "dp_clip_norm": 1.0, "dp_noise_seed": "run"}
     config = build_config(RunConfig(), SMALL, {"algorithm": "fedavg", "rounds": 1, "fedavg": dp})
     run_suite(config, tmp_path, progress=False)
     assert not (tmp_path / "fedavg" / "privacy").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# delta against the number of individuals protected
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_delta_not_below_one_over_the_records_is_warned_about(caplog):
+    """delta >= 1/n allows a mechanism that releases some record outright. FedIOD's accounting protects
+    one record of a site's training set: the server says so once, for the smallest site, when stage 1 has
+    reported their sizes; a delta well below 1/n stays silent."""
+    caplog.set_level(logging.WARNING, logger="fedistill")
+    _, _, _, sizes = _fediod(_fediod_config(dp_noise_multiplier=1.0, dp_delta=0.5))
+    smallest = min(sizes, key=lambda c: (sizes[c], c))
+    assert caplog.text.count("dp_delta = 0.5 is not below") == 1
+    assert f"1/{sizes[smallest]} for client {smallest}'s {sizes[smallest]} training records" in caplog.text
+    caplog.clear()
+    warn_if_delta_too_large(1e-5, sizes[smallest], "records")
+    assert "dp_delta" not in caplog.text
+
+
+def test_a_client_level_delta_not_below_one_over_the_clients_is_warned_about(caplog):
+    """User-level DP (FedAvg, FedDF) protects a client's whole data: delta is held against 1/K."""
+    caplog.set_level(logging.WARNING, logger="fedistill")
+    dp = {"dp_enabled": True, "dp_noise_multiplier": 1.0}
+    PrivacyReport(FedAvgOptions(**dp, dp_delta=0.25), 1.0, clients=5)
+    assert "dp_delta = 0.25 is not below 1/5" in caplog.text and "clients" in caplog.text
+    caplog.clear()
+    PrivacyReport(FedAvgOptions(**dp, dp_delta=1e-5), 1.0, clients=5)
+    PrivacyReport(FedAvgOptions(), 1.0, clients=5)  # no DP: nothing to say
+    assert "dp_delta" not in caplog.text

@@ -5,6 +5,7 @@ replies is the true one, and Eq. 8's per-pixel weights match a hand-computed cas
 
 import copy
 import json
+import logging
 
 import pytest
 import torch
@@ -515,3 +516,14 @@ def test_a_site_g_drew_nothing_for_only_labels_its_discriminator_neither_judges_
         after = dict(client.discriminator.named_parameters())
         assert all(torch.equal(before[cid][n], after[n]) for n in after) == (cid not in owners)
     assert len(owners) <= 2
+
+
+@pytest.mark.parametrize(("source", "named"), [("clients", True), ("prior", False)])
+def test_dp_on_a_per_pixel_task_names_the_label_masks_it_leaves_unnoised(caplog, source, named):
+    """With mask_source = "clients" each site uploads its training label masks as they are: DP covers
+    none of that, and the run says so when it starts."""
+    caplog.set_level(logging.INFO, logger="fedistill")
+    config = _config(SEGMENTATION, mask_source=source, dp_enabled=True, dp_noise_multiplier=1.0)
+    fediod_parts(config)
+    assert "FedIOD with DP" in caplog.text
+    assert ("training label masks" in caplog.text) == named

@@ -2,7 +2,9 @@
 
 import json
 import pickle
+import warnings
 
+import numpy as np
 import pytest
 import torch
 from opacus.accountants import PRVAccountant, RDPAccountant
@@ -72,6 +74,19 @@ def test_prv_accountant_matches_opacus_and_is_tighter_than_rdp() -> None:
     assert acc.epsilon(1e-5) < opacus_epsilon([(1.0, 0.01, 500)], 1e-5)
 
 
+def test_prv_at_sample_rate_one_is_computed_without_numpy_warnings() -> None:
+    """Every client in every round (FedAvg with fraction 1, FedIOD's release accounting) is sample rate 1,
+    where Opacus' PRV takes log(1 - q) inside a `where` that discards it: the answer is right, and the
+    "divide by zero" warnings it printed were noise."""
+    acc = ClientAccountant("a", accountant="prv")
+    acc.step(1.0, 1.0, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        epsilon = acc.epsilon(1e-5)
+        calibrate_noise(3.0, 1e-5, 1.0, 3, "prv")
+    assert 0 < epsilon < opacus_epsilon([(1.0, 1.0, 3)], 1e-5)  # PRV is tighter than RDP
+
+
 def test_calibrate_noise_hits_target_within_opacus_tolerance() -> None:
     target, delta, rate, steps = 3.0, 1e-5, 0.01, 200
     sigma = calibrate_noise(target, delta, rate, steps)
@@ -82,6 +97,19 @@ def test_calibrate_noise_hits_target_within_opacus_tolerance() -> None:
 def test_calibrate_noise_unreachable_target_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="cannot reach target epsilon"):
         calibrate_noise(0.01, 1e-5, 1.0, 1)
+
+
+@pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha")  # the search's small-sigma probes
+def test_a_target_below_what_the_rdp_accountant_can_certify_says_so() -> None:
+    """At delta 1e-5 Opacus' RDP orders (up to 63) cannot certify much below 0.1 with any noise or step
+    count: the error names that floor and the PRV accountant, not "run fewer steps"."""
+    with pytest.raises(ConfigError) as info:
+        calibrate_noise(0.05, 1e-5, 1.0, 1)
+    message = str(info.value)
+    assert "cannot certify less than about 0.103" in message
+    assert "dp_accountant = 'prv'" in message and "fewer steps" not in message
+    with pytest.raises(ConfigError, match="fewer steps"):  # a target the noise cap alone misses
+        calibrate_noise(0.11, 1e-5, 1.0, 10**9)
 
 
 def test_would_exceed_exactly_when_the_next_steps_cross_the_target() -> None:
@@ -151,6 +179,21 @@ def test_load_state_refuses_another_client_accountant_or_bad_history() -> None:
 def test_step_rejects_bad_arguments(args: tuple[float, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         ClientAccountant("a").step(*args)
+
+
+def test_a_numpy_integer_step_count_is_an_integer() -> None:
+    """Step counts often come out of NumPy (a sum of sampled rounds): np.int64 is as good as int, and the
+    history keeps plain ints (JSON)."""
+    acc = ClientAccountant("a")
+    acc.step(1.0, 0.1, np.int64(3))
+    assert acc.epsilon_after(1e-5, 1.0, 0.1, np.int32(2)) == pytest.approx(
+        opacus_epsilon([(1.0, 0.1, 5)], 1e-5)
+    )
+    assert acc.history == [(1.0, 0.1, 3)] and type(acc.history[0][2]) is int
+    json.dumps(acc.state_dict())
+    for bad in (2.0, True, -1):
+        with pytest.raises(ValueError, match="steps must be an integer >= 0"):
+            acc.step(1.0, 0.1, bad)
 
 
 def test_unknown_accountant_suggests_the_closest() -> None:

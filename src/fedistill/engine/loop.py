@@ -111,7 +111,8 @@ def run_algorithm(
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(handler)
     try:
-        return _loop(config, algorithm, options, run_dir, data, state, progress, grid)
+        restarted = resume and checkpoint is None  # a resumed run that never checkpointed starts over
+        return _loop(config, algorithm, options, run_dir, data, state, progress, grid, restarted)
     finally:
         logging.getLogger().removeHandler(handler)
         handler.close()
@@ -153,6 +154,7 @@ def _loop(
     state: dict[str, Any] | None,
     progress: bool,
     grid: Any = None,
+    restarted: bool = False,
 ) -> dict[str, Any]:
     info, test = data.dataset.info, data.dataset.test
     task, test_sources = task_of(config, info), source_names(data.dataset)
@@ -216,6 +218,8 @@ def _loop(
         fleet.dropped = {int(k): v for k, v in runner_state.get("dropped", {}).items()}
         log.info("resumed %s from round %d", algorithm.name, runner_state["round"])
     else:
+        if restarted:  # its sites' DP releases before the stop reached the server: they count
+            privacy_journal.catch_up(run_dir, clients, restarted=True)
         # on a GPU, which card (the summary's device_name); on the CPU nothing a user needs to read
         log.log(logging.INFO if devices.current().type == "cuda" else logging.DEBUG,
                 "%s on %s", algorithm.name, devices.describe())  # fmt: skip

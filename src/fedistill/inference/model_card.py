@@ -99,10 +99,21 @@ def preprocessing(model: TrainedModel) -> dict[str, Any]:
 
 def privacy(final: dict[str, Any], options: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The differential-privacy budget the run spent (the largest epsilon of any site) and what it covers,
-    from the algorithm's options (`options`), or None."""
+    from the algorithm's options (`options`), or None. FedKD's is PATE's data-independent epsilon of the
+    labels it released (the data-dependent one depends on the votes and is not published)."""
+    options = options or {}
+    if final.get("pate_epsilon_data_independent") is not None:
+        seed = options.get("pate_noise_seed", "secret")
+        return {
+            "epsilon": final["pate_epsilon_data_independent"],
+            "delta": final.get("pate_delta"),
+            "epsilon_per_client": {},
+            "accounting": "pate",
+            "noise_seed": seed,
+            "covers": _covers("pate", seed),
+        }
     if final.get("epsilon_max") is None:
         return None
-    options = options or {}
     prefix = "epsilon_client_"
     per_site = {k.removeprefix(prefix): v for k, v in final.items() if k.startswith(prefix)}
     accounting, seed = options.get("dp_accounting"), options.get("dp_noise_seed", "secret")
@@ -112,13 +123,21 @@ def privacy(final: dict[str, Any], options: dict[str, Any] | None = None) -> dic
         "epsilon_per_client": per_site,
         "accounting": accounting,
         "noise_seed": seed,
-        "covers": _covers(accounting, seed),
+        "covers": _covers(accounting, seed, float(final.get("dp_sample_rate", 1.0))),
     }
 
 
-def _covers(accounting: str | None, seed: str) -> str:
-    """What the epsilon bounds, in a sentence (docs/how-to/privacy.md has the whole account)."""
-    if accounting == "d-step":
+def _covers(accounting: str | None, seed: str, sample_rate: float = 1.0) -> str:
+    """What the epsilon bounds, in a sentence (docs/how-to/privacy.md has the whole account);
+    `sample_rate`: the share of clients a round of client-level DP samples."""
+    if accounting == "pate":
+        what = (
+            "the labels GNMax released, client-level (one client's whole data may change), and so the "
+            "student trained on them and the public images alone; the server that aggregates sees every "
+            "client's votes (a trusted aggregator), and the teachers' accuracies and the labels' agreement "
+            "with the votes' plurality in the metrics are not noised"
+        )
+    elif accounting == "d-step":
         what = (
             "the paper's convention for FedIOD's discriminator steps, not a bound on what a site sends; the "
             "sites' logits and discriminator outputs are not noised, so this model carries no "
@@ -130,7 +149,15 @@ def _covers(accounting: str | None, seed: str) -> str:
             "outputs are not noised, so this model carries no differential-privacy guarantee"
         )
     else:
-        what = "what each client releases (clipped and noised), per client"
+        what = (
+            "each client's model update (clipped and noised), per client; the sample counts the clients "
+            "report are not noised"
+        )
+        if sample_rate < 1:
+            what += (
+                "; with a share of the clients sampled per round, the amplification it counts on holds "
+                "only against whoever does not know which clients took part, not the server"
+            )
     if seed == "run":
         what += "; the noise came from the run's seed, which anyone who knows it can regenerate: no privacy"
     return what
@@ -141,7 +168,8 @@ def _algorithm_options(model: TrainedModel) -> dict[str, Any]:
     from fedistill.engine.setup import resolve
 
     options = resolve(model.config, model.algorithm).options
-    return {key: getattr(options, key) for key in ("dp_accounting", "dp_noise_seed") if hasattr(options, key)}
+    keys = ("dp_accounting", "dp_noise_seed", "pate_noise_seed")
+    return {key: getattr(options, key) for key in keys if hasattr(options, key)}
 
 
 def traffic(communication: dict[str, Any], direction: str) -> dict[str, Any]:

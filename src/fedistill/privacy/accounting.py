@@ -15,10 +15,13 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import numbers
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from fedistill.errors import ConfigError, UserError, unknown_name
 
@@ -126,7 +129,7 @@ def _check_phase(noise_multiplier: float, sample_rate: float, steps: int) -> Non
         raise ValueError(f"noise_multiplier must be a finite number > 0, got {noise_multiplier!r}")
     if not 0 < sample_rate <= 1:
         raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
         raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
 
 
@@ -154,7 +157,9 @@ def _epsilon(history: list[Phase], delta: float, accountant: str) -> float:
     if accountant == "prv":
         prv = PRVAccountant()
         prv.history = list(history)
-        return float(prv.get_epsilon(delta=delta, eps_error=PRV_EPS_ERROR))
+        # at sample rate 1 Opacus takes log(1 - q) = log(0) inside a `where` that discards it
+        with np.errstate(divide="ignore"):
+            return float(prv.get_epsilon(delta=delta, eps_error=PRV_EPS_ERROR))
     from opacus.accountants.analysis.rdp import get_privacy_spent
 
     # What `RDPAccountant.get_epsilon` computes, with the per-step RDP of each (noise, rate) computed
@@ -294,7 +299,7 @@ def calibrate_noise(
     from opacus.accountants.utils import get_noise_multiplier
 
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), np.errstate(divide="ignore"):  # PRV at rate 1: see _epsilon
             # The binary search visits very large noise levels, where Opacus warns that the best order
             # is its largest one; that says nothing about the answer.
             warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
@@ -307,8 +312,29 @@ def calibrate_noise(
                 epsilon_tolerance=epsilon_tolerance,
             )
     except ValueError as exc:
+        hint = "Raise the target epsilon or run fewer steps."
+        floor = _rdp_floor(delta) if accountant == "rdp" else 0.0
+        if target_epsilon <= floor:
+            hint = (
+                f"The RDP accountant cannot certify less than about {floor:.3g} at this delta, whatever the "
+                "noise and the number of steps (its largest Renyi order bounds it): raise the target epsilon "
+                "or use dp_accountant = 'prv'."
+            )
         raise ConfigError(
             f"cannot reach target epsilon {target_epsilon:g} (delta={delta:g}) in {steps} steps at sample "
-            f"rate {sample_rate:g}: {exc} Raise the target epsilon or run fewer steps."
+            f"rate {sample_rate:g}: {exc} {hint}"
         ) from None
     return float(sigma)
+
+
+def _rdp_floor(delta: float) -> float:
+    """The smallest epsilon the RDP accountant reports at `delta`: its conversion of a zero RDP curve, the
+    limit of infinite noise, set by its largest order."""
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis.rdp import get_privacy_spent
+
+    orders = RDPAccountant.DEFAULT_ALPHAS
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+        epsilon, _ = get_privacy_spent(orders=orders, rdp=[0.0] * len(orders), delta=delta)
+    return float(epsilon)

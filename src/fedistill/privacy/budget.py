@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,7 +42,10 @@ __all__ = [
     "refusal_reason",
     "refusals",
     "stop_reason",
+    "warn_if_delta_too_large",
 ]
+
+log = logging.getLogger(__name__)
 
 REFUSED = reply_spec.REFUSED  # "privacy_budget_refused"
 """Metrics flag of a refusal reply."""
@@ -176,6 +180,22 @@ class ClientBudget:
         if self.secret is not None and state.get("secret") is not None:
             self.secret = int(state["secret"])
             self.releases = int(state.get("releases", 0))
+
+
+def warn_if_delta_too_large(delta: float, individuals: int, what: str) -> None:
+    """Log a warning when ``delta >= 1 / individuals``: an (epsilon, delta) guarantee with such a delta
+    is also met by a mechanism that publishes one of the `individuals` (a record, or a whole client) in
+    the clear, so it protects no one in particular. `what` names them (e.g. "client 3's training
+    records")."""
+    if individuals > 0 and delta >= 1 / individuals:
+        log.warning(
+            "dp_delta = %g is not below 1/%d for %s: a delta that large allows releasing one of them "
+            "outright; set dp_delta well below 1/%d (e.g. 1e-5)",
+            delta,
+            individuals,
+            what,
+            individuals,
+        )
 
 
 # --------------------------------------------------------------------------------------------------

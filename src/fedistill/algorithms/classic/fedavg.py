@@ -73,6 +73,7 @@ from fedistill.privacy.budget import (
     privacy_request,
     refusal,
     refusal_reason,
+    warn_if_delta_too_large,
 )
 from fedistill.privacy.sanitize import sanitize_sum
 from fedistill.seeding import torch_generator
@@ -216,9 +217,11 @@ class FedAvgClient(ClientLogic):
 class PrivacyReport:
     """The server side of client-level DP: stop on a refusal, track and report epsilons."""
 
-    def __init__(self, options: Any, sample_rate: float) -> None:
+    def __init__(self, options: Any, sample_rate: float, clients: int) -> None:
         self.dp = dp_of(options)
         self.sample_rate = sample_rate  # m / K, stated in the final metrics
+        if self.dp is not None:  # user-level DP: the individuals protected are the K clients
+            warn_if_delta_too_large(self.dp.delta, clients, f"the federation's {clients} clients")
         self.epsilons: dict[int, float] = {}
         self.rounds_done = 0
 
@@ -266,7 +269,8 @@ class FedAvgServer(ServerLogic):
         self.specs = state_specs(self.model.state_dict())
         self.momentum: dict[str, torch.Tensor] = {}
         self.last_local: dict[str, float] = {}
-        self.privacy = PrivacyReport(self.options, sampling_rate(ctx.config.fraction, ctx.num_clients))
+        rate = sampling_rate(ctx.config.fraction, ctx.num_clients)
+        self.privacy = PrivacyReport(self.options, rate, ctx.num_clients)
         self.task = task_of(ctx.config, ctx.info)
         if self.options.drop_worst and (ctx.validation is None or len(ctx.validation) == 0):
             raise ConfigError("drop_worst needs the server's validation split: set val_fraction > 0")

@@ -91,7 +91,8 @@ class FedDFServer(ServerLogic):
         )
         log.info("FedDF distils on %s", self.source.description)
         self.last_local: dict[str, float] = {}
-        self.privacy = PrivacyReport(self.options, sampling_rate(config.fraction, ctx.num_clients))
+        rate = sampling_rate(config.fraction, ctx.num_clients)
+        self.privacy = PrivacyReport(self.options, rate, ctx.num_clients)
 
     def group(self, client: int) -> str:
         """The architecture group of `client` (`groups` cycled over the clients)."""

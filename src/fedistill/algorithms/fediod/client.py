@@ -37,15 +37,18 @@ tensor, the gradient of batch-mean losses (about 1/B of a per-sample loss gradie
 Neither covers T_k's logits (`query.generate`, `query.student`; the paper applies PATE to local
 outputs, `fedistill.privacy.pate`), Eq. 8's density ratios (from D_k and the mean score on the real
 batch), the G-loss and entropy each `query.generate` reply reports (D_k's and T_k's outputs on the
-synthetic batch), stage 1 (teacher training, label and sample counts) or the validation accuracies used
-for model selection. With DP on, clients leave their real-batch D-loss out of their metrics.
+synthetic batch), stage 1 (teacher training, label and sample counts), the training label masks a site
+uploads on a per-pixel task (`query.masks`, ``mask_source = "clients"``: sent as they are) or the
+validation accuracies used for model selection. With DP on, clients leave their real-batch D-loss out of
+their metrics.
 
 *Noise.* Drawn from the client's secret seed (`dp_noise_seed = "secret"`, the default: the server cannot
 regenerate it) or from the run seed (`"run"`: reproducible, and removable by the server); see
 `fedistill.privacy.budget.ClientBudget`.
 
 *Budget.* ``dp_target_epsilon`` with no noise multiplier calibrates the noise once per client
-(`calibrate_noise`) for the planned number of G-steps, which the server sends. A client whose next
+(`calibrate_noise`) for the planned number of G-steps, which the server sends (under ``"release"``, for
+a whole batch's release on every step, the largest a step can make). A client whose next
 step would exceed the target refuses it (`PrivacyBudgetExceeded`, answered as a refusal); the server
 then ends the run cleanly: the partial epoch is evaluated, the best student kept and the summary
 written with every client's epsilon (``epsilon_client_<k>``, ``epsilon_max``).
@@ -280,10 +283,13 @@ class FedIODClient(ClientLogic):
         assert self.budget is not None
         n = len(self.ctx.train)
         if self.options.dp_accounting == "d-step":
-            rate, scale = min(real_batch, n) / n, 1.0
+            rate, scale, widest = min(real_batch, n) / n, 1.0, 1.0
         else:  # release: B per-sample gradients, each may move by 2C: L2 sensitivity 2C sqrt(B)
             rate, scale = 1.0, 2.0 * math.sqrt(released)
-        noise = self.budget.noise_multiplier(rate, planned_steps, scale)
+            # a noise calibrated once must cover the largest release of any step: a site asked about its
+            # own rows only (`owner_queries`) releases fewer than the batch's `real_batch` on some steps
+            widest = 2.0 * math.sqrt(max(released, real_batch))
+        noise = self.budget.noise_multiplier(rate, planned_steps, widest)
         epsilon = self.budget.spend(noise / scale, rate)
         return {"epsilon": epsilon, "noise_multiplier": noise}
 

@@ -42,7 +42,7 @@ from fedistill.federation.messages import ArraySpec, Message
 from fedistill.federation.reply_spec import TRAIN_METRICS, ReplySpec
 from fedistill.models.generator import build_generator, resolve_upsamples
 from fedistill.models.pix2pix import build_conditional_generator
-from fedistill.privacy.budget import epsilon_summary
+from fedistill.privacy.budget import epsilon_summary, warn_if_delta_too_large
 from fedistill.seeding import seeded
 
 log = logging.getLogger(__name__)
@@ -137,12 +137,16 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             torch.Tensor
         ] = []  # each site's uploaded masks (per-pixel tasks, mask_source clients)
         if options.dp_enabled:
+            masks_up = self.view.conditional and options.mask_source == "clients"
             log.info(
                 "FedIOD with DP: input-gradients clipped to %g, accounting %r at delta %g; logits, density "
-                "ratios and stage 1 are not covered (see the fediod module docstring)",
+                "ratios%s and stage 1 are not covered (see the fediod module docstring)",
                 options.dp_clip_norm,
                 options.dp_accounting,
                 options.dp_delta,
+                ", the sites' training label masks (mask_source = 'clients'; 'prior' keeps them)"
+                if masks_up
+                else "",
             )
 
     @property
@@ -198,6 +202,10 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
         )
         if float(sizes.sum()) <= 0:
             raise FederationError("every teacher reports 0 training samples; FedIOD cannot weight them")
+        if options.dp_enabled:  # the accounting protects one record of a site's training set
+            n, smallest = min((int(n), c) for n, c in zip(sizes.tolist(), clients, strict=True))
+            what = f"client {smallest}'s {n} training records (the smallest site)"
+            warn_if_delta_too_large(options.dp_delta, n, what)
         counts = None
         if wants_counts:
             counts = torch.stack([replies[c].tensor("label-statistics", "class_counts") for c in clients])

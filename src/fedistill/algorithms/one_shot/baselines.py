@@ -80,8 +80,14 @@ class OneShotOptions(FedDFOptions):
 
     def validate(self) -> None:
         """FedDF's checks, at least one stage-1 epoch, and none of FedDF's round keys set: the one upload is
-        never sanitised (no differential privacy), filtered or robustly combined, so such a key is refused
-        rather than ignored."""
+        never sanitised (no differential privacy), dropped as worst or robustly combined (only screened:
+        `plausibility_checks`), so such a key is refused rather than ignored."""
+        if self.dp_enabled:
+            raise ConfigError(
+                f"{self.section} does not offer differential privacy: its clients upload their stage-1 "
+                "models as they are, unclipped and un-noised. Set dp_enabled = false (fedavg and feddf "
+                "offer it)"
+            )
         defaults = FedDFOptions()
         for key in UNUSED_ROUND_KEYS:
             if getattr(self, key) != getattr(defaults, key):
