@@ -84,9 +84,9 @@ class OneShotOptions(FedDFOptions):
         `plausibility_checks`), so such a key is refused rather than ignored."""
         if self.dp_enabled:
             raise ConfigError(
-                f"{self.section} does not offer differential privacy: its clients upload their stage-1 "
-                "models as they are, unclipped and un-noised. Set dp_enabled = false (fedavg and feddf "
-                "offer it)"
+                f"{self.section}.dp_enabled = True, but {self.section} does not offer differential "
+                "privacy: its clients upload their stage-1 models as they are, unclipped and un-noised. "
+                "Set dp_enabled = false (fedavg and feddf offer it)"
             )
         defaults = FedDFOptions()
         for key in UNUSED_ROUND_KEYS:
