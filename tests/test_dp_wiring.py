@@ -587,6 +587,25 @@ def test_a_fedkd_model_card_states_the_pate_guarantee_of_its_labels():
     assert privacy({"test_accuracy": 0.9}, {"pate_noise_seed": "secret"}) is None  # pate_sigma = 0
 
 
+def _interrupt_fedavg_after(monkeypatch, config: RunConfig, out, stop_round: int):
+    """Run `config` until its sites have released round `stop_round`, then interrupt it there (before
+    that round's checkpoint); returns FedAvg's own `run_round`, for the resume."""
+    from fedistill.algorithms.classic.fedavg import FedAvgServer
+
+    original = FedAvgServer.run_round
+
+    def stop_after(self, fleet, round):
+        metrics = original(self, fleet, round)
+        if round == stop_round:
+            raise KeyboardInterrupt
+        return metrics
+
+    monkeypatch.setattr(FedAvgServer, "run_round", stop_after)
+    with pytest.raises(KeyboardInterrupt):
+        run_suite(config, out, progress=False)
+    return original
+
+
 def test_releases_after_the_checkpoint_count_and_get_fresh_noise_on_resume(tmp_path, monkeypatch):
     """A run stopped after its sites released round 2 but before its checkpoint resumes from round 1: the
     sites' journals (privacy/journal.py) make the accountants count round 2's first releases too, and the
@@ -598,17 +617,7 @@ def test_releases_after_the_checkpoint_count_and_get_fresh_noise_on_resume(tmp_p
     dp = {"dp_enabled": True, "dp_noise_multiplier": 1.0, "dp_clip_norm": 1.0}
     config = build_config(RunConfig(), SMALL, {"algorithm": "fedavg", "fedavg": dp})
     reference = run_suite(config, tmp_path / "ref", progress=False)[0]
-    original = FedAvgServer.run_round
-
-    def stop_after_round_2(self, fleet, round):
-        metrics = original(self, fleet, round)
-        if round == 2:
-            raise KeyboardInterrupt  # the sites released round 2; its checkpoint is not written
-        return metrics
-
-    monkeypatch.setattr(FedAvgServer, "run_round", stop_after_round_2)
-    with pytest.raises(KeyboardInterrupt):
-        run_suite(config, tmp_path / "cut", progress=False)
+    original = _interrupt_fedavg_after(monkeypatch, config, tmp_path / "cut", 2)  # its checkpoint unwritten
     run = tmp_path / "cut" / "fedavg"
     kept = json.loads(journal_file(run, 0).read_text())
     assert kept["releases"] == 2 and kept["accountant"]["history"][0][2] == 2
@@ -633,17 +642,7 @@ def test_releases_of_a_run_stopped_before_its_first_checkpoint_count_when_it_sta
 
     dp = {"dp_enabled": True, "dp_noise_multiplier": 1.0, "dp_clip_norm": 1.0}
     config = build_config(RunConfig(), SMALL, {"algorithm": "fedavg", "fedavg": dp})
-    original = FedAvgServer.run_round
-
-    def stop_after_round_1(self, fleet, round):
-        metrics = original(self, fleet, round)
-        if round == 1:
-            raise KeyboardInterrupt  # the sites released round 1; no checkpoint is written yet
-        return metrics
-
-    monkeypatch.setattr(FedAvgServer, "run_round", stop_after_round_1)
-    with pytest.raises(KeyboardInterrupt):
-        run_suite(config, tmp_path / "cut", progress=False)
+    original = _interrupt_fedavg_after(monkeypatch, config, tmp_path / "cut", 1)  # no checkpoint yet
     run = tmp_path / "cut" / "fedavg"
     assert resume_point(run) is None  # nothing to resume from: the run starts over
     first = json.loads(journal_file(run, 0).read_text())

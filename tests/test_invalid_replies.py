@@ -170,6 +170,28 @@ def test_too_few_valid_replies_stop_the_run_with_one_line(tmp_path, misbehaving,
     assert f"client {BAD_CLIENT}: invalid reply" in err and "expected" in err
 
 
+def _bad_client_replaces(monkeypatch, kind: str, replace) -> None:
+    """Client BAD_CLIENT's replies carry `replace(reply)` as their arrays of `kind` (unchanged where it
+    gives None)."""
+    original = InProcessFleet.__init__
+
+    def init(self, clients, ledger, **kwargs):
+        original(self, clients, ledger, **kwargs)
+        honest = self._clients[BAD_CLIENT].handle
+
+        def handle(message: Message) -> Message:
+            reply = honest(message)
+            replaced = replace(reply)
+            if replaced is None:
+                return reply
+            arrays = {k: {n: reply.array(k, n) for n in v} for k, v in reply.arrays.items()}
+            return _rebuilt(reply, arrays=arrays | {kind: replaced})
+
+        self._clients[BAD_CLIENT].handle = handle
+
+    monkeypatch.setattr(InProcessFleet, "__init__", init)
+
+
 @pytest.mark.parametrize(
     ("message_type", "kind", "changes"),
     [
@@ -183,23 +205,13 @@ def test_a_negative_ratio_or_count_is_invalid_not_the_end_of_the_run(
 ):
     """A density ratio or class count below 0 is no site's honest output, and the ensemble's weighting
     refuses it: the reply is invalid, the run goes on with the other sites."""
-    original = InProcessFleet.__init__
 
-    def init(self, clients, ledger, **kwargs):
-        original(self, clients, ledger, **kwargs)
-        honest = self._clients[BAD_CLIENT].handle
+    def negated(reply: Message) -> dict | None:
+        if reply.type != message_type or kind not in reply.arrays:
+            return None
+        return {n: np.full(a.shape, -1, a.dtype) for n, a in reply.arrays[kind].items()}
 
-        def handle(message: Message) -> Message:
-            reply = honest(message)
-            if reply.type != message_type or kind not in reply.arrays:
-                return reply
-            arrays = {k: {n: reply.array(k, n) for n in v} for k, v in reply.arrays.items()}
-            arrays[kind] = {n: np.full(a.shape, -1, a.dtype) for n, a in arrays[kind].items()}
-            return _rebuilt(reply, arrays=arrays)
-
-        self._clients[BAD_CLIENT].handle = handle
-
-    monkeypatch.setattr(InProcessFleet, "__init__", init)
+    _bad_client_replaces(monkeypatch, kind, negated)
     fediod = {**TINY_FEDIOD["fediod"], "ensemble_weighting": "eq8", **changes}
     summary = run_suite(_config("fediod", fediod=fediod), tmp_path, progress=False)[0]
     reason = summary["dropped_clients"][str(BAD_CLIENT)]
@@ -223,25 +235,15 @@ def test_negative_class_counts_of_the_generator_methods_are_invalid_replies(
 ):
     """FedMD-CG, FedGen and FedCG weigh and sample by the uploaded class counts: a negative count is an
     invalid reply that drops its client, not an error that stops the server."""
-    original = InProcessFleet.__init__
 
-    def init(self, clients, ledger, **kwargs):
-        original(self, clients, ledger, **kwargs)
-        honest = self._clients[BAD_CLIENT].handle
+    def negative_first_count(reply: Message) -> dict | None:
+        if "label-statistics" not in reply.arrays:
+            return None
+        counts = reply.array("label-statistics", "class_counts").copy()
+        counts[0] = -5
+        return {"class_counts": counts}
 
-        def handle(message: Message) -> Message:
-            reply = honest(message)
-            if "label-statistics" not in reply.arrays:
-                return reply
-            arrays = {k: {n: reply.array(k, n) for n in v} for k, v in reply.arrays.items()}
-            counts = arrays["label-statistics"]["class_counts"].copy()
-            counts[0] = -5
-            arrays["label-statistics"] = {"class_counts": counts}
-            return _rebuilt(reply, arrays=arrays)
-
-        self._clients[BAD_CLIENT].handle = handle
-
-    monkeypatch.setattr(InProcessFleet, "__init__", init)
+    _bad_client_replaces(monkeypatch, "label-statistics", negative_first_count)
     config = _config(algorithm, rounds=1, local_steps=2, **changes)  # round 1 already uses the counts
     summary = run_suite(config, tmp_path, progress=False)[0]
     reason = summary["dropped_clients"][str(BAD_CLIENT)]
