@@ -12,7 +12,7 @@ from torch import nn
 
 from fedistill.data.base import DatasetInfo
 from fedistill.errors import ConfigError
-from fedistill.models import build_model, count_parameters, model_names
+from fedistill.models import build_model, check_model_norm, count_parameters, model_names
 from fedistill.models.fastmri_unet import FastMRIUnet
 from fedistill.models.perceptual import (
     PerceptualLoss,
@@ -114,6 +114,16 @@ def test_norms_per_model():
         build_model("resnet8", info(3, 32, 10, "classification"), norm="instance")
     with pytest.raises(ConfigError, match=r"did you mean 'instance'.*valid: batch, group, instance, none"):
         build_model("unet", seg, norm="instanc")
+
+
+def test_norm_auto_is_the_model_default_as_the_config_writes_it():
+    """`norm = "auto"` is the config's default and what a run records: build_model takes it as None."""
+    assert norm_kinds(build_model("unet-fastmri", recon(), norm="auto", options={"chans": 4})) == {
+        nn.InstanceNorm2d
+    }
+    assert norm_kinds(build_model("unet", info(1, 32), norm="auto", options={"width": 4})) == {nn.BatchNorm2d}
+    check_model_norm("unet-fastmri", "auto")
+    check_model_norm("vgg9", "auto")
 
 
 # --- U-Net ----------------------------------------------------------------------------------------
