@@ -269,6 +269,16 @@ def test_generator_refuses_sizes_and_bad_options():
         build_conditional_generator(info(1, 16), 0)
 
 
+def test_generator_refuses_images_its_blocks_cannot_pad():
+    """At 4×4 the residual blocks see 1×1 maps, which reflection padding (and InstanceNorm) cannot take."""
+    with pytest.raises(ConfigError, match=r"ResNet generator needs images of at least 8×8 .*got 4×4"):
+        build_conditional_generator(info(1, 4), 2, width=4, blocks=1)
+    g = build_conditional_generator(info(1, 8), 2, width=4, blocks=1)
+    assert g(torch.rand(2, 2, 8, 8)).shape == (2, 1, 8, 8)
+    with pytest.raises(ValueError, match=r"at least 8×8, got 4×4"):
+        g(torch.rand(2, 2, 4, 4))
+
+
 def test_generator_reference_parameter_counts_and_names():
     # resnet_9blocks, ngf 64, RGB → RGB. With InstanceNorm (CycleGAN) every conv has a bias:
     # stem 7·7·3·64 + 64 = 9,472; downs 73,856 + 295,168; 9 blocks × 2 × (9·256² + 256) = 10,621,440;
