@@ -355,6 +355,21 @@ def test_perceptual_loss_on_a_unet_encoder(name: str):
     assert not loss.features.training  # BatchNorm statistics of the feature network stay fixed
 
 
+def test_encoder_features_is_a_frozen_copy_on_its_own():
+    """Frozen as its docstring says, also outside PerceptualLoss: no gradients, eval-mode BatchNorm."""
+    torch.manual_seed(0)
+    model = build_model("unet", info(1, 16), options={"width": 4, "depth": 2})
+    with torch.no_grad():
+        model(torch.randn(4, 1, 16, 16) + 1)  # running statistics other than their init; still training
+    features = encoder_features(model)
+    assert not features.training
+    assert all(not p.requires_grad for p in features.parameters())
+    x = torch.randn(1, 1, 16, 16)
+    with torch.no_grad():
+        expected = model.eval().encoder(x)
+    assert all(torch.allclose(a, b) for a, b in zip(features(x), expected, strict=True))
+
+
 def test_encoder_levels():
     model = build_model("unet", info(1, 16), options={"width": 4, "depth": 2})
     feats = encoder_features(model, levels=[0, 2])(torch.randn(1, 1, 16, 16))

@@ -177,11 +177,12 @@ class _EncoderLevels(nn.Module):
 
 def encoder_features(model: nn.Module, levels: Sequence[int] | None = None) -> nn.Module:
     """A frozen copy of ``model``'s down path (a U-Net of this package) as a feature network; the
-    model itself is left as it is. ``levels`` picks the levels (default: all, finest first)."""
+    model itself is left as it is. ``levels`` picks the levels (default: all, finest first). Frozen: no
+    gradients reach its parameters and it is in eval mode (BatchNorm uses the running statistics)."""
     if not hasattr(model, "encoder_module"):
         raise TypeError(f"{type(model).__name__} has no U-Net down path (no encoder_module method)")
     encoder = copy.deepcopy(model.encoder_module())
-    return _EncoderLevels(encoder, levels)
+    return _EncoderLevels(encoder, levels).requires_grad_(False).eval()
 
 
 class PerceptualLoss(nn.Module):
