@@ -385,6 +385,8 @@ def test_perceptual_loss_weights_and_plain_modules():
     assert torch.allclose(PerceptualLoss(conv, weights=[2.0])(x, y), 2 * one)
     with pytest.raises(ValueError, match="2 perceptual weights for 1 feature maps"):
         PerceptualLoss(conv, weights=[1.0, 1.0])(x, y)
+    with pytest.raises(ValueError, match="0 perceptual weights for 1 feature maps"):
+        PerceptualLoss(conv, weights=[])(x, y)  # not silently every weight 1
 
 
 @pytest.fixture(scope="module")

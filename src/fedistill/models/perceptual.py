@@ -206,7 +206,7 @@ class PerceptualLoss(nn.Module):
         feats = _as_list(self.features(x))
         with torch.no_grad():
             targets = _as_list(self.features(target))
-        weights = self.weights or [1.0] * len(feats)
+        weights = [1.0] * len(feats) if self.weights is None else self.weights
         if len(weights) != len(feats):
             raise ValueError(f"{len(weights)} perceptual weights for {len(feats)} feature maps")
         losses = [w * F.mse_loss(a, b) for w, a, b in zip(weights, feats, targets, strict=True)]
