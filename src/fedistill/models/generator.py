@@ -126,6 +126,11 @@ class Generator(nn.Module):
 
     def forward_unit(self, z: torch.Tensor) -> torch.Tensor:
         """Images in [0, 1] (the sigmoid output), e.g. for plotting."""
+        if z.dim() != 2 or z.shape[1] != self.latent_dim + self.condition_dim:
+            condition = f" followed by a condition (B, {self.condition_dim})" if self.condition_dim else ""
+            raise ValueError(
+                f"the generator takes a latent (B, {self.latent_dim}){condition}, got {tuple(z.shape)}"
+            )
         out = self.l1(z)
         out = out.view(out.shape[0], -1, self.init_size, self.init_size)
         return self.conv_blocks(out)
