@@ -12,7 +12,7 @@ from torch import nn
 
 from fedistill.data.base import DatasetInfo
 from fedistill.errors import ConfigError
-from fedistill.models import build_model, count_parameters, model_names
+from fedistill.models import build_model, check_model_norm, count_parameters, model_names
 from fedistill.models.fastmri_unet import FastMRIUnet
 from fedistill.models.perceptual import (
     PerceptualLoss,
@@ -114,6 +114,16 @@ def test_norms_per_model():
         build_model("resnet8", info(3, 32, 10, "classification"), norm="instance")
     with pytest.raises(ConfigError, match=r"did you mean 'instance'.*valid: batch, group, instance, none"):
         build_model("unet", seg, norm="instanc")
+
+
+def test_norm_auto_is_the_model_default_as_the_config_writes_it():
+    """`norm = "auto"` is the config's default and what a run records: build_model takes it as None."""
+    assert norm_kinds(build_model("unet-fastmri", recon(), norm="auto", options={"chans": 4})) == {
+        nn.InstanceNorm2d
+    }
+    assert norm_kinds(build_model("unet", info(1, 32), norm="auto", options={"width": 4})) == {nn.BatchNorm2d}
+    check_model_norm("unet-fastmri", "auto")
+    check_model_norm("vgg9", "auto")
 
 
 # --- U-Net ----------------------------------------------------------------------------------------
@@ -259,6 +269,16 @@ def test_generator_refuses_sizes_and_bad_options():
         build_conditional_generator(info(1, 16), 0)
 
 
+def test_generator_refuses_images_its_blocks_cannot_pad():
+    """At 4×4 the residual blocks see 1×1 maps, which reflection padding (and InstanceNorm) cannot take."""
+    with pytest.raises(ConfigError, match=r"ResNet generator needs images of at least 8×8 .*got 4×4"):
+        build_conditional_generator(info(1, 4), 2, width=4, blocks=1)
+    g = build_conditional_generator(info(1, 8), 2, width=4, blocks=1)
+    assert g(torch.rand(2, 2, 8, 8)).shape == (2, 1, 8, 8)
+    with pytest.raises(ValueError, match=r"at least 8×8, got 4×4"):
+        g(torch.rand(2, 2, 4, 4))
+
+
 def test_generator_reference_parameter_counts_and_names():
     # resnet_9blocks, ngf 64, RGB → RGB. With InstanceNorm (CycleGAN) every conv has a bias:
     # stem 7·7·3·64 + 64 = 9,472; downs 73,856 + 295,168; 9 blocks × 2 × (9·256² + 256) = 10,621,440;
@@ -335,6 +355,21 @@ def test_perceptual_loss_on_a_unet_encoder(name: str):
     assert not loss.features.training  # BatchNorm statistics of the feature network stay fixed
 
 
+def test_encoder_features_is_a_frozen_copy_on_its_own():
+    """Frozen as its docstring says, also outside PerceptualLoss: no gradients, eval-mode BatchNorm."""
+    torch.manual_seed(0)
+    model = build_model("unet", info(1, 16), options={"width": 4, "depth": 2})
+    with torch.no_grad():
+        model(torch.randn(4, 1, 16, 16) + 1)  # running statistics other than their init; still training
+    features = encoder_features(model)
+    assert not features.training
+    assert all(not p.requires_grad for p in features.parameters())
+    x = torch.randn(1, 1, 16, 16)
+    with torch.no_grad():
+        expected = model.eval().encoder(x)
+    assert all(torch.allclose(a, b) for a, b in zip(features(x), expected, strict=True))
+
+
 def test_encoder_levels():
     model = build_model("unet", info(1, 16), options={"width": 4, "depth": 2})
     feats = encoder_features(model, levels=[0, 2])(torch.randn(1, 1, 16, 16))
@@ -350,6 +385,8 @@ def test_perceptual_loss_weights_and_plain_modules():
     assert torch.allclose(PerceptualLoss(conv, weights=[2.0])(x, y), 2 * one)
     with pytest.raises(ValueError, match="2 perceptual weights for 1 feature maps"):
         PerceptualLoss(conv, weights=[1.0, 1.0])(x, y)
+    with pytest.raises(ValueError, match="0 perceptual weights for 1 feature maps"):
+        PerceptualLoss(conv, weights=[])(x, y)  # not silently every weight 1
 
 
 @pytest.fixture(scope="module")

@@ -122,6 +122,22 @@ def test_generator_is_deterministic_under_seed():
     assert gen.sample_latent(4, g1).shape == (4, 100)
 
 
+def test_generator_metadata_records_what_its_weights_do_not():
+    """The first layer's input is latent_dim + condition_dim: the weights fix the sum, not the split."""
+    assert Generator(DIGITS, latent_dim=8, width=4, upsamples=1).export_metadata() == {"upsamples": "1"}
+    conditional = Generator(DIGITS, latent_dim=8, width=4, condition_dim=3)
+    assert conditional.export_metadata() == {"upsamples": "2", "condition_dim": "3"}
+
+
+def test_generator_names_the_input_it_expects():
+    conditional = Generator(DIGITS, latent_dim=8, width=4, condition_dim=3)
+    with pytest.raises(ValueError, match=r"latent \(B, 8\) followed by a condition \(B, 3\).*got \(2, 8\)"):
+        conditional(conditional.sample_latent(2))  # the condition left out
+    assert conditional(torch.randn(2, 11)).shape == (2, 1, 8, 8)
+    with pytest.raises(ValueError, match=r"latent \(B, 8\), got \(2, 11\)"):
+        Generator(DIGITS, latent_dim=8, width=4)(torch.randn(2, 11))
+
+
 def test_generator_gradients_reach_every_parameter():
     gen = Generator(DIGITS, latent_dim=8, width=4)
     gen(gen.sample_latent(6)).square().mean().backward()

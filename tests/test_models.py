@@ -181,6 +181,13 @@ def test_group_count_must_divide_channels():
         build_model("lenet-fedmdcg", MNIST, norm="group", group_norm_groups=4)
 
 
+@pytest.mark.parametrize("groups", [0, -2, 2.0, True])
+def test_group_count_must_be_a_positive_integer(groups: object):
+    """A float or bool count used to build and then fail at the first forward inside torch."""
+    with pytest.raises(ConfigError, match=rf"group_norm_groups must be a positive integer, got {groups!r}"):
+        build_model("resnet8", CIFAR10, norm="group", group_norm_groups=groups)  # type: ignore[arg-type]
+
+
 def test_make_norm2d():
     assert isinstance(make_norm2d("batch", 8, groups=2), nn.BatchNorm2d)
     assert make_norm2d("group", 8, groups=4).num_groups == 4

@@ -257,6 +257,23 @@ def test_distilbert_loads_a_pretrained_folder_and_refuses_a_missing_one(root, tm
         build_model("distilbert", info, options={**TINY, "vocab_size": 10})
 
 
+def test_a_folder_fine_tuned_for_another_class_count_gets_a_new_seeded_head(root, tmp_path):
+    """A folder fine-tuned on SST-2's 2 classes serves AG News's 4: its body loads, the head is new."""
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    info = _ag_news(root).info
+    folder = tmp_path / "sst2-fine-tuned"
+    config = DistilBertConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, hidden_dim=32, num_labels=2)
+    tuned = seeded(1, lambda: DistilBertForSequenceClassification(config))
+    tuned.save_pretrained(str(folder))
+    build = lambda: build_model("distilbert", info, options={"model_dir": str(folder)})  # noqa: E731
+    model, again = seeded(0, build), seeded(0, build)
+    assert model.num_classes == 4 and model.classifier.weight.shape == (4, 16)
+    for key, value in tuned.distilbert.state_dict().items():
+        assert torch.equal(model.state_dict()[f"extractor.distilbert.{key}"], value)
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in model.state_dict().items())  # head: seeded
+
+
 def test_a_relative_model_folder_is_recorded_absolute(root, tmp_path, monkeypatch):
     """The model file records the tokenizer's folder, and a trained model is loaded from any directory."""
     from transformers import DistilBertConfig, DistilBertModel

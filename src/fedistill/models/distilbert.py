@@ -5,7 +5,8 @@ Built one of two ways (`[model_options]`):
 - from a local model folder, `model_dir` (default: the folder whose tokenizer made the dataset's token
   ids): `DistilBertForSequenceClassification.from_pretrained` on that folder alone, never the hub. A
   plain pretrained checkpoint such as distilbert-base-uncased has no classification head; its head is
-  initialised from the run seed, as every model here, so all sites and the server start identical.
+  initialised from the run seed, as every model here, so all sites and the server start identical. So
+  is the final Linear of a folder fine-tuned for another number of classes.
 - a randomly initialised DistilBERT when any size is given (`dim`, `n_layers`, `n_heads`,
   `hidden_dim`; the others then take distilbert-base's 768, 6, 12 and 4 x dim); `vocab_size` defaults to
   the tokenizer's.
@@ -186,6 +187,9 @@ def _pretrained(info: DatasetInfo, text: TextInfo, model_dir: str, vocab_size: i
         config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
         if config.model_type != "distilbert":
             raise ConfigError(f"{folder} holds a {config.model_type!r} model, not a DistilBERT one")
+        # A folder fine-tuned for another number of classes (SST-2's 2 for AG News's 4): its head cannot
+        # serve, so it is replaced by a new one, initialised like a plain checkpoint's missing head.
+        other_head = config.num_labels != info.num_classes
         config.num_labels = info.num_classes
         with _quiet_loading(report=str(folder.resolve()) not in _REPORTED):
             model = DistilBertForSequenceClassification.from_pretrained(
@@ -194,6 +198,7 @@ def _pretrained(info: DatasetInfo, text: TextInfo, model_dir: str, vocab_size: i
                 local_files_only=True,
                 attn_implementation="eager",
                 dtype=torch.float32,
+                ignore_mismatched_sizes=other_head,
             )
     except (OSError, ValueError, RuntimeError) as exc:
         raise DataError(f"distilbert: cannot load the model in {folder} ({exc})") from None

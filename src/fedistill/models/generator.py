@@ -126,6 +126,11 @@ class Generator(nn.Module):
 
     def forward_unit(self, z: torch.Tensor) -> torch.Tensor:
         """Images in [0, 1] (the sigmoid output), e.g. for plotting."""
+        if z.dim() != 2 or z.shape[1] != self.latent_dim + self.condition_dim:
+            condition = f" followed by a condition (B, {self.condition_dim})" if self.condition_dim else ""
+            raise ValueError(
+                f"the generator takes a latent (B, {self.latent_dim}){condition}, got {tuple(z.shape)}"
+            )
         out = self.l1(z)
         out = out.view(out.shape[0], -1, self.init_size, self.init_size)
         return self.conv_blocks(out)
@@ -137,8 +142,13 @@ class Generator(nn.Module):
 
     def export_metadata(self) -> dict[str, str]:
         """What a saved file needs beside the weights to rebuild this G: the weights fix the base grid,
-        not how often it is upsampled (`fedistill.algorithms.shared.distillation_data.load_generator`)."""
-        return {"upsamples": str(self.upsamples)}
+        not how often it is upsampled (`fedistill.algorithms.shared.distillation_data.load_generator`),
+        and the first layer's input size, not how much of it is a condition (recorded when there is one,
+        so a conditional G is not mistaken for an unconditional one with a longer z)."""
+        recorded = {"upsamples": str(self.upsamples)}
+        if self.condition_dim:
+            recorded["condition_dim"] = str(self.condition_dim)
+        return recorded
 
     def sample_latent(self, batch: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """z ~ N(0, I) of shape (batch, latent_dim), on this module's device."""

@@ -13,6 +13,7 @@ from torch import nn
 
 from fedistill.errors import ConfigError
 from fedistill.models.base import unknown_choice
+from fedistill.models.checks import positive_int
 
 NORMS = ("batch", "group", "none")
 DENSE_NORMS = ("batch", "group", "instance", "none")
@@ -31,7 +32,8 @@ def make_norm2d(norm: str, channels: int, *, groups: int) -> nn.Module:
     if norm == "batch":
         return nn.BatchNorm2d(channels)
     if norm == "group":
-        if groups < 1 or channels % groups != 0:
+        positive_int("group_norm_groups", groups)
+        if channels % groups != 0:
             raise ConfigError(
                 f"group norm needs a group count that divides every layer's channels: "
                 f"{channels} channels cannot be split into {groups} groups"

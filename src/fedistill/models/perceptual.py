@@ -177,11 +177,12 @@ class _EncoderLevels(nn.Module):
 
 def encoder_features(model: nn.Module, levels: Sequence[int] | None = None) -> nn.Module:
     """A frozen copy of ``model``'s down path (a U-Net of this package) as a feature network; the
-    model itself is left as it is. ``levels`` picks the levels (default: all, finest first)."""
+    model itself is left as it is. ``levels`` picks the levels (default: all, finest first). Frozen: no
+    gradients reach its parameters and it is in eval mode (BatchNorm uses the running statistics)."""
     if not hasattr(model, "encoder_module"):
         raise TypeError(f"{type(model).__name__} has no U-Net down path (no encoder_module method)")
     encoder = copy.deepcopy(model.encoder_module())
-    return _EncoderLevels(encoder, levels)
+    return _EncoderLevels(encoder, levels).requires_grad_(False).eval()
 
 
 class PerceptualLoss(nn.Module):
@@ -205,7 +206,7 @@ class PerceptualLoss(nn.Module):
         feats = _as_list(self.features(x))
         with torch.no_grad():
             targets = _as_list(self.features(target))
-        weights = self.weights or [1.0] * len(feats)
+        weights = [1.0] * len(feats) if self.weights is None else self.weights
         if len(weights) != len(feats):
             raise ValueError(f"{len(weights)} perceptual weights for {len(feats)} feature maps")
         losses = [w * F.mse_loss(a, b) for w, a, b in zip(weights, feats, targets, strict=True)]

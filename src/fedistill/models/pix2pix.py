@@ -39,6 +39,8 @@ from fedistill.models.checks import check_divisible, non_negative_int, positive_
 from fedistill.models.norm import DENSE_NORMS, check_norm, make_norm2d
 
 OUTPUTS = ("tanh", "sigmoid")
+#: The smallest image side G takes: its blocks reflection-pad the quarter-size map by 1, so it needs 2 px.
+MIN_GENERATOR_SIZE = 8
 #: How far one unit of a look's parameters moves its colour map (`ResnetGenerator._in_look`).
 LOOK_STEP = 10.0
 
@@ -99,7 +101,8 @@ class ResnetBlock(nn.Module):
 
 
 class ResnetGenerator(nn.Module):
-    """condition (B, condition_channels, H, W) [+ noise] → image (B, channels, H, W); H, W multiples of 4."""
+    """condition (B, condition_channels, H, W) [+ noise] → image (B, channels, H, W); H, W multiples of 4,
+    at least 8."""
 
     def __init__(
         self,
@@ -131,6 +134,12 @@ class ResnetGenerator(nn.Module):
         if output not in OUTPUTS:
             raise unknown_choice("generator output", output, OUTPUTS)
         check_divisible(f"the ResNet generator (dataset {info.name!r})", info.image_size, info.image_size, 4)
+        if info.image_size < MIN_GENERATOR_SIZE:
+            raise ConfigError(
+                f"the ResNet generator needs images of at least {MIN_GENERATOR_SIZE}×{MIN_GENERATOR_SIZE} "
+                f"(its blocks reflection-pad the quarter-size map), got {info.image_size}×{info.image_size} "
+                f"(dataset {info.name!r})"
+            )
         bias = _conv_bias(norm)
         self.width, self.blocks, self.output, self.channels = width, blocks, output, info.channels
 
@@ -211,6 +220,11 @@ class ResnetGenerator(nn.Module):
                 f"got {tuple(condition.shape)}"
             )
         check_divisible("the ResNet generator", condition.shape[-2], condition.shape[-1], 4)
+        if min(condition.shape[-2:]) < MIN_GENERATOR_SIZE:
+            raise ValueError(
+                f"the ResNet generator needs images of at least {MIN_GENERATOR_SIZE}×{MIN_GENERATOR_SIZE}, "
+                f"got {condition.shape[-2]}×{condition.shape[-1]}"
+            )
 
     def _input(self, condition: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
         if self.noise_channels == 0:

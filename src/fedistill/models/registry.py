@@ -139,14 +139,14 @@ def build_model(
     """Build model ``name`` for ``info``'s task, image shape and class count.
 
     ``norm`` is ``"batch"``, ``"group"`` (GroupNorm with ``group_norm_groups`` groups), ``"none"`` or, for
-    the dense-prediction nets, ``"instance"``; None means the model's default. ``options`` sets the
-    model's own options (``model_options(name)``).
+    the dense-prediction nets, ``"instance"``; None or ``"auto"`` (the config's value for it) means the
+    model's default. ``options`` sets the model's own options (``model_options(name)``).
     """
     if name not in _MODELS:
         raise unknown_choice("model", name, model_names())
     spec = _MODELS[name]
     _check_task(name, spec, info)
-    norm = spec.default_norm if norm is None else norm
+    norm = resolved_norm(name, norm)
     _check_norm(name, spec, norm)
     kwargs = _check_options(name, spec, options)
     model = spec.factory(info, norm, group_norm_groups, **kwargs)
@@ -167,9 +167,9 @@ def _check_task(name: str, spec: ModelSpec, info: DatasetInfo) -> None:
 
 
 def check_model_norm(name: str, norm: str | None) -> None:
-    """ConfigError unless model `name` offers `norm` (None: its default), as `build_model` checks: for a
-    run's setup, to refuse it before anything is written."""
-    if name in _MODELS and norm is not None:
+    """ConfigError unless model `name` offers `norm` (None or "auto": its default), as `build_model` checks:
+    for a run's setup, to refuse it before anything is written."""
+    if name in _MODELS and norm not in (None, "auto"):
         _check_norm(name, _MODELS[name], norm)
 
 
