@@ -300,6 +300,17 @@ def test_a_saved_generator_records_its_upsamplings_and_loads_with_them(tmp_path)
         dd.load_generator(path)
 
 
+def test_a_conditional_generator_is_refused_as_a_source_not_fed_noise_for_its_condition(tmp_path):
+    """A per-client FedIOD G takes z and a condition; read back it looked unconditional with a longer z,
+    and the source filled the condition with noise."""
+    info = _info(channels=1, size=8)
+    conditional = build_generator(info, latent_dim=8, width=4, upsamples=1, condition_dim=3).eval()
+    path = tmp_path / "generator.safetensors"
+    save_model(conditional, path, {"algorithm": "fediod", **conditional.export_metadata()})
+    with pytest.raises(ConfigError, match=r"feddf\.source: .* is a conditional generator \(a condition of 3"):
+        dd.load_generator(path)
+
+
 # --- end to end ---------------------------------------------------------------------------------
 FAST = {"steps": 30, "eval_every_steps": 10, "patience": 2, "distill_batch_size": 32}
 

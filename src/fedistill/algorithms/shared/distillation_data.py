@@ -265,12 +265,19 @@ def load_generator(path: str | Path, *, upsample: str = "bilinear", key: str = K
         )
     try:  # one read for the weights and the metadata
         with safe_open(str(path), framework="pt") as opened:
-            recorded = (opened.metadata() or {}).get("upsamples", "2")
+            metadata = opened.metadata() or {}
+            recorded = metadata.get("upsamples", "2")
             state = {key: opened.get_tensor(key) for key in opened.keys()}  # noqa: SIM118 (not a dict)
     except Exception as exc:  # safetensors raises its own error types for corrupt files
         raise ConfigError(f"{key}: {path} is not a readable safetensors file ({exc})") from None
     if recorded not in ("0", "1", "2"):
         raise ConfigError(f"{key}: {path} records {recorded!r} upsamplings; a generator has 0, 1 or 2")
+    if metadata.get("condition_dim", "0") != "0":
+        raise ConfigError(
+            f"{key}: {path} is a conditional generator (a condition of {metadata['condition_dim']} values "
+            "beside its noise, e.g. FedIOD's generator_mixture = 'per-client'); a source draws from an "
+            "unconditional one only, which would feed noise where the condition goes"
+        )
     upsamples = int(recorded)
     shape = infer_generator_shape(state, upsamples)
     info = DatasetInfo(
