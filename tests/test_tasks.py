@@ -151,6 +151,15 @@ def test_distilled_columns_and_their_counts():
     assert counts.dtype == torch.int64 and counts.tolist() == [4]
 
 
+def test_an_empty_batch_decodes_to_no_targets_of_a_targets_shape():
+    """A model's answer to no images (`TrainedModel.predict`) is a prediction with no rows, shaped and
+    typed as one of that task's targets: instance segmentation gave a float tensor of shape (0,)."""
+    semantic = SemanticSegmentation().decode(torch.zeros(0, 3, SIZE, SIZE))
+    instances = InstanceSegmentation().decode(torch.zeros(0, 3, SIZE, SIZE))
+    assert semantic.shape == instances.shape == (0, SIZE, SIZE)
+    assert semantic.dtype == instances.dtype == torch.int64
+
+
 def test_inputs_of_clean_images():
     images = torch.rand(3, 1, 16, 16)
     index = torch.arange(3) + 5
