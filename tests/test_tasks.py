@@ -160,6 +160,16 @@ def test_an_empty_batch_decodes_to_no_targets_of_a_targets_shape():
     assert semantic.dtype == instances.dtype == torch.int64
 
 
+def test_no_instance_maps_give_no_pixel_classes_and_zero_counts():
+    """Instance maps (0, H, W) crashed in numpy's stack; semantic masks were counted as zeros already."""
+    info, task = _info("instance-segmentation", classes=2), InstanceSegmentation()
+    none = torch.zeros(0, SIZE, SIZE, dtype=torch.int64)
+    classes = task.pixel_targets(none)
+    assert classes.shape == (0, SIZE, SIZE) and classes.dtype == torch.int64
+    empty = ImageSet(torch.zeros(0, 1, SIZE, SIZE, dtype=torch.uint8), none)
+    assert task.column_counts(empty, info).tolist() == [0, 0, 0]
+
+
 def test_inputs_of_clean_images():
     images = torch.rand(3, 1, 16, 16)
     index = torch.arange(3) + 5

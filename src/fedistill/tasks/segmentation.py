@@ -168,7 +168,9 @@ class InstanceSegmentation(SemanticSegmentation):
         """Instance ids (B, H, W) -> 0 background, 1 inside, 2 contour (each instance's inner boundary, so
         touching nuclei stay apart)."""
         instances = y.cpu().numpy()
-        boundaries = np.stack([find_boundaries(m, connectivity=1, mode="inner") for m in instances])
+        boundaries = np.zeros(instances.shape, dtype=bool)  # stays (0, H, W) for no maps
+        for i, m in enumerate(instances):
+            boundaries[i] = find_boundaries(m, connectivity=1, mode="inner")
         contour = boundaries & (instances > 0)
         classes = (instances > 0).astype(np.int64)
         classes[contour] = 2
