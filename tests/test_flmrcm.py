@@ -19,6 +19,7 @@ from fedistill.algorithms.medical.flmrcm_alignment import (
     latent_vectors,
     source_step,
 )
+from fedistill.algorithms.shared.training import new_model
 from fedistill.config import RunConfig, build_config
 from fedistill.engine.launch import run_suite
 from fedistill.errors import ConfigError, FederationError
@@ -139,6 +140,20 @@ def test_only_the_target_sends_latent_features_and_every_site_its_parameters(tmp
         if r["direction"] == UP and "latent-features" in r["kinds"]
     ]
     assert per_round == [2 * 8 * 64 * 4] * 2  # 2 batches of 8 vectors of 4 · 16 float32, each round
+
+
+def test_sites_hold_no_model_outside_their_own_work():
+    """A site holds its U-Net only while it trains (FedAvg's rule, so an unsampled source costs no memory):
+    building the federation and answering the feature query left every site holding one."""
+    config = _config()
+    source, target = make_client(config, "flmrcm", 0), make_client(config, "flmrcm", 2)
+    assert not source.local.held and not target.local.held
+    state = new_model(config, target.ctx.info).state_dict()
+    query = Message.build(
+        "query.latent_features", arrays={"parameters": state}, scalars={"config": {"round": 1, "batches": 1}}
+    )
+    rows = target.handle(query).array("latent-features", "features")
+    assert rows.shape == (8, 64) and not target.local.held
 
 
 def test_an_invalid_feature_reply_stops_the_round_naming_the_target(tmp_path, monkeypatch):
