@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
+from fedistill.errors import ConfigError
 from fedistill.tasks import (
     TASKS,
     Classification,
@@ -258,6 +259,28 @@ def test_classification_evaluates_batch_by_batch():
 def test_make_task_keeps_options_and_kind():
     task = make_task(_info("reconstruction", classes=2), {"acceleration": 8.0})
     assert isinstance(task, Reconstruction) and task.acceleration == 8.0 and task.per_pixel
+
+
+@pytest.mark.parametrize(
+    ("kind", "options", "message"),
+    [
+        # `--set task.hd95=False` arrives as the text 'False', which was taken as true
+        ("semantic-segmentation", {"hd95": "False"}, "task.hd95 must be true or false"),
+        ("semantic-segmentation", {"dice_weight": "0.5"}, "task.dice_weight must be a finite number"),
+        ("semantic-segmentation", {"dice_weight": True}, "task.dice_weight must be a finite number"),
+        ("instance-segmentation", {"foreground_weight": math.inf}, "task.foreground_weight must be a finite"),
+        ("reconstruction", {"residual": "no"}, "task.residual must be true or false"),
+        ("reconstruction", {"mask_seed": 1.5}, "task.mask_seed must be an integer"),
+    ],
+)
+def test_task_options_of_the_wrong_type_are_refused_naming_the_option(kind, options, message):
+    with pytest.raises(ConfigError, match=message):
+        make_task(_info(kind, classes=2), options)
+
+
+def test_task_options_keep_their_values_as_given():
+    task = make_task(_info("reconstruction", classes=2), {"acceleration": 8, "residual": False})
+    assert task.acceleration == 8 and task.residual is False
 
 
 # ------------------------------------------------------------------------------------------------
