@@ -324,6 +324,16 @@ def test_the_perceptual_features_live_on_the_run_device(tmp_path, monkeypatch):
     assert perceptual.device.type == "meta"
 
 
+def test_masks_read_back_from_a_checkpoint_go_to_the_runs_device(monkeypatch):
+    """A checkpoint reads back on the CPU; the uploaded masks stayed there, so a run resumed on a GPU fed
+    G a condition on the CPU at its first G-step. `meta` stands in for the card."""
+    _, server, _ = _parts(_config())
+    state = server.state_dict()
+    monkeypatch.setattr(devices, "_current", torch.device("meta"))
+    server.load_state_dict(state)
+    assert [pool.device.type for pool in server.pools] == ["meta", "meta"]
+
+
 def test_the_segmenters_masks_are_drawn_uniformly_over_every_upload():
     """S's pairs: every uploaded mask equally likely, so a site's share of the draws is its share of the
     uploads (a small site is not over-drawn by a minimum per site)."""
