@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 
 from algorithm_helpers import check_resume_after_crash, make_client, run_recording
 from conftest import SHARED_DATA
+from fedistill import devices
 from fedistill.algorithms.base import ServerContext
 from fedistill.algorithms.fediod import draws
 from fedistill.algorithms.medical.asyndgan import AsynDGANServer
@@ -305,6 +306,32 @@ def test_the_released_codes_perceptual_term_adds_its_own_gradient(tmp_path):
     terms = [F.mse_loss(a, b) for a, b in zip(vgg(_unit(xg, info)), vgg(real), strict=True)]
     (want,) = torch.autograd.grad(0.5 * torch.stack(terms).mean(), xg)
     torch.testing.assert_close(replies[1] - replies[0], want, rtol=1e-3, atol=1e-6)
+
+
+def test_the_perceptual_features_live_on_the_run_device(tmp_path, monkeypatch):
+    """The VGG-16 features a site loads on first use move to the run's device, where G's images and D_k
+    are: they stayed on the CPU, so a GPU run with `w_perceptual` stopped at its first G-step. `meta`
+    stands in for the card."""
+    weights = {k: torch.zeros(s) for k, s in vgg16_feature_shapes().items()}
+    save_file(weights, tmp_path / "vgg16.safetensors")
+    options = {"w_perceptual": 0.5, "vgg16_weights": str(tmp_path / "vgg16.safetensors")}
+    client = make_client(_config(asyndgan=options), "asyndgan", 0)
+    monkeypatch.setattr(devices, "_current", torch.device("meta"))
+    client.discriminator.to("meta")
+    x, real = torch.zeros(2, 1, 32, 32, device="meta"), torch.zeros(2, 1, 32, 32, device="meta")
+    condition = torch.zeros(2, client.classes, 32, 32, device="meta")
+    *_, perceptual = client.generator_terms(x, condition, real)
+    assert perceptual.device.type == "meta"
+
+
+def test_masks_read_back_from_a_checkpoint_go_to_the_runs_device(monkeypatch):
+    """A checkpoint reads back on the CPU; the uploaded masks stayed there, so a run resumed on a GPU fed
+    G a condition on the CPU at its first G-step. `meta` stands in for the card."""
+    _, server, _ = _parts(_config())
+    state = server.state_dict()
+    monkeypatch.setattr(devices, "_current", torch.device("meta"))
+    server.load_state_dict(state)
+    assert [pool.device.type for pool in server.pools] == ["meta", "meta"]
 
 
 def test_the_segmenters_masks_are_drawn_uniformly_over_every_upload():

@@ -16,10 +16,13 @@ from fedistill.algorithms.medical.flmrcm_alignment import (
     FeatureDiscriminator,
     alignment_loss,
     discriminator_loss,
+    latent_size,
     latent_vectors,
     source_step,
 )
+from fedistill.algorithms.shared.training import new_model
 from fedistill.config import RunConfig, build_config
+from fedistill.data.base import DatasetInfo
 from fedistill.engine.launch import run_suite
 from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.ledger import DOWN, UP, read_ledger
@@ -139,6 +142,31 @@ def test_only_the_target_sends_latent_features_and_every_site_its_parameters(tmp
         if r["direction"] == UP and "latent-features" in r["kinds"]
     ]
     assert per_round == [2 * 8 * 64 * 4] * 2  # 2 batches of 8 vectors of 4 · 16 float32, each round
+
+
+def test_sites_hold_no_model_outside_their_own_work():
+    """A site holds its U-Net only while it trains (FedAvg's rule, so an unsampled source costs no memory):
+    building the federation and answering the feature query left every site holding one."""
+    config = _config()
+    source, target = make_client(config, "flmrcm", 0), make_client(config, "flmrcm", 2)
+    assert not source.local.held and not target.local.held
+    state = new_model(config, target.ctx.info).state_dict()
+    query = Message.build(
+        "query.latent_features", arrays={"parameters": state}, scalars={"config": {"round": 1, "batches": 1}}
+    )
+    rows = target.handle(query).array("latent-features", "features")
+    assert rows.shape == (8, 64) and not target.local.held
+
+
+def test_the_latent_size_probe_runs_on_the_models_device():
+    """The blank image that sizes the latent vectors goes where the model is: it was made on the CPU, so
+    on a GPU every site and the server stopped while being built. `meta` stands in for the card."""
+    net = FastMRIUnet(1, 1, chans=4, num_pool_layers=2).to("meta")
+    seen = []
+    net.register_forward_pre_hook(lambda _module, inputs: seen.append(inputs[0].device.type))
+    info = DatasetInfo("slices", 1, 32, 2, (0.0,), (1.0,), task="reconstruction")
+    assert latent_size(net, info) == 4 * 4 * 4  # the bottleneck's 16 channels pooled to 2 x 2
+    assert seen == ["meta"]
 
 
 def test_an_invalid_feature_reply_stops_the_round_naming_the_target(tmp_path, monkeypatch):

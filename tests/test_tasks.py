@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
+from fedistill.errors import ConfigError
 from fedistill.tasks import (
     TASKS,
     Classification,
@@ -151,6 +152,25 @@ def test_distilled_columns_and_their_counts():
     assert counts.dtype == torch.int64 and counts.tolist() == [4]
 
 
+def test_an_empty_batch_decodes_to_no_targets_of_a_targets_shape():
+    """A model's answer to no images (`TrainedModel.predict`) is a prediction with no rows, shaped and
+    typed as one of that task's targets: instance segmentation gave a float tensor of shape (0,)."""
+    semantic = SemanticSegmentation().decode(torch.zeros(0, 3, SIZE, SIZE))
+    instances = InstanceSegmentation().decode(torch.zeros(0, 3, SIZE, SIZE))
+    assert semantic.shape == instances.shape == (0, SIZE, SIZE)
+    assert semantic.dtype == instances.dtype == torch.int64
+
+
+def test_no_instance_maps_give_no_pixel_classes_and_zero_counts():
+    """Instance maps (0, H, W) crashed in numpy's stack; semantic masks were counted as zeros already."""
+    info, task = _info("instance-segmentation", classes=2), InstanceSegmentation()
+    none = torch.zeros(0, SIZE, SIZE, dtype=torch.int64)
+    classes = task.pixel_targets(none)
+    assert classes.shape == (0, SIZE, SIZE) and classes.dtype == torch.int64
+    empty = ImageSet(torch.zeros(0, 1, SIZE, SIZE, dtype=torch.uint8), none)
+    assert task.column_counts(empty, info).tolist() == [0, 0, 0]
+
+
 def test_inputs_of_clean_images():
     images = torch.rand(3, 1, 16, 16)
     index = torch.arange(3) + 5
@@ -239,6 +259,28 @@ def test_classification_evaluates_batch_by_batch():
 def test_make_task_keeps_options_and_kind():
     task = make_task(_info("reconstruction", classes=2), {"acceleration": 8.0})
     assert isinstance(task, Reconstruction) and task.acceleration == 8.0 and task.per_pixel
+
+
+@pytest.mark.parametrize(
+    ("kind", "options", "message"),
+    [
+        # `--set task.hd95=False` arrives as the text 'False', which was taken as true
+        ("semantic-segmentation", {"hd95": "False"}, "task.hd95 must be true or false"),
+        ("semantic-segmentation", {"dice_weight": "0.5"}, "task.dice_weight must be a finite number"),
+        ("semantic-segmentation", {"dice_weight": True}, "task.dice_weight must be a finite number"),
+        ("instance-segmentation", {"foreground_weight": math.inf}, "task.foreground_weight must be a finite"),
+        ("reconstruction", {"residual": "no"}, "task.residual must be true or false"),
+        ("reconstruction", {"mask_seed": 1.5}, "task.mask_seed must be an integer"),
+    ],
+)
+def test_task_options_of_the_wrong_type_are_refused_naming_the_option(kind, options, message):
+    with pytest.raises(ConfigError, match=message):
+        make_task(_info(kind, classes=2), options)
+
+
+def test_task_options_keep_their_values_as_given():
+    task = make_task(_info("reconstruction", classes=2), {"acceleration": 8, "residual": False})
+    assert task.acceleration == 8 and task.residual is False
 
 
 # ------------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ the run's `[task]` config table.
 from __future__ import annotations
 
 import dataclasses
+import math
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,7 +52,28 @@ def make_task(info: DatasetInfo, options: Mapping[str, Any] | None = None) -> Ta
         raise ConfigError(
             f"task {info.task!r} (dataset {info.name!r}) has no option(s) {', '.join(unknown)}; {takes}"
         )
+    hints = typing.get_type_hints(cls)
+    for key, value in options.items():
+        _check_type(key, value, hints[key])
     return cls(**options)
+
+
+def _check_type(key: str, value: Any, hint: Any) -> None:
+    """ConfigError unless `value` is of the option's declared type (a bool is no number, and a number is
+    finite), as the algorithms' options are checked: `--set task.hd95=False` arrives as the text 'False'."""
+    if hint is bool:
+        ok, want = isinstance(value, bool), "true or false (lower case, as TOML writes them)"
+    elif hint is int:
+        ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif hint is float:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        ok, want = number and math.isfinite(value), "a finite number"
+    elif hint is str:
+        ok, want = isinstance(value, str), "text"
+    else:
+        return
+    if not ok:
+        raise ConfigError(f"task.{key} must be {want}, got {value!r}")
 
 
 __all__ = [

@@ -148,10 +148,13 @@ class InstanceSegmentation(SemanticSegmentation):
     contour_weight: float = 5.0
 
     def decode(self, outputs: torch.Tensor) -> torch.Tensor:
-        """An instance id per pixel (0 the background) from the background/inside/contour scores."""
-        probs = outputs.softmax(1).numpy()
+        """An instance id per pixel (0 the background) from the background/inside/contour scores, (N, H, W)
+        int64 (no rows for no outputs)."""
+        probs = outputs.detach().cpu().softmax(1).numpy()
         maps = [instances_from_three_class(p[0], p[1], p[2]) for p in probs]
-        return torch.from_numpy(np.stack(maps).astype(np.int64)) if maps else torch.zeros(0)
+        if not maps:
+            return torch.zeros((0, *outputs.shape[2:]), dtype=torch.int64)
+        return torch.from_numpy(np.stack(maps).astype(np.int64))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -165,7 +168,9 @@ class InstanceSegmentation(SemanticSegmentation):
         """Instance ids (B, H, W) -> 0 background, 1 inside, 2 contour (each instance's inner boundary, so
         touching nuclei stay apart)."""
         instances = y.cpu().numpy()
-        boundaries = np.stack([find_boundaries(m, connectivity=1, mode="inner") for m in instances])
+        boundaries = np.zeros(instances.shape, dtype=bool)  # stays (0, H, W) for no maps
+        for i, m in enumerate(instances):
+            boundaries[i] = find_boundaries(m, connectivity=1, mode="inner")
         contour = boundaries & (instances > 0)
         classes = (instances > 0).astype(np.int64)
         classes[contour] = 2

@@ -137,6 +137,7 @@ class FLMRCMClient(FedAvgClient):
         self.options: FLMRCMOptions = ctx.options
         self.is_target = ctx.client_id == target_of(self.options, ctx.config.clients)
         dim = latent_size(self.model, ctx.info)
+        self.local.release()  # as FedAvg's: a site holds its model only while it works
         self.feature_spec = ArraySpec("float32", (None, dim))
         self.discriminator: FeatureDiscriminator | None = None
         if not self.is_target:
@@ -157,6 +158,12 @@ class FLMRCMClient(FedAvgClient):
             raise FederationError(
                 f"client {self.ctx.client_id} is a source site: only the target shares features"
             )
+        try:
+            return self._latent_features(message)
+        finally:
+            self.local.release()
+
+    def _latent_features(self, message: Message) -> Message:
         expect_arrays(message, "parameters", self.specs)
         self.model.load_state_dict(message.tensors("parameters"))
         round, count = int(message.scalar("config", "round")), int(message.scalar("config", "batches"))

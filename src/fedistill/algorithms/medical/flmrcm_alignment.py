@@ -64,8 +64,9 @@ def latent_size(model: nn.Module, info: DatasetInfo) -> int:
     """The length of `model`'s latent vectors on `info`'s images (one pass on a blank image)."""
     was_training = model.training
     model.eval()
+    device = next(model.parameters()).device  # the blank image goes where the model is
     with torch.no_grad(), model.bottleneck_features() as captured:  # type: ignore[operator]
-        model(torch.zeros(1, info.channels, info.image_size, info.image_size))
+        model(torch.zeros(1, info.channels, info.image_size, info.image_size, device=device))
     model.train(was_training)
     return int(latent_vectors(captured[-1]).shape[1])
 

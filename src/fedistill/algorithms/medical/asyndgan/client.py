@@ -126,7 +126,8 @@ class AsynDGANClient(ClientLogic):
         perceptual = torch.zeros(())
         if self.options.w_perceptual > 0:
             if self.perceptual is None:
-                features = load_vgg16_features(self.options.vgg16_weights)
+                # loaded on the CPU; it computes where G's images and D_k are
+                features = load_vgg16_features(self.options.vgg16_weights).to(devices.current())
                 # the released code's mean over the four layers' MSEs
                 self.perceptual = PerceptualLoss(features, [1 / len(JOHNSON_LAYERS)] * len(JOHNSON_LAYERS))
             perceptual = self.perceptual(fake_unit, real_unit)

@@ -19,6 +19,7 @@ from torch import nn
 from torch.func import functional_call
 from tqdm import tqdm
 
+from fedistill import devices
 from fedistill.algorithms.base import ServerContext, ServerLogic, clone_state
 from fedistill.algorithms.medical.asyndgan.client import STEP_METRICS, condition_classes
 from fedistill.algorithms.medical.asyndgan.options import AsynDGANOptions, lr_factor
@@ -321,4 +322,5 @@ class AsynDGANServer(ServerLogic):
         self.best = state["best"]
         self.clients = [int(c) for c in state["clients"]]
         self.sizes = state["sizes"]
-        self.pools = [state["pools"][str(i)] for i in range(len(state["pools"]))]
+        # a checkpoint reads back on the CPU; the masks condition G, which is on the run's device
+        self.pools = [devices.on_device(state["pools"][str(i)]) for i in range(len(state["pools"]))]
