@@ -74,6 +74,20 @@ def test_check_refuses_targets_of_the_other_kind():
         SemanticSegmentation().check(_info("semantic-segmentation"), _class_set(), "train")
 
 
+def test_check_refuses_class_indices_outside_the_classes_but_not_instance_ids():
+    """A label of 3 among 3 classes (or -1) failed only inside the cross-entropy, on a GPU as a
+    device-side assert; instance maps number their nuclei, any number of them."""
+    with pytest.raises(ValueError, match=r"train: targets run from 0 to 2, but 2 classes take .* 0\.\.1"):
+        Classification().check(_info("classification", classes=2), _class_set(), "train")
+    with pytest.raises(ValueError, match=r"targets run from 0 to 2, but 2 classes"):
+        SemanticSegmentation().check(_info("semantic-segmentation", classes=2), _mask_set(), "test")
+    negative = ImageSet(_images(2), torch.tensor([0, -1]))
+    with pytest.raises(ValueError, match=r"targets run from -1 to 0"):
+        Classification().check(_info("classification"), negative, "train")
+    many = ImageSet(_images(1), torch.arange(SIZE * SIZE).view(1, SIZE, SIZE))  # 63 nuclei, 2 classes
+    InstanceSegmentation().check(_info("instance-segmentation", classes=2), many, "train")
+
+
 def test_classification_partitions_by_class():
     info = _info("classification", class_names=("a", "b", "c"))
     data = LoadedDataset(info, _class_set(), ImageSet(_images(2), torch.tensor([1, 0])))

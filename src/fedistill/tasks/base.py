@@ -51,13 +51,22 @@ class Task(ABC):
     outputs_images: ClassVar[bool] = False
     #: whether a whole image is predicted patch by patch and stitched back (nuclei slides)
     patchwise: ClassVar[bool] = False
+    #: whether the targets are class indices 0..num_classes - 1 (`check` holds them to it)
+    targets_are_classes: ClassVar[bool] = False
 
     # --- data ----------------------------------------------------------------------------------
     def check(self, info: DatasetInfo, data: ImageSet, what: str) -> None:
-        """Raise ValueError when `data`'s targets are not this task's (shape, range)."""
+        """Raise ValueError when `data`'s targets are not this task's (shape; class indices in range)."""
         if data.per_pixel != self.per_pixel:
             shape = "(N, H, W)" if self.per_pixel else "(N,)"
             raise ValueError(f"{what}: task {self.name!r} needs targets {shape}, got {tuple(data.y.shape)}")
+        if self.targets_are_classes and data.y.numel():
+            low, high = int(data.y.min()), int(data.y.max())
+            if low < 0 or high >= info.num_classes:
+                raise ValueError(
+                    f"{what}: targets run from {low} to {high}, but {info.num_classes} classes take the "
+                    f"indices 0..{info.num_classes - 1}"
+                )
 
     @classmethod
     def partition_labels(cls, dataset: LoadedDataset) -> tuple[np.ndarray, np.ndarray, int]:

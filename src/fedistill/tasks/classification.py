@@ -21,6 +21,8 @@ from fedistill.tasks.base import Inputs, Task
 class Classification(Task):
     """One class per image: cross-entropy loss, accuracy."""
 
+    targets_are_classes = True
+
     name = "classification"
     target = "class index"
     headline = "accuracy"

@@ -52,6 +52,8 @@ class SemanticSegmentation(Task):
     """A class per pixel: cross-entropy plus soft Dice; Dice, sensitivity, specificity and HD95 of the
     foreground."""
 
+    targets_are_classes = True
+
     name = "semantic-segmentation"
     target = "mask"
     headline = "dice"
@@ -131,6 +133,8 @@ class SemanticSegmentation(Task):
 class InstanceSegmentation(SemanticSegmentation):
     """An instance per pixel, learnt as three classes (background, inside, contour); adds object-level Dice
     and AJI."""
+
+    targets_are_classes = False  # instance ids, any number of them
 
     name = "instance-segmentation"
     target = "instance map"
