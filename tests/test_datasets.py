@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from fedistill.data.cifar import RestrictedUnpickler, load_cifar10, restricted_loads
-from fedistill.data.files import download, md5_bytes, md5_file, require_file
+from fedistill.data.files import RemoteFile, download, md5_bytes, md5_file, require_file
 from fedistill.data.idx import IMAGES_MAGIC, LABELS_MAGIC, read_idx, read_idx_pair
 from fedistill.data.registry import dataset_names, describe_files, load_dataset
 from fedistill.errors import ConfigError, DataError, UserError
@@ -395,6 +395,18 @@ def test_cifar10_archive_is_read_when_the_extracted_folder_is_incomplete(tmp_pat
     (tmp_path / "cifar-10-python.tar.gz").unlink()
     with pytest.raises(DataError, match=r"missing dataset file .*cifar-10-batches-py/test_batch"):
         load_cifar10(tmp_path, verify=False)
+
+
+def test_cifar10_download_replaces_an_incomplete_extracted_folder(tmp_path: Path, monkeypatch) -> None:
+    files = cifar10_files()
+    published = tmp_path / "published" / "cifar-10-python.tar.gz"
+    write_tar_gz(published, "cifar-10-batches-py", files)
+    spec = RemoteFile("cifar-10-python.tar.gz", md5_file(published), published.as_uri())
+    monkeypatch.setattr("fedistill.data.cifar.CIFAR10_ARCHIVE", spec)
+    folder = tmp_path / "data"
+    write_folder(folder / "cifar-10-batches-py", {k: v for k, v in files.items() if k != "test_batch"})
+    ds = load_cifar10(folder, download=True, verify=False)  # the error said to pass download=True
+    assert ds.test.x.shape == (3, 3, 32, 32) and (folder / "cifar-10-python.tar.gz").is_file()
 
 
 def test_cifar10_missing_everything(tmp_path: Path) -> None:

@@ -179,13 +179,13 @@ def read_cifar_files(
 
     With `verify`, extracted files are checked against KNOWN_MD5 and the archive against its md5. An
     extracted folder that lacks a required file (an unpacking cut short) gives way to the archive when
-    that is there.
+    that is there, or is downloaded when `download` is set.
     """
     extracted = folder / dir_name
     wanted = [*required, *optional]
     out: dict[str, bytes] = {}
     complete = all((extracted / member).is_file() for member in required)
-    if extracted.is_dir() and (complete or not (folder / archive.name).is_file()):
+    if extracted.is_dir() and (complete or not (download or (folder / archive.name).is_file())):
         for member in wanted:
             path = extracted / member
             if not path.is_file():
