@@ -6,8 +6,10 @@ import gzip
 import io
 import os
 import pickle
+import socket
 import struct
 import tarfile
+import threading
 import zipfile
 from pathlib import Path
 
@@ -213,6 +215,31 @@ def test_download_unreachable_says_where_to_put_the_file(tmp_path: Path) -> None
         download("http://127.0.0.1:1/x.gz", dest, "ab" * 16, timeout=5)
     assert str(dest) in str(e.value) and "ab" * 16 in str(e.value)
     assert not dest.exists()
+
+
+def test_download_cut_short_is_a_data_error(tmp_path: Path) -> None:
+    """A server that drops a chunked transfer mid-file: http.client raises IncompleteRead, which is no
+    OSError; it must read as a failed download, not a traceback."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    dest = tmp_path / "x.gz"
+    try:
+        with pytest.raises(DataError, match=r"cannot download .*x\.gz.*put it at exactly"):
+            download(f"http://127.0.0.1:{server.getsockname()[1]}/x.gz", dest, "ab" * 16, timeout=5)
+    finally:
+        thread.join(5)
+        server.close()
+    assert list(tmp_path.iterdir()) == []  # nothing at dest, no temporary file left
 
 
 # ---------------------------------------------------------------- idx.py

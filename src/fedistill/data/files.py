@@ -7,6 +7,7 @@ user who hits one is usually offline and has to place the file by hand.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import tempfile
 import urllib.error
@@ -86,7 +87,7 @@ def download(url: str, dest: str | Path, md5: str | None, *, timeout: float = DO
                 while chunk := response.read(_CHUNK):
                     digest.update(chunk)
                     out.write(chunk)
-        except (urllib.error.URLError, OSError, ValueError) as e:
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:  # IncompleteRead
             reason = getattr(e, "reason", None) or e
             raise DataError(
                 f"cannot download {url} ({reason}); if this machine is offline, "
