@@ -632,6 +632,18 @@ def test_image_folder_refuses_a_flip_option_that_is_no_boolean(tmp_path: Path) -
             load_dataset("image-folder", tmp_path, horizontal_flip=bad)
 
 
+def test_image_folder_refuses_a_crop_padding_that_can_crop_the_image_away(tmp_path: Path) -> None:
+    """Padding of the image's size or more lets a random crop hold no pixel of the image: an all-black
+    training sample with a label. Digits and MNIST refuse such values; so does image-folder."""
+    _png(tmp_path / "train" / "cat" / "a.png", (1, 2, 3))
+    _png(tmp_path / "train" / "dog" / "b.png", (4, 5, 6))
+    _png(tmp_path / "test" / "cat" / "c.png", (1, 2, 3))
+    assert load_dataset("image-folder", tmp_path, image_size=8, crop_padding=7).info.crop_padding == 7
+    for bad in (8, 40):
+        with pytest.raises(ConfigError, match=r"crop_padding must be an integer from 0 to 7 \(image_size 8"):
+            load_dataset("image-folder", tmp_path, image_size=8, crop_padding=bad)
+
+
 # ---------------------------------------------------------------- digits and the registry
 
 

@@ -91,8 +91,11 @@ def load_image_folder(
         raise ConfigError(f"image-folder option channels must be 1 or 3, got {channels!r}")
     if not is_plain_int(image_size) or image_size < 1:
         raise ConfigError(f"image-folder option image_size must be a positive integer, got {image_size!r}")
-    if not is_plain_int(crop_padding) or crop_padding < 0:
-        raise ConfigError(f"image-folder option crop_padding must be an integer >= 0, got {crop_padding!r}")
+    if not is_plain_int(crop_padding) or not 0 <= crop_padding < image_size:  # else a crop can miss the image
+        raise ConfigError(
+            f"image-folder option crop_padding must be an integer from 0 to {image_size - 1} "
+            f"(image_size {image_size}), got {crop_padding!r}"
+        )
     if not isinstance(horizontal_flip, bool):  # "false" (a typed `False` via --set) would switch flips on
         raise ConfigError(
             f"image-folder option horizontal_flip must be true or false, got {horizontal_flip!r}"
