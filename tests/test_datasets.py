@@ -22,6 +22,7 @@ from fedistill.data.cifar import RestrictedUnpickler, load_cifar10, restricted_l
 from fedistill.data.files import RemoteFile, download, md5_bytes, md5_file, require_file
 from fedistill.data.idx import IMAGES_MAGIC, LABELS_MAGIC, read_idx, read_idx_pair
 from fedistill.data.registry import dataset_names, describe_files, load_dataset
+from fedistill.data.text.tokens import read_text_file
 from fedistill.errors import ConfigError, DataError, UserError
 
 SHARED_DATA = Path(
@@ -194,6 +195,36 @@ def test_md5_and_require_file(tmp_path: Path) -> None:
     assert require_file(path, "0" * 32, verify=False) == path
     with pytest.raises(DataError, match=r"missing dataset file .*nope\.bin.*--download"):
         require_file(tmp_path / "nope.bin", "1" * 32, url="https://example.org/nope.bin")
+
+
+def test_a_dataset_file_that_cannot_be_read_is_a_data_error_naming_it(tmp_path: Path, monkeypatch) -> None:
+    """A file that exists but cannot be read (permissions, a disk error) is a DataError naming it; a raw
+    OSError reached the command line's handler for failed writes ("run stopped: cannot write ...")."""
+    files = cifar10_files()
+    write_folder(tmp_path / "cifar10" / "cifar-10-batches-py", files)
+    write_mnist_dir(tmp_path / "mnist")
+    (tmp_path / "text.csv").write_text("x")
+    real_read_bytes, real_open = Path.read_bytes, open
+    denied = {"data_batch_2", "train-images-idx3-ubyte.gz", "text.csv"}
+
+    def read_bytes(path: Path) -> bytes:
+        if path.name in denied:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read_bytes(path)
+
+    def open_(path, *args, **kwargs):
+        if Path(path).name in denied:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr("builtins.open", open_)
+    with pytest.raises(DataError, match=r"cannot read dataset file .*data_batch_2: Permission denied"):
+        load_dataset("cifar10", tmp_path, verify=False)
+    with pytest.raises(DataError, match=r"cannot read dataset file .*train-images-idx3-ubyte\.gz: Perm"):
+        load_dataset("mnist", tmp_path)  # the md5 check reads it first
+    with pytest.raises(DataError, match=r"cannot read dataset file .*text\.csv: Permission denied"):
+        read_text_file(tmp_path / "text.csv")
 
 
 def test_download_verifies_and_renames_atomically(tmp_path: Path) -> None:

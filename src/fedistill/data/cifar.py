@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
-from fedistill.data.files import RemoteFile, fetch_or_require, md5_bytes
+from fedistill.data.files import RemoteFile, fetch_or_require, md5_bytes, read_file
 from fedistill.errors import ConfigError, DataError
 
 CIFAR10_ARCHIVE = RemoteFile(
@@ -195,7 +195,7 @@ def read_cifar_files(
                         + _missing_message(folder, dir_name, required, archive)
                     )
                 continue
-            out[member] = path.read_bytes()
+            out[member] = read_file(path)
             _check_md5(out[member], f"{dir_name}/{member}", str(path), verify, archive)
         return out
     if not download and not (folder / archive.name).is_file():
