@@ -284,6 +284,18 @@ def test_idx_pair_gz_and_raw(tmp_path: Path, gz: bool) -> None:
     assert torch.equal(images.x[:, 0], torch.from_numpy(x)) and images.y.tolist() == y.tolist()
 
 
+def test_idx_errors_on_bytes_without_a_name_stay_short() -> None:
+    """Content passed as bytes and no name: the message says so, not the repr of every byte."""
+    x, y = mnist_like(300, 2)
+    data = idx_bytes(x)[:-1]
+    with pytest.raises(DataError) as e:
+        read_idx(data, magic=IMAGES_MAGIC)
+    assert "truncated" in str(e.value) and len(str(e.value)) < 300
+    with pytest.raises(DataError) as e:
+        read_idx_pair(idx_bytes(x), idx_bytes(y[:-1]))
+    assert "300 images" in str(e.value) and len(str(e.value)) < 300
+
+
 def test_idx_errors_name_the_file(tmp_path: Path) -> None:
     x, y = mnist_like(4, 2, size=5)
     images, labels = write_idx(tmp_path / "imgs.gz", x), write_idx(tmp_path / "labs.gz", y)
