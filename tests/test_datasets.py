@@ -675,6 +675,17 @@ def test_image_folder_refuses_a_flip_option_that_is_no_boolean(tmp_path: Path) -
             load_dataset("image-folder", tmp_path, horizontal_flip=bad)
 
 
+def test_image_folder_names_an_image_too_large_for_pillow(tmp_path: Path, monkeypatch) -> None:
+    """Pillow refuses an image of more than twice MAX_IMAGE_PIXELS with DecompressionBombError, which is
+    no OSError: it must name the file, not end the run with a traceback."""
+    _png(tmp_path / "train" / "cat" / "a.png", (1, 2, 3))
+    _png(tmp_path / "train" / "dog" / "big.png", (4, 5, 6), size=(40, 40))
+    _png(tmp_path / "test" / "cat" / "c.png", (1, 2, 3))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 500)  # 1,000 pixels and more are refused
+    with pytest.raises(DataError, match=r"cannot read image .*big\.png"):
+        load_dataset("image-folder", tmp_path)
+
+
 def test_image_folder_refuses_a_crop_padding_that_can_crop_the_image_away(tmp_path: Path) -> None:
     """Padding of the image's size or more lets a random crop hold no pixel of the image: an all-black
     training sample with a label. Digits and MNIST refuse such values; so does image-folder."""

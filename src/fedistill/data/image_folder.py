@@ -58,6 +58,8 @@ def _load_image(path: Path, mode: str, image_size: int) -> np.ndarray:
             if img.size != (image_size, image_size):
                 img = img.resize((image_size, image_size), Image.Resampling.BILINEAR)
             arr = np.asarray(img, dtype=np.uint8)
+    except Image.DecompressionBombError as e:  # no OSError: Pillow's limit on the pixels of one image
+        raise DataError(f"image-folder: cannot read image {path} ({e}); shrink it to a smaller copy") from e
     except (UnidentifiedImageError, OSError, ValueError) as e:
         raise DataError(f"image-folder: cannot read image {path} ({e})") from e
     return arr[None, :, :] if arr.ndim == 2 else arr.transpose(2, 0, 1)
