@@ -197,6 +197,16 @@ def test_ag_news_errors_name_the_file_line_after_a_quoted_line_break(tmp_path):
         read_ag_news(ag)
 
 
+def test_an_empty_sst2_file_is_called_empty(tmp_path):
+    """An empty file (a copy cut short) is no sign of GLUE's unlabelled test split."""
+    sst = tmp_path / "dev.tsv"
+    for content in ("", "\n", "\ufeff"):
+        sst.write_text(content, encoding="utf-8")
+        with pytest.raises(DataError) as e:
+            read_sst2(sst)
+        assert "dev.tsv is empty" in str(e.value) and "no labels" not in str(e.value)
+
+
 def test_missing_files_and_model_folders_are_clear_errors(root, tmp_path):
     with pytest.raises(DataError, match=r"(?s)missing dataset files .*ag-news/train\.csv.*class index 1-4"):
         load_dataset("ag-news", tmp_path, model_dir=str(root / "model"))
