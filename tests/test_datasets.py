@@ -686,6 +686,22 @@ def test_image_folder_names_an_image_too_large_for_pillow(tmp_path: Path, monkey
         load_dataset("image-folder", tmp_path)
 
 
+def test_image_folder_names_a_folder_it_cannot_list(tmp_path: Path, monkeypatch) -> None:
+    _png(tmp_path / "train" / "cat" / "a.png", (1, 2, 3))
+    _png(tmp_path / "train" / "dog" / "b.png", (4, 5, 6))
+    _png(tmp_path / "test" / "cat" / "c.png", (1, 2, 3))
+    real_iterdir = Path.iterdir
+
+    def iterdir(path: Path):
+        if path.name == "dog":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_iterdir(path)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    with pytest.raises(DataError, match=r"image-folder: cannot list .*train/dog: Permission denied"):
+        load_dataset("image-folder", tmp_path)
+
+
 def test_image_folder_refuses_a_crop_padding_that_can_crop_the_image_away(tmp_path: Path) -> None:
     """Padding of the image's size or more lets a random crop hold no pixel of the image: an all-black
     training sample with a label. Digits and MNIST refuse such values; so does image-folder."""

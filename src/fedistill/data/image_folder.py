@@ -25,10 +25,18 @@ IMAGE_SUFFIXES = frozenset(
 LAYOUT = "<data_dir>/train/<class>/*.png|jpg|... and <data_dir>/test/<class>/*"
 
 
+def _entries(folder: Path) -> list[Path]:
+    """What `folder` holds; DataError naming it when it cannot be listed (permissions, a disk error)."""
+    try:
+        return list(folder.iterdir())
+    except OSError as e:
+        raise DataError(f"image-folder: cannot list {folder}: {e.strerror or e}") from e
+
+
 def _class_dirs(split_dir: Path) -> dict[str, Path]:
     if not split_dir.is_dir():
         raise DataError(f"image-folder: {split_dir} is not a folder; expected the layout {LAYOUT}")
-    dirs = {p.name: p for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    dirs = {p.name: p for p in _entries(split_dir) if p.is_dir() and not p.name.startswith(".")}
     if not dirs:
         raise DataError(f"image-folder: {split_dir} has no class subfolders; expected the layout {LAYOUT}")
     return dict(sorted(dirs.items()))
@@ -37,7 +45,7 @@ def _class_dirs(split_dir: Path) -> dict[str, Path]:
 def _image_files(class_dir: Path) -> list[Path]:
     return sorted(
         p
-        for p in class_dir.iterdir()
+        for p in _entries(class_dir)
         if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_SUFFIXES
     )
 
