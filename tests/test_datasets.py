@@ -762,6 +762,20 @@ def test_digits_crop_padding_turns_on_the_usual_augmentation() -> None:
             load_dataset("digits", crop_padding=bad)
 
 
+def test_subset_takes_indices_or_a_boolean_mask() -> None:
+    """`subset(y < 5)` keeps the samples the mask marks, as tensor indexing does; a mask read as the
+    indices 0 and 1 gave every sample 0 or sample 1."""
+    data = load_dataset("digits").test
+    keep = data.y < 5
+    mask_subset = data.subset(keep)
+    assert len(mask_subset) == int(keep.sum()) and torch.equal(mask_subset.y, data.y[keep])
+    assert torch.equal(data.subset(keep.numpy()).x, data.x[keep])
+    assert data.subset([3, 1]).y.tolist() == [int(data.y[3]), int(data.y[1])]
+    assert len(data.subset(range(4))) == 4 and len(data.subset([])) == 0
+    with pytest.raises(ValueError, match="mask"):
+        data.subset(keep[:-1])
+
+
 def test_registry_names_and_errors(tmp_path: Path) -> None:
     assert dataset_names()[0] == "digits" and {"mnist", "emnist-byclass", "cifar100", "image-folder"} <= set(
         dataset_names()
