@@ -640,6 +640,31 @@ def test_image_folder_reads_wide_grey_images_as_predict_does(tmp_path: Path, cha
         assert int(ds.train.x[row].max()) == 255 and int(ds.train.x[row].min()) == 0
 
 
+@pytest.mark.parametrize("channels", [1, 3])
+def test_image_folder_reads_wide_colour_tiffs_as_predict_does(tmp_path: Path, channels: int) -> None:
+    """A 16-bit RGB TIFF (12-bit camera data, say): Pillow keeps each value's high byte, so the images
+    trained on were nearly black while predict, reading through tifffile, scales them by their maximum;
+    a float RGB TIFF Pillow cannot open at all. Both now read as predict reads them."""
+    import tifffile
+
+    from fedistill.inference.images import model_image
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for name, image in (
+            ("sixteen", rng.integers(0, 4096, (6, 5, 3)).astype(np.uint16)),
+            ("float", rng.random((6, 5, 3)).astype(np.float32)),
+        ):
+            path = tmp_path / split / name / "a.tif"
+            path.parent.mkdir(parents=True)
+            tifffile.imwrite(path, image, photometric="rgb")
+    ds = load_dataset("image-folder", tmp_path, channels=channels, image_size=4)
+    for row, name in enumerate(("float", "sixteen")):
+        expected, _ = model_image(tmp_path / "train" / name / "a.tif", channels, 4)
+        assert ds.train.x[row].numpy().tolist() == expected.tolist()
+        assert int(ds.train.x[row].max()) > 100  # Pillow gave 15 at most for the 16-bit file
+
+
 def test_image_folder_errors(tmp_path: Path) -> None:
     _png(tmp_path / "train" / "cat" / "a.png", (1, 2, 3))
     _png(tmp_path / "test" / "dog" / "b.png", (1, 2, 3))

@@ -3,8 +3,9 @@
 Class names sorted alphabetically give the label order, so the labels are the same
 on every machine. Every image is converted to RGB or greyscale and resized to a
 square `image_size` with bilinear filtering (the aspect ratio is not kept), so the
-models see the same tensor shape as with the built-in datasets. Grey images of more than 8 bits are scaled by
-their own maximum (`fedistill.data.eight_bit`, as predict reads them).
+models see the same tensor shape as with the built-in datasets. Images are read exactly as predict reads
+them (`fedistill.inference.images`): images of more than 8 bits (16-bit grey PNG, 16-bit or float TIFF)
+are scaled by their own maximum (`fedistill.data.eight_bit`); a multi-page TIFF is refused.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset, is_plain_int
-from fedistill.data.eight_bit import WIDE_GREY_MODES, to_uint8
 from fedistill.errors import ConfigError, DataError
 
 IMAGE_SUFFIXES = frozenset(
@@ -50,37 +50,26 @@ def _image_files(class_dir: Path) -> list[Path]:
     )
 
 
-def _eight_bit(img: Image.Image) -> Image.Image:
-    """A grey image of more than 8 bits as 8 bits by `eight_bit`'s rule (predict's too); others as they
-    are. Pillow's own conversion of 16-bit grey to "L" or "RGB" clips at 255 (nearly every such image
-    white) and of floats at 1."""
-    if img.mode not in WIDE_GREY_MODES:
-        return img
-    return Image.fromarray(to_uint8(np.asarray(img)), "L")
+def _load_image(path: Path, channels: int, image_size: int) -> np.ndarray:
+    """The image as uint8 (channels, image_size, image_size), read exactly as predict reads it (TIFFs through
+    tifffile, so colour TIFFs of more than 8 bits are scaled by their maximum, not cut to their high byte
+    as Pillow does)."""
+    from fedistill.inference.images import model_image  # here: fedistill.inference imports the datasets
 
-
-def _load_image(path: Path, mode: str, image_size: int) -> np.ndarray:
     try:
-        with Image.open(path) as img:
-            img = _eight_bit(img).convert(mode)
-            if img.size != (image_size, image_size):
-                img = img.resize((image_size, image_size), Image.Resampling.BILINEAR)
-            arr = np.asarray(img, dtype=np.uint8)
+        return model_image(path, channels, image_size)[0]
     except Image.DecompressionBombError as e:  # no OSError: Pillow's limit on the pixels of one image
         raise DataError(f"image-folder: cannot read image {path} ({e}); shrink it to a smaller copy") from e
-    except (UnidentifiedImageError, OSError, ValueError) as e:
-        raise DataError(f"image-folder: cannot read image {path} ({e})") from e
-    return arr[None, :, :] if arr.ndim == 2 else arr.transpose(2, 0, 1)
 
 
 def _load_split(
-    split_dir: Path, classes: dict[str, Path], label_of: dict[str, int], mode: str, image_size: int
+    split_dir: Path, classes: dict[str, Path], label_of: dict[str, int], channels: int, image_size: int
 ) -> ImageSet:
     images: list[np.ndarray] = []
     labels: list[int] = []
     for name, class_dir in classes.items():
         for path in _image_files(class_dir):
-            images.append(_load_image(path, mode, image_size))
+            images.append(_load_image(path, channels, image_size))
             labels.append(label_of[name])
     if not images:
         raise DataError(f"image-folder: {split_dir} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
@@ -128,9 +117,8 @@ def load_image_folder(
             f"({', '.join(train_classes) or 'none'}); a classifier needs at least 2"
         )
     label_of = {name: i for i, name in enumerate(train_classes)}
-    mode = "RGB" if channels == 3 else "L"
-    train = _load_split(root / "train", train_classes, label_of, mode, image_size)
-    test = _load_split(root / "test", test_classes, label_of, mode, image_size)
+    train = _load_split(root / "train", train_classes, label_of, channels, image_size)
+    test = _load_split(root / "test", test_classes, label_of, channels, image_size)
     pixels = train.x.double().div(255.0).transpose(0, 1).reshape(channels, -1)
     std = pixels.std(dim=1).clamp_min(1e-3)  # a constant-colour channel must not divide by zero
     info = DatasetInfo(
