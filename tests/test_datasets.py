@@ -380,6 +380,13 @@ def test_mnist_like_augmentation_options(tmp_path: Path) -> None:
                               ("horizontal_flip", 1, "true or false")):  # fmt: skip
         with pytest.raises(ConfigError, match=f"fashion-mnist.{key} must be .*{message}"):
             load_dataset("fashion-mnist", tmp_path, verify=False, **{key: bad})
+    # padding of the (resized) image's size lets a crop miss the image: all black, yet labelled
+    assert (
+        load_dataset("fashion-mnist", tmp_path, verify=False, image_size=8, crop_padding=7).info.crop_padding
+        == 7
+    )
+    with pytest.raises(ConfigError, match=r"fashion-mnist.crop_padding must be .*below image_size 8, got 8"):
+        load_dataset("fashion-mnist", tmp_path, verify=False, image_size=8, crop_padding=8)
 
 
 def test_mnist_md5_mismatch_is_rejected(tmp_path: Path) -> None:
