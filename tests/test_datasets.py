@@ -541,6 +541,16 @@ def test_restricted_unpickler_reads_real_batch_format() -> None:
         restricted_loads(b"\x80\x02garbage", "junk")
 
 
+def test_restricted_unpickler_reads_batches_saved_with_pickle_protocol_5() -> None:
+    """numpy pickles an array by `_frombuffer` under protocol 5 (Python 3.14's default): a batch re-saved
+    so is an array like any other, not a file to refuse as unsafe."""
+    arr = np.arange(2 * 3072, dtype=np.uint8).reshape(2, 3072) % 251
+    got = restricted_loads(pickle.dumps({b"data": arr, b"labels": [1, 2]}, protocol=5), "batch")
+    assert np.array_equal(got[b"data"], arr) and got[b"labels"] == [1, 2]
+    with pytest.raises(DataError, match="refused"):  # still nothing but numpy's array builders
+        restricted_loads(pickle.dumps({b"data": _Evil(Path("never"))}, protocol=5), "evil")
+
+
 # ---------------------------------------------------------------- EMNIST
 
 

@@ -61,10 +61,14 @@ CIFAR100_STD = (0.2675, 0.2565, 0.2761)
 
 _PIXELS = 3 * 32 * 32
 _RECONSTRUCT = np.empty(0).__reduce__()[0]  # numpy's array-rebuilding function, whatever module it lives in
+# Under pickle protocol 5 (Python 3.14's default) numpy pickles an array as frombuffer(bytes, dtype) instead.
+_FROMBUFFER = np.empty(1).__reduce_ex__(5)[0]
 # The globals the real batches name: numpy 1.x wrote `numpy.core.multiarray`, numpy 2.x `numpy._core`.
 _ALLOWED_GLOBALS = {
     ("numpy.core.multiarray", "_reconstruct"): _RECONSTRUCT,
     ("numpy._core.multiarray", "_reconstruct"): _RECONSTRUCT,
+    ("numpy.core.numeric", "_frombuffer"): _FROMBUFFER,
+    ("numpy._core.numeric", "_frombuffer"): _FROMBUFFER,
     ("numpy", "ndarray"): np.ndarray,
     ("numpy", "dtype"): np.dtype,
 }
