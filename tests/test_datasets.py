@@ -6,8 +6,10 @@ import gzip
 import io
 import os
 import pickle
+import socket
 import struct
 import tarfile
+import threading
 import zipfile
 from pathlib import Path
 
@@ -17,9 +19,10 @@ import torch
 from PIL import Image
 
 from fedistill.data.cifar import RestrictedUnpickler, load_cifar10, restricted_loads
-from fedistill.data.files import download, md5_bytes, md5_file, require_file
+from fedistill.data.files import RemoteFile, download, md5_bytes, md5_file, require_file
 from fedistill.data.idx import IMAGES_MAGIC, LABELS_MAGIC, read_idx, read_idx_pair
 from fedistill.data.registry import dataset_names, describe_files, load_dataset
+from fedistill.data.text.tokens import read_text_file
 from fedistill.errors import ConfigError, DataError, UserError
 
 SHARED_DATA = Path(
@@ -194,6 +197,36 @@ def test_md5_and_require_file(tmp_path: Path) -> None:
         require_file(tmp_path / "nope.bin", "1" * 32, url="https://example.org/nope.bin")
 
 
+def test_a_dataset_file_that_cannot_be_read_is_a_data_error_naming_it(tmp_path: Path, monkeypatch) -> None:
+    """A file that exists but cannot be read (permissions, a disk error) is a DataError naming it; a raw
+    OSError reached the command line's handler for failed writes ("run stopped: cannot write ...")."""
+    files = cifar10_files()
+    write_folder(tmp_path / "cifar10" / "cifar-10-batches-py", files)
+    write_mnist_dir(tmp_path / "mnist")
+    (tmp_path / "text.csv").write_text("x")
+    real_read_bytes, real_open = Path.read_bytes, open
+    denied = {"data_batch_2", "train-images-idx3-ubyte.gz", "text.csv"}
+
+    def read_bytes(path: Path) -> bytes:
+        if path.name in denied:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read_bytes(path)
+
+    def open_(path, *args, **kwargs):
+        if Path(path).name in denied:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr("builtins.open", open_)
+    with pytest.raises(DataError, match=r"cannot read dataset file .*data_batch_2: Permission denied"):
+        load_dataset("cifar10", tmp_path, verify=False)
+    with pytest.raises(DataError, match=r"cannot read dataset file .*train-images-idx3-ubyte\.gz: Perm"):
+        load_dataset("mnist", tmp_path)  # the md5 check reads it first
+    with pytest.raises(DataError, match=r"cannot read dataset file .*text\.csv: Permission denied"):
+        read_text_file(tmp_path / "text.csv")
+
+
 def test_download_verifies_and_renames_atomically(tmp_path: Path) -> None:
     src = tmp_path / "src.bin"
     src.write_bytes(b"payload")
@@ -215,6 +248,31 @@ def test_download_unreachable_says_where_to_put_the_file(tmp_path: Path) -> None
     assert not dest.exists()
 
 
+def test_download_cut_short_is_a_data_error(tmp_path: Path) -> None:
+    """A server that drops a chunked transfer mid-file: http.client raises IncompleteRead, which is no
+    OSError; it must read as a failed download, not a traceback."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    dest = tmp_path / "x.gz"
+    try:
+        with pytest.raises(DataError, match=r"cannot download .*x\.gz.*put it at exactly"):
+            download(f"http://127.0.0.1:{server.getsockname()[1]}/x.gz", dest, "ab" * 16, timeout=5)
+    finally:
+        thread.join(5)
+        server.close()
+    assert list(tmp_path.iterdir()) == []  # nothing at dest, no temporary file left
+
+
 # ---------------------------------------------------------------- idx.py
 
 
@@ -224,6 +282,18 @@ def test_idx_pair_gz_and_raw(tmp_path: Path, gz: bool) -> None:
     images = read_idx_pair(write_idx(tmp_path / "i", x, gz=gz), write_idx(tmp_path / "l", y, gz=gz))
     assert images.x.shape == (4, 1, 5, 5) and images.x.dtype == torch.uint8
     assert torch.equal(images.x[:, 0], torch.from_numpy(x)) and images.y.tolist() == y.tolist()
+
+
+def test_idx_errors_on_bytes_without_a_name_stay_short() -> None:
+    """Content passed as bytes and no name: the message says so, not the repr of every byte."""
+    x, y = mnist_like(300, 2)
+    data = idx_bytes(x)[:-1]
+    with pytest.raises(DataError) as e:
+        read_idx(data, magic=IMAGES_MAGIC)
+    assert "truncated" in str(e.value) and len(str(e.value)) < 300
+    with pytest.raises(DataError) as e:
+        read_idx_pair(idx_bytes(x), idx_bytes(y[:-1]))
+    assert "300 images" in str(e.value) and len(str(e.value)) < 300
 
 
 def test_idx_errors_name_the_file(tmp_path: Path) -> None:
@@ -310,6 +380,13 @@ def test_mnist_like_augmentation_options(tmp_path: Path) -> None:
                               ("horizontal_flip", 1, "true or false")):  # fmt: skip
         with pytest.raises(ConfigError, match=f"fashion-mnist.{key} must be .*{message}"):
             load_dataset("fashion-mnist", tmp_path, verify=False, **{key: bad})
+    # padding of the (resized) image's size lets a crop miss the image: all black, yet labelled
+    assert (
+        load_dataset("fashion-mnist", tmp_path, verify=False, image_size=8, crop_padding=7).info.crop_padding
+        == 7
+    )
+    with pytest.raises(ConfigError, match=r"fashion-mnist.crop_padding must be .*below image_size 8, got 8"):
+        load_dataset("fashion-mnist", tmp_path, verify=False, image_size=8, crop_padding=8)
 
 
 def test_mnist_md5_mismatch_is_rejected(tmp_path: Path) -> None:
@@ -397,6 +474,18 @@ def test_cifar10_archive_is_read_when_the_extracted_folder_is_incomplete(tmp_pat
         load_cifar10(tmp_path, verify=False)
 
 
+def test_cifar10_download_replaces_an_incomplete_extracted_folder(tmp_path: Path, monkeypatch) -> None:
+    files = cifar10_files()
+    published = tmp_path / "published" / "cifar-10-python.tar.gz"
+    write_tar_gz(published, "cifar-10-batches-py", files)
+    spec = RemoteFile("cifar-10-python.tar.gz", md5_file(published), published.as_uri())
+    monkeypatch.setattr("fedistill.data.cifar.CIFAR10_ARCHIVE", spec)
+    folder = tmp_path / "data"
+    write_folder(folder / "cifar-10-batches-py", {k: v for k, v in files.items() if k != "test_batch"})
+    ds = load_cifar10(folder, download=True, verify=False)  # the error said to pass download=True
+    assert ds.test.x.shape == (3, 3, 32, 32) and (folder / "cifar-10-python.tar.gz").is_file()
+
+
 def test_cifar10_missing_everything(tmp_path: Path) -> None:
     with pytest.raises(DataError) as e:
         load_dataset("cifar10", tmp_path)
@@ -450,6 +539,16 @@ def test_restricted_unpickler_reads_real_batch_format() -> None:
         assert np.array_equal(got[b"data"], arr) and got[b"data"].dtype == np.uint8
     with pytest.raises(DataError, match="not a valid CIFAR python batch"):
         restricted_loads(b"\x80\x02garbage", "junk")
+
+
+def test_restricted_unpickler_reads_batches_saved_with_pickle_protocol_5() -> None:
+    """numpy pickles an array by `_frombuffer` under protocol 5 (Python 3.14's default): a batch re-saved
+    so is an array like any other, not a file to refuse as unsafe."""
+    arr = np.arange(2 * 3072, dtype=np.uint8).reshape(2, 3072) % 251
+    got = restricted_loads(pickle.dumps({b"data": arr, b"labels": [1, 2]}, protocol=5), "batch")
+    assert np.array_equal(got[b"data"], arr) and got[b"labels"] == [1, 2]
+    with pytest.raises(DataError, match="refused"):  # still nothing but numpy's array builders
+        restricted_loads(pickle.dumps({b"data": _Evil(Path("never"))}, protocol=5), "evil")
 
 
 # ---------------------------------------------------------------- EMNIST
@@ -558,6 +657,31 @@ def test_image_folder_reads_wide_grey_images_as_predict_does(tmp_path: Path, cha
         assert int(ds.train.x[row].max()) == 255 and int(ds.train.x[row].min()) == 0
 
 
+@pytest.mark.parametrize("channels", [1, 3])
+def test_image_folder_reads_wide_colour_tiffs_as_predict_does(tmp_path: Path, channels: int) -> None:
+    """A 16-bit RGB TIFF (12-bit camera data, say): Pillow keeps each value's high byte, so the images
+    trained on were nearly black while predict, reading through tifffile, scales them by their maximum;
+    a float RGB TIFF Pillow cannot open at all. Both now read as predict reads them."""
+    import tifffile
+
+    from fedistill.inference.images import model_image
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for name, image in (
+            ("sixteen", rng.integers(0, 4096, (6, 5, 3)).astype(np.uint16)),
+            ("float", rng.random((6, 5, 3)).astype(np.float32)),
+        ):
+            path = tmp_path / split / name / "a.tif"
+            path.parent.mkdir(parents=True)
+            tifffile.imwrite(path, image, photometric="rgb")
+    ds = load_dataset("image-folder", tmp_path, channels=channels, image_size=4)
+    for row, name in enumerate(("float", "sixteen")):
+        expected, _ = model_image(tmp_path / "train" / name / "a.tif", channels, 4)
+        assert ds.train.x[row].numpy().tolist() == expected.tolist()
+        assert int(ds.train.x[row].max()) > 100  # Pillow gave 15 at most for the 16-bit file
+
+
 def test_image_folder_errors(tmp_path: Path) -> None:
     _png(tmp_path / "train" / "cat" / "a.png", (1, 2, 3))
     _png(tmp_path / "test" / "dog" / "b.png", (1, 2, 3))
@@ -591,6 +715,45 @@ def test_image_folder_refuses_a_flip_option_that_is_no_boolean(tmp_path: Path) -
     for bad in ("False", "false", 0, 1):
         with pytest.raises(ConfigError, match="image-folder option horizontal_flip must be true or false"):
             load_dataset("image-folder", tmp_path, horizontal_flip=bad)
+
+
+def test_image_folder_names_an_image_too_large_for_pillow(tmp_path: Path, monkeypatch) -> None:
+    """Pillow refuses an image of more than twice MAX_IMAGE_PIXELS with DecompressionBombError, which is
+    no OSError: it must name the file, not end the run with a traceback."""
+    _png(tmp_path / "train" / "cat" / "a.png", (1, 2, 3))
+    _png(tmp_path / "train" / "dog" / "big.png", (4, 5, 6), size=(40, 40))
+    _png(tmp_path / "test" / "cat" / "c.png", (1, 2, 3))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 500)  # 1,000 pixels and more are refused
+    with pytest.raises(DataError, match=r"cannot read image .*big\.png"):
+        load_dataset("image-folder", tmp_path)
+
+
+def test_image_folder_names_a_folder_it_cannot_list(tmp_path: Path, monkeypatch) -> None:
+    _png(tmp_path / "train" / "cat" / "a.png", (1, 2, 3))
+    _png(tmp_path / "train" / "dog" / "b.png", (4, 5, 6))
+    _png(tmp_path / "test" / "cat" / "c.png", (1, 2, 3))
+    real_iterdir = Path.iterdir
+
+    def iterdir(path: Path):
+        if path.name == "dog":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_iterdir(path)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    with pytest.raises(DataError, match=r"image-folder: cannot list .*train/dog: Permission denied"):
+        load_dataset("image-folder", tmp_path)
+
+
+def test_image_folder_refuses_a_crop_padding_that_can_crop_the_image_away(tmp_path: Path) -> None:
+    """Padding of the image's size or more lets a random crop hold no pixel of the image: an all-black
+    training sample with a label. Digits and MNIST refuse such values; so does image-folder."""
+    _png(tmp_path / "train" / "cat" / "a.png", (1, 2, 3))
+    _png(tmp_path / "train" / "dog" / "b.png", (4, 5, 6))
+    _png(tmp_path / "test" / "cat" / "c.png", (1, 2, 3))
+    assert load_dataset("image-folder", tmp_path, image_size=8, crop_padding=7).info.crop_padding == 7
+    for bad in (8, 40):
+        with pytest.raises(ConfigError, match=r"crop_padding must be an integer from 0 to 7 \(image_size 8"):
+            load_dataset("image-folder", tmp_path, image_size=8, crop_padding=bad)
 
 
 # ---------------------------------------------------------------- digits and the registry
@@ -639,6 +802,20 @@ def test_digits_crop_padding_turns_on_the_usual_augmentation() -> None:
     for bad in (-1, 8, 1.5, True):
         with pytest.raises(ConfigError, match="crop_padding must be an integer from 0 to 7"):
             load_dataset("digits", crop_padding=bad)
+
+
+def test_subset_takes_indices_or_a_boolean_mask() -> None:
+    """`subset(y < 5)` keeps the samples the mask marks, as tensor indexing does; a mask read as the
+    indices 0 and 1 gave every sample 0 or sample 1."""
+    data = load_dataset("digits").test
+    keep = data.y < 5
+    mask_subset = data.subset(keep)
+    assert len(mask_subset) == int(keep.sum()) and torch.equal(mask_subset.y, data.y[keep])
+    assert torch.equal(data.subset(keep.numpy()).x, data.x[keep])
+    assert data.subset([3, 1]).y.tolist() == [int(data.y[3]), int(data.y[1])]
+    assert len(data.subset(range(4))) == 4 and len(data.subset([])) == 0
+    with pytest.raises(ValueError, match="mask"):
+        data.subset(keep[:-1])
 
 
 def test_registry_names_and_errors(tmp_path: Path) -> None:

@@ -185,6 +185,28 @@ def test_loaders_read_what_editors_write_and_name_a_file_that_is_not_utf8(tmp_pa
         read_sst2(sst)
 
 
+def test_ag_news_errors_name_the_file_line_after_a_quoted_line_break(tmp_path):
+    """A quoted field may hold line breaks; an error names the line the faulty row starts on in the file,
+    not the row's number among the rows."""
+    ag = tmp_path / "ag.csv"
+    ag.write_text('"3","stocks","profit\nand\nloss"\n"5","war","treaty"\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"ag\.csv:4: the class index must be 1-4"):
+        read_ag_news(ag)
+    ag.write_text('"3","stocks","profit\nand loss"\n\n"1","war"\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"ag\.csv:4: expected 3 fields"):
+        read_ag_news(ag)
+
+
+def test_an_empty_sst2_file_is_called_empty(tmp_path):
+    """An empty file (a copy cut short) is no sign of GLUE's unlabelled test split."""
+    sst = tmp_path / "dev.tsv"
+    for content in ("", "\n", "\ufeff"):
+        sst.write_text(content, encoding="utf-8")
+        with pytest.raises(DataError) as e:
+            read_sst2(sst)
+        assert "dev.tsv is empty" in str(e.value) and "no labels" not in str(e.value)
+
+
 def test_missing_files_and_model_folders_are_clear_errors(root, tmp_path):
     with pytest.raises(DataError, match=r"(?s)missing dataset files .*ag-news/train\.csv.*class index 1-4"):
         load_dataset("ag-news", tmp_path, model_dir=str(root / "model"))

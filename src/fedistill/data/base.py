@@ -107,8 +107,16 @@ class ImageSet:
         return int(self.y.shape[0])
 
     def subset(self, indices) -> ImageSet:
-        """The samples at `indices`, in that order."""
-        idx = torch.as_tensor(indices, dtype=torch.int64)
+        """The samples at `indices`, in that order; or, given a boolean mask of one entry per sample, the
+        samples it marks (as tensor indexing does)."""
+        idx = torch.as_tensor(np.asarray(indices) if isinstance(indices, range) else indices)
+        if idx.dtype == torch.bool:  # cast to int64, a mask would pick samples 0 and 1
+            if tuple(idx.shape) != (len(self),):
+                raise ValueError(
+                    f"a boolean mask needs one entry per sample ({len(self)}), got {tuple(idx.shape)}"
+                )
+            idx = idx.nonzero().flatten()
+        idx = idx.to(torch.int64)
         return ImageSet(self.x[idx], self.y[idx])
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
-from fedistill.data.files import RemoteFile, fetch_or_require, md5_bytes
+from fedistill.data.files import RemoteFile, fetch_or_require, md5_bytes, read_file
 from fedistill.errors import ConfigError, DataError
 
 CIFAR10_ARCHIVE = RemoteFile(
@@ -61,10 +61,14 @@ CIFAR100_STD = (0.2675, 0.2565, 0.2761)
 
 _PIXELS = 3 * 32 * 32
 _RECONSTRUCT = np.empty(0).__reduce__()[0]  # numpy's array-rebuilding function, whatever module it lives in
+# Under pickle protocol 5 (Python 3.14's default) numpy pickles an array as frombuffer(bytes, dtype) instead.
+_FROMBUFFER = np.empty(1).__reduce_ex__(5)[0]
 # The globals the real batches name: numpy 1.x wrote `numpy.core.multiarray`, numpy 2.x `numpy._core`.
 _ALLOWED_GLOBALS = {
     ("numpy.core.multiarray", "_reconstruct"): _RECONSTRUCT,
     ("numpy._core.multiarray", "_reconstruct"): _RECONSTRUCT,
+    ("numpy.core.numeric", "_frombuffer"): _FROMBUFFER,
+    ("numpy._core.numeric", "_frombuffer"): _FROMBUFFER,
     ("numpy", "ndarray"): np.ndarray,
     ("numpy", "dtype"): np.dtype,
 }
@@ -179,13 +183,13 @@ def read_cifar_files(
 
     With `verify`, extracted files are checked against KNOWN_MD5 and the archive against its md5. An
     extracted folder that lacks a required file (an unpacking cut short) gives way to the archive when
-    that is there.
+    that is there, or is downloaded when `download` is set.
     """
     extracted = folder / dir_name
     wanted = [*required, *optional]
     out: dict[str, bytes] = {}
     complete = all((extracted / member).is_file() for member in required)
-    if extracted.is_dir() and (complete or not (folder / archive.name).is_file()):
+    if extracted.is_dir() and (complete or not (download or (folder / archive.name).is_file())):
         for member in wanted:
             path = extracted / member
             if not path.is_file():
@@ -195,7 +199,7 @@ def read_cifar_files(
                         + _missing_message(folder, dir_name, required, archive)
                     )
                 continue
-            out[member] = path.read_bytes()
+            out[member] = read_file(path)
             _check_md5(out[member], f"{dir_name}/{member}", str(path), verify, archive)
         return out
     if not download and not (folder / archive.name).is_file():

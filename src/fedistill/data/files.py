@@ -7,6 +7,7 @@ user who hits one is usually offline and has to place the file by hand.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import tempfile
 import urllib.error
@@ -38,6 +39,15 @@ def md5_file(path: str | Path, chunk_size: int = _CHUNK) -> str:
     return digest.hexdigest()
 
 
+def read_file(path: str | Path) -> bytes:
+    """A dataset file's bytes; DataError naming it when it exists but cannot be read (permissions, a disk
+    error), not an OSError that reads as a failed write."""
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise DataError(f"cannot read dataset file {path}: {e.strerror or e}") from e
+
+
 def md5_bytes(data: bytes) -> str:
     """The MD5 hex digest of `data`, used to check downloads, not for security."""
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
@@ -61,7 +71,10 @@ def require_file(path: str | Path, md5: str | None, *, url: str | None = None, v
     if not path.is_file():
         raise DataError(f"missing dataset file {path}: {_how_to_get(path, md5, url)}")
     if verify and md5:
-        actual = md5_file(path)
+        try:
+            actual = md5_file(path)
+        except OSError as e:
+            raise DataError(f"cannot read dataset file {path}: {e.strerror or e}") from e
         if actual != md5:
             raise DataError(
                 f"dataset file {path} is corrupt or a different version: md5 is {actual}, expected {md5}; "
@@ -86,7 +99,7 @@ def download(url: str, dest: str | Path, md5: str | None, *, timeout: float = DO
                 while chunk := response.read(_CHUNK):
                     digest.update(chunk)
                     out.write(chunk)
-        except (urllib.error.URLError, OSError, ValueError) as e:
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:  # IncompleteRead
             reason = getattr(e, "reason", None) or e
             raise DataError(
                 f"cannot download {url} ({reason}); if this machine is offline, "

@@ -38,9 +38,16 @@ def _read_bytes(source: Path | bytes, name: str) -> bytes:
     return data
 
 
+def _name(source: Path | bytes, name: str | None, kind: str) -> str:
+    """`name`, else the path; content given as bytes is called by its kind, not by the repr of its bytes."""
+    if name is not None:
+        return name
+    return f"IDX {kind} data given as bytes" if isinstance(source, bytes) else str(source)
+
+
 def read_idx(source: Path | bytes, *, magic: int, name: str | None = None) -> np.ndarray:
     """Decode one IDX file into a read-only uint8 array, requiring the given magic number."""
-    name = name if name is not None else str(source)
+    name = _name(source, name, {IMAGES_MAGIC: "images", LABELS_MAGIC: "labels"}.get(magic, "file"))
     data = _read_bytes(source, name)
     if len(data) < 4:
         raise DataError(f"{name} is not an IDX file: only {len(data)} bytes")
@@ -72,8 +79,8 @@ def read_idx_pair(
     labels_name: str | None = None,
 ) -> ImageSet:
     """An images file (N, H, W) and its labels file (N,) as an ImageSet of shape (N, 1, H, W)."""
-    images_name = images_name if images_name is not None else str(images)
-    labels_name = labels_name if labels_name is not None else str(labels)
+    images_name = _name(images, images_name, "images")
+    labels_name = _name(labels, labels_name, "labels")
     x = read_idx(images, magic=IMAGES_MAGIC, name=images_name)
     y = read_idx(labels, magic=LABELS_MAGIC, name=labels_name)
     if x.shape[0] != y.shape[0]:

@@ -3,8 +3,9 @@
 Class names sorted alphabetically give the label order, so the labels are the same
 on every machine. Every image is converted to RGB or greyscale and resized to a
 square `image_size` with bilinear filtering (the aspect ratio is not kept), so the
-models see the same tensor shape as with the built-in datasets. Grey images of more than 8 bits are scaled by
-their own maximum (`fedistill.data.eight_bit`, as predict reads them).
+models see the same tensor shape as with the built-in datasets. Images are read exactly as predict reads
+them (`fedistill.inference.images`): images of more than 8 bits (16-bit grey PNG, 16-bit or float TIFF)
+are scaled by their own maximum (`fedistill.data.eight_bit`); a multi-page TIFF is refused.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset, is_plain_int
-from fedistill.data.eight_bit import WIDE_GREY_MODES, to_uint8
 from fedistill.errors import ConfigError, DataError
 
 IMAGE_SUFFIXES = frozenset(
@@ -25,10 +25,18 @@ IMAGE_SUFFIXES = frozenset(
 LAYOUT = "<data_dir>/train/<class>/*.png|jpg|... and <data_dir>/test/<class>/*"
 
 
+def _entries(folder: Path) -> list[Path]:
+    """What `folder` holds; DataError naming it when it cannot be listed (permissions, a disk error)."""
+    try:
+        return list(folder.iterdir())
+    except OSError as e:
+        raise DataError(f"image-folder: cannot list {folder}: {e.strerror or e}") from e
+
+
 def _class_dirs(split_dir: Path) -> dict[str, Path]:
     if not split_dir.is_dir():
         raise DataError(f"image-folder: {split_dir} is not a folder; expected the layout {LAYOUT}")
-    dirs = {p.name: p for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    dirs = {p.name: p for p in _entries(split_dir) if p.is_dir() and not p.name.startswith(".")}
     if not dirs:
         raise DataError(f"image-folder: {split_dir} has no class subfolders; expected the layout {LAYOUT}")
     return dict(sorted(dirs.items()))
@@ -37,40 +45,31 @@ def _class_dirs(split_dir: Path) -> dict[str, Path]:
 def _image_files(class_dir: Path) -> list[Path]:
     return sorted(
         p
-        for p in class_dir.iterdir()
+        for p in _entries(class_dir)
         if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_SUFFIXES
     )
 
 
-def _eight_bit(img: Image.Image) -> Image.Image:
-    """A grey image of more than 8 bits as 8 bits by `eight_bit`'s rule (predict's too); others as they
-    are. Pillow's own conversion of 16-bit grey to "L" or "RGB" clips at 255 (nearly every such image
-    white) and of floats at 1."""
-    if img.mode not in WIDE_GREY_MODES:
-        return img
-    return Image.fromarray(to_uint8(np.asarray(img)), "L")
+def _load_image(path: Path, channels: int, image_size: int) -> np.ndarray:
+    """The image as uint8 (channels, image_size, image_size), read exactly as predict reads it (TIFFs through
+    tifffile, so colour TIFFs of more than 8 bits are scaled by their maximum, not cut to their high byte
+    as Pillow does)."""
+    from fedistill.inference.images import model_image  # here: fedistill.inference imports the datasets
 
-
-def _load_image(path: Path, mode: str, image_size: int) -> np.ndarray:
     try:
-        with Image.open(path) as img:
-            img = _eight_bit(img).convert(mode)
-            if img.size != (image_size, image_size):
-                img = img.resize((image_size, image_size), Image.Resampling.BILINEAR)
-            arr = np.asarray(img, dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, ValueError) as e:
-        raise DataError(f"image-folder: cannot read image {path} ({e})") from e
-    return arr[None, :, :] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+        return model_image(path, channels, image_size)[0]
+    except Image.DecompressionBombError as e:  # no OSError: Pillow's limit on the pixels of one image
+        raise DataError(f"image-folder: cannot read image {path} ({e}); shrink it to a smaller copy") from e
 
 
 def _load_split(
-    split_dir: Path, classes: dict[str, Path], label_of: dict[str, int], mode: str, image_size: int
+    split_dir: Path, classes: dict[str, Path], label_of: dict[str, int], channels: int, image_size: int
 ) -> ImageSet:
     images: list[np.ndarray] = []
     labels: list[int] = []
     for name, class_dir in classes.items():
         for path in _image_files(class_dir):
-            images.append(_load_image(path, mode, image_size))
+            images.append(_load_image(path, channels, image_size))
             labels.append(label_of[name])
     if not images:
         raise DataError(f"image-folder: {split_dir} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
@@ -91,8 +90,11 @@ def load_image_folder(
         raise ConfigError(f"image-folder option channels must be 1 or 3, got {channels!r}")
     if not is_plain_int(image_size) or image_size < 1:
         raise ConfigError(f"image-folder option image_size must be a positive integer, got {image_size!r}")
-    if not is_plain_int(crop_padding) or crop_padding < 0:
-        raise ConfigError(f"image-folder option crop_padding must be an integer >= 0, got {crop_padding!r}")
+    if not is_plain_int(crop_padding) or not 0 <= crop_padding < image_size:  # else a crop can miss the image
+        raise ConfigError(
+            f"image-folder option crop_padding must be an integer from 0 to {image_size - 1} "
+            f"(image_size {image_size}), got {crop_padding!r}"
+        )
     if not isinstance(horizontal_flip, bool):  # "false" (a typed `False` via --set) would switch flips on
         raise ConfigError(
             f"image-folder option horizontal_flip must be true or false, got {horizontal_flip!r}"
@@ -115,9 +117,8 @@ def load_image_folder(
             f"({', '.join(train_classes) or 'none'}); a classifier needs at least 2"
         )
     label_of = {name: i for i, name in enumerate(train_classes)}
-    mode = "RGB" if channels == 3 else "L"
-    train = _load_split(root / "train", train_classes, label_of, mode, image_size)
-    test = _load_split(root / "test", test_classes, label_of, mode, image_size)
+    train = _load_split(root / "train", train_classes, label_of, channels, image_size)
+    test = _load_split(root / "test", test_classes, label_of, channels, image_size)
     pixels = train.x.double().div(255.0).transpose(0, 1).reshape(channels, -1)
     std = pixels.std(dim=1).clamp_min(1e-3)  # a constant-colour channel must not divide by zero
     info = DatasetInfo(

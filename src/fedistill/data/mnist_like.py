@@ -119,6 +119,11 @@ def load_mnist_like(
         horizontal_flip: bool = False,
     ) -> LoadedDataset:
         augmentation = _augmentation(name, crop_padding, horizontal_flip)
+        if is_plain_int(image_size) and 0 < image_size <= crop_padding:  # a crop could miss the image
+            raise ConfigError(
+                f"{name}.crop_padding must be an integer from 0 to 8, below image_size {image_size}, "
+                f"got {crop_padding}"
+            )
         missing = [
             str(folder / f.name)
             for f in files

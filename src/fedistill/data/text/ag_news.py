@@ -28,7 +28,9 @@ def read_ag_news(path: Path) -> tuple[list[str], list[int]]:
     """(texts, class indices 0-3) of one AG News CSV file; blank lines are skipped."""
     texts, labels = [], []
     rows = csv.reader(io.StringIO(read_text_file(path), newline=""))
-    for line, row in enumerate(rows, start=1):
+    end = 0  # the file line the previous row ended on: a quoted field may hold line breaks
+    for row in rows:
+        line, end = end + 1, rows.line_num
         if not "".join(row).strip() and len(row) <= 1:
             continue  # a blank line (one at the end, as some copies have)
         if line == 1 and all(_COLUMN_NAME.fullmatch(field.strip()) for field in row):

@@ -23,9 +23,14 @@ def read_sst2(path: Path) -> tuple[list[str], list[int]]:
     """(sentences, labels 0/1) of one GLUE SST-2 TSV file."""
     # lines end at "\n" only: str.splitlines would also cut a sentence at U+2028, U+0085 or a form feed
     lines = [line.removesuffix("\r") for line in read_text_file(path).split("\n")]
-    header = lines[0].split("\t") if lines else []
+    if not any(line.strip() for line in lines):
+        raise DataError(f"{path} is empty: expected a header sentence<TAB>label, then one sentence a line")
+    header = lines[0].split("\t")
     if "sentence" not in header or "label" not in header:
-        unlabelled = " (GLUE's test split has no labels: use dev.tsv as the test set)" if header else ""
+        # a sentence column without labels is GLUE's test split (index<TAB>sentence)
+        unlabelled = (
+            " (GLUE's test split has no labels: use dev.tsv as the test set)" if "sentence" in header else ""
+        )
         raise DataError(
             f"{path}: expected a header with columns sentence and label, got {header}{unlabelled}"
         )

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset, TextInfo, is_plain_int
+from fedistill.data.files import read_file
 from fedistill.errors import ConfigError, DataError
 from fedistill.seeding import numpy_generator
 
@@ -147,7 +148,7 @@ def text_dataset(
 def read_text_file(path: Path) -> str:
     """A dataset file's text, UTF-8 with a byte-order mark dropped (editors on Windows add one, and it
     would glue itself to the first field); DataError naming the file and line when it is not UTF-8."""
-    data = path.read_bytes().removeprefix(codecs.BOM_UTF8)
+    data = read_file(path).removeprefix(codecs.BOM_UTF8)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
