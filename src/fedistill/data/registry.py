@@ -72,8 +72,8 @@ def load_dataset(
     **options: object,
 ) -> LoadedDataset:
     """Load dataset `name` (see `dataset_names()`); `options` are dataset-specific (digits: crop_padding;
-    cifar100: labels; mnist, fashion-mnist: image_size, channels (see `mnist_like.reshaped`);
-    image-folder: channels, image_size, crop_padding, horizontal_flip; the medical sets: see
+    cifar100: labels; mnist, fashion-mnist: image_size, channels, crop_padding, horizontal_flip (see
+    `mnist_like`); image-folder: channels, image_size, crop_padding, horizontal_flip; the medical sets: see
     fedistill.data.medical; the text sets: see fedistill.data.text).
 
     `download` fetches missing files (md5-checked) for the datasets that have a canonical URL;
