@@ -21,37 +21,31 @@ tensor, the gradient of batch-mean losses (about 1/B of a per-sample loss gradie
 
 *Accounting* (``dp_accounting``), per client, on its own `ClientAccountant`:
 
-* ``"d-step"`` (default): the D-step's use of real data is a subsampled Gaussian mechanism with
-  sample rate ``q_k = B / n_k`` (the real batch over the client's data size) and the applied noise
-  multiplier, one accountant step per D-step (one per G-step). This is DP-CGAN's accounting, which the
-  paper cites, for a discriminator trained with DP-SGD on Poisson-sampled batches. Here the D-step is
-  not noised, D_k carries its state from step to step, T_k is trained without DP, and the real batch is
-  a fixed-size draw from a stream the server can derive: the figure measures the cost the way the paper
-  reports it and is no differential-privacy bound on what the site sends.
+* ``"d-step"`` (default): DP-CGAN's accounting, which the paper cites: the D-step's use of real data as
+  a subsampled Gaussian mechanism at sample rate ``q_k = B / n_k`` (real batch over data size) with the
+  applied noise multiplier, one step per G-step. Here the D-step is not noised, D_k carries its state, T_k
+  is trained without DP and the real batch is a fixed-size draw from a stream the server can derive: the
+  figure measures the cost as the paper reports it and is no differential-privacy bound on what is sent.
 * ``"release"``: the worst case for the gradient channel (GS-WGAN's bound without discriminator
-  subsampling). Each `query.backprop` releases B clipped per-sample gradients; removing one real
-  record may change D_k and so every one of them, each by up to 2C: an L2 sensitivity of
-  ``2 C sqrt(B)``. Each release is accounted as a Gaussian mechanism with noise multiplier
-  ``sigma / (2 sqrt(B))`` at sample rate 1.
+  subsampling). Each `query.backprop` releases B clipped per-sample gradients; removing one real record
+  may change D_k and so every one of them, each by up to 2C: an L2 sensitivity of ``2 C sqrt(B)``,
+  accounted as a Gaussian mechanism with noise multiplier ``sigma / (2 sqrt(B))`` at sample rate 1.
 
 Neither covers T_k's logits (`query.generate`, `query.student`; the paper applies PATE to local
-outputs, `fedistill.privacy.pate`), Eq. 8's density ratios (from D_k and the mean score on the real
-batch), the G-loss and entropy each `query.generate` reply reports (D_k's and T_k's outputs on the
-synthetic batch), stage 1 (teacher training, label and sample counts), the training label masks a site
-uploads on a per-pixel task (`query.masks`, ``mask_source = "clients"``: sent as they are) or the
-validation accuracies used for model selection. With DP on, clients leave their real-batch D-loss out of
-their metrics.
+outputs, `fedistill.privacy.pate`), Eq. 8's density ratios, the G-loss and entropy in `query.generate`'s
+metrics, stage 1 (teacher training, label and sample counts), a per-pixel site's training label masks
+(`query.masks` under ``mask_source = "clients"``) or the validation accuracies used for selection. With
+DP on, clients leave their real-batch D-loss out of their metrics.
 
 *Noise.* Drawn from the client's secret seed (`dp_noise_seed = "secret"`, the default: the server cannot
 regenerate it) or from the run seed (`"run"`: reproducible, and removable by the server); see
 `fedistill.privacy.budget.ClientBudget`.
 
 *Budget.* ``dp_target_epsilon`` with no noise multiplier calibrates the noise once per client
-(`calibrate_noise`) for the planned number of G-steps, which the server sends (under ``"release"``, for
-a whole batch's release on every step, the largest a step can make). A client whose next
-step would exceed the target refuses it (`PrivacyBudgetExceeded`, answered as a refusal); the server
-then ends the run cleanly: the partial epoch is evaluated, the best student kept and the summary
-written with every client's epsilon (``epsilon_client_<k>``, ``epsilon_max``).
+(`calibrate_noise`) for the planned G-steps, which the server sends (under ``"release"``, for the
+largest release a step can make). A client whose next step would exceed the target refuses it
+(`PrivacyBudgetExceeded`); the server then ends the run cleanly: the partial epoch evaluated, the best
+student kept, the summary written with every client's epsilon (``epsilon_client_<k>``, ``epsilon_max``).
 """
 
 from __future__ import annotations
