@@ -4,7 +4,7 @@ Class names sorted alphabetically give the label order, so the labels are the sa
 on every machine. Every image is converted to RGB or greyscale and resized to a
 square `image_size` with bilinear filtering (the aspect ratio is not kept), so the
 models see the same tensor shape as with the built-in datasets. Images are read exactly as predict reads
-them (`fedistill.inference.images`): images of more than 8 bits (16-bit grey PNG, 16-bit or float TIFF)
+them (`fedistill.data.image_files`): images of more than 8 bits (16-bit grey PNG, 16-bit or float TIFF)
 are scaled by their own maximum (`fedistill.data.eight_bit`); a multi-page TIFF is refused.
 """
 
@@ -54,7 +54,7 @@ def _load_image(path: Path, channels: int, image_size: int) -> np.ndarray:
     """The image as uint8 (channels, image_size, image_size), read exactly as predict reads it (TIFFs through
     tifffile, so colour TIFFs of more than 8 bits are scaled by their maximum, not cut to their high byte
     as Pillow does)."""
-    from fedistill.inference.images import model_image  # here: fedistill.inference imports the datasets
+    from fedistill.data.image_files import model_image
 
     try:
         return model_image(path, channels, image_size)[0]
