@@ -196,3 +196,24 @@ def test_a_full_disk_at_the_summary_leaves_a_run_resume_finishes(tmp_path, capsy
     assert main(["run", "--resume", str(run), "--quiet"]) == 0
     assert (run / "fedavg" / "summary.md").is_file() and (run / "fedavg" / "summary.json").is_file()
     assert "# fedavg on digits" in (run / "fedavg" / "summary.md").read_text()
+
+
+def test_a_sigint_handler_installed_outside_python_does_not_break_the_end_of_a_run(monkeypatch):
+    """signal.signal returns None for a handler not installed from Python (an embedding host's); putting
+    that None back raised TypeError when the run was over, in place of its result."""
+    real = signal.signal
+    original = signal.getsignal(signal.SIGINT)
+    put: list[object] = []
+
+    def from_outside_python(signum, handler):
+        put.append(handler)
+        previous = real(signum, handler)
+        return None if len(put) == 1 else previous
+
+    monkeypatch.setattr(signal, "signal", from_outside_python)
+    try:
+        with interrupt.deferred_to_run_loop():
+            pass
+        assert put[-1] is signal.default_int_handler  # Ctrl-C raises KeyboardInterrupt again afterwards
+    finally:
+        real(signal.SIGINT, original)

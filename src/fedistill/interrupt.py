@@ -62,6 +62,8 @@ def deferred_to_run_loop() -> Iterator[None]:
         return
     _requested.clear()
     previous = signal.signal(signal.SIGINT, _on_sigint)
+    if previous is None:  # a handler installed outside Python cannot be put back: Python's own is
+        previous = signal.default_int_handler
     _depth = 1
     try:
         yield
