@@ -324,3 +324,15 @@ def test_a_config_that_is_neither_a_path_nor_a_runconfig_is_one_clear_error(conf
         UserError, match=f"config must be a TOML file's path or a RunConfig, not {type(config).__name__}"
     ):
         run_config(config, {})
+
+
+def test_summary_of_a_run_with_unfinished_algorithms_names_them(finished, tmp_path):
+    """A run planning two algorithms whose second never finished read back as if it held one: no word of
+    the missing one (`fedistill summary` names it on stderr)."""
+    copy = _copy(finished, tmp_path)
+    config = copy / "config.toml"
+    config.write_text(config.read_text().replace('algorithm = "fedavg"', 'algorithm = "fedavg,fediod"'))
+    with pytest.warns(UserWarning, match=r"not finished \(no summary\.json\): fediod; finish with"):
+        result = fedistill.summary(copy)
+    assert list(result) == ["fedavg"] and result.unfinished == ("fediod",)
+    assert finished.unfinished == ()
