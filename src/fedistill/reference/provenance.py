@@ -23,7 +23,7 @@ class Provenance:
 
     commands: tuple[str, ...]
     commit: str  # Markdown: the commit, and whether the file recorded it or git did
-    machine: str  # "" when the file does not record it
+    machine: str  # "" when the file does not record it; several are joined by "; " (each holds commas)
 
 
 def _collect(value: Any, key: str, found: list[str]) -> None:
@@ -69,7 +69,7 @@ def provenance(json_path: Path) -> Provenance:
     else:
         found = git_commit(json_path)
         commit = f"`{found}` {GIT_COMMIT_NOTE}" if found else "not in git yet"
-    return Provenance(tuple(commands), commit, ", ".join(machines))
+    return Provenance(tuple(commands), commit, "; ".join(machines))
 
 
 def provenance_lines(json_path: Path, root: Path) -> list[str]:
