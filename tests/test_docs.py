@@ -22,6 +22,7 @@ from fedistill.reference.pages import reference_pages
 from fedistill.reference.parser import run_flag_help
 from fedistill.reference.provenance import GIT_COMMIT
 from fedistill.reference.results import ROOT, readme_with_headline, results_pages
+from fedistill.tasks import TASKS
 
 EXAMPLE = ROOT / "docs" / "examples" / "my_algorithm.py"
 
@@ -40,6 +41,13 @@ def test_every_common_config_key_is_documented():
 def test_every_algorithm_option_is_documented(name):
     missing = [option.name for option in options.options_of(name) if not option.doc.strip()]
     assert missing == [], f"document these [{name}] options (a docstring or a comment beside the field)"
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_every_task_option_is_documented(name):
+    """The tasks page showed `loss_kind`, `dice_weight`, `acceleration` and others with an empty meaning."""
+    missing = [item.name for item in field_docs(TASKS[name]) if not item.text.strip()]
+    assert missing == [], f"document these {name} task options (a comment beside the field)"
 
 
 def test_every_registered_name_is_documented():
