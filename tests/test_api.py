@@ -336,3 +336,18 @@ def test_summary_of_a_run_with_unfinished_algorithms_names_them(finished, tmp_pa
         result = fedistill.summary(copy)
     assert list(result) == ["fedavg"] and result.unfinished == ("fediod",)
     assert finished.unfinished == ()
+
+
+@pytest.mark.parametrize("device", [torch.device("cuda"), torch.device("cuda", 0), torch.device("mps")])
+def test_a_torch_device_the_machine_lacks_is_one_clear_error(finished, monkeypatch, device):
+    """load_model takes a device's name or a torch.device; a torch.device this machine lacks went to torch
+    unchecked and failed as 'Torch not compiled with CUDA enabled' (an AssertionError), where its name gives
+    a ConfigError saying what the machine has."""
+    from fedistill.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="this machine has no") as exc:
+        fedistill.load_model(finished.run_dir, "fedavg", device=device)
+    _one_line(exc)
+    assert fedistill.load_model(finished.run_dir, "fedavg", device=torch.device("cpu")).device.type == "cpu"

@@ -230,5 +230,6 @@ def _architecture(
 def _ready(module: nn.Module, device: str | torch.device) -> nn.Module:
     from fedistill import devices
 
-    target = devices.resolve(device) if isinstance(device, str) else torch.device(device)
+    # a torch.device is checked as its name is: one this machine lacks is a ConfigError saying what it has
+    target = devices.resolve(str(device) if isinstance(device, torch.device) else device)
     return module.to(target).eval()
