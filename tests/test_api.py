@@ -351,3 +351,16 @@ def test_a_torch_device_the_machine_lacks_is_one_clear_error(finished, monkeypat
         fedistill.load_model(finished.run_dir, "fedavg", device=device)
     _one_line(exc)
     assert fedistill.load_model(finished.run_dir, "fedavg", device=torch.device("cpu")).device.type == "cpu"
+
+
+def test_paths_are_taken_where_a_key_is_a_folder(tmp_path):
+    """`out`, `data_dir` and `cache_dir` are folders, and a Python caller holds them as Path objects:
+    fedistill.run(out=tmp_path) was refused with 'out must be str, got PosixPath(...)'."""
+    keys = {"out": tmp_path, "data_dir": tmp_path / "data", "cache_dir": tmp_path / "cache", "rounds": 1}
+    config = run_config(None, keys)
+    assert (config.out, config.data_dir, config.cache_dir) == (
+        str(tmp_path),
+        str(tmp_path / "data"),
+        str(tmp_path / "cache"),
+    )
+    assert run_config(None, {"fediod": {"rounds": 2}, "out": tmp_path}).options["fediod"] == {"rounds": 2}
