@@ -335,6 +335,8 @@ def test_summary_of_a_run_with_unfinished_algorithms_names_them(finished, tmp_pa
     with pytest.warns(UserWarning, match=r"not finished \(no summary\.json\): fediod; finish with"):
         result = fedistill.summary(copy)
     assert list(result) == ["fedavg"] and result.unfinished == ("fediod",)
+    with pytest.raises(KeyError, match=r"fediod has not finished in .*: fedistill run --resume"):
+        result["fediod"]
     assert finished.unfinished == ()
 
 

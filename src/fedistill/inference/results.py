@@ -62,6 +62,10 @@ class RunResult:
     unfinished: tuple[str, ...] = ()
 
     def __getitem__(self, name: str) -> AlgorithmResult:
+        if name in self.unfinished:
+            raise KeyError(
+                f"{name} has not finished in {self.run_dir}: fedistill run --resume {self.run_dir}"
+            )
         if name not in self.algorithms:
             raise KeyError(f"no {name!r} in {self.run_dir} (it holds: {', '.join(self.algorithms)})")
         return self.algorithms[name]
