@@ -18,3 +18,24 @@ def test_two_machines_stay_two_on_the_page(tmp_path):
     found = provenance(path)
     assert found.machine == f"{a}; {b}"
     assert found.commands == ("python x.py",) and found.commit == "`abc1234`"
+
+
+def test_the_headline_bolds_every_method_that_shows_the_best_number(tmp_path):
+    """The best cell was picked before rounding: 85.431% and 85.429% both read 85.43, and only one was bold,
+    as if it had won."""
+    from fedistill.reference.headline import SOURCES, headline_markdown
+
+    rows = {
+        "fedavg-oneshot": {"test_accuracy": 0.60, "parameters_up": 10},
+        "coboosting (kd_steps 200)": {"test_accuracy": 0.85431, "parameters_up": 10},
+        "fediod-stable": {"test_accuracy": 0.85429, "parameters_up": 0},
+    }
+    for _, relative in SOURCES:
+        path = tmp_path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"command": "python x.py", "cells": [{"alpha": 0.1, "rows": rows}]}))
+    lines = headline_markdown(tmp_path).splitlines()
+    coboosting = next(line for line in lines if line.startswith("| Co-Boosting"))
+    fediod = next(line for line in lines if line.startswith("| **FedIOD**"))
+    assert coboosting.count("**85.43**") == 2 and fediod.count("**85.43**") == 2
+    assert "| 60.00 |" in next(line for line in lines if line.startswith("| one-shot FedAvg"))
