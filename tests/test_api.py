@@ -366,3 +366,17 @@ def test_paths_are_taken_where_a_key_is_a_folder(tmp_path):
         str(tmp_path / "cache"),
     )
     assert run_config(None, {"fediod": {"rounds": 2}, "out": tmp_path}).options["fediod"] == {"rounds": 2}
+
+
+def test_moving_a_loaded_model_to_a_device_the_machine_lacks_is_one_clear_error(finished, monkeypatch):
+    """TrainedModel.to passed its device to torch unchecked: 'cuda' on a machine without one failed as
+    'Torch not compiled with CUDA enabled' and a misspelt name with torch's own parse error."""
+    from fedistill.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model = fedistill.load_model(finished.run_dir, "fedavg")
+    for device in ("cuda", torch.device("cuda"), "gpu"):
+        with pytest.raises(ConfigError, match=r"this machine has no CUDA|device must be auto") as exc:
+            model.to(device)
+        _one_line(exc)
+    assert model.to("cpu") is model and model.device == torch.device("cpu")

@@ -230,6 +230,4 @@ def _architecture(
 def _ready(module: nn.Module, device: str | torch.device) -> nn.Module:
     from fedistill import devices
 
-    # a torch.device is checked as its name is: one this machine lacks is a ConfigError saying what it has
-    target = devices.resolve(str(device) if isinstance(device, torch.device) else device)
-    return module.to(target).eval()
+    return module.to(devices.resolve(device)).eval()  # a device this machine lacks: a ConfigError
