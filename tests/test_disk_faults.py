@@ -217,3 +217,19 @@ def test_a_sigint_handler_installed_outside_python_does_not_break_the_end_of_a_r
         assert put[-1] is signal.default_int_handler  # Ctrl-C raises KeyboardInterrupt again afterwards
     finally:
         real(signal.SIGINT, original)
+
+
+def test_a_run_started_with_ctrl_c_ignored_keeps_ignoring_it(capsys):
+    """A job a non-interactive shell starts in the background (`fedistill run ... &` in a script) inherits
+    SIGINT ignored, so the Ctrl-C that stops the script leaves the job running; the run put its own
+    handler in place of that and stopped."""
+    original = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with interrupt.deferred_to_run_loop():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            _sigint()
+            interrupt.check()  # nothing was asked
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, original)
+    assert "stopping" not in capsys.readouterr().err
