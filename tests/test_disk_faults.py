@@ -169,12 +169,16 @@ def _sigint() -> None:
 
 
 def test_ctrl_c_is_announced_once(capsys):
-    with interrupt.deferred_to_run_loop(), interrupt.deferred_to_run_loop():  # nested: one handler
-        _sigint()
-        assert interrupt.request_stop() is True  # another caller asking again says nothing
-        with pytest.raises(KeyboardInterrupt):
-            interrupt.check()
-    interrupt.check()  # the request ends with the outermost body
+    original = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever ours
+    try:
+        with interrupt.deferred_to_run_loop(), interrupt.deferred_to_run_loop():  # nested: one handler
+            _sigint()
+            assert interrupt.request_stop() is True  # another caller asking again says nothing
+            with pytest.raises(KeyboardInterrupt):
+                interrupt.check()
+        interrupt.check()  # the request ends with the outermost body
+    finally:
+        signal.signal(signal.SIGINT, original)
     assert capsys.readouterr().err.count("stopping after this step") == 1
 
 
