@@ -206,7 +206,7 @@ def test_a_sigint_handler_installed_outside_python_does_not_break_the_end_of_a_r
     """signal.signal returns None for a handler not installed from Python (an embedding host's); putting
     that None back raised TypeError when the run was over, in place of its result."""
     real = signal.signal
-    original = signal.getsignal(signal.SIGINT)
+    original = real(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever ours
     put: list[object] = []
 
     def from_outside_python(signum, handler):
