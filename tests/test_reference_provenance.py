@@ -39,3 +39,21 @@ def test_the_headline_bolds_every_method_that_shows_the_best_number(tmp_path):
     fediod = next(line for line in lines if line.startswith("| **FedIOD**"))
     assert coboosting.count("**85.43**") == 2 and fediod.count("**85.43**") == 2
     assert "| 60.00 |" in next(line for line in lines if line.startswith("| one-shot FedAvg"))
+
+
+def test_a_method_missing_from_every_result_file_is_not_said_to_never_upload(tmp_path):
+    """The 'uploads models' column read 'never' for a method no result file holds: no row, and yet a claim."""
+    from fedistill.reference.headline import SOURCES, headline_markdown
+
+    rows = {
+        "fedavg-oneshot": {"test_accuracy": 0.6, "parameters_up": 10},
+        "fediod-stable": {"test_accuracy": 0.7},
+    }
+    for _, relative in SOURCES:
+        path = tmp_path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"command": "python x.py", "cells": [{"alpha": 1, "rows": rows}]}))
+    lines = headline_markdown(tmp_path).splitlines()
+    assert next(line for line in lines if line.startswith("| DENSE")) == "| DENSE | - | - | - |"
+    assert next(line for line in lines if line.startswith("| **FedIOD**")).endswith("| **never** |")
+    assert next(line for line in lines if line.startswith("| one-shot FedAvg")).endswith("| yes, once |")

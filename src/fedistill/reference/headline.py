@@ -60,7 +60,9 @@ def headline_markdown(root: Path) -> str:
             shown = _shown(rows[method]["test_accuracy"])
             values.append(f"**{shown:.2f}**" if shown == top else f"{shown:.2f}")
         uploads = any(rows.get(method, {}).get("parameters_up", 0) > 0 for _, _, rows in cells)
-        lines.append(f"| {label} | " + " | ".join(values) + f" | {'yes, once' if uploads else '**never**'} |")
+        recorded = any(method in rows for _, _, rows in cells)  # no row, no claim about its uploads
+        said = ("yes, once" if uploads else "**never**") if recorded else "-"
+        lines.append(f"| {label} | " + " | ".join(values) + f" | {said} |")
     notes = [
         "",
         "Student test accuracy (%), 10 clients with Dirichlet(α) label skew, FedMD-CG's LeNet; every method "
