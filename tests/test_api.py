@@ -380,3 +380,11 @@ def test_moving_a_loaded_model_to_a_device_the_machine_lacks_is_one_clear_error(
             model.to(device)
         _one_line(exc)
     assert model.to("cpu") is model and model.device == torch.device("cpu")
+
+
+def test_a_curve_of_a_metric_the_run_never_recorded_names_those_it_did(finished):
+    """curve('test_acc') gave [] without a word, as if the run had recorded the metric at no round."""
+    fedavg = finished["fedavg"]
+    with pytest.raises(KeyError, match=r"no round of fedavg recorded 'test_acc' \(recorded: .*test_accuracy"):
+        fedavg.curve("test_acc")
+    assert fedavg.curve("test_accuracy")

@@ -47,7 +47,13 @@ class AlgorithmResult:
         return int(self.communication[DOWN]["total_bytes"])
 
     def curve(self, metric: str) -> list[tuple[int, float]]:
-        """(round, value) of `metric` over the rounds that recorded it."""
+        """(round, value) of `metric` over the rounds that recorded it; KeyError naming the metrics the run
+        recorded when no round recorded this one (a misspelt name)."""
+        if not any(metric in row for row in self.metrics):
+            recorded = sorted({key for row in self.metrics for key in row} - {"round"})
+            raise KeyError(
+                f"no round of {self.name} recorded {metric!r} (recorded: {', '.join(recorded) or 'nothing'})"
+            )
         return [(int(row["round"]), row[metric]) for row in self.metrics if row.get(metric) is not None]
 
 
