@@ -50,6 +50,13 @@ def test_every_task_option_is_documented(name):
     assert missing == [], f"document these {name} task options (a comment beside the field)"
 
 
+def test_the_message_cap_is_documented_in_the_unit_it_is_applied_in():
+    """max_message_mb caps a message at max_message_mb * 2^20 bytes, while every size the project prints is
+    in MB of 10^6 bytes; the reference said 'in MB', so a message printed as 10.4 MB passed a cap of 10."""
+    doc = {key.name: key.doc for key in config_keys.common_keys()}["max_message_mb"]
+    assert "MiB" in doc and "2^20" in doc
+
+
 def test_every_registered_name_is_documented():
     found = registries.entries()
     missing = [f"{registry}: {e.name}" for registry, entries in found.items() for e in entries if not e.doc]
