@@ -57,3 +57,24 @@ def test_a_method_missing_from_every_result_file_is_not_said_to_never_upload(tmp
     assert next(line for line in lines if line.startswith("| DENSE")) == "| DENSE | - | - | - |"
     assert next(line for line in lines if line.startswith("| **FedIOD**")).endswith("| **never** |")
     assert next(line for line in lines if line.startswith("| one-shot FedAvg")).endswith("| yes, once |")
+
+
+def test_a_results_section_names_every_command_its_files_record(tmp_path):
+    """The page dropped the Markdown's `Command:` line for the provenance list, which read only the JSON's
+    `command`: a file recording its command in the Markdown alone read 'not recorded', and a JSON listing
+    thirteen `commands` showed one."""
+    from fedistill.reference.results import RESULTS, twin_section
+
+    folder = tmp_path / RESULTS
+    folder.mkdir(parents=True)
+    (folder / "only_md.json").write_text(json.dumps({"rows": []}))
+    (folder / "only_md.md").write_text(
+        "# A table\n\nCommand: `python a.py --seed 0`\n\n| x |\n|---|\n| 1 |\n"
+    )
+    section = twin_section("only_md", tmp_path)
+    assert "- Command: `python a.py --seed 0`" in section and "not recorded" not in section
+    (folder / "many.json").write_text(
+        json.dumps({"command": "python b.py", "commands": ["python b.py", "c"]})
+    )
+    (folder / "many.md").write_text("# Many\n\n| x |\n|---|\n")
+    assert "- Commands: `python b.py`; `c`" in twin_section("many", tmp_path)
