@@ -324,3 +324,67 @@ def test_a_config_that_is_neither_a_path_nor_a_runconfig_is_one_clear_error(conf
         UserError, match=f"config must be a TOML file's path or a RunConfig, not {type(config).__name__}"
     ):
         run_config(config, {})
+
+
+def test_summary_of_a_run_with_unfinished_algorithms_names_them(finished, tmp_path):
+    """A run planning two algorithms whose second never finished read back as if it held one: no word of
+    the missing one (`fedistill summary` names it on stderr)."""
+    copy = _copy(finished, tmp_path)
+    config = copy / "config.toml"
+    config.write_text(config.read_text().replace('algorithm = "fedavg"', 'algorithm = "fedavg,fediod"'))
+    with pytest.warns(UserWarning, match=r"not finished \(no summary\.json\): fediod; finish with"):
+        result = fedistill.summary(copy)
+    assert list(result) == ["fedavg"] and result.unfinished == ("fediod",)
+    with pytest.raises(KeyError, match=r"fediod has not finished in .*: fedistill run --resume"):
+        result["fediod"]
+    assert finished.unfinished == ()
+
+
+@pytest.mark.parametrize("device", [torch.device("cuda"), torch.device("cuda", 0), torch.device("mps")])
+def test_a_torch_device_the_machine_lacks_is_one_clear_error(finished, monkeypatch, device):
+    """load_model takes a device's name or a torch.device; a torch.device this machine lacks went to torch
+    unchecked and failed as 'Torch not compiled with CUDA enabled' (an AssertionError), where its name gives
+    a ConfigError saying what the machine has."""
+    from fedistill.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="this machine has no") as exc:
+        fedistill.load_model(finished.run_dir, "fedavg", device=device)
+    _one_line(exc)
+    assert fedistill.load_model(finished.run_dir, "fedavg", device=torch.device("cpu")).device.type == "cpu"
+
+
+def test_paths_are_taken_where_a_key_is_a_folder(tmp_path):
+    """`out`, `data_dir` and `cache_dir` are folders, and a Python caller holds them as Path objects:
+    fedistill.run(out=tmp_path) was refused with 'out must be str, got PosixPath(...)'."""
+    keys = {"out": tmp_path, "data_dir": tmp_path / "data", "cache_dir": tmp_path / "cache", "rounds": 1}
+    config = run_config(None, keys)
+    assert (config.out, config.data_dir, config.cache_dir) == (
+        str(tmp_path),
+        str(tmp_path / "data"),
+        str(tmp_path / "cache"),
+    )
+    assert run_config(None, {"fediod": {"rounds": 2}, "out": tmp_path}).options["fediod"] == {"rounds": 2}
+
+
+def test_moving_a_loaded_model_to_a_device_the_machine_lacks_is_one_clear_error(finished, monkeypatch):
+    """TrainedModel.to passed its device to torch unchecked: 'cuda' on a machine without one failed as
+    'Torch not compiled with CUDA enabled' and a misspelt name with torch's own parse error."""
+    from fedistill.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model = fedistill.load_model(finished.run_dir, "fedavg")
+    for device in ("cuda", torch.device("cuda"), "gpu"):
+        with pytest.raises(ConfigError, match=r"this machine has no CUDA|device must be auto") as exc:
+            model.to(device)
+        _one_line(exc)
+    assert model.to("cpu") is model and model.device == torch.device("cpu")
+
+
+def test_a_curve_of_a_metric_the_run_never_recorded_names_those_it_did(finished):
+    """curve('test_acc') gave [] without a word, as if the run had recorded the metric at no round."""
+    fedavg = finished["fedavg"]
+    with pytest.raises(KeyError, match=r"no round of fedavg recorded 'test_acc' \(recorded: .*test_accuracy"):
+        fedavg.curve("test_acc")
+    assert fedavg.curve("test_accuracy")

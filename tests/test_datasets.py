@@ -240,6 +240,20 @@ def test_download_verifies_and_renames_atomically(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["dest.bin"]  # no temp files left
 
 
+def test_a_downloaded_file_gets_the_usual_permissions(tmp_path: Path) -> None:
+    """The download's temporary came from mkstemp, owner-only (0600), and the rename kept that: a dataset
+    fetched into a shared data folder could not be read by the other users of the machine."""
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"payload")
+    dest = tmp_path / "out" / "dest.bin"
+    umask = os.umask(0o022)
+    try:
+        download(src.as_uri(), dest, md5_bytes(b"payload"))
+    finally:
+        os.umask(umask)
+    assert dest.stat().st_mode & 0o777 == 0o644
+
+
 def test_download_unreachable_says_where_to_put_the_file(tmp_path: Path) -> None:
     dest = tmp_path / "x.gz"
     with pytest.raises(DataError) as e:

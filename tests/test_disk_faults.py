@@ -169,12 +169,16 @@ def _sigint() -> None:
 
 
 def test_ctrl_c_is_announced_once(capsys):
-    with interrupt.deferred_to_run_loop(), interrupt.deferred_to_run_loop():  # nested: one handler
-        _sigint()
-        assert interrupt.request_stop() is True  # another caller asking again says nothing
-        with pytest.raises(KeyboardInterrupt):
-            interrupt.check()
-    interrupt.check()  # the request ends with the outermost body
+    original = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever ours
+    try:
+        with interrupt.deferred_to_run_loop(), interrupt.deferred_to_run_loop():  # nested: one handler
+            _sigint()
+            assert interrupt.request_stop() is True  # another caller asking again says nothing
+            with pytest.raises(KeyboardInterrupt):
+                interrupt.check()
+        interrupt.check()  # the request ends with the outermost body
+    finally:
+        signal.signal(signal.SIGINT, original)
     assert capsys.readouterr().err.count("stopping after this step") == 1
 
 
@@ -196,3 +200,40 @@ def test_a_full_disk_at_the_summary_leaves_a_run_resume_finishes(tmp_path, capsy
     assert main(["run", "--resume", str(run), "--quiet"]) == 0
     assert (run / "fedavg" / "summary.md").is_file() and (run / "fedavg" / "summary.json").is_file()
     assert "# fedavg on digits" in (run / "fedavg" / "summary.md").read_text()
+
+
+def test_a_sigint_handler_installed_outside_python_does_not_break_the_end_of_a_run(monkeypatch):
+    """signal.signal returns None for a handler not installed from Python (an embedding host's); putting
+    that None back raised TypeError when the run was over, in place of its result."""
+    real = signal.signal
+    original = real(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever ours
+    put: list[object] = []
+
+    def from_outside_python(signum, handler):
+        put.append(handler)
+        previous = real(signum, handler)
+        return None if len(put) == 1 else previous
+
+    monkeypatch.setattr(signal, "signal", from_outside_python)
+    try:
+        with interrupt.deferred_to_run_loop():
+            pass
+        assert put[-1] is signal.default_int_handler  # Ctrl-C raises KeyboardInterrupt again afterwards
+    finally:
+        real(signal.SIGINT, original)
+
+
+def test_a_run_started_with_ctrl_c_ignored_keeps_ignoring_it(capsys):
+    """A job a non-interactive shell starts in the background (`fedistill run ... &` in a script) inherits
+    SIGINT ignored, so the Ctrl-C that stops the script leaves the job running; the run put its own
+    handler in place of that and stopped."""
+    original = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with interrupt.deferred_to_run_loop():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            _sigint()
+            interrupt.check()  # nothing was asked
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, original)
+    assert "stopping" not in capsys.readouterr().err

@@ -22,6 +22,7 @@ from fedistill.reference.pages import reference_pages
 from fedistill.reference.parser import run_flag_help
 from fedistill.reference.provenance import GIT_COMMIT
 from fedistill.reference.results import ROOT, readme_with_headline, results_pages
+from fedistill.tasks import TASKS
 
 EXAMPLE = ROOT / "docs" / "examples" / "my_algorithm.py"
 
@@ -40,6 +41,20 @@ def test_every_common_config_key_is_documented():
 def test_every_algorithm_option_is_documented(name):
     missing = [option.name for option in options.options_of(name) if not option.doc.strip()]
     assert missing == [], f"document these [{name}] options (a docstring or a comment beside the field)"
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_every_task_option_is_documented(name):
+    """The tasks page showed `loss_kind`, `dice_weight`, `acceleration` and others with an empty meaning."""
+    missing = [item.name for item in field_docs(TASKS[name]) if not item.text.strip()]
+    assert missing == [], f"document these {name} task options (a comment beside the field)"
+
+
+def test_the_message_cap_is_documented_in_the_unit_it_is_applied_in():
+    """max_message_mb caps a message at max_message_mb * 2^20 bytes, while every size the project prints is
+    in MB of 10^6 bytes; the reference said 'in MB', so a message printed as 10.4 MB passed a cap of 10."""
+    doc = {key.name: key.doc for key in config_keys.common_keys()}["max_message_mb"]
+    assert "MiB" in doc and "2^20" in doc
 
 
 def test_every_registered_name_is_documented():

@@ -35,7 +35,11 @@ ARGV = ["--transport", "flower", "--algorithm", "fedavg", "--model", "mlp", "--c
 def _start(out: Path, rounds: int) -> subprocess.Popen:
     argv = [sys.executable, "-m", "fedistill.cli", "run", *ARGV, "--rounds", str(rounds)]
     return subprocess.Popen(
-        [*argv, "--out", str(out), "--name", "r"], env=ENV, stderr=subprocess.PIPE, text=True
+        [*argv, "--out", str(out), "--name", "r"],
+        env=ENV,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # Ctrl-C as in a terminal
     )
 
 

@@ -50,6 +50,12 @@ def gone_within(pids: list[int], seconds: float) -> bool:
     return False
 
 
+def ctrl_c_delivered() -> None:
+    """A child's Ctrl-C as in a terminal, whatever the tests' own: a run started with SIGINT ignored (tests
+    started in the background by a script) keeps ignoring it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_helper(log: Path) -> subprocess.Popen:
     helper = subprocess.Popen([sys.executable, "-c", HELPER, str(log)], stdout=subprocess.PIPE, text=True)
     assert helper.stdout is not None and helper.stdout.readline() == "ready\n"
@@ -109,6 +115,7 @@ def test_the_ray_session_ends_with_the_run_however_it_ends(tmp_path, signals, lo
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_delivered,
     )
     assert run.stdout is not None
     pid, root = run.stdout.readline().split()
@@ -168,7 +175,12 @@ def test_a_flower_simulation_leaves_no_ray_process_after_a_second_ctrl_c(tmp_pat
     env = {**ENV, "MPLBACKEND": "Agg", "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
     env["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] = "0"
     run = subprocess.Popen(
-        [*argv, "--name", "r"], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+        [*argv, "--name", "r"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=ctrl_c_delivered,
     )
     metrics = tmp_path / "r" / "fedavg" / "metrics.jsonl"
     deadline = time.monotonic() + 600  # Ray starts in seconds on an idle machine, minutes on a busy one

@@ -39,6 +39,17 @@ def test_the_fingerprint_ignores_comments_docstrings_and_layout_but_not_code(tmp
     assert lone == fingerprint_of(package(tmp_path / "g", "def f():\n    pass\n"))
 
 
+def test_an_editors_lock_file_in_the_package_changes_nothing(tmp_path):
+    """Editors leave hidden files beside the module being edited (Emacs a `.#mod.py` link to nowhere, others
+    a half-written `.mod.py` copy): the fingerprint read it, so every run of that installation crashed on a
+    missing file or a syntax error. No hidden file is a module, so none is read."""
+    base = fingerprint_of(package(tmp_path / "a", BASE))
+    edited = package(tmp_path / "b", BASE)
+    (edited / ".#mod.py").symlink_to(tmp_path / "user@host.1234")  # Emacs' lock: a dangling link
+    (edited / ".mod.py").write_text("def f(x:\n", encoding="utf-8")  # a half-written backup
+    assert fingerprint_of(edited) == base
+
+
 def test_this_installation_has_one_fingerprint():
     assert code_fingerprint() == fingerprint_of(Path(reuse.__file__).parents[1])
 

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ def run(
     `config`: a TOML file (or a RunConfig) the keys are layered over; with neither a config nor any
     experiment key, the demo runs. `quiet`: no progress bars. `resume`: a run directory to continue
     from its last checkpoint with its saved config.toml (only `device` may change). Keys set to None
-    are left out, as flags that are not given."""
+    are left out, as flags that are not given; a folder (`out`, `data_dir`, ...) may be a Path."""
     keys = {key: value for key, value in keys.items() if value is not None}
     if resume is not None:
         device = keys.pop("device", None)
@@ -70,6 +71,7 @@ def run_config(config: str | Path | RunConfig | None, keys: dict[str, Any]) -> R
         raise ConfigError(
             f"config must be a TOML file's path or a RunConfig, not {type(config).__name__} ({config!r})"
         )
+    keys = {key: _as_text(value) for key, value in keys.items()}
     base = config if isinstance(config, RunConfig) else RunConfig()
     layers: list[dict[str, Any]] = []
     if config is None and not set(keys) - PLACEMENT_KEYS:
@@ -78,6 +80,15 @@ def run_config(config: str | Path | RunConfig | None, keys: dict[str, Any]) -> R
     elif config is not None and not isinstance(config, RunConfig):
         layers.append(load_toml(config))
     return build_config(base, *layers, keys)
+
+
+def _as_text(value: Any) -> Any:
+    """A Path (any os.PathLike) as the text a config file holds, in a table's values too; others as given."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, dict):
+        return {key: _as_text(item) for key, item in value.items()}
+    return value
 
 
 def start_run(config: RunConfig, *, progress: bool = True) -> Path:

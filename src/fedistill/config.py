@@ -57,7 +57,7 @@ class RunConfig:
     checkpoint_every: int = 1
     timeout: float = 0.0  # seconds a client may take to answer; 0: no limit
     min_clients: int = 1  # fewer replies than this stop the run
-    max_message_mb: float = 512.0
+    max_message_mb: float = 512.0  # size cap on one message in MiB (2^20 bytes; printed sizes are MB of 10^6)
     threads: int = 0  # torch intra-op threads; 0: leave torch's default
     device: str = "auto"  # auto (CUDA, else MPS, else CPU) | cpu | cuda | cuda:N | mps (fedistill/devices.py)
     stage1_cache: bool = True  # reuse a site's stage-1 model when a run needs exactly it (stage1.py)

@@ -27,9 +27,11 @@ _current = torch.device("cpu")
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
-def resolve(name: str) -> torch.device:
+def resolve(name: str | torch.device) -> torch.device:
     """The torch device `name` asks for; `auto` takes CUDA, else Apple's MPS, else the CPU. A device this
-    machine does not have is a ConfigError that says what it has."""
+    machine does not have is a ConfigError that says what it has; a torch.device is checked as its name."""
+    if isinstance(name, torch.device):
+        name = str(name)
     if not isinstance(name, str) or not DEVICE_PATTERN.match(name.strip()):
         raise ConfigError(f"device must be auto, cpu, cuda, cuda:N or mps, got {name!r}")
     name = name.strip()

@@ -48,9 +48,12 @@ def _on_sigint(signum: int, frame: object) -> None:
 def deferred_to_run_loop() -> Iterator[None]:
     """While the body runs, the first SIGINT asks the run loop to stop; the second exits with 130.
 
-    Nested bodies share the outermost one's handler and request, so one Ctrl-C is announced once."""
+    Nested bodies share the outermost one's handler and request, so one Ctrl-C is announced once. A
+    process started with SIGINT ignored (a background job of a non-interactive shell) keeps ignoring it."""
     global _depth
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or (
+        not _depth and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    ):
         yield
         return
     if _depth:
@@ -62,6 +65,8 @@ def deferred_to_run_loop() -> Iterator[None]:
         return
     _requested.clear()
     previous = signal.signal(signal.SIGINT, _on_sigint)
+    if previous is None:  # a handler installed outside Python cannot be put back: Python's own is
+        previous = signal.default_int_handler
     _depth = 1
     try:
         yield

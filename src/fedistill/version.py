@@ -30,9 +30,12 @@ def fingerprint_of(root: Path) -> str:
     """A digest of the Python code under `root`, 12 hex digits: each file's path and syntax tree, so that
     comments, docstrings and layout leave it unchanged and any change to what the code does changes it.
 
-    The syntax tree is Python's own, so one code base may read differently under two Python versions."""
+    The syntax tree is Python's own, so one code base may read differently under two Python versions.
+    Hidden files and folders (an editor's lock or backup, `.ipynb_checkpoints`) are no modules: left out."""
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
+        if any(part.startswith(".") for part in path.relative_to(root).parts):
+            continue
         tree = _without_docstrings(ast.parse(path.read_bytes(), filename=str(path)))
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
         digest.update(ast.dump(tree).encode() + b"\0")

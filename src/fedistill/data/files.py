@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import os
-import tempfile
+import secrets
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -90,12 +90,14 @@ def download(url: str, dest: str | Path, md5: str | None, *, timeout: float = DO
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-    tmp = Path(tmp_name)
+    # a fresh name, created here rather than by mkstemp, so that the file gets the usual permissions (umask)
+    # and not owner-only ones: a dataset fetched into a shared data folder stays readable by its other users
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}-{secrets.token_hex(4)}.part")
+    out = tmp.open("xb")
     try:
         digest = hashlib.md5(usedforsecurity=False)
         try:
-            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+            with out, urllib.request.urlopen(url, timeout=timeout) as response:
                 while chunk := response.read(_CHUNK):
                     digest.update(chunk)
                     out.write(chunk)

@@ -230,5 +230,4 @@ def _architecture(
 def _ready(module: nn.Module, device: str | torch.device) -> nn.Module:
     from fedistill import devices
 
-    target = devices.resolve(device) if isinstance(device, str) else torch.device(device)
-    return module.to(target).eval()
+    return module.to(devices.resolve(device)).eval()  # a device this machine lacks: a ConfigError

@@ -4,13 +4,14 @@ its whole summary.json; per run the results table `fedistill summary` prints."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedistill.errors import RunDirError
-from fedistill.inference.run_folder import algorithms_in, check_run_dir, is_algorithm_dir
+from fedistill.inference.run_folder import algorithms_in, check_run_dir, is_algorithm_dir, planned_algorithms
 
 
 @dataclass(frozen=True)
@@ -46,19 +47,31 @@ class AlgorithmResult:
         return int(self.communication[DOWN]["total_bytes"])
 
     def curve(self, metric: str) -> list[tuple[int, float]]:
-        """(round, value) of `metric` over the rounds that recorded it."""
+        """(round, value) of `metric` over the rounds that recorded it; KeyError naming the metrics the run
+        recorded when no round recorded this one (a misspelt name)."""
+        if not any(metric in row for row in self.metrics):
+            recorded = sorted({key for row in self.metrics for key in row} - {"round"})
+            raise KeyError(
+                f"no round of {self.name} recorded {metric!r} (recorded: {', '.join(recorded) or 'nothing'})"
+            )
         return [(int(row["round"]), row[metric]) for row in self.metrics if row.get(metric) is not None]
 
 
 @dataclass(frozen=True)
 class RunResult:
     """A run directory's results, one `AlgorithmResult` per algorithm in the run's order:
-    `result["fedavg"].final["test_accuracy"]`."""
+    `result["fedavg"].final["test_accuracy"]`. `unfinished`: the algorithms the run plans that have no
+    summary.json yet (running, failed or interrupted; `--resume` finishes them)."""
 
     run_dir: Path
     algorithms: dict[str, AlgorithmResult]
+    unfinished: tuple[str, ...] = ()
 
     def __getitem__(self, name: str) -> AlgorithmResult:
+        if name in self.unfinished:
+            raise KeyError(
+                f"{name} has not finished in {self.run_dir}: fedistill run --resume {self.run_dir}"
+            )
         if name not in self.algorithms:
             raise KeyError(f"no {name!r} in {self.run_dir} (it holds: {', '.join(self.algorithms)})")
         return self.algorithms[name]
@@ -112,16 +125,29 @@ def read_algorithm(run_dir: Path) -> AlgorithmResult:
 
 
 def read_run(run_dir: str | Path) -> RunResult:
-    """The results of a finished run directory, or of one algorithm's folder of one."""
+    """The results of a finished run directory, or of one algorithm's folder of one. Algorithms the run
+    plans that have not finished are left out, named in `unfinished` and in a UserWarning, as `fedistill
+    summary` names them on stderr."""
     path = check_run_dir(Path(run_dir))
+    unfinished: list[str] = []
     if is_algorithm_dir(path):
         folders = [path]
     else:
         folders = [path / name for name in algorithms_in(path) if (path / name / "summary.json").is_file()]
+        done = {folder.name for folder in folders}
+        unfinished = [name for name in planned_algorithms(path) if name not in done]
     if not folders or not (folders[0] / "summary.json").is_file():
         raise RunDirError(
             f"{path} holds no finished run yet (no summary.json); finish it with "
             f"`fedistill run --resume {path.parent if is_algorithm_dir(path) else path}`"
         )
     results = [read_algorithm(folder) for folder in folders]
-    return RunResult(run_dir=path, algorithms={result.name: result for result in results})
+    if unfinished:
+        warnings.warn(
+            f"{path}: not finished (no summary.json): {', '.join(unfinished)}; "
+            f"finish with `fedistill run --resume {path}`",
+            UserWarning,
+            stacklevel=2,
+        )
+    algorithms = {result.name: result for result in results}
+    return RunResult(run_dir=path, algorithms=algorithms, unfinished=tuple(unfinished))

@@ -60,8 +60,11 @@ class TrainedModel:
         return first.device if first is not None else torch.device("cpu")
 
     def to(self, device: str | torch.device) -> TrainedModel:
-        """Move the module to `device` (in place) and return self."""
-        self.module.to(device)
+        """Move the module to `device` (in place) and return self; a device this machine lacks is a
+        ConfigError saying what it has."""
+        from fedistill import devices
+
+        self.module.to(devices.resolve(device))
         return self
 
     @property

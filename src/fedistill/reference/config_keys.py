@@ -26,7 +26,6 @@ KEY_NOTES = {
     "seed": "the one seed of the run: partition, initialisation, sampling and client order",
     "eval_every": "evaluate every N rounds (and always at the end)",
     "checkpoint_every": "checkpoint every N rounds (and always at the end)",
-    "max_message_mb": "size cap on one message, in MB",
 }
 
 

@@ -39,10 +39,16 @@ def _cells(root: Path) -> list[tuple[str, str, dict]]:
     return found
 
 
+def _shown(accuracy: float) -> float:
+    """An accuracy as the table shows it: percent, two decimals."""
+    return round(100 * accuracy, 2)
+
+
 def headline_markdown(root: Path) -> str:
     """The table with the commands and commits behind it."""
     cells = _cells(root)
-    best = [max(rows[m]["test_accuracy"] for m in METHODS if m in rows) for _, _, rows in cells]
+    # the best as the table shows it: every method whose rounded number is the top one is bold
+    best = [max(_shown(rows[m]["test_accuracy"]) for m in METHODS if m in rows) for _, _, rows in cells]
     header = ["method", *(f"{dataset} α={alpha}" for dataset, alpha, _ in cells), "uploads models"]
     lines = [GENERATED_NOTE, "", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for method, label in METHODS.items():
@@ -51,10 +57,12 @@ def headline_markdown(root: Path) -> str:
             if method not in rows:
                 values.append("-")
                 continue
-            value = rows[method]["test_accuracy"]
-            values.append(f"**{100 * value:.2f}**" if value == top else f"{100 * value:.2f}")
+            shown = _shown(rows[method]["test_accuracy"])
+            values.append(f"**{shown:.2f}**" if shown == top else f"{shown:.2f}")
         uploads = any(rows.get(method, {}).get("parameters_up", 0) > 0 for _, _, rows in cells)
-        lines.append(f"| {label} | " + " | ".join(values) + f" | {'yes, once' if uploads else '**never**'} |")
+        recorded = any(method in rows for _, _, rows in cells)  # no row, no claim about its uploads
+        said = ("yes, once" if uploads else "**never**") if recorded else "-"
+        lines.append(f"| {label} | " + " | ".join(values) + f" | {said} |")
     notes = [
         "",
         "Student test accuracy (%), 10 clients with Dirichlet(α) label skew, FedMD-CG's LeNet; every method "

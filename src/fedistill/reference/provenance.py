@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,15 +24,18 @@ class Provenance:
 
     commands: tuple[str, ...]
     commit: str  # Markdown: the commit, and whether the file recorded it or git did
-    machine: str  # "" when the file does not record it
+    machine: str  # "" when the file does not record it; several are joined by "; " (each holds commas)
 
 
 def _collect(value: Any, key: str, found: list[str]) -> None:
-    """Every string stored under `key` anywhere in a JSON value, in order, each once."""
+    """Every string stored under `key` (or in a list of strings under it) anywhere in a JSON value, in
+    order, each once."""
     if isinstance(value, dict):
         for name, item in value.items():
-            if name == key and isinstance(item, str) and item not in found:
-                found.append(item)
+            if name == key and isinstance(item, str):
+                found.extend([item] if item not in found else [])
+            elif name == key and isinstance(item, list) and item and all(isinstance(i, str) for i in item):
+                found.extend(i for i in dict.fromkeys(item) if i not in found)
             else:
                 _collect(item, key, found)
     elif isinstance(value, list):
@@ -60,6 +64,7 @@ def provenance(json_path: Path) -> Provenance:
     data = json.loads(json_path.read_text(encoding="utf-8"))
     commands: list[str] = []
     _collect(data, "command", commands)
+    _collect(data, "commands", commands)
     recorded: list[str] = []
     _collect(data, "commit", recorded)
     machines: list[str] = []
@@ -69,16 +74,18 @@ def provenance(json_path: Path) -> Provenance:
     else:
         found = git_commit(json_path)
         commit = f"`{found}` {GIT_COMMIT_NOTE}" if found else "not in git yet"
-    return Provenance(tuple(commands), commit, ", ".join(machines))
+    return Provenance(tuple(commands), commit, "; ".join(machines))
 
 
-def provenance_lines(json_path: Path, root: Path) -> list[str]:
-    """A short list saying what produced the file: commands, commit, machine, the files themselves."""
+def provenance_lines(json_path: Path, root: Path, written: Sequence[str] = ()) -> list[str]:
+    """A short list saying what produced the file: commands (the JSON's, else those `written` in its
+    Markdown twin), commit, machine, the files themselves."""
     found = provenance(json_path)
+    commands = found.commands or tuple(written)
     lines = []
-    if found.commands:
-        label = "Command" if len(found.commands) == 1 else "Commands"
-        lines.append(f"- {label}: " + "; ".join(f"`{c}`" for c in found.commands))
+    if commands:
+        label = "Command" if len(commands) == 1 else "Commands"
+        lines.append(f"- {label}: " + "; ".join(f"`{c}`" for c in commands))
     else:
         lines.append("- Command: not recorded in the result file")
     lines.append(f"- Commit: {found.commit}")

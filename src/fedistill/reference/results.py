@@ -200,9 +200,10 @@ def twin_section(stem: str, root: Path, taken: set[str] | None = None) -> str:
     title = stem
     if lines and lines[0].startswith("# "):
         title, lines = lines[0][2:].strip(), lines[1:]
-    body = []
+    body, written = [], []
     for line in lines:
         if _COMMAND_LINE.match(line):  # the command is in the provenance list above the table
+            written += [c for c in re.findall(r"`([^`]+)`", line) if c not in written]
             continue
         if line.startswith("#"):
             line = "##" + line  # one level under the section's own heading
@@ -212,7 +213,7 @@ def twin_section(stem: str, root: Path, taken: set[str] | None = None) -> str:
         title = f"{title} (`{stem}`)" if title in taken else title
         taken.add(title)
     tables = ['<div class="result-tables" markdown>', "", text, "", "</div>"]
-    return "\n".join([f"## {title}", "", *provenance_lines(json_path, root), "", *tables, ""])
+    return "\n".join([f"## {title}", "", *provenance_lines(json_path, root, written), "", *tables, ""])
 
 
 def page_markdown(page: ResultPage, root: Path = ROOT) -> str:

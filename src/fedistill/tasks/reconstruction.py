@@ -68,11 +68,11 @@ class Reconstruction(Task):
     outputs_images = True
     condition = BrainForeground()
 
-    acceleration: float = 4.0
-    center_fraction: float = 0.08
+    acceleration: float = 4.0  # the undersampling factor: about 1 in `acceleration` k-space columns kept
+    center_fraction: float = 0.08  # the fraction of low-frequency (central) columns always kept
     mask: str = "random"  # random | equispaced | equispaced-exact (fastMRI's mask functions)
     mask_mode: str = "per-slice"  # per-slice (seeded by the slice's index) | fixed (one mask for all)
-    mask_seed: int = 0
+    mask_seed: int = 0  # the seed the masks are drawn from (with the slice's index when per-slice)
     loss_kind: str = "l1"  # l1 | l2
     residual: bool = True  # output = zero-filled input + net(input)
     data_consistency: bool = True  # the measured k-space lines put back into the output

@@ -61,8 +61,8 @@ class SemanticSegmentation(Task):
     per_pixel = True
     condition = LabelMask()
 
-    loss_kind: str = "ce+dice"
-    dice_weight: float = 1.0
+    loss_kind: str = "ce+dice"  # ce+dice: cross-entropy + dice_weight * soft Dice | ce: cross-entropy alone
+    dice_weight: float = 1.0  # the soft Dice term's weight beside the cross-entropy (0: cross-entropy alone)
     hd95: bool = True  # HD95 costs a distance transform per image; off for quick runs
 
     def __post_init__(self) -> None:
@@ -147,9 +147,9 @@ class InstanceSegmentation(SemanticSegmentation):
         ("hd95", "HD95 px", "float"),
     )
 
-    loss_kind: str = "ce"
+    loss_kind: str = "ce"  # ce: weighted cross-entropy alone | ce+dice: + dice_weight * soft Dice
     foreground_weight: float = 2.0  # the paper weighs foreground and contours above the background
-    contour_weight: float = 5.0
+    contour_weight: float = 5.0  # the cross-entropy's weight on contour pixels (the background's is 1)
 
     def decode(self, outputs: torch.Tensor) -> torch.Tensor:
         """An instance id per pixel (0 the background) from the background/inside/contour scores, (N, H, W)
