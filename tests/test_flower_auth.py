@@ -362,3 +362,17 @@ def test_deploy_credentials_into_an_unwritable_folder_is_one_line(tmp_path, caps
     code = main(["deploy", "credentials", "a", "--superlink-host", "localhost", "--out", str(blocker / "x")])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "choose another --out" in err
+
+
+def test_existing_key_files_are_never_overwritten_nor_left_readable(tmp_path) -> None:
+    """Only enrolment.toml was checked: a folder holding keys from an earlier, unfinished run (or another
+    tool's) had them replaced, and a key file that existed kept its old mode (0644 stayed 0644)."""
+    out = tmp_path / "out"
+    old_key = out / "sites" / "a" / "a.key"
+    old_key.parent.mkdir(parents=True)
+    old_key.write_bytes(b"an earlier key")
+    old_key.chmod(0o644)
+    with pytest.raises(ConfigError, match=r"a\.key exists already"):
+        make_credentials(["a", "b"], ["localhost"], out)
+    assert old_key.read_bytes() == b"an earlier key"
+    assert not (out / "ca").exists() and not (out / "enrolment.toml").exists()  # nothing else written

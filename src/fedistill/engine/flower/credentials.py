@@ -13,7 +13,8 @@ Given the site names (in partition order) and the SuperLink's host names, it wri
     sites/<name>/ca.crt            the CA certificate the site verifies the SuperLink with
 
 Flower authenticates SuperNodes with ECDSA keys on a NIST curve; the TLS keys are ECDSA P-384 too.
-Nothing is overwritten: an existing enrolment in `--out` stops the command.
+Nothing is overwritten: any of these files already in `--out` stops the command before
+anything is written.
 """
 
 from __future__ import annotations
@@ -56,8 +57,11 @@ def make_credentials(sites: list[str], hosts: list[str], out: Path, *, days: int
     if not hosts:
         raise ConfigError("name the SuperLink's host (--superlink-host), as the sites will address it")
     out = Path(out)
-    if (out / ENROLMENT_FILE).exists():
-        raise ConfigError(f"{out / ENROLMENT_FILE} exists already: choose another --out folder")
+    paths = _paths(out, sites)
+    existing = [path for path in _targets(paths) if path.exists() or path.is_symlink()]
+    if existing:  # an earlier run's keys (or another tool's) are never replaced, not even in part
+        more = f" (and {len(existing) - 1} more of the files it would write)" if len(existing) > 1 else ""
+        raise ConfigError(f"{existing[0]} exists already{more}: choose another --out folder")
     x509, hashes, serialization, ec = _crypto()
     keys = {name: ec.generate_private_key(ec.SECP384R1()) for name in sites}
     public = {
@@ -78,16 +82,7 @@ def make_credentials(sites: list[str], hosts: list[str], out: Path, *, days: int
     server_cert = _certificate(x509, hashes, hosts[0], server_key, ca_key, valid, ca=False, hosts=hosts)
 
     pem = serialization.Encoding.PEM
-    creds = Credentials(
-        root=out,
-        ca_key=out / "ca" / "ca.key",
-        ca_cert=out / "superlink" / "ca.crt",
-        server_cert=out / "superlink" / "server.pem",
-        server_key=out / "superlink" / "server.key",
-        enrolment=out / ENROLMENT_FILE,
-        site_keys={name: out / "sites" / name / f"{name}.key" for name in sites},
-        site_public_keys={name: out / "sites" / name / f"{name}.pub" for name in sites},
-    )
+    creds = paths
     _write(creds.ca_key, _private_pem(serialization, ca_key), secret=True)
     _write(creds.ca_cert, ca_cert.public_bytes(pem))
     _write(creds.server_cert, server_cert.public_bytes(pem))
@@ -100,6 +95,30 @@ def make_credentials(sites: list[str], hosts: list[str], out: Path, *, days: int
         _write(creds.site_keys[name].parent / "ca.crt", ca_cert.public_bytes(pem))
     _write(creds.enrolment, enrolment.to_toml().encode())
     return creds
+
+
+def _paths(out: Path, sites: list[str]) -> Credentials:
+    return Credentials(
+        root=out,
+        ca_key=out / "ca" / "ca.key",
+        ca_cert=out / "superlink" / "ca.crt",
+        server_cert=out / "superlink" / "server.pem",
+        server_key=out / "superlink" / "server.key",
+        enrolment=out / ENROLMENT_FILE,
+        site_keys={name: out / "sites" / name / f"{name}.key" for name in sites},
+        site_public_keys={name: out / "sites" / name / f"{name}.pub" for name in sites},
+    )
+
+
+def _targets(creds: Credentials) -> list[Path]:
+    """Every file `make_credentials` writes."""
+    fixed = [creds.ca_key, creds.ca_cert, creds.server_cert, creds.server_key]
+    per_site = [
+        path
+        for name, key in creds.site_keys.items()
+        for path in (key, creds.site_public_keys[name], key.parent / "ca.crt")
+    ]
+    return [*fixed, *per_site, creds.enrolment]
 
 
 def next_steps(creds: Credentials, port: int = 9092) -> str:
@@ -220,9 +239,10 @@ def _private_pem(serialization: Any, key: Any) -> bytes:
 
 
 def _write(path: Path, data: bytes, *, secret: bool = False) -> None:
-    """Private keys are created readable by their owner only (never briefly wider)."""
+    """A new file (an existing one is never replaced: its mode would stay what it was); private keys are
+    created readable by their owner only (never briefly wider)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if secret else 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if secret else 0o644)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
 
