@@ -8,6 +8,7 @@ SuperLink with TLS and SuperNode authentication, three enrolled SuperNodes and o
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -376,3 +377,30 @@ def test_existing_key_files_are_never_overwritten_nor_left_readable(tmp_path) ->
         make_credentials(["a", "b"], ["localhost"], out)
     assert old_key.read_bytes() == b"an earlier key"
     assert not (out / "ca").exists() and not (out / "enrolment.toml").exists()  # nothing else written
+
+
+@pytest.mark.parametrize(
+    ("hosts", "days", "named"),
+    [
+        (["localhost"], 0, "--days 0"),
+        (["localhost"], -5, "--days -5"),
+        (["link.example.org:9092"], 365, "without its port"),
+        ([""], 365, "--superlink-host ''"),
+        (["two words"], 365, "--superlink-host 'two words'"),
+    ],
+)
+def test_unusable_validity_or_hosts_are_one_line_before_anything_is_written(tmp_path, hosts, days, named):
+    """A negative --days and an empty host raised a bare ValueError; --days 0 wrote certificates that had
+    expired when written, and a host with its port a certificate no site could verify the SuperLink with."""
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        make_credentials(["a"], hosts, tmp_path / "out", days=days)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_host_name_longer_than_a_common_name_still_gets_its_certificate(tmp_path):
+    long_host = ".".join(["segment-of-a-long-name"] * 4)  # 91 characters: a DNS name, too long for a CN
+    creds = make_credentials(["a"], [long_host, "::1"], tmp_path / "out")
+    server = x509.load_pem_x509_certificate(creds.server_cert.read_bytes())
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == [long_host]
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["::1"]

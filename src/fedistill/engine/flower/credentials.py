@@ -23,6 +23,7 @@ import argparse
 import datetime
 import ipaddress
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,8 @@ from fedistill.errors import ConfigError
 
 ENROLMENT_FILE = "enrolment.toml"
 CA_NAME = "fedistill deployment CA"
+#: A DNS name (labels of letters, digits, '-' and '_'; a leading '*.' for a wildcard).
+DNS_NAME = re.compile(r"^(\*\.)?[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?$")
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,10 @@ def make_credentials(sites: list[str], hosts: list[str], out: Path, *, days: int
         raise ConfigError("name at least one site")
     if not hosts:
         raise ConfigError("name the SuperLink's host (--superlink-host), as the sites will address it")
+    for host in hosts:
+        _check_host(host)
+    if isinstance(days, bool) or not isinstance(days, int) or days < 1:
+        raise ConfigError(f"--days {days}: the certificates must be valid for at least 1 day")
     out = Path(out)
     paths = _paths(out, sites)
     existing = [path for path in _targets(paths) if path.exists() or path.is_symlink()]
@@ -79,7 +86,8 @@ def make_credentials(sites: list[str], hosts: list[str], out: Path, *, days: int
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca_cert = _certificate(x509, hashes, CA_NAME, ca_key, ca_key, valid, ca=True)
     server_key = ec.generate_private_key(ec.SECP384R1())
-    server_cert = _certificate(x509, hashes, hosts[0], server_key, ca_key, valid, ca=False, hosts=hosts)
+    common_name = hosts[0] if len(hosts[0]) <= 64 else "fedistill SuperLink"  # a CN holds 64 characters
+    server_cert = _certificate(x509, hashes, common_name, server_key, ca_key, valid, ca=False, hosts=hosts)
 
     pem = serialization.Encoding.PEM
     creds = paths
@@ -225,11 +233,31 @@ def _certificate(
     return builder.sign(issuer_key, hashes.SHA384())
 
 
-def _san(x509: Any, host: str) -> Any:
+def _ip(host: str) -> Any:
+    """The IP address `host` names (IPv6 with or without brackets), else None."""
     try:
-        return x509.IPAddress(ipaddress.ip_address(host))
+        return ipaddress.ip_address(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
     except ValueError:
-        return x509.DNSName(host)
+        return None
+
+
+def _check_host(host: str) -> None:
+    """A host the certificate can name: an IP address or a DNS name, without a scheme or a port (a site
+    that connects to `link:9092` verifies the name `link`, so a certificate for `link:9092` fails it)."""
+    if _ip(host) is not None:
+        return
+    if "://" in host or ":" in host:
+        raise ConfigError(
+            f"--superlink-host {host!r}: give the host name or address alone, without its port or scheme "
+            "(the port is the SuperLink's --port)"
+        )
+    if not DNS_NAME.match(host) or len(host) > 253:
+        raise ConfigError(f"--superlink-host {host!r}: not a DNS name or an IP address")
+
+
+def _san(x509: Any, host: str) -> Any:
+    ip = _ip(host)
+    return x509.IPAddress(ip) if ip is not None else x509.DNSName(host)
 
 
 def _private_pem(serialization: Any, key: Any) -> bytes:
