@@ -404,3 +404,17 @@ def test_a_host_name_longer_than_a_common_name_still_gets_its_certificate(tmp_pa
     names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert names.get_values_for_type(x509.DNSName) == [long_host]
     assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["::1"]
+
+
+def test_the_printed_superlink_command_listens_for_other_machines(tmp_path):
+    """Flower's SuperLink listens on 127.0.0.1 unless given --host: the printed command started a SuperLink
+    that no site on another machine could reach. The sites' command names the SuperLink's address."""
+    from fedistill.engine.flower.credentials import next_steps
+
+    creds = make_credentials(["a"], ["link.example.org"], tmp_path / "out")
+    steps = next_steps(creds, port=9092, host="link.example.org")
+    superlink = next(line for line in steps.splitlines() if "flower-superlink" in line)
+    assert "--host 0.0.0.0" in superlink and "--port 9092" in superlink
+    assert "--superlink link.example.org:9092" in steps
+    assert f"FEDISTILL_ENROLMENT={creds.enrolment.resolve()} " in steps  # read by the ServerApp, elsewhere
+    assert f'address = "link.example.org:9092"  root-certificates = "{creds.ca_cert.resolve()}"' in steps

@@ -129,21 +129,26 @@ def _targets(creds: Credentials) -> list[Path]:
     return [*fixed, *per_site, creds.enrolment]
 
 
-def next_steps(creds: Credentials, port: int = 9092) -> str:
-    """The commands the operator and each site run next (docs/how-to/flower.md explains them)."""
+def next_steps(creds: Credentials, port: int = 9092, host: str = "HOST") -> str:
+    """The commands the operator and each site run next (docs/how-to/flower.md explains them); `host` is
+    the name the sites use for the SuperLink."""
     link = creds.server_cert.parent
+    address = f"{host}:{port}"
     lines = [
         f"wrote {creds.root}: keep {creds.ca_key} offline; send each site its folder sites/<name>/ securely",
-        "operator (SuperLink machine):",
-        f"  FEDISTILL_ENROLMENT={creds.enrolment} flower-superlink --enable-supernode-auth "
+        "operator (SuperLink machine; --host 0.0.0.0: Flower's SuperLink listens on 127.0.0.1 otherwise):",
+        f"  FEDISTILL_ENROLMENT={creds.enrolment.resolve()} flower-superlink --enable-supernode-auth "
         f"--ssl-ca-certfile {link / 'ca.crt'} --ssl-certfile {creds.server_cert} "
-        f"--ssl-keyfile {creds.server_key} --port {port} --disable-runtime-dependency-installation",
+        f"--ssl-keyfile {creds.server_key} --host 0.0.0.0 --port {port} "
+        "--disable-runtime-dependency-installation",
+        "  # $FLWR_HOME/config.toml (the connection `flwr` uses):",
+        f'  #   [superlink.deploy]  address = "{address}"  root-certificates = "{creds.ca_cert.resolve()}"',
     ]
     for name, pub in creds.site_public_keys.items():
         lines.append(f"  flwr supernode register {pub} deploy --name {name}")
     lines.append("each site:")
     lines.append(
-        "  flower-supernode --superlink HOST:PORT --root-certificates ca.crt "
+        f"  flower-supernode --superlink {address} --root-certificates ca.crt "
         "--auth-supernode-private-key <name>.key --node-config \"data-dir='...' state-dir='...'\""
     )
     return "\n".join(lines)
@@ -176,7 +181,7 @@ def run_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    print(next_steps(creds))
+    print(next_steps(creds, host=args.superlink_host[0]))
     return 0
 
 
