@@ -418,3 +418,10 @@ def test_the_printed_superlink_command_listens_for_other_machines(tmp_path):
     assert "--superlink link.example.org:9092" in steps
     assert f"FEDISTILL_ENROLMENT={creds.enrolment.resolve()} " in steps  # read by the ServerApp, elsewhere
     assert f'address = "link.example.org:9092"  root-certificates = "{creds.ca_cert.resolve()}"' in steps
+
+
+def test_an_ipv6_superlink_address_is_bracketed_in_the_printed_commands(tmp_path):
+    from fedistill.engine.flower.credentials import next_steps
+
+    creds = make_credentials(["a"], ["2001:db8::1"], tmp_path / "out")
+    assert "--superlink [2001:db8::1]:9092 " in next_steps(creds, port=9092, host="2001:db8::1")

@@ -133,7 +133,7 @@ def next_steps(creds: Credentials, port: int = 9092, host: str = "HOST") -> str:
     """The commands the operator and each site run next (docs/how-to/flower.md explains them); `host` is
     the name the sites use for the SuperLink."""
     link = creds.server_cert.parent
-    address = f"{host}:{port}"
+    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     lines = [
         f"wrote {creds.root}: keep {creds.ca_key} offline; send each site its folder sites/<name>/ securely",
         "operator (SuperLink machine; --host 0.0.0.0: Flower's SuperLink listens on 127.0.0.1 otherwise):",
