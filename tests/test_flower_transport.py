@@ -478,3 +478,17 @@ def test_a_hello_without_the_nodes_split_is_refused_when_the_server_knows_its_ow
     GridFleet(grid, Ledger(None), algorithm="fedavg", expected_clients=2)  # no split to compare: runs
     with pytest.raises(FederationError, match="older fedistill than the server"):
         GridFleet(grid, Ledger(None), algorithm="fedavg", expected_clients=2, split_hash="ab" * 32)
+
+
+@pytest.mark.parametrize(("threads", "per_node"), [(1, 1), (2, 2), (8, 3)])
+def test_the_simulation_gives_ray_the_usable_cores_and_each_node_its_threads(monkeypatch, threads, per_node):
+    """Ray was told os.cpu_count() cores (every core of the machine, not those the run may use: a job
+    given 3 of 64 cores started 64 workers) and one core per node whatever `threads` said (4 threads per
+    node started a worker per core, each running 4 threads)."""
+    from fedistill.transports.flower import simulation
+
+    monkeypatch.setattr(simulation.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(simulation.os, "sched_getaffinity", lambda pid: {0, 5, 9}, raising=False)
+    backend = simulation.backend_config(Path("ray-root"), threads=threads)
+    assert backend["init_args"]["num_cpus"] == 3
+    assert backend["client_resources"]["num_cpus"] == per_node
