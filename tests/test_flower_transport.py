@@ -492,3 +492,20 @@ def test_the_simulation_gives_ray_the_usable_cores_and_each_node_its_threads(mon
     backend = simulation.backend_config(Path("ray-root"), threads=threads)
     assert backend["init_args"]["num_cpus"] == 3
     assert backend["client_resources"]["num_cpus"] == per_node
+
+
+@pytest.mark.parametrize("value", ["two", 2.5, -1, True])
+def test_a_wrong_thread_count_in_a_node_config_is_named_in_one_line(value) -> None:
+    """int() cut 2.5 to 2 and named no key for 'two'; 0 reached torch.set_num_threads, which refused it
+    on every message with 'set_num_threads expects a positive integer'."""
+    from types import SimpleNamespace
+
+    from fedistill.engine.flower.node import node_threads
+    from fedistill.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^node config threads must be a whole number >= 0"):
+        node_threads(SimpleNamespace(node_config={"threads": value}), RunConfig())
+    assert node_threads(SimpleNamespace(node_config={"threads": 0}), RunConfig()) == 1  # as threads = 0
+    assert node_threads(SimpleNamespace(node_config={"threads": 3}), RunConfig()) == 3
+    assert node_threads(SimpleNamespace(node_config={}), RunConfig(threads=2)) == 2
+    assert node_threads(SimpleNamespace(node_config={}), RunConfig()) == 1
