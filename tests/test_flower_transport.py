@@ -509,3 +509,25 @@ def test_a_wrong_thread_count_in_a_node_config_is_named_in_one_line(value) -> No
     assert node_threads(SimpleNamespace(node_config={"threads": 3}), RunConfig()) == 3
     assert node_threads(SimpleNamespace(node_config={}), RunConfig(threads=2)) == 2
     assert node_threads(SimpleNamespace(node_config={}), RunConfig()) == 1
+
+
+def test_a_missing_ray_is_one_line_before_flower_is_started(monkeypatch, tmp_path) -> None:
+    """Without Ray (flwr installed without its simulation extra) Flower's run_simulation logged its own
+    message and exited the process (sys.exit, then os._exit after a grace period) instead of fedistill's
+    one line."""
+    import importlib.util
+
+    import flwr.simulation
+
+    from fedistill.errors import ConfigError
+    from fedistill.transports.flower import simulation
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a)
+    )
+    started = []
+    monkeypatch.setattr(flwr.simulation, "run_simulation", lambda **kwargs: started.append(kwargs))
+    with pytest.raises(ConfigError, match=r"needs Ray.*pip install"):
+        simulation.simulate(None, None, 2, tmp_path / "home")
+    assert not started

@@ -3,6 +3,7 @@ and logging kept out of the user's way, Ctrl-C left to the run loop, Ray's proce
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from pathlib import Path
@@ -49,6 +50,11 @@ def simulate(server_app: Any, client_app: Any, num_supernodes: int, home: Path, 
         raise ConfigError(
             "transport = flower needs Flower: pip install -e '.[flower]' (or fedistill[flower])"
         ) from None
+    if importlib.util.find_spec("ray") is None:  # Flower would log its own message and exit the process
+        raise ConfigError(
+            "transport = flower needs Ray for Flower's simulation engine (flwr[simulation]): "
+            "pip install -e '.[flower]' (or fedistill[flower])"
+        )
     flower_logger = logging.getLogger("flwr")
     level = flower_logger.level
     flower_logger.setLevel(logging.ERROR)
