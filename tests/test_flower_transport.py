@@ -531,3 +531,19 @@ def test_a_missing_ray_is_one_line_before_flower_is_started(monkeypatch, tmp_pat
     with pytest.raises(ConfigError, match=r"needs Ray.*pip install"):
         simulation.simulate(None, None, 2, tmp_path / "home")
     assert not started
+
+
+def test_a_state_dir_under_the_home_folder_is_there_not_in_a_folder_named_tilde(
+    monkeypatch, tmp_path
+) -> None:
+    """--node-config "state-dir='~/state'" (quoted, so no shell expands it) put the node's state and its
+    worker's key into a folder literally named '~' under wherever the SuperNode was started."""
+    from types import SimpleNamespace
+
+    from fedistill.transports.flower.forward import node_state_dir, worker_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    context = SimpleNamespace(node_config={"state-dir": "~/state"}, node_id=7)
+    assert node_state_dir(context) == tmp_path / "state"
+    assert worker_dir(context) == tmp_path / "state" / "worker-node-7"
+    assert node_state_dir(SimpleNamespace(node_config={})).name == "fedistill-nodes"

@@ -26,7 +26,6 @@ any cycle left, the process's long-lived objects are frozen out of the collector
 from __future__ import annotations
 
 import gc
-import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ from fedistill.engine.flower.heap import release_free_memory
 from fedistill.engine.setup import client_context, prepare_data, resolve
 from fedistill.errors import ConfigError
 from fedistill.federation.client import ClientLogic
-from fedistill.transports.flower.forward import VERSIONS
+from fedistill.transports.flower.forward import VERSIONS, node_state_dir
 
 
 @dataclass
@@ -180,9 +179,7 @@ def node_for(
     if node is not None and node.version == version:
         _remember(key, node, limit)
         return node
-    root = state_root or Path(
-        context.node_config.get("state-dir", Path(tempfile.gettempdir()) / "fedistill-nodes")
-    )
+    root = state_root or node_state_dir(context)
     stem = Path(root) / f"run-{key[0]}" / f"{algorithm_name}-client-{pid:03d}" / "state"
     client = _build_client(context, config, algorithm_name, pid, cache_folder(config, beside=Path(root)))
     if version > 0:

@@ -57,10 +57,16 @@ def unpack(frame: bytes) -> tuple[dict[str, Any], RecordDict | None]:
     return header, serde.recorddict_from_proto(proto)
 
 
+def node_state_dir(context: Context) -> Path:
+    """The node's storage: its node config's `state-dir` (`~` is the home folder: the value is quoted on
+    the SuperNode's command line, so no shell expands it), else a folder in the temp folder."""
+    default = Path(tempfile.gettempdir()) / "fedistill-nodes"
+    return Path(str(context.node_config.get("state-dir", default))).expanduser()
+
+
 def worker_dir(context: Context) -> Path:
     """The folder of this node's worker: its socket, key and log, under the node's state-dir."""
-    root = Path(str(context.node_config.get("state-dir", Path(tempfile.gettempdir()) / "fedistill-nodes")))
-    return root / f"worker-node-{context.node_id}"
+    return node_state_dir(context) / f"worker-node-{context.node_id}"
 
 
 def _key(folder: Path) -> bytes:
