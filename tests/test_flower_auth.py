@@ -425,3 +425,15 @@ def test_an_ipv6_superlink_address_is_bracketed_in_the_printed_commands(tmp_path
 
     creds = make_credentials(["a"], ["2001:db8::1"], tmp_path / "out")
     assert "--superlink [2001:db8::1]:9092 " in next_steps(creds, port=9092, host="2001:db8::1")
+
+
+@pytest.mark.parametrize("partition", ["1", 1.7, True])
+def test_an_enrolment_partition_that_is_not_a_whole_number_is_named(creds, tmp_path, partition) -> None:
+    """int() took partition-id = 1.7 (or "1", or true) as partition 1: a typo enrolled a site silently."""
+    rows = [
+        {"name": s.name, "partition-id": s.partition, "public-key": s.public_key}
+        for s in load_enrolment(creds.enrolment).sites
+    ]
+    rows[1]["partition-id"] = partition
+    with pytest.raises(ConfigError, match=r"site 'hospital-b': partition-id must be a whole number, got "):
+        Enrolment.from_dict({"site": rows}, source="enrolment.toml")
