@@ -547,3 +547,22 @@ def test_a_state_dir_under_the_home_folder_is_there_not_in_a_folder_named_tilde(
     assert node_state_dir(context) == tmp_path / "state"
     assert worker_dir(context) == tmp_path / "state" / "worker-node-7"
     assert node_state_dir(SimpleNamespace(node_config={})).name == "fedistill-nodes"
+
+
+@pytest.mark.parametrize("value", [0, -5, "soon", True])
+def test_a_wrong_worker_idle_time_is_named_in_the_error_reply(monkeypatch, tmp_path, task_identity, value):
+    """worker-idle-s = 0 started a worker that exited at once, and every message then waited for it to
+    start (120 s) before failing with 'did not start'; a word failed with float()'s message, naming no key."""
+    from flwr.app import Context
+    from flwr.app import Message as FlowerMessage
+
+    from fedistill.transports.flower import forward
+
+    monkeypatch.setattr(forward, "START_TIMEOUT_S", 2.0)
+    node_config = {"state-dir": str(tmp_path), "worker": True, "worker-idle-s": value}
+    context = Context(run_id=1, node_id=3, node_config=node_config, state=RecordDict(), run_config={})
+    request = FlowerMessage(RecordDict(), dst_node_id=3, message_type="query.hello")
+    request.metadata.__dict__["_message_id"] = "m1"
+    reply = forward.forward(request, context, "fedistill.engine.flower.worker")
+    assert reply.has_error()
+    assert reply.error.reason == f"node config worker-idle-s must be a number of seconds > 0, got {value!r}"

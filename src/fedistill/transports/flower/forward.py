@@ -127,6 +127,15 @@ def stop_worker(folder: Path) -> bool:
         return False
 
 
+def worker_idle_s(context: Context) -> float:
+    """The node config's `worker-idle-s`: a number of seconds > 0 (0 started a worker that exited at once,
+    and each message then waited for it to start), else a ValueError naming the key."""
+    value = context.node_config.get("worker-idle-s", 900.0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise ValueError(f"node config worker-idle-s must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
 def forward(message: FlowerMessage, context: Context, worker_module: str) -> FlowerMessage:
     """Answer a Flower message through the node's worker process (started when none runs); an unreachable
     worker or its error becomes an error reply."""
@@ -140,7 +149,10 @@ def forward(message: FlowerMessage, context: Context, worker_module: str) -> Flo
         "versions": versions,
     }
     try:
-        idle_s = float(context.node_config.get("worker-idle-s", 900.0))
+        idle_s = worker_idle_s(context)
+    except ValueError as exc:  # the node's own setting, not an unreachable worker
+        return FlowerMessage(Error(code=CLIENT_ERROR, reason=str(exc)), reply_to=message)
+    try:
         with connect_or_start(worker_dir(context), idle_s, worker_module) as connection:
             connection.send_bytes(pack(header, message.content))
             reply, content = unpack(connection.recv_bytes())
