@@ -437,3 +437,14 @@ def test_an_enrolment_partition_that_is_not_a_whole_number_is_named(creds, tmp_p
     rows[1]["partition-id"] = partition
     with pytest.raises(ConfigError, match=r"site 'hospital-b': partition-id must be a whole number, got "):
         Enrolment.from_dict({"site": rows}, source="enrolment.toml")
+
+
+def test_deploy_credentials_help_keeps_the_table_of_files(capsys):
+    """argparse's default formatter ran the docstring's table of files into one paragraph."""
+    from fedistill.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["deploy", "credentials", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.strip().startswith("ca/ca.key") and "private key" in line for line in lines)
+    assert any(line.strip().startswith("enrolment.toml") for line in lines)
