@@ -448,3 +448,17 @@ def test_deploy_credentials_help_keeps_the_table_of_files(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert any(line.strip().startswith("ca/ca.key") and "private key" in line for line in lines)
     assert any(line.strip().startswith("enrolment.toml") for line in lines)
+
+
+def test_nodes_left_out_as_unenrolled_are_named_when_too_few_sites_connect(creds, tmp_path) -> None:
+    """Nodes whose keys are not enrolled (a SuperLink started without --enable-supernode-auth: every node
+    then has a key of its own making) ended the run with 'only 0 of 3 Flower nodes connected', though
+    three had connected."""
+    config = _config()
+    strangers = [ec.generate_private_key(ec.SECP384R1()) for _ in range(3)]
+    grid = KeyedGrid(make_client_app(config, state_root=tmp_path / "nodes"), strangers, [{}, {}, {}])
+    enrolled_grid = EnrolledGrid(grid, load_enrolment(creds.enrolment))
+    with pytest.raises(
+        FederationError, match=r"only 0 of 3 Flower nodes .* 3 more connected but are not enrolled"
+    ):
+        GridFleet(enrolled_grid, Ledger(None), algorithm="fedavg", expected_clients=3, connect_timeout=0.1)
