@@ -566,3 +566,20 @@ def test_a_wrong_worker_idle_time_is_named_in_the_error_reply(monkeypatch, tmp_p
     reply = forward.forward(request, context, "fedistill.engine.flower.worker")
     assert reply.has_error()
     assert reply.error.reason == f"node config worker-idle-s must be a number of seconds > 0, got {value!r}"
+
+
+def test_a_node_worker_that_exits_before_it_listens_fails_the_message_at_once(monkeypatch, tmp_path):
+    """A worker that could not start (a module missing on the node) left each message waiting the whole
+    start timeout (120 s) before 'did not start'; its exit is now noticed and named with its log."""
+    import time
+
+    from fedistill.transports.flower import forward
+
+    monkeypatch.setattr(forward, "START_TIMEOUT_S", 20.0)
+    started = time.monotonic()
+    with pytest.raises(
+        RuntimeError, match=r"the node worker exited \(code 1\) before it listened; see .*worker\.log"
+    ):
+        forward.connect_or_start(tmp_path / "w", 5.0, "fedistill_no_such_worker_module")
+    assert time.monotonic() - started < 10
+    assert "No module named fedistill_no_such_worker_module" in (tmp_path / "w" / "worker.log").read_text()

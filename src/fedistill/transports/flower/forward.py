@@ -100,7 +100,7 @@ def connect_or_start(folder: Path, idle_s: float, worker_module: str) -> Any:
         except (FileNotFoundError, ConnectionRefusedError):
             pass
         with open(folder / "worker.log", "ab") as log:
-            subprocess.Popen(
+            worker = subprocess.Popen(
                 [sys.executable, "-m", worker_module, "--socket", str(socket_path(folder)),
                  "--key-file", str(folder / "worker.key"), "--idle-s", str(idle_s)],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
@@ -110,9 +110,13 @@ def connect_or_start(folder: Path, idle_s: float, worker_module: str) -> Any:
             try:
                 return _connect(folder, key)
             except (FileNotFoundError, ConnectionRefusedError):
+                log_file = folder / "worker.log"
+                if (code := worker.poll()) is not None:  # it failed to start: no use waiting for it
+                    raise RuntimeError(
+                        f"the node worker exited (code {code}) before it listened; see {log_file}"
+                    ) from None
                 if time.monotonic() > deadline:
-                    log = folder / "worker.log"
-                    message = f"the node worker did not start within {START_TIMEOUT_S:.0f} s; see {log}"
+                    message = f"the node worker did not start within {START_TIMEOUT_S:.0f} s; see {log_file}"
                     raise TimeoutError(message) from None
                 time.sleep(0.1)
 
