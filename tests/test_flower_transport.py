@@ -583,3 +583,31 @@ def test_a_node_worker_that_exits_before_it_listens_fails_the_message_at_once(mo
         forward.connect_or_start(tmp_path / "w", 5.0, "fedistill_no_such_worker_module")
     assert time.monotonic() - started < 10
     assert "No module named fedistill_no_such_worker_module" in (tmp_path / "w" / "worker.log").read_text()
+
+
+def test_a_node_worker_outlives_a_forwarder_that_dies_mid_message(tmp_path):
+    """A forwarding ClientApp killed before it sent its message (Flower stops a run's ClientApps) ended
+    the worker with an EOFError, and with it every client it kept in memory; so did a connection that
+    failed the key handshake."""
+    import threading
+    import time
+    from multiprocessing import AuthenticationError
+    from multiprocessing.connection import Client
+
+    from fedistill.engine.flower.worker import serve
+    from fedistill.transports.flower.forward import pack, unpack
+
+    sock, key = tmp_path / "w.sock", b"k" * 32
+    thread = threading.Thread(target=serve, args=(sock, key, 60.0), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not sock.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    Client(str(sock), family="AF_UNIX", authkey=key).close()  # connected, then gone without a frame
+    with pytest.raises(AuthenticationError):  # a process without the node's key is turned away
+        Client(str(sock), family="AF_UNIX", authkey=b"wrong" * 8)
+    with Client(str(sock), family="AF_UNIX", authkey=key) as connection:
+        connection.send_bytes(pack({"stop": True}, None))
+        assert unpack(connection.recv_bytes())[0] == {"stopped": True}
+    thread.join(timeout=10)
+    assert not thread.is_alive()
