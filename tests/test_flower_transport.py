@@ -568,6 +568,24 @@ def test_a_wrong_worker_idle_time_is_named_in_the_error_reply(monkeypatch, tmp_p
     assert reply.error.reason == f"node config worker-idle-s must be a number of seconds > 0, got {value!r}"
 
 
+def test_a_worker_setting_that_is_no_yes_or_no_is_named_in_the_error_reply(task_identity):
+    """worker = "treu" (a typo) meant no worker without a word; now each reply names the setting."""
+    from flwr.app import Context
+    from flwr.app import Message as FlowerMessage
+
+    from fedistill.transports.flower import forward
+
+    app = forward.NodeClientApp("fedistill.engine.flower.apps:client_app", "fedistill.engine.flower.worker")
+    context = Context(run_id=1, node_id=3, node_config={"worker": "treu"}, state=RecordDict(), run_config={})
+    request = FlowerMessage(RecordDict(), dst_node_id=3, message_type="query.hello")
+    request.metadata.__dict__["_message_id"] = "m1"
+    reply = app(request, context)
+    assert reply.has_error() and reply.error.reason == "node config worker must be true or false, got 'treu'"
+    for value, expected in ((True, True), ("yes", True), ("false", False), (0, False)):
+        node = Context(run_id=1, node_id=3, node_config={"worker": value}, state=RecordDict(), run_config={})
+        assert forward.uses_worker(node) is expected
+
+
 def test_a_node_worker_that_exits_before_it_listens_fails_the_message_at_once(monkeypatch, tmp_path):
     """A worker that could not start (a module missing on the node) left each message waiting the whole
     start timeout (120 s) before 'did not start'; its exit is now noticed and named with its log."""

@@ -170,8 +170,15 @@ def forward(message: FlowerMessage, context: Context, worker_module: str) -> Flo
 
 
 def uses_worker(context: Context) -> bool:
-    """Whether this node's config asks for a worker process (`worker = true`)."""
-    return str(context.node_config.get("worker", "false")).lower() in ("1", "true", "yes")
+    """Whether this node's config asks for a worker process (`worker = true`); a ValueError naming the key
+    for a value that is no yes or no (a typo such as "treu" meant no worker, without a word)."""
+    value = context.node_config.get("worker", "false")
+    text = str(value).lower()
+    if text in ("1", "true", "yes"):
+        return True
+    if text in ("0", "false", "no", ""):
+        return False
+    raise ValueError(f"node config worker must be true or false, got {value!r}")
 
 
 class NodeClientApp(ClientApp):
@@ -184,7 +191,11 @@ class NodeClientApp(ClientApp):
         self.ephemeral, self.worker_module = ephemeral, worker_module
 
     def __call__(self, message: FlowerMessage, context: Context) -> FlowerMessage:
-        if uses_worker(context):
+        try:
+            worker = uses_worker(context)
+        except ValueError as exc:  # the node's own setting: its every reply says so
+            return FlowerMessage(Error(code=CLIENT_ERROR, reason=str(exc)), reply_to=message)
+        if worker:
             return forward(message, context, self.worker_module)
         module, _, attribute = self.ephemeral.partition(":")
         app = getattr(importlib.import_module(module), attribute)
