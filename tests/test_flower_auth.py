@@ -8,6 +8,7 @@ SuperLink with TLS and SuperNode authentication, three enrolled SuperNodes and o
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -362,3 +363,102 @@ def test_deploy_credentials_into_an_unwritable_folder_is_one_line(tmp_path, caps
     code = main(["deploy", "credentials", "a", "--superlink-host", "localhost", "--out", str(blocker / "x")])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "choose another --out" in err
+
+
+def test_existing_key_files_are_never_overwritten_nor_left_readable(tmp_path) -> None:
+    """Only enrolment.toml was checked: a folder holding keys from an earlier, unfinished run (or another
+    tool's) had them replaced, and a key file that existed kept its old mode (0644 stayed 0644)."""
+    out = tmp_path / "out"
+    old_key = out / "sites" / "a" / "a.key"
+    old_key.parent.mkdir(parents=True)
+    old_key.write_bytes(b"an earlier key")
+    old_key.chmod(0o644)
+    with pytest.raises(ConfigError, match=r"a\.key exists already"):
+        make_credentials(["a", "b"], ["localhost"], out)
+    assert old_key.read_bytes() == b"an earlier key"
+    assert not (out / "ca").exists() and not (out / "enrolment.toml").exists()  # nothing else written
+
+
+@pytest.mark.parametrize(
+    ("hosts", "days", "named"),
+    [
+        (["localhost"], 0, "--days 0"),
+        (["localhost"], -5, "--days -5"),
+        (["link.example.org:9092"], 365, "without its port"),
+        ([""], 365, "--superlink-host ''"),
+        (["two words"], 365, "--superlink-host 'two words'"),
+    ],
+)
+def test_unusable_validity_or_hosts_are_one_line_before_anything_is_written(tmp_path, hosts, days, named):
+    """A negative --days and an empty host raised a bare ValueError; --days 0 wrote certificates that had
+    expired when written, and a host with its port a certificate no site could verify the SuperLink with."""
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        make_credentials(["a"], hosts, tmp_path / "out", days=days)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_host_name_longer_than_a_common_name_still_gets_its_certificate(tmp_path):
+    long_host = ".".join(["segment-of-a-long-name"] * 4)  # 91 characters: a DNS name, too long for a CN
+    creds = make_credentials(["a"], [long_host, "::1"], tmp_path / "out")
+    server = x509.load_pem_x509_certificate(creds.server_cert.read_bytes())
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == [long_host]
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["::1"]
+
+
+def test_the_printed_superlink_command_listens_for_other_machines(tmp_path):
+    """Flower's SuperLink listens on 127.0.0.1 unless given --host: the printed command started a SuperLink
+    that no site on another machine could reach. The sites' command names the SuperLink's address."""
+    from fedistill.engine.flower.credentials import next_steps
+
+    creds = make_credentials(["a"], ["link.example.org"], tmp_path / "out")
+    steps = next_steps(creds, port=9092, host="link.example.org")
+    superlink = next(line for line in steps.splitlines() if "flower-superlink" in line)
+    assert "--host 0.0.0.0" in superlink and "--port 9092" in superlink
+    assert "--superlink link.example.org:9092" in steps
+    assert f"FEDISTILL_ENROLMENT={creds.enrolment.resolve()} " in steps  # read by the ServerApp, elsewhere
+    assert f'address = "link.example.org:9092"  root-certificates = "{creds.ca_cert.resolve()}"' in steps
+
+
+def test_an_ipv6_superlink_address_is_bracketed_in_the_printed_commands(tmp_path):
+    from fedistill.engine.flower.credentials import next_steps
+
+    creds = make_credentials(["a"], ["2001:db8::1"], tmp_path / "out")
+    assert "--superlink [2001:db8::1]:9092 " in next_steps(creds, port=9092, host="2001:db8::1")
+
+
+@pytest.mark.parametrize("partition", ["1", 1.7, True])
+def test_an_enrolment_partition_that_is_not_a_whole_number_is_named(creds, tmp_path, partition) -> None:
+    """int() took partition-id = 1.7 (or "1", or true) as partition 1: a typo enrolled a site silently."""
+    rows = [
+        {"name": s.name, "partition-id": s.partition, "public-key": s.public_key}
+        for s in load_enrolment(creds.enrolment).sites
+    ]
+    rows[1]["partition-id"] = partition
+    with pytest.raises(ConfigError, match=r"site 'hospital-b': partition-id must be a whole number, got "):
+        Enrolment.from_dict({"site": rows}, source="enrolment.toml")
+
+
+def test_deploy_credentials_help_keeps_the_table_of_files(capsys):
+    """argparse's default formatter ran the docstring's table of files into one paragraph."""
+    from fedistill.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["deploy", "credentials", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.strip().startswith("ca/ca.key") and "private key" in line for line in lines)
+    assert any(line.strip().startswith("enrolment.toml") for line in lines)
+
+
+def test_nodes_left_out_as_unenrolled_are_named_when_too_few_sites_connect(creds, tmp_path) -> None:
+    """Nodes whose keys are not enrolled (a SuperLink started without --enable-supernode-auth: every node
+    then has a key of its own making) ended the run with 'only 0 of 3 Flower nodes connected', though
+    three had connected."""
+    config = _config()
+    strangers = [ec.generate_private_key(ec.SECP384R1()) for _ in range(3)]
+    grid = KeyedGrid(make_client_app(config, state_root=tmp_path / "nodes"), strangers, [{}, {}, {}])
+    enrolled_grid = EnrolledGrid(grid, load_enrolment(creds.enrolment))
+    with pytest.raises(
+        FederationError, match=r"only 0 of 3 Flower nodes .* 3 more connected but are not enrolled"
+    ):
+        GridFleet(enrolled_grid, Ledger(None), algorithm="fedavg", expected_clients=3, connect_timeout=0.1)

@@ -478,3 +478,154 @@ def test_a_hello_without_the_nodes_split_is_refused_when_the_server_knows_its_ow
     GridFleet(grid, Ledger(None), algorithm="fedavg", expected_clients=2)  # no split to compare: runs
     with pytest.raises(FederationError, match="older fedistill than the server"):
         GridFleet(grid, Ledger(None), algorithm="fedavg", expected_clients=2, split_hash="ab" * 32)
+
+
+@pytest.mark.parametrize(("threads", "per_node"), [(1, 1), (2, 2), (8, 3)])
+def test_the_simulation_gives_ray_the_usable_cores_and_each_node_its_threads(monkeypatch, threads, per_node):
+    """Ray was told os.cpu_count() cores (every core of the machine, not those the run may use: a job
+    given 3 of 64 cores started 64 workers) and one core per node whatever `threads` said (4 threads per
+    node started a worker per core, each running 4 threads)."""
+    from fedistill.transports.flower import simulation
+
+    monkeypatch.setattr(simulation.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(simulation.os, "sched_getaffinity", lambda pid: {0, 5, 9}, raising=False)
+    backend = simulation.backend_config(Path("ray-root"), threads=threads)
+    assert backend["init_args"]["num_cpus"] == 3
+    assert backend["client_resources"]["num_cpus"] == per_node
+
+
+@pytest.mark.parametrize("value", ["two", 2.5, -1, True])
+def test_a_wrong_thread_count_in_a_node_config_is_named_in_one_line(value) -> None:
+    """int() cut 2.5 to 2 and named no key for 'two'; 0 reached torch.set_num_threads, which refused it
+    on every message with 'set_num_threads expects a positive integer'."""
+    from types import SimpleNamespace
+
+    from fedistill.engine.flower.node import node_threads
+    from fedistill.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^node config threads must be a whole number >= 0"):
+        node_threads(SimpleNamespace(node_config={"threads": value}), RunConfig())
+    assert node_threads(SimpleNamespace(node_config={"threads": 0}), RunConfig()) == 1  # as threads = 0
+    assert node_threads(SimpleNamespace(node_config={"threads": 3}), RunConfig()) == 3
+    assert node_threads(SimpleNamespace(node_config={}), RunConfig(threads=2)) == 2
+    assert node_threads(SimpleNamespace(node_config={}), RunConfig()) == 1
+
+
+def test_a_missing_ray_is_one_line_before_flower_is_started(monkeypatch, tmp_path) -> None:
+    """Without Ray (flwr installed without its simulation extra) Flower's run_simulation logged its own
+    message and exited the process (sys.exit, then os._exit after a grace period) instead of fedistill's
+    one line."""
+    import importlib.util
+
+    import flwr.simulation
+
+    from fedistill.errors import ConfigError
+    from fedistill.transports.flower import simulation
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a)
+    )
+    started = []
+    monkeypatch.setattr(flwr.simulation, "run_simulation", lambda **kwargs: started.append(kwargs))
+    with pytest.raises(ConfigError, match=r"needs Ray.*pip install"):
+        simulation.simulate(None, None, 2, tmp_path / "home")
+    assert not started
+
+
+def test_a_state_dir_under_the_home_folder_is_there_not_in_a_folder_named_tilde(
+    monkeypatch, tmp_path
+) -> None:
+    """--node-config "state-dir='~/state'" (quoted, so no shell expands it) put the node's state and its
+    worker's key into a folder literally named '~' under wherever the SuperNode was started."""
+    from types import SimpleNamespace
+
+    from fedistill.transports.flower.forward import node_state_dir, worker_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    context = SimpleNamespace(node_config={"state-dir": "~/state"}, node_id=7)
+    assert node_state_dir(context) == tmp_path / "state"
+    assert worker_dir(context) == tmp_path / "state" / "worker-node-7"
+    assert node_state_dir(SimpleNamespace(node_config={})).name == "fedistill-nodes"
+
+
+@pytest.mark.parametrize("value", [0, -5, "soon", True])
+def test_a_wrong_worker_idle_time_is_named_in_the_error_reply(monkeypatch, tmp_path, task_identity, value):
+    """worker-idle-s = 0 started a worker that exited at once, and every message then waited for it to
+    start (120 s) before failing with 'did not start'; a word failed with float()'s message, naming no key."""
+    from flwr.app import Context
+    from flwr.app import Message as FlowerMessage
+
+    from fedistill.transports.flower import forward
+
+    monkeypatch.setattr(forward, "START_TIMEOUT_S", 2.0)
+    node_config = {"state-dir": str(tmp_path), "worker": True, "worker-idle-s": value}
+    context = Context(run_id=1, node_id=3, node_config=node_config, state=RecordDict(), run_config={})
+    request = FlowerMessage(RecordDict(), dst_node_id=3, message_type="query.hello")
+    request.metadata.__dict__["_message_id"] = "m1"
+    reply = forward.forward(request, context, "fedistill.engine.flower.worker")
+    assert reply.has_error()
+    assert reply.error.reason == f"node config worker-idle-s must be a number of seconds > 0, got {value!r}"
+
+
+def test_a_worker_setting_that_is_no_yes_or_no_is_named_in_the_error_reply(task_identity):
+    """worker = "treu" (a typo) meant no worker without a word; now each reply names the setting."""
+    from flwr.app import Context
+    from flwr.app import Message as FlowerMessage
+
+    from fedistill.transports.flower import forward
+
+    app = forward.NodeClientApp("fedistill.engine.flower.apps:client_app", "fedistill.engine.flower.worker")
+    context = Context(run_id=1, node_id=3, node_config={"worker": "treu"}, state=RecordDict(), run_config={})
+    request = FlowerMessage(RecordDict(), dst_node_id=3, message_type="query.hello")
+    request.metadata.__dict__["_message_id"] = "m1"
+    reply = app(request, context)
+    assert reply.has_error() and reply.error.reason == "node config worker must be true or false, got 'treu'"
+    for value, expected in ((True, True), ("yes", True), ("false", False), (0, False)):
+        node = Context(run_id=1, node_id=3, node_config={"worker": value}, state=RecordDict(), run_config={})
+        assert forward.uses_worker(node) is expected
+
+
+def test_a_node_worker_that_exits_before_it_listens_fails_the_message_at_once(monkeypatch, tmp_path):
+    """A worker that could not start (a module missing on the node) left each message waiting the whole
+    start timeout (120 s) before 'did not start'; its exit is now noticed and named with its log."""
+    import time
+
+    from fedistill.transports.flower import forward
+
+    monkeypatch.setattr(forward, "START_TIMEOUT_S", 20.0)
+    started = time.monotonic()
+    with pytest.raises(
+        RuntimeError, match=r"the node worker exited \(code 1\) before it listened; see .*worker\.log"
+    ):
+        forward.connect_or_start(tmp_path / "w", 5.0, "fedistill_no_such_worker_module")
+    assert time.monotonic() - started < 10
+    assert "No module named fedistill_no_such_worker_module" in (tmp_path / "w" / "worker.log").read_text()
+
+
+def test_a_node_worker_outlives_a_forwarder_that_dies_mid_message(tmp_path):
+    """A forwarding ClientApp killed before it sent its message (Flower stops a run's ClientApps) ended
+    the worker with an EOFError, and with it every client it kept in memory; so did a connection that
+    failed the key handshake."""
+    import threading
+    import time
+    from multiprocessing import AuthenticationError
+    from multiprocessing.connection import Client
+
+    from fedistill.engine.flower.worker import serve
+    from fedistill.transports.flower.forward import pack, unpack
+
+    sock, key = tmp_path / "w.sock", b"k" * 32
+    thread = threading.Thread(target=serve, args=(sock, key, 60.0), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not sock.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    Client(str(sock), family="AF_UNIX", authkey=key).close()  # connected, then gone without a frame
+    with pytest.raises(AuthenticationError):  # a process without the node's key is turned away
+        Client(str(sock), family="AF_UNIX", authkey=b"wrong" * 8)
+    with Client(str(sock), family="AF_UNIX", authkey=key) as connection:
+        connection.send_bytes(pack({"stop": True}, None))
+        assert unpack(connection.recv_bytes())[0] == {"stopped": True}
+    thread.join(timeout=10)
+    assert not thread.is_alive()

@@ -13,7 +13,8 @@ Given the site names (in partition order) and the SuperLink's host names, it wri
     sites/<name>/ca.crt            the CA certificate the site verifies the SuperLink with
 
 Flower authenticates SuperNodes with ECDSA keys on a NIST curve; the TLS keys are ECDSA P-384 too.
-Nothing is overwritten: an existing enrolment in `--out` stops the command.
+Nothing is overwritten: any of these files already in `--out` stops the command before
+anything is written.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import argparse
 import datetime
 import ipaddress
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,8 @@ from fedistill.errors import ConfigError
 
 ENROLMENT_FILE = "enrolment.toml"
 CA_NAME = "fedistill deployment CA"
+#: A DNS name (labels of letters, digits, '-' and '_'; a leading '*.' for a wildcard).
+DNS_NAME = re.compile(r"^(\*\.)?[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?$")
 
 
 @dataclass(frozen=True)
@@ -55,9 +59,16 @@ def make_credentials(sites: list[str], hosts: list[str], out: Path, *, days: int
         raise ConfigError("name at least one site")
     if not hosts:
         raise ConfigError("name the SuperLink's host (--superlink-host), as the sites will address it")
+    for host in hosts:
+        _check_host(host)
+    if isinstance(days, bool) or not isinstance(days, int) or days < 1:
+        raise ConfigError(f"--days {days}: the certificates must be valid for at least 1 day")
     out = Path(out)
-    if (out / ENROLMENT_FILE).exists():
-        raise ConfigError(f"{out / ENROLMENT_FILE} exists already: choose another --out folder")
+    paths = _paths(out, sites)
+    existing = [path for path in _targets(paths) if path.exists() or path.is_symlink()]
+    if existing:  # an earlier run's keys (or another tool's) are never replaced, not even in part
+        more = f" (and {len(existing) - 1} more of the files it would write)" if len(existing) > 1 else ""
+        raise ConfigError(f"{existing[0]} exists already{more}: choose another --out folder")
     x509, hashes, serialization, ec = _crypto()
     keys = {name: ec.generate_private_key(ec.SECP384R1()) for name in sites}
     public = {
@@ -75,19 +86,11 @@ def make_credentials(sites: list[str], hosts: list[str], out: Path, *, days: int
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca_cert = _certificate(x509, hashes, CA_NAME, ca_key, ca_key, valid, ca=True)
     server_key = ec.generate_private_key(ec.SECP384R1())
-    server_cert = _certificate(x509, hashes, hosts[0], server_key, ca_key, valid, ca=False, hosts=hosts)
+    common_name = hosts[0] if len(hosts[0]) <= 64 else "fedistill SuperLink"  # a CN holds 64 characters
+    server_cert = _certificate(x509, hashes, common_name, server_key, ca_key, valid, ca=False, hosts=hosts)
 
     pem = serialization.Encoding.PEM
-    creds = Credentials(
-        root=out,
-        ca_key=out / "ca" / "ca.key",
-        ca_cert=out / "superlink" / "ca.crt",
-        server_cert=out / "superlink" / "server.pem",
-        server_key=out / "superlink" / "server.key",
-        enrolment=out / ENROLMENT_FILE,
-        site_keys={name: out / "sites" / name / f"{name}.key" for name in sites},
-        site_public_keys={name: out / "sites" / name / f"{name}.pub" for name in sites},
-    )
+    creds = paths
     _write(creds.ca_key, _private_pem(serialization, ca_key), secret=True)
     _write(creds.ca_cert, ca_cert.public_bytes(pem))
     _write(creds.server_cert, server_cert.public_bytes(pem))
@@ -102,21 +105,50 @@ def make_credentials(sites: list[str], hosts: list[str], out: Path, *, days: int
     return creds
 
 
-def next_steps(creds: Credentials, port: int = 9092) -> str:
-    """The commands the operator and each site run next (docs/how-to/flower.md explains them)."""
+def _paths(out: Path, sites: list[str]) -> Credentials:
+    return Credentials(
+        root=out,
+        ca_key=out / "ca" / "ca.key",
+        ca_cert=out / "superlink" / "ca.crt",
+        server_cert=out / "superlink" / "server.pem",
+        server_key=out / "superlink" / "server.key",
+        enrolment=out / ENROLMENT_FILE,
+        site_keys={name: out / "sites" / name / f"{name}.key" for name in sites},
+        site_public_keys={name: out / "sites" / name / f"{name}.pub" for name in sites},
+    )
+
+
+def _targets(creds: Credentials) -> list[Path]:
+    """Every file `make_credentials` writes."""
+    fixed = [creds.ca_key, creds.ca_cert, creds.server_cert, creds.server_key]
+    per_site = [
+        path
+        for name, key in creds.site_keys.items()
+        for path in (key, creds.site_public_keys[name], key.parent / "ca.crt")
+    ]
+    return [*fixed, *per_site, creds.enrolment]
+
+
+def next_steps(creds: Credentials, port: int = 9092, host: str = "HOST") -> str:
+    """The commands the operator and each site run next (docs/how-to/flower.md explains them); `host` is
+    the name the sites use for the SuperLink."""
     link = creds.server_cert.parent
+    address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     lines = [
         f"wrote {creds.root}: keep {creds.ca_key} offline; send each site its folder sites/<name>/ securely",
-        "operator (SuperLink machine):",
-        f"  FEDISTILL_ENROLMENT={creds.enrolment} flower-superlink --enable-supernode-auth "
+        "operator (SuperLink machine; --host 0.0.0.0: Flower's SuperLink listens on 127.0.0.1 otherwise):",
+        f"  FEDISTILL_ENROLMENT={creds.enrolment.resolve()} flower-superlink --enable-supernode-auth "
         f"--ssl-ca-certfile {link / 'ca.crt'} --ssl-certfile {creds.server_cert} "
-        f"--ssl-keyfile {creds.server_key} --port {port} --disable-runtime-dependency-installation",
+        f"--ssl-keyfile {creds.server_key} --host 0.0.0.0 --port {port} "
+        "--disable-runtime-dependency-installation",
+        "  # $FLWR_HOME/config.toml (the connection `flwr` uses):",
+        f'  #   [superlink.deploy]  address = "{address}"  root-certificates = "{creds.ca_cert.resolve()}"',
     ]
     for name, pub in creds.site_public_keys.items():
         lines.append(f"  flwr supernode register {pub} deploy --name {name}")
     lines.append("each site:")
     lines.append(
-        "  flower-supernode --superlink HOST:PORT --root-certificates ca.crt "
+        f"  flower-supernode --superlink {address} --root-certificates ca.crt "
         "--auth-supernode-private-key <name>.key --node-config \"data-dir='...' state-dir='...'\""
     )
     return "\n".join(lines)
@@ -149,7 +181,7 @@ def run_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    print(next_steps(creds))
+    print(next_steps(creds, host=args.superlink_host[0]))
     return 0
 
 
@@ -206,11 +238,31 @@ def _certificate(
     return builder.sign(issuer_key, hashes.SHA384())
 
 
-def _san(x509: Any, host: str) -> Any:
+def _ip(host: str) -> Any:
+    """The IP address `host` names (IPv6 with or without brackets), else None."""
     try:
-        return x509.IPAddress(ipaddress.ip_address(host))
+        return ipaddress.ip_address(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
     except ValueError:
-        return x509.DNSName(host)
+        return None
+
+
+def _check_host(host: str) -> None:
+    """A host the certificate can name: an IP address or a DNS name, without a scheme or a port (a site
+    that connects to `link:9092` verifies the name `link`, so a certificate for `link:9092` fails it)."""
+    if _ip(host) is not None:
+        return
+    if "://" in host or ":" in host:
+        raise ConfigError(
+            f"--superlink-host {host!r}: give the host name or address alone, without its port or scheme "
+            "(the port is the SuperLink's --port)"
+        )
+    if not DNS_NAME.match(host) or len(host) > 253:
+        raise ConfigError(f"--superlink-host {host!r}: not a DNS name or an IP address")
+
+
+def _san(x509: Any, host: str) -> Any:
+    ip = _ip(host)
+    return x509.IPAddress(ip) if ip is not None else x509.DNSName(host)
 
 
 def _private_pem(serialization: Any, key: Any) -> bytes:
@@ -220,9 +272,10 @@ def _private_pem(serialization: Any, key: Any) -> bytes:
 
 
 def _write(path: Path, data: bytes, *, secret: bool = False) -> None:
-    """Private keys are created readable by their owner only (never briefly wider)."""
+    """A new file (an existing one is never replaced: its mode would stay what it was); private keys are
+    created readable by their owner only (never briefly wider)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if secret else 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if secret else 0o644)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
 

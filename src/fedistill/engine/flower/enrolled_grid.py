@@ -54,6 +54,17 @@ class EnrolledGrid(Grid):
             self._site_of[node_id] = current[node_id] = site
         return current
 
+    def left_out(self) -> str:
+        """Why connected nodes are not offered to the run (for the error when too few sites connect)."""
+        listed = {int(node.node_id) for node in self.grid.get_nodes()}
+        strangers = len(listed - set(self.sites()))
+        if not strangers:
+            return ""
+        return (
+            f"{strangers} more connected but are not enrolled: their keys are not in the enrolment (is the "
+            "SuperLink started with --enable-supernode-auth, and each site's key registered?)"
+        )
+
     def partition_of(self, node_id: int) -> int:
         site = self._site_of.get(node_id) or self.sites().get(node_id)
         if site is None:

@@ -96,6 +96,12 @@ class Enrolment:
         except (KeyError, TypeError, ValueError) as exc:
             needs = "every [[site]] needs name, partition-id and public-key"
             raise ConfigError(f"{source}: {needs} ({exc})") from None
+        for row, site in zip(rows, sites, strict=True):
+            value = row["partition-id"]
+            if isinstance(value, bool) or not isinstance(value, int):  # int() took 1.7 or "1" as 1
+                raise ConfigError(
+                    f"{source}: site {site.name!r}: partition-id must be a whole number, got {value!r}"
+                )
         return cls(sites)
 
 

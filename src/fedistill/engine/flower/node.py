@@ -26,7 +26,6 @@ any cycle left, the process's long-lived objects are frozen out of the collector
 from __future__ import annotations
 
 import gc
-import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ from fedistill.engine.flower.heap import release_free_memory
 from fedistill.engine.setup import client_context, prepare_data, resolve
 from fedistill.errors import ConfigError
 from fedistill.federation.client import ClientLogic
-from fedistill.transports.flower.forward import VERSIONS
+from fedistill.transports.flower.forward import VERSIONS, node_state_dir
 
 
 @dataclass
@@ -133,6 +132,12 @@ def _whole_number(node_config: Any, key: str, default: Any, *, minimum: int, not
     return value
 
 
+def node_threads(context: Context, config: RunConfig) -> int:
+    """The torch threads this node trains on: the node config's `threads`, else the run's; 0 means one,
+    as for the run's `threads` on Flower (one clear line for anything but a whole number >= 0)."""
+    return _whole_number(context.node_config, "threads", config.threads, minimum=0, note=" (0: one)") or 1
+
+
 def partition_of(context: Context, config: RunConfig, assigned: int | None = None) -> int:
     """This node's partition id (its client index), checked against the run's clients: the one the server
     `assigned` from the operator's enrolment (enrolment.py) when it sent one, else the node config's."""
@@ -174,9 +179,7 @@ def node_for(
     if node is not None and node.version == version:
         _remember(key, node, limit)
         return node
-    root = state_root or Path(
-        context.node_config.get("state-dir", Path(tempfile.gettempdir()) / "fedistill-nodes")
-    )
+    root = state_root or node_state_dir(context)
     stem = Path(root) / f"run-{key[0]}" / f"{algorithm_name}-client-{pid:03d}" / "state"
     client = _build_client(context, config, algorithm_name, pid, cache_folder(config, beside=Path(root)))
     if version > 0:
@@ -202,7 +205,7 @@ def _build_client(
     context: Context, config: RunConfig, algorithm_name: str, pid: int, cache_dir: Path | None
 ) -> ClientLogic:
     # simulation workers share the machine's cores: one thread each unless the node says otherwise
-    torch.set_num_threads(int(context.node_config.get("threads", config.threads or 1)))
+    torch.set_num_threads(node_threads(context, config))
     # a node may run on its own accelerator: node config `device`, else the run's
     devices.use(str(context.node_config.get("device", config.device)))
     config, data = node_data(context, config)

@@ -57,7 +57,8 @@ def run_simulation_suite(
     errors: list[BaseException] = []
     server_app = make_server_app(config, suite_dir, results, errors, progress=progress, resume=resume)
     client_app = make_client_app(config, state_root=suite_dir / ".node-state")
-    simulate(server_app, client_app, config.clients, suite_dir / ".flwr")
+    # each node trains on `threads` torch threads, one if it is 0 (node.py): Ray reserves as many cores
+    simulate(server_app, client_app, config.clients, suite_dir / ".flwr", threads=config.threads or 1)
     if errors:
         raise errors[0]
     if not results:

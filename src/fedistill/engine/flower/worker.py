@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 import socket
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 
@@ -70,10 +71,16 @@ def serve(socket_path: Path, key: bytes, idle_s: float) -> None:
                 break
             except socket.timeout:  # noqa: UP041 - older spellings of the same timeout
                 break
+            except (AuthenticationError, EOFError, ConnectionError) as exc:  # not a forwarder of this node
+                log.warning("a connection failed the key handshake (%s): ignored", exc)
+                continue
             with connection:
-                if not serve_one(connection):
-                    log.info("asked to stop: the worker exits")
-                    break
+                try:
+                    if not serve_one(connection):
+                        log.info("asked to stop: the worker exits")
+                        break
+                except (EOFError, OSError) as exc:  # its forwarder ended mid-message: serve the next
+                    log.warning("a forwarder went away mid-message (%s): waiting for the next", exc)
     socket_path.unlink(missing_ok=True)
 
 

@@ -57,10 +57,16 @@ def unpack(frame: bytes) -> tuple[dict[str, Any], RecordDict | None]:
     return header, serde.recorddict_from_proto(proto)
 
 
+def node_state_dir(context: Context) -> Path:
+    """The node's storage: its node config's `state-dir` (`~` is the home folder: the value is quoted on
+    the SuperNode's command line, so no shell expands it), else a folder in the temp folder."""
+    default = Path(tempfile.gettempdir()) / "fedistill-nodes"
+    return Path(str(context.node_config.get("state-dir", default))).expanduser()
+
+
 def worker_dir(context: Context) -> Path:
     """The folder of this node's worker: its socket, key and log, under the node's state-dir."""
-    root = Path(str(context.node_config.get("state-dir", Path(tempfile.gettempdir()) / "fedistill-nodes")))
-    return root / f"worker-node-{context.node_id}"
+    return node_state_dir(context) / f"worker-node-{context.node_id}"
 
 
 def _key(folder: Path) -> bytes:
@@ -94,7 +100,7 @@ def connect_or_start(folder: Path, idle_s: float, worker_module: str) -> Any:
         except (FileNotFoundError, ConnectionRefusedError):
             pass
         with open(folder / "worker.log", "ab") as log:
-            subprocess.Popen(
+            worker = subprocess.Popen(
                 [sys.executable, "-m", worker_module, "--socket", str(socket_path(folder)),
                  "--key-file", str(folder / "worker.key"), "--idle-s", str(idle_s)],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
@@ -104,9 +110,13 @@ def connect_or_start(folder: Path, idle_s: float, worker_module: str) -> Any:
             try:
                 return _connect(folder, key)
             except (FileNotFoundError, ConnectionRefusedError):
+                log_file = folder / "worker.log"
+                if (code := worker.poll()) is not None:  # it failed to start: no use waiting for it
+                    raise RuntimeError(
+                        f"the node worker exited (code {code}) before it listened; see {log_file}"
+                    ) from None
                 if time.monotonic() > deadline:
-                    log = folder / "worker.log"
-                    message = f"the node worker did not start within {START_TIMEOUT_S:.0f} s; see {log}"
+                    message = f"the node worker did not start within {START_TIMEOUT_S:.0f} s; see {log_file}"
                     raise TimeoutError(message) from None
                 time.sleep(0.1)
 
@@ -119,6 +129,15 @@ def stop_worker(folder: Path) -> bool:
             return bool(unpack(connection.recv_bytes())[0].get("stopped"))
     except (FileNotFoundError, ConnectionRefusedError, EOFError):
         return False
+
+
+def worker_idle_s(context: Context) -> float:
+    """The node config's `worker-idle-s`: a number of seconds > 0 (0 started a worker that exited at once,
+    and each message then waited for it to start), else a ValueError naming the key."""
+    value = context.node_config.get("worker-idle-s", 900.0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise ValueError(f"node config worker-idle-s must be a number of seconds > 0, got {value!r}")
+    return float(value)
 
 
 def forward(message: FlowerMessage, context: Context, worker_module: str) -> FlowerMessage:
@@ -134,7 +153,10 @@ def forward(message: FlowerMessage, context: Context, worker_module: str) -> Flo
         "versions": versions,
     }
     try:
-        idle_s = float(context.node_config.get("worker-idle-s", 900.0))
+        idle_s = worker_idle_s(context)
+    except ValueError as exc:  # the node's own setting, not an unreachable worker
+        return FlowerMessage(Error(code=CLIENT_ERROR, reason=str(exc)), reply_to=message)
+    try:
         with connect_or_start(worker_dir(context), idle_s, worker_module) as connection:
             connection.send_bytes(pack(header, message.content))
             reply, content = unpack(connection.recv_bytes())
@@ -148,8 +170,15 @@ def forward(message: FlowerMessage, context: Context, worker_module: str) -> Flo
 
 
 def uses_worker(context: Context) -> bool:
-    """Whether this node's config asks for a worker process (`worker = true`)."""
-    return str(context.node_config.get("worker", "false")).lower() in ("1", "true", "yes")
+    """Whether this node's config asks for a worker process (`worker = true`); a ValueError naming the key
+    for a value that is no yes or no (a typo such as "treu" meant no worker, without a word)."""
+    value = context.node_config.get("worker", "false")
+    text = str(value).lower()
+    if text in ("1", "true", "yes"):
+        return True
+    if text in ("0", "false", "no", ""):
+        return False
+    raise ValueError(f"node config worker must be true or false, got {value!r}")
 
 
 class NodeClientApp(ClientApp):
@@ -162,7 +191,11 @@ class NodeClientApp(ClientApp):
         self.ephemeral, self.worker_module = ephemeral, worker_module
 
     def __call__(self, message: FlowerMessage, context: Context) -> FlowerMessage:
-        if uses_worker(context):
+        try:
+            worker = uses_worker(context)
+        except ValueError as exc:  # the node's own setting: its every reply says so
+            return FlowerMessage(Error(code=CLIENT_ERROR, reason=str(exc)), reply_to=message)
+        if worker:
             return forward(message, context, self.worker_module)
         module, _, attribute = self.ephemeral.partition(":")
         app = getattr(importlib.import_module(module), attribute)

@@ -72,8 +72,11 @@ class GridFleet(Fleet):
             time.sleep(0.5)
             nodes = list(self.grid.get_node_ids())
         if len(nodes) < expected:
+            left_out = getattr(self.grid, "left_out", None)  # a grid that offers only some nodes says why
+            why = left_out() if callable(left_out) else ""
             raise FederationError(
                 f"only {len(nodes)} of {expected} Flower nodes connected within {connect_timeout:.0f} s"
+                + (f"; {why}" if why else "")
             )
         hello = Message.build(HELLO)
         replies = self._exchange({node: hello for node in nodes}, step=None, timeout=connect_timeout)

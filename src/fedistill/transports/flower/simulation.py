@@ -3,6 +3,7 @@ and logging kept out of the user's way, Ctrl-C left to the run loop, Ray's proce
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from pathlib import Path
@@ -13,12 +14,21 @@ from fedistill.errors import ConfigError
 from fedistill.transports.flower.ray_session import own_ray_session
 
 
-def backend_config(ray_root: Path) -> dict[str, Any]:
-    """One CPU per virtual node; Ray without its dashboard, quiet, and with its session under `ray_root`
-    (how its processes are found when they must be ended)."""
-    cpus = os.cpu_count() or 1
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the platform says, else all): a job given
+    a few cores of a large machine must not start a Ray worker per core of the machine."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def backend_config(ray_root: Path, threads: int = 1) -> dict[str, Any]:
+    """`threads` CPUs per virtual node (the torch threads each node trains on, at most the usable cores),
+    so Ray runs as many nodes at once as the cores hold; Ray without its dashboard, quiet, and with its
+    session under `ray_root` (how its processes are found when they must be ended)."""
+    cpus = usable_cores()
     return {
-        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+        "client_resources": {"num_cpus": max(1, min(int(threads), cpus)), "num_gpus": 0.0},
         "init_args": {
             "num_cpus": cpus,
             "include_dashboard": False,
@@ -29,8 +39,9 @@ def backend_config(ray_root: Path) -> dict[str, Any]:
     }
 
 
-def simulate(server_app: Any, client_app: Any, num_supernodes: int, home: Path) -> None:
-    """Run `server_app` against `num_supernodes` virtual nodes of `client_app`. Flower's home (apps,
+def simulate(server_app: Any, client_app: Any, num_supernodes: int, home: Path, *, threads: int = 1) -> None:
+    """Run `server_app` against `num_supernodes` virtual nodes of `client_app`, each given `threads` CPUs
+    (the torch threads its client trains on). Flower's home (apps,
     state) is `home` unless the user chose one (FLWR_HOME). No Ray process outlives the call: not after
     an error, a second Ctrl-C or SIGTERM either."""
     try:
@@ -39,6 +50,11 @@ def simulate(server_app: Any, client_app: Any, num_supernodes: int, home: Path) 
         raise ConfigError(
             "transport = flower needs Flower: pip install -e '.[flower]' (or fedistill[flower])"
         ) from None
+    if importlib.util.find_spec("ray") is None:  # Flower would log its own message and exit the process
+        raise ConfigError(
+            "transport = flower needs Ray for Flower's simulation engine (flwr[simulation]): "
+            "pip install -e '.[flower]' (or fedistill[flower])"
+        )
     flower_logger = logging.getLogger("flwr")
     level = flower_logger.level
     flower_logger.setLevel(logging.ERROR)
@@ -51,7 +67,7 @@ def simulate(server_app: Any, client_app: Any, num_supernodes: int, home: Path) 
                 server_app=server_app,
                 client_app=client_app,
                 num_supernodes=num_supernodes,
-                backend_config=backend_config(ray_root),  # type: ignore[arg-type]
+                backend_config=backend_config(ray_root, threads),  # type: ignore[arg-type]
             )
     finally:
         flower_logger.setLevel(level)
