@@ -212,3 +212,14 @@ def test_a_file_error_outside_a_run_names_the_command_not_a_run(monkeypatch, cap
     monkeypatch.setattr(export_module, "run_command", unreadable)
     assert main(["export", "some-run"]) == 1
     assert capsys.readouterr().err.strip() == "fedistill: export stopped: scans/a.png: Permission denied"
+
+
+def test_deploy_credentials_help_keeps_its_list_of_files_one_a_line(capsys):
+    """`fedistill deploy credentials --help` shows the files it writes as its docstring lays them out, one
+    a line; argparse's default formatter ran them together into one paragraph."""
+    with pytest.raises(SystemExit) as stop:
+        main(["deploy", "credentials", "--help"])
+    assert stop.value.code == 0
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert any(line.startswith("ca/ca.key ") for line in lines), lines
+    assert any(line.startswith("sites/<name>/ca.crt ") for line in lines), lines

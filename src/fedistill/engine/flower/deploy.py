@@ -18,7 +18,13 @@ STEPS = {"credentials": (credentials, "TLS certificates, site keys and the enrol
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     steps = parser.add_subparsers(dest="deploy_step", required=True, metavar="STEP", help="what to prepare")
     for name, (module, help_text) in STEPS.items():
-        module.add_arguments(steps.add_parser(name, help=help_text, description=module.__doc__))
+        step = steps.add_parser(
+            name,
+            help=help_text,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,  # its list of files as laid out
+        )
+        module.add_arguments(step)
 
 
 def run_command(args: argparse.Namespace) -> int:
