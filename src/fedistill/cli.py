@@ -88,9 +88,11 @@ def build_parser(module_commands: tuple[str, ...] | None = None) -> argparse.Arg
     run.add_argument("--rounds", type=int, help="communication rounds")
     run.add_argument("--local-epochs", type=int, help="local epochs per round")
     run.add_argument("--local-steps", type=int, help="local mini-batch steps per round (overrides epochs)")
-    run.add_argument("--batch-size", type=int)
-    run.add_argument("--lr", type=float)
-    run.add_argument("--seed", type=int)
+    run.add_argument("--batch-size", type=int, help="mini-batch size of local training")
+    run.add_argument("--lr", type=float, help="learning rate of local training")
+    run.add_argument(
+        "--seed", type=int, help="the one seed of the run: partition, initialisation, sampling, client order"
+    )
     run.add_argument("--out", help="parent folder of run directories (default: runs)")
     run.add_argument("--name", help="run directory name under --out (default: <dataset>-<time>)")
     run.add_argument(
@@ -118,7 +120,12 @@ def build_parser(module_commands: tuple[str, ...] | None = None) -> argparse.Arg
     )
 
     summary = commands.add_parser("summary", help="show the results of a run directory")
-    summary.add_argument("run_dir")
+    summary.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        help="a run directory written by `fedistill run` (every algorithm of the run), or one algorithm's "
+        "folder in it",
+    )
     for name, (module, help_text) in MODULE_COMMANDS.items():
         sub = commands.add_parser(name, help=help_text)
         if module_commands is None or name in module_commands:
