@@ -223,3 +223,13 @@ def test_deploy_credentials_help_keeps_its_list_of_files_one_a_line(capsys):
     lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
     assert any(line.startswith("ca/ca.key ") for line in lines), lines
     assert any(line.startswith("sites/<name>/ca.crt ") for line in lines), lines
+
+
+def test_summary_of_the_folder_holding_runs_names_the_runs_in_it(tmp_path, capsys):
+    """`fedistill summary runs` (the --out folder, not one run in it) said the folder holds no run."""
+    for name in ("b", "a"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.toml").write_text('algorithm = "fedavg"\n')
+    assert main(["summary", str(tmp_path)]) == 2
+    line = _error_line(capsys)
+    assert "holds run directories" in line and line.endswith(f"{tmp_path / 'a'}, {tmp_path / 'b'}"), line

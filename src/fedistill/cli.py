@@ -237,6 +237,11 @@ def command_summary(args: argparse.Namespace) -> int:
             raise UserError(
                 f"{run_dir} holds no finished run yet (no summary.json); finish it with --resume {suite}"
             )
+        runs = [d for d in sorted(run_dir.iterdir()) if (d / "config.toml").is_file()]
+        if runs:  # the --out folder, which holds runs: name them
+            shown = ", ".join(str(d) for d in runs[:5])
+            shown += f", ... ({len(runs)} in all)" if len(runs) > 5 else ""
+            raise UserError(f"{run_dir} holds run directories, not one run; pass one of them: {shown}")
         raise UserError(f"{run_dir} holds no run (no summary.json); pass a folder written by `fedistill run`")
     print_results(summaries, title=str(run_dir))
     if unfinished:
