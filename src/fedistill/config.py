@@ -55,7 +55,7 @@ class RunConfig:
     name: str = ""  # run directory name; empty: <dataset>-<time> (the local date and time it started)
     eval_every: int = 1
     checkpoint_every: int = 1
-    timeout: float = 0.0  # seconds a client may take to answer; 0: no limit
+    timeout: float = 0.0  # seconds a client may take to answer; 0: no limit in-process, 600 s on Flower
     min_clients: int = 1  # fewer replies than this stop the run
     max_message_mb: float = 512.0
     threads: int = 0  # torch intra-op threads; 0: leave torch's default
