@@ -85,3 +85,15 @@ def test_summary_md_shows_a_small_final_value_not_as_zero():
     text = summary_markdown(summary)
     assert "| test_accuracy | 0.9500 |" in text and "| zero | 0.0000 |" in text
     assert "| dp_delta | 1e-05 |" in text and "| test_nmse | 0.000234 |" in text
+
+
+def test_a_table_wider_than_120_columns_is_printed_whole_into_a_file_or_pipe(capsys):
+    """Into a log or a pipe the table was printed 120 columns wide, whatever it needed: the
+    reconstruction demo's table (its floor row's long label) came out with cut cells, `0.8117 ± 0.0…`."""
+    from fedistill.engine.summary import print_results
+
+    long_name = "a method whose name alone takes most of a line of the results table"
+    final = {"test_accuracy": 0.8117, "test_accuracy_std": 0.0123, "local_accuracy": 0.9}
+    print_results([_summary(long_name, final), _summary("fedavg", {"test_accuracy": 0.97})])
+    out = capsys.readouterr().out
+    assert "…" not in out and long_name in out and "81.17 ± 1.23" in out

@@ -235,8 +235,10 @@ def write_suite_results(
 
 def print_results(summaries: list[dict[str, Any]], title: str = "", console: Console | None = None) -> None:
     """Print the suite's results table; a console that is not a terminal is widened so no column is cut."""
+    table = results_table(summaries, title)
     if console is None:
         console = Console()
         if not console.is_terminal:  # logs and pipes: wide enough that no column is cut
-            console = Console(width=120)
-    console.print(results_table(summaries, title))
+            needed = Console(width=10_000).measure(table).maximum
+            console = Console(width=max(120, needed))
+    console.print(table)
