@@ -233,3 +233,14 @@ def test_summary_of_the_folder_holding_runs_names_the_runs_in_it(tmp_path, capsy
     assert main(["summary", str(tmp_path)]) == 2
     line = _error_line(capsys)
     assert "holds run directories" in line and line.endswith(f"{tmp_path / 'a'}, {tmp_path / 'b'}"), line
+
+
+def test_run_help_says_when_it_runs_the_demo_and_which_source_wins(capsys):
+    """`fedistill run --help` had no description: nothing said that options other than where and how a run
+    goes leave the demo for the plain defaults, nor that --set wins over the flags and --config."""
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "runs the demo" in text and "plain defaults" in text
+    assert "--out, --name, --transport, --device, --track or --quiet" in text
+    assert "the defaults, --config, the flags, then --set" in text

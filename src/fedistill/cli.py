@@ -74,8 +74,16 @@ def build_parser(module_commands: tuple[str, ...] | None = None) -> argparse.Arg
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
+    placement = ", ".join(f"--{flag.replace('_', '-')}" for flag in FLAG_KEYS if flag in PLACEMENT_KEYS)
     run = commands.add_parser(
-        "run", help="run one or more algorithms side by side (default: the demo on digits)"
+        "run",
+        help="run one or more algorithms side by side (default: the demo on digits)",
+        description=(
+            "Run one or more algorithms side by side on the same partition. Without options, or with only "
+            f"{placement} or --quiet, it runs the demo ({DEMO_CONFIG.name}: FedIOD, Standalone, FedAvg and "
+            "Centralized on digits); any other option runs the plain defaults instead, which the options "
+            "change. Later sources win: the defaults, --config, the flags, then --set."
+        ),
     )
     run.add_argument("--algorithm", help="algorithm name, or several separated by commas")
     run.add_argument("--dataset", help="dataset name (see `fedistill list`)")
