@@ -244,3 +244,16 @@ def test_run_help_says_when_it_runs_the_demo_and_which_source_wins(capsys):
     assert "runs the demo" in text and "plain defaults" in text
     assert "--out, --name, --transport, --device, --track or --quiet" in text
     assert "the defaults, --config, the flags, then --set" in text
+
+
+def test_summary_names_an_algorithm_that_stopped_early(tmp_path, capsys):
+    """A run stopped by its privacy budget printed, under `fedistill summary`, a row like any other (its
+    planned rounds, its last accuracy) and not a word of the stop; summary.md said it, the table did not."""
+    budget = ["--set", "fedavg.dp_enabled=true", "--set", "fedavg.dp_target_epsilon=1",
+              "--set", "fedavg.dp_noise_multiplier=0.3"]  # fmt: skip
+    assert main(["run", *FAST, "--algorithm", "fedavg,standalone", *budget, "--out", str(tmp_path)]) == 0
+    (run,) = tmp_path.iterdir()
+    capsys.readouterr()
+    assert main(["summary", str(run)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedistill: fedavg stopped early: stopped at round 1: "), err
