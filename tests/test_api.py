@@ -192,6 +192,7 @@ def test_wrong_images_are_refused_in_one_line(finished):
     for images, expected in (
         (np.zeros((2, 3, 8, 8), dtype=np.uint8), r"\(N, 1, 8, 8\)"),
         (np.zeros((2, 1, 9, 9), dtype=np.uint8), r"got shape \(2, 1, 9, 9\)"),
+        (np.zeros((2, 9, 9), dtype=np.uint8), r"got shape \(2, 9, 9\)$"),  # as given, no channel added
         (np.zeros((2, 8, 8), dtype=np.int32), "uint8"),
     ):
         with pytest.raises(InputError, match=expected) as exc:

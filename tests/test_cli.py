@@ -212,3 +212,37 @@ def test_a_file_error_outside_a_run_names_the_command_not_a_run(monkeypatch, cap
     monkeypatch.setattr(export_module, "run_command", unreadable)
     assert main(["export", "some-run"]) == 1
     assert capsys.readouterr().err.strip() == "fedistill: export stopped: scans/a.png: Permission denied"
+
+
+def test_summary_of_the_folder_holding_runs_names_the_runs_in_it(tmp_path, capsys):
+    """`fedistill summary runs` (the --out folder, not one run in it) said the folder holds no run."""
+    for name in ("b", "a"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.toml").write_text('algorithm = "fedavg"\n')
+    assert main(["summary", str(tmp_path)]) == 2
+    line = _error_line(capsys)
+    assert "holds run directories" in line and line.endswith(f"{tmp_path / 'a'}, {tmp_path / 'b'}"), line
+
+
+def test_run_help_says_when_it_runs_the_demo_and_which_source_wins(capsys):
+    """`fedistill run --help` had no description: nothing said that options other than where and how a run
+    goes leave the demo for the plain defaults, nor that --set wins over the flags and --config."""
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "runs the demo" in text and "plain defaults" in text
+    assert "--out, --name, --transport, --device, --track or --quiet" in text
+    assert "the defaults, --config, the flags, then --set" in text
+
+
+def test_summary_names_an_algorithm_that_stopped_early(tmp_path, capsys):
+    """A run stopped by its privacy budget printed, under `fedistill summary`, a row like any other (its
+    planned rounds, its last accuracy) and not a word of the stop; summary.md said it, the table did not."""
+    budget = ["--set", "fedavg.dp_enabled=true", "--set", "fedavg.dp_target_epsilon=1",
+              "--set", "fedavg.dp_noise_multiplier=0.3"]  # fmt: skip
+    assert main(["run", *FAST, "--algorithm", "fedavg,standalone", *budget, "--out", str(tmp_path)]) == 0
+    (run,) = tmp_path.iterdir()
+    capsys.readouterr()
+    assert main(["summary", str(run)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedistill: fedavg stopped early: stopped at round 1: "), err

@@ -3,7 +3,7 @@
 import numpy as np
 from PIL import Image
 
-from fedistill.engine.summary import human_bytes, results_rows
+from fedistill.engine.summary import human_bytes, results_rows, summary_markdown
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.plots import plot_image_grid
 
@@ -64,3 +64,36 @@ def test_byte_columns_count_in_powers_of_1000_as_every_other_mb_the_project_prin
     assert row["up"] == "12.9 MB" and row["params up"] == "12.9 MB"
     assert human_bytes(999) == "999 B" and human_bytes(772_464) == "772.5 KB"
     assert human_bytes(1_500_000_000) == "1.5 GB"
+
+
+def test_summary_md_shows_a_small_final_value_not_as_zero():
+    """summary.md printed every final metric to four decimals: a DP run's `dp_delta` of 1e-05 read 0.0000,
+    as would any NMSE or loss under 0.00005. Such a value keeps three significant digits now."""
+    final = {"test_accuracy": 0.95, "dp_delta": 1e-05, "test_nmse": 0.000234, "zero": 0.0}
+    summary = _summary("fedavg", final)
+    summary |= {
+        "dataset": "digits",
+        "description": "FedAvg",
+        "model": "mlp",
+        "clients": 3,
+        "seed": 0,
+        "partition": {"method": "iid", "alpha": 0.5, "hash": "0" * 64},
+        "peak_memory_mb": 1.0,
+        "dropped_clients": {},
+        "versions": {},
+    }
+    text = summary_markdown(summary)
+    assert "| test_accuracy | 0.9500 |" in text and "| zero | 0.0000 |" in text
+    assert "| dp_delta | 1e-05 |" in text and "| test_nmse | 0.000234 |" in text
+
+
+def test_a_table_wider_than_120_columns_is_printed_whole_into_a_file_or_pipe(capsys):
+    """Into a log or a pipe the table was printed 120 columns wide, whatever it needed: the
+    reconstruction demo's table (its floor row's long label) came out with cut cells, `0.8117 ± 0.0…`."""
+    from fedistill.engine.summary import print_results
+
+    long_name = "a method whose name alone takes most of a line of the results table"
+    final = {"test_accuracy": 0.8117, "test_accuracy_std": 0.0123, "local_accuracy": 0.9}
+    print_results([_summary(long_name, final), _summary("fedavg", {"test_accuracy": 0.97})])
+    out = capsys.readouterr().out
+    assert "…" not in out and long_name in out and "81.17 ± 1.23" in out

@@ -19,6 +19,7 @@ from fedistill.engine.launch import resume_suite, run_suite
 from fedistill.engine.rundir import read_jsonl
 from fedistill.errors import ConfigError
 from fedistill.federation.ledger import read_ledger
+from fedistill.reference import config_keys
 
 TINY = {"algorithm": "fedavg", "clients": 3, "rounds": 2, "model": "mlp", "batch_size": 32}
 CARD = "# fedavg model card\n"
@@ -147,6 +148,11 @@ def test_an_unknown_tracker_names_the_key_and_the_valid_values():
     with pytest.raises(ConfigError, match=r"track = 'tensorbord'.*tensorboard, mlflow"):
         build_config(RunConfig(), {"track": "tensorbord"})
     assert build_config(RunConfig(), {"track": " mlflow , tensorboard"}).track == " mlflow , tensorboard"
+    # the doc and the message listed "both" as if it were a value; they spell the pair as it is written
+    with pytest.raises(ConfigError, match=r"track = 'both'.*or tensorboard,mlflow$"):
+        build_config(RunConfig(), {"track": "both"})
+    doc = next(key.doc for key in config_keys.common_keys() if key.name == "track")
+    assert "both" not in doc and "tensorboard,mlflow" in doc
 
 
 #: Where a tracker would come from: an untracked run must never import them.

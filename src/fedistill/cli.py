@@ -74,8 +74,16 @@ def build_parser(module_commands: tuple[str, ...] | None = None) -> argparse.Arg
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
+    placement = ", ".join(f"--{flag.replace('_', '-')}" for flag in FLAG_KEYS if flag in PLACEMENT_KEYS)
     run = commands.add_parser(
-        "run", help="run one or more algorithms side by side (default: the demo on digits)"
+        "run",
+        help="run one or more algorithms side by side (default: the demo on digits)",
+        description=(
+            "Run one or more algorithms side by side on the same partition. Without options, or with only "
+            f"{placement} or --quiet, it runs the demo ({DEMO_CONFIG.name}: FedIOD, Standalone, FedAvg and "
+            "Centralized on digits); any other option runs the plain defaults instead, which the options "
+            "change. Later sources win: the defaults, --config, the flags, then --set."
+        ),
     )
     run.add_argument("--algorithm", help="algorithm name, or several separated by commas")
     run.add_argument("--dataset", help="dataset name (see `fedistill list`)")
@@ -88,9 +96,11 @@ def build_parser(module_commands: tuple[str, ...] | None = None) -> argparse.Arg
     run.add_argument("--rounds", type=int, help="communication rounds")
     run.add_argument("--local-epochs", type=int, help="local epochs per round")
     run.add_argument("--local-steps", type=int, help="local mini-batch steps per round (overrides epochs)")
-    run.add_argument("--batch-size", type=int)
-    run.add_argument("--lr", type=float)
-    run.add_argument("--seed", type=int)
+    run.add_argument("--batch-size", type=int, help="mini-batch size of local training")
+    run.add_argument("--lr", type=float, help="learning rate of local training")
+    run.add_argument(
+        "--seed", type=int, help="the one seed of the run: partition, initialisation, sampling, client order"
+    )
     run.add_argument("--out", help="parent folder of run directories (default: runs)")
     run.add_argument("--name", help="run directory name under --out (default: <dataset>-<time>)")
     run.add_argument(
@@ -118,7 +128,12 @@ def build_parser(module_commands: tuple[str, ...] | None = None) -> argparse.Arg
     )
 
     summary = commands.add_parser("summary", help="show the results of a run directory")
-    summary.add_argument("run_dir")
+    summary.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        help="a run directory written by `fedistill run` (every algorithm of the run), or one algorithm's "
+        "folder in it",
+    )
     for name, (module, help_text) in MODULE_COMMANDS.items():
         sub = commands.add_parser(name, help=help_text)
         if module_commands is None or name in module_commands:
@@ -230,8 +245,16 @@ def command_summary(args: argparse.Namespace) -> int:
             raise UserError(
                 f"{run_dir} holds no finished run yet (no summary.json); finish it with --resume {suite}"
             )
+        runs = [d for d in sorted(run_dir.iterdir()) if (d / "config.toml").is_file()]
+        if runs:  # the --out folder, which holds runs: name them
+            shown = ", ".join(str(d) for d in runs[:5])
+            shown += f", ... ({len(runs)} in all)" if len(runs) > 5 else ""
+            raise UserError(f"{run_dir} holds run directories, not one run; pass one of them: {shown}")
         raise UserError(f"{run_dir} holds no run (no summary.json); pass a folder written by `fedistill run`")
     print_results(summaries, title=str(run_dir))
+    for s in summaries:  # the table shows such a run's planned rounds and last metrics, as any other's
+        if s.get("stopped"):
+            print(f"fedistill: {s['algorithm']} stopped early: {s['stopped']}", file=sys.stderr)
     if unfinished:
         names = ", ".join(unfinished)
         print(f"fedistill: not finished (no summary.json): {names}; finish with --resume {suite}",

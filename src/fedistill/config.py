@@ -55,7 +55,7 @@ class RunConfig:
     name: str = ""  # run directory name; empty: <dataset>-<time> (the local date and time it started)
     eval_every: int = 1
     checkpoint_every: int = 1
-    timeout: float = 0.0  # seconds a client may take to answer; 0: no limit
+    timeout: float = 0.0  # seconds a client may take to answer; 0: no limit in-process, 600 s on Flower
     min_clients: int = 1  # fewer replies than this stop the run
     max_message_mb: float = 512.0  # size cap on one message in MiB (2^20 bytes; printed sizes are MB of 10^6)
     threads: int = 0  # torch intra-op threads; 0: leave torch's default
@@ -63,7 +63,7 @@ class RunConfig:
     stage1_cache: bool = True  # reuse a site's stage-1 model when a run needs exactly it (stage1.py)
     cache_dir: str = ""  # where sites keep stage-1 models; "": `.cache` beside the run directory (in --out)
     transport: str = "inprocess"  # inprocess | flower (Flower's simulation engine)
-    track: str = ""  # "" | tensorboard | mlflow | both, comma-separated: where to stream (engine/tracking.py)
+    track: str = ""  # "" | tensorboard | mlflow | tensorboard,mlflow: where to stream (engine/tracking.py)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -238,7 +238,7 @@ def validate(config: RunConfig) -> None:
         (
             all(name in TRACKERS for name in tracker_names(config.track)),
             f"track = {config.track!r}: valid values are empty, {', '.join(TRACKERS)}, "
-            "or both comma-separated",
+            f"or {','.join(TRACKERS)}",
         ),
     ]
     for ok, message in checks:

@@ -72,6 +72,15 @@ def accuracy_cell(final: dict[str, Any]) -> str:
     return metric_cell(final, "accuracy")
 
 
+def metric_text(value: Any) -> str:
+    """A final metric as summary.md and a model card show it: four decimals, or three significant digits
+    for a value under 0.0005 that is not zero (a DP run's `dp_delta` of 1e-05, a small NMSE or loss), which
+    four decimals would show as 0.0000."""
+    if not isinstance(value, float):
+        return str(value)
+    return f"{value:.3g}" if 0 < abs(value) < 5e-4 else f"{value:.4f}"
+
+
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     """Write a run's human-readable summary.md, then its summary.json: the json marks a finished run (a
     resume keeps it), so it comes last, and a write cut short leaves a run `--resume` finishes."""
@@ -116,7 +125,7 @@ def summary_markdown(s: dict[str, Any]) -> str:
         "",
         "| metric | value |",
         "|---|---|",
-        *[f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in s["final"].items()],
+        *[f"| {k} | {metric_text(v)} |" for k, v in s["final"].items()],
         "",
         "## What crossed the boundary",
         "",
@@ -226,8 +235,10 @@ def write_suite_results(
 
 def print_results(summaries: list[dict[str, Any]], title: str = "", console: Console | None = None) -> None:
     """Print the suite's results table; a console that is not a terminal is widened so no column is cut."""
+    table = results_table(summaries, title)
     if console is None:
         console = Console()
         if not console.is_terminal:  # logs and pipes: wide enough that no column is cut
-            console = Console(width=120)
-    console.print(results_table(summaries, title))
+            needed = Console(width=10_000).measure(table).maximum
+            console = Console(width=max(120, needed))
+    console.print(table)

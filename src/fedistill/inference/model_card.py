@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedistill import machine
+from fedistill.engine.summary import metric_text
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.inference.trained_model import TrainedModel
 
@@ -233,10 +234,6 @@ def model_card(
     }
 
 
-def _value(value: Any) -> str:
-    return f"{value:.4f}" if isinstance(value, float) else str(value)
-
-
 def card_markdown(card: dict[str, Any]) -> str:
     """The model card as Markdown: the model, how it was trained, what left the sites, privacy, results and
     preprocessing."""
@@ -277,7 +274,7 @@ def card_markdown(card: dict[str, Any]) -> str:
     else:
         lines.append("Trained without differential privacy.")
     lines += ["", "## Final metrics", "", "| metric | value |", "|---|---|"]
-    lines += [f"| {k} | {_value(v)} |" for k, v in card["final_metrics"].items()]
+    lines += [f"| {k} | {metric_text(v)} |" for k, v in card["final_metrics"].items()]
     lines += ["", "## Preprocessing", ""]
     lines += [f"- {key}: {value}" for key, value in pre.items()]
     return "\n".join(lines) + "\n"

@@ -97,13 +97,12 @@ class TrainedModel:
                 )
             return x.to(torch.int64).to(self.device)
         c, s = self.info.channels, self.info.image_size
+        given = tuple(x.shape)  # the error names the shape the caller passed
         if x.dim() == 3 and c == 1:
             x = x[:, None]
         if x.dim() != 4 or tuple(x.shape[1:]) != (c, s, s):
             single = f" or (N, {s}, {s})" if c == 1 else ""
-            raise InputError(
-                f"{self.info.name} images are (N, {c}, {s}, {s}){single}, got shape {tuple(x.shape)}"
-            )
+            raise InputError(f"{self.info.name} images are (N, {c}, {s}, {s}){single}, got shape {given}")
         if x.dtype != torch.uint8 and not x.dtype.is_floating_point:
             raise InputError(f"images must be uint8 (0..255) or float in [0, 1], got {x.dtype}")
         if x.dtype.is_floating_point and not bool(torch.isfinite(x).all()):  # NaN passes every comparison

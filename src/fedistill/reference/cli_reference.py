@@ -16,9 +16,7 @@ from fedistill.reference.parser import arguments, subcommands
 
 #: Help for the arguments the parser leaves without it and that set no config key; each entry goes as
 #: soon as cli.py gives the argument a `help=` (tests/test_docs.py fails on an entry the parser covers).
-ARGUMENT_NOTES = {
-    "summary run_dir": "a run directory written by `fedistill run`, or a folder holding several",
-}
+ARGUMENT_NOTES: dict[str, str] = {}
 
 
 #: The common config keys, which a flag of the same name sets.

@@ -19,11 +19,8 @@ from fedistill.reference.parser import run_flag_help
 #: The docs of the keys that neither config.py's comments nor a flag's help describe.
 KEY_NOTES = {
     "group_norm_groups": 'groups of each GroupNorm layer when `norm = "group"`',
-    "batch_size": "mini-batch size of local training",
-    "lr": "learning rate of local training",
     "momentum": "momentum of the local optimiser (SGD)",
     "weight_decay": "weight decay of the local optimiser",
-    "seed": "the one seed of the run: partition, initialisation, sampling and client order",
     "eval_every": "evaluate every N rounds (and always at the end)",
     "checkpoint_every": "checkpoint every N rounds (and always at the end)",
 }

@@ -430,9 +430,10 @@ class RobustnessOptions:
     how their outputs are combined."""
 
     plausibility_checks: bool = True
-    """Drop, as an invalid reply, a site whose logits are far larger than the other sites' in the same
-    query, or whose class counts do not add up to its sample count (federation/plausibility.py); default
-    true. Why: a finite reply scaled by 1e30 otherwise outvotes every honest site. false: accept them."""
+    """Drop, as an invalid reply, a site whose logits or input-gradients are far larger than the other
+    sites' in the same query, or whose class counts do not add up to its sample count
+    (federation/plausibility.py); default true. Why: a finite reply scaled by 1e30 otherwise outvotes
+    every honest site. false: accept them."""
 
     ensemble_combine: str = "mean"
     """How the sites' outputs form the ensemble: mean (default, the paper's weighted sum of logits) |
