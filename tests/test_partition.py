@@ -157,10 +157,12 @@ def test_bad_alpha_is_rejected(method, alpha, message):
 
 def test_more_clients_than_samples_is_rejected():
     with pytest.raises(
-        PartitionError, match=r"num_clients=1001 is more than the 1000 samples.*lower num_clients"
+        PartitionError, match=r"num_clients=1001 is more than the 1000 samples.*lower `clients` \(--clients\)"
     ):
         _split("iid", k=1001, alpha=None)
-    with pytest.raises(PartitionError, match=r"num_clients must be a positive integer \(got 0\)"):
+    with pytest.raises(
+        PartitionError, match=r"num_clients \(`clients`\) must be a positive integer \(got 0\)"
+    ):
         _split("dirichlet", k=0)
 
 

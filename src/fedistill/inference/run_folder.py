@@ -65,7 +65,10 @@ def algorithm_dir(run_dir: str | Path, algorithm: str | None = None) -> Path:
         which = ", ".join(present) if present else "none has started"
         which += f"; not started: {', '.join(unstarted)}" if unstarted and present else ""
         count = len(present) + len(unstarted)
-        raise RunDirError(f"{path} holds {count} algorithms ({which}); name the one to use")
+        raise RunDirError(
+            f"{path} holds {count} algorithms ({which}); name the one to use (--algorithm, or "
+            "load_model's second argument)"
+        )
     if algorithm in present:
         return path / algorithm
     if algorithm in planned_algorithms(path):

@@ -45,11 +45,11 @@ def as_labels(labels: Any, num_classes: int | None, what: str = "labels") -> np.
 def check_num_clients(num_clients: Any, num_samples: int) -> int:
     """`num_clients` as a plain int; PartitionError unless 1 <= it <= the samples to split."""
     if isinstance(num_clients, bool) or not isinstance(num_clients, int | np.integer) or num_clients < 1:
-        raise PartitionError(f"num_clients must be a positive integer (got {num_clients!r})")
+        raise PartitionError(f"num_clients (`clients`) must be a positive integer (got {num_clients!r})")
     if num_clients > num_samples:
         raise PartitionError(
             f"num_clients={num_clients} is more than the {num_samples} samples to split; "
-            "lower num_clients or use a larger training set"
+            "lower `clients` (--clients) or use a larger training set"
         )
     return int(num_clients)
 

@@ -119,7 +119,7 @@ def iid_shards(labels: Any, num_clients: int, *, seed: int, what: str = "validat
     """
     y = as_labels(labels, None)
     if isinstance(num_clients, bool) or not isinstance(num_clients, int | np.integer) or num_clients < 1:
-        raise PartitionError(f"num_clients must be a positive integer (got {num_clients!r})")
+        raise PartitionError(f"num_clients (`clients`) must be a positive integer (got {num_clients!r})")
     if 0 < y.size < num_clients:
         fix = "use fewer clients" + (
             " or a larger validation fraction (or 0 for no validation set)" if what == "validation" else ""
