@@ -527,3 +527,35 @@ def test_dp_on_a_per_pixel_task_names_the_label_masks_it_leaves_unnoised(caplog,
     fediod_parts(config)
     assert "FedIOD with DP" in caplog.text
     assert ("training label masks" in caplog.text) == named
+
+
+def _resolved_for_reconstruction(**fediod):
+    from fedistill.algorithms.fediod import FedIODOptions, resolve_options
+    from fedistill.config import options_for
+
+    config = build_config(RunConfig(), {"fediod": fediod})
+    options = options_for(config, "fediod", FedIODOptions)
+    return resolve_options(config, options, per_pixel=True, image_outputs=True)
+
+
+@pytest.mark.parametrize("mode", ["kl", "kl-official"])
+def test_softmax_mimicry_on_image_outputs_is_refused(mode):
+    """A reconstruction's outputs have one value a pixel: its softmax is 1, so a KL L_mimic is 0 whatever
+    the student outputs and the student would never learn; set by the user or by a preset."""
+    s, a = torch.randn(6, 1), torch.randn(6, 1)
+    assert float(L.mimic_loss(s, a, mode=mode, tau=3.0)) == 0.0  # the term that would vanish
+    with pytest.raises(ConfigError, match=f"mimic = '{mode}' compares softmaxes"):
+        _resolved_for_reconstruction(mimic=mode)
+    preset = "stable" if mode == "kl" else "official-code"
+    with pytest.raises(ConfigError, match=f"fediod.preset = '{preset}' sets .*mimic = '{mode}'"):
+        _resolved_for_reconstruction(preset=preset, selection="last")
+    assert _resolved_for_reconstruction(preset=preset, mimic="l2", selection="last").mimic == "l2"
+    assert _resolved_for_reconstruction().mimic == "l2"
+
+
+@pytest.mark.parametrize("combine", ["median", "trimmed-mean"])
+def test_probability_combines_on_image_outputs_are_refused(combine):
+    """The median and trimmed mean combine softmaxes, 1 at every pixel of an image output: every target
+    would be the zero correction."""
+    with pytest.raises(ConfigError, match=f"ensemble_combine = '{combine}' combines the sites'"):
+        _resolved_for_reconstruction(ensemble_combine=combine)

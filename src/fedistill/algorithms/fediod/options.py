@@ -234,6 +234,23 @@ class FedIODOptions(
         return self.ensemble_weighting in ("eq8", "class-share", "owner")
 
 
+def _check_image_outputs(options: FedIODOptions) -> None:
+    """Refuse what compares softmaxes on image outputs (reconstruction): one column a pixel, whose softmax is
+    1 everywhere, so the term would be 0 whatever the outputs are."""
+    if options.mimic in ("kl", "kl-official"):
+        raise ConfigError(
+            f"fediod.mimic = {options.mimic!r} compares softmaxes of the outputs; this task's outputs are "
+            "images, one value a pixel, whose softmax is 1 everywhere, so L_mimic would be 0 and the "
+            "student would learn nothing: use 'l2' or 'l1'"
+        )
+    if options.ensemble_combine != "mean":
+        raise ConfigError(
+            f"fediod.ensemble_combine = {options.ensemble_combine!r} combines the sites' probabilities; this "
+            "task's outputs are images, one value a pixel, whose softmax is 1 everywhere, so every target "
+            "would be 0: use 'mean'"
+        )
+
+
 def resolve_options(
     config: RunConfig,
     options: FedIODOptions,
@@ -264,6 +281,8 @@ def resolve_options(
             f"fediod.teacher_logits = {options.teacher_logits!r} calibrates class logits; this task's "
             "outputs are images, which the ensemble averages as they are (use 'raw')"
         )
+    if image_outputs:
+        _check_image_outputs(options)
     if options.owner_queries and image_outputs:
         raise ConfigError(
             "fediod.owner_queries sends each site only its rows of G's batch, and a reconstruction's "
@@ -310,6 +329,8 @@ def resolve_options(
     try:  # the preset's keys next to the user's (e.g. its pool_steps with a user's pool_size = 0)
         resolved.validate()
         resolved.check_combinations()
+        if image_outputs:  # e.g. the stable preset's mimic = "kl" on a reconstruction
+            _check_image_outputs(resolved)
     except ConfigError as error:
         preset_keys = ", ".join(f"{k} = {v!r}" for k, v in taken.items())
         raise ConfigError(f"{error} (fediod.preset = {preset!r} sets {preset_keys})") from error
