@@ -559,3 +559,16 @@ def test_probability_combines_on_image_outputs_are_refused(combine):
     would be the zero correction."""
     with pytest.raises(ConfigError, match=f"ensemble_combine = '{combine}' combines the sites'"):
         _resolved_for_reconstruction(ensemble_combine=combine)
+
+
+def test_collapse_patience_on_a_per_pixel_task_is_refused():
+    """The collapse check measures one class's share of G's samples, which a per-pixel task never
+    measures (G draws from masks): a patience there would never stop the run."""
+    from fedistill.algorithms.fediod import FedIODOptions, resolve_options
+    from fedistill.config import options_for
+
+    config = build_config(RunConfig(), {"fediod": {"collapse_patience": 2}})
+    options = options_for(config, "fediod", FedIODOptions)
+    with pytest.raises(ConfigError, match=r"collapse_patience .* classification"):
+        resolve_options(config, options, per_pixel=True, two_class_pixels=True)
+    assert resolve_options(config, options, per_pixel=False).collapse_patience == 2

@@ -53,7 +53,8 @@ class ProtocolOptions:
 
     collapse_patience: int = 0
     """> 0: after this many epochs in a row with a collapsed G, stop cleanly with the best validated
-    student; default 0, warn only. Why: the remaining epochs would be spent on one class."""
+    student; default 0, warn only. Classification only: refused on the per-pixel tasks, whose G draws
+    from masks. Why: the remaining epochs would be spent on one class."""
 
     samples_every: int = 1
     """Save a grid of synthetic samples every N epochs (0: never); default 1."""

@@ -281,6 +281,12 @@ def resolve_options(
             f"fediod.teacher_logits = {options.teacher_logits!r} calibrates class logits; this task's "
             "outputs are images, which the ensemble averages as they are (use 'raw')"
         )
+    if per_pixel and options.collapse_patience:
+        raise ConfigError(
+            "fediod.collapse_patience stops a run whose G draws one class for most of its samples, a share "
+            "measured on classification only; on a per-pixel task G draws from masks and the check would "
+            "never stop the run: set it to 0"
+        )
     if image_outputs:
         _check_image_outputs(options)
     if options.owner_queries and image_outputs:
