@@ -572,3 +572,17 @@ def test_collapse_patience_on_a_per_pixel_task_is_refused():
     with pytest.raises(ConfigError, match=r"collapse_patience .* classification"):
         resolve_options(config, options, per_pixel=True, two_class_pixels=True)
     assert resolve_options(config, options, per_pixel=False).collapse_patience == 2
+
+
+@pytest.mark.parametrize(("key", "value"), [("latent_dim", 16), ("generator_upsamples", 1)])
+def test_noise_generator_keys_on_a_per_pixel_task_are_refused(key, value):
+    """A per-pixel task's G is pix2pix's ResNet generator on the mask: the noise generator's latent length
+    and upsamplings would be accepted and never used."""
+    from fedistill.algorithms.fediod import FedIODOptions, resolve_options
+    from fedistill.config import options_for
+
+    config = build_config(RunConfig(), {"fediod": {key: value}})
+    options = options_for(config, "fediod", FedIODOptions)
+    with pytest.raises(ConfigError, match=f"fediod.{key} shapes the generator of classification"):
+        resolve_options(config, options, per_pixel=True, image_outputs=True)
+    assert getattr(resolve_options(config, options, per_pixel=False), key) == value

@@ -171,7 +171,8 @@ class GeneratorOptions:
     """The generator G: its network, its rate and what it draws from."""
 
     latent_dim: int = 100
-    """Length of G's latent z; default 100."""
+    """Length of G's latent z; default 100. Classification only (refused on the per-pixel tasks, whose G
+    draws from a mask), as is `generator_upsamples`."""
 
     generator_width: int = 0
     """G's width; default 0 (auto): the paper's 64, or 32 on images up to 16 px (`network_widths`). Why: on

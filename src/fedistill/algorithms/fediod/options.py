@@ -281,6 +281,14 @@ def resolve_options(
             f"fediod.teacher_logits = {options.teacher_logits!r} calibrates class logits; this task's "
             "outputs are images, which the ensemble averages as they are (use 'raw')"
         )
+    explicit = set(config.options.get("fediod", {}))
+    for key in ("latent_dim", "generator_upsamples"):
+        if per_pixel and key in explicit:
+            raise ConfigError(
+                f"fediod.{key} shapes the generator of classification, which draws from noise; on a "
+                "per-pixel task G is pix2pix's ResNet generator on the mask (fediod.generator_width, "
+                "generator_blocks, noise_channels): remove it"
+            )
     if per_pixel and options.collapse_patience:
         raise ConfigError(
             "fediod.collapse_patience stops a run whose G draws one class for most of its samples, a share "
@@ -319,7 +327,6 @@ def resolve_options(
     )
     if not changes:
         return dataclasses.replace(options, preset=preset)
-    explicit = set(config.options.get("fediod", {}))
     taken = {k: v for k, v in changes.items() if k not in explicit}
     if "generator_mixture" in explicit:  # the preset's per-site keys go with its mixture, not a user's
         for key in PER_SITE_MIXTURE_KEYS:
