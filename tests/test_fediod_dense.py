@@ -586,3 +586,24 @@ def test_noise_generator_keys_on_a_per_pixel_task_are_refused(key, value):
     with pytest.raises(ConfigError, match=f"fediod.{key} shapes the generator of classification"):
         resolve_options(config, options, per_pixel=True, image_outputs=True)
     assert getattr(resolve_options(config, options, per_pixel=False), key) == value
+
+
+@pytest.mark.parametrize(("key", "value"), [("w_perceptual", 0.5), ("mask_pool", 10)])
+def test_upload_keys_with_prior_masks_are_refused(key, value):
+    """The perceptual term pairs G(m) with the real image of an uploaded mask m, and `mask_pool` bounds the
+    upload: with masks from the server's prior no site uploads any, so either would be accepted unused."""
+    from fedistill.algorithms.fediod import FedIODOptions, resolve_options
+    from fedistill.config import options_for
+
+    def resolved(**fediod):
+        config = build_config(RunConfig(), {"fediod": fediod})
+        options = options_for(config, "fediod", FedIODOptions)
+        return resolve_options(config, options, per_pixel=True, two_class_pixels=True)
+
+    with pytest.raises(ConfigError, match=f"fediod.{key} .*mask_source = 'prior'"):
+        resolved(mask_source="prior", **{key: value})
+    assert getattr(resolved(mask_source="clients", **{key: value}), key) == value
+    assert resolved(mask_source="prior").w_perceptual == 1.0  # the default stays, unused, unrefused
+    # a ready config names the default weight: switching its mask source alone still runs
+    assert resolved(mask_source="prior", w_perceptual=1.0).mask_source == "prior"
+    assert resolved(mask_source="prior", **{key: 0}).mask_source == "prior"

@@ -365,7 +365,8 @@ class PerPixelTaskOptions:
     | prior."""
 
     mask_pool: int = 0
-    """Masks a site uploads once; default 0: all of its training masks."""
+    """Masks a site uploads once; default 0: all of its training masks. Refused with `mask_source = "prior"`,
+    as a `w_perceptual` set there to other than its default or 0 is: no site uploads a mask."""
 
     generator_blocks: int = 9
     """ResNet blocks of the conditional G; default 9, the paper's."""

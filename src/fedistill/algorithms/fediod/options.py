@@ -289,6 +289,19 @@ def resolve_options(
                 "per-pixel task G is pix2pix's ResNet generator on the mask (fediod.generator_width, "
                 "generator_blocks, noise_channels): remove it"
             )
+    # a weight or pool size changed from its default (a ready config may name the defaults, and switching
+    # its mask source alone must still run)
+    defaults = FedIODOptions()
+    unused = [
+        k
+        for k in ("w_perceptual", "mask_pool")
+        if k in explicit and getattr(options, k) and getattr(options, k) != getattr(defaults, k)
+    ]
+    if per_pixel and options.mask_source == "prior" and unused:
+        raise ConfigError(
+            f"fediod.{unused[0]} works on the masks the sites upload, and with fediod.mask_source = 'prior' "
+            "no site uploads any: remove it, or set fediod.mask_source = 'clients'"
+        )
     if per_pixel and options.collapse_patience:
         raise ConfigError(
             "fediod.collapse_patience stops a run whose G draws one class for most of its samples, a share "
