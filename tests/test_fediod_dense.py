@@ -547,9 +547,10 @@ def test_softmax_mimicry_on_image_outputs_is_refused(mode):
     with pytest.raises(ConfigError, match=f"mimic = '{mode}' compares softmaxes"):
         _resolved_for_reconstruction(mimic=mode)
     preset = "stable" if mode == "kl" else "official-code"
+    nets = {"teachers": "unet-fastmri", "student": "unet-fastmri"} if preset == "official-code" else {}
     with pytest.raises(ConfigError, match=f"fediod.preset = '{preset}' sets .*mimic = '{mode}'"):
-        _resolved_for_reconstruction(preset=preset, selection="last")
-    assert _resolved_for_reconstruction(preset=preset, mimic="l2", selection="last").mimic == "l2"
+        _resolved_for_reconstruction(preset=preset, selection="last", **nets)
+    assert _resolved_for_reconstruction(preset=preset, mimic="l2", selection="last", **nets).mimic == "l2"
     assert _resolved_for_reconstruction().mimic == "l2"
 
 
@@ -607,3 +608,18 @@ def test_upload_keys_with_prior_masks_are_refused(key, value):
     # a ready config names the default weight: switching its mask source alone still runs
     assert resolved(mask_source="prior", w_perceptual=1.0).mask_source == "prior"
     assert resolved(mask_source="prior", **{key: 0}).mask_source == "prior"
+
+
+def test_the_official_code_preset_on_a_per_pixel_task_names_its_classification_nets(tmp_path):
+    """The released code's preset sets wide ResNet-8 teachers and student, classifiers: on a segmentation
+    the run stops naming the preset and the keys to set, not a model the user never wrote; with the keys
+    set it runs."""
+    with pytest.raises(ConfigError, match=r"preset = 'official-code' sets fediod\.teachers, fediod\.student"):
+        run_suite(_config(SEGMENTATION, preset="official-code"), tmp_path / "a", progress=False)
+    assert not (tmp_path / "a" / "fediod" / "ledger.jsonl").exists()
+    from fedistill.algorithms.fediod import FedIODOptions, resolve_options
+    from fedistill.config import options_for
+
+    config = _config(SEGMENTATION, preset="official-code", teachers="unet", student="unet")
+    options = resolve_options(config, options_for(config, "fediod", FedIODOptions), per_pixel=True)
+    assert (options.teachers, options.student, options.mimic) == ("unet", "unet", "kl-official")

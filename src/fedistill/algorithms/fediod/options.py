@@ -345,6 +345,14 @@ def resolve_options(
         for key in PER_SITE_MIXTURE_KEYS:
             if key not in explicit:
                 taken.pop(key, None)
+    nets = [key for key in ("teachers", "student") if key in taken]
+    if per_pixel and nets:  # the released code's wide ResNet-8: a classifier
+        raise ConfigError(
+            f"fediod.preset = {preset!r} sets {', '.join(f'fediod.{key}' for key in nets)} = "
+            f"{taken[nets[0]]!r}, the released code's classification net; on a per-pixel task set "
+            f"{' and '.join(f'fediod.{key}' for key in nets)} to a model of the task too, or take the "
+            "'paper' or 'lean' preset"
+        )
     resolved = dataclasses.replace(options, preset=preset, **taken)
     if "owner_queries" in taken:  # a user's labels, disagreement term or S-steps need every site asked
         try:
