@@ -265,6 +265,17 @@ def test_eq8_per_pixel_weights_on_a_hand_computed_case():
     torch.testing.assert_close(weights.sum(0), torch.ones(4, 2))
 
 
+@pytest.mark.parametrize("resolution", ["pixel", "patch"])
+def test_the_per_pixel_density_ratio_has_classifications_floor(resolution):
+    """Eq. 8's denominator E[D_k(m', x')] is floored at `DENSITY_RATIO_FLOOR` on every task: a D_k that
+    calls every real pair fake does not weigh its site a hundred times more on a per-pixel task."""
+    info = DatasetInfo("toy", 1, 2, 2, (0.0,), (1.0,), task="semantic-segmentation")
+    view = TaskView(SemanticSegmentation(), info, 0).with_ratio_resolution(resolution)
+    logits = torch.full((1, 1, 2, 2), -3.0)
+    expected = L.density_ratio(torch.sigmoid(torch.tensor([-3.0])), 1e-9)  # classification's ratio
+    torch.testing.assert_close(view.pixel_ratio(logits, 1e-9), expected.expand(1, 2, 2))
+
+
 def test_the_per_client_mixture_tells_a_conditional_generator_each_samples_site():
     """`generator_mixture = "per-client"` on a per-pixel task: G's condition is the mask's one-hot followed
     by constant one-hot planes of the site the mask is for, and G reads them (another site, another image)."""

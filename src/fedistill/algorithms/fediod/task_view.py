@@ -212,15 +212,17 @@ class TaskView:
 
     def pixel_ratio(self, patch_logits: torch.Tensor, real_mean: float) -> torch.Tensor:
         """Eq. 8's D_k ratio per pixel: sigmoid of each patch logit, upsampled (nearest) to the image,
-        over the mean score of the site's real pairs; (B,) for classification's per-sample ratio."""
-        if not self.per_pixel:
-            from fedistill.algorithms.fediod.losses import density_ratio, patch_scores
+        over the mean score of the site's real pairs, floored as classification's (`DENSITY_RATIO_FLOOR`);
+        (B,) for classification's per-sample ratio."""
+        from fedistill.algorithms.fediod.losses import DENSITY_RATIO_FLOOR, density_ratio, patch_scores
 
+        if not self.per_pixel:
             return density_ratio(patch_scores(patch_logits), real_mean)
         scores = torch.sigmoid(patch_logits.detach().float())
+        denominator = max(float(real_mean), DENSITY_RATIO_FLOOR)
         if self.ratio_resolution == "patch":  # the server upsamples it (`ratio_rows`): the same values
-            return scores[:, 0].contiguous() / max(float(real_mean), 1e-8)
-        return self.upsampled(scores)[:, 0] / max(float(real_mean), 1e-8)
+            return scores[:, 0].contiguous() / denominator
+        return self.upsampled(scores)[:, 0] / denominator
 
     def upsampled(self, maps: torch.Tensor) -> torch.Tensor:
         """(B, 1, h, w) patch maps -> (B, 1, H, W) at the image's size, each patch's value copied to the
