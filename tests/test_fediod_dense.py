@@ -634,3 +634,11 @@ def test_the_official_code_preset_on_a_per_pixel_task_names_its_classification_n
     config = _config(SEGMENTATION, preset="official-code", teachers="unet", student="unet")
     options = resolve_options(config, options_for(config, "fediod", FedIODOptions), per_pixel=True)
     assert (options.teachers, options.student, options.mimic) == ("unet", "unet", "kl-official")
+
+
+def test_a_discriminator_too_deep_for_the_images_is_refused_before_stage_1(tmp_path):
+    """D_k is built at a site's first G-step: a PatchGAN too deep for the images stopped the run there, after
+    every teacher had trained, as the sites' failed replies; it now stops at set-up naming the option."""
+    with pytest.raises(ConfigError, match=r"fediod\.discriminator_layers = 6 .* at least 192"):
+        run_suite(_config(SEGMENTATION, discriminator_layers=6), tmp_path, progress=False)
+    assert not (tmp_path / "fediod" / "ledger.jsonl").exists()

@@ -384,6 +384,16 @@ def resolve_for_task(
         image_outputs=view.image_outputs,
         mask_shapes_images=view.mask_shapes_images,
     )
+    if view.conditional:  # D_k is built at a site's first G-step: a bad depth would stop the run there
+        from fedistill.models.pix2pix import patch_min_size
+
+        smallest = patch_min_size(resolved.discriminator_layers)
+        if view.info.image_size < smallest:
+            raise ConfigError(
+                f"fediod.discriminator_layers = {resolved.discriminator_layers} makes a patch discriminator "
+                f"that needs images of at least {smallest}x{smallest}; {view.info.name}'s are "
+                f"{view.info.image_size}x{view.info.image_size}: take fewer layers"
+            )
     return resolved, view.with_sent_outputs(resolved.ratio_resolution, resolved.pixel_logits)
 
 
