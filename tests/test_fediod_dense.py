@@ -265,6 +265,17 @@ def test_eq8_per_pixel_weights_on_a_hand_computed_case():
     torch.testing.assert_close(weights.sum(0), torch.ones(4, 2))
 
 
+@pytest.mark.parametrize("resolution", ["pixel", "patch"])
+def test_the_per_pixel_density_ratio_has_classifications_floor(resolution):
+    """Eq. 8's denominator E[D_k(m', x')] is floored at `DENSITY_RATIO_FLOOR` on every task: a D_k that
+    calls every real pair fake does not weigh its site a hundred times more on a per-pixel task."""
+    info = DatasetInfo("toy", 1, 2, 2, (0.0,), (1.0,), task="semantic-segmentation")
+    view = TaskView(SemanticSegmentation(), info, 0).with_ratio_resolution(resolution)
+    logits = torch.full((1, 1, 2, 2), -3.0)
+    expected = L.density_ratio(torch.sigmoid(torch.tensor([-3.0])), 1e-9)  # classification's ratio
+    torch.testing.assert_close(view.pixel_ratio(logits, 1e-9), expected.expand(1, 2, 2))
+
+
 def test_the_per_client_mixture_tells_a_conditional_generator_each_samples_site():
     """`generator_mixture = "per-client"` on a per-pixel task: G's condition is the mask's one-hot followed
     by constant one-hot planes of the site the mask is for, and G reads them (another site, another image)."""
@@ -527,3 +538,107 @@ def test_dp_on_a_per_pixel_task_names_the_label_masks_it_leaves_unnoised(caplog,
     fediod_parts(config)
     assert "FedIOD with DP" in caplog.text
     assert ("training label masks" in caplog.text) == named
+
+
+def _resolved_for_reconstruction(**fediod):
+    from fedistill.algorithms.fediod import FedIODOptions, resolve_options
+    from fedistill.config import options_for
+
+    config = build_config(RunConfig(), {"fediod": fediod})
+    options = options_for(config, "fediod", FedIODOptions)
+    return resolve_options(config, options, per_pixel=True, image_outputs=True)
+
+
+@pytest.mark.parametrize("mode", ["kl", "kl-official"])
+def test_softmax_mimicry_on_image_outputs_is_refused(mode):
+    """A reconstruction's outputs have one value a pixel: its softmax is 1, so a KL L_mimic is 0 whatever
+    the student outputs and the student would never learn; set by the user or by a preset."""
+    s, a = torch.randn(6, 1), torch.randn(6, 1)
+    assert float(L.mimic_loss(s, a, mode=mode, tau=3.0)) == 0.0  # the term that would vanish
+    with pytest.raises(ConfigError, match=f"mimic = '{mode}' compares softmaxes"):
+        _resolved_for_reconstruction(mimic=mode)
+    preset = "stable" if mode == "kl" else "official-code"
+    nets = {"teachers": "unet-fastmri", "student": "unet-fastmri"} if preset == "official-code" else {}
+    with pytest.raises(ConfigError, match=f"fediod.preset = '{preset}' sets .*mimic = '{mode}'"):
+        _resolved_for_reconstruction(preset=preset, selection="last", **nets)
+    assert _resolved_for_reconstruction(preset=preset, mimic="l2", selection="last", **nets).mimic == "l2"
+    assert _resolved_for_reconstruction().mimic == "l2"
+
+
+@pytest.mark.parametrize("combine", ["median", "trimmed-mean"])
+def test_probability_combines_on_image_outputs_are_refused(combine):
+    """The median and trimmed mean combine softmaxes, 1 at every pixel of an image output: every target
+    would be the zero correction."""
+    with pytest.raises(ConfigError, match=f"ensemble_combine = '{combine}' combines the sites'"):
+        _resolved_for_reconstruction(ensemble_combine=combine)
+
+
+def test_collapse_patience_on_a_per_pixel_task_is_refused():
+    """The collapse check measures one class's share of G's samples, which a per-pixel task never
+    measures (G draws from masks): a patience there would never stop the run."""
+    from fedistill.algorithms.fediod import FedIODOptions, resolve_options
+    from fedistill.config import options_for
+
+    config = build_config(RunConfig(), {"fediod": {"collapse_patience": 2}})
+    options = options_for(config, "fediod", FedIODOptions)
+    with pytest.raises(ConfigError, match=r"collapse_patience .* classification"):
+        resolve_options(config, options, per_pixel=True, two_class_pixels=True)
+    assert resolve_options(config, options, per_pixel=False).collapse_patience == 2
+
+
+@pytest.mark.parametrize(("key", "value"), [("latent_dim", 16), ("generator_upsamples", 1)])
+def test_noise_generator_keys_on_a_per_pixel_task_are_refused(key, value):
+    """A per-pixel task's G is pix2pix's ResNet generator on the mask: the noise generator's latent length
+    and upsamplings would be accepted and never used."""
+    from fedistill.algorithms.fediod import FedIODOptions, resolve_options
+    from fedistill.config import options_for
+
+    config = build_config(RunConfig(), {"fediod": {key: value}})
+    options = options_for(config, "fediod", FedIODOptions)
+    with pytest.raises(ConfigError, match=f"fediod.{key} shapes the generator of classification"):
+        resolve_options(config, options, per_pixel=True, image_outputs=True)
+    assert getattr(resolve_options(config, options, per_pixel=False), key) == value
+
+
+@pytest.mark.parametrize(("key", "value"), [("w_perceptual", 0.5), ("mask_pool", 10)])
+def test_upload_keys_with_prior_masks_are_refused(key, value):
+    """The perceptual term pairs G(m) with the real image of an uploaded mask m, and `mask_pool` bounds the
+    upload: with masks from the server's prior no site uploads any, so either would be accepted unused."""
+    from fedistill.algorithms.fediod import FedIODOptions, resolve_options
+    from fedistill.config import options_for
+
+    def resolved(**fediod):
+        config = build_config(RunConfig(), {"fediod": fediod})
+        options = options_for(config, "fediod", FedIODOptions)
+        return resolve_options(config, options, per_pixel=True, two_class_pixels=True)
+
+    with pytest.raises(ConfigError, match=f"fediod.{key} .*mask_source = 'prior'"):
+        resolved(mask_source="prior", **{key: value})
+    assert getattr(resolved(mask_source="clients", **{key: value}), key) == value
+    assert resolved(mask_source="prior").w_perceptual == 1.0  # the default stays, unused, unrefused
+    # a ready config names the default weight: switching its mask source alone still runs
+    assert resolved(mask_source="prior", w_perceptual=1.0).mask_source == "prior"
+    assert resolved(mask_source="prior", **{key: 0}).mask_source == "prior"
+
+
+def test_the_official_code_preset_on_a_per_pixel_task_names_its_classification_nets(tmp_path):
+    """The released code's preset sets wide ResNet-8 teachers and student, classifiers: on a segmentation
+    the run stops naming the preset and the keys to set, not a model the user never wrote; with the keys
+    set it runs."""
+    with pytest.raises(ConfigError, match=r"preset = 'official-code' sets fediod\.teachers, fediod\.student"):
+        run_suite(_config(SEGMENTATION, preset="official-code"), tmp_path / "a", progress=False)
+    assert not (tmp_path / "a" / "fediod" / "ledger.jsonl").exists()
+    from fedistill.algorithms.fediod import FedIODOptions, resolve_options
+    from fedistill.config import options_for
+
+    config = _config(SEGMENTATION, preset="official-code", teachers="unet", student="unet")
+    options = resolve_options(config, options_for(config, "fediod", FedIODOptions), per_pixel=True)
+    assert (options.teachers, options.student, options.mimic) == ("unet", "unet", "kl-official")
+
+
+def test_a_discriminator_too_deep_for_the_images_is_refused_before_stage_1(tmp_path):
+    """D_k is built at a site's first G-step: a PatchGAN too deep for the images stopped the run there, after
+    every teacher had trained, as the sites' failed replies; it now stops at set-up naming the option."""
+    with pytest.raises(ConfigError, match=r"fediod\.discriminator_layers = 6 .* at least 192"):
+        run_suite(_config(SEGMENTATION, discriminator_layers=6), tmp_path, progress=False)
+    assert not (tmp_path / "fediod" / "ledger.jsonl").exists()

@@ -253,6 +253,11 @@ def _patch_output_size(size: int, layers: int) -> int:
     return max(size, 0)
 
 
+def patch_min_size(layers: int) -> int:
+    """The smallest image side a conditional PatchGAN of `layers` layers gives a logit map for."""
+    return next(s for s in range(1, 1 << 16) if _patch_output_size(s, layers) > 0)
+
+
 def receptive_field(net: nn.Module) -> int:
     """Side of the input square one output of a plain chain of convolutions sees (pooling ignored)."""
     field, jump = 1, 1
@@ -280,7 +285,7 @@ class ConditionalPatchDiscriminator(nn.Module):
         self.condition_channels = positive_int("discriminator condition_channels", condition_channels)
         width = positive_int("discriminator width", width)
         self.layers = positive_int("discriminator layers", layers)
-        self.min_size = next(s for s in range(1, 1 << 16) if _patch_output_size(s, self.layers) > 0)
+        self.min_size = patch_min_size(self.layers)
         if info.image_size < self.min_size:
             raise ConfigError(
                 f"a patch discriminator with {self.layers} layers needs images of at least "

@@ -53,7 +53,8 @@ class ProtocolOptions:
 
     collapse_patience: int = 0
     """> 0: after this many epochs in a row with a collapsed G, stop cleanly with the best validated
-    student; default 0, warn only. Why: the remaining epochs would be spent on one class."""
+    student; default 0, warn only. Classification only: refused on the per-pixel tasks, whose G draws
+    from masks. Why: the remaining epochs would be spent on one class."""
 
     samples_every: int = 1
     """Save a grid of synthetic samples every N epochs (0: never); default 1."""
@@ -170,7 +171,8 @@ class GeneratorOptions:
     """The generator G: its network, its rate and what it draws from."""
 
     latent_dim: int = 100
-    """Length of G's latent z; default 100."""
+    """Length of G's latent z; default 100. Classification only (refused on the per-pixel tasks, whose G
+    draws from a mask), as is `generator_upsamples`."""
 
     generator_width: int = 0
     """G's width; default 0 (auto): the paper's 64, or 32 on images up to 16 px (`network_widths`). Why: on
@@ -363,7 +365,8 @@ class PerPixelTaskOptions:
     | prior."""
 
     mask_pool: int = 0
-    """Masks a site uploads once; default 0: all of its training masks."""
+    """Masks a site uploads once; default 0: all of its training masks. Refused with `mask_source = "prior"`,
+    as a `w_perceptual` set there to other than its default or 0 is: no site uploads a mask."""
 
     generator_blocks: int = 9
     """ResNet blocks of the conditional G; default 9, the paper's."""

@@ -234,6 +234,23 @@ class FedIODOptions(
         return self.ensemble_weighting in ("eq8", "class-share", "owner")
 
 
+def _check_image_outputs(options: FedIODOptions) -> None:
+    """Refuse what compares softmaxes on image outputs (reconstruction): one column a pixel, whose softmax is
+    1 everywhere, so the term would be 0 whatever the outputs are."""
+    if options.mimic in ("kl", "kl-official"):
+        raise ConfigError(
+            f"fediod.mimic = {options.mimic!r} compares softmaxes of the outputs; this task's outputs are "
+            "images, one value a pixel, whose softmax is 1 everywhere, so L_mimic would be 0 and the "
+            "student would learn nothing: use 'l2' or 'l1'"
+        )
+    if options.ensemble_combine != "mean":
+        raise ConfigError(
+            f"fediod.ensemble_combine = {options.ensemble_combine!r} combines the sites' probabilities; this "
+            "task's outputs are images, one value a pixel, whose softmax is 1 everywhere, so every target "
+            "would be 0: use 'mean'"
+        )
+
+
 def resolve_options(
     config: RunConfig,
     options: FedIODOptions,
@@ -264,6 +281,35 @@ def resolve_options(
             f"fediod.teacher_logits = {options.teacher_logits!r} calibrates class logits; this task's "
             "outputs are images, which the ensemble averages as they are (use 'raw')"
         )
+    explicit = set(config.options.get("fediod", {}))
+    for key in ("latent_dim", "generator_upsamples"):
+        if per_pixel and key in explicit:
+            raise ConfigError(
+                f"fediod.{key} shapes the generator of classification, which draws from noise; on a "
+                "per-pixel task G is pix2pix's ResNet generator on the mask (fediod.generator_width, "
+                "generator_blocks, noise_channels): remove it"
+            )
+    # a weight or pool size changed from its default (a ready config may name the defaults, and switching
+    # its mask source alone must still run)
+    defaults = FedIODOptions()
+    unused = [
+        k
+        for k in ("w_perceptual", "mask_pool")
+        if k in explicit and getattr(options, k) and getattr(options, k) != getattr(defaults, k)
+    ]
+    if per_pixel and options.mask_source == "prior" and unused:
+        raise ConfigError(
+            f"fediod.{unused[0]} works on the masks the sites upload, and with fediod.mask_source = 'prior' "
+            "no site uploads any: remove it, or set fediod.mask_source = 'clients'"
+        )
+    if per_pixel and options.collapse_patience:
+        raise ConfigError(
+            "fediod.collapse_patience stops a run whose G draws one class for most of its samples, a share "
+            "measured on classification only; on a per-pixel task G draws from masks and the check would "
+            "never stop the run: set it to 0"
+        )
+    if image_outputs:
+        _check_image_outputs(options)
     if options.owner_queries and image_outputs:
         raise ConfigError(
             "fediod.owner_queries sends each site only its rows of G's batch, and a reconstruction's "
@@ -294,12 +340,19 @@ def resolve_options(
     )
     if not changes:
         return dataclasses.replace(options, preset=preset)
-    explicit = set(config.options.get("fediod", {}))
     taken = {k: v for k, v in changes.items() if k not in explicit}
     if "generator_mixture" in explicit:  # the preset's per-site keys go with its mixture, not a user's
         for key in PER_SITE_MIXTURE_KEYS:
             if key not in explicit:
                 taken.pop(key, None)
+    nets = [key for key in ("teachers", "student") if key in taken]
+    if per_pixel and nets:  # the released code's wide ResNet-8: a classifier
+        raise ConfigError(
+            f"fediod.preset = {preset!r} sets {', '.join(f'fediod.{key}' for key in nets)} = "
+            f"{taken[nets[0]]!r}, the released code's classification net; on a per-pixel task set "
+            f"{' and '.join(f'fediod.{key}' for key in nets)} to a model of the task too, or take the "
+            "'paper' or 'lean' preset"
+        )
     resolved = dataclasses.replace(options, preset=preset, **taken)
     if "owner_queries" in taken:  # a user's labels, disagreement term or S-steps need every site asked
         try:
@@ -310,6 +363,8 @@ def resolve_options(
     try:  # the preset's keys next to the user's (e.g. its pool_steps with a user's pool_size = 0)
         resolved.validate()
         resolved.check_combinations()
+        if image_outputs:  # e.g. the stable preset's mimic = "kl" on a reconstruction
+            _check_image_outputs(resolved)
     except ConfigError as error:
         preset_keys = ", ".join(f"{k} = {v!r}" for k, v in taken.items())
         raise ConfigError(f"{error} (fediod.preset = {preset!r} sets {preset_keys})") from error
@@ -329,6 +384,16 @@ def resolve_for_task(
         image_outputs=view.image_outputs,
         mask_shapes_images=view.mask_shapes_images,
     )
+    if view.conditional:  # D_k is built at a site's first G-step: a bad depth would stop the run there
+        from fedistill.models.pix2pix import patch_min_size
+
+        smallest = patch_min_size(resolved.discriminator_layers)
+        if view.info.image_size < smallest:
+            raise ConfigError(
+                f"fediod.discriminator_layers = {resolved.discriminator_layers} makes a patch discriminator "
+                f"that needs images of at least {smallest}x{smallest}; {view.info.name}'s are "
+                f"{view.info.image_size}x{view.info.image_size}: take fewer layers"
+            )
     return resolved, view.with_sent_outputs(resolved.ratio_resolution, resolved.pixel_logits)
 
 

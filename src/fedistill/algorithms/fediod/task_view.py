@@ -15,12 +15,14 @@ them unchanged by treating each pixel as a sample:
   is the site's share of all training slices (there are no classes), so pi_k(x, p) ∝ pi_k · D_k ratio
   at p. Entropy and JSD are defined on probabilities, which an image output does not have: with one
   column both vanish, so L_conf and L_unique are 0 and G's signal is realism (D_k), the batch-norm term
-  and L_mimic's hardness. T_k and S see the zero-filled image of an undersampled k-space of G's image;
-  the masks are drawn from a seeded stream both sides know, so the server sends only G's image. With the
+  and L_mimic's hardness; for the same reason a KL L_mimic (`mimic = "kl"`, `"kl-official"`) and the
+  median or trimmed mean of probabilities (`ensemble_combine`) would be 0 and are refused (options.py).
+  T_k and S see the zero-filled image of an undersampled k-space of G's image; the masks are drawn from
+  a seeded stream both sides know, so the server sends only G's image. With the
   task's residual (`task.residual`, the default) a net's output is a correction to that zero-filled
   image, in units of that image's std (`task.output_scale`), and FedIOD distils the corrections: every
   model sees the same input, Eq. 9's weights sum to 1 over k at every pixel, so the ensemble of the
-  images is the input plus the ensemble of the corrections (times that std) and every L_mimic mode
+  images is the input plus the ensemble of the corrections (times that std) and L_mimic (l2 or l1)
   compares the same differences. Scoring a teacher or the student goes through
   the task (`Task.outputs`), which adds the input back and applies data consistency.
 
@@ -210,15 +212,17 @@ class TaskView:
 
     def pixel_ratio(self, patch_logits: torch.Tensor, real_mean: float) -> torch.Tensor:
         """Eq. 8's D_k ratio per pixel: sigmoid of each patch logit, upsampled (nearest) to the image,
-        over the mean score of the site's real pairs; (B,) for classification's per-sample ratio."""
-        if not self.per_pixel:
-            from fedistill.algorithms.fediod.losses import density_ratio, patch_scores
+        over the mean score of the site's real pairs, floored as classification's (`DENSITY_RATIO_FLOOR`);
+        (B,) for classification's per-sample ratio."""
+        from fedistill.algorithms.fediod.losses import DENSITY_RATIO_FLOOR, density_ratio, patch_scores
 
+        if not self.per_pixel:
             return density_ratio(patch_scores(patch_logits), real_mean)
         scores = torch.sigmoid(patch_logits.detach().float())
+        denominator = max(float(real_mean), DENSITY_RATIO_FLOOR)
         if self.ratio_resolution == "patch":  # the server upsamples it (`ratio_rows`): the same values
-            return scores[:, 0].contiguous() / max(float(real_mean), 1e-8)
-        return self.upsampled(scores)[:, 0] / max(float(real_mean), 1e-8)
+            return scores[:, 0].contiguous() / denominator
+        return self.upsampled(scores)[:, 0] / denominator
 
     def upsampled(self, maps: torch.Tensor) -> torch.Tensor:
         """(B, 1, h, w) patch maps -> (B, 1, H, W) at the image's size, each patch's value copied to the
