@@ -72,6 +72,25 @@ def test_another_thread_count_trains_afresh(tmp_path):
     assert len(list((tmp_path / ".cache" / "stage1").glob("*.safetensors"))) == 6
 
 
+def test_another_kernel_path_trains_afresh(tmp_path, monkeypatch):
+    """The CPU's kernel path (AVX-512, AVX2, SSE4.1; `ATEN_CPU_CAPABILITY`, oneDNN's `ONEDNN_MAX_CPU_ISA`)
+    changes float rounding as a thread count does: a run under another path must not load the teachers
+    the first path trained, or its record names kernels its teachers were not trained with."""
+    import os
+
+    import torch
+
+    _run(_config(), tmp_path / "native")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "OTHER")
+    other = _run(_config(), tmp_path / "other-kernels")
+    cap = "AVX2" if os.environ.get("ONEDNN_MAX_CPU_ISA") == "SSE41" else "SSE41"  # not the one in use
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    capped = _run(_config(), tmp_path / "capped-onednn")
+    assert other["final"]["teachers_from_cache"] == 0.0
+    assert capped["final"]["teachers_from_cache"] == 0.0
+    assert len(list((tmp_path / ".cache" / "stage1").glob("*.safetensors"))) == 9
+
+
 def test_the_cache_can_be_turned_off_or_moved(tmp_path):
     _run(_config(stage1_cache=False), tmp_path / "off")
     assert not (tmp_path / ".cache").exists()
