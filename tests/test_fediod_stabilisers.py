@@ -226,9 +226,13 @@ def test_pool_steps_without_a_pool_are_refused():
 def test_the_generator_batch_without_a_pool_is_refused():
     with pytest.raises(ConfigError, match="pool_size"):
         options_for(_config(pool_generator_batch=True), "fediod", FedIODOptions)
-    config = _config(pool_size=256, pool_generator_batch=True)
-    options = options_for(config, "fediod", FedIODOptions)
     for per_pixel in (False, True):
+        layer = copy.deepcopy(TINY_FEDIOD)
+        layer["fediod"].update(pool_size=256, pool_generator_batch=True)
+        if per_pixel:  # G draws from masks there: no latent length may be set
+            del layer["fediod"]["latent_dim"]
+        config = build_config(RunConfig(), layer, {"algorithm": "fediod"})
+        options = options_for(config, "fediod", FedIODOptions)
         assert resolve_options(config, options, per_pixel=per_pixel).pool_generator_batch
 
 

@@ -53,8 +53,7 @@ class ProtocolOptions:
 
     collapse_patience: int = 0
     """> 0: after this many epochs in a row with a collapsed G, stop cleanly with the best validated
-    student; default 0, warn only. Classification only: refused on the per-pixel tasks, whose G draws
-    from masks. Why: the remaining epochs would be spent on one class."""
+    student; default 0, warn only; classification only. Why: the remaining epochs would be on one class."""
 
     samples_every: int = 1
     """Save a grid of synthetic samples every N epochs (0: never); default 1."""
@@ -365,8 +364,7 @@ class PerPixelTaskOptions:
     | prior."""
 
     mask_pool: int = 0
-    """Masks a site uploads once; default 0: all of its training masks. Refused with `mask_source = "prior"`,
-    as a `w_perceptual` set there to other than its default or 0 is: no site uploads a mask."""
+    """Masks a site uploads once; default 0: all of its training masks (refused with mask_source prior)."""
 
     generator_blocks: int = 9
     """ResNet blocks of the conditional G; default 9, the paper's."""
