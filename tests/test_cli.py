@@ -1,5 +1,6 @@
 """The command line: user mistakes end in one line and exit code 2; list and summary work."""
 
+import json
 import subprocess
 import sys
 
@@ -246,3 +247,23 @@ def test_summary_names_an_algorithm_that_stopped_early(tmp_path, capsys):
     assert main(["summary", str(run)]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fedistill: fedavg stopped early: stopped at round 1: "), err
+
+
+def test_the_results_table_shows_the_rounds_a_stopped_run_completed(tmp_path, capsys):
+    """A run its privacy budget stopped in round 1 of 2 showed 2 in the rounds column, like a finished one."""
+    budget = ["--set", "fedavg.dp_enabled=true", "--set", "fedavg.dp_target_epsilon=1",
+              "--set", "fedavg.dp_noise_multiplier=0.3"]  # fmt: skip
+    two_rounds = [*FAST, "--rounds", "2", "--algorithm", "fedavg,standalone", *budget]
+    assert main(["run", *two_rounds, "--out", str(tmp_path)]) == 0
+    (run,) = tmp_path.iterdir()
+    assert json.loads((run / "fedavg" / "summary.json").read_text())["rounds_done"] == 0
+    assert json.loads((run / "standalone" / "summary.json").read_text())["rounds_done"] == 2
+    capsys.readouterr()
+    assert main(["summary", str(run)]) == 0
+    cells = {}
+    for line in capsys.readouterr().out.splitlines():
+        if "│" in line:
+            row = [cell.strip() for cell in line.split("│")[1:-1]]
+            cells[row[0]] = row
+    assert "0 of 2" in cells["fedavg"] and "2" in cells["standalone"]
+    assert not any(" of " in cell for cell in cells["standalone"])

@@ -226,6 +226,7 @@ def _loop(
         server.setup(fleet)
 
     start_round = runner_state["round"] + 1
+    rounds_done = runner_state["round"]  # rounds completed: fewer than planned when a StopRun ends it
     settings = resumable_settings(config)  # what every checkpoint records
     # timed once, by the start that ran it; a checkpoint carries it (None: one written before it did)
     setup_s = time.perf_counter() - started if not state else runner_state.get("setup_time_s")
@@ -266,6 +267,7 @@ def _loop(
                 bar.set_postfix({headline: f"{row[headline]:.4f}"})
             if stopped:
                 break
+            rounds_done = round
             if round % config.checkpoint_every == 0 or round == config.rounds:
                 runner_state = {
                     "round": round,
@@ -323,6 +325,7 @@ def _loop(
             "device": str(devices.current()),
             "device_name": devices.describe(),
             "rounds": config.rounds,
+            "rounds_done": rounds_done,
             "seed": config.seed,
             "partition": {
                 "method": config.partition,

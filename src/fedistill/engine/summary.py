@@ -166,7 +166,7 @@ def results_rows(summaries: list[dict[str, Any]]) -> list[dict[str, str]]:
         local_title = "local %" if style == "percent" else f"local {headline}"
         row[local_title] = _formatted(s["final"].get(f"local_{headline}"), style)
         row |= {
-            "rounds": str(s["rounds"]),
+            "rounds": rounds_cell(s),
             "up": human_bytes(comm[UP]["total_bytes"]),
             "params up": human_bytes(comm[UP]["per_kind"].get("parameters", 0)),
             "time s": f"{s['wall_time_s']:.1f}",
@@ -175,6 +175,13 @@ def results_rows(summaries: list[dict[str, Any]]) -> list[dict[str, str]]:
     if floor is not None:  # the trivial predictor every row must beat, scored on the same test set
         rows.append(floor_row(floor, rows[0]))
     return rows
+
+
+def rounds_cell(s: dict[str, Any]) -> str:
+    """The planned rounds, or "done of planned" for a run that stopped early (summaries written before
+    `rounds_done` was recorded show the planned rounds)."""
+    done = s.get("rounds_done", s["rounds"])
+    return str(s["rounds"]) if done == s["rounds"] else f"{done} of {s['rounds']}"
 
 
 def floor_row(s: dict[str, Any], like: dict[str, str]) -> dict[str, str]:
