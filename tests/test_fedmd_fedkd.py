@@ -11,6 +11,7 @@ it distils (`teacher_mean_accuracy`)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -360,3 +361,21 @@ def test_gnmax_noise_comes_from_a_secret_unless_the_run_seed_is_asked_for():
     assert not np.array_equal(first, public) and not np.array_equal(first, second)
     with pytest.raises(ConfigError, match="pate_noise_seed must be secret or run"):
         FedKDOptions(pate_noise_seed="seed").validate()
+
+
+def test_fedmd_digest_draws_its_dropout_masks_from_the_run_seed():
+    """A model with dropout digests the consensus to the same weights whatever torch's global RNG held
+    before (a resumed run, or another method run first in the process)."""
+    client = make_client(_config(TINY, algorithm="fedmd"), "fedmd")
+    start = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.Dropout(0.5), torch.nn.Linear(32, 10)
+    )
+    x = torch.rand(20, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    target = torch.randn(20, 10, generator=torch.Generator().manual_seed(1))
+    weights = []
+    for global_seed in (1, 2):
+        client.model = copy.deepcopy(start)
+        torch.manual_seed(global_seed)
+        client._digest(x, target, round=1)
+        weights.append(torch.cat([p.detach().flatten() for p in client.model.parameters()]))
+    torch.testing.assert_close(weights[0], weights[1])

@@ -42,6 +42,7 @@ knows their labels: they are public).
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,7 @@ from fedistill.algorithms.shared.training import (
     LocalTraining,
     check_finite,
     evaluate_model,
+    has_dropout,
     new_model,
     train_local,
 )
@@ -84,7 +86,7 @@ from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import ArraySpec, Message, expect_arrays
 from fedistill.federation.plausibility import magnitude_faults, screen
 from fedistill.federation.reply_spec import LOCAL_METRICS, NUM_SAMPLES, TRAIN_LOSS, ReplySpec
-from fedistill.seeding import torch_generator
+from fedistill.seeding import derive_seed, global_rng, torch_generator
 
 DIGEST_LOSSES = ("l1", "mse", "kl")
 #: What a client reports of its own model (evaluation only; `evaluate` and the set-up's reply).
@@ -208,10 +210,13 @@ class FedMDClient(ClientLogic):
         return Message.build("train", scalars={"metrics": metrics})
 
     def _digest(self, x: torch.Tensor, target: torch.Tensor, round: int) -> float:
-        """`digest_epochs` epochs of Adam on the digest loss; returns the mean loss of the last epoch."""
+        """`digest_epochs` epochs of Adam on the digest loss; returns the mean loss of the last epoch. Dropout
+        masks come from torch's global RNG, seeded per step from the digest's own stream (as in
+        `train_local`), so a resumed run draws what an uninterrupted one does."""
         options = self.options
         optimizer = torch.optim.Adam(self.model.parameters(), lr=options.digest_lr)
         generator = self._generator("fedmd-digest", round)
+        dropout_seed = generator.initial_seed() if has_dropout(self.model) else None
         size = options.digest_batch_size
         drop_last = len(x) > size  # never a final batch of 1 under BatchNorm
         self.model.train()
@@ -223,7 +228,14 @@ class FedMDClient(ClientLogic):
                 index = order[start : start + size]
                 if drop_last and len(index) < size:
                     break
-                loss = digest_loss(self.model(x[index]), target[index], options.digest_loss)
+                dropout = (
+                    global_rng(derive_seed(dropout_seed, "dropout", step))
+                    if dropout_seed is not None
+                    else nullcontext()
+                )
+                with dropout:
+                    scores = self.model(x[index])
+                loss = digest_loss(scores, target[index], options.digest_loss)
                 check_finite(loss, "FedMD's digest", step)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
