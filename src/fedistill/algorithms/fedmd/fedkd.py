@@ -20,8 +20,9 @@ Set-up, once:
    (`fedistill.privacy.pate`); sigma = 0 is the plain plurality (ties to the lower class).
 
 Rounds: the central student (`student`, "" = the run's model) trains on the labelled public images
-with cross-entropy, `student_epochs` epochs a round (Adam `student_lr`, batches of
-`student_batch_size`, the optimiser kept across rounds). No client takes part after the set-up.
+with cross-entropy, `student_epochs` epochs a round (Adam `student_lr` with the run's `weight_decay`,
+batches of `student_batch_size` augmented as the run's `augment` says, the optimiser kept across
+rounds). No client takes part after the set-up.
 `test_accuracy` is the student's on the test set (the last round's; there is no model selection);
 the final metrics add the local models' mean test accuracy (`teacher_mean_accuracy`, what each client
 reports of its own model, the mean Standalone client of the same models) and, when the public source
