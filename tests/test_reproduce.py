@@ -376,3 +376,37 @@ def test_the_expected_files_header_says_which_way_each_scale_applies_its_toleran
     # against our recorded number, never against the paper's
     assert "|ours - paper|" not in EXPECTED_HEADER
     assert "falling short" in EXPECTED_HEADER and "both ways" in EXPECTED_HEADER
+
+
+def test_a_worker_process_that_dies_fails_its_jobs_and_the_table_is_still_written(tmp_path, monkeypatch):
+    """A worker killed from outside (out of memory, a segfault) breaks the pool: every job not finished
+    by then fails with one line, instead of the command ending in a traceback without a table."""
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+    from types import SimpleNamespace
+
+    class DeadPool:
+        def __init__(self, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, job):
+            future = Future()
+            if job.seed == 0:
+                future.set_result(execute.Outcome(job, "ran", 1.0))
+            else:
+                future.set_exception(
+                    BrokenProcessPool("A process in the process pool was terminated abruptly")
+                )
+            return future
+
+    monkeypatch.setattr(execute, "ProcessPoolExecutor", DeadPool)
+    jobs = [SimpleNamespace(run="suite", seed=seed, folder=tmp_path / str(seed)) for seed in (0, 1, 2)]
+    outcomes = sorted(execute.execute_in_workers(jobs, 2), key=lambda o: o.job.seed)
+    assert [(o.job.seed, o.status) for o in outcomes] == [(0, "ran"), (1, "failed"), (2, "failed")]
+    assert "terminated abruptly" in outcomes[1].error and "run the same command again" in outcomes[1].error
