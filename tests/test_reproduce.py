@@ -410,3 +410,13 @@ def test_a_worker_process_that_dies_fails_its_jobs_and_the_table_is_still_writte
     outcomes = sorted(execute.execute_in_workers(jobs, 2), key=lambda o: o.job.seed)
     assert [(o.job.seed, o.status) for o in outcomes] == [(0, "ran"), (1, "failed"), (2, "failed")]
     assert "terminated abruptly" in outcomes[1].error and "run the same command again" in outcomes[1].error
+
+
+def test_the_tables_run_count_counts_every_seed_as_the_log_and_list_do():
+    from types import SimpleNamespace
+
+    from fedistill.reproduce.report import markdown
+
+    outcomes = [execute.Outcome(SimpleNamespace(run=r, seed=s), "reused") for r in "abc" for s in (0, 1)]
+    lines = markdown(fake_target(), "ci", [], outcomes, "here")
+    assert ": 6 runs (3 settings, each over its seeds), seeds 0, 1." in lines[2]
