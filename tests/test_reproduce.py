@@ -420,3 +420,15 @@ def test_the_tables_run_count_counts_every_seed_as_the_log_and_list_do():
     outcomes = [execute.Outcome(SimpleNamespace(run=r, seed=s), "reused") for r in "abc" for s in (0, 1)]
     lines = markdown(fake_target(), "ci", [], outcomes, "here")
     assert ": 6 runs (3 settings, each over its seeds), seeds 0, 1." in lines[2]
+
+
+def test_finished_runs_make_their_table_without_the_data_they_read(tiny, tmp_path, capsys, monkeypatch):
+    from fedistill.reproduce import needed_data
+
+    out = tmp_path / "out"
+    assert reproduce(capsys, "tiny", "--out", str(out))[0] == 0
+    monkeypatch.setattr(needed_data, "dataset_folder", lambda name, root: root / "not-here")
+    code, _, err = reproduce(capsys, "tiny", "--out", str(out))  # nothing to run: no data needed
+    assert code == 0 and "suite seed 0: reused" in err
+    code, _, err = reproduce(capsys, "tiny", "--out", str(out), "--seeds", "0,1")  # seed 1 must run
+    assert code == 2 and "not-here, which does not exist" in err

@@ -75,7 +75,7 @@ def parse_seeds(text: str | None) -> tuple[int, ...] | None:
 
 
 def reproduce(args: argparse.Namespace) -> int:
-    from fedistill.reproduce.execute import execute_all
+    from fedistill.reproduce.execute import execute_all, state
     from fedistill.reproduce.needed_data import require_data
     from fedistill.reproduce.plan import plan
     from fedistill.reproduce.report import write_report
@@ -92,7 +92,9 @@ def reproduce(args: argparse.Namespace) -> int:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
     folder = Path(args.out) / "reproduce" / f"{target.name}-{args.scale}"
     jobs = plan(target, args.scale, folder / "runs", args.data_dir, seeds)
-    require_data(jobs, args.data_dir)
+    require_data(
+        [job for job in jobs if state(job) != "finished"], args.data_dir
+    )  # a finished run reads none
     print(f"reproduce {target.name} ({args.scale}): {len(jobs)} runs in {folder / 'runs'}", file=sys.stderr)
     outcomes = execute_all(jobs, args.jobs)
     folders: dict[str, list[Path]] = {}
