@@ -44,6 +44,14 @@ def test_list_names_every_target_with_its_scales_and_runs(capsys):
     assert "fedmdcg-table            ci 7 runs | cpu" in out
 
 
+def test_the_help_gives_the_defaults_of_the_run_folder_and_the_jobs():
+    parser = argparse.ArgumentParser(prog="fedistill reproduce")
+    command.add_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    assert "writes <out>/reproduce/<NAME>-<scale>/ (default: runs" in text
+    assert "each in its own process (default: 1" in text
+
+
 def test_every_target_is_declared_consistently():
     for target in targets.all_targets().values():
         assert set(target.scales) <= set(SCALES), target.name

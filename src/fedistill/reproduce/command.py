@@ -34,8 +34,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only the rows whose label matches TEXT (a regular expression, any case; repeat to narrow"
         " further) and only the runs they read",
     )
-    parser.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process")
-    parser.add_argument("--out", default="runs", help="parent folder: writes <out>/reproduce/<NAME>-<scale>/")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs at once, each in its own process (default: 1); the cores are shared between them",
+    )
+    parser.add_argument(
+        "--out",
+        default="runs",
+        help="parent folder: writes <out>/reproduce/<NAME>-<scale>/ (default: runs, in the current folder)",
+    )
     parser.add_argument(
         "--data-dir",
         default=str(DATA),
