@@ -44,6 +44,14 @@ def test_list_names_every_target_with_its_scales_and_runs(capsys):
     assert "fedmdcg-table            ci 7 runs | cpu" in out
 
 
+def test_the_help_gives_the_defaults_of_the_run_folder_and_the_jobs():
+    parser = argparse.ArgumentParser(prog="fedistill reproduce")
+    command.add_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    assert "writes <out>/reproduce/<NAME>-<scale>/ (default: runs" in text
+    assert "each in its own process (default: 1" in text
+
+
 def test_every_target_is_declared_consistently():
     for target in targets.all_targets().values():
         assert set(target.scales) <= set(SCALES), target.name
@@ -365,3 +373,70 @@ def test_a_benchmark_asked_for_a_device_this_machine_lacks_stops_in_one_line(cap
     # with --reuse a GPU's finished runs are only read back into a table: the device is not needed
     args.reuse = True
     check_shape(parser, args, ["mnist"])
+
+
+def test_the_expected_files_header_says_which_way_each_scale_applies_its_tolerance():
+    from fedistill.reproduce.expected import EXPECTED_HEADER
+    from fedistill.reproduce.paths import EXPECTED
+
+    assert EXPECTED.read_text(encoding="utf-8").startswith(EXPECTED_HEADER)
+    # at the paper's scale only falling short fails (verdict.judge); below it ours is checked both ways
+    # against our recorded number, never against the paper's
+    assert "|ours - paper|" not in EXPECTED_HEADER
+    assert "falling short" in EXPECTED_HEADER and "both ways" in EXPECTED_HEADER
+
+
+def test_a_worker_process_that_dies_fails_its_jobs_and_the_table_is_still_written(tmp_path, monkeypatch):
+    """A worker killed from outside (out of memory, a segfault) breaks the pool: every job not finished
+    by then fails with one line, instead of the command ending in a traceback without a table."""
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+    from types import SimpleNamespace
+
+    class DeadPool:
+        def __init__(self, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, job):
+            future = Future()
+            if job.seed == 0:
+                future.set_result(execute.Outcome(job, "ran", 1.0))
+            else:
+                future.set_exception(
+                    BrokenProcessPool("A process in the process pool was terminated abruptly")
+                )
+            return future
+
+    monkeypatch.setattr(execute, "ProcessPoolExecutor", DeadPool)
+    jobs = [SimpleNamespace(run="suite", seed=seed, folder=tmp_path / str(seed)) for seed in (0, 1, 2)]
+    outcomes = sorted(execute.execute_in_workers(jobs, 2), key=lambda o: o.job.seed)
+    assert [(o.job.seed, o.status) for o in outcomes] == [(0, "ran"), (1, "failed"), (2, "failed")]
+    assert "terminated abruptly" in outcomes[1].error and "run the same command again" in outcomes[1].error
+
+
+def test_the_tables_run_count_counts_every_seed_as_the_log_and_list_do():
+    from types import SimpleNamespace
+
+    from fedistill.reproduce.report import markdown
+
+    outcomes = [execute.Outcome(SimpleNamespace(run=r, seed=s), "reused") for r in "abc" for s in (0, 1)]
+    lines = markdown(fake_target(), "ci", [], outcomes, "here")
+    assert ": 6 runs (3 settings, each over its seeds), seeds 0, 1." in lines[2]
+
+
+def test_finished_runs_make_their_table_without_the_data_they_read(tiny, tmp_path, capsys, monkeypatch):
+    from fedistill.reproduce import needed_data
+
+    out = tmp_path / "out"
+    assert reproduce(capsys, "tiny", "--out", str(out))[0] == 0
+    monkeypatch.setattr(needed_data, "dataset_folder", lambda name, root: root / "not-here")
+    code, _, err = reproduce(capsys, "tiny", "--out", str(out))  # nothing to run: no data needed
+    assert code == 0 and "suite seed 0: reused" in err
+    code, _, err = reproduce(capsys, "tiny", "--out", str(out), "--seeds", "0,1")  # seed 1 must run
+    assert code == 2 and "not-here, which does not exist" in err

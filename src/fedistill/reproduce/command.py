@@ -34,8 +34,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only the rows whose label matches TEXT (a regular expression, any case; repeat to narrow"
         " further) and only the runs they read",
     )
-    parser.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process")
-    parser.add_argument("--out", default="runs", help="parent folder: writes <out>/reproduce/<NAME>-<scale>/")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs at once, each in its own process (default: 1); the cores are shared between them",
+    )
+    parser.add_argument(
+        "--out",
+        default="runs",
+        help="parent folder: writes <out>/reproduce/<NAME>-<scale>/ (default: runs, in the current folder)",
+    )
     parser.add_argument(
         "--data-dir",
         default=str(DATA),
@@ -75,7 +84,7 @@ def parse_seeds(text: str | None) -> tuple[int, ...] | None:
 
 
 def reproduce(args: argparse.Namespace) -> int:
-    from fedistill.reproduce.execute import execute_all
+    from fedistill.reproduce.execute import execute_all, state
     from fedistill.reproduce.needed_data import require_data
     from fedistill.reproduce.plan import plan
     from fedistill.reproduce.report import write_report
@@ -92,7 +101,9 @@ def reproduce(args: argparse.Namespace) -> int:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
     folder = Path(args.out) / "reproduce" / f"{target.name}-{args.scale}"
     jobs = plan(target, args.scale, folder / "runs", args.data_dir, seeds)
-    require_data(jobs, args.data_dir)
+    require_data(
+        [job for job in jobs if state(job) != "finished"], args.data_dir
+    )  # a finished run reads none
     print(f"reproduce {target.name} ({args.scale}): {len(jobs)} runs in {folder / 'runs'}", file=sys.stderr)
     outcomes = execute_all(jobs, args.jobs)
     folders: dict[str, list[Path]] = {}

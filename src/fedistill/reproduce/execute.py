@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,7 +97,9 @@ def report(outcome: Outcome) -> None:
 def execute_in_workers(jobs: Sequence[Job], workers: int) -> list[Outcome]:
     """`jobs`, `workers` at once in spawned processes that end with this one, the cores shared between
     them (`worker_pool.threads_per_worker`). On SIGTERM the pool stops (nothing more starts, running jobs
-    are ended) and the process exits with one line on how to go on."""
+    are ended) and the process exits with one line on how to go on. A worker that dies (killed for memory,
+    a crash of the interpreter) breaks the pool: each job it had not finished fails with one line, and the
+    table is still written from the rest."""
     outcomes: list[Outcome] = []
     context = multiprocessing.get_context("spawn")
     workers = min(workers, len(jobs))
@@ -108,8 +111,15 @@ def execute_in_workers(jobs: Sequence[Job], workers: int) -> list[Outcome]:
     ) as pool:
         try:
             with worker_pool.sigterm_raises():
-                for future in as_completed([pool.submit(execute, job) for job in jobs]):
-                    outcomes.append(future.result())
+                futures = {pool.submit(execute, job): job for job in jobs}
+                for future in as_completed(futures):
+                    try:
+                        outcomes.append(future.result())
+                    except BrokenProcessPool as exc:
+                        error = (
+                            f"a worker process ended abruptly ({first_line(exc)}); run the same command again"
+                        )
+                        outcomes.append(Outcome(futures[future], "failed", error=error))
                     report(outcomes[-1])
         except worker_pool.Terminated:
             worker_pool.stop(pool)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedistill import disk
 from fedistill.reproduce.target_spec import Column
 from fedistill.reproduce.verdict import FAILING, Check
 
@@ -47,5 +48,5 @@ def plot_checks(cells: Sequence[Check], columns: Sequence[Column], path: Path, *
     )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=DPI)
+    disk.write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=DPI))
     return path

@@ -71,7 +71,8 @@ def markdown(
     lines = [
         f"# {target.title} ({scale} scale)",
         "",
-        f"Reproduces: {target.source}. Target `{target.name}`, scale `{scale}`: {len(spec.runs)} runs, "
+        f"Reproduces: {target.source}. Target `{target.name}`, scale `{scale}`: {len(outcomes)} runs "
+        f"({len(spec.runs)} settings, each over its seeds), "
         f"seeds {', '.join(map(str, sorted({o.job.seed for o in outcomes})))}.",
     ]
     if spec.note:

@@ -1,7 +1,9 @@
 """Writing a reproduction's result table: Markdown for people, JSON with every number for programs.
 
 Every table is a pair `<name>.md` and `<name>.json` in one folder. The Markdown ends with a newline;
-the JSON is indented (2 unless a table keeps the indent its published files have).
+the JSON is indented (2 unless a table keeps the indent its published files have). Each file is replaced
+whole (written beside it, then renamed over it): a command stopped while writing leaves the previous
+file, never half of one.
 """
 
 from __future__ import annotations
@@ -11,16 +13,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fedistill import disk
+
 
 def write_markdown(path: Path, lines: Sequence[str]) -> Path:
     """``lines`` as one Markdown file, UTF-8, ending with a newline."""
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    disk.write_text(path, "\n".join(lines) + "\n")
     return path
 
 
 def write_json(path: Path, payload: Any, *, indent: int = 2, newline: bool = True) -> Path:
     """``payload`` as indented JSON (ASCII, so any reader opens it)."""
-    path.write_text(json.dumps(payload, indent=indent) + ("\n" if newline else ""), encoding="utf-8")
+    disk.write_text(path, json.dumps(payload, indent=indent) + ("\n" if newline else ""))
     return path
 
 
