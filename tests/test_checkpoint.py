@@ -146,6 +146,27 @@ def test_a_resume_refuses_a_config_edited_since_the_checkpoint_naming_the_key(tm
     assert resume_suite(tmp_path, progress=False)[0]["rounds"] == 2
 
 
+def test_a_resume_of_a_finished_run_refuses_a_config_edited_since(tmp_path):
+    """A finished run whose config.toml was edited (more rounds, another lr) resumed without a word: it
+    returned the old summary for 2 rounds while config.toml said 4."""
+    from fedistill.config import RunConfig, build_config
+    from fedistill.engine.launch import resume_suite, run_suite
+    from fedistill.errors import ConfigError
+
+    config = build_config(
+        RunConfig(), {"algorithm": "fedavg", "clients": 2, "rounds": 2, "model": "mlp", "lr": 0.1}, {}
+    )
+    first = run_suite(config, tmp_path, progress=False)[0]
+    path = tmp_path / "config.toml"
+    original = path.read_text()
+    path.write_text(original.replace("rounds = 2\n", "rounds = 4\n"))
+    with pytest.raises(ConfigError, match=r"written under \(rounds\); a resume continues"):
+        resume_suite(tmp_path, progress=False)
+    path.write_text(original)
+    again = resume_suite(tmp_path, progress=False)[0]
+    assert again["final"] == first["final"] and again["rounds_done"] == 2
+
+
 def test_a_checkpoint_from_before_manifests_that_lost_a_clients_part_is_named_in_one_line(tmp_path):
     """Without a manifest nothing notices a missing part: a client then restarted from nothing and the
     resume died in its load_state_dict with a bare KeyError."""

@@ -26,7 +26,13 @@ from fedistill.algorithms.shared.stage1 import cache_folder
 from fedistill.algorithms.shared.training import evaluate_model, task_of
 from fedistill.config import RunConfig, write_config
 from fedistill.data.partition import FederatedSplit, load_split, save_split
-from fedistill.engine.checkpoint import save_model, sweep_temporaries, write_checkpoint
+from fedistill.engine.checkpoint import (
+    latest_checkpoint,
+    load_state,
+    save_model,
+    sweep_temporaries,
+    write_checkpoint,
+)
 from fedistill.engine.floor import floor_scores
 from fedistill.engine.resume import resume_point
 from fedistill.engine.rundir import MetricsWriter
@@ -143,6 +149,20 @@ def check_same_settings(run_dir: Path, saved: dict[str, Any] | None, config: Run
             f"({', '.join(changed)}); a resume continues with those (it may change only "
             f"{', '.join(RESUME_MAY_CHANGE)}): undo the edit, or start a new run under another --name"
         )
+
+
+def check_finished_settings(run_dir: Path, config: RunConfig) -> None:
+    """`check_same_settings` for an algorithm that finished: its last checkpoint's record against config.toml,
+    so that a resume does not hand back the old summary under a config that says otherwise (more rounds,
+    another lr). A run without a readable checkpoint (one stopped before its first) passes."""
+    latest = latest_checkpoint(run_dir / "checkpoints")
+    if latest is None:
+        return
+    try:
+        runner = load_state(latest / "runner")
+    except Exception:  # a damaged checkpoint of a finished run: its summary stands on its own
+        return
+    check_same_settings(run_dir, runner.get("settings") if isinstance(runner, dict) else None, config)
 
 
 def _loop(
