@@ -121,7 +121,7 @@ def test_fedavgm_velocity_read_back_from_a_checkpoint_goes_to_the_runs_device(mo
     assert server.momentum["weight"].device.type == "meta"
 
 
-@pytest.mark.parametrize("edit", ["lr = 0.05", "rounds = 3"])
+@pytest.mark.parametrize("edit", ["lr = 0.05", "rounds = 3", "seed = 3", "alpha = 0.2"])
 def test_a_resume_refuses_a_config_edited_since_the_checkpoint_naming_the_key(tmp_path, edit):
     """An edited config.toml was accepted: the run went on with other settings (or more rounds) and its
     record kept the old ones."""

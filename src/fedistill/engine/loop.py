@@ -106,12 +106,12 @@ def run_algorithm(
             class_names=task_of(config, data.dataset.info).partition_names(data.dataset) or None,
             title=f"{config.dataset}: {config.partition} (alpha={config.alpha}), {config.clients} clients",
         )
-    elif load_split(run_dir).hash() != data.split.hash():
-        raise ConfigError(
-            f"{run_dir}: the saved partition differs from the one this config makes; cannot resume"
-        )
-    else:
+    else:  # an edited key is named first: a new seed or alpha also makes another partition
         check_same_settings(run_dir, state["runner"].get("settings"), config)
+        if load_split(run_dir).hash() != data.split.hash():
+            raise ConfigError(
+                f"{run_dir}: the saved partition differs from the one this config makes; cannot resume"
+            )
 
     handler = logging.FileHandler(run_dir / "run.log", mode="a" if checkpoint else "w")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
