@@ -167,6 +167,22 @@ def test_a_resume_of_a_finished_run_refuses_a_config_edited_since(tmp_path):
     assert again["final"] == first["final"] and again["rounds_done"] == 2
 
 
+def test_run_log_records_the_fallback_from_a_damaged_newest_checkpoint(tmp_path):
+    """The warning that a resume went back past a damaged checkpoint reached the console only: run.log,
+    the run's own record, did not say that rounds were computed twice."""
+    from algorithm_helpers import run_until_crash
+    from fedistill.algorithms.classic.fedavg import FedAvgServer
+    from fedistill.config import RunConfig, build_config
+    from fedistill.engine.launch import resume_suite
+
+    config = build_config(RunConfig(), {"algorithm": "fedavg", "clients": 2, "rounds": 3, "model": "mlp"}, {})
+    run_until_crash(config, FedAvgServer, tmp_path, crash_round=3)
+    (tmp_path / "fedavg" / "checkpoints" / "round_00002" / "server.json").write_text("{")
+    resume_suite(tmp_path, progress=False)
+    log = (tmp_path / "fedavg" / "run.log").read_text()
+    assert "resuming from round_00001" in log and "round_00002: " in log
+
+
 def test_a_checkpoint_from_before_manifests_that_lost_a_clients_part_is_named_in_one_line(tmp_path):
     """Without a manifest nothing notices a missing part: a client then restarted from nothing and the
     resume died in its load_state_dict with a bare KeyError."""

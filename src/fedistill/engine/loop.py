@@ -93,30 +93,31 @@ def run_algorithm(
     algorithm, options = resolved.algorithm, resolved.options
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "plots").mkdir(exist_ok=True)
-    if resume:  # a write a crash or a full disk cut short may have left its temporary folder
-        sweep_temporaries(run_dir / "checkpoints")
-    point = resume_point(run_dir) if resume else None
-    checkpoint, state = point if point is not None else (None, None)
-    if checkpoint is None:
-        write_config(config, run_dir / "config.toml")
-        save_split(data.split, run_dir)
-        plot_partition(
-            data.split.train_counts,
-            run_dir / "plots" / "partition.png",
-            class_names=task_of(config, data.dataset.info).partition_names(data.dataset) or None,
-            title=f"{config.dataset}: {config.partition} (alpha={config.alpha}), {config.clients} clients",
-        )
-    else:  # an edited key is named first: a new seed or alpha also makes another partition
-        check_same_settings(run_dir, state["runner"].get("settings"), config)
-        if load_split(run_dir).hash() != data.split.hash():
-            raise ConfigError(
-                f"{run_dir}: the saved partition differs from the one this config makes; cannot resume"
-            )
-
-    handler = logging.FileHandler(run_dir / "run.log", mode="a" if checkpoint else "w")
+    # a resume appends: its log keeps the earlier starts' and says which checkpoint it went back to
+    handler = logging.FileHandler(run_dir / "run.log", mode="a" if resume else "w")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(handler)
     try:
+        if resume:  # a write a crash or a full disk cut short may have left its temporary folder
+            sweep_temporaries(run_dir / "checkpoints")
+        point = resume_point(run_dir) if resume else None
+        checkpoint, state = point if point is not None else (None, None)
+        if checkpoint is None:
+            write_config(config, run_dir / "config.toml")
+            save_split(data.split, run_dir)
+            plot_partition(
+                data.split.train_counts,
+                run_dir / "plots" / "partition.png",
+                class_names=task_of(config, data.dataset.info).partition_names(data.dataset) or None,
+                title=f"{config.dataset}: {config.partition} (alpha={config.alpha}), "
+                f"{config.clients} clients",
+            )
+        else:  # an edited key is named first: a new seed or alpha also makes another partition
+            check_same_settings(run_dir, state["runner"].get("settings"), config)
+            if load_split(run_dir).hash() != data.split.hash():
+                raise ConfigError(
+                    f"{run_dir}: the saved partition differs from the one this config makes; cannot resume"
+                )
         restarted = resume and checkpoint is None  # a resumed run that never checkpointed starts over
         return _loop(config, algorithm, options, run_dir, data, state, progress, grid, restarted)
     finally:
