@@ -183,6 +183,23 @@ def test_run_log_records_the_fallback_from_a_damaged_newest_checkpoint(tmp_path)
     assert "resuming from round_00001" in log and "round_00002: " in log
 
 
+def test_a_resume_without_a_checkpoint_says_it_starts_again_from_round_1(tmp_path, caplog):
+    """With checkpoint_every above the rounds done, a killed run has no checkpoint: its resume redid every
+    round without a word, as if nothing had run."""
+    import logging
+
+    from algorithm_helpers import run_until_crash
+    from fedistill.algorithms.classic.fedavg import FedAvgServer
+    from fedistill.config import RunConfig, build_config
+    from fedistill.engine.launch import resume_suite
+
+    keys = {"algorithm": "fedavg", "clients": 2, "rounds": 3, "model": "mlp", "checkpoint_every": 5}
+    run_until_crash(build_config(RunConfig(), keys, {}), FedAvgServer, tmp_path, crash_round=3)
+    with caplog.at_level(logging.WARNING):
+        assert resume_suite(tmp_path, progress=False)[0]["rounds_done"] == 3
+    assert "no checkpoint to resume from (checkpoint_every = 5): 2 rounds run again" in caplog.text
+
+
 def test_a_checkpoint_from_before_manifests_that_lost_a_clients_part_is_named_in_one_line(tmp_path):
     """Without a manifest nothing notices a missing part: a client then restarted from nothing and the
     resume died in its load_state_dict with a bare KeyError."""

@@ -34,7 +34,7 @@ from fedistill.engine.checkpoint import (
     write_checkpoint,
 )
 from fedistill.engine.floor import floor_scores
-from fedistill.engine.resume import resume_point
+from fedistill.engine.resume import intact_lines, resume_point
 from fedistill.engine.rundir import MetricsWriter
 from fedistill.engine.setup import Prepared, client_contexts, resolve, score_first, source_names
 from fedistill.engine.summary import write_summary
@@ -102,6 +102,11 @@ def run_algorithm(
             sweep_temporaries(run_dir / "checkpoints")
         point = resume_point(run_dir) if resume else None
         checkpoint, state = point if point is not None else (None, None)
+        if resume and checkpoint is None and (done := intact_lines(run_dir / "metrics.jsonl")):
+            log.warning(
+                "%s: no checkpoint to resume from (checkpoint_every = %d): %d round%s run again from round 1",
+                run_dir, config.checkpoint_every, done, "s" if done != 1 else "",
+            )  # fmt: skip
         if checkpoint is None:
             write_config(config, run_dir / "config.toml")
             save_split(data.split, run_dir)
