@@ -121,7 +121,7 @@ def test_fedavgm_velocity_read_back_from_a_checkpoint_goes_to_the_runs_device(mo
     assert server.momentum["weight"].device.type == "meta"
 
 
-@pytest.mark.parametrize("edit", ["lr = 0.05", "rounds = 3"])
+@pytest.mark.parametrize("edit", ["lr = 0.05", "rounds = 3", "seed = 3", "alpha = 0.2"])
 def test_a_resume_refuses_a_config_edited_since_the_checkpoint_naming_the_key(tmp_path, edit):
     """An edited config.toml was accepted: the run went on with other settings (or more rounds) and its
     record kept the old ones."""
@@ -144,6 +144,60 @@ def test_a_resume_refuses_a_config_edited_since_the_checkpoint_naming_the_key(tm
         resume_suite(tmp_path, progress=False)
     path.write_text("\n".join(lines) + "\n")
     assert resume_suite(tmp_path, progress=False)[0]["rounds"] == 2
+
+
+def test_a_resume_of_a_finished_run_refuses_a_config_edited_since(tmp_path):
+    """A finished run whose config.toml was edited (more rounds, another lr) resumed without a word: it
+    returned the old summary for 2 rounds while config.toml said 4."""
+    from fedistill.config import RunConfig, build_config
+    from fedistill.engine.launch import resume_suite, run_suite
+    from fedistill.errors import ConfigError
+
+    config = build_config(
+        RunConfig(), {"algorithm": "fedavg", "clients": 2, "rounds": 2, "model": "mlp", "lr": 0.1}, {}
+    )
+    first = run_suite(config, tmp_path, progress=False)[0]
+    path = tmp_path / "config.toml"
+    original = path.read_text()
+    path.write_text(original.replace("rounds = 2\n", "rounds = 4\n"))
+    with pytest.raises(ConfigError, match=r"written under \(rounds\); a resume continues"):
+        resume_suite(tmp_path, progress=False)
+    path.write_text(original)
+    again = resume_suite(tmp_path, progress=False)[0]
+    assert again["final"] == first["final"] and again["rounds_done"] == 2
+
+
+def test_run_log_records_the_fallback_from_a_damaged_newest_checkpoint(tmp_path):
+    """The warning that a resume went back past a damaged checkpoint reached the console only: run.log,
+    the run's own record, did not say that rounds were computed twice."""
+    from algorithm_helpers import run_until_crash
+    from fedistill.algorithms.classic.fedavg import FedAvgServer
+    from fedistill.config import RunConfig, build_config
+    from fedistill.engine.launch import resume_suite
+
+    config = build_config(RunConfig(), {"algorithm": "fedavg", "clients": 2, "rounds": 3, "model": "mlp"}, {})
+    run_until_crash(config, FedAvgServer, tmp_path, crash_round=3)
+    (tmp_path / "fedavg" / "checkpoints" / "round_00002" / "server.json").write_text("{")
+    resume_suite(tmp_path, progress=False)
+    log = (tmp_path / "fedavg" / "run.log").read_text()
+    assert "resuming from round_00001" in log and "round_00002: " in log
+
+
+def test_a_resume_without_a_checkpoint_says_it_starts_again_from_round_1(tmp_path, caplog):
+    """With checkpoint_every above the rounds done, a killed run has no checkpoint: its resume redid every
+    round without a word, as if nothing had run."""
+    import logging
+
+    from algorithm_helpers import run_until_crash
+    from fedistill.algorithms.classic.fedavg import FedAvgServer
+    from fedistill.config import RunConfig, build_config
+    from fedistill.engine.launch import resume_suite
+
+    keys = {"algorithm": "fedavg", "clients": 2, "rounds": 3, "model": "mlp", "checkpoint_every": 5}
+    run_until_crash(build_config(RunConfig(), keys, {}), FedAvgServer, tmp_path, crash_round=3)
+    with caplog.at_level(logging.WARNING):
+        assert resume_suite(tmp_path, progress=False)[0]["rounds_done"] == 3
+    assert "no checkpoint to resume from (checkpoint_every = 5): 2 rounds run again" in caplog.text
 
 
 def test_a_checkpoint_from_before_manifests_that_lost_a_clients_part_is_named_in_one_line(tmp_path):

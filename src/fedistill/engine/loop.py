@@ -26,9 +26,15 @@ from fedistill.algorithms.shared.stage1 import cache_folder
 from fedistill.algorithms.shared.training import evaluate_model, task_of
 from fedistill.config import RunConfig, write_config
 from fedistill.data.partition import FederatedSplit, load_split, save_split
-from fedistill.engine.checkpoint import save_model, sweep_temporaries, write_checkpoint
+from fedistill.engine.checkpoint import (
+    latest_checkpoint,
+    load_state,
+    save_model,
+    sweep_temporaries,
+    write_checkpoint,
+)
 from fedistill.engine.floor import floor_scores
-from fedistill.engine.resume import resume_point
+from fedistill.engine.resume import intact_lines, resume_point
 from fedistill.engine.rundir import MetricsWriter
 from fedistill.engine.setup import Prepared, client_contexts, resolve, score_first, source_names
 from fedistill.engine.summary import write_summary
@@ -87,30 +93,36 @@ def run_algorithm(
     algorithm, options = resolved.algorithm, resolved.options
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "plots").mkdir(exist_ok=True)
-    if resume:  # a write a crash or a full disk cut short may have left its temporary folder
-        sweep_temporaries(run_dir / "checkpoints")
-    point = resume_point(run_dir) if resume else None
-    checkpoint, state = point if point is not None else (None, None)
-    if checkpoint is None:
-        write_config(config, run_dir / "config.toml")
-        save_split(data.split, run_dir)
-        plot_partition(
-            data.split.train_counts,
-            run_dir / "plots" / "partition.png",
-            class_names=task_of(config, data.dataset.info).partition_names(data.dataset) or None,
-            title=f"{config.dataset}: {config.partition} (alpha={config.alpha}), {config.clients} clients",
-        )
-    elif load_split(run_dir).hash() != data.split.hash():
-        raise ConfigError(
-            f"{run_dir}: the saved partition differs from the one this config makes; cannot resume"
-        )
-    else:
-        check_same_settings(run_dir, state["runner"].get("settings"), config)
-
-    handler = logging.FileHandler(run_dir / "run.log", mode="a" if checkpoint else "w")
+    # a resume appends: its log keeps the earlier starts' and says which checkpoint it went back to
+    handler = logging.FileHandler(run_dir / "run.log", mode="a" if resume else "w")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(handler)
     try:
+        if resume:  # a write a crash or a full disk cut short may have left its temporary folder
+            sweep_temporaries(run_dir / "checkpoints")
+        point = resume_point(run_dir) if resume else None
+        checkpoint, state = point if point is not None else (None, None)
+        if resume and checkpoint is None and (done := intact_lines(run_dir / "metrics.jsonl")):
+            log.warning(
+                "%s: no checkpoint to resume from (checkpoint_every = %d): %d round%s run again from round 1",
+                run_dir, config.checkpoint_every, done, "s" if done != 1 else "",
+            )  # fmt: skip
+        if checkpoint is None:
+            write_config(config, run_dir / "config.toml")
+            save_split(data.split, run_dir)
+            plot_partition(
+                data.split.train_counts,
+                run_dir / "plots" / "partition.png",
+                class_names=task_of(config, data.dataset.info).partition_names(data.dataset) or None,
+                title=f"{config.dataset}: {config.partition} (alpha={config.alpha}), "
+                f"{config.clients} clients",
+            )
+        else:  # an edited key is named first: a new seed or alpha also makes another partition
+            check_same_settings(run_dir, state["runner"].get("settings"), config)
+            if load_split(run_dir).hash() != data.split.hash():
+                raise ConfigError(
+                    f"{run_dir}: the saved partition differs from the one this config makes; cannot resume"
+                )
         restarted = resume and checkpoint is None  # a resumed run that never checkpointed starts over
         return _loop(config, algorithm, options, run_dir, data, state, progress, grid, restarted)
     finally:
@@ -143,6 +155,20 @@ def check_same_settings(run_dir: Path, saved: dict[str, Any] | None, config: Run
             f"({', '.join(changed)}); a resume continues with those (it may change only "
             f"{', '.join(RESUME_MAY_CHANGE)}): undo the edit, or start a new run under another --name"
         )
+
+
+def check_finished_settings(run_dir: Path, config: RunConfig) -> None:
+    """`check_same_settings` for an algorithm that finished: its last checkpoint's record against config.toml,
+    so that a resume does not hand back the old summary under a config that says otherwise (more rounds,
+    another lr). A run without a readable checkpoint (one stopped before its first) passes."""
+    latest = latest_checkpoint(run_dir / "checkpoints")
+    if latest is None:
+        return
+    try:
+        runner = load_state(latest / "runner")
+    except Exception:  # a damaged checkpoint of a finished run: its summary stands on its own
+        return
+    check_same_settings(run_dir, runner.get("settings") if isinstance(runner, dict) else None, config)
 
 
 def _loop(

@@ -12,7 +12,7 @@ import torch
 
 from fedistill import devices
 from fedistill.config import RunConfig, for_algorithm, write_config
-from fedistill.engine.loop import run_algorithm
+from fedistill.engine.loop import check_finished_settings, run_algorithm
 from fedistill.engine.rundir import read_jsonl
 from fedistill.engine.setup import Prepared, resolve
 from fedistill.engine.summary import read_summary, write_suite_results
@@ -60,6 +60,7 @@ def _run_algorithms(
     for name in config.algorithms:
         run_dir = suite_dir / name
         if resume and (run_dir / "summary.json").is_file():
+            check_finished_settings(run_dir, for_algorithm(config, name))
             try:
                 summaries.append(read_summary(run_dir))
                 continue

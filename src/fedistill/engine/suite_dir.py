@@ -8,6 +8,7 @@ on `kill -9`. A second process gets a clear message instead of garbling the firs
 from __future__ import annotations
 
 import os
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,13 +62,26 @@ def resume_target(path: Path) -> Path:
     if not path.is_dir():
         raise RunDirError(f"{path} is not a folder; pass the run directory that `fedistill run` printed")
     parent = path.parent
-    if (parent / "config.toml").is_file() and (path / "metrics.jsonl").exists():
+    if (parent / "config.toml").is_file() and (
+        (path / "metrics.jsonl").exists() or path.name in _algorithms_of(parent / "config.toml")
+    ):
         raise RunDirError(
             f"{path} is the {path.name} folder of the run {parent}; resume the run: --resume {parent}"
         )
     if not (path / "config.toml").is_file():
         raise RunDirError(f"{path} is not a run directory (no config.toml); nothing to resume")
     return path
+
+
+def _algorithms_of(config_file: Path) -> list[str]:
+    """The algorithms a run's config.toml names (none when it cannot be read): an algorithm's folder inside a
+    run has a config.toml of its own, and no metrics.jsonl before its first round."""
+    try:
+        with config_file.open("rb") as file:
+            value = tomllib.load(file).get("algorithm", "")
+    except (OSError, ValueError):
+        return []
+    return [name.strip() for name in value.split(",")] if isinstance(value, str) else []
 
 
 def _unwritable(folder: Path) -> str | None:
