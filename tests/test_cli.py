@@ -258,6 +258,7 @@ def test_the_results_table_shows_the_rounds_a_stopped_run_completed(tmp_path, ca
     (run,) = tmp_path.iterdir()
     assert json.loads((run / "fedavg" / "summary.json").read_text())["rounds_done"] == 0
     assert json.loads((run / "standalone" / "summary.json").read_text())["rounds_done"] == 2
+    assert "rounds: 0 of 2;" in (run / "fedavg" / "summary.md").read_text()
     capsys.readouterr()
     assert main(["summary", str(run)]) == 0
     cells = {}

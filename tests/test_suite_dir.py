@@ -18,3 +18,18 @@ def test_resume_of_an_algorithm_folder_killed_before_its_first_round_names_the_r
     with pytest.raises(RunDirError, match=r"is the fedavg folder of the run .*; resume the run: --resume"):
         resume_target(tmp_path / "fedavg")
     assert resume_target(tmp_path) == tmp_path
+
+
+def test_the_write_probe_is_one_file_per_process(tmp_path, monkeypatch):
+    """Every process probed with `.write-test`: two resumes starting together could unlink each other's
+    probe and report the folder unwritable instead of the lock's message."""
+    import os
+
+    from fedistill import disk
+    from fedistill.engine import suite_dir
+
+    written = []
+    real = disk.write_bytes
+    monkeypatch.setattr(disk, "write_bytes", lambda path, data: (written.append(path), real(path, data)))
+    assert suite_dir._unwritable(tmp_path) is None
+    assert [p.name for p in written] == [f".write-test-{os.getpid()}"] and list(tmp_path.iterdir()) == []

@@ -87,7 +87,7 @@ def _algorithms_of(config_file: Path) -> list[str]:
 def _unwritable(folder: Path) -> str | None:
     """Why `folder` cannot be written (a few words), or None when a probe file can be written there."""
     try:
-        probe = folder / ".write-test"
+        probe = folder / f".write-test-{os.getpid()}"  # two processes probing at once: one file each
         disk.write_bytes(probe, b"")
         probe.unlink()
     except OSError as exc:

@@ -114,7 +114,7 @@ def summary_markdown(s: dict[str, Any]) -> str:
         "",
         s["description"] + ("" if s["federated"] else "  **(not federated: data pooled)**"),
         "",
-        f"- model: {s['model']}; clients: {s['clients']}; rounds: {s['rounds']}; seed: {s['seed']}",
+        f"- model: {s['model']}; clients: {s['clients']}; rounds: {rounds_cell(s)}; seed: {s['seed']}",
         f"- partition: {part['method']} (alpha {part['alpha']}), hash `{part['hash'][:16]}`",
         f"- wall time: {s['wall_time_s']:.1f} s; peak memory: {s['peak_memory_mb']:.0f} MiB",
         *([f"- **stopped early**: {s['stopped']}"] if s.get("stopped") else []),
