@@ -158,3 +158,9 @@ def screen(
     """`replies` with those `rule` finds implausible, judged together, turned into failed replies."""
     messages = {c: r.message for c, r in replies.items() if r.message is not None}
     return fleet.reject(replies, rule(messages), step)
+
+
+def screen_parameters(fleet: Fleet, replies: Mapping[int, Reply]) -> dict[int, Reply]:
+    """`replies` carrying models, those whose parameter norm is far beyond their architecture's others
+    turned into failed replies (FedAvg's, FedDF's and the one-shot baselines' `plausibility_checks`)."""
+    return screen(fleet, replies, lambda messages: norm_faults(messages, "parameters", PARAMETERS))

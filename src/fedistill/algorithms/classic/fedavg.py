@@ -62,7 +62,7 @@ from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.fleet import Fleet, Reply, successful
 from fedistill.federation.messages import Message, expect_arrays, state_specs
-from fedistill.federation.plausibility import PARAMETERS, norm_faults, screen
+from fedistill.federation.plausibility import screen_parameters
 from fedistill.federation.reply_spec import TRAIN_METRICS, ReplySpec
 from fedistill.privacy.accounting import DPConfig, PrivacyBudgetExceeded
 from fedistill.privacy.budget import (
@@ -300,7 +300,7 @@ class FedAvgServer(ServerLogic):
         sent = fleet.send(requests, timeout=config.timeout or None, expect=expect)
         self.privacy.check(sent, round)
         if self.options.plausibility_checks:
-            sent = screen(fleet, sent, lambda messages: norm_faults(messages, "parameters", PARAMETERS))
+            sent = screen_parameters(fleet, sent)
         replies = successful(sent, minimum=min(config.min_clients, len(chosen)), what="trained parameters")
         states = [reply.tensors("parameters") for reply in replies.values()]
         counts = [float(reply.scalar("metrics", "num_samples")) for reply in replies.values()]

@@ -25,7 +25,7 @@ from fedistill.data.registry import same_images
 from fedistill.errors import ConfigError
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import Message, state_specs
-from fedistill.federation.plausibility import PARAMETERS, norm_faults, screen
+from fedistill.federation.plausibility import screen_parameters
 from fedistill.federation.reply_spec import LOCAL_METRICS, TRAIN_METRICS, ReplySpec
 from fedistill.models.binary import full_precision, has_binary_layers
 from fedistill.seeding import torch_generator
@@ -120,7 +120,7 @@ class FedDFServer(ServerLogic):
         )
         self.privacy.check(sent, round)
         if options.plausibility_checks:
-            sent = screen(fleet, sent, lambda messages: norm_faults(messages, "parameters", PARAMETERS))
+            sent = screen_parameters(fleet, sent)
         replies = successful(sent, minimum=min(config.min_clients, len(chosen)), what="trained parameters")
         clients = sorted(replies)
         states = [replies[cid].tensors("parameters") for cid in clients]

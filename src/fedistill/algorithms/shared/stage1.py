@@ -37,7 +37,7 @@ from fedistill.algorithms.shared.training import LocalTraining, train_local
 from fedistill.config import RunConfig
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import Message, state_specs
-from fedistill.federation.plausibility import PARAMETERS, norm_faults, screen
+from fedistill.federation.plausibility import screen_parameters
 from fedistill.federation.reply_spec import TRAIN_METRICS, ReplySpec
 from fedistill.seeding import torch_generator
 
@@ -165,7 +165,7 @@ def collect_local_models(
     }
     sent = fleet.broadcast(Message.build("train"), timeout=config.timeout or None, expect=expect)
     if screen_norms:
-        sent = screen(fleet, sent, lambda messages: norm_faults(messages, "parameters", PARAMETERS))
+        sent = screen_parameters(fleet, sent)
     return successful(sent, minimum=min(config.min_clients, len(fleet.clients)), what="local models")
 
 
