@@ -252,7 +252,7 @@ def command_summary(args: argparse.Namespace) -> int:
             raise UserError(f"{run_dir} holds run directories, not one run; pass one of them: {shown}")
         raise UserError(f"{run_dir} holds no run (no summary.json); pass a folder written by `fedistill run`")
     print_results(summaries, title=str(run_dir))
-    for s in summaries:  # the table shows such a run's planned rounds and last metrics, as any other's
+    for s in summaries:  # the table shows such a run's completed rounds and last metrics; say why it stopped
         if s.get("stopped"):
             print(f"fedistill: {s['algorithm']} stopped early: {s['stopped']}", file=sys.stderr)
     if unfinished:
