@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -202,6 +203,23 @@ def test_client_without_data_is_named():
         _split("dirichlet", k=50, alpha=0.01)
     with pytest.raises(PartitionError, match=r"client 9 received no training samples"):
         _split("dirichlet-equal", alpha=0.01, seed=4)  # client 8 took everything left
+
+
+def test_an_empty_client_is_told_a_fix_its_own_partitioner_has():
+    """A partitioner that retries is told to ask more of its retry; the error never suggests the very
+    partitioner that left the client empty."""
+    few = np.repeat(np.arange(3), 10)  # 30 samples over 20 clients: half the average rounds to 0
+    cases = [
+        ("dirichlet-balanced", {}, r"raise min_fraction"),
+        ("dirichlet-unbalanced", {"min_size": 0}, r"raise min_size"),
+        ("dirichlet", {}, r"'dirichlet-balanced'"),
+    ]
+    for method, options, fix in cases:
+        with pytest.raises(PartitionError, match=r"received no training samples") as caught:
+            partition(few, 20, method=method, alpha=0.1, seed=0, num_classes=3, **options)
+        message = str(caught.value)
+        assert re.search(fix, message), message
+        assert f"such as {method!r}" not in message
 
 
 def test_unknown_names_are_rejected_with_a_suggestion():

@@ -93,12 +93,21 @@ def check_bool(name: str, value: Any) -> bool:
     return bool(value)
 
 
+# What a partitioner that retries can be asked for instead: a minimum that is at least one sample.
+_RETRY_FIX = {
+    "dirichlet-balanced": "raise min_fraction (each client then needs more of the group's average)",
+    "dirichlet-unbalanced": "raise min_size to at least 1",
+    "dirichlet-flwr": "raise min_partition_size to at least 1",
+}
+
+
 def check_nonempty(parts: list[np.ndarray], method: str, alpha: float | None) -> None:
-    """PartitionError naming the client that received no sample, and what to change."""
+    """PartitionError naming the client that received no sample, and what to change: a partitioner
+    that retries is told to ask for more of its retry, one that does not is pointed to one that does."""
+    fix = _RETRY_FIX.get(method, "pick a partitioner that retries, such as 'dirichlet-balanced'")
     for client, part in enumerate(parts):
         if part.size == 0:
             raise PartitionError(
                 f"client {client} received no training samples (partitioner {method!r}, alpha={alpha}, "
-                f"{len(parts)} clients); raise alpha, lower the number of clients, or pick another "
-                "partitioner such as 'dirichlet-balanced'"
+                f"{len(parts)} clients); raise alpha, lower the number of clients, or {fix}"
             )
