@@ -105,6 +105,23 @@ def test_dirichlet_equal_gives_every_client_floor_n_over_k():
         assert np.unique(np.concatenate(parts)).size == (LABELS.size // k) * k  # disjoint
 
 
+def test_dirichlet_equal_does_not_depend_on_the_order_argpartition_returns(monkeypatch):
+    """NumPy's argpartition returns the chosen samples in an order that follows the CPU's vector
+    instructions; the split (order included, which the partition hash reads) must not."""
+    from fedistill.data.partition import partitioners
+
+    expected = _split("dirichlet-equal", alpha=0.3, seed=1)
+    real = np.argpartition
+
+    def reversed_within_sides(a: np.ndarray, kth: int) -> np.ndarray:
+        order = real(a, kth)
+        return np.concatenate([order[: kth + 1][::-1], order[kth + 1 :][::-1]])
+
+    monkeypatch.setattr(partitioners.np, "argpartition", reversed_within_sides)
+    reversed_first = _split("dirichlet-equal", alpha=0.3, seed=1)
+    assert all(np.array_equal(a, b) for a, b in zip(expected, reversed_first, strict=True))
+
+
 def test_dirichlet_balanced_respects_min_size_per_group():
     labels = np.repeat(np.arange(NUM_CLASSES), 200)
     parts = partition(labels, 20, method="dirichlet-balanced", alpha=0.1, seed=2, num_classes=NUM_CLASSES)

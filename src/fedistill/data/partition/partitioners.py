@@ -223,7 +223,7 @@ def dirichlet_equal(
         if np.count_nonzero(np.isfinite(keys)) < quota:
             take = np.flatnonzero(free)
         else:
-            take = np.argpartition(keys, quota - 1)[:quota]
+            take = np.sort(np.argpartition(keys, quota - 1)[:quota])  # its order follows the CPU
         free[take] = False
         parts.append(rng.permutation(take))
     return parts
