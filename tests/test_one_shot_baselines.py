@@ -94,6 +94,7 @@ def test_scoring_the_ensemble_ceiling_leaves_the_local_models_in_eval_mode():
         ("aggregate", "median"),
         ("fuse_precision", "full"),
         ("distill", False),
+        ("aggregate_trim", 0.1),
     ],
 )
 def test_a_round_option_the_one_shot_baselines_ignore_is_refused(algorithm, key, value):
@@ -105,6 +106,30 @@ def test_a_round_option_the_one_shot_baselines_ignore_is_refused(algorithm, key,
     config = build_config(RunConfig(), {algorithm: {key: value}})
     with pytest.raises(ConfigError, match=rf"^{algorithm}\.{key} "):
         options_for(config, algorithm, get_algorithm(algorithm).options)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("source", "dataset:mnist"),
+        ("steps", 100),
+        ("distill_lr", 0.01),
+        ("temperature", 2.0),
+        ("student_bn", "adapt"),
+        ("patience", 2),
+    ],
+)
+def test_one_shot_fedavg_refuses_the_distillation_keys_only_one_shot_feddf_reads(key, value):
+    """fedavg-oneshot averages and never distils: a distillation key set in its table would change nothing,
+    so it is refused and the message points to feddf-oneshot, which reads it."""
+    from fedistill.algorithms.registry import get_algorithm
+    from fedistill.config import options_for
+
+    config = build_config(RunConfig(), {"fedavg-oneshot": {key: value}, "feddf-oneshot": {key: value}})
+    with pytest.raises(ConfigError, match=rf"^fedavg-oneshot\.{key} = .*feddf-oneshot"):
+        options_for(config, "fedavg-oneshot", get_algorithm("fedavg-oneshot").options)
+    fused = options_for(config, "feddf-oneshot", get_algorithm("feddf-oneshot").options)
+    assert getattr(fused, key) == value
 
 
 @pytest.mark.parametrize(
