@@ -18,8 +18,9 @@ data and the ensemble improving each other at the server. Its own steps follow t
 * Perturbed samples in distillation (`perturbation`), one signed-gradient step of size `perturb_eps`
   on each pool batch before the student sees it (in the normalised input space, as the code):
   ``ods`` (the code's): x + eps sign(grad_x sum(r * softmax(E(x) / 4))), r ~ U(-1, 1) per batch,
-  output-diversified sampling; ``discrepancy``: x + eps sign(grad_x KL(E(x) || S(x))), the hard-sample
-  step that raises the student-ensemble discrepancy (S in eval mode); ``none``.
+  output-diversified sampling; ``discrepancy``: x + eps sign(grad_x KL(E(x) || S(x))) at
+  `adv_temperature`, the hard-sample step that raises the student-ensemble discrepancy (S in eval mode);
+  ``none``. `ods_temperature` is read by ``ods`` only.
 
 Everything else is DENSE's, with DENSE's defaults (`preset = "dense"`), so a comparison with `dense`
 isolates these three steps. `preset = "official-code"` takes the released code's values of the shared
