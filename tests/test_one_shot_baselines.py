@@ -137,14 +137,16 @@ def test_one_shot_fedavg_refuses_the_distillation_keys_only_one_shot_feddf_reads
     [
         ("feddf-oneshot", {"val_fraction": 0.0}, "set val_fraction > 0"),
         ("feddf-oneshot", {"feddf-oneshot": {"source": "generator:no-such.safetensors"}}, "does not exist"),
+        ("feddf-oneshot", {"feddf-oneshot": {"source": "dataset:digits"}}, "federation's own dataset"),
         ("fedavg-oneshot", {"fedavg-oneshot": {"teachers": "mlp"}}, "student's architecture"),
     ],
 )
 def test_a_one_shot_setting_that_cannot_work_is_refused_before_any_site_trains(
     tmp_path, monkeypatch, algorithm, extra, match
 ):
-    """No validation split, a distillation source that cannot be built, or (FedAvg) no site of the student's
-    architecture is known at the start: the run fails there, not after every site has trained."""
+    """No validation split, a distillation source that cannot be built or that holds the clients' own training
+    images, or (FedAvg) no site of the student's architecture is known at the start: the run fails there,
+    not after every site has trained."""
     import fedistill.algorithms.one_shot.dense.client as client
 
     def never(*args, **kwargs):

@@ -35,6 +35,7 @@ from fedistill.algorithms.shared.distillation_data import (
 from fedistill.algorithms.shared.stage1 import collect_local_models, teachers_from_cache
 from fedistill.algorithms.shared.training import average_states, evaluate_model, new_model, test_metrics
 from fedistill.data.base import ImageSet
+from fedistill.data.registry import same_images
 from fedistill.errors import ConfigError
 from fedistill.federation.fleet import Fleet
 from fedistill.seeding import torch_generator
@@ -171,7 +172,13 @@ class OneShotServer(ServerLogic):
         if validation is None or len(validation) == 0:
             raise ConfigError("feddf-oneshot selects on the server's validation split: set val_fraction > 0")
         key = f"{options.section}.source"
-        kind, _ = parse_source(options.source, key)
+        kind, argument = parse_source(options.source, key)
+        # by registered name, as FedDF's: an alias or another split of one release holds the same images
+        if kind == "dataset" and same_images(argument, config.dataset):
+            raise ConfigError(
+                f"{key} = {options.source!r} is (or shares images with) the federation's own dataset: the "
+                "server would hold the clients' training images. Use another dataset, a generator or noise"
+            )
         held_out = None
         if kind == "holdout":
             validation, held_out = split_holdout(validation, options.holdout_val_share, config.seed, key=key)
