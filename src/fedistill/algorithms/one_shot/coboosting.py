@@ -83,6 +83,23 @@ class CoBoostingOptions(DenseOptions):
             raise ConfigError(f"coboosting.ods_temperature must be > 0, got {self.ods_temperature!r}")
         if self.reweight_passes < 1:
             raise ConfigError(f"coboosting.reweight_passes must be >= 1, got {self.reweight_passes!r}")
+        self._check_switched_off()
+
+    def _check_switched_off(self) -> None:
+        """A key that its own switch turns off would be ignored: refused, naming the switch."""
+        defaults = CoBoostingOptions()
+        off = {"perturb_eps": self.perturbation == "none", "ods_temperature": self.perturbation != "ods"}
+        off |= dict.fromkeys(("reweight_lr", "reweight_decay", "reweight_passes"), not self.reweight)
+        for key, ignored in off.items():
+            if ignored and getattr(self, key) != getattr(defaults, key):
+                switch = (
+                    f"perturbation = {self.perturbation!r}" if key in ("perturb_eps", "ods_temperature")
+                    else "reweight = false"
+                )  # fmt: skip
+                raise ConfigError(
+                    f"coboosting.{key} = {getattr(self, key)!r} has no effect with coboosting.{switch} "
+                    f"(it would be ignored); leave it at {getattr(defaults, key)!r} or change the switch"
+                )
 
 
 #: What `preset = "official-code"` changes: the released code's values (`datafree_kd.py` defaults and
