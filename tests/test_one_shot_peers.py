@@ -252,6 +252,8 @@ def test_both_train_their_local_models_as_fediod_by_default():
     ("table", "message"),
     [
         ({"dense": {"g_steps": 0}}, "dense.g_steps must be >= 1"),
+        # one synthetic sample: the first epoch's pool holds no batch of two, so the student would not train
+        ({"dense": {"synthetic_batch_size": 1}}, "dense.synthetic_batch_size must be >= 2"),
         ({"dense": {"selection": "test"}}, "dense.selection must be one of clients, server, last"),
         ({"dense": {"pool_size": 10}}, "cannot hold one synthetic batch"),
         ({"dense": {"lr_student": 0.0}}, "dense.lr_student must be > 0"),
