@@ -41,6 +41,7 @@ def test_parameters_cross_once_and_every_method_sees_fediods_teachers(tmp_path):
         records = read_ledger(tmp_path / "s" / summary["algorithm"] / "ledger.jsonl")
         with_params = [r for r in records if r["direction"] == UP and "parameters" in r["kinds"]]
         assert sorted(r["client"] for r in with_params) == [0, 1, 2]  # once per site
+        assert [r for r in records if r["direction"] == UP] == with_params  # and nothing else, ever
         assert summary["final"]["fraction_of_ensemble"] > 0
 
 

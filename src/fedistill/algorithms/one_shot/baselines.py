@@ -8,8 +8,9 @@ FedDF's ensemble distillation (`feddf-oneshot`: the sample-weighted average as t
 then FedDF's AVGLOGITS distillation on its `source`, selected on the server's validation split). So in a
 comparison table every row distils or averages the very same local models.
 
-Both send the parameters once per site (the ledger shows it) and then only the student's scores.
-`rounds` is 1: everything happens in the first round.
+In both, each site sends its parameters (with its training metrics) once and nothing afterwards (the
+ledger shows it): the server scores the student on the test set and, for the fusion, selects it on its
+own validation split. `rounds` is 1: everything happens in the first round.
 """
 
 from __future__ import annotations
