@@ -26,8 +26,10 @@ Everything else is DENSE's, with DENSE's defaults (`preset = "dense"`), so a com
 isolates these three steps. `preset = "official-code"` takes the released code's values of the shared
 keys instead (`OFFICIAL_CODE`: no batch-norm term, the adversarial KL at T = 3 on every sample, G's
 gradient clipped at 10, the student's SGD at lr 0.01 with weight decay 1e-4, a cosine schedule, KL at
-T = 4 and clipping at 10, batches of 128). DENSE's values stay the default: on digits the code's left
-the student lower (docs/results/tuning-history.md).
+T = 4 and clipping at 10, batches of 128). It leaves `reset_generator` false (one G throughout), though
+the released code re-initialises G before every synthesis: set `reset_generator = true` for that too.
+DENSE's values stay the default: on digits the code's left the student lower
+(docs/results/tuning-history.md).
 """
 
 from __future__ import annotations
@@ -103,7 +105,8 @@ class CoBoostingOptions(DenseOptions):
 
 
 #: What `preset = "official-code"` changes: the released code's values (`datafree_kd.py` defaults and
-#: `co_boosting.sh`) of the keys it shares with DENSE; only keys the user did not set.
+#: `co_boosting.sh`) of the keys it shares with DENSE; only keys the user did not set. Not
+#: `reset_generator` (the code resets G every epoch): the preset keeps one G, as it was measured.
 OFFICIAL_CODE = {
     "synthetic_batch_size": 128,
     "kd_batch_size": 128,
