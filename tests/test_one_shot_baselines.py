@@ -41,6 +41,7 @@ def test_parameters_cross_once_and_every_method_sees_fediods_teachers(tmp_path):
         records = read_ledger(tmp_path / "s" / summary["algorithm"] / "ledger.jsonl")
         with_params = [r for r in records if r["direction"] == UP and "parameters" in r["kinds"]]
         assert sorted(r["client"] for r in with_params) == [0, 1, 2]  # once per site
+        assert [r for r in records if r["direction"] == UP] == with_params  # and nothing else, ever
         assert summary["final"]["fraction_of_ensemble"] > 0
 
 
@@ -94,6 +95,7 @@ def test_scoring_the_ensemble_ceiling_leaves_the_local_models_in_eval_mode():
         ("aggregate", "median"),
         ("fuse_precision", "full"),
         ("distill", False),
+        ("aggregate_trim", 0.1),
     ],
 )
 def test_a_round_option_the_one_shot_baselines_ignore_is_refused(algorithm, key, value):
@@ -108,18 +110,44 @@ def test_a_round_option_the_one_shot_baselines_ignore_is_refused(algorithm, key,
 
 
 @pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("source", "dataset:mnist"),
+        ("steps", 100),
+        ("distill_lr", 0.01),
+        ("temperature", 2.0),
+        ("student_bn", "adapt"),
+        ("patience", 2),
+    ],
+)
+def test_one_shot_fedavg_refuses_the_distillation_keys_only_one_shot_feddf_reads(key, value):
+    """fedavg-oneshot averages and never distils: a distillation key set in its table would change nothing,
+    so it is refused and the message points to feddf-oneshot, which reads it."""
+    from fedistill.algorithms.registry import get_algorithm
+    from fedistill.config import options_for
+
+    config = build_config(RunConfig(), {"fedavg-oneshot": {key: value}, "feddf-oneshot": {key: value}})
+    with pytest.raises(ConfigError, match=rf"^fedavg-oneshot\.{key} = .*feddf-oneshot"):
+        options_for(config, "fedavg-oneshot", get_algorithm("fedavg-oneshot").options)
+    fused = options_for(config, "feddf-oneshot", get_algorithm("feddf-oneshot").options)
+    assert getattr(fused, key) == value
+
+
+@pytest.mark.parametrize(
     ("algorithm", "extra", "match"),
     [
         ("feddf-oneshot", {"val_fraction": 0.0}, "set val_fraction > 0"),
         ("feddf-oneshot", {"feddf-oneshot": {"source": "generator:no-such.safetensors"}}, "does not exist"),
+        ("feddf-oneshot", {"feddf-oneshot": {"source": "dataset:digits"}}, "federation's own dataset"),
         ("fedavg-oneshot", {"fedavg-oneshot": {"teachers": "mlp"}}, "student's architecture"),
     ],
 )
 def test_a_one_shot_setting_that_cannot_work_is_refused_before_any_site_trains(
     tmp_path, monkeypatch, algorithm, extra, match
 ):
-    """No validation split, a distillation source that cannot be built, or (FedAvg) no site of the student's
-    architecture is known at the start: the run fails there, not after every site has trained."""
+    """No validation split, a distillation source that cannot be built or that holds the clients' own training
+    images, or (FedAvg) no site of the student's architecture is known at the start: the run fails there,
+    not after every site has trained."""
     import fedistill.algorithms.one_shot.dense.client as client
 
     def never(*args, **kwargs):

@@ -252,6 +252,8 @@ def test_both_train_their_local_models_as_fediod_by_default():
     ("table", "message"),
     [
         ({"dense": {"g_steps": 0}}, "dense.g_steps must be >= 1"),
+        # one synthetic sample: the first epoch's pool holds no batch of two, so the student would not train
+        ({"dense": {"synthetic_batch_size": 1}}, "dense.synthetic_batch_size must be >= 2"),
         ({"dense": {"selection": "test"}}, "dense.selection must be one of clients, server, last"),
         ({"dense": {"pool_size": 10}}, "cannot hold one synthetic batch"),
         ({"dense": {"lr_student": 0.0}}, "dense.lr_student must be > 0"),
@@ -259,6 +261,19 @@ def test_both_train_their_local_models_as_fediod_by_default():
         ({"coboosting": {"reweight_decay": 1.5}}, "coboosting.reweight_decay must be in"),
         ({"coboosting": {"w_adv": -1.0}}, "coboosting.w_adv must be a finite number >= 0"),
         ({"dense": {"generator_upsamples": 3}}, "dense.generator_upsamples must be auto, 0, 1 or 2; got 3"),
+        # a Co-Boosting option its own switch turns off would be ignored: refused, naming the switch
+        (
+            {"coboosting": {"perturbation": "none", "perturb_eps": 0.1}},
+            r"coboosting.perturb_eps = 0.1 .*coboosting.perturbation = 'none'",
+        ),
+        (
+            {"coboosting": {"perturbation": "discrepancy", "ods_temperature": 2.0}},
+            r"coboosting.ods_temperature = 2.0 .*coboosting.perturbation = 'discrepancy'",
+        ),
+        (
+            {"coboosting": {"reweight": False, "reweight_passes": 3}},
+            r"coboosting.reweight_passes = 3 .*coboosting.reweight = false",
+        ),
     ],
 )
 def test_bad_options_are_named(table, message):

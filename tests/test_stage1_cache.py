@@ -137,3 +137,35 @@ def test_the_model_options_are_part_of_the_cache_key():
     assert key(model_options={}) == plain
     assert key(model_options={"width": 8}) != plain
     assert key(model_options={"width": 8}) != key(model_options={"width": 32})
+
+
+def test_another_gpu_model_trains_afresh(monkeypatch):
+    """On CUDA the GPU model and the cuDNN version change float rounding as a CPU's kernel path does: a
+    cache folder shared by two machines must not hand one GPU's teachers to a run on another. A CPU run's
+    key does not depend on them."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from fedistill.algorithms.shared import stage1
+    from fedistill.algorithms.shared.training import LocalTraining
+    from fedistill.data.base import DatasetInfo, ImageSet
+
+    info = DatasetInfo("synthetic", 1, 8, 10, (0.5,), (0.5,))
+    data = ImageSet(torch.zeros(4, 1, 8, 8, dtype=torch.uint8), torch.arange(4))
+    config = build_config(RunConfig(), {})
+    ctx = SimpleNamespace(config=config, train=data, info=info, client_id=0)
+    spec = LocalTraining.from_config(config, info)
+    gpu = {"name": "GPU A", "cudnn": 90100}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: gpu["name"])
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: gpu["cudnn"])
+    cpu = stage1.stage1_key(ctx, "cnn", spec, "teacher")
+    gpu["name"] = "GPU B"
+    assert stage1.stage1_key(ctx, "cnn", spec, "teacher") == cpu  # no GPU in a CPU run's key
+
+    monkeypatch.setattr(stage1.devices, "current", lambda: torch.device("cuda", 0))
+    keys = {}
+    for name, cudnn in (("GPU A", 90100), ("GPU B", 90100), ("GPU A", 90300)):
+        gpu.update(name=name, cudnn=cudnn)
+        keys[(name, cudnn)] = stage1.stage1_key(ctx, "cnn", spec, "teacher")
+    assert len(set(keys.values())) == 3

@@ -8,8 +8,9 @@ FedDF's ensemble distillation (`feddf-oneshot`: the sample-weighted average as t
 then FedDF's AVGLOGITS distillation on its `source`, selected on the server's validation split). So in a
 comparison table every row distils or averages the very same local models.
 
-Both send the parameters once per site (the ledger shows it) and then only the student's scores.
-`rounds` is 1: everything happens in the first round.
+In both, each site sends its parameters (with its training metrics) once and nothing afterwards (the
+ledger shows it): the server scores the student on the test set and, for the fusion, selects it on its
+own validation split. `rounds` is 1: everything happens in the first round.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from fedistill.algorithms.shared.distillation_data import (
 from fedistill.algorithms.shared.stage1 import collect_local_models, teachers_from_cache
 from fedistill.algorithms.shared.training import average_states, evaluate_model, new_model, test_metrics
 from fedistill.data.base import ImageSet
+from fedistill.data.registry import same_images
 from fedistill.errors import ConfigError
 from fedistill.federation.fleet import Fleet
 from fedistill.seeding import torch_generator
@@ -44,8 +46,8 @@ log = logging.getLogger(__name__)
 
 #: FedDF's keys a one-shot method never reads: differential privacy (the sites upload their stage-1
 #: models as trained), the groups (`teachers` and `student` name the architectures), the student's start
-#: (always the sample-weighted average of the student's architecture), drop-worst, the robust combines,
-#: binary fusion and the clients' proximal term.
+#: (always the sample-weighted average of the student's architecture), drop-worst, the robust combines
+#: and their trim, binary fusion and the clients' proximal term.
 UNUSED_ROUND_KEYS = (
     "dp_enabled",
     "groups",
@@ -56,6 +58,29 @@ UNUSED_ROUND_KEYS = (
     "student_init",
     "prox_mu",
     "aggregate",
+    "aggregate_trim",
+)
+
+#: FedDF's distillation keys: `feddf-oneshot` reads them, `fedavg-oneshot` (which only averages) refuses
+#: them.
+DISTILLATION_KEYS = (
+    "source",
+    "source_size",
+    "holdout_val_share",
+    "generator_upsample",
+    "steps",
+    "distill_batch_size",
+    "distill_lr",
+    "distill_optimizer",
+    "schedule",
+    "loss",
+    "temperature",
+    "t_squared",
+    "clip_grad_norm",
+    "eval_every_steps",
+    "patience",
+    "fallback_to_average",
+    "student_bn",
 )
 
 
@@ -68,15 +93,17 @@ NO_STUDENT_ARCHITECTURE = (
 @dataclass(frozen=True)
 class OneShotOptions(FedDFOptions):
     """FedIOD's stage 1 (`teachers`, `student`, `teacher_epochs`) and, for `feddf-oneshot`, FedDF's
-    distillation options (`source`, `steps`, `distill_lr`, ...). FedDF's round keys (`dp_enabled`,
-    `groups`, `distill`, `drop_worst`, `weighting`, `fuse_precision`, `student_init`, `prox_mu`,
-    `aggregate`) are listed with the class they come from but must keep their defaults: a one-shot
-    method has no use for them (no differential privacy either)."""
+    distillation options (`source`, `steps`, `distill_lr`, ...; `fedavg-oneshot`, which never distils,
+    refuses them). FedDF's round keys (`dp_enabled`, `groups`, `distill`, `drop_worst`, `weighting`,
+    `fuse_precision`, `student_init`, `prox_mu`, `aggregate`, `aggregate_trim`) are listed with the class
+    they come from but must keep their defaults: a one-shot method has no use for them (no differential
+    privacy either)."""
 
     teachers: str = ""  # one model name, or a comma list cycled over the clients; "" = `model`
     student: str = ""  # "" = `model`
     teacher_epochs: int = 30  # FedIOD's default, so every one-shot method sees the same local models
     section: ClassVar[str] = "fedavg-oneshot"
+    distils: ClassVar[bool] = False  # whether the method reads FedDF's distillation keys
 
     def validate(self) -> None:
         """FedDF's checks, at least one stage-1 epoch, and none of FedDF's round keys set: the one upload is
@@ -97,6 +124,14 @@ class OneShotOptions(FedDFOptions):
                     f"{getattr(defaults, key)!r}"
                 )
         super().validate()
+        if not self.distils:
+            for key in DISTILLATION_KEYS:
+                if getattr(self, key) != getattr(defaults, key):
+                    raise ConfigError(
+                        f"{self.section}.{key} = {getattr(self, key)!r} is a distillation key, and "
+                        f"{self.section} only averages the sites' models (it would be ignored); set it "
+                        f"in [feddf-oneshot], which distils, or leave it at {getattr(defaults, key)!r}"
+                    )
         if self.teacher_epochs < 1:
             raise ConfigError(f"{self.section}.teacher_epochs must be >= 1, got {self.teacher_epochs}")
 
@@ -106,6 +141,7 @@ class FusionOneShotOptions(OneShotOptions):
     """The same options, read from (and named in messages as) the `[feddf-oneshot]` table."""
 
     section: ClassVar[str] = "feddf-oneshot"
+    distils: ClassVar[bool] = True
 
 
 class OneShotServer(ServerLogic):
@@ -137,7 +173,13 @@ class OneShotServer(ServerLogic):
         if validation is None or len(validation) == 0:
             raise ConfigError("feddf-oneshot selects on the server's validation split: set val_fraction > 0")
         key = f"{options.section}.source"
-        kind, _ = parse_source(options.source, key)
+        kind, argument = parse_source(options.source, key)
+        # by registered name, as FedDF's: an alias or another split of one release holds the same images
+        if kind == "dataset" and same_images(argument, config.dataset):
+            raise ConfigError(
+                f"{key} = {options.source!r} is (or shares images with) the federation's own dataset: the "
+                "server would hold the clients' training images. Use another dataset, a generator or noise"
+            )
         held_out = None
         if kind == "holdout":
             validation, held_out = split_holdout(validation, options.holdout_val_share, config.seed, key=key)

@@ -18,15 +18,18 @@ data and the ensemble improving each other at the server. Its own steps follow t
 * Perturbed samples in distillation (`perturbation`), one signed-gradient step of size `perturb_eps`
   on each pool batch before the student sees it (in the normalised input space, as the code):
   ``ods`` (the code's): x + eps sign(grad_x sum(r * softmax(E(x) / 4))), r ~ U(-1, 1) per batch,
-  output-diversified sampling; ``discrepancy``: x + eps sign(grad_x KL(E(x) || S(x))), the hard-sample
-  step that raises the student-ensemble discrepancy (S in eval mode); ``none``.
+  output-diversified sampling; ``discrepancy``: x + eps sign(grad_x KL(E(x) || S(x))) at
+  `adv_temperature`, the hard-sample step that raises the student-ensemble discrepancy (S in eval mode);
+  ``none``. `ods_temperature` is read by ``ods`` only.
 
 Everything else is DENSE's, with DENSE's defaults (`preset = "dense"`), so a comparison with `dense`
 isolates these three steps. `preset = "official-code"` takes the released code's values of the shared
 keys instead (`OFFICIAL_CODE`: no batch-norm term, the adversarial KL at T = 3 on every sample, G's
 gradient clipped at 10, the student's SGD at lr 0.01 with weight decay 1e-4, a cosine schedule, KL at
-T = 4 and clipping at 10, batches of 128). DENSE's values stay the default: on digits the code's left
-the student lower (docs/results/tuning-history.md).
+T = 4 and clipping at 10, batches of 128). It leaves `reset_generator` false (one G throughout), though
+the released code re-initialises G before every synthesis: set `reset_generator = true` for that too.
+DENSE's values stay the default: on digits the code's left the student lower
+(docs/results/tuning-history.md).
 """
 
 from __future__ import annotations
@@ -82,10 +85,28 @@ class CoBoostingOptions(DenseOptions):
             raise ConfigError(f"coboosting.ods_temperature must be > 0, got {self.ods_temperature!r}")
         if self.reweight_passes < 1:
             raise ConfigError(f"coboosting.reweight_passes must be >= 1, got {self.reweight_passes!r}")
+        self._check_switched_off()
+
+    def _check_switched_off(self) -> None:
+        """A key that its own switch turns off would be ignored: refused, naming the switch."""
+        defaults = CoBoostingOptions()
+        off = {"perturb_eps": self.perturbation == "none", "ods_temperature": self.perturbation != "ods"}
+        off |= dict.fromkeys(("reweight_lr", "reweight_decay", "reweight_passes"), not self.reweight)
+        for key, ignored in off.items():
+            if ignored and getattr(self, key) != getattr(defaults, key):
+                switch = (
+                    f"perturbation = {self.perturbation!r}" if key in ("perturb_eps", "ods_temperature")
+                    else "reweight = false"
+                )  # fmt: skip
+                raise ConfigError(
+                    f"coboosting.{key} = {getattr(self, key)!r} has no effect with coboosting.{switch} "
+                    f"(it would be ignored); leave it at {getattr(defaults, key)!r} or change the switch"
+                )
 
 
 #: What `preset = "official-code"` changes: the released code's values (`datafree_kd.py` defaults and
-#: `co_boosting.sh`) of the keys it shares with DENSE; only keys the user did not set.
+#: `co_boosting.sh`) of the keys it shares with DENSE; only keys the user did not set. Not
+#: `reset_generator` (the code resets G every epoch): the preset keeps one G, as it was measured.
 OFFICIAL_CODE = {
     "synthetic_batch_size": 128,
     "kd_batch_size": 128,

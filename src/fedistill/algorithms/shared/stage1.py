@@ -8,8 +8,9 @@ a cache folder on its own disk, keyed by what determines the model exactly: the 
 (a pretrained folder, a width), the training options, the dataset's description (its normalisation and
 augmentation: a crop's padding, a flip), the run seed, the site's id (its random streams derive from
 it), the torch version, and the device type, the CPU's kernel path (ATen's and oneDNN's: AVX-512, AVX2,
-SSE4.1) and thread count it trains with (all change float rounding, so a model trained on two threads or
-through AVX2 kernels is not the one a one-thread or AVX-512 run would train). A later run
+SSE4.1), the thread count and, on CUDA, the GPU model and cuDNN version it trains with (all change float
+rounding, so a model trained on two threads or through AVX2 kernels is not the one a one-thread or AVX-512
+run would train). A later run
 that needs exactly that model loads it instead of training it; anything else trains afresh.
 
 The cache is the site's own: nothing of it crosses the client/server boundary. Each entry carries a
@@ -75,6 +76,9 @@ def stage1_key(ctx: ClientContext, architecture: str, spec: LocalTraining, purpo
         "kernels": torch.backends.cpu.get_cpu_capability(),
         "onednn_max_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
     }
+    if devices.current().type == "cuda":  # only on CUDA, so a CPU run's entries keep their keys
+        facts["gpu"] = torch.cuda.get_device_name(devices.current())
+        facts["cudnn"] = torch.backends.cudnn.version()
     model_options = config.options.get("model_options")
     if model_options:  # only when set, so the entries of runs without them keep their keys
         facts["model_options"] = model_options

@@ -7,8 +7,10 @@ Generator (one synthetic batch x = G(z) with sampled labels y, ensemble logits E
         + w_bn * L_bn(x)                                                  (DeepInversion, every teacher)
         - w_adv * mean_i[m_i * T^2 KL(softmax(E(x_i) / T) || softmax(S(x_i) / T))]
 
-with m_i = 1 where S and E disagree on x_i (DENSE's mask; Co-Boosting: m_i = 1 everywhere). The
-hard-sample weight (1 - p)^h is held constant (no gradient through it), as in Co-Boosting's code.
+with m_i = 1 where S and E disagree on x_i (DENSE's mask, `adv_mask = true`, the default of both
+`dense` and `coboosting`; Co-Boosting's released code, its `preset = "official-code"`: m_i = 1
+everywhere). The hard-sample weight (1 - p)^h is held constant (no gradient through it), as in
+Co-Boosting's code.
 Student: T^2 KL(softmax(E(x) / T) || softmax(S(x) / T)), batch mean, at the distillation temperature.
 """
 

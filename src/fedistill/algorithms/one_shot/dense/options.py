@@ -67,11 +67,16 @@ class DenseOptions:
         """Check the choices and that the epochs, sizes, steps and rates are in range."""
         s = self.section
         check_choices(s, self, {"schedule": ("constant", "cosine"), "selection": SELECTIONS})
-        for key in ("teacher_epochs", "synthetic_batch_size", "g_steps", "latent_dim", "generator_width"):
+        for key in ("teacher_epochs", "g_steps", "latent_dim", "generator_width"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{s}.{key} must be >= 1, got {getattr(self, key)!r}")
         if self.kd_batch_size < 2:
             raise ConfigError(f"{s}.kd_batch_size must be >= 2 (BatchNorm needs two samples)")
+        if self.synthetic_batch_size < 2:
+            raise ConfigError(
+                f"{s}.synthetic_batch_size must be >= 2, got {self.synthetic_batch_size!r}: with one sample "
+                "the first epoch's pool holds no batch the student can train on (BatchNorm needs two)"
+            )
         check_upsamples(f"{s}.generator_upsamples", self.generator_upsamples)
         check_positive(s, self, "lr_generator lr_student adv_temperature kd_temperature")
         check_nonnegative(
