@@ -153,6 +153,9 @@ def test_fedkd_refuses_votes_that_are_not_votes():
         (FedKDOptions(pate_sigma=1.0, pate_epsilon=1.0), "not both"),
         (FedKDOptions(output="soft"), "fedkd.output"),
         (FedKDOptions(public="dataset:"), "fedkd.public must be"),
+        # a text dataset's token ids are no images: refused before a tokenizer or its files are asked for
+        (FedKDOptions(public="dataset:sst-2"), r"fedkd.public = 'dataset:sst-2' is a text dataset"),
+        (FedMDOptions(public="dataset:ag-news"), r"fedmd.public = 'dataset:ag-news' is a text dataset"),
     ],
 )
 def test_bad_options_are_refused_by_name(options, match):
