@@ -106,6 +106,27 @@ def test_fedkd_quantises_to_votes_and_levels_that_sum_exactly():
     assert (quantise(many, "probs", 4).sum(1) == 15).all()
 
 
+def test_fedkd_quantises_probabilities_on_the_device_they_are_on():
+    """A client's probabilities stay on the run's device, and quantising them there must not mix in a CPU
+    tensor, which CUDA refuses (`output = "probs"` failed on a GPU). Meta tensors stand in for an
+    accelerator's; they do not refuse a mix themselves, so every operation's tensors are checked here."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    mixed: list[str] = []
+
+    class SameDevice(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            flat = [*args, *(kwargs or {}).values()]
+            devices = {a.device.type for a in flat if isinstance(a, torch.Tensor) and a.dim() > 0}
+            if len(devices) > 1:
+                mixed.append(f"{func}: {sorted(devices)}")
+            return func(*args, **(kwargs or {}))
+
+    with SameDevice():
+        votes = quantise(torch.full((4, 3), 1 / 3, device="meta"), "probs", 3)
+    assert not mixed and votes.device.type == "meta" and votes.dtype == torch.uint8
+
+
 def test_fedkd_aggregates_votes_into_the_plurality_without_noise():
     one_hot = lambda classes: torch.eye(3, dtype=torch.uint8)[classes]  # noqa: E731
     votes = [one_hot([2, 0]), one_hot([2, 1]), one_hot([0, 2])]  # image 0: 2, 2, 0; image 1: 0, 1, 2

@@ -160,8 +160,7 @@ def quantise(probs: torch.Tensor, output: str, bits: int) -> torch.Tensor:
     floor = scaled.floor()
     short = (levels - floor.sum(1)).round().long()  # 0 .. C - 1 units still to hand out per row
     order = torch.argsort(-(scaled - floor), dim=1, stable=True)
-    rank = torch.empty_like(order)
-    rank.scatter_(1, order, torch.arange(c).expand(n, c).contiguous())
+    rank = torch.argsort(order, dim=1)  # each class's place in that order (the inverse permutation)
     return (floor + (rank < short[:, None]).double()).to(torch.uint8)
 
 
