@@ -177,6 +177,8 @@ def test_fedkd_refuses_votes_that_are_not_votes():
         # a text dataset's token ids are no images: refused before a tokenizer or its files are asked for
         (FedKDOptions(public="dataset:sst-2"), r"fedkd.public = 'dataset:sst-2' is a text dataset"),
         (FedMDOptions(public="dataset:ag-news"), r"fedmd.public = 'dataset:ag-news' is a text dataset"),
+        # an unknown name is refused with the options, under the option's own name, not once the run began
+        (FedKDOptions(public="dataset:mnsit"), r"fedkd.public = 'dataset:mnsit': unknown dataset.*'mnist'"),
     ],
 )
 def test_bad_options_are_refused_by_name(options, match):
