@@ -177,6 +177,13 @@ def test_fedkd_refuses_votes_that_are_not_votes():
         # a text dataset's token ids are no images: refused before a tokenizer or its files are asked for
         (FedKDOptions(public="dataset:sst-2"), r"fedkd.public = 'dataset:sst-2' is a text dataset"),
         (FedMDOptions(public="dataset:ag-news"), r"fedmd.public = 'dataset:ag-news' is a text dataset"),
+        # a misspelt model is refused with the options, before the run directory is created
+        (
+            FedMDOptions(models="mlp, small_cnn"),
+            r"fedmd.models names an unknown model 'small_cnn'.*'small-cnn'",
+        ),
+        (FedKDOptions(teachers="resnet8,lenet"), r"fedkd.teachers names an unknown model 'lenet'"),
+        (FedKDOptions(student="resnet-8"), r"fedkd.student names an unknown model 'resnet-8'"),
         # an unknown name is refused with the options, under the option's own name, not once the run began
         (FedKDOptions(public="dataset:mnsit"), r"fedkd.public = 'dataset:mnsit': unknown dataset.*'mnist'"),
     ],

@@ -71,7 +71,12 @@ from fedistill.algorithms.fedmd.public_data import (
     public_arrays,
     read_public,
 )
-from fedistill.algorithms.shared.option_checks import check_choices, check_nonnegative, check_positive
+from fedistill.algorithms.shared.option_checks import (
+    check_choices,
+    check_model_names,
+    check_nonnegative,
+    check_positive,
+)
 from fedistill.algorithms.shared.stage1 import teachers_from_cache, train_teacher
 from fedistill.algorithms.shared.training import LocalTraining, evaluate_model, new_model, train_local
 from fedistill.config import RunConfig
@@ -115,6 +120,7 @@ class FedKDOptions:
         """Check the output kind, the public data, the ranges, and that PATE's noise and budget are not
         both given."""
         check_choices("fedkd", self, {"output": OUTPUTS})
+        check_model_names("fedkd", self, "teachers student")
         check_public(self.public, "fedkd.public", labelled=False)
         check_positive("fedkd", self, "teacher_epochs student_epochs student_batch_size student_lr")
         check_nonnegative("fedkd", self, "client_noise pate_sigma pate_epsilon")
