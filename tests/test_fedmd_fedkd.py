@@ -171,6 +171,8 @@ def test_fedkd_refuses_votes_that_are_not_votes():
         (FedMDOptions(digest_loss="l2"), "fedmd.digest_loss"),
         (FedMDOptions(alignment_size=0), "fedmd.alignment_size"),
         (FedKDOptions(bits=9), "fedkd.bits"),
+        # bits sizes the levels of quantised probabilities; a one-hot vote has none to size
+        (FedKDOptions(bits=2), r"fedkd.bits = 2 sets the levels of output = 'probs'"),
         (FedKDOptions(pate_sigma=1.0, pate_epsilon=1.0), "not both"),
         (FedKDOptions(output="soft"), "fedkd.output"),
         (FedKDOptions(public="dataset:"), "fedkd.public must be"),

@@ -92,6 +92,7 @@ from fedistill.seeding import numpy_generator, torch_generator
 log = logging.getLogger(__name__)
 
 OUTPUTS = ("one-hot", "probs")
+BITS = 4  # `bits`' default
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ class FedKDOptions:
     public: str = "holdout"  # holdout | dataset:<name> | noise | generator:<path> (public_data.py)
     public_size: int = 0  # a random subset of the public source (noise, generator: the draws); <= 0: all
     output: str = "one-hot"  # one-hot (a vote per image) | probs (softmax quantised to `bits` bits)
-    bits: int = 4  # output = probs: levels 0 .. 2^bits - 1 (at most 8)
+    bits: int = BITS  # output = probs: levels 0 .. 2^bits - 1 (at most 8)
     client_noise: float = 0.0  # std of Gaussian noise on each probability before quantising (not accounted)
     pate_sigma: float = 0.0  # GNMax noise on the vote sums; 0: the plain plurality
     pate_epsilon: float = 0.0  # > 0: calibrate pate_sigma to this (data-independent) epsilon instead
@@ -126,6 +127,11 @@ class FedKDOptions:
         check_nonnegative("fedkd", self, "client_noise pate_sigma pate_epsilon")
         if not 1 <= self.bits <= 8:
             raise ConfigError(f"fedkd.bits must be in 1..8 (uint8 levels), got {self.bits}")
+        if self.output == "one-hot" and self.bits != BITS:
+            raise ConfigError(
+                f"fedkd.bits = {self.bits} sets the levels of output = 'probs', and output is 'one-hot' (one "
+                "vote per image, which has no levels): set output = 'probs' or leave bits out"
+            )
         if self.pate_sigma > 0 and self.pate_epsilon > 0:
             raise ConfigError(
                 "fedkd.pate_sigma and fedkd.pate_epsilon both set: give the noise or the budget, not both"
