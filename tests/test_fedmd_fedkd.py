@@ -106,6 +106,27 @@ def test_fedkd_quantises_to_votes_and_levels_that_sum_exactly():
     assert (quantise(many, "probs", 4).sum(1) == 15).all()
 
 
+def test_fedkd_quantises_probabilities_on_the_device_they_are_on():
+    """A client's probabilities stay on the run's device, and quantising them there must not mix in a CPU
+    tensor, which CUDA refuses (`output = "probs"` failed on a GPU). Meta tensors stand in for an
+    accelerator's; they do not refuse a mix themselves, so every operation's tensors are checked here."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    mixed: list[str] = []
+
+    class SameDevice(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            flat = [*args, *(kwargs or {}).values()]
+            devices = {a.device.type for a in flat if isinstance(a, torch.Tensor) and a.dim() > 0}
+            if len(devices) > 1:
+                mixed.append(f"{func}: {sorted(devices)}")
+            return func(*args, **(kwargs or {}))
+
+    with SameDevice():
+        votes = quantise(torch.full((4, 3), 1 / 3, device="meta"), "probs", 3)
+    assert not mixed and votes.device.type == "meta" and votes.dtype == torch.uint8
+
+
 def test_fedkd_aggregates_votes_into_the_plurality_without_noise():
     one_hot = lambda classes: torch.eye(3, dtype=torch.uint8)[classes]  # noqa: E731
     votes = [one_hot([2, 0]), one_hot([2, 1]), one_hot([0, 2])]  # image 0: 2, 2, 0; image 1: 0, 1, 2
@@ -150,9 +171,23 @@ def test_fedkd_refuses_votes_that_are_not_votes():
         (FedMDOptions(digest_loss="l2"), "fedmd.digest_loss"),
         (FedMDOptions(alignment_size=0), "fedmd.alignment_size"),
         (FedKDOptions(bits=9), "fedkd.bits"),
+        # bits sizes the levels of quantised probabilities; a one-hot vote has none to size
+        (FedKDOptions(bits=2), r"fedkd.bits = 2 sets the levels of output = 'probs'"),
         (FedKDOptions(pate_sigma=1.0, pate_epsilon=1.0), "not both"),
         (FedKDOptions(output="soft"), "fedkd.output"),
         (FedKDOptions(public="dataset:"), "fedkd.public must be"),
+        # a text dataset's token ids are no images: refused before a tokenizer or its files are asked for
+        (FedKDOptions(public="dataset:sst-2"), r"fedkd.public = 'dataset:sst-2' is a text dataset"),
+        (FedMDOptions(public="dataset:ag-news"), r"fedmd.public = 'dataset:ag-news' is a text dataset"),
+        # a misspelt model is refused with the options, before the run directory is created
+        (
+            FedMDOptions(models="mlp, small_cnn"),
+            r"fedmd.models names an unknown model 'small_cnn'.*'small-cnn'",
+        ),
+        (FedKDOptions(teachers="resnet8,lenet"), r"fedkd.teachers names an unknown model 'lenet'"),
+        (FedKDOptions(student="resnet-8"), r"fedkd.student names an unknown model 'resnet-8'"),
+        # an unknown name is refused with the options, under the option's own name, not once the run began
+        (FedKDOptions(public="dataset:mnsit"), r"fedkd.public = 'dataset:mnsit': unknown dataset.*'mnist'"),
     ],
 )
 def test_bad_options_are_refused_by_name(options, match):

@@ -71,7 +71,12 @@ from fedistill.algorithms.fedmd.public_data import (
     public_arrays,
     read_public,
 )
-from fedistill.algorithms.shared.option_checks import check_choices, check_nonnegative, check_positive
+from fedistill.algorithms.shared.option_checks import (
+    check_choices,
+    check_model_names,
+    check_nonnegative,
+    check_positive,
+)
 from fedistill.algorithms.shared.stage1 import teachers_from_cache, train_teacher
 from fedistill.algorithms.shared.training import LocalTraining, evaluate_model, new_model, train_local
 from fedistill.config import RunConfig
@@ -87,6 +92,7 @@ from fedistill.seeding import numpy_generator, torch_generator
 log = logging.getLogger(__name__)
 
 OUTPUTS = ("one-hot", "probs")
+BITS = 4  # `bits`' default
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,7 @@ class FedKDOptions:
     public: str = "holdout"  # holdout | dataset:<name> | noise | generator:<path> (public_data.py)
     public_size: int = 0  # a random subset of the public source (noise, generator: the draws); <= 0: all
     output: str = "one-hot"  # one-hot (a vote per image) | probs (softmax quantised to `bits` bits)
-    bits: int = 4  # output = probs: levels 0 .. 2^bits - 1 (at most 8)
+    bits: int = BITS  # output = probs: levels 0 .. 2^bits - 1 (at most 8)
     client_noise: float = 0.0  # std of Gaussian noise on each probability before quantising (not accounted)
     pate_sigma: float = 0.0  # GNMax noise on the vote sums; 0: the plain plurality
     pate_epsilon: float = 0.0  # > 0: calibrate pate_sigma to this (data-independent) epsilon instead
@@ -115,11 +121,17 @@ class FedKDOptions:
         """Check the output kind, the public data, the ranges, and that PATE's noise and budget are not
         both given."""
         check_choices("fedkd", self, {"output": OUTPUTS})
+        check_model_names("fedkd", self, "teachers student")
         check_public(self.public, "fedkd.public", labelled=False)
         check_positive("fedkd", self, "teacher_epochs student_epochs student_batch_size student_lr")
         check_nonnegative("fedkd", self, "client_noise pate_sigma pate_epsilon")
         if not 1 <= self.bits <= 8:
             raise ConfigError(f"fedkd.bits must be in 1..8 (uint8 levels), got {self.bits}")
+        if self.output == "one-hot" and self.bits != BITS:
+            raise ConfigError(
+                f"fedkd.bits = {self.bits} sets the levels of output = 'probs', and output is 'one-hot' (one "
+                "vote per image, which has no levels): set output = 'probs' or leave bits out"
+            )
         if self.pate_sigma > 0 and self.pate_epsilon > 0:
             raise ConfigError(
                 "fedkd.pate_sigma and fedkd.pate_epsilon both set: give the noise or the budget, not both"
@@ -160,8 +172,7 @@ def quantise(probs: torch.Tensor, output: str, bits: int) -> torch.Tensor:
     floor = scaled.floor()
     short = (levels - floor.sum(1)).round().long()  # 0 .. C - 1 units still to hand out per row
     order = torch.argsort(-(scaled - floor), dim=1, stable=True)
-    rank = torch.empty_like(order)
-    rank.scatter_(1, order, torch.arange(c).expand(n, c).contiguous())
+    rank = torch.argsort(order, dim=1)  # each class's place in that order (the inverse permutation)
     return (floor + (rank < short[:, None]).double()).to(torch.uint8)
 
 

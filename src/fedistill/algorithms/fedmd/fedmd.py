@@ -67,7 +67,7 @@ from fedistill.algorithms.fedmd.public_data import (
     public_arrays,
     read_public,
 )
-from fedistill.algorithms.shared.option_checks import check_choices, check_positive
+from fedistill.algorithms.shared.option_checks import check_choices, check_model_names, check_positive
 from fedistill.algorithms.shared.sampling import sample_clients
 from fedistill.algorithms.shared.training import (
     LocalTraining,
@@ -114,6 +114,7 @@ class FedMDOptions:
     def validate(self) -> None:
         """Check the digest loss, the labelled public data and the epochs, sizes and learning rate."""
         check_choices("fedmd", self, {"digest_loss": DIGEST_LOSSES})
+        check_model_names("fedmd", self, "models")
         check_public(self.public, "fedmd.public", labelled=True)
         check_positive("fedmd", self, "alignment_size digest_epochs digest_batch_size digest_lr")
         for key in ("transfer_epochs", "private_epochs"):

@@ -37,9 +37,9 @@ from fedistill.algorithms.shared.distillation_data import (
     parse_source,
 )
 from fedistill.data.base import DatasetInfo
-from fedistill.data.registry import load_dataset, same_images
+from fedistill.data.registry import dataset_options, load_dataset, same_images
 from fedistill.data.transforms import fit_uint8, to_float
-from fedistill.errors import ConfigError, FederationError
+from fedistill.errors import ConfigError, FederationError, UserError
 from fedistill.federation.messages import ArraySpec, Message, expect_arrays
 from fedistill.seeding import torch_generator
 
@@ -77,12 +77,23 @@ def parse_public(spec: str, key: str) -> tuple[str, str]:
 
 
 def check_public(spec: str, key: str, *, labelled: bool) -> None:
-    """The options-time check: a known source, with labels when the method needs them."""
-    kind, _ = parse_public(spec, key)
+    """The options-time check: a known source of images, with labels when the method needs them."""
+    kind, argument = parse_public(spec, key)
     if labelled and kind in ("noise", "generator"):
         raise ConfigError(
             f"{key} = {spec!r} has no labels, but this method first trains every client on the labelled "
             "public set (transfer learning): use 'holdout' or 'dataset:<name>' (a labelled dataset)"
+        )
+    if kind != "dataset":
+        return
+    try:
+        takes = dataset_options(argument)
+    except UserError as exc:  # an unknown name: refused with the options, before the run writes anything
+        raise ConfigError(f"{key} = {spec!r}: {exc}") from None
+    if "model_dir" in takes:
+        raise ConfigError(
+            f"{key} = {spec!r} is a text dataset: its token ids are no images, and FedMD and FedKD run on "
+            "image datasets; use 'holdout' or an image dataset (e.g. dataset:mnist)"
         )
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from fedistill.errors import ConfigError
+from fedistill.errors import ConfigError, unknown_name
+from fedistill.models import model_names
 
 
 def check_choices(section: str, options: object, choices: Mapping[str, Sequence[str]]) -> None:
@@ -32,6 +33,17 @@ def check_positive(section: str, options: object, keys: str) -> None:
         value = getattr(options, key)
         if not value > 0:
             raise ConfigError(f"{section}.{key} must be > 0, got {value!r}")
+
+
+def check_model_names(section: str, options: object, keys: str) -> None:
+    """Each of the space-separated option `keys` is a model name or a comma list of them ("" = the run's
+    model): a misspelt one is refused with the options, before the run writes anything, not when a site
+    first builds its model."""
+    known = model_names()
+    for key in keys.split():
+        for name in (part.strip() for part in str(getattr(options, key)).split(",")):
+            if name and name not in known:
+                raise ConfigError(f"{section}.{key} names an {unknown_name('model', name, known)}")
 
 
 def check_batchnorm_batch(section: str, options: object, keys: str) -> None:
