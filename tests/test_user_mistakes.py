@@ -65,6 +65,26 @@ def test_a_failed_setup_writes_nothing_and_the_name_stays_free(tmp_path, capsys,
     assert main(_run(tmp_path, "--name", "a")) == 0
 
 
+@pytest.mark.parametrize(
+    "key",
+    [
+        "fediod.teachers",
+        "fediod.student",
+        "dense.teachers",
+        "coboosting.student",
+        "feddf.groups",
+        "fedavg-oneshot.teachers",
+        "feddf-oneshot.student",
+    ],
+)
+def test_a_misspelt_model_in_an_algorithms_options_is_refused_before_the_run_folder(tmp_path, capsys, key):
+    algorithm = key.split(".")[0]
+    argv = ["run", "--algorithm", algorithm, "--clients", "2", "--rounds", "1", "--quiet"]
+    assert main([*argv, "--set", f"{key}=resnet-8", "--out", str(tmp_path), "--name", "a"]) == 2
+    assert f"{key} names an unknown model 'resnet-8'" in _one_line(capsys)
+    assert not (tmp_path / "a").exists()
+
+
 def test_a_folder_whose_run_never_started_does_not_count_as_a_run(tmp_path, capsys):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "config.toml").write_text('algorithm = "fedavg"\n')  # left by an older version

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from fedistill.algorithms.base import model_cycle
 from fedistill.algorithms.shared.distillation_data import parse_source
-from fedistill.algorithms.shared.option_checks import check_choices
+from fedistill.algorithms.shared.option_checks import check_choices, check_model_names
 from fedistill.algorithms.shared.weight_average import COMBINES
 from fedistill.config import RunConfig
 from fedistill.errors import ConfigError
@@ -89,6 +89,7 @@ class FedDFOptions(DPOptions):
             "aggregate": COMBINES,
         }
         check_choices(s, self, choices)
+        check_model_names(s, self, "groups")
         parse_source(self.source, f"{s}.source")
         for key in ("steps", "distill_batch_size", "eval_every_steps", "patience"):
             if getattr(self, key) < 1:

@@ -32,7 +32,7 @@ from fedistill.algorithms.fediod.presets import (
     preset_fills_any_task,
 )
 from fedistill.algorithms.fediod.wire import WIRES
-from fedistill.algorithms.shared.option_checks import check_choices
+from fedistill.algorithms.shared.option_checks import check_choices, check_model_names
 from fedistill.algorithms.shared.schedules import cosine_lr, set_lr  # noqa: F401  (FedIOD's own names)
 from fedistill.algorithms.shared.weight_average import COMBINES
 from fedistill.config import RunConfig
@@ -101,6 +101,7 @@ class FedIODOptions(
             "label_shares": ("counts", "frequencies"),
         }
         check_choices("fediod", self, choices)
+        check_model_names("fediod", self, "teachers student")
         if self.selection == "best-on-test" and self.preset != "official-code":
             raise ConfigError(
                 "fediod.selection = 'best-on-test' selects on the test set; it exists only to reproduce the "

@@ -33,6 +33,7 @@ from fedistill.algorithms.shared.distillation_data import (
     parse_source,
     split_holdout,
 )
+from fedistill.algorithms.shared.option_checks import check_model_names
 from fedistill.algorithms.shared.stage1 import collect_local_models, teachers_from_cache
 from fedistill.algorithms.shared.training import average_states, evaluate_model, new_model, test_metrics
 from fedistill.data.base import ImageSet
@@ -124,6 +125,7 @@ class OneShotOptions(FedDFOptions):
                     f"{getattr(defaults, key)!r}"
                 )
         super().validate()
+        check_model_names(self.section, self, "teachers student")
         if not self.distils:
             for key in DISTILLATION_KEYS:
                 if getattr(self, key) != getattr(defaults, key):

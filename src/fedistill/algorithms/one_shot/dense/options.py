@@ -10,7 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedistill.algorithms.base import model_cycle
-from fedistill.algorithms.shared.option_checks import check_choices, check_nonnegative, check_positive
+from fedistill.algorithms.shared.option_checks import (
+    check_choices,
+    check_model_names,
+    check_nonnegative,
+    check_positive,
+)
 from fedistill.config import RunConfig
 from fedistill.errors import ConfigError
 from fedistill.models.generator import check_upsamples
@@ -67,6 +72,7 @@ class DenseOptions:
         """Check the choices and that the epochs, sizes, steps and rates are in range."""
         s = self.section
         check_choices(s, self, {"schedule": ("constant", "cosine"), "selection": SELECTIONS})
+        check_model_names(s, self, "teachers student")
         for key in ("teacher_epochs", "g_steps", "latent_dim", "generator_width"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{s}.{key} must be >= 1, got {getattr(self, key)!r}")
