@@ -32,7 +32,7 @@ from fedistill.algorithms.fediod.presets import (
     preset_fills_any_task,
 )
 from fedistill.algorithms.fediod.wire import WIRES
-from fedistill.algorithms.shared.option_checks import check_choices
+from fedistill.algorithms.shared.option_checks import check_choices, check_nonnegative
 from fedistill.algorithms.shared.schedules import cosine_lr, set_lr  # noqa: F401  (FedIOD's own names)
 from fedistill.algorithms.shared.weight_average import COMBINES
 from fedistill.config import RunConfig
@@ -136,10 +136,13 @@ class FedIODOptions(
             raise ConfigError(f"fediod.look_trial_margin is a Dice margin in [0, 1); got {margin}")
         if not 0.0 <= self.student_ema < 1.0:
             raise ConfigError(f"fediod.student_ema is a decay in [0, 1); got {self.student_ema}")
+        if not 0.0 <= self.collapse_share <= 1.0:
+            raise ConfigError(f"fediod.collapse_share is a share in [0, 1]; got {self.collapse_share}")
+        # a negative weight would flip a term of G's loss (the sign of each is the paper's), NaN poison it
+        check_nonnegative("fediod", self, "w_gan w_conf w_unique w_adv w_balance w_bn w_perceptual")
         for key in (
             "generator_width",
             "discriminator_width",
-            "w_bn",
             "pool_size",
             "pool_steps",
             "pool_batch_size",
@@ -149,8 +152,8 @@ class FedIODOptions(
             "collapse_patience",
             "mask_pool",
             "noise_channels",
-            "w_perceptual",
             "reference_samples",
+            "samples_every",
             "sites_per_step",
             "student_steps",
             "look_trials",
