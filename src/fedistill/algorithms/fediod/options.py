@@ -51,6 +51,10 @@ MIMIC_MODES = ("l2", "kl", "kl-official", "l1")
 SELECTIONS = ("validation", "last", "best-on-test")
 DP_ACCOUNTINGS = ("d-step", "release")
 
+PER_PIXEL_KEYS = ("generator_blocks", "noise_channels", "discriminator_layers", "mask_source", "mask_pool",
+                  "w_perceptual", "ratio_resolution")  # fmt: skip
+"""Keys only the per-pixel tasks' conditional G, D_k and mask uploads read (refused on classification)."""
+
 
 @dataclass(frozen=True)
 class FedIODOptions(
@@ -300,6 +304,14 @@ def resolve_options(
         for k in ("w_perceptual", "mask_pool")
         if k in explicit and getattr(options, k) and getattr(options, k) != getattr(defaults, k)
     ]
+    # the conditional networks and the mask uploads of the per-pixel tasks (a ready config may name defaults)
+    conditional = [k for k in PER_PIXEL_KEYS if k in explicit and getattr(options, k) != getattr(defaults, k)]
+    if not per_pixel and conditional:
+        raise ConfigError(
+            f"fediod.{conditional[0]} = {getattr(options, conditional[0])!r} shapes a per-pixel task's "
+            "conditional G, D_k or mask uploads; on classification G draws from noise and D_k is the "
+            "unconditional patch discriminator: remove it"
+        )
     if per_pixel and options.mask_source == "prior" and unused:
         raise ConfigError(
             f"fediod.{unused[0]} works on the masks the sites upload, and with fediod.mask_source = 'prior' "
