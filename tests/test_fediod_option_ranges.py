@@ -62,3 +62,11 @@ def test_per_pixel_keys_at_their_defaults_are_accepted_on_classification():
     layer = {"fediod": {"generator_blocks": 9, "mask_source": "clients", "w_perceptual": 1.0}}
     config = build_config(RunConfig(), layer)
     resolve_options(config, options_for(config, "fediod", FedIODOptions), per_pixel=False)
+
+
+def test_a_synthetic_batch_of_one_sample_is_refused():
+    """G, every D_k and the student train with batch statistics: one sample has none (the student's
+    BatchNorm would otherwise stop the first G-step with a bare ValueError)."""
+    with pytest.raises(ConfigError, match=r"fediod\.synthetic_batch_size must be >= 2"):
+        FedIODOptions(synthetic_batch_size=1).validate()
+    FedIODOptions(synthetic_batch_size=2).validate()

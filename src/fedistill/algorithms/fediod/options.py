@@ -125,6 +125,11 @@ class FedIODOptions(
         ):
             if getattr(self, key) < 1:
                 raise ConfigError(f"fediod.{key} must be >= 1")
+        if self.synthetic_batch_size < 2:  # G, D_k and S train on batch statistics
+            raise ConfigError(
+                f"fediod.synthetic_batch_size must be >= 2 (BatchNorm needs two samples), got "
+                f"{self.synthetic_batch_size}"
+            )
         for key in ("lr_generator", "lr_discriminator", "lr_student", "tau", "share_power"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"fediod.{key} must be > 0")
