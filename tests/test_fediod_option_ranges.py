@@ -70,3 +70,11 @@ def test_a_synthetic_batch_of_one_sample_is_refused():
     with pytest.raises(ConfigError, match=r"fediod\.synthetic_batch_size must be >= 2"):
         FedIODOptions(synthetic_batch_size=1).validate()
     FedIODOptions(synthetic_batch_size=2).validate()
+
+
+def test_a_replay_batch_of_one_sample_is_refused():
+    """The replay steps train the student on batch statistics too; 0 still means the synthetic batch."""
+    with pytest.raises(ConfigError, match=r"fediod\.pool_batch_size must be 0 .* or >= 2"):
+        FedIODOptions(pool_batch_size=1).validate()
+    FedIODOptions(pool_batch_size=0).validate()
+    FedIODOptions(pool_batch_size=2).validate()

@@ -130,6 +130,8 @@ class FedIODOptions(
                 f"fediod.synthetic_batch_size must be >= 2 (BatchNorm needs two samples), got "
                 f"{self.synthetic_batch_size}"
             )
+        if self.pool_batch_size == 1:  # the replay steps train S on batch statistics too
+            raise ConfigError("fediod.pool_batch_size must be 0 (the synthetic batch's size) or >= 2, got 1")
         for key in ("lr_generator", "lr_discriminator", "lr_student", "tau", "share_power"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"fediod.{key} must be > 0")
