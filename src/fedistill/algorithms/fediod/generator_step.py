@@ -278,8 +278,11 @@ class GeneratorStep:
             self.pool.add(student_in[samples], per_sample[samples])
             if not options.student_steps and not view.per_pixel:  # no S-step batch to measure it on
                 self.last_coverage = class_coverage(ensemble.detach()[samples])
-                # with owner queries a sample's one teacher is its owner, whose logits the ensemble is
-                scored = logits.detach() if kept is None else ensemble.detach()[kept][None]
+                # each T_k's own logits, uncalibrated (Table 7); with owner queries a sample's one teacher
+                # is its owner, whose logits the ensemble is
+                scored = (
+                    view.stacked_rows(parts[0].detach()) if kept is None else ensemble.detach()[kept][None]
+                )
                 self.last_coverage["adapted_is"] = adapted_inception_score(scored)
         student_out = view.rows(self._student_forward(student_in, "g-step", self.step))
         mimic = L.mimic_loss(student_out[rows], ensemble[rows], mode=options.mimic, tau=options.tau)

@@ -38,7 +38,7 @@ class ProtocolOptions:
     merge_student_queries: bool = True
     """Carry step t's S-step inputs in step t+1's `query.generate` (clients answer them before their
     D-step); default true. Why: the same arithmetic with 2 instead of 3 exchanges per G-step, plus one per
-    epoch."""
+    epoch (with `sites_per_step`, step t+1's sites label them, not step t's: the same in distribution)."""
 
     schedule: str = "cosine"
     """Learning rates of G, D_k and S over the run: cosine (default, the paper's: down to 0) | constant."""

@@ -32,7 +32,7 @@ from fedistill.algorithms.fediod.presets import (
     preset_fills_any_task,
 )
 from fedistill.algorithms.fediod.wire import WIRES
-from fedistill.algorithms.shared.option_checks import check_choices, check_model_names
+from fedistill.algorithms.shared.option_checks import check_choices, check_model_names, check_nonnegative
 from fedistill.algorithms.shared.schedules import cosine_lr, set_lr  # noqa: F401  (FedIOD's own names)
 from fedistill.algorithms.shared.weight_average import COMBINES
 from fedistill.config import RunConfig
@@ -50,6 +50,10 @@ WEIGHTINGS = ("eq8", "class-share", "uniform", "owner")
 MIMIC_MODES = ("l2", "kl", "kl-official", "l1")
 SELECTIONS = ("validation", "last", "best-on-test")
 DP_ACCOUNTINGS = ("d-step", "release")
+
+PER_PIXEL_KEYS = ("generator_blocks", "noise_channels", "discriminator_layers", "mask_source", "mask_pool",
+                  "w_perceptual", "ratio_resolution")  # fmt: skip
+"""Keys only the per-pixel tasks' conditional G, D_k and mask uploads read (refused on classification)."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,13 @@ class FedIODOptions(
         ):
             if getattr(self, key) < 1:
                 raise ConfigError(f"fediod.{key} must be >= 1")
+        if self.synthetic_batch_size < 2:  # G, D_k and S train on batch statistics
+            raise ConfigError(
+                f"fediod.synthetic_batch_size must be >= 2 (BatchNorm needs two samples), got "
+                f"{self.synthetic_batch_size}"
+            )
+        if self.pool_batch_size == 1:  # the replay steps train S on batch statistics too
+            raise ConfigError("fediod.pool_batch_size must be 0 (the synthetic batch's size) or >= 2, got 1")
         for key in ("lr_generator", "lr_discriminator", "lr_student", "tau", "share_power"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"fediod.{key} must be > 0")
@@ -137,10 +148,13 @@ class FedIODOptions(
             raise ConfigError(f"fediod.look_trial_margin is a Dice margin in [0, 1); got {margin}")
         if not 0.0 <= self.student_ema < 1.0:
             raise ConfigError(f"fediod.student_ema is a decay in [0, 1); got {self.student_ema}")
+        if not 0.0 <= self.collapse_share <= 1.0:
+            raise ConfigError(f"fediod.collapse_share is a share in [0, 1]; got {self.collapse_share}")
+        # a negative weight would flip a term of G's loss (the sign of each is the paper's), NaN poison it
+        check_nonnegative("fediod", self, "w_gan w_conf w_unique w_adv w_balance w_bn w_perceptual")
         for key in (
             "generator_width",
             "discriminator_width",
-            "w_bn",
             "pool_size",
             "pool_steps",
             "pool_batch_size",
@@ -150,8 +164,8 @@ class FedIODOptions(
             "collapse_patience",
             "mask_pool",
             "noise_channels",
-            "w_perceptual",
             "reference_samples",
+            "samples_every",
             "sites_per_step",
             "student_steps",
             "look_trials",
@@ -298,6 +312,14 @@ def resolve_options(
         for k in ("w_perceptual", "mask_pool")
         if k in explicit and getattr(options, k) and getattr(options, k) != getattr(defaults, k)
     ]
+    # the conditional networks and the mask uploads of the per-pixel tasks (a ready config may name defaults)
+    conditional = [k for k in PER_PIXEL_KEYS if k in explicit and getattr(options, k) != getattr(defaults, k)]
+    if not per_pixel and conditional:
+        raise ConfigError(
+            f"fediod.{conditional[0]} = {getattr(options, conditional[0])!r} shapes a per-pixel task's "
+            "conditional G, D_k or mask uploads; on classification G draws from noise and D_k is the "
+            "unconditional patch discriminator: remove it"
+        )
     if per_pixel and options.mask_source == "prior" and unused:
         raise ConfigError(
             f"fediod.{unused[0]} works on the masks the sites upload, and with fediod.mask_source = 'prior' "

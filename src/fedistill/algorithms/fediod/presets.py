@@ -5,7 +5,8 @@ default on segmentation and reconstruction), with the lean preset's additions pe
 
 from __future__ import annotations
 
-#: What `preset = "official-code"` changes (notes §2.5-2.9): only keys the user did not set.
+#: What `preset = "official-code"` changes (notes §2.5-2.9): only keys the user did not set. Not G's GAN
+#: term's scale: the code sums it over D_k's patches, here it is their mean (`w_gan` = patches restores it).
 OFFICIAL_CODE = {
     "teachers": "resnet8-wide",
     "student": "resnet8-wide",

@@ -167,7 +167,8 @@ class StudentSteps:
         targets = combined_ensemble(options, logits, self._weights(logits, ratio, answered, batch.owner))
         if not view.per_pixel:
             self.last_coverage = class_coverage(targets)
-            self.last_coverage["adapted_is"] = adapted_inception_score(logits)
+            # Table 7's score is each T_k's own: its softmax before `teacher_logits` calibrates it
+            self.last_coverage["adapted_is"] = adapted_inception_score(view.stacked_rows(raw))
         inputs = view.model_input(batch.x, batch.index)
         targets = self._with_truth(batch.x, inputs, targets, batch.masks)
         per_sample = targets.reshape(len(batch.x), -1, targets.shape[-1])  # (B, rows per sample, C)
