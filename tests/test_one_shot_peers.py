@@ -256,7 +256,7 @@ def test_both_train_their_local_models_as_fediod_by_default():
         ({"dense": {"synthetic_batch_size": 1}}, "dense.synthetic_batch_size must be >= 2"),
         ({"dense": {"selection": "test"}}, "dense.selection must be one of clients, server, last"),
         ({"dense": {"pool_size": 10}}, "cannot hold one synthetic batch"),
-        ({"dense": {"lr_student": 0.0}}, "dense.lr_student must be > 0"),
+        ({"dense": {"lr_student": 0.0}}, "dense.lr_student must be a finite number > 0"),
         ({"coboosting": {"perturbation": "pgd"}}, "coboosting.perturbation must be one of ods"),
         ({"coboosting": {"reweight_decay": 1.5}}, "coboosting.reweight_decay must be in"),
         ({"coboosting": {"w_adv": -1.0}}, "coboosting.w_adv must be a finite number >= 0"),

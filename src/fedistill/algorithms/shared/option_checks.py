@@ -28,11 +28,12 @@ def check_nonnegative(section: str, options: object, keys: str) -> None:
 
 
 def check_positive(section: str, options: object, keys: str) -> None:
-    """Each of the space-separated option `keys` must be > 0."""
+    """Each of the space-separated option `keys` must be a finite number > 0 (an infinite rate or size only
+    fails later, as a diverged run or an allocation error)."""
     for key in keys.split():
         value = getattr(options, key)
-        if not value > 0:
-            raise ConfigError(f"{section}.{key} must be > 0, got {value!r}")
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{section}.{key} must be a finite number > 0, got {value!r}")
 
 
 def check_model_names(section: str, options: object, keys: str) -> None:
