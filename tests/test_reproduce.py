@@ -255,7 +255,7 @@ def tiny(tmp_path, monkeypatch):
 def test_a_target_runs_writes_its_table_and_reuses_finished_runs(tiny, tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     code, stdout, err = reproduce(capsys, "tiny", "--out", str(out))
-    assert code == 0 and "suite seed 0: ran" in err
+    assert code == 0 and "suite seed 0: ran" in err and "note: --seeds" not in err
     folder = out / "reproduce" / "tiny-ci"
     table = json.loads((folder / "table.json").read_text(encoding="utf-8"))
     assert (table["target"], table["scale"], table["exit_code"]) == ("tiny", "ci", 0)
@@ -308,6 +308,7 @@ def test_an_interrupted_run_resumes_and_new_seeds_run_beside_it(tiny, tmp_path, 
     (run / "standalone" / "summary.json").unlink()  # as if killed after its last checkpoint
     code, _, err = reproduce(capsys, "tiny", "--out", str(out), "--seeds", "0,1", "--jobs", "2")
     assert code == 0 and "suite seed 0: resumed" in err and "suite seed 1: ran" in err
+    assert "note: --seeds 0,1 replaces the seeds the recorded numbers were taken over (0)" in err
     after = json.loads((run / "standalone" / "summary.json").read_text(encoding="utf-8"))["final"]
     assert after["test_accuracy"] == before["test_accuracy"]
     table = json.loads((out / "reproduce" / "tiny-ci" / "table.json").read_text(encoding="utf-8"))
