@@ -272,3 +272,24 @@ def test_a_run_that_fails_outside_its_rounds_closes_its_mlflow_run(tmp_path, fil
             run_suite(config, tmp_path / "suite", progress=False)
     record = json.loads((tmp_path / "suite" / "fedavg" / "mlflow.json").read_text())
     assert MlflowClient(record["tracking_uri"]).get_run(record["run_id"]).info.status == "KILLED"
+
+
+@pytest.mark.parametrize(
+    ("track", "missing", "message"),
+    [
+        ("tensorboard", ("torch.utils.tensorboard",), r"track = tensorboard needs TensorBoard: pip install"),
+        ("mlflow", ("mlflow", "mlflow.tracking", "mlflow.exceptions"), r"track = mlflow needs MLflow: pip"),
+    ],
+)
+def test_a_tracker_whose_package_is_missing_is_named_before_anything_is_written(
+    tmp_path, monkeypatch, track, missing, message
+):
+    """A missing tracker package is a setup mistake like a missing dataset: one line, and no run folder."""
+    from fedistill.engine.launch import start_suite
+
+    for module in missing:
+        monkeypatch.setitem(sys.modules, module, None)  # importing it now raises ImportError
+    config = build_config(RunConfig(), {**TINY, "out": str(tmp_path / "out"), "name": "a", "track": track})
+    with pytest.raises(ConfigError, match=message):
+        start_suite(config, progress=False)
+    assert not (tmp_path / "out").exists()

@@ -22,6 +22,7 @@ from fedistill.config import RunConfig, for_algorithm, options_for
 from fedistill.data.base import LoadedDataset
 from fedistill.data.partition import FederatedSplit, make_split
 from fedistill.data.registry import canonical_dataset_name, load_dataset
+from fedistill.engine.tracking import trackers_for
 from fedistill.errors import ConfigError, DataError, UserError, unknown_name
 from fedistill.models import check_model_norm, model_names
 from fedistill.seeding import derive_seed
@@ -172,6 +173,7 @@ def validate_setup(config: RunConfig) -> Prepared:
     config = canonical_dataset(config)
     check_sections(config)
     devices.resolve(config.device)  # a device this machine lacks is a mistake named before any work
+    trackers_for(config)  # a tracker whose package is missing, too
     for name in config.algorithms:
         own = resolve(config, name).config
         if own.model not in model_names():

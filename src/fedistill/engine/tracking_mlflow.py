@@ -51,6 +51,14 @@ class MlflowTracker:
     """Logs params at the start, metrics per round, and the run's results and files at the end."""
 
     def __init__(self) -> None:
+        """ConfigError when MLflow is missing: made before the run writes anything (validate_setup)."""
+        try:
+            import mlflow.exceptions
+            import mlflow.tracking  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                "track = mlflow needs MLflow: pip install -e '.[track]' (or fedistill[track])"
+            ) from None
         self.client: Any = None
         self.run_id = ""
         self.step = 0
@@ -58,14 +66,10 @@ class MlflowTracker:
 
     def start(self, config: RunConfig, run_dir: Path) -> None:
         """Log on into the MLflow run an interrupted run left, else create one with the config as params;
-        ConfigError without MLflow or a reachable server."""
-        try:
-            from mlflow.exceptions import MlflowException
-            from mlflow.tracking import MlflowClient
-        except ImportError:
-            raise ConfigError(
-                "track = mlflow needs MLflow: pip install -e '.[track]' (or fedistill[track])"
-            ) from None
+        ConfigError without a reachable server."""
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
         uri = tracking_uri(run_dir)
         # a resumed run that has no round left to train logs its final metrics at its last round, as
         # TensorBoard does, not at step 0
