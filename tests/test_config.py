@@ -238,3 +238,23 @@ def test_partitioner_options_have_a_table_that_reaches_the_partitioner_and_survi
         prepare_data(build_config(config, {"partition_options.nosuch": 1}))
     with pytest.raises(ConfigError, match=r"partitioner options go in \[partition_options\]"):
         build_config(RunConfig(), {"partition.shuffle_within_class": False})
+
+
+@pytest.mark.parametrize(
+    ("assignment", "message"),
+    [
+        ("fedavg.lrr=0.1", r"unknown config key 'fedavg\.lrr'; did you mean 'fedavg\.lr'\?.*fedavg\.lr, "),
+        ("fedavg.roundz=2", r"did you mean 'fedavg\.rounds'\?"),
+        ("fedavg.lr='abc'", r"^fedavg\.lr must be float, got 'abc'"),
+        ("fedavg.rounds=0", r"^fedavg\.rounds = 0: rounds must be >= 1"),
+        ("fedavg.optimizer='adamw'", r"^fedavg\.optimizer = 'adamw': optimizer must be sgd or adam"),
+    ],
+)
+def test_a_table_key_error_names_the_table_and_offers_the_common_keys_it_may_set(assignment, message):
+    """`fedavg.lr` is a key of [fedavg] like `fedavg.mu`: a typo of it is offered it, and a bad value of it
+    is named as the user wrote it, not as the common `lr` they did not set."""
+    from fedistill.engine.setup import resolve
+
+    config = build_config(RunConfig(), dict([parse_assignment(assignment)]))
+    with pytest.raises(ConfigError, match=message):
+        resolve(config, "fedavg")

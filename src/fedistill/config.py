@@ -258,7 +258,7 @@ def options_for(config: RunConfig, name: str, options_type: type) -> Any:
                 f"the table (an algorithm's table may set only {', '.join(sorted(PER_ALGORITHM_KEYS))})"
             )
         if key not in known:
-            raise _unknown(f"{name}.{key}", [f"{name}.{k}" for k in known])
+            raise _unknown(f"{name}.{key}", [f"{name}.{k}" for k in [*known, *PER_ALGORITHM_KEYS]])
         values[key] = _check_value(f"{name}.{key}", value, known[key].type)
     options = options_type(**values)
     check = getattr(options, "validate", None)
@@ -278,10 +278,15 @@ def for_algorithm(config: RunConfig, name: str) -> RunConfig:
     """The config of one algorithm of a suite: its table's common keys (e.g. `[fedprox] lr`) win."""
     section = dict(config.options.get(name, {}))
     common = {key: section.pop(key) for key in list(section) if key in PER_ALGORITHM_KEYS}
+    common = {key: _check_value(f"{name}.{key}", value, _COMMON[key].type) for key, value in common.items()}
     options = {k: v for k, v in config.options.items() if k != name}
     if section:
         options[name] = section
-    return build_config(config.replace(algorithm=name, options=options), common)
+    try:
+        return build_config(config.replace(algorithm=name, options=options), common)
+    except ConfigError as exc:  # the run's own keys were valid: a key of this table is out of range
+        given = ", ".join(f"{name}.{key} = {value!r}" for key, value in common.items())
+        raise ConfigError(f"{given}: {exc}") from None
 
 
 def write_config(config: RunConfig, path: Path) -> None:
