@@ -258,3 +258,29 @@ def test_a_table_key_error_names_the_table_and_offers_the_common_keys_it_may_set
     config = build_config(RunConfig(), dict([parse_assignment(assignment)]))
     with pytest.raises(ConfigError, match=message):
         resolve(config, "fedavg")
+
+
+@pytest.mark.parametrize(
+    ("layer", "message"),
+    [
+        ({"fraction": 1.5}, r"^fraction must be in \(0, 1\], got 1\.5$"),
+        ({"val_fraction": 1.0}, r"^val_fraction must be in \[0, 1\), got 1\.0$"),
+        ({"clients": 0}, r"^clients must be >= 1, got 0$"),
+        ({"rounds": -2}, r"^rounds must be >= 1, got -2$"),
+        ({"local_steps": -1}, r"^local_steps must be >= 0, got -1$"),
+        ({"batch_size": 0}, r"^batch_size must be >= 1, got 0$"),
+        ({"lr": 0}, r"^lr must be > 0, got 0\.0$"),
+        ({"eval_every": 0}, r"^eval_every must be >= 1, got 0$"),
+        ({"timeout": -1}, r"^timeout must be >= 0, got -1\.0$"),
+        ({"optimizer": "adamw"}, r"^optimizer must be sgd or adam, got 'adamw'$"),
+        ({"augment": "yes"}, r"^augment must be auto, on or off, got 'yes'$"),
+        ({"val_mode": "x"}, r"^val_mode must be auto, random, tail or subjects, got 'x'$"),
+        ({"transport": "grpc"}, r"^transport must be inprocess or flower, got 'grpc'$"),
+        ({"group_norm_groups": 0}, r"^group_norm_groups must be >= 1, got 0$"),
+    ],
+)
+def test_an_out_of_range_value_is_named_with_what_was_given(layer, message):
+    """Every range message says the value it refused, as a typo in a long config file is otherwise hard to
+    find; group_norm_groups is checked even when the model's norm does not use it."""
+    with pytest.raises(ConfigError, match=message):
+        build_config(RunConfig(), layer)
