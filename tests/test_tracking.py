@@ -256,12 +256,14 @@ def _disk_full(*args, **kwargs):
     [
         ("mlflow,tensorboard", "fedistill.engine.tracking_tensorboard.TensorBoardTracker.start"),
         ("mlflow", "fedistill.engine.loop.write_summary"),
+        ("mlflow", "fedistill.algorithms.base.ServerLogic.setup"),
     ],
-    ids=["a-later-tracker-cannot-start", "writing-the-summary-fails"],
+    ids=["a-later-tracker-cannot-start", "writing-the-summary-fails", "the-server-set-up-fails"],
 )
 def test_a_run_that_fails_outside_its_rounds_closes_its_mlflow_run(tmp_path, file_store_env, track, where):
     """A tracker started before one that cannot start (TensorBoard on a full disk), or a failure after the
-    last round (writing the models, plot or summary): the MLflow run already opened is closed (KILLED), not
+    last round (writing the models, plot or summary), or before the first (the server's set-up: FedIOD's
+    stage 1, the long part a user interrupts): the MLflow run already opened is closed (KILLED), not
     left RUNNING in the store; `--resume` logs on from the checkpoint as after any failure."""
     from mlflow.tracking import MlflowClient
 
