@@ -284,3 +284,15 @@ def test_an_out_of_range_value_is_named_with_what_was_given(layer, message):
     find; group_norm_groups is checked even when the model's norm does not use it."""
     with pytest.raises(ConfigError, match=message):
         build_config(RunConfig(), layer)
+
+
+def test_a_text_key_set_to_digits_on_the_command_line_keeps_the_text():
+    """`--set name=2024` names a run 2024, as `--name 2024` does: the key takes text, so the digits are
+    not read as a number it would then refuse; a number in a config file is still a mistake."""
+    assert parse_assignment("name=2024") == ("name", "2024")
+    assert parse_assignment("data_dir=1.5") == ("data_dir", "1.5")
+    assert build_config(RunConfig(), dict([parse_assignment("name=2024")])).name == "2024"
+    assert parse_assignment("rounds=3") == ("rounds", 3)  # a number where the key takes one
+    assert parse_assignment("name='quoted'") == ("name", "quoted")
+    with pytest.raises(ConfigError, match="name must be str, got 2024"):
+        build_config(RunConfig(), {"name": 2024})

@@ -154,7 +154,10 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise ConfigError(f"--set expects key=value, got {text!r}")
     key, _, value = text.partition("=")
-    return key.strip(), parse_value(value.strip())
+    key, parsed = key.strip(), parse_value(value.strip())
+    if key in _COMMON and _COMMON[key].type == "str" and not isinstance(parsed, str | dict | list):
+        return key, value.strip()  # `name=2024` names a run, as `--name 2024` does: the key takes text
+    return key, parsed
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
