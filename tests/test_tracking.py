@@ -295,3 +295,22 @@ def test_a_tracker_whose_package_is_missing_is_named_before_anything_is_written(
     with pytest.raises(ConfigError, match=message):
         start_suite(config, progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_mlflow_logs_the_set_up_traffic_at_step_0_as_tensorboard_does(tmp_path, file_store_env):
+    """Traffic before round 1 (FedIOD's stage 1: the logits its teachers send) goes to step 0; MLflow took
+    step 0 for a round it already held and left it out, so its bytes curve started at round 1."""
+    from mlflow.tracking import MlflowClient
+
+    from fedistill.engine.tracking_mlflow import MlflowTracker
+
+    run_dir = tmp_path / "suite" / "fediod"
+    run_dir.mkdir(parents=True)
+    tracker = MlflowTracker()
+    tracker.start(build_config(RunConfig(), {"algorithm": "fediod"}), run_dir)
+    tracker.log_round({"round": 0}, {"client->server": {"logits": 100}})
+    tracker.log_round({"round": 1, "test_accuracy": 0.5}, {"client->server": {"logits": 40}})
+    tracker.abort()
+    client = MlflowClient(json.loads((run_dir / "mlflow.json").read_text())["tracking_uri"])
+    history = client.get_metric_history(tracker.run_id, "bytes/client_to_server/total")
+    assert sorted((m.step, m.value) for m in history) == [(0, 100.0), (1, 40.0)]

@@ -62,7 +62,9 @@ class MlflowTracker:
         self.client: Any = None
         self.run_id = ""
         self.step = 0
-        self.logged = 0  # the last round the MLflow run already holds (one an interrupted run logged)
+        # the last round the MLflow run already holds (one an interrupted run logged); -1: none, as step 0
+        # holds the set-up's traffic (FedIOD's stage 1)
+        self.logged = -1
 
     def start(self, config: RunConfig, run_dir: Path) -> None:
         """Log on into the MLflow run an interrupted run left, else create one with the config as params;
@@ -98,7 +100,7 @@ class MlflowTracker:
             return ""
         self.client.update_run(run.info.run_id, status="RUNNING")
         history = self.client.get_metric_history(run.info.run_id, EVERY_ROUND)
-        self.logged = max((int(m.step) for m in history), default=0)
+        self.logged = max((int(m.step) for m in history), default=-1)
         log.info("mlflow: logging on into run %s", run.info.run_id)
         return str(run.info.run_id)
 
