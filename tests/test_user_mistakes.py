@@ -275,6 +275,8 @@ def test_ctrl_c_names_the_run_folder_and_resume_ends_like_an_uninterrupted_run(t
         (["--set", "min_clients=3"], "min_clients = 3 is more than clients = 2"),
         (["--set", "cifar100.labels='coarse'"], "sets options of dataset 'cifar100', but the run uses"),
         (["--set", "nosuch.key=1"], "unknown config table [nosuch]"),
+        (["--set", "fedprox.model='lenett'"], "unknown model 'lenett'; did you mean"),  # not running
+        (["--set", "fedprox.norm='groups'"], "unknown norm 'groups'"),
     ],
 )
 def test_config_mistakes_are_named_before_anything_is_written(tmp_path, capsys, bad, named):
