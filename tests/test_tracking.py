@@ -314,3 +314,26 @@ def test_mlflow_logs_the_set_up_traffic_at_step_0_as_tensorboard_does(tmp_path, 
     client = MlflowClient(json.loads((run_dir / "mlflow.json").read_text())["tracking_uri"])
     history = client.get_metric_history(tracker.run_id, "bytes/client_to_server/total")
     assert sorted((m.step, m.value) for m in history) == [(0, 100.0), (1, 40.0)]
+
+
+def test_a_new_run_in_the_folder_of_one_that_never_did_work_gets_an_mlflow_run_of_its_own(
+    tmp_path, file_store_env
+):
+    """A run that diverged in round 1 leaves its name free; the next run under that name (with a sane lr)
+    logged on into the failed run's MLflow run, under the failed run's params (lr = 1e9)."""
+    from mlflow.tracking import MlflowClient
+
+    from fedistill.engine.launch import start_suite
+    from fedistill.errors import FederationError
+
+    keys = {**TINY, "out": str(tmp_path), "name": "a", "track": "mlflow"}
+    with pytest.raises(FederationError):
+        start_suite(build_config(RunConfig(), {**keys, "lr": 1e9}), progress=False)
+    failed = json.loads((tmp_path / "a" / "fedavg" / "mlflow.json").read_text())["run_id"]
+    start_suite(build_config(RunConfig(), {**keys, "lr": 0.05}), progress=False)
+    record = json.loads((tmp_path / "a" / "fedavg" / "mlflow.json").read_text())
+    client = MlflowClient(record["tracking_uri"])
+    assert record["run_id"] != failed
+    run = client.get_run(record["run_id"])
+    assert run.info.status == "FINISHED" and run.data.params["lr"] == "0.05"
+    assert client.get_run(failed).info.status == "KILLED"

@@ -225,7 +225,8 @@ def _loop(
     metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_at=runner_state["metrics"] if state else None)
     tracking = None
     try:  # a failure before round 1 (stage 1 interrupted) closes what it opened, as one in a round does
-        tracking = start_tracking(config, run_dir)  # None unless config.track names trackers
+        # None unless config.track names trackers; a new run under a used name is no resume of it
+        tracking = start_tracking(config, run_dir, resume=state is not None or restarted)
         fleet = _fleet(config, algorithm, clients, ledger, grid, run_dir, data.split)
         # the versions of the code that starts the run, not of whatever is on disk when it ends
         ran_with, ran_on = versions(), machine()

@@ -66,9 +66,9 @@ class MlflowTracker:
         # holds the set-up's traffic (FedIOD's stage 1)
         self.logged = -1
 
-    def start(self, config: RunConfig, run_dir: Path) -> None:
-        """Log on into the MLflow run an interrupted run left, else create one with the config as params;
-        ConfigError without a reachable server."""
+    def start(self, config: RunConfig, run_dir: Path, *, resume: bool = False) -> None:
+        """On `resume`, log on into the MLflow run an interrupted run left, else create one with the config
+        as params; ConfigError without a reachable server."""
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
@@ -78,7 +78,9 @@ class MlflowTracker:
         self.step = resumed_round(run_dir)
         try:
             self.client = MlflowClient(tracking_uri=uri)
-            self.run_id = self._reopen(run_dir, uri) or self._create(config, run_dir, uri)
+            # a new run in the folder of one that never did any work gets its own: that one's params differ
+            reopened = self._reopen(run_dir, uri) if resume else ""
+            self.run_id = reopened or self._create(config, run_dir, uri)
         except MlflowException as exc:
             raise ConfigError(f"track = mlflow: {uri}: {exc.message}") from None
 

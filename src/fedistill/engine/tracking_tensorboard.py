@@ -40,7 +40,7 @@ class TensorBoardTracker:
         self.writer: Any = None
         self.step = 0
 
-    def start(self, config: RunConfig, run_dir: Path) -> None:
+    def start(self, config: RunConfig, run_dir: Path, *, resume: bool = False) -> None:
         """Open the run's tensorboard/ log, purging the steps a resumed run will write again; the config is
         logged on a fresh start."""
         self.step = resumed_round(run_dir)
