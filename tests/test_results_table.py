@@ -123,3 +123,23 @@ def test_summary_md_and_results_md_give_alpha_only_for_a_partition_that_draws_wi
         first = (tmp_path / "results.md").read_text().splitlines()[0]
         expected = "iid, seed 0" if method == "iid" else "dirichlet alpha 0.5, seed 0"
         assert first == f"# Results: digits, 3 clients, {expected}"
+
+
+def test_results_md_counts_the_federation_s_clients_when_a_pooled_run_comes_first(tmp_path):
+    """Centralized trains one pooled client: a suite listing it first was headed "digits, 1 clients"."""
+    from fedistill.engine.summary import write_suite_results
+
+    def summary(algorithm: str, federated: bool, clients: int) -> dict:
+        return _summary(algorithm, {"test_accuracy": 0.9}) | {
+            "federated": federated,
+            "dataset": "digits",
+            "clients": clients,
+            "seed": 0,
+            "partition": {"method": "dirichlet", "alpha": 0.5, "hash": "0" * 64},
+        }
+
+    curves = {name: [{"round": 1, "test_accuracy": 0.9}] for name in ("centralized", "fedavg")}
+    write_suite_results(tmp_path, [summary("centralized", False, 1), summary("fedavg", True, 3)], curves)
+    assert (tmp_path / "results.md").read_text().startswith("# Results: digits, 3 clients, dirichlet")
+    write_suite_results(tmp_path, [summary("centralized", False, 1)], {"centralized": curves["centralized"]})
+    assert (tmp_path / "results.md").read_text().startswith("# Results: digits, 1 client, dirichlet")

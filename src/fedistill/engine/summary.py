@@ -230,8 +230,10 @@ def write_suite_results(
 ) -> None:
     """Write a suite's results.md, results.json and the learning-curve plot of its headline metric."""
     first = summaries[0]
+    # a pooled run (Centralized) trains one client: the suite's federation is a federated run's
+    clients = next((s["clients"] for s in summaries if s["federated"]), first["clients"])
     text = (
-        f"# Results: {first['dataset']}, {first['clients']} clients, "
+        f"# Results: {first['dataset']}, {clients} client{'' if clients == 1 else 's'}, "
         f"{partition_text(first['partition'], brackets=False)}, seed {first['seed']}\n\n"
         + results_markdown(summaries)
         + f"\nRan on: {machine.of_summaries(summaries)}\n"
