@@ -296,6 +296,8 @@ def for_algorithm(config: RunConfig, name: str) -> RunConfig:
     try:
         return build_config(config.replace(algorithm=name, options=options), common)
     except ConfigError as exc:  # the run's own keys were valid: a key of this table is out of range
+        if not common:
+            raise
         given = ", ".join(f"{name}.{key} = {value!r}" for key, value in common.items())
         raise ConfigError(f"{given}: {exc}") from None
 
