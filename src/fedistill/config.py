@@ -52,7 +52,9 @@ class RunConfig:
     augment: str = "auto"  # auto (the dataset's usual augmentation) | on | off
     seed: int = 0
     out: str = "runs"
-    name: str = ""  # run directory name; empty: <dataset>-<time> (the local date and time it started)
+    # run directory name; empty: <dataset>-<time> (the local date and time it started; -2, -3, ... added
+    # when a run started in the same second holds it)
+    name: str = ""
     eval_every: int = 1
     checkpoint_every: int = 1
     timeout: float = 0.0  # seconds a client may take to answer; 0: no limit in-process, 600 s on Flower
