@@ -341,3 +341,12 @@ def test_a_full_disk_during_a_run_stops_it_resumably(tmp_path, capsys, monkeypat
     monkeypatch.setattr(runner, "write_checkpoint", real)
     assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 0
     assert _same_as(reference, tmp_path / "r")
+
+
+def test_why_a_run_stopped_is_in_its_run_log_as_well(tmp_path, capsys):
+    """A run that cannot go on says why in one line on stderr; run.log, which a batch job's reader opens
+    later, held the clients' warnings but not that line."""
+    assert main(_run(tmp_path, "--name", "a", "--lr", "1e9")) == 1
+    stopped = _one_line(capsys, prefix="fedistill: run stopped: ").removeprefix("fedistill: run stopped: ")
+    log = (tmp_path / "a" / "fedavg" / "run.log").read_text(encoding="utf-8")
+    assert f"ERROR fedistill: run stopped: {stopped}" in log

@@ -39,7 +39,7 @@ from fedistill.engine.rundir import MetricsWriter
 from fedistill.engine.setup import Prepared, client_contexts, resolve, score_first, source_names
 from fedistill.engine.summary import write_summary
 from fedistill.engine.tracking import start_tracking
-from fedistill.errors import ConfigError, RunDirError
+from fedistill.errors import ConfigError, FederationError, RunDirError
 from fedistill.federation.fleet import Fleet
 from fedistill.federation.ledger import Ledger
 from fedistill.machine import history_after, machine
@@ -125,6 +125,9 @@ def run_algorithm(
                 )
         restarted = resume and checkpoint is None  # a resumed run that never checkpointed starts over
         return _loop(config, algorithm, options, run_dir, data, state, progress, grid, restarted)
+    except FederationError as exc:  # why it stopped goes to run.log too; the console has the CLI's line
+        handler.handle(logging.LogRecord("fedistill", logging.ERROR, "", 0, "run stopped: %s", (exc,), None))
+        raise
     finally:
         logging.getLogger().removeHandler(handler)
         handler.close()
