@@ -238,3 +238,61 @@ def test_partitioner_options_have_a_table_that_reaches_the_partitioner_and_survi
         prepare_data(build_config(config, {"partition_options.nosuch": 1}))
     with pytest.raises(ConfigError, match=r"partitioner options go in \[partition_options\]"):
         build_config(RunConfig(), {"partition.shuffle_within_class": False})
+
+
+@pytest.mark.parametrize(
+    ("assignment", "message"),
+    [
+        ("fedavg.lrr=0.1", r"unknown config key 'fedavg\.lrr'; did you mean 'fedavg\.lr'\?.*fedavg\.lr, "),
+        ("fedavg.roundz=2", r"did you mean 'fedavg\.rounds'\?"),
+        ("fedavg.lr='abc'", r"^fedavg\.lr must be float, got 'abc'"),
+        ("fedavg.rounds=0", r"^fedavg\.rounds = 0: rounds must be >= 1"),
+        ("fedavg.optimizer='adamw'", r"^fedavg\.optimizer = 'adamw': optimizer must be sgd or adam"),
+    ],
+)
+def test_a_table_key_error_names_the_table_and_offers_the_common_keys_it_may_set(assignment, message):
+    """`fedavg.lr` is a key of [fedavg] like `fedavg.mu`: a typo of it is offered it, and a bad value of it
+    is named as the user wrote it, not as the common `lr` they did not set."""
+    from fedistill.engine.setup import resolve
+
+    config = build_config(RunConfig(), dict([parse_assignment(assignment)]))
+    with pytest.raises(ConfigError, match=message):
+        resolve(config, "fedavg")
+
+
+@pytest.mark.parametrize(
+    ("layer", "message"),
+    [
+        ({"fraction": 1.5}, r"^fraction must be in \(0, 1\], got 1\.5$"),
+        ({"val_fraction": 1.0}, r"^val_fraction must be in \[0, 1\), got 1\.0$"),
+        ({"clients": 0}, r"^clients must be >= 1, got 0$"),
+        ({"rounds": -2}, r"^rounds must be >= 1, got -2$"),
+        ({"local_steps": -1}, r"^local_steps must be >= 0, got -1$"),
+        ({"batch_size": 0}, r"^batch_size must be >= 1, got 0$"),
+        ({"lr": 0}, r"^lr must be > 0, got 0\.0$"),
+        ({"eval_every": 0}, r"^eval_every must be >= 1, got 0$"),
+        ({"timeout": -1}, r"^timeout must be >= 0, got -1\.0$"),
+        ({"optimizer": "adamw"}, r"^optimizer must be sgd or adam, got 'adamw'$"),
+        ({"augment": "yes"}, r"^augment must be auto, on or off, got 'yes'$"),
+        ({"val_mode": "x"}, r"^val_mode must be auto, random, tail or subjects, got 'x'$"),
+        ({"transport": "grpc"}, r"^transport must be inprocess or flower, got 'grpc'$"),
+        ({"group_norm_groups": 0}, r"^group_norm_groups must be >= 1, got 0$"),
+    ],
+)
+def test_an_out_of_range_value_is_named_with_what_was_given(layer, message):
+    """Every range message says the value it refused, as a typo in a long config file is otherwise hard to
+    find; group_norm_groups is checked even when the model's norm does not use it."""
+    with pytest.raises(ConfigError, match=message):
+        build_config(RunConfig(), layer)
+
+
+def test_a_text_key_set_to_digits_on_the_command_line_keeps_the_text():
+    """`--set name=2024` names a run 2024, as `--name 2024` does: the key takes text, so the digits are
+    not read as a number it would then refuse; a number in a config file is still a mistake."""
+    assert parse_assignment("name=2024") == ("name", "2024")
+    assert parse_assignment("data_dir=1.5") == ("data_dir", "1.5")
+    assert build_config(RunConfig(), dict([parse_assignment("name=2024")])).name == "2024"
+    assert parse_assignment("rounds=3") == ("rounds", 3)  # a number where the key takes one
+    assert parse_assignment("name='quoted'") == ("name", "quoted")
+    with pytest.raises(ConfigError, match="name must be str, got 2024"):
+        build_config(RunConfig(), {"name": 2024})

@@ -97,3 +97,49 @@ def test_a_table_wider_than_120_columns_is_printed_whole_into_a_file_or_pipe(cap
     print_results([_summary(long_name, final), _summary("fedavg", {"test_accuracy": 0.97})])
     out = capsys.readouterr().out
     assert "…" not in out and long_name in out and "81.17 ± 1.23" in out
+
+
+def test_summary_md_and_results_md_give_alpha_only_for_a_partition_that_draws_with_it(tmp_path):
+    """An iid or natural split ignores alpha: "iid (alpha 0.5)" read as if the split were skewed."""
+    from fedistill.engine.summary import write_suite_results
+
+    base = _summary("fedavg", {"test_accuracy": 0.95}) | {
+        "dataset": "digits",
+        "description": "FedAvg",
+        "model": "mlp",
+        "clients": 3,
+        "seed": 0,
+        "peak_memory_mb": 1.0,
+        "dropped_clients": {},
+        "versions": {},
+    }
+    for method, shown in (
+        ("iid", "- partition: iid, hash"),
+        ("dirichlet", "- partition: dirichlet (alpha 0.5), hash"),
+    ):
+        summary = base | {"partition": {"method": method, "alpha": 0.5, "hash": "0" * 64}}
+        assert shown in summary_markdown(summary)
+        write_suite_results(tmp_path, [summary], {"fedavg": [{"round": 1, "test_accuracy": 0.95}]})
+        first = (tmp_path / "results.md").read_text().splitlines()[0]
+        expected = "iid, seed 0" if method == "iid" else "dirichlet alpha 0.5, seed 0"
+        assert first == f"# Results: digits, 3 clients, {expected}"
+
+
+def test_results_md_counts_the_federation_s_clients_when_a_pooled_run_comes_first(tmp_path):
+    """Centralized trains one pooled client: a suite listing it first was headed "digits, 1 clients"."""
+    from fedistill.engine.summary import write_suite_results
+
+    def summary(algorithm: str, federated: bool, clients: int) -> dict:
+        return _summary(algorithm, {"test_accuracy": 0.9}) | {
+            "federated": federated,
+            "dataset": "digits",
+            "clients": clients,
+            "seed": 0,
+            "partition": {"method": "dirichlet", "alpha": 0.5, "hash": "0" * 64},
+        }
+
+    curves = {name: [{"round": 1, "test_accuracy": 0.9}] for name in ("centralized", "fedavg")}
+    write_suite_results(tmp_path, [summary("centralized", False, 1), summary("fedavg", True, 3)], curves)
+    assert (tmp_path / "results.md").read_text().startswith("# Results: digits, 3 clients, dirichlet")
+    write_suite_results(tmp_path, [summary("centralized", False, 1)], {"centralized": curves["centralized"]})
+    assert (tmp_path / "results.md").read_text().startswith("# Results: digits, 1 client, dirichlet")

@@ -33,3 +33,22 @@ def test_the_write_probe_is_one_file_per_process(tmp_path, monkeypatch):
     monkeypatch.setattr(disk, "write_bytes", lambda path, data: (written.append(path), real(path, data)))
     assert suite_dir._unwritable(tmp_path) is None
     assert [p.name for p in written] == [f".write-test-{os.getpid()}"] and list(tmp_path.iterdir()) == []
+
+
+def test_runs_started_in_the_same_second_without_a_name_get_folders_of_their_own(tmp_path, monkeypatch):
+    """The default name is the dataset and the second a run started: a loop of short runs
+    (`for lr in ...: fedistill.run(lr=lr)`) stopped at its second run with "already holds a run". A taken
+    default name gets -2, -3, ...; a name the user gave is still refused."""
+    from fedistill.engine import launch
+
+    monkeypatch.setattr(launch, "default_name", lambda config: "digits-20240601-120000")
+    keys = {"algorithm": "fedavg", "clients": 2, "rounds": 1, "model": "mlp", "out": str(tmp_path)}
+    made = [
+        launch.start_suite(build_config(RunConfig(), keys, {"lr": lr}), progress=False)[0]
+        for lr in (0.1, 0.2)
+    ]
+    assert [p.name for p in made] == ["digits-20240601-120000", "digits-20240601-120000-2"]
+    assert all((p / "fedavg" / "summary.json").is_file() for p in made)
+    named = build_config(RunConfig(), keys, {"name": "digits-20240601-120000"})
+    with pytest.raises(RunDirError, match="already holds a run"):
+        launch.start_suite(named, progress=False)

@@ -256,12 +256,14 @@ def _disk_full(*args, **kwargs):
     [
         ("mlflow,tensorboard", "fedistill.engine.tracking_tensorboard.TensorBoardTracker.start"),
         ("mlflow", "fedistill.engine.loop.write_summary"),
+        ("mlflow", "fedistill.algorithms.base.ServerLogic.setup"),
     ],
-    ids=["a-later-tracker-cannot-start", "writing-the-summary-fails"],
+    ids=["a-later-tracker-cannot-start", "writing-the-summary-fails", "the-server-set-up-fails"],
 )
 def test_a_run_that_fails_outside_its_rounds_closes_its_mlflow_run(tmp_path, file_store_env, track, where):
     """A tracker started before one that cannot start (TensorBoard on a full disk), or a failure after the
-    last round (writing the models, plot or summary): the MLflow run already opened is closed (KILLED), not
+    last round (writing the models, plot or summary), or before the first (the server's set-up: FedIOD's
+    stage 1, the long part a user interrupts): the MLflow run already opened is closed (KILLED), not
     left RUNNING in the store; `--resume` logs on from the checkpoint as after any failure."""
     from mlflow.tracking import MlflowClient
 
@@ -272,3 +274,66 @@ def test_a_run_that_fails_outside_its_rounds_closes_its_mlflow_run(tmp_path, fil
             run_suite(config, tmp_path / "suite", progress=False)
     record = json.loads((tmp_path / "suite" / "fedavg" / "mlflow.json").read_text())
     assert MlflowClient(record["tracking_uri"]).get_run(record["run_id"]).info.status == "KILLED"
+
+
+@pytest.mark.parametrize(
+    ("track", "missing", "message"),
+    [
+        ("tensorboard", ("torch.utils.tensorboard",), r"track = tensorboard needs TensorBoard: pip install"),
+        ("mlflow", ("mlflow", "mlflow.tracking", "mlflow.exceptions"), r"track = mlflow needs MLflow: pip"),
+    ],
+)
+def test_a_tracker_whose_package_is_missing_is_named_before_anything_is_written(
+    tmp_path, monkeypatch, track, missing, message
+):
+    """A missing tracker package is a setup mistake like a missing dataset: one line, and no run folder."""
+    from fedistill.engine.launch import start_suite
+
+    for module in missing:
+        monkeypatch.setitem(sys.modules, module, None)  # importing it now raises ImportError
+    config = build_config(RunConfig(), {**TINY, "out": str(tmp_path / "out"), "name": "a", "track": track})
+    with pytest.raises(ConfigError, match=message):
+        start_suite(config, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_mlflow_logs_the_set_up_traffic_at_step_0_as_tensorboard_does(tmp_path, file_store_env):
+    """Traffic before round 1 (FedIOD's stage 1: the logits its teachers send) goes to step 0; MLflow took
+    step 0 for a round it already held and left it out, so its bytes curve started at round 1."""
+    from mlflow.tracking import MlflowClient
+
+    from fedistill.engine.tracking_mlflow import MlflowTracker
+
+    run_dir = tmp_path / "suite" / "fediod"
+    run_dir.mkdir(parents=True)
+    tracker = MlflowTracker()
+    tracker.start(build_config(RunConfig(), {"algorithm": "fediod"}), run_dir)
+    tracker.log_round({"round": 0}, {"client->server": {"logits": 100}})
+    tracker.log_round({"round": 1, "test_accuracy": 0.5}, {"client->server": {"logits": 40}})
+    tracker.abort()
+    client = MlflowClient(json.loads((run_dir / "mlflow.json").read_text())["tracking_uri"])
+    history = client.get_metric_history(tracker.run_id, "bytes/client_to_server/total")
+    assert sorted((m.step, m.value) for m in history) == [(0, 100.0), (1, 40.0)]
+
+
+def test_a_new_run_in_the_folder_of_one_that_never_did_work_gets_an_mlflow_run_of_its_own(
+    tmp_path, file_store_env
+):
+    """A run that diverged in round 1 leaves its name free; the next run under that name (with a sane lr)
+    logged on into the failed run's MLflow run, under the failed run's params (lr = 1e9)."""
+    from mlflow.tracking import MlflowClient
+
+    from fedistill.engine.launch import start_suite
+    from fedistill.errors import FederationError
+
+    keys = {**TINY, "out": str(tmp_path), "name": "a", "track": "mlflow"}
+    with pytest.raises(FederationError):
+        start_suite(build_config(RunConfig(), {**keys, "lr": 1e9}), progress=False)
+    failed = json.loads((tmp_path / "a" / "fedavg" / "mlflow.json").read_text())["run_id"]
+    start_suite(build_config(RunConfig(), {**keys, "lr": 0.05}), progress=False)
+    record = json.loads((tmp_path / "a" / "fedavg" / "mlflow.json").read_text())
+    client = MlflowClient(record["tracking_uri"])
+    assert record["run_id"] != failed
+    run = client.get_run(record["run_id"])
+    assert run.info.status == "FINISHED" and run.data.params["lr"] == "0.05"
+    assert client.get_run(failed).info.status == "KILLED"

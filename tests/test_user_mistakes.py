@@ -295,6 +295,8 @@ def test_ctrl_c_names_the_run_folder_and_resume_ends_like_an_uninterrupted_run(t
         (["--set", "min_clients=3"], "min_clients = 3 is more than clients = 2"),
         (["--set", "cifar100.labels='coarse'"], "sets options of dataset 'cifar100', but the run uses"),
         (["--set", "nosuch.key=1"], "unknown config table [nosuch]"),
+        (["--set", "fedprox.model='lenett'"], "unknown model 'lenett'; did you mean"),  # not running
+        (["--set", "fedprox.norm='groups'"], "unknown norm 'groups'"),
     ],
 )
 def test_config_mistakes_are_named_before_anything_is_written(tmp_path, capsys, bad, named):
@@ -359,3 +361,12 @@ def test_a_full_disk_during_a_run_stops_it_resumably(tmp_path, capsys, monkeypat
     monkeypatch.setattr(runner, "write_checkpoint", real)
     assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 0
     assert _same_as(reference, tmp_path / "r")
+
+
+def test_why_a_run_stopped_is_in_its_run_log_as_well(tmp_path, capsys):
+    """A run that cannot go on says why in one line on stderr; run.log, which a batch job's reader opens
+    later, held the clients' warnings but not that line."""
+    assert main(_run(tmp_path, "--name", "a", "--lr", "1e9")) == 1
+    stopped = _one_line(capsys, prefix="fedistill: run stopped: ").removeprefix("fedistill: run stopped: ")
+    log = (tmp_path / "a" / "fedavg" / "run.log").read_text(encoding="utf-8")
+    assert f"ERROR fedistill: run stopped: {stopped}" in log

@@ -102,7 +102,9 @@ def build_parser(module_commands: tuple[str, ...] | None = None) -> argparse.Arg
         "--seed", type=int, help="the one seed of the run: partition, initialisation, sampling, client order"
     )
     run.add_argument("--out", help="parent folder of run directories (default: runs)")
-    run.add_argument("--name", help="run directory name under --out (default: <dataset>-<time>)")
+    run.add_argument(
+        "--name", help="run directory name under --out (default: <dataset>-<time>, then -2, -3, ... if taken)"
+    )
     run.add_argument(
         "--transport",
         choices=["inprocess", "flower"],

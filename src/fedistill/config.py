@@ -52,7 +52,9 @@ class RunConfig:
     augment: str = "auto"  # auto (the dataset's usual augmentation) | on | off
     seed: int = 0
     out: str = "runs"
-    name: str = ""  # run directory name; empty: <dataset>-<time> (the local date and time it started)
+    # run directory name; empty: <dataset>-<time> (the local date and time it started; -2, -3, ... added
+    # when a run started in the same second holds it)
+    name: str = ""
     eval_every: int = 1
     checkpoint_every: int = 1
     timeout: float = 0.0  # seconds a client may take to answer; 0: no limit in-process, 600 s on Flower
@@ -154,7 +156,10 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise ConfigError(f"--set expects key=value, got {text!r}")
     key, _, value = text.partition("=")
-    return key.strip(), parse_value(value.strip())
+    key, parsed = key.strip(), parse_value(value.strip())
+    if key in _COMMON and _COMMON[key].type == "str" and not isinstance(parsed, str | dict | list):
+        return key, value.strip()  # `name=2024` names a run, as `--name 2024` does: the key takes text
+    return key, parsed
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
@@ -196,49 +201,57 @@ def build_config(base: RunConfig | None = None, *layers: dict[str, Any]) -> RunC
 
 
 def validate(config: RunConfig) -> None:
-    """Range checks that do not need the registries (those check names when they are used)."""
+    """Range checks that do not need the registries (those check names when they are used); each message
+    names the value it refused."""
+    c = config
     checks = [
-        (config.clients >= 1, "clients must be >= 1"),
-        (config.rounds >= 1, "rounds must be >= 1"),
-        (0.0 < config.fraction <= 1.0, "fraction must be in (0, 1]"),
-        (0.0 <= config.val_fraction < 1.0, "val_fraction must be in [0, 1)"),
-        (config.local_epochs >= 1 or config.local_steps >= 1, "local_epochs or local_steps must be >= 1"),
-        (config.local_steps >= 0, "local_steps must be >= 0"),
-        (config.batch_size >= 1, "batch_size must be >= 1"),
-        (config.lr > 0, "lr must be > 0"),
-        (config.momentum >= 0, f"momentum must be >= 0, got {config.momentum}"),
-        (config.weight_decay >= 0, f"weight_decay must be >= 0, got {config.weight_decay}"),
-        (config.eval_every >= 1, "eval_every must be >= 1"),
-        (config.checkpoint_every >= 1, "checkpoint_every must be >= 1"),
-        (config.min_clients >= 1, "min_clients must be >= 1"),
+        (c.clients >= 1, f"clients must be >= 1, got {c.clients}"),
+        (c.rounds >= 1, f"rounds must be >= 1, got {c.rounds}"),
+        (0.0 < c.fraction <= 1.0, f"fraction must be in (0, 1], got {c.fraction}"),
+        (0.0 <= c.val_fraction < 1.0, f"val_fraction must be in [0, 1), got {c.val_fraction}"),
         (
-            config.min_clients <= config.clients,
-            f"min_clients = {config.min_clients} is more than clients = {config.clients}; "
-            "no round could go on",
+            c.local_epochs >= 1 or c.local_steps >= 1,
+            f"local_epochs or local_steps must be >= 1, got local_epochs = {c.local_epochs} and "
+            f"local_steps = {c.local_steps}",
         ),
-        (config.timeout >= 0, "timeout must be >= 0"),
-        (config.max_message_mb > 0, "max_message_mb must be > 0"),
+        (c.local_steps >= 0, f"local_steps must be >= 0, got {c.local_steps}"),
+        (c.batch_size >= 1, f"batch_size must be >= 1, got {c.batch_size}"),
+        (c.lr > 0, f"lr must be > 0, got {c.lr}"),
+        (c.momentum >= 0, f"momentum must be >= 0, got {c.momentum}"),
+        (c.weight_decay >= 0, f"weight_decay must be >= 0, got {c.weight_decay}"),
+        (c.group_norm_groups >= 1, f"group_norm_groups must be >= 1, got {c.group_norm_groups}"),
+        (c.eval_every >= 1, f"eval_every must be >= 1, got {c.eval_every}"),
+        (c.checkpoint_every >= 1, f"checkpoint_every must be >= 1, got {c.checkpoint_every}"),
+        (c.min_clients >= 1, f"min_clients must be >= 1, got {c.min_clients}"),
         (
-            config.threads >= 0,
-            f"threads = {config.threads}: use 0 (torch's default) or a positive number of threads",
+            c.min_clients <= c.clients,
+            f"min_clients = {c.min_clients} is more than clients = {c.clients}; no round could go on",
         ),
-        (config.augment in ("auto", "on", "off"), "augment must be auto, on or off"),
+        (c.timeout >= 0, f"timeout must be >= 0, got {c.timeout}"),
+        (c.max_message_mb > 0, f"max_message_mb must be > 0, got {c.max_message_mb}"),
+        (c.threads >= 0, f"threads = {c.threads}: use 0 (torch's default) or a positive number of threads"),
+        (c.augment in ("auto", "on", "off"), f"augment must be auto, on or off, got {c.augment!r}"),
         (
-            config.val_mode in ("auto", "random", "tail", "subjects"),
-            "val_mode must be auto, random, tail or subjects",
-        ),
-        (config.private_init in ("shared", "client"), "private_init must be shared or client"),
-        (config.optimizer in ("sgd", "adam"), "optimizer must be sgd or adam"),
-        (config.transport in ("inprocess", "flower"), "transport must be inprocess or flower"),
-        (bool(config.algorithms), "algorithm must name at least one algorithm"),
-        (
-            len(set(config.algorithms)) == len(config.algorithms),
-            f"algorithm = {config.algorithm!r} names an algorithm twice; each runs once, in its own folder",
+            c.val_mode in ("auto", "random", "tail", "subjects"),
+            f"val_mode must be auto, random, tail or subjects, got {c.val_mode!r}",
         ),
         (
-            all(name in TRACKERS for name in tracker_names(config.track)),
-            f"track = {config.track!r}: valid values are empty, {', '.join(TRACKERS)}, "
-            f"or {','.join(TRACKERS)}",
+            c.private_init in ("shared", "client"),
+            f"private_init must be shared or client, got {c.private_init!r}",
+        ),
+        (c.optimizer in ("sgd", "adam"), f"optimizer must be sgd or adam, got {c.optimizer!r}"),
+        (
+            c.transport in ("inprocess", "flower"),
+            f"transport must be inprocess or flower, got {c.transport!r}",
+        ),
+        (bool(c.algorithms), f"algorithm must name at least one algorithm, got {c.algorithm!r}"),
+        (
+            len(set(c.algorithms)) == len(c.algorithms),
+            f"algorithm = {c.algorithm!r} names an algorithm twice; each runs once, in its own folder",
+        ),
+        (
+            all(name in TRACKERS for name in tracker_names(c.track)),
+            f"track = {c.track!r}: valid values are empty, {', '.join(TRACKERS)}, or {','.join(TRACKERS)}",
         ),
     ]
     for ok, message in checks:
@@ -258,7 +271,7 @@ def options_for(config: RunConfig, name: str, options_type: type) -> Any:
                 f"the table (an algorithm's table may set only {', '.join(sorted(PER_ALGORITHM_KEYS))})"
             )
         if key not in known:
-            raise _unknown(f"{name}.{key}", [f"{name}.{k}" for k in known])
+            raise _unknown(f"{name}.{key}", [f"{name}.{k}" for k in [*known, *PER_ALGORITHM_KEYS]])
         values[key] = _check_value(f"{name}.{key}", value, known[key].type)
     options = options_type(**values)
     check = getattr(options, "validate", None)
@@ -278,10 +291,17 @@ def for_algorithm(config: RunConfig, name: str) -> RunConfig:
     """The config of one algorithm of a suite: its table's common keys (e.g. `[fedprox] lr`) win."""
     section = dict(config.options.get(name, {}))
     common = {key: section.pop(key) for key in list(section) if key in PER_ALGORITHM_KEYS}
+    common = {key: _check_value(f"{name}.{key}", value, _COMMON[key].type) for key, value in common.items()}
     options = {k: v for k, v in config.options.items() if k != name}
     if section:
         options[name] = section
-    return build_config(config.replace(algorithm=name, options=options), common)
+    try:
+        return build_config(config.replace(algorithm=name, options=options), common)
+    except ConfigError as exc:  # the run's own keys were valid: a key of this table is out of range
+        if not common:
+            raise
+        given = ", ".join(f"{name}.{key} = {value!r}" for key, value in common.items())
+        raise ConfigError(f"{given}: {exc}") from None
 
 
 def write_config(config: RunConfig, path: Path) -> None:

@@ -64,10 +64,12 @@ def start_suite(
     config = canonical_dataset(config)  # the default name spells the dataset one way
     folder.check_name(config.name)
     suite_dir = Path(config.out).expanduser() / (config.name or default_name(config))
-    if folder.run_started(suite_dir):
+    if config.name and folder.run_started(suite_dir):
         hint = resume_hint.format(dir=suite_dir) or "resume it or choose another name"
         raise RunDirError(f"{suite_dir} already holds a run; {hint}")
     data = validate_setup(config)  # nothing is written before the setup is valid
+    if not config.name:  # a run started in the same second may hold the default name: take the next
+        suite_dir = folder.claim(suite_dir)
     folder.create(suite_dir)
     if started is not None:
         started(suite_dir)

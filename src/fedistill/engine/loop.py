@@ -39,7 +39,7 @@ from fedistill.engine.rundir import MetricsWriter
 from fedistill.engine.setup import Prepared, client_contexts, resolve, score_first, source_names
 from fedistill.engine.summary import write_summary
 from fedistill.engine.tracking import start_tracking
-from fedistill.errors import ConfigError, RunDirError
+from fedistill.errors import ConfigError, FederationError, RunDirError
 from fedistill.federation.fleet import Fleet
 from fedistill.federation.ledger import Ledger
 from fedistill.machine import history_after, machine
@@ -125,6 +125,9 @@ def run_algorithm(
                 )
         restarted = resume and checkpoint is None  # a resumed run that never checkpointed starts over
         return _loop(config, algorithm, options, run_dir, data, state, progress, grid, restarted)
+    except FederationError as exc:  # why it stopped goes to run.log too; the console has the CLI's line
+        handler.handle(logging.LogRecord("fedistill", logging.ERROR, "", 0, "run stopped: %s", (exc,), None))
+        raise
     finally:
         logging.getLogger().removeHandler(handler)
         handler.close()
@@ -223,33 +226,42 @@ def _loop(
     runner_state = state["runner"] if state else {"round": 0, "ledger": 0, "metrics": 0, "elapsed": 0.0}
     ledger = Ledger(run_dir / "ledger.jsonl", resume_at=runner_state["ledger"] if state else None)
     metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_at=runner_state["metrics"] if state else None)
-    tracking = start_tracking(config, run_dir)  # None unless config.track names trackers
-    fleet = _fleet(config, algorithm, clients, ledger, grid, run_dir, data.split)
-    # the versions of the code that starts the run, not of whatever is on disk when it ends
-    ran_with, ran_on = versions(), machine()
-    machines_so_far = history_after(runner_state.get("machines", []), ran_on)  # this start's machine last
-    started = time.perf_counter() - runner_state["elapsed"]  # wall time includes set-up (stage 1)
-    if state:
-        missing = [
-            part for part in ("server", *(f"client_{cid:03d}" for cid in clients)) if part not in state
-        ]
-        if missing:  # a checkpoint from before manifests, with files gone (a manifest's would fall back)
-            raise RunDirError(
-                f"{run_dir}: its checkpoint lacks {', '.join(missing)}; start again under another --name"
-            )
-        server.load_state_dict(state["server"])
-        for cid, client in clients.items():
-            client.load_state_dict(state[f"client_{cid:03d}"])
-        privacy_journal.catch_up(run_dir, clients)  # DP releases made after the checkpoint count
-        fleet.dropped = {int(k): v for k, v in runner_state.get("dropped", {}).items()}
-        log.info("resumed %s from round %d", algorithm.name, runner_state["round"])
-    else:
-        if restarted:  # its sites' DP releases before the stop reached the server: they count
-            privacy_journal.catch_up(run_dir, clients, restarted=True)
-        # on a GPU, which card (the summary's device_name); on the CPU nothing a user needs to read
-        log.log(logging.INFO if devices.current().type == "cuda" else logging.DEBUG,
-                "%s on %s", algorithm.name, devices.describe())  # fmt: skip
-        server.setup(fleet)
+    tracking = None
+    try:  # a failure before round 1 (stage 1 interrupted) closes what it opened, as one in a round does
+        # None unless config.track names trackers; a new run under a used name is no resume of it
+        tracking = start_tracking(config, run_dir, resume=state is not None or restarted)
+        fleet = _fleet(config, algorithm, clients, ledger, grid, run_dir, data.split)
+        # the versions of the code that starts the run, not of whatever is on disk when it ends
+        ran_with, ran_on = versions(), machine()
+        machines_so_far = history_after(runner_state.get("machines", []), ran_on)  # this start's machine last
+        started = time.perf_counter() - runner_state["elapsed"]  # wall time includes set-up (stage 1)
+        if state:
+            missing = [
+                part for part in ("server", *(f"client_{cid:03d}" for cid in clients)) if part not in state
+            ]
+            if missing:  # a checkpoint from before manifests, with files gone (a manifest's would fall back)
+                raise RunDirError(
+                    f"{run_dir}: its checkpoint lacks {', '.join(missing)}; start again under another --name"
+                )
+            server.load_state_dict(state["server"])
+            for cid, client in clients.items():
+                client.load_state_dict(state[f"client_{cid:03d}"])
+            privacy_journal.catch_up(run_dir, clients)  # DP releases made after the checkpoint count
+            fleet.dropped = {int(k): v for k, v in runner_state.get("dropped", {}).items()}
+            log.info("resumed %s from round %d", algorithm.name, runner_state["round"])
+        else:
+            if restarted:  # its sites' DP releases before the stop reached the server: they count
+                privacy_journal.catch_up(run_dir, clients, restarted=True)
+            # on a GPU, which card (the summary's device_name); on the CPU nothing a user needs to read
+            log.log(logging.INFO if devices.current().type == "cuda" else logging.DEBUG,
+                    "%s on %s", algorithm.name, devices.describe())  # fmt: skip
+            server.setup(fleet)
+    except BaseException:
+        ledger.close()
+        metrics.close()
+        if tracking is not None:
+            tracking.abort()
+        raise
 
     start_round = runner_state["round"] + 1
     rounds_done = runner_state["round"]  # rounds completed: fewer than planned when a StopRun ends it

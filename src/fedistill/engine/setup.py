@@ -22,6 +22,7 @@ from fedistill.config import RunConfig, for_algorithm, options_for
 from fedistill.data.base import LoadedDataset
 from fedistill.data.partition import FederatedSplit, make_split
 from fedistill.data.registry import canonical_dataset_name, load_dataset
+from fedistill.engine.tracking import trackers_for
 from fedistill.errors import ConfigError, DataError, UserError, unknown_name
 from fedistill.models import check_model_norm, model_names
 from fedistill.seeding import derive_seed
@@ -163,7 +164,16 @@ def check_sections(config: RunConfig) -> None:
                 f"unknown config table [{section}]{hint}; tables are algorithm names, the dataset's "
                 f"name, [partition_options], [task] or [model_options] (valid: {', '.join(valid)})"
             )
-        resolve(config, section)
+        check_model(config, section)
+
+
+def check_model(config: RunConfig, name: str) -> None:
+    """Algorithm `name`'s options, its model's name and its norm, as its table and the common keys set
+    them."""
+    own = resolve(config, name).config
+    if own.model not in model_names():
+        raise unknown_name("model", own.model, model_names(), ConfigError)
+    check_model_norm(own.model, None if own.norm == "auto" else own.norm)
 
 
 def validate_setup(config: RunConfig) -> Prepared:
@@ -172,11 +182,9 @@ def validate_setup(config: RunConfig) -> Prepared:
     config = canonical_dataset(config)
     check_sections(config)
     devices.resolve(config.device)  # a device this machine lacks is a mistake named before any work
+    trackers_for(config)  # a tracker whose package is missing, too
     for name in config.algorithms:
-        own = resolve(config, name).config
-        if own.model not in model_names():
-            raise unknown_name("model", own.model, model_names(), ConfigError)
-        check_model_norm(own.model, None if own.norm == "auto" else own.norm)
+        check_model(config, name)
     data = prepare_data(config)
     info = data.dataset.info
     task = task_of(config, info)

@@ -7,6 +7,7 @@ on `kill -9`. A second process gets a clear message instead of garbling the firs
 
 from __future__ import annotations
 
+import itertools
 import os
 import tomllib
 from collections.abc import Iterator
@@ -93,6 +94,23 @@ def _unwritable(folder: Path) -> str | None:
     except OSError as exc:
         return exc.strerror or type(exc).__name__
     return None
+
+
+def claim(base: Path) -> Path:
+    """The first of `base`, `base-2`, `base-3`, ... that this call creates (a default name is the second a
+    run started: a loop of short runs, or two processes, start several in one); on another error, `base`,
+    whose `create` says why it cannot be written."""
+    for count in itertools.count(1):
+        candidate = base if count == 1 else base.with_name(f"{base.name}-{count}")
+        try:
+            candidate.parent.mkdir(parents=True, exist_ok=True)
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        except OSError:
+            return base
+        return candidate
+    raise AssertionError("unreachable")
 
 
 def create(suite_dir: Path) -> None:

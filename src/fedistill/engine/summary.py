@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fedistill import disk, machine
+from fedistill.data.partition import DIRICHLET
 from fedistill.engine.rundir import write_json
 from fedistill.errors import RunDirError
 from fedistill.federation.ledger import DOWN, UP
@@ -115,7 +116,7 @@ def summary_markdown(s: dict[str, Any]) -> str:
         s["description"] + ("" if s["federated"] else "  **(not federated: data pooled)**"),
         "",
         f"- model: {s['model']}; clients: {s['clients']}; rounds: {rounds_cell(s)}; seed: {s['seed']}",
-        f"- partition: {part['method']} (alpha {part['alpha']}), hash `{part['hash'][:16]}`",
+        f"- partition: {partition_text(part, brackets=True)}, hash `{part['hash'][:16]}`",
         f"- wall time: {s['wall_time_s']:.1f} s; peak memory: {s['peak_memory_mb']:.0f} MiB",
         *([f"- **stopped early**: {s['stopped']}"] if s.get("stopped") else []),
         *oracle_line(s),
@@ -146,6 +147,15 @@ def summary_markdown(s: dict[str, Any]) -> str:
     lines += ["", f"Versions: {', '.join(f'{k} {v}' for k, v in s['versions'].items())}"]
     lines += [f"Machine: {machine.of_summary(s)}", ""]
     return "\n".join(lines)
+
+
+def partition_text(part: dict[str, Any], *, brackets: bool) -> str:
+    """The partitioner's name, with its alpha only where it draws with alpha: an iid or natural split
+    ignores it, and "iid (alpha 0.5)" reads as a skewed one."""
+    method, alpha = str(part["method"]), part["alpha"]
+    if method not in DIRICHLET:
+        return method
+    return f"{method} (alpha {alpha})" if brackets else f"{method} alpha {alpha}"
 
 
 def results_rows(summaries: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -220,9 +230,11 @@ def write_suite_results(
 ) -> None:
     """Write a suite's results.md, results.json and the learning-curve plot of its headline metric."""
     first = summaries[0]
+    # a pooled run (Centralized) trains one client: the suite's federation is a federated run's
+    clients = next((s["clients"] for s in summaries if s["federated"]), first["clients"])
     text = (
-        f"# Results: {first['dataset']}, {first['clients']} clients, "
-        f"{first['partition']['method']} alpha {first['partition']['alpha']}, seed {first['seed']}\n\n"
+        f"# Results: {first['dataset']}, {clients} client{'' if clients == 1 else 's'}, "
+        f"{partition_text(first['partition'], brackets=False)}, seed {first['seed']}\n\n"
         + results_markdown(summaries)
         + f"\nRan on: {machine.of_summaries(summaries)}\n"
     )

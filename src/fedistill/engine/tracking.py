@@ -23,7 +23,7 @@ log = logging.getLogger("fedistill")
 class Tracker(Protocol):
     """Where a run is streamed: one run of the tracker per algorithm of a suite."""
 
-    def start(self, config: RunConfig, run_dir: Path) -> None:
+    def start(self, config: RunConfig, run_dir: Path, *, resume: bool = False) -> None:
         """Open (or, for a resumed run, reopen) the tracker's run; log the resolved config."""
 
     def log_round(self, row: dict[str, Any], communication: Communication) -> None:
@@ -53,15 +53,16 @@ def trackers_for(config: RunConfig) -> list[Tracker]:
     return trackers
 
 
-def start_tracking(config: RunConfig, run_dir: Path) -> Tracking | None:
-    """The run's tracking, started after the ledger was opened (it reads on from there); None untracked."""
+def start_tracking(config: RunConfig, run_dir: Path, *, resume: bool = False) -> Tracking | None:
+    """The run's tracking, started after the ledger was opened (it reads on from there); None untracked.
+    `resume`: the run goes on from where an earlier start of it stopped (a checkpoint, or round 1 again)."""
     if not config.track:
         return None
     trackers = trackers_for(config)
     tracking = Tracking(trackers, run_dir / "ledger.jsonl")
     for count, tracker in enumerate(trackers):
         try:
-            tracker.start(config, run_dir)
+            tracker.start(config, run_dir, resume=resume)
         except BaseException:
             # those started before it are closed (an MLflow run is not left RUNNING), then the error goes on
             Tracking(trackers[:count], tracking.ledger.path).abort()

@@ -51,28 +51,36 @@ class MlflowTracker:
     """Logs params at the start, metrics per round, and the run's results and files at the end."""
 
     def __init__(self) -> None:
-        self.client: Any = None
-        self.run_id = ""
-        self.step = 0
-        self.logged = 0  # the last round the MLflow run already holds (one an interrupted run logged)
-
-    def start(self, config: RunConfig, run_dir: Path) -> None:
-        """Log on into the MLflow run an interrupted run left, else create one with the config as params;
-        ConfigError without MLflow or a reachable server."""
+        """ConfigError when MLflow is missing: made before the run writes anything (validate_setup)."""
         try:
-            from mlflow.exceptions import MlflowException
-            from mlflow.tracking import MlflowClient
+            import mlflow.exceptions
+            import mlflow.tracking  # noqa: F401
         except ImportError:
             raise ConfigError(
                 "track = mlflow needs MLflow: pip install -e '.[track]' (or fedistill[track])"
             ) from None
+        self.client: Any = None
+        self.run_id = ""
+        self.step = 0
+        # the last round the MLflow run already holds (one an interrupted run logged); -1: none, as step 0
+        # holds the set-up's traffic (FedIOD's stage 1)
+        self.logged = -1
+
+    def start(self, config: RunConfig, run_dir: Path, *, resume: bool = False) -> None:
+        """On `resume`, log on into the MLflow run an interrupted run left, else create one with the config
+        as params; ConfigError without a reachable server."""
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
         uri = tracking_uri(run_dir)
         # a resumed run that has no round left to train logs its final metrics at its last round, as
         # TensorBoard does, not at step 0
         self.step = resumed_round(run_dir)
         try:
             self.client = MlflowClient(tracking_uri=uri)
-            self.run_id = self._reopen(run_dir, uri) or self._create(config, run_dir, uri)
+            # a new run in the folder of one that never did any work gets its own: that one's params differ
+            reopened = self._reopen(run_dir, uri) if resume else ""
+            self.run_id = reopened or self._create(config, run_dir, uri)
         except MlflowException as exc:
             raise ConfigError(f"track = mlflow: {uri}: {exc.message}") from None
 
@@ -94,7 +102,7 @@ class MlflowTracker:
             return ""
         self.client.update_run(run.info.run_id, status="RUNNING")
         history = self.client.get_metric_history(run.info.run_id, EVERY_ROUND)
-        self.logged = max((int(m.step) for m in history), default=0)
+        self.logged = max((int(m.step) for m in history), default=-1)
         log.info("mlflow: logging on into run %s", run.info.run_id)
         return str(run.info.run_id)
 

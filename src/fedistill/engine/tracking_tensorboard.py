@@ -29,23 +29,25 @@ class TensorBoardTracker:
     """Writes scalars per round, then the final metrics, results table, plots and model card."""
 
     def __init__(self) -> None:
-        self.writer: Any = None
-        self.step = 0
-
-    def start(self, config: RunConfig, run_dir: Path) -> None:
-        """Open the run's tensorboard/ log, purging the steps a resumed run will write again; the config is
-        logged on a fresh start."""
+        """ConfigError when TensorBoard is missing: made before the run writes anything (validate_setup)."""
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise ConfigError(
                 "track = tensorboard needs TensorBoard: pip install -e '.[track]' (or fedistill[track])"
             ) from None
+        self.summary_writer = SummaryWriter
+        self.writer: Any = None
+        self.step = 0
+
+    def start(self, config: RunConfig, run_dir: Path, *, resume: bool = False) -> None:
+        """Open the run's tensorboard/ log, purging the steps a resumed run will write again; the config is
+        logged on a fresh start."""
         self.step = resumed_round(run_dir)
         # from the first round this process runs: a fresh start (0) also hides a run that died before
         # its first checkpoint
         purge = self.step + 1 if self.step else 0
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
+        self.writer = self.summary_writer(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
         if not self.step:
             self.writer.add_text("config", config_markdown(config), 0)
         self.writer.flush()

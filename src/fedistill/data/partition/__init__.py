@@ -29,10 +29,11 @@ from fedistill.data.partition.partitioners import (
     iid,
     natural,
 )
-from fedistill.data.partition.registry import PARTITIONERS, Partitioner, get_partitioner, partition
+from fedistill.data.partition.registry import DIRICHLET, PARTITIONERS, Partitioner, get_partitioner, partition
 from fedistill.data.partition.split import FederatedSplit, load_split, make_split, save_split
 
 __all__ = [
+    "DIRICHLET",
     "PARTITIONERS",
     "FederatedSplit",
     "Partitioner",

@@ -22,6 +22,8 @@ from fedistill.errors import unknown_name
 Partitioner = Callable[..., list[np.ndarray]]
 
 PARTITIONERS: dict[str, Partitioner] = {}
+#: The partitioners that draw with `alpha` (the others ignore it: iid, natural).
+DIRICHLET: set[str] = set()
 
 _COMMON_ARGS = {"labels", "num_clients", "alpha", "seed", "num_classes"}
 
@@ -54,6 +56,8 @@ def register(name: str, *, dirichlet: bool) -> Callable[[Partitioner], Partition
             return parts
 
         PARTITIONERS[name] = run
+        if dirichlet:
+            DIRICHLET.add(name)
         return run
 
     return wrap
