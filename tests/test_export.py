@@ -23,6 +23,7 @@ from fedistill.federation.ledger import DOWN, UP
 from fedistill.inference import TrainedModel
 from fedistill.inference.export import add_arguments, export_model, exported_module, run_command, verify
 from fedistill.inference.trained_model import InputError
+from fedistill.inference.model_card import card_markdown
 from fedistill.machine import describe, machine
 from fedistill.models import build_model
 from fedistill.tasks import make_task
@@ -84,6 +85,10 @@ def test_default_export_is_safetensors_in_the_runs_export_folder_with_a_card(run
     text = (path.parent / "global.safetensors.card.md").read_text(encoding="utf-8")
     assert "## What left the sites" in text and "parameters" in text and summary["partition"]["hash"] in text
     assert f"- trained on: {describe(machine())}" in text
+    part = summary["partition"]
+    assert f"- partition: {part['method']} (alpha {part['alpha']}), hash" in text
+    iid = {**card, "partition": {**card["partition"], "method": "iid"}}  # an iid split draws no alpha
+    assert f"- partition: iid, hash `{part['hash']}`" in card_markdown(iid)
 
 
 def test_onnx_classifier_equals_pytorch_on_the_test_set(run_dir, test_images, tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedistill import machine
-from fedistill.engine.summary import metric_text
+from fedistill.engine.summary import metric_text, partition_text
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.inference.trained_model import TrainedModel
 
@@ -248,7 +248,7 @@ def card_markdown(card: dict[str, Any]) -> str:
         f"task: {m['task']}; {m['parameters']:,} parameters",
         f"- input: {tuple(m['input_shape'])}; output: {m['output']}",
         f"- trained by {card['clients']} clients over {method['rounds']} rounds (seed {method['seed']})",
-        f"- partition: {part['method']} (alpha {part['alpha']}), hash `{part['hash']}`",
+        f"- partition: {partition_text(part, brackets=True)}, hash `{part['hash']}`",
         f"- git commit: {card['git_commit'] or 'unknown (not a git checkout)'}",
         f"- versions: {', '.join(f'{k} {v}' for k, v in card['versions'].items())}",
         f"- trained on: {card.get('trained_on', machine.NOT_RECORDED)}",
