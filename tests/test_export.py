@@ -22,8 +22,8 @@ from fedistill.errors import ConfigError
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.inference import TrainedModel
 from fedistill.inference.export import add_arguments, export_model, exported_module, run_command, verify
-from fedistill.inference.trained_model import InputError
 from fedistill.inference.model_card import card_markdown
+from fedistill.inference.trained_model import InputError
 from fedistill.machine import describe, machine
 from fedistill.models import build_model
 from fedistill.tasks import make_task
