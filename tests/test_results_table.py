@@ -143,3 +143,35 @@ def test_results_md_counts_the_federation_s_clients_when_a_pooled_run_comes_firs
     assert (tmp_path / "results.md").read_text().startswith("# Results: digits, 3 clients, dirichlet")
     write_suite_results(tmp_path, [summary("centralized", False, 1)], {"centralized": curves["centralized"]})
     assert (tmp_path / "results.md").read_text().startswith("# Results: digits, 1 client, dirichlet")
+
+
+def test_summary_md_folds_the_per_client_traffic_of_a_large_federation_into_a_spread():
+    """One row per client and content kind made a 1,000-site run's summary.md thousands of lines long:
+    past `PER_CLIENT_ROWS` clients it gives each kind's spread over the clients instead (summary.json keeps
+    every client)."""
+    from fedistill.engine.summary import PER_CLIENT_ROWS
+
+    def run(clients: int) -> str:
+        up = {str(c): {"logits": 100 * (c + 1), "metrics": 8} for c in range(clients)}
+        summary = _summary("fediod", {"test_accuracy": 0.9})
+        summary["communication"] = {
+            UP: {"total_bytes": 0, "per_kind": {"logits": 1}, "per_client": up},
+            DOWN: {"total_bytes": 0, "per_kind": {}, "per_client": {"0": {"inputs": 5}}},
+        }
+        summary |= {
+            "dataset": "digits", "description": "FedIOD", "model": "mlp", "clients": clients, "seed": 0,
+            "partition": {"method": "iid", "alpha": 0.5, "hash": "0" * 64}, "peak_memory_mb": 1.0,
+            "dropped_clients": {}, "versions": {},
+        }  # fmt: skip
+        return summary_markdown(summary)
+
+    small = run(PER_CLIENT_ROWS)
+    assert f"| {UP} | {PER_CLIENT_ROWS - 1} | logits | {100 * PER_CLIENT_ROWS:,} |" in small
+    large = run(1000)
+    assert len(large.splitlines()) < 60
+    assert "| direction | kind | clients | min | median | max (client) |" in large
+    assert f"| {UP} | logits | 1,000 | 100 | 50,050 | 100,000 (999) |" in large
+    assert (
+        f"| {UP} | metrics | 1,000 | 8 | 8 | 8 (0) |" in large
+        and f"| {DOWN} | inputs | 1 | 5 | 5 | 5 (0) |" in large
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,36 @@ def floor_line(s: dict[str, Any]) -> list[str]:
     return [f"- floor ({floor['label']}, no training): {', '.join(cells)}"]
 
 
+#: Up to this many clients summary.md lists each client's bytes per kind; past it, each kind's spread over
+#: the clients (a 1,000-site run would print thousands of rows; summary.json keeps every client)
+PER_CLIENT_ROWS = 20
+
+
+def per_client_traffic(comm: dict[str, Any], clients: int) -> list[str]:
+    """summary.md's per-client traffic table: a row per client and kind, or per kind its spread."""
+    if clients <= PER_CLIENT_ROWS:
+        rows = ["| direction | client | kind | bytes |", "|---|---|---|---|"]
+        for direction in (UP, DOWN):
+            for client, kinds in comm[direction]["per_client"].items():
+                rows += [f"| {direction} | {client} | {kind} | {size:,} |" for kind, size in kinds.items()]
+        return rows
+    rows = ["| direction | kind | clients | min | median | max (client) |", "|---|---|---|---|---|---|"]
+    for direction in (UP, DOWN):
+        by_kind: dict[str, dict[str, int]] = {}
+        for client, kinds in comm[direction]["per_client"].items():
+            for kind, size in kinds.items():
+                by_kind.setdefault(kind, {})[client] = size
+        for kind, sizes in by_kind.items():
+            top = max(sizes, key=lambda client: sizes[client])  # the first client of the largest share
+            values = sorted(sizes.values())
+            median = statistics.median(values)
+            rows.append(
+                f"| {direction} | {kind} | {len(values):,} | {values[0]:,} | {median:,.0f} | "
+                f"{sizes[top]:,} ({top}) |"
+            )
+    return rows
+
+
 def summary_markdown(s: dict[str, Any]) -> str:
     """The summary.md of one run: its setting, wall time, final metrics and communication."""
     comm, part = s["communication"], s["partition"]
@@ -130,13 +161,8 @@ def summary_markdown(s: dict[str, Any]) -> str:
         "",
         "## What crossed the boundary",
         "",
-        "| direction | client | kind | bytes |",
-        "|---|---|---|---|",
+        *per_client_traffic(comm, s["clients"]),
     ]
-    for direction in (UP, DOWN):
-        for client, kinds in comm[direction]["per_client"].items():
-            for kind, size in kinds.items():
-                lines.append(f"| {direction} | {client} | {kind} | {size:,} |")
     lines += ["", "| direction | kind | total bytes |", "|---|---|---|"]
     for direction in (UP, DOWN):
         for kind, size in comm[direction]["per_kind"].items():
