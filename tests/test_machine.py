@@ -72,6 +72,8 @@ def test_a_run_resumed_on_another_machine_names_both(tmp_path, monkeypatch):
     assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 0
     summary = json.loads(Path(tmp_path / "r" / "fedavg" / "summary.json").read_text())
     both = [machine.describe(machine.machine()), "Other CPU, 4 CPUs, AVX2 kernels"]
+    said = (tmp_path / "r" / "fedavg" / "run.log").read_text()
+    assert f"WARNING fedistill: fedavg ran on {both[0]} until round 1 and continues on {both[1]}" in said
     assert summary["machine"] == other and summary["machine_history"] == both
     assert f"Machine: {both[0]} then {both[1]}" in (tmp_path / "r" / "fedavg" / "summary.md").read_text()
     assert machine.of_summaries([summary]) == f"{both[0]} then {both[1]}"

@@ -249,6 +249,12 @@ def _loop(
             privacy_journal.catch_up(run_dir, clients)  # DP releases made after the checkpoint count
             fleet.dropped = {int(k): v for k, v in runner_state.get("dropped", {}).items()}
             log.info("resumed %s from round %d", algorithm.name, runner_state["round"])
+            if runner_state.get("machines") and runner_state["machines"][-1] != machines_so_far[-1]:
+                log.warning(  # threads = 0 on another core count, another kernel path: other rounding
+                    "%s ran on %s until round %d and continues on %s: its later rounds may round differently "
+                    "from an uninterrupted run's (the summary lists both machines)",
+                    algorithm.name, runner_state["machines"][-1], runner_state["round"], machines_so_far[-1],
+                )  # fmt: skip
         else:
             if restarted:  # its sites' DP releases before the stop reached the server: they count
                 privacy_journal.catch_up(run_dir, clients, restarted=True)
