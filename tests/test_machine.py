@@ -44,9 +44,10 @@ def test_runs_of_two_machines_are_both_named_once_and_old_runs_as_not_recorded()
     assert gpu == "AMD EPYC 9B14, 2 CPUs, AVX512 kernels, NVIDIA H200"
 
 
-def test_a_run_resumed_on_another_machine_names_both(tmp_path, monkeypatch):
-    """The checkpoint carries the machines a run has run on, so a run stopped on one machine and resumed
-    on another says so in its summary, summary.md and the results table."""
+def test_a_run_resumed_on_another_machine_by_other_code_names_both(tmp_path, monkeypatch):
+    """The checkpoint carries the machines and the code a run has run on, so a run stopped on one machine
+    and resumed on another, by newer code, says so in its log, summary, summary.md and the results table,
+    and `fedistill reproduce` does not take it for a run of the newer code alone."""
     import errno
     from pathlib import Path
 
@@ -54,6 +55,7 @@ def test_a_run_resumed_on_another_machine_names_both(tmp_path, monkeypatch):
 
     from fedistill.cli import main
     from fedistill.engine import loop
+    from fedistill.reproduce.reuse import made_by
 
     real_save = safetensors.torch.save_file
 
@@ -69,11 +71,16 @@ def test_a_run_resumed_on_another_machine_names_both(tmp_path, monkeypatch):
     monkeypatch.setattr(safetensors.torch, "save_file", real_save)
     other = {"cpu": "Other CPU", "cpus": 4, "kernels": "AVX2"}
     monkeypatch.setattr(loop, "machine", lambda: other)
+    before = loop.versions()
+    monkeypatch.setattr(loop, "versions", lambda: {**before, "code": "0123456789ab"})
     assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 0
     summary = json.loads(Path(tmp_path / "r" / "fedavg" / "summary.json").read_text())
     both = [machine.describe(machine.machine()), "Other CPU, 4 CPUs, AVX2 kernels"]
     said = (tmp_path / "r" / "fedavg" / "run.log").read_text()
-    assert f"WARNING fedistill: fedavg ran on {both[0]} until round 1 and continues on {both[1]}" in said
+    assert f"fedavg ran on {both[0]} until round 1 and continues with {both[1]}: " in said
+    assert f"fedavg ran code {before['code']} until round 1 and continues with 0123456789ab: " in said
+    assert summary["code_history"] == [before["code"], "0123456789ab"]
+    assert made_by(tmp_path / "r" / "fedavg" / "summary.json") == f"{before['code']}+0123456789ab"
     assert summary["machine"] == other and summary["machine_history"] == both
     assert f"Machine: {both[0]} then {both[1]}" in (tmp_path / "r" / "fedavg" / "summary.md").read_text()
     assert machine.of_summaries([summary]) == f"{both[0]} then {both[1]}"

@@ -34,7 +34,7 @@ from fedistill.engine.checkpoint import (
     write_checkpoint,
 )
 from fedistill.engine.floor import floor_scores
-from fedistill.engine.resume import intact_lines, resume_point
+from fedistill.engine.resume import appended, intact_lines, resume_point, warn_of_changes
 from fedistill.engine.rundir import MetricsWriter
 from fedistill.engine.setup import Prepared, client_contexts, resolve, score_first, source_names
 from fedistill.engine.summary import write_summary
@@ -234,6 +234,7 @@ def _loop(
         # the versions of the code that starts the run, not of whatever is on disk when it ends
         ran_with, ran_on = versions(), machine()
         machines_so_far = history_after(runner_state.get("machines", []), ran_on)  # this start's machine last
+        codes_so_far = appended(runner_state.get("codes", []), ran_with["code"])
         started = time.perf_counter() - runner_state["elapsed"]  # wall time includes set-up (stage 1)
         if state:
             missing = [
@@ -249,12 +250,7 @@ def _loop(
             privacy_journal.catch_up(run_dir, clients)  # DP releases made after the checkpoint count
             fleet.dropped = {int(k): v for k, v in runner_state.get("dropped", {}).items()}
             log.info("resumed %s from round %d", algorithm.name, runner_state["round"])
-            if runner_state.get("machines") and runner_state["machines"][-1] != machines_so_far[-1]:
-                log.warning(  # threads = 0 on another core count, another kernel path: other rounding
-                    "%s ran on %s until round %d and continues on %s: its later rounds may round differently "
-                    "from an uninterrupted run's (the summary lists both machines)",
-                    algorithm.name, runner_state["machines"][-1], runner_state["round"], machines_so_far[-1],
-                )  # fmt: skip
+            warn_of_changes(algorithm.name, runner_state, machines_so_far, codes_so_far)
         else:
             if restarted:  # its sites' DP releases before the stop reached the server: they count
                 privacy_journal.catch_up(run_dir, clients, restarted=True)
@@ -322,6 +318,7 @@ def _loop(
                     "dropped": {str(k): v for k, v in fleet.dropped.items()},
                     "last_eval": last_eval,
                     "machines": machines_so_far,
+                    "codes": codes_so_far,
                     "settings": settings,
                 }
                 parts = {"runner": runner_state, "server": server.state_dict()}
@@ -392,6 +389,7 @@ def _loop(
             "versions": ran_with,
             "machine": ran_on,  # the server's: in-process and on Flower's simulation, every site's too
             **({"machine_history": machines_so_far} if len(machines_so_far) > 1 else {}),  # resumed elsewhere
+            **({"code_history": codes_so_far} if len(codes_so_far) > 1 else {}),  # resumed by other code
         }
         write_summary(run_dir, summary)
     except BaseException:

@@ -72,3 +72,25 @@ def resume_point(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
             "start the run again under another --name"
         )
     return None
+
+
+def appended(history: list[str], now: str) -> list[str]:
+    """`history` (what a checkpoint carries: the machines or code fingerprints a run has run on) with this
+    start's `now` added, unless it is the last one already."""
+    return history if history and history[-1] == now else [*history, now]
+
+
+def warn_of_changes(name: str, runner: dict[str, Any], machines: list[str], codes: list[str]) -> None:
+    """A resumed run whose machine or code is not the one it stopped on says so: its later rounds may
+    round (another core count, kernel path) or compute (another code) differently from an uninterrupted
+    run's; the summary lists each in `machine_history` and `code_history`."""
+    for what, history, now in (
+        ("ran on", runner.get("machines"), machines),
+        ("ran code", runner.get("codes"), codes),
+    ):
+        if history and history[-1] != now[-1]:
+            log.warning(
+                "%s %s %s until round %d and continues with %s: its later rounds may differ from an "
+                "uninterrupted run's (the summary lists both)",
+                name, what, history[-1], runner["round"], now[-1],
+            )  # fmt: skip

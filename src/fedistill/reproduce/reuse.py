@@ -28,11 +28,15 @@ KEEP_OTHER_CODE = "FEDISTILL_REUSE_OTHER_CODE"
 
 
 def made_by(summary_path: Path) -> str | None:
-    """The code fingerprint a summary records (None: none recorded, or the file does not read)."""
+    """The code fingerprint a summary records (None: none recorded, or the file does not read); a run
+    resumed by other code than it began with, every fingerprint it ran with, joined by `+`."""
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    history = summary.get("code_history") if isinstance(summary, dict) else None
+    if isinstance(history, list) and len(history) > 1:
+        return "+".join(map(str, history))
     versions = summary.get("versions") if isinstance(summary, dict) else None
     return versions.get("code") if isinstance(versions, dict) else None
 
