@@ -167,6 +167,25 @@ def test_a_resume_of_a_finished_run_refuses_a_config_edited_since(tmp_path):
     assert again["final"] == first["final"] and again["rounds_done"] == 2
 
 
+def test_an_edit_of_one_algorithms_table_blocks_resuming_that_algorithm_alone(tmp_path):
+    """Every checkpoint recorded the suite's whole config, so an edited `[fedprox] mu` was refused as an
+    edit of FedAvg's run too (its checkpoint was written under the old table)."""
+    from fedistill.config import RunConfig, build_config, for_algorithm
+    from fedistill.engine.launch import resume_suite, run_suite
+    from fedistill.engine.loop import check_finished_settings
+    from fedistill.errors import ConfigError
+
+    common = {"algorithm": "fedavg,fedprox", "clients": 2, "rounds": 1, "model": "mlp", "lr": 0.1}
+    config = build_config(RunConfig(), common, {"fedprox": {"mu": 0.01}})
+    run_suite(config, tmp_path, progress=False)
+    path = tmp_path / "config.toml"
+    path.write_text(path.read_text().replace("mu = 0.01", "mu = 0.1"))
+    edited = build_config(RunConfig(), common, {"fedprox": {"mu": 0.1}})
+    check_finished_settings(tmp_path / "fedavg", for_algorithm(edited, "fedavg"))  # FedAvg's run is as it was
+    with pytest.raises(ConfigError, match=r"fedprox: config\.toml differs .* \(fedprox\)"):
+        resume_suite(tmp_path, progress=False)
+
+
 def test_run_log_records_the_fallback_from_a_damaged_newest_checkpoint(tmp_path):
     """The warning that a resume went back past a damaged checkpoint reached the console only: run.log,
     the run's own record, did not say that rounds were computed twice."""

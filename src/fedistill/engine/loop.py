@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from fedistill import devices, interrupt
 from fedistill.algorithms.base import Algorithm, ServerContext, StopRun
+from fedistill.algorithms.registry import ALGORITHMS
 from fedistill.algorithms.shared.oracle import ORACLE_LABEL, ORACLE_METRIC
 from fedistill.algorithms.shared.stage1 import cache_folder
 from fedistill.algorithms.shared.training import evaluate_model, task_of
@@ -150,7 +151,11 @@ def check_same_settings(run_dir: Path, saved: dict[str, Any] | None, config: Run
     (an edited file would go on with other settings, silently); checkpoints that predate the record pass."""
     if saved is None:
         return
-    now = resumable_settings(config)
+    # another algorithm's table (`[fedprox] mu` for FedAvg's run) is none of this run's settings
+    others = set(ALGORITHMS) - {config.algorithm}
+    saved, now = (
+        {k: v for k, v in s.items() if k not in others} for s in (saved, resumable_settings(config))
+    )
     changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
     if changed:
         raise ConfigError(
