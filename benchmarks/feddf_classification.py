@@ -26,6 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fedistill import disk
 from fedistill.reproduce.arguments import shown_arguments
 from fedistill.reproduce.reuse import kept
 
@@ -167,7 +168,7 @@ def write(args: argparse.Namespace, rows: list[dict]) -> None:
     if path.is_file():  # keep rows of other cells measured by earlier invocations
         fresh = {key(r) for r in rows}
         rows = [r for r in json.loads(path.read_text())["rows"] if key(r) not in fresh] + rows
-    path.write_text(json.dumps({"command": command, "settings": settings, "rows": rows}, indent=2))
+    disk.write_text(path, json.dumps({"command": command, "settings": settings, "rows": rows}, indent=2))
     lines = [
         "# FedDF " + ("distillation-data ablation" if args.ablation else "against FedAvg, FedProx, FedAvgM"),
         "",
@@ -188,7 +189,7 @@ def write(args: argparse.Namespace, rows: list[dict]) -> None:
             f"| {r.get('last5_mean', float('nan')):.2f} | {r['best_mean']:.2f} | {r['target']:g} | {fmt_rounds(r['rounds_to_target'], args.rounds)} "
             f"| {len(r['seeds'])} |"
         )
-    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    disk.write_text(RESULTS / f"{stem}.md", "\n".join(lines) + "\n")
     plot_curves(rows + (main_table_references(rows) if args.ablation else []), RESULTS / f"{stem}.png")
     print("\n".join(lines))
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import head_commit
+from fedistill import disk
 from fedistill.reproduce.paths import RUNS
 from fedistill.reproduce.reuse import reusable
 
@@ -255,11 +256,11 @@ def write(rows: list[dict[str, Any]], argv: str, tag: str = "") -> list[str]:
     payload = {"command": argv, "commit": head_commit(), "runs": rows}
     RESULTS.mkdir(exist_ok=True)
     stem = "fediod_dense_communication" + (f"_{tag}" if tag else "")
-    (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    disk.write_text(RESULTS / f"{stem}.json", json.dumps(payload, indent=2) + "\n")
     lines = ["# FedIOD on the dense tasks: what sites send per G-step, and cheaper settings", "",
              f"Command: `{argv}` at commit {payload['commit']}; each row is one of these runs:", ""]  # fmt: skip
     lines += [f"    {r['command']}" for r in rows] + [""] + table(rows) + [NOTES.strip()]
-    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    disk.write_text(RESULTS / f"{stem}.md", "\n".join(lines) + "\n")
     return lines
 
 

@@ -49,6 +49,7 @@ from _common import (
     variant_suffix,
 )
 from fediod_step_time import matmul_peak_gflops
+from fedistill import disk
 from fedistill.algorithms.shared.selection import keep_if_best, nothing_selected
 from fedistill.engine.rundir import read_jsonl
 from fedistill.machine import of_summaries
@@ -246,8 +247,10 @@ def main() -> None:
             name = f"fediod_time_to_quality_{dataset}-alpha{alpha}{variant_suffix(args)}"
             folder = RESULTS / "sweeps" if args.tag else RESULTS
             name += f"_{args.tag}" if args.tag else ""
-            (folder / f"{name}.md").write_text(report(result, command), encoding="utf-8")
-            (folder / f"{name}.json").write_text(json.dumps(result | {"command": command}, indent=2) + "\n")
+            disk.write_text(folder / f"{name}.md", report(result, command))
+            disk.write_text(
+                folder / f"{name}.json", json.dumps(result | {"command": command}, indent=2) + "\n"
+            )
             plot(result, folder / f"{name}.png")
             print(report(result, command))
 

@@ -31,6 +31,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 import torch  # noqa: E402
 
 from fediod_step_time import matmul_peak_gflops  # noqa: E402
+from fedistill import disk  # noqa: E402
 from fedistill.machine import this_machine  # noqa: E402
 from fedistill.reproduce.arguments import shown_arguments  # noqa: E402
 from flower_processes import deployment, round_times  # noqa: E402
@@ -158,13 +159,14 @@ def write(args: argparse.Namespace, rows: list[dict], gflops: float) -> None:
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     stem = results / f"flower_speed_{args.dataset}"
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    stem.with_suffix(".json").write_text(
+    disk.write_text(stem.with_suffix(".md"), "\n".join(lines) + "\n")
+    disk.write_text(
+        stem.with_suffix(".json"),
         json.dumps(
             {"command": command, "machine": this_machine(), "matmul_peak_gflops": gflops, "rows": rows},
             indent=2,
         )
-        + "\n"
+        + "\n",
     )
     print("\n".join(lines))
 

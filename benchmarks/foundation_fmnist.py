@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from fedistill import disk
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
@@ -152,9 +154,9 @@ def write(rows: list[dict], demo: list[dict], demo_time: float, args: argparse.N
         lines.append(
             f"| {s['algorithm']} | {100 * s['test_accuracy']:.2f} | {s['wall_time_s']:.1f} | {s['peak_memory_mb']:.0f} |"
         )
-    (RESULTS / "foundation_fmnist.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    disk.write_text(RESULTS / "foundation_fmnist.md", "\n".join(lines) + "\n")
     payload = {"command": command, "rows": rows, "default_main_job": {"wall_time_s": demo_time, "runs": demo}}
-    (RESULTS / "foundation_fmnist.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    disk.write_text(RESULTS / "foundation_fmnist.json", json.dumps(payload, indent=2) + "\n")
 
 
 if __name__ == "__main__":

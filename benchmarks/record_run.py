@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import RESULTS, head_commit
+from fedistill import disk
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.machine import of_summaries
 from fedistill.reproduce.arguments import shown_arguments
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> tuple[Path, str]:
         raise SystemExit(
             f"record_run.py: `fedistill run {' '.join(args.run)}` failed; its run is in {folder}"
         )
-    given.write_text(json.dumps({"options": args.run, "commit": commit}), encoding="utf-8")
+    disk.write_text(given, json.dumps({"options": args.run, "commit": commit}))
     return folder, commit
 
 

@@ -38,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from fediod_step_time import matmul_peak_gflops  # noqa: E402
+from fedistill import disk  # noqa: E402
 from fedistill.reproduce.arguments import check_device, shown_arguments  # noqa: E402
 from fedistill.reproduce.paths import RUNS  # noqa: E402
 
@@ -177,7 +178,7 @@ def write(args: argparse.Namespace, rows: list[dict], gflops: float) -> None:
     gpu = args.device.startswith("cuda")
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
-    (results / f"{stem(args)}.json").write_text(json.dumps(record, indent=2) + "\n")
+    disk.write_text(results / f"{stem(args)}.json", json.dumps(record, indent=2) + "\n")
     lines = [
         f"# Scale: clients per run ({args.dataset}, {args.model}, fraction {args.fraction}, threads=1)",
         "",
@@ -226,7 +227,7 @@ def write(args: argparse.Namespace, rows: list[dict], gflops: float) -> None:
     for g in record["growth"]:
         lines.append(f"| {g['case']} | {', '.join(g['set']) or '-'} | {g['from']} | {g['to']} | {g['memory_mb']:+.0f} | {g['memory_x']:.2f} | "
                      f"{g['round_x']:.2f} |")  # fmt: skip
-    (results / f"{stem(args)}.md").write_text("\n".join(lines) + "\n")
+    disk.write_text(results / f"{stem(args)}.md", "\n".join(lines) + "\n")
 
 
 def main() -> None:
