@@ -30,3 +30,10 @@ def test_no_benchmark_script_writes_a_file_in_place():
     scripts = [p for p in sorted(BENCHMARKS.glob("*.py")) if p.name not in SCRATCH_ONLY]
     assert scripts
     assert [hit for script in scripts for hit in plain_writes(script)] == []
+
+
+def test_no_reproduction_writes_a_result_file_in_place():
+    """The tables the scripts hand their rows to (fedistill.reproduce) replace their files whole too."""
+    modules = sorted((BENCHMARKS.parent / "src" / "fedistill" / "reproduce").glob("*.py"))
+    assert modules
+    assert [hit for module in modules for hit in plain_writes(module)] == []

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedistill import disk
 from fedistill.data.medical.brain_synthetic import SCAN_SCALES, SKULLS
 from fedistill.data.registry import load_dataset
 from fedistill.reproduce.arguments import benchmark_parser, settings_digest
@@ -294,5 +295,5 @@ def execute(table: Table, spec: RunSpec, args: argparse.Namespace) -> Path:
     if fresh:
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-        (folder / "cpu_seconds.json").write_text(json.dumps({"cpu_s": cpu}) + "\n", encoding="utf-8")
+        disk.write_text(folder / "cpu_seconds.json", json.dumps({"cpu_s": cpu}) + "\n")
     return folder
