@@ -7,7 +7,8 @@ so its wall time and peak memory are its own.
 
     python benchmarks/foundation_fmnist.py [--data-dir DIR] [--rounds 100] [--seeds 0]
 
-Writes benchmarks/results/foundation_fmnist.{md,json}.
+Writes benchmarks/results/foundation_fmnist.{md,json}; a run folder under --out left by an earlier
+run of the script is replaced.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -44,6 +46,9 @@ PROTOCOL = [
 
 
 def fedistill(args: list[str]) -> float:
+    """One `fedistill run` in a process of its own, its folder (`--out`/`--name`) emptied first: `fedistill
+    run` refuses to write over a run, and a second run of this script reuses every name. Its wall time."""
+    shutil.rmtree(Path(args[args.index("--out") + 1]) / args[args.index("--name") + 1], ignore_errors=True)
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "fedistill.cli", "run", "--quiet", *args], check=True)
     return time.perf_counter() - start
