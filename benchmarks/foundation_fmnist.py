@@ -22,7 +22,11 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+from fediod_step_time import matmul_peak_gflops
 from fedistill import disk
+from fedistill.machine import joined, of_summaries, of_summary
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -63,6 +67,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--out", default=str(HERE / "runs"))
     args = parser.parse_args()
+    torch.set_num_threads(1)
+    gflops = matmul_peak_gflops()
     out = Path(args.out)
     rows = []
     for seed in [int(s) for s in args.seeds.split(",")]:
@@ -98,25 +104,33 @@ def main() -> None:
                         "wall_time_s": summary["wall_time_s"],
                         "peak_memory_mb": summary["peak_memory_mb"],
                         "run_dir": os.path.relpath(out / folder / algorithm, HERE.parent),
+                        "machine": of_summary(summary),
                     }
                 )
     demo_dir = out / "default-main-job"
     demo_time = fedistill(["--out", str(out), "--name", demo_dir.name])
     demo = json.loads((demo_dir / "results.json").read_text())
-    write(rows, demo, demo_time, args)
+    write(rows, demo, demo_time, args, gflops)
 
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def write(rows: list[dict], demo: list[dict], demo_time: float, args: argparse.Namespace) -> None:
+def write(
+    rows: list[dict], demo: list[dict], demo_time: float, args: argparse.Namespace, gflops: float
+) -> None:
+    """The table and the record; the machine is the one the runs' summaries name, beside this CPU's
+    one-thread fp32 matmul rate (`gflops`), so that wall times from two hosts can be told apart."""
     RESULTS.mkdir(parents=True, exist_ok=True)
+    machine = joined([*(r["machine"] for r in rows), of_summaries(demo)])
     command = f"python benchmarks/foundation_fmnist.py --rounds {args.rounds} --seeds {args.seeds}"
     lines = [
         "# Foundation benchmark: Fashion-MNIST, FedMD-CG protocol",
         "",
-        f"Command: `{command}` (each run a separate process; 2-core CPU).",
+        f"Command: `{command}` (each run a separate process).",
+        "",
+        f"Machine: {machine}; fp32 matmul {gflops:.1f} GFLOP/s at one thread, measured in the same command.",
         "",
         "Protocol: K = 10, balanced equal-size Dirichlet (`dirichlet-equal`), 100 rounds, 20 local steps of",
         "batch 64, SGD lr 0.05, FedMD-CG's Lenet, all clients every round, no validation holdout.",
@@ -160,7 +174,13 @@ def write(rows: list[dict], demo: list[dict], demo_time: float, args: argparse.N
             f"| {s['algorithm']} | {100 * s['test_accuracy']:.2f} | {s['wall_time_s']:.1f} | {s['peak_memory_mb']:.0f} |"
         )
     disk.write_text(RESULTS / "foundation_fmnist.md", "\n".join(lines) + "\n")
-    payload = {"command": command, "rows": rows, "default_main_job": {"wall_time_s": demo_time, "runs": demo}}
+    payload = {
+        "command": command,
+        "machine": machine,
+        "matmul_peak_gflops": gflops,
+        "rows": rows,
+        "default_main_job": {"wall_time_s": demo_time, "runs": demo},
+    }
     disk.write_text(RESULTS / "foundation_fmnist.json", json.dumps(payload, indent=2) + "\n")
 
 

@@ -27,3 +27,15 @@ def test_a_second_run_replaces_the_folder_of_the_first(tmp_path: Path, monkeypat
     seconds = foundation_fmnist.fedistill(["--out", str(tmp_path), "--name", earlier.name])
     assert seen == [False]
     assert seconds >= 0.0
+
+
+def test_the_record_names_the_machine_its_runs_give_and_its_matmul_rate(tmp_path: Path, monkeypatch):
+    # wall times beside the machine the runs name and its measured rate, not a machine typed into the code
+    monkeypatch.setattr(foundation_fmnist, "RESULTS", tmp_path)
+    args = type("Args", (), {"rounds": 1, "seeds": "0"})()
+    demo = [{"algorithm": "fedavg", "test_accuracy": 0.9, "wall_time_s": 1.0, "peak_memory_mb": 10.0,
+             "machine": {"cpu": "Some CPU", "cpus": 16, "kernels": "AVX2"}}]  # fmt: skip
+    foundation_fmnist.write([], demo, 2.0, args, gflops=42.0)
+    text = (tmp_path / "foundation_fmnist.md").read_text()
+    assert "2-core CPU" not in text
+    assert "Some CPU, 16 CPUs" in text and "fp32 matmul 42.0 GFLOP/s" in text
