@@ -60,7 +60,13 @@ def run(args: argparse.Namespace, name: str, algorithms: str, extra: list[str], 
     if not (args.reuse and kept(folder / a / "summary.json" for a in algorithms.split(","))):
         command = [sys.executable, "-m", "fedistill.cli", "run", "--quiet", "--algorithm", algorithms,
                    "--out", args.out, "--name", name, *cell, *extra]  # fmt: skip
-        subprocess.run(command, check=True)
+        try:
+            subprocess.run(command, check=True)
+        except subprocess.CalledProcessError as error:  # its own message is printed above: no traceback
+            raise SystemExit(
+                f"fedistill run {name!r} failed with exit code {error.returncode} "
+                "(a finished run of that name is kept with --reuse)"
+            ) from None
     return folder
 
 

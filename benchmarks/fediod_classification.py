@@ -36,7 +36,13 @@ def fedistill(args: list[str], run_dir: Path, reuse: bool) -> None:
     if reuse and summaries and kept(summaries):
         print(f"reusing {run_dir}", flush=True)
         return
-    subprocess.run([sys.executable, "-m", "fedistill.cli", "run", "--quiet", *args], check=True)
+    try:
+        subprocess.run([sys.executable, "-m", "fedistill.cli", "run", "--quiet", *args], check=True)
+    except subprocess.CalledProcessError as error:  # its own message is printed above: no traceback here
+        raise SystemExit(
+            f"fedistill run {run_dir.name!r} failed with exit code {error.returncode} "
+            "(a finished run of that name is kept with --reuse)"
+        ) from None
 
 
 def summary(path: Path) -> dict:
