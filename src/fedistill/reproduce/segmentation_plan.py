@@ -203,6 +203,12 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for flag in ("lean_pool", "lean_iters", "lean_pool_steps"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
+    for flag in ("t2_subjects", "t4_images"):
+        given = getattr(args, flag)
+        counts = given.split(",")
+        if len(counts) != 2 or not all(c.strip().isdigit() for c in counts):
+            name = "--" + flag.replace("_", "-")
+            parser.error(f"{name} takes TRAIN,TEST (two counts, e.g. 40,10), got {given!r}")
     for t in ("t2", "t4"):
         if getattr(args, f"{t}_epochs") % getattr(args, f"{t}_rounds"):
             parser.error(f"--{t}-epochs must be a multiple of --{t}-rounds (equal local epochs per round)")
