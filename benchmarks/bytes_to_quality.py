@@ -54,6 +54,7 @@ from _common import (
 )
 from fediod_step_time import matmul_peak_gflops
 from fediod_time_to_quality import STABILISERS, shape_sets
+from fedistill import disk
 from fedistill.engine.rundir import read_jsonl
 from fedistill.machine import of_summaries
 
@@ -453,8 +454,8 @@ def main() -> None:
     folder = RESULTS / "sweeps" if args.tag else RESULTS
     folder.mkdir(parents=True, exist_ok=True)
     stem = f"bytes_to_quality_{set_name(args)}" + (f"_{args.tag}" if args.tag else "")  # no with_suffix
-    (folder / f"{stem}.md").write_text(report(result), encoding="utf-8")
-    (folder / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    disk.write_text(folder / f"{stem}.md", report(result))
+    disk.write_text(folder / f"{stem}.json", json.dumps(result, indent=2) + "\n")
     plot(result, folder / f"{stem}.png")
     print(report(result))
 

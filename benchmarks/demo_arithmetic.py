@@ -30,7 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from fedistill import cli
+from fedistill import cli, disk
 from fedistill.federation.client import ClientLogic
 from fedistill.models.generator import Generator
 from fedistill.reproduce.arguments import shown_arguments
@@ -226,8 +226,8 @@ def main() -> None:
     }
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
-    (results / "demo_arithmetic.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    (results / "demo_arithmetic.md").write_text(markdown(payload), encoding="utf-8")
+    disk.write_text(results / "demo_arithmetic.json", json.dumps(payload, indent=2) + "\n")
+    disk.write_text(results / "demo_arithmetic.md", markdown(payload))
     print(markdown(payload))
 
 

@@ -26,6 +26,7 @@ from rich.console import Console
 
 from _common import RESULTS, head_commit
 from fediod_step_time import matmul_peak_gflops
+from fedistill import disk
 from fedistill.engine.summary import results_markdown, results_table
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.machine import joined, of_summaries
@@ -72,7 +73,7 @@ def run_demo(name: str, args: argparse.Namespace) -> dict[str, Any]:
         started = time.perf_counter()
         if subprocess.run(command, check=False).returncode:  # the run printed why
             raise SystemExit(f"demos.py: the {name} demo failed; its run is in {folder}")
-        timing.write_text(json.dumps({"process_s": time.perf_counter() - started}), encoding="utf-8")
+        disk.write_text(timing, json.dumps({"process_s": time.perf_counter() - started}))
     summaries = json.loads((folder / "results.json").read_text(encoding="utf-8"))  # in the run's order
     return {
         "command": " ".join(["fedistill run", *DEMOS[name]]),

@@ -25,6 +25,7 @@ from pathlib import Path
 from _common import RESULTS
 from fault_cases import CASES
 from fault_harness import Case, Observed, Scratch
+from fedistill import disk
 
 AS_PROMISED = "as promised"
 
@@ -107,7 +108,7 @@ def write_results(rows: list[dict], argv: str, seconds: float) -> None:
     )
     payload = {"command": argv, "as_promised": good, "run": len(ran), "cases": len(rows), "rows": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "fault_battery.json").write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    disk.write_text(RESULTS / "fault_battery.json", json.dumps(payload, indent=1) + "\n")
     lines = [
         "# Fault battery",
         "",
@@ -128,7 +129,7 @@ def write_results(rows: list[dict], argv: str, seconds: float) -> None:
             f"| {r['case']} | {r['family']} | {r['does'].replace('|', '/')} | {r['promised']} | "
             f"{observed_cell(r)} | {r['verdict']} | {message} |"
         )
-    (RESULTS / "fault_battery.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    disk.write_text(RESULTS / "fault_battery.md", "\n".join(lines) + "\n")
 
 
 def chosen(only: str | None) -> list[Case]:

@@ -26,6 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fedistill import disk
 from fedistill.reproduce.arguments import shown_arguments
 from fedistill.reproduce.reuse import kept
 
@@ -59,7 +60,13 @@ def run(args: argparse.Namespace, name: str, algorithms: str, extra: list[str], 
     if not (args.reuse and kept(folder / a / "summary.json" for a in algorithms.split(","))):
         command = [sys.executable, "-m", "fedistill.cli", "run", "--quiet", "--algorithm", algorithms,
                    "--out", args.out, "--name", name, *cell, *extra]  # fmt: skip
-        subprocess.run(command, check=True)
+        try:
+            subprocess.run(command, check=True)
+        except subprocess.CalledProcessError as error:  # its own message is printed above: no traceback
+            raise SystemExit(
+                f"fedistill run {name!r} failed with exit code {error.returncode} "
+                "(a finished run of that name is kept with --reuse)"
+            ) from None
     return folder
 
 
@@ -167,7 +174,7 @@ def write(args: argparse.Namespace, rows: list[dict]) -> None:
     if path.is_file():  # keep rows of other cells measured by earlier invocations
         fresh = {key(r) for r in rows}
         rows = [r for r in json.loads(path.read_text())["rows"] if key(r) not in fresh] + rows
-    path.write_text(json.dumps({"command": command, "settings": settings, "rows": rows}, indent=2))
+    disk.write_text(path, json.dumps({"command": command, "settings": settings, "rows": rows}, indent=2))
     lines = [
         "# FedDF " + ("distillation-data ablation" if args.ablation else "against FedAvg, FedProx, FedAvgM"),
         "",
@@ -188,7 +195,7 @@ def write(args: argparse.Namespace, rows: list[dict]) -> None:
             f"| {r.get('last5_mean', float('nan')):.2f} | {r['best_mean']:.2f} | {r['target']:g} | {fmt_rounds(r['rounds_to_target'], args.rounds)} "
             f"| {len(r['seeds'])} |"
         )
-    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    disk.write_text(RESULTS / f"{stem}.md", "\n".join(lines) + "\n")
     plot_curves(rows + (main_table_references(rows) if args.ablation else []), RESULTS / f"{stem}.png")
     print("\n".join(lines))
 

@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS, add_seed_and_out, benchmark_parser, cell_name, run_fedistill
+from fedistill import disk
 from fedistill.engine.rundir import read_jsonl
 from fedistill.reproduce.arguments import shown_arguments
 
@@ -131,8 +132,8 @@ def main() -> None:
             ],
         ]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    path.write_text(json.dumps({"rows": rows}, indent=2))
+    disk.write_text(RESULTS / f"{stem}.md", "\n".join(lines) + "\n")
+    disk.write_text(path, json.dumps({"rows": rows}, indent=2))
     print("\n".join(lines))
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS, add_fediod_run_options, cell_name, fediod_budget_sets, fediod_parser, run_fediod
+from fedistill import disk
 
 #: (row name, the switches that turn one component off) — Table 6's columns.
 ROWS = [
@@ -73,8 +74,8 @@ def write(results: list[dict], args: argparse.Namespace) -> None:
         ],
     ]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"fediod_ablation_{args.dataset}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (RESULTS / f"fediod_ablation_{args.dataset}.json").write_text(json.dumps(results, indent=2) + "\n")
+    disk.write_text(RESULTS / f"fediod_ablation_{args.dataset}.md", "\n".join(lines) + "\n")
+    disk.write_text(RESULTS / f"fediod_ablation_{args.dataset}.json", json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from _common import PAPER_PRESET
+from fedistill import disk
 from fedistill.reproduce.reuse import kept
 
 HERE = Path(__file__).resolve().parent
@@ -35,7 +36,13 @@ def fedistill(args: list[str], run_dir: Path, reuse: bool) -> None:
     if reuse and summaries and kept(summaries):
         print(f"reusing {run_dir}", flush=True)
         return
-    subprocess.run([sys.executable, "-m", "fedistill.cli", "run", "--quiet", *args], check=True)
+    try:
+        subprocess.run([sys.executable, "-m", "fedistill.cli", "run", "--quiet", *args], check=True)
+    except subprocess.CalledProcessError as error:  # its own message is printed above: no traceback here
+        raise SystemExit(
+            f"fedistill run {run_dir.name!r} failed with exit code {error.returncode} "
+            "(a finished run of that name is kept with --reuse)"
+        ) from None
 
 
 def summary(path: Path) -> dict:
@@ -139,8 +146,8 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
             f"| {100 * r['standalone_mean']:.2f} ± {100 * r['standalone_std']:.2f} | {100 * r['ensemble']:.2f} "
             f"| {100 * r['oneshot_fedavg']:.2f} | {100 * r['fedavg']:.2f} ({r.get('fedavg_rounds', '?')}) | {100 * r['centralized']:.2f} | {r['fediod_wall_s']:.0f} |"
         )
-    (RESULTS / "fediod_classification.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (RESULTS / "fediod_classification.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    disk.write_text(RESULTS / "fediod_classification.md", "\n".join(lines) + "\n")
+    disk.write_text(RESULTS / "fediod_classification.json", json.dumps(rows, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import head_commit
+from fedistill import disk
 from fedistill.reproduce.paths import RUNS
 from fedistill.reproduce.reuse import reusable
 
@@ -120,14 +121,58 @@ NOTES = """## Reading it
   input-gradient goes as scaled float16 with `wire = "compact"`.
 - `synthetic_batch_size` and `student_steps` are existing knobs: they cut every per-sample content at
   once and change what G and S learn, so their quality must be read against the `pixel` row's.
-- Recommended: `wire = "compact"` with `ratio_resolution = "patch"` (the `compact+patch` rows): the
-  quality of `compact` (ratio_resolution changes no number) for 0.44 of the `pixel` row's bytes on
-  segmentation and 0.36 on reconstruction. A synthetic batch of 4 or one S-step per G-step cut more
-  bytes but lost quality here (Dice 4 to 7 points, SSIM 0.003 to 0.013 below `compact+patch`).
+{recommended}
 - One seed per variant, on a shared two-core CPU: a quality difference between variants that change the
   numbers is within one seed's noise unless it is large (the reproduce targets' ci tolerances are 4 Dice
   points and 0.02 SSIM); wall times are not a timing comparison.
 """
+
+
+#: The variants that cut the exchanges further than `compact+patch`, at a cost in quality.
+SMALLER = ("compact+patch+batch4", "compact+patch+1-student-step")
+
+
+def recommended(rows: list[dict[str, Any]]) -> str:
+    """The notes' recommendation with the byte ratios and quality differences these rows measured (means
+    over their seeds), so that a rerun never repeats another run's numbers; empty without both rows."""
+
+    def mean(task: str, variant: str, value: Any) -> float | None:
+        mine = [value(r) for r in rows if r["task"] == task and r["variant"] == variant]
+        return sum(mine) / len(mine) if mine else None
+
+    both = lambda r: r["up"]["total"] + r["down"]["total"]  # noqa: E731
+    ratios, costs = [], []
+    for task, (_, _, metrics) in TASKS.items():
+        pixel, chosen = mean(task, "pixel", both), mean(task, "compact+patch", both)
+        if pixel is None or chosen is None:
+            continue
+        ratios.append(
+            f"{chosen / pixel:.2f}" + (" of the `pixel` row's bytes" if not ratios else "") + f" on {task}"
+        )
+        metric = metrics[0]  # Dice or SSIM: the quality the table leads with
+        quality = lambda r, m=metric: r["quality"][m]  # noqa: E731
+        base = mean(task, "compact+patch", quality)
+        diffs = sorted(d - base for v in SMALLER if (d := mean(task, v, quality)) is not None)
+        if diffs and base is not None:
+            scale, unit, digits = (100, " points", 2) if metric == "dice" else (1, "", 3)
+            span = " to ".join(dict.fromkeys(f"{scale * d:+.{digits}f}" for d in (diffs[0], diffs[-1])))
+            name = "Dice" if metric == "dice" else metric.upper()
+            costs.append(f"{name} {span}{unit} against `compact+patch` on {task}")
+    if not ratios:
+        return ""
+    text = (
+        '- Recommended: `wire = "compact"` with `ratio_resolution = "patch"` (the `compact+patch` '
+        "rows): the quality of `compact` (ratio_resolution changes no number) for "
+        + " and ".join(ratios)
+        + "."
+    )
+    if costs:
+        text += (
+            " A synthetic batch of 4 or one S-step per G-step cut more bytes; their quality: "
+            + "; ".join(costs)
+            + "."
+        )
+    return text + "\n"
 
 
 def run_name(task: str, variant: str, seed: int) -> str:
@@ -255,11 +300,12 @@ def write(rows: list[dict[str, Any]], argv: str, tag: str = "") -> list[str]:
     payload = {"command": argv, "commit": head_commit(), "runs": rows}
     RESULTS.mkdir(exist_ok=True)
     stem = "fediod_dense_communication" + (f"_{tag}" if tag else "")
-    (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    disk.write_text(RESULTS / f"{stem}.json", json.dumps(payload, indent=2) + "\n")
     lines = ["# FedIOD on the dense tasks: what sites send per G-step, and cheaper settings", "",
              f"Command: `{argv}` at commit {payload['commit']}; each row is one of these runs:", ""]  # fmt: skip
-    lines += [f"    {r['command']}" for r in rows] + [""] + table(rows) + [NOTES.strip()]
-    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    notes = NOTES.replace("{recommended}\n", recommended(rows)).strip()
+    lines += [f"    {r['command']}" for r in rows] + [""] + table(rows) + [notes]
+    disk.write_text(RESULTS / f"{stem}.md", "\n".join(lines) + "\n")
     return lines
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS, add_fediod_run_options, cell_name, fediod_budget_sets, fediod_parser, run_fediod
+from fedistill import disk
 
 
 def main() -> None:
@@ -66,8 +67,8 @@ def main() -> None:
           f"| {100 * (r['fraction_of_ensemble'] or 0):.0f}% | {r['wall_time_s']:.0f} |" for r in rows],
     ]  # fmt: skip
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "fediod_heterogeneous.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    path.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    disk.write_text(RESULTS / "fediod_heterogeneous.md", "\n".join(lines) + "\n")
+    disk.write_text(path, json.dumps(rows, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedistill import disk
 from fedistill.algorithms.shared.training import evaluate_model
 from fedistill.config import read_config
 from fedistill.engine.setup import prepare_data
@@ -228,9 +229,9 @@ def write(
     ]  # fmt: skip
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / f"fediod_pate_{config.dataset}"
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    disk.write_text(stem.with_suffix(".md"), "\n".join(lines) + "\n")
     payload = {"command": command, "run": str(shown), "seconds": seconds, "rows": rows}
-    stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    disk.write_text(stem.with_suffix(".json"), json.dumps(payload, indent=2) + "\n")
     print("\n".join(lines))
 
 

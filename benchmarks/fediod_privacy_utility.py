@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS, add_fediod_run_options, cell_name, fediod_budget_sets, fediod_parser, run_fediod
+from fedistill import disk
 from fedistill.reproduce.arguments import shown_arguments
 
 
@@ -76,8 +77,10 @@ def write(results: list[dict], args: argparse.Namespace) -> None:
     ]
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = RESULTS / f"fediod_privacy_utility_{args.dataset}"
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    stem.with_suffix(".json").write_text(json.dumps({"command": command, "rows": results}, indent=2) + "\n")
+    disk.write_text(stem.with_suffix(".md"), "\n".join(lines) + "\n")
+    disk.write_text(
+        stem.with_suffix(".json"), json.dumps({"command": command, "rows": results}, indent=2) + "\n"
+    )
 
 
 if __name__ == "__main__":

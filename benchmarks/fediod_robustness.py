@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import RESULTS, add_seed_and_out, benchmark_parser, run_on_demo
+from fedistill import disk
 from fedistill.engine.rundir import read_jsonl
 from fedistill.reproduce.reuse import reusable
 
@@ -158,8 +159,10 @@ def main() -> None:
     lines = [f"# {title}", "", f"Command: `{command}`", "", *table(results)]
     stem = f"fediod_robustness_{args.datasets.replace(',', '-')}" + ("-paper" if args.paper else "")
     stem += f"-{args.tag}" if args.tag else ""
-    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (RESULTS / f"{stem}.json").write_text(json.dumps({"command": command, "runs": results}, indent=2) + "\n")
+    disk.write_text(RESULTS / f"{stem}.md", "\n".join(lines) + "\n")
+    disk.write_text(
+        RESULTS / f"{stem}.json", json.dumps({"command": command, "runs": results}, indent=2) + "\n"
+    )
     print("\n".join(lines))
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from fedistill import devices
+from fedistill import devices, disk
 from fedistill.algorithms.fediod import FedIODServer
 from fedistill.config import RunConfig, build_config
 from fedistill.transports.inprocess import InProcessFleet
@@ -147,7 +147,7 @@ def main() -> None:
         name += f"_{dataset}_k{args.clients}"
     name += variant_suffix(args)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    disk.write_text(RESULTS / f"{name}.md", "\n".join(lines) + "\n")
     record = {
         "command": command,
         "device": str(devices.current()),
@@ -155,7 +155,7 @@ def main() -> None:
         "peak_memory": peaks,
         "rows": rows,
     }
-    (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    disk.write_text(RESULTS / f"{name}.json", json.dumps(record, indent=2) + "\n")
     print("\n".join(lines))
 
 

@@ -32,7 +32,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from fedistill import devices
+from fedistill import devices, disk
 from fedistill.algorithms.base import ServerContext
 from fedistill.algorithms.fediod import FedIODClient, FedIODOptions, FedIODServer
 from fedistill.algorithms.registry import get_algorithm
@@ -172,9 +172,9 @@ def main() -> None:
     results.mkdir(parents=True, exist_ok=True)
     name = f"fediod_step_time_{args.dataset}{variant_suffix(args)}"
     name += "_channels-last" if args.channels_last else ""
-    (results / f"{name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    disk.write_text(results / f"{name}.md", "\n".join(lines) + "\n")
     record = {"command": command, "matmul_peak_gflops": peak, "rows": rows}
-    (results / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
+    disk.write_text(results / f"{name}.json", json.dumps(record, indent=2) + "\n")
     print("\n".join(lines))
 
 

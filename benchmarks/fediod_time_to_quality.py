@@ -21,7 +21,8 @@ its own `fedistill run` process. From their metrics.jsonl and summaries:
 
 The FedIOD runs use `fediod.preset = "stable"`, the demo's stabilisers and student budget (batch-norm
 matching, a replay pool with 30 replay steps and 2 fresh S-steps per G-step, KL mimicry at tau 3) unless
-`--paper` is given. Writes benchmarks/results/fediod_time_to_quality_<dataset>-alpha<alpha>.{md,json,png};
+`--paper` is given. Writes benchmarks/results/fediod_time_to_quality_<dataset>-alpha<alpha>.{md,json,png}, with the
+machine and its fp32 matmul rate at `--threads` beside the wall times;
 with `--tag NAME` (a variant: its `--set` items), benchmarks/results/sweeps/..._NAME.{md,json,png} instead.
 """
 
@@ -32,6 +33,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from _common import (
@@ -46,8 +48,11 @@ from _common import (
     variant_flags,
     variant_suffix,
 )
+from fediod_step_time import matmul_peak_gflops
+from fedistill import disk
 from fedistill.algorithms.shared.selection import keep_if_best, nothing_selected
 from fedistill.engine.rundir import read_jsonl
+from fedistill.machine import of_summaries
 from fedistill.reproduce.paths import display_path
 
 # the digits demo's stabilisers and student budget (chosen there, not on these datasets)
@@ -121,7 +126,16 @@ def cell(args: argparse.Namespace, dataset: str, alpha: str) -> dict[str, Any]:
         None if first is None else {"round": first["round"], "wall_s": first["wall_s"]}
     )
     return {"dataset": dataset, "variant": variant_suffix(args).replace("_", " ").strip(), "alpha": float(alpha),
-            "runs": runs, "fediod": fediod, "fedavg": fedavg}  # fmt: skip
+            "runs": runs, "fediod": fediod, "fedavg": fedavg,
+            "run_dirs": [f"{fediod_name}/fediod", f"{name}-fedavg/fedavg"]}  # fmt: skip
+
+
+def provenance(runs: list[Path] | list[str], gflops: float, threads: int) -> dict[str, Any]:
+    """What the wall times were measured on: the machine the runs' summaries name and this CPU's fp32
+    matmul rate at the runs' thread count, so that times from two hosts can be told apart."""
+    summaries = [json.loads((Path(r) / "summary.json").read_text()) for r in runs
+                 if (Path(r) / "summary.json").is_file()]  # fmt: skip
+    return {"machine": of_summaries(summaries), "matmul_peak_gflops": gflops, "threads": threads}
 
 
 def shape_sets(args: argparse.Namespace) -> list[str]:
@@ -142,11 +156,19 @@ def report(result: dict[str, Any], command: str) -> str:
     f, a = result["fediod"], result["fedavg"]
     final = f["final"]
     catch = a["reaches_fediod_final"]
+    measured_on = []
+    if "matmul_peak_gflops" in result:  # records made before it was measured have none
+        measured_on = [
+            f"Machine: {result['machine']}; fp32 matmul {result['matmul_peak_gflops']:.1f} GFLOP/s at "
+            f"{result['threads']} thread(s), measured in the same command.",
+            "",
+        ]
     lines = [
         f"# FedIOD time to quality: {label(result)}, alpha {result['alpha']:g}",
         "",
         f"Command: `{command}`",
         "",
+        *measured_on,
         "| method | final test % | of ensemble | wall time (s) | to 0.90 of ensemble | to 0.95 of ensemble |",
         "|---|---|---|---|---|---|",
         f"| FedIOD (validated student) | {100 * final['validated_accuracy']:.2f} | {final['of_ensemble']:.3f} "
@@ -208,9 +230,13 @@ def main() -> None:
     add_seed_and_out(parser)
     args = parser.parse_args()
     check_shape(parser, args, args.datasets.split(","))
+    torch.set_num_threads(args.threads)
+    gflops = matmul_peak_gflops()  # the runs' own thread count, as their wall times are
     for dataset in args.datasets.split(","):
         for alpha in args.alphas.split(","):
             result = cell(args, dataset, alpha)
+            ran = [Path(args.out) / run for run in result.pop("run_dirs")]
+            result |= provenance(ran, gflops, args.threads)
             command = (f"python benchmarks/fediod_time_to_quality.py --datasets {dataset} --alphas {alpha} "
                        f"--model {args.model} --epochs {args.epochs} --iters {args.iters} "
                        f"--teacher-epochs {args.teacher_epochs} --fedavg-rounds {args.fedavg_rounds} "
@@ -221,8 +247,10 @@ def main() -> None:
             name = f"fediod_time_to_quality_{dataset}-alpha{alpha}{variant_suffix(args)}"
             folder = RESULTS / "sweeps" if args.tag else RESULTS
             name += f"_{args.tag}" if args.tag else ""
-            (folder / f"{name}.md").write_text(report(result, command), encoding="utf-8")
-            (folder / f"{name}.json").write_text(json.dumps(result | {"command": command}, indent=2) + "\n")
+            disk.write_text(folder / f"{name}.md", report(result, command))
+            disk.write_text(
+                folder / f"{name}.json", json.dumps(result | {"command": command}, indent=2) + "\n"
+            )
             plot(result, folder / f"{name}.png")
             print(report(result, command))
 

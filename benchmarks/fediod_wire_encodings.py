@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from fedistill import disk
 from fedistill.algorithms.fediod import wire as fediod_wires
 from fedistill.reproduce.paths import RUNS
 from fedistill.reproduce.reuse import reusable
@@ -195,12 +196,12 @@ def main() -> None:
     payload = {"command": command, "wires": wires, "runs": rows}
     stem = "fediod_wire_encodings" + ("" if args.wires == DEFAULT_WIRES else "_" + "-".join(wires))
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    disk.write_text(RESULTS / f"{stem}.json", json.dumps(payload, indent=2) + "\n")
     lines = ["# FedIOD's wire encodings on the digits demo", "",
              f"Command: `{payload['command']}`; each row is one of these runs:", ""]  # fmt: skip
     lines += [f"    {r['command']}" for r in rows] + [""] + table(rows, wires)
     lines += ["", NOTES.strip()]
-    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    disk.write_text(RESULTS / f"{stem}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -85,6 +85,11 @@ def main() -> None:
             ref = Path(args.out) / run_name(args.dataset, method, omega, args.seed) / method
             if (ref / "summary.json").is_file():
                 rows.append(row(f"{LABELS[method]} (table)", omega, ref, reference=True))
+    if not rows:  # --finished-only found nothing: no table, and no empty figure
+        parser.error(
+            f"no finished run of {', '.join(variants)} (nor the table's reference runs) under --out "
+            f"{args.out}; run without --finished-only, or pass the folder the runs went to"
+        )
     write_results(args.dataset, rows, args, command, skipped)
     print((Path(args.results) / f"fedmdcg_variants_{args.dataset}.md").read_text(encoding="utf-8"))
 

@@ -28,6 +28,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
+import torch  # noqa: E402
+
+from fediod_step_time import matmul_peak_gflops  # noqa: E402
+from fedistill import disk  # noqa: E402
+from fedistill.machine import this_machine  # noqa: E402
 from fedistill.reproduce.arguments import shown_arguments  # noqa: E402
 from flower_processes import deployment, round_times  # noqa: E402
 
@@ -93,6 +98,8 @@ def main() -> None:
         runs.append((f"fediod {variant}", {**base, "algorithm": "fediod", "rounds": args.fediod_epochs,
                                            "set": fediod_set + extra}, args.fediod_iters))  # fmt: skip
     transports = args.transports.split(",")
+    torch.set_num_threads(1)  # a node's thread count: the rate the times below are read against
+    gflops = matmul_peak_gflops()
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
@@ -116,10 +123,11 @@ def main() -> None:
                     wall = dep.flwr_run({**overrides, "set": settings, "out": str(root / "runs"), "name": name},
                                         timeout=1800, summary=folder / "summary.json")  # fmt: skip
                     rows.append(describe(folder, transport, label, wall, per))
-    write(args, rows)
+    write(args, rows, gflops)
 
 
-def write(args: argparse.Namespace, rows: list[dict]) -> None:
+def write(args: argparse.Namespace, rows: list[dict], gflops: float) -> None:
+    """The table and the record, with this machine and its one-thread fp32 matmul rate (`gflops`)."""
     for row in rows:
         ref = next((r for r in rows if r["transport"] == "inprocess" and r["run"] == row["run"]), None)
         row["x_inprocess"] = row["steady_round_s"] / ref["steady_round_s"] if ref else None
@@ -129,6 +137,9 @@ def write(args: argparse.Namespace, rows: list[dict]) -> None:
         f"# Transport speed: {args.dataset}, {args.nodes} clients/nodes, {args.model}",
         "",
         f"Command: `{command}`",
+        "",
+        f"Machine: {this_machine()}; fp32 matmul {gflops:.1f} GFLOP/s at one thread, measured in the same "
+        "command.",
         "",
         "Steady round = median of rounds 2..N (FedIOD: one round = one distillation epoch of "
         f"{args.fediod_iters} generator steps, so per step = round / {args.fediod_iters}). Exchanges = distinct",
@@ -148,8 +159,15 @@ def write(args: argparse.Namespace, rows: list[dict]) -> None:
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     stem = results / f"flower_speed_{args.dataset}"
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    stem.with_suffix(".json").write_text(json.dumps({"command": command, "rows": rows}, indent=2) + "\n")
+    disk.write_text(stem.with_suffix(".md"), "\n".join(lines) + "\n")
+    disk.write_text(
+        stem.with_suffix(".json"),
+        json.dumps(
+            {"command": command, "machine": this_machine(), "matmul_peak_gflops": gflops, "rows": rows},
+            indent=2,
+        )
+        + "\n",
+    )
     print("\n".join(lines))
 
 

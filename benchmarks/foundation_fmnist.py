@@ -7,7 +7,8 @@ so its wall time and peak memory are its own.
 
     python benchmarks/foundation_fmnist.py [--data-dir DIR] [--rounds 100] [--seeds 0]
 
-Writes benchmarks/results/foundation_fmnist.{md,json}.
+Writes benchmarks/results/foundation_fmnist.{md,json}; a run folder under --out left by an earlier
+run of the script is replaced.
 """
 
 from __future__ import annotations
@@ -15,10 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import torch
+
+from fediod_step_time import matmul_peak_gflops
+from fedistill import disk
+from fedistill.machine import joined, of_summaries, of_summary
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -42,6 +50,9 @@ PROTOCOL = [
 
 
 def fedistill(args: list[str]) -> float:
+    """One `fedistill run` in a process of its own, its folder (`--out`/`--name`) emptied first: `fedistill
+    run` refuses to write over a run, and a second run of this script reuses every name. Its wall time."""
+    shutil.rmtree(Path(args[args.index("--out") + 1]) / args[args.index("--name") + 1], ignore_errors=True)
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "fedistill.cli", "run", "--quiet", *args], check=True)
     return time.perf_counter() - start
@@ -56,6 +67,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--out", default=str(HERE / "runs"))
     args = parser.parse_args()
+    torch.set_num_threads(1)
+    gflops = matmul_peak_gflops()
     out = Path(args.out)
     rows = []
     for seed in [int(s) for s in args.seeds.split(",")]:
@@ -91,25 +104,33 @@ def main() -> None:
                         "wall_time_s": summary["wall_time_s"],
                         "peak_memory_mb": summary["peak_memory_mb"],
                         "run_dir": os.path.relpath(out / folder / algorithm, HERE.parent),
+                        "machine": of_summary(summary),
                     }
                 )
     demo_dir = out / "default-main-job"
     demo_time = fedistill(["--out", str(out), "--name", demo_dir.name])
     demo = json.loads((demo_dir / "results.json").read_text())
-    write(rows, demo, demo_time, args)
+    write(rows, demo, demo_time, args, gflops)
 
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def write(rows: list[dict], demo: list[dict], demo_time: float, args: argparse.Namespace) -> None:
+def write(
+    rows: list[dict], demo: list[dict], demo_time: float, args: argparse.Namespace, gflops: float
+) -> None:
+    """The table and the record; the machine is the one the runs' summaries name, beside this CPU's
+    one-thread fp32 matmul rate (`gflops`), so that wall times from two hosts can be told apart."""
     RESULTS.mkdir(parents=True, exist_ok=True)
+    machine = joined([*(r["machine"] for r in rows), of_summaries(demo)])
     command = f"python benchmarks/foundation_fmnist.py --rounds {args.rounds} --seeds {args.seeds}"
     lines = [
         "# Foundation benchmark: Fashion-MNIST, FedMD-CG protocol",
         "",
-        f"Command: `{command}` (each run a separate process; 2-core CPU).",
+        f"Command: `{command}` (each run a separate process).",
+        "",
+        f"Machine: {machine}; fp32 matmul {gflops:.1f} GFLOP/s at one thread, measured in the same command.",
         "",
         "Protocol: K = 10, balanced equal-size Dirichlet (`dirichlet-equal`), 100 rounds, 20 local steps of",
         "batch 64, SGD lr 0.05, FedMD-CG's Lenet, all clients every round, no validation holdout.",
@@ -152,9 +173,15 @@ def write(rows: list[dict], demo: list[dict], demo_time: float, args: argparse.N
         lines.append(
             f"| {s['algorithm']} | {100 * s['test_accuracy']:.2f} | {s['wall_time_s']:.1f} | {s['peak_memory_mb']:.0f} |"
         )
-    (RESULTS / "foundation_fmnist.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    payload = {"command": command, "rows": rows, "default_main_job": {"wall_time_s": demo_time, "runs": demo}}
-    (RESULTS / "foundation_fmnist.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    disk.write_text(RESULTS / "foundation_fmnist.md", "\n".join(lines) + "\n")
+    payload = {
+        "command": command,
+        "machine": machine,
+        "matmul_peak_gflops": gflops,
+        "rows": rows,
+        "default_main_job": {"wall_time_s": demo_time, "runs": demo},
+    }
+    disk.write_text(RESULTS / "foundation_fmnist.json", json.dumps(payload, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import head_commit
+from fedistill import disk
 from fedistill.data.base import LoadedDataset
 from fedistill.data.medical.brain_synthetic import SCAN_SCALES, SKULLS
 from fedistill.reproduce.arguments import benchmark_parser, shown_arguments
@@ -257,8 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                "real_intensity": args.real_intensity, "rows": rows,
                "real_lesion_visibility": visibility}  # fmt: skip
     text = report(rows, visibility, args, commit)
-    (results / "lesion_randomisation.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    (results / "lesion_randomisation.md").write_text(text, encoding="utf-8")
+    disk.write_text(results / "lesion_randomisation.json", json.dumps(payload, indent=2) + "\n")
+    disk.write_text(results / "lesion_randomisation.md", text)
     print(text)
     return 0
 

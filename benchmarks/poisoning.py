@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from _common import RESULTS
+from fedistill import disk
 from fedistill.analysis.poisons import huge_bias, inflated_counts, scaled_logits
 from fedistill.config import RunConfig, build_config, load_toml
 from fedistill.engine.launch import run_suite
@@ -185,7 +186,7 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     command = f"python benchmarks/poisoning.py --seeds {args.seeds} --algorithms {args.algorithms} --threads {args.threads}"
     payload = {"command": command, "runs": rows}
-    (RESULTS / "poisoning.json").write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    disk.write_text(RESULTS / "poisoning.json", json.dumps(payload, indent=1) + "\n")
     lines = [
         "# One poisoning site in the demo's federation",
         "",
@@ -202,7 +203,7 @@ def main() -> None:
         "",
         *table(rows, seeds),
     ]
-    (RESULTS / "poisoning.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    disk.write_text(RESULTS / "poisoning.md", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from fedistill import disk
 from fedistill.analysis.threat_models import LR, VARIANTS, Setup
 from fedistill.data.registry import load_dataset
 from fedistill.machine import this_machine
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": this_machine(args.threads),
         "python": sys.version.split()[0],
     }
-    (out / "privacy_attacks.json").write_text(json.dumps(data, indent=2))
+    disk.write_text(out / "privacy_attacks.json", json.dumps(data, indent=2))
     write_report(data, out / "privacy_attacks.md")
     print(f"wrote {out / 'privacy_attacks.md'} ({data['seconds']:.0f} s)")
     return 0

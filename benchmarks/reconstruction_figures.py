@@ -4,7 +4,8 @@ the models benchmarks/reconstruction_table.py trained (`fedistill.reproduce.reco
     python benchmarks/reconstruction_figures.py                 # after reconstruction_table.py
     python benchmarks/reconstruction_figures.py --runs OUT      # the table ran with --out OUT
 
-Writes <results>/reconstruction_figure7.png (default benchmarks/results/).
+Draws the table in <results> (`--table` names another) and writes <results>/reconstruction_figure7.png
+(default benchmarks/results/).
 """
 
 from __future__ import annotations

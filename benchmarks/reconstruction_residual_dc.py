@@ -35,7 +35,7 @@ from typing import Any
 
 from _common import head_commit
 from fediod_step_time import matmul_peak_gflops
-from fedistill import machine
+from fedistill import disk, machine
 from fedistill.reproduce.arguments import benchmark_parser, shown_arguments
 from fedistill.reproduce.paths import RESULTS, RUNS
 from fedistill.reproduce.reconstruction_scores import Harness, client_states, saved_state
@@ -115,7 +115,7 @@ def run_variants(
                     raise SystemExit(f"variant {label}: fedistill run failed ({process.returncode})")
                 walls[run] = time.perf_counter() - start
                 stored = out / run_folder(*run) / WALL_FILE
-                stored.write_text(json.dumps({"wall_time_s": walls[run], "jobs": jobs}))
+                disk.write_text(stored, json.dumps({"wall_time_s": walls[run], "jobs": jobs}))
                 print(f"{label}: done in {walls[run]:.0f} s", flush=True)
                 del running[run]
         time.sleep(1)
@@ -281,7 +281,7 @@ def update_docs(row: str) -> None:
     new, count = re.subn(r"^\| `configs/demo-reconstruction\.toml`.*$", lambda _: row, text, flags=re.M)
     if count != 1:
         raise SystemExit(f"{DEMOS}: expected one reconstruction row, found {count}")
-    DEMOS.write_text(new)
+    disk.write_text(DEMOS, new)
 
 
 def main() -> None:

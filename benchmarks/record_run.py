@@ -4,8 +4,9 @@
 
 Runs `fedistill run <options> --quiet` in a process of its own, its runs in OUT/NAME (`--out`,
 `benchmarks/runs/recorded` by default), then writes benchmarks/results/recorded/NAME.{md,json}: the command, the
-commit, the machine, and for every algorithm of the run its headline metric round by round, its final
-metrics, bytes in both directions and wall time. A page that quotes the numbers cites the record.
+commit, the machine and its one-thread fp32 matmul rate, and for every algorithm of the run its headline metric
+round by round, its final metrics, bytes in both directions and wall time. A page that quotes the numbers cites
+the record.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from _common import RESULTS, head_commit
+from fediod_step_time import matmul_peak_gflops
+from fedistill import disk
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.machine import of_summaries
 from fedistill.reproduce.arguments import shown_arguments
@@ -75,7 +80,7 @@ def run(args: argparse.Namespace) -> tuple[Path, str]:
         raise SystemExit(
             f"record_run.py: `fedistill run {' '.join(args.run)}` failed; its run is in {folder}"
         )
-    given.write_text(json.dumps({"options": args.run, "commit": commit}), encoding="utf-8")
+    disk.write_text(given, json.dumps({"options": args.run, "commit": commit}))
     return folder, commit
 
 
@@ -124,7 +129,12 @@ def markdown(payload: dict[str, Any]) -> list[str]:
         f"Command: `{payload['command']}` (commit `{payload['commit']}`), recorded with "
         f"`{payload['recorded_with']}`.",
         "",
-        f"Machine: {payload['machine']}.",
+        f"Machine: {payload['machine']}"
+        + (
+            f"; fp32 matmul {payload['matmul_peak_gflops']:.1f} GFLOP/s at one thread, measured when recorded."
+            if "matmul_peak_gflops" in payload
+            else "."
+        ),
         "",
         "| algorithm | headline | final | local | by round | MB up / down | wall s |",
         "|---|---|---|---|---|---|---|",
@@ -149,6 +159,16 @@ def markdown(payload: dict[str, Any]) -> list[str]:
     return lines
 
 
+def one_thread_gflops() -> float:
+    """This machine's fp32 matmul rate at one torch thread (the thread count is restored)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return matmul_peak_gflops()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def main(argv: Sequence[str] | None = None) -> Path:
     args = parse(sys.argv[1:] if argv is None else argv)
     folder, commit = run(args)
@@ -160,6 +180,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
         "recorded_with": shlex.join(["python", "benchmarks/record_run.py", *shown_arguments(args.argv)]),
         "commit": commit,
         "machine": of_summaries(summaries),
+        "matmul_peak_gflops": one_thread_gflops(),  # the wall times' yardstick
         "algorithms": [algorithm_record(folder, s) for s in summaries],
     }
     path = write_table(args.results, args.name, markdown(payload), payload)

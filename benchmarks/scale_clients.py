@@ -38,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from fediod_step_time import matmul_peak_gflops  # noqa: E402
+from fedistill import disk  # noqa: E402
 from fedistill.reproduce.arguments import check_device, shown_arguments  # noqa: E402
 from fedistill.reproduce.paths import RUNS  # noqa: E402
 
@@ -131,6 +132,8 @@ def one_run(case: str, clients: int, args: argparse.Namespace) -> dict:
     row = {"case": case, "algorithm": algorithm, "transport": transport, "clients": clients,
            "sampled": rows[-1].get("clients", "all"), "set": list(args.set), "round_times_s": [r["round_time_s"] for r in rows],
            "setup_s": summary.get("setup_time_s"), "run_wall_s": summary["wall_time_s"],
+           # sites that loaded their stage-1 model from the runs folder's cache: set-up is then no training
+           "stage1_cached": summary.get("final", {}).get("teachers_from_cache"),
            "test_accuracy": summary.get("test_accuracy"), **measured,
            **({"device": args.device, "device_name": torch.cuda.get_device_name(args.device),
                "device_peak_mb": summary.get("device_peak_memory_mb")}
@@ -175,7 +178,7 @@ def write(args: argparse.Namespace, rows: list[dict], gflops: float) -> None:
     gpu = args.device.startswith("cuda")
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
-    (results / f"{stem(args)}.json").write_text(json.dumps(record, indent=2) + "\n")
+    disk.write_text(results / f"{stem(args)}.json", json.dumps(record, indent=2) + "\n")
     lines = [
         f"# Scale: clients per run ({args.dataset}, {args.model}, fraction {args.fraction}, threads=1)",
         "",
@@ -195,8 +198,10 @@ def write(args: argparse.Namespace, rows: list[dict], gflops: float) -> None:
         "Memory: *peak RSS* is the run process's ru_maxrss (os.wait4); *tree peak* is the sampled peak of",
         "the summed PSS of the run process and its descendants (Ray's workers on the simulation engine).",
         "Round time: `round_time_s` of each round (metrics.jsonl); *set-up s* is the summary's setup_time_s",
-        "(server set-up before round 1: FedIOD's stage 1); *process s* is the whole command (imports, data,",
-        "building the clients, plots, checkpoints included). The matmul rate is measured under the same load.",
+        "(server set-up before round 1: FedIOD's stage 1; *teachers cached*: the sites loaded their stage-1",
+        "models from an earlier run's cache in the runs folder, so no training is in it); *process s* is the",
+        "whole command (imports, data, building the clients, plots, checkpoints included). The matmul rate is",
+        "measured under the same load.",
         "",
         "*set*: the `--set` items of that run beyond the case's own (FedIOD's `sites_per_step`: sites per G-step;",
         "`reference_samples`: the test images stage 1's teacher report scores, evaluation only, which bounds",
@@ -209,6 +214,7 @@ def write(args: argparse.Namespace, rows: list[dict], gflops: float) -> None:
     for r in rows:
         rounds = ", ".join(f"{t:.2f}" for t in r["round_times_s"])
         setup = f"{r['setup_s']:.1f}" if r["setup_s"] is not None else "-"
+        setup += " (teachers cached)" if r.get("stage1_cached") else ""
         settings = ", ".join(r.get("set", [])) or "-"
         lines.append(f"| {r['case']} | {r['transport']} | {r['clients']} | {sampled(r)} | {settings} | {rounds} | {setup} | "
                      f"{r['wall_s']:.1f} | {r['peak_rss_mb']:.0f} | {r['tree_peak_mb']:.0f} |"
@@ -221,7 +227,7 @@ def write(args: argparse.Namespace, rows: list[dict], gflops: float) -> None:
     for g in record["growth"]:
         lines.append(f"| {g['case']} | {', '.join(g['set']) or '-'} | {g['from']} | {g['to']} | {g['memory_mb']:+.0f} | {g['memory_x']:.2f} | "
                      f"{g['round_x']:.2f} |")  # fmt: skip
-    (results / f"{stem(args)}.md").write_text("\n".join(lines) + "\n")
+    disk.write_text(results / f"{stem(args)}.md", "\n".join(lines) + "\n")
 
 
 def main() -> None:

@@ -104,3 +104,36 @@ def test_the_benchmark_compares_the_default_with_the_paper_s_exchanges(tmp_path)
     assert {"fediod.preset='paper'", "fediod.student_steps=2"} <= set(sets("compact+patch"))
     assert "fediod.ensemble_weighting='eq8'" in sets("lean+eq8")
     assert "fediod.preset='paper'" not in sets("lean+eq8")
+
+
+def _row(task: str, variant: str, up: int, down: int, quality: float) -> dict:
+    metric = "dice" if task == "segmentation" else "ssim"
+    other = {"dice": "hd95", "ssim": "psnr"}[metric]
+    return {"task": task, "variant": variant, "seed": 0, "g_steps": 10, "up": {"total": up, "logits": up},
+            "down": {"total": down}, "quality": {metric: quality, other: 1.0}, "wall_time_s": 1.0,
+            "command": f"fedistill run ... {variant}"}  # fmt: skip
+
+
+def test_the_reports_reading_of_the_bytes_is_the_rows_not_numbers_typed_into_the_script(
+    tmp_path, monkeypatch
+):
+    """The report's recommendation names the byte ratio the rows measured: a rerun that measures another
+    ratio (another seed, a --tag variant, later code) says so, instead of repeating an earlier run's."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import fediod_dense_communication as benchmark
+
+    monkeypatch.setattr(benchmark, "RESULTS", tmp_path)
+    rows = [
+        _row("segmentation", "pixel", 800, 200, 0.40),
+        _row("segmentation", "compact+patch", 300, 200, 0.41),
+        _row("segmentation", "compact+patch+batch4", 200, 100, 0.35),
+        _row("reconstruction", "pixel", 1000, 1000, 0.79),
+        _row("reconstruction", "compact+patch", 250, 250, 0.79),
+    ]
+    text = "\n".join(benchmark.write(rows, "python benchmarks/fediod_dense_communication.py"))
+    assert "0.50 of the `pixel` row's bytes on segmentation and 0.25 on reconstruction" in text
+    assert "0.44" not in text and "0.36" not in text
+    assert "their quality: Dice -6.00 points against `compact+patch` on segmentation." in text

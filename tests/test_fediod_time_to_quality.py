@@ -61,3 +61,26 @@ def test_a_run_that_never_validates_hands_over_each_epochs_student(tmp_path: Pat
         "0.95": {"wall_s": 4.0, "g_steps": 20},
     }
     assert curve["final"]["validated_accuracy"] == 0.46
+
+
+def test_the_report_names_the_machine_and_its_matmul_rate_beside_the_wall_times():
+    # wall times mean nothing without the speed of the machine that measured them
+    point = {"epoch": 1, "g_steps": 10, "wall_s": 3.0, "validated_accuracy": 0.4, "of_ensemble": 0.8}
+    fedavg_point = {"round": 1, "wall_s": 2.0, "test_accuracy": 0.5}
+    result = {
+        "dataset": "digits",
+        "alpha": 0.5,
+        "fediod": {"ensemble_accuracy": 0.5, "stage1_and_setup_s": 2.0, "points": [point],
+                   "reached": {"0.90": None, "0.95": None}, "wall_time_s": 3.0, "final": point},
+        "fedavg": {"points": [fedavg_point], "final": fedavg_point, "wall_time_s": 2.0,
+                   "reaches_fediod_final": None},
+    }  # fmt: skip
+    provenance = t2q.provenance(["/nowhere"], gflops=123.4, threads=2)
+    assert provenance == {
+        "machine": "not recorded",
+        "matmul_peak_gflops": 123.4,
+        "threads": 2,
+    }
+    text = t2q.report(result | provenance, "python benchmarks/fediod_time_to_quality.py")
+    assert "fp32 matmul 123.4 GFLOP/s at 2 thread(s)" in text
+    assert "Machine: not recorded" in text

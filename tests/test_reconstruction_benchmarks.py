@@ -219,3 +219,15 @@ def test_figure_draws_every_method_from_the_table(tiny_table):
         "FL-MRCM (target = site)",
         "FedIOD",
     ]
+
+
+def test_the_figure_reads_the_table_in_its_own_results_folder(tmp_path):
+    """`--results X` after the table ran with `--results X`: the figure draws X's table, not the published
+    one (which names other runs), unless `--table` says which."""
+    (tmp_path / "reconstruction_table9.json").write_text("{}")
+    args = reconstruction_figures.parse_args(["--results", str(tmp_path)])
+    assert Path(args.table) == tmp_path / "reconstruction_table9.json"
+    elsewhere = tmp_path / "other.json"
+    elsewhere.write_text("{}")
+    args = reconstruction_figures.parse_args(["--results", str(tmp_path), "--table", str(elsewhere)])
+    assert Path(args.table) == elsewhere

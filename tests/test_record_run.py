@@ -91,3 +91,12 @@ def test_bad_commands_stop_with_what_to_do(argv, message, capsys):
     with pytest.raises(SystemExit):
         record_run.parse(argv)
     assert message in capsys.readouterr().err
+
+
+def test_the_record_gives_the_machines_matmul_rate_beside_its_wall_times(tmp_path, monkeypatch):
+    monkeypatch.setattr(record_run, "matmul_peak_gflops", lambda: 61.5)
+    out, results = tmp_path / "runs", tmp_path / "results"
+    path = record_run.main(["probe", "--out", str(out), "--results", str(results), "--", *RUN, *DATA])
+    record = json.loads((results / "probe.json").read_text())
+    assert record["matmul_peak_gflops"] == 61.5
+    assert "fp32 matmul 61.5 GFLOP/s at one thread" in path.read_text()

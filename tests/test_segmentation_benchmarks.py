@@ -276,3 +276,12 @@ def test_figures_name_the_missing_runs_and_the_option_that_finds_them(tmp_path):
         SystemExit, match=r"seg2-x-fediod-1234.*pass the segmentation tables' --out as --runs"
     ):
         segmentation_figures.main(["--results", str(tmp_path), "--runs", str(tmp_path / "elsewhere")])
+
+
+@pytest.mark.parametrize("flag", ["--t2-subjects", "--t4-images"])
+@pytest.mark.parametrize("value", ["4", "40,x", "4,2,1"])
+def test_a_split_that_is_not_two_counts_is_a_one_line_usage_error(flag, value, capsys):
+    with pytest.raises(SystemExit):
+        segmentation_plan.parse([flag, value])
+    error = capsys.readouterr().err
+    assert flag in error and repr(value) in error and "TRAIN,TEST" in error

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedistill import machine
+from fedistill import disk, machine
 from fedistill.engine.rundir import read_jsonl
 from fedistill.reproduce.launch import run_fedistill
 from fedistill.reproduce.tables import write_json
@@ -139,6 +139,6 @@ def write(rows: list[dict], args: Any, command: str, results: str | Path) -> str
     split = "" if args.partition == "dirichlet" else f"_{args.partition}"
     stem = results / f"feddf_tables_{args.dataset}{split}"
     text = markdown(rows, args, command)
-    stem.with_suffix(".md").write_text(text, encoding="utf-8")
+    disk.write_text(stem.with_suffix(".md"), text)
     write_json(stem.with_suffix(".json"), {"command": command, "rows": rows}, indent=1)
     return text

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from fedistill import disk
 from fedistill.machine import this_machine
 from fedistill.reproduce.arguments import shown_arguments
 from fedistill.reproduce.paths import DATA, RESULTS, RUNS
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         data["readings"] = {entry["label"]: reading(entry) for entry in measured}
         plot(data, stem.with_suffix(".png"))
-        stem.with_suffix(".json").write_text(json.dumps(strict_json(data), indent=2) + "\n", encoding="utf-8")
+        disk.write_text(stem.with_suffix(".json"), json.dumps(strict_json(data), indent=2) + "\n")
         write_markdown(data, stem.with_suffix(".md"))
         print(f"wrote {stem.with_suffix('.md')} ({data['seconds']:.0f} s)", flush=True)
     return 0

@@ -24,7 +24,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from fedistill import machine
+from fedistill import disk, machine
 from fedistill.reproduce.launch import PAPER_PRESET, run_fedistill
 from fedistill.reproduce.reuse import current
 from fedistill.reproduce.tables import write_json
@@ -168,7 +168,7 @@ def write(cells: list[dict[str, Any]], dataset: str, command: str, results: str 
     results = Path(results)
     results.mkdir(parents=True, exist_ok=True)
     text = markdown(cells, command)
-    (results / f"one_shot_{dataset}.md").write_text(text, encoding="utf-8")
+    disk.write_text(results / f"one_shot_{dataset}.md", text)
     write_json(
         results / f"one_shot_{dataset}.json", {"command": command, "cells": cells}, indent=1, newline=False
     )

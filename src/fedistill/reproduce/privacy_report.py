@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fedistill import disk
 from fedistill.analysis.threat_models import VARIANTS
 from fedistill.reproduce.privacy_attacks import OBSERVED, PAPER_TABLE2, SETTINGS
 
@@ -120,7 +121,7 @@ def write_report(data: dict[str, Any], path_md: Path) -> None:
         f"`benchmarks/results/privacy_attacks/`. Total time {data['seconds']:.0f} s on {data['machine']}.",
         "",
     ]
-    path_md.write_text("\n".join(lines), encoding="utf-8")
+    disk.write_text(path_md, "\n".join(lines))
 
 
 NOTES = [

@@ -14,7 +14,8 @@ FL-MRCM and FedIOD.
 
     python benchmarks/reconstruction_figures.py                 # after reconstruction_table.py
 
-Writes <results>/reconstruction_figure7.png (default benchmarks/results/).
+Draws the table in <results> (`--table` names another) and writes <results>/reconstruction_figure7.png
+(default benchmarks/results/).
 """
 
 from __future__ import annotations
@@ -47,13 +48,14 @@ COLUMNS = (
 def parse_args(argv: Sequence[str] | None = None) -> Any:
     """The figure's settings from the command line; the table's JSON must exist."""
     parser = benchmark_parser(__doc__)
-    parser.add_argument("--table", default=str(RESULTS / f"{STEM}.json"), help="the table script's JSON")
+    parser.add_argument("--table", default="", help="the table script's JSON (default: the one in --results)")
     parser.add_argument("--slice", type=int, default=None, help="test slice of each source (default: middle)")
     parser.add_argument("--error-max", type=float, default=0.2, help="error colour scale, share of the max")
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--runs", default=str(RUNS / "reconstruction-table"),
                         help="the table's --out: where runs the table names as OUT/... lie")  # fmt: skip
     args = parser.parse_args(argv)
+    args.table = args.table or str(Path(args.results) / f"{STEM}.json")  # the table that --results holds
     if not 0 < args.error_max <= 1:
         parser.error(f"--error-max must be in (0, 1], got {args.error_max}")
     if not Path(args.table).is_file():

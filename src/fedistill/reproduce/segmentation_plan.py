@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedistill import disk
 from fedistill.data.medical.brain_synthetic import SCAN_SCALES, SKULLS
 from fedistill.data.registry import load_dataset
 from fedistill.reproduce.arguments import benchmark_parser, settings_digest
@@ -202,6 +203,12 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for flag in ("lean_pool", "lean_iters", "lean_pool_steps"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
+    for flag in ("t2_subjects", "t4_images"):
+        given = getattr(args, flag)
+        counts = given.split(",")
+        if len(counts) != 2 or not all(c.strip().isdigit() for c in counts):
+            name = "--" + flag.replace("_", "-")
+            parser.error(f"{name} takes TRAIN,TEST (two counts, e.g. 40,10), got {given!r}")
     for t in ("t2", "t4"):
         if getattr(args, f"{t}_epochs") % getattr(args, f"{t}_rounds"):
             parser.error(f"--{t}-epochs must be a multiple of --{t}-rounds (equal local epochs per round)")
@@ -294,5 +301,5 @@ def execute(table: Table, spec: RunSpec, args: argparse.Namespace) -> Path:
     if fresh:
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-        (folder / "cpu_seconds.json").write_text(json.dumps({"cpu_s": cpu}) + "\n", encoding="utf-8")
+        disk.write_text(folder / "cpu_seconds.json", json.dumps({"cpu_s": cpu}) + "\n")
     return folder

@@ -41,6 +41,7 @@ import torch
 from matplotlib.colors import ListedColormap
 from PIL import Image
 
+from fedistill import disk
 from fedistill.algorithms.shared.training import evaluate_model, task_of
 from fedistill.config import RunConfig, read_config
 from fedistill.data.base import DatasetInfo
@@ -183,9 +184,7 @@ def real_patients_figure(
     record["runs"] = {label: run_record(*runs[label]) | {"model": sources[label]} for label in runs}
     if runs_made_by:
         record["runs_made_by"] = runs_made_by
-    (out_dir / f"{figure_name(skull_strip)}.json").write_text(
-        json.dumps(record, indent=2) + "\n", encoding="utf-8"
-    )
+    disk.write_text(out_dir / f"{figure_name(skull_strip)}.json", json.dumps(record, indent=2) + "\n")
     return record
 
 

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import spearmanr
 
+from fedistill import disk
+
 
 def _span(values: list[float]) -> str:
     finite = [v for v in values if math.isfinite(v)]
@@ -222,7 +224,7 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
             "",
         ]
     lines.append(f"Plot: `{Path(data['plot']).name}`.")
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    disk.write_text(path, "\n".join(lines) + "\n")
 
 
 COLORS = {"FedIOD synthetic": "C0", "held-out real": "C1", "FedAvg + DLG": "C3"}
