@@ -213,7 +213,7 @@ def test_fit_images_resizes_and_rechannels():
     back = dd.fit_images(rgb, 1, 8)
     assert back.shape == (2, 1, 8, 8) and back.min() >= 0 and back.max() <= 1
     assert torch.allclose(dd.fit_images(rgb, 1, 32), rgb.mean(1, keepdim=True))
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="cannot turn 2-channel images into 3-channel ones"):
         dd.fit_images(torch.rand(1, 2, 4, 4), 3, 4)
 
 
