@@ -519,7 +519,7 @@ def test_cifar100_fine_and_coarse(tmp_path: Path) -> None:
     assert fine.info.mean == (0.5071, 0.4867, 0.4408)
     coarse = load_dataset("cifar100", tmp_path, verify=False, labels="coarse")
     assert coarse.info.num_classes == 20 and coarse.train.y.tolist() == [0, 7, 14, 1]
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="labels must be 'fine' or 'coarse', got 'medium'"):
         load_dataset("cifar100", tmp_path, verify=False, labels="medium")
 
 
@@ -711,7 +711,7 @@ def test_image_folder_errors(tmp_path: Path) -> None:
     (tmp_path / "test" / "cat" / "bad.png").write_bytes(b"not a png")
     with pytest.raises(DataError, match=r"bad\.png"):
         load_dataset("image-folder", tmp_path)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="channels must be 1 or 3, got 2"):
         load_dataset("image-folder", tmp_path, channels=2)
 
 

@@ -24,7 +24,7 @@ from fedistill.config import RunConfig, build_config, options_for
 from fedistill.engine.launch import resume_suite, run_suite
 from fedistill.engine.rundir import read_jsonl
 from fedistill.engine.setup import client_contexts, prepare_data
-from fedistill.errors import ConfigError
+from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.ledger import Ledger
 from fedistill.federation.messages import Message
 from fedistill.privacy.accounting import DPConfig
@@ -369,10 +369,10 @@ def test_dp_fedavg_client_state_round_trips():
     assert fresh.budget.accountant.steps == client.budget.accountant.steps == 3
     assert fresh.accounted_round == 3 and fresh.budget.noise == client.budget.noise
     assert fresh.budget.epsilon() == pytest.approx(client.budget.epsilon())
-    with pytest.raises(Exception, match="keeps no state"):  # a client without DP refuses DP state
-        plain, _ = _fedavg_client(FedAvgClient, "fedavg", dp_target_epsilon=6.0)
-        plain.budget = None
-        plain.load_state_dict(client.state_dict())
+    plain, _ = _fedavg_client(FedAvgClient, "fedavg", dp_target_epsilon=6.0)
+    plain.budget = None
+    with pytest.raises(FederationError, match="FedAvgClient keeps no state but a checkpoint holds some"):
+        plain.load_state_dict(client.state_dict())  # a client without DP refuses DP state
 
 
 def test_stop_run_carries_the_partial_metrics():

@@ -377,5 +377,5 @@ def test_auto_network_widths_suit_the_image_size():
     )
     assert count(clients[0].discriminator) == count(build_discriminator(info, width=32))
     assert server.generator.upsamples == 1 and server.generator.init_size == 4  # auto on 8x8: from 4x4
-    with pytest.raises(Exception, match="generator_width"):
+    with pytest.raises(ConfigError, match=r"fediod\.generator_width .*-1"):
         options_for(build_config(RunConfig(), {"fediod": {"generator_width": -1}}), "fediod", FedIODOptions)

@@ -71,7 +71,7 @@ def test_softmax_t_divides_by_temperature() -> None:
     total = e[0] + e[1] + e[2]
     for got, want in zip(probs.tolist(), [e[0] / total, e[1] / total, e[2] / total], strict=True):
         _close(got, want)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"tau must be > 0, got 0\.0"):
         softmax_t(_t([1.0]), tau=0.0)
 
 
@@ -108,7 +108,7 @@ def test_confidence_loss_hand_case() -> None:
     _close(confidence_loss(logits, pi), (b0 + b1) / 2)
     # tau = 2 on doubled logits gives the same probabilities
     _close(confidence_loss(2 * logits, pi, tau=2.0), (b0 + b1) / 2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"pi must have shape \(K,\) = \(2,\), got \(1,\)"):
         confidence_loss(logits, _t([1.0]))
 
 
@@ -222,7 +222,7 @@ def test_class_share_and_uniform_column_for_a_missing_class() -> None:
     for row, want_row in zip(share.tolist(), expected, strict=True):
         for got, want in zip(row, want_row, strict=True):
             _close(got, want)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="counts must be non-negative"):
         class_share(torch.tensor([[1, -1], [1, 1]]))
 
 
@@ -270,9 +270,9 @@ def test_importance_weights_without_ratios_and_fallbacks() -> None:
     _close(weights[0, 0, 1], 0.5)
     _close(weights[0, 1, 0], 0.75 * 1.0 / (0.75 * 1.0 + 0.25 * 3.0))
     assert torch.isfinite(weights).all()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="density_ratio must be non-negative"):
         importance_weights(share, _t([[-1.0], [1.0]]))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="share must be non-negative"):
         importance_weights(_t([[-0.5, 1.0], [1.5, 0.0]]), None)
 
 
@@ -335,7 +335,7 @@ def test_mimic_unknown_mode_lists_the_modes() -> None:
         mimic_loss(_t([[0.0]]), _t([[0.0]]), mode="cosine")
     for mode in MIMIC_MODES:
         assert mode in str(info.value)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"must both have shape \(B, C\), got \(1, 2\) and \(1, 1\)"):
         mimic_loss(_t([[0.0, 1.0]]), _t([[0.0]]))
 
 
@@ -359,7 +359,9 @@ def test_generator_gan_loss_modes() -> None:
     _close(generator_gan_loss(fake), (math.log(2.0) + math.log(1 + 1 / 3)) / 2)
     # minimax: mean log(1 - sigmoid(x)); sigmoid(0) = 1/2, sigmoid(ln 3) = 3/4
     _close(generator_gan_loss(fake, mode="minimax"), (math.log(1 - 0.5) + math.log(1 - 0.75)) / 2)
-    with pytest.raises(ValueError):
+    with pytest.raises(
+        ValueError, match=r"unknown generator GAN mode 'wasserstein' \(valid: non-saturating, minimax\)"
+    ):
         generator_gan_loss(fake, mode="wasserstein")
 
 

@@ -53,6 +53,8 @@ def test_recomputing_the_graphs_changes_no_number(tmp_path):
         k: v for k, v in recomputed["final"].items() if k != cached
     }
     assert kept["communication"] == recomputed["communication"]
-    for model in sorted((tmp_path / "kept" / "fediod" / "models").glob("*.safetensors")):
+    models = sorted((tmp_path / "kept" / "fediod" / "models").glob("*.safetensors"))
+    assert [m.name for m in models] == ["generator.safetensors", "student.safetensors"]  # G and S compared
+    for model in models:
         ours, theirs = load_file(model), load_file(tmp_path / "recomputed" / "fediod" / "models" / model.name)
         assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)

@@ -5,6 +5,7 @@ the message boundary equals autograd, nothing new crosses the boundary, and a re
 import copy
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -474,6 +475,26 @@ def test_the_per_client_mixture_sends_only_a_sample_mask_more_and_resumes_exactl
         r for r in read_ledger(run / "ledger.jsonl") if r["type"] == "query.generate" and r["direction"] != UP
     ]
     assert down and all("synthetic-inputs" in r["kinds"] for r in down)
+    # against the shared mixture's run: each site's generate request carries which of G's samples are the
+    # site's, one byte a sample on the synthetic inputs' uint8-affine wire plus that array's 16 bytes of
+    # scale and offset; every other message and kind is byte for byte the same
+    assert all(r["encodings"]["synthetic-inputs"] == "uint8-affine" for r in down)
+    run_suite(build_config(_config(), {"rounds": 3}), tmp_path / "shared", progress=False)
+    batch = TINY_FEDIOD["fediod"]["synthetic_batch_size"]
+
+    def records(folder: Path) -> list[tuple]:
+        return [
+            (r["type"], r["direction"], r["client"], r["round"], r.get("step"), r["kinds"])
+            for r in read_ledger(folder / "ledger.jsonl")
+        ]
+
+    mixed, shared = records(run), records(tmp_path / "shared" / "fediod")
+    assert len(mixed) == len(shared)
+    for got, plain in zip(mixed, shared, strict=True):
+        assert got[:5] == plain[:5]
+        extra = {k: got[5].get(k, 0) - plain[5].get(k, 0) for k in got[5].keys() | plain[5].keys()}
+        more = batch + 16 if got[0] == "query.generate" and got[1] != UP else 0
+        assert extra == {k: (more if k == "synthetic-inputs" else 0) for k in extra}, got
 
 
 def test_channels_last_is_the_same_protocol_in_another_memory_layout(tmp_path):

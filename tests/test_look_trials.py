@@ -106,7 +106,8 @@ def test_a_run_with_look_trials_shows_flipped_samples_in_the_trial_only_and_deci
     assert [step for step, _, flipped in flips if flipped.any()] == [0, 1]  # steps 0 and 1 of 4
     assert not server.options.owner_queries  # every site gets the whole batch
     queries = [r for r in sent if next(iter(r.values())).type == "query.generate"]
-    for (_, shown, _), query in zip(flips, queries, strict=False):  # what the sites saw, up to the wire
+    assert len(queries) == 3 and [step for step, _, _ in flips] == [0, 1]  # a request a step, 2 in trial
+    for (_, shown, _), query in zip(flips, queries[:2], strict=True):  # what the sites saw, up to the wire
         assert torch.allclose(next(iter(query.values())).tensor("synthetic-inputs", "x"), shown, atol=0.05)
 
 

@@ -7,11 +7,11 @@ and, at a tiny size (slow), both scripts run end to end on the semi-synthetic se
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from conftest import SHARED_DATA
 from fedistill import cli
 from fedistill.algorithms.registry import get_algorithm
 from fedistill.config import options_for
@@ -23,7 +23,7 @@ from fedistill.reproduce import (
     segmentation_tables,
 )
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = SHARED_DATA  # FEDISTILL_SHARED_DATA, else shared/data beside the repository
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +223,7 @@ def test_merge_without_a_record_stops_with_one_line_before_any_run(tables, tmp_p
 def test_table4_rows_per_test_site_and_table8_per_trained_site(tables, tmp_path):
     if not (SHARED / "nuclei" / "fluorescence_instances.tif").is_file():
         pytest.skip("the shared nuclei image is not on this machine")
-    args = tables.parse(["--tables", "4", "--results", str(tmp_path)])
+    args = tables.parse(["--tables", "4", "--results", str(tmp_path), "--data-dir", str(SHARED)])
     (table,) = tables.tables(args)
     sites = ("synthetic-fluorescence", "synthetic-he-sparse-large", "synthetic-he-dense-small")
     metrics = {f"{m}_{s}": 0.5 for m in tables.INSTANCE_METRICS for s in sites} | {"dice": 0.5}

@@ -113,7 +113,7 @@ def test_per_pixel_tasks_partition_by_natural_groups_or_one_group():
 
 def test_task_class_names_the_kind_before_options_and_refuses_unknown_tasks():
     assert task_class(_info("instance-segmentation")) is InstanceSegmentation
-    with pytest.raises(Exception, match="task"):
+    with pytest.raises(ConfigError, match=r"unknown task 'no-such-task'.*\(valid: .*instance-segmentation"):
         task_class(_info("no-such-task"))
 
 

@@ -1,6 +1,7 @@
 """No user mistake or fault costs a run: each case ends in its exit code and one clear line, never a
 traceback, and leaves a run directory that a later correct run or `--resume` can use."""
 
+import errno
 import json
 import os
 import signal
@@ -108,6 +109,25 @@ def test_a_read_only_out_is_one_line_and_exit_2(tmp_path, capsys):
         assert "cannot write" in _one_line(capsys)
     finally:
         tmp_path.chmod(0o700)
+
+
+def test_an_out_on_a_read_only_file_system_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    """The same refusal where the mount is read-only, which chmod cannot show to root (the folder is
+    made, the probe file in it is not): the run stops before writing anything else."""
+    from fedistill import disk
+
+    real = disk.write_bytes
+
+    def read_only(path: Path, data: bytes) -> None:
+        if Path(path).is_relative_to(tmp_path):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+        real(path, data)
+
+    monkeypatch.setattr(disk, "write_bytes", read_only)
+    assert main(_run(tmp_path, "--name", "a")) == 2
+    line = _one_line(capsys)
+    assert f"cannot write the run directory {tmp_path / 'a'}: {os.strerror(errno.EROFS)}" in line
+    assert [p.name for p in (tmp_path / "a").iterdir()] == []
 
 
 @pytest.mark.parametrize("name", ["../x", "/abs", ".", "..", "a/b"])

@@ -171,7 +171,7 @@ class FedIODOptions(
             "look_trials",
         ):
             if getattr(self, key) < 0:
-                raise ConfigError(f"fediod.{key} must be >= 0")
+                raise ConfigError(f"fediod.{key} must be >= 0, got {getattr(self, key)!r}")
         self.check_combinations(preset_fills=True)
 
     def check_combinations(self, *, preset_fills: bool = False) -> None:
