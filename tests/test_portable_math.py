@@ -15,40 +15,29 @@ import torch
 from scipy import ndimage
 from scipy.ndimage import _filters
 
+from fedistill.algorithms.fediod import draws
+from fedistill.algorithms.fediod.task_view import TaskView
 from fedistill.data import portable_math
+from fedistill.data.base import DatasetInfo
 from fedistill.data.medical import brain_synthetic, lesion_randomisation, lesions, nuclei_synthetic
+from fedistill.tasks import InstanceSegmentation, SemanticSegmentation
 
 
-def other_rounding(result: Any) -> Any:
-    """`result` off by up to a thousandth, by an amount that varies from value to value."""
-    return result * (1 + 1e-3 * np.sin(1e3 * np.asarray(result)))
+def on_another_cpu(monkeypatch: pytest.MonkeyPatch, *modules: ModuleType, by: float = 1e-3) -> None:
+    """NumPy's exp, log and power in `modules` and in SciPy's filters off by up to `by` (relative), by an
+    amount that varies from value to value; everything else NumPy's own."""
 
+    def off(function: Any) -> Any:
+        return lambda *args, **kwargs: (
+            (r := function(*args, **kwargs)) * (1 + by * np.sin(1e3 * np.asarray(r)))
+        )
 
-class OtherCpu(ModuleType):
-    """NumPy whose exp, log and power round differently, everything else NumPy's own."""
-
-    def __init__(self) -> None:
-        super().__init__("numpy")
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(np, name)
-
-    @staticmethod
-    def exp(*args: Any, **kwargs: Any) -> Any:
-        return other_rounding(np.exp(*args, **kwargs))
-
-    @staticmethod
-    def log(*args: Any, **kwargs: Any) -> Any:
-        return other_rounding(np.log(*args, **kwargs))
-
-    @staticmethod
-    def power(*args: Any, **kwargs: Any) -> Any:
-        return other_rounding(np.power(*args, **kwargs))
-
-
-def on_another_cpu(monkeypatch: pytest.MonkeyPatch, *modules: ModuleType) -> None:
+    other = ModuleType("numpy")
+    other.__getattr__ = lambda name: getattr(np, name)  # type: ignore[method-assign]
+    for name in ("exp", "log", "power"):
+        setattr(other, name, off(getattr(np, name)))
     for module in (*modules, _filters):
-        monkeypatch.setattr(module, "np", OtherCpu())
+        monkeypatch.setattr(module, "np", other)
 
 
 def test_the_kernel_and_the_filter_are_scipy_s():
@@ -92,3 +81,14 @@ def test_synthetic_nuclei_do_not_follow_the_cpu(monkeypatch, site):
     on_another_cpu(monkeypatch, nuclei_synthetic)
     there = nuclei_synthetic.render(signal, instances, site, np.random.default_rng(5))
     assert np.array_equal(here, there)
+
+
+@pytest.mark.parametrize("task", [SemanticSegmentation(), InstanceSegmentation()], ids=lambda t: t.name)
+@pytest.mark.parametrize("size", [32, 64])
+def test_fediod_s_prior_masks_do_not_follow_the_cpu(monkeypatch, task, size):
+    """The server's own masks are thresholded noise smoothed with sigma size / 16: SciPy's kernels for
+    sigma 2 and 4 are among those whose last bits follow the CPU."""
+    view = TaskView(task, DatasetInfo("toy", 1, size, 2, (0.5,), (0.25,), task=task.name), 0)
+    here = draws.prior_masks(view, 6, torch.Generator().manual_seed(3))
+    on_another_cpu(monkeypatch, draws, by=0.05)  # a thresholded mask needs a larger change to show
+    assert torch.equal(here, draws.prior_masks(view, 6, torch.Generator().manual_seed(3)))
