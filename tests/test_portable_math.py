@@ -19,7 +19,14 @@ from fedistill.algorithms.fediod import draws
 from fedistill.algorithms.fediod.task_view import TaskView
 from fedistill.data import portable_math
 from fedistill.data.base import DatasetInfo
-from fedistill.data.medical import brain_synthetic, lesion_randomisation, lesions, nuclei_synthetic
+from fedistill.data.medical import (
+    brain_extraction,
+    brain_synthetic,
+    lesion_randomisation,
+    lesions,
+    nuclei_synthetic,
+)
+from fedistill.data.mri import foreground
 from fedistill.tasks import InstanceSegmentation, SemanticSegmentation
 
 
@@ -92,3 +99,30 @@ def test_fediod_s_prior_masks_do_not_follow_the_cpu(monkeypatch, task, size):
     here = draws.prior_masks(view, 6, torch.Generator().manual_seed(3))
     on_another_cpu(monkeypatch, draws, by=0.05)  # a thresholded mask needs a larger change to show
     assert torch.equal(here, draws.prior_masks(view, 6, torch.Generator().manual_seed(3)))
+
+
+def _head() -> np.ndarray:
+    """Slices (Z, H, W) of a noisy grey brain inside a bright scalp, float32, 1 mm pixels."""
+    yy, xx = np.mgrid[:96, :96] - 48.0
+    radius = np.broadcast_to(np.hypot(yy, xx), (3, 96, 96))
+    head = np.select([radius <= 32, (radius > 34) & (radius <= 40)], [0.4, 1.0], 0.0)
+    noise = 0.25 * np.random.default_rng(0).standard_normal(head.shape) * (head > 0)
+    return (head + noise).clip(0).astype(np.float32)
+
+
+def _masks(volume: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    level = foreground.reference_level(volume)
+    return brain_extraction.tissue_brain(volume, (1.0, 1.0)), foreground.foreground_mask(
+        volume[1], level, 0.5
+    )
+
+
+def test_brain_and_foreground_masks_do_not_follow_the_cpu(monkeypatch):
+    """Both smooth a scan before a threshold: the tissue rule's brain, and the foreground of a slice."""
+    volume = _head()
+    here = _masks(volume)
+    assert here[0].any() and here[1].any()
+    on_another_cpu(monkeypatch, brain_extraction, foreground, by=0.05)
+    there = _masks(volume)
+    assert np.array_equal(here[0], there[0])
+    assert np.array_equal(here[1], there[1])
