@@ -31,8 +31,9 @@ from fedistill.tasks import InstanceSegmentation, SemanticSegmentation
 
 
 def on_another_cpu(monkeypatch: pytest.MonkeyPatch, *modules: ModuleType, by: float = 1e-3) -> None:
-    """NumPy's exp, log and power in `modules` and in SciPy's filters off by up to `by` (relative), by an
-    amount that varies from value to value; everything else NumPy's own."""
+    """NumPy's exp, log, power and vector norm (OpenBLAS's dot, whose kernel follows the CPU too) in
+    `modules` and in SciPy's filters off by up to `by` (relative), by an amount that varies from value to
+    value; everything else NumPy's own."""
 
     def off(function: Any) -> Any:
         return lambda *args, **kwargs: (
@@ -43,6 +44,9 @@ def on_another_cpu(monkeypatch: pytest.MonkeyPatch, *modules: ModuleType, by: fl
     other.__getattr__ = lambda name: getattr(np, name)  # type: ignore[method-assign]
     for name in ("exp", "log", "power"):
         setattr(other, name, off(getattr(np, name)))
+    other.linalg = ModuleType("numpy.linalg")
+    other.linalg.__getattr__ = lambda name: getattr(np.linalg, name)  # type: ignore[method-assign]
+    other.linalg.norm = off(np.linalg.norm)
     for module in (*modules, _filters):
         monkeypatch.setattr(module, "np", other)
 
@@ -126,3 +130,11 @@ def test_brain_and_foreground_masks_do_not_follow_the_cpu(monkeypatch):
     there = _masks(volume)
     assert np.array_equal(here[0], there[0])
     assert np.array_equal(here[1], there[1])
+
+
+def test_norm():
+    assert (
+        portable_math.norm([3.0, 4.0]) == 5.0 and portable_math.norm(np.array([[1.0], [2.0], [2.0]])) == 3.0
+    )
+    v = np.random.default_rng(1).standard_normal(3)
+    assert portable_math.norm(v) == pytest.approx(float(np.linalg.norm(v)), rel=1e-15)

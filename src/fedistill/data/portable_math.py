@@ -1,12 +1,13 @@
-"""exp, powers and Gaussian smoothing that round alike on every x86-64 CPU, for seeded synthetic data.
+"""exp, powers, norms and Gaussian smoothing that round alike on every x86-64 CPU, for seeded synthetic data.
 
 NumPy computes float64 exp and log, and powers with a non-integer exponent, with AVX-512 code (Intel's SVML)
 on CPUs that have AVX-512 and with the C library on the others, and the two differ in the last bit now and
 then. SciPy's `gaussian_filter` builds its kernel with NumPy's exp, so it inherits the difference. Rounded
-to an 8-bit pixel or cut at a threshold, such a last bit became a grey level or a mask pixel: the seeded
-synthetic lesions, nuclei and prior masks were not the same on an AVX2 and an AVX-512 machine. Python's
-`math` is the C library's on every CPU, and PyTorch's CPU kernels compute exp and pow the same way on AVX2
-and AVX-512, so nothing here follows the CPU's vector instructions.
+to an 8-bit pixel or cut at a threshold, such a last bit can become a grey level or a mask pixel: three
+pixels of mni152-synthetic-lesions differed between an AVX2 and an AVX-512 machine. NumPy's
+vector norm is OpenBLAS's dot, whose kernel also follows the CPU. Python's `math` is the C library's, or
+Python's own, on every CPU, and PyTorch's CPU kernels compute exp and pow the same way on AVX2 and AVX-512,
+so nothing here follows the CPU's vector instructions.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ def exp(values: np.ndarray) -> np.ndarray:
 def power(values: np.ndarray, exponent: float) -> np.ndarray:
     """`values ** exponent`, elementwise, in their float dtype."""
     return torch.from_numpy(np.ascontiguousarray(values)).pow(float(exponent)).numpy()
+
+
+def norm(vector: np.ndarray | Sequence[float]) -> float:
+    """The Euclidean length of a vector (`math.hypot` of its entries)."""
+    return math.hypot(*(float(x) for x in np.ravel(vector)))
 
 
 def gaussian_kernel(sigma: float, truncate: float = 4.0) -> np.ndarray:

@@ -156,7 +156,7 @@ def _augment(
     shift_z = int(rng.integers(-round(4.0 / voxel_mm), round(4.0 / voxel_mm) + 1))
     gamma = math.exp(rng.uniform(math.log(0.8), math.log(1.25)))  # math, not NumPy: see portable_math
     direction = rng.standard_normal(3)
-    direction /= np.linalg.norm(direction)
+    direction /= portable_math.norm(direction)
     bias_amplitude = float(rng.uniform(0.0, 0.1))
     noise_std = float(rng.uniform(0.01, 0.03))
 

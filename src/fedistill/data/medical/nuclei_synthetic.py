@@ -162,7 +162,7 @@ def render(signal: np.ndarray, instances: np.ndarray, site: Site, rng: np.random
         glow = 0.04 + 0.015 * _smooth_noise(shape, 6.0, rng) + 0.85 * np.minimum(signal, 1.2)
         rgb = glow[None] * np.asarray(site.colour[0], np.float32)[:, None, None]
     else:
-        haematoxylin_vector, eosin_vector = (np.asarray(v) / np.linalg.norm(v) for v in site.colour)
+        haematoxylin_vector, eosin_vector = (np.asarray(v) / portable_math.norm(v) for v in site.colour)
         chromatin = np.where(nuclei, 0.35 + 0.65 * np.minimum(signal, 1.2), 0.0)
         stroma = 0.45 + 0.15 * _smooth_noise(shape, 8.0, rng) + 0.08 * _smooth_noise(shape, 1.5, rng)
         lumen = _smooth_noise(shape, 20.0, rng) > 1.2  # pale gaps (fat, lumina) with little eosin
