@@ -31,10 +31,14 @@ test-all: $(STAMP)  ## every test, slow ones included
 	$(PY) -m pytest -m ""
 
 # Another CPU's arithmetic on this one (x86-64): the fast suite through the AVX2 and the SSE4.1 kernels of
-# PyTorch and oneDNN, whatever this CPU has. A test that passes on one CPU only is a failing test.
+# PyTorch, oneDNN, NumPy (its sorts, partitions and math functions) and OpenBLAS, whatever this CPU has.
+# A test that passes on one CPU only is a failing test.
+NUMPY_BELOW_AVX512 := X86_V4 AVX512_ICL AVX512_SPR
 test-kernels: $(STAMP)  ## the fast suite on the AVX2 and SSE4.1 kernel paths (about twice `make test`)
-	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest -q
-	ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 $(PY) -m pytest -q
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 NPY_DISABLE_CPU_FEATURES="$(NUMPY_BELOW_AVX512)" \
+		OPENBLAS_CORETYPE=Haswell $(PY) -m pytest -q
+	ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 NPY_DISABLE_CPU_FEATURES="X86_V3 $(NUMPY_BELOW_AVX512)" \
+		OPENBLAS_CORETYPE=Nehalem $(PY) -m pytest -q
 
 bench: $(STAMP)  ## quick speed checks at small settings: FedIOD step time, transport speed (in-process, simulation)
 	$(PY) benchmarks/fediod_step_time.py --steps 2 --results $(BENCH_OUT)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from conftest import SHARED_DATA
@@ -20,6 +21,7 @@ from fedistill.reproduce import (
     segmentation_figures,
     segmentation_plan,
     segmentation_report,
+    segmentation_scores,
     segmentation_tables,
 )
 
@@ -285,3 +287,23 @@ def test_a_split_that_is_not_two_counts_is_a_one_line_usage_error(flag, value, c
         segmentation_plan.parse([flag, value])
     error = capsys.readouterr().err
     assert flag in error and repr(value) in error and "TRAIN,TEST" in error
+
+
+def test_the_median_site_does_not_depend_on_how_the_cpu_orders_equal_dice(monkeypatch):
+    """NumPy's default sort hands equal keys back in an order that follows the CPU's vector instructions;
+    two sites with the same Dice must still give the same median site, on every machine and in both
+    figures that pick it."""
+    real = np.argsort
+
+    def ties_reversed(keys, *args, kind=None, **kwargs):
+        order = real(keys, *args, kind="stable", **kwargs)
+        if kind == "stable":
+            return order
+        keys = np.asarray(keys)[order]
+        groups = np.split(order, np.flatnonzero(np.diff(keys)) + 1)  # runs of equal keys, each reversed
+        return np.concatenate([g[::-1] for g in groups])
+
+    monkeypatch.setattr(segmentation_scores.np, "argsort", ties_reversed)
+    assert segmentation_scores.median_site([0.5, 0.7, 0.7, 0.9]) == 2  # sorted: sites 0, 1, 2, 3
+    assert segmentation_scores.median_site([0.8, 0.8, 0.8]) == 1
+    assert segmentation_scores.median_site([0.6]) == 0

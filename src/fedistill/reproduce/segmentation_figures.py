@@ -49,7 +49,7 @@ from fedistill.models.pix2pix import build_conditional_generator, one_hot_mask
 from fedistill.reproduce.arguments import benchmark_parser
 from fedistill.reproduce.paths import RESULTS, RUNS, recorded_path
 from fedistill.reproduce.segmentation_plan import LABELS, REAL_SCORING, SEMI
-from fedistill.reproduce.segmentation_scores import real_patients, saved_models
+from fedistill.reproduce.segmentation_scores import median_site, real_patients, saved_models
 from fedistill.seeding import derive_seed
 from fedistill.tasks import Task
 
@@ -88,7 +88,7 @@ class Runs:
             label = LABELS[method]
             if len(nets) > 1:
                 dices = [s["dice"] for s in self.rows[method]["sites"]]
-                site = int(np.argsort(dices)[len(dices) // 2])
+                site = median_site(dices)
                 nets, label = [nets[site]], f"{label} (site {site}, median)"
             out[method] = (label, nets[0])
         return out

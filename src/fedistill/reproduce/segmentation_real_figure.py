@@ -56,7 +56,7 @@ from fedistill.reproduce.arguments import benchmark_parser
 from fedistill.reproduce.paths import CHECKOUT, RESULTS
 from fedistill.reproduce.segmentation_figures import ORDER, PREDICTED, TRUE, contour, new_figure
 from fedistill.reproduce.segmentation_plan import LABELS
-from fedistill.reproduce.segmentation_scores import saved_models
+from fedistill.reproduce.segmentation_scores import median_site, saved_models
 from fedistill.tasks import Task
 
 if TYPE_CHECKING:  # the inference layer is passed in by the caller (benchmarks/segmentation_real_figure.py)
@@ -154,7 +154,7 @@ def checkpoint_model(folder: Path, algorithm: str, data_dir: Path) -> tuple[Trai
     task = task_of(config, data.info)
     nets = saved_models(folder, algorithm, config, data)
     dices = [evaluate_model(net, data.test, data.info, task=task)["dice"] for net in nets]
-    site = int(np.argsort(dices, kind="stable")[len(dices) // 2])
+    site = median_site(dices)
     model = SiteModel(nets[site], task, data.info, algorithm, config, name=f"client_{site}")
     where = "median site by semi-synthetic test Dice" if len(nets) > 1 else "its one site"
     return model, f"last checkpoint, client_{site} ({where}): the run exported no whole model"

@@ -50,6 +50,13 @@ def saved_models(run: Path, method: str, config: RunConfig, data: LoadedDataset)
     return [model(state[c]["model"]) for c in clients]
 
 
+def median_site(dices: Sequence[float]) -> int:
+    """The site with the median test Dice (the upper middle one of an even count), as Figure 5 and the real
+    patients' figure pick Standalone's model; equal Dice go by site number (NumPy's default sort orders
+    equal keys by the CPU's vector instructions, so another machine could pick another site)."""
+    return int(np.argsort(dices, kind="stable")[len(dices) // 2])
+
+
 def real_patients(config: RunConfig, args: argparse.Namespace) -> tuple[LoadedDataset, list[str]]:
     """The two patients' slices at the run's image size and slice rule, and each slice's patient."""
     options = config.options.get(config.dataset, {})

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy import ndimage
 
 from fedistill.algorithms.fediod.task_view import TaskView
 from fedistill.algorithms.shared.site_shares import from_uploads, owners, shares  # noqa: F401
+from fedistill.data import portable_math
 
 
 @dataclass
@@ -44,7 +44,7 @@ def prior_masks(view: TaskView, batch: int, rng: torch.Generator) -> torch.Tenso
     yy, xx = np.mgrid[0:size, 0:size] / max(size - 1, 1)
     out = np.zeros((batch, size, size), dtype=np.int64)
     for i in range(batch):
-        noise = ndimage.gaussian_filter(gen.standard_normal((size, size)), sigma=size / 16)
+        noise = portable_math.gaussian_filter(gen.standard_normal((size, size)), sigma=size / 16)
         noise /= noise.std() + 1e-8
         out[i] = condition.prior(gen, noise, yy, xx)
     return torch.from_numpy(out)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage
 
+from fedistill.data import portable_math
 from fedistill.data.mri.foreground import foreground_masks, largest_component
 from fedistill.errors import ConfigError
 
@@ -114,7 +115,7 @@ def tissue_brain(
     candidate = inside > scalp_mm
     threshold = level * float(np.median(volume[deep]))  # the brain's median, found the outline's way
     sigma = (1.0 / pixel_mm[0], 1.0 / pixel_mm[1])  # 1 mm
-    smoothed = np.stack([ndimage.gaussian_filter(s.astype(np.float32), sigma) for s in volume])
+    smoothed = np.stack([portable_math.gaussian_filter(s.astype(np.float32), sigma) for s in volume])
     tissue = candidate & (smoothed > threshold)
     neck = _disk(neck_mm, pixel_mm)
     core = _per_slice(ndimage.binary_erosion, tissue, neck)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from scipy import ndimage
 
+from fedistill.data import portable_math
 from fedistill.data.base import LoadedDataset
 from fedistill.data.medical import lesion_randomisation as randomisation
 from fedistill.data.medical import options as opt
@@ -152,9 +154,9 @@ def _augment(
     size = image.shape[1]
     shift_xy = rng.uniform(-6.0, 6.0, size=2) / voxel_mm * 2.0 / size  # in grid_sample's [-1, 1] units
     shift_z = int(rng.integers(-round(4.0 / voxel_mm), round(4.0 / voxel_mm) + 1))
-    gamma = float(np.exp(rng.uniform(np.log(0.8), np.log(1.25))))
+    gamma = math.exp(rng.uniform(math.log(0.8), math.log(1.25)))  # math, not NumPy: see portable_math
     direction = rng.standard_normal(3)
-    direction /= np.linalg.norm(direction)
+    direction /= portable_math.norm(direction)
     bias_amplitude = float(rng.uniform(0.0, 0.1))
     noise_std = float(rng.uniform(0.01, 0.03))
 
@@ -177,7 +179,7 @@ def _augment(
     coords = np.meshgrid(*(np.linspace(-1.0, 1.0, n, dtype=np.float32) for n in image.shape), indexing="ij")
     bias = 1.0 + bias_amplitude * sum(float(d) * c for d, c in zip(direction, coords, strict=True))
     noise = rng.standard_normal(image.shape, dtype=np.float32) * noise_std
-    image = np.clip(np.clip(image, 0.0, 1.0) ** gamma * bias + noise, 0.0, 1.0) * brain_out
+    image = np.clip(portable_math.power(np.clip(image, 0.0, 1.0), gamma) * bias + noise, 0.0, 1.0) * brain_out
     return image, lesion_out & brain_out, brain_out
 
 

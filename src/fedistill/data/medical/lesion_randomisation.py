@@ -23,9 +23,12 @@ the extraction cut the image away the label goes too.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from scipy import ndimage
 
+from fedistill.data import portable_math
 from fedistill.data.medical.brain_extraction import STRIP_MM, inside_distance
 from fedistill.data.medical.lesions import LesionLook, paint_lesion
 
@@ -60,8 +63,8 @@ def remap_intensities(volume: np.ndarray, brain: np.ndarray, rng: np.random.Gene
 def draw_random_look(brain_level: float, rng: np.random.Generator) -> LesionLook:
     """A lesion look drawn far wider than `lesions.draw_look`: hyper- or hypo-intense around
     `brain_level` by at least MIN_CONTRAST, core brighter or darker, a bright, dark or no rim."""
-    low, high = np.log(RADIUS_MM[0]), np.log(RADIUS_MM[1])
-    radius = float(np.exp(rng.uniform(low, high)))
+    low, high = math.log(RADIUS_MM[0]), math.log(RADIUS_MM[1])  # math, not NumPy: see portable_math
+    radius = math.exp(rng.uniform(low, high))
     brighter = rng.random() < 0.6
     room = (1.0 - brain_level) if brighter else brain_level
     contrast = rng.uniform(MIN_CONTRAST, max(MIN_CONTRAST, room))
@@ -102,7 +105,7 @@ def _bias_field(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     coarse = rng.standard_normal((4, 4, 4)) * std
     zoom = [n / 4 for n in shape]
     fine = ndimage.zoom(coarse, zoom, order=3, mode="nearest")[: shape[0], : shape[1], : shape[2]]
-    return np.exp(fine).astype(np.float32)
+    return portable_math.exp(fine).astype(np.float32)
 
 
 def synthetic_head(
@@ -122,7 +125,7 @@ def synthetic_head(
     for layer, (low, high) in HEAD_MM.items():
         thickness = float(rng.uniform(low, high))
         level = float(rng.uniform(0.0, 0.3) if layer == "csf" else rng.uniform(0.0, 1.0))
-        texture = ndimage.gaussian_filter(rng.standard_normal(image.shape).astype(np.float32), 1.0)
+        texture = portable_math.gaussian_filter(rng.standard_normal(image.shape).astype(np.float32), 1.0)
         shell = (outside_mm > edge) & (outside_mm <= edge + thickness)
         out[shell] = np.clip(level * (1.0 + 0.1 * texture[shell] / max(float(texture.std()), 1e-8)), 0, 1)
         edge += thickness
@@ -143,7 +146,7 @@ def corrupt(
     image = image * _bias_field(image.shape, rng)
     sigma_xy = rng.uniform(*BLUR_MM) / voxel_mm
     sigma_z = rng.uniform(*SLICE_BLUR_MM) / voxel_mm
-    image = ndimage.gaussian_filter(image, sigma=(sigma_z, sigma_xy, sigma_xy))
+    image = portable_math.gaussian_filter(image, sigma=(sigma_z, sigma_xy, sigma_xy))
     image = image + rng.standard_normal(image.shape).astype(np.float32) * rng.uniform(*NOISE_STD)
     if surround == "extracted":  # what the real patients go through: the outline moved STRIP_MM inwards
         head = inside_distance(head, (voxel_mm, voxel_mm)) > STRIP_MM

@@ -14,11 +14,13 @@ lesions are kept inside the host's brain mask.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import ndimage
 from scipy.spatial.transform import Rotation
+
+from fedistill.data import portable_math
 
 RADIUS_MM = (6.0, 30.0)  # equivalent radius range of the whole lesion, drawn log-uniformly
 EDGE = 0.15  # width of the fading edge, as a fraction of the lesion radius
@@ -40,9 +42,9 @@ class LesionLook:
 
 def draw_look(rng: np.random.Generator) -> LesionLook:
     """A random lesion look: its size (log-uniform radius), shape, roughness and intensities."""
-    low, high = np.log(RADIUS_MM[0]), np.log(RADIUS_MM[1])
+    low, high = math.log(RADIUS_MM[0]), math.log(RADIUS_MM[1])  # math, not NumPy: see portable_math
     return LesionLook(
-        radius_mm=float(np.exp(rng.uniform(low, high))),
+        radius_mm=math.exp(rng.uniform(low, high)),
         axes=tuple(float(a) for a in rng.uniform(0.7, 1.3, size=3)),
         roughness=float(rng.uniform(0.1, 0.3)),
         core_fraction=float(rng.uniform(0.35, 0.65)),
@@ -81,15 +83,15 @@ def paint_lesion(
     rotated = Rotation.random(rng=rng).as_matrix() @ offsets
     scale = radius * np.asarray(look.axes)[:, None]
     rho = np.sqrt(((rotated / scale) ** 2).sum(axis=0)).reshape(grids[0].shape)
-    smooth = ndimage.gaussian_filter(rng.standard_normal(rho.shape), sigma=max(1.0, 0.35 * radius))
+    smooth = portable_math.gaussian_filter(rng.standard_normal(rho.shape), sigma=max(1.0, 0.35 * radius))
     rho = rho * (1.0 + look.roughness * smooth / max(float(smooth.std()), 1e-8))
 
     inside = brain[box]
     weight = np.clip((1.0 - rho) / EDGE, 0.0, 1.0) * inside
     core = np.clip((look.core_fraction - rho) / (EDGE * look.core_fraction), 0.0, 1.0)
-    ring = np.exp(-(((rho - look.core_fraction) / 0.06) ** 2))
+    ring = portable_math.exp(-(((rho - look.core_fraction) / 0.06) ** 2))
     target = look.oedema_level + (look.core_level - look.oedema_level) * core - look.ring_depth * ring
-    texture = ndimage.gaussian_filter(rng.standard_normal(rho.shape), sigma=1.0)
+    texture = portable_math.gaussian_filter(rng.standard_normal(rho.shape), sigma=1.0)
     target = target * (1.0 + look.texture * texture / max(float(texture.std()), 1e-8))
 
     painted = volume.copy()

@@ -25,6 +25,7 @@ import numpy as np
 import tifffile
 from scipy import ndimage
 
+from fedistill.data import portable_math
 from fedistill.data.base import LoadedDataset
 from fedistill.data.medical import options as opt
 from fedistill.data.medical.nuclei_sets import WholeImage, nuclei_dataset, patching_options
@@ -149,7 +150,7 @@ def compose(
 
 
 def _smooth_noise(shape: tuple[int, int], sigma: float, rng: np.random.Generator) -> np.ndarray:
-    field = ndimage.gaussian_filter(rng.standard_normal(shape), sigma)
+    field = portable_math.gaussian_filter(rng.standard_normal(shape), sigma)
     return (field - field.mean()) / max(float(field.std()), 1e-8)
 
 
@@ -161,7 +162,7 @@ def render(signal: np.ndarray, instances: np.ndarray, site: Site, rng: np.random
         glow = 0.04 + 0.015 * _smooth_noise(shape, 6.0, rng) + 0.85 * np.minimum(signal, 1.2)
         rgb = glow[None] * np.asarray(site.colour[0], np.float32)[:, None, None]
     else:
-        haematoxylin_vector, eosin_vector = (np.asarray(v) / np.linalg.norm(v) for v in site.colour)
+        haematoxylin_vector, eosin_vector = (np.asarray(v) / portable_math.norm(v) for v in site.colour)
         chromatin = np.where(nuclei, 0.35 + 0.65 * np.minimum(signal, 1.2), 0.0)
         stroma = 0.45 + 0.15 * _smooth_noise(shape, 8.0, rng) + 0.08 * _smooth_noise(shape, 1.5, rng)
         lumen = _smooth_noise(shape, 20.0, rng) > 1.2  # pale gaps (fat, lumina) with little eosin
@@ -170,8 +171,8 @@ def render(signal: np.ndarray, instances: np.ndarray, site: Site, rng: np.random
             1.1 * chromatin[None] * haematoxylin_vector[:, None, None]
             + 0.6 * eosin[None] * eosin_vector[:, None, None]
         )
-        rgb = np.exp(-density)
-    rgb = ndimage.gaussian_filter(rgb, sigma=(0, site.blur, site.blur))
+        rgb = portable_math.exp(-density)
+    rgb = portable_math.gaussian_filter(rgb, sigma=(0, site.blur, site.blur))
     rgb = rgb + rng.standard_normal(rgb.shape) * site.noise
     return np.round(np.clip(rgb, 0.0, 1.0) * 255.0).astype(np.uint8)
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage
 
+from fedistill.data import portable_math
+
 DEFAULT_FRACTION = 0.1
 DEFAULT_SMOOTH = 1.0
 
@@ -34,7 +36,7 @@ def foreground_mask(
     """The (H, W) bool foreground of one slice; `level` is its volume's `reference_level`."""
     if level <= 0:
         return np.zeros(image.shape, dtype=bool)
-    smoothed = ndimage.gaussian_filter(image.astype(np.float32), smooth) if smooth > 0 else image
+    smoothed = portable_math.gaussian_filter(image.astype(np.float32), smooth) if smooth > 0 else image
     mask = smoothed > fraction * level
     if not mask.any():
         return mask
