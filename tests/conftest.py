@@ -13,8 +13,12 @@ import torch
 torch.set_num_threads(1)
 pytest.register_assert_rewrite("algorithm_helpers")  # its asserts report values like a test's
 
+#: The dataset files: FEDISTILL_SHARED_DATA, else FEDISTILL_DATA (the folder `fedistill reproduce` reads),
+#: else the shared folder beside the checkout
 SHARED_DATA = Path(
-    os.environ.get("FEDISTILL_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
+    os.environ.get("FEDISTILL_SHARED_DATA")
+    or os.environ.get("FEDISTILL_DATA")
+    or Path(__file__).resolve().parents[2] / "shared" / "data"
 )
 
 
