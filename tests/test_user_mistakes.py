@@ -85,6 +85,33 @@ def test_a_misspelt_model_in_an_algorithms_options_is_refused_before_the_run_fol
     assert not (tmp_path / "a").exists()
 
 
+@pytest.mark.parametrize(
+    "key",
+    [
+        "fediod.teachers",
+        "dense.student",
+        "coboosting.teachers",
+        "feddf.groups",
+        "fedavg-oneshot.teachers",
+        "feddf-oneshot.student",
+        "fedkd.teachers",
+        "fedkd.student",
+        "fedmd.models",
+    ],
+)
+def test_a_model_of_another_task_in_an_algorithms_options_is_refused_before_the_run_folder(
+    tmp_path, capsys, key
+):
+    algorithm = key.split(".")[0]
+    argv = ["run", "--algorithm", algorithm, "--clients", "2", "--rounds", "1", "--quiet"]
+    value = "unet" if key.endswith("student") else "mlp,unet"  # a list's second model
+    assert main([*argv, "--set", f"{key}={value}", "--out", str(tmp_path), "--name", "a"]) == 2
+    line = _one_line(capsys)
+    assert f"{key} names model 'unet', which does not serve classification" in line
+    assert "models that do: " in line and "mlp" in line
+    assert not (tmp_path / "a").exists()
+
+
 def test_a_folder_whose_run_never_started_does_not_count_as_a_run(tmp_path, capsys):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "config.toml").write_text('algorithm = "fedavg"\n')  # left by an older version

@@ -17,6 +17,7 @@ import torch
 from fedistill import devices
 from fedistill.algorithms.base import Algorithm, ClientContext
 from fedistill.algorithms.registry import algorithm_names, for_task, get_algorithm
+from fedistill.algorithms.shared.option_checks import named_models
 from fedistill.algorithms.shared.training import task_of
 from fedistill.config import RunConfig, for_algorithm, options_for
 from fedistill.data.base import LoadedDataset
@@ -198,6 +199,12 @@ def validate_setup(config: RunConfig) -> Prepared:
                 f"model {model!r} does not serve {task.name} (dataset {config.dataset!r}); "
                 f"models that do: {', '.join(model_names(task.name))}"
             )
+        for key, named in named_models(resolved.options):
+            if named not in model_names(task.name):
+                raise ConfigError(
+                    f"{name}.{key} names model {named!r}, which does not serve {task.name} (dataset "
+                    f"{config.dataset!r}); models that do: {', '.join(model_names(task.name))}"
+                )
     if config.augment == "on" and not task.usual_augment(info):
         log.warning(
             "augment = 'on' changes nothing on %s: it names no augmentation (its crop_padding is 0 and "

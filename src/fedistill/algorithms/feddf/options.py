@@ -71,6 +71,8 @@ class FedDFOptions(DPOptions):
     #: The config table these options are read from, which every message names (the one-shot baselines
     #: reuse the class)
     section: ClassVar[str] = "feddf"
+    #: The options that name models (`check_model_names`; the run checks each serves its task)
+    model_keys: ClassVar[str] = "groups"
 
     def validate(self) -> None:
         """Check the DP keys, the choices and the ranges of FedDF's distillation keys."""
@@ -89,7 +91,7 @@ class FedDFOptions(DPOptions):
             "aggregate": COMBINES,
         }
         check_choices(s, self, choices)
-        check_model_names(s, self, "groups")
+        check_model_names(s, self, self.model_keys)
         parse_source(self.source, f"{s}.source")
         for key in ("steps", "distill_batch_size", "eval_every_steps", "patience"):
             if getattr(self, key) < 1:

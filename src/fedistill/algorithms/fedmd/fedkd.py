@@ -49,7 +49,7 @@ import dataclasses
 import logging
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -116,12 +116,14 @@ class FedKDOptions:
     student_epochs: int = 1  # per round
     student_batch_size: int = 64  # the central student's batch size
     student_lr: float = 1e-3  # Adam
+    #: The options that name models (`check_model_names`; the run checks each serves its task)
+    model_keys: ClassVar[str] = "teachers student"
 
     def validate(self) -> None:
         """Check the output kind, the public data, the ranges, and that PATE's noise and budget are not
         both given."""
         check_choices("fedkd", self, {"output": OUTPUTS})
-        check_model_names("fedkd", self, "teachers student")
+        check_model_names("fedkd", self, self.model_keys)
         check_public(self.public, "fedkd.public", labelled=False)
         check_positive("fedkd", self, "teacher_epochs student_epochs student_batch_size student_lr")
         check_nonnegative("fedkd", self, "client_noise pate_sigma pate_epsilon")

@@ -104,6 +104,7 @@ class OneShotOptions(FedDFOptions):
     student: str = ""  # "" = `model`
     teacher_epochs: int = 30  # FedIOD's default, so every one-shot method sees the same local models
     section: ClassVar[str] = "fedavg-oneshot"
+    model_keys: ClassVar[str] = "teachers student"  # not FedDF's `groups`, which must stay empty
     distils: ClassVar[bool] = False  # whether the method reads FedDF's distillation keys
 
     def validate(self) -> None:
@@ -125,7 +126,7 @@ class OneShotOptions(FedDFOptions):
                     f"{getattr(defaults, key)!r}"
                 )
         super().validate()
-        check_model_names(self.section, self, "teachers student")
+        check_model_names(self.section, self, self.model_keys)
         if not self.distils:
             for key in DISTILLATION_KEYS:
                 if getattr(self, key) != getattr(defaults, key):
