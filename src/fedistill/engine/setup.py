@@ -44,8 +44,35 @@ class Resolved:
 def resolve(config: RunConfig, name: str) -> Resolved:
     """The one place a run's algorithm name becomes an algorithm, a config and options."""
     algorithm = get_algorithm(name)
+    refuse_unused(config, algorithm)
     own = for_algorithm(config, name)
     return Resolved(algorithm, own, options_for(own, name, algorithm.options))
+
+
+def refuse_unused(config: RunConfig, algorithm: Algorithm) -> None:
+    """A common key set in the algorithm's own table that it never reads (`Algorithm.unused_keys`) is a
+    mistake: the user meant it for this algorithm, and it would change nothing."""
+    name, table = algorithm.name, config.options.get(algorithm.name, {})
+    for key, why in algorithm.unused_keys.items():
+        if key in table:
+            raise ConfigError(
+                f"{name}.{key} is not used by {name}: {why.format(name=name)}; remove it from [{name}] "
+                f"(a top-level {key} still serves the run's other algorithms)"
+            )
+
+
+def note_unused(config: RunConfig) -> None:
+    """One INFO line naming the top-level common keys, set away from their defaults, that a running
+    algorithm never reads: allowed (they serve the suite's other algorithms), but worth knowing."""
+    defaults, notes = RunConfig(), []
+    for name in config.algorithms:
+        for key, why in get_algorithm(name).unused_keys.items():
+            if getattr(config, key) != getattr(defaults, key):
+                notes.append(
+                    f"{key} = {getattr(config, key)!r} is not read by {name} ({why.format(name=name)})"
+                )
+    if notes:
+        log.info("%s", "; ".join(notes))
 
 
 #: Sections of `config.options` that are not algorithm names.
@@ -173,6 +200,7 @@ def validate_setup(config: RunConfig) -> Prepared:
     config = canonical_dataset(config)
     check_sections(config)
     devices.resolve(config.device)  # a device this machine lacks is a mistake named before any work
+    note_unused(config)
     for name in config.algorithms:
         own = resolve(config, name).config
         if own.model not in model_names():

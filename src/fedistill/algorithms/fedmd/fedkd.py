@@ -77,7 +77,7 @@ from fedistill.algorithms.shared.option_checks import (
     check_nonnegative,
     check_positive,
 )
-from fedistill.algorithms.shared.stage1 import teachers_from_cache, train_teacher
+from fedistill.algorithms.shared.stage1 import STAGE1_UNUSED_KEYS, teachers_from_cache, train_teacher
 from fedistill.algorithms.shared.training import LocalTraining, evaluate_model, new_model, train_local
 from fedistill.config import RunConfig
 from fedistill.data.base import ImageSet
@@ -401,5 +401,10 @@ register(
         FedKDClient,
         FedKDServer,
         FedKDOptions,
+        unused_keys={
+            **STAGE1_UNUSED_KEYS,
+            "local_epochs": "its sites train their stage-1 models once, for fedkd.teacher_epochs epochs, "
+            "and its student for fedkd.student_epochs a round",
+        },
     )
 )

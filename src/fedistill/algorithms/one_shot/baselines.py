@@ -34,7 +34,7 @@ from fedistill.algorithms.shared.distillation_data import (
     split_holdout,
 )
 from fedistill.algorithms.shared.option_checks import check_model_names
-from fedistill.algorithms.shared.stage1 import collect_local_models, teachers_from_cache
+from fedistill.algorithms.shared.stage1 import STAGE1_UNUSED_KEYS, collect_local_models, teachers_from_cache
 from fedistill.algorithms.shared.training import average_states, evaluate_model, new_model, test_metrics
 from fedistill.data.base import ImageSet
 from fedistill.data.registry import same_images
@@ -329,6 +329,7 @@ register(
         OneShotClient,
         OneShotServer,
         OneShotOptions,
+        unused_keys=STAGE1_UNUSED_KEYS,
     )
 )
 register(
@@ -338,5 +339,6 @@ register(
         OneShotClient,
         OneShotFusionServer,
         FusionOneShotOptions,
+        unused_keys=STAGE1_UNUSED_KEYS,
     )
 )
