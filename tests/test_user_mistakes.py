@@ -112,6 +112,46 @@ def test_a_model_of_another_task_in_an_algorithms_options_is_refused_before_the_
     assert not (tmp_path / "a").exists()
 
 
+@pytest.mark.parametrize(
+    ("algorithm", "sets", "start"),
+    [
+        ("fedkd", ["norm=group", "fedkd.teachers=mlp"], "fedkd.teachers: model 'mlp' has no norm layers"),
+        ("fediod", ["norm=group", "fediod.student=mlp"], "fediod.student: model 'mlp' has no norm layers"),
+        ("feddf", ["norm=group", "feddf.groups=resnet8,mlp"], "feddf.groups: model 'mlp' has no norm layers"),
+        (
+            "dense",
+            ["model=vgg9", "model_options.conv_bias=true", "dense.teachers=resnet8"],
+            "dense.teachers: model 'resnet8' takes no options, got 'conv_bias'",
+        ),
+        (
+            "fedmd",
+            ["model=vgg9", "model_options.conv_bias=true", "fedmd.models=vgg9,mlp"],
+            "fedmd.models: model 'mlp' takes no options",
+        ),
+        ("fedavg", ["model_options.width=8"], "model 'resnet8' takes no options, got 'width'"),
+    ],
+)
+def test_a_norm_or_model_options_a_built_model_lacks_is_refused_before_the_run_folder(
+    tmp_path, capsys, algorithm, sets, start
+):
+    argv = [
+        "run",
+        "--algorithm",
+        algorithm,
+        "--clients",
+        "2",
+        "--rounds",
+        "1",
+        "--model",
+        "resnet8",
+        "--quiet",
+    ]
+    extra = [arg for key in sets for arg in ("--set", key)]
+    assert main([*argv, *extra, "--out", str(tmp_path), "--name", "a"]) == 2
+    assert _one_line(capsys).startswith(f"fedistill: error: {start}")
+    assert not (tmp_path / "a").exists()
+
+
 def test_a_folder_whose_run_never_started_does_not_count_as_a_run(tmp_path, capsys):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "config.toml").write_text('algorithm = "fedavg"\n')  # left by an older version

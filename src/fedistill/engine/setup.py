@@ -24,7 +24,7 @@ from fedistill.data.base import LoadedDataset
 from fedistill.data.partition import FederatedSplit, make_split
 from fedistill.data.registry import canonical_dataset_name, load_dataset
 from fedistill.errors import ConfigError, DataError, UserError, unknown_name
-from fedistill.models import check_model_norm, model_names
+from fedistill.models import check_model_norm, check_model_options, model_names
 from fedistill.seeding import derive_seed
 from fedistill.tasks import Task, task_class
 
@@ -194,6 +194,23 @@ def check_sections(config: RunConfig) -> None:
         resolve(config, section)
 
 
+def check_models(resolved: Resolved) -> None:
+    """Every model the algorithm builds, its `model` and those its options name (`model_keys`), offers the
+    run's norm and takes its `[model_options]`; an option's model is named with the option."""
+    own = resolved.config
+    if own.model not in model_names():
+        raise unknown_name("model", own.model, model_names(), ConfigError)
+    norm, options = None if own.norm == "auto" else own.norm, own.options.get("model_options")
+    check_model_norm(own.model, norm)
+    check_model_options(own.model, options)
+    for key, model in named_models(resolved.options):
+        try:
+            check_model_norm(model, norm)
+            check_model_options(model, options)
+        except ConfigError as exc:
+            raise ConfigError(f"{resolved.algorithm.name}.{key}: {exc}") from None
+
+
 def validate_setup(config: RunConfig) -> Prepared:
     """Everything a user's input can get wrong, checked before a run writes anything: names, config
     tables, every running algorithm's options, its models, the dataset files and the partition."""
@@ -202,10 +219,7 @@ def validate_setup(config: RunConfig) -> Prepared:
     devices.resolve(config.device)  # a device this machine lacks is a mistake named before any work
     note_unused(config)
     for name in config.algorithms:
-        own = resolve(config, name).config
-        if own.model not in model_names():
-            raise unknown_name("model", own.model, model_names(), ConfigError)
-        check_model_norm(own.model, None if own.norm == "auto" else own.norm)
+        check_models(resolve(config, name))
     data = prepare_data(config)
     info = data.dataset.info
     task = task_of(config, info)
