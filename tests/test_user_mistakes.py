@@ -152,6 +152,31 @@ def test_a_norm_or_model_options_a_built_model_lacks_is_refused_before_the_run_f
     assert not (tmp_path / "a").exists()
 
 
+@pytest.mark.parametrize(
+    ("algorithm", "sets", "start"),
+    [
+        ("dense", ["val_fraction=0"], "dense.selection = 'clients' needs validation splits"),
+        (
+            "coboosting",
+            ["val_fraction=0", "coboosting.selection=server"],
+            "coboosting.selection = 'server' needs",
+        ),
+        ("feddf-oneshot", ["val_fraction=0"], "feddf-oneshot selects on the server's validation split"),
+        ("fedkd", ["val_fraction=0"], "fedkd.public = 'holdout' is the federation's held-out split"),
+        ("fedmd", ["val_fraction=0"], "fedmd.public = 'holdout' is the federation's held-out split"),
+        ("fedavg-oneshot", ["rounds=2"], "a one-shot method runs one round, got rounds = 2"),
+    ],
+)
+def test_an_option_the_run_s_common_keys_rule_out_is_refused_before_the_run_folder(
+    tmp_path, capsys, algorithm, sets, start
+):
+    argv = ["run", "--algorithm", algorithm, "--clients", "2", "--rounds", "1", "--quiet"]
+    extra = [arg for key in sets for arg in ("--set", key)]
+    assert main([*argv, *extra, "--out", str(tmp_path), "--name", "a"]) == 2
+    assert _one_line(capsys).startswith(f"fedistill: error: {start}")
+    assert not (tmp_path / "a").exists()
+
+
 def test_a_folder_whose_run_never_started_does_not_count_as_a_run(tmp_path, capsys):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "config.toml").write_text('algorithm = "fedavg"\n')  # left by an older version

@@ -219,7 +219,13 @@ def validate_setup(config: RunConfig) -> Prepared:
     devices.resolve(config.device)  # a device this machine lacks is a mistake named before any work
     note_unused(config)
     for name in config.algorithms:
-        check_models(resolve(config, name))
+        resolved = resolve(config, name)
+        check_models(resolved)
+        check_run = getattr(
+            resolved.options, "check_run", None
+        )  # what the options rule out with the run's keys
+        if check_run is not None:
+            check_run(resolved.config)
     data = prepare_data(config)
     info = data.dataset.info
     task = task_of(config, info)

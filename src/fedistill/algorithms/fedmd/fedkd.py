@@ -67,6 +67,7 @@ from fedistill.algorithms.fedmd.public_data import (
     PUBLIC,
     build_public,
     check_public,
+    check_public_run,
     predict,
     public_arrays,
     read_public,
@@ -118,6 +119,10 @@ class FedKDOptions:
     student_lr: float = 1e-3  # Adam
     #: The options that name models (`check_model_names`; the run checks each serves its task)
     model_keys: ClassVar[str] = "teachers student"
+
+    def check_run(self, config: RunConfig) -> None:
+        """What the options rule out with the run's common keys, checked before the run writes anything."""
+        check_public_run(self.public, "fedkd.public", config)
 
     def validate(self) -> None:
         """Check the output kind, the public data, the ranges, and that PATE's noise and budget are not

@@ -63,6 +63,7 @@ from fedistill.algorithms.fedmd.public_data import (
     PUBLIC,
     build_public,
     check_public,
+    check_public_run,
     predict,
     public_arrays,
     read_public,
@@ -112,6 +113,10 @@ class FedMDOptions:
     # drop a site whose scores are far beyond the other sites' (federation/plausibility.py): the consensus
     # is a plain mean, so one site's scores scaled by 1e30 would be every site's digest target
     plausibility_checks: bool = True
+
+    def check_run(self, config: RunConfig) -> None:
+        """What the options rule out with the run's common keys, checked before the run writes anything."""
+        check_public_run(self.public, "fedmd.public", config)
 
     def validate(self) -> None:
         """Check the digest loss, the labelled public data and the epochs, sizes and learning rate."""

@@ -102,6 +102,14 @@ class DenseOptions:
                 f"({s}.synthetic_batch_size = {self.synthetic_batch_size}); use 0 (no limit) or more"
             )
 
+    def check_run(self, config: RunConfig) -> None:
+        """What the options rule out with the run's common keys, checked before the run writes anything."""
+        if self.selection != "last" and config.val_fraction == 0:
+            raise ConfigError(
+                f"{self.section}.selection = {self.selection!r} needs validation splits: set "
+                f"val_fraction > 0 or {self.section}.selection = 'last'"
+            )
+
 
 def teacher_of(options: DenseOptions, config: RunConfig, client_id: int) -> str:
     """Client `client_id`'s architecture: `teachers` cycled over the clients (FedIOD's rule)."""
