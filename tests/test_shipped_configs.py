@@ -13,7 +13,7 @@ import pytest
 from fedistill.config import RunConfig, build_config, load_toml
 from fedistill.data.partition import PARTITIONERS
 from fedistill.data.registry import dataset_options
-from fedistill.engine.setup import canonical_dataset, check_models, check_sections, resolve
+from fedistill.engine.setup import canonical_dataset, check_algorithm, check_sections, resolve
 from fedistill.tasks import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,4 +41,4 @@ def test_a_shipped_config_builds_and_validates(path):
     task_keys = {f.name for task in TASKS.values() for f in dataclasses.fields(task)}
     assert set(config.options.get("task", {})) <= task_keys
     for name in config.algorithms:
-        check_models(resolve(config, name))  # the run's model and those its options name: norm, options
+        check_algorithm(resolve(config, name))  # models' norms and options; options with the run's keys

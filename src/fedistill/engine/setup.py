@@ -211,6 +211,15 @@ def check_models(resolved: Resolved) -> None:
             raise ConfigError(f"{resolved.algorithm.name}.{key}: {exc}") from None
 
 
+def check_algorithm(resolved: Resolved) -> None:
+    """What a running algorithm's setup can get wrong without the data: its models (`check_models`) and
+    what its options rule out together with the run's common keys (the options' `check_run`, if any)."""
+    check_models(resolved)
+    check_run = getattr(resolved.options, "check_run", None)
+    if check_run is not None:
+        check_run(resolved.config)
+
+
 def validate_setup(config: RunConfig) -> Prepared:
     """Everything a user's input can get wrong, checked before a run writes anything: names, config
     tables, every running algorithm's options, its models, the dataset files and the partition."""
@@ -219,13 +228,7 @@ def validate_setup(config: RunConfig) -> Prepared:
     devices.resolve(config.device)  # a device this machine lacks is a mistake named before any work
     note_unused(config)
     for name in config.algorithms:
-        resolved = resolve(config, name)
-        check_models(resolved)
-        check_run = getattr(
-            resolved.options, "check_run", None
-        )  # what the options rule out with the run's keys
-        if check_run is not None:
-            check_run(resolved.config)
+        check_algorithm(resolve(config, name))
     data = prepare_data(config)
     info = data.dataset.info
     task = task_of(config, info)
