@@ -177,6 +177,19 @@ def test_an_option_the_run_s_common_keys_rule_out_is_refused_before_the_run_fold
     assert not (tmp_path / "a").exists()
 
 
+@pytest.mark.parametrize("algorithm", ["feddf", "feddf-oneshot"])
+def test_an_unknown_dataset_as_distillation_source_is_refused_before_the_run_folder(
+    tmp_path, capsys, algorithm
+):
+    argv = ["run", "--algorithm", algorithm, "--clients", "2", "--rounds", "1", "--quiet"]
+    sets = ["--set", f"{algorithm}.source=dataset:fashion-mnst"]
+    assert main([*argv, *sets, "--out", str(tmp_path), "--name", "a"]) == 2
+    line = _one_line(capsys)
+    assert line.startswith(f"fedistill: error: {algorithm}.source = 'dataset:fashion-mnst': unknown dataset")
+    assert "fashion-mnist" in line
+    assert not (tmp_path / "a").exists()
+
+
 def test_a_folder_whose_run_never_started_does_not_count_as_a_run(tmp_path, capsys):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "config.toml").write_text('algorithm = "fedavg"\n')  # left by an older version

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fedistill.algorithms.base import model_cycle
-from fedistill.algorithms.shared.distillation_data import parse_source
+from fedistill.algorithms.shared.distillation_data import check_source
 from fedistill.algorithms.shared.option_checks import check_choices, check_model_names
 from fedistill.algorithms.shared.weight_average import COMBINES
 from fedistill.config import RunConfig
@@ -92,7 +92,7 @@ class FedDFOptions(DPOptions):
         }
         check_choices(s, self, choices)
         check_model_names(s, self, self.model_keys)
-        parse_source(self.source, f"{s}.source")
+        check_source(self.source, f"{s}.source")
         for key in ("steps", "distill_batch_size", "eval_every_steps", "patience"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{s}.{key} must be >= 1, got {getattr(self, key)}")
