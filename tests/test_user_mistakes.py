@@ -86,6 +86,111 @@ def test_a_misspelt_model_in_an_algorithms_options_is_refused_before_the_run_fol
     assert not (tmp_path / "a").exists()
 
 
+@pytest.mark.parametrize(
+    "key",
+    [
+        "fediod.teachers",
+        "dense.student",
+        "coboosting.teachers",
+        "feddf.groups",
+        "fedavg-oneshot.teachers",
+        "feddf-oneshot.student",
+        "fedkd.teachers",
+        "fedkd.student",
+        "fedmd.models",
+    ],
+)
+def test_a_model_of_another_task_in_an_algorithms_options_is_refused_before_the_run_folder(
+    tmp_path, capsys, key
+):
+    algorithm = key.split(".")[0]
+    argv = ["run", "--algorithm", algorithm, "--clients", "2", "--rounds", "1", "--quiet"]
+    value = "unet" if key.endswith("student") else "mlp,unet"  # a list's second model
+    assert main([*argv, "--set", f"{key}={value}", "--out", str(tmp_path), "--name", "a"]) == 2
+    line = _one_line(capsys)
+    assert f"{key} names model 'unet', which does not serve classification" in line
+    assert "models that do: " in line and "mlp" in line
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "sets", "start"),
+    [
+        ("fedkd", ["norm=group", "fedkd.teachers=mlp"], "fedkd.teachers: model 'mlp' has no norm layers"),
+        ("fediod", ["norm=group", "fediod.student=mlp"], "fediod.student: model 'mlp' has no norm layers"),
+        ("feddf", ["norm=group", "feddf.groups=resnet8,mlp"], "feddf.groups: model 'mlp' has no norm layers"),
+        (
+            "dense",
+            ["model=vgg9", "model_options.conv_bias=true", "dense.teachers=resnet8"],
+            "dense.teachers: model 'resnet8' takes no options, got 'conv_bias'",
+        ),
+        (
+            "fedmd",
+            ["model=vgg9", "model_options.conv_bias=true", "fedmd.models=vgg9,mlp"],
+            "fedmd.models: model 'mlp' takes no options",
+        ),
+        ("fedavg", ["model_options.width=8"], "model 'resnet8' takes no options, got 'width'"),
+    ],
+)
+def test_a_norm_or_model_options_a_built_model_lacks_is_refused_before_the_run_folder(
+    tmp_path, capsys, algorithm, sets, start
+):
+    argv = [
+        "run",
+        "--algorithm",
+        algorithm,
+        "--clients",
+        "2",
+        "--rounds",
+        "1",
+        "--model",
+        "resnet8",
+        "--quiet",
+    ]
+    extra = [arg for key in sets for arg in ("--set", key)]
+    assert main([*argv, *extra, "--out", str(tmp_path), "--name", "a"]) == 2
+    assert _one_line(capsys).startswith(f"fedistill: error: {start}")
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "sets", "start"),
+    [
+        ("dense", ["val_fraction=0"], "dense.selection = 'clients' needs validation splits"),
+        (
+            "coboosting",
+            ["val_fraction=0", "coboosting.selection=server"],
+            "coboosting.selection = 'server' needs",
+        ),
+        ("feddf-oneshot", ["val_fraction=0"], "feddf-oneshot selects on the server's validation split"),
+        ("fedkd", ["val_fraction=0"], "fedkd.public = 'holdout' is the federation's held-out split"),
+        ("fedmd", ["val_fraction=0"], "fedmd.public = 'holdout' is the federation's held-out split"),
+        ("fedavg-oneshot", ["rounds=2"], "a one-shot method runs one round, got rounds = 2"),
+    ],
+)
+def test_an_option_the_run_s_common_keys_rule_out_is_refused_before_the_run_folder(
+    tmp_path, capsys, algorithm, sets, start
+):
+    argv = ["run", "--algorithm", algorithm, "--clients", "2", "--rounds", "1", "--quiet"]
+    extra = [arg for key in sets for arg in ("--set", key)]
+    assert main([*argv, *extra, "--out", str(tmp_path), "--name", "a"]) == 2
+    assert _one_line(capsys).startswith(f"fedistill: error: {start}")
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("algorithm", ["feddf", "feddf-oneshot"])
+def test_an_unknown_dataset_as_distillation_source_is_refused_before_the_run_folder(
+    tmp_path, capsys, algorithm
+):
+    argv = ["run", "--algorithm", algorithm, "--clients", "2", "--rounds", "1", "--quiet"]
+    sets = ["--set", f"{algorithm}.source=dataset:fashion-mnst"]
+    assert main([*argv, *sets, "--out", str(tmp_path), "--name", "a"]) == 2
+    line = _one_line(capsys)
+    assert line.startswith(f"fedistill: error: {algorithm}.source = 'dataset:fashion-mnst': unknown dataset")
+    assert "fashion-mnist" in line
+    assert not (tmp_path / "a").exists()
+
+
 def test_a_folder_whose_run_never_started_does_not_count_as_a_run(tmp_path, capsys):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "config.toml").write_text('algorithm = "fedavg"\n')  # left by an older version

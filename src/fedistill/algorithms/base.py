@@ -136,6 +136,10 @@ class Algorithm:
     oracle: Oracle | None = None
     # The tasks it runs on (fedistill.tasks); the run refuses any other with a clear message.
     tasks: tuple[str, ...] = ("classification",)
+    # The common keys it never reads, each with what decides that instead ("{name}" stands for the
+    # algorithm): set in its own table (`[dense] local_epochs`), such a key is refused rather than ignored;
+    # set at the top level it serves the suite's other algorithms. Every other common key is read.
+    unused_keys: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 #: For `Algorithm.tasks`: every image task there is.

@@ -17,6 +17,7 @@ import torch
 from fedistill import devices
 from fedistill.algorithms.base import Algorithm, ClientContext
 from fedistill.algorithms.registry import algorithm_names, for_task, get_algorithm
+from fedistill.algorithms.shared.option_checks import named_models
 from fedistill.algorithms.shared.training import task_of
 from fedistill.config import RunConfig, for_algorithm, options_for
 from fedistill.data.base import LoadedDataset
@@ -24,7 +25,7 @@ from fedistill.data.partition import FederatedSplit, make_split
 from fedistill.data.registry import canonical_dataset_name, load_dataset
 from fedistill.engine.tracking import trackers_for
 from fedistill.errors import ConfigError, DataError, UserError, unknown_name
-from fedistill.models import check_model_norm, model_names
+from fedistill.models import check_model_norm, check_model_options, model_names
 from fedistill.seeding import derive_seed
 from fedistill.tasks import Task, task_class
 
@@ -44,8 +45,35 @@ class Resolved:
 def resolve(config: RunConfig, name: str) -> Resolved:
     """The one place a run's algorithm name becomes an algorithm, a config and options."""
     algorithm = get_algorithm(name)
+    refuse_unused(config, algorithm)
     own = for_algorithm(config, name)
     return Resolved(algorithm, own, options_for(own, name, algorithm.options))
+
+
+def refuse_unused(config: RunConfig, algorithm: Algorithm) -> None:
+    """A common key set in the algorithm's own table that it never reads (`Algorithm.unused_keys`) is a
+    mistake: the user meant it for this algorithm, and it would change nothing."""
+    name, table = algorithm.name, config.options.get(algorithm.name, {})
+    for key, why in algorithm.unused_keys.items():
+        if key in table:
+            raise ConfigError(
+                f"{name}.{key} is not used by {name}: {why.format(name=name)}; remove it from [{name}] "
+                f"(a top-level {key} still serves the run's other algorithms)"
+            )
+
+
+def note_unused(config: RunConfig) -> None:
+    """One INFO line naming the top-level common keys, set away from their defaults, that a running
+    algorithm never reads: allowed (they serve the suite's other algorithms), but worth knowing."""
+    defaults, notes = RunConfig(), []
+    for name in config.algorithms:
+        for key, why in get_algorithm(name).unused_keys.items():
+            if getattr(config, key) != getattr(defaults, key):
+                notes.append(
+                    f"{key} = {getattr(config, key)!r} is not read by {name} ({why.format(name=name)})"
+                )
+    if notes:
+        log.info("%s", "; ".join(notes))
 
 
 #: Sections of `config.options` that are not algorithm names.
@@ -164,16 +192,33 @@ def check_sections(config: RunConfig) -> None:
                 f"unknown config table [{section}]{hint}; tables are algorithm names, the dataset's "
                 f"name, [partition_options], [task] or [model_options] (valid: {', '.join(valid)})"
             )
-        check_model(config, section)
+        check_models(resolve(config, section))  # a table of an algorithm this run does not start, too
 
 
-def check_model(config: RunConfig, name: str) -> None:
-    """Algorithm `name`'s options, its model's name and its norm, as its table and the common keys set
-    them."""
-    own = resolve(config, name).config
+def check_models(resolved: Resolved) -> None:
+    """Every model the algorithm builds, its `model` and those its options name (`model_keys`), offers the
+    run's norm and takes its `[model_options]`; an option's model is named with the option."""
+    own = resolved.config
     if own.model not in model_names():
         raise unknown_name("model", own.model, model_names(), ConfigError)
-    check_model_norm(own.model, None if own.norm == "auto" else own.norm)
+    norm, options = None if own.norm == "auto" else own.norm, own.options.get("model_options")
+    check_model_norm(own.model, norm)
+    check_model_options(own.model, options)
+    for key, model in named_models(resolved.options):
+        try:
+            check_model_norm(model, norm)
+            check_model_options(model, options)
+        except ConfigError as exc:
+            raise ConfigError(f"{resolved.algorithm.name}.{key}: {exc}") from None
+
+
+def check_algorithm(resolved: Resolved) -> None:
+    """What a running algorithm's setup can get wrong without the data: its models (`check_models`) and
+    what its options rule out together with the run's common keys (the options' `check_run`, if any)."""
+    check_models(resolved)
+    check_run = getattr(resolved.options, "check_run", None)
+    if check_run is not None:
+        check_run(resolved.config)
 
 
 def validate_setup(config: RunConfig) -> Prepared:
@@ -183,8 +228,9 @@ def validate_setup(config: RunConfig) -> Prepared:
     check_sections(config)
     devices.resolve(config.device)  # a device this machine lacks is a mistake named before any work
     trackers_for(config)  # a tracker whose package is missing, too
+    note_unused(config)
     for name in config.algorithms:
-        check_model(config, name)
+        check_algorithm(resolve(config, name))
     data = prepare_data(config)
     info = data.dataset.info
     task = task_of(config, info)
@@ -206,6 +252,12 @@ def validate_setup(config: RunConfig) -> Prepared:
                 f"model {model!r} does not serve {task.name} (dataset {config.dataset!r}); "
                 f"models that do: {', '.join(model_names(task.name))}"
             )
+        for key, named in named_models(resolved.options):
+            if named not in model_names(task.name):
+                raise ConfigError(
+                    f"{name}.{key} names model {named!r}, which does not serve {task.name} (dataset "
+                    f"{config.dataset!r}); models that do: {', '.join(model_names(task.name))}"
+                )
     if config.augment == "on" and not task.usual_augment(info):
         log.warning(
             "augment = 'on' changes nothing on %s: it names no augmentation (its crop_padding is 0 and "

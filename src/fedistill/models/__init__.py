@@ -5,6 +5,7 @@ from fedistill.models.base import Classifier, count_parameters
 from fedistill.models.registry import (
     build_model,
     check_model_norm,
+    check_model_options,
     model_names,
     model_options,
     register_model,
@@ -14,6 +15,7 @@ __all__ = [
     "Classifier",
     "build_model",
     "check_model_norm",
+    "check_model_options",
     "count_parameters",
     "model_names",
     "model_options",

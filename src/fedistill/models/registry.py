@@ -173,6 +173,13 @@ def check_model_norm(name: str, norm: str | None) -> None:
         _check_norm(name, _MODELS[name], norm)
 
 
+def check_model_options(name: str, options: Mapping[str, object] | None) -> None:
+    """ConfigError unless model `name` takes every key of `options` (`[model_options]`), as `build_model`
+    checks: for a run's setup, to refuse it before anything is written."""
+    if name in _MODELS:
+        _check_options(name, _MODELS[name], options)
+
+
 def _check_norm(name: str, spec: ModelSpec, norm: str) -> None:
     if spec.norms == ("layer",) and norm != "layer":  # a transformer: its LayerNorms are the architecture
         raise ConfigError(

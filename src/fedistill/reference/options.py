@@ -93,6 +93,8 @@ def options_markdown(name: str) -> str:
         f"`fedistill list --options {name}` prints this list.",
         "",
     ]
+    if algorithm.unused_keys:
+        parts += [prose(f"Common keys it never reads (its table refuses them): {unused(name)}."), ""]
     groups = groups_of(name)
     if not groups:
         parts += ["This algorithm takes no options of its own; the [common keys](../config.md) apply.", ""]
@@ -121,7 +123,16 @@ def format_options(name: str) -> str:
             lines.append(f"{head:<{width}} {one_line(option.doc)}")
         lines.append("")
     lines.append(f"set with --set {name}.KEY=VALUE or a [{name}] table in a config file")
+    if algorithm.unused_keys:
+        lines.append(f"common keys it never reads (its table refuses them): {unused(name)}")
     return "\n".join(lines)
+
+
+def unused(name: str) -> str:
+    """The common keys algorithm `name` never reads, each with what decides it instead."""
+    return "; ".join(
+        f"{key} ({why.format(name=name)})" for key, why in get_algorithm(name).unused_keys.items()
+    )
 
 
 def _plain(value: Any) -> str:

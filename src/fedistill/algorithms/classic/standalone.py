@@ -183,6 +183,7 @@ register(
         StandaloneServer,
         oracle=average_local_models,
         tasks=(*ALL_TASKS, *TEXT_TASKS),
+        unused_keys={"fraction": "every client trains every round; none is sampled out"},
     )
 )
 register(
@@ -193,5 +194,6 @@ register(
         CentralizedServer,
         pooled=True,
         tasks=(*ALL_TASKS, *TEXT_TASKS),
+        unused_keys={"fraction": "its one pooled model trains every round"},
     )
 )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fedistill.algorithms.base import model_cycle
-from fedistill.algorithms.shared.distillation_data import parse_source
+from fedistill.algorithms.shared.distillation_data import check_source
 from fedistill.algorithms.shared.option_checks import check_choices, check_model_names
 from fedistill.algorithms.shared.weight_average import COMBINES
 from fedistill.config import RunConfig
@@ -71,6 +71,8 @@ class FedDFOptions(DPOptions):
     #: The config table these options are read from, which every message names (the one-shot baselines
     #: reuse the class)
     section: ClassVar[str] = "feddf"
+    #: The options that name models (`check_model_names`; the run checks each serves its task)
+    model_keys: ClassVar[str] = "groups"
 
     def validate(self) -> None:
         """Check the DP keys, the choices and the ranges of FedDF's distillation keys."""
@@ -89,8 +91,8 @@ class FedDFOptions(DPOptions):
             "aggregate": COMBINES,
         }
         check_choices(s, self, choices)
-        check_model_names(s, self, "groups")
-        parse_source(self.source, f"{s}.source")
+        check_model_names(s, self, self.model_keys)
+        check_source(self.source, f"{s}.source")
         for key in ("steps", "distill_batch_size", "eval_every_steps", "patience"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{s}.{key} must be >= 1, got {getattr(self, key)}")

@@ -42,6 +42,7 @@ from fedistill.algorithms.fediod.options import (
 from fedistill.algorithms.fediod.presets import LEAN_SMALL_MASKS, OFFICIAL_CODE
 from fedistill.algorithms.fediod.server import Federation, FedIODServer
 from fedistill.algorithms.fediod.task_view import TaskView
+from fedistill.algorithms.shared.stage1 import STAGE1_UNUSED_KEYS
 
 __all__ = [
     "LEAN_SMALL_MASKS",
@@ -66,5 +67,6 @@ register(
         FedIODServer,
         FedIODOptions,
         tasks=ALL_TASKS,
+        unused_keys=STAGE1_UNUSED_KEYS,
     )
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from fedistill.algorithms.base import (
     model_cycle,
@@ -80,6 +80,9 @@ class FedIODOptions(
     The ``dp_*`` options (see `DPOptions` and the module docstring) sanitise the input-gradients.
     """
 
+    #: The options that name models (`check_model_names`; the run checks each serves its task)
+    model_keys: ClassVar[str] = "teachers student"
+
     def validate(self) -> None:
         """Check the DP keys, the choices and ranges, and the keys that only make sense together."""
         self.validate_dp()
@@ -105,7 +108,7 @@ class FedIODOptions(
             "label_shares": ("counts", "frequencies"),
         }
         check_choices("fediod", self, choices)
-        check_model_names("fediod", self, "teachers student")
+        check_model_names("fediod", self, self.model_keys)
         if self.selection == "best-on-test" and self.preset != "official-code":
             raise ConfigError(
                 "fediod.selection = 'best-on-test' selects on the test set; it exists only to reproduce the "

@@ -49,7 +49,7 @@ import dataclasses
 import logging
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -67,6 +67,7 @@ from fedistill.algorithms.fedmd.public_data import (
     PUBLIC,
     build_public,
     check_public,
+    check_public_run,
     predict,
     public_arrays,
     read_public,
@@ -77,7 +78,7 @@ from fedistill.algorithms.shared.option_checks import (
     check_nonnegative,
     check_positive,
 )
-from fedistill.algorithms.shared.stage1 import teachers_from_cache, train_teacher
+from fedistill.algorithms.shared.stage1 import STAGE1_UNUSED_KEYS, teachers_from_cache, train_teacher
 from fedistill.algorithms.shared.training import LocalTraining, evaluate_model, new_model, train_local
 from fedistill.config import RunConfig
 from fedistill.data.base import ImageSet
@@ -116,12 +117,18 @@ class FedKDOptions:
     student_epochs: int = 1  # per round
     student_batch_size: int = 64  # the central student's batch size
     student_lr: float = 1e-3  # Adam
+    #: The options that name models (`check_model_names`; the run checks each serves its task)
+    model_keys: ClassVar[str] = "teachers student"
+
+    def check_run(self, config: RunConfig) -> None:
+        """What the options rule out with the run's common keys, checked before the run writes anything."""
+        check_public_run(self.public, "fedkd.public", config)
 
     def validate(self) -> None:
         """Check the output kind, the public data, the ranges, and that PATE's noise and budget are not
         both given."""
         check_choices("fedkd", self, {"output": OUTPUTS})
-        check_model_names("fedkd", self, "teachers student")
+        check_model_names("fedkd", self, self.model_keys)
         check_public(self.public, "fedkd.public", labelled=False)
         check_positive("fedkd", self, "teacher_epochs student_epochs student_batch_size student_lr")
         check_nonnegative("fedkd", self, "client_noise pate_sigma pate_epsilon")
@@ -399,5 +406,10 @@ register(
         FedKDClient,
         FedKDServer,
         FedKDOptions,
+        unused_keys={
+            **STAGE1_UNUSED_KEYS,
+            "local_epochs": "its sites train their stage-1 models once, for fedkd.teacher_epochs epochs, "
+            "and its student for fedkd.student_epochs a round",
+        },
     )
 )

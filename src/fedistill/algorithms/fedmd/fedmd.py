@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -63,6 +63,7 @@ from fedistill.algorithms.fedmd.public_data import (
     PUBLIC,
     build_public,
     check_public,
+    check_public_run,
     predict,
     public_arrays,
     read_public,
@@ -99,6 +100,8 @@ class FedMDOptions:
 
     models: str = ""  # comma list of model names cycled over the clients; "" = the run's model
     public: str = "holdout"  # holdout | dataset:<name> (labelled; see public_data.py)
+    #: The options that name models (`check_model_names`; the run checks each serves its task)
+    model_keys: ClassVar[str] = "models"
     public_size: int = 0  # a random subset of the public source; <= 0: all of it
     alignment_size: int = 5000  # public images per round (the paper's 5000); at most the public set
     transfer_epochs: int = 5  # set-up: epochs on the labelled public set
@@ -111,10 +114,14 @@ class FedMDOptions:
     # is a plain mean, so one site's scores scaled by 1e30 would be every site's digest target
     plausibility_checks: bool = True
 
+    def check_run(self, config: RunConfig) -> None:
+        """What the options rule out with the run's common keys, checked before the run writes anything."""
+        check_public_run(self.public, "fedmd.public", config)
+
     def validate(self) -> None:
         """Check the digest loss, the labelled public data and the epochs, sizes and learning rate."""
         check_choices("fedmd", self, {"digest_loss": DIGEST_LOSSES})
-        check_model_names("fedmd", self, "models")
+        check_model_names("fedmd", self, self.model_keys)
         check_public(self.public, "fedmd.public", labelled=True)
         check_positive("fedmd", self, "alignment_size digest_epochs digest_batch_size digest_lr")
         for key in ("transfer_epochs", "private_epochs"):

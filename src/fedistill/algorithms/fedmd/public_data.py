@@ -36,6 +36,7 @@ from fedistill.algorithms.shared.distillation_data import (
     load_generator,
     parse_source,
 )
+from fedistill.config import RunConfig
 from fedistill.data.base import DatasetInfo
 from fedistill.data.registry import dataset_options, load_dataset, same_images
 from fedistill.data.transforms import fit_uint8, to_float
@@ -74,6 +75,12 @@ def parse_public(spec: str, key: str) -> tuple[str, str]:
             f"{key} must be 'holdout' (the federation's held-out split), 'dataset:<name>' (e.g. "
             f"dataset:mnist), 'noise' or 'generator:<path to a .safetensors file>'; got {spec!r}"
         ) from None
+
+
+def check_public_run(spec: str, key: str, config: RunConfig) -> None:
+    """The run-time check of `check_public`'s source: the held-out split exists only with val_fraction > 0."""
+    if parse_public(spec, key)[0] == "holdout" and config.val_fraction == 0:
+        raise ConfigError(f"{key} = 'holdout' is the federation's held-out split: set val_fraction > 0")
 
 
 def check_public(spec: str, key: str, *, labelled: bool) -> None:

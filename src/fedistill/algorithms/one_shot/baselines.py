@@ -34,8 +34,9 @@ from fedistill.algorithms.shared.distillation_data import (
     split_holdout,
 )
 from fedistill.algorithms.shared.option_checks import check_model_names
-from fedistill.algorithms.shared.stage1 import collect_local_models, teachers_from_cache
+from fedistill.algorithms.shared.stage1 import STAGE1_UNUSED_KEYS, collect_local_models, teachers_from_cache
 from fedistill.algorithms.shared.training import average_states, evaluate_model, new_model, test_metrics
+from fedistill.config import RunConfig
 from fedistill.data.base import ImageSet
 from fedistill.data.registry import same_images
 from fedistill.errors import ConfigError
@@ -104,6 +105,7 @@ class OneShotOptions(FedDFOptions):
     student: str = ""  # "" = `model`
     teacher_epochs: int = 30  # FedIOD's default, so every one-shot method sees the same local models
     section: ClassVar[str] = "fedavg-oneshot"
+    model_keys: ClassVar[str] = "teachers student"  # not FedDF's `groups`, which must stay empty
     distils: ClassVar[bool] = False  # whether the method reads FedDF's distillation keys
 
     def validate(self) -> None:
@@ -125,7 +127,7 @@ class OneShotOptions(FedDFOptions):
                     f"{getattr(defaults, key)!r}"
                 )
         super().validate()
-        check_model_names(self.section, self, "teachers student")
+        check_model_names(self.section, self, self.model_keys)
         if not self.distils:
             for key in DISTILLATION_KEYS:
                 if getattr(self, key) != getattr(defaults, key):
@@ -136,6 +138,17 @@ class OneShotOptions(FedDFOptions):
                     )
         if self.teacher_epochs < 1:
             raise ConfigError(f"{self.section}.teacher_epochs must be >= 1, got {self.teacher_epochs}")
+
+    def check_run(self, config: RunConfig) -> None:
+        """What the options rule out with the run's common keys, checked before the run writes anything."""
+        if config.rounds != 1:
+            raise ConfigError(
+                f"a one-shot method runs one round, got rounds = {config.rounds}; set rounds = 1"
+            )
+        if self.distils and config.val_fraction == 0:
+            raise ConfigError(
+                f"{self.section} selects on the server's validation split: set val_fraction > 0"
+            )
 
 
 @dataclass(frozen=True)
@@ -155,10 +168,7 @@ class OneShotServer(ServerLogic):
         super().__init__(ctx)
         config = ctx.config
         self.options: OneShotOptions = ctx.options
-        if config.rounds != 1:
-            raise ConfigError(
-                f"a one-shot method runs one round, got rounds = {config.rounds}; set rounds = 1"
-            )
+        self.options.check_run(config)
         self.student = new_model(config, ctx.info, self.options.student or config.model)
         self.reference: dict[str, float] = {}
         self.fusion: dict[str, float] = {}
@@ -328,6 +338,7 @@ register(
         OneShotClient,
         OneShotServer,
         OneShotOptions,
+        unused_keys=STAGE1_UNUSED_KEYS,
     )
 )
 register(
@@ -337,5 +348,6 @@ register(
         OneShotClient,
         OneShotFusionServer,
         FusionOneShotOptions,
+        unused_keys=STAGE1_UNUSED_KEYS,
     )
 )

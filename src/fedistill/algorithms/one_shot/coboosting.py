@@ -46,6 +46,7 @@ from fedistill.algorithms.one_shot.dense.client import OneShotClient
 from fedistill.algorithms.one_shot.dense.options import DenseOptions
 from fedistill.algorithms.one_shot.dense.server import DenseServer
 from fedistill.algorithms.shared.option_checks import check_choices, check_nonnegative
+from fedistill.algorithms.shared.stage1 import STAGE1_UNUSED_KEYS
 from fedistill.config import RunConfig
 from fedistill.errors import ConfigError
 from fedistill.federation.fleet import Fleet
@@ -220,5 +221,6 @@ register(
         OneShotClient,
         CoBoostingServer,
         CoBoostingOptions,
+        unused_keys=STAGE1_UNUSED_KEYS,
     )
 )

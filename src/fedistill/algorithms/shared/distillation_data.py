@@ -35,7 +35,7 @@ from fedistill import devices
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.data.registry import dataset_options, load_dataset
 from fedistill.data.transforms import fit_images, normalize, to_float
-from fedistill.errors import ConfigError
+from fedistill.errors import ConfigError, UserError
 from fedistill.models.generator import Generator, build_generator
 from fedistill.seeding import torch_generator
 from fedistill.tasks.text import trim_padding
@@ -60,6 +60,17 @@ def parse_source(spec: str, key: str = KEY) -> tuple[str, str]:
         f"{key} must be 'noise', 'holdout' (the held-out split's inputs), 'dataset:<name>' (e.g. "
         f"dataset:fashion-mnist) or 'generator:<path to a .safetensors file>'; got {spec!r}"
     )
+
+
+def check_source(spec: str, key: str = KEY) -> None:
+    """The options-time check of a source: its form (`parse_source`) and, for `dataset:<name>`, a known
+    dataset, refused with the options before the run writes anything rather than when the server loads it."""
+    kind, argument = parse_source(spec, key)
+    if kind == "dataset":
+        try:
+            dataset_options(argument)
+        except UserError as exc:
+            raise ConfigError(f"{key} = {spec!r}: {exc}") from None
 
 
 def split_holdout(

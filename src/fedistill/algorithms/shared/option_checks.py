@@ -47,6 +47,18 @@ def check_model_names(section: str, options: object, keys: str) -> None:
                 raise ConfigError(f"{section}.{key} names an {unknown_name('model', name, known)}")
 
 
+def named_models(options: object) -> list[tuple[str, str]]:
+    """(key, model) for each model the options' `model_keys` name, in order ("" = the run's model, left
+    out): what the run checks against its task before it writes anything."""
+    keys = str(getattr(options, "model_keys", "")).split()
+    return [
+        (key, name)
+        for key in keys
+        for name in (part.strip() for part in str(getattr(options, key)).split(","))
+        if name
+    ]
+
+
 def check_batchnorm_batch(section: str, options: object, keys: str) -> None:
     """Each of the space-separated `keys` sizes a batch that a module trains on in train mode with
     BatchNorm (a feature generator), which cannot normalise a single sample: it must be >= 2."""

@@ -49,6 +49,14 @@ log = logging.getLogger(__name__)
 STAGE1_FORMAT = 2
 
 
+#: The common keys a method whose sites train their stage-1 model once never reads (`Algorithm.unused_keys`).
+STAGE1_UNUSED_KEYS = {
+    "local_epochs": "its sites train their stage-1 models once, for {name}.teacher_epochs epochs",
+    "local_steps": "its sites train their stage-1 models once, for {name}.teacher_epochs epochs",
+    "fraction": "every site trains and answers; none is sampled out",
+}
+
+
 def cache_folder(config: RunConfig, beside: Path) -> Path | None:
     """Where sites keep stage-1 models: `cache_dir`, else `.cache` in `beside` (None: caching is off)."""
     if not config.stage1_cache:

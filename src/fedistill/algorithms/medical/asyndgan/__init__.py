@@ -50,5 +50,12 @@ register(
         AsynDGANServer,
         AsynDGANOptions,
         tasks=("semantic-segmentation", "instance-segmentation"),
+        unused_keys={
+            "local_epochs": "its sites train only their discriminators, a step per G-step; S takes "
+            "asyndgan.segmenter_steps steps a round at the server",
+            "local_steps": "its sites train only their discriminators, a step per G-step; S takes "
+            "asyndgan.segmenter_steps steps a round at the server",
+            "fraction": "every site answers every G-step; none is sampled out",
+        },
     )
 )

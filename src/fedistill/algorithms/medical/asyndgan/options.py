@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from fedistill.algorithms.shared.option_checks import check_choices, check_nonnegative, check_positive
+from fedistill.config import RunConfig
 from fedistill.errors import ConfigError
 
 SELECTIONS = ("validation", "last")
@@ -64,6 +65,19 @@ class AsynDGANOptions:
     samples_every: int = 1  # a grid of masks and G's images every N rounds (0: never)
 
     section = "asyndgan"
+
+    def check_run(self, config: RunConfig) -> None:
+        """What the options rule out with the run's common keys, checked before the run writes anything."""
+        if self.selection == "validation" and config.val_fraction == 0:
+            raise ConfigError(
+                "asyndgan.selection = 'validation' needs validation splits: set val_fraction > 0 "
+                "or asyndgan.selection = 'last'"
+            )
+        if self.segmenter_start > config.rounds:
+            raise ConfigError(
+                f"asyndgan.segmenter_start = {self.segmenter_start} is after the last round "
+                f"(rounds = {config.rounds}): S would never train"
+            )
 
     def validate(self) -> None:
         """Check the choices and that the widths, layers, sizes and rates are in range."""

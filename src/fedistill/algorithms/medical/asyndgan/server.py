@@ -56,16 +56,7 @@ class AsynDGANServer(ServerLogic):
         config, info = ctx.config, ctx.info
         self.options: AsynDGANOptions = ctx.options
         options = self.options
-        if options.selection == "validation" and config.val_fraction == 0:
-            raise ConfigError(
-                "asyndgan.selection = 'validation' needs validation splits: set val_fraction > 0 "
-                "or asyndgan.selection = 'last'"
-            )
-        if options.segmenter_start > config.rounds:
-            raise ConfigError(
-                f"asyndgan.segmenter_start = {options.segmenter_start} is after the last round "
-                f"(rounds = {config.rounds}): S would never train"
-            )
+        options.check_run(config)
         self.task = task_of(config, info)
         self.classes = condition_classes(self.task, info)
         self.generator = seeded(

@@ -17,6 +17,7 @@ from fedistill.algorithms.base import Algorithm, register
 from fedistill.algorithms.one_shot.dense.client import OneShotClient
 from fedistill.algorithms.one_shot.dense.options import DenseOptions
 from fedistill.algorithms.one_shot.dense.server import DenseServer
+from fedistill.algorithms.shared.stage1 import STAGE1_UNUSED_KEYS
 
 __all__ = ["DenseOptions", "DenseServer", "OneShotClient"]
 
@@ -27,5 +28,6 @@ register(
         OneShotClient,
         DenseServer,
         DenseOptions,
+        unused_keys=STAGE1_UNUSED_KEYS,
     )
 )

@@ -8,6 +8,7 @@ generator's adversarial KL at temperature 1, the student's SGD with momentum 0.9
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedistill.algorithms.base import model_cycle
 from fedistill.algorithms.shared.option_checks import (
@@ -31,6 +32,8 @@ class DenseOptions:
     teachers: str = ""  # one model name, or a comma list cycled over the clients; "" = `model`
     student: str = ""  # "" = `model`
     teacher_epochs: int = 30  # FedIOD's default, so both distil the same local models
+    #: The options that name models (`check_model_names`; the run checks each serves its task)
+    model_keys: ClassVar[str] = "teachers student"
     # --- data generation: one synthetic batch per epoch, `g_steps` Adam steps on G and its latents
     synthetic_batch_size: int = 256  # --synthesis_batch_size
     g_steps: int = 30  # --g_steps
@@ -72,7 +75,7 @@ class DenseOptions:
         """Check the choices and that the epochs, sizes, steps and rates are in range."""
         s = self.section
         check_choices(s, self, {"schedule": ("constant", "cosine"), "selection": SELECTIONS})
-        check_model_names(s, self, "teachers student")
+        check_model_names(s, self, self.model_keys)
         for key in ("teacher_epochs", "g_steps", "latent_dim", "generator_width"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{s}.{key} must be >= 1, got {getattr(self, key)!r}")
@@ -97,6 +100,14 @@ class DenseOptions:
             raise ConfigError(
                 f"{s}.pool_size = {self.pool_size} cannot hold one synthetic batch "
                 f"({s}.synthetic_batch_size = {self.synthetic_batch_size}); use 0 (no limit) or more"
+            )
+
+    def check_run(self, config: RunConfig) -> None:
+        """What the options rule out with the run's common keys, checked before the run writes anything."""
+        if self.selection != "last" and config.val_fraction == 0:
+            raise ConfigError(
+                f"{self.section}.selection = {self.selection!r} needs validation splits: set "
+                f"val_fraction > 0 or {self.section}.selection = 'last'"
             )
 
 

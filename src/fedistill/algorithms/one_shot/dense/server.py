@@ -72,11 +72,7 @@ class DenseServer(ServerLogic):
         config, info = ctx.config, ctx.info
         options: DenseOptions = ctx.options
         self.options = options
-        if options.selection != "last" and config.val_fraction == 0:
-            raise ConfigError(
-                f"{options.section}.selection = {options.selection!r} needs validation splits: set "
-                f"val_fraction > 0 or {options.section}.selection = 'last'"
-            )
+        options.check_run(config)
         if options.selection == "server" and (ctx.validation is None or len(ctx.validation) == 0):
             raise ConfigError(f"{options.section}.selection = 'server' needs the server's validation split")
         self.generator = seeded(
