@@ -59,6 +59,8 @@ class RunConfig:
     checkpoint_every: int = 1
     timeout: float = 0.0  # seconds a client may take to answer; 0: no limit in-process, 600 s on Flower
     min_clients: int = 1  # fewer replies than this stop the run
+    # seconds a Flower server waits for every site's node to connect (a deployment's sites may start later)
+    connect_timeout: float = 300.0
     max_message_mb: float = 512.0  # size cap on one message in MiB (2^20 bytes; printed sizes are MB of 10^6)
     threads: int = 0  # torch intra-op threads; 0: leave torch's default
     device: str = "auto"  # auto (CUDA, else MPS, else CPU) | cpu | cuda | cuda:N | mps (fedistill/devices.py)
@@ -228,6 +230,10 @@ def validate(config: RunConfig) -> None:
             f"min_clients = {c.min_clients} is more than clients = {c.clients}; no round could go on",
         ),
         (c.timeout >= 0, f"timeout must be >= 0, got {c.timeout}"),
+        (
+            math.isfinite(c.connect_timeout) and c.connect_timeout > 0,
+            f"connect_timeout must be a finite number > 0, got {c.connect_timeout}",
+        ),
         (c.max_message_mb > 0, f"max_message_mb must be > 0, got {c.max_message_mb}"),
         (c.threads >= 0, f"threads = {c.threads}: use 0 (torch's default) or a positive number of threads"),
         (c.augment in ("auto", "on", "off"), f"augment must be auto, on or off, got {c.augment!r}"),

@@ -137,7 +137,7 @@ def run_algorithm(
 #: What a resume may change: where the run computes, where its folder and data are, what it logs to, and
 #: how long and for how many sites it waits (the fixes after a stop for too few answers).
 RESUME_MAY_CHANGE = ("device", "out", "name", "data_dir", "download", "cache_dir", "track", "timeout",
-                     "min_clients")  # fmt: skip
+                     "min_clients", "connect_timeout")  # fmt: skip
 
 
 def resumable_settings(config: RunConfig) -> dict[str, Any]:
@@ -443,5 +443,6 @@ def _fleet(
         expected_clients=config.clients,
         max_bytes=max_bytes,
         timeout=timeout,
+        connect_timeout=config.connect_timeout,
         split_hash=split.hash(),  # only a Flower node rebuilds the split, so only then compared
     )
