@@ -109,7 +109,8 @@ class Reconstruction(Task):
         a few dozen slices of one volume; on Table 9 (brain-t1-sites, seed 0) they lifted FedIOD's
         student from SSIM 0.6922 to 0.7009 and the Standalone models' mean from below the zero-filled
         input on one volume to above it on all four (FedAvg -0.004, Centralized -0.024, still the best),
-        and on the reconstruction demo Centralized to the best row (docs/methods/fediod/per-pixel.md)."""
+        and on the reconstruction demo Centralized to the best row
+        (docs/methods/fediod/per-pixel-notes.md)."""
         return True
 
     def output_channels(self, info: DatasetInfo) -> int:

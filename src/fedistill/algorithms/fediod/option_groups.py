@@ -77,7 +77,7 @@ class ProtocolOptions:
     teacher's class balance (taken over its own samples here); asking the owner alone moves about 1/K of
     the G-step's bytes. A sample whose owner does not answer is left out of the step. On Table 4 (nuclei,
     seeds 0-9) the sites sent 128.1 MB instead of 327.0 and the average Dice rose from 75.77 to 80.79 (86.61
-    with `w_adv = 0.1`); the lean preset takes both there (docs/methods/fediod/per-pixel.md)."""
+    with `w_adv = 0.1`); the lean preset takes both there (docs/methods/fediod/per-pixel-notes.md)."""
 
     recompute_graphs: bool = False
     """A site drops the graph of its G-step terms once it has answered `query.generate` and recomputes it
@@ -111,7 +111,7 @@ class ProtocolOptions:
     on the digits demo and Table 9, but cost the brain-lesion student of Table 2 about 14 Dice points on
     three seeds (one logit per pixel loses its fine steps on one byte); compact8-gradients moved it by
     -4.7, +8.1 and -15.3 points and compact8-sqrt by +1.5, +6.3, -25.0 (that seed collapsed) and -0.7 on
-    four seeds, not settled either way (docs/methods/fediod/per-pixel.md, "One byte a value"). With a
+    four seeds, not settled either way (docs/methods/fediod/per-pixel-notes.md, "One byte a value"). With a
     replay pool of 2,500 and 5 replay steps compact8-sqrt moved the same four seeds by -1.8, +9.3, +3.2
     and +9.9, and the lean preset takes it on a two-class segmentation with small masks (lesions:
     presets.py, `LEAN_SMALL_MASKS`)."""
@@ -218,7 +218,7 @@ class GeneratorOptions:
     """How much higher (Dice, 0-1) the flipped half must score for a trial to flip a site's map; 0: any
     win flips it. A margin keeps a map whose teacher finds little either way from flipping back and forth,
     but on Table 4 0.05 lost the fluorescence site on two seeds of ten, whose right flips came early on small
-    margins (per-pixel.md)."""
+    margins (per-pixel-notes.md)."""
 
 
 @dataclass(frozen=True)
@@ -243,7 +243,7 @@ class GeneratorLossOptions:
 
     w_gan: float = 1.0
     """Weight of L_gan; default 1 (Eq. 11). The lean preset takes 5 on nuclei, where at 1 the sites'
-    discriminators won on the seeds that missed the fluorescence site (docs/methods/fediod/per-pixel.md)."""
+    discriminators won where the fluorescence site was missed (docs/methods/fediod/per-pixel-notes.md)."""
 
     w_conf: float = 1.0
     """Weight of L_conf; default 1 (Eq. 11)."""
@@ -256,7 +256,7 @@ class GeneratorLossOptions:
     1. Why: at 1 and without the balance term G collapsed onto one or two classes on digits and S stayed at
     chance. `w_adv = 1, w_balance = 0` gives the paper's literal weights. The lean preset takes 0.1 with owner
     labels on nuclei, where one teacher's logits stand against S and at 0.2 G diverged on two seeds of ten
-    (docs/methods/fediod/per-pixel.md)."""
+    (docs/methods/fediod/per-pixel-notes.md)."""
 
     w_balance: float = 10.0
     """Weight of the released code's class-balance term (not in the paper); default 10, the code's. Why: with

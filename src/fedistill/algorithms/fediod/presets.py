@@ -75,7 +75,7 @@ LEAN = {
 #: slices over truth weights 0-1 and 2-24 replay steps; it was selected at epochs 20, 19 and 20 of 20,
 #: still improving, and a student lr of 2e-3 (validation at seed 0: 0.7022 against 0.6989 at 1e-3,
 #: 0.7023 at 3e-3, a tie kept at the smaller step) raised it to 0.6531 (FedAvg: 0.6665)
-#: (docs/methods/fediod/per-pixel.md, benchmarks/results/sweeps/reconstruction_table9_fediod-*.md).
+#: (docs/methods/fediod/per-pixel-notes.md, benchmarks/results/sweeps/reconstruction_table9_fediod-*.md).
 LEAN_IMAGE_OUTPUTS = {
     "ensemble_weighting": "uniform",
     "truth_weight": 0.5,
@@ -85,37 +85,37 @@ LEAN_IMAGE_OUTPUTS = {
 
 #: What the lean preset changes on top where the label masks lay out most of G's image (nuclei,
 #: `Condition.shapes_the_image`): three quarters of the student's loss against the mask G drew each image
-#: from. Why: G must draw what such a mask says to look real, so the mask is the image's label; where
-#: the teachers' ensemble calls every pixel a nucleus (Table 4, seed 0) the student then still learns the
-#: nuclei. Chosen on the sites' validation splits at seed 0 over weights 0-1; over seeds 0-4 the average
-#: Dice rose from 64.78 to 74.86 (docs/methods/fediod/per-pixel.md, "The masks as the truth"). Not on the
-#: brain lesions: G draws a brain there whatever the small lesion mask says, and the truth hurt
-#: (Table 2, seed 0: 53.63 without, 51.60 at 0.25, 42.65 at 0.5). And a share of G's batch per site, each
-#: in that site's colours (`site_looks`): with one look for all, G drew only the H&E-like look and the
-#: student never segmented Table 4's fluorescence site (Dice 30.97-31.21 on five seeds); with the looks it
-#: did on seeds 2 and 3 (82.44, 81.44) and the average Dice over seeds 0-4 rose from 74.86 to 80.37, for 2-7
-#: points on the H&E-like sites at seeds 0, 1 and 4; over seeds 0-9 it found the site on four seeds and
-#: averaged 75.77 against 73.07, its worst seed 37.66 against 63.99 (per-pixel.md, "The fluorescence site").
-#: And each sample labelled by its own site's teacher, which alone is asked about it (`owner_queries`, with
-#: owner labels and no disagreement term): over seeds 0-9 the average Dice rose from 75.77 to 80.79 (worst
-#: seed 58.07, eight seeds up) while the sites sent 128.1 MB instead of 327.0, 0.73 of FedAvg's
-#: (per-pixel.md, "Each site asked about its own samples only"). And half the adversarial weight: under owner
-#: labels one teacher's logits stand against the student, and at 0.2 G's adversarial term drove L_mimic to
-#: 589 and 71 on seeds 3 and 5 as every D_k won; chosen at 0.1 on the sites' validation splits (mean best
+#: from. Why: G must draw what such a mask says to look real, so the mask is the image's label; where the
+#: teachers' ensemble calls every pixel a nucleus (Table 4, seed 0) the student then still learns the nuclei.
+#: Chosen on the sites' validation splits at seed 0 over weights 0-1; over seeds 0-4 the average Dice rose
+#: from 64.78 to 74.86 (docs/methods/fediod/per-pixel-notes.md, "The masks as the truth"). Not on the brain
+#: lesions: G draws a brain there whatever the small lesion mask says, and the truth hurt (Table 2, seed 0:
+#: 53.63 without, 51.60 at 0.25, 42.65 at 0.5). And a share of G's batch per site, each in that site's colours
+#: (`site_looks`): with one look for all, G drew only the H&E-like look and the student never segmented Table
+#: 4's fluorescence site (Dice 30.97-31.21 on five seeds); with the looks it did on seeds 2 and 3 (82.44,
+#: 81.44) and the average Dice over seeds 0-4 rose from 74.86 to 80.37, for 2-7 points on the H&E-like sites
+#: at seeds 0, 1 and 4; over seeds 0-9 it found the site on four seeds and averaged 75.77 against 73.07, its
+#: worst seed 37.66 against 63.99 (per-pixel-notes.md, "The fluorescence site, found by the default"). And
+#: each sample labelled by its own site's teacher, which alone is asked about it (`owner_queries`, with owner
+#: labels and no disagreement term): over seeds 0-9 the average Dice rose from 75.77 to 80.79 (worst seed
+#: 58.07, eight seeds up) while the sites sent 128.1 MB instead of 327.0, 0.73 of FedAvg's
+#: (per-pixel-notes.md, "Each site asked about its own samples only"). And half the adversarial weight: under
+#: owner labels one teacher's logits stand against the student, and at 0.2 G's adversarial term drove L_mimic
+#: to 589 and 71 on seeds 3 and 5 as every D_k won; chosen at 0.1 on the sites' validation splits (mean best
 #: validation Dice over seeds 0-9: 83.42 against 78.01), the test Dice rose from 80.79 to 86.61 on average,
 #: its worst seed from 58.07 to 71.26. And a trial of each site's colours the other way round at the start of
 #: each epoch (`look_trials`, 4 G-steps): a map learnt by gradient could stop at dark nuclei on a dark ground
-#: for the fluorescence site; the site's own teacher judges which way finds G's masks. Over seeds 0-9 the
-#: mean best validation Dice rose from 83.42 to 87.63 (4 G-steps fixed beforehand, nothing tuned), the test
-#: Dice from 86.61 to 90.45 (median 88.40 to 95.14, worst seed 71.26 to 74.90, eight seeds up), the
-#: fluorescence site's from 68.68 to 80.58, at the same bytes (per-pixel.md, "Each site's colours tried
-#: both ways"). And five times the discriminators' weight in G's loss (`w_gan`): at 1 the seeds that missed
-#: the fluorescence site (3, 7, 9) were those where every D_k won (its loss fell to 0.07-0.15), and G kept a
-#: look no real image has (seed 7: a red ground where the site's is black). Over seeds 0-9 at 1 / 3 / 5 the
-#: mean best validation Dice was 87.63 / 89.54 / 89.58 (the choice; 3 and 5 nearly tie), the test Dice
-#: 90.45 / 91.45 / 91.98 and the fluorescence site's 80.58 / 88.74 / 87.06, its worst seed 30.99 / 84.36 /
-#: 75.79; the worst seed's average fell from 74.90 to 70.31 (seed 3) and the median from 95.14 to 94.32, at
-#: the same bytes (per-pixel.md, "The discriminators' weight").
+#: for the fluorescence site; the site's own teacher judges which way finds G's masks. Over seeds 0-9 the mean
+#: best validation Dice rose from 83.42 to 87.63 (4 G-steps fixed beforehand, nothing tuned), the test Dice
+#: from 86.61 to 90.45 (median 88.40 to 95.14, worst seed 71.26 to 74.90, eight seeds up), the fluorescence
+#: site's from 68.68 to 80.58, at the same bytes (per-pixel-notes.md, "Each site's colours tried both ways").
+#: And five times the discriminators' weight in G's loss (`w_gan`): at 1 the seeds that missed the
+#: fluorescence site (3, 7, 9) were those where every D_k won (its loss fell to 0.07-0.15), and G kept a look
+#: no real image has (seed 7: a red ground where the site's is black). Over seeds 0-9 at 1 / 3 / 5 the mean
+#: best validation Dice was 87.63 / 89.54 / 89.58 (the choice; 3 and 5 nearly tie), the test Dice 90.45 /
+#: 91.45 / 91.98 and the fluorescence site's 80.58 / 88.74 / 87.06, its worst seed 30.99 / 84.36 / 75.79; the
+#: worst seed's average fell from 74.90 to 70.31 (seed 3) and the median from 95.14 to 94.32, at the same
+#: bytes (per-pixel-notes.md, "The discriminators' weight").
 LEAN_MASK_SHAPED_IMAGES = {
     "truth_weight": 0.75,
     "generator_mixture": "per-client",
@@ -144,8 +144,8 @@ PER_SITE_MIXTURE_KEYS = (
 #: student rose from Dice 41.73 to 51.92 on average, ahead of the old setting and of FedAvg (38.33) on every
 #: seed, while the sites sent 0.55 of the old setting's bytes (0.65 of FedAvg's); the larger pool made most
 #: of the gain, and the one-byte wire, which had collapsed a seed with the small pool, added to it on three
-#: seeds of four (docs/methods/fediod/per-pixel.md, "The lesions' settings"). Not on nuclei, whose default
-#: was chosen with `compact` and the small pool.
+#: seeds of four (docs/methods/fediod/per-pixel-notes.md, "The lesions' settings").
+#: Not on nuclei, whose default was chosen with `compact` and the small pool.
 LEAN_SMALL_MASKS = {"wire": "compact8-sqrt", "pool_size": 2500, "pool_steps": 5}
 
 PRESET_CHANGES = {"paper": {}, "official-code": OFFICIAL_CODE, "stable": STABLE, "lean": LEAN}

@@ -16,7 +16,7 @@ BET or HD-BET (benchmarks/brain_extraction.py measures both):
   contrast) it fits the brain far better than the outline and keeps as much of the semi-synthetic heads'
   lesions. On the two real patients (contrast T1) it does not help: the fat above their orbits touches
   the frontal lobes and stays, and the models score lower on the lesion slices and on the whole volumes
-  (docs/methods/fediod/per-pixel.md). An option, for T1 heads like Colin's.
+  (docs/methods/fediod/per-pixel-notes.md). An option, for T1 heads like Colin's.
 
 `STRIP_MM` is the depth of best brain-mask Dice on semi-synthetic heads whose brain is known: the real
 brains of `brats-synthetic-lesions` inside synthetic CSF, skull and scalp of the thickness ranges of
