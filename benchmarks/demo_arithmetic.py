@@ -37,7 +37,7 @@ from fedistill.reproduce.arguments import shown_arguments
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DEMO, RESULTS, benchmark_parser
-from fediod_step_time import matmul_peak_gflops
+from fediod_step_time import one_thread_gflops
 
 LABELS = {"fediod": "FedIOD", "fedavg": "FedAvg", "standalone": "Standalone", "centralized": "Centralized"}
 
@@ -181,17 +181,6 @@ def counted(method: str, seed: int, threads: int, out: Path) -> dict:
             if seconds[group] > 0
         },
     }
-
-
-def one_thread_gflops() -> float:
-    """This machine's fp32 matmul rate at one torch thread, as the record names it, whatever `--threads`
-    the runs used (the count is restored)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return matmul_peak_gflops()
-    finally:
-        torch.set_num_threads(threads)
 
 
 def main() -> None:

@@ -125,6 +125,17 @@ def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
     return 2 * n**3 / best / 1e9
 
 
+def one_thread_gflops() -> float:
+    """This machine's fp32 matmul rate at one torch thread, as records name it whatever thread count their
+    runs used (the count is restored)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return matmul_peak_gflops()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def main() -> None:
     parser = benchmark_parser(__doc__)
     parser.add_argument("--dataset", default="digits")

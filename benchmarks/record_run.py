@@ -22,10 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from _common import RESULTS, head_commit
-from fediod_step_time import matmul_peak_gflops
+from fediod_step_time import one_thread_gflops
 from fedistill import disk
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.machine import of_summaries
@@ -157,16 +155,6 @@ def markdown(payload: dict[str, Any]) -> list[str]:
         "the test metric after each round. Every final metric is in the JSON beside this file.",
     ]
     return lines
-
-
-def one_thread_gflops() -> float:
-    """This machine's fp32 matmul rate at one torch thread (the thread count is restored)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return matmul_peak_gflops()
-    finally:
-        torch.set_num_threads(threads)
 
 
 def main(argv: Sequence[str] | None = None) -> Path:

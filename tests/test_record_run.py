@@ -94,7 +94,9 @@ def test_bad_commands_stop_with_what_to_do(argv, message, capsys):
 
 
 def test_the_record_gives_the_machines_matmul_rate_beside_its_wall_times(tmp_path, monkeypatch):
-    monkeypatch.setattr(record_run, "matmul_peak_gflops", lambda: 61.5)
+    import fediod_step_time
+
+    monkeypatch.setattr(fediod_step_time, "matmul_peak_gflops", lambda: 61.5)
     out, results = tmp_path / "runs", tmp_path / "results"
     path = record_run.main(["probe", "--out", str(out), "--results", str(results), "--", *RUN, *DATA])
     record = json.loads((results / "probe.json").read_text())

@@ -118,26 +118,25 @@ class OneShotOptions(FedDFOptions):
                 "privacy: its clients upload their stage-1 models as they are, unclipped and un-noised. "
                 "Set dp_enabled = false (fedavg and feddf offer it)"
             )
-        defaults = FedDFOptions()
-        for key in UNUSED_ROUND_KEYS:
-            if getattr(self, key) != getattr(defaults, key):
-                raise ConfigError(
-                    f"{self.section}.{key} = {getattr(self, key)!r} is a key of FedDF's rounds, which a "
-                    f"one-shot method does not use (it would be ignored); leave it at "
-                    f"{getattr(defaults, key)!r}"
-                )
+        rounds_key = "is a key of FedDF's rounds, which a one-shot method does not use (it would be ignored)"
+        self._refuse_set(UNUSED_ROUND_KEYS, rounds_key + "; leave it at {default}")
         super().validate()
         check_model_names(self.section, self, self.model_keys)
         if not self.distils:
-            for key in DISTILLATION_KEYS:
-                if getattr(self, key) != getattr(defaults, key):
-                    raise ConfigError(
-                        f"{self.section}.{key} = {getattr(self, key)!r} is a distillation key, and "
-                        f"{self.section} only averages the sites' models (it would be ignored); set it "
-                        f"in [feddf-oneshot], which distils, or leave it at {getattr(defaults, key)!r}"
-                    )
+            averages = f"is a distillation key, and {self.section} only averages the sites' models (it would "
+            where = "be ignored); set it in [feddf-oneshot], which distils, or leave it at {default}"
+            self._refuse_set(DISTILLATION_KEYS, averages + where)
         if self.teacher_epochs < 1:
             raise ConfigError(f"{self.section}.teacher_epochs must be >= 1, got {self.teacher_epochs}")
+
+    def _refuse_set(self, keys: tuple[str, ...], why: str) -> None:
+        """A ConfigError for the first of FedDF's `keys` set away from its default, saying `why` (with the
+        default in place of `{default}`)."""
+        defaults = FedDFOptions()
+        for key in keys:
+            if getattr(self, key) != getattr(defaults, key):
+                said = why.replace("{default}", repr(getattr(defaults, key)))
+                raise ConfigError(f"{self.section}.{key} = {getattr(self, key)!r} {said}")
 
     def check_run(self, config: RunConfig) -> None:
         """What the options rule out with the run's common keys, checked before the run writes anything."""
