@@ -195,6 +195,28 @@ def test_mlflow_goes_where_the_environment_says(tmp_path, monkeypatch):
     assert tracking_uri(tmp_path / "suite" / "fedavg") == "http://tracking.example:5000"
 
 
+def test_an_unreachable_mlflow_server_is_one_line_at_once_and_the_run_writes_nothing(
+    tmp_path, monkeypatch, capsys
+):
+    """MLflow's client retries a server that does not answer for minutes before it says so; the run probes
+    the server first and stops at once, naming the address."""
+    import socket
+    import time
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    from fedistill.cli import main
+
+    started = time.monotonic()
+    argv = ["run", "--algorithm", "fedavg", "--clients", "2", "--rounds", "1", "--model", "mlp", "--quiet"]
+    assert main([*argv, "--track", "mlflow", "--out", str(tmp_path), "--name", "suite"]) == 2
+    assert time.monotonic() - started < 30
+    assert f"track = mlflow: http://127.0.0.1:{port} does not answer" in capsys.readouterr().err
+    assert not (tmp_path / "suite").exists()
+
+
 def test_a_run_resumed_after_its_last_round_logs_its_final_metrics_at_that_round(tmp_path, file_store_env):
     """The run died after its last checkpoint (in the final evaluation), so the resumed run trains no round:
     both trackers still log the final metrics at step = the last round, as a run that never stopped does."""

@@ -47,11 +47,37 @@ def tracking_uri(run_dir: Path) -> str:
     return (run_dir.resolve().parent.parent / "mlruns").as_uri()
 
 
+#: Seconds the start waits for a tracking server's first answer (MLflow's client retries for minutes).
+PROBE_TIMEOUT_S = 10.0
+
+
+def check_reachable(uri: str) -> None:
+    """ConfigError at once when an http(s) tracking server cannot be reached at all (refused, unknown host,
+    no answer within PROBE_TIMEOUT_S): MLflow's own client would retry for minutes before saying so. Any
+    HTTP answer, even an error status (a proxy, a server without /health), counts as reachable."""
+    import urllib.error
+    import urllib.request
+
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S).close()
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError) as exc:
+        why = getattr(exc, "reason", exc)
+        raise ConfigError(
+            f"track = mlflow: {uri} does not answer ({why}); start the tracking server, or set "
+            "MLFLOW_TRACKING_URI to one that runs (unset: a file store beside the runs)"
+        ) from None
+
+
 class MlflowTracker:
     """Logs params at the start, metrics per round, and the run's results and files at the end."""
 
     def __init__(self) -> None:
-        """ConfigError when MLflow is missing: made before the run writes anything (validate_setup)."""
+        """ConfigError when MLflow is missing or its tracking server unreachable: made before the run writes
+        anything (validate_setup)."""
         try:
             import mlflow.exceptions
             import mlflow.tracking  # noqa: F401
@@ -59,6 +85,7 @@ class MlflowTracker:
             raise ConfigError(
                 "track = mlflow needs MLflow: pip install -e '.[track]' (or fedistill[track])"
             ) from None
+        check_reachable(os.environ.get("MLFLOW_TRACKING_URI", ""))  # also before the run writes anything
         self.client: Any = None
         self.run_id = ""
         self.step = 0
