@@ -17,7 +17,7 @@ import torch
 from fedistill import devices
 from fedistill.algorithms.base import Algorithm, ClientContext
 from fedistill.algorithms.registry import algorithm_names, for_task, get_algorithm
-from fedistill.algorithms.shared.option_checks import named_models
+from fedistill.algorithms.shared.option_checks import check_model_names, named_models
 from fedistill.algorithms.shared.training import task_of
 from fedistill.config import RunConfig, for_algorithm, options_for
 from fedistill.data.base import LoadedDataset
@@ -204,6 +204,8 @@ def check_models(resolved: Resolved) -> None:
     norm, options = None if own.norm == "auto" else own.norm, own.options.get("model_options")
     check_model_norm(own.model, norm)
     check_model_options(own.model, options)
+    # a misspelt name is unknown, not "of another task", whether or not the options' validate checked it
+    check_model_names(resolved.algorithm.name, resolved.options, getattr(resolved.options, "model_keys", ""))
     for key, model in named_models(resolved.options):
         try:
             check_model_norm(model, norm)

@@ -1,0 +1,56 @@
+"""What a researcher's own algorithm gets from the run's checks by declaring it, without writing the check:
+a misspelt model in an option its `model_keys` names is named clearly, not as a model of another task."""
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+
+from fedistill.algorithms.base import ALGORITHMS, Algorithm, register
+from fedistill.algorithms.registry import get_algorithm
+from fedistill.cli import main
+
+
+@dataclass(frozen=True)
+class StudentOptions:
+    """An options class that names a model and checks nothing itself."""
+
+    student: str = ""
+    """The student's model ('' = the run's model)."""
+
+    model_keys: ClassVar[str] = "student"
+
+
+@pytest.fixture
+def restore_registry():
+    before = dict(ALGORITHMS)
+    yield
+    ALGORITHMS.clear()
+    ALGORITHMS.update(before)
+
+
+def _fedavg_with(options: type = StudentOptions, **changes) -> Algorithm:
+    return dataclasses.replace(get_algorithm("fedavg"), name="own", options=options, **changes)
+
+
+def test_a_misspelt_model_in_an_own_algorithms_model_key_is_named_as_unknown(
+    tmp_path, capsys, restore_registry
+):
+    register(_fedavg_with())
+    argv = [
+        "run",
+        "--algorithm",
+        "own",
+        "--clients",
+        "2",
+        "--rounds",
+        "1",
+        "--quiet",
+        "--set",
+        "own.student=lenett",
+    ]
+    assert main([*argv, "--out", str(tmp_path), "--name", "a"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "own.student names an unknown model 'lenett'; did you mean 'lenet5'?" in line
+    assert not (tmp_path / "a").exists()
