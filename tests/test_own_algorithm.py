@@ -1,5 +1,6 @@
 """What a researcher's own algorithm gets from the run's checks by declaring it, without writing the check:
-a misspelt model in an option its `model_keys` names is named clearly, not as a model of another task."""
+a misspelt model in an option its `model_keys` names, and a registration that names a key that does not
+exist, are each named clearly instead of surfacing as a misleading message or a traceback."""
 
 import dataclasses
 from dataclasses import dataclass
@@ -54,3 +55,26 @@ def test_a_misspelt_model_in_an_own_algorithms_model_key_is_named_as_unknown(
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert "own.student names an unknown model 'lenett'; did you mean 'lenet5'?" in line
     assert not (tmp_path / "a").exists()
+
+
+def test_registering_an_unused_key_that_is_no_common_key_names_it(restore_registry):
+    with pytest.raises(
+        ValueError, match=r"own: unused_keys names 'fractoin', not a common key; did you mean 'fraction'"
+    ):
+        register(_fedavg_with(unused_keys={"fractoin": "every site trains every round"}))
+    assert "own" not in ALGORITHMS
+
+
+def test_registering_a_model_key_that_is_no_option_names_it(restore_registry):
+    @dataclass(frozen=True)
+    class Misspelt:
+        """Its model_keys names an option it does not have."""
+
+        student: str = ""
+        """The student's model."""
+
+        model_keys: ClassVar[str] = "studnet"
+
+    with pytest.raises(ValueError, match=r"own: Misspelt.model_keys names 'studnet', not one of its options"):
+        register(_fedavg_with(Misspelt))
+    assert "own" not in ALGORITHMS
