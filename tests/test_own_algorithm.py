@@ -78,3 +78,12 @@ def test_registering_a_model_key_that_is_no_option_names_it(restore_registry):
     with pytest.raises(ValueError, match=r"own: Misspelt.model_keys names 'studnet', not one of its options"):
         register(_fedavg_with(Misspelt))
     assert "own" not in ALGORITHMS
+
+
+def test_a_handler_for_a_message_type_no_message_may_have_is_refused_where_it_is_declared():
+    from fedistill.errors import FederationError
+    from fedistill.federation.client import handles
+
+    with pytest.raises(FederationError, match=r"@handles\('mystep'\): a message type is 'train', 'evaluate'"):
+        handles("mystep")
+    assert handles("query.logits") and handles("train")
