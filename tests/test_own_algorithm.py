@@ -87,3 +87,16 @@ def test_a_handler_for_a_message_type_no_message_may_have_is_refused_where_it_is
     with pytest.raises(FederationError, match=r"@handles\('mystep'\): a message type is 'train', 'evaluate'"):
         handles("mystep")
     assert handles("query.logits") and handles("train")
+
+
+def test_an_unknown_algorithm_with_no_close_name_says_how_an_own_one_is_registered():
+    from fedistill.errors import UserError
+
+    with pytest.raises(
+        UserError, match=r"unknown algorithm 'toy-avg'.*registered by importing its module"
+    ) as exc:
+        get_algorithm("toy-avg")
+    assert "did you mean" not in str(exc.value)
+    with pytest.raises(UserError, match=r"did you mean 'fedavg'\?") as exc:
+        get_algorithm("fedavgg")
+    assert "importing" not in str(exc.value)  # a typo needs no lecture
