@@ -100,3 +100,32 @@ def test_an_unknown_algorithm_with_no_close_name_says_how_an_own_one_is_register
     with pytest.raises(UserError, match=r"did you mean 'fedavg'\?") as exc:
         get_algorithm("fedavgg")
     assert "importing" not in str(exc.value)  # a typo needs no lecture
+
+
+def test_a_task_no_algorithm_runs_on_says_so_and_where_methods_name_their_tasks(
+    tmp_path, capsys, monkeypatch
+):
+    """A new task runs no method until the methods name it; the refusal listed 'algorithms for it: ' and
+    nothing after it."""
+    from fedistill.data.catalog import DATASETS, DatasetEntry
+    from fedistill.data.digits import load_digits_dataset
+    from fedistill.tasks import TASKS
+    from fedistill.tasks.classification import Classification
+
+    @dataclass(frozen=True)
+    class Smooth(Classification):
+        """Classification under another name."""
+
+        name: ClassVar[str] = "smooth-classification"
+
+    def load(folder, download, verify, **options):
+        data = load_digits_dataset()
+        return dataclasses.replace(data, info=dataclasses.replace(data.info, task=Smooth.name))
+
+    monkeypatch.setitem(TASKS, Smooth.name, Smooth)
+    monkeypatch.setitem(DATASETS, "smooth-digits", DatasetEntry(None, load, lambda folder: "no files"))
+    argv = ["run", "--dataset", "smooth-digits", "--algorithm", "fedavg", "--clients", "2", "--rounds", "1"]
+    assert main([*argv, "--quiet", "--out", str(tmp_path), "--name", "a"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "is a smooth-classification task, which no registered algorithm runs on" in line
+    assert "Algorithm.tasks" in line and "algorithms for it: ;" not in line and not line.endswith(": ")

@@ -245,9 +245,15 @@ def validate_setup(config: RunConfig) -> Prepared:
         resolved = resolve(config, name)
         algorithm, model = resolved.algorithm, resolved.config.model
         if task.name not in algorithm.tasks:
+            fitting = for_task(task.name)
+            runs_there = (
+                f"algorithms for it: {', '.join(fitting)}"
+                if fitting
+                else "which no registered algorithm runs on (a method names its tasks in Algorithm.tasks)"
+            )
             raise ConfigError(
                 f"{name} runs on {', '.join(algorithm.tasks)} only, and dataset {config.dataset!r} is a "
-                f"{task.name} task; algorithms for it: {', '.join(for_task(task.name))}"
+                f"{task.name} task{'; ' if fitting else ', '}{runs_there}"
             )
         if model not in model_names(task.name):
             raise ConfigError(
