@@ -147,6 +147,15 @@ def test_example_algorithm_runs_on_digits(tmp_path, example_algorithm):
     assert sent_up == {"parameters", "metrics"}
 
 
+def test_example_refuses_the_common_key_the_guide_says_it_never_reads(example_algorithm):
+    from fedistill.engine.setup import validate_setup
+    from fedistill.errors import ConfigError
+
+    config = build_config(RunConfig(), {"algorithm": "trimmed-mean", "trimmed-mean": {"fraction": 0.5}})
+    with pytest.raises(ConfigError, match=r"trimmed-mean\.fraction is not used by trimmed-mean: every"):
+        validate_setup(config)
+
+
 def test_example_trimmed_mean_is_the_median_at_one_half(example_algorithm):
     import torch
 

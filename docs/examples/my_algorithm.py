@@ -131,5 +131,7 @@ ALGORITHM = register(
         TrimmedMeanClient,
         TrimmedMeanServer,
         TrimmedMeanOptions,
+        # the common keys it never reads, with what decides instead: `[trimmed-mean] fraction` is refused
+        unused_keys={"fraction": "every client trains every round; none is sampled out"},
     )
 )

@@ -6,9 +6,10 @@ server from public facts only (`ServerContext`); the two halves meet only throug
 
 from __future__ import annotations
 
+import difflib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -152,9 +153,30 @@ ALGORITHMS: dict[str, Algorithm] = {}
 
 
 def register(algorithm: Algorithm) -> Algorithm:
-    """Add `algorithm` to the registry under its name (a later one of the same name replaces it)."""
+    """Add `algorithm` to the registry under its name (a later one of the same name replaces it), once the
+    keys it declares exist: a misspelt one would otherwise fail mid-setup as an AttributeError."""
+    check_declared_keys(algorithm)
     ALGORITHMS[algorithm.name] = algorithm
     return algorithm
+
+
+def check_declared_keys(algorithm: Algorithm) -> None:
+    """ValueError unless each of `unused_keys` is a common key and each of the options' `model_keys` one of
+    its options, naming the key and the closest valid one."""
+    common = [name for name in RunConfig.__dataclass_fields__ if name != "options"]
+    for key in algorithm.unused_keys:
+        if key not in common:
+            close = difflib.get_close_matches(key, common, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"{algorithm.name}: unused_keys names {key!r}, not a common key{hint}")
+    options = algorithm.options
+    names = [item.name for item in fields(options)] if is_dataclass(options) else []
+    for key in str(getattr(options, "model_keys", "")).split():
+        if key not in names:
+            raise ValueError(
+                f"{algorithm.name}: {options.__name__}.model_keys names {key!r}, not one of its options "
+                f"({', '.join(names) or 'none'})"
+            )
 
 
 def model_cycle(names: str, default: str, *, key: str) -> list[str]:

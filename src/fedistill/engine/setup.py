@@ -17,7 +17,7 @@ import torch
 from fedistill import devices
 from fedistill.algorithms.base import Algorithm, ClientContext
 from fedistill.algorithms.registry import algorithm_names, for_task, get_algorithm
-from fedistill.algorithms.shared.option_checks import named_models
+from fedistill.algorithms.shared.option_checks import check_model_names, named_models
 from fedistill.algorithms.shared.training import task_of
 from fedistill.config import RunConfig, for_algorithm, options_for
 from fedistill.data.base import LoadedDataset
@@ -204,6 +204,8 @@ def check_models(resolved: Resolved) -> None:
     norm, options = None if own.norm == "auto" else own.norm, own.options.get("model_options")
     check_model_norm(own.model, norm)
     check_model_options(own.model, options)
+    # a misspelt name is unknown, not "of another task", whether or not the options' validate checked it
+    check_model_names(resolved.algorithm.name, resolved.options, getattr(resolved.options, "model_keys", ""))
     for key, model in named_models(resolved.options):
         try:
             check_model_norm(model, norm)
@@ -243,9 +245,15 @@ def validate_setup(config: RunConfig) -> Prepared:
         resolved = resolve(config, name)
         algorithm, model = resolved.algorithm, resolved.config.model
         if task.name not in algorithm.tasks:
+            fitting = for_task(task.name)
+            runs_there = (
+                f"algorithms for it: {', '.join(fitting)}"
+                if fitting
+                else "which no registered algorithm runs on (a method names its tasks in Algorithm.tasks)"
+            )
             raise ConfigError(
                 f"{name} runs on {', '.join(algorithm.tasks)} only, and dataset {config.dataset!r} is a "
-                f"{task.name} task; algorithms for it: {', '.join(for_task(task.name))}"
+                f"{task.name} task{'; ' if fitting else ', '}{runs_there}"
             )
         if model not in model_names(task.name):
             raise ConfigError(

@@ -13,14 +13,20 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, ClassVar
 
 from fedistill.errors import FederationError
-from fedistill.federation.messages import Message
+from fedistill.federation.messages import Message, is_message_type
 
 Handler = Callable[[Any, Message], Message]
 
 
 def handles(message_type: str, *, read_only: bool = False) -> Callable[[Handler], Handler]:
     """Mark a handler; `read_only=True` promises it leaves `state_dict()` unchanged, so a transport
-    that persists client state between messages (Flower deployment) can skip the write."""
+    that persists client state between messages (Flower deployment) can skip the write. A type no message
+    may have is refused here, where it is written, not when the first request fails mid-run."""
+    if not is_message_type(message_type):
+        raise FederationError(
+            f"@handles({message_type!r}): a message type is 'train', 'evaluate' or 'query', optionally "
+            "followed by '.<action>' ('query.logits')"
+        )
 
     def mark(method: Handler) -> Handler:
         method.__handles__ = message_type  # type: ignore[attr-defined]

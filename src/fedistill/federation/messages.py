@@ -210,9 +210,14 @@ def _scalar_bytes(value: Scalar) -> int:
     return len(value.encode("utf-8")) if isinstance(value, str) else 8
 
 
+def is_message_type(text: object) -> bool:
+    """Whether `text` may be a message's type: `train`, `evaluate` or `query`, optionally `.<action>`."""
+    return isinstance(text, str) and _TYPE_PATTERN.fullmatch(text) is not None
+
+
 def check_structure(message: Message) -> None:
     """The checks every message passes on creation and on receipt, whatever its type."""
-    if not isinstance(message.type, str) or not _TYPE_PATTERN.fullmatch(message.type):
+    if not is_message_type(message.type):
         raise FederationError(f"message type {message.type!r} is not 'train', 'evaluate' or 'query.<action>'")
     for kind, named in message.arrays.items():
         _check_kind(kind, message.type)

@@ -1,0 +1,131 @@
+"""What a researcher's own algorithm gets from the run's checks by declaring it, without writing the check:
+a misspelt model in an option its `model_keys` names, and a registration that names a key that does not
+exist, are each named clearly instead of surfacing as a misleading message or a traceback."""
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+
+from fedistill.algorithms.base import ALGORITHMS, Algorithm, register
+from fedistill.algorithms.registry import get_algorithm
+from fedistill.cli import main
+
+
+@dataclass(frozen=True)
+class StudentOptions:
+    """An options class that names a model and checks nothing itself."""
+
+    student: str = ""
+    """The student's model ('' = the run's model)."""
+
+    model_keys: ClassVar[str] = "student"
+
+
+@pytest.fixture
+def restore_registry():
+    before = dict(ALGORITHMS)
+    yield
+    ALGORITHMS.clear()
+    ALGORITHMS.update(before)
+
+
+def _fedavg_with(options: type = StudentOptions, **changes) -> Algorithm:
+    return dataclasses.replace(get_algorithm("fedavg"), name="own", options=options, **changes)
+
+
+def test_a_misspelt_model_in_an_own_algorithms_model_key_is_named_as_unknown(
+    tmp_path, capsys, restore_registry
+):
+    register(_fedavg_with())
+    argv = [
+        "run",
+        "--algorithm",
+        "own",
+        "--clients",
+        "2",
+        "--rounds",
+        "1",
+        "--quiet",
+        "--set",
+        "own.student=lenett",
+    ]
+    assert main([*argv, "--out", str(tmp_path), "--name", "a"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "own.student names an unknown model 'lenett'; did you mean 'lenet5'?" in line
+    assert not (tmp_path / "a").exists()
+
+
+def test_registering_an_unused_key_that_is_no_common_key_names_it(restore_registry):
+    with pytest.raises(
+        ValueError, match=r"own: unused_keys names 'fractoin', not a common key; did you mean 'fraction'"
+    ):
+        register(_fedavg_with(unused_keys={"fractoin": "every site trains every round"}))
+    assert "own" not in ALGORITHMS
+
+
+def test_registering_a_model_key_that_is_no_option_names_it(restore_registry):
+    @dataclass(frozen=True)
+    class Misspelt:
+        """Its model_keys names an option it does not have."""
+
+        student: str = ""
+        """The student's model."""
+
+        model_keys: ClassVar[str] = "studnet"
+
+    with pytest.raises(ValueError, match=r"own: Misspelt.model_keys names 'studnet', not one of its options"):
+        register(_fedavg_with(Misspelt))
+    assert "own" not in ALGORITHMS
+
+
+def test_a_handler_for_a_message_type_no_message_may_have_is_refused_where_it_is_declared():
+    from fedistill.errors import FederationError
+    from fedistill.federation.client import handles
+
+    with pytest.raises(FederationError, match=r"@handles\('mystep'\): a message type is 'train', 'evaluate'"):
+        handles("mystep")
+    assert handles("query.logits") and handles("train")
+
+
+def test_an_unknown_algorithm_with_no_close_name_says_how_an_own_one_is_registered():
+    from fedistill.errors import UserError
+
+    with pytest.raises(
+        UserError, match=r"unknown algorithm 'toy-avg'.*registered by importing its module"
+    ) as exc:
+        get_algorithm("toy-avg")
+    assert "did you mean" not in str(exc.value)
+    with pytest.raises(UserError, match=r"did you mean 'fedavg'\?") as exc:
+        get_algorithm("fedavgg")
+    assert "importing" not in str(exc.value)  # a typo needs no lecture
+
+
+def test_a_task_no_algorithm_runs_on_says_so_and_where_methods_name_their_tasks(
+    tmp_path, capsys, monkeypatch
+):
+    """A new task runs no method until the methods name it; the refusal listed 'algorithms for it: ' and
+    nothing after it."""
+    from fedistill.data.catalog import DATASETS, DatasetEntry
+    from fedistill.data.digits import load_digits_dataset
+    from fedistill.tasks import TASKS
+    from fedistill.tasks.classification import Classification
+
+    @dataclass(frozen=True)
+    class Smooth(Classification):
+        """Classification under another name."""
+
+        name: ClassVar[str] = "smooth-classification"
+
+    def load(folder, download, verify, **options):
+        data = load_digits_dataset()
+        return dataclasses.replace(data, info=dataclasses.replace(data.info, task=Smooth.name))
+
+    monkeypatch.setitem(TASKS, Smooth.name, Smooth)
+    monkeypatch.setitem(DATASETS, "smooth-digits", DatasetEntry(None, load, lambda folder: "no files"))
+    argv = ["run", "--dataset", "smooth-digits", "--algorithm", "fedavg", "--clients", "2", "--rounds", "1"]
+    assert main([*argv, "--quiet", "--out", str(tmp_path), "--name", "a"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "is a smooth-classification task, which no registered algorithm runs on" in line
+    assert "Algorithm.tasks" in line and "algorithms for it: ;" not in line and not line.endswith(": ")
