@@ -129,3 +129,53 @@ def test_a_task_no_algorithm_runs_on_says_so_and_where_methods_name_their_tasks(
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert "is a smooth-classification task, which no registered algorithm runs on" in line
     assert "Algorithm.tasks" in line and "algorithms for it: ;" not in line and not line.endswith(": ")
+
+
+def test_an_algorithm_an_installed_package_declares_is_registered_in_every_process(tmp_path, monkeypatch):
+    """The entry-point group `fedistill.algorithms` is imported with the registry, so the command line and
+    Flower's node processes know an algorithm of one's own without importing it themselves."""
+    import os
+    import subprocess
+    import sys
+    from importlib.metadata import EntryPoint
+
+    from fedistill.algorithms import registry
+    from fedistill.errors import UserError
+
+    (tmp_path / "plugin_avg.py").write_text(
+        "from fedistill.algorithms.base import register\n"
+        "from fedistill.algorithms.registry import get_algorithm\n"
+        "fedavg = get_algorithm('fedavg')\n"
+        "register(type(fedavg)('plugin-avg', 'FedAvg under another name', fedavg.client, fedavg.server,\n"
+        "                      fedavg.options))\n"
+    )
+    (tmp_path / "broken_plugin.py").write_text("raise RuntimeError('its own bug')\n")
+    points = [
+        EntryPoint("plugin-avg", "plugin_avg", registry.PLUGIN_GROUP),
+        EntryPoint("broken", "broken_plugin", registry.PLUGIN_GROUP),
+    ]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(
+        registry, "entry_points", lambda group: points if group == registry.PLUGIN_GROUP else []
+    )
+    monkeypatch.setattr(registry, "PLUGIN_ERRORS", {})
+    monkeypatch.delitem(ALGORITHMS, "plugin-avg", raising=False)
+    registry.load_plugins()
+    try:
+        assert registry.get_algorithm("plugin-avg").server is ALGORITHMS["fedavg"].server
+        broken = r"'broken' is declared by an installed package, but broken_plugin failed to import"
+        with pytest.raises(UserError, match=broken + r" \(RuntimeError: its own bug\)"):
+            registry.get_algorithm("broken")
+        assert registry.get_algorithm("fedavg")  # the others still run
+    finally:
+        ALGORITHMS.pop("plugin-avg", None)
+    # a real installed declaration: a fresh process (as a Flower node is) finds it by the registry alone
+    dist = tmp_path / "site" / "plugin_avg-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: plugin-avg\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[{registry.PLUGIN_GROUP}]\nplugin-avg = plugin_avg\n")
+    (tmp_path / "site" / "plugin_avg.py").write_text((tmp_path / "plugin_avg.py").read_text())
+    code = "from fedistill.algorithms.registry import get_algorithm; print(get_algorithm('plugin-avg').name)"
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}:{':'.join(sys.path)}"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "plugin-avg"

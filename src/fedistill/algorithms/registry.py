@@ -1,27 +1,56 @@
 """Every algorithm by name. Importing this module imports each family, whose modules register their
-algorithms (`base.register`); lookups go through here so that the registry is always complete."""
+algorithms (`base.register`), and every module an installed package declares in the entry-point group
+`fedistill.algorithms`; lookups go through here so that the registry is always complete.
+
+The entry points are what lets an algorithm of one's own run from the command line, resume, and run on
+Flower, whose nodes build their client logic in processes of their own: each of them imports the registry,
+and with it the declared modules."""
 
 from __future__ import annotations
 
 import difflib
+import logging
+from importlib.metadata import entry_points
 
 from fedistill.algorithms import classic, feddf, fediod, fedmd, fedmdcg, medical, one_shot  # noqa: F401
 from fedistill.algorithms.base import ALGORITHMS, Algorithm
 from fedistill.errors import UserError, unknown_name
 
-__all__ = ["ALGORITHMS", "algorithm_names", "for_task", "get_algorithm"]
+__all__ = ["ALGORITHMS", "PLUGIN_GROUP", "algorithm_names", "for_task", "get_algorithm", "load_plugins"]
+
+log = logging.getLogger("fedistill")
+
+#: The entry-point group whose modules register algorithms when imported (a package's pyproject.toml:
+#: `[project.entry-points."fedistill.algorithms"] my-method = "my_package.my_method"`)
+PLUGIN_GROUP = "fedistill.algorithms"
+#: Entry points whose module failed to import: their name -> why, said when that name is asked for
+PLUGIN_ERRORS: dict[str, str] = {}
+
+
+def load_plugins() -> None:
+    """Import each module declared in `PLUGIN_GROUP`; one that fails is logged and remembered, so the
+    other algorithms still run and asking for the broken one says why it is missing."""
+    for point in entry_points(group=PLUGIN_GROUP):
+        try:
+            point.load()
+        except Exception as exc:  # a plugin's own bug must not take every other algorithm down with it
+            PLUGIN_ERRORS[point.name] = f"{point.value} failed to import ({type(exc).__name__}: {exc})"
+            log.warning("algorithm plugin %r: %s", point.name, PLUGIN_ERRORS[point.name])
 
 
 def get_algorithm(name: str) -> Algorithm:
     """The algorithm registered as `name`; a UserError with the closest name when none is, else with how one's
     own algorithm gets here (a name nothing resembles is most often one whose module was never imported)."""
+    if name not in ALGORITHMS and name in PLUGIN_ERRORS:
+        raise UserError(f"algorithm {name!r} is declared by an installed package, but {PLUGIN_ERRORS[name]}")
     if name not in ALGORITHMS:
         error = unknown_name("algorithm", name, sorted(ALGORITHMS))
         if difflib.get_close_matches(str(name), list(ALGORITHMS), n=1):
             raise error
         raise UserError(
-            f"{error}; an algorithm of your own is registered by importing its module, in every process "
-            "that runs it (see the guide 'Write an algorithm')"
+            f"{error}; an algorithm of your own is registered by importing its module, or in every process "
+            f"(the command line, Flower's nodes) by declaring it in the entry-point group {PLUGIN_GROUP!r} "
+            "of an installed package (see the guide 'Write an algorithm')"
         )
     return ALGORITHMS[name]
 
@@ -34,3 +63,7 @@ def for_task(task: str) -> list[str]:
 def algorithm_names() -> list[str]:
     """Every registered algorithm's name, sorted."""
     return sorted(ALGORITHMS)
+
+
+# last, so that a plugin may import this module's names (get_algorithm, to build on a built-in method)
+load_plugins()
