@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "fedistill"
 GROUND = {"errors", "devices", "seeding", "interrupt", "config", "plots", "federation", "version"}
 GROUND |= {"machine"}  # which CPU, kernel path and GPU a run's numbers came from
 GROUND |= {"disk", "checksums"}  # atomic writes, and the sha256 manifests that verify them
+GROUND |= {"plugins"}  # the modules installed packages declare (their algorithms, datasets)
 LIBRARY = {"data", "models", "metrics", "tasks", "privacy", "algorithms", "analysis"}
 BELOW_ENGINE = GROUND | LIBRARY | {"transports"}
 #: What each top-level module or package of fedistill may import, besides itself.
@@ -25,6 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "checksums": set(),
     "plots": {"disk"},
     "interrupt": set(),
+    "plugins": set(),
     "devices": {"errors"},
     "machine": {"devices"},
     "seeding": {"errors", "devices"},

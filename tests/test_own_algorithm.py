@@ -139,6 +139,7 @@ def test_an_algorithm_an_installed_package_declares_is_registered_in_every_proce
     import sys
     from importlib.metadata import EntryPoint
 
+    from fedistill import plugins
     from fedistill.algorithms import registry
     from fedistill.errors import UserError
 
@@ -156,7 +157,7 @@ def test_an_algorithm_an_installed_package_declares_is_registered_in_every_proce
     ]
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(
-        registry, "entry_points", lambda group: points if group == registry.PLUGIN_GROUP else []
+        plugins, "entry_points", lambda group: points if group == registry.PLUGIN_GROUP else []
     )
     monkeypatch.setattr(registry, "PLUGIN_ERRORS", {})
     monkeypatch.delitem(ALGORITHMS, "plugin-avg", raising=False)
@@ -179,3 +180,35 @@ def test_an_algorithm_an_installed_package_declares_is_registered_in_every_proce
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}:{':'.join(sys.path)}"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "plugin-avg"
+
+
+def test_a_dataset_an_installed_package_declares_is_known_in_a_fresh_process(tmp_path):
+    """The entry-point group `fedistill.datasets` is imported with the dataset registry, as a Flower node's
+    process does; a declared module that fails to import is named when its dataset is asked for."""
+    import os
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    dist = site / "my_scans-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-scans\nVersion: 1.0\n")
+    declared = "[fedistill.datasets]\nmy-digits = my_digits\nbroken = broken_scans\n"
+    (dist / "entry_points.txt").write_text(declared)
+    (site / "my_digits.py").write_text(
+        "from fedistill.data.catalog import DATASETS\nDATASETS['my-digits'] = DATASETS['digits']\n"
+    )
+    (site / "broken_scans.py").write_text("raise ImportError('no scanner driver')\n")
+    code = (
+        "from fedistill.data.registry import canonical_dataset_name\n"
+        "print(canonical_dataset_name('my-digits'))\n"
+        "try:\n    canonical_dataset_name('broken')\nexcept Exception as exc:\n    print(exc)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    found, broken = out.stdout.strip().splitlines()
+    assert found == "my-digits"
+    assert broken == (
+        "dataset 'broken' is declared by an installed package, but broken_scans failed to import "
+        "(ImportError: no scanner driver)"
+    )

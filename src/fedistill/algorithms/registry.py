@@ -9,16 +9,13 @@ and with it the declared modules."""
 from __future__ import annotations
 
 import difflib
-import logging
-from importlib.metadata import entry_points
 
 from fedistill.algorithms import classic, feddf, fediod, fedmd, fedmdcg, medical, one_shot  # noqa: F401
 from fedistill.algorithms.base import ALGORITHMS, Algorithm
 from fedistill.errors import UserError, unknown_name
+from fedistill.plugins import import_declared
 
 __all__ = ["ALGORITHMS", "PLUGIN_GROUP", "algorithm_names", "for_task", "get_algorithm", "load_plugins"]
-
-log = logging.getLogger("fedistill")
 
 #: The entry-point group whose modules register algorithms when imported (a package's pyproject.toml:
 #: `[project.entry-points."fedistill.algorithms"] my-method = "my_package.my_method"`)
@@ -28,14 +25,8 @@ PLUGIN_ERRORS: dict[str, str] = {}
 
 
 def load_plugins() -> None:
-    """Import each module declared in `PLUGIN_GROUP`; one that fails is logged and remembered, so the
-    other algorithms still run and asking for the broken one says why it is missing."""
-    for point in entry_points(group=PLUGIN_GROUP):
-        try:
-            point.load()
-        except Exception as exc:  # a plugin's own bug must not take every other algorithm down with it
-            PLUGIN_ERRORS[point.name] = f"{point.value} failed to import ({type(exc).__name__}: {exc})"
-            log.warning("algorithm plugin %r: %s", point.name, PLUGIN_ERRORS[point.name])
+    """Import each module declared in `PLUGIN_GROUP` (`plugins.import_declared`), remembering which failed."""
+    PLUGIN_ERRORS.update(import_declared(PLUGIN_GROUP))
 
 
 def get_algorithm(name: str) -> Algorithm:

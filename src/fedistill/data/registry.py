@@ -17,6 +17,12 @@ from pathlib import Path
 from fedistill.data.base import LoadedDataset
 from fedistill.data.catalog import ALIASES, DATASETS
 from fedistill.errors import ConfigError, DataError, UserError, unknown_name
+from fedistill.plugins import import_declared
+
+#: The entry-point group whose modules add datasets to `DATASETS` when imported (a package's pyproject.toml:
+#: `[project.entry-points."fedistill.datasets"] my-scans = "my_package.my_scans"`), so that every process
+#: (the command line, Flower's nodes) knows them
+PLUGIN_GROUP = "fedistill.datasets"
 
 
 def dataset_names() -> list[str]:
@@ -33,6 +39,8 @@ def canonical_dataset_name(name: str) -> str:
     key = ALIASES.get(key, key)
     if key in DATASETS:
         return key
+    if key in PLUGIN_ERRORS:
+        raise UserError(f"dataset {key!r} is declared by an installed package, but {PLUGIN_ERRORS[key]}")
     raise unknown_name("dataset", name, list(DATASETS))
 
 
@@ -94,3 +102,8 @@ def load_dataset(
         )
     root = Path(data_dir).expanduser()
     return entry.load(root / entry.subdir if entry.subdir else root, download, verify, **options)
+
+
+#: Declared dataset modules that failed to import: their name -> why (imported last, so that such a module
+#: may use this module's names)
+PLUGIN_ERRORS: dict[str, str] = import_declared(PLUGIN_GROUP)
