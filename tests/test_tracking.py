@@ -359,3 +359,20 @@ def test_a_new_run_in_the_folder_of_one_that_never_did_work_gets_an_mlflow_run_o
     run = client.get_run(record["run_id"])
     assert run.info.status == "FINISHED" and run.data.params["lr"] == "0.05"
     assert client.get_run(failed).info.status == "KILLED"
+
+
+def test_a_tracking_server_whose_certificate_the_probe_cannot_verify_counts_as_reachable(monkeypatch):
+    """The probe verifies TLS with the system's certificates only, while MLflow's client also trusts
+    MLFLOW_TRACKING_SERVER_CERT_PATH, REQUESTS_CA_BUNDLE or MLFLOW_TRACKING_INSECURE_TLS: a server behind a
+    private certificate answered, and was refused as one that does not."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    from fedistill.engine.tracking_mlflow import check_reachable
+
+    def untrusted(*args, **kwargs):
+        raise urllib.error.URLError(ssl.SSLCertVerificationError(1, "certificate verify failed"))
+
+    monkeypatch.setattr(urllib.request, "urlopen", untrusted)
+    check_reachable("https://tracking.example:5000")

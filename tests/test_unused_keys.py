@@ -130,3 +130,26 @@ def _write(path: Path, layers: dict) -> Path:
 
     path.write_text(tomli_w.dumps(layers))
     return path
+
+
+def test_a_run_folder_from_before_the_refusal_still_resumes_and_loads(tmp_path, monkeypatch, caplog):
+    """A run begun before unused keys were refused, with one in its algorithm's table, could not resume:
+    its config.toml was refused, and removing the key changed the settings its checkpoint was written under.
+    It resumes with a warning, and its algorithm's config still resolves (for inference, a model card)."""
+    from algorithm_helpers import run_until_crash
+    from fedistill.algorithms.fedmd.fedkd import FedKDServer
+    from fedistill.engine import setup
+    from fedistill.engine.launch import resume_suite
+
+    config = build_config(
+        RunConfig(),
+        {"algorithm": "fedkd", "clients": 2, "rounds": 2, "model": "mlp", "stage1_cache": False},
+        {"fedkd": {**TINY["fedkd"], "local_epochs": 3}},
+    )
+    with monkeypatch.context() as older_code:  # the code that began the run did not refuse it
+        older_code.setattr(setup, "refuse_unused", lambda *args, **kwargs: None)
+        run_until_crash(config, FedKDServer, tmp_path, crash_round=2)
+    assert setup.resolve(config, "fedkd").config.local_epochs == 3
+    with caplog.at_level(logging.WARNING):
+        assert resume_suite(tmp_path, progress=False)[0]["rounds_done"] == 2
+    assert "fedkd.local_epochs is not used by fedkd" in caplog.text

@@ -29,7 +29,7 @@ def run_suite(
     transport. The setup is validated before anything is written (`validate_setup`, or the caller
     passes the `data` it validated)."""
     config = canonical_dataset(config)  # config.toml and the summaries name the dataset one way
-    data = validate_setup(config) if data is None else data
+    data = validate_setup(config, resume=resume) if data is None else data
     if config.transport == "flower":
         try:
             from fedistill.engine.flower.simulation import run_simulation_suite
@@ -87,7 +87,7 @@ def continue_suite(
     config = read_config(suite_dir / "config.toml")
     if device is not None:
         config = config.replace(device=device)
-    data = validate_setup(config)
+    data = validate_setup(config, resume=True)
     if started is not None:
         started(suite_dir)
     with folder.locked(suite_dir):

@@ -45,20 +45,24 @@ class Resolved:
 def resolve(config: RunConfig, name: str) -> Resolved:
     """The one place a run's algorithm name becomes an algorithm, a config and options."""
     algorithm = get_algorithm(name)
-    refuse_unused(config, algorithm)
     own = for_algorithm(config, name)
     return Resolved(algorithm, own, options_for(own, name, algorithm.options))
 
 
-def refuse_unused(config: RunConfig, algorithm: Algorithm) -> None:
+def refuse_unused(config: RunConfig, algorithm: Algorithm, *, resume: bool = False) -> None:
     """A common key set in the algorithm's own table that it never reads (`Algorithm.unused_keys`) is a
-    mistake: the user meant it for this algorithm, and it would change nothing."""
+    mistake: the user meant it for this algorithm, and it would change nothing. A resume only warns: a run
+    begun before the refusal ran with the key ignored, and removing it would change its recorded settings."""
     name, table = algorithm.name, config.options.get(algorithm.name, {})
     for key, why in algorithm.unused_keys.items():
         if key in table:
+            message = f"{name}.{key} is not used by {name}: {why.format(name=name)}"
+            if resume:
+                log.warning("%s; it stays ignored, as when the run began", message)
+                continue
             raise ConfigError(
-                f"{name}.{key} is not used by {name}: {why.format(name=name)}; remove it from [{name}] "
-                f"(a top-level {key} still serves the run's other algorithms)"
+                f"{message}; remove it from [{name}] (a top-level {key} still serves the run's other "
+                "algorithms)"
             )
 
 
@@ -170,10 +174,10 @@ def validation_mode(config: RunConfig, per_pixel: bool) -> str:
     return "subjects" if per_pixel and config.partition == "natural" else "random"
 
 
-def check_sections(config: RunConfig) -> None:
+def check_sections(config: RunConfig, *, resume: bool = False) -> None:
     """Every config table is an algorithm's, the dataset's or one of NON_ALGORITHM_SECTIONS, and every
     algorithm table is valid for its algorithm, whether or not it runs (a typo in another table is still a
-    typo)."""
+    typo); `resume` only warns of a key the algorithm never reads (`refuse_unused`)."""
     config = canonical_dataset(config)
     algorithms = set(algorithm_names())
     for section in config.options:
@@ -192,6 +196,7 @@ def check_sections(config: RunConfig) -> None:
                 f"unknown config table [{section}]{hint}; tables are algorithm names, the dataset's "
                 f"name, [partition_options], [task] or [model_options] (valid: {', '.join(valid)})"
             )
+        refuse_unused(config, get_algorithm(section), resume=resume)
         check_models(resolve(config, section))  # a table of an algorithm this run does not start, too
 
 
@@ -223,11 +228,12 @@ def check_algorithm(resolved: Resolved) -> None:
         check_run(resolved.config)
 
 
-def validate_setup(config: RunConfig) -> Prepared:
+def validate_setup(config: RunConfig, *, resume: bool = False) -> Prepared:
     """Everything a user's input can get wrong, checked before a run writes anything: names, config
-    tables, every running algorithm's options, its models, the dataset files and the partition."""
+    tables, every running algorithm's options, its models, the dataset files and the partition; `resume`:
+    the config of a run folder (a mistake it already ran with may only be warned of)."""
     config = canonical_dataset(config)
-    check_sections(config)
+    check_sections(config, resume=resume)
     devices.resolve(config.device)  # a device this machine lacks is a mistake named before any work
     trackers_for(config)  # a tracker whose package is missing, too
     note_unused(config)

@@ -54,7 +54,10 @@ PROBE_TIMEOUT_S = 10.0
 def check_reachable(uri: str) -> None:
     """ConfigError at once when an http(s) tracking server cannot be reached at all (refused, unknown host,
     no answer within PROBE_TIMEOUT_S): MLflow's own client would retry for minutes before saying so. Any
-    HTTP answer, even an error status (a proxy, a server without /health), counts as reachable."""
+    HTTP answer, even an error status (a proxy, a server without /health), counts as reachable, and so does a
+    TLS failure: the server answered, and MLflow's client may trust a certificate this probe does not
+    (MLFLOW_TRACKING_SERVER_CERT_PATH, REQUESTS_CA_BUNDLE, MLFLOW_TRACKING_INSECURE_TLS)."""
+    import ssl
     import urllib.error
     import urllib.request
 
@@ -66,6 +69,8 @@ def check_reachable(uri: str) -> None:
         return
     except (urllib.error.URLError, OSError) as exc:
         why = getattr(exc, "reason", exc)
+        if isinstance(why, ssl.SSLError) or isinstance(exc, ssl.SSLError):
+            return
         raise ConfigError(
             f"track = mlflow: {uri} does not answer ({why}); start the tracking server, or set "
             "MLFLOW_TRACKING_URI to one that runs (unset: a file store beside the runs)"

@@ -41,19 +41,22 @@ def check_model_names(section: str, options: object, keys: str) -> None:
     model): a misspelt one is refused with the options, before the run writes anything, not when a site
     first builds its model."""
     known = model_names()
-    for key in keys.split():
-        for name in (part.strip() for part in str(getattr(options, key)).split(",")):
-            if name and name not in known:
-                raise ConfigError(f"{section}.{key} names an {unknown_name('model', name, known)}")
+    for key, name in _models_of(options, keys):
+        if name not in known:
+            raise ConfigError(f"{section}.{key} names an {unknown_name('model', name, known)}")
 
 
 def named_models(options: object) -> list[tuple[str, str]]:
     """(key, model) for each model the options' `model_keys` name, in order ("" = the run's model, left
     out): what the run checks against its task before it writes anything."""
-    keys = str(getattr(options, "model_keys", "")).split()
+    return _models_of(options, str(getattr(options, "model_keys", "")))
+
+
+def _models_of(options: object, keys: str) -> list[tuple[str, str]]:
+    """(key, model) for each model the space-separated option `keys` name as a comma list, "" left out."""
     return [
         (key, name)
-        for key in keys
+        for key in keys.split()
         for name in (part.strip() for part in str(getattr(options, key)).split(","))
         if name
     ]

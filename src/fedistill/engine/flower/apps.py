@@ -152,7 +152,7 @@ def make_server_app(
                 run_config.name or default_name(run_config)
             )
             run_config = run_config.replace(transport="flower")
-            data = validate_setup(run_config)
+            data = validate_setup(run_config, resume=resume)
             enrolment_file = enrolment or (enrolment_from_environment() if read_environment else None)
             grid = enrolled(grid, enrolment_file, run_config.clients)
             summaries = run_algorithms(run_config, target, data, grid=grid, progress=progress, resume=resume)
