@@ -39,3 +39,20 @@ def _model_registry_per_module():
     yield
     registry._MODELS.clear()
     registry._MODELS.update(before)
+
+
+def read_only_below(monkeypatch: pytest.MonkeyPatch, root: Path) -> None:
+    """Make every atomic write under `root` fail as a read-only mount does (EROFS), which chmod cannot show
+    to root; writes elsewhere go through."""
+    import errno
+
+    from fedistill import disk
+
+    real = disk.write_bytes
+
+    def read_only(path: Path, data: bytes) -> None:
+        if Path(path).is_relative_to(root):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+        real(path, data)
+
+    monkeypatch.setattr(disk, "write_bytes", read_only)

@@ -147,14 +147,9 @@ def test_resume_of_a_read_only_run_is_one_line_and_exit_2(finished_run, capsys):
 
 def test_resume_on_a_read_only_file_system_is_one_line_and_exit_2(finished_run, capsys, monkeypatch):
     """The same refusal where a mount is read-only, which chmod cannot show when running as root."""
-    real = disk.write_bytes
+    from conftest import read_only_below
 
-    def read_only(path: Path, data: bytes) -> None:
-        if Path(path).is_relative_to(finished_run):
-            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
-        real(path, data)
-
-    monkeypatch.setattr(disk, "write_bytes", read_only)
+    read_only_below(monkeypatch, finished_run)
     capsys.readouterr()
     assert main(["run", "--resume", str(finished_run), "--quiet"]) == 2
     line = _stderr_line(capsys)

@@ -219,16 +219,9 @@ def test_a_read_only_out_is_one_line_and_exit_2(tmp_path, capsys):
 def test_an_out_on_a_read_only_file_system_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     """The same refusal where the mount is read-only, which chmod cannot show to root (the folder is
     made, the probe file in it is not): the run stops before writing anything else."""
-    from fedistill import disk
+    from conftest import read_only_below
 
-    real = disk.write_bytes
-
-    def read_only(path: Path, data: bytes) -> None:
-        if Path(path).is_relative_to(tmp_path):
-            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
-        real(path, data)
-
-    monkeypatch.setattr(disk, "write_bytes", read_only)
+    read_only_below(monkeypatch, tmp_path)
     assert main(_run(tmp_path, "--name", "a")) == 2
     line = _one_line(capsys)
     assert f"cannot write the run directory {tmp_path / 'a'}: {os.strerror(errno.EROFS)}" in line
