@@ -41,6 +41,19 @@ DENSE_FEDIOD = {"fediod": {"teacher_epochs": 1, "iters_per_epoch": 2, "synthetic
                            "discriminator_width": 4, "discriminator_layers": 2}}  # fmt: skip
 
 
+def planned_runs(algorithms: list[str]) -> list[tuple[str, dict]]:
+    """(label, config layer) for each algorithm on classification, then the per-pixel tasks' methods;
+    per-pixel FedIOD takes DENSE_FEDIOD's table whole (a table given twice is replaced, not merged)."""
+    runs = [(name, TINY | PER_ALGORITHM.get(name, {})) for name in algorithms]
+    dense = {
+        "segmentation": ("fediod", "fedavg", "asyndgan"),
+        "reconstruction": ("fediod", "fedavg", "flmrcm"),
+    }
+    runs += [(f"{a}-{task}", TINY | layer | (DENSE_FEDIOD if a == "fediod" else PER_ALGORITHM.get(a, {})))
+             for task, layer in DENSE_TASKS.items() for a in dense[task]]  # fmt: skip
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--device", default="cuda")
@@ -49,14 +62,7 @@ def main() -> None:
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp())
-    runs = [(name, TINY | PER_ALGORITHM.get(name, {})) for name in args.algorithms.split(",")]
-    dense = {
-        "segmentation": ("fediod", "fedavg", "asyndgan"),
-        "reconstruction": ("fediod", "fedavg", "flmrcm"),
-    }
-    runs += [(f"{a}-{task}", TINY | layer | (DENSE_FEDIOD if a == "fediod" else {}) | PER_ALGORITHM.get(a, {}))
-             for task, layer in DENSE_TASKS.items() for a in dense[task]]  # fmt: skip
-    for label, layer in runs:
+    for label, layer in planned_runs(args.algorithms.split(",")):
         algorithm = label.split("-")[0]
         config = build_config(RunConfig(), layer, {"algorithm": algorithm, "device": args.device})
         start = time.perf_counter()
