@@ -376,3 +376,11 @@ def test_a_tracking_server_whose_certificate_the_probe_cannot_verify_counts_as_r
 
     monkeypatch.setattr(urllib.request, "urlopen", untrusted)
     check_reachable("https://tracking.example:5000")
+
+
+@pytest.mark.parametrize("uri", ["http://host:notaport", "http://[bad"])
+def test_a_malformed_mlflow_tracking_uri_is_named_not_a_traceback(uri):
+    from fedistill.engine.tracking_mlflow import check_reachable
+
+    with pytest.raises(ConfigError, match=r"track = mlflow: MLFLOW_TRACKING_URI = .* is no valid URL"):
+        check_reachable(uri)

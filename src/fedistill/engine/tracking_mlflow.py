@@ -57,6 +57,7 @@ def check_reachable(uri: str) -> None:
     HTTP answer, even an error status (a proxy, a server without /health), counts as reachable, and so does a
     TLS failure: the server answered, and MLflow's client may trust a certificate this probe does not
     (MLFLOW_TRACKING_SERVER_CERT_PATH, REQUESTS_CA_BUNDLE, MLFLOW_TRACKING_INSECURE_TLS)."""
+    import http.client
     import ssl
     import urllib.error
     import urllib.request
@@ -67,6 +68,8 @@ def check_reachable(uri: str) -> None:
         urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S).close()
     except urllib.error.HTTPError:
         return
+    except (ValueError, http.client.InvalidURL) as exc:  # a port that is no number, a broken IPv6 address
+        raise ConfigError(f"track = mlflow: MLFLOW_TRACKING_URI = {uri!r} is no valid URL ({exc})") from None
     except (urllib.error.URLError, OSError) as exc:
         why = getattr(exc, "reason", exc)
         if isinstance(why, ssl.SSLError) or isinstance(exc, ssl.SSLError):
