@@ -237,8 +237,9 @@ def validate_setup(config: RunConfig, *, resume: bool = False) -> Prepared:
     devices.resolve(config.device)  # a device this machine lacks is a mistake named before any work
     trackers_for(config)  # a tracker whose package is missing, too
     note_unused(config)
-    for name in config.algorithms:
-        check_algorithm(resolve(config, name))
+    running = {name: resolve(config, name) for name in config.algorithms}  # each resolved once, here
+    for resolved in running.values():
+        check_algorithm(resolved)
     data = prepare_data(config)
     info = data.dataset.info
     task = task_of(config, info)
@@ -247,8 +248,7 @@ def validate_setup(config: RunConfig, *, resume: bool = False) -> Prepared:
             task.check(info, images, f"{config.dataset} {what}")
         except ValueError as exc:
             raise DataError(str(exc)) from exc
-    for name in config.algorithms:
-        resolved = resolve(config, name)
+    for name, resolved in running.items():
         algorithm, model = resolved.algorithm, resolved.config.model
         if task.name not in algorithm.tasks:
             fitting = for_task(task.name)
