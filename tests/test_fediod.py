@@ -114,6 +114,18 @@ def test_official_code_preset_and_best_on_test_labelling():
     assert resolved.w_adv == 0.5  # an explicit setting wins over the preset
 
 
+def test_validation_selection_without_validation_splits_is_refused_unless_the_preset_selects_otherwise():
+    def check(fediod: dict) -> None:
+        config = build_config(RunConfig(), {"val_fraction": 0.0, "fediod": fediod})
+        options_for(config, "fediod", FedIODOptions).check_run(config)
+
+    check({"preset": "official-code"})  # the released code's preset selects on the test set
+    check({"selection": "last"})
+    for fediod in ({}, {"preset": "official-code", "selection": "validation"}):
+        with pytest.raises(ConfigError, match="needs validation splits: set val_fraction > 0"):
+            check(fediod)
+
+
 def test_stable_preset_switches_on_the_stabilisers_and_explicit_keys_win():
     from fedistill.algorithms.fediod import resolve_options
     from fedistill.errors import ConfigError

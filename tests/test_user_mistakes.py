@@ -157,6 +157,7 @@ def test_a_norm_or_model_options_a_built_model_lacks_is_refused_before_the_run_f
     ("algorithm", "sets", "start"),
     [
         ("dense", ["val_fraction=0"], "dense.selection = 'clients' needs validation splits"),
+        ("fediod", ["val_fraction=0"], "fediod.selection = 'validation' needs validation splits"),
         (
             "coboosting",
             ["val_fraction=0", "coboosting.selection=server"],

@@ -75,9 +75,7 @@ class FedIODOptions(
     classification, and `LEAN` (the student learns from G's own batches, no extra labelling) on
     segmentation and reconstruction. `preset = "paper"` keeps the paper's settings everywhere,
     `"official-code"` takes the released code's choices, `"stable"` the stabilisers on any task, `"lean"`
-    the lean exchanges on any task.
-
-    The ``dp_*`` options (see `DPOptions` and the module docstring) sanitise the input-gradients.
+    the lean exchanges on any task. The ``dp_*`` options (`DPOptions`) sanitise the input-gradients.
     """
 
     #: The options that name models (`check_model_names`; the run checks each serves its task)
@@ -244,6 +242,15 @@ class FedIODOptions(
                 "fediod.owner_queries leaves the S-steps' fresh samples unlabelled by the other sites: set "
                 "fediod.student_steps = 0 (the student learns from G's batches in the replay pool: "
                 "fediod.pool_generator_batch = true, fediod.pool_steps > 0)"
+            )
+
+    def check_run(self, config: RunConfig) -> None:
+        """What the options rule out with the run's common keys, checked before the run writes anything."""
+        by_preset = self.preset == "official-code" and "selection" not in config.options.get("fediod", {})
+        if self.selection == "validation" and not by_preset and config.val_fraction == 0:
+            raise ConfigError(
+                "fediod.selection = 'validation' needs validation splits: set val_fraction > 0 "
+                "or fediod.selection = 'last'"
             )
 
     @property

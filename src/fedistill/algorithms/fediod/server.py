@@ -36,7 +36,7 @@ from fedistill.algorithms.shared.stage1 import teachers_from_cache
 from fedistill.algorithms.shared.synthetic_pool import SyntheticPool
 from fedistill.algorithms.shared.training import new_model, task_of
 from fedistill.algorithms.shared.weight_average import WeightAverage
-from fedistill.errors import ConfigError, FederationError
+from fedistill.errors import FederationError
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import ArraySpec, Message
 from fedistill.federation.reply_spec import TRAIN_METRICS, ReplySpec
@@ -99,11 +99,7 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
             " (auto)" if ctx.options.preset == "auto" else "",
             f": {', '.join(set_by_preset)}" if set_by_preset else "",
         )
-        if options.selection == "validation" and config.val_fraction == 0:
-            raise ConfigError(
-                "fediod.selection = 'validation' needs validation splits: set val_fraction > 0 "
-                "or fediod.selection = 'last'"
-            )
+        options.check_run(config)
         self.generator = seeded(config.seed, self._build_generator, "generator-init")
         self.student = new_model(config, info, options.student or config.model)
         if options.channels_last:
