@@ -91,9 +91,13 @@ def of_summaries(summaries: Iterable[Mapping[str, Any]]) -> str:
 def history_after(history: Iterable[str], found: Mapping[str, Any]) -> list[str]:
     """The machines a run has run on, `found` (this start's) added unless it is the last one already: a
     checkpoint carries the list, so a run resumed elsewhere keeps where each part of it ran."""
-    machines = list(history)
-    here = describe(found)
-    return machines if machines and machines[-1] == here else [*machines, here]
+    return appended(list(history), describe(found))
+
+
+def appended(history: list[str], now: str) -> list[str]:
+    """`history` (what a checkpoint carries: the machines or code fingerprints a run has run on) with this
+    start's `now` added, unless it is the last one already."""
+    return history if history and history[-1] == now else [*history, now]
 
 
 def of_rows(rows: Iterable[Mapping[str, Any]]) -> str:

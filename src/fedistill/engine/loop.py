@@ -35,7 +35,7 @@ from fedistill.engine.checkpoint import (
     write_checkpoint,
 )
 from fedistill.engine.floor import floor_scores
-from fedistill.engine.resume import appended, intact_lines, resume_point, warn_of_changes
+from fedistill.engine.resume import intact_lines, resume_point, warn_of_changes
 from fedistill.engine.rundir import MetricsWriter
 from fedistill.engine.setup import Prepared, client_contexts, resolve, score_first, source_names
 from fedistill.engine.summary import write_summary
@@ -43,7 +43,7 @@ from fedistill.engine.tracking import start_tracking
 from fedistill.errors import ConfigError, FederationError, RunDirError
 from fedistill.federation.fleet import Fleet
 from fedistill.federation.ledger import Ledger
-from fedistill.machine import history_after, machine
+from fedistill.machine import appended, history_after, machine
 from fedistill.plots import plot_learning_curves, plot_partition
 from fedistill.privacy import journal as privacy_journal
 from fedistill.transports.inprocess import InProcessFleet

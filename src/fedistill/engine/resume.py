@@ -74,12 +74,6 @@ def resume_point(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
-def appended(history: list[str], now: str) -> list[str]:
-    """`history` (what a checkpoint carries: the machines or code fingerprints a run has run on) with this
-    start's `now` added, unless it is the last one already."""
-    return history if history and history[-1] == now else [*history, now]
-
-
 def warn_of_changes(name: str, runner: dict[str, Any], machines: list[str], codes: list[str]) -> None:
     """A resumed run whose machine or code is not the one it stopped on says so: its later rounds may
     round (another core count, kernel path) or compute (another code) differently from an uninterrupted
