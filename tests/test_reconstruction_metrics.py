@@ -144,3 +144,14 @@ def test_mistakes_are_named():
     scores.update(np.zeros_like(volume), volume, subjects=["empty"] * 3, sources="ixi-t1")
     with pytest.raises(ValueError, match="volume 'empty' of source 'ixi-t1'"):
         scores.summary()
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+@pytest.mark.parametrize("where", ["targets", "predictions"])
+def test_a_batch_with_nan_or_inf_is_refused_when_it_comes(bad, where):
+    """A NaN target used to surface only at summary(), as 'is the target all zero or negative?'."""
+    batches = {"targets": _volume(10), "predictions": _volume(10)}
+    batches[where][1, 2, 3] = bad
+    scores = ReconstructionScores()
+    with pytest.raises(ValueError, match=rf"^{where} hold NaN or infinite values \(first in slice 1 "):
+        scores.update(batches["targets"], batches["predictions"], subjects="s1", sources="ixi-t1")

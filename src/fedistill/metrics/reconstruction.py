@@ -246,4 +246,10 @@ def _slice_batch(images: Image, name: str) -> np.ndarray:
         raise ValueError(
             f"{name} must be a batch of slices (N, H, W) or (N, 1, H, W), got shape {batch.shape}"
         )
+    # Refused here, where the batch is known: at scoring time a NaN target reads as a bad data range.
+    finite = np.isfinite(batch).reshape(batch.shape[0], -1).all(axis=1)
+    if not finite.all():
+        raise ValueError(
+            f"{name} hold NaN or infinite values (first in slice {np.argmin(finite)} of the batch)"
+        )
     return batch
