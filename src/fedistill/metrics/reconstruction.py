@@ -30,6 +30,8 @@ import numpy as np
 import torch
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
+from fedistill.metrics.arrays import as_numpy
+
 __all__ = ["ReconstructionScores", "VolumeScores", "error_map", "nmse", "psnr", "ssim"]
 
 Image = np.ndarray | torch.Tensor
@@ -209,7 +211,7 @@ def _means(volumes: list[VolumeScores]) -> dict[str, float]:
 
 
 def _as_array(image: Image) -> np.ndarray:
-    array = image.detach().cpu().numpy() if isinstance(image, torch.Tensor) else np.asarray(image)
+    array = as_numpy(image)
     if not np.issubdtype(array.dtype, np.number) or np.iscomplexobj(array):
         raise ValueError(f"images must hold real numbers (magnitude images), got dtype {array.dtype}")
     return array.astype(np.float64)

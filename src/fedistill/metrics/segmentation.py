@@ -41,6 +41,8 @@ from typing import Literal
 import numpy as np
 import torch
 
+from fedistill.metrics.arrays import as_numpy
+
 __all__ = ["SegmentationScores", "dice", "hd95", "sensitivity", "specificity"]
 
 Mask = np.ndarray | torch.Tensor
@@ -216,7 +218,7 @@ def _ratio_or_one(numerator: int, denominator: int) -> float:
 
 def _as_binary(mask: Mask, name: str) -> np.ndarray:
     """A boolean numpy copy of a mask, refusing anything but booleans and 0/1 values."""
-    array = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
+    array = as_numpy(mask)
     if array.dtype == bool:
         return array
     if not (np.issubdtype(array.dtype, np.number) and np.isin(array, (0, 1)).all()):
