@@ -31,6 +31,7 @@ import torch
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
 from fedistill.metrics.arrays import as_numpy
+from fedistill.metrics.batch_names import Names, names_for_batch
 
 __all__ = ["ReconstructionScores", "VolumeScores", "error_map", "nmse", "psnr", "ssim"]
 
@@ -116,13 +117,14 @@ class ReconstructionScores:
         targets: Image,
         predictions: Image,
         subjects: Hashable | Sequence[Hashable] | np.ndarray | torch.Tensor,
-        sources: str | Sequence[str] | None = None,
+        sources: Names = None,
     ) -> None:
         """Add slices ``(N, H, W)`` or ``(N, 1, H, W)`` with each slice's subject (volume id) and source.
 
         ``subjects`` gives one id per slice, or one id (a string or a number) for the whole batch.
-        ``sources`` names the test set of each slice (one name for the whole batch, or one per slice);
-        volumes without a source count in :meth:`summary` but not in :meth:`by_source`.
+        ``sources`` names the test set of each slice (one name for the whole batch, or one per slice;
+        numbers are names too, turned into strings); volumes without a source count in :meth:`summary`
+        but not in :meth:`by_source`.
         """
         target_batch, prediction_batch = (
             _slice_batch(targets, "targets"),
@@ -136,12 +138,7 @@ class ReconstructionScores:
         subject_ids = _subjects_for_batch(subjects, size)
         if len(subject_ids) != size:
             raise ValueError(f"got {len(subject_ids)} subjects for a batch of {size} slices")
-        if sources is None or isinstance(sources, str):
-            source_names: list[str | None] = [sources] * size
-        else:
-            source_names = [str(name) for name in sources]
-            if len(source_names) != size:
-                raise ValueError(f"got {len(source_names)} sources for a batch of {size} slices")
+        source_names = names_for_batch(sources, size, "sources", "slices")
         for target, prediction, subject, source in zip(
             target_batch, prediction_batch, subject_ids, source_names, strict=True
         ):
