@@ -296,6 +296,20 @@ def test_best_match_psnr_handles_permuted_batches() -> None:
     assert nearest.tolist() == [1, 1, 1, 0]
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_image_metrics_refuse_nan_or_inf_by_name(bad: float) -> None:
+    """PSNR and SSIM used to return NaN silently, and the best match failed inside SciPy's assignment."""
+    clean, noisy = noisy_batch(0.02)
+    broken = noisy.clone()
+    broken[1, 0, 2, 2] = bad
+    message = "{} holds NaN or infinite values \\(image 1 of the batch\\)"
+    for metric in (psnr, ssim, best_match_psnr):
+        with pytest.raises(ValueError, match="^" + message.format("reconstruction")):
+            metric(clean, broken)
+        with pytest.raises(ValueError, match="^" + message.format("reference")):
+            metric(broken, clean)
+
+
 def test_save_image_grid_writes_a_png(tmp_path: Path) -> None:
     images = np.random.default_rng(0).random((5, 1, 8, 8))
     path = save_image_grid(images, tmp_path / "grid" / "dlg.png", nrow=3, titles=[str(i) for i in range(5)])

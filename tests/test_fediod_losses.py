@@ -427,6 +427,16 @@ def test_inception_score_refuses_rows_that_are_not_distributions() -> None:
     assert 1.0 <= inception_score(probs) <= 10.0
 
 
+def test_inception_score_takes_half_precision_softmax_output() -> None:
+    # bfloat16 keeps 8 bits of mantissa: its softmax rows sum to 1 within 2^-7, and were refused at 1e-3
+    logits = torch.randn(256, 10, generator=torch.Generator().manual_seed(0))
+    exact = inception_score(torch.softmax(logits, dim=1))
+    for dtype in (torch.float16, torch.bfloat16):
+        assert inception_score(torch.softmax(logits, dim=1).to(dtype)) == pytest.approx(exact, rel=0.02)
+    with pytest.raises(ValueError, match="sum to 1"):
+        inception_score(torch.tensor([[0.55, 0.47], [0.5, 0.5]], dtype=torch.bfloat16))
+
+
 def test_adapted_inception_score_averages_over_local_models() -> None:
     # teacher 0: probabilities (1/4, 3/4) and (1/2, 1/2); teacher 1: identical predictions -> IS 1
     logits = _t([[[0.0, LN3], [0.0, 0.0]], [[1.0, 2.0], [1.0, 2.0]]])

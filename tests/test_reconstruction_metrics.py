@@ -126,6 +126,16 @@ def test_one_subject_names_the_whole_batch_like_one_source():
         assert only.ssim == pytest.approx(ssim(volume, prediction))
 
 
+def test_one_source_names_the_whole_batch_whatever_form_it_takes():
+    volume = _volume(11)  # 3 slices
+    for source in (3, np.int64(3), torch.tensor(3), np.array(3), np.array("3"), np.str_("3")):
+        # a number raised "'int' object is not iterable", a 0-d array "iteration over a 0-d array"
+        scores = ReconstructionScores()
+        scores.update(volume, volume, subjects="s1", sources=source)
+        assert list(scores.by_source()) == ["3"] and type(scores.per_volume()[0].source) is str
+        assert scores.by_source()["3"]["slices"] == 3
+
+
 def test_mistakes_are_named():
     volume = _volume(8)
     with pytest.raises(ValueError, match="differ in shape"):
@@ -144,3 +154,14 @@ def test_mistakes_are_named():
     scores.update(np.zeros_like(volume), volume, subjects=["empty"] * 3, sources="ixi-t1")
     with pytest.raises(ValueError, match="volume 'empty' of source 'ixi-t1'"):
         scores.summary()
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+@pytest.mark.parametrize("where", ["targets", "predictions"])
+def test_a_batch_with_nan_or_inf_is_refused_when_it_comes(bad, where):
+    """A NaN target used to surface only at summary(), as 'is the target all zero or negative?'."""
+    batches = {"targets": _volume(10), "predictions": _volume(10)}
+    batches[where][1, 2, 3] = bad
+    scores = ReconstructionScores()
+    with pytest.raises(ValueError, match=rf"^{where} hold NaN or infinite values \(first in slice 1 "):
+        scores.update(batches["targets"], batches["predictions"], subjects="s1", sources="ixi-t1")

@@ -144,6 +144,16 @@ def test_site_numbers_name_groups_as_strings_do():
         assert list(scores.by_group()) == ["3"]
 
 
+def test_one_name_held_in_a_numpy_array_names_the_whole_batch():
+    batch = np.stack([_square((8, 8), 2, 2, 3)] * 5)
+    for groups in (np.array("siteA"), np.str_("siteA"), np.array(["siteA"] * 5)):
+        # a 0-d array of text was split into its letters, five groups "s", "i", "t", "e", "A"
+        scores = SegmentationScores(compute_hd95=False)
+        scores.update(batch, batch, groups=groups)
+        assert [type(name) for name in scores.by_group()] == [str]
+        assert scores.by_group()["siteA"]["images"] == 5
+
+
 # --- instance metrics ----------------------------------------------------------------------------------
 
 

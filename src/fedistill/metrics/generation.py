@@ -19,9 +19,9 @@ def inception_score(probs: torch.Tensor) -> float:
     """Inception score ``exp(mean_x KL(p(y|x) || p(y)))`` with ``p(y) = mean_x p(y|x)``.
 
     ``probs`` is ``(N, C)``, rows summing to 1 (within 1e-3, for rounded float32 or float16 softmax
-    output; anything else, logits for one, is refused). Computed in float64; ``0 log 0`` terms count as 0.
-    It is 1 when every sample has the same prediction and ``C`` for confident predictions spread evenly
-    over C classes.
+    output, or within bfloat16's step of 2^-7 for bfloat16; anything else, logits for one, is refused).
+    Computed in float64; ``0 log 0`` terms count as 0. It is 1 when every sample has the same
+    prediction and ``C`` for confident predictions spread evenly over C classes.
     """
     if probs.dim() != 2 or probs.shape[0] == 0:
         raise ValueError(f"probs must have shape (N, C) with N >= 1, got {tuple(probs.shape)}")
@@ -30,7 +30,8 @@ def inception_score(probs: torch.Tensor) -> float:
         raise ValueError("probs must be non-negative (and not NaN)")
     row_sums = p.sum(dim=1)
     worst = int((row_sums - 1).abs().nan_to_num(math.inf).argmax())
-    if not abs(float(row_sums[worst]) - 1) <= 1e-3:
+    tolerance = max(1e-3, torch.finfo(probs.dtype).eps) if probs.is_floating_point() else 1e-3
+    if not abs(float(row_sums[worst]) - 1) <= tolerance:
         raise ValueError(
             f"probs rows must sum to 1 (probabilities, e.g. a softmax), row {worst} sums to "
             f"{float(row_sums[worst]):.6g}"

@@ -86,7 +86,7 @@ def best_match_psnr(
     one-to-one (Hungarian assignment, needs at least as many references as reconstructions) by default,
     or each to its own nearest reference with ``one_to_one=False`` (several may then share one).
     """
-    ref, rec = _batch(reference), _batch(reconstruction)
+    ref, rec = _finite(_batch(reference), "reference"), _finite(_batch(reconstruction), "reconstruction")
     if ref.shape[1:] != rec.shape[1:]:
         raise ValueError(
             f"image shapes differ: reference {tuple(ref.shape[1:])}, reconstruction {tuple(rec.shape[1:])}"
@@ -142,8 +142,17 @@ def _batch(images: ArrayLike) -> torch.Tensor:
     return tensor
 
 
+def _finite(images: torch.Tensor, name: str) -> torch.Tensor:
+    """``images`` if every value is finite: a NaN would turn a score into NaN, or stop the best match."""
+    finite = torch.isfinite(images).flatten(1).all(dim=1)
+    if not bool(finite.all()):
+        first = int(torch.nonzero(~finite)[0, 0])
+        raise ValueError(f"{name} holds NaN or infinite values (image {first} of the batch)")
+    return images
+
+
 def _pair(reference: ArrayLike, reconstruction: ArrayLike) -> tuple[torch.Tensor, torch.Tensor]:
-    ref, rec = _batch(reference), _batch(reconstruction)
+    ref, rec = _finite(_batch(reference), "reference"), _finite(_batch(reconstruction), "reconstruction")
     if ref.shape != rec.shape:
         raise ValueError(f"shapes differ: reference {tuple(ref.shape)}, reconstruction {tuple(rec.shape)}")
     return ref, rec

@@ -38,6 +38,8 @@ from skimage.feature import peak_local_max
 from skimage.morphology import h_maxima
 from skimage.segmentation import expand_labels, relabel_sequential, watershed
 
+from fedistill.metrics.arrays import as_numpy
+
 __all__ = ["aji", "instances_from_semantic", "instances_from_three_class", "object_dice"]
 
 InstanceMap = np.ndarray | torch.Tensor
@@ -216,7 +218,7 @@ def _weighted_best_dice(intersection: np.ndarray, own_area: np.ndarray, other_ar
 
 
 def _instance_map(instances: InstanceMap, name: str) -> np.ndarray:
-    array = instances.detach().cpu().numpy() if isinstance(instances, torch.Tensor) else np.asarray(instances)
+    array = as_numpy(instances)
     if array.ndim != 2 or array.size == 0:
         raise ValueError(f"{name} must be a non-empty (H, W) map of instance labels, got shape {array.shape}")
     if array.dtype == bool:
@@ -230,13 +232,13 @@ def _instance_map(instances: InstanceMap, name: str) -> np.ndarray:
     if array.size and array.min() < 0:
         raise ValueError(f"{name} must hold labels >= 0 (0 = background), found {array.min()}")
     # Larger labels would wrap to negative ones (or garbage) in int64 and scramble the background.
-    if array.size and (array.max() >= 2.0**63 if floating else array.max() > np.iinfo(np.int64).max):
+    if array.size and (float(array.max()) >= 2.0**63 if floating else array.max() > np.iinfo(np.int64).max):
         raise ValueError(f"{name} holds a label ({array.max()}) too large for int64")
     return array.astype(np.int64)
 
 
 def _probability_map(values: ProbabilityMap, name: str) -> np.ndarray:
-    array = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
+    array = as_numpy(values)
     if array.ndim != 2:
         raise ValueError(f"{name} must be an (H, W) map, got shape {array.shape}")
     array = array.astype(np.float64)
@@ -247,7 +249,7 @@ def _probability_map(values: ProbabilityMap, name: str) -> np.ndarray:
 
 def _foreground(probabilities_or_mask: ProbabilityMap, threshold: float) -> np.ndarray:
     values = probabilities_or_mask
-    array = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
+    array = as_numpy(values)
     if array.dtype == bool:
         if array.ndim != 2:
             raise ValueError(f"the mask must be (H, W), got shape {array.shape}")

@@ -30,6 +30,9 @@ import numpy as np
 import torch
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
+from fedistill.metrics.arrays import as_numpy
+from fedistill.metrics.batch_names import Names, names_for_batch
+
 __all__ = ["ReconstructionScores", "VolumeScores", "error_map", "nmse", "psnr", "ssim"]
 
 Image = np.ndarray | torch.Tensor
@@ -114,13 +117,14 @@ class ReconstructionScores:
         targets: Image,
         predictions: Image,
         subjects: Hashable | Sequence[Hashable] | np.ndarray | torch.Tensor,
-        sources: str | Sequence[str] | None = None,
+        sources: Names = None,
     ) -> None:
         """Add slices ``(N, H, W)`` or ``(N, 1, H, W)`` with each slice's subject (volume id) and source.
 
         ``subjects`` gives one id per slice, or one id (a string or a number) for the whole batch.
-        ``sources`` names the test set of each slice (one name for the whole batch, or one per slice);
-        volumes without a source count in :meth:`summary` but not in :meth:`by_source`.
+        ``sources`` names the test set of each slice (one name for the whole batch, or one per slice;
+        numbers are names too, turned into strings); volumes without a source count in :meth:`summary`
+        but not in :meth:`by_source`.
         """
         target_batch, prediction_batch = (
             _slice_batch(targets, "targets"),
@@ -134,12 +138,7 @@ class ReconstructionScores:
         subject_ids = _subjects_for_batch(subjects, size)
         if len(subject_ids) != size:
             raise ValueError(f"got {len(subject_ids)} subjects for a batch of {size} slices")
-        if sources is None or isinstance(sources, str):
-            source_names: list[str | None] = [sources] * size
-        else:
-            source_names = [str(name) for name in sources]
-            if len(source_names) != size:
-                raise ValueError(f"got {len(source_names)} sources for a batch of {size} slices")
+        source_names = names_for_batch(sources, size, "sources", "slices")
         for target, prediction, subject, source in zip(
             target_batch, prediction_batch, subject_ids, source_names, strict=True
         ):
@@ -209,7 +208,7 @@ def _means(volumes: list[VolumeScores]) -> dict[str, float]:
 
 
 def _as_array(image: Image) -> np.ndarray:
-    array = image.detach().cpu().numpy() if isinstance(image, torch.Tensor) else np.asarray(image)
+    array = as_numpy(image)
     if not np.issubdtype(array.dtype, np.number) or np.iscomplexobj(array):
         raise ValueError(f"images must hold real numbers (magnitude images), got dtype {array.dtype}")
     return array.astype(np.float64)
@@ -245,5 +244,11 @@ def _slice_batch(images: Image, name: str) -> np.ndarray:
     if batch.ndim != 3 or batch.shape[0] == 0:
         raise ValueError(
             f"{name} must be a batch of slices (N, H, W) or (N, 1, H, W), got shape {batch.shape}"
+        )
+    # Refused here, where the batch is known: at scoring time a NaN target reads as a bad data range.
+    finite = np.isfinite(batch).reshape(batch.shape[0], -1).all(axis=1)
+    if not finite.all():
+        raise ValueError(
+            f"{name} hold NaN or infinite values (first in slice {np.argmin(finite)} of the batch)"
         )
     return batch

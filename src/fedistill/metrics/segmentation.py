@@ -14,8 +14,10 @@ Who computes what:
   binary erosion); distances are Euclidean, in pixels unless ``spacing`` is given. MONAI takes the 95th
   percentile of each directed set of boundary distances (truth to prediction, prediction to truth) and
   reports the larger one, which is the paper's Eq. 13 with each ``sup`` replaced by a 95 % quantile
-  (medpy's ``hd95`` instead pools both directions before taking the percentile: never above MONAI's, equal
-  on about half of random blob pairs, up to a quarter lower on the rest).
+  (medpy's ``hd95`` instead pools both directions before taking the percentile: on random blob pairs it
+  came out lower on nearly every pair, by a median of about 4 %, and by far more where a small false
+  positive lies far off, whose distances fill one direction's top 5 % but not the pooled one's; on a
+  few pairs a little higher, the percentile interpolating between few boundary distances).
 
 Empty-mask conventions (those of the BraTS evaluation, so that every image gets a number and means are
 over all images):
@@ -35,11 +37,14 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
 import torch
+
+from fedistill.metrics.arrays import as_numpy
+from fedistill.metrics.batch_names import Names, names_for_batch
 
 __all__ = ["SegmentationScores", "dice", "hd95", "sensitivity", "specificity"]
 
@@ -131,7 +136,7 @@ class SegmentationScores:
         self._hd95: list[float] = []
         self._groups: list[str | None] = []
 
-    def update(self, truth: Mask, prediction: Mask, groups: str | Sequence[str] | None = None) -> None:
+    def update(self, truth: Mask, prediction: Mask, groups: Names = None) -> None:
         """Add a batch: masks ``(N, H, W)`` or ``(N, 1, H, W)`` (one ``(H, W)`` image is a batch of one).
 
         ``groups`` names each image's site (one name for the whole batch, or one per image; numbers are
@@ -144,7 +149,7 @@ class SegmentationScores:
                 f"truth and prediction batches differ in shape: "
                 f"{truth_batch.shape} vs {prediction_batch.shape}"
             )
-        batch_groups = _groups_for_batch(groups, truth_batch.shape[0])
+        batch_groups = names_for_batch(groups, truth_batch.shape[0], "group names", "images")
         for y, y_hat, group in zip(truth_batch, prediction_batch, batch_groups, strict=True):
             self._counts.append(_confusion(y, y_hat))
             if self.compute_hd95:
@@ -216,7 +221,7 @@ def _ratio_or_one(numerator: int, denominator: int) -> float:
 
 def _as_binary(mask: Mask, name: str) -> np.ndarray:
     """A boolean numpy copy of a mask, refusing anything but booleans and 0/1 values."""
-    array = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
+    array = as_numpy(mask)
     if array.dtype == bool:
         return array
     if not (np.issubdtype(array.dtype, np.number) and np.isin(array, (0, 1)).all()):
@@ -248,20 +253,6 @@ def _binary_batch(masks: Mask, name: str) -> np.ndarray:
             f"{name} must be a batch (N, H, W) or (N, 1, H, W) of masks, got shape {batch.shape}"
         )
     return batch
-
-
-def _groups_for_batch(groups: str | Sequence[str] | None, size: int) -> list[str | None]:
-    """One name per image, as strings; a single name (a string or a number, e.g. a site index) for all."""
-    if groups is None or isinstance(groups, str):
-        return [groups] * size
-    if isinstance(groups, np.ndarray | torch.Tensor):
-        groups = groups.tolist()  # plain numbers, so that tensor(3) is named "3" like 3
-    if not isinstance(groups, Iterable):
-        return [str(groups)] * size
-    names = list(groups)
-    if len(names) != size:
-        raise ValueError(f"got {len(names)} group names for a batch of {size} images")
-    return [str(name) for name in names]
 
 
 def _spacing(spacing: float | Sequence[float] | None, ndim: int) -> tuple[float, ...]:

@@ -24,9 +24,10 @@ output as it is.
 Loss: L1 (default) or L2 between output and target, as the protocol the paper follows, on the images'
 own scale ([0, 1] per volume; fastMRI and FL-MRCM take it after normalising both by the input slice's mean
 and std, which weighs a dim slice more). Metrics: SSIM,
-PSNR and NMSE per volume with the volume's maximum as data range (fastMRI's evaluation), then averaged
-over volumes, overall and per test source. FedIOD on this task compares output images and conditions
-its generator on the brain's foreground mask.
+PSNR and NMSE per volume with the maximum of the volume's test slices as data range (fastMRI's
+evaluation; a volume's held-out slabs may not hold its maximum of 1), then averaged over volumes,
+overall and per test source. FedIOD on this task compares output images and conditions its generator
+on the brain's foreground mask.
 """
 
 from __future__ import annotations
