@@ -568,6 +568,24 @@ def test_a_fedavg_model_card_says_what_its_epsilon_does_not_cover():
     assert "sample counts" in everyone and "server" not in everyone
 
 
+def test_a_fedavg_model_card_names_every_metric_a_dp_client_sends_un_noised():
+    """Besides its sample count, a DP client sends its local step count and, on evaluation rounds, its
+    noised model's accuracy on its own test share, all un-noised; the card named the sample counts alone."""
+    from fedistill.inference.model_card import privacy
+
+    client, global_state = _fedavg_client(FedAvgClient, "fedavg", dp_noise_multiplier=1.0)
+    request = Message.build(
+        "train",
+        arrays={"parameters": global_state},
+        scalars={"config": {"round": 1, "prox_mu": 0.0, "evaluate_local": True}},
+    )
+    sent = set(client.handle(request).scalars["metrics"])
+    assert {"num_samples", "steps", "local_accuracy", "local_count"} <= sent and "train_loss" not in sent
+    final = {"epsilon_max": 2.0, "epsilon_client_0": 2.0, "dp_delta": 1e-5, "dp_sample_rate": 1.0}
+    covers = privacy(final, {"dp_noise_seed": "secret"})["covers"]
+    assert "sample counts" in covers and "step counts" in covers and "own test share" in covers
+
+
 def test_a_fedkd_model_card_states_the_pate_guarantee_of_its_labels():
     """FedKD's student learns from GNMax's noisy labels alone, and the summary holds their PATE epsilons;
     its card said "Trained without differential privacy". It now states the data-independent epsilon (the

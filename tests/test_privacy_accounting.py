@@ -299,3 +299,20 @@ def test_sanitize_sum_adds_one_noise_draw_to_the_clipped_sum() -> None:
     # The noise std does not grow with the batch: one draw of std noise_multiplier * clip_norm.
     big = sanitize_sum(torch.zeros(50, 40_000), 2.0, 1.1, torch.Generator().manual_seed(5))
     assert big.std().item() == pytest.approx(2.2, rel=0.02)
+
+
+def test_a_non_finite_per_sample_gradient_is_released_as_noise_alone() -> None:
+    """A NaN or infinite per-sample gradient passed through clipping as NaN, so the released tensor (and
+    the receiver's refusal of a non-finite reply) showed the data's doing, beyond the clip norm's bound.
+    Such a sample now contributes nothing: its released row is the noise alone, the others are unchanged."""
+    grads = torch.tensor([[3.0, 4.0], [float("nan"), 1.0], [float("inf"), 0.0], [0.3, 0.4]])
+    clipped, norms = clip_per_sample(grads, 1.0)
+    assert torch.isfinite(clipped).all()
+    assert torch.equal(clipped[1:3], torch.zeros(2, 2))
+    assert torch.allclose(clipped[[0, 3]], torch.tensor([[0.6, 0.8], [0.3, 0.4]]))
+    assert not torch.isfinite(norms[1:3]).any()  # the norms before clipping are reported as they were
+    noisy = sanitize_per_sample(grads, 1.0, 0.5, torch.Generator().manual_seed(7))
+    noise = torch.randn(4, 2, generator=torch.Generator().manual_seed(7)) * 0.5
+    assert torch.allclose(noisy[1:3], noise[1:3])
+    total = sanitize_sum(grads, 1.0, 0.0, None)
+    assert torch.allclose(total, torch.tensor([0.9, 1.2]))

@@ -151,8 +151,9 @@ def _covers(accounting: str | None, seed: str, sample_rate: float = 1.0) -> str:
         )
     else:
         what = (
-            "each client's model update (clipped and noised), per client; the sample counts the clients "
-            "report are not noised"
+            "each client's model update (clipped and noised), per client; the sample counts and local "
+            "step counts the clients report, and their model's accuracy on their own test share, are not "
+            "noised"
         )
         if sample_rate < 1:
             what += (

@@ -8,7 +8,8 @@ Two release patterns, two functions:
 * `sanitize_sum`: only the sum over a batch is released (a FedAvg-style client update), so each
   sample is clipped, the clipped gradients are summed and one noise draw is added to the sum.
 
-In both cases one sample changes the released tensor by at most ``clip_norm`` in L2, and the noise has
+In both cases one sample changes the released tensor by at most ``clip_norm`` in L2 (a sample whose
+gradient is not finite counts as zero), and the noise has
 standard deviation ``noise_multiplier * clip_norm``: a Gaussian mechanism of that noise multiplier,
 which is what `ClientAccountant.step` records.
 """
@@ -44,14 +45,18 @@ def _flat(grads: torch.Tensor) -> torch.Tensor:
 def clip_per_sample(grads: torch.Tensor, clip_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale each sample's gradient down to L2 norm at most `clip_norm`.
 
-    Samples already within the bound are returned unchanged (the scale is clamped to 1). Returns the
-    clipped tensor (same shape as `grads`) and the ``(B,)`` per-sample norms before clipping.
+    Samples already within the bound are returned unchanged (the scale is clamped to 1). A sample with a
+    NaN or infinite entry becomes zero: scaling would leave it NaN, and a NaN that reaches the receiver
+    reveals something of the data that no clip norm bounds. Returns the clipped tensor (same shape as
+    `grads`) and the ``(B,)`` per-sample norms before clipping.
     """
     _check(grads, clip_norm)
-    norms = _flat(grads).norm(dim=1)
+    flat = _flat(grads)
+    norms = flat.norm(dim=1)
+    finite = torch.isfinite(flat).all(dim=1).reshape((-1,) + (1,) * (grads.dim() - 1))
     scale = (clip_norm / (norms + NORM_EPS)).clamp(max=1.0)
     clipped = grads * scale.reshape((-1,) + (1,) * (grads.dim() - 1))
-    return clipped, norms
+    return torch.where(finite, clipped, torch.zeros_like(clipped)), norms
 
 
 def _noise(

@@ -19,7 +19,8 @@ end. The amplification by ``q`` holds against whoever sees only the global model
 took part; the server, which picks the clients, is not such an observer, so ``fraction = 1`` gives the
 bound that holds against it. Models with BatchNorm are refused under DP (their running statistics
 would leave unclipped and un-noised). With DP on, clients leave their training loss out of their metrics;
-their sample counts (the averaging weights) and local step counts still travel un-noised. The noise comes
+their sample counts (the averaging weights), local step counts and, on evaluation rounds, the accuracy of
+what they send on their own test share still travel un-noised. The noise comes
 from each client's secret seed (`dp_noise_seed = "secret"`, the default; fresh for every release) or from
 the run seed (`"run"`: reproducible, and regenerable by the server); see `ClientBudget`.
 """
