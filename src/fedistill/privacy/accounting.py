@@ -158,8 +158,15 @@ def _epsilon(history: list[Phase], delta: float, accountant: str) -> float:
         prv = PRVAccountant()
         prv.history = list(history)
         # at sample rate 1 Opacus takes log(1 - q) = log(0) inside a `where` that discards it
-        with np.errstate(divide="ignore"):
-            return float(prv.get_epsilon(delta=delta, eps_error=PRV_EPS_ERROR))
+        try:
+            with np.errstate(divide="ignore"):
+                return float(prv.get_epsilon(delta=delta, eps_error=PRV_EPS_ERROR))
+        except MemoryError:  # its discretised privacy loss grows as the noise shrinks
+            smallest = min(noise for noise, _, _ in history)
+            raise UserError(
+                f"the PRV accountant ran out of memory at an accounted noise multiplier of {smallest:.4g} "
+                "(it needs gigabytes at small noise); use dp_accountant = 'rdp', or more noise"
+            ) from None
     from opacus.accountants.analysis.rdp import get_privacy_spent
 
     # What `RDPAccountant.get_epsilon` computes, with the per-step RDP of each (noise, rate) computed
