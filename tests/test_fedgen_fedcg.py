@@ -319,3 +319,13 @@ def test_fedgen_uniform_label_sampling_draws_the_labels_on_the_run_device(monkey
     with pytest.raises(Stop):
         client.train(message)
     assert seen["device"].type == "meta"
+
+
+def test_fedcg_gamma_refuses_an_unknown_schedule_instead_of_holding_gamma_constant():
+    """gamma_at took any schedule but cubic and sigmoid for `constant`, silently."""
+    from fedistill.algorithms.fedmdcg.fedcg_options import FedCGOptions
+    from fedistill.algorithms.fedmdcg.fedcg_server import gamma_at
+
+    assert gamma_at(FedCGOptions(gamma_schedule="constant", gamma=0.5), 0, 5) == 0.5
+    with pytest.raises(ConfigError, match=r"'cubc'.*valid: cubic, sigmoid, constant"):
+        gamma_at(FedCGOptions(gamma_schedule="cubc"), 1, 5)
