@@ -329,3 +329,14 @@ def test_fedcg_gamma_refuses_an_unknown_schedule_instead_of_holding_gamma_consta
     assert gamma_at(FedCGOptions(gamma_schedule="constant", gamma=0.5), 0, 5) == 0.5
     with pytest.raises(ConfigError, match=r"'cubc'.*valid: cubic, sigmoid, constant"):
         gamma_at(FedCGOptions(gamma_schedule="cubc"), 1, 5)
+
+
+def test_fedgen_server_labels_refuse_an_unknown_sampling_instead_of_drawing_uniformly():
+    """server_labels took any sampling but `counts` for `uniform`, silently."""
+    from fedistill.algorithms.fedmdcg.fedgen_server import server_labels
+
+    counts = torch.tensor([[0.0, 5.0, 3.0], [2.0, 0.0, 1.0]])
+    drawn = server_labels(counts, 64, "uniform", torch.Generator().manual_seed(0))
+    assert set(drawn.tolist()) == {0, 1, 2}
+    with pytest.raises(ConfigError, match=r"'uniformly'.*valid: counts, uniform"):
+        server_labels(counts, 4, "uniformly", torch.Generator().manual_seed(0))
