@@ -16,6 +16,13 @@ from fedistill.privacy.budget import DPOptions
 
 LOSSES = ("avg-logits", "avg-probs", "avg-losses")
 DROP_WORST = ("off", "drop", "weighted")
+#: The choices `distill` itself reads (it checks them: a caller may skip `validate`)
+DISTILL_CHOICES = {
+    "loss": LOSSES,
+    "schedule": ("cosine", "constant"),
+    "student_bn": ("adapt", "frozen"),
+    "distill_optimizer": ("adam", "sgd"),
+}
 
 
 @dataclass(frozen=True)
@@ -79,15 +86,12 @@ class FedDFOptions(DPOptions):
         self.validate_dp()
         s = self.section
         choices = {
-            "loss": LOSSES,
+            **DISTILL_CHOICES,
             "drop_worst": DROP_WORST,
             "weighting": ("samples", "uniform"),
-            "schedule": ("cosine", "constant"),
             "generator_upsample": ("bilinear", "nearest"),
-            "student_bn": ("adapt", "frozen"),
             "fuse_precision": ("model", "full"),
             "student_init": ("average", "previous"),
-            "distill_optimizer": ("adam", "sgd"),
             "aggregate": COMBINES,
         }
         check_choices(s, self, choices)
