@@ -340,3 +340,50 @@ def test_fedgen_server_labels_refuse_an_unknown_sampling_instead_of_drawing_unif
     assert set(drawn.tolist()) == {0, 1, 2}
     with pytest.raises(ConfigError, match=r"'uniformly'.*valid: counts, uniform"):
         server_labels(counts, 4, "uniformly", torch.Generator().manual_seed(0))
+
+
+def test_fedcg_server_distillation_objective_by_hand():
+    """FedCG's `aggregation = "distill"` term: KL(softmax(Σ_k π_k·C_k(G_k(y))/T) ‖ softmax(C(G(y))/T))
+    averaged over samples and classes (KL/C per sample, no T²), y drawn ∝ the label counts."""
+    import math
+
+    from torch import nn
+
+    from fedistill.algorithms.fedmdcg.fedcg_server import distill_pair
+
+    class Table(nn.Module):
+        """G(y) = rows[y]: a generator whose features are written down."""
+
+        def __init__(self, rows: list[list[float]]) -> None:
+            super().__init__()
+            self.rows = nn.Parameter(torch.tensor(rows))
+
+        def forward(self, labels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+            return self.rows[labels]
+
+    def linear(weight: list[list[float]], bias: list[float]) -> dict[str, torch.Tensor]:
+        return {
+            "weight": torch.tensor(weight, dtype=torch.float32),
+            "bias": torch.tensor(bias, dtype=torch.float32),
+        }
+
+    generator, classifier = Table([[9.0, 9.0], [1.0, 0.0]]), nn.Linear(2, 3)
+    classifier.load_state_dict(linear([[1, 0], [0, 1], [0, 0]], [0, 0, 0]))  # C(G(1)) = (1, 0, 0)
+    teachers = [
+        ({"rows": torch.tensor([[9.0, 9.0], [0.0, 1.0]])}, linear([[1, 0], [0, 1], [1, 1]], [0, 0, 0])),
+        ({"rows": torch.tensor([[9.0, 9.0], [2.0, 0.0]])}, linear([[0, 0], [1, 0], [0, 0]], [0, 0, 1])),
+    ]  # C_0(G_0(1)) = (0, 1, 1), C_1(G_1(1)) = (0, 2, 1)
+    optimizer = torch.optim.SGD([*generator.parameters(), *classifier.parameters()], lr=0.0)
+    counts = torch.tensor([[0.0, 3.0, 0.0], [0.0, 1.0, 0.0]])  # only class 1 is ever drawn
+    loss = distill_pair(
+        generator, classifier, optimizer, Table([[0.0, 0.0]] * 2), nn.Linear(2, 3), teachers,
+        [0.25, 0.75], counts, torch.Generator().manual_seed(0), steps=1, batch_size=4, temperature=2.0,
+    )  # fmt: skip
+
+    def softmax(z: list[float]) -> list[float]:
+        e = [math.exp(v) for v in z]
+        return [v / sum(e) for v in e]
+
+    p = softmax([0.0, 1.75 / 2, 1.0 / 2])  # the ensemble 0.25·(0, 1, 1) + 0.75·(0, 2, 1), at T = 2
+    q = softmax([1.0 / 2, 0.0, 0.0])
+    assert loss == pytest.approx(sum(a * math.log(a / b) for a, b in zip(p, q, strict=True)) / 3, rel=1e-6)
