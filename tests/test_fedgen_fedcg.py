@@ -387,3 +387,67 @@ def test_fedcg_server_distillation_objective_by_hand():
     p = softmax([0.0, 1.75 / 2, 1.0 / 2])  # the ensemble 0.25·(0, 1, 1) + 0.75·(0, 2, 1), at T = 2
     q = softmax([1.0 / 2, 0.0, 0.0])
     assert loss == pytest.approx(sum(a * math.log(a / b) for a, b in zip(p, q, strict=True)) / 3, rel=1e-6)
+
+
+def test_fedgen_client_objective_by_hand(monkeypatch):
+    """A FedGen client's loss: CE(f(x), y) + (B_g/B)·α·CE(head(G(ŷ)), ŷ) + β·KL(softmax(head(G(y))) ‖
+    softmax(f(x))), batch means, read at the first step on a model and a generator written down."""
+    import math
+
+    from torch import nn
+
+    from fedistill.algorithms.fedmdcg.fedgen_client import train_regularized
+    from fedistill.algorithms.shared.training import LocalTraining
+    from fedistill.data.base import DatasetInfo, ImageSet
+
+    class Constant(nn.Module):
+        """The extractor: feature (1, 0) for every input."""
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.tensor([[1.0, 0.0]]).expand(len(x), 2)
+
+    class Table(nn.Module):
+        """G(y) = rows[y], whatever the noise."""
+
+        rows = torch.tensor([[0.0, 1.0], [2.0, 0.0], [1.0, 1.0]])
+
+        def forward(self, labels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+            return self.rows[labels]
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.extractor, self.classifier = Constant(), nn.Linear(2, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.classifier(self.extractor(x))
+
+    model = Model()
+    weight, bias = [[1.0, 0.0], [0.0, 2.0], [-1.0, 1.0]], [0.0, 0.5, 0.0]
+    model.classifier.load_state_dict({"weight": torch.tensor(weight), "bias": torch.tensor(bias)})
+    info = DatasetInfo("tiny", 1, 4, 3, (0.5,), (0.25,))
+    data = ImageSet(torch.zeros(2, 1, 4, 4, dtype=torch.uint8), torch.tensor([0, 2]))
+    spec = LocalTraining(epochs=1, steps=1, batch_size=2, optimizer="sgd", lr=0.0, momentum=0.0,
+                         weight_decay=0.0, augment=False)  # fmt: skip
+    seen = []
+    monkeypatch.setattr(fedgen_client, "check_finite", lambda loss, *_: seen.append(loss.item()))
+    train_regularized(
+        model, Table(), data, info, spec, torch.Generator().manual_seed(0), torch.Generator(),
+        alpha=0.5, beta=3.0, label_probs=torch.tensor([0.0, 1.0, 0.0]), generator_batch_size=4,
+    )  # fmt: skip
+
+    def head(h: list[float]) -> list[float]:
+        return [
+            sum(w * v for w, v in zip(row, h, strict=True)) + b for row, b in zip(weight, bias, strict=True)
+        ]
+
+    def log_softmax(z: list[float]) -> list[float]:
+        norm = math.log(sum(math.exp(v) for v in z))
+        return [v - norm for v in z]
+
+    local = log_softmax(head([1.0, 0.0]))  # the same for both samples
+    ce = -(local[0] + local[2]) / 2
+    teacher = -log_softmax(head([2.0, 0.0]))[1]  # every ŷ is class 1
+    targets = [[math.exp(v) for v in log_softmax(head(h))] for h in ([0.0, 1.0], [1.0, 1.0])]  # G(0), G(2)
+    latent = sum(sum(p * (math.log(p) - q) for p, q in zip(t, local, strict=True)) for t in targets) / 2
+    assert seen[0] == pytest.approx(ce + (4 / 2) * 0.5 * teacher + 3.0 * latent, rel=1e-6)
