@@ -73,10 +73,10 @@ def test_algorithm_options_are_checked():
 @pytest.mark.parametrize(
     ("algorithm", "assignment", "message"),
     [
-        ("fedprox", "fedprox.mu=-1", r"^fedprox\.mu must be >= 0, got -1"),
-        ("fedavg", "fedavg.mu=-1", r"^fedavg\.mu must be >= 0, got -1"),
+        ("fedprox", "fedprox.mu=-1", r"^fedprox\.mu must be >= 0 and finite, got -1"),
+        ("fedavg", "fedavg.mu=-1", r"^fedavg\.mu must be >= 0 and finite, got -1"),
         ("fedavgm", "fedavgm.server_momentum=1", r"^fedavgm\.server_momentum must be in \[0, 1\), got 1"),
-        ("fedavgm", "fedavgm.server_lr=0", r"^fedavgm\.server_lr must be > 0, got 0"),
+        ("fedavgm", "fedavgm.server_lr=0", r"^fedavgm\.server_lr must be > 0 and finite, got 0"),
         ("fedprox", "fedprox.weighting='equal'", r"^fedprox\.weighting must be 'samples' or 'uniform'"),
         ("fedprox", "fedprox.aggregate_trim=0.5", r"^fedprox\.aggregate_trim must be in \[0, 0\.5\)"),
     ],

@@ -14,6 +14,7 @@ from fedistill.algorithms.classic.fedavg_options import FedAvgMOptions, FedAvgOp
 from fedistill.algorithms.shared.training import LocalTraining, new_model, train_local
 from fedistill.config import RunConfig, build_config
 from fedistill.data.base import DatasetInfo, ImageSet
+from fedistill.errors import ConfigError
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.ledger import Ledger
 from fedistill.federation.messages import Message
@@ -122,3 +123,11 @@ def test_fedprox_adds_mu_times_the_distance_to_the_received_weights_to_the_gradi
         grad = torch.softmax(b, 0) - 0.5 + mu * (b - b0)
         b = b - 0.1 * grad
     torch.testing.assert_close(model.bias.detach(), b)
+
+
+@pytest.mark.parametrize("key", ["mu", "server_lr"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_proximal_weight_or_server_rate_that_is_not_a_finite_number_is_refused(key, value):
+    """NaN passed `mu < 0` and `server_lr <= 0` alike, and only showed later as a diverged run."""
+    with pytest.raises(ConfigError, match=rf"^fedavgm\.{key} must be .*finite, got {value}"):
+        FedAvgMOptions(**{key: value}).validate()

@@ -187,6 +187,21 @@ def test_distillation_brings_the_student_to_the_ensemble(optimizer):
     assert np.mean(report.losses[-10:]) < np.mean(report.losses[:10])
 
 
+@pytest.mark.parametrize(
+    ("key", "value"), [("schedule", "cosin"), ("distill_optimizer", "adamw"), ("student_bn", "freeze")]
+)
+def test_distill_refuses_an_unknown_choice_instead_of_falling_back(key, value):
+    """`distill` is public, and options built in a script need not have gone through `validate`: a
+    misspelt schedule ran constant, a misspelt optimiser Adam, a misspelt BatchNorm mode `adapt`."""
+    info = _info(size=4)
+    student, teachers = _tiny_models(info)
+    options = FedDFOptions(steps=2, distill_batch_size=8, **{key: value})
+    with pytest.raises(ConfigError, match=rf"^feddf\.{key} must be one of .*got '{value}'"):
+        distill(
+            student, teachers, [0.5, 0.5], dd.NoiseSource(info), lambda m: 0.0, options, torch.Generator()
+        )
+
+
 # --- distillation sources -------------------------------------------------------------------------
 def test_parse_source_accepts_the_three_kinds_and_rejects_the_rest():
     assert dd.parse_source("noise") == ("noise", "")

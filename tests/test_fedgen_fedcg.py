@@ -319,3 +319,135 @@ def test_fedgen_uniform_label_sampling_draws_the_labels_on_the_run_device(monkey
     with pytest.raises(Stop):
         client.train(message)
     assert seen["device"].type == "meta"
+
+
+def test_fedcg_gamma_refuses_an_unknown_schedule_instead_of_holding_gamma_constant():
+    """gamma_at took any schedule but cubic and sigmoid for `constant`, silently."""
+    from fedistill.algorithms.fedmdcg.fedcg_options import FedCGOptions
+    from fedistill.algorithms.fedmdcg.fedcg_server import gamma_at
+
+    assert gamma_at(FedCGOptions(gamma_schedule="constant", gamma=0.5), 0, 5) == 0.5
+    with pytest.raises(ConfigError, match=r"'cubc'.*valid: cubic, sigmoid, constant"):
+        gamma_at(FedCGOptions(gamma_schedule="cubc"), 1, 5)
+
+
+def test_fedgen_server_labels_refuse_an_unknown_sampling_instead_of_drawing_uniformly():
+    """server_labels took any sampling but `counts` for `uniform`, silently."""
+    from fedistill.algorithms.fedmdcg.fedgen_server import server_labels
+
+    counts = torch.tensor([[0.0, 5.0, 3.0], [2.0, 0.0, 1.0]])
+    drawn = server_labels(counts, 64, "uniform", torch.Generator().manual_seed(0))
+    assert set(drawn.tolist()) == {0, 1, 2}
+    with pytest.raises(ConfigError, match=r"'uniformly'.*valid: counts, uniform"):
+        server_labels(counts, 4, "uniformly", torch.Generator().manual_seed(0))
+
+
+def test_fedcg_server_distillation_objective_by_hand():
+    """FedCG's `aggregation = "distill"` term: KL(softmax(Σ_k π_k·C_k(G_k(y))/T) ‖ softmax(C(G(y))/T))
+    averaged over samples and classes (KL/C per sample, no T²), y drawn ∝ the label counts."""
+    import math
+
+    from torch import nn
+
+    from fedistill.algorithms.fedmdcg.fedcg_server import distill_pair
+
+    class Table(nn.Module):
+        """G(y) = rows[y]: a generator whose features are written down."""
+
+        def __init__(self, rows: list[list[float]]) -> None:
+            super().__init__()
+            self.rows = nn.Parameter(torch.tensor(rows))
+
+        def forward(self, labels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+            return self.rows[labels]
+
+    def linear(weight: list[list[float]], bias: list[float]) -> dict[str, torch.Tensor]:
+        return {
+            "weight": torch.tensor(weight, dtype=torch.float32),
+            "bias": torch.tensor(bias, dtype=torch.float32),
+        }
+
+    generator, classifier = Table([[9.0, 9.0], [1.0, 0.0]]), nn.Linear(2, 3)
+    classifier.load_state_dict(linear([[1, 0], [0, 1], [0, 0]], [0, 0, 0]))  # C(G(1)) = (1, 0, 0)
+    teachers = [
+        ({"rows": torch.tensor([[9.0, 9.0], [0.0, 1.0]])}, linear([[1, 0], [0, 1], [1, 1]], [0, 0, 0])),
+        ({"rows": torch.tensor([[9.0, 9.0], [2.0, 0.0]])}, linear([[0, 0], [1, 0], [0, 0]], [0, 0, 1])),
+    ]  # C_0(G_0(1)) = (0, 1, 1), C_1(G_1(1)) = (0, 2, 1)
+    optimizer = torch.optim.SGD([*generator.parameters(), *classifier.parameters()], lr=0.0)
+    counts = torch.tensor([[0.0, 3.0, 0.0], [0.0, 1.0, 0.0]])  # only class 1 is ever drawn
+    loss = distill_pair(
+        generator, classifier, optimizer, Table([[0.0, 0.0]] * 2), nn.Linear(2, 3), teachers,
+        [0.25, 0.75], counts, torch.Generator().manual_seed(0), steps=1, batch_size=4, temperature=2.0,
+    )  # fmt: skip
+
+    def softmax(z: list[float]) -> list[float]:
+        e = [math.exp(v) for v in z]
+        return [v / sum(e) for v in e]
+
+    p = softmax([0.0, 1.75 / 2, 1.0 / 2])  # the ensemble 0.25·(0, 1, 1) + 0.75·(0, 2, 1), at T = 2
+    q = softmax([1.0 / 2, 0.0, 0.0])
+    assert loss == pytest.approx(sum(a * math.log(a / b) for a, b in zip(p, q, strict=True)) / 3, rel=1e-6)
+
+
+def test_fedgen_client_objective_by_hand(monkeypatch):
+    """A FedGen client's loss: CE(f(x), y) + (B_g/B)·α·CE(head(G(ŷ)), ŷ) + β·KL(softmax(head(G(y))) ‖
+    softmax(f(x))), batch means, read at the first step on a model and a generator written down."""
+    import math
+
+    from torch import nn
+
+    from fedistill.algorithms.fedmdcg.fedgen_client import train_regularized
+    from fedistill.algorithms.shared.training import LocalTraining
+    from fedistill.data.base import DatasetInfo, ImageSet
+
+    class Constant(nn.Module):
+        """The extractor: feature (1, 0) for every input."""
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.tensor([[1.0, 0.0]]).expand(len(x), 2)
+
+    class Table(nn.Module):
+        """G(y) = rows[y], whatever the noise."""
+
+        rows = torch.tensor([[0.0, 1.0], [2.0, 0.0], [1.0, 1.0]])
+
+        def forward(self, labels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+            return self.rows[labels]
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.extractor, self.classifier = Constant(), nn.Linear(2, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.classifier(self.extractor(x))
+
+    model = Model()
+    weight, bias = [[1.0, 0.0], [0.0, 2.0], [-1.0, 1.0]], [0.0, 0.5, 0.0]
+    model.classifier.load_state_dict({"weight": torch.tensor(weight), "bias": torch.tensor(bias)})
+    info = DatasetInfo("tiny", 1, 4, 3, (0.5,), (0.25,))
+    data = ImageSet(torch.zeros(2, 1, 4, 4, dtype=torch.uint8), torch.tensor([0, 2]))
+    spec = LocalTraining(epochs=1, steps=1, batch_size=2, optimizer="sgd", lr=0.0, momentum=0.0,
+                         weight_decay=0.0, augment=False)  # fmt: skip
+    seen = []
+    monkeypatch.setattr(fedgen_client, "check_finite", lambda loss, *_: seen.append(loss.item()))
+    train_regularized(
+        model, Table(), data, info, spec, torch.Generator().manual_seed(0), torch.Generator(),
+        alpha=0.5, beta=3.0, label_probs=torch.tensor([0.0, 1.0, 0.0]), generator_batch_size=4,
+    )  # fmt: skip
+
+    def head(h: list[float]) -> list[float]:
+        return [
+            sum(w * v for w, v in zip(row, h, strict=True)) + b for row, b in zip(weight, bias, strict=True)
+        ]
+
+    def log_softmax(z: list[float]) -> list[float]:
+        norm = math.log(sum(math.exp(v) for v in z))
+        return [v - norm for v in z]
+
+    local = log_softmax(head([1.0, 0.0]))  # the same for both samples
+    ce = -(local[0] + local[2]) / 2
+    teacher = -log_softmax(head([2.0, 0.0]))[1]  # every ŷ is class 1
+    targets = [[math.exp(v) for v in log_softmax(head(h))] for h in ([0.0, 1.0], [1.0, 1.0])]  # G(0), G(2)
+    latent = sum(sum(p * (math.log(p) - q) for p, q in zip(t, local, strict=True)) for t in targets) / 2
+    assert seen[0] == pytest.approx(ce + (4 / 2) * 0.5 * teacher + 3.0 * latent, rel=1e-6)

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from algorithm_helpers import SMALL_NON_IID, check_resume_after_crash, make_client, run_recording
+from fedistill import devices
 from fedistill.algorithms.fedmdcg import losses as L
 from fedistill.algorithms.fedmdcg.fedmdcg import ORACLE_METRIC, oracle_global_accuracy
 from fedistill.algorithms.fedmdcg.fedmdcg_options import FedMDCGOptions, resolve_options
@@ -375,6 +376,22 @@ def test_a_restart_under_the_official_preset_loses_nothing(tmp_path):
     resumed = check_resume_after_crash(config, FedMDCGServer, tmp_path)
     state = read_checkpoint(latest_checkpoint(resumed / "checkpoints"))
     assert len(state["client_000"]["cache_x"]) > 20  # the code's cache outlived its first round
+
+
+@pytest.mark.filterwarnings("ignore:.*meta parameter.*:UserWarning")
+def test_a_restored_batch_cache_is_on_the_run_device(monkeypatch):
+    """A checkpoint reads back on the CPU; under the official-code preset the restored cache of real
+    batches must meet the local model on the run's device (a GPU), as the cache it replaces did.
+    `meta` stands in for the card."""
+    client = make_client(_config(**{"fedmdcg.preset": "official-code"}), "fedmdcg")
+    client.handle(Message.build("train", scalars={"config": {"round": 1}}))
+    state = client.state_dict()
+    assert state["cache_x"]
+    monkeypatch.setattr(devices, "_current", torch.device("meta"))
+    client.model.to("meta")
+    client.generator.to("meta")
+    client.load_state_dict(state)
+    assert {t.device.type for x, y in client.cache for t in (x, y)} == {"meta"}
 
 
 def test_flower_nodes_keep_the_client_state_between_messages(tmp_path):

@@ -4,6 +4,7 @@ robust, coordinate-wise aggregate)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -43,12 +44,12 @@ class FedAvgOptions(DPOptions):
         s = self.section
         if self.weighting not in ("samples", "uniform"):
             raise ConfigError(f"{s}.weighting must be 'samples' or 'uniform', got {self.weighting!r}")
-        if self.mu < 0:
-            raise ConfigError(f"{s}.mu must be >= 0, got {self.mu}")
+        if not 0 <= self.mu < math.inf:  # NaN fails both comparisons
+            raise ConfigError(f"{s}.mu must be >= 0 and finite, got {self.mu}")
         if not 0 <= self.server_momentum < 1:
             raise ConfigError(f"{s}.server_momentum must be in [0, 1), got {self.server_momentum}")
-        if self.server_lr <= 0:
-            raise ConfigError(f"{s}.server_lr must be > 0, got {self.server_lr}")
+        if not 0 < self.server_lr < math.inf:
+            raise ConfigError(f"{s}.server_lr must be > 0 and finite, got {self.server_lr}")
         check_choices(s, self, {"aggregate": COMBINES})
         if not 0 <= self.aggregate_trim < 0.5:
             raise ConfigError(f"{s}.aggregate_trim must be in [0, 0.5), got {self.aggregate_trim}")

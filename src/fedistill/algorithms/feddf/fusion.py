@@ -17,8 +17,9 @@ from torch import nn
 
 from fedistill import devices
 from fedistill.algorithms.base import clone_state
-from fedistill.algorithms.feddf.options import LOSSES, FedDFOptions
+from fedistill.algorithms.feddf.options import DISTILL_CHOICES, LOSSES, FedDFOptions
 from fedistill.algorithms.shared.distillation_data import DistillationSource
+from fedistill.algorithms.shared.option_checks import check_choices
 from fedistill.errors import ConfigError, FederationError
 from fedistill.seeding import derive_seed, global_rng
 
@@ -83,6 +84,7 @@ def distill(
     mode; the student in train mode with its BatchNorm layers frozen by default (`student_bn =
     "adapt"`, the released code, lets their statistics follow the distillation data). The last step
     is always evaluated."""
+    check_choices(options.section, options, DISTILL_CHOICES)  # no silent fallback below
     if not teachers:
         raise FederationError("FedDF has no teacher to distil from (every received model was dropped)")
     for teacher in teachers:

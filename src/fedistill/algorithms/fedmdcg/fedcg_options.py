@@ -22,6 +22,8 @@ from fedistill.models.feature_generator import (
 )
 
 DISCRIMINATOR_ACTIVATIONS: tuple[str, ...] = ("none", "leaky-relu")
+#: γ(t): the FedMD-CG repo's cubic ramp, the original's sigmoid ramp, or γ₀ throughout
+GAMMA_SCHEDULES: tuple[str, ...] = ("cubic", "sigmoid", "constant")
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class FedCGOptions:
     def validate(self) -> None:
         """Check the choices and the ranges of the weights, learning rates and sizes."""
         choices = {
-            "gamma_schedule": ("cubic", "sigmoid", "constant"),
+            "gamma_schedule": GAMMA_SCHEDULES,
             "noise": NOISE_DISTRIBUTIONS,
             "label_input": LABEL_INPUTS,
             "output_activation": OUTPUT_ACTIVATIONS,

@@ -14,7 +14,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedistill.algorithms.base import ServerContext, ServerLogic, clone_state
-from fedistill.algorithms.fedmdcg.fedcg_options import FedCGOptions, generator_options
+from fedistill.algorithms.fedmdcg.fedcg_options import GAMMA_SCHEDULES, FedCGOptions, generator_options
 from fedistill.algorithms.fedmdcg.fedgen_options import build_generator
 from fedistill.algorithms.fedmdcg.label_statistics import sample_labels
 from fedistill.algorithms.fedmdcg.local_model_losses import ramp_factor
@@ -32,7 +32,7 @@ from fedistill.algorithms.shared.training import average_states, check_finite
 from fedistill.federation.fleet import Fleet
 from fedistill.federation.messages import ArraySpec, Message, state_specs
 from fedistill.federation.reply_spec import TRAIN_LOSS, TRAIN_METRICS, ReplySpec
-from fedistill.models.base import CLASSIFIER_PREFIX
+from fedistill.models.base import CLASSIFIER_PREFIX, unknown_choice
 from fedistill.models.feature_generator import FeatureGenerator
 from fedistill.seeding import torch_generator
 
@@ -44,6 +44,8 @@ def gamma_at(options: FedCGOptions, round_index: int, rounds: int) -> float:
     if options.gamma_schedule == "sigmoid":
         p = min(round_index / 50.0, 1.0)
         return options.gamma * (2.0 / (1.0 + math.exp(-10.0 * p)) - 1.0)
+    if options.gamma_schedule != "constant":
+        raise unknown_choice("FedCG gamma schedule", options.gamma_schedule, GAMMA_SCHEDULES)
     return options.gamma
 
 

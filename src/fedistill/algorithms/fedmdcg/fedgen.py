@@ -27,7 +27,10 @@ Where the paper and the released code differ, the paper is the default and the c
 ``label_sampling = "counts"`` draws labels ∝ the global label counts (the paper's p̂(y)); the code
 draws them uniformly (the server over labels some client holds more than one sample of, the clients
 over all labels), ``label_sampling = "uniform"``. Label counts are those of the client's training
-data; the code counts the labels of the batches seen in the round, plus one.
+data; the code counts the labels of the batches seen in the round, plus one. One more difference of the
+code is not an option: it multiplies each client's (B,) cross-entropies by (B, 1) weights, which
+broadcasts to B×B, so its teacher term is mean_b CE × mean_b w_{k,y_b} (the weights no longer pick the
+samples of the classes a client holds); here each sample's CE is weighted by its own w_{k,y_b}.
 
 G's output is the model's split point: the extractor's features, read by the whole head
 (``classifier.*``, fc1 → fc2 for ``lenet-fedmdcg``). FedGen's code generates the input of the last

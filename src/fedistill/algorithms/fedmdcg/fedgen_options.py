@@ -24,6 +24,10 @@ from fedistill.models.feature_generator import (
 )
 from fedistill.seeding import seeded
 
+#: How the labels of a generator batch are drawn: the paper's p̂(y) (the summed label counts) or uniformly
+#: (the released code)
+LABEL_SAMPLINGS: tuple[str, ...] = ("counts", "uniform")
+
 
 @dataclass(frozen=True)
 class FedGenOptions:
@@ -56,7 +60,7 @@ class FedGenOptions:
         choices = {
             "share": ("model", "classifier"),
             "weighting": ("samples", "uniform"),
-            "label_sampling": ("counts", "uniform"),
+            "label_sampling": LABEL_SAMPLINGS,
             "diversity_metric": ("l1", "l2"),
             "noise": NOISE_DISTRIBUTIONS,
             "label_input": LABEL_INPUTS,

@@ -13,6 +13,7 @@ from torch.func import functional_call
 
 from fedistill.algorithms.base import ServerContext, ServerLogic, clone_state
 from fedistill.algorithms.fedmdcg.fedgen_options import (
+    LABEL_SAMPLINGS,
     FedGenOptions,
     build_generator,
     generator_options,
@@ -34,7 +35,7 @@ from fedistill.algorithms.shared.training import average_states, check_finite
 from fedistill.federation.fleet import Fleet
 from fedistill.federation.messages import ArraySpec, Message, state_specs
 from fedistill.federation.reply_spec import TRAIN_LOSS, TRAIN_METRICS, ReplySpec
-from fedistill.models.base import CLASSIFIER_PREFIX
+from fedistill.models.base import CLASSIFIER_PREFIX, unknown_choice
 from fedistill.models.feature_generator import FeatureGenerator
 from fedistill.seeding import torch_generator
 
@@ -51,6 +52,8 @@ def server_labels(
     client holds more than one sample of (FedGen's code; any held label if none qualifies)."""
     if sampling == "counts":
         return sample_labels(counts, batch_size, generator=generator)
+    if sampling != "uniform":
+        raise unknown_choice("FedGen label sampling", sampling, LABEL_SAMPLINGS)
     qualified = torch.nonzero(counts.max(dim=0).values > 1).flatten()
     if qualified.numel() == 0:
         qualified = torch.nonzero(counts.sum(dim=0) > 0).flatten()

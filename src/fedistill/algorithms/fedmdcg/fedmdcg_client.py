@@ -223,4 +223,8 @@ class FedMDCGClient(ClientLogic):
         self.generator.load_state_dict(state["generator"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator_optimizer.load_state_dict(state["generator_optimizer"])
-        self.cache = list(zip(state["cache_x"], state["cache_y"], strict=True))
+        # a checkpoint reads back on the CPU: the cached batches meet the model on the run's device
+        self.cache = [
+            (devices.on_device(x), devices.on_device(y))
+            for x, y in zip(state["cache_x"], state["cache_y"], strict=True)
+        ]
