@@ -421,6 +421,31 @@ def test_a_tiff_cut_short_in_its_header_is_a_data_error(tmp_path):
         read_rgb(path)
 
 
+def test_a_deflate_tiff_cut_short_in_its_pixels_is_a_data_error(tmp_path):
+    """A Deflate (zlib) TIFF cut short inside its compressed pixels ended in a bare zlib.error traceback."""
+    path = tmp_path / "tile.tif"
+    tile = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    tifffile.imwrite(path, tile, compression="zlib")
+    path.write_bytes(path.read_bytes()[: path.stat().st_size * 2 // 3])
+    with pytest.raises(DataError, match=r"cannot read image .*tile\.tif"):
+        read_rgb(path)
+
+
+@pytest.mark.parametrize("length", [5, 200])
+def test_a_cut_short_nuclei_synthetic_tiff_is_a_data_error(tmp_path, length):
+    """The semi-synthetic nuclei's TIFFs cut short (in the header: struct.error; in Deflate pixels:
+    zlib.error) ended in a traceback."""
+    folder = tmp_path / "nuclei"
+    folder.mkdir()
+    grey = np.random.default_rng(0).integers(0, 60000, (32, 32), dtype=np.uint16)
+    tifffile.imwrite(folder / "fluorescence_image.tif", grey)
+    tifffile.imwrite(folder / "fluorescence_instances.tif", grey, compression="zlib")
+    cut = folder / "fluorescence_instances.tif"
+    cut.write_bytes(cut.read_bytes()[:length])
+    with pytest.raises(DataError, match=r"cannot read"):
+        load_dataset("nuclei-synthetic-sites", tmp_path)
+
+
 def test_cross_site_one_group_per_source(tmp_path):
     _cpm17(tmp_path / "cpm17")
     _monuseg(tmp_path / "monuseg")
