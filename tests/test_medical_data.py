@@ -421,6 +421,19 @@ def test_a_tiff_cut_short_in_its_header_is_a_data_error(tmp_path):
         read_rgb(path)
 
 
+@pytest.mark.parametrize("compression", [None, "tiff_lzw"])
+def test_a_tiff_cut_short_before_its_directory_is_a_data_error(tmp_path, compression):
+    """libtiff and Pillow write a TIFF's image directory after its pixels, so a file cut short anywhere has
+    no image directory left: reading its first page ended in an IndexError traceback."""
+    path = tmp_path / "tile.tif"
+    tile = np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8)
+    Image.fromarray(tile).save(path, compression=compression)
+    assert np.array_equal(read_rgb(path), tile.transpose(2, 0, 1))
+    path.write_bytes(path.read_bytes()[:-200])
+    with pytest.raises(DataError, match=r"cannot read image .*tile\.tif"):
+        read_rgb(path)
+
+
 def test_a_deflate_tiff_cut_short_in_its_pixels_is_a_data_error(tmp_path):
     """A Deflate (zlib) TIFF cut short inside its compressed pixels ended in a bare zlib.error traceback."""
     path = tmp_path / "tile.tif"

@@ -75,6 +75,8 @@ def _read_tiff(path: Path) -> np.ndarray:
     looked up in its colormap, so it gives its colours, not its indices."""
     try:
         with tifffile.TiffFile(path) as tif:
+            if not len(tif.pages):  # libtiff writes the directory last: a file cut short loses it
+                raise ValueError("it holds no image: a damaged or cut-short TIFF")
             array = np.asarray(tif.asarray())
             page = tif.pages[0]
             if page.photometric == tifffile.PHOTOMETRIC.PALETTE and page.colormap is not None:
