@@ -181,6 +181,26 @@ def test_brats_2021_and_2023_layouts_use_every_subject(tmp_path, release):
     assert len(load_dataset("brats", tmp_path, image_size=24, modality="t1").group_names) == 2
 
 
+def test_two_brats_releases_each_in_its_own_folder_are_refused_not_picked_by_name(tmp_path):
+    """BraTS 2018 for segmentation and 2020 for reconstruction both go under brats/; unpacked there in their
+    own top folders, segmentation read 2020 (its folder sorts first) instead of the 2018 its configs name."""
+    brats = tmp_path / "brats"
+    for i in (1, 2):
+        name = f"Brats18_2013_{i}_1"
+        _brats_subject(brats / "MICCAI_BraTS_2018_Data_Training" / "HGG" / name, name, 2)
+        name = f"BraTS20_Training_00{i}"
+        _brats_subject(brats / "MICCAI_BraTS2020_TrainingData" / name, name, 3)
+    (brats / "MICCAI_BraTS2020_TrainingData" / "name_mapping.csv").write_text(
+        "Grade,BraTS_2020_subject_ID\nHGG,BraTS20_Training_001\nHGG,BraTS20_Training_002\n"
+    )
+    with pytest.raises(DataError, match=r"MICCAI_BraTS2020_TrainingData.*MICCAI_BraTS_2018_Data_Training"):
+        load_dataset("brats", tmp_path, image_size=24)
+    # BraTS 2018's HGG/ straight in brats/ is the segmentation set's, whatever else is below it
+    (brats / "MICCAI_BraTS_2018_Data_Training" / "HGG").rename(brats / "HGG")
+    data = load_dataset("brats", tmp_path, image_size=24)
+    assert data.group_names == ("Brats18_2013_2_1",)
+
+
 def test_brats_2020_without_its_name_mapping_is_refused(tmp_path):
     """2020 subjects are HGG and LGG; without name_mapping.csv the grades are unknown, not ungraded."""
     root = tmp_path / "brats" / "MICCAI_BraTS2020_TrainingData"
