@@ -385,8 +385,12 @@ def test_brats_releases_that_share_patients_are_not_read_together(tmp_path):
     for options in ({}, {"test_fraction": 0.34}):
         with pytest.raises(DataError, match=r"BraTS 2018 \(Brats18_2013_2_1 \.\.\.\), BraTS 2020 \(BraTS20_"):
             load_brats_mri(tmp_path, image_size=16, **options)
+    # 2018's HGG/ straight in the folder (where the segmentation set reads it) is in neither official split
+    (tmp_path / "MICCAI_BraTS_2018_Data_Training" / "HGG").rename(tmp_path / "HGG")
+    assert len(load_brats_mri(tmp_path, image_size=16).train) == 2 * 121
     # subjects of a set of their own (a 2023 set other than the gliomas, a user's own) share no patient
-    (folder / f"{subject}_t1.nii.gz").rename(folder / "Case_01_t1.nii.gz")
+    folder = tmp_path / "MICCAI_BraTS_2018_Data_Training" / "Case_01"
+    _nifti(folder / "Case_01_t1.nii.gz", _head((24, 24, 155), 7, skull=False))
     assert len(load_brats_mri(tmp_path, image_size=16).train) == 3 * 121
 
 
