@@ -649,6 +649,20 @@ def test_tnbc_test_slides_named_twice_count_once(tmp_path):
         load_dataset("tnbc", tmp_path, test_slides=[1, 2, 3, 3])
 
 
+def test_an_annotation_of_another_image_size_is_a_data_error_not_nuclei_cut_off(tmp_path):
+    """Outlines drawn on the tile at twice the scale (or on another, larger image) mostly fall off the image:
+    they were clipped or dropped in silence, leaving a target map with a few nuclei, or none."""
+    path = tmp_path / "tile.xml"
+    path.write_text(_aperio([(2 * r, 2 * c, 2 * s) for r, c, s in [(4, 4, 6), (20, 25, 8), (30, 30, 12)]]))
+    with pytest.raises(
+        DataError, match=r"tile\.xml: 2 of the 3 nucleus outlines lie wholly outside the 40x40"
+    ):
+        read_instances(path, (40, 40))
+    # a stray outline among many is an annotator's slip, not another image's annotation
+    path.write_text(_aperio([(3 * i, 3 * i, 2) for i in range(12)] + [(50, 50, 4)]))
+    assert read_instances(path, (40, 40)).max() == 12
+
+
 def test_aperio_negative_regions_are_holes_not_nuclei(tmp_path):
     """ImageScope marks an exclusion (a hole cut from the annotation) with NegativeROA="1" on its Region."""
     path = tmp_path / "a.xml"
