@@ -424,6 +424,19 @@ def test_malformed_label_and_volume_files_stop_with_a_line_naming_them(tmp_path)
         read_volume(volume)
 
 
+def test_a_brats_volume_with_nan_voxels_is_a_data_error_naming_it(tmp_path):
+    """NaN voxels (a float volume resampled by some tool) were scaled to 0 in silence: black pixels in the
+    scan, or background in the label map, with a percentile or slice maximum taken around them."""
+    for name in ("S1", "S2"):
+        _brats_subject(tmp_path / "brats" / "HGG" / name, name, 2)
+    path = tmp_path / "brats" / "HGG" / "S2" / "S2_t2.nii.gz"
+    volume = np.asarray(nib.load(path).dataobj, dtype=np.float32)
+    volume[12, 12, 3] = np.nan
+    _nifti(path, volume)
+    with pytest.raises(DataError, match=r"S2_t2\.nii\.gz.*NaN"):
+        load_dataset("brats", tmp_path, image_size=16)
+
+
 def test_a_compressed_tiff_tile_is_read(tmp_path):
     """LZW-compressed TIFFs need a codec tifffile does not ship; Pillow reads them."""
     tile = np.random.default_rng(0).integers(0, 255, (12, 10, 3), dtype=np.uint8)
