@@ -477,6 +477,22 @@ def test_cifar10_corrupt_archive_is_a_data_error(tmp_path: Path) -> None:
         load_cifar10(tmp_path, verify=False)
 
 
+def test_a_bad_batch_inside_the_cifar_archive_is_named_inside_the_archive(tmp_path: Path) -> None:
+    """Read from the archive, a malformed batch was called `cifar10/cifar-10-batches-py/test_batch`: a file
+    that is not there, whatever the user looks for."""
+    files = cifar10_files()
+    files["test_batch"] = py2_pickle({b"data": cifar_images(3, 0), b"labels": [0, 1, 10]})
+    archive = tmp_path / "cifar10" / "cifar-10-python.tar.gz"
+    write_tar_gz(archive, "cifar-10-batches-py", files)
+    with pytest.raises(DataError, match=r"cifar-10-python\.tar\.gz:cifar-10-batches-py/test_batch: labels"):
+        load_dataset("cifar10", tmp_path, verify=False)
+    files = cifar100_files()
+    files["meta"] = py2_pickle({b"fine_label_names": []})
+    write_tar_gz(tmp_path / "cifar100" / "cifar-100-python.tar.gz", "cifar-100-python", files)
+    with pytest.raises(DataError, match=r"cifar-100-python\.tar\.gz:cifar-100-python/meta names 0"):
+        load_dataset("cifar100", tmp_path, verify=False)
+
+
 def test_cifar10_archive_is_read_when_the_extracted_folder_is_incomplete(tmp_path: Path) -> None:
     files = cifar10_files()
     write_tar_gz(tmp_path / "cifar-10-python.tar.gz", "cifar-10-batches-py", files)

@@ -178,8 +178,9 @@ def read_cifar_files(
     *,
     download: bool = False,
     verify: bool = True,
-) -> dict[str, bytes]:
-    """The bytes of the named batch files, from `folder/dir_name/` if present, else from the archive.
+) -> tuple[dict[str, bytes], dict[str, str]]:
+    """The bytes of the named batch files, from `folder/dir_name/` if present, else from the archive, and
+    each file's name for messages (a member of the archive is `<archive>:<dir_name>/<member>`).
 
     With `verify`, extracted files are checked against KNOWN_MD5 and the archive against its md5. An
     extracted folder that lacks a required file (an unpacking cut short) gives way to the archive when
@@ -201,7 +202,7 @@ def read_cifar_files(
                 continue
             out[member] = read_file(path)
             _check_md5(out[member], f"{dir_name}/{member}", str(path), verify, archive)
-        return out
+        return out, {m: str(extracted / m) for m in out}
     if not download and not (folder / archive.name).is_file():
         raise DataError(_missing_message(folder, dir_name, required, archive))
     archive_path = fetch_or_require(folder, archive, download_missing=download, verify=verify)
@@ -222,7 +223,7 @@ def read_cifar_files(
             f"{archive_path} lacks {', '.join(f'{dir_name}/{m}' for m in absent)}; "
             f"it is not the official {archive.name} (md5 {archive.md5})"
         )
-    return out
+    return out, {m: f"{archive_path}:{dir_name}/{m}" for m in out}
 
 
 def _image_set(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> ImageSet:
@@ -234,7 +235,7 @@ def _image_set(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> ImageSet:
 def load_cifar10(folder: str | Path, *, download: bool = False, verify: bool = True) -> LoadedDataset:
     """CIFAR-10 (50,000 train / 10,000 test, 32x32 RGB) from the archive or extracted folder in `folder`."""
     folder = Path(folder)
-    files = read_cifar_files(
+    files, src = read_cifar_files(
         folder,
         CIFAR10_DIR,
         CIFAR10_ARCHIVE,
@@ -243,7 +244,6 @@ def load_cifar10(folder: str | Path, *, download: bool = False, verify: bool = T
         download=download,
         verify=verify,
     )
-    src = {m: str(folder / CIFAR10_DIR / m) for m in files}
     train = _image_set([_parse_batch(files[m], src[m], "labels", 10) for m in CIFAR10_TRAIN])
     test = _image_set([_parse_batch(files["test_batch"], src["test_batch"], "labels", 10)])
     class_names = CIFAR10_CLASSES
@@ -276,10 +276,9 @@ def load_cifar100(
         raise ConfigError(f"cifar100 option labels must be 'fine' or 'coarse', got {labels!r}")
     folder = Path(folder)
     num_classes = 100 if labels == "fine" else 20
-    files = read_cifar_files(
+    files, src = read_cifar_files(
         folder, CIFAR100_DIR, CIFAR100_ARCHIVE, ["train", "test", "meta"], download=download, verify=verify
     )
-    src = {m: str(folder / CIFAR100_DIR / m) for m in files}
     key = f"{labels}_labels"
     train = _image_set([_parse_batch(files["train"], src["train"], key, num_classes)])
     test = _image_set([_parse_batch(files["test"], src["test"], key, num_classes)])
