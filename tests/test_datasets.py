@@ -6,6 +6,7 @@ import gzip
 import io
 import os
 import pickle
+import re
 import socket
 import struct
 import tarfile
@@ -524,6 +525,25 @@ def test_cifar10_missing_everything(tmp_path: Path) -> None:
         str(tmp_path / "cifar10" / "cifar-10-python.tar.gz") in msg
         and "c58f30108f718f92721af3b95e74349a" in msg
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "other"),
+    [
+        ("cifar10", "cifar-10-binary.tar.gz"),
+        ("cifar10", "cifar-10-batches-bin"),
+        ("cifar100", "cifar-100-binary"),
+        ("cifar10", "cifar-10-matlab.tar.gz"),
+    ],
+)
+def test_another_cifar_version_in_place_is_named_as_not_read(tmp_path: Path, name: str, other: str) -> None:
+    """The binary (or MATLAB) version in the folder met the same "not found" as an empty folder: the user
+    holding it was not told it is the python version that is read."""
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / other).mkdir() if "." not in other else (folder / other).write_bytes(b"")
+    with pytest.raises(DataError, match=rf"{re.escape(other)} is another version of the dataset, not read"):
+        load_dataset(name, tmp_path)
 
 
 def test_cifar100_fine_and_coarse(tmp_path: Path) -> None:

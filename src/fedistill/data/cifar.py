@@ -2,7 +2,8 @@
 
 Either the extracted folder (`cifar-10-batches-py/`, `cifar-100-python/`) or the
 official `.tar.gz` archive is read; the archive is streamed with tarfile and never
-extracted to disk. The batches are pickles, and unpickling runs code named in the
+extracted to disk; the binary and MATLAB versions are not read (a missing-file message names them when they
+are in the folder). The batches are pickles, and unpickling runs code named in the
 file, so they go through `RestrictedUnpickler`, which builds numpy arrays and
 nothing else.
 """
@@ -33,6 +34,17 @@ CIFAR100_ARCHIVE = RemoteFile(
     "cifar-100-python.tar.gz",
     "eb9058c3a382ffc7106e4002c42a8d85",
     "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
+)
+#: The binary and MATLAB versions of the archives, and the folders they unpack to: only the python one is read
+OTHER_VERSIONS = (
+    "cifar-10-binary.tar.gz",
+    "cifar-10-matlab.tar.gz",
+    "cifar-10-batches-bin",
+    "cifar-10-batches-mat",
+    "cifar-100-binary.tar.gz",
+    "cifar-100-matlab.tar.gz",
+    "cifar-100-binary",
+    "cifar-100-matlab",
 )
 CIFAR10_DIR = "cifar-10-batches-py"
 CIFAR100_DIR = "cifar-100-python"
@@ -161,11 +173,15 @@ def _check_md5(data: bytes, key: str, source: str, verify: bool, archive: Remote
 
 
 def _missing_message(folder: Path, dir_name: str, members: Sequence[str], archive: RemoteFile) -> str:
+    others = [name for name in OTHER_VERSIONS if (folder / name).exists()]
     return (
         f"CIFAR files not found in {folder}: put the official {archive.name} (md5 {archive.md5}) "
         f"at exactly {folder / archive.name}, or its extracted folder at {folder / dir_name}/ "
         f"with the files {', '.join(members)}; or pass --download (download=True) when online "
         f"to fetch {archive.url}"
+        + "".join(
+            f". {name} is another version of the dataset, not read: use the python version" for name in others
+        )
     )
 
 
