@@ -6,6 +6,7 @@ import gzip
 import io
 import os
 import pickle
+import re
 import socket
 import struct
 import tarfile
@@ -477,6 +478,22 @@ def test_cifar10_corrupt_archive_is_a_data_error(tmp_path: Path) -> None:
         load_cifar10(tmp_path, verify=False)
 
 
+def test_a_bad_batch_inside_the_cifar_archive_is_named_inside_the_archive(tmp_path: Path) -> None:
+    """Read from the archive, a malformed batch was called `cifar10/cifar-10-batches-py/test_batch`: a file
+    that is not there, whatever the user looks for."""
+    files = cifar10_files()
+    files["test_batch"] = py2_pickle({b"data": cifar_images(3, 0), b"labels": [0, 1, 10]})
+    archive = tmp_path / "cifar10" / "cifar-10-python.tar.gz"
+    write_tar_gz(archive, "cifar-10-batches-py", files)
+    with pytest.raises(DataError, match=r"cifar-10-python\.tar\.gz:cifar-10-batches-py/test_batch: labels"):
+        load_dataset("cifar10", tmp_path, verify=False)
+    files = cifar100_files()
+    files["meta"] = py2_pickle({b"fine_label_names": []})
+    write_tar_gz(tmp_path / "cifar100" / "cifar-100-python.tar.gz", "cifar-100-python", files)
+    with pytest.raises(DataError, match=r"cifar-100-python\.tar\.gz:cifar-100-python/meta names 0"):
+        load_dataset("cifar100", tmp_path, verify=False)
+
+
 def test_cifar10_archive_is_read_when_the_extracted_folder_is_incomplete(tmp_path: Path) -> None:
     files = cifar10_files()
     write_tar_gz(tmp_path / "cifar-10-python.tar.gz", "cifar-10-batches-py", files)
@@ -508,6 +525,25 @@ def test_cifar10_missing_everything(tmp_path: Path) -> None:
         str(tmp_path / "cifar10" / "cifar-10-python.tar.gz") in msg
         and "c58f30108f718f92721af3b95e74349a" in msg
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "other"),
+    [
+        ("cifar10", "cifar-10-binary.tar.gz"),
+        ("cifar10", "cifar-10-batches-bin"),
+        ("cifar100", "cifar-100-binary"),
+        ("cifar10", "cifar-10-matlab.tar.gz"),
+    ],
+)
+def test_another_cifar_version_in_place_is_named_as_not_read(tmp_path: Path, name: str, other: str) -> None:
+    """The binary (or MATLAB) version in the folder met the same "not found" as an empty folder: the user
+    holding it was not told it is the python version that is read."""
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / other).mkdir() if "." not in other else (folder / other).write_bytes(b"")
+    with pytest.raises(DataError, match=rf"{re.escape(other)} is another version of the dataset, not read"):
+        load_dataset(name, tmp_path)
 
 
 def test_cifar100_fine_and_coarse(tmp_path: Path) -> None:

@@ -181,6 +181,26 @@ def test_brats_2021_and_2023_layouts_use_every_subject(tmp_path, release):
     assert len(load_dataset("brats", tmp_path, image_size=24, modality="t1").group_names) == 2
 
 
+def test_two_brats_releases_each_in_its_own_folder_are_refused_not_picked_by_name(tmp_path):
+    """BraTS 2018 for segmentation and 2020 for reconstruction both go under brats/; unpacked there in their
+    own top folders, segmentation read 2020 (its folder sorts first) instead of the 2018 its configs name."""
+    brats = tmp_path / "brats"
+    for i in (1, 2):
+        name = f"Brats18_2013_{i}_1"
+        _brats_subject(brats / "MICCAI_BraTS_2018_Data_Training" / "HGG" / name, name, 2)
+        name = f"BraTS20_Training_00{i}"
+        _brats_subject(brats / "MICCAI_BraTS2020_TrainingData" / name, name, 3)
+    (brats / "MICCAI_BraTS2020_TrainingData" / "name_mapping.csv").write_text(
+        "Grade,BraTS_2020_subject_ID\nHGG,BraTS20_Training_001\nHGG,BraTS20_Training_002\n"
+    )
+    with pytest.raises(DataError, match=r"MICCAI_BraTS2020_TrainingData.*MICCAI_BraTS_2018_Data_Training"):
+        load_dataset("brats", tmp_path, image_size=24)
+    # BraTS 2018's HGG/ straight in brats/ is the segmentation set's, whatever else is below it
+    (brats / "MICCAI_BraTS_2018_Data_Training" / "HGG").rename(brats / "HGG")
+    data = load_dataset("brats", tmp_path, image_size=24)
+    assert data.group_names == ("Brats18_2013_2_1",)
+
+
 def test_brats_2020_without_its_name_mapping_is_refused(tmp_path):
     """2020 subjects are HGG and LGG; without name_mapping.csv the grades are unknown, not ungraded."""
     root = tmp_path / "brats" / "MICCAI_BraTS2020_TrainingData"
@@ -404,6 +424,19 @@ def test_malformed_label_and_volume_files_stop_with_a_line_naming_them(tmp_path)
         read_volume(volume)
 
 
+def test_a_brats_volume_with_nan_voxels_is_a_data_error_naming_it(tmp_path):
+    """NaN voxels (a float volume resampled by some tool) were scaled to 0 in silence: black pixels in the
+    scan, or background in the label map, with a percentile or slice maximum taken around them."""
+    for name in ("S1", "S2"):
+        _brats_subject(tmp_path / "brats" / "HGG" / name, name, 2)
+    path = tmp_path / "brats" / "HGG" / "S2" / "S2_t2.nii.gz"
+    volume = np.asarray(nib.load(path).dataobj, dtype=np.float32)
+    volume[12, 12, 3] = np.nan
+    _nifti(path, volume)
+    with pytest.raises(DataError, match=r"S2_t2\.nii\.gz.*NaN"):
+        load_dataset("brats", tmp_path, image_size=16)
+
+
 def test_a_compressed_tiff_tile_is_read(tmp_path):
     """LZW-compressed TIFFs need a codec tifffile does not ship; Pillow reads them."""
     tile = np.random.default_rng(0).integers(0, 255, (12, 10, 3), dtype=np.uint8)
@@ -419,6 +452,44 @@ def test_a_tiff_cut_short_in_its_header_is_a_data_error(tmp_path):
     path.write_bytes(path.read_bytes()[:5])  # byte order, magic and half the first IFD's offset
     with pytest.raises(DataError, match=r"cannot read image .*tile\.tif"):
         read_rgb(path)
+
+
+@pytest.mark.parametrize("compression", [None, "tiff_lzw"])
+def test_a_tiff_cut_short_before_its_directory_is_a_data_error(tmp_path, compression):
+    """libtiff and Pillow write a TIFF's image directory after its pixels, so a file cut short anywhere has
+    no image directory left: reading its first page ended in an IndexError traceback."""
+    path = tmp_path / "tile.tif"
+    tile = np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8)
+    Image.fromarray(tile).save(path, compression=compression)
+    assert np.array_equal(read_rgb(path), tile.transpose(2, 0, 1))
+    path.write_bytes(path.read_bytes()[:-200])
+    with pytest.raises(DataError, match=r"cannot read image .*tile\.tif"):
+        read_rgb(path)
+
+
+def test_a_deflate_tiff_cut_short_in_its_pixels_is_a_data_error(tmp_path):
+    """A Deflate (zlib) TIFF cut short inside its compressed pixels ended in a bare zlib.error traceback."""
+    path = tmp_path / "tile.tif"
+    tile = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    tifffile.imwrite(path, tile, compression="zlib")
+    path.write_bytes(path.read_bytes()[: path.stat().st_size * 2 // 3])
+    with pytest.raises(DataError, match=r"cannot read image .*tile\.tif"):
+        read_rgb(path)
+
+
+@pytest.mark.parametrize("length", [5, 200])
+def test_a_cut_short_nuclei_synthetic_tiff_is_a_data_error(tmp_path, length):
+    """The semi-synthetic nuclei's TIFFs cut short (in the header: struct.error; in Deflate pixels:
+    zlib.error) ended in a traceback."""
+    folder = tmp_path / "nuclei"
+    folder.mkdir()
+    grey = np.random.default_rng(0).integers(0, 60000, (32, 32), dtype=np.uint16)
+    tifffile.imwrite(folder / "fluorescence_image.tif", grey)
+    tifffile.imwrite(folder / "fluorescence_instances.tif", grey, compression="zlib")
+    cut = folder / "fluorescence_instances.tif"
+    cut.write_bytes(cut.read_bytes()[:length])
+    with pytest.raises(DataError, match=r"cannot read"):
+        load_dataset("nuclei-synthetic-sites", tmp_path)
 
 
 def test_cross_site_one_group_per_source(tmp_path):
@@ -589,6 +660,20 @@ def test_tnbc_test_slides_named_twice_count_once(tmp_path):
     assert data.test_groups.tolist() == [0, 0, 1, 1] and data.train_groups.tolist() == [2, 2]
     with pytest.raises(ConfigError, match="some but not all"):
         load_dataset("tnbc", tmp_path, test_slides=[1, 2, 3, 3])
+
+
+def test_an_annotation_of_another_image_size_is_a_data_error_not_nuclei_cut_off(tmp_path):
+    """Outlines drawn on the tile at twice the scale (or on another, larger image) mostly fall off the image:
+    they were clipped or dropped in silence, leaving a target map with a few nuclei, or none."""
+    path = tmp_path / "tile.xml"
+    path.write_text(_aperio([(2 * r, 2 * c, 2 * s) for r, c, s in [(4, 4, 6), (20, 25, 8), (30, 30, 12)]]))
+    with pytest.raises(
+        DataError, match=r"tile\.xml: 2 of the 3 nucleus outlines lie wholly outside the 40x40"
+    ):
+        read_instances(path, (40, 40))
+    # a stray outline among many is an annotator's slip, not another image's annotation
+    path.write_text(_aperio([(3 * i, 3 * i, 2) for i in range(12)] + [(50, 50, 4)]))
+    assert read_instances(path, (40, 40)).max() == 12
 
 
 def test_aperio_negative_regions_are_holes_not_nuclei(tmp_path):

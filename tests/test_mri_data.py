@@ -373,6 +373,27 @@ def test_brats_official_split_and_protocol_slices(tmp_path):
         load_brats_mri(tmp_path)
 
 
+def test_brats_releases_that_share_patients_are_not_read_together(tmp_path):
+    """Each glioma release holds the scans of the earlier ones under new names (BraTS 2020's name_mapping.csv
+    lists each subject's 2018 name): with 2018 unpacked beside 2020, a patient was trained on twice, or,
+    with test_fraction, could be trained on under one name and tested on under the other."""
+    _brats(tmp_path, "Training", 2, 1)
+    _brats(tmp_path, "Validation", 1, 1)
+    subject = "Brats18_2013_2_1"
+    folder = tmp_path / "MICCAI_BraTS_2018_Data_Training" / "HGG" / subject
+    _nifti(folder / f"{subject}_t1.nii.gz", _head((24, 24, 155), 7, skull=False))
+    for options in ({}, {"test_fraction": 0.34}):
+        with pytest.raises(DataError, match=r"BraTS 2018 \(Brats18_2013_2_1 \.\.\.\), BraTS 2020 \(BraTS20_"):
+            load_brats_mri(tmp_path, image_size=16, **options)
+    # 2018's HGG/ straight in the folder (where the segmentation set reads it) is in neither official split
+    (tmp_path / "MICCAI_BraTS_2018_Data_Training" / "HGG").rename(tmp_path / "HGG")
+    assert len(load_brats_mri(tmp_path, image_size=16).train) == 2 * 121
+    # subjects of a set of their own (a 2023 set other than the gliomas, a user's own) share no patient
+    folder = tmp_path / "MICCAI_BraTS_2018_Data_Training" / "Case_01"
+    _nifti(folder / "Case_01_t1.nii.gz", _head((24, 24, 155), 7, skull=False))
+    assert len(load_brats_mri(tmp_path, image_size=16).train) == 3 * 121
+
+
 def test_brats_2023_file_names(tmp_path):
     """BraTS 2023 names its native T1 `-t1n` and its T2 `-t2w`; the contrast-enhanced `-t1c` is not read."""
     for split, i in (("Training", 1), ("Training", 2), ("Validation", 3)):

@@ -482,6 +482,19 @@ def test_a_compressed_tiff_is_read_as_training_reads_it_and_a_cut_one_is_one_lin
             read_image(tmp_path / "cut.tif")
 
 
+def test_a_deflate_tiff_cut_short_in_its_pixels_is_one_line(tmp_path):
+    """Deflate is tifffile's own codec: a file cut short inside its compressed pixels raised zlib.error, a
+    traceback from predict and from image-folder alike."""
+    from fedistill.inference.images import read_image
+
+    rgb = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    tifffile.imwrite(tmp_path / "cut.tif", rgb, compression="zlib")
+    assert np.array_equal(read_image(tmp_path / "cut.tif"), rgb)
+    (tmp_path / "cut.tif").write_bytes((tmp_path / "cut.tif").read_bytes()[: 64 * 64 * 2])
+    with pytest.raises(DataError, match=r"cannot read image .*cut\.tif"):
+        read_image(tmp_path / "cut.tif")
+
+
 def test_a_classifier_s_output_that_is_a_file_but_no_csv_is_refused_before_any_work(tmp_path):
     """`--output notes.txt` (an existing file) was taken for a folder to put predictions.csv in: every
     image was classified, then the command stopped with `run stopped: cannot write notes.txt: File

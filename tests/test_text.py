@@ -197,6 +197,20 @@ def test_ag_news_errors_name_the_file_line_after_a_quoted_line_break(tmp_path):
         read_ag_news(ag)
 
 
+def test_an_ag_news_file_cut_short_inside_a_quoted_field_is_a_data_error(tmp_path):
+    """The release quotes every field, so a copy cut short mostly ends inside a quote: its last article was
+    read, shortened, as a whole one."""
+    ag = tmp_path / "ag.csv"
+    ag.write_text('"3","stocks","profit"\n"1","war","trea', encoding="utf-8")
+    with pytest.raises(DataError, match=r"ag\.csv:2: the file ends inside a quoted field"):
+        read_ag_news(ag)
+    ag.write_text('"3","stocks","profit\nand loss"\n"1","war","treaty\nand peace', encoding="utf-8")
+    with pytest.raises(DataError, match=r"ag\.csv:3: the file ends inside a quoted field"):
+        read_ag_news(ag)
+    ag.write_text('"3","stocks","profit"\n"1","war","treaty"', encoding="utf-8")  # no final line break
+    assert read_ag_news(ag) == (["stocks profit", "war treaty"], [2, 0])
+
+
 def test_an_empty_sst2_file_is_called_empty(tmp_path):
     """An empty file (a copy cut short) is no sign of GLUE's unlabelled test split."""
     sst = tmp_path / "dev.tsv"

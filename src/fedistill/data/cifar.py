@@ -2,7 +2,8 @@
 
 Either the extracted folder (`cifar-10-batches-py/`, `cifar-100-python/`) or the
 official `.tar.gz` archive is read; the archive is streamed with tarfile and never
-extracted to disk. The batches are pickles, and unpickling runs code named in the
+extracted to disk; the binary and MATLAB versions are not read (a missing-file message names them when they
+are in the folder). The batches are pickles, and unpickling runs code named in the
 file, so they go through `RestrictedUnpickler`, which builds numpy arrays and
 nothing else.
 """
@@ -33,6 +34,17 @@ CIFAR100_ARCHIVE = RemoteFile(
     "cifar-100-python.tar.gz",
     "eb9058c3a382ffc7106e4002c42a8d85",
     "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
+)
+#: The binary and MATLAB versions of the archives, and the folders they unpack to: only the python one is read
+OTHER_VERSIONS = (
+    "cifar-10-binary.tar.gz",
+    "cifar-10-matlab.tar.gz",
+    "cifar-10-batches-bin",
+    "cifar-10-batches-mat",
+    "cifar-100-binary.tar.gz",
+    "cifar-100-matlab.tar.gz",
+    "cifar-100-binary",
+    "cifar-100-matlab",
 )
 CIFAR10_DIR = "cifar-10-batches-py"
 CIFAR100_DIR = "cifar-100-python"
@@ -161,11 +173,15 @@ def _check_md5(data: bytes, key: str, source: str, verify: bool, archive: Remote
 
 
 def _missing_message(folder: Path, dir_name: str, members: Sequence[str], archive: RemoteFile) -> str:
+    others = [name for name in OTHER_VERSIONS if (folder / name).exists()]
     return (
         f"CIFAR files not found in {folder}: put the official {archive.name} (md5 {archive.md5}) "
         f"at exactly {folder / archive.name}, or its extracted folder at {folder / dir_name}/ "
         f"with the files {', '.join(members)}; or pass --download (download=True) when online "
         f"to fetch {archive.url}"
+        + "".join(
+            f". {name} is another version of the dataset, not read: use the python version" for name in others
+        )
     )
 
 
@@ -178,8 +194,9 @@ def read_cifar_files(
     *,
     download: bool = False,
     verify: bool = True,
-) -> dict[str, bytes]:
-    """The bytes of the named batch files, from `folder/dir_name/` if present, else from the archive.
+) -> tuple[dict[str, bytes], dict[str, str]]:
+    """The bytes of the named batch files, from `folder/dir_name/` if present, else from the archive, and
+    each file's name for messages (a member of the archive is `<archive>:<dir_name>/<member>`).
 
     With `verify`, extracted files are checked against KNOWN_MD5 and the archive against its md5. An
     extracted folder that lacks a required file (an unpacking cut short) gives way to the archive when
@@ -201,7 +218,7 @@ def read_cifar_files(
                 continue
             out[member] = read_file(path)
             _check_md5(out[member], f"{dir_name}/{member}", str(path), verify, archive)
-        return out
+        return out, {m: str(extracted / m) for m in out}
     if not download and not (folder / archive.name).is_file():
         raise DataError(_missing_message(folder, dir_name, required, archive))
     archive_path = fetch_or_require(folder, archive, download_missing=download, verify=verify)
@@ -222,7 +239,7 @@ def read_cifar_files(
             f"{archive_path} lacks {', '.join(f'{dir_name}/{m}' for m in absent)}; "
             f"it is not the official {archive.name} (md5 {archive.md5})"
         )
-    return out
+    return out, {m: f"{archive_path}:{dir_name}/{m}" for m in out}
 
 
 def _image_set(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> ImageSet:
@@ -234,7 +251,7 @@ def _image_set(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> ImageSet:
 def load_cifar10(folder: str | Path, *, download: bool = False, verify: bool = True) -> LoadedDataset:
     """CIFAR-10 (50,000 train / 10,000 test, 32x32 RGB) from the archive or extracted folder in `folder`."""
     folder = Path(folder)
-    files = read_cifar_files(
+    files, src = read_cifar_files(
         folder,
         CIFAR10_DIR,
         CIFAR10_ARCHIVE,
@@ -243,7 +260,6 @@ def load_cifar10(folder: str | Path, *, download: bool = False, verify: bool = T
         download=download,
         verify=verify,
     )
-    src = {m: str(folder / CIFAR10_DIR / m) for m in files}
     train = _image_set([_parse_batch(files[m], src[m], "labels", 10) for m in CIFAR10_TRAIN])
     test = _image_set([_parse_batch(files["test_batch"], src["test_batch"], "labels", 10)])
     class_names = CIFAR10_CLASSES
@@ -276,10 +292,9 @@ def load_cifar100(
         raise ConfigError(f"cifar100 option labels must be 'fine' or 'coarse', got {labels!r}")
     folder = Path(folder)
     num_classes = 100 if labels == "fine" else 20
-    files = read_cifar_files(
+    files, src = read_cifar_files(
         folder, CIFAR100_DIR, CIFAR100_ARCHIVE, ["train", "test", "meta"], download=download, verify=verify
     )
-    src = {m: str(folder / CIFAR100_DIR / m) for m in files}
     key = f"{labels}_labels"
     train = _image_set([_parse_batch(files["train"], src["train"], key, num_classes)])
     test = _image_set([_parse_batch(files["test"], src["test"], key, num_classes)])

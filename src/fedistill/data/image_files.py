@@ -14,6 +14,7 @@ error. Resizing: Pillow's bilinear filter, which averages over the source pixels
 from __future__ import annotations
 
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +34,16 @@ def read_image(path: Path) -> np.ndarray:
     try:
         tiff = path.suffix.lower() in (".tif", ".tiff")
         array = _read_tiff(path) if tiff else _read_with_pillow(path)
-    except (OSError, ValueError, UnidentifiedImageError, tifffile.TiffFileError, struct.error) as e:
-        # struct.error: tifffile on a TIFF cut short within its 8-byte header
+    except (
+        OSError,
+        ValueError,
+        UnidentifiedImageError,
+        tifffile.TiffFileError,
+        struct.error,
+        zlib.error,
+    ) as e:
+        # struct.error: tifffile on a TIFF cut short within its 8-byte header; zlib.error: a Deflate TIFF cut
+        # short within its pixels
         raise DataError(f"cannot read image {path} ({e}); replace the file or move it elsewhere") from e
     if array.ndim == 2:
         array = array[:, :, None]

@@ -5,7 +5,8 @@ Each `Annotations/Annotation/Regions/Region` is one nucleus outlined by `Vertice
 instance, numbered in file order; where outlines overlap the later region wins (overlaps are a few
 boundary pixels in MoNuSeg), and a region left with no pixel is dropped, so ids run 1..n. A region marked
 `NegativeROA="1"` is ImageScope's exclusion, a hole: its pixels are cleared from the nuclei drawn, and it
-is no instance itself (MoNuSeg has none).
+is no instance itself (MoNuSeg has none). An annotation with more than a tenth of its outlines wholly outside
+the image is refused: it was drawn on another image, or on this one at another scale.
 """
 
 from __future__ import annotations
@@ -66,8 +67,26 @@ def rasterise(
     return relabel(instances)
 
 
+#: more than this share of the outlines wholly outside the image: the annotation of another image (or scale)
+MAX_SHARE_OUTSIDE = 0.1
+
+
 def read_instances(path: Path, shape: tuple[int, int]) -> np.ndarray:
     """The instance map of `shape` drawn from the regions of an Aperio XML annotation file."""
     regions = _read(path)
     nuclei = [outline for outline, negative in regions if not negative]
+    outside = sum(_wholly_outside(outline, shape) for outline in nuclei)
+    if outside > MAX_SHARE_OUTSIDE * len(nuclei):
+        raise DataError(
+            f"{path}: {outside} of the {len(nuclei)} nucleus outlines lie wholly outside the "
+            f"{shape[0]}x{shape[1]} image it annotates; is it the annotation of another image, or of this "
+            "one at another scale? Put the tile's own XML beside it"
+        )
     return rasterise(nuclei, shape, [outline for outline, negative in regions if negative])
+
+
+def _wholly_outside(outline: np.ndarray, shape: tuple[int, int]) -> bool:
+    """Whether an outline's (row, column) vertices all lie beyond one edge of an image of `shape` (past its
+    outermost pixel centres), so that it covers none of its pixels."""
+    rows, cols = outline[:, 0], outline[:, 1]
+    return bool(rows.max() < 0 or cols.max() < 0 or rows.min() > shape[0] - 1 or cols.min() > shape[1] - 1)

@@ -1,6 +1,7 @@
 """BraTS 2018-2023 whole-tumour segmentation on 2D axial slices, with Chang et al.'s (2020) protocol.
 
-Layouts read (the folder itself or one level below, e.g. `MICCAI_BraTS_2018_Data_Training/`):
+Layouts read (the folder itself or one level below, e.g. `MICCAI_BraTS_2018_Data_Training/`; one release:
+releases in several folders below are refused, as the subjects of one are in the others):
   2018/2019: `HGG/<subject>/<subject>_<modality>.nii.gz` and `LGG/<subject>/...`;
   2020:      `<subject>/<subject>_<modality>.nii.gz` plus `name_mapping.csv` (columns `Grade` and
              `BraTS_2020_subject_ID`), which says which subjects are HGG and which LGG;
@@ -92,23 +93,38 @@ def _roots(folder: Path) -> list[Path]:
 
 
 def _grade_folders(folder: Path) -> dict[str, dict[str, Path]]:
-    """{grade: {subject: folder}} from the 2018/2019 HGG/LGG layout or the 2020 name_mapping.csv."""
-    for root in _roots(folder):
-        by_grade = {g: root / g.upper() for g in GRADES if (root / g.upper()).is_dir()}
-        if by_grade:
-            return {g: {p.name: p for p in sorted(d.iterdir()) if p.is_dir()} for g, d in by_grade.items()}
-        mapping = root / "name_mapping.csv"
-        if mapping.is_file():
-            return _from_name_mapping(root, mapping)
-    for root in _roots(folder):
-        folders = sorted(p for p in root.iterdir() if p.is_dir())
-        labelled = {p.name: p for p in folders if _modality_file(p, p.name, "seg")}
-        if labelled and not any(name.startswith("BraTS20_") for name in labelled):
-            return {UNGRADED: labelled}
+    """{grade: {subject: folder}} of the one release in `folder`, or in the one folder below it that holds a
+    release (its own top folder); releases in several folders below are refused, not chosen among by name."""
+    roots = _roots(folder)
+    found = [(root, layout) for root in roots if (layout := _release(root)) is not None]
+    if found and (found[0][0] == folder or len(found) == 1):
+        return found[0][1]
+    if found:
+        raise DataError(
+            f"BraTS releases in several folders under {folder}: {', '.join(str(r) for r, _ in found)}; brats "
+            f"reads one. Move the others out of {folder}, or put BraTS 2018's HGG/ and LGG/ straight in "
+            f"{folder}, which is read before any folder below it"
+        )
     raise DataError(
         f"no BraTS subjects under {folder}: found neither HGG/ and LGG/ folders, nor name_mapping.csv (BraTS "
         f"2020 needs it for the grades), nor subject folders with a _seg file (2021, 2023); expected {LAYOUT}"
     )
+
+
+def _release(root: Path) -> dict[str, dict[str, Path]] | None:
+    """The subjects by grade of the release laid out in `root` itself (2018/2019's HGG/ and LGG/, 2020's
+    name_mapping.csv, or 2021/2023's labelled subject folders), None if there is none."""
+    by_grade = {g: root / g.upper() for g in GRADES if (root / g.upper()).is_dir()}
+    if by_grade:
+        return {g: {p.name: p for p in sorted(d.iterdir()) if p.is_dir()} for g, d in by_grade.items()}
+    mapping = root / "name_mapping.csv"
+    if mapping.is_file():
+        return _from_name_mapping(root, mapping)
+    folders = sorted(p for p in root.iterdir() if p.is_dir())
+    labelled = {p.name: p for p in folders if _modality_file(p, p.name, "seg")}
+    if labelled and not any(name.startswith("BraTS20_") for name in labelled):
+        return {UNGRADED: labelled}
+    return None
 
 
 def _from_name_mapping(root: Path, mapping: Path) -> dict[str, dict[str, Path]]:

@@ -11,6 +11,7 @@ came from (`test_meta`: subject = whole test image, row, col, height, width) and
 from __future__ import annotations
 
 import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +75,8 @@ def _read_tiff(path: Path) -> np.ndarray:
     looked up in its colormap, so it gives its colours, not its indices."""
     try:
         with tifffile.TiffFile(path) as tif:
+            if not len(tif.pages):  # libtiff writes the directory last: a file cut short loses it
+                raise ValueError("it holds no image: a damaged or cut-short TIFF")
             array = np.asarray(tif.asarray())
             page = tif.pages[0]
             if page.photometric == tifffile.PHOTOMETRIC.PALETTE and page.colormap is not None:
@@ -104,8 +107,16 @@ def read_rgb(path: Path) -> np.ndarray:
         else:
             with Image.open(path) as image:
                 array = np.asarray(image.convert("RGB") if image.mode in ("P", "PA", "CMYK") else image)
-    except (OSError, ValueError, UnidentifiedImageError, tifffile.TiffFileError, struct.error) as e:
-        # struct.error: tifffile on a TIFF cut short within its 8-byte header
+    except (
+        OSError,
+        ValueError,
+        UnidentifiedImageError,
+        tifffile.TiffFileError,
+        struct.error,
+        zlib.error,
+    ) as e:
+        # struct.error: tifffile on a TIFF cut short within its 8-byte header; zlib.error: a Deflate TIFF cut
+        # short within its pixels
         raise DataError(f"cannot read image {path} ({e}); replace the file") from e
     if array.ndim == 3 and array.shape[0] in (2, 3, 4) and array.shape[-1] not in (2, 3, 4):
         array = array.transpose(1, 2, 0)  # planar TIFF

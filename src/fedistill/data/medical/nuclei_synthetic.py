@@ -18,6 +18,8 @@ measured on this set is a semi-synthetic number.
 
 from __future__ import annotations
 
+import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,7 +94,13 @@ def read_nuclei(folder: Path) -> list[Sprite]:
     try:
         image = tifffile.imread(paths[0]).astype(np.float32)
         instances = relabel(tifffile.imread(paths[1]))
-    except (OSError, ValueError, tifffile.TiffFileError) as e:
+    except (
+        OSError,
+        ValueError,
+        tifffile.TiffFileError,
+        struct.error,
+        zlib.error,
+    ) as e:  # cut short: see read_rgb
         raise DataError(f"{NAME}: cannot read {folder} ({e})") from e
     if image.shape != instances.shape or image.ndim != 2:
         raise DataError(

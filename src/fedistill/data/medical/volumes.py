@@ -45,6 +45,8 @@ def read_volume(path: Path) -> tuple[np.ndarray, tuple[float, float, float]]:
         data = data[..., 0]
     if data.ndim != 3:
         raise DataError(f"{path} holds a {data.ndim}-D image of shape {data.shape}; expected one 3-D volume")
+    if not np.isfinite(data).all():  # else scaled to 0 in silence: black voxels, or background labels
+        raise DataError(f"{path}: the volume holds NaN or infinite values; replace the file")
     return data, (zooms[0], zooms[1], zooms[2])
 
 

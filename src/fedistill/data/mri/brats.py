@@ -8,7 +8,8 @@ the tumour labels are not needed), and as BraTS 2021 does; BraTS 2023's `<subjec
 Split: by default the official one the paper uses, 369 training subjects (files under a folder whose
 name contains "Training") and 125 test subjects (under "Validation": the validation release has the
 T1 and T2 images, which is all reconstruction needs). `test_fraction` instead holds out that share of
-all subjects found.
+all subjects found. Subjects of two glioma releases (2018's `Brats18_...` beside 2020's `BraTS20_...`) are
+refused: each release holds the earlier ones' patients under new names.
 
 Slices: `slices="protocol"` keeps axial slices 14..134 of the 155, as Guo et al. (FL-MRCM) do ("about
 120 slices per subject" in the paper); "brain" keeps the slices whose brain area is at least a third
@@ -38,6 +39,14 @@ NAME = "brats-mri"
 CONTRASTS = ("t1", "t2")
 #: BraTS 2023's file name for each contrast (`BraTS-GLI-00000-000-t1n.nii.gz` is the native T1)
 NAMES_2023 = {"t1": "t1n", "t2": "t2w"}
+#: The glioma releases by their subjects' names: each holds the patients of the ones before it under new names
+GLIOMA_RELEASES = {
+    "2018": "Brats18_",
+    "2019": "BraTS19_",
+    "2020": "BraTS20_",
+    "2021": "BraTS2021_",
+    "2023": "BraTS-GLI-",
+}
 SLICE_CHOICES = ("protocol", "brain", "all")
 PROTOCOL_SLICES = range(14, 135)
 OPTIONS = ("contrast", "image_size", "slices", "test_fraction", "max_volumes")
@@ -98,6 +107,22 @@ def _official_split(files: dict[str, Path], folder: Path) -> tuple[list[str], li
     return train, test
 
 
+def check_one_release(subjects: list[str], folder: Path) -> None:
+    """DataError when `subjects` come from more than one glioma release: one patient's scans would be in
+    both, under two names, and could be trained and tested on."""
+    example: dict[str, str] = {}
+    for subject in sorted(subjects):
+        for release, prefix in GLIOMA_RELEASES.items():
+            if subject.startswith(prefix):
+                example.setdefault(release, subject)
+    if len(example) > 1:
+        found = ", ".join(f"BraTS {r} ({example[r]} ...)" for r in GLIOMA_RELEASES if r in example)
+        raise DataError(
+            f"BraTS releases mixed under {folder}: {found}; each release holds the patients of the earlier "
+            "ones under new names, so one patient could be both trained and tested on. Keep one release there"
+        )
+
+
 def brats_volumes(
     folder: Path,
     contrast: str = "t1",
@@ -120,6 +145,7 @@ def brats_volumes(
         train_ids, test_ids = split_subjects(
             list(files), check_test_fraction(test_fraction), str(folder), patient_of=brats_patient
         )
+    check_one_release([*train_ids, *test_ids], folder)
 
     def read(ids: list[str]) -> list[Volume]:
         return [

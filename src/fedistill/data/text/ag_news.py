@@ -4,7 +4,8 @@ The CSV files of the original release, as torchtext distributes them: `train.csv
 article a row, `"class index","title","description"` with class index 1-4 (World, Sports, Business,
 Sci/Tech) and no header (a header row of column names, as some copies have, is skipped, and so are blank
 lines). The text is the title and the description joined by a space, the release's backslashes (its line
-breaks) turned into spaces. Files are UTF-8, with or without a byte-order mark.
+breaks) turned into spaces. Files are UTF-8, with or without a byte-order mark. A file that ends inside a
+quoted field, as a copy cut short mostly does, is refused.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from fedistill.data.base import LoadedDataset
@@ -27,10 +29,7 @@ _COLUMN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9 _.-]{0,39}")  # "Class Index", "T
 def read_ag_news(path: Path) -> tuple[list[str], list[int]]:
     """(texts, class indices 0-3) of one AG News CSV file; blank lines are skipped."""
     texts, labels = [], []
-    rows = csv.reader(io.StringIO(read_text_file(path), newline=""))
-    end = 0  # the file line the previous row ended on: a quoted field may hold line breaks
-    for row in rows:
-        line, end = end + 1, rows.line_num
+    for line, row in _rows(read_text_file(path), path):
         if not "".join(row).strip() and len(row) <= 1:
             continue  # a blank line (one at the end, as some copies have)
         if line == 1 and all(_COLUMN_NAME.fullmatch(field.strip()) for field in row):
@@ -47,6 +46,30 @@ def read_ag_news(path: Path) -> tuple[list[str], list[int]]:
     if not texts:
         raise DataError(f"{path} holds no articles")
     return texts, labels
+
+
+def _rows(text: str, path: Path) -> Iterator[tuple[int, list[str]]]:
+    """Each CSV row with the file line it starts on (a quoted field may hold line breaks); DataError when the
+    file ends inside a quoted field, as a copy cut short mostly does (the release quotes every field)."""
+    rows = csv.reader(io.StringIO(text, newline=""))
+    end = 0  # the file line the previous row ended on
+    for row in rows:
+        yield end + 1, row
+        start, end = end + 1, rows.line_num
+    if end and _ends_inside_quotes(text, start):
+        raise DataError(f"{path}:{start}: the file ends inside a quoted field; is it cut short? Replace it")
+
+
+def _ends_inside_quotes(text: str, line: int) -> bool:
+    """Whether the row that starts on `line`, the last, runs to the end of `text` inside a quoted field (the
+    lenient reader takes the rest as the field; the strict one says so)."""
+    tail = "".join(io.StringIO(text, newline="").readlines()[line - 1 :])
+    try:
+        for _ in csv.reader(io.StringIO(tail, newline=""), strict=True):
+            pass
+    except csv.Error as e:
+        return "unexpected end of data" in str(e)
+    return False
 
 
 def describe_ag_news(folder: str) -> str:
