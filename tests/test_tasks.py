@@ -88,6 +88,22 @@ def test_check_refuses_class_indices_outside_the_classes_but_not_instance_ids():
     InstanceSegmentation().check(_info("instance-segmentation", classes=2), many, "train")
 
 
+@pytest.mark.parametrize("task", [SemanticSegmentation(), InstanceSegmentation()])
+def test_check_refuses_per_pixel_images_unlike_the_dataset_s(task):
+    """A non-square image, or one of another size or channel count than the dataset declares, failed
+    only later: as a tensor-stacking error in the first augmented batch, or inside a convolution."""
+    info = _info(task.name, classes=2)
+    y = torch.zeros(2, SIZE, SIZE + 4, dtype=torch.int64)
+    wide = ImageSet(torch.zeros(2, 1, SIZE, SIZE + 4, dtype=torch.uint8), y)
+    with pytest.raises(ValueError, match=rf"train: images are 1x{SIZE}x{SIZE + 4}, but .* 1x{SIZE}x{SIZE}"):
+        task.check(info, wide, "train")
+    rgb = ImageSet(
+        torch.zeros(2, 3, SIZE, SIZE, dtype=torch.uint8), torch.zeros(2, SIZE, SIZE, dtype=torch.int64)
+    )
+    with pytest.raises(ValueError, match=rf"test: images are 3x{SIZE}x{SIZE}, but .* 1x{SIZE}x{SIZE}"):
+        task.check(info, rgb, "test")
+
+
 def test_classification_partitions_by_class():
     info = _info("classification", class_names=("a", "b", "c"))
     data = LoadedDataset(info, _class_set(), ImageSet(_images(2), torch.tensor([1, 0])))
