@@ -152,6 +152,22 @@ def test_data_consistency_restores_measured_lines():
         data_consistency(prediction, measured, mask, weight=0.0)
 
 
+def test_k_space_shapes_that_do_not_fit_are_named():
+    """A measurement or a mask for another image size or batch failed as a bare broadcasting error."""
+    prediction = torch.rand(2, 1, 8, 8)
+    measured = fft2c(torch.rand(2, 1, 8, 8))
+    with pytest.raises(ValueError, match=r"measured k-space \(2, 1, 8, 9\) .* prediction \(2, 1, 8, 8\)"):
+        data_consistency(prediction, fft2c(torch.rand(2, 1, 8, 9)), torch.ones(8))
+    with pytest.raises(ValueError, match=r"measured k-space \(3, 1, 8, 8\) .* prediction \(2, 1, 8, 8\)"):
+        data_consistency(prediction, fft2c(torch.rand(3, 1, 8, 8)), torch.ones(8))
+    with pytest.raises(
+        ValueError, match=r"mask \(3, 1, 1, 8\) does not broadcast over k-space \(2, 1, 8, 8\)"
+    ):
+        data_consistency(prediction, measured, torch.ones(3, 1, 1, 8))
+    with pytest.raises(ValueError, match=r"mask \(3, 1, 1, 8\) does not broadcast"):
+        undersample(prediction, torch.ones(3, 1, 1, 8))
+
+
 # ---------------------------------------------------------------- foreground, split
 
 
