@@ -104,6 +104,15 @@ def test_check_refuses_per_pixel_images_unlike_the_dataset_s(task):
         task.check(info, rgb, "test")
 
 
+def test_check_refuses_a_semantic_segmentation_without_a_background_class():
+    """One class per pixel (a sigmoid's single channel) made the loss NaN: the softmax needs the
+    background as a class of its own. Instance maps always learn three classes."""
+    empty = ImageSet(_images(2), torch.zeros(2, SIZE, SIZE, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"train: .* 1 class .* background .* num_classes = 2"):
+        SemanticSegmentation().check(_info("semantic-segmentation", classes=1), empty, "train")
+    InstanceSegmentation().check(_info("instance-segmentation", classes=1), empty, "train")
+
+
 def test_classification_partitions_by_class():
     info = _info("classification", class_names=("a", "b", "c"))
     data = LoadedDataset(info, _class_set(), ImageSet(_images(2), torch.tensor([1, 0])))
