@@ -113,6 +113,16 @@ def test_check_refuses_a_semantic_segmentation_without_a_background_class():
     InstanceSegmentation().check(_info("instance-segmentation", classes=1), empty, "train")
 
 
+def test_check_refuses_a_reconstruction_dataset_that_normalises_its_images():
+    """Batches normalise inputs and targets with the dataset's mean and std, the scores compare with the
+    stored [0, 1] slices: any normalisation but (0, 1) scored outputs against targets in other units."""
+    slices = ImageSet(torch.rand(2, 1, SIZE, SIZE), torch.ones(2, SIZE, SIZE, dtype=torch.int64))
+    Reconstruction().check(_info("reconstruction", classes=2), slices, "train")
+    shifted = DatasetInfo("toy", 1, SIZE, 2, (0.5,), (0.25,), task="reconstruction")
+    with pytest.raises(ValueError, match=r"train: .* mean \(0\.5,\) and std \(0\.25,\).* mean 0 and std 1"):
+        Reconstruction().check(shifted, slices, "train")
+
+
 def test_classification_partitions_by_class():
     info = _info("classification", class_names=("a", "b", "c"))
     data = LoadedDataset(info, _class_set(), ImageSet(_images(2), torch.tensor([1, 0])))

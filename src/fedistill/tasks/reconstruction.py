@@ -103,6 +103,12 @@ class Reconstruction(Task):
         super().check(info, data, what)
         if data.x.dtype != torch.float32:
             raise ValueError(f"{what}: reconstruction needs float32 images in [0, 1], got {data.x.dtype}")
+        if any(m != 0 for m in info.mean) or any(s != 1 for s in info.std):
+            raise ValueError(
+                f"{what}: dataset {info.name!r} declares mean {tuple(info.mean)} and std {tuple(info.std)}, "
+                "but a reconstruction is trained and scored on the slices' own [0, 1] scale: declare "
+                "mean 0 and std 1 (the net's input is put in its slice's units by task.output_scale)"
+            )
 
     def usual_augment(self, info: DatasetInfo) -> bool:
         """Random flips and quarter turns of each slice before its k-space is simulated. Why: a site holds
