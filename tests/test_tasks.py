@@ -232,6 +232,15 @@ def test_inputs_of_clean_images():
     assert torch.equal(measured, task.inputs_of(images, index, 11))  # the masks follow the seed
 
 
+def test_a_fixed_mask_measures_a_generator_s_images_with_the_data_s_one_mask():
+    """`mask_mode = "fixed"` is one sampling pattern, the scanner's: FedIOD's synthetic images drew
+    theirs from the stream's seed instead, a pattern neither the sites' models nor the test set use."""
+    images = torch.rand(3, 1, 16, 16)
+    task = Reconstruction(mask_mode="fixed", mask_seed=3)
+    zero_filled, _, _ = task.undersampled(images, torch.arange(3))
+    assert torch.equal(task.inputs_of(images, torch.arange(3) + 5, 11), zero_filled)
+
+
 def test_only_image_classification_reports_the_global_accuracy_oracle():
     assert {name for name, cls in TASKS.items() if cls.reports_global_accuracy} == {"classification"}
 

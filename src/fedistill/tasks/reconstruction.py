@@ -203,8 +203,9 @@ class Reconstruction(Task):
 
     def inputs_of(self, images: torch.Tensor, indices: torch.Tensor, seed: int) -> torch.Tensor:
         """The zero-filled images of the undersampled k-space of `images`, with the task's mask function
-        and mode, the masks seeded by `seed` (a stream of its own, apart from any data set's)."""
-        masks = SliceMasks(self.masks.func, self.mask_mode, seed)
+        and mode, the masks seeded by `seed` (a stream of its own, apart from any data set's); a fixed mask
+        is the task's one mask (`mask_seed`), the pattern the data are measured with."""
+        masks = self.masks if self.mask_mode == "fixed" else SliceMasks(self.masks.func, self.mask_mode, seed)
         mask = masks(indices, images.shape[-1]).to(images.device)
         # images normalised with the dataset's mean and std: reconstruction data have mean 0 and std 1,
         # so the images are in [0, 1] and go through the k-space as they are
