@@ -265,6 +265,24 @@ def test_eq8_per_pixel_weights_on_a_hand_computed_case():
     torch.testing.assert_close(weights.sum(0), torch.ones(4, 2))
 
 
+def test_a_site_refuses_masks_with_classes_its_condition_lacks():
+    """A mask value past the condition's classes failed inside the one-hot (on a GPU, a device-side
+    assert) instead of naming the message that carried it."""
+    from fedistill.algorithms.fediod.generate_request import condition_masks
+    from fedistill.errors import FederationError
+    from fedistill.federation.messages import Message
+
+    info = DatasetInfo("toy", 1, 4, 2, (0.0,), (1.0,), task="semantic-segmentation")
+    view = TaskView(SemanticSegmentation(), info, 0)
+    masks = torch.zeros(2, 4, 4, dtype=torch.uint8)
+    ok = Message.build("query.student", arrays={"label-masks": {"m": masks}})
+    assert torch.equal(condition_masks(ok, "m", 2, view, info), masks.long())
+    masks[1, 2, 3] = 5
+    bad = Message.build("query.student", arrays={"label-masks": {"m": masks}})
+    with pytest.raises(FederationError, match=r"label-masks.* 5, .* 2 classes \(0\.\.1\)"):
+        condition_masks(bad, "m", 2, view, info)
+
+
 @pytest.mark.parametrize("resolution", ["pixel", "patch"])
 def test_the_per_pixel_density_ratio_has_classifications_floor(resolution):
     """Eq. 8's denominator E[D_k(m', x')] is floored at `DENSITY_RATIO_FLOOR` on every task: a D_k that

@@ -152,6 +152,41 @@ def test_data_consistency_restores_measured_lines():
         data_consistency(prediction, measured, mask, weight=0.0)
 
 
+def test_data_consistency_is_a_projection_before_the_magnitude():
+    """Hard data consistency on complex images (even and odd sizes): the zero-filled image comes back
+    unchanged and a second pass changes nothing. The magnitude (the default output) breaks both, as its
+    docstring says: the measured lines move once the phase is dropped."""
+    g = torch.Generator().manual_seed(5)
+    for h, w in ((16, 20), (15, 21)):
+        target, prediction = torch.rand(2, 1, h, w, generator=g), torch.rand(2, 1, h, w, generator=g)
+        mask = SliceMasks(RandomMaskFunc((0.1,), (4,)), seed=2)([0, 1], w)
+        measured, zero_filled_magnitude = undersample(target, mask)
+        zero_filled_image = ifft2c(measured)
+        kept = data_consistency(zero_filled_image, measured, mask, magnitude=False)
+        assert torch.allclose(kept, zero_filled_image, atol=1e-6)
+        once = data_consistency(prediction, measured, mask, magnitude=False)
+        assert torch.allclose(data_consistency(once, measured, mask, magnitude=False), once, atol=1e-6)
+        assert torch.allclose(zero_filled_image.abs(), zero_filled_magnitude, atol=1e-6)
+        magnitude = data_consistency(zero_filled_magnitude, measured, mask)
+        assert not torch.allclose(magnitude, zero_filled_magnitude, atol=1e-3)
+
+
+def test_k_space_shapes_that_do_not_fit_are_named():
+    """A measurement or a mask for another image size or batch failed as a bare broadcasting error."""
+    prediction = torch.rand(2, 1, 8, 8)
+    measured = fft2c(torch.rand(2, 1, 8, 8))
+    with pytest.raises(ValueError, match=r"measured k-space \(2, 1, 8, 9\) .* prediction \(2, 1, 8, 8\)"):
+        data_consistency(prediction, fft2c(torch.rand(2, 1, 8, 9)), torch.ones(8))
+    with pytest.raises(ValueError, match=r"measured k-space \(3, 1, 8, 8\) .* prediction \(2, 1, 8, 8\)"):
+        data_consistency(prediction, fft2c(torch.rand(3, 1, 8, 8)), torch.ones(8))
+    with pytest.raises(
+        ValueError, match=r"mask \(3, 1, 1, 8\) does not broadcast over k-space \(2, 1, 8, 8\)"
+    ):
+        data_consistency(prediction, measured, torch.ones(3, 1, 1, 8))
+    with pytest.raises(ValueError, match=r"mask \(3, 1, 1, 8\) does not broadcast"):
+        undersample(prediction, torch.ones(3, 1, 1, 8))
+
+
 # ---------------------------------------------------------------- foreground, split
 
 

@@ -88,6 +88,41 @@ def test_check_refuses_class_indices_outside_the_classes_but_not_instance_ids():
     InstanceSegmentation().check(_info("instance-segmentation", classes=2), many, "train")
 
 
+@pytest.mark.parametrize("task", [SemanticSegmentation(), InstanceSegmentation()])
+def test_check_refuses_per_pixel_images_unlike_the_dataset_s(task):
+    """A non-square image, or one of another size or channel count than the dataset declares, failed
+    only later: as a tensor-stacking error in the first augmented batch, or inside a convolution."""
+    info = _info(task.name, classes=2)
+    y = torch.zeros(2, SIZE, SIZE + 4, dtype=torch.int64)
+    wide = ImageSet(torch.zeros(2, 1, SIZE, SIZE + 4, dtype=torch.uint8), y)
+    with pytest.raises(ValueError, match=rf"train: images are 1x{SIZE}x{SIZE + 4}, but .* 1x{SIZE}x{SIZE}"):
+        task.check(info, wide, "train")
+    rgb = ImageSet(
+        torch.zeros(2, 3, SIZE, SIZE, dtype=torch.uint8), torch.zeros(2, SIZE, SIZE, dtype=torch.int64)
+    )
+    with pytest.raises(ValueError, match=rf"test: images are 3x{SIZE}x{SIZE}, but .* 1x{SIZE}x{SIZE}"):
+        task.check(info, rgb, "test")
+
+
+def test_check_refuses_a_semantic_segmentation_without_a_background_class():
+    """One class per pixel (a sigmoid's single channel) made the loss NaN: the softmax needs the
+    background as a class of its own. Instance maps always learn three classes."""
+    empty = ImageSet(_images(2), torch.zeros(2, SIZE, SIZE, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"train: .* 1 class .* background .* num_classes = 2"):
+        SemanticSegmentation().check(_info("semantic-segmentation", classes=1), empty, "train")
+    InstanceSegmentation().check(_info("instance-segmentation", classes=1), empty, "train")
+
+
+def test_check_refuses_a_reconstruction_dataset_that_normalises_its_images():
+    """Batches normalise inputs and targets with the dataset's mean and std, the scores compare with the
+    stored [0, 1] slices: any normalisation but (0, 1) scored outputs against targets in other units."""
+    slices = ImageSet(torch.rand(2, 1, SIZE, SIZE), torch.ones(2, SIZE, SIZE, dtype=torch.int64))
+    Reconstruction().check(_info("reconstruction", classes=2), slices, "train")
+    shifted = DatasetInfo("toy", 1, SIZE, 2, (0.5,), (0.25,), task="reconstruction")
+    with pytest.raises(ValueError, match=r"train: .* mean \(0\.5,\) and std \(0\.25,\).* mean 0 and std 1"):
+        Reconstruction().check(shifted, slices, "train")
+
+
 def test_classification_partitions_by_class():
     info = _info("classification", class_names=("a", "b", "c"))
     data = LoadedDataset(info, _class_set(), ImageSet(_images(2), torch.tensor([1, 0])))
@@ -195,6 +230,15 @@ def test_inputs_of_clean_images():
     assert measured.shape == images.shape and measured.dtype == images.dtype
     assert not torch.equal(measured, images)  # undersampled: some of k-space is missing
     assert torch.equal(measured, task.inputs_of(images, index, 11))  # the masks follow the seed
+
+
+def test_a_fixed_mask_measures_a_generator_s_images_with_the_data_s_one_mask():
+    """`mask_mode = "fixed"` is one sampling pattern, the scanner's: FedIOD's synthetic images drew
+    theirs from the stream's seed instead, a pattern neither the sites' models nor the test set use."""
+    images = torch.rand(3, 1, 16, 16)
+    task = Reconstruction(mask_mode="fixed", mask_seed=3)
+    zero_filled, _, _ = task.undersampled(images, torch.arange(3))
+    assert torch.equal(task.inputs_of(images, torch.arange(3) + 5, 11), zero_filled)
 
 
 def test_only_image_classification_reports_the_global_accuracy_oracle():

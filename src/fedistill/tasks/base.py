@@ -60,6 +60,15 @@ class Task(ABC):
         if data.per_pixel != self.per_pixel:
             shape = "(N, H, W)" if self.per_pixel else "(N,)"
             raise ValueError(f"{what}: task {self.name!r} needs targets {shape}, got {tuple(data.y.shape)}")
+        if self.per_pixel:
+            # per-pixel batches turn images by right angles and nets halve them: a wrong size fails late
+            declared = (info.channels, info.image_size, info.image_size)
+            if tuple(data.x.shape[1:]) != declared:
+                got, want = ("x".join(map(str, s)) for s in (data.x.shape[1:], declared))
+                raise ValueError(
+                    f"{what}: images are {got}, but dataset {info.name!r} declares square images of "
+                    f"{want} (channels x height x width); crop, pad or convert them to that shape"
+                )
         if self.targets_are_classes and data.y.numel():
             low, high = int(data.y.min()), int(data.y.max())
             if low < 0 or high >= info.num_classes:

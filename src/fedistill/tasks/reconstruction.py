@@ -104,6 +104,12 @@ class Reconstruction(Task):
         super().check(info, data, what)
         if data.x.dtype != torch.float32:
             raise ValueError(f"{what}: reconstruction needs float32 images in [0, 1], got {data.x.dtype}")
+        if any(m != 0 for m in info.mean) or any(s != 1 for s in info.std):
+            raise ValueError(
+                f"{what}: dataset {info.name!r} declares mean {tuple(info.mean)} and std {tuple(info.std)}, "
+                "but a reconstruction is trained and scored on the slices' own [0, 1] scale: declare "
+                "mean 0 and std 1 (the net's input is put in its slice's units by task.output_scale)"
+            )
 
     def usual_augment(self, info: DatasetInfo) -> bool:
         """Random flips and quarter turns of each slice before its k-space is simulated. Why: a site holds
@@ -198,8 +204,9 @@ class Reconstruction(Task):
 
     def inputs_of(self, images: torch.Tensor, indices: torch.Tensor, seed: int) -> torch.Tensor:
         """The zero-filled images of the undersampled k-space of `images`, with the task's mask function
-        and mode, the masks seeded by `seed` (a stream of its own, apart from any data set's)."""
-        masks = SliceMasks(self.masks.func, self.mask_mode, seed)
+        and mode, the masks seeded by `seed` (a stream of its own, apart from any data set's); a fixed mask
+        is the task's one mask (`mask_seed`), the pattern the data are measured with."""
+        masks = self.masks if self.mask_mode == "fixed" else SliceMasks(self.masks.func, self.mask_mode, seed)
         mask = masks(indices, images.shape[-1]).to(images.device)
         # images normalised with the dataset's mean and std: reconstruction data have mean 0 and std 1,
         # so the images are in [0, 1] and go through the k-space as they are

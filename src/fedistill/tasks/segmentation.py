@@ -73,6 +73,15 @@ class SemanticSegmentation(Task):
         if not self.dice_weight >= 0:
             raise ConfigError(f"task.dice_weight must be >= 0, got {self.dice_weight!r}")
 
+    def check(self, info: DatasetInfo, data: ImageSet, what: str) -> None:
+        super().check(info, data, what)
+        if self.targets_are_classes and info.num_classes < 2:
+            raise ValueError(
+                f"{what}: dataset {info.name!r} declares {info.num_classes} class per pixel, but a softmax "
+                "segmentation counts the background as a class: a binary mask needs num_classes = 2 "
+                "(background 0, foreground 1), not one sigmoid channel"
+            )
+
     def usual_augment(self, info: DatasetInfo) -> bool:
         return True  # the paper's segmentation nets train with random rotations and flips
 

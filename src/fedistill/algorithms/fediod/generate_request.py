@@ -10,6 +10,7 @@ import torch
 
 from fedistill.algorithms.fediod.task_view import TaskView
 from fedistill.data.base import DatasetInfo
+from fedistill.errors import FederationError
 from fedistill.federation.messages import ArraySpec, Message, expect_arrays
 
 
@@ -26,7 +27,14 @@ def condition_masks(
         return None
     size = info.image_size
     expect_arrays(message, "label-masks", {name: ArraySpec("uint8", (batch, size, size))}, exact=False)
-    return message.tensor("label-masks", name).to(torch.int64)
+    masks = message.tensor("label-masks", name).to(torch.int64)
+    classes = view.condition_classes
+    if masks.numel() and int(masks.max()) >= classes:
+        raise FederationError(
+            f"{message.type}: label-masks {name!r} hold the value {int(masks.max())}, but the condition has "
+            f"{classes} classes (0..{classes - 1})"
+        )
+    return masks
 
 
 @dataclass

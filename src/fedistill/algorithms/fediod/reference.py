@@ -111,5 +111,6 @@ def upload_masks(server: FedIODServer, fleet: Fleet) -> list[torch.Tensor]:
         size=server.ctx.info.image_size,
         limit=server.options.mask_pool,
         timeout=server.ctx.config.timeout or None,
+        classes=server.view.condition_classes,
     )
     return pools

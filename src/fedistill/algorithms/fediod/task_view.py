@@ -158,7 +158,8 @@ class TaskView:
     def model_input(self, x: torch.Tensor, first_index: int) -> torch.Tensor:
         """What T_k and S see of G's images x (`Task.inputs_of`): x itself, or for reconstruction the
         zero-filled image of its undersampled k-space, with masks for samples first_index,
-        first_index + 1, ... of a seeded stream both the server and the clients draw."""
+        first_index + 1, ... of a seeded stream both the server and the clients draw (under
+        `task.mask_mode = "fixed"` the task's one mask, the data's)."""
         index = torch.arange(x.shape[0]) + first_index  # a stream of its own seed, apart from data sets
         return self.task.inputs_of(x, index, derive_seed(self.seed, "fediod-synthetic-masks") % (2**31))
 

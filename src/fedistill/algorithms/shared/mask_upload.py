@@ -37,10 +37,12 @@ def collect_masks(
     size: int,
     limit: int,
     timeout: float | None,
+    classes: int,
     metrics: tuple[str, ...] = (),
 ) -> tuple[list[torch.Tensor], dict[int, Message]]:
     """Every site's uploaded masks (int64, in the order of `clients`) and the replies (for `metrics`
-    they must carry); every site must answer, and with at least one mask."""
+    they must carry); every site must answer, with at least one mask, and only with values below the
+    condition's `classes` (a larger one would fail later in G's one-hot, naming no site)."""
     request = Message.build("query.masks", scalars={"config": {"limit": limit}})
     expect = ReplySpec({"label-masks": {"masks": ArraySpec("uint8", (None, size, size))}}, metrics)
     replies = successful(
@@ -52,4 +54,7 @@ def collect_masks(
     empty = [c for c, pool in zip(clients, pools, strict=True) if len(pool) == 0]
     if empty:
         raise FederationError(f"client(s) {empty} uploaded no masks; G has nothing to draw for them")
+    wrong = [c for c, pool in zip(clients, pools, strict=True) if int(pool.max()) >= classes]
+    if wrong:
+        raise FederationError(f"client(s) {wrong} uploaded masks with classes >= {classes}")
     return pools, replies

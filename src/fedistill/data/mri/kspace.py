@@ -56,6 +56,15 @@ def _mask_for(mask: torch.Tensor, kspace: torch.Tensor) -> torch.Tensor:
         raise ValueError(
             f"mask has {mask.shape[-1]} columns but k-space {tuple(kspace.shape)} has {kspace.shape[-1]}"
         )
+    try:
+        fits = torch.broadcast_shapes(mask.shape, kspace.shape) == kspace.shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"mask {tuple(mask.shape)} does not broadcast over k-space {tuple(kspace.shape)}: give one mask "
+            "(W,) for all, or one per image (B, 1, 1, W)"
+        )
     return mask.to(device=kspace.device, dtype=kspace.real.dtype)
 
 
@@ -94,6 +103,11 @@ def data_consistency(
     if not 0.0 < weight <= 1.0:
         raise ValueError(f"data consistency weight must be in (0, 1], got {weight}")
     predicted = fft2c(prediction)
+    if measured_kspace.shape != predicted.shape:
+        raise ValueError(
+            f"measured k-space {tuple(measured_kspace.shape)} does not match the prediction "
+            f"{tuple(prediction.shape)}: each image needs its own measurement of its size"
+        )
     measured = _complex(measured_kspace).to(predicted.dtype)
     m = _mask_for(mask, predicted) * weight
     image = ifft2c(predicted * (1 - m) + measured * m)
