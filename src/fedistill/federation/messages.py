@@ -127,12 +127,7 @@ class Message:
                     f"{type}: encodings name an unknown content kind {kind!r}; known: {sorted(CONTENT_KINDS)}"
                 )
             wire_format(encoding)
-        for what, given in (("arrays", arrays), ("scalars", scalars)):
-            for kind, named in (given or {}).items():
-                if not isinstance(named, Mapping):
-                    raise FederationError(
-                        f"{type}: {what} of kind {kind!r} must map names to values, got {_type_name(named)}"
-                    )
+        _check_mappings(type, arrays or {}, scalars or {})
         message = Message(
             type=type,
             arrays={
@@ -215,10 +210,24 @@ def is_message_type(text: object) -> bool:
     return isinstance(text, str) and _TYPE_PATTERN.fullmatch(text) is not None
 
 
+def _check_mappings(message_type: str, arrays: object, scalars: object) -> None:
+    """Each kind maps names to values: a message built by hand (not `Message.build`) may hold anything."""
+    for what, given in (("arrays", arrays), ("scalars", scalars)):
+        if not isinstance(given, Mapping):
+            raise FederationError(f"{message_type}: {what} must map content kinds, got {_type_name(given)}")
+        for kind, named in given.items():
+            if not isinstance(named, Mapping):
+                got = _type_name(named)
+                raise FederationError(
+                    f"{message_type}: {what} of kind {kind!r} must map names to values, got {got}"
+                )
+
+
 def check_structure(message: Message) -> None:
     """The checks every message passes on creation and on receipt, whatever its type."""
     if not is_message_type(message.type):
         raise FederationError(f"message type {message.type!r} is not 'train', 'evaluate' or 'query.<action>'")
+    _check_mappings(message.type, message.arrays, message.scalars)
     for kind, named in message.arrays.items():
         _check_kind(kind, message.type)
         for name, array in named.items():

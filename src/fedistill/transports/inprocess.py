@@ -15,7 +15,7 @@ from fedistill.errors import FederationError
 from fedistill.federation.client import ClientLogic
 from fedistill.federation.fleet import Fleet, Reply
 from fedistill.federation.ledger import Ledger
-from fedistill.federation.messages import DEFAULT_MAX_BYTES, Message, check_on_receipt
+from fedistill.federation.messages import DEFAULT_MAX_BYTES, Message, check_on_receipt, check_structure
 from fedistill.federation.reply_spec import Expectation
 
 log = logging.getLogger(__name__)
@@ -150,9 +150,13 @@ class InProcessFleet(Fleet):
         if not isinstance(answer, Message):  # a failure in the client, as over Flower (its codec fails)
             error = FederationError(f"the handler returned {type(answer).__name__}, not a Message")
             return self._failed(cid, "a request", error)
+        try:  # a malformed message: invalid, its bytes unknown (over Flower it does not decode)
+            check_structure(answer)
+        except FederationError as exc:
+            return Reply(cid, None, f"invalid reply: {exc}")
         try:
             check_on_receipt(answer, max_bytes=self.max_bytes)
-        except FederationError as exc:  # NaN, oversize, a malformed message: invalid, like any other fault
+        except FederationError as exc:  # NaN, oversize: invalid, like any other fault, its bytes counted
             return Reply(cid, None, f"invalid reply: {exc}", received=answer)
         if timeout is not None and elapsed > timeout:
             return Reply(cid, None, f"timed out after {elapsed:.1f} s (limit {timeout:.1f} s)")
