@@ -231,6 +231,7 @@ def check_structure(message: Message) -> None:
     for kind, named in message.arrays.items():
         _check_kind(kind, message.type)
         for name, array in named.items():
+            _check_name(message.type, kind, name)
             if isinstance(array, Encoded):
                 fault = array.check()
                 if fault is not None:
@@ -248,12 +249,33 @@ def check_structure(message: Message) -> None:
     for kind, named in message.scalars.items():
         _check_kind(kind, message.type)
         for name, value in named.items():
+            _check_name(message.type, kind, name)
             if not isinstance(value, bool | int | float | str):
                 raise FederationError(
                     f"{message.type}: scalar {kind}/{name} is {_type_name(value)}; only bool/int/float/str"
                 )
+            if isinstance(value, str) and not _is_utf8(value):
+                raise FederationError(f"{message.type}: scalar {kind}/{name} is not UTF-8 text: {value!r}")
             if isinstance(value, int) and not INT_RANGE[0] <= value <= INT_RANGE[1]:
                 raise FederationError(f"{message.type}: scalar {kind}/{name} is beyond 64-bit integers")
+
+
+def _check_name(message_type: str, kind: str, name: object) -> None:
+    """A name is UTF-8 text, as Flower's records carry it (an int name passed in-process, failed there)."""
+    if not isinstance(name, str):
+        raise FederationError(f"{message_type}: {kind}/{name!r}: a name is {_type_name(name)}, not text")
+    if not _is_utf8(name):
+        raise FederationError(f"{message_type}: {kind}/{name!r} is not UTF-8 text")
+
+
+def _is_utf8(text: str) -> bool:
+    """Whether `text` encodes as UTF-8: not so with lone surrogates (a file name read with surrogate
+    escapes), which Flower cannot send and the ledger cannot count."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _type_name(value: object) -> str:
