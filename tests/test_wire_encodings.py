@@ -472,7 +472,7 @@ def test_a_float16_overflow_is_named_on_receipt_and_encodes_without_a_warning():
     x = np.array([7e4, 1.0], np.float32)
     with np.errstate(all="raise"):
         message = Message.build("train", arrays={"logits": {"z": x}}, encodings={"logits": "float16"})
-    with pytest.raises(FederationError, match=r"logits/z contains NaN or infinite values.*float16.*65504"):
+    with pytest.raises(FederationError, match=r"logits/z contains NaN or infinite values.*float16.*65520"):
         check_on_receipt(message)
     plain = Message.build("train", arrays={"logits": {"z": np.array([np.inf], np.float32)}})
     with pytest.raises(FederationError, match=r"infinite values$"):
@@ -502,3 +502,19 @@ def test_bfloat16_keeps_float32s_range_but_its_top_half_step():
     decoded = decode(encode("bfloat16", x))
     assert np.isfinite(decoded[:2]).all() and (np.abs(decoded[:2] - x[:2]) <= 2.0**-8 * np.abs(x[:2])).all()
     assert np.array_equal(decoded[2:], [np.inf, -np.inf])
+
+
+def test_the_edges_of_float16_and_the_affine_grids_are_where_encodings_py_states():
+    """float16 rounds values up to half a step past its largest (65504) down to it, and turns 65520 on into
+    infinities; an affine grid over a range beyond float32's largest decodes its top to infinity, which the
+    receiver refuses, naming the encoding."""
+    x = np.array([65504.0, 65519.0, -65519.0, 65520.0, -1e5], np.float32)
+    assert decode(encode("float16", x)).tolist() == [65504.0, 65504.0, -65504.0, np.inf, -np.inf]
+    wide = np.array([-2e38, 0.0, 2e38], np.float32)
+    for encoding in ("uint8-affine", "uint16-affine"):
+        with np.errstate(over="ignore"):
+            message = Message.build("train", arrays={"logits": {"z": wide}}, encodings={"logits": encoding})
+            decoded = message.array("logits", "z")
+        assert np.isfinite(decoded[:2]).all() and decoded[2] == np.inf
+        with pytest.raises(FederationError, match=f"infinite values \\(sent as {encoding}\\)"):
+            check_on_receipt(message)

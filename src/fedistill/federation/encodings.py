@@ -10,15 +10,18 @@ CPU, so the same wire bytes decode to the same values on any machine and transpo
 The encodings and their round-trip error (x the sent value, x' the decoded one, m = max |x|):
 
 - `raw`: the array as it is; exact.
-- `float16`: IEEE half precision; |x - x'| <= 2^-11 |x| for 2^-14 <= |x| <= 65504, 2^-25 below; values
-  past 65504 become infinite (and the receiver rejects the message). For values of known small range.
+- `float16`: IEEE half precision; |x - x'| <= 2^-11 |x| for 2^-14 <= |x| < 65520, 2^-25 below; values
+  from 65520 on (half a step past its largest, 65504) become infinite (and the receiver rejects the
+  message). For values of known small range.
 - `float16-scaled`: half precision after dividing by a power of two that puts m just under 2^15: the
   relative error of `float16` over any range, |x - x'| <= max(2^-11 |x|, 2^-39 m), never overflowing.
 - `bfloat16`: float32's upper 16 bits, rounded to nearest even: |x - x'| <= 2^-8 |x| over float32's range
   but its top half step: values past 3.3961e38 round to infinity (and the receiver rejects the message).
 - `uint8-affine`, `uint16-affine`: x' = offset + q * scale with q on 255 (65535) levels between the
   tensor's minimum and maximum: |x - x'| <= scale / 2 + 2^-22 max(|min|, |max|); a constant tensor is exact.
-  Zero need not be on the grid: for images, not for values whose many near-zero entries add up.
+  Zero need not be on the grid: for images, not for values whose many near-zero entries add up. The
+  decoder computes in float32, so a tensor whose range (maximum - minimum) exceeds float32's largest
+  value, 3.4e38, decodes to infinities at its top (and the receiver rejects the message).
 - `int8-symmetric`: x' = q * scale with q in -127..127 and scale = m / 127: |x - x'| <= scale / 2 (plus
   float32 rounding, 2^-23 m); zero and sign are kept, so near-zero values (most of a gradient) decode to
   at most scale / 2 from their value, never to a common offset.

@@ -318,7 +318,7 @@ def _sent_as(value: Payload) -> str:
     if encoding == RAW:
         return ""
     if encoding == "float16":
-        return " (sent as float16, which turns values past 65504 into infinities: use float16-scaled)"
+        return " (sent as float16, which turns values from 65520 on into infinities: use float16-scaled)"
     return f" (sent as {encoding})"
 
 
