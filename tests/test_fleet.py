@@ -248,3 +248,18 @@ def test_a_malformed_reply_is_that_clients_invalid_reply_with_no_bytes_as_over_f
     assert not replies[0].ok and replies[0].error.startswith("invalid reply") and named in replies[0].error
     assert fleet.ledger.totals.failures[0]["status"] == "invalid"
     assert fleet.ledger.totals.sent_by_clients() == replies[1].message.nbytes
+
+
+@pytest.mark.parametrize("built_as", ["query.other", "bogus"])
+def test_a_reply_answers_its_request_whatever_type_its_client_gave_it_as_over_flower(built_as):
+    """Flower gives a reply its request's type (the type a client builds its message with never crosses),
+    so the same reply was valid there and, typed otherwise by its client, refused in-process, or read under
+    a type the server never sent; in-process now reads it as Flower does."""
+    from fedistill.transports.flower.codec import from_records, to_records
+
+    answer = Message(built_as, arrays={"logits": {"z": np.ones(2, np.float32)}})
+    fleet = InProcessFleet({0: _Handmade(answer)}, Ledger(None))
+    reply = fleet.broadcast(_request())[0]
+    over_flower = from_records(to_records(answer), "query.echo")
+    assert reply.ok and reply.message.type == over_flower.type == "query.echo"
+    assert reply.message.arrays == answer.arrays
