@@ -518,3 +518,21 @@ def test_the_edges_of_float16_and_the_affine_grids_are_where_encodings_py_states
         assert np.isfinite(decoded[:2]).all() and decoded[2] == np.inf
         with pytest.raises(FederationError, match=f"infinite values \\(sent as {encoding}\\)"):
             check_on_receipt(message)
+
+
+@pytest.mark.parametrize("encoding", FLOAT_ENCODINGS)
+def test_round_trip_error_near_float32s_smallest_numbers_stays_within_the_stated_bound(encoding):
+    """Below 2^-126 float32 resolves only multiples of 2^-149: bfloat16 then keeps fewer digits and the
+    grids' scales round to those steps, as encodings.py states (2^-134, and L 2^-150 on top)."""
+    levels = {"uint8-affine": 255, "uint16-affine": 65535, "int8-symmetric": 127, "int8-sqrt": 127**2}
+    rng = np.random.default_rng(3)
+    for magnitude in 10.0 ** np.arange(-44.0, -30.0):
+        for x in (rng.normal(size=32) * magnitude, rng.normal(size=32) * magnitude * 1e-3 + magnitude):
+            x = x.astype(np.float32)
+            encoded = encode(encoding, x)
+            bound = _bound(encoding, x.astype(np.float64), encoded)
+            if encoding == "bfloat16":
+                bound = np.maximum(bound, 2.0**-134)
+            bound = bound + levels.get(encoding, 0) * 2.0**-150
+            error = np.abs(decode(encoded).astype(np.float64) - x.astype(np.float64))
+            assert (error <= bound).all(), (magnitude, float((error - bound).max()))
