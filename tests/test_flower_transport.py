@@ -716,3 +716,24 @@ def test_both_transports_record_the_same_rows_in_the_order_the_ledger_page_state
     ups = {r["client"]: r for r in inprocess if r["direction"] == "client->server"}
     assert [ups[c]["status"] for c in range(3)] == ["ok", "invalid", "failed"]
     assert ups[0]["encodings"] == {"logits": "float16-scaled"} and ups[1]["bytes"] == ups[0]["bytes"] > 0
+
+
+def test_an_empty_reply_crosses_a_node_worker_as_it_crosses_the_plain_client_app(task_identity) -> None:
+    """A reply with no arrays and no scalars (an acknowledgement) is an empty RecordDict, which Flower's
+    protobuf encodes as no bytes: the worker's frame read that back as no content, and the forwarder then
+    failed to build its reply, so the site failed only on nodes with `worker=true`."""
+    from flwr.app import ConfigRecord
+    from flwr.app import Message as FlowerMessage
+
+    from fedistill.transports.flower.forward import pack, unpack
+
+    request = FlowerMessage(
+        RecordDict({"fedistill.header": ConfigRecord({"algorithm": "mine"})}),
+        dst_node_id=5,
+        message_type="query.ack",
+    )
+    request.metadata.__dict__["_message_id"] = "m1"
+    header, content = unpack(pack({"versions": {}}, to_records(Message.build("query.ack"))))
+    reply = FlowerMessage(content, reply_to=request)
+    assert header == {"versions": {}} and not reply.has_error()
+    assert from_records(reply.content, "query.ack") == Message.build("query.ack")
