@@ -737,3 +737,31 @@ def test_an_empty_reply_crosses_a_node_worker_as_it_crosses_the_plain_client_app
     reply = FlowerMessage(content, reply_to=request)
     assert header == {"versions": {}} and not reply.has_error()
     assert from_records(reply.content, "query.ack") == Message.build("query.ack")
+
+
+@pytest.mark.parametrize("smuggled", ["config", "arrays"])
+def test_a_reply_carrying_a_transport_header_is_invalid_not_bytes_the_ledger_misses(
+    tmp_path, task_identity, smuggled
+) -> None:
+    """Only requests carry the transport header; the server's codec skipped any record under its name, so
+    a site could send arrays there that crossed the boundary without a line of the ledger counting them."""
+    from flwr.app import ConfigRecord
+
+    from fedistill.federation.ledger import Ledger
+    from fedistill.transports.flower.codec import HEADER
+    from fedistill.transports.flower.grid_fleet import GridFleet
+
+    def answer(node, request):
+        if request.metadata.message_type == "query.hello":
+            return to_records(Message.build("query.hello", scalars={"metrics": {"partition_id": node - 101}}))
+        content = to_records(Message.build("train", scalars={"metrics": {"n": 1}}))
+        if node == 102:
+            hidden = {"w": Array(np.ones(1000, np.float32))} if smuggled == "arrays" else None
+            content[HEADER] = ArrayRecord(hidden) if hidden else ConfigRecord({"note": "x" * 1000})
+        return content
+
+    fleet = GridFleet(_StoringGrid([101, 102], answer), Ledger(None), algorithm="fedavg", expected_clients=2)
+    replies = fleet.send({c: Message.build("train") for c in range(2)})
+    assert replies[0].ok
+    assert not replies[1].ok and "transport header" in replies[1].error
+    assert fleet.ledger.totals.failures[0]["status"] == "invalid"

@@ -5,7 +5,7 @@ arrays with `np.save(allow_pickle=False)`); each kind's scalars one `ConfigRecor
 `<kind>.scalars`. An array in a wire encoding (federation/encodings.py) goes as its wire array, with
 its encoding under `<kind>.encodings` and its per-tensor numbers under `<kind>.encoding-params`, so
 Flower carries exactly the bytes the ledger counts and the receiver decodes them as in-process. A
-transport header (`fedistill.header`, not part of the message) names the
+transport header (`fedistill.header`, not part of the message, on requests only) names the
 algorithm, so one SuperNode can serve the several algorithms of a suite.
 """
 
@@ -48,14 +48,17 @@ def to_records(message: Message, header: dict[str, Any] | None = None) -> Record
     return RecordDict(records)
 
 
-def from_records(content: RecordDict, message_type: str) -> Message:
-    """Rebuild the message (`Message.build` re-checks its structure); the header is left out."""
+def from_records(content: RecordDict, message_type: str, *, reply: bool = False) -> Message:
+    """Rebuild the message (`Message.build` re-checks its structure); the header is left out. Only a
+    request carries one: a `reply` that does is refused, since what it held would cross uncounted."""
     arrays: dict[str, dict[str, np.ndarray | Encoded]] = {}
     scalars: dict[str, dict[str, Any]] = {}
     encodings: dict[str, dict[str, Any]] = {}
     params: dict[str, dict[str, Any]] = {}
     for key, record in content.items():
         if key == HEADER:
+            if reply:
+                raise FederationError(f"{message_type}: a reply carries a transport header ({HEADER!r})")
             continue
         if isinstance(record, ArrayRecord):
             # plain arrays reach native byte order in Message.build (_as_array); encoded ones below
