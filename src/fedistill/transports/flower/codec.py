@@ -91,7 +91,8 @@ def from_records(content: RecordDict, message_type: str, *, reply: bool = False)
 def _numpy(array: Array, where: str) -> np.ndarray:
     """The NumPy array a Flower `Array` carries, its `.npy` header checked first: NumPy's loader allocates
     the shape a header declares before it reads a byte, so a hostile or corrupt one would ask for any amount
-    of memory, and an object array would fail deep inside NumPy instead of naming the array."""
+    of memory, and an object array would fail deep inside NumPy instead of naming the array. Bytes past
+    the values are refused too: NumPy ignores them, so they would cross without the ledger counting them."""
     try:
         buffer = io.BytesIO(array.data)
         version = npy.read_magic(buffer)
@@ -105,11 +106,15 @@ def _numpy(array: Array, where: str) -> np.ndarray:
         raise FederationError(
             f"{where}: an array of dtype {dtype} ({'object' if dtype.hasobject else 'empty'})"
         )
-    carried = len(array.data) - buffer.tell()
-    if math.prod(shape) * dtype.itemsize > carried:
+    carried, values = len(array.data) - buffer.tell(), math.prod(shape)
+    if values * dtype.itemsize > carried:
         raise FederationError(
-            f"{where}: declares {math.prod(shape)} values of {dtype} in shape {list(shape)}, "
+            f"{where}: declares {values} values of {dtype} in shape {list(shape)}, "
             f"but carries only {carried} bytes"
+        )
+    if carried > values * dtype.itemsize:  # np.save writes nothing after them; the ledger counts the values
+        raise FederationError(
+            f"{where}: carries {carried - values * dtype.itemsize} bytes past its {values} values"
         )
     try:
         return array.numpy()
