@@ -536,3 +536,12 @@ def test_round_trip_error_near_float32s_smallest_numbers_stays_within_the_stated
             bound = bound + levels.get(encoding, 0) * 2.0**-150
             error = np.abs(decode(encoded).astype(np.float64) - x.astype(np.float64))
             assert (error <= bound).all(), (magnitude, float((error - bound).max()))
+
+
+def test_a_nan_sent_as_float16_is_not_blamed_on_float16s_range():
+    """float16 turns large finite values into infinities, never into NaN: a NaN came from the sender, and
+    the refusal's advice to switch to float16-scaled would not have helped."""
+    nan = np.array([np.nan, 1.0], np.float32)
+    message = Message.build("train", arrays={"logits": {"z": nan}}, encodings={"logits": "float16"})
+    with pytest.raises(FederationError, match=r"NaN or infinite values \(sent as float16\)$"):
+        check_on_receipt(message)

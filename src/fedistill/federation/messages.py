@@ -304,7 +304,7 @@ def check_on_receipt(message: Message, *, max_bytes: int = DEFAULT_MAX_BYTES) ->
             array = decode(value)
             if array.dtype.kind == "f" and not np.isfinite(array).all():
                 raise FederationError(
-                    f"{message.type}: {kind}/{name} contains NaN or infinite values{_sent_as(value)}"
+                    f"{message.type}: {kind}/{name} contains NaN or infinite values{_sent_as(value, array)}"
                 )
     for kind, named in message.scalars.items():
         for name, value in named.items():
@@ -312,12 +312,13 @@ def check_on_receipt(message: Message, *, max_bytes: int = DEFAULT_MAX_BYTES) ->
                 raise FederationError(f"{message.type}: scalar {kind}/{name} is {value}")
 
 
-def _sent_as(value: Payload) -> str:
-    """How a non-finite array crossed, when its wire encoding may have made it so (float16 overflows)."""
+def _sent_as(value: Payload, decoded: np.ndarray) -> str:
+    """How a non-finite array crossed, when its wire encoding may have made it so (float16 overflows to
+    infinities, never to NaN: a NaN is the sender's own)."""
     encoding = encoding_of(value)
     if encoding == RAW:
         return ""
-    if encoding == "float16":
+    if encoding == "float16" and not np.isnan(decoded).any():
         return " (sent as float16, which turns values from 65520 on into infinities: use float16-scaled)"
     return f" (sent as {encoding})"
 
