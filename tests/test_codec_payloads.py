@@ -89,3 +89,13 @@ def test_a_packed_mask_naming_a_shape_numpy_cannot_make_is_refused_by_name(shape
     )
     with pytest.raises(FederationError, match=r"label-masks/m: bits carries its array's shape"):
         from_records(content, "train")
+
+
+def test_an_array_that_carries_bytes_past_its_values_is_refused_by_name():
+    """np.save writes its header and the values, nothing after them; bytes past the values crossed the
+    wire while the ledger counted only the values (and NumPy's reader ignored them)."""
+    padded = _npy({"descr": "<f4", "fortran_order": False, "shape": (2,)}, b"\0" * 8 + b"hidden" * 1000)
+    with pytest.raises(FederationError, match=r"logits/z.*6000 bytes past its 2 values"):
+        from_records(RecordDict({"logits": ArrayRecord({"z": padded})}), "train")
+    exact = _npy({"descr": "<f4", "fortran_order": False, "shape": (2,)}, b"\0" * 8)
+    assert from_records(RecordDict({"logits": ArrayRecord({"z": exact})}), "train").nbytes == 8

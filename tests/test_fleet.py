@@ -217,3 +217,49 @@ def test_answers_together_that_miss_a_member_fail_every_member_with_a_clear_erro
     replies = fleet.send({0: request, 1: request})
     assert not replies[0].ok and not replies[1].ok
     assert "1 answers to 2 requests" in replies[0].error
+
+
+class _Handmade(ClientLogic):
+    """A client that builds its reply by hand (not `Message.build`), with a malformed payload."""
+
+    def __init__(self, reply: Message) -> None:
+        self.reply = reply
+
+    @handles("query.echo")
+    def echo(self, message: Message) -> Message:
+        return self.reply
+
+
+@pytest.mark.parametrize(
+    "reply, named",
+    [
+        (Message("query.echo", arrays={"logits": {"z": [1.0, 2.0]}}), "logits/z is list, not an array"),
+        (Message("query.echo", arrays={"logits": {"z": np.array([object()])}}), "dtype object"),
+        (Message("query.echo", arrays={"logits": [np.zeros(2)]}), "arrays of kind 'logits' must map"),
+        (Message("query.echo", scalars={"metrics": [1]}), "scalars of kind 'metrics' must map"),
+    ],
+)
+def test_a_malformed_reply_is_that_clients_invalid_reply_with_no_bytes_as_over_flower(reply, named):
+    """A reply whose structure is wrong is an invalid reply naming the client's fault, not an error out of
+    the server's ledger; its bytes are not counted, as over Flower, where such a reply does not decode."""
+    fleet = InProcessFleet({0: _Handmade(reply), 1: Echo(1)}, Ledger(None))
+    replies = fleet.broadcast(_request())
+    assert replies[1].ok
+    assert not replies[0].ok and replies[0].error.startswith("invalid reply") and named in replies[0].error
+    assert fleet.ledger.totals.failures[0]["status"] == "invalid"
+    assert fleet.ledger.totals.sent_by_clients() == replies[1].message.nbytes
+
+
+@pytest.mark.parametrize("built_as", ["query.other", "bogus"])
+def test_a_reply_answers_its_request_whatever_type_its_client_gave_it_as_over_flower(built_as):
+    """Flower gives a reply its request's type (the type a client builds its message with never crosses),
+    so the same reply was valid there and, typed otherwise by its client, refused in-process, or read under
+    a type the server never sent; in-process now reads it as Flower does."""
+    from fedistill.transports.flower.codec import from_records, to_records
+
+    answer = Message(built_as, arrays={"logits": {"z": np.ones(2, np.float32)}})
+    fleet = InProcessFleet({0: _Handmade(answer)}, Ledger(None))
+    reply = fleet.broadcast(_request())[0]
+    over_flower = from_records(to_records(answer), "query.echo")
+    assert reply.ok and reply.message.type == over_flower.type == "query.echo"
+    assert reply.message.arrays == answer.arrays

@@ -629,3 +629,139 @@ def test_a_node_worker_outlives_a_forwarder_that_dies_mid_message(tmp_path):
         assert unpack(connection.recv_bytes())[0] == {"stopped": True}
     thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+def test_both_transports_record_the_same_rows_in_the_order_the_ledger_page_states(tmp_path, task_identity):
+    """Over one exchange with an encoded reply, a NaN reply (invalid, its bytes counted) and a failing
+    client, Flower's ledger holds in-process's rows (bytes, kinds, encodings, directions, statuses) after
+    its round-0 hello, with each exchange's requests before its replies."""
+    from fedistill.federation.client import ClientLogic, handles
+    from fedistill.federation.ledger import Ledger
+    from fedistill.transports.flower.grid_fleet import GridFleet
+    from fedistill.transports.inprocess import InProcessFleet
+
+    class Site(ClientLogic):
+        def __init__(self, cid: int) -> None:
+            self.cid = cid
+
+        @handles("query.logits")
+        def logits(self, message: Message) -> Message:
+            if self.cid == 2:
+                raise RuntimeError("disk full")
+            z = message.array("synthetic-inputs", "x")[:, :3] * (np.nan if self.cid == 1 else 2.0)
+            return Message.build(
+                "query.logits",
+                arrays={"logits": {"z": z}},
+                scalars={"metrics": {"n": 4}},
+                encodings={"logits": "float16-scaled"},
+            )
+
+    sites = {cid: Site(cid) for cid in range(3)}
+
+    def answer(node, request):
+        if request.metadata.message_type == "query.hello":
+            return to_records(Message.build("query.hello", scalars={"metrics": {"partition_id": node - 101}}))
+        return to_records(sites[node - 101].handle(from_records(request.content, "query.logits")))
+
+    def flower_answer(node, request):
+        try:
+            return answer(node, request)
+        except RuntimeError as exc:
+            from flwr.app import Error
+
+            return Error(code=2, reason=str(exc))
+
+    class ErrorAwareGrid(_StoringGrid):
+        def pull_messages(self, ids):
+            from flwr.app import Message as FlowerMessage
+
+            out = []
+            for mid in ids:
+                request = self.stored.pop(mid, None)
+                if request is not None:
+                    out.append(
+                        FlowerMessage(flower_answer(request.metadata.dst_node_id, request), reply_to=request)
+                    )
+            return out
+
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    request = Message.build(
+        "query.logits", arrays={"synthetic-inputs": {"x": x}}, encodings={"synthetic-inputs": "uint8-affine"}
+    )
+    ledgers = {}
+    for name in ("inprocess", "flower"):
+        ledger = Ledger(tmp_path / f"{name}.jsonl")
+        if name == "inprocess":
+            fleet = InProcessFleet(sites, ledger)
+        else:
+            fleet = GridFleet(
+                ErrorAwareGrid([101, 102, 103], None), ledger, algorithm="x", expected_clients=3
+            )
+        fleet.round = 1
+        fleet.broadcast(request, step=5)
+        ledger.close()
+        ledgers[name] = read_ledger(tmp_path / f"{name}.jsonl")
+
+    def row(record):
+        return {k: v for k, v in record.items() if k not in ("seq", "error")}
+
+    hello, flower = ledgers["flower"][:6], ledgers["flower"][6:]
+    assert {r["type"] for r in hello} == {"query.hello"} and {r["round"] for r in hello} == {0}
+    assert [r["bytes"] for r in hello if r["direction"] == "server->client"] == [0, 0, 0]
+    inprocess = ledgers["inprocess"]
+    assert [r["direction"] for r in inprocess] == ["server->client", "client->server"] * 3
+    assert [r["direction"] for r in flower] == ["server->client"] * 3 + ["client->server"] * 3
+    key = lambda r: (r["direction"], r["client"])  # noqa: E731
+    assert sorted(map(row, flower), key=key) == sorted(map(row, inprocess), key=key)
+    ups = {r["client"]: r for r in inprocess if r["direction"] == "client->server"}
+    assert [ups[c]["status"] for c in range(3)] == ["ok", "invalid", "failed"]
+    assert ups[0]["encodings"] == {"logits": "float16-scaled"} and ups[1]["bytes"] == ups[0]["bytes"] > 0
+
+
+def test_an_empty_reply_crosses_a_node_worker_as_it_crosses_the_plain_client_app(task_identity) -> None:
+    """A reply with no arrays and no scalars (an acknowledgement) is an empty RecordDict, which Flower's
+    protobuf encodes as no bytes: the worker's frame read that back as no content, and the forwarder then
+    failed to build its reply, so the site failed only on nodes with `worker=true`."""
+    from flwr.app import ConfigRecord
+    from flwr.app import Message as FlowerMessage
+
+    from fedistill.transports.flower.forward import pack, unpack
+
+    request = FlowerMessage(
+        RecordDict({"fedistill.header": ConfigRecord({"algorithm": "mine"})}),
+        dst_node_id=5,
+        message_type="query.ack",
+    )
+    request.metadata.__dict__["_message_id"] = "m1"
+    header, content = unpack(pack({"versions": {}}, to_records(Message.build("query.ack"))))
+    reply = FlowerMessage(content, reply_to=request)
+    assert header == {"versions": {}} and not reply.has_error()
+    assert from_records(reply.content, "query.ack") == Message.build("query.ack")
+
+
+@pytest.mark.parametrize("smuggled", ["config", "arrays"])
+def test_a_reply_carrying_a_transport_header_is_invalid_not_bytes_the_ledger_misses(
+    tmp_path, task_identity, smuggled
+) -> None:
+    """Only requests carry the transport header; the server's codec skipped any record under its name, so
+    a site could send arrays there that crossed the boundary without a line of the ledger counting them."""
+    from flwr.app import ConfigRecord
+
+    from fedistill.federation.ledger import Ledger
+    from fedistill.transports.flower.codec import HEADER
+    from fedistill.transports.flower.grid_fleet import GridFleet
+
+    def answer(node, request):
+        if request.metadata.message_type == "query.hello":
+            return to_records(Message.build("query.hello", scalars={"metrics": {"partition_id": node - 101}}))
+        content = to_records(Message.build("train", scalars={"metrics": {"n": 1}}))
+        if node == 102:
+            hidden = {"w": Array(np.ones(1000, np.float32))} if smuggled == "arrays" else None
+            content[HEADER] = ArrayRecord(hidden) if hidden else ConfigRecord({"note": "x" * 1000})
+        return content
+
+    fleet = GridFleet(_StoringGrid([101, 102], answer), Ledger(None), algorithm="fedavg", expected_clients=2)
+    replies = fleet.send({c: Message.build("train") for c in range(2)})
+    assert replies[0].ok
+    assert not replies[1].ok and "transport header" in replies[1].error
+    assert fleet.ledger.totals.failures[0]["status"] == "invalid"

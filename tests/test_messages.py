@@ -145,3 +145,34 @@ def test_a_kind_given_a_value_instead_of_named_values_is_refused_by_name(payload
     TypeError or a ValueError about dictionary update sequences."""
     with pytest.raises(FederationError, match=r"train: .* must map names to values, got"):
         Message.build("train", **payload)
+
+
+@pytest.mark.parametrize(
+    "payload, named",
+    [
+        ({"arrays": {"logits": {0: np.ones(3, np.float32)}}}, "logits/0: a name is int, not text"),
+        ({"scalars": {"metrics": {1: 2.0}}}, "metrics/1: a name is int, not text"),
+        ({"scalars": {"metrics": {"reason": "bad \udcff file"}}}, "scalar metrics/reason is not UTF-8 text"),
+        ({"arrays": {"logits": {"z\udcff": np.ones(3, np.float32)}}}, "is not UTF-8 text"),
+    ],
+    ids=["an array named by a number", "a scalar named by a number", "a string", "a name"],
+)
+def test_names_and_strings_flower_cannot_carry_are_refused_in_process_too(payload, named):
+    """What Flower cannot carry (a name that is no string, text that is no UTF-8, as a file name read
+    with surrogate escapes) is refused where the message is built, so a run behaves alike on both
+    transports: such a message passed in-process, and a client's reply then stopped the server while
+    the ledger counted its bytes."""
+    from fedistill.federation.client import ClientLogic, handles
+    from fedistill.federation.ledger import Ledger
+    from fedistill.transports.inprocess import InProcessFleet
+
+    with pytest.raises(FederationError, match=named):
+        Message.build("train", **payload)
+
+    class Careless(ClientLogic):
+        @handles("query.echo")
+        def echo(self, message: Message) -> Message:
+            return Message("query.echo", **payload)  # built by hand, unchecked
+
+    reply = InProcessFleet({0: Careless()}, Ledger(None)).broadcast(Message.build("query.echo"))[0]
+    assert not reply.ok and named in reply.error

@@ -472,7 +472,7 @@ def test_a_float16_overflow_is_named_on_receipt_and_encodes_without_a_warning():
     x = np.array([7e4, 1.0], np.float32)
     with np.errstate(all="raise"):
         message = Message.build("train", arrays={"logits": {"z": x}}, encodings={"logits": "float16"})
-    with pytest.raises(FederationError, match=r"logits/z contains NaN or infinite values.*float16.*65504"):
+    with pytest.raises(FederationError, match=r"logits/z contains NaN or infinite values.*float16.*65520"):
         check_on_receipt(message)
     plain = Message.build("train", arrays={"logits": {"z": np.array([np.inf], np.float32)}})
     with pytest.raises(FederationError, match=r"infinite values$"):
@@ -502,3 +502,46 @@ def test_bfloat16_keeps_float32s_range_but_its_top_half_step():
     decoded = decode(encode("bfloat16", x))
     assert np.isfinite(decoded[:2]).all() and (np.abs(decoded[:2] - x[:2]) <= 2.0**-8 * np.abs(x[:2])).all()
     assert np.array_equal(decoded[2:], [np.inf, -np.inf])
+
+
+def test_the_edges_of_float16_and_the_affine_grids_are_where_encodings_py_states():
+    """float16 rounds values up to half a step past its largest (65504) down to it, and turns 65520 on into
+    infinities; an affine grid over a range beyond float32's largest decodes its top to infinity, which the
+    receiver refuses, naming the encoding."""
+    x = np.array([65504.0, 65519.0, -65519.0, 65520.0, -1e5], np.float32)
+    assert decode(encode("float16", x)).tolist() == [65504.0, 65504.0, -65504.0, np.inf, -np.inf]
+    wide = np.array([-2e38, 0.0, 2e38], np.float32)
+    for encoding in ("uint8-affine", "uint16-affine"):
+        with np.errstate(over="ignore"):
+            message = Message.build("train", arrays={"logits": {"z": wide}}, encodings={"logits": encoding})
+            decoded = message.array("logits", "z")
+        assert np.isfinite(decoded[:2]).all() and decoded[2] == np.inf
+        with pytest.raises(FederationError, match=f"infinite values \\(sent as {encoding}\\)"):
+            check_on_receipt(message)
+
+
+@pytest.mark.parametrize("encoding", FLOAT_ENCODINGS)
+def test_round_trip_error_near_float32s_smallest_numbers_stays_within_the_stated_bound(encoding):
+    """Below 2^-126 float32 resolves only multiples of 2^-149: bfloat16 then keeps fewer digits and the
+    grids' scales round to those steps, as encodings.py states (2^-134, and L 2^-150 on top)."""
+    levels = {"uint8-affine": 255, "uint16-affine": 65535, "int8-symmetric": 127, "int8-sqrt": 127**2}
+    rng = np.random.default_rng(3)
+    for magnitude in 10.0 ** np.arange(-44.0, -30.0):
+        for x in (rng.normal(size=32) * magnitude, rng.normal(size=32) * magnitude * 1e-3 + magnitude):
+            x = x.astype(np.float32)
+            encoded = encode(encoding, x)
+            bound = _bound(encoding, x.astype(np.float64), encoded)
+            if encoding == "bfloat16":
+                bound = np.maximum(bound, 2.0**-134)
+            bound = bound + levels.get(encoding, 0) * 2.0**-150
+            error = np.abs(decode(encoded).astype(np.float64) - x.astype(np.float64))
+            assert (error <= bound).all(), (magnitude, float((error - bound).max()))
+
+
+def test_a_nan_sent_as_float16_is_not_blamed_on_float16s_range():
+    """float16 turns large finite values into infinities, never into NaN: a NaN came from the sender, and
+    the refusal's advice to switch to float16-scaled would not have helped."""
+    nan = np.array([np.nan, 1.0], np.float32)
+    message = Message.build("train", arrays={"logits": {"z": nan}}, encodings={"logits": "float16"})
+    with pytest.raises(FederationError, match=r"NaN or infinite values \(sent as float16\)$"):
+        check_on_receipt(message)

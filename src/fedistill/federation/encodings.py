@@ -10,15 +10,19 @@ CPU, so the same wire bytes decode to the same values on any machine and transpo
 The encodings and their round-trip error (x the sent value, x' the decoded one, m = max |x|):
 
 - `raw`: the array as it is; exact.
-- `float16`: IEEE half precision; |x - x'| <= 2^-11 |x| for 2^-14 <= |x| <= 65504, 2^-25 below; values
-  past 65504 become infinite (and the receiver rejects the message). For values of known small range.
+- `float16`: IEEE half precision; |x - x'| <= 2^-11 |x| for 2^-14 <= |x| < 65520, 2^-25 below; values
+  from 65520 on (half a step past its largest, 65504) become infinite (and the receiver rejects the
+  message). For values of known small range.
 - `float16-scaled`: half precision after dividing by a power of two that puts m just under 2^15: the
   relative error of `float16` over any range, |x - x'| <= max(2^-11 |x|, 2^-39 m), never overflowing.
 - `bfloat16`: float32's upper 16 bits, rounded to nearest even: |x - x'| <= 2^-8 |x| over float32's range
-  but its top half step: values past 3.3961e38 round to infinity (and the receiver rejects the message).
+  but its top half step: values past 3.3961e38 round to infinity (and the receiver rejects the message);
+  below float32's smallest normal number, 2^-126 (1.2e-38), where bfloat16 keeps fewer digits, 2^-134.
 - `uint8-affine`, `uint16-affine`: x' = offset + q * scale with q on 255 (65535) levels between the
   tensor's minimum and maximum: |x - x'| <= scale / 2 + 2^-22 max(|min|, |max|); a constant tensor is exact.
-  Zero need not be on the grid: for images, not for values whose many near-zero entries add up.
+  Zero need not be on the grid: for images, not for values whose many near-zero entries add up. The
+  decoder computes in float32, so a tensor whose range (maximum - minimum) exceeds float32's largest
+  value, 3.4e38, decodes to infinities at its top (and the receiver rejects the message).
 - `int8-symmetric`: x' = q * scale with q in -127..127 and scale = m / 127: |x - x'| <= scale / 2 (plus
   float32 rounding, 2^-23 m); zero and sign are kept, so near-zero values (most of a gradient) decode to
   at most scale / 2 from their value, never to a common offset.
@@ -30,6 +34,11 @@ The encodings and their round-trip error (x the sent value, x' the decoded one, 
 - `bits`: a uint8 array of zeros and ones (a two-class label mask) packed eight values to a byte; exact.
   Its per-tensor numbers are the array's shape, which packing flattens. An array with another value, or
   of another dtype, travels as it is.
+
+The grids' bounds hold while their scale is a normal float32 (at least 2^-126): for a tensor whose range
+(the int8 grids: m) is below about 1e-33, the scale is rounded to a multiple of float32's finest step,
+2^-149, and the error may grow by up to L 2^-150, L the grid's top level (255, 65535, 127; `int8-sqrt`:
+127^2); a tensor whose scale rounds to 0 decodes to zeros.
 
 A non-finite value stays non-finite through every encoding (the affine ones then decode to NaN
 everywhere), so the receiver's check still refuses it.

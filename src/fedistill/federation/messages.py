@@ -127,12 +127,7 @@ class Message:
                     f"{type}: encodings name an unknown content kind {kind!r}; known: {sorted(CONTENT_KINDS)}"
                 )
             wire_format(encoding)
-        for what, given in (("arrays", arrays), ("scalars", scalars)):
-            for kind, named in (given or {}).items():
-                if not isinstance(named, Mapping):
-                    raise FederationError(
-                        f"{type}: {what} of kind {kind!r} must map names to values, got {_type_name(named)}"
-                    )
+        _check_mappings(type, arrays or {}, scalars or {})
         message = Message(
             type=type,
             arrays={
@@ -215,13 +210,28 @@ def is_message_type(text: object) -> bool:
     return isinstance(text, str) and _TYPE_PATTERN.fullmatch(text) is not None
 
 
+def _check_mappings(message_type: str, arrays: object, scalars: object) -> None:
+    """Each kind maps names to values: a message built by hand (not `Message.build`) may hold anything."""
+    for what, given in (("arrays", arrays), ("scalars", scalars)):
+        if not isinstance(given, Mapping):
+            raise FederationError(f"{message_type}: {what} must map content kinds, got {_type_name(given)}")
+        for kind, named in given.items():
+            if not isinstance(named, Mapping):
+                got = _type_name(named)
+                raise FederationError(
+                    f"{message_type}: {what} of kind {kind!r} must map names to values, got {got}"
+                )
+
+
 def check_structure(message: Message) -> None:
     """The checks every message passes on creation and on receipt, whatever its type."""
     if not is_message_type(message.type):
         raise FederationError(f"message type {message.type!r} is not 'train', 'evaluate' or 'query.<action>'")
+    _check_mappings(message.type, message.arrays, message.scalars)
     for kind, named in message.arrays.items():
         _check_kind(kind, message.type)
         for name, array in named.items():
+            _check_name(message.type, kind, name)
             if isinstance(array, Encoded):
                 fault = array.check()
                 if fault is not None:
@@ -239,12 +249,33 @@ def check_structure(message: Message) -> None:
     for kind, named in message.scalars.items():
         _check_kind(kind, message.type)
         for name, value in named.items():
+            _check_name(message.type, kind, name)
             if not isinstance(value, bool | int | float | str):
                 raise FederationError(
                     f"{message.type}: scalar {kind}/{name} is {_type_name(value)}; only bool/int/float/str"
                 )
+            if isinstance(value, str) and not _is_utf8(value):
+                raise FederationError(f"{message.type}: scalar {kind}/{name} is not UTF-8 text: {value!r}")
             if isinstance(value, int) and not INT_RANGE[0] <= value <= INT_RANGE[1]:
                 raise FederationError(f"{message.type}: scalar {kind}/{name} is beyond 64-bit integers")
+
+
+def _check_name(message_type: str, kind: str, name: object) -> None:
+    """A name is UTF-8 text, as Flower's records carry it (an int name passed in-process, failed there)."""
+    if not isinstance(name, str):
+        raise FederationError(f"{message_type}: {kind}/{name!r}: a name is {_type_name(name)}, not text")
+    if not _is_utf8(name):
+        raise FederationError(f"{message_type}: {kind}/{name!r} is not UTF-8 text")
+
+
+def _is_utf8(text: str) -> bool:
+    """Whether `text` encodes as UTF-8: not so with lone surrogates (a file name read with surrogate
+    escapes), which Flower cannot send and the ledger cannot count."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _type_name(value: object) -> str:
@@ -273,7 +304,7 @@ def check_on_receipt(message: Message, *, max_bytes: int = DEFAULT_MAX_BYTES) ->
             array = decode(value)
             if array.dtype.kind == "f" and not np.isfinite(array).all():
                 raise FederationError(
-                    f"{message.type}: {kind}/{name} contains NaN or infinite values{_sent_as(value)}"
+                    f"{message.type}: {kind}/{name} contains NaN or infinite values{_sent_as(value, array)}"
                 )
     for kind, named in message.scalars.items():
         for name, value in named.items():
@@ -281,13 +312,14 @@ def check_on_receipt(message: Message, *, max_bytes: int = DEFAULT_MAX_BYTES) ->
                 raise FederationError(f"{message.type}: scalar {kind}/{name} is {value}")
 
 
-def _sent_as(value: Payload) -> str:
-    """How a non-finite array crossed, when its wire encoding may have made it so (float16 overflows)."""
+def _sent_as(value: Payload, decoded: np.ndarray) -> str:
+    """How a non-finite array crossed, when its wire encoding may have made it so (float16 overflows to
+    infinities, never to NaN: a NaN is the sender's own)."""
     encoding = encoding_of(value)
     if encoding == RAW:
         return ""
-    if encoding == "float16":
-        return " (sent as float16, which turns values past 65504 into infinities: use float16-scaled)"
+    if encoding == "float16" and not np.isnan(decoded).any():
+        return " (sent as float16, which turns values from 65520 on into infinities: use float16-scaled)"
     return f" (sent as {encoding})"
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Hashable, Mapping
+from dataclasses import replace
 
 from fedistill.errors import FederationError
 from fedistill.federation.client import ClientLogic
 from fedistill.federation.fleet import Fleet, Reply
 from fedistill.federation.ledger import Ledger
-from fedistill.federation.messages import DEFAULT_MAX_BYTES, Message, check_on_receipt
+from fedistill.federation.messages import DEFAULT_MAX_BYTES, Message, check_on_receipt, check_structure
 from fedistill.federation.reply_spec import Expectation
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class InProcessFleet(Fleet):
             return self._failed(cid, request.type, exc)
         if self._answered is not None:
             self._answered(cid)
-        return self._checked(cid, answer, time.perf_counter() - start, timeout)
+        return self._checked(cid, answer, request.type, time.perf_counter() - start, timeout)
 
     def _together(self, requests: Mapping[int, Message]) -> dict[int, list[int]]:
         """The groups of at least two clients that may answer their requests together, by first member."""
@@ -136,7 +137,7 @@ class InProcessFleet(Fleet):
             self._answered(cid)
         share = (time.perf_counter() - start) / len(members)
         for cid, answer in zip(ready, answers, strict=True):
-            replies[cid] = self._checked(cid, answer, share, timeout)
+            replies[cid] = self._checked(cid, answer, requests[cid].type, share, timeout)
         return replies
 
     @staticmethod
@@ -144,15 +145,24 @@ class InProcessFleet(Fleet):
         log.warning("client %d failed on %s: %s", cid, message_type, exc, exc_info=log.isEnabledFor(10))
         return Reply(cid, None, f"{type(exc).__name__}: {exc}")
 
-    def _checked(self, cid: int, answer: Message, elapsed: float, timeout: float | None) -> Reply:
-        """A client's answer as the server receives it: invalid if it fails the receipt checks, timed out
-        if it took longer than `timeout`."""
+    def _checked(
+        self, cid: int, answer: Message, request_type: str, elapsed: float, timeout: float | None
+    ) -> Reply:
+        """A client's answer as the server receives it: of its request's type, as Flower delivers it (the
+        type the client built it with never crosses), invalid if it fails the receipt checks, timed out if
+        it took longer than `timeout`."""
         if not isinstance(answer, Message):  # a failure in the client, as over Flower (its codec fails)
             error = FederationError(f"the handler returned {type(answer).__name__}, not a Message")
-            return self._failed(cid, "a request", error)
+            return self._failed(cid, request_type, error)
+        if answer.type != request_type:
+            answer = replace(answer, type=request_type)
+        try:  # a malformed message: invalid, its bytes unknown (over Flower it does not decode)
+            check_structure(answer)
+        except FederationError as exc:
+            return Reply(cid, None, f"invalid reply: {exc}")
         try:
             check_on_receipt(answer, max_bytes=self.max_bytes)
-        except FederationError as exc:  # NaN, oversize, a malformed message: invalid, like any other fault
+        except FederationError as exc:  # NaN, oversize: invalid, like any other fault, its bytes counted
             return Reply(cid, None, f"invalid reply: {exc}", received=answer)
         if timeout is not None and elapsed > timeout:
             return Reply(cid, None, f"timed out after {elapsed:.1f} s (limit {timeout:.1f} s)")

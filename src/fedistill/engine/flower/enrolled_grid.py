@@ -114,7 +114,7 @@ class EnrolledGrid(Grid):
         node_id = int(reply.metadata.src_node_id)
         site = self._site_of.get(node_id)
         try:
-            claimed = int(from_records(reply.content, HELLO).scalar("metrics", "partition_id"))
+            claimed = int(from_records(reply.content, HELLO, reply=True).scalar("metrics", "partition_id"))
         except Exception as exc:  # a malformed hello is refused like a false one
             raise FederationError(f"Flower node {node_id} sent an unreadable {HELLO} reply: {exc}") from None
         if site is None or claimed != site.partition:

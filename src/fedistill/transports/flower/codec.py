@@ -5,7 +5,7 @@ arrays with `np.save(allow_pickle=False)`); each kind's scalars one `ConfigRecor
 `<kind>.scalars`. An array in a wire encoding (federation/encodings.py) goes as its wire array, with
 its encoding under `<kind>.encodings` and its per-tensor numbers under `<kind>.encoding-params`, so
 Flower carries exactly the bytes the ledger counts and the receiver decodes them as in-process. A
-transport header (`fedistill.header`, not part of the message) names the
+transport header (`fedistill.header`, not part of the message, on requests only) names the
 algorithm, so one SuperNode can serve the several algorithms of a suite.
 """
 
@@ -48,14 +48,17 @@ def to_records(message: Message, header: dict[str, Any] | None = None) -> Record
     return RecordDict(records)
 
 
-def from_records(content: RecordDict, message_type: str) -> Message:
-    """Rebuild the message (`Message.build` re-checks its structure); the header is left out."""
+def from_records(content: RecordDict, message_type: str, *, reply: bool = False) -> Message:
+    """Rebuild the message (`Message.build` re-checks its structure); the header is left out. Only a
+    request carries one: a `reply` that does is refused, since what it held would cross uncounted."""
     arrays: dict[str, dict[str, np.ndarray | Encoded]] = {}
     scalars: dict[str, dict[str, Any]] = {}
     encodings: dict[str, dict[str, Any]] = {}
     params: dict[str, dict[str, Any]] = {}
     for key, record in content.items():
         if key == HEADER:
+            if reply:
+                raise FederationError(f"{message_type}: a reply carries a transport header ({HEADER!r})")
             continue
         if isinstance(record, ArrayRecord):
             # plain arrays reach native byte order in Message.build (_as_array); encoded ones below
@@ -88,7 +91,8 @@ def from_records(content: RecordDict, message_type: str) -> Message:
 def _numpy(array: Array, where: str) -> np.ndarray:
     """The NumPy array a Flower `Array` carries, its `.npy` header checked first: NumPy's loader allocates
     the shape a header declares before it reads a byte, so a hostile or corrupt one would ask for any amount
-    of memory, and an object array would fail deep inside NumPy instead of naming the array."""
+    of memory, and an object array would fail deep inside NumPy instead of naming the array. Bytes past
+    the values are refused too: NumPy ignores them, so they would cross without the ledger counting them."""
     try:
         buffer = io.BytesIO(array.data)
         version = npy.read_magic(buffer)
@@ -102,11 +106,15 @@ def _numpy(array: Array, where: str) -> np.ndarray:
         raise FederationError(
             f"{where}: an array of dtype {dtype} ({'object' if dtype.hasobject else 'empty'})"
         )
-    carried = len(array.data) - buffer.tell()
-    if math.prod(shape) * dtype.itemsize > carried:
+    carried, values = len(array.data) - buffer.tell(), math.prod(shape)
+    if values * dtype.itemsize > carried:
         raise FederationError(
-            f"{where}: declares {math.prod(shape)} values of {dtype} in shape {list(shape)}, "
+            f"{where}: declares {values} values of {dtype} in shape {list(shape)}, "
             f"but carries only {carried} bytes"
+        )
+    if carried > values * dtype.itemsize:  # np.save writes nothing after them; the ledger counts the values
+        raise FederationError(
+            f"{where}: carries {carried - values * dtype.itemsize} bytes past its {values} values"
         )
     try:
         return array.numpy()

@@ -45,13 +45,14 @@ def pack(header: dict[str, Any], content: RecordDict | None) -> bytes:
     return _HEADER.pack(len(head)) + head + body
 
 
-def unpack(frame: bytes) -> tuple[dict[str, Any], RecordDict | None]:
-    """The header and content of a frame `pack` wrote; None for a frame without content."""
+def unpack(frame: bytes) -> tuple[dict[str, Any], RecordDict]:
+    """The header and content of a frame `pack` wrote; an empty RecordDict for a frame without content,
+    since Flower's protobuf writes an empty RecordDict (a reply with no payload) as no bytes at all."""
     (size,) = _HEADER.unpack_from(frame)
     header = json.loads(frame[_HEADER.size : _HEADER.size + size])
     body = frame[_HEADER.size + size :]
     if not body:
-        return header, None
+        return header, RecordDict()
     proto = ProtoRecordDict()
     proto.ParseFromString(body)
     return header, serde.recorddict_from_proto(proto)

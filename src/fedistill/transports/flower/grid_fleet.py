@@ -197,7 +197,7 @@ class GridFleet(Fleet):
             return None, f"client error {reply.error.code}: {reply.error.reason}", None
         received = None
         try:
-            received = from_records(reply.content, message_type)
+            received = from_records(reply.content, message_type, reply=True)
             check_on_receipt(received, max_bytes=self.max_bytes)
         except Exception as exc:  # a malformed reply is that client's failure, not the server's
             return None, f"invalid reply: {exc}", received
