@@ -164,7 +164,10 @@ class FedMDCGClient(ClientLogic):
         generator.train()
         losses, hits, seen = [], 0, 0
         try:
+            per_batch = options.generator_grads == "per-batch"
             for _ in range(options.generator_passes):
+                if not per_batch:  # the code's: one clearing per pass, so each step reads a running sum
+                    self.generator_optimizer.zero_grad(set_to_none=True)
                 for (x_raw, y), e in zip(self.cache, eps, strict=True):
                     with torch.no_grad():
                         real = model.extractor(to_float(x_raw, self.ctx.info))
@@ -184,7 +187,8 @@ class FedMDCGClient(ClientLogic):
                     losses.append(finite_loss(loss, "local generator training"))
                     hits += int((fake_logits.detach().argmax(1) == y).sum())
                     seen += len(y)
-                    self.generator_optimizer.zero_grad(set_to_none=True)
+                    if per_batch:
+                        self.generator_optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     self.generator_optimizer.step()
         finally:

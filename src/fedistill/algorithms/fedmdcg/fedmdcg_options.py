@@ -27,6 +27,7 @@ from fedistill.seeding import seeded
 
 PRESETS = ("paper", "official-code")
 LABEL_COUNTS = ("data", "cache")
+GENERATOR_GRADS = ("per-batch", "accumulated")  # stage 2: G_i's gradients cleared per batch | per pass
 LAMBDAS = (  # stage 1 (ramped), then stage 2
     "lambda_kl", "lambda_ce_gen", "lambda_mse",
     "gen_lambda_ce", "gen_lambda_kl", "gen_lambda_mse", "gen_lambda_div",
@@ -63,6 +64,10 @@ class FedMDCGOptions:
     generator_passes: int = 1  # Adam steps per cached batch and round (the code's I_gg)
     generator_lr: float = 3e-4  # Adam learning rate of the local generator
     generator_weight_decay: float = 1e-4  # Adam weight decay of the local generator
+    generator_grads: str = "per-batch"
+    """per-batch: G_i's gradients are cleared before each cached batch, so each Adam step follows its own
+    batch | accumulated: the released code's, cleared once per pass, so the step at the k-th batch follows
+    the sum of the gradients of batches 1..k of that pass (not switched by the preset)."""
     # The code's cache of real batches: never cleared (a typo) and de-duplicated by label sum.
     clear_cache: bool = True
     dedup_label_sum: bool = False  # de-duplicate the cached batches by their label sum (the code)
@@ -85,6 +90,7 @@ class FedMDCGOptions:
             "noise": ("normal", "uniform"),
             "diversity": L.DIVERSITY_TYPES,
             "label_counts": LABEL_COUNTS,
+            "generator_grads": GENERATOR_GRADS,
         }
         check_choices("fedmdcg", self, choices)
         check_positive(
