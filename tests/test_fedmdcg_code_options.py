@@ -1,15 +1,18 @@
 """FedMD-CG's options that reproduce the released code's training loops: stage 2's gradients summed over
-a pass of the cache (`generator_grads`), and a data order fixed once and cycled (`batches`)."""
+a pass of the cache (`generator_grads`), and a data order fixed once and cycled (`batch_order`)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from algorithm_helpers import SMALL_NON_IID, make_client
+from algorithm_helpers import SMALL_NON_IID, check_resume_after_crash, make_client
 from fedistill.algorithms.fedmdcg import losses as L
 from fedistill.algorithms.fedmdcg.fedmdcg_options import FedMDCGOptions
+from fedistill.algorithms.fedmdcg.fedmdcg_server import FedMDCGServer
 from fedistill.config import RunConfig, build_config, options_for
+from fedistill.data.base import ImageSet
+from fedistill.engine.checkpoint import latest_checkpoint, read_checkpoint
 from fedistill.errors import ConfigError
 from fedistill.federation.messages import Message
 
@@ -79,7 +82,78 @@ def test_per_batch_generator_gradients_are_each_batch_s_own_by_default(monkeypat
     assert all(_same(s, o) for s, o in zip(stepped, own, strict=True))
 
 
-@pytest.mark.parametrize("key, value, accepted", [("generator_grads", "summed", "per-batch, accumulated")])
+def _numbered_client(n: int, **changes):
+    """Client 0 whose n training "images" are their own indices, so each batch names the samples it
+    holds; no augmentation, batches of 4."""
+    client = make_client(_config(augment="off", batch_size=4, **changes), "fedmdcg")
+    client.ctx.train = ImageSet(torch.arange(n, dtype=torch.float32).view(n, 1, 1, 1), torch.zeros(n).long())
+    return client
+
+
+def _visits(client, round: int) -> list[list[int]]:
+    """The sample indices of each batch of one round's local steps."""
+    return [x.flatten().long().tolist() for x, _ in client._batches(round)]
+
+
+def _flat(batches: list[list[int]]) -> list[int]:
+    return [i for batch in batches for i in batch]
+
+
+def test_cycled_batches_visit_one_fixed_order_over_and_over_across_rounds():
+    """The code's persistent loader: 10 samples in one order drawn once, cut in batches of 4, 4 and 2
+    (the short last batch kept), read on from where the last round stopped. Two steps a round, so
+    rounds 1-3 make exactly two passes, the second the same as the first."""
+    client = _numbered_client(10, local_steps=2, **{"fedmdcg.batch_order": "cycled"})
+    rounds = [_visits(client, r) for r in (1, 2, 3)]
+    batches = [b for r in rounds for b in r]
+    assert [len(b) for b in batches] == [4, 4, 2] * 2
+    first, second = _flat(batches[:3]), _flat(batches[3:])
+    assert sorted(first) == list(range(10)) and first == second
+    assert first != list(range(10))  # shuffled once, as the code's split does
+    again = _numbered_client(10, local_steps=3, **{"fedmdcg.batch_order": "cycled"})
+    assert _flat(_visits(again, 7)) == first  # the order is the client's, not the round's
+
+
+def test_a_cycled_pass_drops_a_last_batch_of_one_sample_as_the_codes_loader_does():
+    """BatchNorm cannot train on a batch of one: with 9 samples the pass is two batches of 4."""
+    client = _numbered_client(9, local_steps=3, **{"fedmdcg.batch_order": "cycled"})
+    batches = _visits(client, 1)
+    assert [len(b) for b in batches] == [4, 4, 4] and batches[2] == batches[0]
+
+
+def test_a_restored_client_goes_on_with_the_cycle_where_it_stopped():
+    """Two steps a round through batches of 4, 4 and 2: round 1 stops inside the pass, and a client
+    restored from its state reads round 2 from the third batch, as one that never stopped."""
+    cycled = {"local_steps": 2, "fedmdcg.batch_order": "cycled"}
+    straight = _numbered_client(10, **cycled)
+    expected = [_visits(straight, r) for r in (1, 2)]
+    before = _numbered_client(10, **cycled)
+    assert _visits(before, 1) == expected[0] and before.state_dict()["cycle_position"] == 2
+    after = _numbered_client(10, **cycled)
+    after.load_state_dict(before.state_dict())
+    assert _visits(after, 2) == expected[1]
+
+
+def test_shuffled_batches_draw_a_new_order_each_round_by_default():
+    assert FedMDCGOptions().batch_order == "shuffled"
+    client = _numbered_client(12, local_steps=3)
+    first, second = (_flat(_visits(client, r)) for r in (1, 2))
+    assert sorted(first) == sorted(second) == list(range(12)) and first != second
+
+
+def test_a_run_resumed_from_its_checkpoint_goes_on_with_the_cycle(tmp_path):
+    """Crash in round 3 and resume: the same metrics as an uninterrupted run, so the checkpoint kept
+    each client's place in its cycle (not at a pass boundary, or the test would not see it)."""
+    config = _config(algorithm="fedmdcg", **{"fedmdcg.batch_order": "cycled"})
+    resumed = check_resume_after_crash(config, FedMDCGServer, tmp_path)
+    state = read_checkpoint(latest_checkpoint(resumed / "checkpoints"))
+    assert any(part["cycle_position"] > 0 for name, part in state.items() if name.startswith("client_"))
+
+
+@pytest.mark.parametrize(
+    "key, value, accepted",
+    [("generator_grads", "summed", "per-batch, accumulated"), ("batch_order", "random", "shuffled, cycled")],
+)
 def test_the_code_options_name_their_accepted_values(key, value, accepted):
     with pytest.raises(ConfigError, match=f"fedmdcg.{key} must be one of {accepted}; got '{value}'"):
         options_for(_config(**{f"fedmdcg.{key}": value}), "fedmdcg", FedMDCGOptions)

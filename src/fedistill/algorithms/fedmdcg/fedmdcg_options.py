@@ -27,6 +27,7 @@ from fedistill.seeding import seeded
 
 PRESETS = ("paper", "official-code")
 LABEL_COUNTS = ("data", "cache")
+BATCH_ORDERS = ("shuffled", "cycled")  # stage 1: a fresh shuffle per round | one order read in a cycle
 GENERATOR_GRADS = ("per-batch", "accumulated")  # stage 2: G_i's gradients cleared per batch | per pass
 LAMBDAS = (  # stage 1 (ramped), then stage 2
     "lambda_kl", "lambda_ce_gen", "lambda_mse",
@@ -52,6 +53,11 @@ class FedMDCGOptions:
     ramp_power: float = 3.0  # the power of the cubic ramp
     client_temperature: float = 10.0  # T_c of the stage-1 KL
     generated_batch_size: int = 64  # labels ŷ drawn per step for the CE on Ĝ's features
+    batch_order: str = "shuffled"
+    """shuffled: each round's local steps draw batches from a fresh shuffle (a short last batch left out)
+    | cycled: the released code's persistent loader, one order drawn once per client and read batch
+    after batch, the short last batch kept (unless it holds one sample), each round going on where the
+    last one stopped (not switched by the preset)."""
     # stage 2: the local generator
     generator_hidden: str = ""  # comma list of hidden widths; "" = FedMD-CG's table for the dataset
     noise_dim: int = 0  # 0 = FedMD-CG's table for the dataset
@@ -91,6 +97,7 @@ class FedMDCGOptions:
             "diversity": L.DIVERSITY_TYPES,
             "label_counts": LABEL_COUNTS,
             "generator_grads": GENERATOR_GRADS,
+            "batch_order": BATCH_ORDERS,
         }
         check_choices("fedmdcg", self, choices)
         check_positive(
