@@ -157,3 +157,15 @@ def test_a_run_resumed_from_its_checkpoint_goes_on_with_the_cycle(tmp_path):
 def test_the_code_options_name_their_accepted_values(key, value, accepted):
     with pytest.raises(ConfigError, match=f"fedmdcg.{key} must be one of {accepted}; got '{value}'"):
         options_for(_config(**{f"fedmdcg.{key}": value}), "fedmdcg", FedMDCGOptions)
+
+
+def test_each_listed_option_line_is_about_its_own_key():
+    """`fedistill list --options fedmdcg` gives each key its own doc: not the section comment above it
+    (lambda_kl, clear_cache) nor the second line of the key before (server_batch_size)."""
+    from fedistill.reference.options import format_options
+
+    lines = {line.split()[0]: line for line in format_options("fedmdcg").splitlines() if " = " in line}
+    assert "λ1" in lines["lambda_kl"]
+    assert "after each round" in lines["clear_cache"]
+    assert "labels" in lines["server_batch_size"] and "shrinks" not in lines["server_batch_size"]
+    assert "shrinks" in lines["server_weight_decay"]

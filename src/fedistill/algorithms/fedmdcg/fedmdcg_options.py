@@ -46,7 +46,7 @@ class FedMDCGOptions:
 
     preset: str = "paper"  # paper | official-code (switches noise, clear_cache, dedup, label counts, L3)
     # stage 1: weights of the ramped terms, the ramp, and T_c
-    lambda_kl: float = 1.0
+    lambda_kl: float = 1.0  # λ1: KL from the local head's reading of Ĝ(y) to its reading of F_i(x)
     lambda_ce_gen: float = 1.0  # λ2: CE of the local head on Ĝ's features for sampled labels
     lambda_mse: float = 0.1  # λ3: MSE between the local extractor's features and Ĝ's
     ramp: str = "cubic"  # cubic: λ⁰·(t/(R−1))^power | none: λ⁰ from round 1 on (round 0 is CE only)
@@ -75,16 +75,17 @@ class FedMDCGOptions:
     batch | accumulated: the released code's, cleared once per pass, so the step at the k-th batch follows
     the sum of the gradients of batches 1..k of that pass (not switched by the preset)."""
     # The code's cache of real batches: never cleared (a typo) and de-duplicated by label sum.
-    clear_cache: bool = True
+    clear_cache: bool = True  # empty the cache after each round (False: the code's, never emptied)
     dedup_label_sum: bool = False  # de-duplicate the cached batches by their label sum (the code)
     label_counts: str = "data"  # data: the training split's class counts | cache: the code's (§4.3)
     # server
     server_distillation: bool = True  # the code's distill_aggregation; False: plain weighted average
     server_steps: int = 50  # Adam steps of the server's crossed distillation per round
     server_lr: float = 3e-4  # Adam learning rate of the server's distillation
-    server_weight_decay: float = 1e-4  # Adam's coupled L2 (the code's): it outweighs the tiny KD gradient and
-    # shrinks C_g ~20 % a round early on (metrics classifier_norm*; benchmarks/fedmdcg_variants.py)
-    server_batch_size: int = 64
+    server_weight_decay: float = 1e-4
+    """Adam's coupled L2 (the code's): it outweighs the tiny KD gradient and shrinks C_g ~20 % a round
+    early on (metrics classifier_norm*; benchmarks/fedmdcg_variants.py)."""
+    server_batch_size: int = 64  # labels drawn per step of the server's distillation
     server_temperature: float = 10.0  # temperature of the server's KL terms
     softmax_bug: bool = False  # L3 feeds a softmax where KLDivLoss wants a log-softmax (the code)
 
