@@ -22,10 +22,12 @@ ledger (algorithms/shared/oracle.py); :func:`oracle_global_accuracy` does the sa
 
 Where the paper and the released code differ, ``preset = "official-code"`` switches to the code:
 uniform noise, the batch cache that is never cleared (with its label-sum de-duplication), label
-counts taken from that cache, and the softmax fed to the server's L3 (reference notes §4.7). Not
-reproduced, by the preset or an option: the code's stage 2 clears G_i's gradients once per pass over
-the cache, not before each cached batch, so each of its Adam steps follows the sum of the gradients of
-every batch before it in that pass; here each step follows its own batch's.
+counts taken from that cache, and the softmax fed to the server's L3 (reference notes §4.7). Two more
+of the code's behaviours are options the preset leaves off, so that its recorded benchmark stays as it
+was: ``generator_grads = "accumulated"`` (stage 2 clears G_i's gradients once per pass over the cache,
+so each Adam step follows the sum of the gradients of every batch before it in that pass; by default
+each step follows its own batch's) and ``batch_order = "cycled"`` (one data order drawn once and read
+on from round to round, as the code's persistent loader does; by default each round reshuffles).
 
 Files: the options and the preset in fedmdcg_options.py, the client in fedmdcg_client.py, the server
 in fedmdcg_server.py, the loss terms in losses.py; here the registration and the oracle.

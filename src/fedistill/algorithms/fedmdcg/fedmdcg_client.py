@@ -47,6 +47,7 @@ class FedMDCGClient(ClientLogic):
             weight_decay=self.options.generator_weight_decay,
         )
         self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # augmented uint8 images, labels
+        self.cycle_position = 0  # batch_order "cycled": the next batch of the pass, kept across rounds
         self.specs = state_specs(pair_state(self.model.classifier, self.generator))
 
     @handles("train")
@@ -89,20 +90,43 @@ class FedMDCGClient(ClientLogic):
         if len(data) < 2:
             raise FederationError(f"a client needs at least 2 training samples, this one has {len(data)}")
         generator = torch_generator(self.ctx.config.seed, "fedmdcg-batches", self.ctx.client_id, round)
+        if self.options.batch_order == "cycled":
+            yield from self._cycled_batches(generator)
+            return
         stop = len(data) - len(data) % spec.batch_size if len(data) > spec.batch_size else len(data)
         steps, epoch = 0, 0
         while True:
             order = torch.randperm(len(data), generator=generator)
             for start in range(0, stop, spec.batch_size):
-                idx = order[start : start + spec.batch_size]
-                x = augment(data.x[idx], self.ctx.info, generator) if spec.augment else data.x[idx]
-                yield devices.on_device(x), devices.on_device(data.y[idx])
+                yield self._batch(order[start : start + spec.batch_size], generator)
                 steps += 1
                 if spec.steps > 0 and steps >= spec.steps:
                     return
             epoch += 1
             if spec.steps <= 0 and epoch >= spec.epochs:
                 return
+
+    def _cycled_batches(self, generator: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The code's persistent loader: the client's samples in one order drawn once, cut into batches
+        as its DataLoader does (a short last batch kept, one of a single sample dropped), read on from
+        `cycle_position` and never reshuffled."""
+        data, spec = self.ctx.train, self.training
+        order = torch.randperm(
+            len(data), generator=torch_generator(self.ctx.config.seed, "fedmdcg-cycle", self.ctx.client_id)
+        )
+        size = min(spec.batch_size, len(data))
+        stop = len(data) - 1 if len(data) % size == 1 else len(data)
+        starts = range(0, stop, size)
+        for _ in range(spec.steps if spec.steps > 0 else spec.epochs * len(starts)):
+            start = starts[self.cycle_position % len(starts)]
+            self.cycle_position = (self.cycle_position + 1) % len(starts)
+            yield self._batch(order[start : start + size], generator)
+
+    def _batch(self, idx: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """The samples `idx` (augmented with `generator` when the run augments) on the run's device."""
+        data = self.ctx.train
+        x = augment(data.x[idx], self.ctx.info, generator) if self.training.augment else data.x[idx]
+        return devices.on_device(x), devices.on_device(data.y[idx])
 
     def _remember(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Cache a real batch for stage 2; the code skips a batch whose label sum (or size) it has seen."""
@@ -164,7 +188,10 @@ class FedMDCGClient(ClientLogic):
         generator.train()
         losses, hits, seen = [], 0, 0
         try:
+            per_batch = options.generator_grads == "per-batch"
             for _ in range(options.generator_passes):
+                if not per_batch:  # the code's: one clearing per pass, so each step reads a running sum
+                    self.generator_optimizer.zero_grad(set_to_none=True)
                 for (x_raw, y), e in zip(self.cache, eps, strict=True):
                     with torch.no_grad():
                         real = model.extractor(to_float(x_raw, self.ctx.info))
@@ -184,7 +211,8 @@ class FedMDCGClient(ClientLogic):
                     losses.append(finite_loss(loss, "local generator training"))
                     hits += int((fake_logits.detach().argmax(1) == y).sum())
                     seen += len(y)
-                    self.generator_optimizer.zero_grad(set_to_none=True)
+                    if per_batch:
+                        self.generator_optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     self.generator_optimizer.step()
         finally:
@@ -216,6 +244,7 @@ class FedMDCGClient(ClientLogic):
             "cache_x": [x.clone() for x, _ in self.cache],
             "cache_y": [y.clone() for _, y in self.cache],
             "num_samples": len(self.ctx.train),
+            "cycle_position": self.cycle_position,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -223,6 +252,7 @@ class FedMDCGClient(ClientLogic):
         self.generator.load_state_dict(state["generator"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator_optimizer.load_state_dict(state["generator_optimizer"])
+        self.cycle_position = int(state.get("cycle_position", 0))  # absent from older checkpoints
         # a checkpoint reads back on the CPU: the cached batches meet the model on the run's device
         self.cache = [
             (devices.on_device(x), devices.on_device(y))

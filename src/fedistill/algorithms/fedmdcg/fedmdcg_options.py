@@ -27,6 +27,8 @@ from fedistill.seeding import seeded
 
 PRESETS = ("paper", "official-code")
 LABEL_COUNTS = ("data", "cache")
+BATCH_ORDERS = ("shuffled", "cycled")  # stage 1: a fresh shuffle per round | one order read in a cycle
+GENERATOR_GRADS = ("per-batch", "accumulated")  # stage 2: G_i's gradients cleared per batch | per pass
 LAMBDAS = (  # stage 1 (ramped), then stage 2
     "lambda_kl", "lambda_ce_gen", "lambda_mse",
     "gen_lambda_ce", "gen_lambda_kl", "gen_lambda_mse", "gen_lambda_div",
@@ -44,13 +46,18 @@ class FedMDCGOptions:
 
     preset: str = "paper"  # paper | official-code (switches noise, clear_cache, dedup, label counts, L3)
     # stage 1: weights of the ramped terms, the ramp, and T_c
-    lambda_kl: float = 1.0
+    lambda_kl: float = 1.0  # λ1: KL from the local head's reading of Ĝ(y) to its reading of F_i(x)
     lambda_ce_gen: float = 1.0  # λ2: CE of the local head on Ĝ's features for sampled labels
     lambda_mse: float = 0.1  # λ3: MSE between the local extractor's features and Ĝ's
     ramp: str = "cubic"  # cubic: λ⁰·(t/(R−1))^power | none: λ⁰ from round 1 on (round 0 is CE only)
     ramp_power: float = 3.0  # the power of the cubic ramp
     client_temperature: float = 10.0  # T_c of the stage-1 KL
     generated_batch_size: int = 64  # labels ŷ drawn per step for the CE on Ĝ's features
+    batch_order: str = "shuffled"
+    """shuffled: each round's local steps draw batches from a fresh shuffle (a short last batch left out)
+    | cycled: the released code's persistent loader, one order drawn once per client and read batch
+    after batch, the short last batch kept (unless it holds one sample), each round going on where the
+    last one stopped (not switched by the preset)."""
     # stage 2: the local generator
     generator_hidden: str = ""  # comma list of hidden widths; "" = FedMD-CG's table for the dataset
     noise_dim: int = 0  # 0 = FedMD-CG's table for the dataset
@@ -63,17 +70,22 @@ class FedMDCGOptions:
     generator_passes: int = 1  # Adam steps per cached batch and round (the code's I_gg)
     generator_lr: float = 3e-4  # Adam learning rate of the local generator
     generator_weight_decay: float = 1e-4  # Adam weight decay of the local generator
+    generator_grads: str = "per-batch"
+    """per-batch: G_i's gradients are cleared before each cached batch, so each Adam step follows its own
+    batch | accumulated: the released code's, cleared once per pass, so the step at the k-th batch follows
+    the sum of the gradients of batches 1..k of that pass (not switched by the preset)."""
     # The code's cache of real batches: never cleared (a typo) and de-duplicated by label sum.
-    clear_cache: bool = True
+    clear_cache: bool = True  # empty the cache after each round (False: the code's, never emptied)
     dedup_label_sum: bool = False  # de-duplicate the cached batches by their label sum (the code)
     label_counts: str = "data"  # data: the training split's class counts | cache: the code's (§4.3)
     # server
     server_distillation: bool = True  # the code's distill_aggregation; False: plain weighted average
     server_steps: int = 50  # Adam steps of the server's crossed distillation per round
     server_lr: float = 3e-4  # Adam learning rate of the server's distillation
-    server_weight_decay: float = 1e-4  # Adam's coupled L2 (the code's): it outweighs the tiny KD gradient and
-    # shrinks C_g ~20 % a round early on (metrics classifier_norm*; benchmarks/fedmdcg_variants.py)
-    server_batch_size: int = 64
+    server_weight_decay: float = 1e-4
+    """Adam's coupled L2 (the code's): it outweighs the tiny KD gradient and shrinks C_g ~20 % a round
+    early on (metrics classifier_norm*; benchmarks/fedmdcg_variants.py)."""
+    server_batch_size: int = 64  # labels drawn per step of the server's distillation
     server_temperature: float = 10.0  # temperature of the server's KL terms
     softmax_bug: bool = False  # L3 feeds a softmax where KLDivLoss wants a log-softmax (the code)
 
@@ -85,6 +97,8 @@ class FedMDCGOptions:
             "noise": ("normal", "uniform"),
             "diversity": L.DIVERSITY_TYPES,
             "label_counts": LABEL_COUNTS,
+            "generator_grads": GENERATOR_GRADS,
+            "batch_order": BATCH_ORDERS,
         }
         check_choices("fedmdcg", self, choices)
         check_positive(
