@@ -332,7 +332,7 @@ def resolve_options(
         )
     if image_outputs:
         _check_image_outputs(options)
-    check_paper_per_pixel(options, image_outputs=image_outputs)
+    check_paper_per_pixel(options, per_pixel=per_pixel, image_outputs=image_outputs)
     if options.owner_queries and image_outputs:
         raise ConfigError(
             "fediod.owner_queries sends each site only its rows of G's batch, and a reconstruction's "
