@@ -4,8 +4,9 @@ FedIOD's generator on the per-pixel tasks is conditioned on a mask (`Task.condit
 itself (semantic segmentation), or the foreground of the targets (the nuclei of an instance map, the
 brain of a reconstruction slice). A condition says how many one-hot channels its masks have, how a
 stored target becomes one, and how to draw one from a prior that knows no site's labels: smooth random
-shapes made of thresholded smoothed noise, as a tumour, a field of nuclei or a brain looks.
-Classification has no condition: its generator draws from noise alone.
+shapes made of thresholded smoothed noise, as a tumour, a field of nuclei or a brain looks. `Contour`
+turns a foreground condition into its outline (the paper conditions its reconstruction G on the contour of
+the brain's foreground). Classification has no condition: its generator draws from noise alone.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import ClassVar
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from fedistill.data.base import DatasetInfo
 from fedistill.metrics.instances import instances_from_semantic
@@ -129,3 +131,38 @@ class BrainForeground(Foreground):
         ry, rx = gen.uniform(0.32, 0.45, 2)
         field = 1 - ((yy - cy) / ry) ** 2 - ((xx - cx) / rx) ** 2 + 0.08 * noise
         return field > 0
+
+
+def foreground_contour(masks: torch.Tensor) -> torch.Tensor:
+    """The outline of the foreground (values > 0) of masks (..., H, W), as 0/1 int64: the foreground pixels
+    with a background pixel among their eight neighbours, i.e. the mask less its 3 x 3 erosion; outside the
+    image counts as background, so a foreground cut by the edge gets a closed outline. A filled square's is
+    its one-pixel ring. In torch, on the masks' device."""
+    foreground = (masks > 0).to(torch.float32)
+    flat = foreground.reshape(-1, 1, *masks.shape[-2:])
+    background = F.pad(1.0 - flat, (1, 1, 1, 1), value=1.0)
+    next_to_background = F.max_pool2d(background, 3, stride=1)
+    return (flat * next_to_background).reshape(masks.shape).to(torch.int64)
+
+
+class Contour(Condition):
+    """The outline of another condition's foreground (`foreground_contour`), in the same two channels: what
+    the paper conditions its reconstruction G on; the prior is the outline of the other's prior shape."""
+
+    def __init__(self, filled: Foreground) -> None:
+        self.filled = filled
+        self.description = f"the contour of {filled.description}"  # type: ignore[misc]
+
+    def classes(self, info: DatasetInfo) -> int:
+        """The filled condition's: background and outline."""
+        return self.filled.classes(info)
+
+    def of(self, targets: torch.Tensor) -> torch.Tensor:
+        """The outline of the filled condition's mask of `targets`."""
+        return foreground_contour(self.filled.of(targets))
+
+    def prior(
+        self, gen: np.random.Generator, noise: np.ndarray, yy: np.ndarray, xx: np.ndarray
+    ) -> np.ndarray:
+        """The outline of one shape of the filled condition's prior (the same draws from `gen`)."""
+        return foreground_contour(torch.from_numpy(np.asarray(self.filled.prior(gen, noise, yy, xx)))).numpy()

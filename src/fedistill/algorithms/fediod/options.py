@@ -8,9 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from fedistill.algorithms.base import (
-    model_cycle,
-)
+from fedistill.algorithms.base import model_cycle
 from fedistill.algorithms.fediod.calibration import TEACHER_LOGITS
 from fedistill.algorithms.fediod.option_groups import (
     RATIO_RESOLUTIONS,
@@ -25,6 +23,7 @@ from fedistill.algorithms.fediod.option_groups import (
     StudentOptions,
     TeacherOptions,
 )
+from fedistill.algorithms.fediod.paper_options import PaperPerPixelOptions, check_paper_per_pixel
 from fedistill.algorithms.fediod.presets import (
     PER_SITE_MIXTURE_KEYS,
     effective_preset,
@@ -54,6 +53,11 @@ DP_ACCOUNTINGS = ("d-step", "release")
 PER_PIXEL_KEYS = ("generator_blocks", "noise_channels", "discriminator_layers", "mask_source", "mask_pool",
                   "w_perceptual", "ratio_resolution")  # fmt: skip
 """Keys only the per-pixel tasks' conditional G, D_k and mask uploads read (refused on classification)."""
+NONNEGATIVE_KEYS = ("generator_width", "discriminator_width", "pool_size", "pool_steps", "pool_batch_size",
+                    "student_noise", "student_shift", "student_mixup", "collapse_patience", "mask_pool",
+                    "noise_channels", "reference_samples", "samples_every", "sites_per_step", "student_steps",
+                    "look_trials")  # fmt: skip
+"""Widths, sizes, counts and shares for which 0 means "none" or "auto": >= 0."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class FedIODOptions(
     StudentOptions,
     StabiliserOptions,
     PerPixelTaskOptions,
+    PaperPerPixelOptions,
     PrivacyOptions,
     RobustnessOptions,
 ):
@@ -106,6 +111,7 @@ class FedIODOptions(
             "label_shares": ("counts", "frequencies"),
         }
         check_choices("fediod", self, choices)
+        self.validate_paper_per_pixel()
         check_model_names("fediod", self, self.model_keys)
         if self.selection == "best-on-test" and self.preset != "official-code":
             raise ConfigError(
@@ -153,24 +159,7 @@ class FedIODOptions(
             raise ConfigError(f"fediod.collapse_share is a share in [0, 1]; got {self.collapse_share}")
         # a negative weight would flip a term of G's loss (the sign of each is the paper's), NaN poison it
         check_nonnegative("fediod", self, "w_gan w_conf w_unique w_adv w_balance w_bn w_perceptual")
-        for key in (
-            "generator_width",
-            "discriminator_width",
-            "pool_size",
-            "pool_steps",
-            "pool_batch_size",
-            "student_noise",
-            "student_shift",
-            "student_mixup",
-            "collapse_patience",
-            "mask_pool",
-            "noise_channels",
-            "reference_samples",
-            "samples_every",
-            "sites_per_step",
-            "student_steps",
-            "look_trials",
-        ):
+        for key in NONNEGATIVE_KEYS:
             if getattr(self, key) < 0:
                 raise ConfigError(f"fediod.{key} must be >= 0, got {getattr(self, key)!r}")
         self.check_combinations(preset_fills=True)
@@ -343,6 +332,7 @@ def resolve_options(
         )
     if image_outputs:
         _check_image_outputs(options)
+    check_paper_per_pixel(options, per_pixel=per_pixel, image_outputs=image_outputs)
     if options.owner_queries and image_outputs:
         raise ConfigError(
             "fediod.owner_queries sends each site only its rows of G's batch, and a reconstruction's "
@@ -427,6 +417,7 @@ def resolve_for_task(
                 f"that needs images of at least {smallest}x{smallest}; {view.info.name}'s are "
                 f"{view.info.image_size}x{view.info.image_size}: take fewer layers"
             )
+    view = view.with_condition(resolved.reconstruction_condition)
     return resolved, view.with_sent_outputs(resolved.ratio_resolution, resolved.pixel_logits)
 
 

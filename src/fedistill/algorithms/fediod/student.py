@@ -13,6 +13,7 @@ import torch
 
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.calibration import calibrated
+from fedistill.algorithms.fediod.distill_augment import augment_batch
 from fedistill.algorithms.fediod.options import (
     set_lr,
 )
@@ -177,9 +178,9 @@ class StudentSteps:
         shown = self._recoloured(inputs, "student-recolour", batch.step)
         for j in range(n):
             part = slice(j * b, (j + 1) * b)
+            x, target = self._augmented(shown[part], per_sample[part], "student-augment", batch.step, j)
             loss = self._target_loss(
-                self._student_forward(shown[part], "s-step", batch.step, j),
-                per_sample[part].reshape(-1, targets.shape[-1]),
+                self._student_forward(x, "s-step", batch.step, j), target.reshape(-1, targets.shape[-1])
             )
             if not torch.isfinite(loss):
                 raise FederationError(
@@ -204,6 +205,7 @@ class StudentSteps:
         for i in range(options.pool_steps):
             x, target = self.pool.sample(batch, rng)
             x = self._recoloured(x, "pool-recolour", drawn_at + 1, i)
+            x, target = self._augmented(x, target, "pool-augment", drawn_at + 1, i)
             out = self._student_forward(x, "replay", drawn_at + 1, i)
             loss = self._target_loss(out, target.reshape(-1, target.shape[-1]))
             self._student_optimizer_step(loss)
@@ -216,6 +218,21 @@ class StudentSteps:
         if not share:
             return x
         return random_recolour(x, self.view.info, share, torch_generator(self.ctx.config.seed, *draw))
+
+    def _augmented(
+        self, x: torch.Tensor, targets: torch.Tensor, *draw: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`x` and its per-pixel target rows (B, pixels, columns) as the student trains on them: with
+        `distill_augment`, cropped, resized back, flipped and turned alike (distill_augment.py), drawn from
+        (seed, *`draw`), so a resumed run draws the same; else as they are. A truth column (the mask's
+        classes, `truth_weight`) is resized as classes, the logits as values."""
+        if not self.options.distill_augment:
+            return x, targets
+        b, h, w = len(x), x.shape[-2], x.shape[-1]
+        maps = targets.reshape(b, h, w, -1).movedim(-1, 1)
+        hard = int(self.view.labelled_by_condition and bool(self.options.truth_weight))
+        x, maps = augment_batch(x, maps, torch_generator(self.ctx.config.seed, *draw), hard_columns=hard)
+        return x, maps.movedim(1, -1).reshape(b, h * w, -1)
 
     def _student_forward(self, x: torch.Tensor, *draw: object) -> torch.Tensor:
         """The student's outputs on `x` in training mode. A student with dropout draws its masks from

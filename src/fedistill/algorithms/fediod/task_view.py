@@ -27,7 +27,8 @@ them unchanged by treating each pixel as a sample:
   the task (`Task.outputs`), which adds the input back and applies data consistency.
 
 The per-pixel tasks condition G on a label mask (segmentation) or the brain's foreground mask
-(reconstruction): G(one-hot m [, noise]) draws the image, and D_k judges (m, x) pairs. Which site a
+(reconstruction; with `fediod.reconstruction_condition = "contour"` its outline, the paper's condition):
+G(one-hot m [, noise]) draws the image, and D_k judges (m, x) pairs. Which site a
 sample is for follows its mask: masks a site uploaded are its own; masks from a server prior are dealt
 out in shares pi_k. Site k's L_gan, L_conf, batch-norm and perceptual terms cover its own samples only.
 """
@@ -44,6 +45,7 @@ from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.errors import ConfigError, FederationError
 from fedistill.seeding import derive_seed
 from fedistill.tasks import Condition, Task
+from fedistill.tasks.conditions import Contour, Foreground
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,9 @@ class TaskView:
     pixel_logits: str = "all"
     """Per-pixel tasks: every class's logits, or a segmentation's margins z_c - z_0 over the background
     (`fediod.pixel_logits`)."""
+    contour: bool = False
+    """Whether G and D_k see the outline of the task's foreground condition instead of the filled mask
+    (`fediod.reconstruction_condition = "contour"`)."""
 
     def with_ratio_resolution(self, resolution: str) -> TaskView:
         """This view with the resolution sites send D_k's ratios at (`fediod.ratio_resolution`)."""
@@ -74,6 +79,17 @@ class TaskView:
                 f"{'pixel' if self.per_pixel else 'sample'}: use 'all'"
             )
         return replace(self, ratio_resolution=ratio_resolution, pixel_logits=pixel_logits)
+
+    def with_condition(self, form: str) -> TaskView:
+        """This view with G conditioned on the filled foreground ("mask") or its outline ("contour",
+        `fediod.reconstruction_condition`); ConfigError for an outline of a condition with no foreground."""
+        if form == "contour" and not isinstance(self.task.condition, Foreground):
+            raise ConfigError(
+                f"fediod.reconstruction_condition = 'contour' outlines the brain's foreground of a "
+                f"reconstruction; {self.task.name!r} conditions G on "
+                f"{'noise alone' if self.task.condition is None else self.task.condition.description}"
+            )
+        return replace(self, contour=form == "contour")
 
     @property
     def image_outputs(self) -> bool:
@@ -117,9 +133,10 @@ class TaskView:
     @property
     def condition(self) -> Condition:
         """What G is conditioned on (`Task.condition`); ValueError for a task whose G draws from noise."""
-        if self.task.condition is None:
+        condition = self.task.condition
+        if condition is None:
             raise ValueError(f"task {self.task.name!r}: G draws from noise alone, it has no condition")
-        return self.task.condition
+        return Contour(condition) if self.contour and isinstance(condition, Foreground) else condition
 
     @property
     def condition_classes(self) -> int:
