@@ -27,6 +27,16 @@ from fedistill.errors import DataError
 _TO_RGB = ("P", "CMYK", "YCbCr", "LAB", "HSV", "RGBX")
 _TO_RGBA = ("PA", "RGBa", "La")
 CHANNEL_NAMES = {1: "greyscale", 3: "RGB"}
+#: What reading a damaged image file raises: struct.error is tifffile on a TIFF cut short within its
+#: 8-byte header, zlib.error a Deflate TIFF cut short within its pixels
+IMAGE_READ_ERRORS = (
+    OSError,
+    ValueError,
+    UnidentifiedImageError,
+    tifffile.TiffFileError,
+    struct.error,
+    zlib.error,
+)
 
 
 def read_image(path: Path) -> np.ndarray:
@@ -34,16 +44,7 @@ def read_image(path: Path) -> np.ndarray:
     try:
         tiff = path.suffix.lower() in (".tif", ".tiff")
         array = _read_tiff(path) if tiff else _read_with_pillow(path)
-    except (
-        OSError,
-        ValueError,
-        UnidentifiedImageError,
-        tifffile.TiffFileError,
-        struct.error,
-        zlib.error,
-    ) as e:
-        # struct.error: tifffile on a TIFF cut short within its 8-byte header; zlib.error: a Deflate TIFF cut
-        # short within its pixels
+    except IMAGE_READ_ERRORS as e:
         raise DataError(f"cannot read image {path} ({e}); replace the file or move it elsewhere") from e
     if array.ndim == 2:
         array = array[:, :, None]

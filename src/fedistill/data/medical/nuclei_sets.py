@@ -10,8 +10,6 @@ came from (`test_meta`: subject = whole test image, row, col, height, width) and
 
 from __future__ import annotations
 
-import struct
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,10 +17,11 @@ import numpy as np
 import tifffile
 import torch
 import torch.nn.functional as F
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
 from fedistill.data.eight_bit import to_uint8
+from fedistill.data.image_files import IMAGE_READ_ERRORS
 from fedistill.data.medical import options as opt
 from fedistill.data.medical.patches import extract_patches, relabel
 from fedistill.errors import ConfigError, DataError
@@ -107,16 +106,7 @@ def read_rgb(path: Path) -> np.ndarray:
         else:
             with Image.open(path) as image:
                 array = np.asarray(image.convert("RGB") if image.mode in ("P", "PA", "CMYK") else image)
-    except (
-        OSError,
-        ValueError,
-        UnidentifiedImageError,
-        tifffile.TiffFileError,
-        struct.error,
-        zlib.error,
-    ) as e:
-        # struct.error: tifffile on a TIFF cut short within its 8-byte header; zlib.error: a Deflate TIFF cut
-        # short within its pixels
+    except IMAGE_READ_ERRORS as e:
         raise DataError(f"cannot read image {path} ({e}); replace the file") from e
     if array.ndim == 3 and array.shape[0] in (2, 3, 4) and array.shape[-1] not in (2, 3, 4):
         array = array.transpose(1, 2, 0)  # planar TIFF
