@@ -353,3 +353,25 @@ def test_an_existing_export_is_replaced_only_with_overwrite(run_dir, tmp_path, c
         == 0
     )
     assert target.read_bytes() != b"someone else's file" and target.with_name("model.pt.card.md").is_file()
+
+
+def test_the_loaded_model_and_its_card_say_which_epoch_s_model_it_is(run_dir, tmp_path):
+    from fedistill.engine.summary import read_summary
+    from fedistill.inference.model_card import model_card
+    from fedistill.inference.selection import which_model
+
+    model = fedistill.load_model(run_dir, "fedavg")
+    assert model.selection == "the last round's model (round 1 of 1; no selection across rounds)"
+    assert f"selection={model.selection!r}" in repr(model) and "SmallCNN" not in repr(model)
+    summary = read_summary(run_dir / "fedavg")
+    card = model_card(model, summary, tmp_path / "global.safetensors", "safetensors")
+    assert card["model"]["selection"] == model.selection
+    assert f"- which model: {model.selection}" in card_markdown(card)
+
+    chosen = {"selected_epoch": 3, "selection": "best on the clients' validation splits"}
+    selected = {**summary, "rounds": 5, "rounds_done": 5, "final": {**summary["final"], **chosen}}
+    assert which_model(selected) == "epoch 3 of 5, best on the clients' validation splits"
+    stopped = {**summary, "rounds": 10, "rounds_done": 4, "stopped": "the loss is NaN"}
+    assert which_model(stopped) == (
+        "the last round's model (round 4 of 10, stopped early: the loss is NaN; no selection across rounds)"
+    )

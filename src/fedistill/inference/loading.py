@@ -24,6 +24,7 @@ from torch import nn
 from fedistill.data.base import DatasetInfo
 from fedistill.errors import RunDirError
 from fedistill.inference.run_folder import finished_dir
+from fedistill.inference.selection import which_model
 from fedistill.inference.trained_model import TrainedModel
 
 if TYPE_CHECKING:
@@ -174,6 +175,7 @@ def load_model(
     from fedistill.config import read_config
     from fedistill.data.registry import load_dataset
     from fedistill.engine.setup import resolve
+    from fedistill.engine.summary import read_summary
 
     folder = finished_dir(run_dir, algorithm)
     files = model_files(folder)
@@ -207,6 +209,7 @@ def load_model(
                 name=chosen,
                 architecture=architecture,
                 run_dir=folder,
+                selection=which_model(read_summary(folder)),
             )
     raise RunDirError(
         f"{files[chosen]} is not a whole {' or '.join(candidates)} as the run's config.toml builds it "

@@ -15,6 +15,7 @@ from typing import Any
 from fedistill import machine
 from fedistill.engine.summary import metric_text, partition_text
 from fedistill.federation.ledger import DOWN, UP
+from fedistill.inference.selection import which_model
 from fedistill.inference.trained_model import TrainedModel
 
 CARD_SUFFIXES = (".card.json", ".card.md")
@@ -203,6 +204,7 @@ def model_card(
             "file": file.name,
             "format": format,
             "exported_model": model.name,
+            "selection": which_model(summary),
             "architecture": model.architecture,
             **architecture_facts(model),
             "model_options": dict(model.config.options.get("model_options", {})),
@@ -247,6 +249,7 @@ def card_markdown(card: dict[str, Any]) -> str:
         f"- file: `{m['file']}` ({m['format']}); architecture: {m['architecture']}; "
         f"task: {m['task']}; {m['parameters']:,} parameters",
         f"- input: {tuple(m['input_shape'])}; output: {m['output']}",
+        f"- which model: {m['selection']}",
         f"- trained by {card['clients']} clients over {method['rounds']} rounds (seed {method['seed']})",
         f"- partition: {partition_text(part, brackets=True)}, hash `{part['hash']}`",
         f"- git commit: {card['git_commit'] or 'unknown (not a git checkout)'}",

@@ -52,6 +52,15 @@ class TrainedModel:
     name: str = "global"
     architecture: str = ""
     run_dir: Path | None = None
+    selection: str = ""  # which epoch's model it is (`selection.which_model`): the selected or the last
+
+    def __repr__(self) -> str:
+        """What the model is, in one line: the module's layers and the run's config are attributes."""
+        return (
+            f"TrainedModel(algorithm={self.algorithm!r}, name={self.name!r}, architecture="
+            f"{self.architecture!r}, task={self.task.name!r}, input_shape={self.input_shape}, "
+            f"selection={self.selection!r}, run_dir={self.run_dir!r})"
+        )
 
     @property
     def device(self) -> torch.device:
