@@ -389,3 +389,17 @@ def test_a_curve_of_a_metric_the_run_never_recorded_names_those_it_did(finished)
     with pytest.raises(KeyError, match=r"no round of fedavg recorded 'test_acc' \(recorded: .*test_accuracy"):
         fedavg.curve("test_acc")
     assert fedavg.curve("test_accuracy")
+
+
+def test_inputs_that_are_no_array_of_numbers_are_refused_in_one_line(finished):
+    model = fedistill.load_model(finished.run_dir)
+    for images, given in (
+        ("digit.png", "a str"),  # a path where pixels belong
+        (np.array(["a", "b"]), "an array of <U1"),
+        (np.array([None, None]), "an array of object"),
+        ([np.zeros((8, 8)), np.zeros((9, 9))], "a list"),  # images of two sizes
+        (None, "a NoneType"),
+    ):
+        with pytest.raises(InputError, match=f"images are arrays of numbers.*got {given}") as exc:
+            model.predict(images)
+        _one_line(exc)

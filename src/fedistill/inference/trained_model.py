@@ -39,6 +39,23 @@ SCORED_TASKS = ("classification", "text-classification", "semantic-segmentation"
 FLOAT_RANGE = (-0.25, 2.0)
 
 
+def as_tensor(images: Any) -> torch.Tensor:
+    """`images` as a tensor; InputError naming what was given when it is no array of numbers (a path, text,
+    images of several sizes in one list)."""
+    if isinstance(images, torch.Tensor):
+        return images
+    given = f"an array of {images.dtype}" if isinstance(images, np.ndarray) else f"a {type(images).__name__}"
+    try:
+        # contiguous: a flipped view (`images[..., ::-1]`, OpenCV's BGR reversed) has negative strides,
+        # which torch cannot wrap
+        return torch.as_tensor(np.ascontiguousarray(images))
+    except (TypeError, ValueError):
+        raise InputError(
+            f"images are arrays of numbers (a NumPy array or a tensor, uint8 or float), got {given}; "
+            "read image files first (or use `fedistill predict`), and stack images of one size"
+        ) from None
+
+
 @dataclass
 class TrainedModel:
     """The model `name` (models/<name>.safetensors) that `algorithm` trained in the run `run_dir`,
@@ -87,9 +104,7 @@ class TrainedModel:
         """Images as the model takes them: uint8 (0..255) or float in [0, 1], (N, H, W) for one channel or
         (N, C, H, W), a NumPy array or a tensor -> normalised float32 (N, C, H, W) on the model's device.
         Token ids (N, L) of a text model pass as they are."""
-        # contiguous: a flipped view (`images[..., ::-1]`, OpenCV's BGR reversed) has negative strides,
-        # which torch cannot wrap
-        x = images if isinstance(images, torch.Tensor) else torch.as_tensor(np.ascontiguousarray(images))
+        x = as_tensor(images)
         if self.info.text is not None:
             text = self.info.text
             if x.dim() != 2 or x.dtype.is_floating_point or x.dtype == torch.bool:
