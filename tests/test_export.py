@@ -375,3 +375,21 @@ def test_the_loaded_model_and_its_card_say_which_epoch_s_model_it_is(run_dir, tm
     assert which_model(stopped) == (
         "the last round's model (round 4 of 10, stopped early: the loss is NaN; no selection across rounds)"
     )
+
+
+def test_the_card_names_a_git_commit_only_when_its_code_trained_the_model(run_dir, tmp_path, monkeypatch):
+    from fedistill.engine.summary import read_summary
+    from fedistill.inference import model_card as cards
+
+    monkeypatch.setattr(cards, "git_commit", lambda: "a" * 40)
+    model = fedistill.load_model(run_dir, "fedavg")
+    summary = read_summary(run_dir / "fedavg")
+    path = tmp_path / "global.safetensors"
+    assert cards.model_card(model, summary, path, "safetensors")["git_commit"] == "a" * 40  # this code ran it
+    other = {**summary, "versions": {**summary["versions"], "code": "0123456789ab"}}  # trained by other code
+    card = cards.model_card(model, other, path, "safetensors")
+    assert card["git_commit"] is None
+    unknown = "- git commit: unknown (this export's checkout is not the code that trained it"
+    assert unknown in card_markdown(card)
+    resumed = {**summary, "code_history": [summary["versions"]["code"], "0123456789ab"]}  # two codes ran it
+    assert cards.model_card(model, resumed, path, "safetensors")["git_commit"] is None

@@ -19,6 +19,10 @@ from fedistill.inference.selection import which_model
 from fedistill.inference.trained_model import TrainedModel
 
 CARD_SUFFIXES = (".card.json", ".card.md")
+UNKNOWN_COMMIT = (
+    "unknown (this export's checkout is not the code that trained it, `code` under versions, or is no git "
+    "checkout)"
+)
 
 #: What the exported model outputs, per task.
 OUTPUTS = {
@@ -73,6 +77,18 @@ def git_commit() -> str | None:
     head = git("rev-parse", "HEAD")
     commit = head.stdout.strip() if head is not None and head.returncode == 0 else ""
     return commit if re.fullmatch(r"[0-9a-f]{40,64}", commit) else None
+
+
+def training_commit(summary: dict[str, Any]) -> str | None:
+    """The commit of the code that trained the run: this checkout's (`git_commit`) where its code is the
+    one the run's summary.json records (its fingerprint, `versions.code`, and no other code resumed it),
+    else None: a model exported by later code was not trained at the commit that exports it."""
+    from fedistill.version import code_fingerprint
+
+    codes = summary.get("code_history") or [summary.get("versions", {}).get("code")]
+    if len(set(codes)) != 1 or codes[0] != code_fingerprint():
+        return None
+    return git_commit()
 
 
 def preprocessing(model: TrainedModel) -> dict[str, Any]:
@@ -230,7 +246,7 @@ def model_card(
         "differential_privacy": privacy(summary["final"], _algorithm_options(model)),
         "versions": summary.get("versions", {}),
         "trained_on": machine.of_summary(summary),  # its numbers are this machine's (kernels round apart)
-        "git_commit": git_commit(),
+        "git_commit": training_commit(summary),
         "preprocessing": preprocessing(model),
         "check": check,
     }
@@ -252,7 +268,7 @@ def card_markdown(card: dict[str, Any]) -> str:
         f"- which model: {m['selection']}",
         f"- trained by {card['clients']} clients over {method['rounds']} rounds (seed {method['seed']})",
         f"- partition: {partition_text(part, brackets=True)}, hash `{part['hash']}`",
-        f"- git commit: {card['git_commit'] or 'unknown (not a git checkout)'}",
+        f"- git commit: {card['git_commit'] or UNKNOWN_COMMIT}",
         f"- versions: {', '.join(f'{k} {v}' for k, v in card['versions'].items())}",
         f"- trained on: {card.get('trained_on', machine.NOT_RECORDED)}",
     ]
