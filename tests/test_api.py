@@ -156,6 +156,19 @@ def test_a_model_loads_without_its_dataset_from_the_facts_saved_beside_it(finish
     assert abs(accuracy - finished["fedavg"].final["test_accuracy"]) <= 1e-6
 
 
+def test_a_data_dir_does_not_replace_the_normalisation_the_model_trained_with(finished, digits, monkeypatch):
+    """The facts saved beside the weights are the training's; a dataset at `data_dir` (changed since, or
+    another one) is read only for a model saved without them."""
+    import dataclasses
+
+    import fedistill.data.registry as registry
+
+    changed = dataclasses.replace(digits, info=dataclasses.replace(digits.info, mean=(0.9,), std=(0.1,)))
+    monkeypatch.setattr(registry, "load_dataset", lambda *args, **kwargs: changed)
+    model = fedistill.load_model(finished.run_dir, "fedavg", data_dir=finished.run_dir / "elsewhere")
+    assert model.info == digits.info
+
+
 def test_a_model_file_is_opened_once(finished, monkeypatch):
     """Its tensors and the dataset facts in its header come from one opening of the file."""
     import safetensors

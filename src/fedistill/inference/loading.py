@@ -170,8 +170,8 @@ def load_model(
     algorithm may be left out when the run holds one), in eval mode on `device`.
 
     The dataset's facts (normalisation, image size, classes) are read from the model file, where the run
-    recorded them: no data is needed. Models saved before that record existed, or a `data_dir` given,
-    take them from loading the dataset the run used (from `data_dir`, or the run's own)."""
+    recorded them: no data is needed, and a `data_dir` is not read. Only models saved before that record
+    existed take them from loading the dataset the run used (from `data_dir`, or the run's own)."""
     from fedistill.config import read_config
     from fedistill.data.registry import load_dataset
     from fedistill.engine.setup import resolve
@@ -187,7 +187,7 @@ def load_model(
     if "generator" in chosen:
         raise RunDirError(f"{chosen} is {folder.name}'s generator, not a model of the task; pick another")
     state, recorded, task_options, header = read_model_file(files[chosen])
-    info = recorded if data_dir is None else None
+    info = recorded  # the training's own facts: a dataset read now may have changed since
     if info is None:  # a model saved before its dataset's facts were recorded beside it
         dataset = load_dataset(
             config.dataset,
