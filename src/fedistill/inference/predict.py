@@ -181,4 +181,5 @@ def run_command(args: argparse.Namespace) -> int:
         skull_strip=args.skull_strip,
     )
     print(result.summary(model))
+    print(f"{model.algorithm}'s {model.name} model: {model.selection}")  # the selected epoch's, or the last
     return 0
