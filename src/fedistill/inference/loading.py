@@ -178,6 +178,11 @@ def load_model(
     from fedistill.engine.summary import read_summary
 
     folder = finished_dir(run_dir, algorithm)
+    if not (folder / "models").is_dir():  # every finished algorithm writes one, empty when no model leaves
+        raise RunDirError(
+            f"{folder} has no models/ folder, which every finished run writes: it was deleted or left out of "
+            "a copy; copy it from the original run, or run the algorithm again"
+        )
     files = model_files(folder)
     own = folder / "config.toml"
     config_path = own if own.is_file() else folder.parent / "config.toml"
