@@ -416,3 +416,13 @@ def test_inputs_that_are_no_array_of_numbers_are_refused_in_one_line(finished):
         with pytest.raises(InputError, match=f"images are arrays of numbers.*got {given}") as exc:
             model.predict(images)
         _one_line(exc)
+
+
+def test_a_model_file_given_for_its_run_names_the_run_to_pass(finished):
+    weights = finished.run_dir / "fedavg" / "models" / "global.safetensors"
+    with pytest.raises(RunDirError, match=f"is a file, not a run directory; pass the run {finished.run_dir}"):
+        fedistill.load_model(weights)
+    exported = fedistill.export(finished.run_dir, "fedavg", "safetensors", overwrite=True)
+    with pytest.raises(RunDirError, match=f"pass the run {finished.run_dir}") as exc:
+        fedistill.load_model(exported)
+    _one_line(exc)
