@@ -330,6 +330,16 @@ def test_a_run_killed_before_its_next_algorithm_asks_which_to_load(finished, tmp
     assert fedistill.load_model(copy, "fedavg").algorithm == "fedavg"
 
 
+def test_a_run_in_which_no_algorithm_started_says_so_rather_than_asking_which(finished, tmp_path):
+    """A run that stopped before its first round holds no algorithm to choose between."""
+    copy = _copy(finished, tmp_path)
+    shutil.rmtree(copy / "fedavg")
+    expected = r"no algorithm has started in .* \(it plans fedavg\); finish"
+    with pytest.raises(RunDirError, match=expected) as exc:
+        fedistill.load_model(copy)
+    assert "name the one" not in _one_line(exc)
+
+
 @pytest.mark.parametrize("config", [123, {"rounds": 2}, ["config.toml"]])
 def test_a_config_that_is_neither_a_path_nor_a_runconfig_is_one_clear_error(config):
     """fedistill.run(config=...) takes a TOML path or a RunConfig; anything else was a bare TypeError from

@@ -72,10 +72,16 @@ def algorithm_dir(run_dir: str | Path, algorithm: str | None = None) -> Path:
     if algorithm is None:
         # a run that plans more algorithms than have started (one killed early) holds more than it shows
         unstarted = [name for name in planned_algorithms(path) if name not in present]
+        if not present:  # nothing to choose between
+            plans = f" (it plans {', '.join(unstarted)})" if unstarted else ""
+            raise RunDirError(
+                f"no algorithm has started in {path} yet{plans}; finish the run with "
+                f"`fedistill run --resume {path}`"
+            )
         if len(present) == 1 and not unstarted:
             return path / present[0]
-        which = ", ".join(present) if present else "none has started"
-        which += f"; not started: {', '.join(unstarted)}" if unstarted and present else ""
+        which = ", ".join(present)
+        which += f"; not started: {', '.join(unstarted)}" if unstarted else ""
         count = len(present) + len(unstarted)
         raise RunDirError(
             f"{path} holds {count} algorithms ({which}); name the one to use (--algorithm, or "
