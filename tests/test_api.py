@@ -316,6 +316,10 @@ def test_a_reconstruction_model_reconstructs_as_its_run_scored(tmp_path, finishe
     assert abs(scored["ssim"] - result["fedavg"].final["test_ssim"]) <= 1e-5
     with pytest.raises(InputError, match="reconstruct is for reconstruction models"):
         fedistill.load_model(finished.run_dir, "fedavg").reconstruct(digits.test.x[:2])
+    raw = data.test.x[:2] * 4000  # a scanner's own units: the advice is the run's scaling, not 255
+    with pytest.raises(InputError, match="divide each volume by its maximum") as exc:
+        model.reconstruct(raw)
+    assert "255" not in _one_line(exc)
 
 
 def test_a_run_killed_before_its_next_algorithm_asks_which_to_load(finished, tmp_path):

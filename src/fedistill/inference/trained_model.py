@@ -133,10 +133,14 @@ class TrainedModel:
             raise InputError("images hold NaN or infinite values; replace them before predicting")
         low, high = (float(x.min()), float(x.max())) if x.dtype.is_floating_point and x.numel() else (0, 0)
         if low < FLOAT_RANGE[0] or high > FLOAT_RANGE[1]:  # another scale would be read as it is, silently
+            scale = (
+                "divide each volume by its maximum (the run's slices were scaled so, per volume)"
+                if self.task.outputs_images  # MRI in a scanner's units, not 8-bit images
+                else "pass uint8 for 0..255, divide by 255, map [-1, 1] with (x + 1) / 2"
+            )
             raise InputError(
-                f"float images must lie in [0, 1], got values in [{low:.4g}, {high:.4g}]; "
-                "pass uint8 for 0..255, divide by 255, map [-1, 1] with (x + 1) / 2, and do not normalise: "
-                "the model normalises"
+                f"float images must lie in [0, 1], got values in [{low:.4g}, {high:.4g}]; {scale}, and do "
+                "not normalise: the model normalises"
             )
         return to_float(x.detach().cpu(), self.info).to(self.device)
 
