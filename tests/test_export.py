@@ -393,3 +393,17 @@ def test_the_card_names_a_git_commit_only_when_its_code_trained_the_model(run_di
     assert unknown in card_markdown(card)
     resumed = {**summary, "code_history": [summary["versions"]["code"], "0123456789ab"]}  # two codes ran it
     assert cards.model_card(model, resumed, path, "safetensors")["git_commit"] is None
+
+
+def test_the_card_of_a_reconstruction_net_says_what_its_inputs_are():
+    """Its preprocessing read as a classifier's (uint8 divided by 255, class names) though the net takes
+    the zero-filled images of slices scaled per volume to a maximum of 1."""
+    from fedistill.inference.model_card import preprocessing
+
+    model = _dense_model("unet-fastmri", *DENSE["unet-fastmri"])
+    pre = preprocessing(model)
+    assert "zero-filled" in pre["input"] and "inverse Fourier transform" in pre["input"]
+    assert pre["scale"].startswith("each volume divided by its maximum") and "255" not in pre["scale"]
+    assert "class_names" not in pre and pre["undersampling"] == {
+        key: model.task.options()[key] for key in ("mask", "acceleration", "center_fraction", "mask_mode")
+    }

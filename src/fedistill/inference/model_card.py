@@ -103,6 +103,23 @@ def preprocessing(model: TrainedModel) -> dict[str, Any]:
             "max_length": info.text.max_length,
             "class_names": list(info.class_names),
         }
+    if model.task.outputs_images:  # a reconstruction net: zero-filled MRI slices, no classes
+        options = model.task.options()
+        return {
+            "input": "float32 (N, channels, image_size, image_size): zero-filled magnitude images, the "
+            "|centred orthonormal inverse Fourier transform| of the slice's k-space with the columns the "
+            "mask skips set to 0",
+            "scale": "each volume divided by its maximum (fully sampled, after resizing), as the run's "
+            "slices were",
+            "undersampling": {
+                key: options[key] for key in ("mask", "acceleration", "center_fraction", "mask_mode")
+            },
+            "normalise": "(x - mean) / std per channel",
+            "image_size": info.image_size,
+            "channels": info.channels,
+            "mean": list(info.mean),
+            "std": list(info.std),
+        }
     return {
         "input": "float32 (N, channels, image_size, image_size)",
         "scale": "uint8 images divided by 255; float images taken to be in [0, 1]",
