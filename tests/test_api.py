@@ -156,6 +156,19 @@ def test_a_model_loads_without_its_dataset_from_the_facts_saved_beside_it(finish
     assert abs(accuracy - finished["fedavg"].final["test_accuracy"]) <= 1e-6
 
 
+def test_a_data_dir_does_not_replace_the_normalisation_the_model_trained_with(finished, digits, monkeypatch):
+    """The facts saved beside the weights are the training's; a dataset at `data_dir` (changed since, or
+    another one) is read only for a model saved without them."""
+    import dataclasses
+
+    import fedistill.data.registry as registry
+
+    changed = dataclasses.replace(digits, info=dataclasses.replace(digits.info, mean=(0.9,), std=(0.1,)))
+    monkeypatch.setattr(registry, "load_dataset", lambda *args, **kwargs: changed)
+    model = fedistill.load_model(finished.run_dir, "fedavg", data_dir=finished.run_dir / "elsewhere")
+    assert model.info == digits.info
+
+
 def test_a_model_file_is_opened_once(finished, monkeypatch):
     """Its tensors and the dataset facts in its header come from one opening of the file."""
     import safetensors
@@ -257,10 +270,10 @@ def test_unfinished_model_less_and_damaged_runs_are_named(finished, tmp_path):
     with pytest.raises(RunDirError, match=r"global\.safetensors is damaged") as exc:
         fedistill.load_model(copy, "fedavg")
     _one_line(exc)
-    shutil.rmtree(copy / "fedavg" / "models")
-    with pytest.raises(RunDirError, match="exported no whole model") as exc:
+    shutil.rmtree(copy / "fedavg" / "models")  # left out of a copy: not a model that stayed with the sites
+    with pytest.raises(RunDirError, match=r"has no models/ folder.*left out of a copy") as exc:
         fedistill.load_model(copy, "fedavg")
-    _one_line(exc)
+    assert "stay with the sites" not in _one_line(exc)
     (copy / "fedavg" / "summary.json").unlink()
     for call in (fedistill.load_model, fedistill.summary):
         with pytest.raises(RunDirError, match="--resume") as exc:
@@ -303,6 +316,10 @@ def test_a_reconstruction_model_reconstructs_as_its_run_scored(tmp_path, finishe
     assert abs(scored["ssim"] - result["fedavg"].final["test_ssim"]) <= 1e-5
     with pytest.raises(InputError, match="reconstruct is for reconstruction models"):
         fedistill.load_model(finished.run_dir, "fedavg").reconstruct(digits.test.x[:2])
+    raw = data.test.x[:2] * 4000  # a scanner's own units: the advice is the run's scaling, not 255
+    with pytest.raises(InputError, match="divide each volume by its maximum") as exc:
+        model.reconstruct(raw)
+    assert "255" not in _one_line(exc)
 
 
 def test_a_run_killed_before_its_next_algorithm_asks_which_to_load(finished, tmp_path):
@@ -315,6 +332,16 @@ def test_a_run_killed_before_its_next_algorithm_asks_which_to_load(finished, tmp
         fedistill.load_model(copy)
     _one_line(exc)
     assert fedistill.load_model(copy, "fedavg").algorithm == "fedavg"
+
+
+def test_a_run_in_which_no_algorithm_started_says_so_rather_than_asking_which(finished, tmp_path):
+    """A run that stopped before its first round holds no algorithm to choose between."""
+    copy = _copy(finished, tmp_path)
+    shutil.rmtree(copy / "fedavg")
+    expected = r"no algorithm has started in .* \(it plans fedavg\); finish"
+    with pytest.raises(RunDirError, match=expected) as exc:
+        fedistill.load_model(copy)
+    assert "name the one" not in _one_line(exc)
 
 
 @pytest.mark.parametrize("config", [123, {"rounds": 2}, ["config.toml"]])
@@ -389,3 +416,27 @@ def test_a_curve_of_a_metric_the_run_never_recorded_names_those_it_did(finished)
     with pytest.raises(KeyError, match=r"no round of fedavg recorded 'test_acc' \(recorded: .*test_accuracy"):
         fedavg.curve("test_acc")
     assert fedavg.curve("test_accuracy")
+
+
+def test_inputs_that_are_no_array_of_numbers_are_refused_in_one_line(finished):
+    model = fedistill.load_model(finished.run_dir)
+    for images, given in (
+        ("digit.png", "a str"),  # a path where pixels belong
+        (np.array(["a", "b"]), "an array of <U1"),
+        (np.array([None, None]), "an array of object"),
+        ([np.zeros((8, 8)), np.zeros((9, 9))], "a list"),  # images of two sizes
+        (None, "a NoneType"),
+    ):
+        with pytest.raises(InputError, match=f"images are arrays of numbers.*got {given}") as exc:
+            model.predict(images)
+        _one_line(exc)
+
+
+def test_a_model_file_given_for_its_run_names_the_run_to_pass(finished):
+    weights = finished.run_dir / "fedavg" / "models" / "global.safetensors"
+    with pytest.raises(RunDirError, match=f"is a file, not a run directory; pass the run {finished.run_dir}"):
+        fedistill.load_model(weights)
+    exported = fedistill.export(finished.run_dir, "fedavg", "safetensors", overwrite=True)
+    with pytest.raises(RunDirError, match=f"pass the run {finished.run_dir}") as exc:
+        fedistill.load_model(exported)
+    _one_line(exc)

@@ -353,3 +353,57 @@ def test_an_existing_export_is_replaced_only_with_overwrite(run_dir, tmp_path, c
         == 0
     )
     assert target.read_bytes() != b"someone else's file" and target.with_name("model.pt.card.md").is_file()
+
+
+def test_the_loaded_model_and_its_card_say_which_epoch_s_model_it_is(run_dir, tmp_path):
+    from fedistill.engine.summary import read_summary
+    from fedistill.inference.model_card import model_card
+    from fedistill.inference.selection import which_model
+
+    model = fedistill.load_model(run_dir, "fedavg")
+    assert model.selection == "the last round's model (round 1 of 1; no selection across rounds)"
+    assert f"selection={model.selection!r}" in repr(model) and "SmallCNN" not in repr(model)
+    summary = read_summary(run_dir / "fedavg")
+    card = model_card(model, summary, tmp_path / "global.safetensors", "safetensors")
+    assert card["model"]["selection"] == model.selection
+    assert f"- which model: {model.selection}" in card_markdown(card)
+
+    chosen = {"selected_epoch": 3, "selection": "best on the clients' validation splits"}
+    selected = {**summary, "rounds": 5, "rounds_done": 5, "final": {**summary["final"], **chosen}}
+    assert which_model(selected) == "epoch 3 of 5, best on the clients' validation splits"
+    stopped = {**summary, "rounds": 10, "rounds_done": 4, "stopped": "the loss is NaN"}
+    assert which_model(stopped) == (
+        "the last round's model (round 4 of 10, stopped early: the loss is NaN; no selection across rounds)"
+    )
+
+
+def test_the_card_names_a_git_commit_only_when_its_code_trained_the_model(run_dir, tmp_path, monkeypatch):
+    from fedistill.engine.summary import read_summary
+    from fedistill.inference import model_card as cards
+
+    monkeypatch.setattr(cards, "git_commit", lambda: "a" * 40)
+    model = fedistill.load_model(run_dir, "fedavg")
+    summary = read_summary(run_dir / "fedavg")
+    path = tmp_path / "global.safetensors"
+    assert cards.model_card(model, summary, path, "safetensors")["git_commit"] == "a" * 40  # this code ran it
+    other = {**summary, "versions": {**summary["versions"], "code": "0123456789ab"}}  # trained by other code
+    card = cards.model_card(model, other, path, "safetensors")
+    assert card["git_commit"] is None
+    unknown = "- git commit: unknown (this export's checkout is not the code that trained it"
+    assert unknown in card_markdown(card)
+    resumed = {**summary, "code_history": [summary["versions"]["code"], "0123456789ab"]}  # two codes ran it
+    assert cards.model_card(model, resumed, path, "safetensors")["git_commit"] is None
+
+
+def test_the_card_of_a_reconstruction_net_says_what_its_inputs_are():
+    """Its preprocessing read as a classifier's (uint8 divided by 255, class names) though the net takes
+    the zero-filled images of slices scaled per volume to a maximum of 1."""
+    from fedistill.inference.model_card import preprocessing
+
+    model = _dense_model("unet-fastmri", *DENSE["unet-fastmri"])
+    pre = preprocessing(model)
+    assert "zero-filled" in pre["input"] and "inverse Fourier transform" in pre["input"]
+    assert pre["scale"].startswith("each volume divided by its maximum") and "255" not in pre["scale"]
+    assert "class_names" not in pre and pre["undersampling"] == {
+        key: model.task.options()[key] for key in ("mask", "acceleration", "center_fraction", "mask_mode")
+    }

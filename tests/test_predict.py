@@ -431,7 +431,9 @@ def test_predict_command_on_a_real_run(tmp_path, capsys):
     args = parser.parse_args([*argv, "--output", str(tmp_path / "labels.csv")])
     capsys.readouterr()
     assert run_command(args) == 0
-    assert "fedavg (classification): 12 input(s)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "fedavg (classification): 12 input(s)" in out
+    assert "fedavg's global model: the last round's model (round 1 of 1; no selection" in out  # which one
     rows = {row["path"]: int(row["label"]) for row in _rows(tmp_path / "labels.csv")}
     expected = load_model(tmp_path / "runs" / "digits", "fedavg").predict(data.test.x[:12])
     assert [rows[f"{int(data.test.y[i])}/{i}.png"] for i in range(12)] == expected.tolist()

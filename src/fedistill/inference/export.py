@@ -286,7 +286,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--output", metavar="PATH", help="file or folder (default: RUN/ALGORITHM/export/)")
     parser.add_argument("--name", help="which exported model (default: global, student or segmenter)")
-    parser.add_argument("--data-dir", help="where the run's dataset is, if not at the run's data_dir")
+    parser.add_argument(
+        "--data-dir",
+        help="where the run's dataset is (default: the run's own data_dir); read only for a model saved "
+        "without its dataset's facts (normalisation, size, classes), by versions before they were recorded",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an export that already exists")
 
 

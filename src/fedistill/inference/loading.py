@@ -24,6 +24,7 @@ from torch import nn
 from fedistill.data.base import DatasetInfo
 from fedistill.errors import RunDirError
 from fedistill.inference.run_folder import finished_dir
+from fedistill.inference.selection import which_model
 from fedistill.inference.trained_model import TrainedModel
 
 if TYPE_CHECKING:
@@ -169,13 +170,19 @@ def load_model(
     algorithm may be left out when the run holds one), in eval mode on `device`.
 
     The dataset's facts (normalisation, image size, classes) are read from the model file, where the run
-    recorded them: no data is needed. Models saved before that record existed, or a `data_dir` given,
-    take them from loading the dataset the run used (from `data_dir`, or the run's own)."""
+    recorded them: no data is needed, and a `data_dir` is not read. Only models saved before that record
+    existed take them from loading the dataset the run used (from `data_dir`, or the run's own)."""
     from fedistill.config import read_config
     from fedistill.data.registry import load_dataset
     from fedistill.engine.setup import resolve
+    from fedistill.engine.summary import read_summary
 
     folder = finished_dir(run_dir, algorithm)
+    if not (folder / "models").is_dir():  # every finished algorithm writes one, empty when no model leaves
+        raise RunDirError(
+            f"{folder} has no models/ folder, which every finished run writes: it was deleted or left out of "
+            "a copy; copy it from the original run, or run the algorithm again"
+        )
     files = model_files(folder)
     own = folder / "config.toml"
     config_path = own if own.is_file() else folder.parent / "config.toml"
@@ -185,7 +192,7 @@ def load_model(
     if "generator" in chosen:
         raise RunDirError(f"{chosen} is {folder.name}'s generator, not a model of the task; pick another")
     state, recorded, task_options, header = read_model_file(files[chosen])
-    info = recorded if data_dir is None else None
+    info = recorded  # the training's own facts: a dataset read now may have changed since
     if info is None:  # a model saved before its dataset's facts were recorded beside it
         dataset = load_dataset(
             config.dataset,
@@ -207,6 +214,7 @@ def load_model(
                 name=chosen,
                 architecture=architecture,
                 run_dir=folder,
+                selection=which_model(read_summary(folder)),
             )
     raise RunDirError(
         f"{files[chosen]} is not a whole {' or '.join(candidates)} as the run's config.toml builds it "

@@ -15,9 +15,14 @@ from typing import Any
 from fedistill import machine
 from fedistill.engine.summary import metric_text, partition_text
 from fedistill.federation.ledger import DOWN, UP
+from fedistill.inference.selection import which_model
 from fedistill.inference.trained_model import TrainedModel
 
 CARD_SUFFIXES = (".card.json", ".card.md")
+UNKNOWN_COMMIT = (
+    "unknown (this export's checkout is not the code that trained it, `code` under versions, or is no git "
+    "checkout)"
+)
 
 #: What the exported model outputs, per task.
 OUTPUTS = {
@@ -74,6 +79,18 @@ def git_commit() -> str | None:
     return commit if re.fullmatch(r"[0-9a-f]{40,64}", commit) else None
 
 
+def training_commit(summary: dict[str, Any]) -> str | None:
+    """The commit of the code that trained the run: this checkout's (`git_commit`) where its code is the
+    one the run's summary.json records (its fingerprint, `versions.code`, and no other code resumed it),
+    else None: a model exported by later code was not trained at the commit that exports it."""
+    from fedistill.version import code_fingerprint
+
+    codes = summary.get("code_history") or [summary.get("versions", {}).get("code")]
+    if len(set(codes)) != 1 or codes[0] != code_fingerprint():
+        return None
+    return git_commit()
+
+
 def preprocessing(model: TrainedModel) -> dict[str, Any]:
     """What an input goes through before the exported model sees it (`TrainedModel.preprocess`)."""
     info = model.info
@@ -85,6 +102,23 @@ def preprocessing(model: TrainedModel) -> dict[str, Any]:
             "pad_id": info.text.pad_id,
             "max_length": info.text.max_length,
             "class_names": list(info.class_names),
+        }
+    if model.task.outputs_images:  # a reconstruction net: zero-filled MRI slices, no classes
+        options = model.task.options()
+        return {
+            "input": "float32 (N, channels, image_size, image_size): zero-filled magnitude images, the "
+            "|centred orthonormal inverse Fourier transform| of the slice's k-space with the columns the "
+            "mask skips set to 0",
+            "scale": "each volume divided by its maximum (fully sampled, after resizing), as the run's "
+            "slices were",
+            "undersampling": {
+                key: options[key] for key in ("mask", "acceleration", "center_fraction", "mask_mode")
+            },
+            "normalise": "(x - mean) / std per channel",
+            "image_size": info.image_size,
+            "channels": info.channels,
+            "mean": list(info.mean),
+            "std": list(info.std),
         }
     return {
         "input": "float32 (N, channels, image_size, image_size)",
@@ -204,6 +238,7 @@ def model_card(
             "file": file.name,
             "format": format,
             "exported_model": model.name,
+            "selection": which_model(summary),
             "architecture": model.architecture,
             **architecture_facts(model),
             "model_options": dict(model.config.options.get("model_options", {})),
@@ -229,7 +264,7 @@ def model_card(
         "differential_privacy": privacy(summary["final"], _algorithm_options(model)),
         "versions": summary.get("versions", {}),
         "trained_on": machine.of_summary(summary),  # its numbers are this machine's (kernels round apart)
-        "git_commit": git_commit(),
+        "git_commit": training_commit(summary),
         "preprocessing": preprocessing(model),
         "check": check,
     }
@@ -248,9 +283,10 @@ def card_markdown(card: dict[str, Any]) -> str:
         f"- file: `{m['file']}` ({m['format']}); architecture: {m['architecture']}; "
         f"task: {m['task']}; {m['parameters']:,} parameters",
         f"- input: {tuple(m['input_shape'])}; output: {m['output']}",
+        f"- which model: {m['selection']}",
         f"- trained by {card['clients']} clients over {method['rounds']} rounds (seed {method['seed']})",
         f"- partition: {partition_text(part, brackets=True)}, hash `{part['hash']}`",
-        f"- git commit: {card['git_commit'] or 'unknown (not a git checkout)'}",
+        f"- git commit: {card['git_commit'] or UNKNOWN_COMMIT}",
         f"- versions: {', '.join(f'{k} {v}' for k, v in card['versions'].items())}",
         f"- trained on: {card.get('trained_on', machine.NOT_RECORDED)}",
     ]

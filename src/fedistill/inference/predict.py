@@ -143,7 +143,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--name", help="which model the algorithm exported (default: its global model, student or segmenter)"
     )
     parser.add_argument(
-        "--data-dir", help="where the run's dataset is (default: the run's own data_dir), for its facts"
+        "--data-dir",
+        help="where the run's dataset is (default: the run's own data_dir); read only for a model saved "
+        "without its dataset's facts (normalisation, size, classes), by versions before they were recorded",
     )
     parser.add_argument("--device", default="cpu", help="cpu (default), auto, cuda, cuda:N or mps")
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64)")
@@ -179,4 +181,5 @@ def run_command(args: argparse.Namespace) -> int:
         skull_strip=args.skull_strip,
     )
     print(result.summary(model))
+    print(f"{model.algorithm}'s {model.name} model: {model.selection}")  # the selected epoch's, or the last
     return 0

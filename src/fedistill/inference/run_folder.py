@@ -18,6 +18,14 @@ def is_algorithm_dir(path: Path) -> bool:
     return started and (path.parent / "config.toml").is_file()
 
 
+def is_run_root(path: Path) -> bool:
+    """Whether `path` is a run's own folder: its config.toml and an algorithm's folder, and no algorithm's
+    folder itself."""
+    if not (path / "config.toml").is_file() or is_algorithm_dir(path):
+        return False
+    return any(is_algorithm_dir(child) for child in path.iterdir() if child.is_dir())
+
+
 def algorithms_in(suite_dir: Path) -> list[str]:
     """The algorithms of a run that have a folder, in the run's order (its config.toml) where it reads."""
     present = sorted(child.name for child in suite_dir.iterdir() if is_algorithm_dir(child))
@@ -38,6 +46,10 @@ def planned_algorithms(suite_dir: Path) -> list[str]:
 
 def check_run_dir(path: Path) -> Path:
     """`path` as a run directory or one algorithm's folder of one; RunDirError saying what it is not."""
+    if path.is_file():  # a model file, or an export of one: its run, where it lies inside one
+        run = next((p for p in path.parents if is_run_root(p)), None)
+        where = f"the run {run} that holds it" if run else "a run directory written by `fedistill run`"
+        raise RunDirError(f"{path} is a file, not a run directory; pass {where}")
     if not path.is_dir():
         raise RunDirError(f"{path} is not a folder; pass a run directory written by `fedistill run`")
     if not (path / "config.toml").is_file():
@@ -60,10 +72,16 @@ def algorithm_dir(run_dir: str | Path, algorithm: str | None = None) -> Path:
     if algorithm is None:
         # a run that plans more algorithms than have started (one killed early) holds more than it shows
         unstarted = [name for name in planned_algorithms(path) if name not in present]
+        if not present:  # nothing to choose between
+            plans = f" (it plans {', '.join(unstarted)})" if unstarted else ""
+            raise RunDirError(
+                f"no algorithm has started in {path} yet{plans}; finish the run with "
+                f"`fedistill run --resume {path}`"
+            )
         if len(present) == 1 and not unstarted:
             return path / present[0]
-        which = ", ".join(present) if present else "none has started"
-        which += f"; not started: {', '.join(unstarted)}" if unstarted and present else ""
+        which = ", ".join(present)
+        which += f"; not started: {', '.join(unstarted)}" if unstarted else ""
         count = len(present) + len(unstarted)
         raise RunDirError(
             f"{path} holds {count} algorithms ({which}); name the one to use (--algorithm, or "

@@ -39,6 +39,23 @@ SCORED_TASKS = ("classification", "text-classification", "semantic-segmentation"
 FLOAT_RANGE = (-0.25, 2.0)
 
 
+def as_tensor(images: Any) -> torch.Tensor:
+    """`images` as a tensor; InputError naming what was given when it is no array of numbers (a path, text,
+    images of several sizes in one list)."""
+    if isinstance(images, torch.Tensor):
+        return images
+    given = f"an array of {images.dtype}" if isinstance(images, np.ndarray) else f"a {type(images).__name__}"
+    try:
+        # contiguous: a flipped view (`images[..., ::-1]`, OpenCV's BGR reversed) has negative strides,
+        # which torch cannot wrap
+        return torch.as_tensor(np.ascontiguousarray(images))
+    except (TypeError, ValueError):
+        raise InputError(
+            f"images are arrays of numbers (a NumPy array or a tensor, uint8 or float), got {given}; "
+            "read image files first (or use `fedistill predict`), and stack images of one size"
+        ) from None
+
+
 @dataclass
 class TrainedModel:
     """The model `name` (models/<name>.safetensors) that `algorithm` trained in the run `run_dir`,
@@ -52,6 +69,15 @@ class TrainedModel:
     name: str = "global"
     architecture: str = ""
     run_dir: Path | None = None
+    selection: str = ""  # which epoch's model it is (`selection.which_model`): the selected or the last
+
+    def __repr__(self) -> str:
+        """What the model is, in one line: the module's layers and the run's config are attributes."""
+        return (
+            f"TrainedModel(algorithm={self.algorithm!r}, name={self.name!r}, architecture="
+            f"{self.architecture!r}, task={self.task.name!r}, input_shape={self.input_shape}, "
+            f"selection={self.selection!r}, run_dir={self.run_dir!r})"
+        )
 
     @property
     def device(self) -> torch.device:
@@ -78,9 +104,7 @@ class TrainedModel:
         """Images as the model takes them: uint8 (0..255) or float in [0, 1], (N, H, W) for one channel or
         (N, C, H, W), a NumPy array or a tensor -> normalised float32 (N, C, H, W) on the model's device.
         Token ids (N, L) of a text model pass as they are."""
-        # contiguous: a flipped view (`images[..., ::-1]`, OpenCV's BGR reversed) has negative strides,
-        # which torch cannot wrap
-        x = images if isinstance(images, torch.Tensor) else torch.as_tensor(np.ascontiguousarray(images))
+        x = as_tensor(images)
         if self.info.text is not None:
             text = self.info.text
             if x.dim() != 2 or x.dtype.is_floating_point or x.dtype == torch.bool:
@@ -109,10 +133,14 @@ class TrainedModel:
             raise InputError("images hold NaN or infinite values; replace them before predicting")
         low, high = (float(x.min()), float(x.max())) if x.dtype.is_floating_point and x.numel() else (0, 0)
         if low < FLOAT_RANGE[0] or high > FLOAT_RANGE[1]:  # another scale would be read as it is, silently
+            scale = (
+                "divide each volume by its maximum (the run's slices were scaled so, per volume)"
+                if self.task.outputs_images  # MRI in a scanner's units, not 8-bit images
+                else "pass uint8 for 0..255, divide by 255, map [-1, 1] with (x + 1) / 2"
+            )
             raise InputError(
-                f"float images must lie in [0, 1], got values in [{low:.4g}, {high:.4g}]; "
-                "pass uint8 for 0..255, divide by 255, map [-1, 1] with (x + 1) / 2, and do not normalise: "
-                "the model normalises"
+                f"float images must lie in [0, 1], got values in [{low:.4g}, {high:.4g}]; {scale}, and do "
+                "not normalise: the model normalises"
             )
         return to_float(x.detach().cpu(), self.info).to(self.device)
 
