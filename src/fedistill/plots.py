@@ -159,7 +159,9 @@ def plot_learning_curves(
 
     ``series`` is either a mapping ``label → metric rows`` (to overlay several runs) or a flat list of
     rows, grouped by their ``"run"`` (else ``"algorithm"``) key when present. Rows without ``x`` or the
-    metric, or with a non-numeric value, are skipped; a metric with no data gets an empty, labelled panel.
+    metric, or with a non-numeric value, are skipped; a run left with no point is still named in the
+    legend ("<run> (no <metric> values)"), so a missing curve never reads as a method not run; a metric
+    with no data at all gets an empty, labelled panel.
     ``selected`` maps a label to the ``x`` of the model its run kept (model selection): that point is
     starred, since the run reports it, not the last one.
     """
@@ -171,9 +173,12 @@ def plot_learning_curves(
     axes = np.atleast_1d(fig.subplots(1, len(metrics), squeeze=False)[0])
     for ax, metric in zip(axes, metrics, strict=True):
         drawn = 0
+        missing = []
         for label, rows in groups.items():
             xs, ys = _points(rows, x, metric)
-            if xs:
+            if not xs:
+                missing.append(label)
+            else:
                 line = ax.plot(
                     xs, ys, marker="o" if len(xs) <= 30 else None, markersize=3, label=label or None
                 )
@@ -186,6 +191,9 @@ def plot_learning_curves(
                     ax.plot([xs[at]], [ys[at]], "*", markersize=12, color=colour, label=star)
         if not drawn:
             ax.text(0.5, 0.5, f"no {metric} values", ha="center", va="center", transform=ax.transAxes)
+        else:  # an empty handle: the run is named without a line, after the runs that have one
+            for label in (m for m in missing if m):
+                ax.plot([], [], linestyle="none", label=f"{label} (no {metric} values)")
         ax.set_xlabel(x)
         ax.set_ylabel(axis_label(metric))
         ax.grid(True, linewidth=0.3, alpha=0.6)
