@@ -32,3 +32,25 @@ def test_a_run_without_the_metric_is_named_in_the_legend_not_dropped(tmp_path, f
     (ax,) = figures[0].axes
     assert _legend(ax) == ["fedavg", "fediod (no test_accuracy values)"]
     assert len([line for line in ax.get_lines() if len(line.get_xdata())]) == 1
+
+
+def _colours(ax) -> dict[str, str]:
+    return {line.get_label(): line.get_color() for line in ax.get_lines() if len(line.get_xdata())}
+
+
+def test_a_method_keeps_its_colour_across_figures(tmp_path, figures):
+    """FedAvg in its own run's figure and FedAvg in a suite's figure beside other methods are one colour,
+    so a reader matching curves between figures is not misled by the order the methods ran in."""
+    rows = [{"round": r, "test_accuracy": 0.1 * r} for r in (1, 2)]
+    plots.plot_learning_curves({"fedavg": rows}, tmp_path / "a.png", metrics=("test_accuracy",))
+    suite = {"fediod": rows, "standalone": rows, "fedavg": rows, "centralized": rows}
+    plots.plot_learning_curves(suite, tmp_path / "b.png", metrics=("test_accuracy",))
+    alone, together = _colours(figures[0].axes[0]), _colours(figures[1].axes[0])
+    assert alone["fedavg"] == together["fedavg"]
+    assert len(set(together.values())) == len(suite)  # still one colour per method
+    # names outside the known methods (a plugin, a seed) get colours no known method in the figure uses
+    plots.plot_learning_curves(
+        {"fedavg": rows, "my-plugin": rows, "seed 1": rows}, tmp_path / "c.png", metrics=("test_accuracy",)
+    )
+    mixed = _colours(figures[2].axes[0])
+    assert mixed["fedavg"] == alone["fedavg"] and len(set(mixed.values())) == 3

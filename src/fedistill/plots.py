@@ -145,6 +145,44 @@ def axis_label(metric: str) -> str:
     return f"{words} ({unit})" if unit else words
 
 
+#: One colour per method in every figure (its own run's, a suite's), whatever order the methods ran in:
+#: the most compared methods take the strong tab10 colours, the rest the light tab20 ones.
+METHOD_COLOURS = {
+    "fediod": "#1f77b4",
+    "fedavg": "#ff7f0e",
+    "centralized": "#2ca02c",
+    "standalone": "#d62728",
+    "feddf": "#9467bd",
+    "fedmdcg": "#8c564b",
+    "fedprox": "#e377c2",
+    "dense": "#7f7f7f",
+    "fedgen": "#bcbd22",
+    "fedper": "#17becf",
+    "lgfedavg": "#aec7e8",
+    "fedavgm": "#ffbb78",
+    "feddf-oneshot": "#98df8a",
+    "fedavg-oneshot": "#ff9896",
+    "coboosting": "#c5b0d5",
+    "fedcg": "#c49c94",
+    "fedmd": "#f7b6d2",
+    "fedkd": "#c7c7c7",
+    "asyndgan": "#dbdb8d",
+    "flmrcm": "#9edae5",
+}
+
+
+def method_colours(labels: Sequence[str]) -> dict[str, str]:
+    """Label → colour: a known method's own colour; any other label (a plugin, a seed) the next colour
+    that no label of this figure holds, in tab10 then tab20 order (past 20 labels, colours repeat)."""
+    palette = list(dict.fromkeys(METHOD_COLOURS.values()))
+    out = {label: METHOD_COLOURS[label] for label in labels if label in METHOD_COLOURS}
+    spare = [c for c in palette if c not in out.values()]
+    for i, label in enumerate(labels):
+        if label not in out:
+            out[label] = spare.pop(0) if spare else palette[i % len(palette)]
+    return out
+
+
 def plot_learning_curves(
     series: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Mapping[str, Any]]],
     path: str | Path,
@@ -169,6 +207,7 @@ def plot_learning_curves(
     metrics = list(metrics)
     if not metrics:
         raise ValueError("metrics must name at least one metric")
+    colours = method_colours(list(groups))
     fig = _new_figure(5.0 * len(metrics) + 1.0, 4.0)
     axes = np.atleast_1d(fig.subplots(1, len(metrics), squeeze=False)[0])
     for ax, metric in zip(axes, metrics, strict=True):
@@ -179,9 +218,8 @@ def plot_learning_curves(
             if not xs:
                 missing.append(label)
             else:
-                line = ax.plot(
-                    xs, ys, marker="o" if len(xs) <= 30 else None, markersize=3, label=label or None
-                )
+                marker = "o" if len(xs) <= 30 else None
+                line = ax.plot(xs, ys, marker=marker, markersize=3, color=colours[label], label=label or None)
                 drawn += 1
                 kept = (selected or {}).get(label)
                 if kept is not None and float(kept) in xs:
