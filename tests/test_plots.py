@@ -54,3 +54,11 @@ def test_a_method_keeps_its_colour_across_figures(tmp_path, figures):
     )
     mixed = _colours(figures[2].axes[0])
     assert mixed["fedavg"] == alone["fedavg"] and len(set(mixed.values())) == 3
+
+
+def test_rounds_are_ticked_at_whole_numbers(tmp_path, figures):
+    """Round 1.25 does not exist: an axis of whole rounds or epochs gets whole-number ticks only."""
+    rows = [{"round": r, "test_accuracy": 0.1 * r} for r in (1, 2, 3)]
+    plots.plot_learning_curves({"fedavg": rows}, tmp_path / "a.png", metrics=("test_accuracy",))
+    ticks = figures[0].axes[0].get_xticks()
+    assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks)

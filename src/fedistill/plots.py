@@ -203,6 +203,8 @@ def plot_learning_curves(
     ``selected`` maps a label to the ``x`` of the model its run kept (model selection): that point is
     starred, since the run reports it, not the last one.
     """
+    from matplotlib.ticker import MaxNLocator
+
     groups = _group_rows(series)
     metrics = list(metrics)
     if not metrics:
@@ -213,11 +215,13 @@ def plot_learning_curves(
     for ax, metric in zip(axes, metrics, strict=True):
         drawn = 0
         missing = []
+        whole = True  # every x drawn is a whole number (rounds, epochs): no tick at round 1.25
         for label, rows in groups.items():
             xs, ys = _points(rows, x, metric)
             if not xs:
                 missing.append(label)
             else:
+                whole = whole and all(v.is_integer() for v in xs)
                 marker = "o" if len(xs) <= 30 else None
                 line = ax.plot(xs, ys, marker=marker, markersize=3, color=colours[label], label=label or None)
                 drawn += 1
@@ -232,6 +236,8 @@ def plot_learning_curves(
         else:  # an empty handle: the run is named without a line, after the runs that have one
             for label in (m for m in missing if m):
                 ax.plot([], [], linestyle="none", label=f"{label} (no {metric} values)")
+        if drawn and whole:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(x)
         ax.set_ylabel(axis_label(metric))
         ax.grid(True, linewidth=0.3, alpha=0.6)
