@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from safetensors.torch import load_file
 from skimage.segmentation import find_boundaries
@@ -128,6 +129,15 @@ def contour(ax: Any, mask: np.ndarray, colour: str) -> None:
         ax.contour(mask.astype(float), levels=[0.5], colors=colour, linewidths=1.2)
 
 
+def outline(ax: Any, instances: np.ndarray, colour: str) -> None:
+    """Every instance's inner boundary pixels in `colour` exactly (one colour, not a colour map's dark
+    end), pixel for pixel over the image."""
+    edges = find_boundaries(instances, mode="inner")
+    if edges.any():
+        ax.imshow(np.ma.masked_where(~edges, edges.astype(float)), cmap=ListedColormap([colour]),
+                  vmin=0, vmax=1, interpolation="nearest")  # fmt: skip
+
+
 def crop_box(mask: np.ndarray, margin: int, minimum: int) -> tuple[slice, slice]:
     """A square around the mask's foreground (its bounding box plus `margin`), at least `minimum` wide."""
     size = mask.shape[-1]
@@ -211,10 +221,8 @@ def figure3_nuclei(runs: Runs, path: Path) -> Path:
             prob = wholes[method][subject]
             predicted = instances_from_three_class(prob[0], prob[1], prob[2])
             show(ax, images[subject])
-            ax.imshow(np.ma.masked_where(~find_boundaries(truth, mode="inner"), truth > 0), cmap="Greens",
-                      vmin=0, vmax=1, interpolation="nearest")  # fmt: skip
-            ax.imshow(np.ma.masked_where(~find_boundaries(predicted, mode="inner"), predicted > 0),
-                      cmap="Reds", vmin=0, vmax=1, interpolation="nearest")  # fmt: skip
+            outline(ax, truth, TRUE)
+            outline(ax, predicted, PREDICTED)
             if r == 0:
                 ax.set_title(label, fontsize=8)
             if c == 0:
