@@ -193,7 +193,12 @@ def main(argv: Sequence[str] | None = None) -> Path:
             f"reconstruction_figures: {len(missing)} of the table's runs ({missing[0]}, ...) are not under "
             f"--runs {args.runs}; pass the table's --out as --runs"
         )
-    first = next(m for r in table["rows"] for m in r.get("models") or [])
+    first = next((m for r in table["rows"] for m in r.get("models") or []), None)
+    if first is None:  # every run failed or exported nothing: no model to draw
+        raise SystemExit(
+            f"reconstruction_figures: the table {args.table} names no model; run "
+            "benchmarks/reconstruction_table.py until its runs finish"
+        )
     harness = Harness(recorded_path(first["run_dir"], Path(args.runs)).resolve(), args.data_dir)
     out = draw(harness, reconstructions(table, harness, Path(args.runs)), args)
     print(out)
