@@ -21,6 +21,7 @@ Draws the table in <results> (`--table` names another) and writes <results>/reco
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,8 @@ def load_model(entry: dict[str, Any], harness: Harness, runs: Path) -> Any:
 def reconstructions(
     table: dict[str, Any], harness: Harness, runs: Path
 ) -> list[tuple[str, dict[str, np.ndarray]]]:
-    """(column title, {source: every test slice's reconstruction (N, H, W)}) for the columns there are."""
+    """(column title, {source: every test slice's reconstruction (N, H, W)}) for the columns there are; a
+    method of the table without a model for some source is left out, with a line on stderr."""
     from torch import nn
 
     data, task = harness.dataset, harness.task
@@ -108,7 +110,8 @@ def reconstructions(
         per_source = {}
         for source in harness.site_names:
             entry = pick(rows[method], source, how)
-            if entry is None:
+            if entry is None:  # a column is every source or none: say which one it lacks
+                print(f"{title} left out: no model for {source} in the table", file=sys.stderr)
                 break
             key = json.dumps(entry, sort_keys=True)
             if key not in cache:
