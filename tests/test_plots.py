@@ -62,3 +62,21 @@ def test_rounds_are_ticked_at_whole_numbers(tmp_path, figures):
     plots.plot_learning_curves({"fedavg": rows}, tmp_path / "a.png", metrics=("test_accuracy",))
     ticks = figures[0].axes[0].get_xticks()
     assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks)
+
+
+@pytest.mark.parametrize(
+    ("shape", "labels", "message"),
+    [
+        ((4, 8, 8), None, r"shape \(N, C, H, W\).*\(4, 8, 8\)"),
+        ((4, 2, 8, 8), None, "1 or 3 channels, got 2"),
+        ((0, 1, 8, 8), None, "no image"),
+        ((2, 1, 8, 8), ["a"], "1 labels for 2 images"),
+    ],
+)
+def test_an_image_grid_of_the_wrong_shape_is_refused_by_name(tmp_path, shape, labels, message):
+    """A grid of no image is a blank PNG, a wrong shape ends deep in matplotlib: both say what they got."""
+    import numpy as np
+
+    with pytest.raises(ValueError, match=message):
+        plots.plot_image_grid(np.zeros(shape), tmp_path / "g.png", labels=labels)
+    assert not (tmp_path / "g.png").exists()

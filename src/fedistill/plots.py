@@ -263,7 +263,15 @@ def plot_image_grid(
     grid of 32, a third of a digits demo epoch.
     """
     images = np.clip(np.asarray(images, dtype=np.float32), 0.0, 1.0)
+    if images.ndim != 4:
+        raise ValueError(f"images must have shape (N, C, H, W), got {images.shape}")
     n, channels, height, width = images.shape
+    if channels not in (1, 3):
+        raise ValueError(f"images must have 1 or 3 channels, got {channels}")
+    if n == 0:
+        raise ValueError("no image to draw: the grid would be a blank PNG")
+    if labels is not None and len(labels) != n:
+        raise ValueError(f"got {len(labels)} labels for {n} images")
     columns = max(1, min(columns, n))
     rows = max(1, math.ceil(n / columns))
     gap = max(1, height // 8)
