@@ -307,3 +307,11 @@ def test_the_median_site_does_not_depend_on_how_the_cpu_orders_equal_dice(monkey
     assert segmentation_scores.median_site([0.5, 0.7, 0.7, 0.9]) == 2  # sorted: sites 0, 1, 2, 3
     assert segmentation_scores.median_site([0.8, 0.8, 0.8]) == 1
     assert segmentation_scores.median_site([0.6]) == 0
+
+
+def test_figures_of_a_table_with_no_run_stop_with_one_line(tmp_path):
+    """A table whose runs all failed records no row: the figures say so, not a bare StopIteration."""
+    (tmp_path / "segmentation_table2.json").write_text(json.dumps({"rows": {}}))
+    with pytest.raises(SystemExit, match=r"segmentation_table2\.json names no run"):
+        segmentation_figures.main(["--results", str(tmp_path), "--runs", str(tmp_path)])
+

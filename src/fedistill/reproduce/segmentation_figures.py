@@ -62,9 +62,13 @@ TRUE, PREDICTED = "#2ca02c", "#d62728"
 class Runs:
     """The runs one table's JSON names, each with its config, and the dataset they share."""
 
-    def __init__(self, record: dict[str, Any], data_dir: str, runs: Path = RUNS) -> None:
+    def __init__(self, record: dict[str, Any], data_dir: str, runs: Path = RUNS, name: str = "") -> None:
         self.record = record
-        self.rows: dict[str, dict[str, Any]] = record["rows"]
+        self.rows: dict[str, dict[str, Any]] = record.get("rows") or {}
+        if not self.rows:  # every run of the table failed: nothing to draw
+            raise SystemExit(
+                f"{name or 'the table'} names no run: run benchmarks/segmentation_tables.py again"
+            )
         self.paths = {m: recorded_path(r["run"], runs) for m, r in self.rows.items()}
         missing = [str(p) for p in self.paths.values() if not (p / "config.toml").is_file()]
         if missing:
@@ -100,7 +104,7 @@ def read_runs(results: Path, table: int, data_dir: str, runs: Path = RUNS) -> Ru
     if not path.is_file():
         print(f"{path} not found: run benchmarks/segmentation_tables.py first; table {table} skipped")
         return None
-    return Runs(json.loads(path.read_text(encoding="utf-8")), data_dir, runs)
+    return Runs(json.loads(path.read_text(encoding="utf-8")), data_dir, runs, path.name)
 
 
 def predict(task: Task, model: nn.Module, data: ImageSet, info: Any) -> np.ndarray:
