@@ -315,3 +315,13 @@ def test_figures_of_a_table_with_no_run_stop_with_one_line(tmp_path):
     with pytest.raises(SystemExit, match=r"segmentation_table2\.json names no run"):
         segmentation_figures.main(["--results", str(tmp_path), "--runs", str(tmp_path)])
 
+
+def test_figures_name_a_run_that_saved_no_model(tmp_path):
+    """A run that stopped before it exported its model has a config but no models/: the figure names the
+    file it needs instead of ending in safetensors' error."""
+    from fedistill.config import RunConfig, build_config
+    from fedistill.reproduce.segmentation_scores import saved_models
+
+    config = build_config(RunConfig(), {"algorithm": "fediod", "dataset": "digits", "model": "small-cnn"})
+    with pytest.raises(SystemExit, match=r"models/student\.safetensors.*did the run finish"):
+        saved_models(tmp_path / "fediod", "fediod", config, None)
