@@ -146,13 +146,14 @@ def axis_label(metric: str) -> str:
 
 
 #: One colour per method in every figure (its own run's, a suite's), whatever order the methods ran in:
-#: the most compared methods take the strong tab10 colours, the rest the light tab20 ones.
+#: the most compared methods take the strong tab10 colours (FedAvg, FedIOD and FedDF as the
+#: bytes-to-quality and FedDF benchmark figures draw them), the rest the light tab20 ones.
 METHOD_COLOURS = {
-    "fediod": "#1f77b4",
-    "fedavg": "#ff7f0e",
+    "fedavg": "#1f77b4",
+    "fediod": "#ff7f0e",
     "centralized": "#2ca02c",
-    "standalone": "#d62728",
-    "feddf": "#9467bd",
+    "feddf": "#d62728",
+    "standalone": "#9467bd",
     "fedmdcg": "#8c564b",
     "fedprox": "#e377c2",
     "dense": "#7f7f7f",
