@@ -231,3 +231,34 @@ def test_the_figure_reads_the_table_in_its_own_results_folder(tmp_path):
     elsewhere.write_text("{}")
     args = reconstruction_figures.parse_args(["--results", str(tmp_path), "--table", str(elsewhere)])
     assert Path(args.table) == elsewhere
+
+
+def test_a_table_that_names_no_model_stops_with_one_line_not_a_traceback(tmp_path):
+    """A table whose runs all failed (or ran with no export) has no model to draw: the figure says so and
+    which script writes them, instead of ending in a bare StopIteration."""
+    table = tmp_path / "reconstruction_table9.json"
+    rows = [{"method": "fedavg", "models": []}, {"method": "fediod"}]
+    table.write_text(json.dumps({"settings": {"acceleration": 4}, "rows": rows}))
+    with pytest.raises(SystemExit, match=r"names no model.*reconstruction_table\.py"):
+        reconstruction_figures.main(
+            ["--table", str(table), "--results", str(tmp_path), "--runs", str(tmp_path)]
+        )
+
+
+def test_a_method_without_a_model_for_some_site_is_named_when_left_out(capsys):
+    """FL-MRCM's row holds one model per target site; if one is missing the whole column cannot be drawn,
+    and the figure says which method it left out and for which site instead of dropping it silently."""
+    import torch
+
+    harness = SimpleNamespace(
+        dataset=SimpleNamespace(test=None, info=None),
+        task=SimpleNamespace(
+            outputs=lambda *_: torch.zeros(2, 1, 4, 4),
+            identity_baseline=lambda: SimpleNamespace(outputs=lambda *_: torch.zeros(2, 1, 4, 4)),
+        ),
+        site_names=["site-a", "site-b"],
+    )
+    table = {"rows": [{"method": "flmrcm", "models": [{"site": "site-b", "run_dir": "OUT/x", "file": "g"}]}]}
+    columns = reconstruction_figures.reconstructions(table, harness, Path("."))
+    assert [title for title, _ in columns] == ["Zero-filled"]
+    assert "FL-MRCM (target = site) left out: no model for site-a" in capsys.readouterr().err

@@ -307,3 +307,21 @@ def test_the_median_site_does_not_depend_on_how_the_cpu_orders_equal_dice(monkey
     assert segmentation_scores.median_site([0.5, 0.7, 0.7, 0.9]) == 2  # sorted: sites 0, 1, 2, 3
     assert segmentation_scores.median_site([0.8, 0.8, 0.8]) == 1
     assert segmentation_scores.median_site([0.6]) == 0
+
+
+def test_figures_of_a_table_with_no_run_stop_with_one_line(tmp_path):
+    """A table whose runs all failed records no row: the figures say so, not a bare StopIteration."""
+    (tmp_path / "segmentation_table2.json").write_text(json.dumps({"rows": {}}))
+    with pytest.raises(SystemExit, match=r"segmentation_table2\.json names no run"):
+        segmentation_figures.main(["--results", str(tmp_path), "--runs", str(tmp_path)])
+
+
+def test_figures_name_a_run_that_saved_no_model(tmp_path):
+    """A run that stopped before it exported its model has a config but no models/: the figure names the
+    file it needs instead of ending in safetensors' error."""
+    from fedistill.config import RunConfig, build_config
+    from fedistill.reproduce.segmentation_scores import saved_models
+
+    config = build_config(RunConfig(), {"algorithm": "fediod", "dataset": "digits", "model": "small-cnn"})
+    with pytest.raises(SystemExit, match=r"models/student\.safetensors.*did the run finish"):
+        saved_models(tmp_path / "fediod", "fediod", config, None)

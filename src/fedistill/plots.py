@@ -145,6 +145,45 @@ def axis_label(metric: str) -> str:
     return f"{words} ({unit})" if unit else words
 
 
+#: One colour per method in every figure (its own run's, a suite's), whatever order the methods ran in:
+#: the most compared methods take the strong tab10 colours (FedAvg, FedIOD and FedDF as the
+#: bytes-to-quality and FedDF benchmark figures draw them), the rest the light tab20 ones.
+METHOD_COLOURS = {
+    "fedavg": "#1f77b4",
+    "fediod": "#ff7f0e",
+    "centralized": "#2ca02c",
+    "feddf": "#d62728",
+    "standalone": "#9467bd",
+    "fedmdcg": "#8c564b",
+    "fedprox": "#e377c2",
+    "dense": "#7f7f7f",
+    "fedgen": "#bcbd22",
+    "fedper": "#17becf",
+    "lgfedavg": "#aec7e8",
+    "fedavgm": "#ffbb78",
+    "feddf-oneshot": "#98df8a",
+    "fedavg-oneshot": "#ff9896",
+    "coboosting": "#c5b0d5",
+    "fedcg": "#c49c94",
+    "fedmd": "#f7b6d2",
+    "fedkd": "#c7c7c7",
+    "asyndgan": "#dbdb8d",
+    "flmrcm": "#9edae5",
+}
+
+
+def method_colours(labels: Sequence[str]) -> dict[str, str]:
+    """Label → colour: a known method's own colour; any other label (a plugin, a seed) the next colour
+    that no label of this figure holds, in tab10 then tab20 order (past 20 labels, colours repeat)."""
+    palette = list(dict.fromkeys(METHOD_COLOURS.values()))
+    out = {label: METHOD_COLOURS[label] for label in labels if label in METHOD_COLOURS}
+    spare = [c for c in palette if c not in out.values()]
+    for i, label in enumerate(labels):
+        if label not in out:
+            out[label] = spare.pop(0) if spare else palette[i % len(palette)]
+    return out
+
+
 def plot_learning_curves(
     series: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Mapping[str, Any]]],
     path: str | Path,
@@ -159,24 +198,33 @@ def plot_learning_curves(
 
     ``series`` is either a mapping ``label → metric rows`` (to overlay several runs) or a flat list of
     rows, grouped by their ``"run"`` (else ``"algorithm"``) key when present. Rows without ``x`` or the
-    metric, or with a non-numeric value, are skipped; a metric with no data gets an empty, labelled panel.
+    metric, or with a non-numeric value, are skipped; a run left with no point is still named in the
+    legend ("<run> (no <metric> values)"), so a missing curve never reads as a method not run; a metric
+    with no data at all gets an empty, labelled panel.
     ``selected`` maps a label to the ``x`` of the model its run kept (model selection): that point is
     starred, since the run reports it, not the last one.
     """
+    from matplotlib.ticker import MaxNLocator
+
     groups = _group_rows(series)
     metrics = list(metrics)
     if not metrics:
         raise ValueError("metrics must name at least one metric")
+    colours = method_colours(list(groups))
     fig = _new_figure(5.0 * len(metrics) + 1.0, 4.0)
     axes = np.atleast_1d(fig.subplots(1, len(metrics), squeeze=False)[0])
     for ax, metric in zip(axes, metrics, strict=True):
         drawn = 0
+        missing = []
+        whole = True  # every x drawn is a whole number (rounds, epochs): no tick at round 1.25
         for label, rows in groups.items():
             xs, ys = _points(rows, x, metric)
-            if xs:
-                line = ax.plot(
-                    xs, ys, marker="o" if len(xs) <= 30 else None, markersize=3, label=label or None
-                )
+            if not xs:
+                missing.append(label)
+            else:
+                whole = whole and all(v.is_integer() for v in xs)
+                marker = "o" if len(xs) <= 30 else None
+                line = ax.plot(xs, ys, marker=marker, markersize=3, color=colours[label], label=label or None)
                 drawn += 1
                 kept = (selected or {}).get(label)
                 if kept is not None and float(kept) in xs:
@@ -186,6 +234,11 @@ def plot_learning_curves(
                     ax.plot([xs[at]], [ys[at]], "*", markersize=12, color=colour, label=star)
         if not drawn:
             ax.text(0.5, 0.5, f"no {metric} values", ha="center", va="center", transform=ax.transAxes)
+        else:  # an empty handle: the run is named without a line, after the runs that have one
+            for label in (m for m in missing if m):
+                ax.plot([], [], linestyle="none", label=f"{label} (no {metric} values)")
+        if drawn and whole:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(x)
         ax.set_ylabel(axis_label(metric))
         ax.grid(True, linewidth=0.3, alpha=0.6)
@@ -211,7 +264,15 @@ def plot_image_grid(
     grid of 32, a third of a digits demo epoch.
     """
     images = np.clip(np.asarray(images, dtype=np.float32), 0.0, 1.0)
+    if images.ndim != 4:
+        raise ValueError(f"images must have shape (N, C, H, W), got {images.shape}")
     n, channels, height, width = images.shape
+    if channels not in (1, 3):
+        raise ValueError(f"images must have 1 or 3 channels, got {channels}")
+    if n == 0:
+        raise ValueError("no image to draw: the grid would be a blank PNG")
+    if labels is not None and len(labels) != n:
+        raise ValueError(f"got {len(labels)} labels for {n} images")
     columns = max(1, min(columns, n))
     rows = max(1, math.ceil(n / columns))
     gap = max(1, height // 8)

@@ -1,5 +1,6 @@
 """table.png: a dot plot per column, one line per row: ours (mean, with the std over seeds as a bar), the
-number it is checked against with its tolerance as a band, and the paper's number.
+number it is checked against with its tolerance as a band, and the paper's number; a row with no number
+of ours says "no result".
 
 Built on matplotlib's `Figure` and Agg canvas, never `pyplot` (as `fedistill.plots`): no display and no
 global state.
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from fedistill import disk
 from fedistill.reproduce.target_spec import Column
-from fedistill.reproduce.verdict import FAILING, Check
+from fedistill.reproduce.verdict import FAILING, NO_RESULT, Check
 
 DPI = 110
 
@@ -21,6 +22,7 @@ def plot_checks(cells: Sequence[Check], columns: Sequence[Column], path: Path, *
     """One panel per column that has a cell; returns the PNG's path."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.transforms import blended_transform_factory
 
     shown = [c for c in columns if any(cell.column == c.key for cell in cells)] or list(columns[:1])
     rows = list(dict.fromkeys(cell.row for cell in cells)) or ["(no rows)"]
@@ -38,6 +40,9 @@ def plot_checks(cells: Sequence[Check], columns: Sequence[Column], path: Path, *
             if cell.mean is not None:
                 colour = "tab:red" if cell.verdict in FAILING else "tab:blue"
                 ax.errorbar(cell.mean, y, xerr=cell.std or 0.0, fmt="o", color=colour, zorder=4)
+            else:  # no dot to draw: say so on the row, or a failed run reads as a drawing quirk
+                ax.text(0.01, y, NO_RESULT, transform=blended_transform_factory(ax.transAxes, ax.transData),
+                        color="tab:red", fontsize=8, va="center", zorder=5)  # fmt: skip
         ax.set_title(column.label, fontsize=9)
         ax.grid(axis="x", alpha=0.3)
         ax.tick_params(labelsize=8)

@@ -21,6 +21,7 @@ Draws the table in <results> (`--table` names another) and writes <results>/reco
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,8 @@ def load_model(entry: dict[str, Any], harness: Harness, runs: Path) -> Any:
 def reconstructions(
     table: dict[str, Any], harness: Harness, runs: Path
 ) -> list[tuple[str, dict[str, np.ndarray]]]:
-    """(column title, {source: every test slice's reconstruction (N, H, W)}) for the columns there are."""
+    """(column title, {source: every test slice's reconstruction (N, H, W)}) for the columns there are; a
+    method of the table without a model for some source is left out, with a line on stderr."""
     from torch import nn
 
     data, task = harness.dataset, harness.task
@@ -108,7 +110,8 @@ def reconstructions(
         per_source = {}
         for source in harness.site_names:
             entry = pick(rows[method], source, how)
-            if entry is None:
+            if entry is None:  # a column is every source or none: say which one it lacks
+                print(f"{title} left out: no model for {source} in the table", file=sys.stderr)
                 break
             key = json.dumps(entry, sort_keys=True)
             if key not in cache:
@@ -193,7 +196,12 @@ def main(argv: Sequence[str] | None = None) -> Path:
             f"reconstruction_figures: {len(missing)} of the table's runs ({missing[0]}, ...) are not under "
             f"--runs {args.runs}; pass the table's --out as --runs"
         )
-    first = next(m for r in table["rows"] for m in r.get("models") or [])
+    first = next((m for r in table["rows"] for m in r.get("models") or []), None)
+    if first is None:  # every run failed or exported nothing: no model to draw
+        raise SystemExit(
+            f"reconstruction_figures: the table {args.table} names no model; run "
+            "benchmarks/reconstruction_table.py until its runs finish"
+        )
     harness = Harness(recorded_path(first["run_dir"], Path(args.runs)).resolve(), args.data_dir)
     out = draw(harness, reconstructions(table, harness, Path(args.runs)), args)
     print(out)

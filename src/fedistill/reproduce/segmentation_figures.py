@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from safetensors.torch import load_file
 from skimage.segmentation import find_boundaries
@@ -61,9 +62,13 @@ TRUE, PREDICTED = "#2ca02c", "#d62728"
 class Runs:
     """The runs one table's JSON names, each with its config, and the dataset they share."""
 
-    def __init__(self, record: dict[str, Any], data_dir: str, runs: Path = RUNS) -> None:
+    def __init__(self, record: dict[str, Any], data_dir: str, runs: Path = RUNS, name: str = "") -> None:
         self.record = record
-        self.rows: dict[str, dict[str, Any]] = record["rows"]
+        self.rows: dict[str, dict[str, Any]] = record.get("rows") or {}
+        if not self.rows:  # every run of the table failed: nothing to draw
+            raise SystemExit(
+                f"{name or 'the table'} names no run: run benchmarks/segmentation_tables.py again"
+            )
         self.paths = {m: recorded_path(r["run"], runs) for m, r in self.rows.items()}
         missing = [str(p) for p in self.paths.values() if not (p / "config.toml").is_file()]
         if missing:
@@ -99,7 +104,7 @@ def read_runs(results: Path, table: int, data_dir: str, runs: Path = RUNS) -> Ru
     if not path.is_file():
         print(f"{path} not found: run benchmarks/segmentation_tables.py first; table {table} skipped")
         return None
-    return Runs(json.loads(path.read_text(encoding="utf-8")), data_dir, runs)
+    return Runs(json.loads(path.read_text(encoding="utf-8")), data_dir, runs, path.name)
 
 
 def predict(task: Task, model: nn.Module, data: ImageSet, info: Any) -> np.ndarray:
@@ -126,6 +131,15 @@ def show(ax: Any, image: np.ndarray) -> None:
 def contour(ax: Any, mask: np.ndarray, colour: str) -> None:
     if mask.any():
         ax.contour(mask.astype(float), levels=[0.5], colors=colour, linewidths=1.2)
+
+
+def outline(ax: Any, instances: np.ndarray, colour: str) -> None:
+    """Every instance's inner boundary pixels in `colour` exactly (one colour, not a colour map's dark
+    end), pixel for pixel over the image."""
+    edges = find_boundaries(instances, mode="inner")
+    if edges.any():
+        ax.imshow(np.ma.masked_where(~edges, edges.astype(float)), cmap=ListedColormap([colour]),
+                  vmin=0, vmax=1, interpolation="nearest")  # fmt: skip
 
 
 def crop_box(mask: np.ndarray, margin: int, minimum: int) -> tuple[slice, slice]:
@@ -211,10 +225,8 @@ def figure3_nuclei(runs: Runs, path: Path) -> Path:
             prob = wholes[method][subject]
             predicted = instances_from_three_class(prob[0], prob[1], prob[2])
             show(ax, images[subject])
-            ax.imshow(np.ma.masked_where(~find_boundaries(truth, mode="inner"), truth > 0), cmap="Greens",
-                      vmin=0, vmax=1, interpolation="nearest")  # fmt: skip
-            ax.imshow(np.ma.masked_where(~find_boundaries(predicted, mode="inner"), predicted > 0),
-                      cmap="Reds", vmin=0, vmax=1, interpolation="nearest")  # fmt: skip
+            outline(ax, truth, TRUE)
+            outline(ax, predicted, PREDICTED)
             if r == 0:
                 ax.set_title(label, fontsize=8)
             if c == 0:

@@ -41,7 +41,10 @@ def saved_models(run: Path, method: str, config: RunConfig, data: LoadedDataset)
         return net.eval()
 
     if method in SAVED:
-        return [model(load_file(str(run / "models" / f"{SAVED[method]}.safetensors")))]
+        path = run / "models" / f"{SAVED[method]}.safetensors"
+        if not path.is_file():  # the run stopped before it exported its model
+            raise SystemExit(f"{path} is missing: did the run finish? Finish it with --resume {run}")
+        return [model(load_file(str(path)))]
     checkpoint = latest_checkpoint(run / "checkpoints")
     if checkpoint is None:
         raise SystemExit(f"{run}: no checkpoint holds the site models")

@@ -235,7 +235,8 @@ def _bars(ax: Any, groups: list[tuple[str, list[float]]], clients: list[int], ti
     x = np.arange(len(clients))
     width = 0.8 / len(groups)
     for i, (name, values) in enumerate(groups):
-        ax.bar(x + (i - (len(groups) - 1) / 2) * width, values, width, label=name, color=COLORS[name])
+        colour = next(c for series, c in COLORS.items() if name.startswith(series))
+        ax.bar(x + (i - (len(groups) - 1) / 2) * width, values, width, label=name, color=colour)
     ax.set_xticks(x, [str(c) for c in clients])
     ax.set_xlabel("client")
     ax.set_title(title, fontsize=9)
@@ -254,13 +255,17 @@ def plot(data: dict[str, Any], path: Path) -> None:
     for row, entry in zip(axes, runs, strict=True):
         clients = [r["client"] for r in entry["results"]]
         fed = [r["fediod"] for r in entry["results"]]
-        complete = all("dlg" in r for r in entry["results"])
-        dlg = [r["dlg"]["similarity"] for r in entry["results"]] if complete else []
+        # a client too small for DLG has no bar (nan), the others keep theirs and the legend counts them
+        dlg = [r["dlg"]["similarity"] if "dlg" in r else {} for r in entry["results"]]
+        covered = sum(bool(d) for d in dlg)
+        dlg = dlg if covered else []
 
         def series(name: str, reports: list[dict[str, Any]], key: str) -> list[tuple[str, list[float]]]:
-            return [(name, [r[key] for r in reports])] if reports else []
+            return [(name, [r.get(key, math.nan) for r in reports])] if reports else []
 
         synthetic, held_out, inverted = COLORS
+        if covered < len(clients):
+            inverted = f"{inverted} ({covered} of {len(clients)} clients)"
         fid = series(synthetic, fed, "fid_synthetic") + series(held_out, fed, "fid_held_out")
         nn = (
             series(synthetic, fed, "pixel_nn_mean_synthetic")
@@ -280,7 +285,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
         _bars(row[2], share, clients, "memorisation share (pixel)")
         row[0].set_ylim(0, 1.25 * max(max(v) for _, v in fid))
         row[1].set_yscale("log")
-        row[1].set_ylim(top=30 * max(max(v) for _, v in nn))
+        row[1].set_ylim(top=30 * max(np.nanmax(v) for _, v in nn))
         row[2].set_ylim(0, 1.25)
         row[0].set_ylabel(entry["label"], fontsize=8)
     fig.tight_layout()
