@@ -167,6 +167,11 @@ def test_a_norm_or_model_options_a_built_model_lacks_is_refused_before_the_run_f
         ("fedkd", ["val_fraction=0"], "fedkd.public = 'holdout' is the federation's held-out split"),
         ("fedmd", ["val_fraction=0"], "fedmd.public = 'holdout' is the federation's held-out split"),
         ("fedavg-oneshot", ["rounds=2"], "a one-shot method runs one round, got rounds = 2"),
+        (
+            "fedprox",
+            ["model=lenet-fedmdcg", "fedprox.dp_enabled=true", "fedprox.dp_noise_multiplier=1.0"],
+            "fedprox.dp_enabled = true clips and noises client updates, but model 'lenet-fedmdcg' has",
+        ),
     ],
 )
 def test_an_option_the_run_s_common_keys_rule_out_is_refused_before_the_run_folder(

@@ -128,6 +128,12 @@ def resolved_norm(name: str, norm: str | None) -> str:
     return _MODELS[name].default_norm if norm in (None, "auto") else norm
 
 
+def builds_batchnorm(name: str, norm: str | None) -> bool:
+    """Whether `build_model(name, norm=...)` gives BatchNorm layers (their running statistics are state a
+    model carries beside its weights): for checks a run's setup makes before anything is built."""
+    return name in _MODELS and _MODELS[name].has_norm and resolved_norm(name, norm) == "batch"
+
+
 def build_model(
     name: str,
     info: DatasetInfo,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -15,7 +15,11 @@ from fedistill.algorithms.shared.option_checks import check_choices
 from fedistill.algorithms.shared.training import average_states
 from fedistill.algorithms.shared.weight_average import COMBINES, robust_average_states
 from fedistill.errors import ConfigError
+from fedistill.models.registry import builds_batchnorm
 from fedistill.privacy.budget import DPOptions
+
+if TYPE_CHECKING:
+    from fedistill.config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,15 @@ class FedAvgOptions(DPOptions):
         check_choices(s, self, {"aggregate": COMBINES})
         if not 0 <= self.aggregate_trim < 0.5:
             raise ConfigError(f"{s}.aggregate_trim must be in [0, 0.5), got {self.aggregate_trim}")
+
+    def check_run(self, config: RunConfig) -> None:
+        """What the options rule out with the run's common keys, checked before the run writes anything."""
+        if self.dp_enabled and builds_batchnorm(config.model, config.norm):
+            raise ConfigError(
+                f"{self.section}.dp_enabled = true clips and noises client updates, but model "
+                f"{config.model!r} has BatchNorm, whose running statistics would leave unclipped: set "
+                "norm = 'group' or 'none', or use a model without BatchNorm (mlp, lenet5)"
+            )
 
     def combine(self, states: Sequence[dict[str, torch.Tensor]], weights: Sequence[float]) -> dict:
         """The round's global state from the kept sites' states (`aggregate`)."""
