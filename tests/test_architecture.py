@@ -44,7 +44,7 @@ ALLOWED: dict[str, set[str]] = {
     "reproduce": BELOW_ENGINE | {"engine"},
     "inference": BELOW_ENGINE | {"engine"},
 }
-TOP = {"cli", "api", "reference", "__init__"}  # what users call, and the docs made from it: anything
+TOP = {"cli", "__main__", "api", "reference", "__init__"}  # what users call, and the docs made from it: anything
 
 
 def _modules() -> dict[str, Path]:

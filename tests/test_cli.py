@@ -268,3 +268,12 @@ def test_the_results_table_shows_the_rounds_a_stopped_run_completed(tmp_path, ca
             cells[row[0]] = row
     assert "0 of 2" in cells["fedavg"] and "2" in cells["standalone"]
     assert not any(" of " in cell for cell in cells["standalone"])
+
+
+def test_python_dash_m_fedistill_is_the_command_line():
+    """`python -m fedistill` works where the `fedistill` script is not on PATH (a venv not activated)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "fedistill", "list"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "digits" in done.stdout

@@ -407,3 +407,18 @@ def test_the_card_of_a_reconstruction_net_says_what_its_inputs_are():
     assert "class_names" not in pre and pre["undersampling"] == {
         key: model.task.options()[key] for key in ("mask", "acceleration", "center_fraction", "mask_mode")
     }
+
+
+def test_the_card_counts_one_client_and_one_round_in_the_singular(run_dir, tmp_path):
+    from fedistill.engine.summary import read_summary
+    from fedistill.inference import model_card as cards
+
+    model = fedistill.load_model(run_dir, "fedavg")
+    summary = read_summary(run_dir / "fedavg")
+    card = cards.model_card(model, summary, tmp_path / "g.safetensors", "safetensors")
+        model, read_summary(run_dir / "fedavg"), tmp_path / "g.safetensors", "safetensors"
+    )
+    card["clients"], card["method"]["rounds"] = 1, 1
+    assert "- trained by 1 client over 1 round (seed" in card_markdown(card)
+    card["clients"], card["method"]["rounds"] = 3, 2
+    assert "- trained by 3 clients over 2 rounds (seed" in card_markdown(card)

@@ -284,7 +284,8 @@ def card_markdown(card: dict[str, Any]) -> str:
         f"task: {m['task']}; {m['parameters']:,} parameters",
         f"- input: {tuple(m['input_shape'])}; output: {m['output']}",
         f"- which model: {m['selection']}",
-        f"- trained by {card['clients']} clients over {method['rounds']} rounds (seed {method['seed']})",
+        f"- trained by {_count(card['clients'], 'client')} over {_count(method['rounds'], 'round')} "
+        f"(seed {method['seed']})",
         f"- partition: {partition_text(part, brackets=True)}, hash `{part['hash']}`",
         f"- git commit: {card['git_commit'] or UNKNOWN_COMMIT}",
         f"- versions: {', '.join(f'{k} {v}' for k, v in card['versions'].items())}",
@@ -315,6 +316,10 @@ def card_markdown(card: dict[str, Any]) -> str:
     lines += ["", "## Preprocessing", ""]
     lines += [f"- {key}: {value}" for key, value in pre.items()]
     return "\n".join(lines) + "\n"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def card_paths(exported: Path) -> tuple[Path, Path]:
