@@ -441,3 +441,16 @@ def test_finished_runs_make_their_table_without_the_data_they_read(tiny, tmp_pat
     assert code == 0 and "suite seed 0: reused" in err
     code, _, err = reproduce(capsys, "tiny", "--out", str(out), "--seeds", "0,1")  # seed 1 must run
     assert code == 2 and "not-here, which does not exist" in err
+
+
+def test_an_interrupted_reproduce_says_to_run_the_same_command_again(capsys, monkeypatch):
+    """Ctrl-C stops the command with one line and exit code 130; the way on is the same command (its
+    finished runs reused, the interrupted one resumed), not `fedistill run --resume` of one run."""
+
+    def interrupted(args: argparse.Namespace) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "reproduce", interrupted)
+    code, _, err = reproduce(capsys, "one-shot")
+    assert code == 130 and len(err.strip().splitlines()) == 1
+    assert "run the same command again" in err and "--resume" not in err

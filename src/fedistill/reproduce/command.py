@@ -18,6 +18,11 @@ from fedistill.errors import UserError
 from fedistill.reproduce.paths import DATA, DATA_ENV, require_configs
 from fedistill.reproduce.target_spec import SCALES, Target
 
+INTERRUPTED = (
+    "fedistill: interrupted; run the same command again to continue "
+    "(finished runs are reused, interrupted ones resume)"
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", nargs="?", help="the target to reproduce (see --list)")
@@ -134,7 +139,8 @@ def _say_if_seeds_replace_recorded(target: Target, scale: str, seeds: tuple[int,
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """`--list`, or reproduce `args.name`; a usage mistake ends with one line and exit code 2."""
+    """`--list`, or reproduce `args.name`; a usage mistake ends with one line and exit code 2, Ctrl-C with
+    one line and 130 that says how to go on (the same command, not `fedistill run --resume` of one run)."""
     try:
         require_configs()
         if args.list:
@@ -146,3 +152,6 @@ def run_command(args: argparse.Namespace) -> int:
     except UserError as exc:
         print(f"fedistill: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
