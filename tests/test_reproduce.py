@@ -443,6 +443,36 @@ def test_finished_runs_make_their_table_without_the_data_they_read(tiny, tmp_pat
     assert code == 2 and "not-here, which does not exist" in err
 
 
+def test_ctrl_c_while_workers_run_ends_them_instead_of_waiting_for_every_queued_run(tmp_path, monkeypatch):
+    """Ctrl-C reaches the workers as well, which fail their current run and go on with the queue: leaving
+    the pool would wait for every run still queued. The pool is stopped first, then the interrupt goes on."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    class InterruptedPool:
+        def __init__(self, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, job):
+            future = Future()
+            future.set_exception(KeyboardInterrupt())
+            return future
+
+    stopped = []
+    monkeypatch.setattr(execute, "ProcessPoolExecutor", InterruptedPool)
+    monkeypatch.setattr(execute.worker_pool, "stop", stopped.append)
+    jobs = [SimpleNamespace(run="suite", seed=seed, folder=tmp_path / str(seed)) for seed in (0, 1, 2)]
+    with pytest.raises(KeyboardInterrupt):
+        execute.execute_in_workers(jobs, 2)
+    assert len(stopped) == 1
+
+
 def test_an_interrupted_reproduce_says_to_run_the_same_command_again(capsys, monkeypatch):
     """Ctrl-C stops the command with one line and exit code 130; the way on is the same command (its
     finished runs reused, the interrupted one resumed), not `fedistill run --resume` of one run."""
