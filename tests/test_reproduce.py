@@ -484,3 +484,13 @@ def test_an_interrupted_reproduce_says_to_run_the_same_command_again(capsys, mon
     code, _, err = reproduce(capsys, "one-shot")
     assert code == 130 and len(err.strip().splitlines()) == 1
     assert "run the same command again" in err and "--resume" not in err
+
+
+def test_an_out_folder_that_cannot_be_written_stops_in_one_line_before_any_run(tiny, tmp_path, capsys):
+    """A file where --out's folder should be (or a folder without write permission): one line naming
+    --out and exit code 2 before anything runs, not every run failing on its own and then a traceback."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("", encoding="utf-8")
+    code, _, err = reproduce(capsys, "tiny", "--out", str(blocker))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("fedistill: error: --out ") and str(blocker) in err and "ran" not in err

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 from fedistill.errors import UserError
@@ -110,6 +111,7 @@ def reproduce(args: argparse.Namespace) -> int:
     require_data(
         [job for job in jobs if state(job) != "finished"], args.data_dir
     )  # a finished run reads none
+    require_writable(folder / "runs", args.out)
     print(f"reproduce {target.name} ({args.scale}): {len(jobs)} runs in {folder / 'runs'}", file=sys.stderr)
     outcomes = execute_all(jobs, args.jobs)
     folders: dict[str, list[Path]] = {}
@@ -123,6 +125,18 @@ def reproduce(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return exit_code(cells, any(o.status == "failed" for o in outcomes))
+
+
+def require_writable(runs: Path, out: str) -> None:
+    """A one-line UserError naming `--out` when the runs' folder cannot be made or written (a file in the
+    way, no permission): else every run would fail on its own and the table could not be written."""
+    try:
+        runs.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=runs).close()
+    except OSError as exc:
+        raise UserError(
+            f"--out {out}: cannot write {runs} ({exc.strerror or exc}); pass --out a folder you can write"
+        ) from None
 
 
 def _say_if_seeds_replace_recorded(target: Target, scale: str, seeds: tuple[int, ...] | None) -> None:
