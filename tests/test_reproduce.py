@@ -494,3 +494,15 @@ def test_an_out_folder_that_cannot_be_written_stops_in_one_line_before_any_run(t
     code, _, err = reproduce(capsys, "tiny", "--out", str(blocker))
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith("fedistill: error: --out ") and str(blocker) in err and "ran" not in err
+
+
+def test_seeds_that_replace_some_runs_recorded_seeds_are_noted(capsys):
+    """Runs recorded on different seeds (three for one, one for the other): --seeds 0,1,2 is the
+    recorded set for the first, but replaces the second's seed 0, and the note says so."""
+    runs = (Run("a", "x.toml", seeds=(0, 1, 2)), Run("b", "x.toml"))
+    target = Target("t", "t", "s", (ACCURACY,), {"cpu": Scale(runs, (), seeds=(0,))})
+    command._say_if_seeds_replace_recorded(target, "cpu", (0, 1, 2))
+    err = capsys.readouterr().err
+    assert "note: --seeds 0,1,2 replaces the seeds the recorded numbers were taken over" in err
+    command._say_if_seeds_replace_recorded(target, "cpu", None)
+    assert capsys.readouterr().err == ""

@@ -141,13 +141,15 @@ def require_writable(runs: Path, out: str) -> None:
 
 def _say_if_seeds_replace_recorded(target: Target, scale: str, seeds: tuple[int, ...] | None) -> None:
     """A recorded mean was taken over the target's own seeds: other seeds give another sample of the same
-    runs, so a cell outside its tolerance then says less than it does with the recorded seeds."""
+    runs, so a cell outside its tolerance then says less than it does with the recorded seeds. Runs may be
+    recorded on different seeds: the note is due when `seeds` differ from any run's."""
     spec = target.scales[scale]
-    own = sorted({seed for run in spec.runs for seed in spec.seeds_of(run)})
-    if seeds is not None and sorted(seeds) != own:
+    own = sorted({tuple(sorted(spec.seeds_of(run))) for run in spec.runs})
+    if seeds is not None and any(tuple(sorted(seeds)) != run_seeds for run_seeds in own):
+        shown = " or ".join(",".join(map(str, run_seeds)) for run_seeds in own)
         print(
             f"note: --seeds {','.join(map(str, seeds))} replaces the seeds the recorded numbers were taken "
-            f"over ({','.join(map(str, own))}); the table compares other runs with them",
+            f"over ({shown}{', by run' if len(own) > 1 else ''}); the table compares other runs with them",
             file=sys.stderr,
         )
 
