@@ -506,3 +506,21 @@ def test_seeds_that_replace_some_runs_recorded_seeds_are_noted(capsys):
     assert "note: --seeds 0,1,2 replaces the seeds the recorded numbers were taken over" in err
     command._say_if_seeds_replace_recorded(target, "cpu", None)
     assert capsys.readouterr().err == ""
+
+
+def test_missing_data_names_every_missing_dataset_folder_at_once(tmp_path):
+    """Two datasets missing: both folders in the one line, not one now and the other on the next try."""
+    from types import SimpleNamespace
+
+    from fedistill.reproduce.needed_data import require_data
+
+    def job(run: str, dataset: str) -> SimpleNamespace:
+        return SimpleNamespace(run=run, config=SimpleNamespace(to_dict=lambda: {"dataset": dataset}))
+
+    jobs = [job("a", "fashion-mnist"), job("b", "fashion-mnist"), job("c", "mnist"), job("d", "digits")]
+    with pytest.raises(fedistill.errors.UserError) as error:
+        require_data(jobs, str(tmp_path))
+    message = str(error.value)
+    assert len(message.splitlines()) == 1 and "--data-dir" in message
+    assert str(tmp_path / "fashion-mnist") in message and str(tmp_path / "mnist") in message
+    assert "'b'" not in message and "digits" not in message  # each folder once; digits needs none
