@@ -524,3 +524,24 @@ def test_missing_data_names_every_missing_dataset_folder_at_once(tmp_path):
     assert len(message.splitlines()) == 1 and "--data-dir" in message
     assert str(tmp_path / "fashion-mnist") in message and str(tmp_path / "mnist") in message
     assert "'b'" not in message and "digits" not in message  # each folder once; digits needs none
+
+
+def test_a_table_that_checks_nothing_does_not_call_itself_within_tolerance():
+    """Rows without an expected number are reported, not judged: a table of only such rows (a figure's,
+    whose paper gives no number) says it checked nothing, and one with some says how many it left."""
+    from types import SimpleNamespace
+
+    from fedistill.reproduce.report import markdown
+    from fedistill.reproduce.verdict import Check
+
+    def cell(row: str, verdict: str) -> Check:
+        reference = None if verdict == UNCHECKED else 80.0
+        return Check(row, "test", (80.0,), 80.0, None, None, reference, 2.0, 0.0, verdict)
+
+    outcomes = [execute.Outcome(SimpleNamespace(run="a", seed=0), "reused")]
+    lines = markdown(fake_target(), "ci", [cell("free", UNCHECKED)], outcomes, "here")
+    assert "**all within tolerance**" not in lines and "**nothing checked" in "\n".join(lines)
+    lines = markdown(fake_target(), "ci", [cell("near", WITHIN), cell("free", UNCHECKED)], outcomes, "here")
+    assert "**all within tolerance** (1 of 2 numbers unchecked: no expected number)" in lines
+    lines = markdown(fake_target(), "ci", [cell("near", WITHIN)], outcomes, "here")
+    assert "**all within tolerance**" in lines
