@@ -441,3 +441,107 @@ def test_finished_runs_make_their_table_without_the_data_they_read(tiny, tmp_pat
     assert code == 0 and "suite seed 0: reused" in err
     code, _, err = reproduce(capsys, "tiny", "--out", str(out), "--seeds", "0,1")  # seed 1 must run
     assert code == 2 and "not-here, which does not exist" in err
+
+
+def test_ctrl_c_while_workers_run_ends_them_instead_of_waiting_for_every_queued_run(tmp_path, monkeypatch):
+    """Ctrl-C reaches the workers as well, which fail their current run and go on with the queue: leaving
+    the pool would wait for every run still queued. The pool is stopped first, then the interrupt goes on."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    class InterruptedPool:
+        def __init__(self, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, job):
+            future = Future()
+            future.set_exception(KeyboardInterrupt())
+            return future
+
+    stopped = []
+    monkeypatch.setattr(execute, "ProcessPoolExecutor", InterruptedPool)
+    monkeypatch.setattr(execute.worker_pool, "stop", stopped.append)
+    jobs = [SimpleNamespace(run="suite", seed=seed, folder=tmp_path / str(seed)) for seed in (0, 1, 2)]
+    with pytest.raises(KeyboardInterrupt):
+        execute.execute_in_workers(jobs, 2)
+    assert len(stopped) == 1
+
+
+def test_an_interrupted_reproduce_says_to_run_the_same_command_again(capsys, monkeypatch):
+    """Ctrl-C stops the command with one line and exit code 130; the way on is the same command (its
+    finished runs reused, the interrupted one resumed), not `fedistill run --resume` of one run."""
+
+    def interrupted(args: argparse.Namespace) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "reproduce", interrupted)
+    code, _, err = reproduce(capsys, "one-shot")
+    assert code == 130 and len(err.strip().splitlines()) == 1
+    assert "run the same command again" in err and "--resume" not in err
+
+
+def test_an_out_folder_that_cannot_be_written_stops_in_one_line_before_any_run(tiny, tmp_path, capsys):
+    """A file where --out's folder should be (or a folder without write permission): one line naming
+    --out and exit code 2 before anything runs, not every run failing on its own and then a traceback."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("", encoding="utf-8")
+    code, _, err = reproduce(capsys, "tiny", "--out", str(blocker))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("fedistill: error: --out ") and str(blocker) in err and "ran" not in err
+
+
+def test_seeds_that_replace_some_runs_recorded_seeds_are_noted(capsys):
+    """Runs recorded on different seeds (three for one, one for the other): --seeds 0,1,2 is the
+    recorded set for the first, but replaces the second's seed 0, and the note says so."""
+    runs = (Run("a", "x.toml", seeds=(0, 1, 2)), Run("b", "x.toml"))
+    target = Target("t", "t", "s", (ACCURACY,), {"cpu": Scale(runs, (), seeds=(0,))})
+    command._say_if_seeds_replace_recorded(target, "cpu", (0, 1, 2))
+    err = capsys.readouterr().err
+    assert "note: --seeds 0,1,2 replaces the seeds the recorded numbers were taken over" in err
+    command._say_if_seeds_replace_recorded(target, "cpu", None)
+    assert capsys.readouterr().err == ""
+
+
+def test_missing_data_names_every_missing_dataset_folder_at_once(tmp_path):
+    """Two datasets missing: both folders in the one line, not one now and the other on the next try."""
+    from types import SimpleNamespace
+
+    from fedistill.reproduce.needed_data import require_data
+
+    def job(run: str, dataset: str) -> SimpleNamespace:
+        return SimpleNamespace(run=run, config=SimpleNamespace(to_dict=lambda: {"dataset": dataset}))
+
+    jobs = [job("a", "fashion-mnist"), job("b", "fashion-mnist"), job("c", "mnist"), job("d", "digits")]
+    with pytest.raises(fedistill.errors.UserError) as error:
+        require_data(jobs, str(tmp_path))
+    message = str(error.value)
+    assert len(message.splitlines()) == 1 and "--data-dir" in message
+    assert str(tmp_path / "fashion-mnist") in message and str(tmp_path / "mnist") in message
+    assert "'b'" not in message and "digits" not in message  # each folder once; digits needs none
+
+
+def test_a_table_that_checks_nothing_does_not_call_itself_within_tolerance():
+    """Rows without an expected number are reported, not judged: a table of only such rows (a figure's,
+    whose paper gives no number) says it checked nothing, and one with some says how many it left."""
+    from types import SimpleNamespace
+
+    from fedistill.reproduce.report import markdown
+    from fedistill.reproduce.verdict import Check
+
+    def cell(row: str, verdict: str) -> Check:
+        reference = None if verdict == UNCHECKED else 80.0
+        return Check(row, "test", (80.0,), 80.0, None, None, reference, 2.0, 0.0, verdict)
+
+    outcomes = [execute.Outcome(SimpleNamespace(run="a", seed=0), "reused")]
+    lines = markdown(fake_target(), "ci", [cell("free", UNCHECKED)], outcomes, "here")
+    assert "**all within tolerance**" not in lines and "**nothing checked" in "\n".join(lines)
+    lines = markdown(fake_target(), "ci", [cell("near", WITHIN), cell("free", UNCHECKED)], outcomes, "here")
+    assert "**all within tolerance** (1 of 2 numbers unchecked: no expected number)" in lines
+    lines = markdown(fake_target(), "ci", [cell("near", WITHIN)], outcomes, "here")
+    assert "**all within tolerance**" in lines

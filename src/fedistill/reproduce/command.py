@@ -12,11 +12,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 from fedistill.errors import UserError
 from fedistill.reproduce.paths import DATA, DATA_ENV, require_configs
 from fedistill.reproduce.target_spec import SCALES, Target
+
+INTERRUPTED = (
+    "fedistill: interrupted; run the same command again to continue "
+    "(finished runs are reused, interrupted ones resume)"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,6 +111,7 @@ def reproduce(args: argparse.Namespace) -> int:
     require_data(
         [job for job in jobs if state(job) != "finished"], args.data_dir
     )  # a finished run reads none
+    require_writable(folder / "runs", args.out)
     print(f"reproduce {target.name} ({args.scale}): {len(jobs)} runs in {folder / 'runs'}", file=sys.stderr)
     outcomes = execute_all(jobs, args.jobs)
     folders: dict[str, list[Path]] = {}
@@ -120,21 +127,36 @@ def reproduce(args: argparse.Namespace) -> int:
     return exit_code(cells, any(o.status == "failed" for o in outcomes))
 
 
+def require_writable(runs: Path, out: str) -> None:
+    """A one-line UserError naming `--out` when the runs' folder cannot be made or written (a file in the
+    way, no permission): else every run would fail on its own and the table could not be written."""
+    try:
+        runs.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=runs).close()
+    except OSError as exc:
+        raise UserError(
+            f"--out {out}: cannot write {runs} ({exc.strerror or exc}); pass --out a folder you can write"
+        ) from None
+
+
 def _say_if_seeds_replace_recorded(target: Target, scale: str, seeds: tuple[int, ...] | None) -> None:
     """A recorded mean was taken over the target's own seeds: other seeds give another sample of the same
-    runs, so a cell outside its tolerance then says less than it does with the recorded seeds."""
+    runs, so a cell outside its tolerance then says less than it does with the recorded seeds. Runs may be
+    recorded on different seeds: the note is due when `seeds` differ from any run's."""
     spec = target.scales[scale]
-    own = sorted({seed for run in spec.runs for seed in spec.seeds_of(run)})
-    if seeds is not None and sorted(seeds) != own:
+    own = sorted({tuple(sorted(spec.seeds_of(run))) for run in spec.runs})
+    if seeds is not None and any(tuple(sorted(seeds)) != run_seeds for run_seeds in own):
+        shown = " or ".join(",".join(map(str, run_seeds)) for run_seeds in own)
         print(
             f"note: --seeds {','.join(map(str, seeds))} replaces the seeds the recorded numbers were taken "
-            f"over ({','.join(map(str, own))}); the table compares other runs with them",
+            f"over ({shown}{', by run' if len(own) > 1 else ''}); the table compares other runs with them",
             file=sys.stderr,
         )
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """`--list`, or reproduce `args.name`; a usage mistake ends with one line and exit code 2."""
+    """`--list`, or reproduce `args.name`; a usage mistake ends with one line and exit code 2, Ctrl-C with
+    one line and 130 that says how to go on (the same command, not `fedistill run --resume` of one run)."""
     try:
         require_configs()
         if args.list:
@@ -146,3 +168,6 @@ def run_command(args: argparse.Namespace) -> int:
     except UserError as exc:
         print(f"fedistill: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        return 130

@@ -97,9 +97,10 @@ def report(outcome: Outcome) -> None:
 def execute_in_workers(jobs: Sequence[Job], workers: int) -> list[Outcome]:
     """`jobs`, `workers` at once in spawned processes that end with this one, the cores shared between
     them (`worker_pool.threads_per_worker`). On SIGTERM the pool stops (nothing more starts, running jobs
-    are ended) and the process exits with one line on how to go on. A worker that dies (killed for memory,
-    a crash of the interpreter) breaks the pool: each job it had not finished fails with one line, and the
-    table is still written from the rest."""
+    are ended) and the process exits with one line on how to go on; on Ctrl-C it stops likewise and the
+    interrupt goes on (else leaving the pool would wait for every job still queued). A worker that dies
+    (killed for memory, a crash of the interpreter) breaks the pool: each job it had not finished fails
+    with one line, and the table is still written from the rest."""
     outcomes: list[Outcome] = []
     context = multiprocessing.get_context("spawn")
     workers = min(workers, len(jobs))
@@ -125,6 +126,9 @@ def execute_in_workers(jobs: Sequence[Job], workers: int) -> list[Outcome]:
             worker_pool.stop(pool)
             print(STOPPED, file=sys.stderr, flush=True)
             raise SystemExit(128 + signal.SIGTERM) from None
+        except KeyboardInterrupt:  # the workers got it too, and would go on with the queue
+            worker_pool.stop(pool)
+            raise
     return outcomes
 
 

@@ -44,13 +44,18 @@ def dataset_folder(name: str, data_dir: Path) -> Path | None:
 
 def require_data(jobs: Sequence[Job], data_dir: str) -> None:
     """A one-line UserError naming `--data-dir` and `FEDISTILL_DATA` when a dataset the jobs read has no
-    folder under `data_dir`."""
+    folder under `data_dir`: every missing folder at once (with the first run that reads it), so a table
+    over two datasets does not stop on the second only after the first is in place."""
     root = Path(data_dir).expanduser()
+    missing: dict[Path, str] = {}
     for job in jobs:
         for name in named_datasets(job.config.to_dict()):
             folder = dataset_folder(name, root)
-            if folder is not None and not folder.is_dir():
-                raise UserError(
-                    f"run {job.run!r} reads dataset {name!r} from {folder}, which does not exist: "
-                    f"pass --data-dir DIR or set {DATA_ENV} to the folder that holds it"
-                )
+            if folder is not None and not folder.is_dir() and folder not in missing:
+                missing[folder] = f"run {job.run!r} reads dataset {name!r} from {folder}"
+    if missing:
+        which, them = ("which does not exist", "it") if len(missing) == 1 else ("which do not exist", "them")
+        raise UserError(
+            f"{'; '.join(missing.values())}, {which}: "
+            f"pass --data-dir DIR or set {DATA_ENV} to the folder that holds {them}"
+        )

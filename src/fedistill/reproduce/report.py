@@ -14,7 +14,7 @@ from fedistill.reproduce.figure import plot_checks
 from fedistill.reproduce.paths import relative_to_checkout
 from fedistill.reproduce.tables import write_table
 from fedistill.reproduce.target_spec import Target
-from fedistill.reproduce.verdict import FAILING, Check, exit_code
+from fedistill.reproduce.verdict import FAILING, UNCHECKED, Check, exit_code
 
 MARKS = {"within": "✓ within", "outside": "✗ outside", "unchecked": "- unchecked", "no result": "✗ no result"}
 
@@ -58,6 +58,18 @@ def machines(outcomes: Sequence[Outcome]) -> str:
     return machine.of_summaries(summaries)
 
 
+def headline(cells: Sequence[Check], problems: Sequence[str]) -> str:
+    """The table's verdict in one bold line. A cell with no expected number is reported, not judged: a
+    table of only such cells checked nothing, and is not said to be within tolerance."""
+    if problems:
+        return f"**{'; '.join(problems)}**"
+    unchecked = sum(c.verdict == UNCHECKED for c in cells)
+    if unchecked == len(cells):
+        return "**nothing checked: no number here has an expected one to compare with**"
+    left = f" ({unchecked} of {len(cells)} numbers unchecked: no expected number)" if unchecked else ""
+    return "**all within tolerance**" + left
+
+
 def markdown(
     target: Target, scale: str, cells: Sequence[Check], outcomes: Sequence[Outcome], ran_on: str
 ) -> list[str]:
@@ -83,7 +95,7 @@ def markdown(
         + "; the paper's number is shown "
         + ("for reference only." if spec.check == "ours" else "as checked."),
         "",
-        f"**{'; '.join(problems) or 'all within tolerance'}**",
+        headline(cells, problems),
         "",
         "| row | column | paper | checked against | ours | difference | tolerance | verdict |",
         "|---|---|---|---|---|---|---|---|",
