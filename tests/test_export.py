@@ -416,8 +416,6 @@ def test_the_card_counts_one_client_and_one_round_in_the_singular(run_dir, tmp_p
     model = fedistill.load_model(run_dir, "fedavg")
     summary = read_summary(run_dir / "fedavg")
     card = cards.model_card(model, summary, tmp_path / "g.safetensors", "safetensors")
-        model, read_summary(run_dir / "fedavg"), tmp_path / "g.safetensors", "safetensors"
-    )
     card["clients"], card["method"]["rounds"] = 1, 1
     assert "- trained by 1 client over 1 round (seed" in card_markdown(card)
     card["clients"], card["method"]["rounds"] = 3, 2
