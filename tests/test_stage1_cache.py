@@ -169,3 +169,26 @@ def test_another_gpu_model_trains_afresh(monkeypatch):
         gpu.update(name=name, cudnn=cudnn)
         keys[(name, cudnn)] = stage1.stage1_key(ctx, "cnn", spec, "teacher")
     assert len(set(keys.values())) == 3
+
+
+def test_other_code_trains_afresh(monkeypatch):
+    """A teacher trained by other code (another fedistill version, a local change to training) is not the
+    one this code would train: the code's fingerprint is part of the key, so a shared cache folder never
+    hands it over, and a comparison rerun after a change distils freshly trained teachers."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from fedistill.algorithms.shared import stage1
+    from fedistill.algorithms.shared.training import LocalTraining
+    from fedistill.data.base import DatasetInfo, ImageSet
+
+    info = DatasetInfo("synthetic", 1, 8, 10, (0.5,), (0.5,))
+    data = ImageSet(torch.zeros(4, 1, 8, 8, dtype=torch.uint8), torch.arange(4))
+    config = build_config(RunConfig(), {})
+    ctx = SimpleNamespace(config=config, train=data, info=info, client_id=0)
+    spec = LocalTraining.from_config(config, info)
+    monkeypatch.setattr(stage1, "code_fingerprint", lambda: "0123456789ab")
+    this = stage1.stage1_key(ctx, "cnn", spec, "teacher")
+    monkeypatch.setattr(stage1, "code_fingerprint", lambda: "ba9876543210")
+    assert stage1.stage1_key(ctx, "cnn", spec, "teacher") != this

@@ -7,11 +7,12 @@ a cache folder on its own disk, keyed by what determines the model exactly: the 
 (a digest of its images and labels), the architecture, its normalisation layers and `[model_options]`
 (a pretrained folder, a width), the training options, the dataset's description (its normalisation and
 augmentation: a crop's padding, a flip), the run seed, the site's id (its random streams derive from
-it), the torch version, and the device type, the CPU's kernel path (ATen's and oneDNN's: AVX-512, AVX2,
-SSE4.1), the thread count and, on CUDA, the GPU model and cuDNN version it trains with (all change float
-rounding, so a model trained on two threads or through AVX2 kernels is not the one a one-thread or AVX-512
-run would train). A later run
-that needs exactly that model loads it instead of training it; anything else trains afresh.
+it), the code's fingerprint (fedistill's own code, comments and docstrings aside), the torch version,
+and the device type, the CPU's kernel path (ATen's and oneDNN's: AVX-512, AVX2, SSE4.1), the thread
+count and, on CUDA, the GPU model and cuDNN version it trains with (all change float rounding, so a
+model trained on two threads or through AVX2 kernels is not the one a one-thread or AVX-512 run would
+train). A later run that needs exactly that model loads it instead of training it; anything else
+trains afresh.
 
 The cache is the site's own: nothing of it crosses the client/server boundary. Each entry carries a
 sha256 record written with it (stage1_entry.py); an entry that is damaged, altered or without its
@@ -41,6 +42,7 @@ from fedistill.federation.messages import Message, state_specs
 from fedistill.federation.plausibility import screen_parameters
 from fedistill.federation.reply_spec import TRAIN_METRICS, ReplySpec
 from fedistill.seeding import torch_generator
+from fedistill.version import code_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,7 @@ def stage1_key(ctx: ClientContext, architecture: str, spec: LocalTraining, purpo
         "seed": config.seed,
         "client": ctx.client_id,
         "torch": torch.__version__,
+        "code": code_fingerprint(),
         "device": devices.current().type,
         "threads": torch.get_num_threads(),
         "kernels": torch.backends.cpu.get_cpu_capability(),
