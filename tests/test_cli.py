@@ -268,3 +268,25 @@ def test_the_results_table_shows_the_rounds_a_stopped_run_completed(tmp_path, ca
             cells[row[0]] = row
     assert "0 of 2" in cells["fedavg"] and "2" in cells["standalone"]
     assert not any(" of " in cell for cell in cells["standalone"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["run", "--algoritm", "fedavg"],
+         "fedistill run: error: unrecognized arguments: --algoritm fedavg; did you mean --algorithm?"),
+        (["run", "--local_epochs=2"],
+         "fedistill run: error: unrecognized arguments: --local_epochs=2; did you mean --local-epochs?"),
+        (["list", "--algorithms"], "fedistill list: error: unrecognized arguments: --algorithms (see"),
+        (["summary", "a", "b"], "fedistill summary: error: unrecognized arguments: b (see"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_option_names_its_command_and_the_closest_option(capsys, argv, expected):
+    """`fedistill run --algoritm fedavg` said `fedistill: error: unrecognized arguments` and pointed at
+    `fedistill --help`, which lists no option of `run`; the error belongs to the command that was given."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(expected), err
+    assert err.endswith(f"(see fedistill {argv[0]} --help)"), err

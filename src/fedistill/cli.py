@@ -9,6 +9,7 @@ and exit code 1, the details in the run's run.log.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import os
@@ -61,6 +62,32 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """`parser.parse_args`, except that an unknown option is refused by the subcommand it was given to,
+    with the closest of that command's options. Why: argparse refuses it at the top, as `fedistill:
+    error: unrecognized arguments` pointing at `fedistill --help`, which lists no option of `run`."""
+    args, unknown = parser.parse_known_args(argv)
+    if not unknown:
+        return args
+    command = _subcommands(parser)[args.command]
+    options = [name for action in command._actions for name in action.option_strings]  # argparse's own
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    for word in (w.split("=", 1)[0] for w in unknown if w.startswith("--")):
+        close = difflib.get_close_matches(word, options, n=1) or difflib.get_close_matches(
+            word.replace("_", "-"), options, n=1
+        )
+        if close:
+            message += f"; did you mean {close[0]}?"
+            break
+    command.error(message)
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parsers of `parser`'s subcommands, by name."""
+    (action,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
 
 
 def build_parser(module_commands: tuple[str, ...] | None = None) -> argparse.ArgumentParser:
@@ -269,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MPLBACKEND", "Agg")
     words = sys.argv[1:] if argv is None else argv
     asked = tuple(word for word in words[:1] if word in MODULE_COMMANDS)  # the subcommand comes first
-    args = build_parser(module_commands=asked).parse_args(argv)
+    args = parse_arguments(build_parser(module_commands=asked), argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("fedistill").setLevel(logging.INFO)
     handlers = {"run": command_run, "list": command_list, "summary": command_summary}
