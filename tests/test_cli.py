@@ -179,7 +179,7 @@ def test_summary_of_an_unfinished_algorithm_folder_names_the_folder_resume_takes
     capsys.readouterr()
     assert main(["summary", str(tmp_path / "x" / "fedavg")]) == 2
     line = _error_line(capsys)
-    assert "no finished run yet" in line and line.endswith(f"--resume {tmp_path / 'x'}")
+    assert "no finished run yet" in line and line.endswith(f"`fedistill run --resume {tmp_path / 'x'}`")
     assert main(["run", "--resume", str(tmp_path / "x"), "--quiet"]) == 0
 
 
@@ -199,8 +199,9 @@ def test_summary_of_a_run_partly_done_lists_its_algorithms_in_run_order_and_name
     rows = [line.split()[1] for line in summary.out.splitlines() if line.startswith("│")]
     assert rows == ["standalone", "fedavg"]
     assert summary.err.strip() == (
-        f"fedistill: not finished (no summary.json): centralized; finish with --resume {tmp_path / 'x'}"
-    )
+        "fedistill: not finished (no summary.json): centralized; "
+        f"finish with `fedistill run --resume {tmp_path / 'x'}`"
+    )  # the whole command: a bare `--resume` under `fedistill summary` reads as an option of summary
 
 
 def test_a_file_error_outside_a_run_names_the_command_not_a_run(monkeypatch, capsys):

@@ -272,7 +272,8 @@ def command_summary(args: argparse.Namespace) -> int:
             return failure_exit_code(failure)
         if unfinished:
             raise UserError(
-                f"{run_dir} holds no finished run yet (no summary.json); finish it with --resume {suite}"
+                f"{run_dir} holds no finished run yet (no summary.json); "
+                f"finish it with `fedistill run --resume {suite}`"
             )
         runs = [d for d in sorted(run_dir.iterdir()) if (d / "config.toml").is_file()]
         if runs:  # the --out folder, which holds runs: name them
@@ -286,8 +287,8 @@ def command_summary(args: argparse.Namespace) -> int:
             print(f"fedistill: {s['algorithm']} stopped early: {s['stopped']}", file=sys.stderr)
     if unfinished:
         names = ", ".join(unfinished)
-        print(f"fedistill: not finished (no summary.json): {names}; finish with --resume {suite}",
-              file=sys.stderr)  # fmt: skip
+        finish = f"finish with `fedistill run --resume {suite}`"
+        print(f"fedistill: not finished (no summary.json): {names}; {finish}", file=sys.stderr)
     return 0
 
 
