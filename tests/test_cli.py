@@ -291,3 +291,13 @@ def test_a_misspelt_option_names_its_command_and_the_closest_option(capsys, argv
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith(expected), err
     assert err.endswith(f"(see fedistill {argv[0]} --help)"), err
+
+
+def test_a_misspelt_command_is_answered_with_the_closest_command(capsys):
+    """`fedistill rnu` listed the seven commands; a one-letter slip deserves the one it was close to."""
+    with pytest.raises(SystemExit) as stop:
+        main(["rnu", "--rounds", "1"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("fedistill: error: unknown command 'rnu'"), err
+    assert "did you mean 'run'?" in err and err.endswith("(see fedistill --help)"), err

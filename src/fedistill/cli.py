@@ -67,11 +67,19 @@ class OneLineParser(argparse.ArgumentParser):
 def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     """`parser.parse_args`, except that an unknown option is refused by the subcommand it was given to,
     with the closest of that command's options. Why: argparse refuses it at the top, as `fedistill:
-    error: unrecognized arguments` pointing at `fedistill --help`, which lists no option of `run`."""
+    error: unrecognized arguments` pointing at `fedistill --help`, which lists no option of `run`. A
+    misspelt command gets the closest command, where argparse lists them all."""
+    words = sys.argv[1:] if argv is None else argv
+    commands = _subcommands(parser)
+    misspelt = words[0] if words and not words[0].startswith("-") and words[0] not in commands else ""
+    if misspelt and (close := difflib.get_close_matches(misspelt, list(commands), n=1)):
+        parser.error(
+            f"unknown command {misspelt!r}; did you mean {close[0]!r}? (valid: {', '.join(commands)})"
+        )
     args, unknown = parser.parse_known_args(argv)
     if not unknown:
         return args
-    command = _subcommands(parser)[args.command]
+    command = commands[args.command]
     options = [name for action in command._actions for name in action.option_strings]  # argparse's own
     message = f"unrecognized arguments: {' '.join(unknown)}"
     for word in (w.split("=", 1)[0] for w in unknown if w.startswith("--")):
