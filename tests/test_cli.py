@@ -301,3 +301,23 @@ def test_a_misspelt_command_is_answered_with_the_closest_command(capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("fedistill: error: unknown command 'rnu'"), err
     assert "did you mean 'run'?" in err and err.endswith("(see fedistill --help)"), err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--set", "=0.1"], "--set expects key=value, got '=0.1'"),
+        (["--set", "fedprox.mu", "=", "0.1"], "--set takes KEY=VALUE as one word"),
+        (["--set", "fedprox.mu=", "0.1"], "--set takes KEY=VALUE as one word"),
+    ],
+)
+def test_a_set_with_no_key_or_with_spaces_says_how_set_is_written(capsys, argv, expected):
+    """`--set =0.1` said "unknown config key ''", and `--set fedprox.mu = 0.1` (spaces, as in a TOML file)
+    "unrecognized arguments: = 0.1": neither said that --set takes one word, KEY=VALUE."""
+    try:
+        code = main(["run", *argv])
+    except SystemExit as stop:
+        code = stop.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err, err

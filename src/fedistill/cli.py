@@ -82,6 +82,11 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> 
     command = commands[args.command]
     options = [name for action in command._actions for name in action.option_strings]  # argparse's own
     message = f"unrecognized arguments: {' '.join(unknown)}"
+    assignments = getattr(args, "set", None) or []
+    if assignments and (unknown[0].startswith("=") or any(item.endswith("=") for item in assignments)):
+        message += (
+            "; --set takes KEY=VALUE as one word, without spaces around '=' (e.g. --set fedprox.mu=0.1)"
+        )
     for word in (w.split("=", 1)[0] for w in unknown if w.startswith("--")):
         close = difflib.get_close_matches(word, options, n=1) or difflib.get_close_matches(
             word.replace("_", "-"), options, n=1
