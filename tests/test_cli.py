@@ -321,3 +321,14 @@ def test_a_set_with_no_key_or_with_spaces_says_how_set_is_written(capsys, argv, 
     assert code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and expected in err, err
+
+
+def test_version_prints_the_package_version(capsys):
+    """`fedistill --version`, the first thing a bug report asks for, said "the following arguments are
+    required: command"."""
+    from fedistill import __version__
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fedistill {__version__}"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fedistill.errors import FederationError, UserError
+from fedistill.version import __version__
 
 #: CLI flag -> config key, for the flags that are shortcuts of config keys.
 FLAG_KEYS = {
@@ -112,6 +113,7 @@ def build_parser(module_commands: tuple[str, ...] | None = None) -> argparse.Arg
         prog="fedistill",
         description="Federated learning by distillation (FedIOD, FedDF, FedMD-CG, baselines).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     placement = ", ".join(f"--{flag.replace('_', '-')}" for flag in FLAG_KEYS if flag in PLACEMENT_KEYS)
