@@ -332,3 +332,13 @@ def test_version_prints_the_package_version(capsys):
         main(["--version"])
     assert stop.value.code == 0
     assert capsys.readouterr().out.strip() == f"fedistill {__version__}"
+
+
+def test_run_help_says_what_goes_with_resume_and_how_set_is_written(capsys):
+    """`--resume` refuses every option but --device and --quiet, and `--set` may be given many times with
+    TOML values; the help said neither, so a user learnt both from errors."""
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "only --device and --quiet go with it" in text
+    assert "repeatable" in text and "TOML" in text

@@ -161,9 +161,18 @@ def build_parser(module_commands: tuple[str, ...] | None = None) -> argparse.Arg
     )
     run.add_argument("--config", metavar="FILE.toml", help="a TOML config file")
     run.add_argument(
-        "--set", metavar="KEY=VALUE", action="append", default=[], help="any config key, e.g. fedprox.mu=0.1"
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="any config key, e.g. fedprox.mu=0.1 (repeatable; the value is read as TOML, else as text)",
     )
-    run.add_argument("--resume", metavar="RUN_DIR", help="continue a run directory from its last checkpoint")
+    run.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a run directory from its last checkpoint with its saved config (only --device and "
+        "--quiet go with it)",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bars")
 
     listing = commands.add_parser("list", help="list algorithms, datasets, models and partitioners")
