@@ -342,3 +342,23 @@ def test_run_help_says_what_goes_with_resume_and_how_set_is_written(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "only --device and --quiet go with it" in text
     assert "repeatable" in text and "TOML" in text
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (
+            "mnist",
+            "'mnist' is a dataset, not an algorithm; its options (image_size, channels, crop_padding, ",
+        ),
+        ("lenet5", "'lenet5' is a model, not an algorithm; it takes no options of its own"),
+        ("unet", "'unet' is a model, not an algorithm; its options (width, depth) go in [model_options]"),
+        ("dirichlet-equal", "'dirichlet-equal' is a partitioner, not an algorithm; its options go in"),
+    ],
+)
+def test_list_options_of_a_dataset_model_or_partitioner_says_where_their_options_go(capsys, name, expected):
+    """`fedistill list --options mnist` said "unknown algorithm 'mnist'" and how to register an algorithm
+    of one's own: true, and no help to a user who wanted the dataset's options."""
+    assert main(["list", "--options", name]) == 2
+    line = _error_line(capsys)
+    assert expected in line and "fedistill list --options takes an algorithm" in line, line

@@ -250,6 +250,8 @@ def command_list(args: argparse.Namespace) -> int:
     if args.options:
         from fedistill.reference.options import format_options
 
+        _refuse_another_kind(args.options)
+
         print(format_options(args.options))
         return 0
     from fedistill.algorithms.registry import ALGORITHMS, algorithm_names
@@ -264,6 +266,34 @@ def command_list(args: argparse.Namespace) -> int:
     print("models:       " + ", ".join(model_names()))
     print("partitioners: " + ", ".join(sorted(PARTITIONERS)))
     return 0
+
+
+def _refuse_another_kind(name: str) -> None:
+    """`list --options NAME` where NAME is a dataset, model or partitioner: say where its options go. Why:
+    the registry's "unknown algorithm" is true, and no help to a user who wanted that name's options."""
+    from fedistill.algorithms.registry import ALGORITHMS
+    from fedistill.data.partition import PARTITIONERS
+    from fedistill.data.registry import dataset_names, dataset_options
+    from fedistill.models import model_names, model_options
+
+    if name in ALGORITHMS:
+        return
+    if name in dataset_names():
+        kind, table, options = "dataset", f"a [{name}] table", dataset_options(name)
+    elif name in model_names():
+        kind, table, options = "model", "[model_options]", model_options(name)
+    elif name in PARTITIONERS:
+        kind, table, options = "partitioner", "[partition_options]", None  # None: named on the page alone
+    else:
+        return
+    page = "Models" if kind == "model" else "Datasets and partitions"
+    shown = f" ({', '.join(options)})" if options else ""
+    takes = f"its options{shown} go in {table} of a config file (see the page '{page}')"
+    takes = "it takes no options of its own" if options == () else takes
+    raise UserError(
+        f"{name!r} is a {kind}, not an algorithm; {takes}; "
+        f"fedistill list --options takes an algorithm ({', '.join(sorted(ALGORITHMS))})"
+    )
 
 
 def command_summary(args: argparse.Namespace) -> int:
