@@ -179,7 +179,7 @@ def test_summary_of_an_unfinished_algorithm_folder_names_the_folder_resume_takes
     capsys.readouterr()
     assert main(["summary", str(tmp_path / "x" / "fedavg")]) == 2
     line = _error_line(capsys)
-    assert "no finished run yet" in line and line.endswith(f"--resume {tmp_path / 'x'}")
+    assert "no finished run yet" in line and line.endswith(f"`fedistill run --resume {tmp_path / 'x'}`")
     assert main(["run", "--resume", str(tmp_path / "x"), "--quiet"]) == 0
 
 
@@ -199,8 +199,9 @@ def test_summary_of_a_run_partly_done_lists_its_algorithms_in_run_order_and_name
     rows = [line.split()[1] for line in summary.out.splitlines() if line.startswith("│")]
     assert rows == ["standalone", "fedavg"]
     assert summary.err.strip() == (
-        f"fedistill: not finished (no summary.json): centralized; finish with --resume {tmp_path / 'x'}"
-    )
+        "fedistill: not finished (no summary.json): centralized; "
+        f"finish with `fedistill run --resume {tmp_path / 'x'}`"
+    )  # the whole command: a bare `--resume` under `fedistill summary` reads as an option of summary
 
 
 def test_a_file_error_outside_a_run_names_the_command_not_a_run(monkeypatch, capsys):
@@ -277,3 +278,96 @@ def test_python_dash_m_fedistill_is_the_command_line():
     )
     assert done.returncode == 0, done.stderr
     assert "digits" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["run", "--algoritm", "fedavg"],
+         "fedistill run: error: unrecognized arguments: --algoritm fedavg; did you mean --algorithm?"),
+        (["run", "--local_epochs=2"],
+         "fedistill run: error: unrecognized arguments: --local_epochs=2; did you mean --local-epochs?"),
+        (["list", "--algorithms"], "fedistill list: error: unrecognized arguments: --algorithms (see"),
+        (["summary", "a", "b"], "fedistill summary: error: unrecognized arguments: b (see"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_option_names_its_command_and_the_closest_option(capsys, argv, expected):
+    """`fedistill run --algoritm fedavg` said `fedistill: error: unrecognized arguments` and pointed at
+    `fedistill --help`, which lists no option of `run`; the error belongs to the command that was given."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(expected), err
+    assert err.endswith(f"(see fedistill {argv[0]} --help)"), err
+
+
+def test_a_misspelt_command_is_answered_with_the_closest_command(capsys):
+    """`fedistill rnu` listed the seven commands; a one-letter slip deserves the one it was close to."""
+    with pytest.raises(SystemExit) as stop:
+        main(["rnu", "--rounds", "1"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("fedistill: error: unknown command 'rnu'"), err
+    assert "did you mean 'run'?" in err and err.endswith("(see fedistill --help)"), err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--set", "=0.1"], "--set expects key=value, got '=0.1'"),
+        (["--set", "fedprox.mu", "=", "0.1"], "--set takes KEY=VALUE as one word"),
+        (["--set", "fedprox.mu=", "0.1"], "--set takes KEY=VALUE as one word"),
+    ],
+)
+def test_a_set_with_no_key_or_with_spaces_says_how_set_is_written(capsys, argv, expected):
+    """`--set =0.1` said "unknown config key ''", and `--set fedprox.mu = 0.1` (spaces, as in a TOML file)
+    "unrecognized arguments: = 0.1": neither said that --set takes one word, KEY=VALUE."""
+    try:
+        code = main(["run", *argv])
+    except SystemExit as stop:
+        code = stop.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err, err
+
+
+def test_version_prints_the_package_version(capsys):
+    """`fedistill --version`, the first thing a bug report asks for, said "the following arguments are
+    required: command"."""
+    from fedistill import __version__
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fedistill {__version__}"
+
+
+def test_run_help_says_what_goes_with_resume_and_how_set_is_written(capsys):
+    """`--resume` refuses every option but --device and --quiet, and `--set` may be given many times with
+    TOML values; the help said neither, so a user learnt both from errors."""
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "only --device and --quiet go with it" in text
+    assert "repeatable" in text and "TOML" in text
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (
+            "mnist",
+            "'mnist' is a dataset, not an algorithm; its options (image_size, channels, crop_padding, ",
+        ),
+        ("lenet5", "'lenet5' is a model, not an algorithm; it takes no options of its own"),
+        ("unet", "'unet' is a model, not an algorithm; its options (width, depth) go in [model_options]"),
+        ("dirichlet-equal", "'dirichlet-equal' is a partitioner, not an algorithm; its options go in"),
+    ],
+)
+def test_list_options_of_a_dataset_model_or_partitioner_says_where_their_options_go(capsys, name, expected):
+    """`fedistill list --options mnist` said "unknown algorithm 'mnist'" and how to register an algorithm
+    of one's own: true, and no help to a user who wanted the dataset's options."""
+    assert main(["list", "--options", name]) == 2
+    line = _error_line(capsys)
+    assert expected in line and "fedistill list --options takes an algorithm" in line, line

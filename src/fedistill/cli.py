@@ -9,6 +9,7 @@ and exit code 1, the details in the run's run.log.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fedistill.errors import FederationError, UserError
+from fedistill.version import __version__
 
 #: CLI flag -> config key, for the flags that are shortcuts of config keys.
 FLAG_KEYS = {
@@ -63,6 +65,45 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """`parser.parse_args`, except that an unknown option is refused by the subcommand it was given to,
+    with the closest of that command's options. Why: argparse refuses it at the top, as `fedistill:
+    error: unrecognized arguments` pointing at `fedistill --help`, which lists no option of `run`. A
+    misspelt command gets the closest command, where argparse lists them all."""
+    words = sys.argv[1:] if argv is None else argv
+    commands = _subcommands(parser)
+    misspelt = words[0] if words and not words[0].startswith("-") and words[0] not in commands else ""
+    if misspelt and (close := difflib.get_close_matches(misspelt, list(commands), n=1)):
+        parser.error(
+            f"unknown command {misspelt!r}; did you mean {close[0]!r}? (valid: {', '.join(commands)})"
+        )
+    args, unknown = parser.parse_known_args(argv)
+    if not unknown:
+        return args
+    command = commands[args.command]
+    options = [name for action in command._actions for name in action.option_strings]  # argparse's own
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    assignments = getattr(args, "set", None) or []
+    if assignments and (unknown[0].startswith("=") or any(item.endswith("=") for item in assignments)):
+        message += (
+            "; --set takes KEY=VALUE as one word, without spaces around '=' (e.g. --set fedprox.mu=0.1)"
+        )
+    for word in (w.split("=", 1)[0] for w in unknown if w.startswith("--")):
+        close = difflib.get_close_matches(word, options, n=1) or difflib.get_close_matches(
+            word.replace("_", "-"), options, n=1
+        )
+        if close:
+            message += f"; did you mean {close[0]}?"
+            break
+    command.error(message)
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parsers of `parser`'s subcommands, by name."""
+    (action,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
 def build_parser(module_commands: tuple[str, ...] | None = None) -> argparse.ArgumentParser:
     """The `fedistill` argument parser: run, list, summary and the module commands. Only the module
     commands named in `module_commands` (default: all) import their module for their arguments; the
@@ -72,6 +113,7 @@ def build_parser(module_commands: tuple[str, ...] | None = None) -> argparse.Arg
         prog="fedistill",
         description="Federated learning by distillation (FedIOD, FedDF, FedMD-CG, baselines).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     placement = ", ".join(f"--{flag.replace('_', '-')}" for flag in FLAG_KEYS if flag in PLACEMENT_KEYS)
@@ -119,9 +161,18 @@ def build_parser(module_commands: tuple[str, ...] | None = None) -> argparse.Arg
     )
     run.add_argument("--config", metavar="FILE.toml", help="a TOML config file")
     run.add_argument(
-        "--set", metavar="KEY=VALUE", action="append", default=[], help="any config key, e.g. fedprox.mu=0.1"
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="any config key, e.g. fedprox.mu=0.1 (repeatable; the value is read as TOML, else as text)",
     )
-    run.add_argument("--resume", metavar="RUN_DIR", help="continue a run directory from its last checkpoint")
+    run.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a run directory from its last checkpoint with its saved config (only --device and "
+        "--quiet go with it)",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bars")
 
     listing = commands.add_parser("list", help="list algorithms, datasets, models and partitioners")
@@ -199,6 +250,8 @@ def command_list(args: argparse.Namespace) -> int:
     if args.options:
         from fedistill.reference.options import format_options
 
+        _refuse_another_kind(args.options)
+
         print(format_options(args.options))
         return 0
     from fedistill.algorithms.registry import ALGORITHMS, algorithm_names
@@ -213,6 +266,34 @@ def command_list(args: argparse.Namespace) -> int:
     print("models:       " + ", ".join(model_names()))
     print("partitioners: " + ", ".join(sorted(PARTITIONERS)))
     return 0
+
+
+def _refuse_another_kind(name: str) -> None:
+    """`list --options NAME` where NAME is a dataset, model or partitioner: say where its options go. Why:
+    the registry's "unknown algorithm" is true, and no help to a user who wanted that name's options."""
+    from fedistill.algorithms.registry import ALGORITHMS
+    from fedistill.data.partition import PARTITIONERS
+    from fedistill.data.registry import dataset_names, dataset_options
+    from fedistill.models import model_names, model_options
+
+    if name in ALGORITHMS:
+        return
+    if name in dataset_names():
+        kind, table, options = "dataset", f"a [{name}] table", dataset_options(name)
+    elif name in model_names():
+        kind, table, options = "model", "[model_options]", model_options(name)
+    elif name in PARTITIONERS:
+        kind, table, options = "partitioner", "[partition_options]", None  # None: named on the page alone
+    else:
+        return
+    page = "Models" if kind == "model" else "Datasets and partitions"
+    shown = f" ({', '.join(options)})" if options else ""
+    takes = f"its options{shown} go in {table} of a config file (see the page '{page}')"
+    takes = "it takes no options of its own" if options == () else takes
+    raise UserError(
+        f"{name!r} is a {kind}, not an algorithm; {takes}; "
+        f"fedistill list --options takes an algorithm ({', '.join(sorted(ALGORITHMS))})"
+    )
 
 
 def command_summary(args: argparse.Namespace) -> int:
@@ -245,7 +326,8 @@ def command_summary(args: argparse.Namespace) -> int:
             return failure_exit_code(failure)
         if unfinished:
             raise UserError(
-                f"{run_dir} holds no finished run yet (no summary.json); finish it with --resume {suite}"
+                f"{run_dir} holds no finished run yet (no summary.json); "
+                f"finish it with `fedistill run --resume {suite}`"
             )
         runs = [d for d in sorted(run_dir.iterdir()) if (d / "config.toml").is_file()]
         if runs:  # the --out folder, which holds runs: name them
@@ -259,8 +341,8 @@ def command_summary(args: argparse.Namespace) -> int:
             print(f"fedistill: {s['algorithm']} stopped early: {s['stopped']}", file=sys.stderr)
     if unfinished:
         names = ", ".join(unfinished)
-        print(f"fedistill: not finished (no summary.json): {names}; finish with --resume {suite}",
-              file=sys.stderr)  # fmt: skip
+        finish = f"finish with `fedistill run --resume {suite}`"
+        print(f"fedistill: not finished (no summary.json): {names}; {finish}", file=sys.stderr)
     return 0
 
 
@@ -269,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MPLBACKEND", "Agg")
     words = sys.argv[1:] if argv is None else argv
     asked = tuple(word for word in words[:1] if word in MODULE_COMMANDS)  # the subcommand comes first
-    args = build_parser(module_commands=asked).parse_args(argv)
+    args = parse_arguments(build_parser(module_commands=asked), argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("fedistill").setLevel(logging.INFO)
     handlers = {"run": command_run, "list": command_list, "summary": command_summary}

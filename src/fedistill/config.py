@@ -155,7 +155,7 @@ def parse_value(text: str) -> Any:
 
 def parse_assignment(text: str) -> tuple[str, Any]:
     """The key and parsed value of a `--set key=value` argument."""
-    if "=" not in text:
+    if not text.partition("=")[0].strip() or "=" not in text:
         raise ConfigError(f"--set expects key=value, got {text!r}")
     key, _, value = text.partition("=")
     key, parsed = key.strip(), parse_value(value.strip())
