@@ -270,3 +270,12 @@ def test_the_fedmdcg_page_quotes_the_papers_margin_over_local_training():
         f"instead of the paper's {margin('1')} (omega 1) and {margin('10')} (omega 10) points above it"
         in page
     )
+
+
+def test_fediods_teacher_epochs_says_its_default_is_not_the_papers():
+    """FedIOD's option defaults are the paper's unless their doc names another source; stage 1's 30 epochs
+    are not (the paper trains each CIFAR teacher 500 epochs), so the doc and the options page say so."""
+    doc = {option.name: option.doc for option in options.options_of("fediod")}["teacher_epochs"]
+    page = (ROOT / "docs" / "methods" / "fediod" / "options.md").read_text(encoding="utf-8")
+    (row,) = [line for line in page.splitlines() if line.startswith("| `teacher_epochs`")]
+    assert "the paper: 500" in doc and "the paper: 500" in row
