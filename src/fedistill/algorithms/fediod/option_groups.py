@@ -131,7 +131,7 @@ class TeacherOptions:
     clients; default "": the run's `model`."""
 
     teacher_epochs: int = 30
-    """Stage 1: local epochs of each teacher, with the common lr, batch size and optimizer; default 30."""
+    """Stage 1: each teacher's local epochs (the common lr, batch, optimizer); default 30 (the paper: 500)."""
 
     ensemble_weighting: str = "eq8"
     """The teachers' weights in the ensemble: eq8 (default, the paper's Eq. 8) | class-share (the released
