@@ -286,3 +286,16 @@ def test_local_training_draws_dropout_from_its_own_stream_not_from_whatever_ran_
 def test_images_too_small_for_a_model_are_a_config_error_naming_the_size(name: str, size: int):
     with pytest.raises(ConfigError, match=rf"images of 3×{size}×{size} \(dataset 'tiny'\) are too small"):
         build_model(name, make_info("tiny", 3, size, 10))
+
+
+@pytest.mark.parametrize("name", ["vgg9", "lenet5", "small-cnn", "lenet-fedmdcg", "mlp"])
+def test_images_of_another_size_than_a_model_was_built_for_are_refused_naming_its_size(name: str):
+    """These models flatten into a Linear of fixed width; a batch of other-sized images used to fail
+    deep inside with torch's 'mat1 and mat2 shapes cannot be multiplied', naming no image size."""
+    model = build_model(name, CIFAR10).eval()
+    wrong = torch.zeros(2, 3, 40, 40)
+    with pytest.raises(ValueError, match=r"built for images of 3×32×32 .*: got a batch of shape \(2, "):
+        model(wrong)
+    with pytest.raises(ValueError, match=r"built for images of 3×32×32"):
+        model.extractor(wrong)  # the extractor alone, as decoupling methods call it, checks too
+    assert model(batch(CIFAR10, 2)).shape == (2, 10)  # the size it was built for still works
