@@ -44,7 +44,8 @@ class LeNetFedMDCG(Classifier):
         pool: bool = True,
     ):
         """`activation` ("relu" or "sigmoid") and `pool` give the variants gradient-inversion attacks
-        are studied on (DLG's Sigmoid LeNet without pooling); neither changes the state dict."""
+        are studied on (DLG's Sigmoid LeNet without pooling); neither changes the parameter names, but
+        `pool=False` widens fc1 to the unpooled feature maps."""
         activations = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid}
         if activation not in activations:
             raise ValueError(f"activation must be one of {sorted(activations)}, got {activation!r}")
