@@ -55,7 +55,7 @@ def test_models_by_task():
     assert model_names("instance-segmentation") == ["unet", "unet-chang"]
     assert model_names("reconstruction") == ["unet-fastmri"]
     assert model_options("unet") == ("width", "depth")
-    assert model_options("unet-chang") == ()
+    assert model_options("unet-chang") == ("layout",)
     assert model_options("unet-fastmri") == ("chans", "num_pool_layers", "drop_prob")
     assert model_options("resnet8") == ()
 
@@ -82,7 +82,7 @@ def test_options_reach_the_model_and_unknown_ones_are_refused():
     assert isinstance(net, UNet) and (net.width, net.depth) == (4, 2)
     with pytest.raises(ConfigError, match=r"unknown option of model 'unet' 'widht'; did you mean 'width'"):
         build_model("unet", info(1, 16), options={"widht": 4})
-    with pytest.raises(ConfigError, match="model 'unet-chang' takes no options, got 'width'"):
+    with pytest.raises(ConfigError, match=r"unknown option of model 'unet-chang' 'width'.*valid: layout"):
         build_model("unet-chang", info(1, 16), options={"width": 4})
     with pytest.raises(ConfigError, match="model 'resnet8' takes no options"):
         build_model("resnet8", info(3, 32, 10, "classification"), options={"depth": 3})
@@ -159,6 +159,30 @@ def test_unet_parameter_counts():
     # RGB input and 2 classes (its first conv has 9·64 fewer weights per input channel less).
     assert count_parameters(on_meta(lambda: build_model("unet-chang", info(3, 256)))) == 31_037_698
     assert count_parameters(on_meta(lambda: build_model("unet-chang", info(1, 240)))) == 31_036_546
+
+
+def test_unet_chang_asyndgan_layout_follows_chang_et_al_released_unet():
+    """AsynDGAN's released models/UNet.py: every 3×3 conv has a bias and runs conv → ReLU → BatchNorm,
+    dropout 0.5 acts on the bottleneck, and the upsampled map comes before the skip in the
+    concatenation; 31,043,586 parameters for RGB input and 2 classes, the default layout's 31,037,698
+    plus the 5,888 biases of its 18 3×3 convs (3,968 on the way down, 1,920 on the way up)."""
+    net = on_meta(lambda: build_model("unet-chang", info(3, 256), options={"layout": "asyndgan"}))
+    assert count_parameters(net) == 31_037_698 + 5_888 == 31_043_586
+    assert [type(m) for m in net.encoder.levels[0]] == [nn.Conv2d, nn.ReLU, nn.BatchNorm2d] * 2
+    assert all(m.bias is not None for m in net.modules() if isinstance(m, nn.Conv2d))
+    small = UNet(1, 2, width=4, depth=2, layout="asyndgan")
+    seen = {}
+    small.decoder[0].conv.register_forward_hook(lambda m, args, out: seen.update(x=args[0]))
+    small.decoder[0].up.register_forward_hook(lambda m, args, out: seen.update(up=out))
+    x = torch.randn(2, 1, 16, 16)
+    small.eval()
+    assert torch.equal(small(x), small(x))
+    assert torch.equal(seen["x"][:, : seen["up"].shape[1]], seen["up"])  # upsampled first, then the skip
+    small.train()
+    torch.manual_seed(0)
+    assert not torch.equal(small(x), small(x))  # the bottleneck dropout
+    with pytest.raises(ConfigError, match="layout must be one of"):
+        build_model("unet-chang", info(3, 32), options={"layout": "bilinear"})
 
 
 def test_unet_chang_configuration():

@@ -72,6 +72,34 @@ def test_parameter_counts_for_cifar10():
     assert count_parameters(shuffle_half) == 696 + half + (192 * 1024 + 2 * 1024) + 10_250 == 352_042
 
 
+def shufflenet_count(widths: tuple[int, int, int, int], classes: int = 10) -> int:
+    """ShuffleNet V2 counted by hand from FedDF's shufflenetv2.py (BatchNorm: 2 per channel, no conv
+    biases): stem conv3×3 3→24; per stage one down unit and 3, 7, 3 basic units; 1×1 conv; linear."""
+    down = lambda c_in, m: 11 * c_in + 2 * c_in * m + m * m + 17 * m  # noqa: E731
+    basic = lambda h: 2 * h * h + 15 * h  # noqa: E731
+    *stages, last = widths
+    total, c_in = 3 * 24 * 9 + 2 * 24, 24
+    for width, repeats in zip(stages, (3, 7, 3), strict=True):
+        total += down(c_in, width // 2) + repeats * basic(width // 2)
+        c_in = width
+    return total + c_in * last + 2 * last + last * classes + classes
+
+
+def test_shufflenet_parameter_counts_at_feddfs_other_widths():
+    # FedDF's configs: ×1.5 → 176/352/704/1024, ×2 → 224/488/976/2048.
+    assert shufflenet_count((116, 232, 464, 1024)) == 1_263_854  # the helper agrees with the count above
+    for width, widths, expected in (
+        (1.5, (176, 352, 704, 1024), 2_488_874),
+        (2, (224, 488, 976, 2048), 5_338_026),
+    ):
+        model = build_model("shufflenetv2", CIFAR10, options={"width": width})
+        assert count_parameters(model) == shufflenet_count(widths) == expected
+    cifar100 = make_info("cifar100", 3, 32, 100)
+    assert count_parameters(build_model("shufflenetv2", cifar100)) == shufflenet_count(
+        (116, 232, 464, 1024), 100
+    )
+
+
 def test_registry_defaults_and_options():
     assert model_options("vgg9") == ("conv_bias",)
     assert model_options("shufflenetv2") == ("width",)

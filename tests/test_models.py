@@ -108,6 +108,19 @@ def test_other_parameter_counts():
     assert count_parameters(build_model("lenet5", CIFAR10)) == 62_006
 
 
+def test_cifar100_parameter_counts_match_the_reference_codes():
+    """CIFAR-100 changes only the head: + 90 · (features + 1) over CIFAR-10."""
+    # FedDF's notes: ResNet-8 ≈ 84 k for C = 100.
+    assert count_parameters(build_model("resnet20", CIFAR100)) == 272_474 + 90 * 65 == 278_324
+    assert count_parameters(build_model("resnet32", CIFAR100)) == 466_906 + 90 * 65 == 472_756
+    # FedIOD's released resnet8_t: ≈ 5.31 M for C = 100 with its unused linear2 (2048·100 + 100) and
+    # emb (100·100), which this model leaves out.
+    with torch.device("meta"):
+        wide100 = build_model(WIDE, CIFAR100)
+    assert count_parameters(wide100) == 4_911_754 + 90 * 2_049 == 5_096_164
+    assert count_parameters(wide100) + 204_900 + 10_000 == 5_311_064
+
+
 @pytest.mark.parametrize(
     ("info", "h"),
     [(MNIST, 64), (FMNIST, 128), (CIFAR10, 128), (make_info("emnist-digits", 1, 28, 10), 128), (DIGITS, 16)],
@@ -133,11 +146,25 @@ def test_lenet_fedmdcg_and_its_generator_parameter_counts():
     FMNIST   (128 + 10)→512 71,168 + 1,024, 512→256 131,328 + 512, 256→128 32,896: 236,928."""
     from fedistill.models.feature_generator import feature_generator_for
 
-    counts = {MNIST: (3_394, 113_600), FMNIST: (13_802, 236_928), CIFAR10: (22_986, 236_928)}
+    # EMNIST (digits split, FedMD-CG's config): CIFAR-10's widths on one channel, 432 fewer conv weights.
+    emnist = make_info("emnist-digits", 1, 28, 10)
+    counts = {
+        MNIST: (3_394, 113_600),
+        FMNIST: (13_802, 236_928),
+        CIFAR10: (22_986, 236_928),
+        emnist: (22_986 - 2 * 16 * 9, 236_928),
+    }
     for info, (model_count, generator_count) in counts.items():
         model = build_model("lenet-fedmdcg", info)
         assert count_parameters(model) == model_count, info.name
         assert count_parameters(feature_generator_for(model, info)) == generator_count, info.name
+        # Sigmoid in place of ReLU: the same weights
+        assert count_parameters(build_model("lenet-fedmdcg-sigmoid", info)) == model_count, info.name
+    # Without the max-pools fc1 reads larger maps: MNIST 28→14→7 gives 16·7·7 = 784 features, so fc1 is
+    # 784→32 (25,120) where lenet-fedmdcg's is 64→32 (2,080); the convs and fc2 are the same.
+    assert (
+        count_parameters(build_model("lenet-fedmdcg-dlg", MNIST, norm="none")) == 3_394 - 2_080 + 25_120 - 44
+    )
 
 
 def test_lenet5_has_classic_geometry():
@@ -286,3 +313,16 @@ def test_local_training_draws_dropout_from_its_own_stream_not_from_whatever_ran_
 def test_images_too_small_for_a_model_are_a_config_error_naming_the_size(name: str, size: int):
     with pytest.raises(ConfigError, match=rf"images of 3×{size}×{size} \(dataset 'tiny'\) are too small"):
         build_model(name, make_info("tiny", 3, size, 10))
+
+
+@pytest.mark.parametrize("name", ["vgg9", "lenet5", "small-cnn", "lenet-fedmdcg", "mlp"])
+def test_images_of_another_size_than_a_model_was_built_for_are_refused_naming_its_size(name: str):
+    """These models flatten into a Linear of fixed width; a batch of other-sized images used to fail
+    deep inside with torch's 'mat1 and mat2 shapes cannot be multiplied', naming no image size."""
+    model = build_model(name, CIFAR10).eval()
+    wrong = torch.zeros(2, 3, 40, 40)
+    with pytest.raises(ValueError, match=r"built for images of 3×32×32 .*: got a batch of shape \(2, "):
+        model(wrong)
+    with pytest.raises(ValueError, match=r"built for images of 3×32×32"):
+        model.extractor(wrong)  # the extractor alone, as decoupling methods call it, checks too
+    assert model(batch(CIFAR10, 2)).shape == (2, 10)  # the size it was built for still works

@@ -20,6 +20,7 @@ from fedistill.algorithms.feddf.feddf import FedDFServer
 from fedistill.algorithms.shared import distillation_data as dd
 from fedistill.cli import main
 from fedistill.config import RunConfig, build_config, read_config
+from fedistill.data.base import DatasetInfo, TextInfo
 from fedistill.data.registry import describe_files, load_dataset
 from fedistill.data.text.ag_news import read_ag_news
 from fedistill.data.text.sst2 import read_sst2
@@ -30,7 +31,7 @@ from fedistill.engine.rundir import read_jsonl
 from fedistill.engine.setup import canonical_dataset, validate_setup
 from fedistill.errors import ConfigError, DataError
 from fedistill.federation.ledger import DOWN, UP, read_ledger
-from fedistill.models import build_model
+from fedistill.models import build_model, count_parameters
 from fedistill.seeding import seeded
 from fedistill.tasks import TextClassification, make_task
 
@@ -267,6 +268,16 @@ def test_distilbert_is_transformers_forward_with_a_plain_state_dict(root, tmp_pa
     assert torch.allclose(model(ids[:, :5]), model(ids), atol=1e-5)  # padding changes nothing
     save_model(model, tmp_path / "m.safetensors")
     assert all(torch.equal(load_file(tmp_path / "m.safetensors")[k], v) for k, v in state.items())
+
+
+def test_distilbert_at_base_sizes_has_distilbert_base_parameter_count():
+    """distilbert-base-uncased (30,522 tokens, 512 positions) with a 2-class classification head has
+    66,955,010 parameters (transformers' DistilBertForSequenceClassification); built on the meta device."""
+    text = TextInfo("tokenizer", 30_522, 0, 128)
+    info = DatasetInfo("sst2", 1, 128, 2, (0.0,), (1.0,), task="text-classification", text=text)
+    with torch.device("meta"):
+        model = build_model("distilbert", info, options={"dim": 768})
+    assert count_parameters(model) == 66_955_010
 
 
 def test_distilbert_loads_a_pretrained_folder_and_refuses_a_missing_one(root, tmp_path):

@@ -37,6 +37,29 @@ class Classifier(nn.Module):
         return self.classifier(self.extractor(x))
 
 
+class SizedFlatten(nn.Flatten):
+    """nn.Flatten(1) in a model whose next Linear has a fixed width, set by the image size it was built
+    for: a batch of other-sized images is refused here, naming that size, instead of failing in the
+    Linear with torch's "mat1 and mat2 shapes cannot be multiplied", which names no image size.
+
+    ``features`` stays None (no check) until the model's constructor knows the width (`output_dim`)."""
+
+    def __init__(self, info: DatasetInfo, features: int | None = None):
+        super().__init__(1)
+        self.image_shape = f"{info.channels}×{info.image_size}×{info.image_size}"
+        self.features = features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if self.features is not None and out.shape[1] != self.features:
+            raise ValueError(
+                f"this model was built for images of {self.image_shape} (they flatten to {self.features} "
+                f"features here): got a batch of shape {tuple(x.shape)} at this point, which flattens to "
+                f"{out.shape[1]}; resize the images to {self.image_shape} or build the model for their size"
+            )
+        return out
+
+
 def count_parameters(model: nn.Module) -> int:
     """Number of parameters (trainable or not); buffers such as BatchNorm running stats are excluded."""
     return sum(p.numel() for p in model.parameters())

@@ -2,8 +2,11 @@
 
 ``lenet-fedmdcg-sigmoid`` swaps ReLU for Sigmoid and changes nothing else; ``lenet-fedmdcg-dlg`` is the
 network in the conditions of the DLG paper: Sigmoid, the max-pools removed (the strided convolutions
-stay), meant to run with ``norm="none"``. Both keep ``lenet-fedmdcg``'s state dict, so a client trains
-them unchanged (see `fedistill.analysis.threat_models`).
+stay), meant to run with ``norm="none"``. Both keep ``lenet-fedmdcg``'s parameter names, so a client trains
+them unchanged (see `fedistill.analysis.threat_models`). The Sigmoid variant keeps its shapes too; without
+the max-pools fc1 reads larger maps (MNIST: 16·7·7 = 784 features, not 16·2·2 = 64; 26,434 parameters with
+``norm="none"`` against 3,394 for ``lenet-fedmdcg`` with BatchNorm), so its weights do not load into
+``lenet-fedmdcg``.
 """
 
 from __future__ import annotations

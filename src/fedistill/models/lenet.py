@@ -12,7 +12,7 @@ from collections import OrderedDict
 from torch import nn
 
 from fedistill.data.base import DatasetInfo
-from fedistill.models.base import Classifier, output_dim
+from fedistill.models.base import Classifier, SizedFlatten, output_dim
 from fedistill.models.norm import make_norm2d
 
 
@@ -44,7 +44,8 @@ class LeNetFedMDCG(Classifier):
         pool: bool = True,
     ):
         """`activation` ("relu" or "sigmoid") and `pool` give the variants gradient-inversion attacks
-        are studied on (DLG's Sigmoid LeNet without pooling); neither changes the state dict."""
+        are studied on (DLG's Sigmoid LeNet without pooling); neither changes the parameter names, but
+        `pool=False` widens fc1 to the unpooled feature maps."""
         activations = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid}
         if activation not in activations:
             raise ValueError(f"activation must be one of {sorted(activations)}, got {activation!r}")
@@ -58,9 +59,9 @@ class LeNetFedMDCG(Classifier):
             if pool:
                 layers[f"pool{i}"] = nn.MaxPool2d(2, ceil_mode=True)
             in_channels = width
-        layers["flatten"] = nn.Flatten(1)
+        layers["flatten"] = flatten = SizedFlatten(info)
         extractor = nn.Sequential(layers)
-        feature_dim = output_dim(extractor, info)
+        feature_dim = flatten.features = output_dim(extractor, info)
         classifier = nn.Sequential(
             OrderedDict(fc1=nn.Linear(feature_dim, hidden), fc2=nn.Linear(hidden, info.num_classes))
         )
@@ -89,8 +90,8 @@ class LeNet5(Classifier):
         layers["conv2"] = nn.Conv2d(6, 16, 5, padding=pad2)
         layers["relu2"] = nn.ReLU()
         layers["pool2"] = nn.MaxPool2d(2)
-        layers["flatten"] = nn.Flatten(1)
-        flat = output_dim(nn.Sequential(layers), info)
+        layers["flatten"] = flatten = SizedFlatten(info)
+        flat = flatten.features = output_dim(nn.Sequential(layers), info)
         layers["fc1"] = nn.Linear(flat, 120)
         layers["relu3"] = nn.ReLU()
         layers["fc2"] = nn.Linear(120, 84)

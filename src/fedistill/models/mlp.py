@@ -7,17 +7,18 @@ from collections import OrderedDict
 from torch import nn
 
 from fedistill.data.base import DatasetInfo
-from fedistill.models.base import Classifier
+from fedistill.models.base import Classifier, SizedFlatten
 
 
 class MLP(Classifier):
     """flatten → Linear(C·H·W, 200) → ReLU → Linear(200, 200) → ReLU | Linear(200, classes)."""
 
     def __init__(self, info: DatasetInfo, hidden: int = 200):
+        pixels = info.channels * info.image_size * info.image_size
         extractor = nn.Sequential(
             OrderedDict(
-                flatten=nn.Flatten(1),
-                fc1=nn.Linear(info.channels * info.image_size * info.image_size, hidden),
+                flatten=SizedFlatten(info, pixels),
+                fc1=nn.Linear(pixels, hidden),
                 relu1=nn.ReLU(),
                 fc2=nn.Linear(hidden, hidden),
                 relu2=nn.ReLU(),

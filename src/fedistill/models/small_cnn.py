@@ -16,7 +16,7 @@ from collections import OrderedDict
 from torch import nn
 
 from fedistill.data.base import DatasetInfo
-from fedistill.models.base import Classifier, output_dim
+from fedistill.models.base import Classifier, SizedFlatten, output_dim
 from fedistill.models.norm import make_norm2d
 
 
@@ -34,9 +34,9 @@ class SmallCNN(Classifier):
             if pool:
                 layers[f"pool{i}"] = nn.MaxPool2d(2)
             channels = out
-        layers["flatten"] = nn.Flatten(1)
+        layers["flatten"] = flatten = SizedFlatten(info)
         extractor = nn.Sequential(layers)
-        features = output_dim(extractor, info)
+        features = flatten.features = output_dim(extractor, info)
         classifier = nn.Sequential(
             OrderedDict(fc1=nn.Linear(features, 128), relu=nn.ReLU(), fc2=nn.Linear(128, info.num_classes))
         )

@@ -27,7 +27,7 @@ from torch import nn
 
 from fedistill.data.base import DatasetInfo
 from fedistill.errors import ConfigError
-from fedistill.models.base import Classifier, output_dim
+from fedistill.models.base import Classifier, SizedFlatten, output_dim
 from fedistill.models.norm import make_norm2d
 
 # (output channels, max-pool after it, Dropout2d p after the pool)
@@ -57,9 +57,9 @@ class VGG9(Classifier):
             if drop:
                 layers[f"drop{i}"] = nn.Dropout2d(drop)
             channels = out
-        layers["flatten"] = nn.Flatten(1)
+        layers["flatten"] = flatten = SizedFlatten(info)
         extractor = nn.Sequential(layers)
-        features = output_dim(extractor, info)
+        features = flatten.features = output_dim(extractor, info)
         classifier = nn.Sequential(
             OrderedDict(
                 drop1=nn.Dropout(0.1),
