@@ -405,8 +405,9 @@ def test_the_card_of_a_reconstruction_net_says_what_its_inputs_are():
     assert "zero-filled" in pre["input"] and "inverse Fourier transform" in pre["input"]
     assert pre["scale"].startswith("each volume divided by its maximum") and "255" not in pre["scale"]
     assert "class_names" not in pre and pre["undersampling"] == {
-        key: model.task.options()[key] for key in ("mask", "acceleration", "center_fraction", "mask_mode")
-    }
+        key: model.task.options()[key]
+        for key in ("mask", "acceleration", "center_fraction", "mask_mode", "mask_seed")
+    }  # the seed picks the masks: under mask_mode = "fixed", the one pattern the net was trained on
 
 
 def test_the_card_counts_one_client_and_one_round_in_the_singular(run_dir, tmp_path):

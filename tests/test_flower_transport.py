@@ -671,19 +671,6 @@ def test_both_transports_record_the_same_rows_in_the_order_the_ledger_page_state
 
             return Error(code=2, reason=str(exc))
 
-    class ErrorAwareGrid(_StoringGrid):
-        def pull_messages(self, ids):
-            from flwr.app import Message as FlowerMessage
-
-            out = []
-            for mid in ids:
-                request = self.stored.pop(mid, None)
-                if request is not None:
-                    out.append(
-                        FlowerMessage(flower_answer(request.metadata.dst_node_id, request), reply_to=request)
-                    )
-            return out
-
     x = np.arange(32, dtype=np.float32).reshape(4, 8)
     request = Message.build(
         "query.logits", arrays={"synthetic-inputs": {"x": x}}, encodings={"synthetic-inputs": "uint8-affine"}
@@ -695,7 +682,7 @@ def test_both_transports_record_the_same_rows_in_the_order_the_ledger_page_state
             fleet = InProcessFleet(sites, ledger)
         else:
             fleet = GridFleet(
-                ErrorAwareGrid([101, 102, 103], None), ledger, algorithm="x", expected_clients=3
+                _StoringGrid([101, 102, 103], flower_answer), ledger, algorithm="x", expected_clients=3
             )
         fleet.round = 1
         fleet.broadcast(request, step=5)

@@ -387,14 +387,12 @@ def test_the_expected_files_header_says_which_way_each_scale_applies_its_toleran
     assert "falling short" in EXPECTED_HEADER and "both ways" in EXPECTED_HEADER
 
 
-def test_a_worker_process_that_dies_fails_its_jobs_and_the_table_is_still_written(tmp_path, monkeypatch):
-    """A worker killed from outside (out of memory, a segfault) breaks the pool: every job not finished
-    by then fails with one line, instead of the command ending in a traceback without a table."""
+def _fake_pool(settle):
+    """A stand-in for the process pool: each submitted job's future is settled at once by `settle(future,
+    job)`, in this process."""
     from concurrent.futures import Future
-    from concurrent.futures.process import BrokenProcessPool
-    from types import SimpleNamespace
 
-    class DeadPool:
+    class FakePool:
         def __init__(self, **kwargs):
             pass
 
@@ -406,15 +404,26 @@ def test_a_worker_process_that_dies_fails_its_jobs_and_the_table_is_still_writte
 
         def submit(self, fn, job):
             future = Future()
-            if job.seed == 0:
-                future.set_result(execute.Outcome(job, "ran", 1.0))
-            else:
-                future.set_exception(
-                    BrokenProcessPool("A process in the process pool was terminated abruptly")
-                )
+            settle(future, job)
             return future
 
-    monkeypatch.setattr(execute, "ProcessPoolExecutor", DeadPool)
+    return FakePool
+
+
+def test_a_worker_process_that_dies_fails_its_jobs_and_the_table_is_still_written(tmp_path, monkeypatch):
+    """A worker killed from outside (out of memory, a segfault) breaks the pool: every job not finished
+    by then fails with one line, instead of the command ending in a traceback without a table."""
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+    from types import SimpleNamespace
+
+    def settle(future: Future, job: SimpleNamespace) -> None:
+        if job.seed == 0:
+            future.set_result(execute.Outcome(job, "ran", 1.0))
+        else:
+            future.set_exception(BrokenProcessPool("A process in the process pool was terminated abruptly"))
+
+    monkeypatch.setattr(execute, "ProcessPoolExecutor", _fake_pool(settle))
     jobs = [SimpleNamespace(run="suite", seed=seed, folder=tmp_path / str(seed)) for seed in (0, 1, 2)]
     outcomes = sorted(execute.execute_in_workers(jobs, 2), key=lambda o: o.job.seed)
     assert [(o.job.seed, o.status) for o in outcomes] == [(0, "ran"), (1, "failed"), (2, "failed")]
@@ -446,26 +455,14 @@ def test_finished_runs_make_their_table_without_the_data_they_read(tiny, tmp_pat
 def test_ctrl_c_while_workers_run_ends_them_instead_of_waiting_for_every_queued_run(tmp_path, monkeypatch):
     """Ctrl-C reaches the workers as well, which fail their current run and go on with the queue: leaving
     the pool would wait for every run still queued. The pool is stopped first, then the interrupt goes on."""
-    from concurrent.futures import Future
     from types import SimpleNamespace
 
-    class InterruptedPool:
-        def __init__(self, **kwargs):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def submit(self, fn, job):
-            future = Future()
-            future.set_exception(KeyboardInterrupt())
-            return future
-
     stopped = []
-    monkeypatch.setattr(execute, "ProcessPoolExecutor", InterruptedPool)
+    monkeypatch.setattr(
+        execute,
+        "ProcessPoolExecutor",
+        _fake_pool(lambda future, job: future.set_exception(KeyboardInterrupt())),
+    )
     monkeypatch.setattr(execute.worker_pool, "stop", stopped.append)
     jobs = [SimpleNamespace(run="suite", seed=seed, folder=tmp_path / str(seed)) for seed in (0, 1, 2)]
     with pytest.raises(KeyboardInterrupt):

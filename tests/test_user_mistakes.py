@@ -172,6 +172,22 @@ def test_a_norm_or_model_options_a_built_model_lacks_is_refused_before_the_run_f
             ["model=lenet-fedmdcg", "fedprox.dp_enabled=true", "fedprox.dp_noise_multiplier=1.0"],
             "fedprox.dp_enabled = true clips and noises client updates, but model 'lenet-fedmdcg' has",
         ),
+        (
+            "feddf",
+            ["model=lenet-fedmdcg", "feddf.dp_enabled=true", "feddf.dp_noise_multiplier=1.0"],
+            "feddf.dp_enabled = true clips and noises client updates, but model 'lenet-fedmdcg' has",
+        ),
+        (  # options that depend on the dataset's task, known once the data are read
+            "fediod",
+            ["fediod.distill_augment=true"],
+            "fediod.distill_augment crops, turns and flips the student's images",
+        ),
+        ("fediod", ["fediod.truth_weight=0.5"], "fediod.truth_weight teaches the student the label"),
+        (  # a BatchNorm model in one group of FedDF's architectures, not the run's `model`
+            "feddf",
+            ["model=mlp", "feddf.groups=mlp,resnet8", "feddf.dp_enabled=true", "feddf.dp_noise_multiplier=1"],
+            "feddf.dp_enabled = true clips and noises client updates, but model 'resnet8' has",
+        ),
     ],
 )
 def test_an_option_the_run_s_common_keys_rule_out_is_refused_before_the_run_folder(

@@ -272,6 +272,9 @@ def validate_setup(config: RunConfig, *, resume: bool = False) -> Prepared:
                     f"{name}.{key} names model {named!r}, which does not serve {task.name} (dataset "
                     f"{config.dataset!r}); models that do: {', '.join(model_names(task.name))}"
                 )
+        check_task = getattr(resolved.options, "check_task", None)  # what the options rule out on it
+        if check_task is not None:
+            check_task(resolved.config, task, info)
     if config.augment == "on" and not task.usual_augment(info):
         log.warning(
             "augment = 'on' changes nothing on %s: it names no augmentation (its crop_padding is 0 and "

@@ -217,7 +217,7 @@ def encoding_names() -> list[str]:
 
 # --- the encodings --------------------------------------------------------------------------------
 def _float16_encode(x: np.ndarray) -> tuple[np.ndarray, Params]:
-    with np.errstate(over="ignore"):  # past 65504: infinite, as documented; the receiver refuses it
+    with np.errstate(over="ignore"):  # from 65520 on: infinite, as documented; the receiver refuses it
         return x.astype(np.float16), ()
 
 

@@ -112,7 +112,8 @@ def preprocessing(model: TrainedModel) -> dict[str, Any]:
             "scale": "each volume divided by its maximum (fully sampled, after resizing), as the run's "
             "slices were",
             "undersampling": {
-                key: options[key] for key in ("mask", "acceleration", "center_fraction", "mask_mode")
+                key: options[key]
+                for key in ("mask", "acceleration", "center_fraction", "mask_mode", "mask_seed")
             },
             "normalise": "(x - mean) / std per channel",
             "image_size": info.image_size,

@@ -11,11 +11,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from fedistill.algorithms.shared.option_checks import check_choices
+from fedistill.algorithms.shared.option_checks import check_choices, check_dp_without_batchnorm
 from fedistill.algorithms.shared.training import average_states
 from fedistill.algorithms.shared.weight_average import COMBINES, robust_average_states
 from fedistill.errors import ConfigError
-from fedistill.models.registry import builds_batchnorm
 from fedistill.privacy.budget import DPOptions
 
 if TYPE_CHECKING:
@@ -60,12 +59,7 @@ class FedAvgOptions(DPOptions):
 
     def check_run(self, config: RunConfig) -> None:
         """What the options rule out with the run's common keys, checked before the run writes anything."""
-        if self.dp_enabled and builds_batchnorm(config.model, config.norm):
-            raise ConfigError(
-                f"{self.section}.dp_enabled = true clips and noises client updates, but model "
-                f"{config.model!r} has BatchNorm, whose running statistics would leave unclipped: set "
-                "norm = 'group' or 'none', or use a model without BatchNorm (mlp, lenet5)"
-            )
+        check_dp_without_batchnorm(self.section, self.dp_enabled, [config.model], config.norm)
 
     def combine(self, states: Sequence[dict[str, torch.Tensor]], weights: Sequence[float]) -> dict:
         """The round's global state from the kept sites' states (`aggregate`)."""

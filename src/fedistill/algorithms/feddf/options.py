@@ -8,7 +8,11 @@ from typing import ClassVar
 
 from fedistill.algorithms.base import model_cycle
 from fedistill.algorithms.shared.distillation_data import check_source
-from fedistill.algorithms.shared.option_checks import check_choices, check_model_names
+from fedistill.algorithms.shared.option_checks import (
+    check_choices,
+    check_dp_without_batchnorm,
+    check_model_names,
+)
 from fedistill.algorithms.shared.weight_average import COMBINES
 from fedistill.config import RunConfig
 from fedistill.errors import ConfigError
@@ -119,6 +123,10 @@ class FedDFOptions(DPOptions):
                 "the group's average is skipped and nothing is distilled, so the clients' training is "
                 "thrown away every round; use student_init = 'average' (per-group FedAvg) or distill"
             )
+
+    def check_run(self, config: RunConfig) -> None:
+        """What the options rule out with the run's common keys, checked before the run writes anything."""
+        check_dp_without_batchnorm(self.section, self.dp_enabled, group_names(self, config), config.norm)
 
 
 def group_names(options: FedDFOptions, config: RunConfig) -> list[str]:

@@ -40,6 +40,8 @@ from fedistill.models.generator import check_upsamples
 
 if TYPE_CHECKING:
     from fedistill.algorithms.fediod.task_view import TaskView
+    from fedistill.data.base import DatasetInfo
+    from fedistill.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -241,6 +243,12 @@ class FedIODOptions(
                 "fediod.selection = 'validation' needs validation splits: set val_fraction > 0 "
                 "or fediod.selection = 'last'"
             )
+
+    def check_task(self, config: RunConfig, task: Task, info: DatasetInfo) -> None:
+        """What the options rule out on the dataset's task (`resolve_for_task`), before the run writes."""
+        from fedistill.algorithms.fediod.task_view import TaskView
+
+        resolve_for_task(config, self, TaskView(task, info, config.seed))
 
     @property
     def needs_label_counts(self) -> bool:

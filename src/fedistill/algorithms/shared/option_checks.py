@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from fedistill.errors import ConfigError, unknown_name
 from fedistill.models import model_names
+from fedistill.models.registry import builds_batchnorm
 
 
 def check_choices(section: str, options: object, choices: Mapping[str, Sequence[str]]) -> None:
@@ -71,6 +72,18 @@ def check_batchnorm_batch(section: str, options: object, keys: str) -> None:
             raise ConfigError(
                 f"{section}.{key} must be >= 2 (the generator trains on it with BatchNorm, which needs "
                 f"two samples per batch), got {value!r}"
+            )
+
+
+def check_dp_without_batchnorm(section: str, dp_enabled: bool, models: Sequence[str], norm: str) -> None:
+    """Differential privacy clips and noises a client's update; a BatchNorm model's running statistics
+    would leave beside it unclipped, so each of the sites' `models` (with the run's `norm`) must have none."""
+    for model in models if dp_enabled else ():
+        if builds_batchnorm(model, norm):
+            raise ConfigError(
+                f"{section}.dp_enabled = true clips and noises client updates, but model {model!r} has "
+                "BatchNorm, whose running statistics would leave unclipped: set norm = 'group' or 'none', "
+                "or use a model without BatchNorm (mlp, lenet5)"
             )
 
 
