@@ -44,7 +44,8 @@ ALLOWED: dict[str, set[str]] = {
     "reproduce": BELOW_ENGINE | {"engine"},
     "inference": BELOW_ENGINE | {"engine"},
 }
-TOP = {"cli", "__main__", "api", "reference", "__init__"}  # what users call, and the docs made from it: anything
+# what users call, and the docs made from it: anything
+TOP = {"cli", "__main__", "api", "reference", "__init__"}
 
 
 def _modules() -> dict[str, Path]:
