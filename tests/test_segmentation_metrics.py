@@ -287,3 +287,14 @@ def test_three_class_output_becomes_one_instance_per_nucleus():
         assert aji(truth, instances) > 0.95
     with pytest.raises(ValueError, match="differ in shape"):
         instances_from_three_class(prob_background, prob_inside, prob_contour[:10])
+
+
+def test_images_named_by_no_group_are_not_a_group_called_none():
+    """A test set without sources passes one None per image: they count overall, and no group "None" (a
+    `dice_None` beside `dice` in every segmentation summary) appears."""
+    truth = np.zeros((2, 4, 4), dtype=bool)
+    truth[:, 1:3, 1:3] = True
+    scores = SegmentationScores()
+    scores.update(truth, truth, [None, None])
+    assert scores.summary()["mean_dice"] == 1.0
+    assert scores.by_group() == {}

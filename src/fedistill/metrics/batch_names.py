@@ -23,7 +23,7 @@ def names_for_batch(names: Names, size: int, what: str, items: str) -> list[str 
         return [None] * size
     if isinstance(names, str) or not isinstance(names, Iterable):
         return [str(names)] * size
-    listed = [str(name) for name in names]
+    listed = [None if name is None else str(name) for name in names]  # an item without a name has none
     if len(listed) != size:
         raise ValueError(f"got {len(listed)} {what} for a batch of {size} {items}")
     return listed
