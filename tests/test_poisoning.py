@@ -222,6 +222,16 @@ def test_robust_combines():
     assert torch.equal(robust_combine(values, weighted, "median"), torch.tensor([1.0, 5.0]))
 
 
+def test_the_trim_count_is_the_share_of_the_sites_as_written():
+    """0.29 of 100 sites is 29 cut at each end, though 0.29 * 100 is 28.999... in floating point; at least
+    one is cut from three sites up, none below."""
+    values = torch.arange(100, dtype=torch.float64).view(100, 1) ** 2
+    ones = torch.ones(100, 1, dtype=torch.float64)
+    assert robust_combine(values, ones, "trimmed-mean", 0.29).item() == values[29:71].mean().item()
+    assert robust_combine(values[:3], ones[:3], "trimmed-mean", 0.0).item() == 1.0
+    assert robust_combine(values[:2] ** 2, ones[:2], "trimmed-mean", 0.4).item() == 0.5
+
+
 def test_a_bad_trim_share_is_one_line_that_names_its_section():
     from fedistill.engine.setup import resolve
     from fedistill.errors import ConfigError

@@ -72,7 +72,8 @@ def robust_combine(values: torch.Tensor, weights: torch.Tensor, mode: str, trim:
         if not 0.0 <= trim < 0.5:
             raise ValueError(f"trim must lie in [0, 0.5); got {trim}")
         k = len(values)
-        cut = max(1, int(trim * k)) if k >= 3 else 0
+        # rounded first: 0.29 * 100 is 28.999... in floating point, and 29 sites are what was asked for
+        cut = max(1, int(round(trim * k, 9))) if k >= 3 else 0
         rank = torch.arange(k, device=values.device).view(-1, *([1] * (values.dim() - 1)))
         kept = ((rank >= cut) & (rank < k - cut)).to(values.dtype)
         mass = (kept * w).sum(0)
