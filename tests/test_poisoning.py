@@ -196,6 +196,16 @@ def test_parameter_and_gradient_norms():
     assert set(norm_faults(grads, "input-gradients", GRADIENTS)) == {3}
 
 
+def test_from_three_sites_a_site_sending_zeros_cannot_get_an_honest_one_dropped():
+    """The others' median of an honest site is then at least half the other honest site's value (the
+    how-to's few-sites paragraph); with two sites the honest one has only the floor to stay under."""
+    big = np.random.default_rng(3).standard_normal(100_000).astype(np.float32) * 0.5  # norm about 158
+    honest = {0: _reply("parameters", w=big), 1: _reply("parameters", w=big * np.float32(1.05))}
+    zeros = _reply("parameters", w=np.zeros_like(big))
+    assert norm_faults({**honest, 2: zeros}, "parameters", PARAMETERS) == {}
+    assert set(norm_faults({0: honest[0], 2: zeros}, "parameters", PARAMETERS)) == {0}
+
+
 def test_class_counts():
     counts = {0: np.array([5, 0, 3]), 1: np.array([0, 0, 40]), 2: np.array([1, 1, 1])}
     samples = {0: 8.0, 1: 40.0, 2: 3.0}

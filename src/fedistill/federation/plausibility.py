@@ -2,11 +2,13 @@
 
 A reply can have the right structure, size and finite values and still poison a federation: teacher
 logits scaled by 1e30 outvote every honest site, one parameter of 1e30 makes every average useless, and
-class counts larger than the site itself buy a site any share of the ensemble. The rules here judge
-each site against the *other* sites of the same request, with statistics one site cannot move (their
-median and median absolute deviation), and never below an absolute floor, so an honest but unusual site
-(skewed labels, a small data set, a confident teacher) is not flagged. A site with no peer to compare
-with is flagged only beyond `Bound.cap`, far from anything a float32 network computes.
+class counts larger than the site itself buy a site any share of the ensemble. The rules here judge each
+site against the *other* sites of the same request, with statistics one site cannot move once there are
+three others (their median and median absolute deviation; with one or two others a site can: a two-site
+federation's poisoner that sends zeros leaves the honest site only the floor), and never below an
+absolute floor, so an honest but unusual site (skewed labels, a small data set, a confident teacher) is
+not flagged. A site with no peer to compare with is flagged only beyond `Bound.cap`, far from anything a
+float32 network computes.
 
 Each rule returns `{client: why}`; `Fleet.reject` turns those replies into failed ones exactly as an
 invalid reply is (ledger status `invalid`, the client among the dropped ones, the run goes on while
