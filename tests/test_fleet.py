@@ -1,5 +1,6 @@
 """The in-process transport: dispatch, failures, timeouts and the ledger it writes."""
 
+import logging
 import time
 from pathlib import Path
 
@@ -263,3 +264,17 @@ def test_a_reply_answers_its_request_whatever_type_its_client_gave_it_as_over_fl
     over_flower = from_records(to_records(answer), "query.echo")
     assert reply.ok and reply.message.type == over_flower.type == "query.echo"
     assert reply.message.arrays == answer.arrays
+
+
+def test_a_dropped_site_is_named_in_the_run_log_once(tmp_path, caplog):
+    """The ledger and summary name a dropped site; the run's log (run.log, the console) says so when it
+    happens, once per site, not at every later failure of the same site."""
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    fleet = InProcessFleet({0: Echo(0), 1: Echo(1, "crash")}, ledger)
+    fleet.round = 3
+    with caplog.at_level(logging.WARNING, logger="fedistill.federation.fleet"):
+        fleet.broadcast(_request())
+        fleet.round = 4
+        fleet.broadcast(_request())
+    lines = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("client 1 dropped in round 3:") and "disk full" in lines[0]

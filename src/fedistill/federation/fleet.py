@@ -6,6 +6,7 @@ either a message or an error (the client failed or did not answer in time), as i
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from fedistill.errors import FederationError
 from fedistill.federation.ledger import DOWN, UP, Ledger
 from fedistill.federation.messages import Message
 from fedistill.federation.reply_spec import Expectation, spec_for
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,10 @@ class Fleet(ABC):
         return kept
 
     def note_failure(self, reply: Reply) -> None:
-        """Mark the client of a failed reply as dropped, with the round and the error."""
+        """Mark the client of a failed reply as dropped, with the round and the error; the run's log says
+        so the first time, on every transport (the ledger and summary keep every failure)."""
+        if reply.client not in self.dropped:
+            log.warning("client %d dropped in round %d: %s", reply.client, self.round, reply.error)
         self.dropped.setdefault(reply.client, f"round {self.round}: {reply.error}")
 
     # --- what every transport writes to the ledger ------------------------------------------------
