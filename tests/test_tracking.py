@@ -384,3 +384,22 @@ def test_a_malformed_mlflow_tracking_uri_is_named_not_a_traceback(uri):
 
     with pytest.raises(ConfigError, match=r"track = mlflow: MLFLOW_TRACKING_URI = .* is no valid URL"):
         check_reachable(uri)
+
+
+def test_a_suite_whose_mlflow_experiment_was_deleted_says_so_and_how_to_go_on(tmp_path, file_store_env):
+    """Deleting an experiment in MLflow's UI keeps its name taken; the next suite of that name stopped with
+    MLflow's 'non-active experiment with ID ...', naming neither the experiment nor a way out."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    from fedistill.engine.launch import start_suite
+
+    config = build_config(RunConfig(), {**TINY, "out": str(tmp_path), "name": "a", "track": "mlflow"})
+    start_suite(config, progress=False)
+    client = MlflowClient(json.loads((tmp_path / "a" / "fedavg" / "mlflow.json").read_text())["tracking_uri"])
+    experiment = client.get_experiment_by_name("a")
+    client.delete_experiment(experiment.experiment_id)
+    shutil.rmtree(tmp_path / "a")
+    with pytest.raises(ConfigError, match=r"experiment 'a' .*deleted.*restore.*another --name"):
+        start_suite(config, progress=False)

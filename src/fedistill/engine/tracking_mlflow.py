@@ -146,6 +146,12 @@ class MlflowTracker:
 
         name = run_dir.resolve().parent.name
         experiment = self.client.get_experiment_by_name(name)
+        if experiment and experiment.lifecycle_stage != "active":  # deleted: its name stays taken
+            raise ConfigError(
+                f"track = mlflow: the MLflow experiment {name!r} in {uri} is deleted; restore it (mlflow "
+                f"experiments restore --experiment-id {experiment.experiment_id}), remove it for good "
+                "(mlflow gc), or run under another --name"
+            )
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
         run = self.client.create_run(
             experiment_id, run_name=config.algorithm, tags={"fedistill.run_dir": str(run_dir.resolve())}
