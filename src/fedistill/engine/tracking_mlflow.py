@@ -22,6 +22,7 @@ from fedistill.engine.tracking_values import (
     communication_scalars,
     config_params,
     final_scalars,
+    history,
     resumed_round,
     row_scalars,
 )
@@ -116,6 +117,9 @@ class MlflowTracker:
             # a new run in the folder of one that never did any work gets its own: that one's params differ
             reopened = self._reopen(run_dir, uri) if resume else ""
             self.run_id = reopened or self._create(config, run_dir, uri)
+            if not reopened and self.step:  # `track` added on resume, or the MLflow run is gone
+                for row, communication in history(run_dir):
+                    self.log_round(row, communication)
         except MlflowException as exc:
             raise ConfigError(f"track = mlflow: {uri}: {exc.message}") from None
 
