@@ -384,3 +384,43 @@ def test_a_malformed_mlflow_tracking_uri_is_named_not_a_traceback(uri):
 
     with pytest.raises(ConfigError, match=r"track = mlflow: MLFLOW_TRACKING_URI = .* is no valid URL"):
         check_reachable(uri)
+
+
+def test_a_suite_whose_mlflow_experiment_was_deleted_says_so_and_how_to_go_on(tmp_path, file_store_env):
+    """Deleting an experiment in MLflow's UI keeps its name taken; the next suite of that name stopped with
+    MLflow's 'non-active experiment with ID ...', naming neither the experiment nor a way out."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    from fedistill.engine.launch import start_suite
+
+    config = build_config(RunConfig(), {**TINY, "out": str(tmp_path), "name": "a", "track": "mlflow"})
+    start_suite(config, progress=False)
+    client = MlflowClient(json.loads((tmp_path / "a" / "fedavg" / "mlflow.json").read_text())["tracking_uri"])
+    experiment = client.get_experiment_by_name("a")
+    client.delete_experiment(experiment.experiment_id)
+    shutil.rmtree(tmp_path / "a")
+    with pytest.raises(ConfigError, match=r"experiment 'a' .*deleted.*restore.*another --name"):
+        start_suite(config, progress=False)
+
+
+def test_tracking_added_on_resume_shows_the_rounds_before_the_checkpoint_too(tmp_path, file_store_env):
+    """`track` may change on a resume; a run resumed from round 2 with tracking newly added showed rounds 3
+    and 4 only, its first rounds and their bytes nowhere in TensorBoard or MLflow."""
+    from mlflow.tracking import MlflowClient
+
+    config = build_config(RunConfig(), {**TINY, "rounds": 4, "checkpoint_every": 2, "out": str(tmp_path)})
+    run_until_crash(config, FedAvgServer, tmp_path / "suite", crash_round=4)
+    path = tmp_path / "suite" / "config.toml"
+    text = path.read_text(encoding="utf-8")
+    path.write_text(f'track = "tensorboard,mlflow"\n{text}', encoding="utf-8")
+    resume_suite(tmp_path / "suite", progress=False)
+    run_dir = tmp_path / "suite" / "fedavg"
+    _check_tensorboard_scalars(_events(run_dir), run_dir)
+    client = MlflowClient((tmp_path / "mlruns").resolve().as_uri())
+    run_id = json.loads((run_dir / "mlflow.json").read_text())["run_id"]
+    for round, scalars in _expected_scalars(run_dir).items():
+        for name, value in scalars.items():
+            steps = [m.value for m in client.get_metric_history(run_id, name) if m.step == round]
+            assert steps == [pytest.approx(value)], (name, round)

@@ -8,13 +8,12 @@ neither TensorBoard nor MLflow: `trackers_for` imports the ones a config names, 
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any, Protocol
 
 from fedistill.config import RunConfig, tracker_names
-from fedistill.engine.tracking_values import Communication
+from fedistill.engine.tracking_values import Communication, traffic_by_round
 from fedistill.errors import ConfigError
 
 log = logging.getLogger("fedistill")
@@ -143,11 +142,4 @@ class LedgerTail:
             text = file.read()
         complete = text[: text.rfind(b"\n") + 1]  # a line still being written waits for the next read
         self.offset += len(complete)
-        traffic: dict[int, Communication] = {}
-        for line in complete.decode("utf-8").splitlines():
-            if line.strip():
-                record = json.loads(line)
-                kinds = traffic.setdefault(record["round"], {}).setdefault(record["direction"], {})
-                for kind, size in record["kinds"].items():
-                    kinds[kind] = kinds.get(kind, 0) + size
-        return traffic
+        return traffic_by_round(complete.decode("utf-8").splitlines())

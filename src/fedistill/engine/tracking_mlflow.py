@@ -22,6 +22,7 @@ from fedistill.engine.tracking_values import (
     communication_scalars,
     config_params,
     final_scalars,
+    history,
     resumed_round,
     row_scalars,
 )
@@ -116,6 +117,9 @@ class MlflowTracker:
             # a new run in the folder of one that never did any work gets its own: that one's params differ
             reopened = self._reopen(run_dir, uri) if resume else ""
             self.run_id = reopened or self._create(config, run_dir, uri)
+            if not reopened and self.step:  # `track` added on resume, or the MLflow run is gone
+                for row, communication in history(run_dir):
+                    self.log_round(row, communication)
         except MlflowException as exc:
             raise ConfigError(f"track = mlflow: {uri}: {exc.message}") from None
 
@@ -146,6 +150,12 @@ class MlflowTracker:
 
         name = run_dir.resolve().parent.name
         experiment = self.client.get_experiment_by_name(name)
+        if experiment and experiment.lifecycle_stage != "active":  # deleted: its name stays taken
+            raise ConfigError(
+                f"track = mlflow: the MLflow experiment {name!r} in {uri} is deleted; restore it (mlflow "
+                f"experiments restore --experiment-id {experiment.experiment_id}), remove it for good "
+                "(mlflow gc), or run under another --name"
+            )
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
         run = self.client.create_run(
             experiment_id, run_name=config.algorithm, tags={"fedistill.run_dir": str(run_dir.resolve())}

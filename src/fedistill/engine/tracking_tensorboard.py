@@ -19,6 +19,7 @@ from fedistill.engine.tracking_values import (
     communication_scalars,
     config_markdown,
     final_scalars,
+    history,
     resumed_round,
     row_scalars,
 )
@@ -47,9 +48,13 @@ class TensorBoardTracker:
         # from the first round this process runs: a fresh start (0) also hides a run that died before
         # its first checkpoint
         purge = self.step + 1 if self.step else 0
+        fresh = not any((run_dir / "tensorboard").glob("events.out.tfevents.*"))  # `track` added on resume
         self.writer = self.summary_writer(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
-        if not self.step:
+        if fresh or not self.step:
             self.writer.add_text("config", config_markdown(config), 0)
+        if fresh and self.step:  # the rounds before the checkpoint, which no earlier start logged here
+            for row, communication in history(run_dir):
+                self.log_round(row, communication)
         self.writer.flush()
 
     def log_round(self, row: dict[str, Any], communication: Communication) -> None:

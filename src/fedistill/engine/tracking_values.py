@@ -72,6 +72,32 @@ def config_params(config: RunConfig) -> dict[str, str]:
     return params
 
 
+def traffic_by_round(lines: list[str]) -> dict[int, Communication]:
+    """The bytes sent per round, direction and kind in ledger.jsonl lines (blank ones skipped)."""
+    traffic: dict[int, Communication] = {}
+    for line in lines:
+        if line.strip():
+            record = json.loads(line)
+            kinds = traffic.setdefault(record["round"], {}).setdefault(record["direction"], {})
+            for kind, size in record["kinds"].items():
+                kinds[kind] = kinds.get(kind, 0) + size
+    return traffic
+
+
+def history(run_dir: Path) -> list[tuple[dict[str, Any], Communication]]:
+    """Each round a resumed run already holds, as the run loop hands it to a tracker: its metrics row (only
+    `round` for set-up traffic) and traffic. For a tracker that starts on a resumed run holding none of it
+    (`track` added on the resume, an MLflow run that is gone), so its view starts at round 1 too."""
+    path = run_dir / "ledger.jsonl"
+    ledger = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    traffic = traffic_by_round(ledger)
+    path = run_dir / "metrics.jsonl"
+    rows = {row["round"]: row for row in (read_jsonl(path) if path.exists() else [])}
+    last = max(rows, default=0)  # both files are cut back to the checkpoint: nothing after it
+    rounds = sorted(r for r in rows.keys() | traffic.keys() if r <= last)
+    return [(rows.get(r, {"round": r}), traffic.get(r, {})) for r in rounds]
+
+
 def resumed_round(run_dir: Path) -> int:
     """The last round metrics.jsonl holds when tracking starts: 0 for a fresh run, else where a
     resumed run picks up (the loop has already cut the file back to its checkpoint)."""
