@@ -29,8 +29,9 @@ class MetricsWriter:
             self._file = path.open("w", encoding="utf-8")
 
     def write(self, row: dict[str, Any]) -> None:
-        """Append one row, flushed at once; non-finite floats become null so the file stays valid JSON."""
-        row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        """Append one row, flushed at once; non-finite floats (at any depth) become null so the file stays
+        valid JSON."""
+        row = _finite_or_null(row)
         self.rows.append(row)
         try:
             self._file.write(json.dumps(row) + "\n")
@@ -41,6 +42,17 @@ class MetricsWriter:
     def close(self) -> None:
         """Close the metrics file."""
         self._file.close()
+
+
+def _finite_or_null(value: Any) -> Any:
+    """`value` with every non-finite float inside it (dicts and lists too) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_null(v) for v in value]
+    return value
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
