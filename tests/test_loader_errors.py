@@ -82,3 +82,16 @@ def test_the_command_line_prints_the_one_line_and_exits_2(tmp_path, capsys):
     assert code == 2
     assert err.splitlines() == [err], err
     assert err.startswith("fedistill: error: no IXI T1 files") and "IXI002-Guys-0828-T1.nii.gz" in err
+
+
+def test_a_monuseg_tile_found_twice_is_named_instead_of_one_copy_read_silently(tmp_path):
+    """The same tile name in two folders below monuseg/ (a release unpacked twice, a copy beside the
+    original) would have kept one of them silently; neither is known to be the one meant."""
+    from fedistill.data.medical.monuseg import find_tiles
+
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "TCGA-1.tif").write_bytes(b"")
+        (tmp_path / folder / "TCGA-1.xml").write_text("<Annotations/>")
+    with pytest.raises(DataError, match=r"MoNuSeg tile TCGA-1 is found twice: .*a/TCGA-1.tif.*b/TCGA-1.tif"):
+        find_tiles(tmp_path)

@@ -137,6 +137,10 @@ def find_tiles(folder: Path) -> dict[str, tuple[Path, Path]]:
     xmls = {p.stem: p for p in files if p.suffix.lower() == ".xml"}
     if not images:
         raise DataError(f"no *.tif tile under {folder}; expected {LAYOUT} there")
+    for name in sorted({p.stem for p in images}):
+        copies = [str(p) for p in images if p.stem == name]
+        if len(copies) > 1:  # neither copy is known to be the one meant
+            raise DataError(f"MoNuSeg tile {name} is found twice: {' and '.join(copies)}; keep one of them")
     missing = [f"{p.with_suffix('.xml')}" for p in images if p.stem not in xmls]
     if missing:
         raise DataError(
