@@ -151,6 +151,8 @@ def test_an_unknown_tracker_names_the_key_and_the_valid_values():
     # the doc and the message listed "both" as if it were a value; they spell the pair as it is written
     with pytest.raises(ConfigError, match=r"track = 'both'.*or tensorboard,mlflow$"):
         build_config(RunConfig(), {"track": "both"})
+    with pytest.raises(ConfigError, match=r"track = ',': valid values are empty"):  # names no tracker
+        build_config(RunConfig(), {"track": ","})
     doc = next(key.doc for key in config_keys.common_keys() if key.name == "track")
     assert "both" not in doc and "tensorboard,mlflow" in doc
 

@@ -256,7 +256,8 @@ def validate(config: RunConfig) -> None:
             f"algorithm = {c.algorithm!r} names an algorithm twice; each runs once, in its own folder",
         ),
         (
-            all(name in TRACKERS for name in tracker_names(c.track)),
+            all(name in TRACKERS for name in tracker_names(c.track))
+            and bool(tracker_names(c.track)) == bool(c.track.strip()),  # "," names no tracker
             f"track = {c.track!r}: valid values are empty, {', '.join(TRACKERS)}, or {','.join(TRACKERS)}",
         ),
     ]
