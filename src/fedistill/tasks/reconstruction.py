@@ -5,7 +5,8 @@ A dataset stores the fully sampled magnitude slices (float32 in [0, 1], each vol
 images and each slice's brain foreground mask as its targets; the task undersamples on the fly. The
 masks follow fastMRI (`fedistill.data.mri.masks`): random or equispaced columns at an acceleration, a
 fully sampled centre that counts inside the budget, one seeded mask per slice (slice i of a set always
-gets the same mask) or one fixed mask. k-space is simulated from magnitude images, so it has no phase.
+gets the same mask; `train_masks = "per-step"` draws fresh ones for every training batch instead,
+as fastMRI trains) or one fixed mask. k-space is simulated from magnitude images, so it has no phase.
 By default the network learns a correction to its input (`residual`: output = zero-filled image +
 net(zero-filled image)), and a data-consistency step puts the measured lines back into that output's
 k-space (`data_consistency`; learnt residuals and data consistency are cascaded networks' habits, e.g.
@@ -52,6 +53,8 @@ from fedistill.tasks.conditions import BrainForeground
 from fedistill.tasks.per_pixel_batches import per_pixel_batches
 
 OUTPUT_SCALES = ("slice", "none")
+#: per-slice: a training slice keeps its one seeded mask every epoch; per-step: fresh masks every batch
+TRAIN_MASKS = ("per-slice", "per-step")
 #: the smallest std a slice's unit takes: an empty (all-zero) slice keeps its zero-filled input
 MIN_SLICE_STD = 1e-6
 
@@ -74,6 +77,7 @@ class Reconstruction(Task):
     mask: str = "random"  # random | equispaced | equispaced-exact (fastMRI's mask functions)
     mask_mode: str = "per-slice"  # per-slice (seeded by the slice's index) | fixed (one mask for all)
     mask_seed: int = 0  # the seed the masks are drawn from (with the slice's index when per-slice)
+    train_masks: str = "per-slice"  # per-slice (as evaluated) | per-step (fresh per training batch)
     loss_kind: str = "l1"  # l1 | l2
     residual: bool = True  # output = zero-filled input + net(input)
     data_consistency: bool = True  # the measured k-space lines put back into the output
@@ -85,6 +89,15 @@ class Reconstruction(Task):
         if self.mask_mode not in MASK_MODES:
             raise ConfigError(
                 f"task.mask_mode must be one of {', '.join(MASK_MODES)}, got {self.mask_mode!r}"
+            )
+        if self.train_masks not in TRAIN_MASKS:
+            raise ConfigError(
+                f"task.train_masks must be one of {', '.join(TRAIN_MASKS)}, got {self.train_masks!r}"
+            )
+        if self.train_masks == "per-step" and self.mask_mode == "fixed":
+            raise ConfigError(
+                'task.train_masks = "per-step" needs random masks, but mask_mode = "fixed" measures '
+                'every slice with one mask: use mask_mode = "per-slice" or train_masks = "per-slice"'
             )
         if self.loss_kind not in ("l1", "l2"):
             raise ConfigError(f"task.loss_kind must be l1 or l2, got {self.loss_kind!r}")
@@ -123,16 +136,27 @@ class Reconstruction(Task):
     def output_channels(self, info: DatasetInfo) -> int:
         return info.channels
 
-    def undersampled(self, x: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(zero-filled image, measured k-space, mask) of the slices `x` (B, 1, H, W) in [0, 1]."""
-        mask = self.masks(indices, x.shape[-1]).to(x.device)
+    def step_masks(self, generator: torch.Generator) -> SliceMasks:
+        """One training batch's masks under `train_masks = "per-step"`: per-slice masks seeded by a draw
+        from the batch's generator (seeded by the run's seed, the site and the round, and advanced by
+        every batch), so a slice gets a fresh mask each time it is trained on and a rerun the same ones."""
+        draw = int(torch.randint(0, 2**31 - 1, (), generator=generator))
+        return SliceMasks(self.masks.func, "per-slice", draw)
+
+    def undersampled(
+        self, x: torch.Tensor, indices: torch.Tensor, masks: SliceMasks | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """(zero-filled image, measured k-space, mask) of the slices `x` (B, 1, H, W) in [0, 1], with
+        `masks` or the task's own."""
+        mask = (masks or self.masks)(indices, x.shape[-1]).to(x.device)
         kspace, zero_filled = undersample(x, mask)
         return zero_filled.to(x.dtype), kspace, mask
 
-    def net_inputs(self, x: torch.Tensor, indices: torch.Tensor) -> Inputs:
+    def net_inputs(self, x: torch.Tensor, indices: torch.Tensor, masks: SliceMasks | None = None) -> Inputs:
         """What `predict` takes for fully sampled slices `x`: the zero-filled images, or with data
-        consistency (zero-filled, measured k-space, mask); slice i undersampled with mask `indices[i]`."""
-        zero_filled, kspace, mask = self.undersampled(x, indices)
+        consistency (zero-filled, measured k-space, mask); slice i undersampled with mask `indices[i]`
+        of `masks` (the task's own by default)."""
+        zero_filled, kspace, mask = self.undersampled(x, indices, masks)
         return (zero_filled, kspace, mask) if self.data_consistency else zero_filled
 
     def batches(
@@ -147,11 +171,13 @@ class Reconstruction(Task):
         drop_last: bool = False,
     ) -> Iterator[tuple[Inputs, torch.Tensor]]:
         """(inputs, target images): inputs are the zero-filled images, or with data consistency the
-        tuple (zero-filled, measured k-space, mask)."""
+        tuple (zero-filled, measured k-space, mask). Batches drawn with a generator (training's) get
+        fresh masks from it under `train_masks = "per-step"`; evaluation's (none) keep the per-slice ones."""
+        fresh = self.train_masks == "per-step" and generator is not None
         for x, _, idx in per_pixel_batches(
             data, info, batch_size, shuffle=shuffle, generator=generator, augment=augment, drop_last=drop_last
         ):
-            yield self.net_inputs(x, idx), x
+            yield self.net_inputs(x, idx, self.step_masks(generator) if fresh else None), x
 
     def predict(self, model: nn.Module, inputs: Inputs) -> torch.Tensor:
         """The reconstruction: the net's output (plus its input with `residual`), its measured lines
