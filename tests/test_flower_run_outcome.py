@@ -6,6 +6,7 @@ exits 0 whatever happens, so the run's folder records the failure too. Exercised
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,16 @@ def test_a_refusal_is_recorded_as_a_mistake():
     assert failure_line(record) == "fedistill: error: fedavg.aggregate_trim must be in [0, 0.5), got 0.5"
     assert failure_exit_code(record) == 2
     assert failure_record(ValueError("bad\nsecond line")) == {"status": "stopped", "error": "ValueError: bad"}
+
+
+def test_a_run_the_server_stops_logs_why_in_one_line(tmp_path, monkeypatch, caplog):
+    """`flwr run --stream` shows the ServerApp's log: the reason a run stopped (a site misconfigured, too
+    few sites) comes first as one line, as a mistake's does, not only at the end of a traceback."""
+    _poison_site(monkeypatch)
+    config = _config()
+    grid = LocalGrid(apps.make_client_app(config, state_root=tmp_path / "nodes"), config.clients)
+    with caplog.at_level(logging.ERROR), pytest.raises(FederationError):
+        apps.make_server_app(config, tmp_path / "run")(grid, _context())
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors and errors[0].startswith("fedistill: run stopped: only 1 of 2 clients")
+    assert "\n" not in errors[0]

@@ -140,7 +140,7 @@ def make_server_app(
     Under `flwr run` (no `errors`) every failure reaches Flower, which marks the run `finished:failed`
     and ends the ServerApp's process with a non-zero code; `flwr run` itself exits 0 whatever the run's
     outcome, so the run's folder records the failure first (outcome.py). A user mistake (a bad `-c`
-    value, a missing file) is also logged as one line."""
+    value, a missing file) or a stop (a site misconfigured, too few sites) is also logged as one line."""
     app = ServerApp()
 
     @app.main()
@@ -161,9 +161,10 @@ def make_server_app(
                 errors.append(exc)
                 return
             record_failure(target, exc)
-            if isinstance(exc, UserError):
-                log.error("fedistill: error: %s", exc)
-                raise exc.with_traceback(None) from None  # the mistake, not where it was found
+            if isinstance(exc, UserError | FederationError):
+                stop = "error" if isinstance(exc, UserError) else "run stopped"
+                log.error("fedistill: %s: %s", stop, exc)
+                raise exc.with_traceback(None) from None  # the reason, not where it was found
             raise
         clear_failure(target)
         if results is not None:
