@@ -360,8 +360,9 @@ def test_summary_of_a_run_with_unfinished_algorithms_names_them(finished, tmp_pa
     copy = _copy(finished, tmp_path)
     config = copy / "config.toml"
     config.write_text(config.read_text().replace('algorithm = "fedavg"', 'algorithm = "fedavg,fediod"'))
-    with pytest.warns(UserWarning, match=r"not finished \(no summary\.json\): fediod; finish with"):
+    with pytest.warns(UserWarning, match=r"not finished \(no summary\.json\): fediod; finish with") as caught:
         result = fedistill.summary(copy)
+    assert caught[0].filename == __file__  # the warning points at the caller's line, not into fedistill
     assert list(result) == ["fedavg"] and result.unfinished == ("fediod",)
     with pytest.raises(KeyError, match=r"fediod has not finished in .*: fedistill run --resume"):
         result["fediod"]

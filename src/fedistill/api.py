@@ -62,7 +62,7 @@ def run(
 
 def summary(run_dir: str | Path) -> RunResult:
     """The results of a finished run directory (or of one algorithm's folder of one)."""
-    return read_run(run_dir)
+    return read_run(run_dir, stacklevel=3)
 
 
 def run_config(config: str | Path | RunConfig | None, keys: dict[str, Any]) -> RunConfig:

@@ -124,10 +124,10 @@ def read_algorithm(run_dir: Path) -> AlgorithmResult:
     )
 
 
-def read_run(run_dir: str | Path) -> RunResult:
+def read_run(run_dir: str | Path, *, stacklevel: int = 2) -> RunResult:
     """The results of a finished run directory, or of one algorithm's folder of one. Algorithms the run
     plans that have not finished are left out, named in `unfinished` and in a UserWarning, as `fedistill
-    summary` names them on stderr."""
+    summary` names them on stderr; `stacklevel`: the warning's, so that it points at the user's line."""
     path = check_run_dir(Path(run_dir))
     unfinished: list[str] = []
     if is_algorithm_dir(path):
@@ -147,7 +147,7 @@ def read_run(run_dir: str | Path) -> RunResult:
             f"{path}: not finished (no summary.json): {', '.join(unfinished)}; "
             f"finish with `fedistill run --resume {path}`",
             UserWarning,
-            stacklevel=2,
+            stacklevel=stacklevel,
         )
     algorithms = {result.name: result for result in results}
     return RunResult(run_dir=path, algorithms=algorithms, unfinished=tuple(unfinished))
