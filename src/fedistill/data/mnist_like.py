@@ -231,13 +231,13 @@ def load_emnist(split: str) -> Callable[..., LoadedDataset]:
     def load(folder: Path, download: bool, verify: bool) -> LoadedDataset:
         (xi, xn), (yi, yn), (ti, tn), (ui, un) = _emnist_sources(folder, split, download, verify)
         parts = []
-        for images, labels_name in (
-            (read_idx_pair(xi, yi, images_name=xn, labels_name=yn), yn),
-            (read_idx_pair(ti, ui, images_name=tn, labels_name=un), un),
-        ):
-            x = images.x.transpose(2, 3).contiguous()  # NIST stores each image transposed
+        for images_in, labels_in, images_name, labels_name in ((xi, yi, xn, yn), (ti, ui, tn, un)):
+            # NIST stores each image transposed: turned upright as it is read, with no second copy
+            images = read_idx_pair(
+                images_in, labels_in, images_name=images_name, labels_name=labels_name, transposed=True
+            )
             y = images.y - 1 if split == "letters" else images.y
-            parts.append(_check_labels(ImageSet(x, y), len(classes), labels_name))
+            parts.append(_check_labels(ImageSet(images.x, y), len(classes), labels_name))
         info = _mnist_like_info(f"emnist-{split}", parts[0].x, len(classes), classes)
         return LoadedDataset(info, parts[0], parts[1])
 
