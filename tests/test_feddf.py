@@ -315,6 +315,31 @@ def test_a_saved_generator_records_its_upsamplings_and_loads_with_them(tmp_path)
         dd.load_generator(path)
 
 
+@pytest.mark.parametrize("layout", ["fediod", "dense"])
+def test_a_saved_generator_of_either_layout_reloads_from_its_weights(tmp_path, layout):
+    """FedIOD's G has 4w channels before its first convolution, DENSE's 2w: the weights tell which, so
+    either reloads as it was saved, with the same images."""
+    info = _info(channels=1, size=8)
+    original = seeded(0, lambda: build_generator(info, latent_dim=8, width=4, layout=layout), "g").eval()
+    state = original.state_dict()
+    assert dd.infer_generator_shape(state) == {
+        "latent_dim": 8, "width": 4, "channels": 1, "image_size": 8, "layout": layout
+    }  # fmt: skip
+    path = tmp_path / "generator.safetensors"
+    save_model(original, path, {"algorithm": "dense", **original.export_metadata()})
+    loaded = dd.load_generator(path)
+    assert loaded.layout == layout
+    z = original.sample_latent(5, torch.Generator().manual_seed(0))
+    assert torch.equal(loaded.forward_unit(z), original.forward_unit(z))
+
+
+def test_a_generator_of_neither_layout_is_refused_naming_both():
+    state = build_generator(_info(channels=1, size=8), latent_dim=8, width=4).state_dict()
+    state["conv_blocks.2.weight"] = torch.zeros(8, 12, 3, 3)  # 3w channels: neither 4w nor 2w
+    with pytest.raises(ConfigError, match=r"takes 12 channels; .*width 4 has 16 \(fediod\) or 8 \(dense\)"):
+        dd.infer_generator_shape(state)
+
+
 def test_a_conditional_generator_is_refused_as_a_source_not_fed_noise_for_its_condition(tmp_path):
     """A per-client FedIOD G takes z and a condition; read back it looked unconditional with a longer z,
     and the source filled the condition with noise."""

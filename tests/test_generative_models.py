@@ -89,6 +89,23 @@ def test_generator_matches_released_layers_at_cifar_size():
     assert [m.mode for m in mosaickd.conv_blocks if isinstance(m, nn.Upsample)] == ["nearest", "nearest"]
 
 
+def test_the_dense_layout_has_the_official_dense_generators_parameters():
+    """DENSE's released generator (nz = 256, ngf = 64, 32x32x3): FedIOD's layers with 2w channels before
+    the first convolution instead of 4w. By hand, s = 32 // 4 = 8:
+      l1: 256 * (128 * 8 * 8) + 128 * 8 * 8 = 2,105,344     BN(128): 256
+      conv 128 -> 128, 3x3, no bias: 147,456                 BN(128): 256
+      conv 128 -> 64, 3x3, no bias: 73,728                   BN(64): 128
+      conv 64 -> 3, 3x3, with bias: 1,731
+      total 2,328,899 (FedIOD's layout at these sizes, the default: 4,581,955)."""
+    dense = build_generator(CIFAR10, latent_dim=256, width=64, upsample="nearest", layout="dense")
+    assert count_parameters(dense) == 2_328_899
+    default = build_generator(CIFAR10, latent_dim=256, width=64, upsample="nearest")
+    assert default.layout == "fediod" and count_parameters(default) == 4_581_955
+    assert [k for k in dense.state_dict()] == [k for k in default.state_dict()]  # the same names
+    assert dense.l1[0].out_features == 128 * 8 * 8 and dense.conv_blocks[2].in_channels == 128
+    assert dense(dense.sample_latent(2)).shape == (2, 3, 32, 32)
+
+
 @pytest.mark.parametrize("upsamples", [0, 1])
 def test_generator_with_fewer_upsamplings_builds_at_a_larger_size(upsamples: int):
     """upsamples = 1 / 0: the same layers from a half- / full-size grid; a dropped upsampling is an
@@ -169,6 +186,7 @@ def test_generator_rejects_sizes_not_divisible_by_four(size: int):
         ({"upsample": "bilinar"}, "did you mean 'bilinear'"),
         ({"upsamples": 3}, "upsamples must be 0, 1 or 2, got 3"),
         ({"upsamples": True}, "upsamples must be 0, 1 or 2, got True"),
+        ({"layout": "dcgan"}, "generator layout 'dcgan'.*fediod, dense"),
     ],
 )
 def test_build_generator_rejects_bad_values(kwargs: dict, named: str):

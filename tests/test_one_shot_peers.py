@@ -261,6 +261,7 @@ def test_both_train_their_local_models_as_fediod_by_default():
         ({"coboosting": {"reweight_decay": 1.5}}, "coboosting.reweight_decay must be in"),
         ({"coboosting": {"w_adv": -1.0}}, "coboosting.w_adv must be a finite number >= 0"),
         ({"dense": {"generator_upsamples": 3}}, "dense.generator_upsamples must be auto, 0, 1 or 2; got 3"),
+        ({"dense": {"generator_layout": "dcgan"}}, "dense.generator_layout must be one of fediod, dense"),
         # a Co-Boosting option its own switch turns off would be ignored: refused, naming the switch
         (
             {"coboosting": {"perturbation": "none", "perturb_eps": 0.1}},
@@ -296,6 +297,24 @@ def test_their_generator_starts_from_a_4x4_grid_on_digits_as_fediods(server_type
 
     assert kind().generator_upsamples == FedIODOptions().generator_upsamples == "auto"
     assert (grid(), grid(generator_upsamples=2)) == (4, 2)
+
+
+def test_the_dense_generator_layout_runs_with_the_official_codes_channels(tmp_path):
+    """generator_layout = "dense": DENSE's released G (2w channels before the first convolution, not
+    FedIOD's 4w), listed by `fedistill list --options dense`; the default stays FedIOD's."""
+    from fedistill.reference.options import format_options
+
+    assert DenseOptions().generator_layout == "fediod"
+    assert "generator_layout = " in format_options("dense")
+    config = build_config(_tiny("dense", rounds=1, generator_layout="dense"), {"val_fraction": 0.0},
+                          {"dense": {"selection": "last"}})  # fmt: skip
+    summary = run_suite(config, tmp_path / "s", progress=False)[0]
+    assert summary["final"]["test_accuracy"] >= 0.0
+    info = load_dataset("digits", "data").info
+    options = options_for(config, "dense", DenseOptions)
+    ctx = ServerContext(info, config, options, 2, lambda m: {"accuracy": 0.0, "loss": 0.0})
+    generator = DenseServer(ctx).generator
+    assert generator.layout == "dense" and generator.l1[0].out_features == 2 * 8 * 4 * 4
 
 
 def test_the_official_code_preset_takes_the_released_codes_values_unless_set():

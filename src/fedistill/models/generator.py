@@ -4,6 +4,8 @@ Layer by layer it is ``Generator(nz, ngf, img_size, nc)`` of those codes, with `
 ``width`` = ngf and the image size and channel count taken from the dataset; the parameter names
 (``l1.0.*``, ``conv_blocks.N.*``) are theirs too, so released generator weights load unchanged.
 The two codes differ in one layer, the second upsampling: FedIOD uses bilinear, MosaicKD nearest.
+``layout="dense"`` builds DENSE's released generator instead: the same layers and names with 2w channels
+before the first convolution where those codes have 4w (`GENERATOR_LAYOUTS`).
 
 G ends in a sigmoid, so it draws images in [0, 1]; :meth:`Generator.forward` then normalises them with
 the dataset's mean and std, as FedIOD does before the images reach its discriminators, teachers and
@@ -20,6 +22,10 @@ from fedistill.errors import ConfigError
 from fedistill.models.base import unknown_choice
 
 UPSAMPLE_MODES = ("bilinear", "nearest")
+#: The channels of G's base grid, before its first convolution: fediod 4w (FedIOD's and MosaicKD's), dense
+#: 2w (DENSE's released code). The rest is the same: 2w, then w, then the image.
+GENERATOR_LAYOUTS = ("fediod", "dense")
+HEAD_FACTORS = {"fediod": 4, "dense": 2}
 UPSAMPLES = ("auto", 0, 1, 2)
 MIN_BASE_GRID_PX = 4
 
@@ -69,9 +75,11 @@ class Generator(nn.Module):
         upsample: str = "bilinear",
         condition_dim: int = 0,
         upsamples: int = 2,
+        layout: str = "fediod",
     ):
         """`condition_dim` > 0 makes G conditional: its input is z followed by a condition vector of
-        that length (FedIOD's per-client mixture feeds the one-hot of the client a sample is for)."""
+        that length (FedIOD's per-client mixture feeds the one-hot of the client a sample is for);
+        `layout` is one of `GENERATOR_LAYOUTS`."""
         super().__init__()
         latent_dim = _check_positive("latent_dim", latent_dim)
         if isinstance(condition_dim, bool) or not isinstance(condition_dim, int) or condition_dim < 0:
@@ -79,6 +87,8 @@ class Generator(nn.Module):
         width = _check_positive("generator width", width)
         if upsample not in UPSAMPLE_MODES:
             raise unknown_choice("upsample mode", upsample, UPSAMPLE_MODES)
+        if layout not in GENERATOR_LAYOUTS:
+            raise unknown_choice("generator layout", layout, GENERATOR_LAYOUTS)
         if isinstance(upsamples, bool) or upsamples not in (0, 1, 2):
             raise ConfigError(f"the generator's upsamples must be 0, 1 or 2, got {upsamples!r}")
         factor = 2**upsamples
@@ -92,6 +102,8 @@ class Generator(nn.Module):
         self.width = width
         self.channels = info.channels
         self.upsamples = upsamples
+        self.layout = layout
+        head = HEAD_FACTORS[layout] * width
         self.init_size = info.image_size // factor
         first_upsample: nn.Module = nn.Identity()
         if upsamples >= 1:
@@ -103,12 +115,13 @@ class Generator(nn.Module):
                 if upsample == "bilinear"
                 else nn.Upsample(scale_factor=2, mode="nearest")
             )
-        # Linear z → (4·width, s, s); both codes wrap it in a Sequential, hence the key "l1.0".
-        self.l1 = nn.Sequential(nn.Linear(latent_dim + condition_dim, 4 * width * self.init_size**2))
+        # Linear z → (head, s, s), head 4·width (2·width in DENSE's layout); the codes wrap it in a
+        # Sequential, hence the key "l1.0".
+        self.l1 = nn.Sequential(nn.Linear(latent_dim + condition_dim, head * self.init_size**2))
         self.conv_blocks = nn.Sequential(
-            nn.BatchNorm2d(4 * width),  # no activation after this BN, as in both codes
+            nn.BatchNorm2d(head),  # no activation after this BN, as in both codes
             first_upsample,
-            nn.Conv2d(4 * width, 2 * width, 3, stride=1, padding=1, bias=False),
+            nn.Conv2d(head, 2 * width, 3, stride=1, padding=1, bias=False),
             nn.BatchNorm2d(2 * width),
             nn.LeakyReLU(0.2, inplace=True),
             second_upsample,  # FedIOD: bilinear; MosaicKD: nearest
@@ -165,8 +178,10 @@ def build_generator(
     upsample: str = "bilinear",
     condition_dim: int = 0,
     upsamples: int = 2,
+    layout: str = "fediod",
 ) -> Generator:
-    """FedIOD's generator for ``info`` (``upsample="nearest"``: MosaicKD's); ConfigError on bad values."""
+    """FedIOD's generator for ``info`` (``upsample="nearest"``: MosaicKD's; ``layout="dense"``: DENSE's
+    channels); ConfigError on bad values."""
     return Generator(
         info,
         latent_dim=latent_dim,
@@ -174,4 +189,5 @@ def build_generator(
         upsample=upsample,
         condition_dim=condition_dim,
         upsamples=upsamples,
+        layout=layout,
     )

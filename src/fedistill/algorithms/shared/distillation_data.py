@@ -36,7 +36,7 @@ from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.data.registry import dataset_options, load_dataset
 from fedistill.data.transforms import fit_images, normalize, to_float
 from fedistill.errors import ConfigError, UserError
-from fedistill.models.generator import Generator, build_generator
+from fedistill.models.generator import HEAD_FACTORS, Generator, build_generator
 from fedistill.seeding import torch_generator
 from fedistill.tasks.text import trim_padding
 
@@ -236,35 +236,46 @@ def text_source(
     return TokenPool(loaded.train.x, info, argument)  # only the texts leave this function
 
 
-def infer_generator_shape(state: dict[str, torch.Tensor], upsamples: int = 2) -> dict[str, int]:
-    """latent_dim, width, channels and image_size of a `models.generator.Generator` from its weights and
-    its number of upsamplings (2: the paper's; a file fedistill saved records its own)."""
+def infer_generator_shape(state: dict[str, torch.Tensor], upsamples: int = 2) -> dict[str, int | str]:
+    """latent_dim, width, channels, image_size and layout of a `models.generator.Generator` from its
+    weights and its number of upsamplings (2: the paper's; a file fedistill saved records its own). The
+    layout is read from the first convolution's input: 4 * width channels FedIOD's, 2 * width DENSE's."""
     try:
-        linear = state["l1.0.weight"]  # (4 * width * s * s, latent_dim)
+        linear = state["l1.0.weight"]  # (head * s * s, latent_dim)
+        first = state["conv_blocks.2.weight"]  # (2 * width, head, 3, 3)
         last = state["conv_blocks.9.weight"]  # (channels, width, 3, 3)
     except KeyError as missing:
         raise ConfigError(
             f"the generator file lacks {missing}: it is not a fedistill/FedIOD generator "
             f"(expected keys l1.0.weight and conv_blocks.*)"
         ) from None
-    channels, width = int(last.shape[0]), int(last.shape[1])
-    init_size = math.isqrt(int(linear.shape[0]) // (4 * width))
-    if 4 * width * init_size**2 != linear.shape[0]:
+    channels, width, head = int(last.shape[0]), int(last.shape[1]), int(first.shape[1])
+    layouts = {factor * width: name for name, factor in HEAD_FACTORS.items()}
+    if head not in layouts:
+        accepted = " or ".join(f"{size} ({name})" for size, name in layouts.items())
+        raise ConfigError(
+            f"the generator's first convolution takes {head} channels; a generator of width {width} "
+            f"has {accepted}"
+        )
+    init_size = math.isqrt(int(linear.shape[0]) // head)
+    if head * init_size**2 != linear.shape[0]:
         raise ConfigError(f"the generator's first layer {tuple(linear.shape)} does not fit width {width}")
     return {
         "latent_dim": int(linear.shape[1]),
         "width": width,
         "channels": channels,
         "image_size": 2**upsamples * init_size,
+        "layout": layouts[head],
     }
 
 
 def load_generator(path: str | Path, *, upsample: str = "bilinear", key: str = KEY) -> Generator:
     """A frozen generator rebuilt from a safetensors file alone, in eval mode.
 
-    The shapes come from the weights (see `infer_generator_shape`) and the number of upsamplings from the
-    file's metadata (2, the paper's, when it records none, as in released weights); the one choice neither
-    records is the second upsampling layer: FedIOD's `bilinear` (the default) or MosaicKD's `nearest`.
+    The shapes and layout come from the weights (see `infer_generator_shape`) and the number of
+    upsamplings from the file's metadata (2, the paper's, when it records none, as in released weights);
+    the one choice neither records is the second upsampling layer: FedIOD's `bilinear` (the default) or
+    MosaicKD's `nearest`.
     """
     from safetensors import safe_open
 
@@ -291,20 +302,22 @@ def load_generator(path: str | Path, *, upsample: str = "bilinear", key: str = K
         )
     upsamples = int(recorded)
     shape = infer_generator_shape(state, upsamples)
+    channels = int(shape["channels"])
     info = DatasetInfo(
         name="generator",
-        channels=shape["channels"],
-        image_size=shape["image_size"],
+        channels=channels,
+        image_size=int(shape["image_size"]),
         num_classes=1,
-        mean=(0.0,) * shape["channels"],
-        std=(1.0,) * shape["channels"],
+        mean=(0.0,) * channels,
+        std=(1.0,) * channels,
     )
     generator = build_generator(
         info,
-        latent_dim=shape["latent_dim"],
-        width=shape["width"],
+        latent_dim=int(shape["latent_dim"]),
+        width=int(shape["width"]),
         upsample=upsample,
         upsamples=upsamples,
+        layout=str(shape["layout"]),
     )
     generator.load_state_dict(state)
     generator.eval()

@@ -19,7 +19,7 @@ from fedistill.algorithms.shared.option_checks import (
 )
 from fedistill.config import RunConfig
 from fedistill.errors import ConfigError
-from fedistill.models.generator import check_upsamples
+from fedistill.models.generator import GENERATOR_LAYOUTS, check_upsamples
 
 SELECTIONS = ("clients", "server", "last")
 
@@ -39,6 +39,9 @@ class DenseOptions:
     g_steps: int = 30  # --g_steps
     latent_dim: int = 256  # nz
     generator_width: int = 64  # ngf (FedIOD's generator with nearest upsampling, see dense/server.py)
+    # fediod (default, as recorded): FedIOD's G, 4w/2w/w channels (256/128/64 at width 64); dense: the
+    # released code's G, 2w/2w/w (4,581,955 against 2,328,899 parameters at 32x32x3, nz 256, ngf 64)
+    generator_layout: str = "fediod"
     # how often G upsamples its base grid: 0, 1, 2 (the code's) or auto, 2 unless the grid would be under
     # 4 px (8x8 digits: 1), as FedIOD's (`models.generator.resolve_upsamples`)
     generator_upsamples: int | str = "auto"
@@ -76,7 +79,15 @@ class DenseOptions:
     def validate(self) -> None:
         """Check the choices and that the epochs, sizes, steps and rates are in range."""
         s = self.section
-        check_choices(s, self, {"schedule": ("constant", "cosine"), "selection": SELECTIONS})
+        check_choices(
+            s,
+            self,
+            {
+                "schedule": ("constant", "cosine"),
+                "selection": SELECTIONS,
+                "generator_layout": GENERATOR_LAYOUTS,
+            },
+        )
         check_model_names(s, self, self.model_keys)
         for key in ("teacher_epochs", "g_steps", "latent_dim", "generator_width"):
             if getattr(self, key) < 1:

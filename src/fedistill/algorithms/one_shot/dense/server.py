@@ -14,7 +14,8 @@ One epoch (DENSE's released code, `loop_df_fl.py` / `AdvSynthesizer`):
    weights move).
 
 Differences from the code, all for a CPU and small images: the generator is FedIOD's
-(models/generator.py, nearest upsampling: 4w, 2w, w channels against DENSE's 2w, 2w, w); the pool keeps
+(models/generator.py, nearest upsampling: 4w, 2w, w channels against DENSE's 2w, 2w, w; the code's with
+`generator_layout = "dense"`); the pool keeps
 float tensors (the code writes 8-bit PNGs and reloads them); no augmentation of the synthetic images
 (the code crops and flips, which digits do not allow). Everything random derives from (seed, epoch), and
 the checkpoint holds the teachers, G, S, the optimisers, the pool and the ensemble weights, so a resumed
@@ -83,6 +84,7 @@ class DenseServer(ServerLogic):
                 width=options.generator_width,
                 upsample="nearest",
                 upsamples=resolve_upsamples(options.generator_upsamples, info.image_size),
+                layout=options.generator_layout,
             ),
             "generator-init",
         )
