@@ -376,6 +376,86 @@ def test_a_second_process_on_a_locked_run_gets_a_clear_message(tmp_path, capsys)
     assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 0  # the lock died with it
 
 
+def _unfinished_run(tmp_path: Path, capsys) -> Path:
+    """A run planning fedavg and fediod with neither finished, as one still in its rounds leaves it."""
+    assert main(_run(tmp_path, "--name", "r")) == 0
+    run = tmp_path / "r"
+    (run / "fedavg" / "summary.json").rename(run / "fedavg.summary")
+    config = run / "config.toml"
+    config.write_text(config.read_text().replace('algorithm = "fedavg"', 'algorithm = "fedavg,fediod"'))
+    capsys.readouterr()
+    return run
+
+
+def _reading_messages(run: Path, capsys) -> list[str]:
+    """What `fedistill summary`, `fedistill.summary` and `fedistill.load_model` say of the run: with no
+    algorithm finished, then with fedavg finished and fediod still to come."""
+    import fedistill
+    from fedistill.errors import RunDirError
+
+    assert main(["summary", str(run)]) == 2
+    said = [_one_line(capsys)]
+    for read in (
+        fedistill.summary,
+        *(lambda r, a=a: fedistill.load_model(r, a) for a in ("fedavg", "fediod")),
+    ):
+        with pytest.raises(RunDirError) as info:
+            read(run)
+        said.append(str(info.value))
+    (run / "fedavg.summary").rename(run / "fedavg" / "summary.json")
+    try:
+        assert main(["summary", str(run)]) == 0
+        said.append(capsys.readouterr().err.strip())
+        with pytest.warns(UserWarning) as warned:
+            result = fedistill.summary(run)
+        said.append(str(warned[0].message))
+        with pytest.raises(KeyError) as info:
+            result["fediod"]
+        said.append(str(info.value))
+    finally:
+        (run / "fedavg" / "summary.json").rename(run / "fedavg.summary")
+    return said
+
+
+def test_reading_a_run_another_process_is_writing_says_it_is_running_not_to_resume_it(tmp_path, capsys):
+    """While a run's lock is held, the run is being trained: advising `--resume` would start a second
+    writer on it, which the lock refuses. The messages say it is running, and by which process."""
+    from fedistill.engine.suite_dir import locked
+
+    run = _unfinished_run(tmp_path, capsys)
+    with locked(run):
+        for line in _reading_messages(run, capsys):
+            assert f"still running (pid {os.getpid()})" in line and "--resume" not in line, line
+    for line in _reading_messages(run, capsys):  # the lock released: a stopped run, to finish
+        assert "--resume" in line and "still running" not in line, line
+
+
+def test_reading_a_run_whose_writer_was_killed_keeps_the_advice_to_resume(tmp_path, capsys):
+    """A stale lock (its process killed with -9 leaves .lock and .lock-owner) is no running run."""
+    run = _unfinished_run(tmp_path, capsys)
+    holder = textwrap.dedent(
+        f"""
+        import time
+        from pathlib import Path
+        from fedistill.engine.suite_dir import locked
+        with locked(Path({str(run)!r})):
+            print("locked", flush=True)
+            time.sleep(30)
+        """
+    )
+    process = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "locked"
+        for line in _reading_messages(run, capsys):
+            assert f"still running (pid {process.pid})" in line and "--resume" not in line, line
+    finally:
+        process.kill()
+        process.wait()
+    assert (run / ".lock").is_file() and (run / ".lock-owner").read_text() == str(process.pid)
+    for line in _reading_messages(run, capsys):
+        assert "--resume" in line and "still running" not in line, line
+
+
 # --- 6. --resume of an algorithm's folder -------------------------------------------------------------
 def test_resume_of_an_algorithm_folder_names_the_run(tmp_path, capsys):
     assert main(_run(tmp_path, "--name", "r")) == 0

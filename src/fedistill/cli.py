@@ -301,6 +301,7 @@ def command_summary(args: argparse.Namespace) -> int:
     `fedistill run` printed them; those not finished yet (running, failed, interrupted) are named on
     stderr, with the command that finishes them."""
     from fedistill.config import read_config
+    from fedistill.engine.suite_dir import still_running
     from fedistill.engine.summary import print_results, read_summary
 
     run_dir = Path(args.run_dir)
@@ -325,10 +326,8 @@ def command_summary(args: argparse.Namespace) -> int:
             print(failure_line(failure), file=sys.stderr)
             return failure_exit_code(failure)
         if unfinished:
-            raise UserError(
-                f"{run_dir} holds no finished run yet (no summary.json); "
-                f"finish it with `fedistill run --resume {suite}`"
-            )
+            advice = still_running(suite) or f"finish it with `fedistill run --resume {suite}`"
+            raise UserError(f"{run_dir} holds no finished run yet (no summary.json); {advice}")
         runs = [d for d in sorted(run_dir.iterdir()) if (d / "config.toml").is_file()]
         if runs:  # the --out folder, which holds runs: name them
             shown = ", ".join(str(d) for d in runs[:5])
@@ -341,7 +340,7 @@ def command_summary(args: argparse.Namespace) -> int:
             print(f"fedistill: {s['algorithm']} stopped early: {s['stopped']}", file=sys.stderr)
     if unfinished:
         names = ", ".join(unfinished)
-        finish = f"finish with `fedistill run --resume {suite}`"
+        finish = still_running(suite) or f"finish with `fedistill run --resume {suite}`"
         print(f"fedistill: not finished (no summary.json): {names}; {finish}", file=sys.stderr)
     return 0
 

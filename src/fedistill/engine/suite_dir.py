@@ -2,7 +2,8 @@
 
 Two processes must never write one run: each run and each `--resume` holds an exclusive lock on
 `<run>/.lock` for as long as it writes, released by the operating system when the process ends, even
-on `kill -9`. A second process gets a clear message instead of garbling the first one's files.
+on `kill -9`. A second process gets a clear message instead of garbling the first one's files, and a
+reader of an unfinished run (`still_running`) says it is being trained rather than advising `--resume`.
 """
 
 from __future__ import annotations
@@ -158,3 +159,44 @@ def locked(suite_dir: Path) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+def still_running(suite_dir: Path) -> str | None:
+    """'it is still running (pid N); wait for it to finish' while a live process holds the run's lock;
+    None when none does (no lock, or a stale one a killed process left), and `--resume` finishes the run.
+
+    The probe takes a shared lock on a read-only descriptor: it writes nothing, works on a read-only copy,
+    and a lock file the file system cannot lock reads as not held."""
+    path = suite_dir / LOCK
+    try:
+        if not path.is_file() or not _held(path):
+            return None
+        owner = (
+            (suite_dir / OWNER).read_text(encoding="utf-8").strip() if (suite_dir / OWNER).is_file() else ""
+        )
+    except OSError:
+        return None
+    by = f"pid {owner}" if owner else "another process holds its lock"
+    return f"it is still running ({by}); wait for it to finish"
+
+
+def _held(path: Path) -> bool:
+    """Whether another open lock of `path` holds it now."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): try the writers' own lock, and let it go at once
+        lock = FileLock(str(path), timeout=0)
+        try:
+            lock.acquire()
+        except Timeout:
+            return True
+        lock.release()
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing lets the shared lock go
+    return False

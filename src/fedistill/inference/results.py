@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedistill.engine.suite_dir import still_running
 from fedistill.errors import RunDirError
 from fedistill.inference.run_folder import algorithms_in, check_run_dir, is_algorithm_dir, planned_algorithms
 
@@ -69,9 +70,8 @@ class RunResult:
 
     def __getitem__(self, name: str) -> AlgorithmResult:
         if name in self.unfinished:
-            raise KeyError(
-                f"{name} has not finished in {self.run_dir}: fedistill run --resume {self.run_dir}"
-            )
+            advice = still_running(self.run_dir) or f"fedistill run --resume {self.run_dir}"
+            raise KeyError(f"{name} has not finished in {self.run_dir}: {advice}")
         if name not in self.algorithms:
             raise KeyError(f"no {name!r} in {self.run_dir} (it holds: {', '.join(self.algorithms)})")
         return self.algorithms[name]
@@ -136,16 +136,15 @@ def read_run(run_dir: str | Path, *, stacklevel: int = 2) -> RunResult:
         folders = [path / name for name in algorithms_in(path) if (path / name / "summary.json").is_file()]
         done = {folder.name for folder in folders}
         unfinished = [name for name in planned_algorithms(path) if name not in done]
+    suite = path.parent if is_algorithm_dir(path) else path
     if not folders or not (folders[0] / "summary.json").is_file():
-        raise RunDirError(
-            f"{path} holds no finished run yet (no summary.json); finish it with "
-            f"`fedistill run --resume {path.parent if is_algorithm_dir(path) else path}`"
-        )
+        advice = still_running(suite) or f"finish it with `fedistill run --resume {suite}`"
+        raise RunDirError(f"{path} holds no finished run yet (no summary.json); {advice}")
     results = [read_algorithm(folder) for folder in folders]
     if unfinished:
         warnings.warn(
             f"{path}: not finished (no summary.json): {', '.join(unfinished)}; "
-            f"finish with `fedistill run --resume {path}`",
+            + (still_running(path) or f"finish with `fedistill run --resume {path}`"),
             UserWarning,
             stacklevel=stacklevel,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fedistill.engine.suite_dir import still_running
 from fedistill.errors import RunDirError
 
 
@@ -74,10 +75,8 @@ def algorithm_dir(run_dir: str | Path, algorithm: str | None = None) -> Path:
         unstarted = [name for name in planned_algorithms(path) if name not in present]
         if not present:  # nothing to choose between
             plans = f" (it plans {', '.join(unstarted)})" if unstarted else ""
-            raise RunDirError(
-                f"no algorithm has started in {path} yet{plans}; finish the run with "
-                f"`fedistill run --resume {path}`"
-            )
+            advice = still_running(path) or f"finish the run with `fedistill run --resume {path}`"
+            raise RunDirError(f"no algorithm has started in {path} yet{plans}; {advice}")
         if len(present) == 1 and not unstarted:
             return path / present[0]
         which = ", ".join(present)
@@ -90,9 +89,8 @@ def algorithm_dir(run_dir: str | Path, algorithm: str | None = None) -> Path:
     if algorithm in present:
         return path / algorithm
     if algorithm in planned_algorithms(path):
-        raise RunDirError(
-            f"{algorithm} has not started in {path} yet; finish the run with `fedistill run --resume {path}`"
-        )
+        advice = still_running(path) or f"finish the run with `fedistill run --resume {path}`"
+        raise RunDirError(f"{algorithm} has not started in {path} yet; {advice}")
     held = ", ".join(present) if present else "none"
     raise RunDirError(f"the run {path} holds no {algorithm!r} (it holds: {held})")
 
@@ -101,8 +99,6 @@ def finished_dir(run_dir: str | Path, algorithm: str | None = None) -> Path:
     """`algorithm_dir`, and RunDirError when that algorithm has not finished (no summary.json)."""
     path = algorithm_dir(run_dir, algorithm)
     if not (path / "summary.json").is_file():
-        raise RunDirError(
-            f"{path.name} in {path.parent} has not finished (no summary.json); "
-            f"finish it with `fedistill run --resume {path.parent}`"
-        )
+        advice = still_running(path.parent) or f"finish it with `fedistill run --resume {path.parent}`"
+        raise RunDirError(f"{path.name} in {path.parent} has not finished (no summary.json); {advice}")
     return path
