@@ -147,11 +147,8 @@ def locked(suite_dir: Path) -> Iterator[None]:
     try:
         lock.acquire()
     except Timeout:
-        owner = (
-            (suite_dir / OWNER).read_text(encoding="utf-8").strip() if (suite_dir / OWNER).is_file() else "?"
-        )
         raise RunDirError(
-            f"{suite_dir} is being written by another fedistill process (pid {owner}); "
+            f"{suite_dir} is being written by another fedistill process (pid {_owner(suite_dir) or '?'}); "
             "wait for it to finish, or stop it and continue with --resume"
         ) from None
     try:
@@ -171,13 +168,17 @@ def still_running(suite_dir: Path) -> str | None:
     try:
         if not path.is_file() or not _held(path):
             return None
-        owner = (
-            (suite_dir / OWNER).read_text(encoding="utf-8").strip() if (suite_dir / OWNER).is_file() else ""
-        )
+        owner = _owner(suite_dir)
     except OSError:
         return None
     by = f"pid {owner}" if owner else "another process holds its lock"
     return f"it is still running ({by}); wait for it to finish"
+
+
+def _owner(suite_dir: Path) -> str:
+    """The process id the lock's holder wrote beside it; "" when none is recorded."""
+    owner = suite_dir / OWNER
+    return owner.read_text(encoding="utf-8").strip() if owner.is_file() else ""
 
 
 def _held(path: Path) -> bool:
