@@ -371,3 +371,10 @@ def test_list_options_of_a_dataset_model_or_partitioner_says_where_their_options
     assert main(["list", "--options", name]) == 2
     line = _error_line(capsys)
     assert expected in line and "fedistill list --options takes an algorithm" in line, line
+
+
+def test_summary_of_a_file_says_it_is_a_file(tmp_path, capsys):
+    model = tmp_path / "global.safetensors"
+    model.write_bytes(b"")
+    assert main(["summary", str(model)]) == 2
+    assert "is a file, not a run directory" in _error_line(capsys)

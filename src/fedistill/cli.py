@@ -305,6 +305,10 @@ def command_summary(args: argparse.Namespace) -> int:
     from fedistill.engine.summary import print_results, read_summary
 
     run_dir = Path(args.run_dir)
+    if run_dir.is_file():  # a model file or an export: name the run that holds it, as the API does
+        from fedistill.inference.run_folder import check_run_dir
+
+        check_run_dir(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"{run_dir} is not a folder; pass a run directory written by `fedistill run`")
     suite = run_dir.parent if (run_dir.parent / "config.toml").is_file() else run_dir

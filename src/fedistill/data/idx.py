@@ -87,7 +87,7 @@ def _dims(name: str, magic: int, head: bytes, length: int) -> tuple[int, ...]:
     header = 4 + 4 * ndim
     if length < header:
         raise DataError(f"{name} is truncated: the IDX header needs {header} bytes, the file has {length}")
-    dims = tuple(int.from_bytes(head[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    dims = _sizes(head, ndim)
     expected = header + int(np.prod(dims, dtype=np.int64))
     if length != expected:
         state = "truncated" if length < expected else "longer than its header says"
@@ -95,6 +95,11 @@ def _dims(name: str, magic: int, head: bytes, length: int) -> tuple[int, ...]:
             f"{name} is {state}: dims {dims} need {expected} bytes, the (decompressed) file has {length}"
         )
     return dims
+
+
+def _sizes(head: bytes | bytearray, ndim: int) -> tuple[int, ...]:
+    """The `ndim` big-endian uint32 sizes after the magic number in the header `head`."""
+    return tuple(int.from_bytes(head[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
 
 
 def _read_body(stream: _Stream, dims: tuple[int, ...], transposed: bool) -> tuple[np.ndarray | None, int]:
@@ -134,7 +139,7 @@ def read_idx(
         got = stream.fill(memoryview(head))
         out, done = None, 0
         if got == header and int.from_bytes(head[:4], "big") == magic:
-            dims = tuple(int.from_bytes(head[4 + 4 * i : 8 + 4 * i], "big") for i in range(magic & 0xFF))
+            dims = _sizes(head, magic & 0xFF)
             out, done = _read_body(stream, dims, transposed and len(dims) >= 2)
         length = got + done + stream.rest()  # to the end: a corrupt gzip stream is reported first
         _dims(name, magic, bytes(head), length)

@@ -18,8 +18,6 @@ measured on this set is a semi-synthetic number.
 
 from __future__ import annotations
 
-import struct
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from scipy import ndimage
 
 from fedistill.data import portable_math
 from fedistill.data.base import LoadedDataset
+from fedistill.data.image_files import IMAGE_READ_ERRORS
 from fedistill.data.medical import options as opt
 from fedistill.data.medical.nuclei_sets import WholeImage, nuclei_dataset, patching_options
 from fedistill.data.medical.patches import relabel
@@ -94,13 +93,7 @@ def read_nuclei(folder: Path) -> list[Sprite]:
     try:
         image = tifffile.imread(paths[0]).astype(np.float32)
         instances = relabel(tifffile.imread(paths[1]))
-    except (
-        OSError,
-        ValueError,
-        tifffile.TiffFileError,
-        struct.error,
-        zlib.error,
-    ) as e:  # cut short: see read_rgb
+    except IMAGE_READ_ERRORS as e:  # a damaged or cut-short TIFF
         raise DataError(f"{NAME}: cannot read {folder} ({e})") from e
     if image.shape != instances.shape or image.ndim != 2:
         raise DataError(
