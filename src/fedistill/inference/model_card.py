@@ -239,7 +239,7 @@ def model_card(
             "file": file.name,
             "format": format,
             "exported_model": model.name,
-            "selection": which_model(summary),
+            "selection": model.selection or which_model(summary),  # load_model worked it out
             "architecture": model.architecture,
             **architecture_facts(model),
             "model_options": dict(model.config.options.get("model_options", {})),

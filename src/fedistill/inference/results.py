@@ -130,13 +130,14 @@ def read_run(run_dir: str | Path, *, stacklevel: int = 2) -> RunResult:
     summary` names them on stderr; `stacklevel`: the warning's, so that it points at the user's line."""
     path = check_run_dir(Path(run_dir))
     unfinished: list[str] = []
-    if is_algorithm_dir(path):
+    one_algorithm = is_algorithm_dir(path)
+    if one_algorithm:
         folders = [path]
     else:
         folders = [path / name for name in algorithms_in(path) if (path / name / "summary.json").is_file()]
         done = {folder.name for folder in folders}
         unfinished = [name for name in planned_algorithms(path) if name not in done]
-    suite = path.parent if is_algorithm_dir(path) else path
+    suite = path.parent if one_algorithm else path
     if not folders or not (folders[0] / "summary.json").is_file():
         advice = still_running(suite) or f"finish it with `fedistill run --resume {suite}`"
         raise RunDirError(f"{path} holds no finished run yet (no summary.json); {advice}")
