@@ -278,3 +278,28 @@ def test_a_dropped_site_is_named_in_the_run_log_once(tmp_path, caplog):
         fleet.broadcast(_request())
     lines = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith("client 1 dropped in round 3:") and "disk full" in lines[0]
+
+
+def test_each_reply_is_checked_for_structure_once(monkeypatch):
+    """A reply's structure is checked once on receipt, not again by the size and value checks after it:
+    each client checks the request once, the server each reply once."""
+    from fedistill.federation import messages
+    from fedistill.transports import inprocess
+
+    request, answer = (
+        _request(),
+        Message.build("query.echo", arrays={"logits": {"z": np.ones(2, np.float32)}}),
+    )
+    seen: list[str] = []
+    real = messages.check_structure
+
+    def counted(message: Message) -> None:
+        seen.append(message.type)
+        real(message)
+
+    monkeypatch.setattr(messages, "check_structure", counted)
+    monkeypatch.setattr(inprocess, "check_structure", counted)
+    fleet = InProcessFleet({0: _Handmade(answer), 1: _Handmade(answer)}, Ledger(None))
+    replies = fleet.broadcast(request)
+    assert all(reply.ok for reply in replies.values())
+    assert len(seen) == 2 * len(replies), seen

@@ -294,6 +294,11 @@ def _check_kind(kind: str, message_type: str) -> None:
 def check_on_receipt(message: Message, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
     """Structure, a size cap and finite values: what a receiver checks before any handler sees it."""
     check_structure(message)
+    check_contents(message, max_bytes=max_bytes)
+
+
+def check_contents(message: Message, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    """A size cap and finite values, for a message whose structure `check_structure` has passed."""
     size = message.nbytes
     if size > max_bytes:
         raise FederationError(

@@ -16,7 +16,13 @@ from fedistill.errors import FederationError
 from fedistill.federation.client import ClientLogic
 from fedistill.federation.fleet import Fleet, Reply
 from fedistill.federation.ledger import Ledger
-from fedistill.federation.messages import DEFAULT_MAX_BYTES, Message, check_on_receipt, check_structure
+from fedistill.federation.messages import (
+    DEFAULT_MAX_BYTES,
+    Message,
+    check_contents,
+    check_on_receipt,
+    check_structure,
+)
 from fedistill.federation.reply_spec import Expectation
 
 log = logging.getLogger(__name__)
@@ -161,7 +167,7 @@ class InProcessFleet(Fleet):
         except FederationError as exc:
             return Reply(cid, None, f"invalid reply: {exc}")
         try:
-            check_on_receipt(answer, max_bytes=self.max_bytes)
+            check_contents(answer, max_bytes=self.max_bytes)
         except FederationError as exc:  # NaN, oversize: invalid, like any other fault, its bytes counted
             return Reply(cid, None, f"invalid reply: {exc}", received=answer)
         if timeout is not None and elapsed > timeout:
