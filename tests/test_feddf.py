@@ -682,3 +682,19 @@ def test_a_clip_norm_or_proximal_weight_that_is_not_finite_is_refused(key, value
     objective infinite while their reported loss stays finite."""
     with pytest.raises(ConfigError, match=rf"^feddf\.{key} must be >= 0"):
         FedDFOptions(**{key: value}).validate()
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        {"l1.0.weight": torch.zeros(0, 8), "conv_blocks.2.weight": torch.zeros(0, 0, 3, 3),
+         "conv_blocks.9.weight": torch.zeros(3, 0, 3, 3)},  # width 0
+        {"l1.0.weight": torch.zeros(64, 8), "conv_blocks.2.weight": torch.zeros(16),
+         "conv_blocks.9.weight": torch.zeros(3, 8, 3, 3)},  # a convolution stored flat
+    ],
+)  # fmt: skip
+def test_a_generator_file_of_impossible_shapes_is_named_not_a_traceback(state):
+    from fedistill.algorithms.shared.distillation_data import infer_generator_shape
+
+    with pytest.raises(ConfigError, match="not a fedistill/FedIOD generator"):
+        infer_generator_shape(state)

@@ -24,8 +24,8 @@ from fedistill.models.base import unknown_choice
 UPSAMPLE_MODES = ("bilinear", "nearest")
 #: The channels of G's base grid, before its first convolution: fediod 4w (FedIOD's and MosaicKD's), dense
 #: 2w (DENSE's released code). The rest is the same: 2w, then w, then the image.
-GENERATOR_LAYOUTS = ("fediod", "dense")
 HEAD_FACTORS = {"fediod": 4, "dense": 2}
+GENERATOR_LAYOUTS = tuple(HEAD_FACTORS)
 UPSAMPLES = ("auto", 0, 1, 2)
 MIN_BASE_GRID_PX = 4
 

@@ -249,6 +249,17 @@ def infer_generator_shape(state: dict[str, torch.Tensor], upsamples: int = 2) ->
             f"the generator file lacks {missing}: it is not a fedistill/FedIOD generator "
             f"(expected keys l1.0.weight and conv_blocks.*)"
         ) from None
+    shapes = {
+        "l1.0.weight": (linear, 2),
+        "conv_blocks.2.weight": (first, 4),
+        "conv_blocks.9.weight": (last, 4),
+    }
+    for key, (weight, ndim) in shapes.items():
+        if weight.ndim != ndim or 0 in weight.shape:
+            raise ConfigError(
+                f"the generator file's {key} has shape {tuple(weight.shape)}, not {ndim} non-empty axes: it "
+                "is not a fedistill/FedIOD generator"
+            )
     channels, width, head = int(last.shape[0]), int(last.shape[1]), int(first.shape[1])
     layouts = {factor * width: name for name, factor in HEAD_FACTORS.items()}
     if head not in layouts:
