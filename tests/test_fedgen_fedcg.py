@@ -451,3 +451,64 @@ def test_fedgen_client_objective_by_hand(monkeypatch):
     targets = [[math.exp(v) for v in log_softmax(head(h))] for h in ([0.0, 1.0], [1.0, 1.0])]  # G(0), G(2)
     latent = sum(sum(p * (math.log(p) - q) for p, q in zip(t, local, strict=True)) for t in targets) / 2
     assert seen[0] == pytest.approx(ce + (4 / 2) * 0.5 * teacher + 3.0 * latent, rel=1e-6)
+
+
+def test_fedcg_client_objective_by_hand(monkeypatch):
+    """A FedCG client's loss: CE(C(F(x)), y) + γ·MSE(F(x), Ĝ(y, ε)), the MSE averaged over the batch and
+    the feature dimensions with Ĝ held fixed, read at the first step on a model and a generator written
+    down; the batches it trained on are the GAN stage's cache."""
+    import math
+
+    from torch import nn
+
+    from fedistill.algorithms.fedmdcg import fedcg_client
+    from fedistill.algorithms.shared.training import LocalTraining
+    from fedistill.data.base import DatasetInfo, ImageSet
+
+    class Extractor(nn.Module):
+        """F(x) = (1, 2) for every input, with a parameter so the optimiser has something to hold."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.h = nn.Parameter(torch.tensor([1.0, 2.0]))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.h.expand(len(x), 2)
+
+    class Table(nn.Module):
+        """Ĝ(y) = rows[y], whatever the noise."""
+
+        rows = torch.tensor([[0.0, 2.0], [3.0, 1.0], [1.0, -1.0]])
+
+        def forward(self, labels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+            return self.rows[labels]
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.extractor, self.classifier = Extractor(), nn.Linear(2, 3)
+
+    model = Model()
+    weight, bias = [[1.0, 0.0], [0.0, 1.0], [1.0, -1.0]], [0.0, 0.5, 0.0]
+    model.classifier.load_state_dict({"weight": torch.tensor(weight), "bias": torch.tensor(bias)})
+    info = DatasetInfo("tiny", 1, 4, 3, (0.5,), (0.25,))
+    data = ImageSet(torch.zeros(2, 1, 4, 4, dtype=torch.uint8), torch.tensor([1, 2]))
+    spec = LocalTraining(epochs=1, steps=1, batch_size=2, optimizer="sgd", lr=0.0, momentum=0.0,
+                         weight_decay=0.0, augment=False)  # fmt: skip
+    seen = []
+    monkeypatch.setattr(fedcg_client, "check_finite", lambda loss, *_: seen.append(loss.item()))
+    metrics, cache = fedcg_client.train_toward_generator(
+        model, Table(), data, info, spec, torch.Generator().manual_seed(0), torch.Generator(), gamma=0.25
+    )
+
+    logits = [
+        sum(w * v for w, v in zip(row, (1.0, 2.0), strict=True)) + b
+        for row, b in zip(weight, bias, strict=True)
+    ]
+    log_norm = math.log(sum(math.exp(v) for v in logits))
+    ce = -((logits[1] - log_norm) + (logits[2] - log_norm)) / 2  # labels 1 and 2
+    mse = (((1 - 3) ** 2 + (2 - 1) ** 2) + ((1 - 1) ** 2 + (2 + 1) ** 2)) / 4  # F(x) against Ĝ(1), Ĝ(2)
+    assert seen[0] == pytest.approx(ce + 0.25 * mse, rel=1e-6)
+    assert metrics["train_loss"] == pytest.approx(ce, rel=1e-6)
+    assert metrics["feature_mse"] == pytest.approx(mse, rel=1e-6)
+    assert len(cache) == 1 and sorted(cache[0][1].tolist()) == [1, 2]
