@@ -22,7 +22,9 @@ FedMD-CG's generator (two Linear-BatchNorm-ReLU blocks, sizes by dataset, ε ~ U
 labels, no output activation); D = the classifier's shape with one output, Linear(h, w) → Linear(w, 1)
 (no activation in between, as the code's "classifier with output dimension 1") and a sigmoid, w =
 FedMD-CG's fc1 width for the dataset; Adam lr 3e-4, betas (0.9, 0.999), weight decay 1e-4 for G and D,
-optimiser states and D kept across rounds; plain averaging on the server.
+optimiser states and D kept across rounds; plain averaging on the server. The FedMD-CG paper's own
+FedCG row distilled instead: its Table 1 FedCG cells are its Table 3 row "FedCG, KD_agg" (``aggregation
+= "distill"`` here), while the averaging kept here is that table's "FedCG, AVE_agg⋆" row.
 
 The original FedCG differs; its cheap differences are options: ``gamma_schedule = "sigmoid"``
 (γ = γ₀·(2/(1+e^{−10p}) − 1), p = min(t/50, 1)), ``noise = "normal"``, ``label_input = "embedding"``,
