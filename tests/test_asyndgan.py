@@ -362,3 +362,15 @@ def test_a_batch_smaller_than_the_sites_still_draws_every_site_in_proportion():
     assert torch.equal(
         site_shares.owners(pi, 7, rng).bincount(minlength=4).clamp(max=1), torch.ones(4).long()
     )
+
+
+def test_the_linear_schedule_is_pix2pixs_constant_half_then_a_linear_fall():
+    """pix2pix's linear policy over the rounds: 1 for the first ceil(R / 2) rounds, then 1 - j / (R // 2 + 1)
+    in the j-th of the other R // 2, so the last round still learns (1 / (R // 2 + 1)); `constant` is 1."""
+    from fedistill.algorithms.medical.asyndgan.options import lr_factor
+
+    assert [lr_factor("linear", r, 4) for r in range(1, 5)] == pytest.approx([1, 1, 2 / 3, 1 / 3])
+    assert [lr_factor("linear", r, 5) for r in range(1, 6)] == pytest.approx([1, 1, 1, 2 / 3, 1 / 3])
+    assert lr_factor("linear", 200, 200) == pytest.approx(1 / 101)  # niter = niter_decay = 100
+    assert lr_factor("linear", 1, 1) == 1.0
+    assert [lr_factor("constant", r, 4) for r in range(1, 5)] == [1.0] * 4
