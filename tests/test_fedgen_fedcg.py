@@ -512,3 +512,56 @@ def test_fedcg_client_objective_by_hand(monkeypatch):
     assert metrics["train_loss"] == pytest.approx(ce, rel=1e-6)
     assert metrics["feature_mse"] == pytest.approx(mse, rel=1e-6)
     assert len(cache) == 1 and sorted(cache[0][1].tolist()) == [1, 2]
+
+
+def test_fedgen_adversarial_generator_term_by_hand(monkeypatch):
+    """With `adversarial_weight` > 0 FedGen's server also maximises the gap between the global head and
+    the label-weighted ensemble of the clients' heads on G(y): KL(softmax(Σ_k w_{k,y}·head_k(h)) ‖
+    softmax(head(h))) averaged over samples and classes (the code's KLDivLoss "mean"); the loss is
+    teacher + diversity − weight·gap, read at the first step."""
+    import math
+
+    from torch import nn
+
+    from fedistill.algorithms.fedmdcg import fedgen_server
+
+    class Table(nn.Module):
+        """G(y) = rows[y] with zero noise (so the diversity term is exp(0) = 1)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows = nn.Parameter(torch.tensor([[0.0, 0.0], [1.0, 2.0]]))
+
+        def forward(self, labels, generator=None, return_noise=False):
+            out = self.rows[labels]
+            return (out, torch.zeros(len(labels), 3)) if return_noise else out
+
+    def linear(weight: list[list[float]], bias: list[float]) -> dict[str, torch.Tensor]:
+        return {
+            "weight": torch.tensor(weight, dtype=torch.float32),
+            "bias": torch.tensor(bias, dtype=torch.float32),
+        }
+
+    heads = [linear([[1, 0], [0, 1], [0, 0]], [0, 0, 0]), linear([[0, 0], [1, 0], [0, 1]], [0, 1, 0])]
+    student = linear([[0, 1], [0, 0], [1, 0]], [0, 0, 0])
+    counts = torch.tensor([[0.0, 3.0, 0.0], [0.0, 1.0, 0.0]])  # only class 1: w = (0.75, 0.25)
+    generator = Table()
+    options = FedGenOptions(generator_steps=1, generator_batch_size=2, adversarial_weight=0.5)
+    seen = []
+    monkeypatch.setattr(fedgen_server, "check_finite", lambda loss, *_: seen.append(loss.item()))
+    metrics = fedgen_server.train_generator(
+        generator, torch.optim.SGD(generator.parameters(), lr=0.0), nn.Linear(2, 3), heads, counts,
+        options, torch.Generator().manual_seed(0), student,
+    )  # fmt: skip
+
+    def log_softmax(z: list[float]) -> list[float]:
+        norm = math.log(sum(math.exp(v) for v in z))
+        return [v - norm for v in z]
+
+    # h = (1, 2): head 0 gives (1, 2, 0), head 1 gives (0, 2, 2), the student (2, 0, 1)
+    teacher = 0.75 * -log_softmax([1, 2, 0])[1] + 0.25 * -log_softmax([0, 2, 2])[1]
+    p = [math.exp(v) for v in log_softmax([0.75, 2.0, 0.5])]  # 0.75·(1, 2, 0) + 0.25·(0, 2, 2)
+    gap = sum(a * (math.log(a) - q) for a, q in zip(p, log_softmax([2, 0, 1]), strict=True)) / 3
+    assert metrics["generator_adversarial_loss"] == pytest.approx(gap, rel=1e-6)
+    assert metrics["generator_teacher_loss"] == pytest.approx(teacher, rel=1e-6)
+    assert seen[0] == pytest.approx(teacher + 1.0 - 0.5 * gap, rel=1e-6)
