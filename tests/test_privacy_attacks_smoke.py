@@ -151,3 +151,24 @@ def test_the_mean_image_reference_scores_each_attacked_image_once(bench, digits)
     known, unknown = results["fedper/known-head"]["truth"], results["fedper/unknown-head"]["truth"]
     assert torch.equal(known, unknown) and len(known) == 2
     assert len(results["reference/mean-image"]["scores"]["attack"].psnr) == 2
+
+
+def test_only_a_missing_last_layer_makes_idlg_not_applicable(digits) -> None:
+    """A bad setting (here 0 iterations) is an error, not a table of n/a cells; a reply without the last
+    layer (FedPer's) still makes iDLG n/a, with the reason."""
+    import torch.nn.functional as F
+
+    from fedistill.analysis.inversion_scores import attack_gradient
+    from fedistill.data.transforms import to_float
+
+    model = build_model("lenet-fedmdcg-dlg", digits.info, norm="none")
+    truth, labels = to_float(digits.train.x[:1], digits.info), digits.train.y[:1]
+    named = dict(model.named_parameters())
+    grads = torch.autograd.grad(F.cross_entropy(model(truth), labels), list(named.values()))
+    observed = dict(zip(named, grads, strict=True))
+    with pytest.raises(ValueError, match="iterations must be >= 1, got 0"):
+        attack_gradient(model, observed, truth, labels, digits.info, iterations=0, seed=0)
+    extractor = {n: g for n, g in observed.items() if n.startswith("extractor.")}
+    scores = attack_gradient(model, extractor, truth, labels, digits.info, iterations=1, seed=0)
+    assert len(scores["dlg"].psnr) == 1
+    assert scores["idlg"].psnr == [] and "last layer" in scores["idlg"].note

@@ -36,6 +36,7 @@ from torch import nn
 __all__ = [
     "AttackResult",
     "Gradients",
+    "NoLastLayerError",
     "dlg_attack",
     "idlg_attack",
     "infer_labels",
@@ -45,6 +46,12 @@ __all__ = [
 
 Gradients = Sequence[torch.Tensor] | Mapping[str, torch.Tensor]
 Mode = Literal["train", "eval"]
+
+
+class NoLastLayerError(ValueError):
+    """The observed gradients hold no last layer, so iDLG has no label to read (e.g. FedPer keeps its
+    head private). Kept apart from other ValueErrors so a caller can report iDLG as not applicable
+    without hiding a bad argument."""
 
 
 @dataclass
@@ -266,8 +273,8 @@ def _labels_from_gradient(
     else:
         candidates = [i for i, p in enumerate(params) if p.dim() == 2 and p.shape[0] == num_classes]
         if not candidates:
-            raise ValueError(
-                f"no observed 2-D gradient has {num_classes} rows to read labels from; "
+            raise NoLastLayerError(
+                f"no last layer: no observed 2-D gradient has {num_classes} rows to read labels from; "
                 "pass labels= or last_weight="
             )
         index = candidates[-1]
