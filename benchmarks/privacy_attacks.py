@@ -15,7 +15,8 @@ max-pool); ``sigmoid`` swaps ReLU for Sigmoid; ``dlg`` is the network in the con
     python benchmarks/privacy_attacks.py [--datasets mnist,fashion-mnist] [--images 8] [--variants relu,sigmoid,dlg]
 
 Writes benchmarks/results/privacy_attacks.{md,json} and image grids (top row: the client's batch; then
-DLG; then iDLG) under benchmarks/results/privacy_attacks/.
+DLG; then iDLG) under benchmarks/results/privacy_attacks/. FedPer's grids have no iDLG row: its reply
+holds no last layer to read a label from (the table's n/a), and the grid's title says so.
 """
 
 from __future__ import annotations

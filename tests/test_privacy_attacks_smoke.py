@@ -172,3 +172,34 @@ def test_only_a_missing_last_layer_makes_idlg_not_applicable(digits) -> None:
     scores = attack_gradient(model, extractor, truth, labels, digits.info, iterations=1, seed=0)
     assert len(scores["dlg"].psnr) == 1
     assert scores["idlg"].psnr == [] and "last layer" in scores["idlg"].note
+
+
+def test_a_grid_without_an_attack_row_says_why(digits, tmp_path, monkeypatch) -> None:
+    """FedPer's grid has no iDLG row (its reply holds no last layer): the grid's title says so."""
+    from types import SimpleNamespace
+
+    from fedistill.analysis.inversion_scores import Score
+    from fedistill.reproduce import privacy_attacks
+
+    drawn: list[tuple[int, str]] = []
+
+    def grid(images: torch.Tensor, path, *, nrow: int, titles: list[str], title: str):
+        drawn.append((len(images), title))
+        return path
+
+    monkeypatch.setattr(privacy_attacks, "save_image_grid", grid)
+    truth = torch.zeros(2, 1, 8, 8)
+    note = "n/a: the reply holds no last layer to read labels from"
+    results = {
+        "fedper/known-head": {
+            "truth": truth,
+            "scores": {
+                "dlg": Score([1.0, 2.0], [0.1, 0.2], reconstruction=torch.zeros(2, 1, 8, 8)),
+                "idlg": Score([], [], note=note),
+            },
+        }
+    }
+    setup = SimpleNamespace(dataset="digits", variant="dlg", info=digits.info)
+    privacy_attacks.save_grids(setup, results, tmp_path)
+    # two rows (the client's batch, DLG) and the missing one named in the title
+    assert drawn == [(4, f"digits, dlg: fedper/known-head; no idlg row ({note})")]

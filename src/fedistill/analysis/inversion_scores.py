@@ -135,8 +135,8 @@ def attack_gradient(
                 generator=torch.Generator().manual_seed(seed),
                 mode="train",
             )
-        except NoLastLayerError as exc:
-            out[name] = Score([], [], note=f"n/a: {exc}")
+        except NoLastLayerError:
+            out[name] = Score([], [], note="n/a: the reply holds no last layer to read labels from")
             continue
         rec01 = to_unit(result.reconstruction, info)
         psnrs, ssims, ordered, index = matched(truth01, rec01)

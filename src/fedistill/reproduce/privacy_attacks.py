@@ -131,15 +131,18 @@ def run_dataset_variant(setup: Setup) -> dict[str, Any]:
 
 def save_grids(setup: Setup, results: dict[str, Any], out_dir: Path) -> dict[str, str]:
     """One image grid per setting (top row: the client's batch; then each attack's reconstruction); each
-    grid's path, from the checkout where it lies inside it."""
+    grid's path, from the checkout where it lies inside it. An attack without a reconstruction (FedPer's
+    iDLG: no last layer in the reply) has no row, and the grid's title says why."""
     paths = {}
     for setting, entry in results.items():
         if "truth" not in entry:
             continue
         truth01 = to_unit(entry["truth"], setup.info)
-        rows, titles = [truth01], ["client"] * len(truth01)
+        rows, titles, missing = [truth01], ["client"] * len(truth01), []
         for attack, sc in entry["scores"].items():
-            if sc.reconstruction is not None and len(sc.reconstruction) == len(truth01):
+            if sc.reconstruction is None or len(sc.reconstruction) != len(truth01):
+                missing.append(f"; no {attack} row ({sc.note or 'not every image was reconstructed'})")
+            else:
                 rows.append(sc.reconstruction)
                 titles += (
                     [f"{attack} {p:.1f}dB" for p in sc.psnr]
@@ -154,7 +157,7 @@ def save_grids(setup: Setup, results: dict[str, Any], out_dir: Path) -> dict[str
             out_dir / name,
             nrow=len(truth01),
             titles=titles,
-            title=f"{setup.dataset}, {setup.variant}: {setting}",
+            title=f"{setup.dataset}, {setup.variant}: {setting}" + "".join(missing),
         )
         paths[setting] = str(path.relative_to(CHECKOUT)) if path.is_relative_to(CHECKOUT) else str(path)
     return paths

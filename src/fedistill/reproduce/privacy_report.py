@@ -117,7 +117,8 @@ def write_report(data: dict[str, Any], path_md: Path) -> None:
         "",
         *data["notes"],
         "",
-        "Image grids (top row: the client's batch; then DLG; then iDLG): "
+        "Image grids (top row: the client's batch; then DLG; then iDLG, except where the iDLG cell is "
+        "n/a, as for FedPer, whose reply holds no last layer: the grid's title says so): "
         f"`benchmarks/results/privacy_attacks/`. Total time {data['seconds']:.0f} s on {data['machine']}.",
         "",
     ]
