@@ -39,6 +39,7 @@ from fedistill.reproduce.paths import DATA, RESULTS
 from fedistill.reproduce.privacy_attacks import (
     OBSERVED,
     PAPER_TABLE2,
+    check_methods,
     in_process,
     run_dataset_variant,
     save_grids,
@@ -71,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.images < 1:
         parser.error("--images must be >= 1")
+    for name in ("multi_steps", "iterations"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    try:
+        check_methods(args.methods)
+    except ValueError as exc:
+        parser.error(str(exc))
     for v in args.variants.split(","):
         if v not in VARIANTS:
             parser.error(f"unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
@@ -104,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
             }
             print(f"{dataset} {variant}: {time.perf_counter() - t0:.0f} s", flush=True)
             for setting, entry in results[dataset][variant].items():
-                cells = ", ".join(f"{a} {cell(s)}" for a, s in entry["scores"].items())
+                cells = ", ".join(
+                    f"{a} {cell(s)}" + (f" ({s['note'].removeprefix('n/a: ')})" if s.get("note") else "")
+                    for a, s in entry["scores"].items()
+                )
                 print(f"  {setting}: {cells}", flush=True)
     settings_line = (
         f"images={args.images}, multi-step FedAvg={max(1, min(args.multi_steps, args.images))} steps of batch 1, "

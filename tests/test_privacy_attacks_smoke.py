@@ -203,3 +203,25 @@ def test_a_grid_without_an_attack_row_says_why(digits, tmp_path, monkeypatch) ->
     privacy_attacks.save_grids(setup, results, tmp_path)
     # two rows (the client's batch, DLG) and the missing one named in the title
     assert drawn == [(4, f"digits, dlg: fedper/known-head; no idlg row ({note})")]
+
+
+def test_a_misspelt_method_is_named_and_a_setting_that_cannot_run_says_why(bench, digits) -> None:
+    """`methods` used to drop a misspelt name silently (an empty table), and FedMD-CG's rows vanished
+    when one image per setting left no batch of 2 to train on."""
+    from fedistill.reproduce.privacy_attacks import run_dataset_variant
+
+    setup = _setup(bench, digits)
+    setup.args.iterations, setup.args.images, setup.args.multi_steps = 1, 1, 1
+    setup.args.methods = "fedavg,fedpr"
+    with pytest.raises(
+        ValueError, match=r"unknown method 'fedpr'.*fedavg, fedper, lgfedavg, fedmdcg, fediod"
+    ):
+        run_dataset_variant(setup)
+    setup.args.methods = "fedmdcg"
+    results = run_dataset_variant(setup)
+    for setting in ("fedmdcg/known-extractor", "fedmdcg/unknown-extractor"):
+        for attack in ("dlg", "idlg"):
+            score = results[setting]["scores"][attack]
+            assert (
+                score.psnr == [] and score.note == "n/a: FedMD-CG's setting needs images >= 2 (a batch of 2)"
+            )
