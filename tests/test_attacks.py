@@ -316,3 +316,17 @@ def test_save_image_grid_writes_a_png(tmp_path: Path) -> None:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="titles"):
         save_image_grid(images, tmp_path / "bad.png", nrow=3, titles=["a"])
+
+
+def test_label_inference_refuses_a_batch_larger_than_the_classes_by_name() -> None:
+    """iDLG reads at most one label per class; a larger batch used to fail with "got 10 labels for a
+    batch of 12", which named labels the caller never passed."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.Sigmoid(), nn.Linear(8, 3))
+    x = torch.cat([structured_image(50 + i) for i in range(4)])
+    grads = client_gradient(model, x, torch.tensor([0, 1, 2, 0]))
+    with pytest.raises(ValueError, match=r"a batch of 4 .* 3 classes; pass labels="):
+        idlg_attack(model, grads, x.shape, 3, iterations=1)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=f"batch_size must be >= 1, got {bad}"):
+            infer_labels(grads[-2], batch_size=bad)

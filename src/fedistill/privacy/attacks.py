@@ -136,6 +136,8 @@ def infer_labels(last_weight_grad: torch.Tensor, batch_size: int = 1) -> torch.T
     """
     if last_weight_grad.dim() != 2:
         raise ValueError(f"expected a 2-D weight gradient, got shape {tuple(last_weight_grad.shape)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     row_sums = last_weight_grad.detach().sum(dim=1)
     if batch_size == 1:
         rows = last_weight_grad.detach().to(torch.float64)
@@ -202,7 +204,8 @@ def idlg_attack(
 
     The last layer's weight is the last matched 2-D parameter with ``num_classes`` rows, or the parameter
     named ``last_weight``. For ``B > 1`` the ``B`` classes with the most negative row sums are used (see
-    `infer_labels`); pass ``labels`` to skip inference. Other arguments as in `dlg_attack`.
+    `infer_labels`; one label per class, so ``B`` may not exceed the classes); pass ``labels`` to skip
+    inference. Other arguments as in `dlg_attack`.
     """
     batch = _batch_size(input_shape)
     if labels is None:
@@ -281,6 +284,11 @@ def _labels_from_gradient(
     grad = grads[index]
     if batch == 1:
         return infer_labels(grad, 1)
+    if batch > grad.shape[0]:
+        raise ValueError(
+            f"iDLG reads at most one label per class: a batch of {batch} is larger than the "
+            f"{grad.shape[0]} classes; pass labels="
+        )
     return grad.sum(dim=1).argsort()[:batch]
 
 
