@@ -330,3 +330,15 @@ def test_label_inference_refuses_a_batch_larger_than_the_classes_by_name() -> No
     for bad in (0, -1):
         with pytest.raises(ValueError, match=f"batch_size must be >= 1, got {bad}"):
             infer_labels(grads[-2], batch_size=bad)
+
+
+def test_a_num_classes_or_label_the_model_cannot_give_is_named() -> None:
+    """These used to surface as torch's "size of tensor a (5) must match ..." and "Target 12 is out of
+    bounds"."""
+    model = sigmoid_lenet()
+    grads = client_gradient(model, structured_image(6), torch.tensor([1]))
+    with pytest.raises(ValueError, match=r"the model gives 10 outputs per input, but num_classes is 5"):
+        dlg_attack(model, grads, (1, 1, 8, 8), 5, iterations=1)
+    for bad in (12, -1):
+        with pytest.raises(ValueError, match=rf"labels must be class indices in \[0, 10\), got \[{bad}\]"):
+            idlg_attack(model, grads, (1, 1, 8, 8), NUM_CLASSES, iterations=1, labels=torch.tensor([bad]))

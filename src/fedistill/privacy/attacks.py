@@ -177,6 +177,7 @@ def dlg_attack(
     dummy_y = _dummy((batch, num_classes), generator, like)
 
     def loss_fn(out: torch.Tensor) -> torch.Tensor:
+        _check_outputs(out, num_classes)
         return -(F.softmax(dummy_y, dim=-1) * F.log_softmax(out, dim=-1)).sum(dim=-1).mean()
 
     best_x, history, diverged = _run_lbfgs(
@@ -214,9 +215,12 @@ def idlg_attack(
     labels = labels.reshape(-1).long().to(like.device)
     if labels.numel() != batch:
         raise ValueError(f"got {labels.numel()} labels for a batch of {batch}")
+    if bool(((labels < 0) | (labels >= num_classes)).any()):
+        raise ValueError(f"labels must be class indices in [0, {num_classes}), got {labels.tolist()}")
     dummy_x = _dummy(input_shape, generator, like)
 
     def loss_fn(out: torch.Tensor) -> torch.Tensor:
+        _check_outputs(out, num_classes)
         return F.cross_entropy(out, labels)
 
     best_x, history, diverged = _run_lbfgs(
@@ -229,6 +233,14 @@ def _batch_size(input_shape: Sequence[int]) -> int:
     if len(input_shape) < 2 or any(int(s) < 1 for s in input_shape):
         raise ValueError(f"input_shape must be (B, ...) with positive sizes, got {tuple(input_shape)}")
     return int(input_shape[0])
+
+
+def _check_outputs(out: torch.Tensor, num_classes: int) -> None:
+    if out.dim() != 2 or out.shape[1] != num_classes:
+        raise ValueError(
+            f"the model gives {out.shape[-1]} outputs per input, but num_classes is {num_classes} "
+            f"(outputs of shape {tuple(out.shape)})"
+        )
 
 
 def _dummy(shape: Sequence[int], generator: torch.Generator | None, like: torch.Tensor) -> torch.Tensor:
