@@ -176,7 +176,9 @@ NOTES = [
     "DLG-friendly model the shared part's gradient alone then reconstructs the image through it: for a "
     "batch of one, the head's weight gradient gives the extractor's feature vector exactly, and the "
     "untrained extractor is inverted (LG-FedAvg, FedMD-CG). Once the private part differs from anything the "
-    "server can rebuild (`unknown-*`: later rounds, or a per-client initialisation), nothing is recovered.",
+    "server can rebuild (`unknown-*`: later rounds, or a per-client initialisation from a seed the server "
+    'does not know; `private_init = "client"` derives its seed from the run seed, so the server can '
+    "rebuild that one), nothing is recovered.",
     "* One round, round 1, one local step: the attacker's best case for the parameter-sharing methods "
     "(freshly initialised models leak most). Real runs use larger batches and more local steps.",
 ]
