@@ -72,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.images < 1:
         parser.error("--images must be >= 1")
-    for name in ("multi_steps", "iterations"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name, least in (("multi_steps", 1), ("iterations", 1), ("fediod_iterations", 0), ("kappa", 0)):
+        if getattr(args, name) < least:
+            parser.error(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(args, name)}")
     try:
         check_methods(args.methods)
     except ValueError as exc:

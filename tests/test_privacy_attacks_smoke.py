@@ -225,3 +225,26 @@ def test_a_misspelt_method_is_named_and_a_setting_that_cannot_run_says_why(bench
             assert (
                 score.psnr == [] and score.note == "n/a: FedMD-CG's setting needs images >= 2 (a batch of 2)"
             )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--kappa", "-0.1"], "--kappa must be >= 0, got -0.1"),
+        (["--fediod-iterations", "-1"], "--fediod-iterations must be >= 0, got -1"),
+        (["--iterations", "0"], "--iterations must be >= 1, got 0"),
+        (["--methods", "fedavg,fedpr"], "unknown method 'fedpr'"),
+    ],
+)
+def test_the_benchmark_refuses_bad_budgets_up_front(flags, message, tmp_path, capsys) -> None:
+    """A negative kappa used to mean the exact (unrelaxed) replay and a negative FedIOD budget none."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import privacy_attacks
+
+    args = ["--datasets", "digits", "--variants", "dlg", "--methods", "fedavg", "--images", "1"]
+    with pytest.raises(SystemExit) as exit_info:
+        privacy_attacks.main([*args, "--iterations", "1", "--out", str(tmp_path), *flags])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
