@@ -78,7 +78,7 @@ OBSERVED = {
     ),
     "fedmdcg/unknown-extractor": "classifier update (+ generator, counts), batch 2; extractor unknown",
     "fediod/dstep-inversion": (
-        "class counts (stage 1), logits, density ratios, input-gradients; D_k init and T_k granted"
+        "class counts (stage 1), logits, density ratios, input-gradients; T_k granted, D_k init from the seed"
     ),
     "fediod/server-inputs": "the server's own synthetic inputs x",
     "reference/mean-image": "nothing: the training split's mean image",

@@ -36,9 +36,10 @@ def write_report(data: dict[str, Any], path_md: Path) -> None:
         "ledger records), the requests it sent itself, and the public run configuration including the seed. "
         "`known-*` rows: the part a method keeps private is rebuilt from the run seed (exact in round 1 "
         "here, since every site starts from the seeded initialisation); `unknown-*`: the attacker must "
-        "guess it (any later round, or private initialisation). The FedIOD inversion grants the attacker "
-        "*more* than the threat model (the client's teacher and its discriminator's weights before the "
-        "step).",
+        "guess it (any later round, or an initialisation the server cannot derive). The FedIOD inversion "
+        "grants the attacker *more* than the threat model: the client's teacher. Its discriminator's "
+        "weights before the step are the seeded initialisation at this first step, which the server "
+        "rebuilds; after it they are private too.",
         "",
         "Model variants:",
         "",
