@@ -248,3 +248,19 @@ def test_the_benchmark_refuses_bad_budgets_up_front(flags, message, tmp_path, ca
     with pytest.raises(SystemExit) as exit_info:
         privacy_attacks.main([*args, "--iterations", "1", "--out", str(tmp_path), *flags])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_mean_image_reference_reads_float_images_as_they_are(bench, digits) -> None:
+    """Images stored as float32 in [0, 1] (as a data set may hold them) used to be divided by 255 once
+    more, putting the mean-image reference at a black image."""
+    from fedistill.data.base import ImageSet
+    from fedistill.reproduce.privacy_attacks import run_dataset_variant
+
+    references = []
+    for train in (digits.train, ImageSet(digits.train.x.float() / 255.0, digits.train.y)):
+        setup = _setup(bench, digits)
+        setup.train = train
+        setup.args.iterations, setup.args.images, setup.args.multi_steps = 1, 1, 1
+        setup.args.methods = "fedavg"
+        references.append(run_dataset_variant(setup)["reference/mean-image"]["scores"]["attack"].psnr)
+    assert references[1] == pytest.approx(references[0], abs=1e-4)

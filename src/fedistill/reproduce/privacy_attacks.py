@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from fedistill.analysis.inversion_scores import Score, merge, score, to_unit
+from fedistill.analysis.similarity import to_unit as images_to_unit
 from fedistill.analysis.threat_models import Setup, fedavg_setting, fediod_setting, partial_setting
 from fedistill.federation.client import ClientLogic
 from fedistill.federation.ledger import Ledger
@@ -136,7 +137,7 @@ def run_dataset_variant(setup: Setup) -> dict[str, Any]:
     # unknown rows of a method attack the same images, as do FedIOD's two)
     truths = [r["truth"] for r in results.values() if "truth" in r]
     if truths:
-        mean01 = (setup.train.x.float() / 255.0).mean(0, keepdim=True)
+        mean01 = images_to_unit(setup.train).mean(0, keepdim=True)  # uint8 / 255, or [0, 1] floats
         truth01 = to_unit(torch.unique(torch.cat(truths), dim=0), setup.info)
         psnrs, ssims = [], []
         for t in truth01:
