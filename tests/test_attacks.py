@@ -375,3 +375,15 @@ def test_scores_summarise_and_pool_by_hand() -> None:
     assert summary["psnr_mean"] == 20.0 and summary["psnr_std"] == 10.0  # ddof 0
     assert summary["ssim_mean"] == pytest.approx(0.3) and summary["ssim_std"] == pytest.approx(0.1)
     assert Score([], [], note="n/a: x").summary()["psnr_mean"] is None
+
+
+def test_a_step_size_or_labels_that_cannot_work_are_named() -> None:
+    """lr = 0 used to run to a "result" that never moved from the random start, and float labels were
+    truncated (1.7 -> class 1) without a word."""
+    model = sigmoid_lenet()
+    grads = client_gradient(model, structured_image(7), torch.tensor([1]))
+    for lr in (0.0, math.nan):
+        with pytest.raises(ValueError, match=f"lr must be > 0, got {lr}"):
+            dlg_attack(model, grads, (1, 1, 8, 8), NUM_CLASSES, iterations=1, lr=lr)
+    with pytest.raises(ValueError, match=r"labels must be integer class indices, got torch.float32"):
+        idlg_attack(model, grads, (1, 1, 8, 8), NUM_CLASSES, iterations=1, labels=torch.tensor([1.7]))

@@ -211,6 +211,8 @@ def idlg_attack(
     batch = _batch_size(input_shape)
     if labels is None:
         labels = _labels_from_gradient(model, observed, num_classes, batch, last_weight)
+    elif labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise ValueError(f"labels must be integer class indices, got {labels.dtype}")
     like = _align(model, observed)[1][0]
     labels = labels.reshape(-1).long().to(like.device)
     if labels.numel() != batch:
@@ -340,6 +342,8 @@ def _run_lbfgs(
     divergence. The history holds the distance at the start and after each step."""
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
     if max_iter_per_step < 2:
         # torch gives the line search max_iter * 5 // 4 evaluations: one is not enough to move.
         raise ValueError(f"max_iter_per_step must be >= 2, got {max_iter_per_step}")
