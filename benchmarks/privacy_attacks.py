@@ -15,7 +15,8 @@ max-pool); ``sigmoid`` swaps ReLU for Sigmoid; ``dlg`` is the network in the con
     python benchmarks/privacy_attacks.py [--datasets mnist,fashion-mnist] [--images 8] [--variants relu,sigmoid,dlg]
 
 Writes benchmarks/results/privacy_attacks.{md,json} and image grids (top row: the client's batch; then
-DLG; then iDLG) under benchmarks/results/privacy_attacks/.
+DLG; then iDLG) under benchmarks/results/privacy_attacks/. FedPer's grids have no iDLG row: its reply
+holds no last layer to read a label from (the table's n/a), and the grid's title says so.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from fedistill.reproduce.paths import DATA, RESULTS
 from fedistill.reproduce.privacy_attacks import (
     OBSERVED,
     PAPER_TABLE2,
+    check_methods,
     in_process,
     run_dataset_variant,
     save_grids,
@@ -70,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.images < 1:
         parser.error("--images must be >= 1")
+    for name, least in (("multi_steps", 1), ("iterations", 1), ("fediod_iterations", 0), ("kappa", 0)):
+        if getattr(args, name) < least:
+            parser.error(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(args, name)}")
+    try:
+        check_methods(args.methods)
+    except ValueError as exc:
+        parser.error(str(exc))
     for v in args.variants.split(","):
         if v not in VARIANTS:
             parser.error(f"unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
@@ -103,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
             }
             print(f"{dataset} {variant}: {time.perf_counter() - t0:.0f} s", flush=True)
             for setting, entry in results[dataset][variant].items():
-                cells = ", ".join(f"{a} {cell(s)}" for a, s in entry["scores"].items())
+                cells = ", ".join(
+                    f"{a} {cell(s)}" + (f" ({s['note'].removeprefix('n/a: ')})" if s.get("note") else "")
+                    for a, s in entry["scores"].items()
+                )
                 print(f"  {setting}: {cells}", flush=True)
     settings_line = (
         f"images={args.images}, multi-step FedAvg={max(1, min(args.multi_steps, args.images))} steps of batch 1, "

@@ -316,3 +316,74 @@ def test_save_image_grid_writes_a_png(tmp_path: Path) -> None:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="titles"):
         save_image_grid(images, tmp_path / "bad.png", nrow=3, titles=["a"])
+
+
+def test_label_inference_refuses_a_batch_larger_than_the_classes_by_name() -> None:
+    """iDLG reads at most one label per class; a larger batch used to fail with "got 10 labels for a
+    batch of 12", which named labels the caller never passed."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.Sigmoid(), nn.Linear(8, 3))
+    x = torch.cat([structured_image(50 + i) for i in range(4)])
+    grads = client_gradient(model, x, torch.tensor([0, 1, 2, 0]))
+    with pytest.raises(ValueError, match=r"a batch of 4 .* 3 classes; pass labels="):
+        idlg_attack(model, grads, x.shape, 3, iterations=1)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=f"batch_size must be >= 1, got {bad}"):
+            infer_labels(grads[-2], batch_size=bad)
+
+
+def test_a_num_classes_or_label_the_model_cannot_give_is_named() -> None:
+    """These used to surface as torch's "size of tensor a (5) must match ..." and "Target 12 is out of
+    bounds"."""
+    model = sigmoid_lenet()
+    grads = client_gradient(model, structured_image(6), torch.tensor([1]))
+    with pytest.raises(ValueError, match=r"the model gives 10 outputs per input, but num_classes is 5"):
+        dlg_attack(model, grads, (1, 1, 8, 8), 5, iterations=1)
+    for bad in (12, -1):
+        with pytest.raises(ValueError, match=rf"labels must be class indices in \[0, 10\), got \[{bad}\]"):
+            idlg_attack(model, grads, (1, 1, 8, 8), NUM_CLASSES, iterations=1, labels=torch.tensor([bad]))
+
+
+def test_label_inference_on_hand_built_last_layer_gradients() -> None:
+    """Row c of the last layer's weight gradient is (p_c - y_c) h for one sample (softmax cross-entropy);
+    built by hand here with features of both signs."""
+    h = torch.tensor([1.0, -2.0, 0.5])
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    for label in range(4):
+        y = F.one_hot(torch.tensor(label), 4).float()
+        grad = (p - y)[:, None] * h[None, :]  # row sums: (p_c - y_c) * -0.5, so the true row sums > 0
+        assert int(grad.sum(dim=1).argmax()) == label  # "the row that sums below zero" fails here
+        assert infer_labels(grad).tolist() == [label]
+    # two classes: the rows are opposite, so the paper's rule (the negative row sum) decides
+    grad = (torch.tensor([0.3, 0.7]) - torch.tensor([0.0, 1.0]))[:, None] * torch.tensor([[1.0, 2.0]])
+    assert infer_labels(grad).tolist() == [1]
+    # a batch: the classes whose row sums are negative, most negative first
+    grad = torch.tensor([[0.2, 0.1], [-0.5, -0.4], [0.3, 0.0], [-0.1, -0.1]])
+    assert infer_labels(grad, batch_size=2).tolist() == [1, 3]
+
+
+def test_scores_summarise_and_pool_by_hand() -> None:
+    """Means and population spreads per attack; pooled label accuracy weighted by each client's images."""
+    from fedistill.analysis.inversion_scores import Score, merge
+
+    a = Score([10.0, 30.0], [0.2, 0.4], label_accuracy=0.5, distance=1.0)
+    b = Score([20.0], [0.9], label_accuracy=1.0, distance=3.0, note="diverged")
+    pooled = merge([a, b])
+    assert pooled.psnr == [10.0, 30.0, 20.0] and pooled.label_accuracy == pytest.approx(2 / 3)
+    assert pooled.distance == 2.0 and pooled.note == "diverged" and pooled.reconstruction is None
+    summary = a.summary()
+    assert summary["psnr_mean"] == 20.0 and summary["psnr_std"] == 10.0  # ddof 0
+    assert summary["ssim_mean"] == pytest.approx(0.3) and summary["ssim_std"] == pytest.approx(0.1)
+    assert Score([], [], note="n/a: x").summary()["psnr_mean"] is None
+
+
+def test_a_step_size_or_labels_that_cannot_work_are_named() -> None:
+    """lr = 0 used to run to a "result" that never moved from the random start, and float labels were
+    truncated (1.7 -> class 1) without a word."""
+    model = sigmoid_lenet()
+    grads = client_gradient(model, structured_image(7), torch.tensor([1]))
+    for lr in (0.0, math.nan):
+        with pytest.raises(ValueError, match=f"lr must be > 0, got {lr}"):
+            dlg_attack(model, grads, (1, 1, 8, 8), NUM_CLASSES, iterations=1, lr=lr)
+    with pytest.raises(ValueError, match=r"labels must be integer class indices, got torch.float32"):
+        idlg_attack(model, grads, (1, 1, 8, 8), NUM_CLASSES, iterations=1, labels=torch.tensor([1.7]))

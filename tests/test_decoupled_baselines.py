@@ -134,3 +134,20 @@ def test_private_part_starts_from_a_client_seed_on_request(algorithm, shared, op
         assert all(torch.equal(state[k], server_built[k]) for k in state if k.startswith(shared))
     again = make_client(_config(model=model, private_init="client", **options), algorithm, 0)  # reproducible
     assert all(torch.equal(v, private(again)[k]) for k, v in private(per_client[0]).items())
+
+
+def test_a_server_that_knows_the_run_seed_rebuilds_a_client_seeded_private_part():
+    """``private_init = "client"`` derives each client's seed from the run seed and the client id, both
+    known to the server: it hides the private part only from an attacker that does not know the run seed
+    (the docs say so; a secret per-site seed would be needed against one that does)."""
+    import dataclasses
+
+    from fedistill.seeding import derive_seed
+
+    config = _config(model="mlp", private_init="client")
+    info = prepare_data(config).dataset.info
+    client = make_client(config, "fedper", 1)
+    rebuilt = new_model(dataclasses.replace(config, seed=derive_seed(config.seed, "private-init", 1)), info)
+    rebuilt_state = rebuilt.state_dict()
+    private = {k: v for k, v in client.model.state_dict().items() if not k.startswith(EXTRACTOR_PREFIX)}
+    assert private and all(torch.equal(v, rebuilt_state[k]) for k, v in private.items())

@@ -151,3 +151,116 @@ def test_the_mean_image_reference_scores_each_attacked_image_once(bench, digits)
     known, unknown = results["fedper/known-head"]["truth"], results["fedper/unknown-head"]["truth"]
     assert torch.equal(known, unknown) and len(known) == 2
     assert len(results["reference/mean-image"]["scores"]["attack"].psnr) == 2
+
+
+def test_only_a_missing_last_layer_makes_idlg_not_applicable(digits) -> None:
+    """A bad setting (here 0 iterations) is an error, not a table of n/a cells; a reply without the last
+    layer (FedPer's) still makes iDLG n/a, with the reason."""
+    import torch.nn.functional as F
+
+    from fedistill.analysis.inversion_scores import attack_gradient
+    from fedistill.data.transforms import to_float
+
+    model = build_model("lenet-fedmdcg-dlg", digits.info, norm="none")
+    truth, labels = to_float(digits.train.x[:1], digits.info), digits.train.y[:1]
+    named = dict(model.named_parameters())
+    grads = torch.autograd.grad(F.cross_entropy(model(truth), labels), list(named.values()))
+    observed = dict(zip(named, grads, strict=True))
+    with pytest.raises(ValueError, match="iterations must be >= 1, got 0"):
+        attack_gradient(model, observed, truth, labels, digits.info, iterations=0, seed=0)
+    extractor = {n: g for n, g in observed.items() if n.startswith("extractor.")}
+    scores = attack_gradient(model, extractor, truth, labels, digits.info, iterations=1, seed=0)
+    assert len(scores["dlg"].psnr) == 1
+    assert scores["idlg"].psnr == [] and "last layer" in scores["idlg"].note
+
+
+def test_a_grid_without_an_attack_row_says_why(digits, tmp_path, monkeypatch) -> None:
+    """FedPer's grid has no iDLG row (its reply holds no last layer): the grid's title says so."""
+    from types import SimpleNamespace
+
+    from fedistill.analysis.inversion_scores import Score
+    from fedistill.reproduce import privacy_attacks
+
+    drawn: list[tuple[int, str]] = []
+
+    def grid(images: torch.Tensor, path, *, nrow: int, titles: list[str], title: str):
+        drawn.append((len(images), title))
+        return path
+
+    monkeypatch.setattr(privacy_attacks, "save_image_grid", grid)
+    truth = torch.zeros(2, 1, 8, 8)
+    note = "n/a: the reply holds no last layer to read labels from"
+    results = {
+        "fedper/known-head": {
+            "truth": truth,
+            "scores": {
+                "dlg": Score([1.0, 2.0], [0.1, 0.2], reconstruction=torch.zeros(2, 1, 8, 8)),
+                "idlg": Score([], [], note=note),
+            },
+        }
+    }
+    setup = SimpleNamespace(dataset="digits", variant="dlg", info=digits.info)
+    privacy_attacks.save_grids(setup, results, tmp_path)
+    # two rows (the client's batch, DLG) and the missing one named in the title
+    assert drawn == [(4, f"digits, dlg: fedper/known-head; no idlg row ({note})")]
+
+
+def test_a_misspelt_method_is_named_and_a_setting_that_cannot_run_says_why(bench, digits) -> None:
+    """`methods` used to drop a misspelt name silently (an empty table), and FedMD-CG's rows vanished
+    when one image per setting left no batch of 2 to train on."""
+    from fedistill.reproduce.privacy_attacks import run_dataset_variant
+
+    setup = _setup(bench, digits)
+    setup.args.iterations, setup.args.images, setup.args.multi_steps = 1, 1, 1
+    setup.args.methods = "fedavg,fedpr"
+    with pytest.raises(
+        ValueError, match=r"unknown method 'fedpr'.*fedavg, fedper, lgfedavg, fedmdcg, fediod"
+    ):
+        run_dataset_variant(setup)
+    setup.args.methods = "fedmdcg"
+    results = run_dataset_variant(setup)
+    for setting in ("fedmdcg/known-extractor", "fedmdcg/unknown-extractor"):
+        for attack in ("dlg", "idlg"):
+            score = results[setting]["scores"][attack]
+            assert (
+                score.psnr == [] and score.note == "n/a: FedMD-CG's setting needs images >= 2 (a batch of 2)"
+            )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--kappa", "-0.1"], "--kappa must be >= 0, got -0.1"),
+        (["--fediod-iterations", "-1"], "--fediod-iterations must be >= 0, got -1"),
+        (["--iterations", "0"], "--iterations must be >= 1, got 0"),
+        (["--methods", "fedavg,fedpr"], "unknown method 'fedpr'"),
+    ],
+)
+def test_the_benchmark_refuses_bad_budgets_up_front(flags, message, tmp_path, capsys) -> None:
+    """A negative kappa used to mean the exact (unrelaxed) replay and a negative FedIOD budget none."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import privacy_attacks
+
+    args = ["--datasets", "digits", "--variants", "dlg", "--methods", "fedavg", "--images", "1"]
+    with pytest.raises(SystemExit) as exit_info:
+        privacy_attacks.main([*args, "--iterations", "1", "--out", str(tmp_path), *flags])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_mean_image_reference_reads_float_images_as_they_are(bench, digits) -> None:
+    """Images stored as float32 in [0, 1] (as a data set may hold them) used to be divided by 255 once
+    more, putting the mean-image reference at a black image."""
+    from fedistill.data.base import ImageSet
+    from fedistill.reproduce.privacy_attacks import run_dataset_variant
+
+    references = []
+    for train in (digits.train, ImageSet(digits.train.x.float() / 255.0, digits.train.y)):
+        setup = _setup(bench, digits)
+        setup.train = train
+        setup.args.iterations, setup.args.images, setup.args.multi_steps = 1, 1, 1
+        setup.args.methods = "fedavg"
+        references.append(run_dataset_variant(setup)["reference/mean-image"]["scores"]["attack"].psnr)
+    assert references[1] == pytest.approx(references[0], abs=1e-4)

@@ -4,8 +4,9 @@ FedIOD's client never sends a gradient of its parameters. Its reply holds its lo
 ratios on the server's own synthetic x, and the input-gradient of its local terms at x. The private batch
 enters only through the one Adam step of D_k on the real batch and x that precedes the answer, and the
 mean score of the real batch in the density ratio. `DStepReplay` rebuilds that answer from a guess of the
-real batch, so a white-box attacker (given T_k and D_k's weights before the step, more than the threat
-model grants) can search for a batch that reproduces the observed reply.
+real batch, so a white-box attacker (given T_k, more than the threat model grants, and D_k's weights
+before the step, which the server rebuilds from the run seed before D_k's first step only) can search
+for a batch that reproduces the observed reply.
 """
 
 from __future__ import annotations

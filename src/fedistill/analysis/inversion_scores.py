@@ -20,7 +20,7 @@ from torch import nn
 
 from fedistill.data.base import DatasetInfo
 from fedistill.metrics.image_quality import best_match_psnr, ssim
-from fedistill.privacy.attacks import AttackResult, dlg_attack, idlg_attack
+from fedistill.privacy.attacks import AttackResult, NoLastLayerError, dlg_attack, idlg_attack
 
 
 def to_unit(x: torch.Tensor, info: DatasetInfo) -> torch.Tensor:
@@ -119,7 +119,8 @@ def attack_gradient(
     seed: int,
 ) -> dict[str, Score]:
     """DLG and iDLG against ``observed`` (a gradient keyed by parameter name); ``truth`` is the client's
-    batch in model-input space. iDLG needs the last layer's gradient; without it, it is reported as n/a."""
+    batch in model-input space. iDLG needs the last layer's gradient; without it, it is reported as n/a
+    with the reason. Any other error (a bad argument) is raised."""
     truth01 = to_unit(truth, info)
     out: dict[str, Score] = {}
     for name, attack in (("dlg", dlg_attack), ("idlg", idlg_attack)):
@@ -134,8 +135,8 @@ def attack_gradient(
                 generator=torch.Generator().manual_seed(seed),
                 mode="train",
             )
-        except ValueError as exc:
-            out[name] = Score([], [], note=f"n/a: {exc}")
+        except NoLastLayerError:
+            out[name] = Score([], [], note="n/a: the reply holds no last layer to read labels from")
             continue
         rec01 = to_unit(result.reconstruction, info)
         psnrs, ssims, ordered, index = matched(truth01, rec01)

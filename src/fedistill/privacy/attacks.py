@@ -36,6 +36,7 @@ from torch import nn
 __all__ = [
     "AttackResult",
     "Gradients",
+    "NoLastLayerError",
     "dlg_attack",
     "idlg_attack",
     "infer_labels",
@@ -45,6 +46,12 @@ __all__ = [
 
 Gradients = Sequence[torch.Tensor] | Mapping[str, torch.Tensor]
 Mode = Literal["train", "eval"]
+
+
+class NoLastLayerError(ValueError):
+    """The observed gradients hold no last layer, so iDLG has no label to read (e.g. FedPer keeps its
+    head private). Kept apart from other ValueErrors so a caller can report iDLG as not applicable
+    without hiding a bad argument."""
 
 
 @dataclass
@@ -129,6 +136,8 @@ def infer_labels(last_weight_grad: torch.Tensor, batch_size: int = 1) -> torch.T
     """
     if last_weight_grad.dim() != 2:
         raise ValueError(f"expected a 2-D weight gradient, got shape {tuple(last_weight_grad.shape)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     row_sums = last_weight_grad.detach().sum(dim=1)
     if batch_size == 1:
         rows = last_weight_grad.detach().to(torch.float64)
@@ -168,6 +177,7 @@ def dlg_attack(
     dummy_y = _dummy((batch, num_classes), generator, like)
 
     def loss_fn(out: torch.Tensor) -> torch.Tensor:
+        _check_outputs(out, num_classes)
         return -(F.softmax(dummy_y, dim=-1) * F.log_softmax(out, dim=-1)).sum(dim=-1).mean()
 
     best_x, history, diverged = _run_lbfgs(
@@ -195,18 +205,24 @@ def idlg_attack(
 
     The last layer's weight is the last matched 2-D parameter with ``num_classes`` rows, or the parameter
     named ``last_weight``. For ``B > 1`` the ``B`` classes with the most negative row sums are used (see
-    `infer_labels`); pass ``labels`` to skip inference. Other arguments as in `dlg_attack`.
+    `infer_labels`; one label per class, so ``B`` may not exceed the classes); pass ``labels`` to skip
+    inference. Other arguments as in `dlg_attack`.
     """
     batch = _batch_size(input_shape)
     if labels is None:
         labels = _labels_from_gradient(model, observed, num_classes, batch, last_weight)
+    elif labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise ValueError(f"labels must be integer class indices, got {labels.dtype}")
     like = _align(model, observed)[1][0]
     labels = labels.reshape(-1).long().to(like.device)
     if labels.numel() != batch:
         raise ValueError(f"got {labels.numel()} labels for a batch of {batch}")
+    if bool(((labels < 0) | (labels >= num_classes)).any()):
+        raise ValueError(f"labels must be class indices in [0, {num_classes}), got {labels.tolist()}")
     dummy_x = _dummy(input_shape, generator, like)
 
     def loss_fn(out: torch.Tensor) -> torch.Tensor:
+        _check_outputs(out, num_classes)
         return F.cross_entropy(out, labels)
 
     best_x, history, diverged = _run_lbfgs(
@@ -219,6 +235,14 @@ def _batch_size(input_shape: Sequence[int]) -> int:
     if len(input_shape) < 2 or any(int(s) < 1 for s in input_shape):
         raise ValueError(f"input_shape must be (B, ...) with positive sizes, got {tuple(input_shape)}")
     return int(input_shape[0])
+
+
+def _check_outputs(out: torch.Tensor, num_classes: int) -> None:
+    if out.dim() != 2 or out.shape[1] != num_classes:
+        raise ValueError(
+            f"the model gives {out.shape[-1]} outputs per input, but num_classes is {num_classes} "
+            f"(outputs of shape {tuple(out.shape)})"
+        )
 
 
 def _dummy(shape: Sequence[int], generator: torch.Generator | None, like: torch.Tensor) -> torch.Tensor:
@@ -266,14 +290,19 @@ def _labels_from_gradient(
     else:
         candidates = [i for i, p in enumerate(params) if p.dim() == 2 and p.shape[0] == num_classes]
         if not candidates:
-            raise ValueError(
-                f"no observed 2-D gradient has {num_classes} rows to read labels from; "
+            raise NoLastLayerError(
+                f"no last layer: no observed 2-D gradient has {num_classes} rows to read labels from; "
                 "pass labels= or last_weight="
             )
         index = candidates[-1]
     grad = grads[index]
     if batch == 1:
         return infer_labels(grad, 1)
+    if batch > grad.shape[0]:
+        raise ValueError(
+            f"iDLG reads at most one label per class: a batch of {batch} is larger than the "
+            f"{grad.shape[0]} classes; pass labels="
+        )
     return grad.sum(dim=1).argsort()[:batch]
 
 
@@ -313,6 +342,8 @@ def _run_lbfgs(
     divergence. The history holds the distance at the start and after each step."""
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
     if max_iter_per_step < 2:
         # torch gives the line search max_iter * 5 // 4 evaluations: one is not enough to move.
         raise ValueError(f"max_iter_per_step must be >= 2, got {max_iter_per_step}")

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from fedistill.analysis.inversion_scores import Score, merge, score, to_unit
+from fedistill.analysis.similarity import to_unit as images_to_unit
 from fedistill.analysis.threat_models import Setup, fedavg_setting, fediod_setting, partial_setting
 from fedistill.federation.client import ClientLogic
 from fedistill.federation.ledger import Ledger
@@ -35,6 +36,20 @@ PAPER_TABLE2 = {
 def in_process(clients: Mapping[int, ClientLogic]) -> InProcessFleet:
     """The transport the attacks run over: clients in this process, a ledger kept in memory only."""
     return InProcessFleet(clients, Ledger(None))
+
+
+#: The methods ``args.methods`` may name, in the order the table runs them.
+METHODS = ("fedavg", "fedper", "lgfedavg", "fedmdcg", "fediod")
+
+
+def check_methods(methods: str) -> set[str]:
+    """The comma-separated method names, each one of `METHODS`: a misspelt one would leave its rows out."""
+    wanted = set(methods.split(","))
+    unknown = sorted(wanted - set(METHODS))
+    if unknown:
+        names = ", ".join(repr(m) for m in unknown)
+        raise ValueError(f"unknown method {names} in methods {methods!r}; choose from {', '.join(METHODS)}")
+    return wanted
 
 
 SETTINGS = [
@@ -64,7 +79,7 @@ OBSERVED = {
     ),
     "fedmdcg/unknown-extractor": "classifier update (+ generator, counts), batch 2; extractor unknown",
     "fediod/dstep-inversion": (
-        "class counts (stage 1), logits, density ratios, input-gradients; D_k init and T_k granted"
+        "class counts (stage 1), logits, density ratios, input-gradients; T_k granted, D_k init from the seed"
     ),
     "fediod/server-inputs": "the server's own synthetic inputs x",
     "reference/mean-image": "nothing: the training split's mean image",
@@ -77,7 +92,7 @@ def run_dataset_variant(setup: Setup) -> dict[str, Any]:
     args = setup.args
     n = args.images
     steps = max(1, min(args.multi_steps, n))
-    wanted = set(args.methods.split(","))
+    wanted = check_methods(args.methods)
     results: dict[str, Any] = {}
     offset = 0
 
@@ -101,6 +116,10 @@ def run_dataset_variant(setup: Setup) -> dict[str, Any]:
             # FedMD-CG's generator has BatchNorm1d and trains on the cached real batches: batch >= 2
             batch = 2 if algorithm == "fedmdcg" and n >= 2 else 1
             if algorithm == "fedmdcg" and n < 2:
+                note = "n/a: FedMD-CG's setting needs images >= 2 (a batch of 2)"
+                for knowledge in ("known", "unknown"):
+                    scores = {a: Score([], [], note=note) for a in ("dlg", "idlg")}
+                    results[f"{algorithm}/{knowledge}-{private_part}"] = {"scores": scores, "kinds": []}
                 continue
             out, offset = partial_setting(setup, algorithm, n // batch, batch, offset)
             for knowledge in ("known", "unknown"):
@@ -116,9 +135,9 @@ def run_dataset_variant(setup: Setup) -> dict[str, Any]:
             }
     # reference: the mean training image against every image attacked above, once each (the known and
     # unknown rows of a method attack the same images, as do FedIOD's two)
-    truths = [r["truth"] for r in results.values()]
+    truths = [r["truth"] for r in results.values() if "truth" in r]
     if truths:
-        mean01 = (setup.train.x.float() / 255.0).mean(0, keepdim=True)
+        mean01 = images_to_unit(setup.train).mean(0, keepdim=True)  # uint8 / 255, or [0, 1] floats
         truth01 = to_unit(torch.unique(torch.cat(truths), dim=0), setup.info)
         psnrs, ssims = [], []
         for t in truth01:
@@ -131,15 +150,18 @@ def run_dataset_variant(setup: Setup) -> dict[str, Any]:
 
 def save_grids(setup: Setup, results: dict[str, Any], out_dir: Path) -> dict[str, str]:
     """One image grid per setting (top row: the client's batch; then each attack's reconstruction); each
-    grid's path, from the checkout where it lies inside it."""
+    grid's path, from the checkout where it lies inside it. An attack without a reconstruction (FedPer's
+    iDLG: no last layer in the reply) has no row, and the grid's title says why."""
     paths = {}
     for setting, entry in results.items():
         if "truth" not in entry:
             continue
         truth01 = to_unit(entry["truth"], setup.info)
-        rows, titles = [truth01], ["client"] * len(truth01)
+        rows, titles, missing = [truth01], ["client"] * len(truth01), []
         for attack, sc in entry["scores"].items():
-            if sc.reconstruction is not None and len(sc.reconstruction) == len(truth01):
+            if sc.reconstruction is None or len(sc.reconstruction) != len(truth01):
+                missing.append(f"; no {attack} row ({sc.note or 'not every image was reconstructed'})")
+            else:
                 rows.append(sc.reconstruction)
                 titles += (
                     [f"{attack} {p:.1f}dB" for p in sc.psnr]
@@ -154,7 +176,7 @@ def save_grids(setup: Setup, results: dict[str, Any], out_dir: Path) -> dict[str
             out_dir / name,
             nrow=len(truth01),
             titles=titles,
-            title=f"{setup.dataset}, {setup.variant}: {setting}",
+            title=f"{setup.dataset}, {setup.variant}: {setting}" + "".join(missing),
         )
         paths[setting] = str(path.relative_to(CHECKOUT)) if path.is_relative_to(CHECKOUT) else str(path)
     return paths

@@ -36,9 +36,10 @@ def write_report(data: dict[str, Any], path_md: Path) -> None:
         "ledger records), the requests it sent itself, and the public run configuration including the seed. "
         "`known-*` rows: the part a method keeps private is rebuilt from the run seed (exact in round 1 "
         "here, since every site starts from the seeded initialisation); `unknown-*`: the attacker must "
-        "guess it (any later round, or private initialisation). The FedIOD inversion grants the attacker "
-        "*more* than the threat model (the client's teacher and its discriminator's weights before the "
-        "step).",
+        "guess it (any later round, or an initialisation the server cannot derive). The FedIOD inversion "
+        "grants the attacker *more* than the threat model: the client's teacher. Its discriminator's "
+        "weights before the step are the seeded initialisation at this first step, which the server "
+        "rebuilds; after it they are private too.",
         "",
         "Model variants:",
         "",
@@ -117,7 +118,8 @@ def write_report(data: dict[str, Any], path_md: Path) -> None:
         "",
         *data["notes"],
         "",
-        "Image grids (top row: the client's batch; then DLG; then iDLG): "
+        "Image grids (top row: the client's batch; then DLG; then iDLG, except where the iDLG cell is "
+        "n/a, as for FedPer, whose reply holds no last layer: the grid's title says so): "
         f"`benchmarks/results/privacy_attacks/`. Total time {data['seconds']:.0f} s on {data['machine']}.",
         "",
     ]
@@ -175,7 +177,9 @@ NOTES = [
     "DLG-friendly model the shared part's gradient alone then reconstructs the image through it: for a "
     "batch of one, the head's weight gradient gives the extractor's feature vector exactly, and the "
     "untrained extractor is inverted (LG-FedAvg, FedMD-CG). Once the private part differs from anything the "
-    "server can rebuild (`unknown-*`: later rounds, or a per-client initialisation), nothing is recovered.",
+    "server can rebuild (`unknown-*`: later rounds, or a per-client initialisation from a seed the server "
+    'does not know; `private_init = "client"` derives its seed from the run seed, so the server can '
+    "rebuild that one), nothing is recovered.",
     "* One round, round 1, one local step: the attacker's best case for the parameter-sharing methods "
     "(freshly initialised models leak most). Real runs use larger batches and more local steps.",
 ]

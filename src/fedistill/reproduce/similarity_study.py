@@ -179,7 +179,7 @@ def dlg_row(
     dlg = merge([e["scores"]["dlg"] for e in entries])
     idlg = merge([e["scores"]["idlg"] for e in entries])
     truth01 = model_input_to_unit(torch.cat([e["truth"] for e in entries]), run.info)
-    mean01 = (run.data.dataset.train.x.float() / 255.0).mean(0, keepdim=True)
+    mean01 = to_unit(run.data.dataset.train).mean(0, keepdim=True)  # uint8 / 255, or [0, 1] floats
     mean_image = [score(t[None], mean01)[0][0] for t in truth01]
     return {
         "images": images,

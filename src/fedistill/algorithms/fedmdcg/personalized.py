@@ -6,9 +6,10 @@ prefix (``extractor.*``, ``classifier.*``, ``generator.*``). Here are the pieces
 
 - selecting and renaming those parts, and the checks that a model splits into them;
 - where the private part starts (`private_start`): from the run seed like every other site, as in the
-  papers' code, or (``private_init = "client"``) from a seed of the client's own, so that a server
-  that knows the run seed cannot rebuild it in the first round (gradient inversion of the shared
-  part's update then has no known private part to go through);
+  papers' code, or (``private_init = "client"``) from a seed of the client's own, so that sites differ
+  and a server that rebuilds only the run's model does not have it. That seed is derived from the run
+  seed and the client id, so a server that knows the run seed can still rebuild it (and gradient
+  inversion of the shared part's update can go through it); it is not a secret;
 - the class counts a client reports (ledger kind ``label-statistics``);
 - the round's request to the sampled clients;
 - the personal models' metrics. ``local_accuracy`` is FedMD-CG's "local test accuracy": each client's
@@ -85,8 +86,8 @@ def private_start(model: nn.Module, ctx: ClientContext, shared_prefix: str) -> N
     """With ``private_init = "client"``, re-draw every entry outside `shared_prefix` from a per-client seed.
 
     The model comes from `new_model` under a seed derived from the run seed *and* the client id, so
-    the private part is as reproducible as before but differs between sites and from anything the
-    server builds.
+    the private part is as reproducible as before and differs between sites and from the run's model;
+    a server that knows the run seed can derive it too.
     """
     if ctx.config.private_init != "client":
         return
