@@ -186,3 +186,13 @@ def test_every_file_is_short(limit):
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > limit
     }
     assert long == {}
+
+
+def test_architecture_md_names_every_top_level_unit():
+    """The layer map is only a contract if it shows every package and top-level module of fedistill."""
+    text = (PACKAGE.parents[1] / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    units = {_unit(m) for m in MODULES} - {"__init__", "__main__"}
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    spelt = {unit: f"{unit}/" if unit in packages else unit for unit in units}  # `data/`, `config.py`
+    unnamed = [unit for unit, name in spelt.items() if f"`{name}" not in text and f" {name} " not in text]
+    assert sorted(unnamed) == [], "name these in ARCHITECTURE.md's layer map and table"

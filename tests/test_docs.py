@@ -279,3 +279,17 @@ def test_fediods_teacher_epochs_says_its_default_is_not_the_papers():
     page = (ROOT / "docs" / "methods" / "fediod" / "options.md").read_text(encoding="utf-8")
     (row,) = [line for line in page.splitlines() if line.startswith("| `teacher_epochs`")]
     assert "the paper: 500" in doc and "the paper: 500" in row
+
+
+def test_the_python_api_has_a_reference_page_in_the_nav():
+    """`import fedistill` users and the guides' extension points (messages, client logic, fleets, tasks,
+    models, datasets, partitioners) need their signatures and docstrings on the site, not only in the code."""
+    import fedistill
+
+    page = reference_pages().get("reference/api.md", "")
+    for name in sorted(set(fedistill.__all__) - {"__version__"}):
+        assert re.search(rf"^::: fedistill\.[\w.]+\.{name}$", page, flags=re.MULTILINE), name
+    for needed in ("Message", "ClientLogic", "Fleet", "ReplySpec", "ServerLogic", "Task", "register_model"):
+        assert re.search(rf"^::: fedistill\.[\w.]+\.{needed}$", page, flags=re.MULTILINE), needed
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert re.search(r"^\s+- [^:]+: reference/api\.md$", nav, flags=re.MULTILINE)

@@ -12,6 +12,7 @@ from fedistill.reference.config_keys import config_markdown
 from fedistill.reference.markdown import table
 from fedistill.reference.options import options_markdown
 from fedistill.reference.protocol import messages_markdown
+from fedistill.reference.python_api import api_markdown
 from fedistill.reference.registries import (
     algorithms_markdown,
     datasets_markdown,
@@ -36,6 +37,7 @@ Every page of this section is generated from the code when the site is built, so
 | [Tasks](tasks.md) | the task registry |
 | [Messages](messages.md) | the content kinds and each algorithm's client handlers |
 | [Modules](modules.md) | the docstrings of the algorithms' modules |
+| [Python API](api.md) | the docstrings and signatures of what a program calls or builds on |
 
 In the terminal, `fedistill list` names everything registered and `fedistill list --options NAME` prints
 one algorithm's options with their defaults.
@@ -93,6 +95,7 @@ def reference_pages() -> dict[str, str]:
         "reference/tasks.md": tasks_markdown(),
         "reference/messages.md": messages_markdown(),
         "reference/modules.md": modules_markdown(),
+        "reference/api.md": api_markdown(),
         "reference/options/index.md": options_index(),
     }
     pages |= {f"reference/options/{name}.md": options_markdown(name) for name in algorithm_names()}
