@@ -19,6 +19,7 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import SHARED_DATA  # FEDISTILL_SHARED_DATA, else FEDISTILL_DATA, else beside the checkout
 from fedistill.data.cifar import RestrictedUnpickler, load_cifar10, restricted_loads
 from fedistill.data.files import RemoteFile, download, md5_bytes, md5_file, require_file
 from fedistill.data.idx import IMAGES_MAGIC, LABELS_MAGIC, read_idx, read_idx_pair
@@ -26,9 +27,6 @@ from fedistill.data.registry import dataset_names, describe_files, load_dataset
 from fedistill.data.text.tokens import read_text_file
 from fedistill.errors import ConfigError, DataError, UserError
 
-SHARED_DATA = Path(
-    os.environ.get("FEDISTILL_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
-)
 MNIST_TRAIN_IMAGES_MD5 = "f68b3c2dcbeaaa9fbdd348bbdeb94873"
 
 
@@ -891,7 +889,7 @@ def test_registry_names_and_errors(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["mnist", "fashion-mnist"])
 def test_real_mnist_files(name: str) -> None:
     if not (SHARED_DATA / name / "train-images-idx3-ubyte.gz").is_file():
-        pytest.skip(f"no {name} files under {SHARED_DATA} (set FEDISTILL_SHARED_DATA)")
+        pytest.skip(f"no {name} files under {SHARED_DATA} (set FEDISTILL_DATA)")
     ds = load_dataset(name, SHARED_DATA)  # verify=True: md5s must match
     assert (len(ds.train), len(ds.test)) == (60000, 10000)
     assert ds.train.x.shape == (60000, 1, 28, 28) and sorted(ds.train.y.unique().tolist()) == list(range(10))
