@@ -261,18 +261,21 @@ def test_download_unreachable_says_where_to_put_the_file(tmp_path: Path) -> None
     assert not dest.exists()
 
 
-def test_download_cut_short_is_a_data_error(tmp_path: Path) -> None:
+def test_download_cut_short_is_a_data_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A server that drops a chunked transfer mid-file: http.client raises IncompleteRead, which is no
     OSError; it must read as a failed download, not a traceback."""
+    monkeypatch.setenv("no_proxy", "*")  # a machine's HTTP proxy would answer instead, failing otherwise
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
+    served = threading.Event()
 
     def serve() -> None:
         conn, _ = server.accept()
         conn.recv(65536)
         conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
         conn.close()
+        served.set()
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -283,6 +286,7 @@ def test_download_cut_short_is_a_data_error(tmp_path: Path) -> None:
     finally:
         thread.join(5)
         server.close()
+    assert served.is_set(), "the download never reached the server that cuts it short"
     assert list(tmp_path.iterdir()) == []  # nothing at dest, no temporary file left
 
 
