@@ -4,9 +4,10 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
-os.environ.setdefault(
-    "OMP_NUM_THREADS", "1"
-)  # tiny models: one thread is as fast and immune to oversubscription
+# Tiny models: one thread is as fast and immune to oversubscription. Set, not defaulted: the runs that tests
+# start as processes (threads = 0: torch's default, from this variable) must do the arithmetic of the runs
+# in this one, which an exported OMP_NUM_THREADS=4 changed in the last bits.
+os.environ["OMP_NUM_THREADS"] = "1"
 
 import torch
 

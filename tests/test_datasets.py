@@ -19,6 +19,7 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import SHARED_DATA  # FEDISTILL_SHARED_DATA, else FEDISTILL_DATA, else beside the checkout
 from fedistill.data.cifar import RestrictedUnpickler, load_cifar10, restricted_loads
 from fedistill.data.files import RemoteFile, download, md5_bytes, md5_file, require_file
 from fedistill.data.idx import IMAGES_MAGIC, LABELS_MAGIC, read_idx, read_idx_pair
@@ -26,9 +27,6 @@ from fedistill.data.registry import dataset_names, describe_files, load_dataset
 from fedistill.data.text.tokens import read_text_file
 from fedistill.errors import ConfigError, DataError, UserError
 
-SHARED_DATA = Path(
-    os.environ.get("FEDISTILL_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
-)
 MNIST_TRAIN_IMAGES_MD5 = "f68b3c2dcbeaaa9fbdd348bbdeb94873"
 
 
@@ -263,18 +261,21 @@ def test_download_unreachable_says_where_to_put_the_file(tmp_path: Path) -> None
     assert not dest.exists()
 
 
-def test_download_cut_short_is_a_data_error(tmp_path: Path) -> None:
+def test_download_cut_short_is_a_data_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A server that drops a chunked transfer mid-file: http.client raises IncompleteRead, which is no
     OSError; it must read as a failed download, not a traceback."""
+    monkeypatch.setenv("no_proxy", "*")  # a machine's HTTP proxy would answer instead, failing otherwise
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
+    served = threading.Event()
 
     def serve() -> None:
         conn, _ = server.accept()
         conn.recv(65536)
         conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
         conn.close()
+        served.set()
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -285,6 +286,7 @@ def test_download_cut_short_is_a_data_error(tmp_path: Path) -> None:
     finally:
         thread.join(5)
         server.close()
+    assert served.is_set(), "the download never reached the server that cuts it short"
     assert list(tmp_path.iterdir()) == []  # nothing at dest, no temporary file left
 
 
@@ -891,7 +893,7 @@ def test_registry_names_and_errors(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["mnist", "fashion-mnist"])
 def test_real_mnist_files(name: str) -> None:
     if not (SHARED_DATA / name / "train-images-idx3-ubyte.gz").is_file():
-        pytest.skip(f"no {name} files under {SHARED_DATA} (set FEDISTILL_SHARED_DATA)")
+        pytest.skip(f"no {name} files under {SHARED_DATA} (set FEDISTILL_DATA)")
     ds = load_dataset(name, SHARED_DATA)  # verify=True: md5s must match
     assert (len(ds.train), len(ds.test)) == (60000, 10000)
     assert ds.train.x.shape == (60000, 1, 28, 28) and sorted(ds.train.y.unique().tolist()) == list(range(10))

@@ -673,10 +673,14 @@ def test_releases_of_a_run_stopped_before_its_first_checkpoint_count_when_it_sta
 
 
 def test_noise_from_the_run_seed_keeps_no_journal(tmp_path):
-    dp = {"dp_enabled": True, "dp_noise_multiplier": 1.0, "dp_clip_norm": 1.0, "dp_noise_seed": "run"}
-    config = build_config(RunConfig(), SMALL, {"algorithm": "fedavg", "rounds": 1, "fedavg": dp})
-    run_suite(config, tmp_path, progress=False)
-    assert not (tmp_path / "fedavg" / "privacy").exists()
+    from fedistill.privacy.journal import journal_file
+
+    dp = {"dp_enabled": True, "dp_noise_multiplier": 1.0, "dp_clip_norm": 1.0}
+    for seed, kept in (("run", False), ("secret", True)):  # the secret's journal: where the other would be
+        fedavg = {**dp, "dp_noise_seed": seed}
+        config = build_config(RunConfig(), SMALL, {"algorithm": "fedavg", "rounds": 1, "fedavg": fedavg})
+        run_suite(config, tmp_path / seed, progress=False)
+        assert journal_file(tmp_path / seed / "fedavg", 0).parent.exists() is kept, seed
 
 
 # --------------------------------------------------------------------------------------------------

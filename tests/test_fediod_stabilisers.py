@@ -569,6 +569,7 @@ def test_the_default_preset_beats_the_papers_settings_on_digits(tmp_path):
         "clients": 5,
         "rounds": 3,
         "fediod": {"teacher_epochs": 10, "iters_per_epoch": 12},
+        "cache_dir": str(tmp_path / "stage1"),  # the second preset loads the teachers the first trained
     }
     students = {}
     for preset in ("auto", "paper"):
@@ -576,6 +577,7 @@ def test_the_default_preset_beats_the_papers_settings_on_digits(tmp_path):
         final = run_suite(config, tmp_path / preset, progress=False)[0]["final"]
         students[preset] = final["test_accuracy"]
         assert final["teacher_mean_accuracy"] > 0
+        assert final["teachers_from_cache"] == (5 if preset == "paper" else 0), "not the same teachers"
     assert students["auto"] >= students["paper"] + 0.07, students
     assert students["auto"] > 0.3, students  # three times chance on ten classes
 

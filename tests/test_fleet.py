@@ -1,7 +1,6 @@
 """The in-process transport: dispatch, failures, timeouts and the ledger it writes."""
 
 import logging
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,16 +14,28 @@ from fedistill.federation.messages import Message
 from fedistill.transports.inprocess import InProcessFleet
 
 
+class Clock:
+    """`time` as the in-process fleet reads it: only a client in "slow" mode takes time (a second), so a
+    timeout test does not hinge on how long a busy machine keeps the others waiting."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
 class Echo(ClientLogic):
-    def __init__(self, cid: int, mode: str = "ok") -> None:
-        self.cid, self.mode = cid, mode
+    def __init__(self, cid: int, mode: str = "ok", clock: Clock | None = None) -> None:
+        self.cid, self.mode, self.clock = cid, mode, clock
 
     @handles("query.echo")
     def echo(self, message: Message) -> Message:
         if self.mode == "crash":
             raise RuntimeError("disk full")
         if self.mode == "slow":
-            time.sleep(0.05)
+            assert self.clock is not None, "a slow Echo needs the fleet's clock"
+            self.clock.now += 1.0
         if self.mode == "nan":
             return Message.build("query.echo", arrays={"logits": {"z": np.array([np.nan])}})
         x = message.array("synthetic-inputs", "x")
@@ -75,11 +86,15 @@ def test_failing_and_invalid_clients_become_error_replies_and_are_logged(tmp_pat
         successful(replies, minimum=2)
 
 
-def test_slow_client_times_out():
-    fleet = InProcessFleet({0: Echo(0), 1: Echo(1, "slow")}, Ledger(None))
-    replies = fleet.broadcast(_request(), timeout=0.02)
+def test_slow_client_times_out(monkeypatch):
+    from fedistill.transports import inprocess
+
+    clock = Clock()
+    monkeypatch.setattr(inprocess, "time", clock)
+    fleet = InProcessFleet({0: Echo(0), 1: Echo(1, "slow", clock)}, Ledger(None))
+    replies = fleet.broadcast(_request(), timeout=0.5)
     assert replies[0].ok
-    assert not replies[1].ok and replies[1].error.startswith("timed out")
+    assert not replies[1].ok and replies[1].error == "timed out after 1.0 s (limit 0.5 s)"
     assert fleet.ledger.totals.failures[0]["status"] == "timeout"
 
 

@@ -167,6 +167,7 @@ def test_nodes_that_disagree_with_the_config_stop_the_run_with_a_clear_error(tmp
         run_on_grid(config, tmp_path / "run", grid)
 
 
+@pytest.mark.timeout(900)  # Ray starts in seconds on an idle machine, minutes on a loaded one (43 s alone)
 def test_flower_simulation_engine_gives_the_in_process_results(tmp_path) -> None:
     """`fedistill run --transport flower`: Ray-backed simulation, same metrics and traffic."""
     config = _config(algorithm="fedavg,fediod", rounds=1, clients=2)

@@ -491,9 +491,9 @@ def test_brain_t1_sites_real_volumes():
     folder = SHARED_DATA / "brain-mri"
     if not (folder / "colin27_t1.nii.gz").is_file():
         pytest.skip(f"the real brain volumes are not under {folder}")
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: the wall clock of a shared machine counts its other jobs
     ds = load_brain_t1_sites(folder)
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 5
     _check_recon(ds, 64, whole_test_volumes=False)
     assert ds.group_names == ("Colin27", "MNI152-2009a", "patient-1", "patient-2")
     assert np.bincount(ds.train_groups).min() >= 10 and np.bincount(ds.test_groups).min() >= 3
@@ -503,9 +503,9 @@ def test_brain_t1_sites_real_volumes():
 
 
 def test_mni152_sites_need_no_files():
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time, as above
     ds = load_mni152_t1(image_size=32, sites=4)
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 5
     _check_recon(ds, 32, whole_test_volumes=False)
     assert ds.group_names == ("reference", "bias-field-noisy", "low-resolution", "contrast-shift")
     counts = np.bincount(ds.train_groups)

@@ -115,10 +115,13 @@ def test_batches_cover_each_sample_once_per_epoch() -> None:
 
 def test_batches_are_normalised_and_match_their_labels() -> None:
     data, i = _images(7), info()
+    labels = []
     for x, y in batches(data, i, 3, shuffle=True, generator=gen(2), augment=False):
         assert x.dtype == torch.float32 and y.dtype == torch.int64 and x.shape[1:] == (1, 3, 3)
         expected = ((100 + y).float() / 255 - 0.5) / 0.25
         assert torch.allclose(x[:, 0, 1, 1], expected)
+        labels += y.tolist()
+    assert sorted(labels) == sorted(data.y.tolist())  # every image once: no batch is not a pass
 
 
 def test_batches_with_augmentation_are_deterministic_and_pad_black() -> None:
