@@ -103,7 +103,9 @@ class FedKDOptions:
     teachers: str = ""  # comma list of model names cycled over the clients; "" = the run's model
     teacher_epochs: int = 30  # as FedIOD's, so both distil the same stage-1 models
     public: str = "holdout"  # holdout | dataset:<name> | noise | generator:<path> (public_data.py)
-    public_size: int = 0  # a random subset of the public source (noise, generator: the draws); <= 0: all
+    # a random subset of the public source; <= 0: all of it (noise and generator: the number of draws,
+    # which must then be > 0)
+    public_size: int = 0
     output: str = "one-hot"  # one-hot (a vote per image) | probs (softmax quantised to `bits` bits)
     bits: int = BITS  # output = probs: levels 0 .. 2^bits - 1 (at most 8)
     client_noise: float = 0.0  # std of Gaussian noise on each probability before quantising (not accounted)
@@ -129,7 +131,7 @@ class FedKDOptions:
         both given."""
         check_choices("fedkd", self, {"output": OUTPUTS})
         check_model_names("fedkd", self, self.model_keys)
-        check_public(self.public, "fedkd.public", labelled=False)
+        check_public(self.public, "fedkd.public", labelled=False, size=self.public_size)
         check_positive("fedkd", self, "teacher_epochs student_epochs student_batch_size student_lr")
         check_nonnegative("fedkd", self, "client_noise pate_sigma pate_epsilon")
         if not 1 <= self.bits <= 8:

@@ -122,7 +122,7 @@ class FedMDOptions:
         """Check the digest loss, the labelled public data and the epochs, sizes and learning rate."""
         check_choices("fedmd", self, {"digest_loss": DIGEST_LOSSES})
         check_model_names("fedmd", self, self.model_keys)
-        check_public(self.public, "fedmd.public", labelled=True)
+        check_public(self.public, "fedmd.public", labelled=True, size=self.public_size)
         check_positive("fedmd", self, "alignment_size digest_epochs digest_batch_size digest_lr")
         for key in ("transfer_epochs", "private_epochs"):
             if getattr(self, key) < 0:

@@ -83,14 +83,19 @@ def check_public_run(spec: str, key: str, config: RunConfig) -> None:
         raise ConfigError(f"{key} = 'holdout' is the federation's held-out split: set val_fraction > 0")
 
 
-def check_public(spec: str, key: str, *, labelled: bool) -> None:
-    """The options-time check: a known source of images, with labels when the method needs them."""
+def check_public(spec: str, key: str, *, labelled: bool, size: int) -> None:
+    """The options-time check: a known source of images, with labels when the method needs them, and a
+    `size` (`public_size`) it can serve, so that a run is refused before its folder exists."""
     kind, argument = parse_public(spec, key)
     if labelled and kind in ("noise", "generator"):
         raise ConfigError(
             f"{key} = {spec!r} has no labels, but this method first trains every client on the labelled "
             "public set (transfer learning): use 'holdout' or 'dataset:<name>' (a labelled dataset)"
         )
+    if 0 < size < MIN_PUBLIC:
+        raise ConfigError(f"{key}_size = {size}; {TOO_FEW}")
+    if kind in ("noise", "generator") and size <= 0:
+        raise ConfigError(f"{key} = {spec!r} draws its images: set public_size > 0 (e.g. 2000)")
     if kind != "dataset":
         return
     try:
@@ -109,14 +114,10 @@ def build_public(spec: str, ctx: ServerContext, *, size: int, key: str, labelled
 
     `size` > 0 keeps a random subset of that many images (drawn from the run seed); <= 0 keeps all
     (`noise` and `generator:` need a size). `labelled` refuses sources without labels."""
-    check_public(spec, key, labelled=labelled)
+    check_public(spec, key, labelled=labelled, size=size)
     config, info = ctx.config, ctx.info
     kind, argument = parse_public(spec, key)
-    if 0 < size < MIN_PUBLIC:
-        raise ConfigError(f"{key}: public_size = {size}; {TOO_FEW}")
     if kind in ("noise", "generator"):
-        if size <= 0:
-            raise ConfigError(f"{key} = {spec!r} draws its images: set public_size > 0 (e.g. 2000)")
         # drawn in [0, 1] on the CPU, where data sets stay, whatever the run's device
         source = (
             NoiseSource(info)
