@@ -212,6 +212,17 @@ def test_a_public_size_the_source_cannot_serve_is_refused_with_the_options(optio
         options.validate()
 
 
+def test_a_misspelt_public_source_is_answered_with_the_sources_the_method_takes():
+    with pytest.raises(ConfigError) as fedmd:
+        FedMDOptions(public="hold-out").validate()
+    assert str(fedmd.value) == (
+        "fedmd.public must be 'holdout' (the federation's held-out split) or 'dataset:<name>' (a labelled "
+        "dataset, e.g. dataset:mnist); got 'hold-out'"
+    )
+    with pytest.raises(ConfigError, match=r"fedkd.public must be .*'noise' or 'generator:"):
+        FedKDOptions(public="hold-out").validate()
+
+
 def test_a_drawn_public_set_without_a_size_is_refused_before_the_run_folder(tmp_path, capsys):
     argv = ["run", "--algorithm", "fedkd", "--clients", "2", "--rounds", "1", "--quiet"]
     assert main([*argv, "--set", "fedkd.public=noise", "--out", str(tmp_path), "--name", "a"]) == 2

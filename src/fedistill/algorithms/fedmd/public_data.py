@@ -86,7 +86,15 @@ def check_public_run(spec: str, key: str, config: RunConfig) -> None:
 def check_public(spec: str, key: str, *, labelled: bool, size: int) -> None:
     """The options-time check: a known source of images, with labels when the method needs them, and a
     `size` (`public_size`) it can serve, so that a run is refused before its folder exists."""
-    kind, argument = parse_public(spec, key)
+    try:
+        kind, argument = parse_public(spec, key)
+    except ConfigError:
+        if not labelled:
+            raise
+        raise ConfigError(  # the sources a labelled method takes, not the drawn ones it would refuse next
+            f"{key} must be 'holdout' (the federation's held-out split) or 'dataset:<name>' (a labelled "
+            f"dataset, e.g. dataset:mnist); got {spec!r}"
+        ) from None
     if labelled and kind in ("noise", "generator"):
         raise ConfigError(
             f"{key} = {spec!r} has no labels, but this method first trains every client on the labelled "
