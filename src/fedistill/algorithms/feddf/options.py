@@ -40,7 +40,8 @@ class FedDFOptions(DPOptions):
     source: str = "noise"  # noise | holdout | dataset:<name> | generator:<path to .safetensors>
     source_size: int = 10000  # images drawn from a `dataset:` source (<= 0: all of its training images)
     holdout_val_share: float = 0.02  # holdout: the held-out share kept labelled to validate on
-    generator_upsample: str = "bilinear"  # a `generator:` source's second upsampling (FedIOD: bilinear)
+    # a `generator:` source's second upsampling: bilinear (FedIOD's) | nearest (MosaicKD's)
+    generator_upsample: str = "bilinear"
     steps: int = 500  # distillation steps per group and round (the paper: 10^4)
     distill_batch_size: int = 64  # the README runs' 64 (the paper: 128 in all experiments)
     distill_lr: float = 1e-3  # the distillation optimiser's learning rate (the paper's Adam 1e-3)

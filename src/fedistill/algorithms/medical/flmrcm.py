@@ -80,7 +80,7 @@ class FLMRCMOptions(FedAvgOptions):
     discriminators."""
 
     section: ClassVar[str] = "flmrcm"
-    weighting: str = "uniform"  # the code averages the site models plainly
+    weighting: str = "uniform"  # samples | uniform (the code averages the site models plainly)
     target_site: int = -1  # the client whose features the sources align to; -1: the last
     adversarial_weight: float = 1.0  # weight of the alignment's adversarial term in a source site's loss
     discriminator_width: int = 256  # hidden width of each source site's domain discriminator
