@@ -120,11 +120,10 @@ class FedIODOptions(
                 "fediod.selection = 'best-on-test' selects on the test set; it exists only to reproduce the "
                 "released code (set fediod.preset = 'official-code')"
             )
-        if self.iters_per_epoch not in ("max", "min") and not (
-            isinstance(self.iters_per_epoch, int) and self.iters_per_epoch >= 1
-        ):
+        count = self.iters_per_epoch  # not a bool, an int to Python: true would be one G-step
+        if count not in ("max", "min") and (type(count) is not int or count < 1):
             raise ConfigError(
-                f"fediod.iters_per_epoch must be max, min or a number; got {self.iters_per_epoch!r}"
+                f"fediod.iters_per_epoch must be max, min or a number >= 1; got {self.iters_per_epoch!r}"
             )
         for key in (
             "teacher_epochs",

@@ -97,9 +97,8 @@ class AsynDGANOptions:
         check_nonnegative(s, self, "w_l1 w_perceptual")
         if not (0 <= self.beta1 < 1 and math.isfinite(self.beta1)):
             raise ConfigError(f"{s}.beta1 must be in [0, 1), got {self.beta1!r}")
-        if self.iters_per_epoch not in ("max", "min") and not (
-            isinstance(self.iters_per_epoch, int) and self.iters_per_epoch >= 1
-        ):
+        count = self.iters_per_epoch  # not a bool, an int to Python: true would be one G-step
+        if count not in ("max", "min") and (type(count) is not int or count < 1):
             raise ConfigError(
                 f"{s}.iters_per_epoch must be max, min or a number >= 1; got {self.iters_per_epoch!r}"
             )
