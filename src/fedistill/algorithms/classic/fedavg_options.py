@@ -29,7 +29,9 @@ class FedAvgOptions(DPOptions):
     mu: float = 0.0  # FedProx proximal weight; 0 is plain FedAvg
     server_momentum: float = 0.0  # FedAvgM's beta; 0 is plain FedAvg
     server_lr: float = 1.0  # FedAvgM: the server's step size on the averaged update; 1: plain FedAvg
-    drop_worst: bool = False  # FedDF's filter: leave out models at chance on the server's validation split
+    # FedDF's drop-worst filter (drop_worst.py): leave out models below 1.2x chance on the server's
+    # validation split (or, if none is, below the mean - 1.5 std of the accuracies less the best one)
+    drop_worst: bool = False
     # drop, as an invalid reply, a model whose parameter norm is far beyond the other sites' in the same
     # round (federation/plausibility.py); false: accept every finite model
     plausibility_checks: bool = True
