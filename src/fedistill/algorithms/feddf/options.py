@@ -128,6 +128,11 @@ class FedDFOptions(DPOptions):
     def check_run(self, config: RunConfig) -> None:
         """What the options rule out with the run's common keys, checked before the run writes anything."""
         check_dp_without_batchnorm(self.section, self.dp_enabled, group_names(self, config), config.norm)
+        if config.val_fraction == 0:
+            raise ConfigError(
+                f"{self.section} needs the server's validation split (model selection and early stopping): "
+                "set val_fraction > 0"
+            )
 
 
 def group_names(options: FedDFOptions, config: RunConfig) -> list[str]:
