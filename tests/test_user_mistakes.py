@@ -213,6 +213,27 @@ def test_an_unknown_dataset_as_distillation_source_is_refused_before_the_run_fol
     assert not (tmp_path / "a").exists()
 
 
+@pytest.mark.parametrize(
+    ("key", "spec"),
+    [
+        ("feddf.source", "dataset:digits"),
+        ("feddf-oneshot.source", "dataset:digits"),
+        ("fedkd.public", "dataset:digits"),
+        ("fedmd.public", "dataset:digits"),
+    ],
+)
+def test_the_federations_own_dataset_as_public_data_is_refused_before_the_run_folder(
+    tmp_path, capsys, key, spec
+):
+    argv = ["run", "--algorithm", key.split(".")[0], "--dataset", "digits", "--clients", "2", "--rounds", "1"]
+    assert main([*argv, "--quiet", "--set", f"{key}={spec}", "--out", str(tmp_path), "--name", "a"]) == 2
+    line = _one_line(capsys)
+    assert line.startswith(
+        f"fedistill: error: {key} = {spec!r} is (or shares images with) the federation's own"
+    )
+    assert not (tmp_path / "a").exists()
+
+
 def test_a_folder_whose_run_never_started_does_not_count_as_a_run(tmp_path, capsys):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "config.toml").write_text('algorithm = "fedavg"\n')  # left by an older version

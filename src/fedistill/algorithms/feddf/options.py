@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fedistill.algorithms.base import model_cycle
-from fedistill.algorithms.shared.distillation_data import check_source
+from fedistill.algorithms.shared.distillation_data import check_source, check_source_run
 from fedistill.algorithms.shared.option_checks import (
     check_choices,
     check_dp_without_batchnorm,
@@ -128,6 +128,7 @@ class FedDFOptions(DPOptions):
     def check_run(self, config: RunConfig) -> None:
         """What the options rule out with the run's common keys, checked before the run writes anything."""
         check_dp_without_batchnorm(self.section, self.dp_enabled, group_names(self, config), config.norm)
+        check_source_run(self.source, f"{self.section}.source", config.dataset)
         if config.val_fraction == 0:
             raise ConfigError(
                 f"{self.section} needs the server's validation split (model selection and early stopping): "

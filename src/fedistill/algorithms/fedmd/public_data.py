@@ -78,9 +78,16 @@ def parse_public(spec: str, key: str) -> tuple[str, str]:
 
 
 def check_public_run(spec: str, key: str, config: RunConfig) -> None:
-    """The run-time check of `check_public`'s source: the held-out split exists only with val_fraction > 0."""
-    if parse_public(spec, key)[0] == "holdout" and config.val_fraction == 0:
+    """The run-time check of `check_public`'s source: the held-out split exists only with val_fraction > 0,
+    and another dataset must not be (nor share images with) the federation's own."""
+    kind, argument = parse_public(spec, key)
+    if kind == "holdout" and config.val_fraction == 0:
         raise ConfigError(f"{key} = 'holdout' is the federation's held-out split: set val_fraction > 0")
+    if kind == "dataset" and same_images(argument, config.dataset):  # aliases and splits of one release too
+        raise ConfigError(
+            f"{key} = {spec!r} is (or shares images with) the federation's own dataset, whose training "
+            "images are the clients' private data: use 'holdout' (its held-out split) or another dataset"
+        )
 
 
 def check_public(spec: str, key: str, *, labelled: bool, size: int) -> None:
@@ -141,11 +148,7 @@ def build_public(spec: str, ctx: ServerContext, *, size: int, key: str, labelled
         images, labels, names = held.x, held.y, info.class_names
         what = f"the held-out split of {config.dataset}"
     else:
-        if same_images(argument, config.dataset):  # aliases and splits of one release too
-            raise ConfigError(
-                f"{key} = {spec!r} is (or shares images with) the federation's own dataset, whose training "
-                "images are the clients' private data: use 'holdout' (its held-out split) or another dataset"
-            )
+        check_public_run(spec, key, config)
         loaded = load_dataset(argument, config.data_dir, download=config.download)
         images = fit_uint8(loaded.train.x, info.channels, info.image_size)
         labels, names = loaded.train.y, loaded.info.class_names
