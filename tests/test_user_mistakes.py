@@ -183,6 +183,7 @@ def test_a_norm_or_model_options_a_built_model_lacks_is_refused_before_the_run_f
             "fediod.distill_augment crops, turns and flips the student's images",
         ),
         ("fediod", ["fediod.truth_weight=0.5"], "fediod.truth_weight teaches the student the label"),
+        ("feddf", ["feddf.fuse_precision=full"], "feddf.fuse_precision = 'full' fuses binary models"),
         (  # a BatchNorm model in one group of FedDF's architectures, not the run's `model`
             "feddf",
             ["model=mlp", "feddf.groups=mlp,resnet8", "feddf.dp_enabled=true", "feddf.dp_noise_multiplier=1"],

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+from torch import nn
 
 from fedistill.algorithms.base import model_cycle
 from fedistill.algorithms.shared.distillation_data import check_source, check_source_run
@@ -13,10 +15,16 @@ from fedistill.algorithms.shared.option_checks import (
     check_dp_without_batchnorm,
     check_model_names,
 )
+from fedistill.algorithms.shared.training import new_model
 from fedistill.algorithms.shared.weight_average import COMBINES
 from fedistill.config import RunConfig
 from fedistill.errors import ConfigError
+from fedistill.models.binary import has_binary_layers
 from fedistill.privacy.budget import DPOptions
+
+if TYPE_CHECKING:
+    from fedistill.data.base import DatasetInfo
+    from fedistill.tasks.base import Task
 
 LOSSES = ("avg-logits", "avg-probs", "avg-losses")
 DROP_WORST = ("off", "drop", "weighted")
@@ -134,6 +142,22 @@ class FedDFOptions(DPOptions):
                 f"{self.section} needs the server's validation split (model selection and early stopping): "
                 "set val_fraction > 0"
             )
+
+    def check_task(self, config: RunConfig, task: Task, info: DatasetInfo) -> None:
+        """What the options rule out on the dataset, checked before the run writes anything: fusing in full
+        precision needs a group of binary models (built here to look)."""
+        if self.fuse_precision == "full":
+            names = dict.fromkeys(group_names(self, config))
+            check_full_precision(self, {name: new_model(config, info, name) for name in names})
+
+
+def check_full_precision(options: FedDFOptions, group_models: dict[str, nn.Module]) -> None:
+    """`fuse_precision = "full"` fuses binary models through their latent weights: some group must be one."""
+    if options.fuse_precision == "full" and not any(map(has_binary_layers, group_models.values())):
+        raise ConfigError(
+            f"{options.section}.fuse_precision = 'full' fuses binary models in full precision, but no group "
+            f"({', '.join(group_models)}) has binary layers; use one such as resnet8-binary"
+        )
 
 
 def group_names(options: FedDFOptions, config: RunConfig) -> list[str]:

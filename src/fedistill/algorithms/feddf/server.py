@@ -15,7 +15,7 @@ from fedistill import devices
 from fedistill.algorithms.base import ServerContext, ServerLogic, clone_state
 from fedistill.algorithms.classic import PrivacyReport
 from fedistill.algorithms.feddf.fusion import distill
-from fedistill.algorithms.feddf.options import FedDFOptions, group_names
+from fedistill.algorithms.feddf.options import FedDFOptions, check_full_precision, group_names
 from fedistill.algorithms.shared.distillation_data import (
     build_source,
     check_source_run,
@@ -31,7 +31,7 @@ from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import Message, state_specs
 from fedistill.federation.plausibility import screen_parameters
 from fedistill.federation.reply_spec import LOCAL_METRICS, TRAIN_METRICS, ReplySpec
-from fedistill.models.binary import full_precision, has_binary_layers
+from fedistill.models.binary import full_precision
 from fedistill.seeding import torch_generator
 
 log = logging.getLogger(__name__)
@@ -72,12 +72,7 @@ class FedDFServer(ServerLogic):
         self.cycle = group_names(self.options, config)
         self.group_models = {name: new_model(config, info, name) for name in dict.fromkeys(self.cycle)}
         self.specs = {name: state_specs(model.state_dict()) for name, model in self.group_models.items()}
-        binary = any(map(has_binary_layers, self.group_models.values()))
-        if self.options.fuse_precision == "full" and not binary:
-            raise ConfigError(
-                "feddf.fuse_precision = 'full' fuses binary models in full precision, but no group "
-                f"({', '.join(self.group_models)}) has binary layers; use one such as resnet8-binary"
-            )
+        check_full_precision(self.options, self.group_models)
         self.source = build_source(
             self.options.source,
             info,
