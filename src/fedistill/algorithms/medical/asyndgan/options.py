@@ -73,6 +73,11 @@ class AsynDGANOptions:
                 "asyndgan.selection = 'validation' needs validation splits: set val_fraction > 0 "
                 "or asyndgan.selection = 'last'"
             )
+        if self.synthetic_batch_size < config.clients:
+            raise ConfigError(
+                f"asyndgan.synthetic_batch_size = {self.synthetic_batch_size} is below the number of "
+                f"sites ({config.clients}); every G-step draws at least one mask per site"
+            )
         if self.segmenter_start > config.rounds:
             raise ConfigError(
                 f"asyndgan.segmenter_start = {self.segmenter_start} is after the last round "
