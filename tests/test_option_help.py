@@ -35,3 +35,11 @@ def test_a_choice_options_help_names_every_value_it_accepts(name, option):
         if not re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", option.doc)
     ]
     assert not missing, f"{name}.{option.name}'s help never names {missing}: {option.doc!r}"
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "feddf", "flmrcm", "fediod"])
+@pytest.mark.parametrize(("key", "values"), [("dp_accountant", "rdp, prv"), ("dp_noise_seed", "secret, run")])
+def test_a_misspelt_privacy_choice_is_named_under_its_table(name, key, values):
+    with pytest.raises(ConfigError) as refused:
+        get_algorithm(name).options(**{key: "bogus"}).validate()
+    assert str(refused.value) == f"{name}.{key} must be one of {values}; got 'bogus'"

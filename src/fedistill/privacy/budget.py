@@ -27,7 +27,14 @@ from fedistill.errors import ConfigError
 from fedistill.federation import reply_spec
 from fedistill.federation.fleet import Reply
 from fedistill.federation.messages import Message
-from fedistill.privacy.accounting import ClientAccountant, DPConfig, PrivacyBudgetExceeded, calibrate_noise
+from fedistill.privacy.accounting import (
+    ACCOUNTANTS,
+    NOISE_SEEDS,
+    ClientAccountant,
+    DPConfig,
+    PrivacyBudgetExceeded,
+    calibrate_noise,
+)
 from fedistill.seeding import torch_generator
 
 __all__ = [
@@ -85,7 +92,13 @@ class DPOptions:
         )
 
     def validate_dp(self) -> None:
-        """`DPConfig.validate` with the keys named as they are written here (``dp_clip_norm``)."""
+        """`DPConfig.validate` with the keys named as they are written here (``dp_clip_norm``); a misspelt
+        choice under its table's name (``fedavg.dp_accountant``), with the values it takes."""
+        table = getattr(self, "section", "")  # the config table an algorithm's options are read from
+        for key, valid in (("dp_accountant", ACCOUNTANTS), ("dp_noise_seed", NOISE_SEEDS)):
+            if getattr(self, key) not in valid:
+                named = f"{table}.{key}" if table else key
+                raise ConfigError(f"{named} must be one of {', '.join(valid)}; got {getattr(self, key)!r}")
         try:
             self.dp.validate()
         except ConfigError as exc:

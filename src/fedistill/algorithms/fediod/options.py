@@ -87,6 +87,7 @@ class FedIODOptions(
 
     #: The options that name models (`check_model_names`; the run checks each serves its task)
     model_keys: ClassVar[str] = "teachers student"
+    section: ClassVar[str] = "fediod"  # the config table, which shared checks name (`validate_dp`)
 
     def validate(self) -> None:
         """Check the DP keys, the choices and ranges, and the keys that only make sense together."""
