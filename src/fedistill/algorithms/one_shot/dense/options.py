@@ -54,8 +54,8 @@ class DenseOptions:
     reset_generator: bool = False
     w_ce: float = 1.0  # --oh: cross-entropy of the ensemble against the sampled labels
     w_bn: float = 1.0  # --bn: batch-norm statistic matching, summed over every teacher's BatchNorm layers
-    w_adv: float = 1.0  # --adv: -KL(ensemble || student), on the samples where they disagree
-    adv_temperature: float = 1.0  # the code's kldiv default
+    w_adv: float = 1.0  # --adv: -KL(ensemble || student), on the samples where they disagree (`adv_mask`)
+    adv_temperature: float = 1.0  # T of that KL (T^2 KL of the T-softened softmaxes); 1: the code's
     adv_mask: bool = True  # only samples whose argmax differs between S and the ensemble
     generator_clip: float = 0.0  # max gradient norm of G (0: none, as DENSE's code)
     # --- distillation: the student on the pool of every synthetic batch so far
