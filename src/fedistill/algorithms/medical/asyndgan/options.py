@@ -24,17 +24,17 @@ class AsynDGANOptions:
     """G (the server's) against one D_k per site; then S on G's pairs. See the package docstring."""
 
     # --- G: pix2pix's ResNet generator on the one-hot label mask
-    generator_width: int = 64  # ngf
-    generator_blocks: int = 9  # --netG resnet_9blocks
+    generator_width: int = 64  # G's base channel width; ngf
+    generator_blocks: int = 9  # ResNet blocks of G; --netG resnet_9blocks
     # pix2pix's only noise: dropout 0.5 in G's blocks, kept on when G draws (as pix2pix at test time).
     # Here its masks come from a stream seeded by (seed, step), so a run is reproducible and resumable
     dropout: bool = True
     noise_channels: int = 0  # seeded N(0, 1) channels next to the mask (pix2pix: none)
     # --- D_k: the conditional PatchGAN, one per site
-    discriminator_width: int = 64  # ndf
-    discriminator_layers: int = 3  # n_layers_D: the 70 x 70 PatchGAN
+    discriminator_width: int = 64  # every D_k's base channel width; ndf
+    discriminator_layers: int = 3  # every D_k's depth; n_layers_D, 3: the 70 x 70 PatchGAN
     # --- optimisation: Adam for G and every D_k (pix2pix: lr 2e-4, beta1 0.5)
-    lr_generator: float = 2e-4
+    lr_generator: float = 2e-4  # G's Adam learning rate (pix2pix's 2e-4)
     lr_discriminator: float = 2e-4  # every D_k's Adam learning rate
     beta1: float = 0.5  # Adam's beta1 for G and every D_k
     # linear: pix2pix's lr_policy (constant for the first half of the rounds, then linearly to 0 over
