@@ -73,7 +73,9 @@ class DPOptions:
     dp_enabled: bool = False  # clip and noise what each client releases, and account its epsilon
     dp_clip_norm: float = 1.0  # L2 bound on what one client releases (its update, or a per-sample gradient)
     dp_noise_multiplier: float = 0.0  # Gaussian noise std / clip norm; 0 with a target: calibrated per client
-    dp_target_epsilon: float = 0.0  # 0: not set
+    # epsilon a client must not exceed: the run stops before it would (with noise 0: the noise is calibrated
+    # to reach it); 0: not set
+    dp_target_epsilon: float = 0.0
     dp_delta: float = 1e-5  # the delta of the (epsilon, delta) each client reports
     dp_accountant: str = "rdp"  # rdp | prv (Opacus' accountants)
     dp_noise_seed: str = "secret"  # secret (each client's, never sent) | run (reproducible, not private)

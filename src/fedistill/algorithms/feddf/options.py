@@ -58,8 +58,8 @@ class FedDFOptions(DPOptions):
     loss: str = "avg-logits"  # avg-logits (AVGLOGITS, the paper) | avg-probs | avg-losses
     temperature: float = 1.0  # softmax temperature of the ensemble and the student in the distillation KL
     t_squared: bool = False  # multiply the KL by T^2 (Hinton et al.); the released code does not
-    clip_grad_norm: float = 5.0  # 0: no clipping
-    eval_every_steps: int = 50  # the code: 100
+    clip_grad_norm: float = 5.0  # max gradient norm of the student in distillation; 0: no clipping
+    eval_every_steps: int = 50  # distillation steps between the student's validations (the code: 100)
     patience: int = 4  # evaluations without improvement before stopping (the code: 1000 steps = 10)
     # True: the averaged model itself competes for "best" (the code's return_best_model_on_val, off there)
     fallback_to_average: bool = False

@@ -116,9 +116,9 @@ class FedKDOptions:
     # reproducible, and no privacy against whoever knows the seed, which the run's records name)
     pate_noise_seed: str = "secret"
     student: str = ""  # the central model; "" = the run's model
-    student_epochs: int = 1  # per round
+    student_epochs: int = 1  # the central student's epochs on the labelled public images per round
     student_batch_size: int = 64  # the central student's batch size
-    student_lr: float = 1e-3  # Adam
+    student_lr: float = 1e-3  # the central student's Adam learning rate
     #: The options that name models (`check_model_names`; the run checks each serves its task)
     model_keys: ClassVar[str] = "teachers student"
 

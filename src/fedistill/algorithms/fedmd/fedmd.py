@@ -109,7 +109,7 @@ class FedMDOptions:
     digest_loss: str = "l1"  # l1 (the paper) | mse | kl
     digest_epochs: int = 1  # epochs of the digest (training towards the consensus) per round
     digest_batch_size: int = 128  # batch size of the digest
-    digest_lr: float = 1e-3  # Adam
+    digest_lr: float = 1e-3  # the digest's Adam learning rate
     # drop a site whose scores are far beyond the other sites' (federation/plausibility.py): the consensus
     # is a plain mean, so one site's scores scaled by 1e30 would be every site's digest target
     plausibility_checks: bool = True

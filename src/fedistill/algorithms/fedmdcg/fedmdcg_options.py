@@ -64,7 +64,7 @@ class FedMDCGOptions:
     generator_hidden: str = ""  # comma list of hidden widths; "" = FedMD-CG's table for the dataset
     noise_dim: int = 0  # 0 = FedMD-CG's table for the dataset
     noise: str = "normal"  # normal (paper) | uniform (the code's torch.rand)
-    diversity: str = "div2"  # div2 | div1 | div0 | none
+    diversity: str = "div2"  # stage 2: the generator's diversity term, Eq. 8 div2 | div1 | Eq. 7 div0 | none
     gen_lambda_ce: float = 1.0  # stage 2: the generator's CE through the local head (Eq. 6)
     gen_lambda_kl: float = 1.0  # stage 2: the logit-level KL from the local model (Eq. 5)
     gen_lambda_mse: float = 1.0  # stage 2: the feature-level MSE to the local extractor (Eq. 5)

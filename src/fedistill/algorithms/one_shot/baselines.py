@@ -102,7 +102,7 @@ class OneShotOptions(FedDFOptions):
     privacy either)."""
 
     teachers: str = ""  # one model name, or a comma list cycled over the clients; "" = `model`
-    student: str = ""  # "" = `model`
+    student: str = ""  # the architecture of the averaged or fused model; "" = `model`
     teacher_epochs: int = 30  # FedIOD's default, so every one-shot method sees the same local models
     section: ClassVar[str] = "fedavg-oneshot"
     model_keys: ClassVar[str] = "teachers student"  # not FedDF's `groups`, which must stay empty

@@ -30,7 +30,7 @@ class DenseOptions:
 
     # --- stage 1: the local models, exactly FedIOD's teachers (algorithms/shared/stage1.py `train_teacher`)
     teachers: str = ""  # one model name, or a comma list cycled over the clients; "" = `model`
-    student: str = ""  # "" = `model`
+    student: str = ""  # the student's architecture; "" = `model`
     teacher_epochs: int = 30  # FedIOD's default, so both distil the same local models
     #: The options that name models (`check_model_names`; the run checks each serves its task)
     model_keys: ClassVar[str] = "teachers student"
