@@ -120,12 +120,12 @@ class OneShotOptions(FedDFOptions):
             )
         rounds_key = "is a key of FedDF's rounds, which a one-shot method does not use (it would be ignored)"
         self._refuse_set(UNUSED_ROUND_KEYS, rounds_key + "; leave it at {default}")
-        super().validate()
-        check_model_names(self.section, self, self.model_keys)
-        if not self.distils:
+        if not self.distils:  # before FedDF's checks, which would offer values it would refuse next
             averages = f"is a distillation key, and {self.section} only averages the sites' models (it would "
             where = "be ignored); set it in [feddf-oneshot], which distils, or leave it at {default}"
             self._refuse_set(DISTILLATION_KEYS, averages + where)
+        super().validate()
+        check_model_names(self.section, self, self.model_keys)
         if self.teacher_epochs < 1:
             raise ConfigError(f"{self.section}.teacher_epochs must be >= 1, got {self.teacher_epochs}")
 
