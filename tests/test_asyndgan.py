@@ -23,7 +23,7 @@ from fedistill.config import RunConfig, build_config, options_for
 from fedistill.data.transforms import to_float
 from fedistill.engine.launch import run_suite
 from fedistill.engine.rundir import read_jsonl
-from fedistill.engine.setup import client_contexts, prepare_data
+from fedistill.engine.setup import client_contexts, prepare_data, validate_setup
 from fedistill.errors import ConfigError
 from fedistill.federation.ledger import UP, Ledger, read_ledger
 from fedistill.federation.messages import Message
@@ -374,3 +374,10 @@ def test_the_linear_schedule_is_pix2pixs_constant_half_then_a_linear_fall():
     assert lr_factor("linear", 200, 200) == pytest.approx(1 / 101)  # niter = niter_decay = 100
     assert lr_factor("linear", 1, 1) == 1.0
     assert [lr_factor("constant", r, 4) for r in range(1, 5)] == [1.0] * 4
+
+
+def test_a_synthetic_batch_smaller_than_the_federation_is_refused_before_the_run_folder():
+    """Every G-step draws a mask per site: the run's setup says so, before it writes anything."""
+    below = r"^asyndgan\.synthetic_batch_size = 1 is below the number of sites \(2\)"
+    with pytest.raises(ConfigError, match=below):
+        validate_setup(_config(asyndgan={"synthetic_batch_size": 1}))

@@ -94,7 +94,7 @@ def test_fedavg_family_errors_name_the_section_the_user_wrote(algorithm, assignm
     ("assignment", "message"),
     [
         ("feddf-oneshot.steps=0", r"^feddf-oneshot\.steps must be >= 1, got 0"),
-        ("fedavg-oneshot.loss='mse'", r"^fedavg-oneshot\.loss must be one of"),
+        ("fedavg-oneshot.loss='mse'", r"^fedavg-oneshot\.loss = 'mse' is a distillation key"),
         ("feddf-oneshot.teacher_epochs=0", r"^feddf-oneshot\.teacher_epochs must be >= 1, got 0"),
         ("feddf.distill_lr=0", r"^feddf\.distill_lr must be > 0"),
         ("fedavg-oneshot.section='x'", r"unknown config key 'fedavg-oneshot\.section'"),

@@ -12,8 +12,10 @@ from fedistill.algorithms.base import ServerContext
 from fedistill.algorithms.classic.fedavg import FedAvgServer
 from fedistill.algorithms.classic.fedavg_options import FedAvgMOptions, FedAvgOptions
 from fedistill.algorithms.shared.training import LocalTraining, new_model, train_local
+from fedistill.cli import main
 from fedistill.config import RunConfig, build_config
 from fedistill.data.base import DatasetInfo, ImageSet
+from fedistill.engine.setup import validate_setup
 from fedistill.errors import ConfigError
 from fedistill.federation.client import ClientLogic, handles
 from fedistill.federation.ledger import Ledger
@@ -131,3 +133,32 @@ def test_a_proximal_weight_or_server_rate_that_is_not_a_finite_number_is_refused
     """NaN passed `mu < 0` and `server_lr <= 0` alike, and only showed later as a diverged run."""
     with pytest.raises(ConfigError, match=rf"^fedavgm\.{key} must be .*finite, got {value}"):
         FedAvgMOptions(**{key: value}).validate()
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedavgm"])
+def test_drop_worst_without_a_validation_split_is_refused_before_the_run_folder(tmp_path, capsys, name):
+    argv = ["run", "--algorithm", name, "--clients", "2", "--rounds", "1", "--quiet", "--out", str(tmp_path)]
+    config = tmp_path / "run.toml"
+    config.write_text(f"val_fraction = 0.0\n[{name}]\ndrop_worst = true\n", encoding="utf-8")
+    assert main([*argv, "--config", str(config), "--name", "a"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    why = "needs the server's validation split: set val_fraction > 0"
+    assert err == [f"fedistill: error: {name}.drop_worst {why}"]
+    assert not (tmp_path / "a").exists()
+
+
+def test_drop_worst_on_a_per_pixel_task_is_refused_before_the_run_folder():
+    config = build_config(
+        RunConfig(),
+        {
+            "algorithm": "flmrcm",
+            "dataset": "mni152-t1",
+            "mni152-t1": {"image_size": 32, "sites": 2},
+            "model": "unet-fastmri",
+            "partition": "natural",
+            "clients": 2,
+            "flmrcm": {"drop_worst": True},
+        },
+    )
+    with pytest.raises(ConfigError, match=r"^flmrcm\.drop_worst ranks models by validation accuracy"):
+        validate_setup(config)

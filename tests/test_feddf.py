@@ -15,6 +15,7 @@ from torch import nn
 from fedistill.algorithms.feddf.feddf import FedDFOptions, distill, ensemble_loss
 from fedistill.algorithms.shared import distillation_data as dd
 from fedistill.algorithms.shared.drop_worst import drop_worst_weights
+from fedistill.cli import main
 from fedistill.config import RunConfig, build_config
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
 from fedistill.data.registry import load_dataset
@@ -698,3 +699,13 @@ def test_a_generator_file_of_impossible_shapes_is_named_not_a_traceback(state):
 
     with pytest.raises(ConfigError, match="not a fedistill/FedIOD generator"):
         infer_generator_shape(state)
+
+
+def test_feddf_without_a_validation_split_is_refused_before_the_run_folder(tmp_path, capsys):
+    config = tmp_path / "run.toml"
+    config.write_text('algorithm = "feddf"\nclients = 2\nrounds = 1\nval_fraction = 0.0\n', encoding="utf-8")
+    argv = ["run", "--config", str(config), "--quiet", "--out", str(tmp_path), "--name", "a"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "feddf needs the server's validation split" in err[0], err
+    assert not (tmp_path / "a").exists()

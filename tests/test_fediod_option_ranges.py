@@ -8,6 +8,7 @@ import math
 import pytest
 
 from fedistill.algorithms.fediod import FedIODOptions, resolve_options
+from fedistill.algorithms.registry import get_algorithm
 from fedistill.config import RunConfig, build_config, options_for
 from fedistill.errors import ConfigError
 
@@ -78,3 +79,13 @@ def test_a_replay_batch_of_one_sample_is_refused():
         FedIODOptions(pool_batch_size=1).validate()
     FedIODOptions(pool_batch_size=0).validate()
     FedIODOptions(pool_batch_size=2).validate()
+
+
+@pytest.mark.parametrize("name", ["fediod", "asyndgan"])
+@pytest.mark.parametrize("value", [0, -2, True, False, "12"])
+def test_a_g_step_count_that_is_no_count_of_at_least_one_is_refused(name, value):
+    """`true` would otherwise run one G-step an epoch (a bool is an int), and the message says what counts."""
+    with pytest.raises(
+        ConfigError, match=rf"^{name}\.iters_per_epoch must be max, min or a number >= 1; got"
+    ):
+        get_algorithm(name).options(iters_per_epoch=value).validate()

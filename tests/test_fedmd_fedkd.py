@@ -33,6 +33,7 @@ from fedistill.algorithms.fedmd.fedkd import (
 )
 from fedistill.algorithms.fedmd.fedmd import FedMDClient, FedMDOptions, FedMDServer, consensus, digest_loss
 from fedistill.algorithms.fedmd.public_data import build_public
+from fedistill.cli import main
 from fedistill.config import RunConfig, build_config
 from fedistill.engine.launch import run_suite
 from fedistill.engine.setup import prepare_data
@@ -193,6 +194,40 @@ def test_fedkd_refuses_votes_that_are_not_votes():
 def test_bad_options_are_refused_by_name(options, match):
     with pytest.raises(ConfigError, match=match):
         options.validate()
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        # drawn public images need a number to draw: refused with the options, not once the run folder exists
+        (FedKDOptions(public="noise"), r"fedkd.public = 'noise' draws its images: set public_size > 0"),
+        (FedKDOptions(public="generator:g.safetensors"), r"draws its images: set public_size > 0"),
+        # one image: both methods train on it, which takes two
+        (FedKDOptions(public="noise", public_size=1), r"fedkd.public_size = 1; a public set needs at least"),
+        (FedMDOptions(public_size=1), r"fedmd.public_size = 1; a public set needs at least 2"),
+    ],
+)
+def test_a_public_size_the_source_cannot_serve_is_refused_with_the_options(options, match):
+    with pytest.raises(ConfigError, match=match):
+        options.validate()
+
+
+def test_a_misspelt_public_source_is_answered_with_the_sources_the_method_takes():
+    with pytest.raises(ConfigError) as fedmd:
+        FedMDOptions(public="hold-out").validate()
+    assert str(fedmd.value) == (
+        "fedmd.public must be 'holdout' (the federation's held-out split) or 'dataset:<name>' (a labelled "
+        "dataset, e.g. dataset:mnist); got 'hold-out'"
+    )
+    with pytest.raises(ConfigError, match=r"fedkd.public must be .*'noise' or 'generator:"):
+        FedKDOptions(public="hold-out").validate()
+
+
+def test_a_drawn_public_set_without_a_size_is_refused_before_the_run_folder(tmp_path, capsys):
+    argv = ["run", "--algorithm", "fedkd", "--clients", "2", "--rounds", "1", "--quiet"]
+    assert main([*argv, "--set", "fedkd.public=noise", "--out", str(tmp_path), "--name", "a"]) == 2
+    assert "fedkd.public = 'noise' draws its images" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
 
 
 def _server_context(config: RunConfig, validation: bool = True) -> ServerContext:

@@ -24,6 +24,7 @@ from fedistill.algorithms.shared.training import new_model
 from fedistill.config import RunConfig, build_config
 from fedistill.data.base import DatasetInfo
 from fedistill.engine.launch import run_suite
+from fedistill.engine.setup import validate_setup
 from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.ledger import DOWN, UP, read_ledger
 from fedistill.federation.messages import Message
@@ -202,3 +203,15 @@ def test_a_crashed_run_resumes_exactly(tmp_path):
 def test_impossible_settings_fail_with_a_clear_message(changes, message):
     with pytest.raises(ConfigError, match=message):
         make_client(_config(**changes), "flmrcm")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"flmrcm": {"target_site": 3}}, r"^flmrcm\.target_site = 3 names no client: there are 3"),
+        ({"clients": 1, "partition": "iid"}, r"^flmrcm needs a target site and at least one source site"),
+    ],
+)
+def test_a_target_the_federation_lacks_is_refused_before_the_run_folder(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_setup(_config(**changes))

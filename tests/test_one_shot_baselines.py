@@ -133,6 +133,17 @@ def test_one_shot_fedavg_refuses_the_distillation_keys_only_one_shot_feddf_reads
     assert getattr(fused, key) == value
 
 
+@pytest.mark.parametrize(("key", "value"), [("source", "hold-out"), ("student_bn", "froze")])
+def test_one_shot_fedavg_refuses_a_misspelt_distillation_key_as_one_it_never_reads(key, value):
+    """Not with the values feddf-oneshot would take: fedavg-oneshot takes none but the default."""
+    from fedistill.algorithms.registry import get_algorithm
+    from fedistill.config import options_for
+
+    config = build_config(RunConfig(), {"fedavg-oneshot": {key: value}})
+    with pytest.raises(ConfigError, match=rf"^fedavg-oneshot\.{key} = {value!r} is a distillation key"):
+        options_for(config, "fedavg-oneshot", get_algorithm("fedavg-oneshot").options)
+
+
 @pytest.mark.parametrize(
     ("algorithm", "extra", "match"),
     [

@@ -183,6 +183,7 @@ def test_a_norm_or_model_options_a_built_model_lacks_is_refused_before_the_run_f
             "fediod.distill_augment crops, turns and flips the student's images",
         ),
         ("fediod", ["fediod.truth_weight=0.5"], "fediod.truth_weight teaches the student the label"),
+        ("feddf", ["feddf.fuse_precision=full"], "feddf.fuse_precision = 'full' fuses binary models"),
         (  # a BatchNorm model in one group of FedDF's architectures, not the run's `model`
             "feddf",
             ["model=mlp", "feddf.groups=mlp,resnet8", "feddf.dp_enabled=true", "feddf.dp_noise_multiplier=1"],
@@ -210,6 +211,27 @@ def test_an_unknown_dataset_as_distillation_source_is_refused_before_the_run_fol
     line = _one_line(capsys)
     assert line.startswith(f"fedistill: error: {algorithm}.source = 'dataset:fashion-mnst': unknown dataset")
     assert "fashion-mnist" in line
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize(
+    ("key", "spec"),
+    [
+        ("feddf.source", "dataset:digits"),
+        ("feddf-oneshot.source", "dataset:digits"),
+        ("fedkd.public", "dataset:digits"),
+        ("fedmd.public", "dataset:digits"),
+    ],
+)
+def test_the_federations_own_dataset_as_public_data_is_refused_before_the_run_folder(
+    tmp_path, capsys, key, spec
+):
+    argv = ["run", "--algorithm", key.split(".")[0], "--dataset", "digits", "--clients", "2", "--rounds", "1"]
+    assert main([*argv, "--quiet", "--set", f"{key}={spec}", "--out", str(tmp_path), "--name", "a"]) == 2
+    line = _one_line(capsys)
+    assert line.startswith(
+        f"fedistill: error: {key} = {spec!r} is (or shares images with) the federation's own"
+    )
     assert not (tmp_path / "a").exists()
 
 

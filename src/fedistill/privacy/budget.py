@@ -27,7 +27,14 @@ from fedistill.errors import ConfigError
 from fedistill.federation import reply_spec
 from fedistill.federation.fleet import Reply
 from fedistill.federation.messages import Message
-from fedistill.privacy.accounting import ClientAccountant, DPConfig, PrivacyBudgetExceeded, calibrate_noise
+from fedistill.privacy.accounting import (
+    ACCOUNTANTS,
+    NOISE_SEEDS,
+    ClientAccountant,
+    DPConfig,
+    PrivacyBudgetExceeded,
+    calibrate_noise,
+)
 from fedistill.seeding import torch_generator
 
 __all__ = [
@@ -66,7 +73,9 @@ class DPOptions:
     dp_enabled: bool = False  # clip and noise what each client releases, and account its epsilon
     dp_clip_norm: float = 1.0  # L2 bound on what one client releases (its update, or a per-sample gradient)
     dp_noise_multiplier: float = 0.0  # Gaussian noise std / clip norm; 0 with a target: calibrated per client
-    dp_target_epsilon: float = 0.0  # 0: not set
+    # epsilon a client must not exceed: the run stops before it would (with noise 0: the noise is calibrated
+    # to reach it); 0: not set
+    dp_target_epsilon: float = 0.0
     dp_delta: float = 1e-5  # the delta of the (epsilon, delta) each client reports
     dp_accountant: str = "rdp"  # rdp | prv (Opacus' accountants)
     dp_noise_seed: str = "secret"  # secret (each client's, never sent) | run (reproducible, not private)
@@ -85,7 +94,13 @@ class DPOptions:
         )
 
     def validate_dp(self) -> None:
-        """`DPConfig.validate` with the keys named as they are written here (``dp_clip_norm``)."""
+        """`DPConfig.validate` with the keys named as they are written here (``dp_clip_norm``); a misspelt
+        choice under its table's name (``fedavg.dp_accountant``), with the values it takes."""
+        table = getattr(self, "section", "")  # the config table an algorithm's options are read from
+        for key, valid in (("dp_accountant", ACCOUNTANTS), ("dp_noise_seed", NOISE_SEEDS)):
+            if getattr(self, key) not in valid:
+                named = f"{table}.{key}" if table else key
+                raise ConfigError(f"{named} must be one of {', '.join(valid)}; got {getattr(self, key)!r}")
         try:
             self.dp.validate()
         except ConfigError as exc:

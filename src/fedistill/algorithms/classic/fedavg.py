@@ -274,11 +274,9 @@ class FedAvgServer(ServerLogic):
         self.privacy = PrivacyReport(self.options, rate, ctx.num_clients)
         self.task = task_of(ctx.config, ctx.info)
         if self.options.drop_worst and (ctx.validation is None or len(ctx.validation) == 0):
-            raise ConfigError("drop_worst needs the server's validation split: set val_fraction > 0")
-        if self.options.drop_worst and self.task.per_pixel:
-            raise ConfigError(
-                f"drop_worst ranks models by validation accuracy: classification only, not {self.task.name}"
-            )
+            self.options.check_run(ctx.config)  # the run checks both first; a server built in Python too
+            raise ConfigError(f"{self.options.section}.drop_worst needs the server's validation split")
+        self.options.check_task(ctx.config, self.task, ctx.info)
 
     def run_round(self, fleet: Fleet, round: int) -> dict[str, float]:
         config = self.ctx.config

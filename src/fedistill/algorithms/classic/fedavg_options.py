@@ -19,6 +19,8 @@ from fedistill.privacy.budget import DPOptions
 
 if TYPE_CHECKING:
     from fedistill.config import RunConfig
+    from fedistill.data.base import DatasetInfo
+    from fedistill.tasks.base import Task
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,9 @@ class FedAvgOptions(DPOptions):
     mu: float = 0.0  # FedProx proximal weight; 0 is plain FedAvg
     server_momentum: float = 0.0  # FedAvgM's beta; 0 is plain FedAvg
     server_lr: float = 1.0  # FedAvgM: the server's step size on the averaged update; 1: plain FedAvg
-    drop_worst: bool = False  # FedDF's filter: leave out models at chance on the server's validation split
+    # FedDF's drop-worst filter (drop_worst.py): leave out models below 1.2x chance on the server's
+    # validation split (or, if none is, below the mean - 1.5 std of the accuracies less the best one)
+    drop_worst: bool = False
     # drop, as an invalid reply, a model whose parameter norm is far beyond the other sites' in the same
     # round (federation/plausibility.py); false: accept every finite model
     plausibility_checks: bool = True
@@ -60,6 +64,18 @@ class FedAvgOptions(DPOptions):
     def check_run(self, config: RunConfig) -> None:
         """What the options rule out with the run's common keys, checked before the run writes anything."""
         check_dp_without_batchnorm(self.section, self.dp_enabled, [config.model], config.norm)
+        if self.drop_worst and config.val_fraction == 0:
+            raise ConfigError(
+                f"{self.section}.drop_worst needs the server's validation split: set val_fraction > 0"
+            )
+
+    def check_task(self, config: RunConfig, task: Task, info: DatasetInfo) -> None:
+        """What the options rule out on the dataset's task, checked before the run writes anything."""
+        if self.drop_worst and task.per_pixel:
+            raise ConfigError(
+                f"{self.section}.drop_worst ranks models by validation accuracy: classification only, "
+                f"not {task.name}"
+            )
 
     def combine(self, states: Sequence[dict[str, torch.Tensor]], weights: Sequence[float]) -> dict:
         """The round's global state from the kept sites' states (`aggregate`)."""

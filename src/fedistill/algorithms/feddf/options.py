@@ -4,19 +4,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+from torch import nn
 
 from fedistill.algorithms.base import model_cycle
-from fedistill.algorithms.shared.distillation_data import check_source
+from fedistill.algorithms.shared.distillation_data import check_source, check_source_run
 from fedistill.algorithms.shared.option_checks import (
     check_choices,
     check_dp_without_batchnorm,
     check_model_names,
 )
+from fedistill.algorithms.shared.training import new_model
 from fedistill.algorithms.shared.weight_average import COMBINES
 from fedistill.config import RunConfig
 from fedistill.errors import ConfigError
+from fedistill.models.binary import has_binary_layers
 from fedistill.privacy.budget import DPOptions
+
+if TYPE_CHECKING:
+    from fedistill.data.base import DatasetInfo
+    from fedistill.tasks.base import Task
 
 LOSSES = ("avg-logits", "avg-probs", "avg-losses")
 DROP_WORST = ("off", "drop", "weighted")
@@ -40,7 +48,8 @@ class FedDFOptions(DPOptions):
     source: str = "noise"  # noise | holdout | dataset:<name> | generator:<path to .safetensors>
     source_size: int = 10000  # images drawn from a `dataset:` source (<= 0: all of its training images)
     holdout_val_share: float = 0.02  # holdout: the held-out share kept labelled to validate on
-    generator_upsample: str = "bilinear"  # a `generator:` source's second upsampling (FedIOD: bilinear)
+    # a `generator:` source's second upsampling: bilinear (FedIOD's) | nearest (MosaicKD's)
+    generator_upsample: str = "bilinear"
     steps: int = 500  # distillation steps per group and round (the paper: 10^4)
     distill_batch_size: int = 64  # the README runs' 64 (the paper: 128 in all experiments)
     distill_lr: float = 1e-3  # the distillation optimiser's learning rate (the paper's Adam 1e-3)
@@ -49,8 +58,8 @@ class FedDFOptions(DPOptions):
     loss: str = "avg-logits"  # avg-logits (AVGLOGITS, the paper) | avg-probs | avg-losses
     temperature: float = 1.0  # softmax temperature of the ensemble and the student in the distillation KL
     t_squared: bool = False  # multiply the KL by T^2 (Hinton et al.); the released code does not
-    clip_grad_norm: float = 5.0  # 0: no clipping
-    eval_every_steps: int = 50  # the code: 100
+    clip_grad_norm: float = 5.0  # max gradient norm of the student in distillation; 0: no clipping
+    eval_every_steps: int = 50  # distillation steps between the student's validations (the code: 100)
     patience: int = 4  # evaluations without improvement before stopping (the code: 1000 steps = 10)
     # True: the averaged model itself competes for "best" (the code's return_best_model_on_val, off there)
     fallback_to_average: bool = False
@@ -127,6 +136,28 @@ class FedDFOptions(DPOptions):
     def check_run(self, config: RunConfig) -> None:
         """What the options rule out with the run's common keys, checked before the run writes anything."""
         check_dp_without_batchnorm(self.section, self.dp_enabled, group_names(self, config), config.norm)
+        check_source_run(self.source, f"{self.section}.source", config.dataset)
+        if config.val_fraction == 0:
+            raise ConfigError(
+                f"{self.section} needs the server's validation split (model selection and early stopping): "
+                "set val_fraction > 0"
+            )
+
+    def check_task(self, config: RunConfig, task: Task, info: DatasetInfo) -> None:
+        """What the options rule out on the dataset, checked before the run writes anything: fusing in full
+        precision needs a group of binary models (built here to look)."""
+        if self.fuse_precision == "full":
+            names = dict.fromkeys(group_names(self, config))
+            check_full_precision(self, {name: new_model(config, info, name) for name in names})
+
+
+def check_full_precision(options: FedDFOptions, group_models: dict[str, nn.Module]) -> None:
+    """`fuse_precision = "full"` fuses binary models through their latent weights: some group must be one."""
+    if options.fuse_precision == "full" and not any(map(has_binary_layers, group_models.values())):
+        raise ConfigError(
+            f"{options.section}.fuse_precision = 'full' fuses binary models in full precision, but no group "
+            f"({', '.join(group_models)}) has binary layers; use one such as resnet8-binary"
+        )
 
 
 def group_names(options: FedDFOptions, config: RunConfig) -> list[str]:

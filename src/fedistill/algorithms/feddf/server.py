@@ -15,19 +15,23 @@ from fedistill import devices
 from fedistill.algorithms.base import ServerContext, ServerLogic, clone_state
 from fedistill.algorithms.classic import PrivacyReport
 from fedistill.algorithms.feddf.fusion import distill
-from fedistill.algorithms.feddf.options import FedDFOptions, group_names
-from fedistill.algorithms.shared.distillation_data import build_source, parse_source, split_holdout
+from fedistill.algorithms.feddf.options import FedDFOptions, check_full_precision, group_names
+from fedistill.algorithms.shared.distillation_data import (
+    build_source,
+    check_source_run,
+    parse_source,
+    split_holdout,
+)
 from fedistill.algorithms.shared.drop_worst import accuracy, drop_worst_weights, predict_logits
 from fedistill.algorithms.shared.sampling import mean_metric, sample_clients, sampling_rate
 from fedistill.algorithms.shared.training import average_states, evaluate_model, new_model
 from fedistill.algorithms.shared.weight_average import robust_average_states
-from fedistill.data.registry import same_images
 from fedistill.errors import ConfigError
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import Message, state_specs
 from fedistill.federation.plausibility import screen_parameters
 from fedistill.federation.reply_spec import LOCAL_METRICS, TRAIN_METRICS, ReplySpec
-from fedistill.models.binary import full_precision, has_binary_layers
+from fedistill.models.binary import full_precision
 from fedistill.seeding import torch_generator
 
 log = logging.getLogger(__name__)
@@ -49,7 +53,7 @@ class FedDFServer(ServerLogic):
                 "set val_fraction > 0"
             )
         self.validation = ctx.validation
-        kind, argument = parse_source(self.options.source)
+        kind, _ = parse_source(self.options.source)
         held_out = None  # holdout: part of the held-out split stays labelled, the rest is distilled on
         if kind == "holdout":
             share = self.options.holdout_val_share
@@ -64,21 +68,11 @@ class FedDFServer(ServerLogic):
                 " or feddf.holdout_val_share" if kind == "holdout" else "",
             )
         # by registered name: an alias (sst-2, fmnist) loads the same training set, EMNIST's splits overlap
-        if kind == "dataset" and same_images(argument, config.dataset):
-            raise ConfigError(
-                f"feddf.source = {self.options.source!r} is (or shares images with) the federation's own "
-                "dataset: the server would hold the clients' training images. Use another dataset, a "
-                "generator or noise"
-            )
+        check_source_run(self.options.source, "feddf.source", config.dataset)
         self.cycle = group_names(self.options, config)
         self.group_models = {name: new_model(config, info, name) for name in dict.fromkeys(self.cycle)}
         self.specs = {name: state_specs(model.state_dict()) for name, model in self.group_models.items()}
-        binary = any(map(has_binary_layers, self.group_models.values()))
-        if self.options.fuse_precision == "full" and not binary:
-            raise ConfigError(
-                "feddf.fuse_precision = 'full' fuses binary models in full precision, but no group "
-                f"({', '.join(self.group_models)}) has binary layers; use one such as resnet8-binary"
-            )
+        check_full_precision(self.options, self.group_models)
         self.source = build_source(
             self.options.source,
             info,

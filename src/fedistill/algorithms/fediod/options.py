@@ -87,6 +87,7 @@ class FedIODOptions(
 
     #: The options that name models (`check_model_names`; the run checks each serves its task)
     model_keys: ClassVar[str] = "teachers student"
+    section: ClassVar[str] = "fediod"  # the config table, which shared checks name (`validate_dp`)
 
     def validate(self) -> None:
         """Check the DP keys, the choices and ranges, and the keys that only make sense together."""
@@ -120,11 +121,10 @@ class FedIODOptions(
                 "fediod.selection = 'best-on-test' selects on the test set; it exists only to reproduce the "
                 "released code (set fediod.preset = 'official-code')"
             )
-        if self.iters_per_epoch not in ("max", "min") and not (
-            isinstance(self.iters_per_epoch, int) and self.iters_per_epoch >= 1
-        ):
+        count = self.iters_per_epoch  # not a bool, an int to Python: true would be one G-step
+        if count not in ("max", "min") and (type(count) is not int or count < 1):
             raise ConfigError(
-                f"fediod.iters_per_epoch must be max, min or a number; got {self.iters_per_epoch!r}"
+                f"fediod.iters_per_epoch must be max, min or a number >= 1; got {self.iters_per_epoch!r}"
             )
         for key in (
             "teacher_epochs",

@@ -103,7 +103,9 @@ class FedKDOptions:
     teachers: str = ""  # comma list of model names cycled over the clients; "" = the run's model
     teacher_epochs: int = 30  # as FedIOD's, so both distil the same stage-1 models
     public: str = "holdout"  # holdout | dataset:<name> | noise | generator:<path> (public_data.py)
-    public_size: int = 0  # a random subset of the public source (noise, generator: the draws); <= 0: all
+    # a random subset of the public source; <= 0: all of it (noise and generator: the number of draws,
+    # which must then be > 0)
+    public_size: int = 0
     output: str = "one-hot"  # one-hot (a vote per image) | probs (softmax quantised to `bits` bits)
     bits: int = BITS  # output = probs: levels 0 .. 2^bits - 1 (at most 8)
     client_noise: float = 0.0  # std of Gaussian noise on each probability before quantising (not accounted)
@@ -114,9 +116,9 @@ class FedKDOptions:
     # reproducible, and no privacy against whoever knows the seed, which the run's records name)
     pate_noise_seed: str = "secret"
     student: str = ""  # the central model; "" = the run's model
-    student_epochs: int = 1  # per round
+    student_epochs: int = 1  # the central student's epochs on the labelled public images per round
     student_batch_size: int = 64  # the central student's batch size
-    student_lr: float = 1e-3  # Adam
+    student_lr: float = 1e-3  # the central student's Adam learning rate
     #: The options that name models (`check_model_names`; the run checks each serves its task)
     model_keys: ClassVar[str] = "teachers student"
 
@@ -129,7 +131,7 @@ class FedKDOptions:
         both given."""
         check_choices("fedkd", self, {"output": OUTPUTS})
         check_model_names("fedkd", self, self.model_keys)
-        check_public(self.public, "fedkd.public", labelled=False)
+        check_public(self.public, "fedkd.public", labelled=False, size=self.public_size)
         check_positive("fedkd", self, "teacher_epochs student_epochs student_batch_size student_lr")
         check_nonnegative("fedkd", self, "client_noise pate_sigma pate_epsilon")
         if not 1 <= self.bits <= 8:

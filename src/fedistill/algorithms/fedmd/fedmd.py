@@ -109,7 +109,7 @@ class FedMDOptions:
     digest_loss: str = "l1"  # l1 (the paper) | mse | kl
     digest_epochs: int = 1  # epochs of the digest (training towards the consensus) per round
     digest_batch_size: int = 128  # batch size of the digest
-    digest_lr: float = 1e-3  # Adam
+    digest_lr: float = 1e-3  # the digest's Adam learning rate
     # drop a site whose scores are far beyond the other sites' (federation/plausibility.py): the consensus
     # is a plain mean, so one site's scores scaled by 1e30 would be every site's digest target
     plausibility_checks: bool = True
@@ -122,7 +122,7 @@ class FedMDOptions:
         """Check the digest loss, the labelled public data and the epochs, sizes and learning rate."""
         check_choices("fedmd", self, {"digest_loss": DIGEST_LOSSES})
         check_model_names("fedmd", self, self.model_keys)
-        check_public(self.public, "fedmd.public", labelled=True)
+        check_public(self.public, "fedmd.public", labelled=True, size=self.public_size)
         check_positive("fedmd", self, "alignment_size digest_epochs digest_batch_size digest_lr")
         for key in ("transfer_epochs", "private_epochs"):
             if getattr(self, key) < 0:

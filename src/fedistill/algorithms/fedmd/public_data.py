@@ -78,19 +78,39 @@ def parse_public(spec: str, key: str) -> tuple[str, str]:
 
 
 def check_public_run(spec: str, key: str, config: RunConfig) -> None:
-    """The run-time check of `check_public`'s source: the held-out split exists only with val_fraction > 0."""
-    if parse_public(spec, key)[0] == "holdout" and config.val_fraction == 0:
-        raise ConfigError(f"{key} = 'holdout' is the federation's held-out split: set val_fraction > 0")
-
-
-def check_public(spec: str, key: str, *, labelled: bool) -> None:
-    """The options-time check: a known source of images, with labels when the method needs them."""
+    """The run-time check of `check_public`'s source: the held-out split exists only with val_fraction > 0,
+    and another dataset must not be (nor share images with) the federation's own."""
     kind, argument = parse_public(spec, key)
+    if kind == "holdout" and config.val_fraction == 0:
+        raise ConfigError(f"{key} = 'holdout' is the federation's held-out split: set val_fraction > 0")
+    if kind == "dataset" and same_images(argument, config.dataset):  # aliases and splits of one release too
+        raise ConfigError(
+            f"{key} = {spec!r} is (or shares images with) the federation's own dataset, whose training "
+            "images are the clients' private data: use 'holdout' (its held-out split) or another dataset"
+        )
+
+
+def check_public(spec: str, key: str, *, labelled: bool, size: int) -> None:
+    """The options-time check: a known source of images, with labels when the method needs them, and a
+    `size` (`public_size`) it can serve, so that a run is refused before its folder exists."""
+    try:
+        kind, argument = parse_public(spec, key)
+    except ConfigError:
+        if not labelled:
+            raise
+        raise ConfigError(  # the sources a labelled method takes, not the drawn ones it would refuse next
+            f"{key} must be 'holdout' (the federation's held-out split) or 'dataset:<name>' (a labelled "
+            f"dataset, e.g. dataset:mnist); got {spec!r}"
+        ) from None
     if labelled and kind in ("noise", "generator"):
         raise ConfigError(
             f"{key} = {spec!r} has no labels, but this method first trains every client on the labelled "
             "public set (transfer learning): use 'holdout' or 'dataset:<name>' (a labelled dataset)"
         )
+    if 0 < size < MIN_PUBLIC:
+        raise ConfigError(f"{key}_size = {size}; {TOO_FEW}")
+    if kind in ("noise", "generator") and size <= 0:
+        raise ConfigError(f"{key} = {spec!r} draws its images: set public_size > 0 (e.g. 2000)")
     if kind != "dataset":
         return
     try:
@@ -109,14 +129,10 @@ def build_public(spec: str, ctx: ServerContext, *, size: int, key: str, labelled
 
     `size` > 0 keeps a random subset of that many images (drawn from the run seed); <= 0 keeps all
     (`noise` and `generator:` need a size). `labelled` refuses sources without labels."""
-    check_public(spec, key, labelled=labelled)
+    check_public(spec, key, labelled=labelled, size=size)
     config, info = ctx.config, ctx.info
     kind, argument = parse_public(spec, key)
-    if 0 < size < MIN_PUBLIC:
-        raise ConfigError(f"{key}: public_size = {size}; {TOO_FEW}")
     if kind in ("noise", "generator"):
-        if size <= 0:
-            raise ConfigError(f"{key} = {spec!r} draws its images: set public_size > 0 (e.g. 2000)")
         # drawn in [0, 1] on the CPU, where data sets stay, whatever the run's device
         source = (
             NoiseSource(info)
@@ -132,11 +148,7 @@ def build_public(spec: str, ctx: ServerContext, *, size: int, key: str, labelled
         images, labels, names = held.x, held.y, info.class_names
         what = f"the held-out split of {config.dataset}"
     else:
-        if same_images(argument, config.dataset):  # aliases and splits of one release too
-            raise ConfigError(
-                f"{key} = {spec!r} is (or shares images with) the federation's own dataset, whose training "
-                "images are the clients' private data: use 'holdout' (its held-out split) or another dataset"
-            )
+        check_public_run(spec, key, config)
         loaded = load_dataset(argument, config.data_dir, download=config.download)
         images = fit_uint8(loaded.train.x, info.channels, info.image_size)
         labels, names = loaded.train.y, loaded.info.class_names

@@ -49,7 +49,9 @@ class FedGenOptions:
     teacher_weight: float = 1.0  # server: the label-weighted CE of the clients' heads on G(y)
     diversity_weight: float = 1.0  # server: exp(−mean d_ε·d_G)
     diversity_metric: str = "l1"  # distance on G's outputs: l1 (FedGen) | l2 (the FedMD-CG repo's FedGen)
-    adversarial_weight: float = 0.0  # server: −β·KL(ensemble ‖ global head) on G(y); FedGen uses 0
+    # server: minus this weight times KL(ensemble ‖ global head) on G(y), averaged over samples and classes
+    # (not generative_beta, the clients' β); FedGen uses 0
+    adversarial_weight: float = 0.0
     noise: str = "uniform"  # uniform (the code's U[0, 1)) | normal
     noise_dim: int = 32  # length of G's noise ε
     generator_hidden: str = "256"  # comma-separated hidden widths

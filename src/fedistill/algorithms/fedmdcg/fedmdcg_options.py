@@ -49,7 +49,9 @@ class FedMDCGOptions:
     lambda_kl: float = 1.0  # λ1: KL from the local head's reading of Ĝ(y) to its reading of F_i(x)
     lambda_ce_gen: float = 1.0  # λ2: CE of the local head on Ĝ's features for sampled labels
     lambda_mse: float = 0.1  # λ3: MSE between the local extractor's features and Ĝ's
-    ramp: str = "cubic"  # cubic: λ⁰·(t/(R−1))^power | none: λ⁰ from round 1 on (round 0 is CE only)
+    # cubic: λ⁰·(t/(R−1))^power in round t + 1 of R | none: λ⁰ from the second round on (the first, before
+    # any global pair exists, is CE only)
+    ramp: str = "cubic"
     ramp_power: float = 3.0  # the power of the cubic ramp
     client_temperature: float = 10.0  # T_c of the stage-1 KL
     generated_batch_size: int = 64  # labels ŷ drawn per step for the CE on Ĝ's features
@@ -62,7 +64,7 @@ class FedMDCGOptions:
     generator_hidden: str = ""  # comma list of hidden widths; "" = FedMD-CG's table for the dataset
     noise_dim: int = 0  # 0 = FedMD-CG's table for the dataset
     noise: str = "normal"  # normal (paper) | uniform (the code's torch.rand)
-    diversity: str = "div2"  # div2 | div1 | div0 | none
+    diversity: str = "div2"  # stage 2: the generator's diversity term, Eq. 8 div2 | div1 | Eq. 7 div0 | none
     gen_lambda_ce: float = 1.0  # stage 2: the generator's CE through the local head (Eq. 6)
     gen_lambda_kl: float = 1.0  # stage 2: the logit-level KL from the local model (Eq. 5)
     gen_lambda_mse: float = 1.0  # stage 2: the feature-level MSE to the local extractor (Eq. 5)

@@ -45,7 +45,7 @@ Where this differs from the code, which runs every site in one process:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
@@ -70,6 +70,9 @@ from fedistill.federation.messages import ArraySpec, Message, expect_arrays
 from fedistill.federation.reply_spec import ReplySpec
 from fedistill.seeding import seeded, torch_generator
 
+if TYPE_CHECKING:
+    from fedistill.config import RunConfig
+
 LATENT = "latent-features"
 QUERY = "query.latent_features"
 
@@ -80,7 +83,7 @@ class FLMRCMOptions(FedAvgOptions):
     discriminators."""
 
     section: ClassVar[str] = "flmrcm"
-    weighting: str = "uniform"  # the code averages the site models plainly
+    weighting: str = "uniform"  # samples | uniform (the code averages the site models plainly)
     target_site: int = -1  # the client whose features the sources align to; -1: the last
     adversarial_weight: float = 1.0  # weight of the alignment's adversarial term in a source site's loss
     discriminator_width: int = 256  # hidden width of each source site's domain discriminator
@@ -105,6 +108,11 @@ class FLMRCMOptions(FedAvgOptions):
             raise ConfigError(f"flmrcm.discriminator_width must be >= 1, got {self.discriminator_width}")
         if self.feature_batches < 0:
             raise ConfigError(f"flmrcm.feature_batches must be >= 0 (0: all), got {self.feature_batches}")
+
+    def check_run(self, config: RunConfig) -> None:
+        """FedAvg's checks with the run's common keys, and a target site among the run's clients."""
+        super().check_run(config)
+        target_of(self, config.clients)
 
 
 def target_of(options: FLMRCMOptions, clients: int) -> int:

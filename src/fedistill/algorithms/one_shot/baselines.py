@@ -30,6 +30,7 @@ from fedistill.algorithms.one_shot.dense.options import teacher_of
 from fedistill.algorithms.shared.distillation_data import (
     DistillationSource,
     build_source,
+    check_source_run,
     parse_source,
     split_holdout,
 )
@@ -38,7 +39,6 @@ from fedistill.algorithms.shared.stage1 import STAGE1_UNUSED_KEYS, collect_local
 from fedistill.algorithms.shared.training import average_states, evaluate_model, new_model, test_metrics
 from fedistill.config import RunConfig
 from fedistill.data.base import ImageSet
-from fedistill.data.registry import same_images
 from fedistill.errors import ConfigError
 from fedistill.federation.fleet import Fleet
 from fedistill.seeding import torch_generator
@@ -102,7 +102,7 @@ class OneShotOptions(FedDFOptions):
     privacy either)."""
 
     teachers: str = ""  # one model name, or a comma list cycled over the clients; "" = `model`
-    student: str = ""  # "" = `model`
+    student: str = ""  # the architecture of the averaged or fused model; "" = `model`
     teacher_epochs: int = 30  # FedIOD's default, so every one-shot method sees the same local models
     section: ClassVar[str] = "fedavg-oneshot"
     model_keys: ClassVar[str] = "teachers student"  # not FedDF's `groups`, which must stay empty
@@ -120,12 +120,12 @@ class OneShotOptions(FedDFOptions):
             )
         rounds_key = "is a key of FedDF's rounds, which a one-shot method does not use (it would be ignored)"
         self._refuse_set(UNUSED_ROUND_KEYS, rounds_key + "; leave it at {default}")
-        super().validate()
-        check_model_names(self.section, self, self.model_keys)
-        if not self.distils:
+        if not self.distils:  # before FedDF's checks, which would offer values it would refuse next
             averages = f"is a distillation key, and {self.section} only averages the sites' models (it would "
             where = "be ignored); set it in [feddf-oneshot], which distils, or leave it at {default}"
             self._refuse_set(DISTILLATION_KEYS, averages + where)
+        super().validate()
+        check_model_names(self.section, self, self.model_keys)
         if self.teacher_epochs < 1:
             raise ConfigError(f"{self.section}.teacher_epochs must be >= 1, got {self.teacher_epochs}")
 
@@ -144,6 +144,8 @@ class OneShotOptions(FedDFOptions):
             raise ConfigError(
                 f"a one-shot method runs one round, got rounds = {config.rounds}; set rounds = 1"
             )
+        if self.distils:
+            check_source_run(self.source, f"{self.section}.source", config.dataset)
         if self.distils and config.val_fraction == 0:
             raise ConfigError(
                 f"{self.section} selects on the server's validation split: set val_fraction > 0"
@@ -184,13 +186,8 @@ class OneShotServer(ServerLogic):
         if validation is None or len(validation) == 0:
             raise ConfigError("feddf-oneshot selects on the server's validation split: set val_fraction > 0")
         key = f"{options.section}.source"
-        kind, argument = parse_source(options.source, key)
-        # by registered name, as FedDF's: an alias or another split of one release holds the same images
-        if kind == "dataset" and same_images(argument, config.dataset):
-            raise ConfigError(
-                f"{key} = {options.source!r} is (or shares images with) the federation's own dataset: the "
-                "server would hold the clients' training images. Use another dataset, a generator or noise"
-            )
+        kind, _ = parse_source(options.source, key)
+        check_source_run(options.source, key, config.dataset)  # as FedDF's: not the clients' images
         held_out = None
         if kind == "holdout":
             validation, held_out = split_holdout(validation, options.holdout_val_share, config.seed, key=key)

@@ -64,14 +64,19 @@ class CoBoostingOptions(DenseOptions):
     weights; `preset = "official-code"` takes the released code's values of the shared keys."""
 
     preset: str = "dense"  # dense: DENSE's values of the shared keys | official-code: the released code's
-    hard_power: float = 1.0  # --hs
-    perturbation: str = "ods"  # ods | discrepancy | none
-    perturb_eps: float = 8 / 255  # --odseta 8, divided by 255 in the code
+    # h of the hard-sample weight (1 - p_E(y | x))^h on G's cross-entropy (0: DENSE's plain CE); --hs
+    hard_power: float = 1.0
+    # the step on each pool batch before the student sees it: ods (the code's, a random output direction)
+    # | discrepancy (towards more student-ensemble KL) | none
+    perturbation: str = "ods"
+    perturb_eps: float = 8 / 255  # that step's size (normalised inputs); --odseta 8, divided by 255 there
     ods_temperature: float = 4.0  # ods: the temperature of the ensemble's softmax in the perturbation
-    reweight: bool = True  # --weighted
-    reweight_lr: float = 0.01  # --mu
-    reweight_decay: float = 0.99  # --wdc
-    reweight_passes: int = 1  # --wa_steps
+    # re-weight the ensemble's clients by signed-gradient steps on the pool from the second epoch on
+    # (false: uniform weights, DENSE's); --weighted
+    reweight: bool = True
+    reweight_lr: float = 0.01  # mu, the re-weighting step at epoch 0, times reweight_decay per epoch; --mu
+    reweight_decay: float = 0.99  # the re-weighting step's factor per epoch; --wdc
+    reweight_passes: int = 1  # passes over the pool per epoch, one re-weighting step a batch; --wa_steps
 
     section = "coboosting"
 

@@ -33,7 +33,7 @@ import torch
 
 from fedistill import devices
 from fedistill.data.base import DatasetInfo, ImageSet
-from fedistill.data.registry import dataset_options, load_dataset
+from fedistill.data.registry import dataset_options, load_dataset, same_images
 from fedistill.data.transforms import fit_images, normalize, to_float
 from fedistill.errors import ConfigError, UserError
 from fedistill.models.generator import HEAD_FACTORS, Generator, build_generator
@@ -71,6 +71,17 @@ def check_source(spec: str, key: str = KEY) -> None:
             dataset_options(argument)
         except UserError as exc:
             raise ConfigError(f"{key} = {spec!r}: {exc}") from None
+
+
+def check_source_run(spec: str, key: str, dataset: str) -> None:
+    """The run-time check of a source: not the federation's own `dataset` (by registered name: an alias
+    or another split of one release holds the same images), whose training images are the clients'."""
+    kind, argument = parse_source(spec, key)
+    if kind == "dataset" and same_images(argument, dataset):
+        raise ConfigError(
+            f"{key} = {spec!r} is (or shares images with) the federation's own dataset: the server would "
+            "hold the clients' training images. Use another dataset, a generator or noise"
+        )
 
 
 def split_holdout(

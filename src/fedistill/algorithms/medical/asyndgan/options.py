@@ -24,17 +24,17 @@ class AsynDGANOptions:
     """G (the server's) against one D_k per site; then S on G's pairs. See the package docstring."""
 
     # --- G: pix2pix's ResNet generator on the one-hot label mask
-    generator_width: int = 64  # ngf
-    generator_blocks: int = 9  # --netG resnet_9blocks
+    generator_width: int = 64  # G's base channel width; ngf
+    generator_blocks: int = 9  # ResNet blocks of G; --netG resnet_9blocks
     # pix2pix's only noise: dropout 0.5 in G's blocks, kept on when G draws (as pix2pix at test time).
     # Here its masks come from a stream seeded by (seed, step), so a run is reproducible and resumable
     dropout: bool = True
     noise_channels: int = 0  # seeded N(0, 1) channels next to the mask (pix2pix: none)
     # --- D_k: the conditional PatchGAN, one per site
-    discriminator_width: int = 64  # ndf
-    discriminator_layers: int = 3  # n_layers_D: the 70 x 70 PatchGAN
+    discriminator_width: int = 64  # every D_k's base channel width; ndf
+    discriminator_layers: int = 3  # every D_k's depth; n_layers_D, 3: the 70 x 70 PatchGAN
     # --- optimisation: Adam for G and every D_k (pix2pix: lr 2e-4, beta1 0.5)
-    lr_generator: float = 2e-4
+    lr_generator: float = 2e-4  # G's Adam learning rate (pix2pix's 2e-4)
     lr_discriminator: float = 2e-4  # every D_k's Adam learning rate
     beta1: float = 0.5  # Adam's beta1 for G and every D_k
     # linear: pix2pix's lr_policy (constant for the first half of the rounds, then linearly to 0 over
@@ -73,6 +73,11 @@ class AsynDGANOptions:
                 "asyndgan.selection = 'validation' needs validation splits: set val_fraction > 0 "
                 "or asyndgan.selection = 'last'"
             )
+        if self.synthetic_batch_size < config.clients:
+            raise ConfigError(
+                f"asyndgan.synthetic_batch_size = {self.synthetic_batch_size} is below the number of "
+                f"sites ({config.clients}); every G-step draws at least one mask per site"
+            )
         if self.segmenter_start > config.rounds:
             raise ConfigError(
                 f"asyndgan.segmenter_start = {self.segmenter_start} is after the last round "
@@ -97,9 +102,8 @@ class AsynDGANOptions:
         check_nonnegative(s, self, "w_l1 w_perceptual")
         if not (0 <= self.beta1 < 1 and math.isfinite(self.beta1)):
             raise ConfigError(f"{s}.beta1 must be in [0, 1), got {self.beta1!r}")
-        if self.iters_per_epoch not in ("max", "min") and not (
-            isinstance(self.iters_per_epoch, int) and self.iters_per_epoch >= 1
-        ):
+        count = self.iters_per_epoch  # not a bool, an int to Python: true would be one G-step
+        if count not in ("max", "min") and (type(count) is not int or count < 1):
             raise ConfigError(
                 f"{s}.iters_per_epoch must be max, min or a number >= 1; got {self.iters_per_epoch!r}"
             )

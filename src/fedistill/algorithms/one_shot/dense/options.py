@@ -30,14 +30,14 @@ class DenseOptions:
 
     # --- stage 1: the local models, exactly FedIOD's teachers (algorithms/shared/stage1.py `train_teacher`)
     teachers: str = ""  # one model name, or a comma list cycled over the clients; "" = `model`
-    student: str = ""  # "" = `model`
+    student: str = ""  # the student's architecture; "" = `model`
     teacher_epochs: int = 30  # FedIOD's default, so both distil the same local models
     #: The options that name models (`check_model_names`; the run checks each serves its task)
     model_keys: ClassVar[str] = "teachers student"
     # --- data generation: one synthetic batch per epoch, `g_steps` Adam steps on G and its latents
-    synthetic_batch_size: int = 256  # --synthesis_batch_size
-    g_steps: int = 30  # --g_steps
-    latent_dim: int = 256  # nz
+    synthetic_batch_size: int = 256  # samples G draws per epoch, one batch; --synthesis_batch_size
+    g_steps: int = 30  # Adam steps on G and its latents per epoch; --g_steps
+    latent_dim: int = 256  # length of G's latent z; nz
     generator_width: int = 64  # ngf (FedIOD's generator with nearest upsampling, see dense/server.py)
     # fediod (default, as recorded): FedIOD's G, 4w/2w/w channels (256/128/64 at width 64); dense: the
     # released code's G, 2w/2w/w (4,581,955 against 2,328,899 parameters at 32x32x3, nz 256, ngf 64)
@@ -54,13 +54,13 @@ class DenseOptions:
     reset_generator: bool = False
     w_ce: float = 1.0  # --oh: cross-entropy of the ensemble against the sampled labels
     w_bn: float = 1.0  # --bn: batch-norm statistic matching, summed over every teacher's BatchNorm layers
-    w_adv: float = 1.0  # --adv: -KL(ensemble || student), on the samples where they disagree
-    adv_temperature: float = 1.0  # the code's kldiv default
+    w_adv: float = 1.0  # --adv: -KL(ensemble || student), on the samples where they disagree (`adv_mask`)
+    adv_temperature: float = 1.0  # T of that KL (T^2 KL of the T-softened softmaxes); 1: the code's
     adv_mask: bool = True  # only samples whose argmax differs between S and the ensemble
     generator_clip: float = 0.0  # max gradient norm of G (0: none, as DENSE's code)
     # --- distillation: the student on the pool of every synthetic batch so far
-    kd_batch_size: int = 256  # --batch_size
-    kd_temperature: float = 20.0  # --T
+    kd_batch_size: int = 256  # pool samples per student step; --batch_size
+    kd_temperature: float = 20.0  # T of the student's T^2 KL to the ensemble; --T
     kd_steps: int = 0  # 0: one pass over the whole pool per epoch (the code); N: N batches drawn at random
     pool_size: int = 0  # 0: keep every synthetic batch (the code); N: the newest N samples
     lr_student: float = 0.005  # --lr of the README's distillation command; SGD

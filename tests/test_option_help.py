@@ -1,0 +1,45 @@
+"""Each option with a fixed set of values names every value it accepts in its help line (`fedistill list
+--options NAME`), the values its check gives when a misspelt one is refused."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from fedistill.algorithms.registry import algorithm_names, get_algorithm
+from fedistill.errors import ConfigError
+from fedistill.reference.options import options_of
+
+TEXT_OPTIONS = [
+    (name, option) for name in algorithm_names() for option in options_of(name) if option.type == "str"
+]
+
+
+def _accepted(name: str, key: str) -> list[str]:
+    """The values a misspelt `key` is answered with, [] when it is no choice (a model name, a path)."""
+    try:
+        get_algorithm(name).options(**{key: "bogus"}).validate()
+    except ConfigError as exc:
+        listed = re.search(rf"\.{key} must be one of (.*?); got 'bogus'", str(exc))
+        pair = re.search(rf"\.{key} must be '?([\w-]+)'? or '?([\w-]+)'?, got 'bogus'", str(exc))
+        return listed.group(1).split(", ") if listed else list(pair.groups()) if pair else []
+    return []
+
+
+@pytest.mark.parametrize(("name", "option"), TEXT_OPTIONS, ids=lambda x: getattr(x, "name", x))
+def test_a_choice_options_help_names_every_value_it_accepts(name, option):
+    missing = [
+        value
+        for value in _accepted(name, option.name)
+        if not re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", option.doc)
+    ]
+    assert not missing, f"{name}.{option.name}'s help never names {missing}: {option.doc!r}"
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "feddf", "flmrcm", "fediod"])
+@pytest.mark.parametrize(("key", "values"), [("dp_accountant", "rdp, prv"), ("dp_noise_seed", "secret, run")])
+def test_a_misspelt_privacy_choice_is_named_under_its_table(name, key, values):
+    with pytest.raises(ConfigError) as refused:
+        get_algorithm(name).options(**{key: "bogus"}).validate()
+    assert str(refused.value) == f"{name}.{key} must be one of {values}; got 'bogus'"
