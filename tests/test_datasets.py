@@ -751,6 +751,20 @@ def test_image_folder_errors(tmp_path: Path) -> None:
         load_dataset("image-folder", tmp_path, channels=2)
 
 
+def test_image_folder_names_the_accepted_extensions_for_a_class_folder_of_other_files(tmp_path: Path) -> None:
+    """A class folder of photos saved as .heic (or notes, or archives) holds nothing the loader reads: the
+    error names the folder, what it found and the extensions that are read, not only "holds no images"."""
+    _png(tmp_path / "train" / "cat" / "a.png", (1, 2, 3))
+    _png(tmp_path / "test" / "cat" / "b.png", (1, 2, 3))
+    (tmp_path / "train" / "dog").mkdir()
+    (tmp_path / "train" / "dog" / "IMG_1.HEIC").write_bytes(b"x")
+    with pytest.raises(DataError, match=r"train/dog holds no images \(found IMG_1\.HEIC\); .*\.jpg.*\.png"):
+        load_dataset("image-folder", tmp_path)
+    (tmp_path / "train" / "dog" / "IMG_1.HEIC").unlink()
+    with pytest.raises(DataError, match=r"train/dog holds no images \(it is empty\); .*\.jpg.*\.png"):
+        load_dataset("image-folder", tmp_path)
+
+
 def test_image_folder_refuses_a_flip_option_that_is_no_boolean(tmp_path: Path) -> None:
     """`--set image-folder.horizontal_flip=False` reaches the loader as the text "False", which is truthy:
     taken as it is, it would switch mirrored training images on."""

@@ -50,6 +50,13 @@ def _image_files(class_dir: Path) -> list[Path]:
     )
 
 
+def _no_images(class_dir: Path) -> str:
+    """Why `class_dir` gives no image: what it holds instead (a few names), the extensions that are read."""
+    found = sorted(p.name for p in _entries(class_dir) if not p.name.startswith("."))
+    held = f"found {', '.join(found[:3])}{', ...' if len(found) > 3 else ''}" if found else "it is empty"
+    return f"holds no images ({held}); images end in {', '.join(sorted(IMAGE_SUFFIXES))}"
+
+
 def _load_image(path: Path, channels: int, image_size: int) -> np.ndarray:
     """The image as uint8 (channels, image_size, image_size), read exactly as predict reads it (TIFFs through
     tifffile, so colour TIFFs of more than 8 bits are scaled by their maximum, not cut to their high byte
@@ -110,7 +117,7 @@ def load_image_folder(
         )
     for class_dir in train_classes.values():
         if not _image_files(class_dir):
-            raise DataError(f"image-folder: training class folder {class_dir} holds no images")
+            raise DataError(f"image-folder: training class folder {class_dir} {_no_images(class_dir)}")
     if len(train_classes) < 2:
         raise DataError(
             f"image-folder: {root / 'train'} holds {len(train_classes)} class folder(s) "
