@@ -151,3 +151,14 @@ def test_the_mean_image_reference_scores_each_attacked_image_once(bench, digits)
     known, unknown = results["fedper/known-head"]["truth"], results["fedper/unknown-head"]["truth"]
     assert torch.equal(known, unknown) and len(known) == 2
     assert len(results["reference/mean-image"]["scores"]["attack"].psnr) == 2
+
+
+def test_a_test_split_smaller_than_the_public_share_is_attacked_whole(bench, digits) -> None:
+    """A run on one's own small image folder has fewer than the 200 test images the attacked round lends
+    its server as public data: the round uses all there are instead of stopping on an IndexError."""
+    small = digits.test.subset(range(24))
+    setup = bench.Setup(
+        "digits", digits.info, digits.train, small, "dlg", _setup(bench, digits).args, _in_process
+    )
+    results, _ = bench.fedavg_setting(setup, 1, 1, 0)
+    assert results[""][0]["kinds"] == ["parameters"]
