@@ -33,6 +33,27 @@ def _entries(folder: Path) -> list[Path]:
         raise DataError(f"image-folder: cannot list {folder}: {e.strerror or e}") from e
 
 
+def _check_root(root: Path) -> None:
+    """The usual wrong data_dir, named with what it holds: a folder that is not there, a train/ folder itself,
+    or one of class folders with no train/ above them. Anything else goes on to `_class_dirs`' own errors."""
+    if not root.exists():
+        raise DataError(f"image-folder: data_dir {root} does not exist; expected the layout {LAYOUT}")
+    if not root.is_dir() or (root / "train").is_dir():
+        return
+    if root.name == "train":
+        raise DataError(
+            f"image-folder: {root} is itself a train/ folder; set data_dir to {root.parent}, the folder that "
+            f"holds train/ and test/ ({LAYOUT})"
+        )
+    found = sorted(p.name for p in _entries(root) if p.is_dir() and not p.name.startswith("."))
+    if found:
+        shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+        raise DataError(
+            f"image-folder: {root} has no train/ folder; it holds {shown}: put the class folders under "
+            f"{root / 'train'} and {root / 'test'} ({LAYOUT})"
+        )
+
+
 def _class_dirs(split_dir: Path) -> dict[str, Path]:
     if not split_dir.is_dir():
         raise DataError(f"image-folder: {split_dir} is not a folder; expected the layout {LAYOUT}")
@@ -107,6 +128,7 @@ def load_image_folder(
             f"image-folder option horizontal_flip must be true or false, got {horizontal_flip!r}"
         )
     root = Path(data_dir)
+    _check_root(root)
     train_classes = _class_dirs(root / "train")
     test_classes = _class_dirs(root / "test")
     unknown = sorted(set(test_classes) - set(train_classes))
