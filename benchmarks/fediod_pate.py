@@ -42,6 +42,7 @@ from fedistill import disk
 from fedistill.algorithms.shared.training import evaluate_model
 from fedistill.config import read_config
 from fedistill.engine.setup import prepare_data
+from fedistill.errors import UserError
 from fedistill.privacy import pate
 from fedistill.reproduce.arguments import shown_arguments
 from fedistill.reproduce.pate_teachers import Queries, load_teachers, make_queries, train_student
@@ -95,7 +96,10 @@ def main() -> None:
             )
     config = read_config(run / "config.toml")
     config = dataclasses.replace(config, data_dir=args.data_dir)
-    data = prepare_data(config)
+    try:
+        data = prepare_data(config)
+    except UserError as error:  # the data are elsewhere (a run of one's own): one line, not a traceback
+        sys.exit(f"{run}: {error}; check --data-dir (the folder the run read its data from)")
     info, test = data.dataset.info, data.dataset.test
     teachers = load_teachers(run, config, info)
     queries = make_queries(run, teachers, info, args.queries, args.seed)

@@ -753,6 +753,34 @@ def test_image_folder_errors(tmp_path: Path) -> None:
         load_dataset("image-folder", tmp_path, channels=2)
 
 
+def test_image_folder_names_the_accepted_extensions_for_a_class_folder_of_other_files(tmp_path: Path) -> None:
+    """A class folder of photos saved as .heic (or notes, or archives) holds nothing the loader reads: the
+    error names the folder, what it found and the extensions that are read, not only "holds no images"."""
+    _png(tmp_path / "train" / "cat" / "a.png", (1, 2, 3))
+    _png(tmp_path / "test" / "cat" / "b.png", (1, 2, 3))
+    (tmp_path / "train" / "dog").mkdir()
+    (tmp_path / "train" / "dog" / "IMG_1.HEIC").write_bytes(b"x")
+    with pytest.raises(DataError, match=r"train/dog holds no images \(found IMG_1\.HEIC\); .*\.jpg.*\.png"):
+        load_dataset("image-folder", tmp_path)
+    (tmp_path / "train" / "dog" / "IMG_1.HEIC").unlink()
+    with pytest.raises(DataError, match=r"train/dog holds no images \(it is empty\); .*\.jpg.*\.png"):
+        load_dataset("image-folder", tmp_path)
+
+
+def test_image_folder_says_what_a_folder_without_train_and_test_holds(tmp_path: Path) -> None:
+    """The usual wrong data_dir: class folders straight in it (no train/ and test/), train/ itself, or a
+    folder that is not there. The error names the folders found and what to do, in one line."""
+    _png(tmp_path / "flat" / "cat" / "a.png", (1, 2, 3))
+    _png(tmp_path / "flat" / "dog" / "b.png", (1, 2, 3))
+    with pytest.raises(DataError, match=r"flat has no train/ folder; it holds cat, dog: put the class"):
+        load_dataset("image-folder", tmp_path / "flat")
+    _png(tmp_path / "split" / "train" / "cat" / "a.png", (1, 2, 3))
+    with pytest.raises(DataError, match=r"split/train is itself a train/ folder; set data_dir to .*split"):
+        load_dataset("image-folder", tmp_path / "split" / "train")
+    with pytest.raises(DataError, match=r"data_dir .*nowhere does not exist; expected the layout"):
+        load_dataset("image-folder", tmp_path / "nowhere")
+
+
 def test_image_folder_refuses_a_flip_option_that_is_no_boolean(tmp_path: Path) -> None:
     """`--set image-folder.horizontal_flip=False` reaches the loader as the text "False", which is truthy:
     taken as it is, it would switch mirrored training images on."""

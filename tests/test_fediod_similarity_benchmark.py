@@ -87,3 +87,19 @@ def test_copies_of_private_images_are_memorised(bench, tiny_run) -> None:
     assert report.pixel_nn_mean_synthetic == 0.0
     assert report.memorised_pixel == report.memorised_feature == 1.0
     assert report.memorised_pixel_held_out <= 0.05 + 1e-9
+
+
+def test_a_run_whose_data_is_not_under_data_dir_is_named_in_one_line(bench, tiny_run, tmp_path) -> None:
+    """A run of one's own (an image folder) read with the default --data-dir, or a wrong one: the study
+    stops with the run, the dataset's own one-line error and the option to fix, not a traceback."""
+    import shutil
+
+    run = tmp_path / "own" / "fediod"
+    shutil.copytree(tiny_run, run)
+    config = (run / "config.toml").read_text()
+    (run / "config.toml").write_text(config.replace('dataset = "digits"', 'dataset = "image-folder"'))
+    with pytest.raises(SystemExit) as stop:
+        bench.load_run(run, str(tmp_path / "nowhere"))
+    message = str(stop.value.code)
+    assert "\n" not in message and message.startswith(f"{run}: image-folder:")
+    assert message.endswith("check --data-dir (the folder the run read its data from)")

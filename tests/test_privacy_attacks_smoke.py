@@ -264,3 +264,14 @@ def test_the_mean_image_reference_reads_float_images_as_they_are(bench, digits) 
         setup.args.methods = "fedavg"
         references.append(run_dataset_variant(setup)["reference/mean-image"]["scores"]["attack"].psnr)
     assert references[1] == pytest.approx(references[0], abs=1e-4)
+
+
+def test_a_test_split_smaller_than_the_public_share_is_attacked_whole(bench, digits) -> None:
+    """A run on one's own small image folder has fewer than the 200 test images the attacked round lends
+    its server as public data: the round uses all there are instead of stopping on an IndexError."""
+    small = digits.test.subset(range(24))
+    setup = bench.Setup(
+        "digits", digits.info, digits.train, small, "dlg", _setup(bench, digits).args, _in_process
+    )
+    results, _ = bench.fedavg_setting(setup, 1, 1, 0)
+    assert results[""][0]["kinds"] == ["parameters"]

@@ -441,6 +441,15 @@ def test_feddf_refuses_image_sources_for_text_and_reads_another_text_dataset(roo
     assert int(batch.max()) < info.text.vocab_size and bool((batch[:, 0] == 2).all())
 
 
+def test_a_text_distillation_source_without_its_files_says_it_takes_the_runs_tokenizer(root, tmp_path):
+    """`feddf.source = "dataset:sst2"` on an AG News run without SST-2's files: the missing-files message
+    says the source is read by the run's tokenizer, not only "set sst2.model_dir", which the run refuses
+    ([sst2] options belong to a run on sst2)."""
+    info = _ag_news(root).info
+    with pytest.raises(DataError, match=r"(?s)missing dataset files.*distillation source.*run's tokenizer"):
+        dd.build_source("dataset:sst2", info, data_dir=tmp_path, size=0, seed=0)
+
+
 @pytest.mark.parametrize("source", ["dataset:sst-2", "dataset:SST_2", "dataset: Sst2 "])
 def test_feddf_refuses_its_own_dataset_under_any_spelling(root, tmp_path, source):
     """An alias or another spelling of the run's dataset loads the clients' training texts all the same."""

@@ -127,10 +127,16 @@ def make_config(setup: Setup, algorithm: str, clients: int, **changes: Any) -> R
     return build_config(RunConfig(), layer)
 
 
+def public_share(setup: Setup, size: int = 200) -> ImageSet:
+    """The first `size` test images (all of a smaller test split): the public data a round lends its
+    server and clients, none of them a client's private image."""
+    return setup.test.subset(range(min(size, len(setup.test))))
+
+
 def contexts(setup: Setup, config: RunConfig, options: Any, private: list[ImageSet]) -> list[ClientContext]:
     """Every client's context: its private set, nothing to validate or test on."""
     empty = ImageSet(setup.test.x[:0], setup.test.y[:0])
-    held = setup.test.subset(range(200))
+    held = public_share(setup)
     return [
         ClientContext(k, data, empty, empty, setup.info, config, options, held)
         for k, data in enumerate(private)
@@ -139,7 +145,7 @@ def contexts(setup: Setup, config: RunConfig, options: Any, private: list[ImageS
 
 def server_context(setup: Setup, config: RunConfig, options: Any, clients: int) -> ServerContext:
     """The server's context (its evaluation a stub: the attacks read replies, not accuracies)."""
-    held = setup.test.subset(range(200))
+    held = public_share(setup)
     return ServerContext(
         setup.info, config, options, clients, lambda m: {"accuracy": 0.0, "loss": 0.0}, None, held.y
     )

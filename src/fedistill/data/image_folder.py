@@ -33,6 +33,27 @@ def _entries(folder: Path) -> list[Path]:
         raise DataError(f"image-folder: cannot list {folder}: {e.strerror or e}") from e
 
 
+def _check_root(root: Path) -> None:
+    """The usual wrong data_dir, named with what it holds: a folder that is not there, a train/ folder itself,
+    or one of class folders with no train/ above them. Anything else goes on to `_class_dirs`' own errors."""
+    if not root.exists():
+        raise DataError(f"image-folder: data_dir {root} does not exist; expected the layout {LAYOUT}")
+    if not root.is_dir() or (root / "train").is_dir():
+        return
+    if root.name == "train":
+        raise DataError(
+            f"image-folder: {root} is itself a train/ folder; set data_dir to {root.parent}, the folder that "
+            f"holds train/ and test/ ({LAYOUT})"
+        )
+    found = sorted(p.name for p in _entries(root) if p.is_dir() and not p.name.startswith("."))
+    if found:
+        shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+        raise DataError(
+            f"image-folder: {root} has no train/ folder; it holds {shown}: put the class folders under "
+            f"{root / 'train'} and {root / 'test'} ({LAYOUT})"
+        )
+
+
 def _class_dirs(split_dir: Path) -> dict[str, Path]:
     if not split_dir.is_dir():
         raise DataError(f"image-folder: {split_dir} is not a folder; expected the layout {LAYOUT}")
@@ -48,6 +69,13 @@ def _image_files(class_dir: Path) -> list[Path]:
         for p in _entries(class_dir)
         if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_SUFFIXES
     )
+
+
+def _no_images(class_dir: Path) -> str:
+    """Why `class_dir` gives no image: what it holds instead (a few names), the extensions that are read."""
+    found = sorted(p.name for p in _entries(class_dir) if not p.name.startswith("."))
+    held = f"found {', '.join(found[:3])}{', ...' if len(found) > 3 else ''}" if found else "it is empty"
+    return f"holds no images ({held}); images end in {', '.join(sorted(IMAGE_SUFFIXES))}"
 
 
 def _load_image(path: Path, channels: int, image_size: int) -> np.ndarray:
@@ -100,6 +128,7 @@ def load_image_folder(
             f"image-folder option horizontal_flip must be true or false, got {horizontal_flip!r}"
         )
     root = Path(data_dir)
+    _check_root(root)
     train_classes = _class_dirs(root / "train")
     test_classes = _class_dirs(root / "test")
     unknown = sorted(set(test_classes) - set(train_classes))
@@ -110,7 +139,7 @@ def load_image_folder(
         )
     for class_dir in train_classes.values():
         if not _image_files(class_dir):
-            raise DataError(f"image-folder: training class folder {class_dir} holds no images")
+            raise DataError(f"image-folder: training class folder {class_dir} {_no_images(class_dir)}")
     if len(train_classes) < 2:
         raise DataError(
             f"image-folder: {root / 'train'} holds {len(train_classes)} class folder(s) "

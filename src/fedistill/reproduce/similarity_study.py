@@ -58,6 +58,7 @@ from fedistill.config import RunConfig, options_for, read_config
 from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.data.partition import load_split
 from fedistill.engine.setup import Prepared, prepare_data
+from fedistill.errors import UserError
 from fedistill.models.generator import Generator, build_generator
 from fedistill.reproduce.paths import CHECKOUT
 from fedistill.reproduce.privacy_attacks import in_process
@@ -118,7 +119,11 @@ def load_run(path: Path, data_dir: str) -> FedIODRun:
     config = read_config(path / "config.toml").replace(data_dir=data_dir)
     if config.algorithm != "fediod":
         raise SystemExit(f"{path}: algorithm is {config.algorithm!r}, not 'fediod'")
-    data = prepare_data(config)
+    try:
+        data = prepare_data(config)
+    except UserError as error:  # the data are elsewhere (a run of one's own): one line, not a traceback
+        where = "check --data-dir (the folder the run read its data from)"
+        raise SystemExit(f"{path}: {error}; {where}") from None
     saved = load_split(path).hash()
     if data.split.hash() != saved:
         raise SystemExit(

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from fedistill.data.base import LoadedDataset
-from fedistill.data.text.tokens import model_folder_text, read_text_file, require_files, text_dataset
+from fedistill.data.text.tokens import read_text_file, require_files, text_dataset, tokenizer_line
 from fedistill.errors import DataError
 
 CLASSES = ("World", "Sports", "Business", "Sci/Tech")
@@ -77,8 +77,7 @@ def describe_ag_news(folder: str) -> str:
     return (
         f"AG News: put the CSV files of the original release (as torchtext distributes them) in {folder}/:\n"
         f'  {folder}/train.csv  120,000 rows "class index","title","description" (class index 1-4)\n'
-        f"  {folder}/test.csv   7,600 rows, the same columns\n"
-        f"Texts are tokenised by a local model folder's tokenizer: {model_folder_text('ag-news')}."
+        f"  {folder}/test.csv   7,600 rows, the same columns\n" + tokenizer_line("ag-news")
     )
 
 

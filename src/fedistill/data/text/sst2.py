@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedistill.data.base import LoadedDataset
-from fedistill.data.text.tokens import model_folder_text, read_text_file, require_files, text_dataset
+from fedistill.data.text.tokens import read_text_file, require_files, text_dataset, tokenizer_line
 from fedistill.errors import DataError
 
 CLASSES = ("negative", "positive")
@@ -57,7 +57,7 @@ def describe_sst2(folder: str) -> str:
         f"SST-2: put GLUE's SST-2 files in {folder}/ (header sentence<TAB>label, label 0 or 1):\n"
         f"  {folder}/train.tsv  67,349 sentences\n"
         f"  {folder}/dev.tsv    872 sentences, the test set (GLUE's test.tsv has no labels)\n"
-        f"Texts are tokenised by a local model folder's tokenizer: {model_folder_text('sst2')}."
+        + tokenizer_line("sst2")
     )
 
 

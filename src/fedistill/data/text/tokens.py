@@ -38,6 +38,16 @@ def model_folder_text(key: str) -> str:
     )
 
 
+def tokenizer_line(key: str) -> str:
+    """The last line of a text dataset's `describe`: which tokenizer reads its texts, as the run's dataset
+    and as another run's distillation source (where `{key}.model_dir` is not set)."""
+    return (
+        f"Texts are tokenised by a local model folder's tokenizer: {model_folder_text(key)}. As the "
+        f'distillation source of a run on another text dataset (feddf.source = "dataset:{key}"), they are '
+        f"read by that run's tokenizer and {key}.model_dir stays unset."
+    )
+
+
 def check_model_folder(model_dir: str | Path, key: str) -> Path:
     """The model folder as a Path; DataError when it is not given or not a folder."""
     if not str(model_dir).strip():
