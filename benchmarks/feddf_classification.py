@@ -28,6 +28,7 @@ from pathlib import Path
 
 from fedistill import disk
 from fedistill.reproduce.arguments import shown_arguments
+from fedistill.reproduce.paths import DATA
 from fedistill.reproduce.reuse import kept
 
 HERE = Path(__file__).resolve().parent
@@ -114,7 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--data-dir", default=str(HERE.parents[1] / "shared" / "data"))
+    parser.add_argument("--data-dir", default=str(DATA))
     parser.add_argument("--datasets", default="fashion-mnist,mnist")
     parser.add_argument("--alphas", default="1,0.1")
     parser.add_argument("--seeds", default="0")

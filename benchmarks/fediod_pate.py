@@ -46,7 +46,7 @@ from fedistill.errors import UserError
 from fedistill.privacy import pate
 from fedistill.reproduce.arguments import shown_arguments
 from fedistill.reproduce.pate_teachers import Queries, load_teachers, make_queries, train_student
-from fedistill.reproduce.paths import RESULTS, RUNS
+from fedistill.reproduce.paths import DATA, RESULTS, RUNS
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_RUN = RUNS / "fediod-fashion-mnist-alpha1-seed0" / "fediod"
@@ -57,7 +57,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--run", default=str(DEFAULT_RUN), help="a finished FedIOD algorithm run directory")
-    parser.add_argument("--data-dir", default=str(HERE.parents[1] / "shared" / "data"))
+    parser.add_argument("--data-dir", default=str(DATA))
     parser.add_argument("--queries", type=int, default=5000, help="synthetic inputs the clients vote on")
     parser.add_argument(
         "--query-counts", default="5000,1000,100",

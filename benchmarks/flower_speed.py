@@ -34,6 +34,7 @@ from fediod_step_time import matmul_peak_gflops  # noqa: E402
 from fedistill import disk  # noqa: E402
 from fedistill.machine import this_machine  # noqa: E402
 from fedistill.reproduce.arguments import shown_arguments  # noqa: E402
+from fedistill.reproduce.paths import DATA  # noqa: E402
 from flower_processes import deployment, round_times  # noqa: E402
 
 RESULTS = HERE / "results"
@@ -77,7 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--data-dir", default=str(HERE.parents[1] / "shared" / "data"))
+    parser.add_argument("--data-dir", default=str(DATA))
     parser.add_argument("--dataset", default="digits")
     parser.add_argument("--model", default="lenet-fedmdcg")
     parser.add_argument("--nodes", type=int, default=2)

@@ -27,6 +27,7 @@ import torch
 from fediod_step_time import matmul_peak_gflops
 from fedistill import disk
 from fedistill.machine import joined, of_summaries, of_summary
+from fedistill.reproduce.paths import DATA
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -62,7 +63,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--data-dir", default=str(HERE.parents[1] / "shared" / "data"))
+    parser.add_argument("--data-dir", default=str(DATA))
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--out", default=str(HERE / "runs"))

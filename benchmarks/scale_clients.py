@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE))
 from fediod_step_time import matmul_peak_gflops  # noqa: E402
 from fedistill import disk  # noqa: E402
 from fedistill.reproduce.arguments import check_device, shown_arguments  # noqa: E402
-from fedistill.reproduce.paths import RUNS  # noqa: E402
+from fedistill.reproduce.paths import DATA, RUNS  # noqa: E402
 
 RESULTS = HERE / "results"
 FEDIOD_SIZES = (100, 1000)  # FedIOD queries every site at every generator step: two sizes only
@@ -234,7 +234,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--data-dir", default=str(HERE.parents[1] / "shared" / "data"))
+    parser.add_argument("--data-dir", default=str(DATA))
     parser.add_argument("--dataset", default="mnist")
     parser.add_argument("--model", default="lenet5")
     parser.add_argument("--cases", default="fedavg,feddf,fediod,fedavg-simulation")

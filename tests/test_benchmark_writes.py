@@ -37,3 +37,12 @@ def test_no_reproduction_writes_a_result_file_in_place():
     modules = sorted((BENCHMARKS.parent / "src" / "fedistill" / "reproduce").glob("*.py"))
     assert modules
     assert [hit for module in modules for hit in plain_writes(module)] == []
+
+
+def test_every_benchmark_script_finds_its_data_where_the_reproductions_do():
+    """A script's `--data-dir` default is the project's data folder (`FEDISTILL_DATA`, else the shared one
+    beside the checkout, else data/: `fedistill.reproduce.paths.DATA`), not a folder it names itself, which
+    ignored `FEDISTILL_DATA`."""
+    scripts = sorted(BENCHMARKS.glob("*.py"))
+    own = [p.name for p in scripts if '"shared" / "data"' in p.read_text(encoding="utf-8")]
+    assert own == []
