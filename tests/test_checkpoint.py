@@ -167,6 +167,24 @@ def test_a_resume_of_a_finished_run_refuses_a_config_edited_since(tmp_path):
     assert again["final"] == first["final"] and again["rounds_done"] == 2
 
 
+def test_a_resume_refuses_a_config_that_no_longer_names_an_algorithm_the_run_holds(tmp_path):
+    """An `algorithm` key edited to leave out an algorithm that ran was accepted: the resume went on with the
+    others and left that algorithm's folder behind, which `fedistill summary` no longer showed."""
+    from fedistill.config import RunConfig, build_config
+    from fedistill.engine.launch import resume_suite, run_suite
+    from fedistill.errors import ConfigError
+
+    common = {"algorithm": "fedavg,standalone", "clients": 2, "rounds": 1, "model": "mlp", "lr": 0.1}
+    run_suite(build_config(RunConfig(), common, {}), tmp_path, progress=False)
+    path = tmp_path / "config.toml"
+    original = path.read_text()
+    path.write_text(original.replace('algorithm = "fedavg,standalone"', 'algorithm = "fedavg"'))
+    with pytest.raises(ConfigError, match=r"no longer names standalone, whose folder holds its run"):
+        resume_suite(tmp_path, progress=False)
+    path.write_text(original)
+    assert [s["algorithm"] for s in resume_suite(tmp_path, progress=False)] == ["fedavg", "standalone"]
+
+
 def test_an_edit_of_one_algorithms_table_blocks_resuming_that_algorithm_alone(tmp_path):
     """Every checkpoint recorded the suite's whole config, so an edited `[fedprox] mu` was refused as an
     edit of FedAvg's run too (its checkpoint was written under the old table)."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from fedistill import disk
-from fedistill.errors import RunDirError
+from fedistill.errors import ConfigError, RunDirError
 
 LOCK = ".lock"
 OWNER = ".lock-owner"
@@ -73,6 +73,26 @@ def resume_target(path: Path) -> Path:
     if not (path / "config.toml").is_file():
         raise RunDirError(f"{path} is not a run directory (no config.toml); nothing to resume")
     return path
+
+
+def check_algorithms_kept(suite_dir: Path, algorithms: list[str]) -> None:
+    """Before a `--resume`: ConfigError when config.toml no longer names an algorithm whose folder holds a
+    run (its config.toml and partition), instead of going on without it and leaving a folder that
+    `fedistill summary` no longer shows. An algorithm added to the list has no folder yet: it runs."""
+    dropped = [
+        child.name
+        for child in sorted(suite_dir.iterdir())
+        if child.name not in algorithms
+        and (child / "config.toml").is_file()
+        and (child / "partition.npz").is_file()
+    ]
+    if dropped:
+        whose = "whose folder holds its run" if len(dropped) == 1 else "whose folders hold their runs"
+        raise ConfigError(
+            f"{suite_dir}: config.toml no longer names {', '.join(dropped)}, {whose} (algorithm = "
+            f"{','.join(algorithms)!r}); a resume continues with the algorithms the run started with: undo "
+            "the edit, or start a new run under another --name"
+        )
 
 
 def _algorithms_of(config_file: Path) -> list[str]:
