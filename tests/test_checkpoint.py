@@ -190,7 +190,7 @@ def test_an_edit_of_one_algorithms_table_blocks_resuming_that_algorithm_alone(tm
     edit of FedAvg's run too (its checkpoint was written under the old table)."""
     from fedistill.config import RunConfig, build_config, for_algorithm
     from fedistill.engine.launch import resume_suite, run_suite
-    from fedistill.engine.loop import check_finished_settings
+    from fedistill.engine.resume import check_finished_settings
     from fedistill.errors import ConfigError
 
     common = {"algorithm": "fedavg,fedprox", "clients": 2, "rounds": 1, "model": "mlp", "lr": 0.1}
