@@ -185,6 +185,32 @@ def test_a_resume_refuses_a_config_that_no_longer_names_an_algorithm_the_run_hol
     assert [s["algorithm"] for s in resume_suite(tmp_path, progress=False)] == ["fedavg", "standalone"]
 
 
+@pytest.mark.parametrize("finished", [False, True])
+def test_a_resume_refuses_an_algorithms_own_config_edited_since_the_checkpoint(tmp_path, finished):
+    """An edit of an algorithm's own config.toml (the one its models are loaded with) was ignored: the run
+    went on, or handed back its summary, under the run's settings, and the edited file stayed beside them."""
+    from algorithm_helpers import run_until_crash
+    from fedistill.algorithms.classic.fedavg import FedAvgServer
+    from fedistill.config import RunConfig, build_config
+    from fedistill.engine.launch import resume_suite, run_suite
+    from fedistill.errors import ConfigError
+
+    config = build_config(
+        RunConfig(), {"algorithm": "fedavg", "clients": 2, "rounds": 2, "model": "mlp", "lr": 0.1}, {}
+    )
+    if finished:
+        run_suite(config, tmp_path, progress=False)
+    else:
+        run_until_crash(config, FedAvgServer, tmp_path, crash_round=2)
+    path = tmp_path / "fedavg" / "config.toml"
+    original = path.read_text()
+    path.write_text(original.replace("rounds = 2\n", "rounds = 4\n"))
+    with pytest.raises(ConfigError, match=r"fedavg/config\.toml differs from the settings .* \(rounds\)"):
+        resume_suite(tmp_path, progress=False)
+    path.write_text(original)
+    assert resume_suite(tmp_path, progress=False)[0]["rounds_done"] == 2
+
+
 def test_an_edit_of_one_algorithms_table_blocks_resuming_that_algorithm_alone(tmp_path):
     """Every checkpoint recorded the suite's whole config, so an edited `[fedprox] mu` was refused as an
     edit of FedAvg's run too (its checkpoint was written under the old table)."""

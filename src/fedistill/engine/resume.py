@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fedistill.algorithms.registry import ALGORITHMS
-from fedistill.config import RunConfig
+from fedistill.config import RunConfig, read_config
 from fedistill.engine.checkpoint import (
     DamagedCheckpoint,
     checkpoints,
@@ -113,21 +113,31 @@ def resumable_settings(config: RunConfig) -> dict[str, Any]:
 
 def check_same_settings(run_dir: Path, saved: dict[str, Any] | None, config: RunConfig) -> None:
     """ConfigError naming the keys when config.toml no longer says what the checkpoint was written under
-    (an edited file would go on with other settings, silently); checkpoints that predate the record pass."""
+    (an edited file would go on with other settings, silently), nor the algorithm's own config.toml (the
+    one its models are loaded with); checkpoints that predate the record pass."""
     if saved is None:
         return
-    # another algorithm's table (`[fedprox] mu` for FedAvg's run) is none of this run's settings
-    others = set(ALGORITHMS) - {config.algorithm}
-    saved, now = (
-        {k: v for k, v in s.items() if k not in others} for s in (saved, resumable_settings(config))
-    )
-    changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
-    if changed:
-        raise ConfigError(
-            f"{run_dir}: config.toml differs from the settings its checkpoint was written under "
-            f"({', '.join(changed)}); a resume continues with those (it may change only "
-            f"{', '.join(RESUME_MAY_CHANGE)}): undo the edit, or start a new run under another --name"
-        )
+    own = run_dir / "config.toml"
+    for where, now in ((f"{run_dir}: config.toml", config), (str(own), own)):
+        if isinstance(now, Path):
+            if not now.is_file():
+                continue
+            now = read_config(now)
+        changed = _changed(saved, now, config.algorithm)
+        if changed:
+            raise ConfigError(
+                f"{where} differs from the settings its checkpoint was written under "
+                f"({', '.join(changed)}); a resume continues with those (it may change only "
+                f"{', '.join(RESUME_MAY_CHANGE)}): undo the edit, or start a new run under another --name"
+            )
+
+
+def _changed(saved: dict[str, Any], config: RunConfig, algorithm: str) -> list[str]:
+    """The keys whose values `config` and a checkpoint's record differ in, this algorithm's alone: another
+    algorithm's table (`[fedprox] mu` for FedAvg's run) is none of its settings."""
+    others = set(ALGORITHMS) - {algorithm}
+    then, now = ({k: v for k, v in s.items() if k not in others} for s in (saved, resumable_settings(config)))
+    return sorted(k for k in set(then) | set(now) if then.get(k) != now.get(k))
 
 
 def check_finished_settings(run_dir: Path, config: RunConfig) -> None:
