@@ -185,6 +185,24 @@ def test_a_resume_refuses_a_config_that_no_longer_names_an_algorithm_the_run_hol
     assert [s["algorithm"] for s in resume_suite(tmp_path, progress=False)] == ["fedavg", "standalone"]
 
 
+def test_a_resume_ignores_a_folder_left_by_an_earlier_run_that_never_did_any_work(tmp_path):
+    """A run may take the name of a folder whose run never did any work; that run's algorithm folders (a
+    config.toml and a partition, no round) stay, and the resume of the new run was refused as if its
+    config.toml had dropped them."""
+    import shutil
+
+    from fedistill.config import RunConfig, build_config
+    from fedistill.engine.launch import resume_suite, run_suite
+
+    common = {"algorithm": "fedavg", "clients": 2, "rounds": 1, "model": "mlp", "lr": 0.1}
+    run_suite(build_config(RunConfig(), common, {}), tmp_path, progress=False)
+    earlier = tmp_path / "standalone"  # as a run killed in its set-up leaves it
+    earlier.mkdir()
+    for name in ("config.toml", "partition.npz", "partition.json"):
+        shutil.copy(tmp_path / "fedavg" / name, earlier / name)
+    assert [s["algorithm"] for s in resume_suite(tmp_path, progress=False)] == ["fedavg"]
+
+
 @pytest.mark.parametrize("finished", [False, True])
 def test_a_resume_refuses_an_algorithms_own_config_edited_since_the_checkpoint(tmp_path, finished):
     """An edit of an algorithm's own config.toml (the one its models are loaded with) was ignored: the run
