@@ -167,12 +167,74 @@ def test_a_resume_of_a_finished_run_refuses_a_config_edited_since(tmp_path):
     assert again["final"] == first["final"] and again["rounds_done"] == 2
 
 
+def test_a_resume_refuses_a_config_that_no_longer_names_an_algorithm_the_run_holds(tmp_path):
+    """An `algorithm` key edited to leave out an algorithm that ran was accepted: the resume went on with the
+    others and left that algorithm's folder behind, which `fedistill summary` no longer showed."""
+    from fedistill.config import RunConfig, build_config
+    from fedistill.engine.launch import resume_suite, run_suite
+    from fedistill.errors import ConfigError
+
+    common = {"algorithm": "fedavg,standalone", "clients": 2, "rounds": 1, "model": "mlp", "lr": 0.1}
+    run_suite(build_config(RunConfig(), common, {}), tmp_path, progress=False)
+    path = tmp_path / "config.toml"
+    original = path.read_text()
+    path.write_text(original.replace('algorithm = "fedavg,standalone"', 'algorithm = "fedavg"'))
+    with pytest.raises(ConfigError, match=r"no longer names standalone, whose folder holds its run"):
+        resume_suite(tmp_path, progress=False)
+    path.write_text(original)
+    assert [s["algorithm"] for s in resume_suite(tmp_path, progress=False)] == ["fedavg", "standalone"]
+
+
+def test_a_resume_ignores_a_folder_left_by_an_earlier_run_that_never_did_any_work(tmp_path):
+    """A run may take the name of a folder whose run never did any work; that run's algorithm folders (a
+    config.toml and a partition, no round) stay, and the resume of the new run was refused as if its
+    config.toml had dropped them."""
+    import shutil
+
+    from fedistill.config import RunConfig, build_config
+    from fedistill.engine.launch import resume_suite, run_suite
+
+    common = {"algorithm": "fedavg", "clients": 2, "rounds": 1, "model": "mlp", "lr": 0.1}
+    run_suite(build_config(RunConfig(), common, {}), tmp_path, progress=False)
+    earlier = tmp_path / "standalone"  # as a run killed in its set-up leaves it
+    earlier.mkdir()
+    for name in ("config.toml", "partition.npz", "partition.json"):
+        shutil.copy(tmp_path / "fedavg" / name, earlier / name)
+    assert [s["algorithm"] for s in resume_suite(tmp_path, progress=False)] == ["fedavg"]
+
+
+@pytest.mark.parametrize("finished", [False, True])
+def test_a_resume_refuses_an_algorithms_own_config_edited_since_the_checkpoint(tmp_path, finished):
+    """An edit of an algorithm's own config.toml (the one its models are loaded with) was ignored: the run
+    went on, or handed back its summary, under the run's settings, and the edited file stayed beside them."""
+    from algorithm_helpers import run_until_crash
+    from fedistill.algorithms.classic.fedavg import FedAvgServer
+    from fedistill.config import RunConfig, build_config
+    from fedistill.engine.launch import resume_suite, run_suite
+    from fedistill.errors import ConfigError
+
+    config = build_config(
+        RunConfig(), {"algorithm": "fedavg", "clients": 2, "rounds": 2, "model": "mlp", "lr": 0.1}, {}
+    )
+    if finished:
+        run_suite(config, tmp_path, progress=False)
+    else:
+        run_until_crash(config, FedAvgServer, tmp_path, crash_round=2)
+    path = tmp_path / "fedavg" / "config.toml"
+    original = path.read_text()
+    path.write_text(original.replace("rounds = 2\n", "rounds = 4\n"))
+    with pytest.raises(ConfigError, match=r"fedavg/config\.toml differs from the settings .* \(rounds\)"):
+        resume_suite(tmp_path, progress=False)
+    path.write_text(original)
+    assert resume_suite(tmp_path, progress=False)[0]["rounds_done"] == 2
+
+
 def test_an_edit_of_one_algorithms_table_blocks_resuming_that_algorithm_alone(tmp_path):
     """Every checkpoint recorded the suite's whole config, so an edited `[fedprox] mu` was refused as an
     edit of FedAvg's run too (its checkpoint was written under the old table)."""
     from fedistill.config import RunConfig, build_config, for_algorithm
     from fedistill.engine.launch import resume_suite, run_suite
-    from fedistill.engine.loop import check_finished_settings
+    from fedistill.engine.resume import check_finished_settings
     from fedistill.errors import ConfigError
 
     common = {"algorithm": "fedavg,fedprox", "clients": 2, "rounds": 1, "model": "mlp", "lr": 0.1}

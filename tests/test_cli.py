@@ -378,3 +378,25 @@ def test_summary_of_a_file_says_it_is_a_file(tmp_path, capsys):
     model.write_bytes(b"")
     assert main(["summary", str(model)]) == 2
     assert "is a file, not a run directory" in _error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["run", *FAST], "fedistill: interrupted before the run directory was made; nothing to resume\n"),
+        (["run", "--resume", "runs/a", "--quiet"], "fedistill: interrupted; continue with --resume runs/a\n"),
+        (["summary", "runs/a"], "fedistill: interrupted\n"),
+    ],
+)
+def test_ctrl_c_before_a_run_folder_exists_does_not_advise_resuming_one(argv, expected, capsys, monkeypatch):
+    """Ctrl-C while a new run still loaded its data said `continue with --resume RUN_DIR`, though no run
+    directory existed yet; `summary` and the other commands, which resume nothing, said it too."""
+    from fedistill import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "command_run", interrupted)
+    monkeypatch.setattr(cli, "command_summary", interrupted)
+    assert main(argv) == 130
+    assert capsys.readouterr().err == expected

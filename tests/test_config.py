@@ -52,6 +52,9 @@ def test_set_values_parse_as_toml_literals():
         ({"momentum": -0.5}, "momentum must be >= 0, got -0.5"),  # torch refuses it only once clients train
         ({"weight_decay": -1}, "weight_decay must be >= 0, got -1.0"),
         ({"algorithm": "fedavg, fedprox,fedavg"}, "names an algorithm twice"),  # one folder, two table rows
+        # a TOML list is the natural guess for several algorithms: say how to write them
+        ({"algorithm": ["fedavg", "standalone"]}, r"one text value.*: algorithm = 'fedavg,standalone'"),
+        ({"track": ["tensorboard", "mlflow"]}, r"track = 'tensorboard,mlflow'"),
     ],
 )
 def test_bad_keys_and_values_say_what_to_change(layer, message):

@@ -38,6 +38,6 @@ def test_a_connect_timeout_that_is_not_a_positive_finite_number_is_refused(value
 
 
 def test_a_resume_may_change_the_connect_timeout():
-    from fedistill.engine.loop import RESUME_MAY_CHANGE
+    from fedistill.engine.resume import RESUME_MAY_CHANGE
 
     assert "connect_timeout" in RESUME_MAY_CHANGE

@@ -383,9 +383,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedistill: run stopped: cannot write {where}: {exc.strerror or exc}{then}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        then = f"--resume {_CURRENT_RUN[-1]}" if _CURRENT_RUN else "--resume RUN_DIR"
-        print(f"fedistill: interrupted; continue with {then}", file=sys.stderr)
+        print(f"fedistill: interrupted{_after_interrupt(args)}", file=sys.stderr)
         return 130
+
+
+def _after_interrupt(args: argparse.Namespace) -> str:
+    """What to do after Ctrl-C: resume the run it names, or nothing where no run folder was made yet (a new
+    run stopped while it loaded its data) or the command resumes nothing (summary, predict, ...)."""
+    run = (
+        _CURRENT_RUN[-1] if _CURRENT_RUN else getattr(args, "resume", None) if args.command == "run" else None
+    )
+    if run:
+        return f"; continue with --resume {run}"
+    return " before the run directory was made; nothing to resume" if args.command == "run" else ""
 
 
 if __name__ == "__main__":

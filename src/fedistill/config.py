@@ -97,6 +97,9 @@ TABLE_HINTS = {
     "partition": "; partitioner options go in [partition_options]",
 }
 
+#: Keys whose text names several things, separated by commas (a TOML list is the natural guess).
+LIST_KEYS = ("algorithm", "track")
+
 #: The experiment trackers `track` may name (engine/tracking.py).
 TRACKERS = ("tensorboard", "mlflow")
 
@@ -193,6 +196,11 @@ def build_config(base: RunConfig | None = None, *layers: dict[str, Any]) -> RunC
                 options.setdefault(key, {}).update(value)
             elif "." in key:
                 options.setdefault(section, {})[sub] = value
+            elif key in LIST_KEYS and isinstance(value, list) and all(isinstance(v, str) for v in value):
+                joined = ",".join(value)
+                raise ConfigError(
+                    f"{key} is one text value, its names separated by commas, not a list: {key} = {joined!r}"
+                )
             elif key in _COMMON:
                 common[key] = _check_value(key, value, _COMMON[key].type)
             else:

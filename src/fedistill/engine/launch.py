@@ -29,6 +29,8 @@ def run_suite(
     transport. The setup is validated before anything is written (`validate_setup`, or the caller
     passes the `data` it validated)."""
     config = canonical_dataset(config)  # config.toml and the summaries name the dataset one way
+    if resume:
+        folder.check_algorithms_kept(suite_dir, config.algorithms)
     data = validate_setup(config, resume=resume) if data is None else data
     if config.transport == "flower":
         try:

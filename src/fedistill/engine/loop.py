@@ -21,21 +21,20 @@ from tqdm import tqdm
 
 from fedistill import devices, interrupt
 from fedistill.algorithms.base import Algorithm, ServerContext, StopRun
-from fedistill.algorithms.registry import ALGORITHMS
 from fedistill.algorithms.shared.oracle import ORACLE_LABEL, ORACLE_METRIC
 from fedistill.algorithms.shared.stage1 import cache_folder
 from fedistill.algorithms.shared.training import evaluate_model, task_of
 from fedistill.config import RunConfig, write_config
 from fedistill.data.partition import FederatedSplit, load_split, save_split
-from fedistill.engine.checkpoint import (
-    latest_checkpoint,
-    load_state,
-    save_model,
-    sweep_temporaries,
-    write_checkpoint,
-)
+from fedistill.engine.checkpoint import save_model, sweep_temporaries, write_checkpoint
 from fedistill.engine.floor import floor_scores
-from fedistill.engine.resume import intact_lines, resume_point, warn_of_changes
+from fedistill.engine.resume import (
+    check_same_settings,
+    intact_lines,
+    resumable_settings,
+    resume_point,
+    warn_of_changes,
+)
 from fedistill.engine.rundir import MetricsWriter
 from fedistill.engine.setup import Prepared, client_contexts, resolve, score_first, source_names
 from fedistill.engine.summary import write_summary
@@ -132,51 +131,6 @@ def run_algorithm(
     finally:
         logging.getLogger().removeHandler(handler)
         handler.close()
-
-
-#: What a resume may change: where the run computes, where its folder and data are, what it logs to, and
-#: how long and for how many sites it waits (the fixes after a stop for too few answers).
-RESUME_MAY_CHANGE = ("device", "out", "name", "data_dir", "download", "cache_dir", "track", "timeout",
-                     "min_clients", "connect_timeout")  # fmt: skip
-
-
-def resumable_settings(config: RunConfig) -> dict[str, Any]:
-    """The config a checkpoint was written under (as JSON reads it back), less what a resume may change."""
-    settings = {k: v for k, v in config.to_dict().items() if k not in RESUME_MAY_CHANGE}
-    return json.loads(json.dumps(settings, default=str))
-
-
-def check_same_settings(run_dir: Path, saved: dict[str, Any] | None, config: RunConfig) -> None:
-    """ConfigError naming the keys when config.toml no longer says what the checkpoint was written under
-    (an edited file would go on with other settings, silently); checkpoints that predate the record pass."""
-    if saved is None:
-        return
-    # another algorithm's table (`[fedprox] mu` for FedAvg's run) is none of this run's settings
-    others = set(ALGORITHMS) - {config.algorithm}
-    saved, now = (
-        {k: v for k, v in s.items() if k not in others} for s in (saved, resumable_settings(config))
-    )
-    changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
-    if changed:
-        raise ConfigError(
-            f"{run_dir}: config.toml differs from the settings its checkpoint was written under "
-            f"({', '.join(changed)}); a resume continues with those (it may change only "
-            f"{', '.join(RESUME_MAY_CHANGE)}): undo the edit, or start a new run under another --name"
-        )
-
-
-def check_finished_settings(run_dir: Path, config: RunConfig) -> None:
-    """`check_same_settings` for an algorithm that finished: its last checkpoint's record against config.toml,
-    so that a resume does not hand back the old summary under a config that says otherwise (more rounds,
-    another lr). A run without a readable checkpoint (one stopped before its first) passes."""
-    latest = latest_checkpoint(run_dir / "checkpoints")
-    if latest is None:
-        return
-    try:
-        runner = load_state(latest / "runner")
-    except Exception:  # a damaged checkpoint of a finished run: its summary stands on its own
-        return
-    check_same_settings(run_dir, runner.get("settings") if isinstance(runner, dict) else None, config)
 
 
 def _loop(

@@ -12,7 +12,8 @@ import torch
 
 from fedistill import devices
 from fedistill.config import RunConfig, for_algorithm, write_config
-from fedistill.engine.loop import check_finished_settings, run_algorithm
+from fedistill.engine.loop import run_algorithm
+from fedistill.engine.resume import check_finished_settings
 from fedistill.engine.rundir import read_jsonl
 from fedistill.engine.setup import Prepared, resolve
 from fedistill.engine.summary import read_summary, write_suite_results

@@ -18,7 +18,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from fedistill import disk
-from fedistill.errors import RunDirError
+from fedistill.errors import ConfigError, RunDirError
 
 LOCK = ".lock"
 OWNER = ".lock-owner"
@@ -48,15 +48,15 @@ def run_started(suite_dir: Path) -> bool:
 def _did_work(suite_dir: Path) -> bool:
     if not (suite_dir / "config.toml").is_file():
         return False
-    for child in suite_dir.iterdir():
-        if not child.is_dir():
-            continue
-        if (child / "summary.json").is_file() or (child / "checkpoints" / "latest").is_file():
-            return True
-        metrics = child / "metrics.jsonl"
-        if metrics.is_file() and metrics.stat().st_size > 0:
-            return True
-    return False
+    return any(_algorithm_did_work(child) for child in suite_dir.iterdir() if child.is_dir())
+
+
+def _algorithm_did_work(folder: Path) -> bool:
+    """Whether one algorithm's folder holds work: a summary, a checkpoint or a metrics row."""
+    if (folder / "summary.json").is_file() or (folder / "checkpoints" / "latest").is_file():
+        return True
+    metrics = folder / "metrics.jsonl"
+    return metrics.is_file() and metrics.stat().st_size > 0
 
 
 def resume_target(path: Path) -> Path:
@@ -73,6 +73,25 @@ def resume_target(path: Path) -> Path:
     if not (path / "config.toml").is_file():
         raise RunDirError(f"{path} is not a run directory (no config.toml); nothing to resume")
     return path
+
+
+def check_algorithms_kept(suite_dir: Path, algorithms: list[str]) -> None:
+    """Before a `--resume`: ConfigError when config.toml no longer names an algorithm whose folder holds a
+    run (its config.toml and some work), instead of going on without it and leaving a folder that
+    `fedistill summary` no longer shows. An algorithm added to the list has no folder yet: it runs; the
+    folders of an earlier run under this name that never did any work are not this run's."""
+    dropped = [
+        child.name
+        for child in sorted(suite_dir.iterdir())
+        if child.name not in algorithms and (child / "config.toml").is_file() and _algorithm_did_work(child)
+    ]
+    if dropped:
+        whose = "whose folder holds its run" if len(dropped) == 1 else "whose folders hold their runs"
+        raise ConfigError(
+            f"{suite_dir}: config.toml no longer names {', '.join(dropped)}, {whose} (algorithm = "
+            f"{','.join(algorithms)!r}); a resume continues with the algorithms the run started with: undo "
+            "the edit, or start a new run under another --name"
+        )
 
 
 def _algorithms_of(config_file: Path) -> list[str]:
