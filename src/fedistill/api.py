@@ -71,6 +71,8 @@ def run_config(config: str | Path | RunConfig | None, keys: dict[str, Any]) -> R
         raise ConfigError(
             f"config must be a TOML file's path or a RunConfig, not {type(config).__name__} ({config!r})"
         )
+    from fedistill.engine.key_homes import key_homes
+
     keys = {key: _as_text(value) for key, value in keys.items()}
     base = config if isinstance(config, RunConfig) else RunConfig()
     layers: list[dict[str, Any]] = []
@@ -79,7 +81,7 @@ def run_config(config: str | Path | RunConfig | None, keys: dict[str, Any]) -> R
         layers.append(load_toml(DEMO_CONFIG))
     elif config is not None and not isinstance(config, RunConfig):
         layers.append(load_toml(config))
-    return build_config(base, *layers, keys)
+    return build_config(base, *layers, keys, homes=key_homes)
 
 
 def _as_text(value: Any) -> Any:

@@ -197,6 +197,7 @@ def build_parser(module_commands: tuple[str, ...] | None = None) -> argparse.Arg
 def config_from_args(args: argparse.Namespace) -> Any:
     """The run's config: the demo when no experiment option is given, else config file, flags, `--set`."""
     from fedistill.config import RunConfig, build_config, load_toml, parse_assignment
+    from fedistill.engine.key_homes import key_homes
 
     layers: list[dict[str, Any]] = []
     flags = {key: getattr(args, flag) for flag, key in FLAG_KEYS.items() if getattr(args, flag) is not None}
@@ -210,7 +211,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         flags["download"] = True
     layers.append(flags)
     layers.append(dict(parse_assignment(item) for item in args.set))
-    return build_config(RunConfig(), *layers)
+    return build_config(RunConfig(), *layers, homes=key_homes)
 
 
 #: The run folder the current command writes, for the messages of an interrupted or failed run.

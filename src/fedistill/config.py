@@ -13,6 +13,7 @@ import math
 import tomllib
 import types
 import typing
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,9 @@ TABLE_HINTS = {
     "partition": "; partitioner options go in [partition_options]",
 }
 
+#: Tables of every run, whatever it runs: the model's, the partitioner's and the task's options.
+RUN_TABLES = ("model_options", "partition_options", "task")
+
 #: Keys whose text names several things, separated by commas (a TOML list is the natural guess).
 LIST_KEYS = ("algorithm", "track")
 
@@ -135,8 +139,46 @@ def _check_value(key: str, value: Any, annotation: Any) -> Any:
     return value
 
 
-def _unknown(key: str, valid: list[str]) -> ConfigError:
-    """Unknown key; a did-you-mean only from keys close to it (for `table.key`, close in `key`)."""
+#: Which keys each config table takes (an algorithm's options, a dataset's, [model_options], [task]), asked
+#: only when a key is unknown: config.py imports no registry, so the layers above hand this in
+#: (engine/key_homes.py), and an unknown key's error says where the key belongs.
+Homes = Callable[[], Mapping[str, Collection[str]]]
+
+
+def _literal(value: Any) -> str:
+    """`value` on one line, as TOML (and so `--set`) reads it."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_literal(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_literal(v)}" for k, v in value.items()) + "}"
+    return tomli_w.dumps({"v": value}).partition("=")[2].strip()
+
+
+def _where(key: str, value: Any, homes: Homes | None, run: tuple[str, str], table: str = "") -> str:
+    """'' when no table but `table` takes `key`, else which tables do (the run's own algorithms, then its
+    dataset, first) and how to set it in the first: a key written in the wrong place is no misspelling."""
+    algorithm, dataset = run
+    tables = [name for name, keys in (homes() if homes else {}).items() if key in keys and name != table]
+    if not tables:
+        return ""
+    running = [a.strip() for a in algorithm.split(",") if a.strip()] + [dataset, *RUN_TABLES]
+    tables.sort(key=lambda name: running.index(name) if name in running else len(running))
+    first, others = tables[0], tables[1:]
+    more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+    also = f" (and of {', '.join(others[:3])}{more})" if others else ""
+    if first not in running:
+        which = "none of which this run uses" if others else "which this run does not use"
+        also += f", {which} (algorithm = {algorithm!r}, dataset = {dataset!r})"
+    return (
+        f"it is an option of {first}{also}: write {first}.{key}={_literal(value)} or put it under [{first}]"
+    )
+
+
+def _unknown(key: str, valid: list[str], where: str = "") -> ConfigError:
+    """Unknown key: where it belongs when another table takes it (`where`), else a did-you-mean only from
+    keys close to it (for `table.key`, close in `key`)."""
+    if where:
+        return ConfigError(f"unknown config key {key!r}: {where}")
     section, dot, name = key.rpartition(".")
     if not dot:
         return unknown_name("config key", key, sorted(valid), ConfigError)  # type: ignore[return-value]
@@ -181,10 +223,14 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
 
 
-def build_config(base: RunConfig | None = None, *layers: dict[str, Any]) -> RunConfig:
-    """Merge layers of keys (nested tables or dotted keys) onto `base`, checking every key and type."""
+def build_config(
+    base: RunConfig | None = None, *layers: dict[str, Any], homes: Homes | None = None
+) -> RunConfig:
+    """Merge layers of keys (nested tables or dotted keys) onto `base`, checking every key and type; an
+    unknown key that a table of `homes` takes is said to belong there."""
+    base = base or RunConfig()
     common: dict[str, Any] = {}
-    options: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (base or RunConfig()).options.items()}
+    options: dict[str, dict[str, Any]] = {k: dict(v) for k, v in base.options.items()}
     for layer in layers:
         for key, value in layer.items():
             if isinstance(value, dict) or "." in key:
@@ -204,10 +250,18 @@ def build_config(base: RunConfig | None = None, *layers: dict[str, Any]) -> RunC
             elif key in _COMMON:
                 common[key] = _check_value(key, value, _COMMON[key].type)
             else:
-                raise _unknown(key, list(_COMMON))
-    config = dataclasses.replace(base or RunConfig(), **common, options=options)
+                raise _unknown(key, list(_COMMON), _where(key, value, homes, _named(base, layers)))
+    config = dataclasses.replace(base, **common, options=options)
     validate(config)
     return config
+
+
+def _named(base: RunConfig, layers: tuple[dict[str, Any], ...]) -> tuple[str, str]:
+    """The algorithm and dataset the layers name (the last one that does wins), for an error's hint."""
+    named = {"algorithm": base.algorithm, "dataset": base.dataset}
+    for layer in layers:
+        named.update({key: value for key, value in layer.items() if key in named and isinstance(value, str)})
+    return named["algorithm"], named["dataset"]
 
 
 def validate(config: RunConfig) -> None:

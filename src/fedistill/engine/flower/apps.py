@@ -25,6 +25,7 @@ from fedistill.engine.flower.enrolled_grid import enrolled
 from fedistill.engine.flower.enrolment import ASSIGNED_PARTITION, enrolment_from_environment
 from fedistill.engine.flower.node import node_data, node_for, partition_of
 from fedistill.engine.flower.outcome import clear_failure, record_failure
+from fedistill.engine.key_homes import key_homes
 from fedistill.engine.setup import canonical_dataset, validate_setup
 from fedistill.engine.suite import default_name, run_algorithms
 from fedistill.errors import ConfigError, FederationError, UserError
@@ -44,7 +45,7 @@ def config_from_run_config(run_config: dict[str, Any]) -> RunConfig:
     (space-separated `key=value`, as `fedistill run --set`)."""
     keys = {key.replace("-", "_"): value for key, value in run_config.items()}
     assignments = dict(parse_assignment(item) for item in _set_items(str(keys.pop("set", "") or "")))
-    return build_config(RunConfig(), keys, assignments)
+    return build_config(RunConfig(), keys, assignments, homes=key_homes)
 
 
 def _set_items(value: str) -> list[str]:

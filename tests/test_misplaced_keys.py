@@ -1,0 +1,96 @@
+"""A key written in the wrong place (an algorithm's or a dataset's option at the top level, an option in
+another algorithm's table) is refused in one line that names the table where it lives and how to write
+it there, from the command line, a config file, `--set`, Flower's run config and `fedistill.run`; a
+misspelt key still gets its did-you-mean."""
+
+from pathlib import Path
+
+import pytest
+
+import fedistill
+from fedistill.cli import main
+from fedistill.errors import ConfigError
+
+FAST = ["--clients", "2", "--rounds", "1", "--model", "mlp", "--quiet"]
+
+
+def _refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
+    """The one line `fedistill run` ends with; nothing was written."""
+    assert main(["run", *FAST, "--out", str(tmp_path), "--name", "a", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    assert not (tmp_path / "a").exists()
+    return err
+
+
+@pytest.mark.parametrize(
+    ("assignment", "expected"),
+    [
+        ("teacher_epochs=1", "it is an option of fediod (and of "),
+        ("teacher_epochs=1", "write fediod.teacher_epochs=1 or put it under [fediod]"),
+        ("preset=paper", 'write fediod.preset="paper" or put it under [fediod]'),
+        ("lr_student=0.01", "write fediod.lr_student=0.01 or put it under [fediod]"),
+    ],
+)
+def test_an_algorithm_option_at_the_top_level_names_its_table(tmp_path, capsys, assignment, expected):
+    err = _refused(tmp_path, capsys, "--algorithm", "fedavg,fediod", "--set", assignment)
+    key = assignment.partition("=")[0]
+    assert f"unknown config key {key!r}: " in err
+    assert expected in err
+    assert "did you mean" not in err  # not local_epochs: the key exists, in another table
+
+
+def test_the_run_s_own_algorithm_is_the_table_it_names(tmp_path, capsys):
+    """dense takes teacher_epochs too: a run of dense is pointed at [dense], fediod named among the rest."""
+    err = _refused(tmp_path, capsys, "--algorithm", "fedavg,dense", "--set", "teacher_epochs=2")
+    assert "it is an option of dense (and of fediod" in err
+    assert "write dense.teacher_epochs=2 or put it under [dense]" in err
+
+
+def test_an_option_of_no_running_algorithm_says_so(tmp_path, capsys):
+    err = _refused(tmp_path, capsys, "--algorithm", "fedavg", "--set", "teacher_epochs=1")
+    assert "none of which this run uses (algorithm = 'fedavg', dataset = 'digits')" in err
+    assert "fediod.teacher_epochs=1" in err
+
+
+def test_a_dataset_option_at_the_top_level_names_the_dataset_s_table(tmp_path, capsys):
+    err = _refused(tmp_path, capsys, "--algorithm", "fedavg", "--dataset", "brats", "--set", "image_size=64")
+    assert "unknown config key 'image_size': it is an option of brats (and of " in err
+    assert "write brats.image_size=64 or put it under [brats]" in err
+    assert "did you mean" not in err  # not batch_size
+
+
+def test_a_model_option_at_the_top_level_names_model_options(tmp_path, capsys):
+    """[model_options] is a table of every run: no "this run does not use" for it."""
+    err = _refused(tmp_path, capsys, "--algorithm", "fedavg", "--set", "width=2")
+    assert err.endswith(
+        "unknown config key 'width': it is an option of model_options: write model_options.width=2 or put it "
+        "under [model_options]"
+    )
+
+
+def test_a_top_level_key_in_a_config_file_names_its_table(tmp_path, capsys):
+    config = tmp_path / "experiment.toml"
+    config.write_text('algorithm = "fediod"\nteacher_epochs = 1\n')
+    err = _refused(tmp_path, capsys, "--config", str(config))
+    assert "unknown config key 'teacher_epochs': it is an option of fediod" in err
+    assert "put it under [fediod]" in err
+
+
+def test_a_misspelt_top_level_key_keeps_its_did_you_mean(tmp_path, capsys):
+    err = _refused(tmp_path, capsys, "--algorithm", "fedavg", "--set", "lrr=0.1")
+    assert "unknown config key 'lrr'; did you mean 'lr'?" in err
+
+
+def test_the_python_api_names_the_table_too(tmp_path):
+    with pytest.raises(ConfigError, match=r"write fediod\.teacher_epochs=1 or put it under \[fediod\]"):
+        fedistill.run(algorithm="fediod", teacher_epochs=1, out=tmp_path, name="a", quiet=True)
+    assert not (tmp_path / "a").exists()
+
+
+def test_flower_s_run_config_names_the_table_too():
+    pytest.importorskip("flwr")
+    from fedistill.engine.flower.apps import config_from_run_config
+
+    with pytest.raises(ConfigError, match=r"write fediod\.teacher_epochs=1 or put it under \[fediod\]"):
+        config_from_run_config({"algorithm": "fediod", "set": "teacher_epochs=1"})
