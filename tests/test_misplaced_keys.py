@@ -94,3 +94,38 @@ def test_flower_s_run_config_names_the_table_too():
 
     with pytest.raises(ConfigError, match=r"write fediod\.teacher_epochs=1 or put it under \[fediod\]"):
         config_from_run_config({"algorithm": "fediod", "set": "teacher_epochs=1"})
+
+
+# --- an option in another algorithm's table ---------------------------------------------------------------
+def test_an_option_in_another_algorithm_s_table_names_the_table_that_takes_it(tmp_path, capsys):
+    err = _refused(tmp_path, capsys, "--algorithm", "fedavg,fediod", "--set", "fedavg.teacher_epochs=1")
+    assert err.endswith(
+        "unknown config key 'fedavg.teacher_epochs': fedavg has no option teacher_epochs; it is an option of "
+        "fediod (and of fedkd, dense, fedavg-oneshot and 2 more): write fediod.teacher_epochs=1 or put it "
+        "under [fediod]"
+    )
+
+
+def test_a_wrong_table_in_a_config_file_names_the_right_one(tmp_path, capsys):
+    config = tmp_path / "experiment.toml"
+    config.write_text('algorithm = "fedavg,fediod"\n[fedavg]\npreset = "paper"\n')
+    err = _refused(tmp_path, capsys, "--config", str(config))
+    assert "fedavg has no option preset; it is an option of fediod" in err
+    assert 'write fediod.preset="paper" or put it under [fediod]' in err
+
+
+def test_a_dataset_option_in_an_algorithm_s_table_names_the_dataset(tmp_path, capsys):
+    err = _refused(tmp_path, capsys, "--algorithm", "fedavg", "--set", "fedavg.crop_padding=2")
+    assert "fedavg has no option crop_padding; it is an option of digits" in err
+    assert "put it under [digits]" in err
+
+
+def test_a_misspelt_table_key_keeps_its_did_you_mean(tmp_path, capsys):
+    err = _refused(tmp_path, capsys, "--algorithm", "fedavg", "--set", "fedavg.lrr=0.1")
+    assert "unknown config key 'fedavg.lrr'; did you mean 'fedavg.lr'?" in err
+
+
+def test_the_python_api_names_the_right_table_for_a_table_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"fedavg has no option teacher_epochs; it is an option of fediod"):
+        fedistill.run(algorithm="fedavg", fedavg={"teacher_epochs": 1}, out=tmp_path, name="a", quiet=True)
+    assert not (tmp_path / "a").exists()

@@ -328,8 +328,11 @@ def validate(config: RunConfig) -> None:
             raise ConfigError(message)
 
 
-def options_for(config: RunConfig, name: str, options_type: type) -> Any:
-    """The algorithm's options dataclass filled from `config.options[name]`, every key checked."""
+def options_for(
+    config: RunConfig, name: str, options_type: type, homes: Homes | None = None, run: RunConfig | None = None
+) -> Any:
+    """The algorithm's options dataclass filled from `config.options[name]`, every key checked; a key another
+    table of `homes` takes is said to belong there, the tables `run` (default: `config`) uses first."""
     given = dict(config.options.get(name, {}))
     known = {f.name: f for f in fields(options_type)}
     values = {}
@@ -340,7 +343,10 @@ def options_for(config: RunConfig, name: str, options_type: type) -> Any:
                 f"the table (an algorithm's table may set only {', '.join(sorted(PER_ALGORITHM_KEYS))})"
             )
         if key not in known:
-            raise _unknown(f"{name}.{key}", [f"{name}.{k}" for k in [*known, *PER_ALGORITHM_KEYS]])
+            named = ((run or config).algorithm, (run or config).dataset)
+            where = _where(key, value, homes, named, table=name)
+            where = f"{name} has no option {key}; {where}" if where else ""
+            raise _unknown(f"{name}.{key}", [f"{name}.{k}" for k in [*known, *PER_ALGORITHM_KEYS]], where)
         values[key] = _check_value(f"{name}.{key}", value, known[key].type)
     options = options_type(**values)
     check = getattr(options, "validate", None)

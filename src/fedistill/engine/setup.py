@@ -23,6 +23,7 @@ from fedistill.config import RunConfig, for_algorithm, options_for
 from fedistill.data.base import LoadedDataset
 from fedistill.data.partition import FederatedSplit, make_split
 from fedistill.data.registry import canonical_dataset_name, load_dataset
+from fedistill.engine.key_homes import key_homes
 from fedistill.engine.tracking import trackers_for
 from fedistill.errors import ConfigError, DataError, UserError, unknown_name
 from fedistill.models import check_model_norm, check_model_options, model_names
@@ -46,7 +47,7 @@ def resolve(config: RunConfig, name: str) -> Resolved:
     """The one place a run's algorithm name becomes an algorithm, a config and options."""
     algorithm = get_algorithm(name)
     own = for_algorithm(config, name)
-    return Resolved(algorithm, own, options_for(own, name, algorithm.options))
+    return Resolved(algorithm, own, options_for(own, name, algorithm.options, homes=key_homes, run=config))
 
 
 def refuse_unused(config: RunConfig, algorithm: Algorithm, *, resume: bool = False) -> None:
