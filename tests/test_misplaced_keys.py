@@ -129,3 +129,28 @@ def test_the_python_api_names_the_right_table_for_a_table_key(tmp_path):
     with pytest.raises(ConfigError, match=r"fedavg has no option teacher_epochs; it is an option of fediod"):
         fedistill.run(algorithm="fedavg", fedavg={"teacher_epochs": 1}, out=tmp_path, name="a", quiet=True)
     assert not (tmp_path / "a").exists()
+
+
+# --- an algorithm's option or a common key in the dataset's table -------------------------------------------
+def test_an_algorithm_option_in_the_dataset_s_table_names_the_algorithm(tmp_path, capsys):
+    err = _refused(tmp_path, capsys, "--algorithm", "fediod", "--set", "digits.teacher_epochs=1")
+    assert err.endswith(
+        "unknown config key 'digits.teacher_epochs': dataset digits has no option teacher_epochs; it is an "
+        "option of fediod (and of fedkd, dense, fedavg-oneshot and 2 more): write fediod.teacher_epochs=1 or "
+        "put it under [fediod]"
+    )
+
+
+def test_a_common_key_in_the_dataset_s_table_is_sent_to_the_top_level(tmp_path, capsys):
+    config = tmp_path / "experiment.toml"
+    config.write_text('algorithm = "fedavg"\n[digits]\nrounds = 3\n')
+    err = _refused(tmp_path, capsys, "--config", str(config))
+    assert err.endswith(
+        "digits.rounds: rounds is a common key, not an option of dataset digits: write rounds=3 at the top "
+        "level, outside [digits]"
+    )
+
+
+def test_an_unknown_key_of_the_dataset_s_table_keeps_the_dataset_s_message(tmp_path, capsys):
+    err = _refused(tmp_path, capsys, "--algorithm", "fedavg", "--set", "digits.nosuch=1")
+    assert "dataset 'digits' does not take option(s) nosuch; it takes crop_padding" in err

@@ -355,6 +355,25 @@ def options_for(
     return options
 
 
+def check_dataset_table(config: RunConfig, takes: Collection[str], homes: Homes | None = None) -> None:
+    """A key of the dataset's table that the dataset does not take (`takes`) but the top level or another
+    table of `homes` does is refused with where it belongs; any other key is left to the loader's error."""
+    name = config.dataset
+    for key, value in config.options.get(name, {}).items():
+        if key in takes:
+            continue
+        if key in _COMMON:
+            raise ConfigError(
+                f"{name}.{key}: {key} is a common key, not an option of dataset {name}: write "
+                f"{key}={_literal(value)} at the top level, outside [{name}]"
+            )
+        where = _where(key, value, homes, (config.algorithm, name), table=name)
+        if where:
+            raise ConfigError(
+                f"unknown config key '{name}.{key}': dataset {name} has no option {key}; {where}"
+            )
+
+
 #: Common keys an algorithm's table may override for that algorithm alone (per-method settings).
 PER_ALGORITHM_KEYS = frozenset(
     {"model", "rounds", "local_epochs", "local_steps", "batch_size", "optimizer", "lr", "momentum",

@@ -19,10 +19,10 @@ from fedistill.algorithms.base import Algorithm, ClientContext
 from fedistill.algorithms.registry import algorithm_names, for_task, get_algorithm
 from fedistill.algorithms.shared.option_checks import check_model_names, named_models
 from fedistill.algorithms.shared.training import task_of
-from fedistill.config import RunConfig, for_algorithm, options_for
+from fedistill.config import RunConfig, check_dataset_table, for_algorithm, options_for
 from fedistill.data.base import LoadedDataset
 from fedistill.data.partition import FederatedSplit, make_split
-from fedistill.data.registry import canonical_dataset_name, load_dataset
+from fedistill.data.registry import canonical_dataset_name, dataset_options, load_dataset
 from fedistill.engine.key_homes import key_homes
 from fedistill.engine.tracking import trackers_for
 from fedistill.errors import ConfigError, DataError, UserError, unknown_name
@@ -178,10 +178,13 @@ def validation_mode(config: RunConfig, per_pixel: bool) -> str:
 def check_sections(config: RunConfig, *, resume: bool = False) -> None:
     """Every config table is an algorithm's, the dataset's or one of NON_ALGORITHM_SECTIONS, and every
     algorithm table is valid for its algorithm, whether or not it runs (a typo in another table is still a
-    typo); `resume` only warns of a key the algorithm never reads (`refuse_unused`)."""
+    typo); `resume` only warns of a key the algorithm never reads (`refuse_unused`). A key of the dataset's
+    table that belongs at the top level or in another table is named with where it goes."""
     config = canonical_dataset(config)
     algorithms = set(algorithm_names())
     for section in config.options:
+        if section == config.dataset and _dataset_of(section) is not None:
+            check_dataset_table(config, dataset_options(section), key_homes)
         if section in NON_ALGORITHM_SECTIONS or section == config.dataset:
             continue
         if _dataset_of(section) is not None:
