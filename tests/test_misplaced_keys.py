@@ -69,6 +69,14 @@ def test_a_model_option_at_the_top_level_names_model_options(tmp_path, capsys):
     )
 
 
+def test_a_partitioner_option_at_the_top_level_names_partition_options(tmp_path, capsys):
+    err = _refused(tmp_path, capsys, "--algorithm", "fedavg", "--set", "min_size=5")
+    assert err.endswith(
+        "unknown config key 'min_size': it is an option of partition_options: write "
+        "partition_options.min_size=5 or put it under [partition_options]"
+    )
+
+
 def test_a_top_level_key_in_a_config_file_names_its_table(tmp_path, capsys):
     config = tmp_path / "experiment.toml"
     config.write_text('algorithm = "fediod"\nteacher_epochs = 1\n')
