@@ -60,6 +60,13 @@ def test_a_dataset_option_at_the_top_level_names_the_dataset_s_table(tmp_path, c
     assert "did you mean" not in err  # not batch_size
 
 
+def test_a_dataset_named_by_an_alias_is_the_table_it_names(tmp_path, capsys):
+    """`dataset = "fmnist"` spells fashion-mnist: its table is the run's, under the name the run uses."""
+    err = _refused(tmp_path, capsys, "--algorithm", "fedavg", "--dataset", "fmnist", "--set", "image_size=28")
+    assert "it is an option of fmnist (and of " in err and "this run uses" not in err
+    assert "write fmnist.image_size=28 or put it under [fmnist]" in err
+
+
 def test_a_model_option_at_the_top_level_names_model_options(tmp_path, capsys):
     """[model_options] is a table of every run: no "this run does not use" for it."""
     err = _refused(tmp_path, capsys, "--algorithm", "fedavg", "--set", "width=2")

@@ -139,10 +139,11 @@ def _check_value(key: str, value: Any, annotation: Any) -> Any:
     return value
 
 
-#: Which keys each config table takes (an algorithm's options, a dataset's, [model_options], [task]), asked
-#: only when a key is unknown: config.py imports no registry, so the layers above hand this in
-#: (engine/key_homes.py), and an unknown key's error says where the key belongs.
-Homes = Callable[[], Mapping[str, Collection[str]]]
+#: Which keys each config table takes (an algorithm's options, a dataset's, [model_options], [task]) in a
+#: run of the dataset named (its table under that spelling), asked only when a key is unknown: config.py
+#: imports no registry, so the layers above hand this in (engine/key_homes.py), and an unknown key's
+#: error says where the key belongs.
+Homes = Callable[[str], Mapping[str, Collection[str]]]
 
 
 def _literal(value: Any) -> str:
@@ -158,7 +159,9 @@ def _where(key: str, value: Any, homes: Homes | None, run: tuple[str, str], tabl
     """'' when no table but `table` takes `key`, else which tables do (the run's own algorithms, then its
     dataset, first) and how to set it in the first: a key written in the wrong place is no misspelling."""
     algorithm, dataset = run
-    tables = [name for name, keys in (homes() if homes else {}).items() if key in keys and name != table]
+    tables = [
+        name for name, keys in (homes(dataset) if homes else {}).items() if key in keys and name != table
+    ]
     if not tables:
         return ""
     running = [a.strip() for a in algorithm.split(",") if a.strip()] + [dataset, *RUN_TABLES]

@@ -8,12 +8,13 @@ import dataclasses
 import inspect
 
 
-def key_homes() -> dict[str, tuple[str, ...]]:
+def key_homes(dataset: str = "") -> dict[str, tuple[str, ...]]:
     """Each table's name -> the keys it takes: every algorithm's options (in the registry's order, so that
     a family's main method comes before its variants), every dataset's, and the keys any model, partitioner
-    or task takes ([model_options], [partition_options], [task]). Read anew each call: an algorithm
-    registered later is in it. The registries are imported here, not above: a config with no unknown key
-    never pays for torch."""
+    or task takes ([model_options], [partition_options], [task]). The run's `dataset` table is named as the
+    run spells it (`fmnist`), as its config may write it. Read anew each call: an algorithm registered
+    later is in it. The registries are imported here, not above: a config with no unknown key never pays
+    for torch."""
     from fedistill.algorithms.registry import ALGORITHMS
     from fedistill.data.partition import PARTITIONERS
     from fedistill.data.registry import dataset_names, dataset_options
@@ -22,9 +23,23 @@ def key_homes() -> dict[str, tuple[str, ...]]:
 
     homes = {name: tuple(f.name for f in dataclasses.fields(a.options)) for name, a in ALGORITHMS.items()}
     homes.update({name: dataset_options(name) for name in dataset_names()})
+    canonical = _canonical(dataset)
+    if canonical is not None and canonical != dataset:
+        homes[dataset] = homes.pop(canonical)
     homes["model_options"] = tuple(dict.fromkeys(key for m in model_names() for key in model_options(m)))
     shared = {"labels", "num_clients", "alpha", "seed", "num_classes"}  # every partitioner's, from the run
     own = (key for p in PARTITIONERS.values() for key in inspect.signature(p).parameters if key not in shared)
     homes["partition_options"] = tuple(dict.fromkeys(own))
     homes["task"] = tuple(dict.fromkeys(f.name for task in TASKS.values() for f in dataclasses.fields(task)))
     return homes
+
+
+def _canonical(dataset: str) -> str | None:
+    """The registered name `dataset` spells (an alias, another case); None when it names none."""
+    from fedistill.data.registry import canonical_dataset_name
+    from fedistill.errors import UserError
+
+    try:
+        return canonical_dataset_name(dataset) if dataset else None
+    except UserError:
+        return None
