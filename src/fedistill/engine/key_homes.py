@@ -5,7 +5,6 @@ imports no registry, so the command line, the Python API, Flower's apps and the 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 
 
 def key_homes(dataset: str = "") -> dict[str, tuple[str, ...]]:
@@ -17,6 +16,7 @@ def key_homes(dataset: str = "") -> dict[str, tuple[str, ...]]:
     for torch."""
     from fedistill.algorithms.registry import ALGORITHMS
     from fedistill.data.partition import PARTITIONERS
+    from fedistill.data.partition.registry import own_options
     from fedistill.data.registry import dataset_names, dataset_options
     from fedistill.models import model_names, model_options
     from fedistill.tasks import TASKS
@@ -27,9 +27,9 @@ def key_homes(dataset: str = "") -> dict[str, tuple[str, ...]]:
     if canonical is not None and canonical != dataset:
         homes[dataset] = homes.pop(canonical)
     homes["model_options"] = tuple(dict.fromkeys(key for m in model_names() for key in model_options(m)))
-    shared = {"labels", "num_clients", "alpha", "seed", "num_classes"}  # every partitioner's, from the run
-    own = (key for p in PARTITIONERS.values() for key in inspect.signature(p).parameters if key not in shared)
-    homes["partition_options"] = tuple(dict.fromkeys(own))
+    homes["partition_options"] = tuple(
+        dict.fromkeys(key for p in PARTITIONERS.values() for key in own_options(p))
+    )
     homes["task"] = tuple(dict.fromkeys(f.name for task in TASKS.values() for f in dataclasses.fields(task)))
     return homes
 

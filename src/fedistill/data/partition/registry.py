@@ -28,11 +28,16 @@ DIRICHLET: set[str] = set()
 _COMMON_ARGS = {"labels", "num_clients", "alpha", "seed", "num_classes"}
 
 
+def own_options(fn: Partitioner) -> list[str]:
+    """The options a partitioner takes beyond the arguments every one gets from the run."""
+    return sorted(set(inspect.signature(fn).parameters) - _COMMON_ARGS)
+
+
 def register(name: str, *, dirichlet: bool) -> Callable[[Partitioner], Partitioner]:
     """Wrap a partitioner with the shared validation and add it to ``PARTITIONERS``."""
 
     def wrap(fn: Partitioner) -> Partitioner:
-        allowed = sorted(set(inspect.signature(fn).parameters) - _COMMON_ARGS)
+        allowed = own_options(fn)
 
         @functools.wraps(fn)
         def run(
