@@ -54,7 +54,7 @@ MODULE_COMMANDS = {
 }
 
 #: Commands that a SIGTERM stops as the first Ctrl-C does, with exit code 143: what runs for long.
-STOPPED_BY_SIGTERM = {"run"}
+STOPPED_BY_SIGTERM = {"run", "reproduce"}
 
 
 #: What `fedistill run` runs when given no options: the main job on the embedded digits data.
