@@ -177,6 +177,30 @@ def test_ctrl_c_is_announced_once(capsys):
     assert capsys.readouterr().err.count("stopping after this step") == 1
 
 
+def test_sigterm_where_the_command_line_takes_it_asks_a_flower_run_loop_to_stop(capsys):
+    """A scheduler's SIGTERM is the first Ctrl-C for the run loop, even in a background job whose Ctrl-C
+    is ignored; the command line's handler goes when its command ends."""
+    original = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with interrupt.sigterm_as_interrupt(), interrupt.deferred_to_run_loop():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            with pytest.raises(KeyboardInterrupt):
+                interrupt.check()
+            assert interrupt.terminated()
+    finally:
+        signal.signal(signal.SIGINT, original)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert "fedistill: stopping after this step (SIGTERM" in capsys.readouterr().err
+
+
+def test_a_library_call_leaves_sigterm_to_its_program():
+    """`fedistill.run()` called from a program: a Flower simulation defers Ctrl-C, never SIGTERM."""
+    with interrupt.deferred_to_run_loop():
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        assert not interrupt.takes_sigterm()
+
+
 def test_a_full_disk_at_the_summary_leaves_a_run_resume_finishes(tmp_path, capsys, monkeypatch):
     """summary.json marks a finished run (a resume keeps it): a disk that filled up before summary.md was
     written left a summary.json alone, and `--resume`, which the message advised, never wrote summary.md."""

@@ -1,5 +1,6 @@
-"""Flower runs under a user's hand: Ctrl-C stops a simulation within seconds and `--resume` finishes it,
-a second Ctrl-C ends the process at once, and a bad `flwr run -c` value is one logged line."""
+"""Flower runs under a user's hand: Ctrl-C (or a scheduler's SIGTERM) stops a simulation within seconds
+and `--resume` finishes it, a second Ctrl-C ends the process at once, and a bad `flwr run -c` value is one
+logged line."""
 
 from __future__ import annotations
 
@@ -56,7 +57,16 @@ def _wait_for_rows(process: subprocess.Popen, metrics: Path, rows: int, limit: f
 
 
 @pytest.mark.timeout(900)  # two Ray starts: seconds each on an idle machine, minutes on a loaded one
-def test_ctrl_c_stops_a_simulation_within_seconds_and_resume_finishes_it(tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("signum", "code", "said"),
+    [
+        (signal.SIGINT, 130, "interrupted"),
+        (signal.SIGTERM, 128 + signal.SIGTERM, "stopped by SIGTERM"),  # a batch scheduler's stop
+    ],
+)
+def test_ctrl_c_stops_a_simulation_within_seconds_and_resume_finishes_it(
+    tmp_path, capsys, signum, code, said
+):
     metrics = tmp_path / "r" / "fedavg" / "metrics.jsonl"
     started = time.monotonic()
     process = _start(tmp_path, rounds=200)
@@ -64,7 +74,7 @@ def test_ctrl_c_stops_a_simulation_within_seconds_and_resume_finishes_it(tmp_pat
         _wait_for_rows(process, metrics, 2)
         # imports, Ray's start and two rounds: how fast this machine is at the moment
         start_s = time.monotonic() - started
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         signalled = time.monotonic()
         _, err = process.communicate(timeout=max(60.0, 3 * start_s))
     finally:
@@ -76,9 +86,9 @@ def test_ctrl_c_stops_a_simulation_within_seconds_and_resume_finishes_it(tmp_pat
     assert stop_s < max(20.0, start_s), f"{stop_s:.1f} s to stop, {start_s:.1f} s to start"
     done = len(read_jsonl(metrics))  # 2, or more where this process was kept waiting before it signalled
     assert done < 200, "the run went on to its last round"
-    assert process.returncode == 130, err
+    assert process.returncode == code, err
     assert "Traceback" not in err
-    assert f"continue with --resume {tmp_path / 'r'}" in err
+    assert err.strip().splitlines()[-1] == f"fedistill: {said}; continue with --resume {tmp_path / 'r'}", err
     # the same name is not free (the run did work), and --resume finishes it instead of refusing
     assert main(["run", *ARGV, "--rounds", "200", "--out", str(tmp_path), "--name", "r"]) == 2
     assert "use --resume" in capsys.readouterr().err

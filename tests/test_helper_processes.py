@@ -271,3 +271,55 @@ def test_reproduce_workers_share_the_cores_between_them() -> None:
         1, mp_context=get_context("spawn"), initializer=start_worker, initargs=(os.getpid(), 1)
     ) as pool:
         assert pool.submit(_torch_threads).result(timeout=120) == 1
+
+
+# `fedistill reproduce` of a tiny target (FedAvg on digits, a round a checkpoint), started as from a shell.
+TINY_REPRODUCE = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from fedistill.cli import main
+    from fedistill.reproduce import targets
+    from fedistill.reproduce.target_spec import Column, Row, Run, Scale, Target
+
+    if __name__ == "__main__":
+        config = Path(sys.argv[1]) / "tiny.toml"
+        config.write_text('algorithm = "fedavg"\\n', encoding="utf-8")
+        settings = ("dataset='digits'", "model='mlp'", "clients=2", "rounds=30", "threads=1")
+        column = Column("test", "test %", ("final.test_accuracy",))
+        scale = Scale((Run("suite", str(config), settings),), (Row("FedAvg", "suite", "fedavg"),))
+        target = Target("tiny", "a tiny table", "test only", (column,), {"ci": scale})
+        targets.all_targets = lambda: {"tiny": target}
+        sys.exit(main(["reproduce", "tiny", "--out", sys.argv[1], *sys.argv[2:]]))
+    """
+)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_reproduce_stopped_by_sigterm_says_how_to_go_on_and_the_same_command_resumes(tmp_path, jobs) -> None:
+    """A scheduler's SIGTERM stops `fedistill reproduce` (its runs in this process, or in --jobs workers)
+    with one line and 143; the same command again resumes the run it stopped."""
+    from fedistill.reproduce.execute import STOPPED
+
+    script = tmp_path / "reproduce_tiny.py"
+    script.write_text(TINY_REPRODUCE, encoding="utf-8")
+    argv = [sys.executable, str(script), str(tmp_path), "--jobs", jobs, "--seeds", "0,1"]
+    env = {**ENV, "MPLBACKEND": "Agg"}
+    parent = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300  # imports take half a minute on a loaded machine
+    while not any(
+        len(m.read_text().splitlines()) >= 2 for m in tmp_path.glob("reproduce/*/runs/*/*/metrics.jsonl")
+    ):
+        if time.monotonic() > deadline or parent.poll() is not None:
+            parent.kill()
+            pytest.fail(f"no run got to its second round: {parent.communicate()[1]}")
+        time.sleep(0.01)
+    parent.send_signal(signal.SIGTERM)
+    _, err = parent.communicate(timeout=60)
+    assert parent.returncode == 128 + signal.SIGTERM, err
+    # --jobs 2: the workers' ended runs may leave multiprocessing's resource tracker a warning after it
+    assert STOPPED in err.splitlines() and "Traceback" not in err, err
+    assert STOPPED.startswith("fedistill: stopped by SIGTERM; run the same command again")
+    again = subprocess.run(argv, env=env, stderr=subprocess.PIPE, text=True, timeout=600)
+    assert again.returncode == 0 and ": resumed" in again.stderr, again.stderr

@@ -495,13 +495,13 @@ def test_summary_of_an_empty_folder_says_it_holds_no_run(tmp_path, capsys):
     assert "holds no run" in line and "--resume" not in line
 
 
-# --- Ctrl-C -------------------------------------------------------------------------------------------
-def test_ctrl_c_names_the_run_folder_and_resume_ends_like_an_uninterrupted_run(tmp_path):
-    argv = ["run", *FAST, "--rounds", "25", "--out", str(tmp_path)]
-    assert main([*argv, "--name", "ref"]) == 0
+# --- Ctrl-C and SIGTERM ----------------------------------------------------------------------------
+def _signal_after_rows(argv: list[str], metrics: Path, rows: int, signum: int) -> tuple[int, str]:
+    """Start `fedistill argv` in a process of its own, wait until `metrics` holds `rows` rows, send it
+    `signum`; its exit code and stderr."""
     env = {**os.environ, "MPLBACKEND": "Agg"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "fedistill.cli", *argv, "--name", "cut"],
+        [sys.executable, "-m", "fedistill.cli", *argv],
         env=env,
         stderr=subprocess.PIPE,
         text=True,
@@ -509,21 +509,54 @@ def test_ctrl_c_names_the_run_folder_and_resume_ends_like_an_uninterrupted_run(t
         # same process may leave it ignored), and Python then never raises KeyboardInterrupt
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    metrics = tmp_path / "cut" / "fedavg" / "metrics.jsonl"
     # its start (over 30 s at a load of eight on two cores) is not what this checks: wait for it
     deadline = time.monotonic() + 240
-    while not metrics.is_file() or len(metrics.read_text().splitlines()) < 2:
+    while not metrics.is_file() or len(metrics.read_text().splitlines()) < rows:
         if time.monotonic() > deadline or process.poll() is not None:
             process.kill()
-            pytest.fail(f"the run did not get to its second round: {process.communicate()[1]}")
+            pytest.fail(f"the run did not get to round {rows}: {process.communicate()[1]}")
         time.sleep(0.01)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     _, err = process.communicate(timeout=60)
-    assert process.returncode == 130, err
     assert "Traceback" not in err
+    return process.returncode, err
+
+
+def test_ctrl_c_names_the_run_folder_and_resume_ends_like_an_uninterrupted_run(tmp_path):
+    argv = ["run", *FAST, "--rounds", "25", "--out", str(tmp_path)]
+    assert main([*argv, "--name", "ref"]) == 0
+    metrics = tmp_path / "cut" / "fedavg" / "metrics.jsonl"
+    code, err = _signal_after_rows([*argv, "--name", "cut"], metrics, 2, signal.SIGINT)
+    assert code == 130, err
     assert f"interrupted; continue with --resume {tmp_path / 'cut'}" in err
     assert main(["run", "--resume", str(tmp_path / "cut"), "--quiet"]) == 0
     assert _same_as(read_jsonl(tmp_path / "ref" / "fedavg" / "metrics.jsonl"), tmp_path / "cut")
+
+
+def test_sigterm_stops_a_run_and_its_resume_as_ctrl_c_does_with_exit_code_143(tmp_path):
+    """A batch scheduler (SLURM, Kubernetes, systemd) stops a job with SIGTERM: the run and then its
+    `--resume` stop as at Ctrl-C, with one line naming the run to resume, and 128 + 15; a last `--resume`
+    ends with the metrics of an uninterrupted run."""
+    argv = ["run", *FAST, "--rounds", "25", "--out", str(tmp_path)]
+    assert main([*argv, "--name", "ref"]) == 0
+    metrics = tmp_path / "cut" / "fedavg" / "metrics.jsonl"
+    stopped = f"fedistill: stopped by SIGTERM; continue with --resume {tmp_path / 'cut'}"
+    code, err = _signal_after_rows([*argv, "--name", "cut"], metrics, 2, signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM and err.strip().splitlines()[-1] == stopped, err
+    done = len(read_jsonl(metrics))
+    resume = ["run", "--resume", str(tmp_path / "cut"), "--quiet"]
+    code, err = _signal_after_rows(resume, metrics, done + 2, signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM and err.strip().splitlines()[-1] == stopped, err
+    assert main(resume) == 0
+    assert _same_as(read_jsonl(tmp_path / "ref" / "fedavg" / "metrics.jsonl"), tmp_path / "cut")
+
+
+def test_the_command_line_puts_back_the_sigterm_handler_it_found(tmp_path):
+    """SIGTERM stops a run only while the command line runs it: a program that calls `main` (or the
+    library) keeps its own handler afterwards."""
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert main(_run(tmp_path, "--name", "r")) == 0
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 # --- config and dataset options ------------------------------------------------------------------------

@@ -13,10 +13,13 @@ import difflib
 import importlib
 import logging
 import os
+import signal
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, NoReturn
 
+from fedistill import interrupt
 from fedistill.errors import FederationError, UserError
 from fedistill.version import __version__
 
@@ -49,6 +52,9 @@ MODULE_COMMANDS = {
     "reproduce": ("fedistill.reproduce.command", "reproduce a paper's table and check it (see --list)"),
     "deploy": ("fedistill.engine.flower.deploy", "credentials for an authenticated Flower deployment"),
 }
+
+#: Commands that a SIGTERM stops as the first Ctrl-C does, with exit code 143: what runs for long.
+STOPPED_BY_SIGTERM = {"run", "reproduce"}
 
 
 #: What `fedistill run` runs when given no options: the main job on the embedded digits data.
@@ -362,8 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in MODULE_COMMANDS:
         handlers[args.command] = importlib.import_module(MODULE_COMMANDS[args.command][0]).run_command
     _CURRENT_RUN.clear()  # a message names only this command's run
+    # a scheduler's SIGTERM stops a run as Ctrl-C does, here only: a library call keeps its program's
+    stops = interrupt.sigterm_as_interrupt() if args.command in STOPPED_BY_SIGTERM else nullcontext()
     try:
-        code = handlers[args.command](args)
+        with stops:
+            code = handlers[args.command](args)
         sys.stdout.flush()  # a reader that went away shows here, not as a traceback at exit
         return code
     except UserError as exc:
@@ -384,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedistill: run stopped: cannot write {where}: {exc.strerror or exc}{then}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        if interrupt.terminated():  # 128 + 15, what a scheduler expects of a job it stopped
+            print(f"fedistill: stopped by SIGTERM{_after_interrupt(args)}", file=sys.stderr)
+            return 128 + signal.SIGTERM
         print(f"fedistill: interrupted{_after_interrupt(args)}", file=sys.stderr)
         return 130
 

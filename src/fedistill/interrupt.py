@@ -4,6 +4,10 @@ thread while its engine holds the main one, so a KeyboardInterrupt never reaches
 The main thread's SIGINT handler only sets a flag; the run loop and the Flower fleet check it between
 rounds and while they wait for replies, and raise KeyboardInterrupt there, so the run stops at a
 checkpointable point and the engine shuts down normally. A second Ctrl-C ends the process at once.
+
+The command line also takes SIGTERM, how batch schedulers (SLURM, Kubernetes, systemd) stop a job, as the
+first Ctrl-C (`sigterm_as_interrupt`): the same stop, then exit code 143. A library call keeps its
+program's SIGTERM handler.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from contextlib import contextmanager
 _requested = threading.Event()
 _lock = threading.Lock()
 _depth = 0  # how many deferred_to_run_loop bodies are running: only the outermost owns the handler
+_terminated = threading.Event()  # SIGTERM came while sigterm_as_interrupt was in place
 
 STOPPING = "fedistill: stopping after this step (Ctrl-C again: at once)"
+STOPPING_ON_SIGTERM = "fedistill: stopping after this step (SIGTERM; again: at once)"
 
 
 def check() -> None:
@@ -28,20 +34,57 @@ def check() -> None:
         raise KeyboardInterrupt
 
 
-def request_stop() -> bool:
+def request_stop(signum: int = signal.SIGINT) -> bool:
     """Ask the run loop to stop, saying so on stderr the first time only; whether it was asked before."""
     with _lock:
         if _requested.is_set():
             return True
         _requested.set()
-    print(STOPPING, file=sys.stderr, flush=True)
+    print(STOPPING_ON_SIGTERM if signum == signal.SIGTERM else STOPPING, file=sys.stderr, flush=True)
     return False
 
 
 def _on_sigint(signum: int, frame: object) -> None:
-    if request_stop():
-        print("fedistill: interrupted twice; stopping now", file=sys.stderr, flush=True)
-        os._exit(130)
+    if request_stop(signum):
+        twice = "stopped by SIGTERM twice" if signum == signal.SIGTERM else "interrupted twice"
+        print(f"fedistill: {twice}; stopping now", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    """The first Ctrl-C's stop: the run loop's request where it waits for one, else KeyboardInterrupt."""
+    _terminated.set()
+    if _depth:
+        _on_sigint(signum, frame)
+        return
+    raise KeyboardInterrupt
+
+
+def terminated() -> bool:
+    """Whether SIGTERM stopped the command (its exit code is then 143, not Ctrl-C's 130)."""
+    return _terminated.is_set()
+
+
+def takes_sigterm() -> bool:
+    """Whether SIGTERM is this module's to handle now (the command line's, not a library caller's)."""
+    return signal.getsignal(signal.SIGTERM) is _on_sigterm
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While the body runs, SIGTERM stops the run as the first Ctrl-C does and `terminated()` says so.
+
+    For the command line only: a program that calls the library keeps its own handlers. The handler that
+    was there is put back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _terminated.clear()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 @contextmanager
@@ -49,11 +92,10 @@ def deferred_to_run_loop() -> Iterator[None]:
     """While the body runs, the first SIGINT asks the run loop to stop; the second exits with 130.
 
     Nested bodies share the outermost one's handler and request, so one Ctrl-C is announced once. A
-    process started with SIGINT ignored (a background job of a non-interactive shell) keeps ignoring it."""
+    process started with SIGINT ignored (a background job of a non-interactive shell) keeps ignoring it;
+    SIGTERM, where the command line takes it, still asks the run loop to stop."""
     global _depth
-    if threading.current_thread() is not threading.main_thread() or (
-        not _depth and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    ):
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
     if _depth:
@@ -64,7 +106,8 @@ def deferred_to_run_loop() -> Iterator[None]:
             _depth -= 1
         return
     _requested.clear()
-    previous = signal.signal(signal.SIGINT, _on_sigint)
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    previous = None if ignored else signal.signal(signal.SIGINT, _on_sigint)
     if previous is None:  # a handler installed outside Python cannot be put back: Python's own is
         previous = signal.default_int_handler
     _depth = 1
@@ -72,5 +115,6 @@ def deferred_to_run_loop() -> Iterator[None]:
         yield
     finally:
         _depth = 0
-        signal.signal(signal.SIGINT, previous)
+        if not ignored:
+            signal.signal(signal.SIGINT, previous)
         _requested.clear()

@@ -11,10 +11,12 @@ within its tolerance, 1 when one is not (or has no result) or a run failed, 2 fo
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
 from pathlib import Path
 
+from fedistill import interrupt
 from fedistill.errors import UserError
 from fedistill.reproduce.paths import DATA, DATA_ENV, require_configs
 from fedistill.reproduce.target_spec import SCALES, Target
@@ -156,7 +158,8 @@ def _say_if_seeds_replace_recorded(target: Target, scale: str, seeds: tuple[int,
 
 def run_command(args: argparse.Namespace) -> int:
     """`--list`, or reproduce `args.name`; a usage mistake ends with one line and exit code 2, Ctrl-C with
-    one line and 130 that says how to go on (the same command, not `fedistill run --resume` of one run)."""
+    one line and 130 that says how to go on (the same command, not `fedistill run --resume` of one run),
+    SIGTERM (where the command line takes it as Ctrl-C) with the same advice and 143."""
     try:
         require_configs()
         if args.list:
@@ -169,5 +172,10 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"fedistill: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        if interrupt.terminated():
+            from fedistill.reproduce.execute import STOPPED
+
+            print(STOPPED, file=sys.stderr)
+            return 128 + signal.SIGTERM
         print(INTERRUPTED, file=sys.stderr)
         return 130

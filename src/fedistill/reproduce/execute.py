@@ -25,7 +25,7 @@ from fedistill.reproduce.plan import Job
 from fedistill.reproduce.reuse import kept
 
 STOPPED = (
-    "fedistill: stopped (SIGTERM); run the same command again to continue "
+    "fedistill: stopped by SIGTERM; run the same command again to continue "
     "(finished runs are reused, interrupted ones resume)"
 )
 

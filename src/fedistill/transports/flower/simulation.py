@@ -1,11 +1,14 @@
 """Flower's simulation engine (Ray) in this process: one virtual SuperNode per site, Flower's home
-and logging kept out of the user's way, Ctrl-C left to the run loop, Ray's processes ended with the run."""
+and logging kept out of the user's way, Ctrl-C (and the command line's SIGTERM) left to the run loop, Ray's
+processes ended with the run."""
 
 from __future__ import annotations
 
 import importlib.util
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,31 @@ def backend_config(ray_root: Path, threads: int = 1) -> dict[str, Any]:
     }
 
 
+@contextmanager
+def sigterm_kept_from_ray() -> Iterator[None]:
+    """While the body runs, Ray leaves the command line's SIGTERM handler in place in this process. Why:
+    `ray.init` puts in its own, which exits in the middle of a step (`sys.exit`), and its core worker a
+    crash reporter that prints a stack dump on SIGTERM and aborts the process 3 s later (exit 134)
+    however cleanly the run stops. A library caller's handler is Ray's to replace, as before."""
+    if not interrupt.takes_sigterm():
+        yield
+        return
+    import ray._private.ray_constants as ray_constants
+    import ray._private.utils as ray_utils
+
+    kept = [(ray_utils, "set_sigterm_handler", lambda handler: None)]
+    kept.append((ray_constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER", True))  # read by this process only
+    before = [(module, name, getattr(module, name)) for module, name, _ in kept if hasattr(module, name)]
+    for module, name, value in kept:
+        if hasattr(module, name):  # another Ray may lack one: nothing known to keep it from
+            setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for module, name, value in before:
+            setattr(module, name, value)
+
+
 def simulate(server_app: Any, client_app: Any, num_supernodes: int, home: Path, *, threads: int = 1) -> None:
     """Run `server_app` against `num_supernodes` virtual nodes of `client_app`, each given `threads` CPUs
     (the torch threads its client trains on). Flower's home (apps,
@@ -62,7 +90,7 @@ def simulate(server_app: Any, client_app: Any, num_supernodes: int, home: Path, 
     if own_home:
         os.environ["FLWR_HOME"] = str(home)
     try:
-        with interrupt.deferred_to_run_loop(), own_ray_session() as ray_root:
+        with interrupt.deferred_to_run_loop(), sigterm_kept_from_ray(), own_ray_session() as ray_root:
             run_simulation(
                 server_app=server_app,
                 client_app=client_app,
