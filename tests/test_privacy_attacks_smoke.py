@@ -275,3 +275,26 @@ def test_a_test_split_smaller_than_the_public_share_is_attacked_whole(bench, dig
     )
     results, _ = bench.fedavg_setting(setup, 1, 1, 0)
     assert results[""][0]["kinds"] == ["parameters"]
+
+
+def test_a_batch_larger_than_the_classes_makes_idlg_not_applicable(digits) -> None:
+    """iDLG reads one label per class: a batch of 11 on 10 classes (`--multi-steps 11`) is an n/a cell with
+    the reason, not an error that stops the whole table."""
+    import torch.nn.functional as F
+
+    from fedistill.analysis.inversion_scores import attack_gradient
+    from fedistill.data.transforms import to_float
+
+    model = build_model("lenet-fedmdcg-dlg", digits.info, norm="none")
+    truth, labels = to_float(digits.train.x[:11], digits.info), digits.train.y[:11]
+    named = dict(model.named_parameters())
+    grads = torch.autograd.grad(F.cross_entropy(model(truth), labels), list(named.values()))
+    scores = attack_gradient(
+        model, dict(zip(named, grads, strict=True)), truth, labels, digits.info, iterations=1, seed=0
+    )
+    assert len(scores["dlg"].psnr) == 11
+    assert scores["idlg"].psnr == []
+    assert (
+        scores["idlg"].note
+        == "n/a: iDLG reads one label per class, and the batch of 11 exceeds the 10 classes"
+    )

@@ -119,12 +119,17 @@ def attack_gradient(
     seed: int,
 ) -> dict[str, Score]:
     """DLG and iDLG against ``observed`` (a gradient keyed by parameter name); ``truth`` is the client's
-    batch in model-input space. iDLG needs the last layer's gradient; without it, it is reported as n/a
-    with the reason. Any other error (a bad argument) is raised."""
+    batch in model-input space. iDLG needs the last layer's gradient and reads one label per class; without
+    that layer, or for a batch larger than the classes, it is reported as n/a with the reason. Any other
+    error (a bad argument) is raised."""
     truth01 = to_unit(truth, info)
     out: dict[str, Score] = {}
     for name, attack in (("dlg", dlg_attack), ("idlg", idlg_attack)):
         start = time.perf_counter()
+        if name == "idlg" and len(truth) > info.num_classes:
+            note = f"the batch of {len(truth)} exceeds the {info.num_classes} classes"
+            out[name] = Score([], [], note=f"n/a: iDLG reads one label per class, and {note}")
+            continue
         try:
             result: AttackResult = attack(
                 model,

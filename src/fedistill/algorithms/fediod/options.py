@@ -31,7 +31,12 @@ from fedistill.algorithms.fediod.presets import (
     preset_fills_any_task,
 )
 from fedistill.algorithms.fediod.wire import WIRES
-from fedistill.algorithms.shared.option_checks import check_choices, check_model_names, check_nonnegative
+from fedistill.algorithms.shared.option_checks import (
+    check_choices,
+    check_iters_per_epoch,
+    check_model_names,
+    check_nonnegative,
+)
 from fedistill.algorithms.shared.schedules import cosine_lr, set_lr  # noqa: F401  (FedIOD's own names)
 from fedistill.algorithms.shared.weight_average import COMBINES
 from fedistill.config import RunConfig
@@ -121,11 +126,7 @@ class FedIODOptions(
                 "fediod.selection = 'best-on-test' selects on the test set; it exists only to reproduce the "
                 "released code (set fediod.preset = 'official-code')"
             )
-        count = self.iters_per_epoch  # not a bool, an int to Python: true would be one G-step
-        if count not in ("max", "min") and (type(count) is not int or count < 1):
-            raise ConfigError(
-                f"fediod.iters_per_epoch must be max, min or a number >= 1; got {self.iters_per_epoch!r}"
-            )
+        check_iters_per_epoch("fediod", self.iters_per_epoch)
         for key in (
             "teacher_epochs",
             "synthetic_batch_size",

@@ -37,6 +37,13 @@ def check_positive(section: str, options: object, keys: str) -> None:
             raise ConfigError(f"{section}.{key} must be a finite number > 0, got {value!r}")
 
 
+def check_iters_per_epoch(section: str, value: object) -> None:
+    """`iters_per_epoch` (FedIOD's and AsynDGAN's G-steps per epoch) must be max, min or an int >= 1; a bool
+    is an int to Python, and true would be one G-step."""
+    if value not in ("max", "min") and (type(value) is not int or value < 1):
+        raise ConfigError(f"{section}.iters_per_epoch must be max, min or a number >= 1; got {value!r}")
+
+
 def check_model_names(section: str, options: object, keys: str) -> None:
     """Each of the space-separated option `keys` is a model name or a comma list of them ("" = the run's
     model): a misspelt one is refused with the options, before the run writes anything, not when a site

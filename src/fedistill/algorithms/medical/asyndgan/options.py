@@ -10,7 +10,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fedistill.algorithms.shared.option_checks import check_choices, check_nonnegative, check_positive
+from fedistill.algorithms.shared.option_checks import (
+    check_choices,
+    check_iters_per_epoch,
+    check_nonnegative,
+    check_positive,
+)
 from fedistill.config import RunConfig
 from fedistill.errors import ConfigError
 
@@ -102,11 +107,7 @@ class AsynDGANOptions:
         check_nonnegative(s, self, "w_l1 w_perceptual")
         if not (0 <= self.beta1 < 1 and math.isfinite(self.beta1)):
             raise ConfigError(f"{s}.beta1 must be in [0, 1), got {self.beta1!r}")
-        count = self.iters_per_epoch  # not a bool, an int to Python: true would be one G-step
-        if count not in ("max", "min") and (type(count) is not int or count < 1):
-            raise ConfigError(
-                f"{s}.iters_per_epoch must be max, min or a number >= 1; got {self.iters_per_epoch!r}"
-            )
+        check_iters_per_epoch(s, self.iters_per_epoch)
         if self.w_perceptual > 0 and not self.vgg16_weights:
             raise ConfigError(
                 f"{s}.w_perceptual = {self.w_perceptual} needs {s}.vgg16_weights: a safetensors file of "
