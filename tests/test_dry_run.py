@@ -1,0 +1,87 @@
+"""`fedistill run --dry-run`: every check of a real run, then a plan on stdout, and nothing on disk."""
+
+from fedistill.cli import main
+
+FAST = ["--clients", "3", "--rounds", "1", "--model", "mlp", "--quiet"]
+
+
+def test_dry_run_of_the_demo_prints_the_plan_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the demo's run folder would go under ./runs
+    out = tmp_path / "plans"
+    assert main(["run", "--dry-run", "--out", str(out)]) == 0
+    plan = capsys.readouterr().out
+    for line in (
+        "[fediod]",
+        "[standalone]",
+        "[fedavg]",
+        "[centralized]",
+        'preset = "stable"',
+        "lr_student = 0.003",  # set by the preset, not by the demo's table
+        "dataset: digits",
+        "partition: 10 clients, dirichlet, alpha 0.5",
+        "model: small-cnn",
+        "device: ",
+        "threads: ",
+        f"run folder: {out}",
+    ):
+        assert line in plan, line
+    assert "train " in plan and "test " in plan
+    assert "parameters" in plan
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dry_run_gives_a_real_runs_error_and_exit_code(tmp_path, capsys):
+    argv = ["run", *FAST, "--out", str(tmp_path / "out"), "--algorithm", "fedavgg"]
+    assert main([*argv, "--dry-run"]) == 2
+    dry = capsys.readouterr()
+    assert main(argv) == 2
+    real = capsys.readouterr()
+    assert dry.err == real.err and len(dry.err.strip().splitlines()) == 1
+    assert "did you mean 'fedavg'" in dry.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_dry_run_refuses_a_name_that_holds_a_run(tmp_path, capsys):
+    argv = ["run", *FAST, "--algorithm", "fedavg", "--out", str(tmp_path), "--name", "x"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main([*argv, "--dry-run"]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+
+
+def test_dry_run_of_a_resume_says_where_it_goes_on_and_writes_nothing(tmp_path, capsys):
+    argv = ["run", *FAST, "--algorithm", "fedavg,standalone", "--out", str(tmp_path), "--name", "x"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    (tmp_path / "x" / "fedavg" / "summary.json").unlink()  # as if stopped after its last checkpoint
+    before = sorted(p for p in (tmp_path / "x").rglob("*"))
+    stamps = {p: p.stat().st_mtime_ns for p in before}
+    assert main(["run", "--resume", str(tmp_path / "x"), "--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert "fedavg: continues after round 1" in plan
+    assert "standalone: finished" in plan
+    assert sorted(p for p in (tmp_path / "x").rglob("*")) == before
+    assert {p: p.stat().st_mtime_ns for p in before} == stamps
+
+
+def test_dry_run_of_a_resume_refuses_an_edited_config(tmp_path, capsys):
+    argv = ["run", *FAST, "--algorithm", "fedavg", "--out", str(tmp_path), "--name", "x"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    (tmp_path / "x" / "fedavg" / "summary.json").unlink()
+    config = tmp_path / "x" / "config.toml"
+    config.write_text(config.read_text().replace("lr = 0.05", "lr = 0.1"))
+    assert main(["run", "--resume", str(tmp_path / "x"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "lr" in err
+
+
+def test_dry_run_downloads_nothing(tmp_path, capsys):
+    """With `--download`, a dry run checks the files that are there and fetches none: missing ones are the
+    real run's one-line error."""
+    data = tmp_path / "data"
+    argv = ["run", *FAST, "--dataset", "mnist", "--data-dir", str(data), "--download", "--dry-run"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    assert "missing dataset files" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
