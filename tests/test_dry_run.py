@@ -85,3 +85,39 @@ def test_dry_run_downloads_nothing(tmp_path, capsys):
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2
     assert "missing dataset files" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def _read_only(monkeypatch, root):
+    """Every folder under `root` reads as unwritable (a test runs as any user, root included)."""
+    import os
+
+    real = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, mode, **kw: False if str(p).startswith(str(root)) else real(p, mode, **kw)
+    )
+
+
+def test_dry_run_names_an_out_folder_a_run_could_not_write(tmp_path, capsys, monkeypatch):
+    _read_only(monkeypatch, tmp_path)
+    assert main(["run", *FAST, "--out", str(tmp_path / "out"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write the run directory" in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dry_run_of_a_resume_names_a_folder_a_resume_could_not_write(tmp_path, capsys, monkeypatch):
+    argv = ["run", *FAST, "--algorithm", "fedavg", "--out", str(tmp_path), "--name", "x"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    _read_only(monkeypatch, tmp_path)
+    assert main(["run", "--resume", str(tmp_path / "x"), "--dry-run"]) == 2
+    assert "cannot be written" in capsys.readouterr().err
+
+
+def test_the_plan_sums_up_many_clients(tmp_path, capsys):
+    argv = ["run", *FAST, "--clients", "30", "--out", str(tmp_path / "out"), "--dry-run"]
+    assert main(argv) == 0
+    assert (
+        "partition: 30 clients, dirichlet, alpha 0.5; training samples per client: min "
+        in capsys.readouterr().out
+    )

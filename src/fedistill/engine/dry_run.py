@@ -36,6 +36,7 @@ def plan_new(config: RunConfig, resume_hint: str = "") -> str:
     config = canonical_dataset(config)
     suite_dir = new_suite_dir(config, resume_hint)
     data = validate_setup(config.replace(download=False))  # a dry run fetches no file
+    folder.check_creatable(suite_dir)
     check_transport(config)
     where = str(suite_dir) if config.name else f"{suite_dir} (the time it starts; -2, -3, ... if taken)"
     return _plan(config, data, f"run folder: {where}")
@@ -45,12 +46,13 @@ def plan_resume(run_dir: Path, device: str | None = None) -> str:
     """The plan of `--resume run_dir`: `continue_suite`'s checks, then each algorithm's checkpoint and
     settings as `run_algorithm` reads them, and the round each goes on after."""
     suite_dir = folder.resume_target(Path(run_dir).expanduser())
+    folder.check_writable(suite_dir, probe=False)
     config = canonical_dataset(read_config(suite_dir / "config.toml"))
     if device is not None:
         config = config.replace(device=device)
     data = validate_setup(config.replace(download=False), resume=True)
-    check_transport(config)
     folder.check_algorithms_kept(suite_dir, config.algorithms)
+    check_transport(config)
     lines = [f"resumes: {suite_dir}"]
     for name in config.algorithms:
         lines.append(f"  {name}: {_resume_state(suite_dir / name, for_algorithm(config, name), data)}")
