@@ -78,7 +78,8 @@ def _resume_state(run_dir: Path, config: RunConfig, data: Prepared) -> str:
 
 def _plan(config: RunConfig, data: Prepared, where: str) -> str:
     """The plan's lines: each algorithm, the data, the partition, the device and where the run goes."""
-    lines = []
+    lines: list[str] = []
+    counted: dict[str, int] = {}
     for name in config.algorithms:
         resolved = resolve(config, name)
         own = resolved.config
@@ -87,7 +88,7 @@ def _plan(config: RunConfig, data: Prepared, where: str) -> str:
         )
         lines.append(
             f"[{name}]  rounds {own.rounds}, {steps}, batch_size {own.batch_size}, lr {own.lr}, "
-            f"model {own.model} ({_parameters(own, data):,} parameters)"
+            f"model {own.model} ({_parameters(own, data, counted):,} parameters)"
         )
         lines += _options(_after_preset(resolved, data), name)
     train, test = data.dataset.train, data.dataset.test
@@ -96,7 +97,7 @@ def _plan(config: RunConfig, data: Prepared, where: str) -> str:
         f"partition: {config.clients} clients, {config.partition}, alpha {config.alpha}; "
         f"training samples per client: {_client_sizes(data)}"
     )
-    lines.append(f"model: {config.model} ({_parameters(config, data):,} parameters)")
+    lines.append(f"model: {config.model} ({_parameters(config, data, counted):,} parameters)")
     threads = config.threads if config.threads > 0 else torch.get_num_threads()
     lines.append(f"device: {devices.resolve(config.device)}; threads: {threads}")
     lines.append(where)
@@ -151,7 +152,10 @@ def _client_sizes(data: Prepared) -> str:
     return f"min {min(sizes)}, median {statistics.median(sizes):g}, max {max(sizes)}"
 
 
-def _parameters(config: RunConfig, data: Prepared) -> int:
-    """How many parameters the run's model has, built as a run builds it (on the CPU; nothing is trained)."""
-    model = new_model(config, data.dataset.info)
-    return sum(p.numel() for p in model.parameters())
+def _parameters(config: RunConfig, data: Prepared, counted: dict[str, int]) -> int:
+    """How many parameters the run's model has, built as a run builds it (nothing is trained); `counted`
+    keeps each model's count, so that algorithms sharing a model build it once."""
+    key = repr((config.model, config.norm, config.group_norm_groups, config.options.get("model_options")))
+    if key not in counted:
+        counted[key] = sum(p.numel() for p in new_model(config, data.dataset.info).parameters())
+    return counted[key]
