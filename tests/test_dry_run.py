@@ -121,3 +121,14 @@ def test_the_plan_sums_up_many_clients(tmp_path, capsys):
         "partition: 30 clients, dirichlet, alpha 0.5; training samples per client: min "
         in capsys.readouterr().out
     )
+
+
+def test_dry_run_of_a_resume_refuses_a_run_another_process_writes(tmp_path, capsys):
+    from filelock import FileLock
+
+    argv = ["run", *FAST, "--algorithm", "fedavg", "--out", str(tmp_path), "--name", "x"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    with FileLock(str(tmp_path / "x" / ".lock"), timeout=0):
+        assert main(["run", "--resume", str(tmp_path / "x"), "--dry-run"]) == 2
+    assert "is being written by another fedistill process" in capsys.readouterr().err

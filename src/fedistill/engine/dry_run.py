@@ -51,6 +51,7 @@ def plan_resume(run_dir: Path, device: str | None = None) -> str:
     if device is not None:
         config = config.replace(device=device)
     data = validate_setup(config.replace(download=False), resume=True)
+    folder.check_unlocked(suite_dir)  # the lock a resume would take
     folder.check_algorithms_kept(suite_dir, config.algorithms)
     check_transport(config)
     lines = [f"resumes: {suite_dir}"]

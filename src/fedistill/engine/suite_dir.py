@@ -185,15 +185,26 @@ def locked(suite_dir: Path) -> Iterator[None]:
     try:
         lock.acquire()
     except Timeout:
-        raise RunDirError(
-            f"{suite_dir} is being written by another fedistill process (pid {_owner(suite_dir) or '?'}); "
-            "wait for it to finish, or stop it and continue with --resume"
-        ) from None
+        raise _being_written(suite_dir) from None
     try:
         disk.write_text(suite_dir / OWNER, str(os.getpid()))
         yield
     finally:
         lock.release()
+
+
+def _being_written(suite_dir: Path) -> RunDirError:
+    """The refusal of a run folder whose lock another process holds."""
+    return RunDirError(
+        f"{suite_dir} is being written by another fedistill process (pid {_owner(suite_dir) or '?'}); "
+        "wait for it to finish, or stop it and continue with --resume"
+    )
+
+
+def check_unlocked(suite_dir: Path) -> None:
+    """`locked`'s refusal without taking the lock or writing anything (a dry run of a resume)."""
+    if still_running(suite_dir) is not None:
+        raise _being_written(suite_dir)
 
 
 def still_running(suite_dir: Path) -> str | None:
