@@ -132,3 +132,12 @@ def test_dry_run_of_a_resume_refuses_a_run_another_process_writes(tmp_path, caps
     with FileLock(str(tmp_path / "x" / ".lock"), timeout=0):
         assert main(["run", "--resume", str(tmp_path / "x"), "--dry-run"]) == 2
     assert "is being written by another fedistill process" in capsys.readouterr().err
+
+
+def test_dry_run_of_a_resume_says_a_damaged_summary_is_finished_again(tmp_path, capsys):
+    argv = ["run", *FAST, "--algorithm", "fedavg", "--out", str(tmp_path), "--name", "x"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    (tmp_path / "x" / "fedavg" / "summary.json").write_text("{torn")
+    assert main(["run", "--resume", str(tmp_path / "x"), "--dry-run"]) == 0
+    assert "fedavg: summary damaged, finished again: continues after round 1" in capsys.readouterr().out

@@ -24,7 +24,8 @@ from fedistill.engine import suite_dir as folder
 from fedistill.engine.launch import check_transport, new_suite_dir
 from fedistill.engine.resume import check_finished_settings, check_same_settings, resume_point
 from fedistill.engine.setup import Prepared, Resolved, canonical_dataset, resolve, validate_setup
-from fedistill.errors import ConfigError
+from fedistill.engine.summary import read_summary
+from fedistill.errors import ConfigError, RunDirError
 
 #: Clients listed one by one; more are summed up as min / median / max.
 LISTED_CLIENTS = 20
@@ -62,19 +63,24 @@ def plan_resume(run_dir: Path, device: str | None = None) -> str:
 
 def _resume_state(run_dir: Path, config: RunConfig, data: Prepared) -> str:
     """Where one algorithm of a resumed run stands: finished, going on after round N, or starting over."""
+    damaged = ""
     if (run_dir / "summary.json").is_file():
         check_finished_settings(run_dir, config)
-        return "finished (its summary stands)"
+        try:
+            read_summary(run_dir)
+            return "finished (its summary stands)"
+        except RunDirError:  # as a resume does: finished again from its last checkpoint
+            damaged = "summary damaged, finished again: "
     point = resume_point(run_dir) if run_dir.is_dir() else None
     if point is None:
-        return "starts at round 1 (no checkpoint yet)"
+        return f"{damaged}starts at round 1 (no checkpoint yet)"
     checkpoint, state = point
     check_same_settings(run_dir, state["runner"].get("settings"), config)
     if load_split(run_dir).hash() != data.split.hash():
         raise ConfigError(
             f"{run_dir}: the saved partition differs from the one this config makes; cannot resume"
         )
-    return f"continues after round {int(state['runner']['round'])} (from {checkpoint.name})"
+    return f"{damaged}continues after round {int(state['runner']['round'])} (from {checkpoint.name})"
 
 
 def _plan(config: RunConfig, data: Prepared, where: str) -> str:
