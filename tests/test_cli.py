@@ -349,7 +349,7 @@ def test_run_help_says_what_goes_with_resume_and_how_set_is_written(capsys):
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "only --device and --quiet go with it" in text
+    assert "only --device, --dry-run and --quiet go with it" in text
     assert "repeatable" in text and "TOML" in text
 
 

@@ -176,10 +176,15 @@ def build_parser(module_commands: tuple[str, ...] | None = None) -> argparse.Arg
     run.add_argument(
         "--resume",
         metavar="RUN_DIR",
-        help="continue a run directory from its last checkpoint with its saved config (only --device and "
-        "--quiet go with it)",
+        help="continue a run directory from its last checkpoint with its saved config (only --device, "
+        "--dry-run and --quiet go with it)",
     )
     run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the run's set-up (or --resume's) as a run does, print its plan and write nothing",
+    )
 
     listing = commands.add_parser("list", help="list algorithms, datasets, models and partitioners")
     listing.add_argument(
@@ -226,6 +231,7 @@ _CURRENT_RUN: list[Path] = []
 
 def command_run(args: argparse.Namespace) -> int:
     """`fedistill run`: a new run (validated before anything is written) or `--resume` of one."""
+    from fedistill.engine.dry_run import plan_new, plan_resume
     from fedistill.engine.launch import continue_suite, start_suite
     from fedistill.engine.summary import print_results
 
@@ -239,16 +245,26 @@ def command_run(args: argparse.Namespace) -> int:
                 "--resume continues with the run's saved config.toml; drop the other options "
                 "(only --device may change: a run resumes on any device)"
             )
+        if args.dry_run:
+            return _print_plan(plan_resume(Path(args.resume), device=args.device))
         suite_dir, summaries = continue_suite(
             Path(args.resume), device=args.device, progress=progress, started=_CURRENT_RUN.append
         )
     else:
         config = config_from_args(args)
         hint = "use --resume {dir} or another --name"
+        if args.dry_run:
+            return _print_plan(plan_new(config, resume_hint=hint))
         suite_dir, summaries = start_suite(
             config, progress=progress, resume_hint=hint, started=_CURRENT_RUN.append
         )
     print_results(summaries, title=f"results in {suite_dir}")
+    return 0
+
+
+def _print_plan(plan: str) -> int:
+    """`run --dry-run`: the plan on stdout, exit code 0 (every check passed, nothing was written)."""
+    print(plan)
     return 0
 
 

@@ -32,15 +32,24 @@ def run_suite(
     if resume:
         folder.check_algorithms_kept(suite_dir, config.algorithms)
     data = validate_setup(config, resume=resume) if data is None else data
+    check_transport(config)
     if config.transport == "flower":
-        try:
-            from fedistill.engine.flower.simulation import run_simulation_suite
-        except ImportError:
-            raise ConfigError(
-                "transport = flower needs Flower: pip install -e '.[flower]' (or fedistill[flower])"
-            ) from None
+        from fedistill.engine.flower.simulation import run_simulation_suite
+
         return run_simulation_suite(config, suite_dir, resume=resume, progress=progress)
     return run_algorithms(config, suite_dir, data, resume=resume, progress=progress)
+
+
+def check_transport(config: RunConfig) -> None:
+    """ConfigError when the config's transport needs a package that is not installed (Flower)."""
+    if config.transport != "flower":
+        return
+    try:
+        import fedistill.engine.flower.simulation  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "transport = flower needs Flower: pip install -e '.[flower]' (or fedistill[flower])"
+        ) from None
 
 
 def resume_suite(suite_dir: Path, *, progress: bool = True) -> list[dict[str, Any]]:
@@ -64,11 +73,7 @@ def start_suite(
     ends the message when the directory already holds a run (`{dir}` stands for it); `started` hears of
     the directory before the run begins."""
     config = canonical_dataset(config)  # the default name spells the dataset one way
-    folder.check_name(config.name)
-    suite_dir = Path(config.out).expanduser() / (config.name or default_name(config))
-    if config.name and folder.run_started(suite_dir):
-        hint = resume_hint.format(dir=suite_dir) or "resume it or choose another name"
-        raise RunDirError(f"{suite_dir} already holds a run; {hint}")
+    suite_dir = new_suite_dir(config, resume_hint)
     data = validate_setup(config)  # nothing is written before the setup is valid
     if not config.name:  # a run started in the same second may hold the default name: take the next
         suite_dir = folder.claim(suite_dir)
@@ -77,6 +82,17 @@ def start_suite(
         started(suite_dir)
     with folder.locked(suite_dir):
         return suite_dir, run_suite(config, suite_dir, progress=progress, data=data)
+
+
+def new_suite_dir(config: RunConfig, resume_hint: str = "") -> Path:
+    """Where a new run of `config` goes, `out`/`name` (a default name may still move to -2, -3, ... when the
+    run starts): RunDirError when the name is no folder name, or names a folder that holds a run."""
+    folder.check_name(config.name)
+    suite_dir = Path(config.out).expanduser() / (config.name or default_name(config))
+    if config.name and folder.run_started(suite_dir):
+        hint = resume_hint.format(dir=suite_dir) or "resume it or choose another name"
+        raise RunDirError(f"{suite_dir} already holds a run; {hint}")
+    return suite_dir
 
 
 def continue_suite(

@@ -147,11 +147,30 @@ def create(suite_dir: Path) -> None:
         )
 
 
-def check_writable(suite_dir: Path) -> None:
+def check_creatable(suite_dir: Path) -> None:
+    """`create`'s refusal without creating anything (a dry run): the nearest existing folder on the way to
+    `suite_dir` is one this process may write."""
+    existing = suite_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    reason = _access_denied(existing) if existing.is_dir() else "Not a directory"
+    if reason is not None:
+        raise RunDirError(
+            f"cannot write the run directory {suite_dir}: {reason}; choose another --out or --name"
+        )
+
+
+def _access_denied(folder: Path) -> str | None:
+    """ "Permission denied" when this process may not create files in `folder`, else None; writes nothing."""
+    return None if os.access(folder, os.W_OK | os.X_OK) else "Permission denied"
+
+
+def check_writable(suite_dir: Path, *, probe: bool = True) -> None:
     """Before a `--resume`: the run folder and its algorithms' folders can be written, or one line saying
-    which cannot and what to do."""
+    which cannot and what to do. `probe`: by writing a file in each (a read-only mount shows only then);
+    else by their permissions alone (a dry run)."""
     for folder in [suite_dir, *(d for d in sorted(suite_dir.iterdir()) if (d / "config.toml").is_file())]:
-        reason = _unwritable(folder)
+        reason = _unwritable(folder) if probe else _access_denied(folder)
         if reason is not None:
             raise RunDirError(
                 f"cannot resume {suite_dir}: {folder} cannot be written ({reason}); make it writable, "
@@ -166,15 +185,26 @@ def locked(suite_dir: Path) -> Iterator[None]:
     try:
         lock.acquire()
     except Timeout:
-        raise RunDirError(
-            f"{suite_dir} is being written by another fedistill process (pid {_owner(suite_dir) or '?'}); "
-            "wait for it to finish, or stop it and continue with --resume"
-        ) from None
+        raise _being_written(suite_dir) from None
     try:
         disk.write_text(suite_dir / OWNER, str(os.getpid()))
         yield
     finally:
         lock.release()
+
+
+def _being_written(suite_dir: Path) -> RunDirError:
+    """The refusal of a run folder whose lock another process holds."""
+    return RunDirError(
+        f"{suite_dir} is being written by another fedistill process (pid {_owner(suite_dir) or '?'}); "
+        "wait for it to finish, or stop it and continue with --resume"
+    )
+
+
+def check_unlocked(suite_dir: Path) -> None:
+    """`locked`'s refusal without taking the lock or writing anything (a dry run of a resume)."""
+    if still_running(suite_dir) is not None:
+        raise _being_written(suite_dir)
 
 
 def still_running(suite_dir: Path) -> str | None:

@@ -36,6 +36,7 @@ from fedistill.algorithms.fediod.options import (
     FedIODOptions,
     cosine_lr,
     network_widths,
+    resolve_for_task,
     resolve_options,
     teacher_name,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "cosine_lr",
     "losses",
     "network_widths",
+    "resolve_for_task",
     "resolve_options",
     "teacher_name",
 ]

@@ -2,3 +2,4 @@
 Co-Boosting, and one-shot FedAvg/FedDF over the same stage-1 models (`shared/stage1.py`)."""
 
 from fedistill.algorithms.one_shot import baselines, coboosting, dense  # noqa: F401
+from fedistill.algorithms.one_shot.coboosting import CoBoostingOptions, resolve_options  # noqa: F401
