@@ -98,6 +98,94 @@ def test_ctrl_c_stops_a_simulation_within_seconds_and_resume_finishes_it(
     assert [row["round"] for row in read_jsonl(metrics)] == list(range(1, done + 2))
 
 
+def _descendants(root: int) -> list[int]:
+    """The processes below `root` now (Ray's included)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(text[text.rfind(")") + 2 :].split()[1])
+    below = []
+    for pid in parents:
+        up = pid
+        while up in parents and up not in (root, 0, 1):
+            up = parents[up]
+        if up == root and pid != root:
+            below.append(pid)
+    return below
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return not stat[stat.rfind(")") + 2 :].startswith(("Z", "X"))
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def _while_a_client_trains(pids: list[int], limit: float = 120.0) -> None:
+    """Return once one of Flower's client actors among `pids` is using the CPU (or after `limit` s)."""
+    actors = [pid for pid in pids if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::ClientApp")]
+    deadline = time.monotonic() + limit
+    before = {pid: _cpu_ticks(pid) for pid in actors}
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = {pid: _cpu_ticks(pid) for pid in actors}
+        if any(now[pid] - before[pid] >= 2 for pid in actors):
+            return
+        before = now
+
+
+@pytest.mark.timeout(900)  # two Ray starts: seconds each on an idle machine, minutes on a loaded one
+def test_a_sigterm_to_the_whole_job_stops_a_simulation_as_one_to_its_main_process_does(tmp_path):
+    """SLURM's scancel or time limit and systemd send SIGTERM to every process of a job at once, Ray's
+    workers included: the run stops with the main process's one line and 143, leaves no process behind,
+    and `--resume` goes on from the last round it kept."""
+    metrics = tmp_path / "r" / "fedavg" / "metrics.jsonl"
+    argv = [sys.executable, "-m", "fedistill.cli", "run", *ARGV, "--rounds", "200"]
+    process = subprocess.Popen(
+        [*argv, "--out", str(tmp_path), "--name", "r"],
+        env=ENV,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _wait_for_rows(process, metrics, 2)
+        helpers = _descendants(process.pid)
+        _while_a_client_trains(helpers)  # so that Ray's workers die holding a message
+        os.killpg(process.pid, signal.SIGTERM)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err, err
+    stopped = f"fedistill: stopped by SIGTERM; continue with --resume {tmp_path / 'r'}"
+    assert err.strip().splitlines()[-1] == stopped, err
+    deadline = time.monotonic() + 10
+    while [pid for pid in helpers if _alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in helpers if _alive(pid)], "a process of the run outlived it"
+    done = len(read_jsonl(metrics))
+    config = (tmp_path / "r" / "config.toml").read_text().replace("rounds = 200", f"rounds = {done + 1}")
+    (tmp_path / "r" / "config.toml").write_text(config)  # one round more: only the restart matters here
+    assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 0
+    assert [row["round"] for row in read_jsonl(metrics)] == list(range(1, done + 2))
+
+
 @pytest.mark.timeout(900)  # a Ray start: seconds on an idle machine, minutes on a loaded one
 def test_a_second_ctrl_c_ends_the_process_at_once_without_a_traceback(tmp_path):
     process = _start(tmp_path, rounds=200)

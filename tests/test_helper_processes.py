@@ -296,17 +296,20 @@ TINY_REPRODUCE = textwrap.dedent(
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("jobs", ["1", "2"])
-def test_reproduce_stopped_by_sigterm_says_how_to_go_on_and_the_same_command_resumes(tmp_path, jobs) -> None:
+@pytest.mark.parametrize(("jobs", "job_wide"), [("1", False), ("2", False), ("1", True), ("2", True)])
+def test_reproduce_stopped_by_sigterm_says_how_to_go_on_and_the_same_command_resumes(
+    tmp_path, jobs, job_wide
+) -> None:
     """A scheduler's SIGTERM stops `fedistill reproduce` (its runs in this process, or in --jobs workers)
-    with one line and 143; the same command again resumes the run it stopped."""
+    with one line and 143; the same command again resumes the run it stopped. `job_wide`: as SLURM and
+    systemd send it, to every process of the job at once, the workers included."""
     from fedistill.reproduce.execute import STOPPED
 
     script = tmp_path / "reproduce_tiny.py"
     script.write_text(TINY_REPRODUCE, encoding="utf-8")
     argv = [sys.executable, str(script), str(tmp_path), "--jobs", jobs, "--seeds", "0,1"]
     env = {**ENV, "MPLBACKEND": "Agg"}
-    parent = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True, start_new_session=job_wide)
     deadline = time.monotonic() + 300  # imports take half a minute on a loaded machine
     while not any(
         len(m.read_text().splitlines()) >= 2 for m in tmp_path.glob("reproduce/*/runs/*/*/metrics.jsonl")
@@ -315,9 +318,15 @@ def test_reproduce_stopped_by_sigterm_says_how_to_go_on_and_the_same_command_res
             parent.kill()
             pytest.fail(f"no run got to its second round: {parent.communicate()[1]}")
         time.sleep(0.01)
-    parent.send_signal(signal.SIGTERM)
+    workers = list(descendants(parent.pid))
+    if job_wide:
+        os.killpg(parent.pid, signal.SIGTERM)
+    else:
+        parent.send_signal(signal.SIGTERM)
     _, err = parent.communicate(timeout=60)
     assert parent.returncode == 128 + signal.SIGTERM, err
+    assert "ended abruptly" not in err and "failed" not in err, err  # a worker's death is no failed job
+    assert gone_within(workers, 10), "a worker outlived the command"
     # --jobs 2: the workers' ended runs may leave multiprocessing's resource tracker a warning after it
     assert STOPPED in err.splitlines() and "Traceback" not in err, err
     assert STOPPED.startswith("fedistill: stopped by SIGTERM; run the same command again")

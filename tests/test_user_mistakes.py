@@ -496,9 +496,11 @@ def test_summary_of_an_empty_folder_says_it_holds_no_run(tmp_path, capsys):
 
 
 # --- Ctrl-C and SIGTERM ----------------------------------------------------------------------------
-def _signal_after_rows(argv: list[str], metrics: Path, rows: int, signum: int) -> tuple[int, str]:
+def _signal_after_rows(
+    argv: list[str], metrics: Path, rows: int, signum: int, *, job_wide: bool = False
+) -> tuple[int, str]:
     """Start `fedistill argv` in a process of its own, wait until `metrics` holds `rows` rows, send it
-    `signum`; its exit code and stderr."""
+    `signum` (`job_wide`: to its whole session at once, as a scheduler does); its exit code and stderr."""
     env = {**os.environ, "MPLBACKEND": "Agg"}
     process = subprocess.Popen(
         [sys.executable, "-m", "fedistill.cli", *argv],
@@ -508,6 +510,7 @@ def _signal_after_rows(argv: list[str], metrics: Path, rows: int, signum: int) -
         # a terminal's child gets Ctrl-C; an ignored SIGINT is inherited across exec (a Flower test in the
         # same process may leave it ignored), and Python then never raises KeyboardInterrupt
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        start_new_session=job_wide,
     )
     # its start (over 30 s at a load of eight on two cores) is not what this checks: wait for it
     deadline = time.monotonic() + 240
@@ -516,7 +519,10 @@ def _signal_after_rows(argv: list[str], metrics: Path, rows: int, signum: int) -
             process.kill()
             pytest.fail(f"the run did not get to round {rows}: {process.communicate()[1]}")
         time.sleep(0.01)
-    process.send_signal(signum)
+    if job_wide:
+        os.killpg(process.pid, signum)
+    else:
+        process.send_signal(signum)
     _, err = process.communicate(timeout=60)
     assert "Traceback" not in err
     return process.returncode, err
@@ -548,6 +554,19 @@ def test_sigterm_stops_a_run_and_its_resume_as_ctrl_c_does_with_exit_code_143(tm
     code, err = _signal_after_rows(resume, metrics, done + 2, signal.SIGTERM)
     assert code == 128 + signal.SIGTERM and err.strip().splitlines()[-1] == stopped, err
     assert main(resume) == 0
+    assert _same_as(read_jsonl(tmp_path / "ref" / "fedavg" / "metrics.jsonl"), tmp_path / "cut")
+
+
+def test_a_sigterm_to_the_whole_job_stops_a_run_as_one_to_its_main_process_does(tmp_path):
+    """SLURM's scancel or time limit and systemd send SIGTERM to every process of a job at once: the run
+    stops with the same line and 143, and its `--resume` ends with the metrics of an uninterrupted run."""
+    argv = ["run", *FAST, "--rounds", "25", "--out", str(tmp_path)]
+    assert main([*argv, "--name", "ref"]) == 0
+    metrics = tmp_path / "cut" / "fedavg" / "metrics.jsonl"
+    stopped = f"fedistill: stopped by SIGTERM; continue with --resume {tmp_path / 'cut'}"
+    code, err = _signal_after_rows([*argv, "--name", "cut"], metrics, 2, signal.SIGTERM, job_wide=True)
+    assert code == 128 + signal.SIGTERM and err.strip().splitlines()[-1] == stopped, err
+    assert main(["run", "--resume", str(tmp_path / "cut"), "--quiet"]) == 0
     assert _same_as(read_jsonl(tmp_path / "ref" / "fedavg" / "metrics.jsonl"), tmp_path / "cut")
 
 

@@ -34,6 +34,11 @@ def check() -> None:
         raise KeyboardInterrupt
 
 
+def stop_requested() -> bool:
+    """Whether the run was asked to stop (and has not stopped yet)."""
+    return _requested.is_set()
+
+
 def request_stop(signum: int = signal.SIGINT) -> bool:
     """Ask the run loop to stop, saying so on stderr the first time only; whether it was asked before."""
     with _lock:

@@ -1,6 +1,6 @@
 """Flower's simulation engine (Ray) in this process: one virtual SuperNode per site, Flower's home
 and logging kept out of the user's way, Ctrl-C (and the command line's SIGTERM) left to the run loop, Ray's
-processes ended with the run."""
+processes ended with the run, and Flower's errors about Ray's workers kept quiet once the run is stopping."""
 
 from __future__ import annotations
 
@@ -67,6 +67,13 @@ def sigterm_kept_from_ray() -> Iterator[None]:
             setattr(module, name, value)
 
 
+def quiet_once_stopping(record: logging.LogRecord) -> bool:
+    """A filter for Flower's logger: nothing once the run was asked to stop. A scheduler that stops a whole
+    job (SLURM, systemd) sends SIGTERM to Ray's workers too, and Flower would log a traceback for every
+    message a worker held when it died, after the run's own line that it is stopping."""
+    return not interrupt.stop_requested()
+
+
 def simulate(server_app: Any, client_app: Any, num_supernodes: int, home: Path, *, threads: int = 1) -> None:
     """Run `server_app` against `num_supernodes` virtual nodes of `client_app`, each given `threads` CPUs
     (the torch threads its client trains on). Flower's home (apps,
@@ -86,6 +93,7 @@ def simulate(server_app: Any, client_app: Any, num_supernodes: int, home: Path, 
     flower_logger = logging.getLogger("flwr")
     level = flower_logger.level
     flower_logger.setLevel(logging.ERROR)
+    flower_logger.addFilter(quiet_once_stopping)
     own_home = "FLWR_HOME" not in os.environ
     if own_home:
         os.environ["FLWR_HOME"] = str(home)
@@ -99,5 +107,6 @@ def simulate(server_app: Any, client_app: Any, num_supernodes: int, home: Path, 
             )
     finally:
         flower_logger.setLevel(level)
+        flower_logger.removeFilter(quiet_once_stopping)
         if own_home:
             del os.environ["FLWR_HOME"]
