@@ -22,6 +22,7 @@ from fedistill.cli import main
 from fedistill.engine.flower.apps import make_server_app
 from fedistill.engine.rundir import read_jsonl
 from fedistill.errors import UserError
+from process_tree import descendants
 
 ENV = {
     **os.environ,
@@ -98,25 +99,6 @@ def test_ctrl_c_stops_a_simulation_within_seconds_and_resume_finishes_it(
     assert [row["round"] for row in read_jsonl(metrics)] == list(range(1, done + 2))
 
 
-def _descendants(root: int) -> list[int]:
-    """The processes below `root` now (Ray's included)."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        parents[int(stat.parent.name)] = int(text[text.rfind(")") + 2 :].split()[1])
-    below = []
-    for pid in parents:
-        up = pid
-        while up in parents and up not in (root, 0, 1):
-            up = parents[up]
-        if up == root and pid != root:
-            below.append(pid)
-    return below
-
-
 def _alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -163,7 +145,7 @@ def test_a_sigterm_to_the_whole_job_stops_a_simulation_as_one_to_its_main_proces
     )
     try:
         _wait_for_rows(process, metrics, 2)
-        helpers = _descendants(process.pid)
+        helpers = list(descendants(process.pid))
         _while_a_client_trains(helpers)  # so that Ray's workers die holding a message
         os.killpg(process.pid, signal.SIGTERM)
         _, err = process.communicate(timeout=120)

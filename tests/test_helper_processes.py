@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedistill.transports.flower.ray_reaper import end_processes, session_processes
+from process_tree import descendants
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads processes from /proc")
 
@@ -140,28 +141,6 @@ def reapers_of(parent: int) -> list[int]:
             continue
         if any(arg.endswith("ray_reaper.py") for arg in args) and str(parent) in args:
             found.append(int(cmdline.parent.name))
-    return found
-
-
-def descendants(root: int) -> dict[int, str]:
-    """The processes below `root` now, with their command lines."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        parents[int(stat.parent.name)] = int(text[text.rfind(")") + 2 :].split()[1])
-    found: dict[int, str] = {}
-    for pid in parents:
-        up = pid
-        while up in parents and up != root:
-            up = parents[up]
-        if up == root and pid != root:
-            try:
-                found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
     return found
 
 
