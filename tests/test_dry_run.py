@@ -141,3 +141,27 @@ def test_dry_run_of_a_resume_says_a_damaged_summary_is_finished_again(tmp_path, 
     (tmp_path / "x" / "fedavg" / "summary.json").write_text("{torn")
     assert main(["run", "--resume", str(tmp_path / "x"), "--dry-run"]) == 0
     assert "fedavg: summary damaged, finished again: continues after round 1" in capsys.readouterr().out
+
+
+def test_the_plan_shows_an_own_algorithms_preset_as_it_runs(tmp_path, capsys, monkeypatch):
+    import dataclasses
+    from dataclasses import dataclass
+
+    from fedistill.algorithms.base import ALGORITHMS
+    from fedistill.algorithms.registry import get_algorithm
+
+    @dataclass(frozen=True)
+    class Tuned:
+        preset: str = "plain"
+        mix: float = 0.0
+
+    def tuned(config, options, info):
+        return dataclasses.replace(options, mix=0.25) if options.preset == "strong" else options
+
+    own = dataclasses.replace(get_algorithm("fedavg"), name="own", options=Tuned, resolve_options=tuned)
+    monkeypatch.setitem(ALGORITHMS, "own", own)
+    argv = ["run", "--dry-run", *FAST, "--algorithm", "own", "--out", str(tmp_path / "out")]
+    assert main([*argv, "--set", "own.preset=strong"]) == 0
+    plan = capsys.readouterr().out
+    assert "  mix = 0.25" in plan  # set by the preset, not by the config
+    assert 'preset = "strong"' in plan

@@ -135,6 +135,10 @@ class Algorithm:
     # Evaluation only, outside the protocol: the in-process runner calls it with the client objects'
     # own states (never a message, never the ledger); see algorithms/shared/oracle.py.
     oracle: Oracle | None = None
+    # Its options as its clients and server run them, a `preset` filled into the keys the config leaves
+    # unset (config, options, dataset facts -> options); None: as the config gives them. The dry run's plan
+    # shows these.
+    resolve_options: Callable[[RunConfig, Any, DatasetInfo], Any] | None = None
     # The tasks it runs on (fedistill.tasks); the run refuses any other with a clear message.
     tasks: tuple[str, ...] = ("classification",)
     # The common keys it never reads, each with what decides that instead ("{name}" stands for the

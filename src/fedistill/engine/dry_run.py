@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from fedistill import devices
-from fedistill.algorithms.shared.training import new_model, task_of
+from fedistill.algorithms.shared.training import new_model
 from fedistill.config import RunConfig, for_algorithm, read_config
 from fedistill.data.partition.split import load_split
 from fedistill.engine import suite_dir as folder
@@ -112,22 +112,12 @@ def _plan(config: RunConfig, data: Prepared, where: str) -> str:
 
 
 def _after_preset(resolved: Resolved, data: Prepared) -> Any:
-    """The options as the algorithm runs them, its `preset` applied to the keys the config leaves unset
-    (FedIOD's on the run's task, FedMD-CG's and CoBoosting's "official-code"); others' as they are."""
-    from fedistill.algorithms.fediod import FedIODOptions, TaskView, resolve_for_task
-    from fedistill.algorithms.fedmdcg import FedMDCGOptions
-    from fedistill.algorithms.fedmdcg import resolve_options as fedmdcg_preset
-    from fedistill.algorithms.one_shot import CoBoostingOptions
-    from fedistill.algorithms.one_shot import resolve_options as coboosting_preset
-
-    options, own, info = resolved.options, resolved.config, data.dataset.info
-    if isinstance(options, FedIODOptions):
-        return resolve_for_task(own, options, TaskView(task_of(own, info), info, own.seed))[0]
-    if isinstance(options, FedMDCGOptions):
-        return fedmdcg_preset(own, options)
-    if isinstance(options, CoBoostingOptions):
-        return coboosting_preset(own, options)
-    return options
+    """The options as the algorithm runs them: its `resolve_options` (a preset applied to the keys the
+    config leaves unset), or as the config gives them."""
+    resolve_options = resolved.algorithm.resolve_options
+    if resolve_options is None:
+        return resolved.options
+    return resolve_options(resolved.config, resolved.options, data.dataset.info)
 
 
 def _options(options: Any, name: str) -> list[str]:

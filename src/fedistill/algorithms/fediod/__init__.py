@@ -44,6 +44,9 @@ from fedistill.algorithms.fediod.presets import LEAN_SMALL_MASKS, OFFICIAL_CODE
 from fedistill.algorithms.fediod.server import Federation, FedIODServer
 from fedistill.algorithms.fediod.task_view import TaskView
 from fedistill.algorithms.shared.stage1 import STAGE1_UNUSED_KEYS
+from fedistill.algorithms.shared.training import task_of
+from fedistill.config import RunConfig
+from fedistill.data.base import DatasetInfo
 
 __all__ = [
     "LEAN_SMALL_MASKS",
@@ -61,6 +64,12 @@ __all__ = [
     "teacher_name",
 ]
 
+
+def resolve_for_run(config: RunConfig, options: FedIODOptions, info: DatasetInfo) -> FedIODOptions:
+    """The options a run applies on the dataset's task (`resolve_for_task`): `Algorithm.resolve_options`."""
+    return resolve_for_task(config, options, TaskView(task_of(config, info), info, config.seed))[0]
+
+
 register(
     Algorithm(
         "fediod",
@@ -70,5 +79,6 @@ register(
         FedIODOptions,
         tasks=ALL_TASKS,
         unused_keys=STAGE1_UNUSED_KEYS,
+        resolve_options=resolve_for_run,
     )
 )

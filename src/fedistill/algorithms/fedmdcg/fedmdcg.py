@@ -40,7 +40,7 @@ from typing import Any
 
 from fedistill.algorithms.base import Algorithm, register
 from fedistill.algorithms.fedmdcg.fedmdcg_client import FedMDCGClient
-from fedistill.algorithms.fedmdcg.fedmdcg_options import FedMDCGOptions
+from fedistill.algorithms.fedmdcg.fedmdcg_options import FedMDCGOptions, resolve_options
 from fedistill.algorithms.fedmdcg.fedmdcg_server import FedMDCGServer
 from fedistill.algorithms.fedmdcg.personalized import decoupled_model
 from fedistill.algorithms.shared.oracle import ORACLE_LABEL, ORACLE_METRIC, average_local_models
@@ -77,5 +77,6 @@ register(
         FedMDCGServer,
         FedMDCGOptions,
         oracle=average_local_models,
+        resolve_options=resolve_options,
     )
 )

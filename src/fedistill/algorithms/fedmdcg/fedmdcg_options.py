@@ -154,8 +154,11 @@ OFFICIAL_CODE = {
 }
 
 
-def resolve_options(config: RunConfig, options: FedMDCGOptions) -> FedMDCGOptions:
-    """With preset "official-code", the official code's values for every key the config does not set."""
+def resolve_options(
+    config: RunConfig, options: FedMDCGOptions, info: DatasetInfo | None = None
+) -> FedMDCGOptions:
+    """With preset "official-code", the official code's values for every key the config does not set
+    (`Algorithm.resolve_options`; `info` is unused here)."""
     if options.preset != "official-code":
         return options
     explicit = set(config.options.get("fedmdcg", {}))

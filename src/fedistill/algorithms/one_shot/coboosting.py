@@ -48,6 +48,7 @@ from fedistill.algorithms.one_shot.dense.server import DenseServer
 from fedistill.algorithms.shared.option_checks import check_choices, check_nonnegative
 from fedistill.algorithms.shared.stage1 import STAGE1_UNUSED_KEYS
 from fedistill.config import RunConfig
+from fedistill.data.base import DatasetInfo
 from fedistill.errors import ConfigError
 from fedistill.federation.fleet import Fleet
 from fedistill.seeding import torch_generator
@@ -128,8 +129,11 @@ OFFICIAL_CODE = {
 }
 
 
-def resolve_options(config: RunConfig, options: CoBoostingOptions) -> CoBoostingOptions:
-    """With preset "official-code", the released code's values for every key the config does not set."""
+def resolve_options(
+    config: RunConfig, options: CoBoostingOptions, info: DatasetInfo | None = None
+) -> CoBoostingOptions:
+    """With preset "official-code", the released code's values for every key the config does not set
+    (`Algorithm.resolve_options`; `info` is unused here)."""
     if options.preset != "official-code":
         return options
     explicit = set(config.options.get(options.section, {}))
@@ -227,5 +231,6 @@ register(
         CoBoostingServer,
         CoBoostingOptions,
         unused_keys=STAGE1_UNUSED_KEYS,
+        resolve_options=resolve_options,
     )
 )
