@@ -165,3 +165,24 @@ def test_the_plan_shows_an_own_algorithms_preset_as_it_runs(tmp_path, capsys, mo
     plan = capsys.readouterr().out
     assert "  mix = 0.25" in plan  # set by the preset, not by the config
     assert 'preset = "strong"' in plan
+
+
+def test_the_plan_spells_an_option_as_a_config_file_reads_it_back(tmp_path, capsys, monkeypatch):
+    import dataclasses
+    import tomllib
+    from dataclasses import dataclass
+
+    from fedistill.algorithms.base import ALGORITHMS
+    from fedistill.algorithms.registry import get_algorithm
+
+    @dataclass(frozen=True)
+    class Rooted:
+        root: str = ""
+
+    monkeypatch.setitem(
+        ALGORITHMS, "own", dataclasses.replace(get_algorithm("fedavg"), name="own", options=Rooted)
+    )
+    argv = ["run", "--dry-run", *FAST, "--algorithm", "own", "--out", str(tmp_path / "out")]
+    assert main([*argv, "--set", "own.root='C:\\data\\\"x\"'"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  root = "))
+    assert tomllib.loads(line.strip()) == {"root": 'C:\\data\\"x"'}

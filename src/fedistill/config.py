@@ -146,12 +146,12 @@ def _check_value(key: str, value: Any, annotation: Any) -> Any:
 Homes = Callable[[str], Mapping[str, Collection[str]]]
 
 
-def _literal(value: Any) -> str:
+def toml_literal(value: Any) -> str:
     """`value` on one line, as TOML (and so `--set`) reads it."""
     if isinstance(value, list):
-        return "[" + ", ".join(_literal(item) for item in value) + "]"
+        return "[" + ", ".join(toml_literal(item) for item in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_literal(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k} = {toml_literal(v)}" for k, v in value.items()) + "}"
     return tomli_w.dumps({"v": value}).partition("=")[2].strip()
 
 
@@ -172,9 +172,8 @@ def _where(key: str, value: Any, homes: Homes | None, run: tuple[str, str], tabl
     if first not in running:
         which = "none of which this run uses" if others else "which this run does not use"
         also += f", {which} (algorithm = {algorithm!r}, dataset = {dataset!r})"
-    return (
-        f"it is an option of {first}{also}: write {first}.{key}={_literal(value)} or put it under [{first}]"
-    )
+    write = f"{first}.{key}={toml_literal(value)}"
+    return f"it is an option of {first}{also}: write {write} or put it under [{first}]"
 
 
 def _unknown(key: str, valid: list[str], where: str = "") -> ConfigError:
@@ -368,7 +367,7 @@ def check_dataset_table(config: RunConfig, takes: Collection[str], homes: Homes 
         if key in _COMMON:
             raise ConfigError(
                 f"{name}.{key}: {key} is a common key, not an option of dataset {name}: write "
-                f"{key}={_literal(value)} at the top level, outside [{name}]"
+                f"{key}={toml_literal(value)} at the top level, outside [{name}]"
             )
         where = _where(key, value, homes, (config.algorithm, name), table=name)
         if where:

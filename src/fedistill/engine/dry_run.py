@@ -18,7 +18,7 @@ import torch
 
 from fedistill import devices
 from fedistill.algorithms.shared.training import new_model
-from fedistill.config import RunConfig, for_algorithm, read_config
+from fedistill.config import RunConfig, for_algorithm, read_config, toml_literal
 from fedistill.data.partition.split import load_split
 from fedistill.engine import suite_dir as folder
 from fedistill.engine.launch import check_transport, new_suite_dir
@@ -128,17 +128,10 @@ def _options(options: Any, name: str) -> list[str]:
     fresh = type(options)()
     fields = [f.name for f in dataclasses.fields(options) if f.init]
     changed = [key for key in fields if getattr(options, key) != getattr(fresh, key)]
-    lines = [f"  {key} = {_plain(getattr(options, key))}" for key in changed]
+    lines = [f"  {key} = {toml_literal(getattr(options, key))}" for key in changed]
     if rest := len(fields) - len(changed):
         lines.append(f"  ({rest} more at their defaults: fedistill list --options {name})")
     return lines
-
-
-def _plain(value: Any) -> str:
-    """A value as a config file writes it: strings quoted, booleans lower case (reference.markdown.code)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return f'"{value}"' if isinstance(value, str) else repr(value)
 
 
 def _client_sizes(data: Prepared) -> str:
