@@ -34,6 +34,7 @@ import torch
 from fedistill import disk
 from fedistill.analysis.threat_models import LR, VARIANTS, Setup
 from fedistill.data.registry import load_dataset
+from fedistill.errors import UserError
 from fedistill.machine import this_machine
 from fedistill.reproduce.paths import DATA, RESULTS
 from fedistill.reproduce.privacy_attacks import (
@@ -82,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     for v in args.variants.split(","):
         if v not in VARIANTS:
             parser.error(f"unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
+    # every dataset loaded before any attack: a misspelt or missing one is refused now, not after the others
+    try:
+        datasets = {name: load_dataset(name, args.data_dir) for name in args.datasets.split(",")}
+    except UserError as exc:
+        parser.error(f"--datasets: {exc}")
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     grid_dir = out / "privacy_attacks"
@@ -89,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     results: dict[str, dict[str, Any]] = {}
     grids: dict[str, Any] = {}
-    for dataset in args.datasets.split(","):
-        loaded = load_dataset(dataset, args.data_dir)
+    for dataset, loaded in datasets.items():
         results[dataset] = {}
         for variant in args.variants.split(","):
             t0 = time.perf_counter()

@@ -298,3 +298,20 @@ def test_a_batch_larger_than_the_classes_makes_idlg_not_applicable(digits) -> No
         scores["idlg"].note
         == "n/a: iDLG reads one label per class, and the batch of 11 exceeds the 10 classes"
     )
+
+
+def test_a_dataset_the_benchmark_cannot_load_is_refused_before_any_attack(tmp_path, capsys) -> None:
+    """A misspelt or missing second dataset used to end in a traceback after the first one's attacks."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import privacy_attacks
+
+    args = ["--datasets", "digits,mnsit", "--variants", "dlg", "--methods", "fedavg", "--images", "1"]
+    with pytest.raises(SystemExit) as exit_info:
+        privacy_attacks.main([*args, "--iterations", "1", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--datasets" in err and "mnsit" in err and "Traceback" not in err
+    assert not (tmp_path / "privacy_attacks").exists()

@@ -232,6 +232,7 @@ def test_the_federations_own_dataset_as_public_data_is_refused_before_the_run_fo
     assert line.startswith(
         f"fedistill: error: {key} = {spec!r} is (or shares images with) the federation's own"
     )
+    assert "whose training images are the clients' private data" in line  # one reason, whichever key
     assert not (tmp_path / "a").exists()
 
 

@@ -33,12 +33,13 @@ from fedistill.algorithms.base import ServerContext
 from fedistill.algorithms.shared.distillation_data import (
     GeneratorSource,
     NoiseSource,
+    check_source_run,
     load_generator,
     parse_source,
 )
 from fedistill.config import RunConfig
 from fedistill.data.base import DatasetInfo
-from fedistill.data.registry import dataset_options, load_dataset, same_images
+from fedistill.data.registry import dataset_options, load_dataset
 from fedistill.data.transforms import fit_uint8, to_float
 from fedistill.errors import ConfigError, FederationError, UserError
 from fedistill.federation.messages import ArraySpec, Message, expect_arrays
@@ -80,13 +81,12 @@ def parse_public(spec: str, key: str) -> tuple[str, str]:
 def check_public_run(spec: str, key: str, config: RunConfig) -> None:
     """The run-time check of `check_public`'s source: the held-out split exists only with val_fraction > 0,
     and another dataset must not be (nor share images with) the federation's own."""
-    kind, argument = parse_public(spec, key)
+    kind, _ = parse_public(spec, key)
     if kind == "holdout" and config.val_fraction == 0:
         raise ConfigError(f"{key} = 'holdout' is the federation's held-out split: set val_fraction > 0")
-    if kind == "dataset" and same_images(argument, config.dataset):  # aliases and splits of one release too
-        raise ConfigError(
-            f"{key} = {spec!r} is (or shares images with) the federation's own dataset, whose training "
-            "images are the clients' private data: use 'holdout' (its held-out split) or another dataset"
+    if kind == "dataset":
+        check_source_run(
+            spec, key, config.dataset, instead="use 'holdout' (its held-out split) or another dataset"
         )
 
 

@@ -73,14 +73,17 @@ def check_source(spec: str, key: str = KEY) -> None:
             raise ConfigError(f"{key} = {spec!r}: {exc}") from None
 
 
-def check_source_run(spec: str, key: str, dataset: str) -> None:
+def check_source_run(
+    spec: str, key: str, dataset: str, *, instead: str = "use another dataset, a generator or noise"
+) -> None:
     """The run-time check of a source: not the federation's own `dataset` (by registered name: an alias
-    or another split of one release holds the same images), whose training images are the clients'."""
+    or another split of one release holds the same images), whose training images are the clients'.
+    `instead` names the sources the caller takes in its place (FedMD's public data: `holdout` too)."""
     kind, argument = parse_source(spec, key)
     if kind == "dataset" and same_images(argument, dataset):
         raise ConfigError(
-            f"{key} = {spec!r} is (or shares images with) the federation's own dataset: the server would "
-            "hold the clients' training images. Use another dataset, a generator or noise"
+            f"{key} = {spec!r} is (or shares images with) the federation's own dataset, whose training "
+            f"images are the clients' private data: {instead}"
         )
 
 
