@@ -186,3 +186,12 @@ def test_the_plan_spells_an_option_as_a_config_file_reads_it_back(tmp_path, caps
     assert main([*argv, "--set", "own.root='C:\\data\\\"x\"'"]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  root = "))
     assert tomllib.loads(line.strip()) == {"root": 'C:\\data\\"x"'}
+
+
+def test_an_option_value_toml_cannot_hold_is_shown_as_python_writes_it():
+    """An own algorithm's options may hold None (TOML has no null): the plan shows it instead of failing."""
+    from fedistill.config import toml_literal
+
+    assert toml_literal(None) == "None"
+    assert toml_literal(("a", 1)) == '["a", 1]'
+    assert toml_literal('a"b') == '"a\\"b"'

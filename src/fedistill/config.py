@@ -147,12 +147,16 @@ Homes = Callable[[str], Mapping[str, Collection[str]]]
 
 
 def toml_literal(value: Any) -> str:
-    """`value` on one line, as TOML (and so `--set`) reads it."""
-    if isinstance(value, list):
+    """`value` on one line, as TOML (and so `--set`) reads it; a value TOML cannot hold (None, an object a
+    user's own options class keeps) as Python writes it, rather than failing the message that shows it."""
+    if isinstance(value, list | tuple):
         return "[" + ", ".join(toml_literal(item) for item in value) + "]"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k} = {toml_literal(v)}" for k, v in value.items()) + "}"
-    return tomli_w.dumps({"v": value}).partition("=")[2].strip()
+    try:
+        return tomli_w.dumps({"v": value}).partition("=")[2].strip()
+    except TypeError:
+        return repr(value)
 
 
 def _where(key: str, value: Any, homes: Homes | None, run: tuple[str, str], table: str = "") -> str:
