@@ -30,6 +30,9 @@ class RunConfig:
     algorithm: str = "fedavg,standalone,centralized"  # comma-separated: several runs side by side
     dataset: str = "digits"
     data_dir: str = "data"
+    # "": every site cuts its shard from the whole dataset; a folder ({site}: the site's number) where each
+    # site reads only its own records, the server then using data_dir for its test and validation data
+    site_data_dir: str = ""
     download: bool = False
     model: str = "resnet8"
     norm: str = "auto"  # auto (the model's own: batch; instance for unet-fastmri) | batch | group | none
@@ -86,6 +89,8 @@ class RunConfig:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}
         if not self.track:  # watching a run is not part of what it computes: untracked runs save as before
             del data["track"]
+        if not self.site_data_dir:  # runs on a shared dataset save as before the key existed
+            del data["site_data_dir"]
         data.update({name: dict(values) for name, values in sorted(self.options.items())})
         return data
 

@@ -153,9 +153,9 @@ DATASETS: dict[str, DatasetEntry] = {
         lambda folder, download, verify, **opts: load_image_folder(folder, **opts),
         _no_files(
             f"image-folder reads your own images from data_dir with the layout {LAYOUT}; "
-            "class folder names sorted alphabetically give the labels."
+            "class folder names sorted alphabetically give the labels (or the option classes, in order)."
         ),
-        options=("channels", "image_size", "crop_padding", "horizontal_flip"),
+        options=("channels", "image_size", "crop_padding", "horizontal_flip", "classes"),
     ),
     "brats": DatasetEntry(
         "brats",

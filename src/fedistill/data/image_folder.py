@@ -33,6 +33,20 @@ def _entries(folder: Path) -> list[Path]:
         raise DataError(f"image-folder: cannot list {folder}: {e.strerror or e}") from e
 
 
+def _checked_classes(classes: object) -> tuple[str, ...] | None:
+    """The option `classes`: two or more distinct folder names, in label order; None when not given."""
+    if classes is None:
+        return None
+    names = tuple(classes) if isinstance(classes, list | tuple) else ()
+    valid = all(isinstance(n, str) and n and n == n.strip() and "/" not in n for n in names)
+    if len(names) < 2 or not valid or len(set(names)) != len(names):
+        raise ConfigError(
+            f"image-folder option classes must list two or more distinct class folder names in label "
+            f'order, e.g. classes = ["benign", "malignant"]; got {classes!r}'
+        )
+    return names
+
+
 def _check_root(root: Path) -> None:
     """The usual wrong data_dir, named with what it holds: a folder that is not there, a train/ folder itself,
     or one of class folders with no train/ above them. Anything else goes on to `_class_dirs`' own errors."""
@@ -112,8 +126,11 @@ def load_image_folder(
     image_size: int = 32,
     crop_padding: int = 0,
     horizontal_flip: bool = False,
+    classes: list[str] | tuple[str, ...] | None = None,
 ) -> LoadedDataset:
-    """Load `data_dir/train` and `data_dir/test`; mean/std are per channel over the training images."""
+    """Load `data_dir/train` and `data_dir/test`; mean/std are per channel over the training images.
+    `classes`: every class name in label order, where a folder may lack some of them (a site that has no
+    case of one); without it the train/ folder names, sorted, are the classes."""
     if not is_plain_int(channels) or channels not in (1, 3):
         raise ConfigError(f"image-folder option channels must be 1 or 3, got {channels!r}")
     if not is_plain_int(image_size) or image_size < 1:
@@ -127,25 +144,34 @@ def load_image_folder(
         raise ConfigError(
             f"image-folder option horizontal_flip must be true or false, got {horizontal_flip!r}"
         )
+    names = _checked_classes(classes)
     root = Path(data_dir)
     _check_root(root)
     train_classes = _class_dirs(root / "train")
     test_classes = _class_dirs(root / "test")
-    unknown = sorted(set(test_classes) - set(train_classes))
-    if unknown:
-        raise DataError(
-            f"image-folder: test classes {unknown} under {root / 'test'} have no folder under "
-            f"{root / 'train'}; every test class must also be a training class"
-        )
+    known = set(train_classes) if names is None else set(names)
+    for part, found in (("train", train_classes), ("test", test_classes)):
+        unknown = sorted(set(found) - known)
+        if unknown and names is not None:
+            raise DataError(
+                f"image-folder: class folder(s) {unknown} under {root / part} are not in the option "
+                f"classes ({', '.join(names)})"
+            )
+        if unknown:
+            raise DataError(
+                f"image-folder: test classes {unknown} under {root / 'test'} have no folder under "
+                f"{root / 'train'}; every test class must also be a training class"
+            )
     for class_dir in train_classes.values():
         if not _image_files(class_dir):
             raise DataError(f"image-folder: training class folder {class_dir} {_no_images(class_dir)}")
-    if len(train_classes) < 2:
+    if names is None and len(train_classes) < 2:
         raise DataError(
             f"image-folder: {root / 'train'} holds {len(train_classes)} class folder(s) "
             f"({', '.join(train_classes) or 'none'}); a classifier needs at least 2"
         )
-    label_of = {name: i for i, name in enumerate(train_classes)}
+    names = names or tuple(train_classes)
+    label_of = {name: i for i, name in enumerate(names)}
     train = _load_split(root / "train", train_classes, label_of, channels, image_size)
     test = _load_split(root / "test", test_classes, label_of, channels, image_size)
     pixels = train.x.double().div(255.0).transpose(0, 1).reshape(channels, -1)
@@ -154,11 +180,11 @@ def load_image_folder(
         name="image-folder",
         channels=channels,
         image_size=image_size,
-        num_classes=len(train_classes),
+        num_classes=len(names),
         mean=tuple(float(m) for m in pixels.mean(dim=1)),
         std=tuple(float(s) for s in std),
         crop_padding=crop_padding,
         horizontal_flip=horizontal_flip,
-        class_names=tuple(train_classes),
+        class_names=names,
     )
     return LoadedDataset(info=info, train=train, test=test)

@@ -99,11 +99,13 @@ def _plan(config: RunConfig, data: Prepared, where: str) -> str:
         )
         lines += _options(_after_preset(resolved, data), name)
     train, test = data.dataset.train, data.dataset.test
-    lines.append(f"dataset: {config.dataset} (train {len(train):,}, test {len(test):,})")
-    lines.append(
-        f"partition: {config.clients} clients, {config.partition}, alpha {config.alpha}; "
-        f"training samples per client: {_client_sizes(data)}"
-    )
+    held = "the server's: " if data.own_data else ""
+    lines.append(f"dataset: {config.dataset} ({held}train {len(train):,}, test {len(test):,})")
+    how = f"{config.partition}, alpha {config.alpha}"
+    if data.own_data:
+        how = f"each site's own data ({config.site_data_dir})"
+    sizes = _client_sizes(data)
+    lines.append(f"partition: {config.clients} clients, {how}; training samples per client: {sizes}")
     lines.append(f"model: {config.model} ({_parameters(config, data, counted):,} parameters)")
     threads = config.threads if config.threads > 0 else torch.get_num_threads()
     lines.append(f"device: {devices.resolve(config.device)}; threads: {threads}")
@@ -136,7 +138,9 @@ def _options(options: Any, name: str) -> list[str]:
 
 def _client_sizes(data: Prepared) -> str:
     """Each client's training-sample count, or their min / median / max for many clients."""
-    sizes = [len(indices) for indices in data.split.client_train]
+    sizes = data.client_sizes()
+    if sizes is None:
+        return "counted by each site's Flower node when the run starts"
     if len(sizes) <= LISTED_CLIENTS:
         return " ".join(str(n) for n in sizes)
     return f"min {min(sizes)}, median {statistics.median(sizes):g}, max {max(sizes)}"

@@ -25,7 +25,7 @@ from fedistill.algorithms.shared.oracle import ORACLE_LABEL, ORACLE_METRIC
 from fedistill.algorithms.shared.stage1 import cache_folder
 from fedistill.algorithms.shared.training import evaluate_model, task_of
 from fedistill.config import RunConfig, write_config
-from fedistill.data.partition import FederatedSplit, load_split, save_split
+from fedistill.data.partition import load_split, save_split
 from fedistill.engine.checkpoint import save_model, sweep_temporaries, write_checkpoint
 from fedistill.engine.floor import floor_scores
 from fedistill.engine.resume import (
@@ -37,6 +37,7 @@ from fedistill.engine.resume import (
 )
 from fedistill.engine.rundir import MetricsWriter
 from fedistill.engine.setup import Prepared, client_contexts, resolve, score_first, source_names
+from fedistill.engine.site_data import check_sites, save_sites, site_greeting
 from fedistill.engine.summary import write_summary
 from fedistill.engine.tracking import start_tracking
 from fedistill.errors import ConfigError, FederationError, RunDirError
@@ -110,19 +111,23 @@ def run_algorithm(
         if checkpoint is None:
             write_config(config, run_dir / "config.toml")
             save_split(data.split, run_dir)
-            plot_partition(
-                data.split.train_counts,
-                run_dir / "plots" / "partition.png",
-                class_names=task_of(config, data.dataset.info).partition_names(data.dataset) or None,
-                title=f"{config.dataset}: {config.partition} (alpha={config.alpha}), "
-                f"{config.clients} clients",
-            )
+            save_sites(data, run_dir)
+            counts = data.train_counts()  # None: the sites' own data, on their Flower nodes
+            if counts is not None:
+                how = "own data" if data.own_data else f"{config.partition} (alpha={config.alpha})"
+                plot_partition(
+                    counts,
+                    run_dir / "plots" / "partition.png",
+                    class_names=task_of(config, data.dataset.info).partition_names(data.dataset) or None,
+                    title=f"{config.dataset}: {how}, {config.clients} clients",
+                )
         else:  # an edited key is named first: a new seed or alpha also makes another partition
             check_same_settings(run_dir, state["runner"].get("settings"), config)
             if load_split(run_dir).hash() != data.split.hash():
                 raise ConfigError(
                     f"{run_dir}: the saved partition differs from the one this config makes; cannot resume"
                 )
+            check_sites(data, run_dir)
         restarted = resume and checkpoint is None  # a resumed run that never checkpointed starts over
         return _loop(config, algorithm, options, run_dir, data, state, progress, grid, restarted)
     except FederationError as exc:  # why it stopped goes to run.log too; the console has the CLI's line
@@ -189,7 +194,7 @@ def _loop(
     try:  # a failure before round 1 (stage 1 interrupted) closes what it opened, as one in a round does
         # None unless config.track names trackers; a new run under a used name is no resume of it
         tracking = start_tracking(config, run_dir, resume=state is not None or restarted)
-        fleet = _fleet(config, algorithm, clients, ledger, grid, run_dir, data.split)
+        fleet = _fleet(config, algorithm, clients, ledger, grid, run_dir, data)
         # the versions of the code that starts the run, not of whatever is on disk when it ends
         ran_with, ran_on = versions(), machine()
         machines_so_far = history_after(runner_state.get("machines", []), ran_on)  # this start's machine last
@@ -328,10 +333,10 @@ def _loop(
             "rounds_done": rounds_done,
             "seed": config.seed,
             "partition": {
-                "method": config.partition,
-                "alpha": config.alpha,
+                "method": "own-data" if data.own_data else config.partition,
+                "alpha": None if data.own_data else config.alpha,
                 "hash": data.split.hash(),
-                "sizes": [len(idx) for idx in data.split.client_train],
+                "sizes": data.client_sizes() or getattr(fleet, "site_sizes", None) or [],
             },
             "final": final,
             headline: final.get(headline),  # the headline's value at the top level, as readers expect it
@@ -379,7 +384,7 @@ def _fleet(
     ledger: Ledger,
     grid: Any,
     run_dir: Path,
-    split: FederatedSplit,
+    data: Prepared,
 ) -> Fleet:
     max_bytes, timeout = int(config.max_message_mb * 2**20), config.timeout or None
     if grid is None:
@@ -398,5 +403,8 @@ def _fleet(
         max_bytes=max_bytes,
         timeout=timeout,
         connect_timeout=config.connect_timeout,
-        split_hash=split.hash(),  # only a Flower node rebuilds the split, so only then compared
+        # only a Flower node rebuilds the split, so only then compared; a site with its own data has no
+        # split to compare but takes the server's dataset facts and test set (site_data.py)
+        split_hash=None if data.own_data else data.split.hash(),
+        greeting=site_greeting(data.dataset) if data.own_data else None,
     )

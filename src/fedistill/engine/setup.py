@@ -5,6 +5,7 @@ wrong is checked here, before a run writes anything.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import logging
 from dataclasses import dataclass
@@ -21,9 +22,18 @@ from fedistill.algorithms.shared.option_checks import check_model_names, named_m
 from fedistill.algorithms.shared.training import task_of
 from fedistill.config import RunConfig, check_dataset_table, for_algorithm, options_for
 from fedistill.data.base import LoadedDataset
-from fedistill.data.partition import FederatedSplit, make_split
+from fedistill.data.partition import make_split
 from fedistill.data.registry import canonical_dataset_name, dataset_options, load_dataset
 from fedistill.engine.key_homes import key_homes
+from fedistill.engine.prepared import Prepared
+from fedistill.engine.site_data import (
+    check_site_data,
+    data_hash,
+    load_site,
+    own_data,
+    pooled,
+    server_split_config,
+)
 from fedistill.engine.tracking import trackers_for
 from fedistill.errors import ConfigError, DataError, UserError, unknown_name
 from fedistill.models import check_model_norm, check_model_options, model_names
@@ -85,14 +95,6 @@ def note_unused(config: RunConfig) -> None:
 NON_ALGORITHM_SECTIONS = {"partition_options", "task", "model_options"}
 
 
-@dataclass
-class Prepared:
-    """The data side of a run, shared by every algorithm of a suite."""
-
-    dataset: LoadedDataset
-    split: FederatedSplit
-
-
 def source_names(dataset: LoadedDataset) -> list[str] | None:
     """Each test sample's source (site, organ, dataset) by name, for per-source metrics; None without."""
     if dataset.test_groups is None:
@@ -144,8 +146,12 @@ def canonical_dataset(config: RunConfig) -> RunConfig:
 
 
 def prepare_data(config: RunConfig) -> Prepared:
-    """Load the run's dataset, with its options, and split it among the clients as the config says."""
+    """Load the run's dataset, with its options, and split it among the clients as the config says; with
+    `site_data_dir`, the server's own data, split into its validation holdout and the rest."""
     config = canonical_dataset(config)
+    if own_data(config):
+        prepared = prepare_data(server_split_config(config))
+        return Prepared(prepared.dataset, prepared.split, own_data=True)
     dataset = load_dataset(
         config.dataset, config.data_dir, download=config.download, **config.options.get(config.dataset, {})
     )
@@ -244,14 +250,21 @@ def validate_setup(config: RunConfig, *, resume: bool = False) -> Prepared:
     running = {name: resolve(config, name) for name in config.algorithms}  # each resolved once, here
     for resolved in running.values():
         check_algorithm(resolved)
+    on_flower = config.transport == "flower"
+    check_site_data(config, per_node_folders=on_flower)
+    if own_data(config) and on_flower:
+        for name, resolved in running.items():
+            if resolved.algorithm.pooled:
+                raise ConfigError(
+                    f"{name} pools every site's records, and with site_data_dir they stay at the sites' "
+                    "Flower nodes; run it in-process on folders you hold, or leave it out"
+                )
     data = prepare_data(config)
     info = data.dataset.info
     task = task_of(config, info)
-    for what, images in (("training set", data.dataset.train), ("test set", data.dataset.test)):
-        try:
-            task.check(info, images, f"{config.dataset} {what}")
-        except ValueError as exc:
-            raise DataError(str(exc)) from exc
+    check_sets(task, info, data.dataset, config.dataset)
+    if own_data(config) and not on_flower:  # a Flower node loads its own site (engine/flower/node.py)
+        data = Prepared(data.dataset, data.split, _load_sites(config, task, info), own_data=True)
     for name, resolved in running.items():
         algorithm, model = resolved.algorithm, resolved.config.model
         if task.name not in algorithm.tasks:
@@ -289,6 +302,34 @@ def validate_setup(config: RunConfig, *, resume: bool = False) -> Prepared:
     return data
 
 
+def check_sets(task: Task, info: Any, dataset: LoadedDataset, what: str) -> None:
+    """The training and test sets are data the task can use (`Task.check`), else one DataError line."""
+    for part, images in (("training set", dataset.train), ("test set", dataset.test)):
+        try:
+            task.check(info, images, f"{what} {part}")
+        except ValueError as exc:
+            raise DataError(str(exc)) from exc
+
+
+def _load_sites(config: RunConfig, task: Task, info: Any) -> list[Prepared]:
+    """Every site's own data, in-process (site_data.py), each checked as the server's are; two sites holding
+    the same training records (one folder read twice) are a mistake named here."""
+    sites: list[Prepared] = []
+    seen: dict[str, int] = {}
+    for k in range(config.clients):
+        site = load_site(config, k, info)
+        check_sets(task, site.dataset.info, site.dataset, f"site {k}'s")
+        fingerprint = data_hash(site.dataset.train)
+        if fingerprint in seen:
+            raise DataError(
+                f"sites {seen[fingerprint]} and {k} hold the same training records (site_data_dir = "
+                f"{config.site_data_dir!r}); each site's folder must hold its own"
+            )
+        seen[fingerprint] = k
+        sites.append(site)
+    return sites
+
+
 def client_contexts(
     config: RunConfig, algorithm: Algorithm, options: Any, data: Prepared, cache_dir: Path | None = None
 ) -> list[ClientContext]:
@@ -298,11 +339,14 @@ def client_contexts(
     train, test, split, info = data.dataset.train, data.dataset.test, data.split, data.dataset.info
     sources = source_names(data.dataset)
     if algorithm.pooled:
-        everything = np.sort(np.concatenate(split.client_train))
+        if data.sites is not None:
+            everything = pooled(data.sites)
+        else:
+            everything = train.subset(np.sort(np.concatenate(split.client_train)))
         return [
             ClientContext(
                 0,
-                train.subset(everything),
+                everything,
                 train.subset(split.server_val),
                 test,
                 info,
@@ -314,9 +358,28 @@ def client_contexts(
                 sources,
             )
         ]
+    if data.sites is not None:
+        harness = data.dataset  # the server's test set scores what a site keeps
+        return [
+            site_context(config, options, site, k, cache_dir, harness) for k, site in enumerate(data.sites)
+        ]
     return [
         client_context(config, options, data, k, cache_dir, sources) for k in range(len(split.client_train))
     ]
+
+
+def site_context(
+    config: RunConfig, options: Any, site: Prepared, k: int, cache_dir: Path | None, harness: LoadedDataset
+) -> ClientContext:
+    """Site `k`'s context from its own data (site_data.py): its one-site split, its own test part as its
+    local test set, and the server's test set (`harness`) as the evaluation harness's."""
+    return dataclasses.replace(
+        client_context(config, options, site, 0, cache_dir),
+        client_id=k,
+        global_test=harness.test,
+        global_test_meta=harness.test_meta,
+        global_test_sources=source_names(harness),
+    )
 
 
 def client_context(

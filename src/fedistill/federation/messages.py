@@ -48,6 +48,7 @@ CONTENT_KINDS = frozenset(
         "discriminator-outputs",  # a discriminator's scores on inputs
         "label-statistics",  # class counts or label distributions
         "public-data",  # inputs (and labels) of a public dataset, sent by the server
+        "evaluation-set",  # the server's own test set, sent once to sites holding their own data (scoring)
         "votes",  # quantised model outputs: one-hot votes or few-bit probabilities (PATE-style)
         "label-masks",  # per-pixel label masks (a site's private labels when it sends them)
         "latent-features",  # a model's intermediate features of private inputs (FL-MRCM's target site)

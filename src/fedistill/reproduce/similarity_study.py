@@ -119,6 +119,11 @@ def load_run(path: Path, data_dir: str) -> FedIODRun:
     config = read_config(path / "config.toml").replace(data_dir=data_dir)
     if config.algorithm != "fediod":
         raise SystemExit(f"{path}: algorithm is {config.algorithm!r}, not 'fediod'")
+    if config.site_data_dir:
+        raise SystemExit(
+            f"{path}: its sites held their own records (site_data_dir); the study cuts each site's records "
+            "from one copy of the dataset, so it runs on runs that split one"
+        )
     try:
         data = prepare_data(config)
     except UserError as error:  # the data are elsewhere (a run of one's own): one line, not a traceback

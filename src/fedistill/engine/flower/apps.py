@@ -23,10 +23,11 @@ from fedistill.algorithms.registry import ALGORITHMS, algorithm_names
 from fedistill.config import RunConfig, build_config, parse_assignment
 from fedistill.engine.flower.enrolled_grid import enrolled
 from fedistill.engine.flower.enrolment import ASSIGNED_PARTITION, enrolment_from_environment
-from fedistill.engine.flower.node import node_data, node_for, partition_of
+from fedistill.engine.flower.node import node_data, node_for, partition_of, site_hello
 from fedistill.engine.flower.outcome import clear_failure, record_failure
 from fedistill.engine.key_homes import key_homes
 from fedistill.engine.setup import canonical_dataset, validate_setup
+from fedistill.engine.site_data import own_data
 from fedistill.engine.suite import default_name, run_algorithms
 from fedistill.errors import ConfigError, FederationError, UserError
 from fedistill.federation.messages import Message, check_on_receipt
@@ -81,6 +82,9 @@ def answer(
     assigned = int(header[ASSIGNED_PARTITION]) if ASSIGNED_PARTITION in header else None
     if message_type == HELLO:
         pid = partition_of(context, run_config, assigned)
+        if own_data(run_config):  # a site's own records: nothing to split, the server's facts to keep
+            request = from_records(content, message_type)
+            return to_records(site_hello(context, run_config, pid, request, state_root))
         # the split this node's copy of the data gives: the server stops the run if it is not its own
         split_hash = node_data(context, run_config)[1].split.hash()
         scalars = {"metrics": {"partition_id": pid}, "config": {SPLIT_HASH: split_hash}}

@@ -31,18 +31,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context
 
 from fedistill import devices
 from fedistill.algorithms.shared.stage1 import cache_folder
+from fedistill.algorithms.shared.training import task_of
 from fedistill.config import RunConfig
+from fedistill.data.base import LoadedDataset
 from fedistill.engine.checkpoint import load_state, save_state
 from fedistill.engine.flower.heap import release_free_memory
-from fedistill.engine.setup import client_context, prepare_data, resolve
-from fedistill.errors import ConfigError
+from fedistill.engine.setup import Prepared, check_sets, client_context, prepare_data, resolve, site_context
+from fedistill.engine.site_data import (
+    DATASET_INFO,
+    EVALUATION_SET,
+    data_hash,
+    harness_from,
+    load_site,
+    own_data,
+    site_folder,
+)
+from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.client import ClientLogic
+from fedistill.federation.messages import Message
 from fedistill.transports.flower.forward import VERSIONS, node_state_dir
+from fedistill.transports.flower.grid_fleet import DATA_HASH, HELLO
 
 
 @dataclass
@@ -181,7 +195,9 @@ def node_for(
         return node
     root = state_root or node_state_dir(context)
     stem = Path(root) / f"run-{key[0]}" / f"{algorithm_name}-client-{pid:03d}" / "state"
-    client = _build_client(context, config, algorithm_name, pid, cache_folder(config, beside=Path(root)))
+    client = _build_client(
+        context, config, algorithm_name, pid, cache_folder(config, beside=Path(root)), state_root
+    )
     if version > 0:
         client.load_state_dict(load_state(versioned(stem, version)))
     node = Node(key, client, version, stem)
@@ -201,17 +217,83 @@ def node_data(context: Context, config: RunConfig) -> tuple[RunConfig, Any]:
     return config, _DATA[data_key]
 
 
+def harness_stem(context: Context, state_root: Path | None) -> Path:
+    """Where a node keeps what the run's HELLO brought it when it holds its own data (the server's dataset
+    facts and test set, site_data.py): node storage, so that every later process of the node, a worker's
+    included, has them."""
+    return Path(state_root or node_state_dir(context)) / f"run-{int(context.run_id)}" / "evaluation-set"
+
+
+def site_hello(
+    context: Context, config: RunConfig, pid: int, request: Message, state_root: Path | None
+) -> Message:
+    """The HELLO reply of a site holding its own data: what the server sent is kept (a site whose data
+    disagree with its facts fails here, naming the difference), and the reply says how many training
+    records the site holds and their fingerprint (two sites reading one folder are found out)."""
+    arrays, scalars = request.arrays.get(EVALUATION_SET), request.scalars.get("config", {})
+    if arrays is None or DATASET_INFO not in scalars:
+        raise FederationError(
+            f"{HELLO} carried no dataset facts and test set from the server, which a site with its own data "
+            "needs (the server runs an older fedistill, or no site_data_dir): install the same version"
+        )
+    harness_from(arrays, scalars)  # what it cannot read is refused before it is kept
+    stem = harness_stem(context, state_root)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    kept = {"arrays": {name: torch.as_tensor(np.asarray(value)) for name, value in arrays.items()}}
+    save_state({**kept, "config": {key: str(value) for key, value in scalars.items()}}, stem)
+    site, _ = node_site(context, config, pid, state_root)
+    reply = {
+        "metrics": {"partition_id": pid, "num_samples": len(site.split.client_train[0])},
+        "config": {DATA_HASH: data_hash(site.dataset.train)},
+    }
+    return Message.build(HELLO, scalars=reply)
+
+
+def node_site(
+    context: Context, config: RunConfig, pid: int, state_root: Path | None
+) -> tuple[Prepared, LoadedDataset]:
+    """This site's own data (site_data.py), from its node config's `data-dir`, else `site_data_dir`, and
+    the server's facts and test set its HELLO kept (both loaded once per process)."""
+    stem = harness_stem(context, state_root)
+    if not stem.with_suffix(".json").exists():
+        raise FederationError(f"this node has no dataset facts from the server: it missed the run's {HELLO}")
+    folder = site_folder(config, pid, context.node_config.get("data-dir"))
+    stamp = stem.with_suffix(".safetensors").stat().st_mtime_ns
+    data_key = repr(("site", pid, str(folder), str(stem), stamp, sorted(config.to_dict().items())))
+    if data_key not in _DATA:
+        _DATA.clear()  # one site's data at a time
+        kept = load_state(stem)
+        harness = harness_from(kept["arrays"], kept["config"])
+        site = load_site(config, pid, harness.info, folder)
+        check_sets(task_of(config, site.dataset.info), site.dataset.info, site.dataset, f"site {pid}'s")
+        _DATA[data_key] = (site, harness)
+        _freeze_long_lived()
+    return _DATA[data_key]
+
+
 def _build_client(
-    context: Context, config: RunConfig, algorithm_name: str, pid: int, cache_dir: Path | None
+    context: Context,
+    config: RunConfig,
+    algorithm_name: str,
+    pid: int,
+    cache_dir: Path | None,
+    state_root: Path | None,
 ) -> ClientLogic:
     # simulation workers share the machine's cores: one thread each unless the node says otherwise
     torch.set_num_threads(node_threads(context, config))
     # a node may run on its own accelerator: node config `device`, else the run's
     devices.use(str(context.node_config.get("device", config.device)))
-    config, data = node_data(context, config)
+    own = own_data(config)
+    if own:  # the site's own records (site_data.py)
+        site, harness = node_site(context, config, pid, state_root)
+    else:
+        config, data = node_data(context, config)
     resolved = resolve(config, algorithm_name)
     if resolved.algorithm.pooled:
         raise ConfigError(f"{algorithm_name} pools every client's data; it cannot run on Flower nodes")
+    if own:
+        return resolved.algorithm.client(
+            site_context(resolved.config, resolved.options, site, pid, cache_dir, harness)
+        )
     # only this node's site: building all K contexts would copy every site's shard on each node
-    context_k = client_context(resolved.config, resolved.options, data, pid, cache_dir)
-    return resolved.algorithm.client(context_k)
+    return resolved.algorithm.client(client_context(resolved.config, resolved.options, data, pid, cache_dir))

@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 HELLO = "query.hello"
 #: the scalar (content kind "config") in a node's HELLO reply: the hash of the split its data gives
 SPLIT_HASH = "split_hash"
+#: where sites hold their own data: the scalar (content kind "config") in a node's HELLO reply holding the
+#: fingerprint of its training records (two nodes reading one folder are found out)
+DATA_HASH = "data_hash"
 #: How long a send waits for its replies when the run config sets no `timeout`.
 DEFAULT_TIMEOUT_S = 600.0
 #: A node's answer: (the valid message, None, None) or (None, the error, what arrived if it decoded).
@@ -50,6 +53,7 @@ class GridFleet(Fleet):
         connect_timeout: float = 300.0,  # Ray workers start slowly on a loaded machine
         poll_s: float = 0.02,
         split_hash: str | None = None,
+        greeting: Message | None = None,
     ) -> None:
         super().__init__(ledger)
         self.grid = grid
@@ -58,6 +62,10 @@ class GridFleet(Fleet):
         self.timeout = timeout or DEFAULT_TIMEOUT_S
         self.poll_s = poll_s
         self.split_hash = split_hash
+        #: the HELLO of a run whose sites hold their own data (the server's facts and test set for them)
+        self.greeting = greeting
+        #: each site's training-sample count, as its node reported it, where sites hold their own data
+        self.site_sizes: list[int] | None = None
         self.node_of = self._discover(expected_clients, connect_timeout)
 
     @property
@@ -78,7 +86,7 @@ class GridFleet(Fleet):
                 f"only {len(nodes)} of {expected} Flower nodes connected within {connect_timeout:.0f} s"
                 + (f"; {why}" if why else "")
             )
-        hello = Message.build(HELLO)
+        hello = self.greeting or Message.build(HELLO)
         replies = self._exchange({node: hello for node in nodes}, step=None, timeout=connect_timeout)
         node_of: dict[int, int] = {}
         for node, (reply, error, _) in replies.items():
@@ -93,6 +101,8 @@ class GridFleet(Fleet):
             node_of[pid] = node
         if sorted(node_of) != list(range(expected)):
             raise FederationError(f"expected partitions 0..{expected - 1}, the nodes hold {sorted(node_of)}")
+        if self.greeting is not None:
+            self.site_sizes = self._own_data([replies[node][0] for _, node in sorted(node_of.items())])
         for pid, node in sorted(node_of.items()):
             self.record_request(pid, hello, None)
             self.record_reply(Reply(pid, replies[node][0]), HELLO, None)
@@ -114,6 +124,28 @@ class GridFleet(Fleet):
             f"(split {str(theirs)[:12]} against {self.split_hash[:12]}): its copy of the dataset, or the "
             "options it read, differ from the server's; give every node the same data under its data-dir"
         )
+
+    @staticmethod
+    def _own_data(replies: list[Message | None]) -> list[int]:
+        """Each site's training-sample count from its HELLO reply (partition order); two sites whose records
+        are the same (one folder read twice) stop the run."""
+        sizes, seen = [], {}
+        for pid, reply in enumerate(replies):
+            assert reply is not None  # _discover stopped on any missing reply
+            fingerprint = reply.scalars.get("config", {}).get(DATA_HASH)
+            if fingerprint is None:
+                raise FederationError(
+                    f"Flower node of partition {pid} did not say what data it holds; it runs an older "
+                    "fedistill than the server: install the same version on every node"
+                )
+            if fingerprint in seen:
+                raise FederationError(
+                    f"the Flower nodes of partitions {seen[fingerprint]} and {pid} hold the same training "
+                    "records: each site's data-dir (or site_data_dir's {site}) must name its own folder"
+                )
+            seen[fingerprint] = pid
+            sizes.append(int(reply.scalars.get("metrics", {}).get("num_samples", 0)))
+        return sizes
 
     # --- the Fleet interface ---------------------------------------------------------------------
     def send(

@@ -1,0 +1,34 @@
+"""The data side of a run, loaded once and shared by every algorithm of a suite."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedistill.data.base import LoadedDataset
+from fedistill.data.partition import FederatedSplit
+
+
+@dataclass
+class Prepared:
+    """The data side of a run, shared by every algorithm of a suite. With `site_data_dir` (site_data.py)
+    `dataset` is the server's own data, split into its validation holdout and the rest, and `sites` each
+    site's own data where this process hosts the sites (in-process; a Flower node loads its own)."""
+
+    dataset: LoadedDataset
+    split: FederatedSplit
+    sites: list[Prepared] | None = None
+    own_data: bool = False  # the sites hold their own records: `split` is the server's data alone
+
+    def client_sizes(self) -> list[int] | None:
+        """Each client's training-sample count, where this process knows them."""
+        if self.sites is not None:
+            return [len(site.split.client_train[0]) for site in self.sites]
+        return None if self.own_data else [len(idx) for idx in self.split.client_train]
+
+    def train_counts(self) -> np.ndarray | None:
+        """Each client's training samples per class (clients x classes), where this process knows them."""
+        if self.sites is not None:
+            return np.concatenate([site.split.train_counts for site in self.sites])
+        return None if self.own_data else self.split.train_counts

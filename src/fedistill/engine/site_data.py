@@ -1,0 +1,219 @@
+"""Sites that hold only their own records (`site_data_dir`), as a consortium's hospitals do.
+
+By default every site (and the server) loads the whole dataset and cuts its shard from it, which is right for
+a simulation and wrong for a deployment: a hospital has its own scans, not everyone's. With `site_data_dir`
+set, site k reads its own folder (`{site}` in the path becomes k; on a Flower SuperNode its node config's
+`data-dir` wins), laid out as the dataset's loader expects, and keeps all of its training records but a
+`val_fraction` holdout; its test part is its own local test set. The server reads `data_dir` for the test set
+it scores every model on and holds out `val_fraction` of that folder's training part as its validation split.
+The data are already partitioned, so `partition`, `alpha` and `[partition_options]` do not apply.
+
+Every model must see inputs normalised the same way, so a site takes the server's dataset facts (class names,
+image size, channels, mean and std) after checking that its own agree on everything but the statistics. Models
+that never leave a site (Standalone's, FedMD's, FedIOD's teachers) are scored by the evaluation harness on the
+server's test set, at the site, as in every other run; so on Flower the server's start-up HELLO carries
+its dataset facts and its test set (inputs, labels, the facts per-volume metrics need) to every node, once,
+under the content kind `evaluation-set` in the ledger, and each node keeps them on its storage. In-process the
+sites are handed the same objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedistill.config import RunConfig
+from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
+from fedistill.data.catalog import DATASETS
+from fedistill.data.partition import make_split
+from fedistill.data.registry import canonical_dataset_name, load_dataset
+from fedistill.engine.prepared import Prepared
+from fedistill.errors import ConfigError, DataError
+from fedistill.federation.messages import Message
+from fedistill.seeding import derive_seed
+from fedistill.tasks import task_class
+
+#: The placeholder in `site_data_dir` that becomes each site's number.
+SITE = "{site}"
+#: The transport's start-up exchange (transports/flower/grid_fleet.py), the content kind of the server's
+#: test set in it, and its config scalars' names.
+HELLO = "query.hello"
+EVALUATION_SET = "evaluation-set"
+DATASET_INFO = "dataset_info"
+GROUP_NAMES = "group_names"
+#: The dataset facts a site's own data must share with the server's; the rest (mean, std) it takes from them.
+AGREED = ("name", "task", "channels", "image_size", "num_classes", "class_names", "text")
+
+
+def own_data(config: RunConfig) -> bool:
+    """Whether the run's sites hold only their own records (`site_data_dir` set)."""
+    return bool(config.site_data_dir)
+
+
+def site_folder(config: RunConfig, site: int, node_dir: str | None = None) -> Path:
+    """Where site `site` reads its records: the node's own `data-dir` when it has one, else `site_data_dir`
+    with `{site}` replaced by the site's number."""
+    if node_dir:
+        return Path(node_dir).expanduser()
+    return Path(config.site_data_dir.replace(SITE, str(site))).expanduser()
+
+
+def check_site_data(config: RunConfig, *, per_node_folders: bool = False) -> None:
+    """What `site_data_dir` rules out before any data are read: a dataset that reads no files (every site
+    would hold the same records), and, where the sites' folders come from the path alone (in-process, a
+    Flower simulation), a path without `{site}` (every site would read one folder). `per_node_folders`: a
+    Flower deployment, whose nodes may each name their own folder."""
+    if not own_data(config):
+        return
+    if config.val_mode == "subjects":
+        raise ConfigError(
+            "val_mode = 'subjects' holds out whole subjects of a natural partition's sites; with "
+            "site_data_dir each site holds out its own records: use val_mode = 'random' or 'tail'"
+        )
+    name = canonical_dataset_name(config.dataset)
+    entry = DATASETS.get(name)
+    if entry is not None and entry.subdir is None:
+        raise ConfigError(
+            f"site_data_dir: dataset {name!r} reads no files, so every site would hold the same records; "
+            "sites with their own data need a dataset read from files (image-folder, for a site's own images)"
+        )
+    if SITE not in config.site_data_dir and not per_node_folders:
+        raise ConfigError(
+            f"site_data_dir = {config.site_data_dir!r} has no {SITE}, so every site would read the same "
+            f"folder; write e.g. {str(Path(config.site_data_dir) / 'site-{site}')!r} (site 0 reads "
+            f"{str(Path(config.site_data_dir) / 'site-0')!r}), or give each Flower node its own data-dir"
+        )
+
+
+def agreed_info(own: DatasetInfo, server: DatasetInfo, where: str) -> DatasetInfo:
+    """The server's dataset facts, for a site whose own data agree with them on everything but the
+    normalisation statistics (`AGREED`); one line naming the first difference otherwise."""
+    for key in AGREED:
+        mine, theirs = getattr(own, key), getattr(server, key)
+        if mine != theirs:
+            raise DataError(
+                f"{where} holds data unlike the server's: {key} {_shown(mine)} against the server's "
+                f"{_shown(theirs)}; every site's folder must hold the same kind of data as the server's "
+                "data_dir (the same classes, image size and channels)"
+            )
+    return server
+
+
+def _shown(value: object) -> str:
+    """A dataset fact as a line shows it: a long class list cut after its first names."""
+    if isinstance(value, tuple) and len(value) > 6:
+        return repr(value[:6])[:-1] + f", ... ({len(value)} in all))"
+    return repr(value)
+
+
+def load_site(config: RunConfig, site: int, server: DatasetInfo, folder: Path | None = None) -> Prepared:
+    """Site `site`'s own data (from `folder`, else `site_folder`), with the server's dataset facts and a
+    one-site split: all its training records but a `val_fraction` holdout, and its whole test part."""
+    folder = folder or site_folder(config, site)
+    where = f"site {site}'s folder {folder}"
+    if not folder.is_dir():
+        raise DataError(f"{where} does not exist (site_data_dir = {config.site_data_dir!r})")
+    name = canonical_dataset_name(config.dataset)
+    options = dict(config.options.get(config.dataset, config.options.get(name, {})))
+    if "classes" in DATASETS[name].options and "classes" not in options:
+        options["classes"] = list(server.class_names)  # a site may have no case of some class
+    dataset = load_dataset(name, folder, download=False, **options)
+    dataset = dataclasses.replace(dataset, info=agreed_info(dataset.info, server, where))
+    train_labels, test_labels, num_labels = task_class(dataset.info).partition_labels(dataset)
+    split = make_split(
+        train_labels,
+        test_labels,
+        1,
+        method="iid",
+        alpha=None,
+        seed=derive_seed(config.seed, "site", site),
+        num_classes=num_labels,
+        val_fraction=config.val_fraction,
+        val_mode="random" if config.val_mode == "auto" else config.val_mode,  # "subjects" is refused
+    )
+    return Prepared(dataset, split)
+
+
+def server_split_config(config: RunConfig) -> RunConfig:
+    """The config the server splits its own data with: one part, so that its holdout is its validation
+    split (the partition is where the data live)."""
+    options = {**config.options, "partition_options": {}}
+    return config.replace(clients=1, partition="iid", site_data_dir="", options=options)
+
+
+def data_hash(images: ImageSet) -> str:
+    """A fingerprint of a site's training records, so that two sites reading one folder are found out."""
+    digest = hashlib.sha256()
+    for tensor in (images.x, images.y):
+        digest.update(np.ascontiguousarray(tensor.numpy()).tobytes())
+    return digest.hexdigest()
+
+
+def pooled(sites: list[Prepared]) -> ImageSet:
+    """Every site's training records in one set, in site order (a pooled baseline's data, in-process)."""
+    parts = [site.dataset.train.subset(site.split.client_train[0]) for site in sites]
+    return ImageSet(torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]))
+
+
+def site_greeting(dataset: LoadedDataset) -> Message:
+    """The server's HELLO to sites with their own data: its test set with the per-sample facts its metrics
+    need (`evaluation-set`), and its dataset facts and test-source names (config scalars)."""
+    arrays = {"x": dataset.test.x.numpy(), "y": dataset.test.y.numpy()}
+    arrays.update({f"meta.{key}": np.asarray(value) for key, value in dataset.test_meta.items()})
+    if dataset.test_groups is not None:
+        arrays["groups"] = np.asarray(dataset.test_groups)
+    config = {DATASET_INFO: dataset.info.to_json(), GROUP_NAMES: json.dumps(list(dataset.group_names))}
+    return Message.build(HELLO, arrays={EVALUATION_SET: arrays}, scalars={"config": config})
+
+
+def harness_from(arrays: dict[str, Any], config: dict[str, Any]) -> LoadedDataset:
+    """The server's dataset facts and test set, as `harness_parts` sent them (no training records)."""
+    info = DatasetInfo.from_json(str(config[DATASET_INFO]))
+    tensors = {name: torch.as_tensor(np.asarray(value)) for name, value in arrays.items()}
+    test = ImageSet(tensors["x"], tensors["y"])
+    return LoadedDataset(
+        info=info,
+        train=ImageSet(test.x[:0], test.y[:0]),
+        test=test,
+        test_groups=tensors["groups"].numpy() if "groups" in tensors else None,
+        group_names=tuple(json.loads(str(config.get(GROUP_NAMES, "[]")))),
+        test_meta={name[5:]: value.numpy() for name, value in tensors.items() if name.startswith("meta.")},
+    )
+
+
+#: The file in a run folder holding each in-process site's data fingerprint, so that a resume finds a site
+#: whose folder changed (the saved partition is the server's data alone).
+SITES_FILE = "sites.json"
+
+
+def site_fingerprints(data: Prepared) -> list[str]:
+    """Each site's training records and split, as one hash per site (in-process sites only)."""
+    return [f"{data_hash(site.dataset.train)}:{site.split.hash()}" for site in data.sites or []]
+
+
+def save_sites(data: Prepared, run_dir: Path) -> None:
+    """Record the sites' fingerprints beside the saved partition, where this process holds the sites."""
+    if data.sites is not None:
+        (run_dir / SITES_FILE).write_text(json.dumps(site_fingerprints(data)), encoding="utf-8")
+
+
+def check_sites(data: Prepared, run_dir: Path) -> None:
+    """A resume's sites hold what they held when the run began; else one line naming the first that
+    changed (a site's records or the split of them)."""
+    path = run_dir / SITES_FILE
+    if data.sites is None or not path.exists():
+        return
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    for k, (before, now) in enumerate(zip(saved, site_fingerprints(data), strict=False)):
+        if before != now:
+            raise ConfigError(
+                f"{run_dir}: site {k}'s records differ from those the run began with; cannot resume"
+            )
+    if len(saved) != len(data.sites):
+        raise ConfigError(f"{run_dir}: the run began with {len(saved)} sites, not {len(data.sites)}")

@@ -1,0 +1,265 @@
+"""Sites that hold only their own records (`site_data_dir`): each site reads its own folder, the server only
+its test and validation data; in-process and over Flower alike."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from sklearn.datasets import load_digits
+
+from fedistill.cli import main
+from fedistill.config import RunConfig, build_config
+from fedistill.data.base import DatasetInfo
+from fedistill.engine.launch import run_suite
+from fedistill.engine.setup import validate_setup
+from fedistill.engine.site_data import agreed_info, load_site
+from fedistill.errors import ConfigError, DataError, FederationError
+from fedistill.federation.ledger import read_ledger
+
+#: Which digit classes each of the three sites holds: skewed, and site 2 has no case of 0-4.
+SITE_CLASSES = ((0, 1, 2, 3, 4, 5, 6), (0, 1, 2, 3, 7, 8, 9), (5, 6, 7, 8, 9))
+SMALL_FEDIOD = {
+    "teacher_epochs": 2,
+    "iters_per_epoch": 3,
+    "generator_width": 16,
+    "discriminator_width": 16,
+    "student_steps": 2,
+}
+
+
+def _write(folder: Path, images: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> None:
+    for i in ids:
+        (folder / str(labels[i])).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(images[i]).save(folder / str(labels[i]) / f"{i:04d}.png")
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory) -> Path:
+    """The digits as image folders: `server/` (a validation and a test set of every class) and `site-0/`,
+    `site-1/`, `site-2/`, each with its own classes (`SITE_CLASSES`) and its own records."""
+    root = tmp_path_factory.mktemp("sites")
+    digits = load_digits()
+    images, labels = np.clip(digits.images * 16, 0, 255).astype(np.uint8), digits.target
+    order = np.random.default_rng(0).permutation(len(labels))
+    _write(root / "server" / "test", images, labels, order[:300])
+    _write(root / "server" / "train", images, labels, order[300:400])
+    rest = order[400:]
+    for k, classes in enumerate(SITE_CLASSES):
+        mine = [i for i in rest[k::3] if labels[i] in classes][:150]
+        _write(root / f"site-{k}" / "train", images, labels, np.asarray(mine[:120]))
+        _write(root / f"site-{k}" / "test", images, labels, np.asarray(mine[120:]))
+    return root
+
+
+def _config(root: Path, **keys) -> RunConfig:
+    base = {
+        "algorithm": "fedavg",
+        "dataset": "image-folder",
+        "data_dir": str(root / "server"),
+        "site_data_dir": str(root / "site-{site}"),
+        "clients": 3,
+        "rounds": 2,
+        "model": "small-cnn",
+        "threads": 1,
+        "image-folder": {"channels": 1, "image_size": 8},
+        "fediod": SMALL_FEDIOD,
+    }
+    if keys.get("dataset", "image-folder") != "image-folder":
+        del base["image-folder"]
+    return build_config(RunConfig(), {**base, **keys})
+
+
+def _traffic(run_dir: Path) -> Counter:
+    """Bytes per (direction, client, kind, type) from the ledger, without the transport's hello."""
+    totals: Counter = Counter()
+    for record in read_ledger(run_dir / "ledger.jsonl"):
+        if record["type"] != "query.hello":
+            for kind, size in record["kinds"].items():
+                totals[(record["direction"], record["client"], kind, record["type"])] += size
+    return totals
+
+
+def test_a_site_reads_only_its_own_folder_with_the_servers_labels_and_normalisation(sites) -> None:
+    """Site 2 has no case of digits 0-4, yet its '7' is label 7 (the server's class order), and it
+    normalises with the server's statistics, so every model sees inputs scaled alike."""
+    config = _config(sites)
+    server = validate_setup(config)  # the in-process setup, sites loaded
+    assert server.own_data and server.client_sizes() == [108, 108, 108]
+    site = server.sites[2]
+    assert site.dataset.info == server.dataset.info
+    held = site.dataset.train.y[site.split.client_train[0]]
+    assert sorted(set(held.tolist())) == [5, 6, 7, 8, 9]
+    # the site's own files, read again: the same records, nothing of the other sites
+    again = load_site(config, 2, server.dataset.info)
+    assert again.dataset.train.x.equal(site.dataset.train.x)
+    assert len(site.dataset.train) == 120 and len(site.dataset.test) == 30
+    # the server's data: its test set, its validation holdout of its own training part, no site's record
+    assert len(server.dataset.test) == 300 and len(server.split.server_val) == 10
+    counts = server.train_counts()
+    assert counts.shape == (3, 10) and counts[2, :5].sum() == 0 and counts[0, 7:].sum() == 0
+
+
+def test_fedavg_over_own_folders_beats_each_site_alone(sites, tmp_path) -> None:
+    config = _config(sites, algorithm="fedavg,standalone", rounds=4, fedavg={"local_epochs": 3})
+    fedavg, standalone = run_suite(config, tmp_path / "run", progress=False)
+    assert fedavg["partition"]["method"] == "own-data" and fedavg["partition"]["sizes"] == [108, 108, 108]
+    # each site alone knows at most 7 of the 10 digits: about 60% of the test set at best
+    assert standalone["final"]["test_accuracy"] < 0.7
+    assert fedavg["final"]["test_accuracy"] > standalone["final"]["test_accuracy"] + 0.15
+    assert (tmp_path / "run" / "fedavg" / "plots" / "partition.png").exists()
+
+
+def test_centralized_pools_the_sites_own_records_in_process(sites, tmp_path) -> None:
+    summary = run_suite(_config(sites, algorithm="centralized", rounds=2), tmp_path / "run", progress=False)[
+        0
+    ]
+    assert summary["partition"]["sizes"] == [108, 108, 108]
+    assert summary["final"]["test_accuracy"] > 0.6
+
+
+@pytest.mark.parametrize(
+    ("keys", "error", "named"),
+    [
+        ({"dataset": "digits"}, ConfigError, "reads no files, so every site would hold the same records"),
+        ({"site_data_dir": "shared"}, ConfigError, "has no {site}, so every site would read the same folder"),
+        ({"val_mode": "subjects"}, ConfigError, "with site_data_dir each site holds out its own records"),
+        ({"clients": 4}, DataError, "site 3's folder .*site-3 does not exist"),
+    ],
+)
+def test_a_setting_sites_with_their_own_data_rule_out_is_named_before_any_folder(
+    sites, tmp_path, keys, error, named
+) -> None:
+    if keys.get("site_data_dir") == "shared":
+        keys = {"site_data_dir": str(sites / "site-0")}
+    with pytest.raises(error, match=named):
+        run_suite(_config(sites, **keys), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_site_whose_classes_the_server_does_not_know_is_refused_naming_them(sites, tmp_path) -> None:
+    odd = tmp_path / "odd"
+    for part in ("train", "test"):
+        for label in ("1", "x"):
+            (odd / part / label).mkdir(parents=True)
+            Image.fromarray(np.full((8, 8), 40, np.uint8)).save(odd / part / label / "a.png")
+    info = validate_setup(_config(sites)).dataset.info
+    with pytest.raises(DataError, match=r"class folder\(s\) \['x'\] .* are not in the option classes"):
+        load_site(_config(sites), 0, info, odd)
+
+
+def test_site_data_unlike_the_servers_is_refused_naming_the_difference() -> None:
+    server = DatasetInfo("image-folder", 1, 8, 2, (0.5,), (0.2,), class_names=("a", "b"))
+    same_but_scaled = DatasetInfo("image-folder", 1, 8, 2, (0.3,), (0.1,), class_names=("a", "b"))
+    assert agreed_info(same_but_scaled, server, "site 0") is server  # the server's statistics win
+    bigger = DatasetInfo("image-folder", 1, 16, 2, (0.5,), (0.2,), class_names=("a", "b"))
+    with pytest.raises(DataError, match=r"site 0 holds data unlike the server's: image_size 16 against .* 8"):
+        agreed_info(bigger, server, "site 0")
+
+
+def test_the_dry_run_lists_each_sites_own_sample_count(sites, tmp_path, capsys) -> None:
+    argv = ["run", "--dry-run", "--quiet", "--algorithm", "fedavg", "--dataset", "image-folder"]
+    argv += ["--data-dir", str(sites / "server"), "--clients", "3", "--model", "small-cnn"]
+    argv += ["--set", f"site_data_dir={str(sites / 'site-{site}')!r}", "--set", "image-folder.channels=1"]
+    argv += ["--set", "image-folder.image_size=8", "--out", str(tmp_path / "out")]
+    assert main(argv) == 0
+    plan = capsys.readouterr().out
+    assert "partition: 3 clients, each site's own data" in plan
+    assert "training samples per client: 108 108 108" in plan
+    assert "(the server's: train 100, test 300)" in plan
+
+
+def _grid(config: RunConfig, tmp_path: Path, folders: dict[int, Path] | None = None):
+    """A single-process Flower grid of the run's sites; `folders`: a node config data-dir per partition."""
+    pytest.importorskip("flwr")
+    from fedistill.engine.flower.apps import make_client_app
+    from flower_local_grid import LocalGrid
+
+    grid = LocalGrid(make_client_app(config, state_root=tmp_path / "nodes"), config.clients)
+    for context in grid.contexts.values():
+        pid = context.node_config["partition-id"]
+        if folders is not None:
+            context.node_config["data-dir"] = str(folders[pid])
+    return grid
+
+
+def test_each_flower_node_reads_its_own_folder_and_gives_the_in_process_results(sites, tmp_path) -> None:
+    """Nodes given their folders in their node configs (a deployment; the run's site_data_dir names no
+    folder that exists) train FedAvg and FedIOD to the in-process metrics with the same bytes; the HELLO
+    carried the server's dataset facts and test set out and each site's count and fingerprint back."""
+    from flower_local_grid import run_on_grid
+
+    config = _config(sites, algorithm="fedavg,fediod")
+    here = run_suite(config, tmp_path / "inprocess", progress=False)
+    deployed = config.replace(site_data_dir=str(tmp_path / "not-on-the-server"))
+    folders = {k: sites / f"site-{k}" for k in range(3)}
+    there = run_on_grid(deployed, tmp_path / "flower", _grid(deployed, tmp_path, folders))
+    for a, b in zip(here, there, strict=True):
+        assert b["transport"] == "flower" and b["partition"]["sizes"] == [108, 108, 108]
+        assert b["final"]["test_accuracy"] == pytest.approx(a["final"]["test_accuracy"], abs=1e-6)
+        name = a["algorithm"]
+        assert _traffic(tmp_path / "flower" / name) == _traffic(tmp_path / "inprocess" / name)
+    hello = [
+        r for r in read_ledger(tmp_path / "flower" / "fediod" / "ledger.jsonl") if r["type"] == "query.hello"
+    ]
+    out = [r for r in hello if r["direction"] == "server->client"]
+    back = [r for r in hello if r["direction"] == "client->server"]
+    assert len(out) == len(back) == 3
+    # the server's facts and its test set (300 images of 8 x 8 uint8, their int64 labels), once per site
+    assert all(set(r["kinds"]) == {"config", "evaluation-set"} for r in out)
+    assert all(r["kinds"]["evaluation-set"] == 300 * 64 + 300 * 8 for r in out)
+    assert all(set(r["kinds"]) <= {"metrics", "config"} and sum(r["kinds"].values()) < 200 for r in back)
+
+
+def test_two_flower_nodes_reading_one_folder_stop_the_run(sites, tmp_path) -> None:
+    from flower_local_grid import run_on_grid
+
+    config = _config(sites, rounds=1)
+    folders = {0: sites / "site-0", 1: sites / "site-1", 2: sites / "site-0"}
+    with pytest.raises(FederationError, match="partitions 0 and 2 hold the same training records"):
+        run_on_grid(config, tmp_path / "run", _grid(config, tmp_path, folders))
+
+
+def test_a_pooled_baseline_is_refused_on_flower_where_the_records_stay_at_the_sites(sites, tmp_path) -> None:
+    from flower_local_grid import run_on_grid
+
+    config = _config(sites, algorithm="fedavg,centralized")
+    with pytest.raises(ConfigError, match="centralized pools every site's records"):
+        run_on_grid(config, tmp_path / "run", _grid(config, tmp_path))
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_resume_continues_to_the_uninterrupted_result_and_refuses_a_site_whose_records_changed(
+    sites, tmp_path
+) -> None:
+    import shutil
+
+    from algorithm_helpers import check_resume_after_crash, run_until_crash
+    from fedistill.algorithms.classic.fedavg import FedAvgServer
+    from fedistill.engine.launch import resume_suite
+
+    copy = tmp_path / "data"
+    shutil.copytree(sites, copy)
+    config = _config(copy, rounds=4)
+    check_resume_after_crash(config, FedAvgServer, tmp_path / "same", crash_round=3)
+    run_until_crash(config, FedAvgServer, tmp_path / "edited", crash_round=3)
+    extra = copy / "site-1" / "train" / "7" / "extra.png"
+    Image.fromarray(np.full((8, 8), 90, np.uint8)).save(extra)
+    with pytest.raises(ConfigError, match="site 1's records differ from those the run began with"):
+        resume_suite(tmp_path / "edited", progress=False)
+    extra.unlink()
+    assert resume_suite(tmp_path / "edited", progress=False)[0]["rounds_done"] == 4
+
+
+def test_an_image_folders_classes_option_fixes_the_label_order_and_allows_missing_folders(sites) -> None:
+    from fedistill.data.registry import load_dataset
+
+    names = [str(d) for d in range(9, -1, -1)]  # reversed: '9' is label 0
+    site = load_dataset("image-folder", sites / "site-2", classes=names, channels=1, image_size=8)
+    assert site.info.class_names == tuple(names) and site.info.num_classes == 10
+    assert sorted(set(site.train.y.tolist())) == [0, 1, 2, 3, 4]  # digits 9..5
+    with pytest.raises(ConfigError, match="classes must list two or more distinct class folder names"):
+        load_dataset("image-folder", sites / "site-2", classes=["7", "7"], channels=1, image_size=8)
