@@ -163,7 +163,7 @@ def test_site_data_unlike_the_servers_is_refused_naming_the_difference() -> None
 def test_the_dry_run_lists_each_sites_own_sample_count(sites, tmp_path, capsys) -> None:
     argv = ["run", "--dry-run", "--quiet", "--algorithm", "fedavg", "--dataset", "image-folder"]
     argv += ["--data-dir", str(sites / "server"), "--clients", "3", "--model", "small-cnn"]
-    argv += ["--set", f"site_data_dir={str(sites / 'site-{site}')!r}", "--set", "image-folder.channels=1"]
+    argv += ["--site-data-dir", str(sites / "site-{site}"), "--set", "image-folder.channels=1"]
     argv += ["--set", "image-folder.image_size=8", "--out", str(tmp_path / "out")]
     assert main(argv) == 0
     plan = capsys.readouterr().out

@@ -28,6 +28,7 @@ FLAG_KEYS = {
     "algorithm": "algorithm",
     "dataset": "dataset",
     "data_dir": "data_dir",
+    "site_data_dir": "site_data_dir",
     "model": "model",
     "clients": "clients",
     "alpha": "alpha",
@@ -136,6 +137,11 @@ def build_parser(module_commands: tuple[str, ...] | None = None) -> argparse.Arg
     run.add_argument("--algorithm", help="algorithm name, or several separated by commas")
     run.add_argument("--dataset", help="dataset name (see `fedistill list`)")
     run.add_argument("--data-dir", help="folder holding the dataset files")
+    run.add_argument(
+        "--site-data-dir",
+        help="each site's own folder ({site}: its number), for sites that hold only their own records; the "
+        "server then reads --data-dir for its test and validation data",
+    )
     run.add_argument("--download", action="store_true", help="download missing dataset files (md5-checked)")
     run.add_argument("--model", help="model name (see `fedistill list`)")
     run.add_argument("--clients", type=int, help="number of clients K")
