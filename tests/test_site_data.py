@@ -126,7 +126,6 @@ def test_centralized_pools_the_sites_own_records_in_process(sites, tmp_path) -> 
     [
         ({"dataset": "digits"}, ConfigError, "reads no files, so every site would hold the same records"),
         ({"site_data_dir": "shared"}, ConfigError, "has no {site}, so every site would read the same folder"),
-        ({"val_mode": "subjects"}, ConfigError, "with site_data_dir each site holds out its own records"),
         ({"clients": 4}, DataError, "site 3's folder .*site-3 does not exist"),
     ],
 )

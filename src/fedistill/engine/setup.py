@@ -33,6 +33,7 @@ from fedistill.engine.site_data import (
     own_data,
     pooled,
     server_split_config,
+    validation_mode,
 )
 from fedistill.engine.tracking import trackers_for
 from fedistill.errors import ConfigError, DataError, UserError, unknown_name
@@ -171,14 +172,6 @@ def prepare_data(config: RunConfig) -> Prepared:
         **config.options.get("partition_options", {}),
     )
     return Prepared(dataset, split)
-
-
-def validation_mode(config: RunConfig, per_pixel: bool) -> str:
-    """`val_mode = "auto"`: whole subjects of each site where the sites are a per-pixel set's natural
-    groups (neighbouring slices of one subject are nearly the same sample), else a random holdout."""
-    if config.val_mode != "auto":
-        return config.val_mode
-    return "subjects" if per_pixel and config.partition == "natural" else "random"
 
 
 def check_sections(config: RunConfig, *, resume: bool = False) -> None:

@@ -71,11 +71,6 @@ def check_site_data(config: RunConfig, *, per_node_folders: bool = False) -> Non
     Flower deployment, whose nodes may each name their own folder."""
     if not own_data(config):
         return
-    if config.val_mode == "subjects":
-        raise ConfigError(
-            "val_mode = 'subjects' holds out whole subjects of a natural partition's sites; with "
-            "site_data_dir each site holds out its own records: use val_mode = 'random' or 'tail'"
-        )
     name = canonical_dataset_name(config.dataset)
     entry = DATASETS.get(name)
     if entry is not None and entry.subdir is None:
@@ -125,26 +120,38 @@ def load_site(config: RunConfig, site: int, server: DatasetInfo, folder: Path | 
         options["classes"] = list(server.class_names)  # a site may have no case of some class
     dataset = load_dataset(name, folder, download=False, **options)
     dataset = dataclasses.replace(dataset, info=agreed_info(dataset.info, server, where))
-    train_labels, test_labels, num_labels = task_class(dataset.info).partition_labels(dataset)
+    task = task_class(dataset.info)
+    train_labels, test_labels, num_labels = task.partition_labels(dataset)
+    own = server_split_config(config)  # one part holding everything: the holdout is the only cut
     split = make_split(
         train_labels,
         test_labels,
         1,
-        method="iid",
+        method=own.partition,
         alpha=None,
         seed=derive_seed(config.seed, "site", site),
         num_classes=num_labels,
         val_fraction=config.val_fraction,
-        val_mode="random" if config.val_mode == "auto" else config.val_mode,  # "subjects" is refused
+        val_mode=validation_mode(own, task.per_pixel),  # per-pixel sets: whole subjects, as natural sites
+        subjects=dataset.train_subject_ids,
     )
     return Prepared(dataset, split)
 
 
 def server_split_config(config: RunConfig) -> RunConfig:
-    """The config the server splits its own data with: one part, so that its holdout is its validation
-    split (the partition is where the data live)."""
+    """The config a party splits its own data with (the server, and each site in load_site): one `natural`
+    part holding every record, so that the validation holdout is the only cut, of whole subjects on a
+    per-pixel set (`validation_mode`), as a natural site's (the partition is where the data live)."""
     options = {**config.options, "partition_options": {}}
-    return config.replace(clients=1, partition="iid", site_data_dir="", options=options)
+    return config.replace(clients=1, partition="natural", site_data_dir="", options=options)
+
+
+def validation_mode(config: RunConfig, per_pixel: bool) -> str:
+    """`val_mode = "auto"`: whole subjects of each site where the sites are a per-pixel set's natural
+    groups (neighbouring slices of one subject are nearly the same sample), else a random holdout."""
+    if config.val_mode != "auto":
+        return config.val_mode
+    return "subjects" if per_pixel and config.partition == "natural" else "random"
 
 
 def data_hash(images: ImageSet) -> str:
