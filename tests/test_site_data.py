@@ -250,6 +250,11 @@ def test_a_resume_continues_to_the_uninterrupted_result_and_refuses_a_site_whose
     with pytest.raises(ConfigError, match="site 1's records differ from those the run began with"):
         resume_suite(tmp_path / "edited", progress=False)
     extra.unlink()
+    # the sites' folders moved: the resume reads them at their new place, their records unchanged
+    moved = tmp_path / "moved"
+    copy.rename(moved)
+    path = tmp_path / "edited" / "config.toml"
+    path.write_text(path.read_text().replace(str(copy), str(moved)))
     assert resume_suite(tmp_path / "edited", progress=False)[0]["rounds_done"] == 4
 
 

@@ -101,8 +101,8 @@ def warn_of_changes(name: str, runner: dict[str, Any], machines: list[str], code
 
 #: What a resume may change: where the run computes, where its folder and data are, what it logs to, and
 #: how long and for how many sites it waits (the fixes after a stop for too few answers).
-RESUME_MAY_CHANGE = ("device", "out", "name", "data_dir", "download", "cache_dir", "track", "timeout",
-                     "min_clients", "connect_timeout")  # fmt: skip
+RESUME_MAY_CHANGE = ("device", "out", "name", "data_dir", "site_data_dir", "download", "cache_dir", "track",
+                     "timeout", "min_clients", "connect_timeout")  # fmt: skip
 
 
 def resumable_settings(config: RunConfig) -> dict[str, Any]:
