@@ -17,6 +17,7 @@ def test_the_flower_fleet_waits_as_long_as_the_run_says(monkeypatch, tmp_path):
     from fedistill.algorithms.registry import get_algorithm
     from fedistill.data.partition import make_split
     from fedistill.engine import loop
+    from fedistill.engine.prepared import Prepared
     from fedistill.federation.ledger import Ledger
     from fedistill.transports.flower import grid_fleet
 
@@ -26,7 +27,8 @@ def test_the_flower_fleet_waits_as_long_as_the_run_says(monkeypatch, tmp_path):
     split = make_split(
         np.arange(40) % 4, np.arange(8) % 4, 2, method="iid", alpha=None, seed=0, num_classes=4
     )
-    loop._fleet(config, get_algorithm("fedavg"), {}, Ledger(None), object(), tmp_path, split)
+    data = Prepared(None, split)  # the fleet reads only the split (no dataset: the sites share one)
+    loop._fleet(config, get_algorithm("fedavg"), {}, Ledger(None), object(), tmp_path, data)
     assert seen["connect_timeout"] == 3600.0 and seen["expected_clients"] == 2
     assert RunConfig().connect_timeout == 300.0  # the default, as before
 
