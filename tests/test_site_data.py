@@ -267,3 +267,45 @@ def test_an_image_folders_classes_option_fixes_the_label_order_and_allows_missin
     assert sorted(set(site.train.y.tolist())) == [0, 1, 2, 3, 4]  # digits 9..5
     with pytest.raises(ConfigError, match="classes must list two or more distinct class folder names"):
         load_dataset("image-folder", sites / "site-2", classes=["7", "7"], channels=1, image_size=8)
+
+
+def test_site_folders_write_a_partition_as_the_folders_a_consortium_holds_and_its_command_runs(
+    tmp_path, capsys
+) -> None:
+    """`fedistill deploy site-folders` writes the run's partition, pixel for pixel, as a server folder and one
+    folder per site holding that site's training records; the command it prints trains on them."""
+    import shlex
+
+    from fedistill.data.registry import load_dataset
+    from fedistill.engine.setup import prepare_data
+
+    out = tmp_path / "consortium"
+    assert main(["deploy", "site-folders", "--out", str(out), "--clients", "3", "--alpha", "0.3"]) == 0
+    printed = capsys.readouterr().out
+    shared = prepare_data(build_config(RunConfig(), {"clients": 3, "alpha": 0.3}))
+    for k in range(3):
+        site = load_dataset(
+            "image-folder", out / f"site-{k}", channels=1, image_size=8, classes=list("0123456789")
+        )
+        own = shared.dataset.train.subset(np.sort(shared.split.client_train[k]))  # files in index order
+        assert (
+            np.bincount(site.train.y.numpy(), minlength=10).tolist() == shared.split.train_counts[k].tolist()
+        )
+        # the same pixels: each class's images, in file order (their index), as the dataset holds them
+        for c in range(10):
+            assert site.train.x[site.train.y == c].equal(own.x[own.y == c])
+    server = load_dataset("image-folder", out / "server", channels=1, image_size=8)
+    assert len(server.train) == len(shared.split.server_val) and server.test.x.equal(
+        shared.dataset.test.x[np.argsort(shared.dataset.test.y.numpy(), kind="stable")]
+    )
+    command = shlex.split(printed.strip().splitlines()[-1])
+    assert command[:2] == ["fedistill", "run"]
+    argv = [*command[1:], "--algorithm", "fedavg", "--model", "small-cnn", "--rounds", "1", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "runs"), "--name", "own"]) == 0
+    summary = (tmp_path / "runs" / "own" / "fedavg" / "summary.json").read_text()
+    assert '"own-data"' in summary
+    capsys.readouterr()
+    assert main(["deploy", "site-folders", "--out", str(out), "--clients", "3"]) == 2
+    assert (
+        "consortium is not empty: site-folders writes into a new or empty folder" in capsys.readouterr().err
+    )

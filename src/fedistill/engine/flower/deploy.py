@@ -2,17 +2,25 @@
 
     fedistill deploy credentials SITE [SITE ...] --superlink-host HOST --out DIR
 
-Only `credentials` so far (credentials.py): TLS certificates, one authentication key pair per site and
-the enrolment that fixes each site's partition (docs: how-to/flower.md).
+    fedistill deploy site-folders --out DIR [--dataset ... --clients ... --alpha ...]
+
+`credentials` (credentials.py): TLS certificates, one authentication key pair per site and the enrolment
+that fixes each site's partition (docs: how-to/flower.md). `site-folders` (engine/site_folders.py): a
+dataset's simulated partition as one folder per site and one for the server, to rehearse a deployment whose
+sites hold only their own records.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from fedistill.engine import site_folders
 from fedistill.engine.flower import credentials
 
-STEPS = {"credentials": (credentials, "TLS certificates, site keys and the enrolment for a list of sites")}
+STEPS = {
+    "credentials": (credentials, "TLS certificates, site keys and the enrolment for a list of sites"),
+    "site-folders": (site_folders, "a dataset's partition as one folder per site and one for the server"),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
