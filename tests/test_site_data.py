@@ -265,7 +265,7 @@ def test_an_image_folders_classes_option_fixes_the_label_order_and_allows_missin
     site = load_dataset("image-folder", sites / "site-2", classes=names, channels=1, image_size=8)
     assert site.info.class_names == tuple(names) and site.info.num_classes == 10
     assert sorted(set(site.train.y.tolist())) == [0, 1, 2, 3, 4]  # digits 9..5
-    with pytest.raises(ConfigError, match="classes must list two or more distinct class folder names"):
+    with pytest.raises(ConfigError, match="classes must list two or more distinct class names"):
         load_dataset("image-folder", sites / "site-2", classes=["7", "7"], channels=1, image_size=8)
 
 

@@ -23,6 +23,8 @@ from fedistill.data.cifar import (
 from fedistill.data.digits import load_digits_dataset
 from fedistill.data.files import RemoteFile
 from fedistill.data.image_folder import LAYOUT, load_image_folder
+from fedistill.data.mask_folder import LAYOUT as MASK_LAYOUT
+from fedistill.data.mask_folder import load_mask_folder
 from fedistill.data.mnist_like import (
     DIGIT_CLASSES,
     FASHION_MNIST_CLASSES,
@@ -156,6 +158,15 @@ DATASETS: dict[str, DatasetEntry] = {
             "class folder names sorted alphabetically give the labels (or the option classes, in order)."
         ),
         options=("channels", "image_size", "crop_padding", "horizontal_flip", "classes"),
+    ),
+    "mask-folder": DatasetEntry(
+        "",
+        lambda folder, download, verify, **opts: load_mask_folder(folder, **opts),
+        _no_files(
+            f"mask-folder reads your own 2D images and their label masks from data_dir with the layout "
+            f"{MASK_LAYOUT}; each mask value is a class (0 the background; 0/255 masks read as 0/1)."
+        ),
+        options=("channels", "image_size", "classes"),
     ),
     "brats": DatasetEntry(
         "brats",

@@ -33,16 +33,17 @@ def _entries(folder: Path) -> list[Path]:
         raise DataError(f"image-folder: cannot list {folder}: {e.strerror or e}") from e
 
 
-def _checked_classes(classes: object) -> tuple[str, ...] | None:
-    """The option `classes`: two or more distinct folder names, in label order; None when not given."""
+def checked_classes(classes: object, dataset: str = "image-folder") -> tuple[str, ...] | None:
+    """The option `classes`: two or more distinct names (no '/': an image folder's are folder names), in
+    label order; None when not given."""
     if classes is None:
         return None
     names = tuple(classes) if isinstance(classes, list | tuple) else ()
     valid = all(isinstance(n, str) and n and n == n.strip() and "/" not in n for n in names)
     if len(names) < 2 or not valid or len(set(names)) != len(names):
         raise ConfigError(
-            f"image-folder option classes must list two or more distinct class folder names in label "
-            f'order, e.g. classes = ["benign", "malignant"]; got {classes!r}'
+            f"{dataset} option classes must list two or more distinct class names in label order, e.g. "
+            f'classes = ["benign", "malignant"]; got {classes!r}'
         )
     return names
 
@@ -144,7 +145,7 @@ def load_image_folder(
         raise ConfigError(
             f"image-folder option horizontal_flip must be true or false, got {horizontal_flip!r}"
         )
-    names = _checked_classes(classes)
+    names = checked_classes(classes)
     root = Path(data_dir)
     _check_root(root)
     train_classes = _class_dirs(root / "train")
