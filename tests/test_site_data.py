@@ -309,3 +309,26 @@ def test_site_folders_write_a_partition_as_the_folders_a_consortium_holds_and_it
     assert (
         "consortium is not empty: site-folders writes into a new or empty folder" in capsys.readouterr().err
     )
+
+
+def test_site_folders_write_a_segmentation_partition_as_mask_folders(tmp_path, capsys) -> None:
+    """A semantic segmentation set's natural sites become mask folders (images and masks, pixel for pixel),
+    and the command printed reads them as mask-folder with the set's class names."""
+    import shlex
+
+    from fedistill.data.registry import load_dataset
+    from fedistill.engine.setup import prepare_data
+
+    small = {"image_size": 16, "train_subjects": 4, "test_subjects": 1}
+    keys = {"dataset": "mni152-synthetic-lesions", "partition": "natural", "clients": 2}
+    sets = [f"mni152-synthetic-lesions.{key}={value}" for key, value in small.items()]
+    argv = ["deploy", "site-folders", "--out", str(tmp_path / "out"), "--dataset", keys["dataset"]]
+    argv += ["--partition", "natural", "--clients", "2", *(item for s in sets for item in ("--set", s))]
+    assert main(argv) == 0
+    command = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "mask-folder" in command and 'mask-folder.classes=["background","tumour"]' in command
+    shared = prepare_data(build_config(RunConfig(), {**keys, "mni152-synthetic-lesions": small}))
+    for k in range(2):
+        site = load_dataset("mask-folder", tmp_path / "out" / f"site-{k}", image_size=16, classes=["bg", "t"])
+        own = shared.dataset.train.subset(np.sort(shared.split.client_train[k]))
+        assert site.train.x.equal(own.x) and site.train.y.equal(own.y)

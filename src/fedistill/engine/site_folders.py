@@ -3,16 +3,17 @@ would hold, to rehearse a deployment whose sites hold only their own records (si
 
     fedistill deploy site-folders --out DIR [--dataset mnist --data-dir data --clients 10 --alpha 0.5 ...]
 
-The run's partition (the same keys and seed as `fedistill run`) is cut as a run cuts it, then written as image
-folders (`train/<class>/*.png`, `test/<class>/*.png`, pixels exactly as loaded):
+The run's partition (the same keys and seed as `fedistill run`) is cut as a run cuts it, then written, pixels
+exactly as loaded, as image folders (`train/<class>/*.png`, `test/<class>/*.png`) or, for a semantic
+segmentation set, as mask folders (`train/images/*.png` with `train/masks/*.png`, a class per pixel):
 
     DIR/server/train   the validation holdout (the server's labelled data; a run holds out val_fraction of it)
     DIR/server/test    the whole test set, which scores every model
     DIR/site-K/train   site K's training records (a run holds out val_fraction of them)
     DIR/site-K/test    site K's shard of the test set (its local test set)
 
-It prints the `fedistill run` command that trains on them. Image classification sets only (their images are
-8-bit); the folders are a copy of the dataset, so its licence applies to them.
+It prints the `fedistill run` command that trains on them. Sets of 8-bit images only; the folders are a copy
+of the dataset, so its licence applies to them.
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ from fedistill.config import RunConfig, build_config, load_toml, parse_assignmen
 from fedistill.data.base import ImageSet
 from fedistill.engine.key_homes import key_homes
 from fedistill.engine.setup import Prepared, prepare_data
+from fedistill.engine.summary import partition_text
 from fedistill.errors import ConfigError, DataError
 
+#: The dataset each task's folders are read back as.
+FORMATS = {"classification": "image-folder", "semantic-segmentation": "mask-folder"}
 #: The flags that choose the data and its partition, each a config key of `fedistill run`.
 KEYS = {"dataset": str, "data_dir": str, "clients": int, "partition": str, "alpha": float, "seed": int}
 
@@ -62,19 +66,26 @@ def write_site_folders(config: RunConfig, out: Path, *, progress: bool = True) -
         raise ConfigError("site_data_dir is set: those data are per site already; leave it out")
     data = prepare_data(config)
     info = data.dataset.info
-    if info.task != "classification" or info.text is not None or data.dataset.train.x.dtype != torch.uint8:
+    written = info.task in FORMATS and info.text is None and data.dataset.train.x.dtype == torch.uint8
+    if not written:
         what = "text" if info.text is not None else info.task
-        if info.task == "classification" and info.text is None:
+        if info.task in FORMATS and info.text is None:
             what = f"held as {data.dataset.train.x.dtype}, not 8-bit images"
-        raise DataError(f"site-folders writes 8-bit image classification sets; {config.dataset} is {what}")
+        raise DataError(
+            f"site-folders writes 8-bit image classification and semantic segmentation sets; "
+            f"{config.dataset} is {what}"
+        )
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} is not empty: site-folders writes into a new or empty folder")
     names = _class_folders(info.class_names or tuple(str(c) for c in range(info.num_classes)))
     parts = _parts(data, out)
     total = sum(len(indices) for _, _, indices in parts)
+    masks = info.task == "semantic-segmentation"
     with tqdm(total=total, unit="image", desc="site folders", disable=not progress) as bar:
         for folder, images, indices in parts:
-            _write(folder, images, indices, names, bar)
+            (_write_masks if masks else _write)(folder, images, indices, names, bar)
+    if masks:  # the server's masks may lack a class: name them all, by value
+        return _summary(config, out, data, names)
     server_names = sorted({names[int(c)] for c in data.dataset.train.y[data.split.server_val].tolist()})
     return _summary(config, out, data, names if len(server_names) < len(names) else None)
 
@@ -103,28 +114,45 @@ def _parts(data: Prepared, out: Path) -> list[tuple[Path, ImageSet, np.ndarray]]
 def _write(folder: Path, images: ImageSet, indices: np.ndarray, names: list[str], bar: tqdm) -> None:
     """The images `indices` of `images` as PNG files under `folder/<class>/`, named by their index."""
     for i in indices.tolist():
-        pixels = images.x[i].numpy()
         label = names[int(images.y[i])]
         (folder / label).mkdir(parents=True, exist_ok=True)
-        picture = pixels[0] if pixels.shape[0] == 1 else np.moveaxis(pixels, 0, -1)
-        Image.fromarray(np.ascontiguousarray(picture)).save(folder / label / f"{i:06d}.png")
+        Image.fromarray(_picture(images.x[i].numpy())).save(folder / label / f"{i:06d}.png")
         bar.update()
+
+
+def _write_masks(folder: Path, images: ImageSet, indices: np.ndarray, names: list[str], bar: tqdm) -> None:
+    """The images `indices` of `images` under `folder/images/` and their masks (a class per pixel, 8-bit)
+    under `folder/masks/`, both named by the index (mask-folder's layout)."""
+    if len(names) > 256:
+        raise DataError(f"{len(names)} classes do not fit an 8-bit mask")
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    (folder / "masks").mkdir(parents=True, exist_ok=True)
+    for i in indices.tolist():
+        Image.fromarray(_picture(images.x[i].numpy())).save(folder / "images" / f"{i:06d}.png")
+        Image.fromarray(images.y[i].numpy().astype(np.uint8)).save(folder / "masks" / f"{i:06d}.png")
+        bar.update()
+
+
+def _picture(pixels: np.ndarray) -> np.ndarray:
+    """uint8 (C, H, W) as Pillow takes it: (H, W) grey or (H, W, 3) colour."""
+    return np.ascontiguousarray(pixels[0] if pixels.shape[0] == 1 else np.moveaxis(pixels, 0, -1))
 
 
 def _summary(config: RunConfig, out: Path, data: Prepared, classes: list[str] | None) -> str:
     """What was written and the command that trains on it."""
     info, split = data.dataset.info, data.split
+    how = {"method": config.partition, "alpha": config.alpha}
     sizes = " ".join(str(len(indices)) for indices in split.client_train)
+    name = FORMATS[info.task]
     command = [
-        "fedistill", "run", "--dataset", "image-folder", "--clients", str(split.num_clients),
+        "fedistill", "run", "--dataset", name, "--clients", str(split.num_clients),
         "--data-dir", str(out / "server"), "--site-data-dir", str(out / "site-{site}"),
-        "--set", f"image-folder.channels={info.channels}",
-        "--set", f"image-folder.image_size={info.image_size}",
+        "--set", f"{name}.channels={info.channels}", "--set", f"{name}.image_size={info.image_size}",
     ]  # fmt: skip
-    if classes is not None:  # the server's holdout lacks a class: name them all, in label order
-        command += ["--set", "image-folder.classes=[" + ",".join(f'"{c}"' for c in classes) + "]"]
+    if classes is not None:  # the server's holdout may lack a class: name them all, in label order
+        command += ["--set", f"{name}.classes=[" + ",".join(f'"{c}"' for c in classes) + "]"]
     return (
-        f"{config.dataset}, {config.partition} (alpha {config.alpha}, seed {config.seed}) written to {out}:\n"
+        f"{config.dataset}, {partition_text(how, brackets=True)}, seed {config.seed}, written to {out}:\n"
         f"  server: {len(split.server_val)} validation and {len(data.dataset.test)} test images\n"
         f"  sites: site-0 .. site-{split.num_clients - 1}, training images per site: {sizes}\n"
         f"train on them (add --algorithm and --model as for any run):\n  {shlex.join(command)}"
