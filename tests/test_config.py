@@ -62,6 +62,21 @@ def test_bad_keys_and_values_say_what_to_change(layer, message):
         build_config(RunConfig(), layer)
 
 
+@pytest.mark.parametrize(
+    ("key", "value"), [("algorithm", []), ("track", []), ("algorithm", ["fedavg", "feddf"])]
+)
+def test_the_line_a_list_key_written_as_a_list_is_told_to_write_works(key, value):
+    """`algorithm = []` was told to write `algorithm = ''`, which is refused in turn: an empty list now
+    gets the key's default, which works, as every suggestion must."""
+    import re
+    import tomllib
+
+    with pytest.raises(ConfigError) as refused:
+        build_config(RunConfig(), {key: value})
+    line = re.search(rf"{key} = '[^']*'", str(refused.value)).group(0)
+    build_config(RunConfig(), tomllib.loads(line))
+
+
 def test_algorithm_options_are_checked():
     from fedistill.algorithms.classic.fedavg import FedProxOptions
 

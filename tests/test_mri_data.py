@@ -484,6 +484,33 @@ def test_missing_files_name_the_path_and_what_to_put_there(tmp_path, name):
     assert str(folder) in entry.describe(str(folder))
 
 
+@pytest.mark.parametrize(
+    ("name", "key", "value"),
+    [
+        ("brats-mri", "test_fraction", 2),
+        ("brats-mri", "contrast", "pd"),
+        ("brats-mri", "image_size", 3),
+        ("brats-mri", "slices", "some"),
+        ("brats-mri", "max_volumes", 0),
+        ("ixi", "test_fraction", 0),
+        ("ixi", "slice_axis", "coronal"),
+        ("fastmri-brain", "target", "image"),
+        ("mri-cross-site", "sources", "brats,bratz"),
+        ("mri-cross-site", "image_size", 3),
+        ("mri-cross-site", "max_volumes", -1),
+        ("mni152-t1", "sites", 9),
+        ("mni152-t1", "image_size", 3),
+        ("brain-t1-sites", "image_size", 3),
+    ],
+)
+def test_an_mri_option_error_names_its_dataset_before_any_file_is_read(tmp_path, name, key, value):
+    """As every other dataset's option errors do ("image-folder option channels must be ..."): the MRI
+    loaders said "test_fraction must be ..." or "unknown BraTS slices ...", and test_fraction was checked
+    only after the files were found, so an empty folder hid a wrong value."""
+    with pytest.raises(ConfigError, match=rf"^{name} option {key} must be .*{value!r}"):
+        ENTRIES[name].load(tmp_path, **{key: value})
+
+
 # ---------------------------------------------------------------- real-anatomy stand-ins
 
 

@@ -185,8 +185,8 @@ def test_a_distillation_source_error_names_the_one_shot_table(tmp_path):
 
 
 def test_the_one_shot_options_say_which_feddf_keys_they_refuse():
-    """The options reference lists FedDF's keys under the one-shot tables too; the class's own doc names
-    the ones validation refuses."""
+    """The options reference leaves out the FedDF keys the one-shot tables refuse; the class's own doc
+    names them."""
     from fedistill.algorithms.one_shot.baselines import UNUSED_ROUND_KEYS, OneShotOptions
 
     doc = " ".join((OneShotOptions.__doc__ or "").split())

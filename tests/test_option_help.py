@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -37,9 +38,38 @@ def test_a_choice_options_help_names_every_value_it_accepts(name, option):
     assert not missing, f"{name}.{option.name}'s help never names {missing}: {option.doc!r}"
 
 
-@pytest.mark.parametrize("name", ["fedavg", "fedprox", "feddf", "flmrcm", "fediod"])
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedavgm", "feddf", "fediod"])
 @pytest.mark.parametrize(("key", "values"), [("dp_accountant", "rdp, prv"), ("dp_noise_seed", "secret, run")])
 def test_a_misspelt_privacy_choice_is_named_under_its_table(name, key, values):
     with pytest.raises(ConfigError) as refused:
         get_algorithm(name).options(**{key: "bogus"}).validate()
     assert str(refused.value) == f"{name}.{key} must be one of {values}; got 'bogus'"
+
+
+@pytest.mark.parametrize(
+    ("name", "refused"),
+    [
+        (
+            "fedavg-oneshot",
+            ["dp_enabled", "dp_clip_norm", "groups", "prox_mu", "aggregate", "source", "steps"],
+        ),
+        ("feddf-oneshot", ["dp_enabled", "dp_delta", "groups", "student_init", "drop_worst"]),
+        ("flmrcm", ["mu", "dp_enabled", "dp_noise_seed"]),
+    ],
+)
+def test_the_options_listing_leaves_out_the_keys_an_algorithm_refuses(name, refused):
+    """The one-shot baselines and FL-MRCM inherit keys (FedDF's per-round keys, FedProx's mu, the dp_*
+    keys) that they refuse when set: `fedistill list --options` and the reference page listed them as if
+    they could be set. Each such key is refused, and neither listing names it."""
+    from fedistill.reference.options import format_options, options_markdown
+
+    listed = {option.name for option in options_of(name)}
+    assert not listed & set(refused)
+    for key in refused:
+        assert not re.search(rf"^  {key} = ", format_options(name), re.M)
+        assert f"| `{key}` |" not in options_markdown(name)
+        field = next(f for f in dataclasses.fields(get_algorithm(name).options) if f.name == key)
+        value = {bool: True, int: 7, float: 0.5, str: "x"}[type(field.default)]
+        with pytest.raises(ConfigError, match=rf"^{name}\.{key} = "):
+            get_algorithm(name).options(**{key: value}).validate()
+    assert {"teacher_epochs"} <= listed if "oneshot" in name else {"target_site", "weighting"} <= listed

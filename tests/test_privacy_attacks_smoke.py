@@ -315,3 +315,23 @@ def test_a_dataset_the_benchmark_cannot_load_is_refused_before_any_attack(tmp_pa
     err = capsys.readouterr().err
     assert "--datasets" in err and "mnsit" in err and "Traceback" not in err
     assert not (tmp_path / "privacy_attacks").exists()
+
+
+def test_a_perfect_reconstruction_is_written_as_valid_json_and_read_as_infinite() -> None:
+    """An exact reconstruction has PSNR inf, which the result file held as `Infinity` (not JSON: jq and
+    JavaScript refuse it). Now it is null with a count and a note; the table still shows it as infinite."""
+    import json
+    import math
+
+    from fedistill.analysis.inversion_scores import Score
+    from fedistill.reproduce.privacy_report import cell
+
+    for psnrs in ([math.inf, 20.0], [math.inf, math.inf]):
+        summary = Score(psnrs, [1.0, 0.5]).summary()
+        back = json.loads(json.dumps(summary, allow_nan=False))
+        assert back["psnr"][0] is None and back["psnr_mean"] is None and back["psnr_std"] is None
+        assert back["psnr_infinite"] == psnrs.count(math.inf)
+        assert "exact" in back["note"]
+        assert cell(back) == "∞ / 0.75"
+    finite = Score([20.0, 30.0], [1.0, 0.5]).summary()
+    assert (finite["psnr_mean"], "psnr_infinite" in finite, cell(finite)) == (25.0, False, "25.0 / 0.75")

@@ -255,8 +255,11 @@ def build_config(
                 options.setdefault(section, {})[sub] = value
             elif key in LIST_KEYS and isinstance(value, list) and all(isinstance(v, str) for v in value):
                 joined = ",".join(value)
+                if not value:  # `[]`: the default, since an empty name is refused for algorithm
+                    joined = _COMMON[key].default
+                said = f"{key} = {joined!r}" + ("" if value else " (its default)")
                 raise ConfigError(
-                    f"{key} is one text value, its names separated by commas, not a list: {key} = {joined!r}"
+                    f"{key} is one text value, its names separated by commas, not a list: {said}"
                 )
             elif key in _COMMON:
                 common[key] = _check_value(key, value, _COMMON[key].type)

@@ -46,13 +46,17 @@ class Score:
     def summary(self) -> dict[str, Any]:
         """Means, spreads (population standard deviations over the images, ddof 0) and the per-image
         values, as the result files hold them; ``None`` for the means and spreads of an attack that ran
-        on no image."""
+        on no image. An exact reconstruction's PSNR (infinite) is written as ``None``, counted in
+        ``psnr_infinite`` and said in the note, so the file stays JSON (no ``Infinity``); its PSNR mean and
+        spread are then ``None`` too."""
+        exact = sum(math.isinf(v) for v in self.psnr)
+        finite = bool(self.psnr) and not exact
         out: dict[str, Any] = {
-            "psnr_mean": float(np.mean(self.psnr)) if self.psnr else None,
-            "psnr_std": float(np.std(self.psnr)) if self.psnr else None,
+            "psnr_mean": float(np.mean(self.psnr)) if finite else None,
+            "psnr_std": float(np.std(self.psnr)) if finite else None,
             "ssim_mean": float(np.mean(self.ssim)) if self.ssim else None,
             "ssim_std": float(np.std(self.ssim)) if self.ssim else None,
-            "psnr": self.psnr,
+            "psnr": [None if math.isinf(v) else v for v in self.psnr],
             "ssim": self.ssim,
             "seconds": self.seconds,
         }
@@ -60,8 +64,14 @@ class Score:
             out["label_accuracy"] = self.label_accuracy
         if self.distance is not None:
             out["final_distance"] = self.distance
-        if self.note:
-            out["note"] = self.note
+        notes = [self.note] if self.note else []
+        if exact:
+            out["psnr_infinite"] = exact
+            notes.append(
+                f"{exact} of {len(self.psnr)} images reconstructed exactly: infinite PSNR, written as null"
+            )
+        if notes:
+            out["note"] = "; ".join(notes)
         return out
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -110,6 +110,11 @@ class DPOptions:
                 "dp_noise_multiplier or dp_target_epsilon is set but dp_enabled = false; "
                 "set dp_enabled = true to apply differential privacy, or remove them"
             )
+
+
+#: Every ``dp_*`` key, for an options class that inherits them but offers no differential privacy (its
+#: ``refused_keys``).
+DP_KEYS = tuple(item.name for item in fields(DPOptions))
 
 
 class ClientBudget:

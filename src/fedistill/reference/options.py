@@ -36,12 +36,15 @@ def _default(item: dataclasses.Field) -> Any:
 
 
 def options_of(name: str) -> list[Option]:
-    """Every option of algorithm `name`, grouped (most specific group first), in declaration order."""
+    """Every option of algorithm `name`, grouped (most specific group first), in declaration order; not
+    the keys it inherits but refuses (its options' `refused_keys`)."""
     cls = get_algorithm(name).options
     declared = {item.name: item for item in dataclasses.fields(cls)}
+    refused = getattr(cls, "refused_keys", {})
     rows = [
         Option(doc.name, str(declared[doc.name].type), _default(declared[doc.name]), doc.text, doc.owner)
         for doc in field_docs(cls)
+        if doc.name not in refused
     ]
     rank = {base: index for index, base in enumerate(cls.__mro__)}
     return sorted(rows, key=lambda option: rank.get(option.group, len(rank)))

@@ -12,7 +12,10 @@ from fedistill.reproduce.privacy_attacks import OBSERVED, PAPER_TABLE2, SETTINGS
 
 
 def cell(summary: dict[str, Any] | None) -> str:
-    """A table cell: mean PSNR dB / mean SSIM, or n/a."""
+    """A table cell: mean PSNR dB / mean SSIM, ∞ for the PSNR of a setting with an exact reconstruction
+    (`psnr_infinite`), or n/a."""
+    if summary is not None and summary.get("psnr_infinite"):
+        return f"∞ / {summary['ssim_mean']:.2f}"
     if summary is None or summary.get("psnr_mean") is None:
         return "n/a"
     return f"{summary['psnr_mean']:.1f} / {summary['ssim_mean']:.2f}"

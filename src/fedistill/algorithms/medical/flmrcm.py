@@ -60,7 +60,7 @@ from fedistill.algorithms.medical.flmrcm_alignment import (
     target_vectors,
     train_aligned,
 )
-from fedistill.algorithms.shared.option_checks import check_nonnegative
+from fedistill.algorithms.shared.option_checks import check_nonnegative, check_refused
 from fedistill.algorithms.shared.sampling import sample_clients
 from fedistill.algorithms.shared.training import local_batches
 from fedistill.errors import ConfigError, FederationError
@@ -68,6 +68,7 @@ from fedistill.federation.client import handles
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import ArraySpec, Message, expect_arrays
 from fedistill.federation.reply_spec import ReplySpec
+from fedistill.privacy.budget import DP_KEYS
 from fedistill.seeding import seeded, torch_generator
 
 if TYPE_CHECKING:
@@ -89,16 +90,20 @@ class FLMRCMOptions(FedAvgOptions):
     discriminator_width: int = 256  # hidden width of each source site's domain discriminator
     discriminator_lr: float = 0.0  # 0: ten times the run's lr (the code)
     feature_batches: int = 16  # mini-batches of latent vectors the target shares a round; 0: all its slices
+    #: FedAvg's keys it refuses when set away from their defaults (and `fedistill list --options` leaves out)
+    refused_keys: ClassVar[dict[str, str]] = {
+        "mu": "is FedProx's proximal weight, and flmrcm uses no proximal term (it aligns the sites' "
+        "features instead); leave it at {default}",
+        **dict.fromkeys(
+            DP_KEYS,
+            "is a differential-privacy key, but flmrcm does not offer differential privacy: the target's "
+            "latent features would leave unsanitised; leave it at {default}",
+        ),
+    }
 
     def validate(self) -> None:
+        check_refused("flmrcm", self)  # first: FedAvg's checks would suggest setting dp_enabled
         super().validate()
-        if self.dp_enabled:
-            raise ConfigError(
-                "flmrcm does not offer differential privacy: the target's latent features would leave "
-                "unsanitised. Set dp_enabled = false"
-            )
-        if self.mu != 0:
-            raise ConfigError(f"flmrcm.mu must be 0 (no proximal term with the alignment), got {self.mu}")
         if self.target_site < -1:
             raise ConfigError(
                 f"flmrcm.target_site must be a client index or -1 (the last), got {self.target_site}"

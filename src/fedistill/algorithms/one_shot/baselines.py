@@ -34,24 +34,24 @@ from fedistill.algorithms.shared.distillation_data import (
     parse_source,
     split_holdout,
 )
-from fedistill.algorithms.shared.option_checks import check_model_names
+from fedistill.algorithms.shared.option_checks import check_model_names, check_refused
 from fedistill.algorithms.shared.stage1 import STAGE1_UNUSED_KEYS, collect_local_models, teachers_from_cache
 from fedistill.algorithms.shared.training import average_states, evaluate_model, new_model, test_metrics
 from fedistill.config import RunConfig
 from fedistill.data.base import ImageSet
 from fedistill.errors import ConfigError
 from fedistill.federation.fleet import Fleet
+from fedistill.privacy.budget import DP_KEYS
 from fedistill.seeding import torch_generator
 
 log = logging.getLogger(__name__)
 
 
-#: FedDF's keys a one-shot method never reads: differential privacy (the sites upload their stage-1
-#: models as trained), the groups (`teachers` and `student` name the architectures), the student's start
-#: (always the sample-weighted average of the student's architecture), drop-worst, the robust combines
-#: and their trim, binary fusion and the clients' proximal term.
+#: FedDF's round keys a one-shot method never reads: the groups (`teachers` and `student` name the
+#: architectures), the student's start (always the sample-weighted average of the student's
+#: architecture), drop-worst, the robust combines and their trim, binary fusion and the clients' proximal
+#: term. (The `dp_*` keys, `DP_KEYS`, are refused too: the sites upload their stage-1 models as trained.)
 UNUSED_ROUND_KEYS = (
-    "dp_enabled",
     "groups",
     "distill",
     "drop_worst",
@@ -86,6 +86,20 @@ DISTILLATION_KEYS = (
 )
 
 
+NO_DP = (
+    "is a differential-privacy key, but {section} does not offer differential privacy: its clients upload "
+    "their stage-1 models as they are, unclipped and un-noised (fedavg and feddf offer it); leave it at "
+    "{default}"
+)
+ROUND_KEY = (
+    "is a key of FedDF's rounds, which a one-shot method does not use (it would be ignored); leave it at "
+    "{default}"
+)
+DISTILLATION_KEY = (
+    "is a distillation key, and {section} only averages the sites' models (it would be ignored); set it in "
+    "[feddf-oneshot], which distils, or leave it at {default}"
+)
+
 NO_STUDENT_ARCHITECTURE = (
     "one-shot FedAvg averages the sites' models of the student's architecture, and no site has it: "
     "make `teachers` name the student's model (or `student` one of the teachers')"
@@ -96,10 +110,9 @@ NO_STUDENT_ARCHITECTURE = (
 class OneShotOptions(FedDFOptions):
     """FedIOD's stage 1 (`teachers`, `student`, `teacher_epochs`) and, for `feddf-oneshot`, FedDF's
     distillation options (`source`, `steps`, `distill_lr`, ...; `fedavg-oneshot`, which never distils,
-    refuses them). FedDF's round keys (`dp_enabled`, `groups`, `distill`, `drop_worst`, `weighting`,
-    `fuse_precision`, `student_init`, `prox_mu`, `aggregate`, `aggregate_trim`) are listed with the class
-    they come from but must keep their defaults: a one-shot method has no use for them (no differential
-    privacy either)."""
+    refuses them). FedDF's round keys (`groups`, `distill`, `drop_worst`, `weighting`, `fuse_precision`,
+    `student_init`, `prox_mu`, `aggregate`, `aggregate_trim`) and the `dp_*` keys must keep their defaults
+    (`refused_keys`): a one-shot method has no use for them."""
 
     teachers: str = ""  # one model name, or a comma list cycled over the clients; "" = `model`
     student: str = ""  # the architecture of the averaged or fused model; "" = `model`
@@ -107,36 +120,22 @@ class OneShotOptions(FedDFOptions):
     section: ClassVar[str] = "fedavg-oneshot"
     model_keys: ClassVar[str] = "teachers student"  # not FedDF's `groups`, which must stay empty
     distils: ClassVar[bool] = False  # whether the method reads FedDF's distillation keys
+    #: FedDF's keys it never reads, refused when set away from their defaults rather than ignored (and
+    #: left out of `fedistill list --options`): the one upload is never sanitised, dropped as worst or
+    #: robustly combined (only screened: `plausibility_checks`), nor distilled
+    refused_keys: ClassVar[dict[str, str]] = {
+        **dict.fromkeys(DP_KEYS, NO_DP),
+        **dict.fromkeys(UNUSED_ROUND_KEYS, ROUND_KEY),
+        **dict.fromkeys(DISTILLATION_KEYS, DISTILLATION_KEY),
+    }
 
     def validate(self) -> None:
-        """FedDF's checks, at least one stage-1 epoch, and none of FedDF's round keys set: the one upload is
-        never sanitised (no differential privacy), dropped as worst or robustly combined (only screened:
-        `plausibility_checks`), so such a key is refused rather than ignored."""
-        if self.dp_enabled:
-            raise ConfigError(
-                f"{self.section}.dp_enabled = True, but {self.section} does not offer differential "
-                "privacy: its clients upload their stage-1 models as they are, unclipped and un-noised. "
-                "Set dp_enabled = false (fedavg and feddf offer it)"
-            )
-        rounds_key = "is a key of FedDF's rounds, which a one-shot method does not use (it would be ignored)"
-        self._refuse_set(UNUSED_ROUND_KEYS, rounds_key + "; leave it at {default}")
-        if not self.distils:  # before FedDF's checks, which would offer values it would refuse next
-            averages = f"is a distillation key, and {self.section} only averages the sites' models (it would "
-            where = "be ignored); set it in [feddf-oneshot], which distils, or leave it at {default}"
-            self._refuse_set(DISTILLATION_KEYS, averages + where)
+        """None of the refused keys set (`refused_keys`), FedDF's checks and at least one stage-1 epoch."""
+        check_refused(self.section, self)  # before FedDF's checks, which would offer values refused here
         super().validate()
         check_model_names(self.section, self, self.model_keys)
         if self.teacher_epochs < 1:
             raise ConfigError(f"{self.section}.teacher_epochs must be >= 1, got {self.teacher_epochs}")
-
-    def _refuse_set(self, keys: tuple[str, ...], why: str) -> None:
-        """A ConfigError for the first of FedDF's `keys` set away from its default, saying `why` (with the
-        default in place of `{default}`)."""
-        defaults = FedDFOptions()
-        for key in keys:
-            if getattr(self, key) != getattr(defaults, key):
-                said = why.replace("{default}", repr(getattr(defaults, key)))
-                raise ConfigError(f"{self.section}.{key} = {getattr(self, key)!r} {said}")
 
     def check_run(self, config: RunConfig) -> None:
         """What the options rule out with the run's common keys, checked before the run writes anything."""
@@ -158,6 +157,10 @@ class FusionOneShotOptions(OneShotOptions):
 
     section: ClassVar[str] = "feddf-oneshot"
     distils: ClassVar[bool] = True
+    refused_keys: ClassVar[dict[str, str]] = {
+        **dict.fromkeys(DP_KEYS, NO_DP),
+        **dict.fromkeys(UNUSED_ROUND_KEYS, ROUND_KEY),
+    }
 
 
 class OneShotServer(ServerLogic):

@@ -3,6 +3,7 @@ it must be, so an options class's ``validate`` reads as a list of rules."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
@@ -18,6 +19,18 @@ def check_choices(section: str, options: object, choices: Mapping[str, Sequence[
             raise ConfigError(
                 f"{section}.{key} must be one of {', '.join(valid)}; got {getattr(options, key)!r}"
             )
+
+
+def check_refused(section: str, options: object) -> None:
+    """The keys an options class inherits but refuses (its ``refused_keys``: key -> why, ``{section}`` and
+    ``{default}`` filled in) must keep their defaults; the reference (`fedistill list --options`) leaves
+    them out, so a user never sees a key that would be refused."""
+    defaults = {item.name: item.default for item in dataclasses.fields(options)}  # type: ignore[arg-type]
+    for key, why in getattr(type(options), "refused_keys", {}).items():
+        value, default = getattr(options, key), defaults[key]
+        if value != default:
+            said = why.format(section=section, default=repr(default))
+            raise ConfigError(f"{section}.{key} = {value!r} {said}")
 
 
 def check_nonnegative(section: str, options: object, keys: str) -> None:

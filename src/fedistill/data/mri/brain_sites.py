@@ -62,7 +62,7 @@ def split_volume(volume: Volume, slice_mm: float) -> tuple[Volume, Volume]:
 def load_brain_t1_sites(folder: str | Path, **options: object) -> LoadedDataset:
     """The four volumes as four sites (options: image_size, default 64; None = native, which differ)."""
     check_options(NAME, options, OPTIONS)
-    size = check_image_size(options.get("image_size", 64), "not here: the volumes' native sizes differ")
+    size = check_image_size(NAME, options.get("image_size", 64), "not here: the volumes' native sizes differ")
     if size is None:
         raise ConfigError(f"{NAME} needs an integer image_size: its volumes' native sizes differ")
     root = Path(folder)

@@ -133,18 +133,17 @@ def brats_volumes(
     group: int = 0,
 ) -> tuple[list[Volume], list[Volume]]:
     """(train volumes, test volumes), every slice in `group`."""
-    contrast = check_choice("BraTS contrast", contrast, CONTRASTS)
-    size = check_image_size(image_size, "native: 240 pixels")
-    choice = check_choice("BraTS slices", slices, SLICE_CHOICES)
+    contrast = check_choice(NAME, "contrast", contrast, CONTRASTS)
+    size = check_image_size(NAME, image_size, "native: 240 pixels")
+    choice = check_choice(NAME, "slices", slices, SLICE_CHOICES)
     keep = PROTOCOL_SLICES if choice == "protocol" else choice
-    cap = check_max_volumes(max_volumes)
+    cap = check_max_volumes(NAME, max_volumes)
+    share = None if test_fraction is None else check_test_fraction(NAME, test_fraction)
     files = find_brats(folder, contrast)
-    if test_fraction is None:
+    if share is None:
         train_ids, test_ids = _official_split(files, folder)
     else:
-        train_ids, test_ids = split_subjects(
-            list(files), check_test_fraction(test_fraction), str(folder), patient_of=brats_patient
-        )
+        train_ids, test_ids = split_subjects(list(files), share, str(folder), patient_of=brats_patient)
     check_one_release([*train_ids, *test_ids], folder)
 
     def read(ids: list[str]) -> list[Volume]:
@@ -160,5 +159,5 @@ def load_brats_mri(folder: str | Path, **options: object) -> LoadedDataset:
     """BraTS 2020 T1 or T2 slices for reconstruction (options: see `brats_volumes`)."""
     check_options(NAME, options, OPTIONS)
     train, test = brats_volumes(Path(folder), **options)  # type: ignore[arg-type]
-    contrast = check_choice("BraTS contrast", options.get("contrast", "t1"), CONTRASTS)
+    contrast = check_choice(NAME, "contrast", options.get("contrast", "t1"), CONTRASTS)
     return build_dataset(f"{NAME}-{contrast}", train, test)

@@ -19,7 +19,7 @@ from fedistill.data.mri.assemble import Volume, build_dataset
 from fedistill.data.mri.brats import brats_volumes, describe_brats_mri
 from fedistill.data.mri.fastmri import describe_fastmri_brain, fastmri_volumes
 from fedistill.data.mri.ixi import describe_ixi, ixi_volumes
-from fedistill.data.mri.options import check_choice, check_options
+from fedistill.data.mri.options import check_choice, check_image_size, check_max_volumes, check_options
 from fedistill.errors import ConfigError, DataError
 
 NAME = "mri-cross-site"
@@ -45,10 +45,12 @@ def describe_mri_cross_site(folder: str) -> str:
 def _sources(value: object) -> tuple[str, ...]:
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, list | tuple) or not items:
-        raise ConfigError(f"sources must be a non-empty list of {', '.join(SOURCES)}, got {value!r}")
-    keys = tuple(check_choice("MRI source", str(s), tuple(SOURCES)) for s in items)
+        raise ConfigError(
+            f"{NAME} option sources must be a non-empty list of {', '.join(SOURCES)}, got {value!r}"
+        )
+    keys = tuple(check_choice(NAME, "sources", str(s), tuple(SOURCES), value) for s in items)
     if len(set(keys)) != len(keys):
-        raise ConfigError(f"sources lists a source twice: {value!r}")
+        raise ConfigError(f"{NAME} option sources must not list a source twice, got {value!r}")
     return keys
 
 
@@ -69,8 +71,10 @@ def load_mri_cross_site(folder: str | Path, **options: object) -> LoadedDataset:
     as test)."""
     check_options(NAME, options, OPTIONS)
     root = Path(folder)
-    contrast = check_choice("MRI contrast", options.get("contrast", "t1"), CONTRASTS)
+    contrast = check_choice(NAME, "contrast", options.get("contrast", "t1"), CONTRASTS)
     keys = _sources(options.get("sources", tuple(SOURCES)))
+    size = check_image_size(NAME, options.get("image_size", 128), "each source's own, so one source only")
+    cap = check_max_volumes(NAME, options.get("max_volumes"))
     missing = [key for key in keys if not (root / key).is_dir()]
     if missing:
         expected = "; ".join(f"{k}/: {EXPECTED[k]}" for k in missing)
@@ -81,8 +85,7 @@ def load_mri_cross_site(folder: str | Path, **options: object) -> LoadedDataset:
     train: list[Volume] = []
     test: list[Volume] = []
     for group, key in enumerate(keys):
-        size, cap = options.get("image_size", 128), options.get("max_volumes")
-        tr, te = _read(key, root / key, contrast, size, cap, group)  # type: ignore[arg-type]
+        tr, te = _read(key, root / key, contrast, size, cap, group)
         train += tr
         test += te
     names = tuple(SOURCES[k][0] for k in keys)

@@ -171,11 +171,11 @@ def fastmri_volumes(
     group: int = 0,
 ) -> tuple[list[Volume], list[Volume]]:
     """(train volumes from train/, test volumes from val/), every slice in `group`."""
-    contrast = check_choice("fastMRI contrast", contrast, tuple(CONTRASTS))
-    size = check_image_size(image_size, "native: 320 pixels")
-    target = check_choice("fastMRI target", target, TARGETS)
-    keep = check_choice("fastMRI slices", slices, SLICE_CHOICES)
-    cap = check_max_volumes(max_volumes)
+    contrast = check_choice(NAME, "contrast", contrast, tuple(CONTRASTS))
+    size = check_image_size(NAME, image_size, "native: 320 pixels")
+    target = check_choice(NAME, "target", target, TARGETS)
+    keep = check_choice(NAME, "slices", slices, SLICE_CHOICES)
+    cap = check_max_volumes(NAME, max_volumes)
     if not folder.is_dir():
         raise DataError(f"fastMRI folder {folder} does not exist; expected {EXPECTED} in it")
     train_dir, test_dir = _split_dir(folder, TRAIN_DIRS), _split_dir(folder, TEST_DIRS)
@@ -189,5 +189,5 @@ def load_fastmri_brain(folder: str | Path, **options: object) -> LoadedDataset:
     """fastMRI brain slices for reconstruction (options: see `fastmri_volumes`)."""
     check_options(NAME, options, OPTIONS)
     train, test = fastmri_volumes(Path(folder), **options)  # type: ignore[arg-type]
-    contrast = check_choice("fastMRI contrast", options.get("contrast", "t1"), tuple(CONTRASTS))
+    contrast = check_choice(NAME, "contrast", options.get("contrast", "t1"), tuple(CONTRASTS))
     return build_dataset(f"{NAME}-{contrast}", train, test)

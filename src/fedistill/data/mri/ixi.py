@@ -91,13 +91,14 @@ def ixi_volumes(
 ) -> tuple[list[Volume], list[Volume], tuple[str, ...]]:
     """(train volumes, test volumes, site names); `group` puts every volume in that one group instead
     of its hospital's (used when IXI is one source of a multi-source set)."""
-    contrast = check_choice("IXI contrast", contrast, CONTRASTS)
-    size = check_image_size(image_size, "native: 256 pixels")
-    keep = check_choice("IXI slices", slices, SLICE_CHOICES)
-    axis = check_choice("slice_axis", slice_axis, SLICE_AXES)
-    cap = check_max_volumes(max_volumes)
+    contrast = check_choice(NAME, "contrast", contrast, CONTRASTS)
+    size = check_image_size(NAME, image_size, "native: 256 pixels")
+    keep = check_choice(NAME, "slices", slices, SLICE_CHOICES)
+    axis = check_choice(NAME, "slice_axis", slice_axis, SLICE_AXES)
+    cap = check_max_volumes(NAME, max_volumes)
+    share = check_test_fraction(NAME, test_fraction)
     files = find_ixi(folder, contrast)
-    train_ids, test_ids = split_subjects(list(files), check_test_fraction(test_fraction), f"IXI {folder}")
+    train_ids, test_ids = split_subjects(list(files), share, f"IXI {folder}")
     found = {site_of(s) for s in files}
     sites = [s for s in KNOWN_SITES if s in found] + sorted(found - set(KNOWN_SITES))
 
@@ -116,5 +117,5 @@ def load_ixi(folder: str | Path, **options: object) -> LoadedDataset:
     """IXI T1 or T2 slices for reconstruction (options: see `ixi_volumes`), one group per hospital."""
     check_options(NAME, options, OPTIONS)
     train, test, sites = ixi_volumes(Path(folder), **options)  # type: ignore[arg-type]
-    contrast = check_choice("IXI contrast", options.get("contrast", "t1"), CONTRASTS)
+    contrast = check_choice(NAME, "contrast", options.get("contrast", "t1"), CONTRASTS)
     return build_dataset(f"{NAME}-{contrast}", train, test, sites)

@@ -76,10 +76,12 @@ def _site_volume(
 def load_mni152_t1(folder: object = None, **options: object) -> LoadedDataset:
     """Sites imaging the MNI152 template (options: image_size, default 64; sites, 2-4, default 3)."""
     check_options(NAME, options, OPTIONS)
-    size = check_image_size(options.get("image_size", 64), "native: 233 pixels")
+    size = check_image_size(NAME, options.get("image_size", 64), "native: 233 pixels")
     sites = options.get("sites", 3)
     if isinstance(sites, bool) or not isinstance(sites, int) or not 2 <= sites <= len(ACQUISITIONS):
-        raise ConfigError(f"sites must be an integer from 2 to {len(ACQUISITIONS)}, got {sites!r}")
+        raise ConfigError(
+            f"{NAME} option sites must be an integer from 2 to {len(ACQUISITIONS)}, got {sites!r}"
+        )
     stack = read_slices(template_path())
     base = np.clip(stack.slices, 0.0, None) / max(float(stack.slices.max()), 1e-12)
     index = brain_slices(foreground_masks(prepare(base, size, NAME)), BRAIN_SHARE)
