@@ -263,3 +263,44 @@ def test_an_image_folders_classes_option_fixes_the_label_order_and_allows_missin
     assert sorted(set(site.train.y.tolist())) == [0, 1, 2, 3, 4]  # digits 9..5
     with pytest.raises(ConfigError, match="classes must list two or more distinct class folder names"):
         load_dataset("image-folder", sites / "site-2", classes=["7", "7"], channels=1, image_size=8)
+
+
+def _idx_files(folder: Path, images: np.ndarray, labels: np.ndarray, n_train: int) -> None:
+    """MNIST's four gzip IDX files under `folder/mnist/`: the first `n_train` records train, the rest test."""
+    import gzip
+    import struct
+
+    (folder / "mnist").mkdir(parents=True)
+    parts = {"train": slice(0, n_train), "t10k": slice(n_train, None)}
+    for part, cut in parts.items():
+        for kind, array, magic in (("images-idx3", images[cut], 2051), ("labels-idx1", labels[cut], 2049)):
+            with gzip.open(folder / "mnist" / f"{part}-{kind}-ubyte.gz", "wb") as out:
+                out.write(struct.pack(">I", magic) + b"".join(struct.pack(">I", s) for s in array.shape))
+                out.write(np.ascontiguousarray(array, dtype=np.uint8).tobytes())
+
+
+def test_sites_read_their_own_mnist_files_which_no_published_checksum_matches(tmp_path) -> None:
+    """A site's (and the server's) IDX files are its own records, not the published MNIST: their format is
+    checked, not their md5 against the published files'."""
+    digits = load_digits()
+    images = np.kron(np.clip(digits.images * 16, 0, 255), np.ones((3, 3))).astype(np.uint8)  # 24 x 24
+    images = np.pad(images, ((0, 0), (2, 2), (2, 2)))  # 28 x 28, as MNIST's
+    labels = digits.target.astype(np.uint8)
+    _idx_files(tmp_path / "server", images[:200], labels[:200], 100)
+    for k in range(2):
+        mine = slice(200 + 150 * k, 350 + 150 * k)
+        _idx_files(tmp_path / f"site-{k}", images[mine], labels[mine], 120)
+    config = build_config(
+        RunConfig(),
+        {
+            "algorithm": "fedavg",
+            "dataset": "mnist",
+            "data_dir": str(tmp_path / "server"),
+            "site_data_dir": str(tmp_path / "site-{site}"),
+            "clients": 2,
+            "model": "small-cnn",
+        },
+    )
+    data = validate_setup(config)
+    assert data.client_sizes() == [108, 108] and len(data.dataset.test) == 100
+    assert data.sites[1].dataset.train.x.shape[1:] == (1, 28, 28)

@@ -145,15 +145,17 @@ def canonical_dataset(config: RunConfig) -> RunConfig:
     return config.replace(dataset=name, options=options)
 
 
-def prepare_data(config: RunConfig) -> Prepared:
+def prepare_data(config: RunConfig, *, verify: bool = True) -> Prepared:
     """Load the run's dataset, with its options, and split it among the clients as the config says; with
-    `site_data_dir`, the server's own data, split into its validation holdout and the rest."""
+    `site_data_dir`, the server's own data, split into its validation holdout and the rest, its files not
+    checked against the published dataset's md5s (`verify`: they are the deployment's own records)."""
     config = canonical_dataset(config)
     if own_data(config):
-        prepared = prepare_data(server_split_config(config))
+        prepared = prepare_data(server_split_config(config), verify=False)
         return Prepared(prepared.dataset, prepared.split, own_data=True)
+    options = config.options.get(config.dataset, {})
     dataset = load_dataset(
-        config.dataset, config.data_dir, download=config.download, **config.options.get(config.dataset, {})
+        config.dataset, config.data_dir, download=config.download, verify=verify, **options
     )
     task = task_class(dataset.info)
     train_labels, test_labels, num_labels = task.partition_labels(dataset)
