@@ -304,3 +304,19 @@ def test_sites_read_their_own_mnist_files_which_no_published_checksum_matches(tm
     data = validate_setup(config)
     assert data.client_sizes() == [108, 108] and len(data.dataset.test) == 100
     assert data.sites[1].dataset.train.x.shape[1:] == (1, 28, 28)
+
+
+def test_a_resumes_dry_run_refuses_a_site_whose_records_changed_as_the_resume_does(sites, tmp_path) -> None:
+    import shutil
+
+    from algorithm_helpers import run_until_crash
+    from fedistill.algorithms.classic.fedavg import FedAvgServer
+    from fedistill.engine.dry_run import plan_resume
+
+    copy = tmp_path / "data"
+    shutil.copytree(sites, copy)
+    run_until_crash(_config(copy, rounds=3), FedAvgServer, tmp_path / "run", crash_round=2)
+    assert "continues after round 1" in plan_resume(tmp_path / "run")
+    Image.fromarray(np.full((8, 8), 90, np.uint8)).save(copy / "site-1" / "train" / "7" / "extra.png")
+    with pytest.raises(ConfigError, match="site 1's records differ from those the run began with"):
+        plan_resume(tmp_path / "run")

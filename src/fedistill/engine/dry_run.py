@@ -24,6 +24,7 @@ from fedistill.engine import suite_dir as folder
 from fedistill.engine.launch import check_transport, new_suite_dir
 from fedistill.engine.resume import check_finished_settings, check_same_settings, resume_point
 from fedistill.engine.setup import Prepared, Resolved, canonical_dataset, resolve, validate_setup
+from fedistill.engine.site_data import check_sites
 from fedistill.engine.summary import read_summary
 from fedistill.errors import ConfigError, RunDirError
 
@@ -80,6 +81,7 @@ def _resume_state(run_dir: Path, config: RunConfig, data: Prepared) -> str:
         raise ConfigError(
             f"{run_dir}: the saved partition differs from the one this config makes; cannot resume"
         )
+    check_sites(data, run_dir)  # a site's own records, as the resume checks them
     return f"{damaged}continues after round {int(state['runner']['round'])} (from {checkpoint.name})"
 
 
