@@ -320,3 +320,47 @@ def test_a_resumes_dry_run_refuses_a_site_whose_records_changed_as_the_resume_do
     Image.fromarray(np.full((8, 8), 90, np.uint8)).save(copy / "site-1" / "train" / "7" / "extra.png")
     with pytest.raises(ConfigError, match="site 1's records differ from those the run began with"):
         plan_resume(tmp_path / "run")
+
+
+def _brats_site(folder: Path, subjects: int, seed: int) -> None:
+    """`subjects` BraTS 2018 subjects of 24 x 24 x 8 voxels under `folder/brats/HGG/`, each a tumour cube."""
+    import nibabel as nib
+
+    yy, xx = np.mgrid[:24, :24]
+    disk = ((yy - 12) ** 2 + (xx - 12) ** 2 < 100)[:, :, None]
+    for i in range(subjects):
+        name = f"Brats18_{seed}_{i}"
+        (folder / "brats" / "HGG" / name).mkdir(parents=True)
+        rng = np.random.default_rng(seed * 10 + i)
+        volume = np.where(disk, 100 + rng.random((24, 24, 8)) * 50, 0).astype(np.float32)
+        seg = np.zeros((24, 24, 8), np.uint8)
+        seg[8 : 10 + i, 8 : 10 + i, 2 : 4 + i] = 2
+        for modality, data in (
+            ("t1", volume),
+            ("t1ce", volume),
+            ("t2", volume),
+            ("flair", volume),
+            ("seg", seg),
+        ):
+            image = nib.Nifti1Image(data, np.diag([10.0, 10.0, 10.0, 1.0]))
+            nib.save(image, str(folder / "brats" / "HGG" / name / f"{name}_{modality}.nii.gz"))
+
+
+def test_per_pixel_sites_with_different_subject_counts_run_and_plot_each_sites_count(tmp_path) -> None:
+    """A segmentation site's partition groups are its own subjects, none another site's: the partition plot
+    shows each site's slice count (it stopped the run when the sites held different numbers of subjects)."""
+    for where, subjects, seed in (("server", 3, 0), ("site-0", 4, 1), ("site-1", 3, 2)):
+        _brats_site(tmp_path / where, subjects, seed)
+    config = _config(
+        tmp_path,
+        dataset="brats",
+        data_dir=str(tmp_path / "server"),
+        clients=2,
+        rounds=1,
+        model="unet",
+        brats={"image_size": 16},
+        fedavg={"local_steps": 1},
+    )
+    summary = run_suite(config, tmp_path / "run", progress=False)[0]
+    assert summary["partition"]["method"] == "own-data" and len(summary["partition"]["sizes"]) == 2
+    assert (tmp_path / "run" / "fedavg" / "plots" / "partition.png").exists()

@@ -115,10 +115,11 @@ def run_algorithm(
             counts = data.train_counts()  # None: the sites' own data, on their Flower nodes
             if counts is not None:
                 how = "own data" if data.own_data else f"{config.partition} (alpha={config.alpha})"
+                names = task_of(config, data.dataset.info).partition_names(data.dataset) or None
                 plot_partition(
                     counts,
                     run_dir / "plots" / "partition.png",
-                    class_names=task_of(config, data.dataset.info).partition_names(data.dataset) or None,
+                    class_names=("samples",) if counts.shape[1] == 1 and data.own_data else names,
                     title=f"{config.dataset}: {how}, {config.clients} clients",
                 )
         else:  # an edited key is named first: a new seed or alpha also makes another partition
