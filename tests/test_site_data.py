@@ -364,3 +364,14 @@ def test_per_pixel_sites_with_different_subject_counts_run_and_plot_each_sites_c
     summary = run_suite(config, tmp_path / "run", progress=False)[0]
     assert summary["partition"]["method"] == "own-data" and len(summary["partition"]["sizes"]) == 2
     assert (tmp_path / "run" / "fedavg" / "plots" / "partition.png").exists()
+
+
+def test_a_flower_nodes_missing_data_dir_is_named_as_its_own_not_as_site_data_dirs(sites, tmp_path) -> None:
+    """A node whose node config names a folder that is not there is told to fix its data-dir: the run's
+    site_data_dir was never read."""
+    config = _config(sites)
+    info = validate_setup(config).dataset.info
+    with pytest.raises(DataError, match=r"site 1's .*nope does not exist \(its node config's data-dir"):
+        load_site(config, 1, info, tmp_path / "nope")
+    with pytest.raises(DataError, match=r"site 5's folder .*site-5 does not exist \(site_data_dir = "):
+        load_site(config, 5, info)

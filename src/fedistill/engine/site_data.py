@@ -118,7 +118,10 @@ def load_site(config: RunConfig, site: int, server: DatasetInfo, folder: Path | 
     folder = folder or site_folder(config, site)
     where = f"site {site}'s folder {folder}"
     if not folder.is_dir():
-        raise DataError(f"{where} does not exist (site_data_dir = {config.site_data_dir!r})")
+        named = f"site_data_dir = {config.site_data_dir!r}"
+        if folder != site_folder(config, site):  # a Flower node's own data-dir
+            named = "its node config's data-dir; the run's site_data_dir is not read where a node has one"
+        raise DataError(f"{where} does not exist ({named})")
     name = canonical_dataset_name(config.dataset)
     options = dict(config.options.get(config.dataset, config.options.get(name, {})))
     if "classes" in DATASETS[name].options and "classes" not in options:
