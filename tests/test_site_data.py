@@ -128,6 +128,9 @@ def test_centralized_pools_the_sites_own_records_in_process(sites, tmp_path) -> 
         ({"site_data_dir": "shared"}, ConfigError, "has no {site}, so every site would read the same folder"),
         ({"val_mode": "subjects"}, ConfigError, "with site_data_dir each site holds out its own records"),
         ({"clients": 4}, DataError, "site 3's folder .*site-3 does not exist"),
+        ({"partition": "iid"}, ConfigError, "partition = 'iid' does not apply with site_data_dir"),
+        ({"alpha": 0.1}, ConfigError, "alpha = 0.1 does not apply with site_data_dir"),
+        ({"partition_options": {"min_size": 5}}, ConfigError, r"\[partition_options\] does not apply"),
     ],
 )
 def test_a_setting_sites_with_their_own_data_rule_out_is_named_before_any_folder(

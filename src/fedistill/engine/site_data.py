@@ -65,16 +65,29 @@ def site_folder(config: RunConfig, site: int, node_dir: str | None = None) -> Pa
 
 
 def check_site_data(config: RunConfig, *, per_node_folders: bool = False) -> None:
-    """What `site_data_dir` rules out before any data are read: a dataset that reads no files (every site
-    would hold the same records), and, where the sites' folders come from the path alone (in-process, a
-    Flower simulation), a path without `{site}` (every site would read one folder). `per_node_folders`: a
-    Flower deployment, whose nodes may each name their own folder."""
+    """What `site_data_dir` rules out before any data are read: a partition's keys (the folders are the
+    partition), a dataset that reads no files (every site would hold the same records), and, where the
+    sites' folders come from the path alone (in-process, a Flower simulation), a path without `{site}`
+    (every site would read one folder). `per_node_folders`: a Flower deployment, whose nodes may each name
+    their own folder."""
     if not own_data(config):
         return
     if config.val_mode == "subjects":
         raise ConfigError(
             "val_mode = 'subjects' holds out whole subjects of a natural partition's sites; with "
             "site_data_dir each site holds out its own records: use val_mode = 'random' or 'tail'"
+        )
+    defaults = RunConfig()
+    for key in ("partition", "alpha"):  # set, they would seem to shape sites whose folders are given
+        if getattr(config, key) != getattr(defaults, key):
+            raise ConfigError(
+                f"{key} = {getattr(config, key)!r} does not apply with site_data_dir: each site's folder is "
+                "its part of the data; leave partition, alpha and [partition_options] out"
+            )
+    if config.options.get("partition_options"):
+        raise ConfigError(
+            "[partition_options] does not apply with site_data_dir: each site's folder is its part of the "
+            "data; leave the table out"
         )
     name = canonical_dataset_name(config.dataset)
     entry = DATASETS.get(name)
