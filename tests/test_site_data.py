@@ -378,3 +378,21 @@ def test_a_flower_nodes_missing_data_dir_is_named_as_its_own_not_as_site_data_di
         load_site(config, 1, info, tmp_path / "nope")
     with pytest.raises(DataError, match=r"site 5's folder .*site-5 does not exist \(site_data_dir = "):
         load_site(config, 5, info)
+
+
+def test_the_servers_test_set_read_from_a_hello_is_the_nodes_own_copy(sites) -> None:
+    """A received message's arrays are read-only; the node's harness copies them (torch warned of
+    undefined behaviour on every node, and a tensor written in place would have written into them)."""
+    import warnings
+
+    from fedistill.engine.site_data import EVALUATION_SET, harness_from, site_greeting
+
+    hello = site_greeting(validate_setup(_config(sites)).dataset)
+    arrays = {name: np.array(value) for name, value in hello.arrays[EVALUATION_SET].items()}
+    for value in arrays.values():
+        value.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        harness = harness_from(arrays, hello.scalars["config"])
+    assert not np.shares_memory(harness.test.x.numpy(), arrays["x"])
+    assert harness.test.x.numpy().flags.writeable

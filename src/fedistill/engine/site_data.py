@@ -192,7 +192,8 @@ def site_greeting(dataset: LoadedDataset) -> Message:
 def harness_from(arrays: dict[str, Any], config: dict[str, Any]) -> LoadedDataset:
     """The server's dataset facts and test set, as `harness_parts` sent them (no training records)."""
     info = DatasetInfo.from_json(str(config[DATASET_INFO]))
-    tensors = {name: torch.as_tensor(np.asarray(value)) for name, value in arrays.items()}
+    # a copy: a received message's arrays are read-only
+    tensors = {name: torch.as_tensor(np.array(value)) for name, value in arrays.items()}
     test = ImageSet(tensors["x"], tensors["y"])
     return LoadedDataset(
         info=info,
