@@ -396,3 +396,28 @@ def test_the_servers_test_set_read_from_a_hello_is_the_nodes_own_copy(sites) -> 
         harness = harness_from(arrays, hello.scalars["config"])
     assert not np.shares_memory(harness.test.x.numpy(), arrays["x"])
     assert harness.test.x.numpy().flags.writeable
+
+
+@pytest.mark.parametrize(
+    ("site_data_dir", "named"),
+    [
+        ("site-0", "has no {site}, so every site would read the same folder"),
+        ("site-{site}", "site 3's folder"),
+    ],
+)
+def test_a_flower_simulations_site_folders_are_checked_before_its_folder_as_in_process(
+    sites, tmp_path, site_data_dir, named
+) -> None:
+    """A simulation's nodes read site_data_dir alone (no node has a data-dir of its own): a path without
+    {site}, or a site folder that is not there, is named before the run's folder is made, as in-process
+    (only a deployment's nodes may each name their own folder)."""
+    pytest.importorskip("flwr")
+    from fedistill.engine.dry_run import plan_new
+    from fedistill.engine.launch import start_suite
+
+    config = _config(sites, transport="flower", clients=4, site_data_dir=str(sites / site_data_dir))
+    config = config.replace(out=str(tmp_path / "out"))
+    for attempt in (plan_new, start_suite):
+        with pytest.raises((ConfigError, DataError), match=named):
+            attempt(config)
+    assert not (tmp_path / "out").exists()

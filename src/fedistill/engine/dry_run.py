@@ -37,7 +37,7 @@ def plan_new(config: RunConfig, resume_hint: str = "") -> str:
     `resume_hint` as `start_suite` takes it."""
     config = canonical_dataset(config)
     suite_dir = new_suite_dir(config, resume_hint)
-    data = validate_setup(config.replace(download=False))  # a dry run fetches no file
+    data = validate_setup(config.replace(download=False), simulation=True)  # a dry run fetches no file
     folder.check_creatable(suite_dir)
     check_transport(config)
     where = str(suite_dir) if config.name else f"{suite_dir} (the time it starts; -2, -3, ... if taken)"
@@ -52,7 +52,7 @@ def plan_resume(run_dir: Path, device: str | None = None) -> str:
     config = canonical_dataset(read_config(suite_dir / "config.toml"))
     if device is not None:
         config = config.replace(device=device)
-    data = validate_setup(config.replace(download=False), resume=True)
+    data = validate_setup(config.replace(download=False), resume=True, simulation=True)
     folder.check_unlocked(suite_dir)  # the lock a resume would take
     folder.check_algorithms_kept(suite_dir, config.algorithms)
     check_transport(config)

@@ -240,10 +240,12 @@ def check_algorithm(resolved: Resolved) -> None:
         check_run(resolved.config)
 
 
-def validate_setup(config: RunConfig, *, resume: bool = False) -> Prepared:
+def validate_setup(config: RunConfig, *, resume: bool = False, simulation: bool = False) -> Prepared:
     """Everything a user's input can get wrong, checked before a run writes anything: names, config
     tables, every running algorithm's options, its models, the dataset files and the partition; `resume`:
-    the config of a run folder (a mistake it already ran with may only be warned of)."""
+    the config of a run folder (a mistake it already ran with may only be warned of). `simulation`: with
+    transport = flower, this process starts Flower's simulation, whose nodes read `site_data_dir` alone
+    (a deployment's SuperNodes may each name their own data-dir)."""
     config = canonical_dataset(config)
     check_sections(config, resume=resume)
     devices.resolve(config.device)  # a device this machine lacks is a mistake named before any work
@@ -253,7 +255,7 @@ def validate_setup(config: RunConfig, *, resume: bool = False) -> Prepared:
     for resolved in running.values():
         check_algorithm(resolved)
     on_flower = config.transport == "flower"
-    check_site_data(config, per_node_folders=on_flower)
+    check_site_data(config, per_node_folders=on_flower and not simulation)
     if own_data(config) and on_flower:
         for name, resolved in running.items():
             if resolved.algorithm.pooled:

@@ -68,8 +68,8 @@ def check_site_data(config: RunConfig, *, per_node_folders: bool = False) -> Non
     """What `site_data_dir` rules out before any data are read: a partition's keys (the folders are the
     partition), a dataset that reads no files (every site would hold the same records), and, where the
     sites' folders come from the path alone (in-process, a Flower simulation), a path without `{site}`
-    (every site would read one folder). `per_node_folders`: a Flower deployment, whose nodes may each name
-    their own folder."""
+    (every site would read one folder) and a site folder that is not there. `per_node_folders`: a Flower
+    deployment, whose nodes may each name their own folder."""
     if not own_data(config):
         return
     if config.val_mode == "subjects":
@@ -102,6 +102,12 @@ def check_site_data(config: RunConfig, *, per_node_folders: bool = False) -> Non
             f"folder; write e.g. {str(Path(config.site_data_dir) / 'site-{site}')!r} (site 0 reads "
             f"{str(Path(config.site_data_dir) / 'site-0')!r}), or give each Flower node its own data-dir"
         )
+    for site in range(0 if per_node_folders else config.clients):
+        if not site_folder(config, site).is_dir():
+            raise DataError(
+                f"site {site}'s folder {site_folder(config, site)} does not exist "
+                f"(site_data_dir = {config.site_data_dir!r})"
+            )
 
 
 def agreed_info(own: DatasetInfo, server: DatasetInfo, where: str) -> DatasetInfo:
