@@ -150,8 +150,17 @@ def test_a_site_whose_classes_the_server_does_not_know_is_refused_naming_them(si
             (odd / part / label).mkdir(parents=True)
             Image.fromarray(np.full((8, 8), 40, np.uint8)).save(odd / part / label / "a.png")
     info = validate_setup(_config(sites)).dataset.info
-    with pytest.raises(DataError, match=r"class folder\(s\) \['x'\] .* are not in the option classes"):
+    # the site's classes are the server's unless the config names them: the line says which, and how to
+    # name a class the server's data lack
+    with pytest.raises(DataError, match=r"class folder\(s\) \['x'\] .* are not among the server's classes"):
         load_site(_config(sites), 0, info, odd)
+    with pytest.raises(DataError, match=r"data_dir's train/ folders.*set image-folder.classes"):
+        load_site(_config(sites), 0, info, odd)
+    named = _config(
+        sites, **{"image-folder": {"channels": 1, "image_size": 8, "classes": list("0123456789")}}
+    )
+    with pytest.raises(DataError, match=r"are not in the option classes \(0, 1"):
+        load_site(named, 0, info, odd)
 
 
 def test_site_data_unlike_the_servers_is_refused_naming_the_difference() -> None:

@@ -143,10 +143,19 @@ def load_site(config: RunConfig, site: int, server: DatasetInfo, folder: Path | 
         raise DataError(f"{where} does not exist ({named})")
     name = canonical_dataset_name(config.dataset)
     options = dict(config.options.get(config.dataset, config.options.get(name, {})))
-    if "classes" in DATASETS[name].options and "classes" not in options:
+    servers = "classes" in DATASETS[name].options and "classes" not in options
+    if servers:
         options["classes"] = list(server.class_names)  # a site may have no case of some class
-    # the site's own records: no published file's md5 can match them (their format is still checked)
-    dataset = load_dataset(name, folder, download=False, verify=False, **options)
+    try:  # the site's own records: no published file's md5 can match them (their format is still checked)
+        dataset = load_dataset(name, folder, download=False, verify=False, **options)
+    except DataError as exc:
+        if not servers or "the option classes" not in str(exc):
+            raise
+        raise DataError(  # the option was the server's classes, not one the user set
+            str(exc).replace("in the option classes", "among the server's classes")
+            + f"; the server's are its data_dir's train/ folders: where they lack a class, set "
+            f"{config.dataset}.classes to every class name, in label order"
+        ) from None
     dataset = dataclasses.replace(dataset, info=agreed_info(dataset.info, server, where))
     train_labels, test_labels, num_labels = task_class(dataset.info).partition_labels(dataset)
     split = make_split(
