@@ -430,3 +430,9 @@ def test_a_flower_simulations_site_folders_are_checked_before_its_folder_as_in_p
         with pytest.raises((ConfigError, DataError), match=named):
             attempt(config)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_site_data_dir_naming_one_sites_folder_is_answered_with_the_path_for_every_site(sites) -> None:
+    """`site-0` for `site-{site}`: the line suggests the path with the number made `{site}`."""
+    with pytest.raises(ConfigError, match=r"has no \{site\}.*write e\.g\. '.*/sites\d*/site-\{site\}' \("):
+        validate_setup(_config(sites, site_data_dir=str(sites / "site-0")))

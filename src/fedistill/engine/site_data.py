@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -97,10 +98,13 @@ def check_site_data(config: RunConfig, *, per_node_folders: bool = False) -> Non
             "sites with their own data need a dataset read from files (image-folder, for a site's own images)"
         )
     if SITE not in config.site_data_dir and not per_node_folders:
+        path = Path(config.site_data_dir)
+        number = re.search(r"\d+$", path.name)  # one site's folder, e.g. sites/site-0
+        example = path.parent / (path.name[: number.start()] + SITE) if number else path / "site-{site}"
         raise ConfigError(
             f"site_data_dir = {config.site_data_dir!r} has no {SITE}, so every site would read the same "
-            f"folder; write e.g. {str(Path(config.site_data_dir) / 'site-{site}')!r} (site 0 reads "
-            f"{str(Path(config.site_data_dir) / 'site-0')!r}), or give each Flower node its own data-dir"
+            f"folder; write e.g. {str(example)!r} (site 0 reads {str(example).replace(SITE, '0')!r}), or "
+            "give each Flower node its own data-dir"
         )
     for site in range(0 if per_node_folders else config.clients):
         if not site_folder(config, site).is_dir():
