@@ -436,3 +436,17 @@ def test_a_site_data_dir_naming_one_sites_folder_is_answered_with_the_path_for_e
     """`site-0` for `site-{site}`: the line suggests the path with the number made `{site}`."""
     with pytest.raises(ConfigError, match=r"has no \{site\}.*write e\.g\. '.*/sites\d*/site-\{site\}' \("):
         validate_setup(_config(sites, site_data_dir=str(sites / "site-0")))
+
+
+def test_a_server_reading_a_sites_folder_is_named_in_process_and_on_flower(sites, tmp_path) -> None:
+    """data_dir naming a site's folder would make that site's records the server's validation and test
+    data; in-process and over Flower alike the run stops naming the site, before any round."""
+    from flower_local_grid import run_on_grid
+
+    folder = {"channels": 1, "image_size": 8, "classes": [str(d) for d in range(10)]}
+    config = _config(sites, data_dir=str(sites / "site-1"), rounds=1, **{"image-folder": folder})
+    with pytest.raises(DataError, match=r"site 1 holds the server's training records"):
+        run_suite(config, tmp_path / "here", progress=False)
+    assert not (tmp_path / "here").exists()
+    with pytest.raises(FederationError, match=r"node of partition 1 holds the server.s training records"):
+        run_on_grid(config, tmp_path / "there", _grid(config, tmp_path))

@@ -268,7 +268,7 @@ def validate_setup(config: RunConfig, *, resume: bool = False, simulation: bool 
     task = task_of(config, info)
     check_sets(task, info, data.dataset, config.dataset)
     if own_data(config) and not on_flower:  # a Flower node loads its own site (engine/flower/node.py)
-        data = Prepared(data.dataset, data.split, _load_sites(config, task, info), own_data=True)
+        data = Prepared(data.dataset, data.split, _load_sites(config, task, data.dataset), own_data=True)
     for name, resolved in running.items():
         algorithm, model = resolved.algorithm, resolved.config.model
         if task.name not in algorithm.tasks:
@@ -315,15 +315,22 @@ def check_sets(task: Task, info: Any, dataset: LoadedDataset, what: str) -> None
             raise DataError(str(exc)) from exc
 
 
-def _load_sites(config: RunConfig, task: Task, info: Any) -> list[Prepared]:
+def _load_sites(config: RunConfig, task: Task, server: LoadedDataset) -> list[Prepared]:
     """Every site's own data, in-process (site_data.py), each checked as the server's are; two sites holding
-    the same training records (one folder read twice) are a mistake named here."""
+    the same training records (one folder read twice), or a site the server's (data_dir names a site's
+    folder), are mistakes named here."""
     sites: list[Prepared] = []
     seen: dict[str, int] = {}
+    servers = data_hash(server.train)
     for k in range(config.clients):
-        site = load_site(config, k, info)
+        site = load_site(config, k, server.info)
         check_sets(task, site.dataset.info, site.dataset, f"site {k}'s")
         fingerprint = data_hash(site.dataset.train)
+        if fingerprint == servers:
+            raise DataError(
+                f"site {k} holds the server's training records (data_dir = {config.data_dir!r}), which would "
+                "make them the server's validation and test data too; give the server a folder of its own"
+            )
         if fingerprint in seen:
             raise DataError(
                 f"sites {seen[fingerprint]} and {k} hold the same training records (site_data_dir = "
