@@ -450,3 +450,18 @@ def test_a_server_reading_a_sites_folder_is_named_in_process_and_on_flower(sites
     assert not (tmp_path / "here").exists()
     with pytest.raises(FederationError, match=r"node of partition 1 holds the server.s training records"):
         run_on_grid(config, tmp_path / "there", _grid(config, tmp_path))
+
+
+def test_a_site_without_training_records_is_named_not_answered_with_fewer_clients(tmp_path) -> None:
+    """A site whose files hold no training record is named; before, the split's own line told the user to
+    lower `clients`, naming no site."""
+    digits = load_digits()
+    images = np.pad(np.kron(digits.images * 16, np.ones((3, 3))), ((0, 0), (2, 2), (2, 2))).astype(np.uint8)
+    labels = digits.target.astype(np.uint8)
+    _idx_files(tmp_path / "server", images[:200], labels[:200], 100)
+    _idx_files(tmp_path / "site-0", images[200:300], labels[200:300], 80)
+    _idx_files(tmp_path / "site-1", images[300:320], labels[300:320], 0)  # its test part alone
+    keys = {"dataset": "mnist", "data_dir": str(tmp_path / "server"), "clients": 2, "model": "small-cnn"}
+    config = build_config(RunConfig(), {**keys, "site_data_dir": str(tmp_path / "site-{site}")})
+    with pytest.raises(DataError, match=r"site 1's folder .*site-1 holds no training records"):
+        validate_setup(config)

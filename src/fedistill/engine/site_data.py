@@ -161,6 +161,8 @@ def load_site(config: RunConfig, site: int, server: DatasetInfo, folder: Path | 
             f"{config.dataset}.classes to every class name, in label order"
         ) from None
     dataset = dataclasses.replace(dataset, info=agreed_info(dataset.info, server, where))
+    if not len(dataset.train):
+        raise DataError(f"{where} holds no training records; give the site some, or leave it out (clients)")
     train_labels, test_labels, num_labels = task_class(dataset.info).partition_labels(dataset)
     split = make_split(
         train_labels,
