@@ -465,3 +465,7 @@ def test_a_site_without_training_records_is_named_not_answered_with_fewer_client
     config = build_config(RunConfig(), {**keys, "site_data_dir": str(tmp_path / "site-{site}")})
     with pytest.raises(DataError, match=r"site 1's folder .*site-1 holds no training records"):
         validate_setup(config)
+    # the server's folder too: its training part is its validation holdout
+    config = config.replace(data_dir=str(tmp_path / "site-1"))
+    with pytest.raises(DataError, match=r"the server's data_dir .*site-1 holds no training records"):
+        validate_setup(config)

@@ -145,18 +145,23 @@ def canonical_dataset(config: RunConfig) -> RunConfig:
     return config.replace(dataset=name, options=options)
 
 
-def prepare_data(config: RunConfig, *, verify: bool = True) -> Prepared:
+def prepare_data(config: RunConfig) -> Prepared:
     """Load the run's dataset, with its options, and split it among the clients as the config says; with
     `site_data_dir`, the server's own data, split into its validation holdout and the rest, its files not
-    checked against the published dataset's md5s (`verify`: they are the deployment's own records)."""
+    checked against the published dataset's md5s (they are the deployment's own records)."""
     config = canonical_dataset(config)
-    if own_data(config):
-        prepared = prepare_data(server_split_config(config), verify=False)
-        return Prepared(prepared.dataset, prepared.split, own_data=True)
+    own = own_data(config)
+    if own:
+        config = server_split_config(config)
     options = config.options.get(config.dataset, {})
     dataset = load_dataset(
-        config.dataset, config.data_dir, download=config.download, verify=verify, **options
+        config.dataset, config.data_dir, download=config.download, verify=not own, **options
     )
+    if own and not len(dataset.train):
+        raise DataError(
+            f"the server's data_dir {config.data_dir} holds no training records; with site_data_dir, "
+            "val_fraction of them are the server's validation split: give it some"
+        )
     task = task_class(dataset.info)
     train_labels, test_labels, num_labels = task.partition_labels(dataset)
     split = make_split(
@@ -172,7 +177,7 @@ def prepare_data(config: RunConfig, *, verify: bool = True) -> Prepared:
         subjects=dataset.train_subject_ids,
         **config.options.get("partition_options", {}),
     )
-    return Prepared(dataset, split)
+    return Prepared(dataset, split, own_data=own)
 
 
 def validation_mode(config: RunConfig, per_pixel: bool) -> str:
