@@ -469,3 +469,13 @@ def test_a_site_without_training_records_is_named_not_answered_with_fewer_client
     config = config.replace(data_dir=str(tmp_path / "site-1"))
     with pytest.raises(DataError, match=r"the server's data_dir .*site-1 holds no training records"):
         validate_setup(config)
+
+
+def test_a_sites_files_the_loader_refuses_are_named_with_the_site(tmp_path) -> None:
+    """A loader's line about a site's files names the site: `BraTS needs at least 2 subjects` said
+    nothing of which of the sites holds one."""
+    for where, subjects, seed in (("server", 3, 0), ("site-0", 3, 1), ("site-1", 1, 2)):
+        _brats_site(tmp_path / where, subjects, seed)
+    config = _config(tmp_path, dataset="brats", data_dir=str(tmp_path / "server"), clients=2, model="unet")
+    with pytest.raises(DataError, match=r"site 1's folder .*site-1: BraTS needs at least 2 subjects"):
+        validate_setup(config)

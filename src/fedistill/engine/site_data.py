@@ -152,14 +152,15 @@ def load_site(config: RunConfig, site: int, server: DatasetInfo, folder: Path | 
         options["classes"] = list(server.class_names)  # a site may have no case of some class
     try:  # the site's own records: no published file's md5 can match them (their format is still checked)
         dataset = load_dataset(name, folder, download=False, verify=False, **options)
-    except DataError as exc:
-        if not servers or "the option classes" not in str(exc):
-            raise
-        raise DataError(  # the option was the server's classes, not one the user set
-            str(exc).replace("in the option classes", "among the server's classes")
-            + f"; the server's are its data_dir's train/ folders: where they lack a class, set "
-            f"{config.dataset}.classes to every class name, in label order"
-        ) from None
+    except DataError as exc:  # named with the site: a loader's line may not say which folder it read
+        line = str(exc)
+        if servers and "the option classes" in line:  # the server's classes, not an option the user set
+            line = (
+                line.replace("in the option classes", "among the server's classes")
+                + f"; the server's are its data_dir's train/ folders: where they lack a class, set "
+                f"{config.dataset}.classes to every class name, in label order"
+            )
+        raise DataError(f"{where}: {line}") from None
     dataset = dataclasses.replace(dataset, info=agreed_info(dataset.info, server, where))
     if not len(dataset.train):
         raise DataError(f"{where} holds no training records; give the site some, or leave it out (clients)")
