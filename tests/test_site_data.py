@@ -127,6 +127,9 @@ def test_centralized_pools_the_sites_own_records_in_process(sites, tmp_path) -> 
         ({"dataset": "digits"}, ConfigError, "reads no files, so every site would hold the same records"),
         ({"site_data_dir": "shared"}, ConfigError, "has no {site}, so every site would read the same folder"),
         ({"clients": 4}, DataError, "site 3's folder .*site-3 does not exist"),
+        ({"partition": "iid"}, ConfigError, "partition = 'iid' does not apply with site_data_dir"),
+        ({"alpha": 0.1}, ConfigError, "alpha = 0.1 does not apply with site_data_dir"),
+        ({"partition_options": {"min_size": 5}}, ConfigError, r"\[partition_options\] does not apply"),
     ],
 )
 def test_a_setting_sites_with_their_own_data_rule_out_is_named_before_any_folder(
@@ -146,8 +149,17 @@ def test_a_site_whose_classes_the_server_does_not_know_is_refused_naming_them(si
             (odd / part / label).mkdir(parents=True)
             Image.fromarray(np.full((8, 8), 40, np.uint8)).save(odd / part / label / "a.png")
     info = validate_setup(_config(sites)).dataset.info
-    with pytest.raises(DataError, match=r"class folder\(s\) \['x'\] .* are not in the option classes"):
+    # the site's classes are the server's unless the config names them: the line says which, and how to
+    # name a class the server's data lack
+    with pytest.raises(DataError, match=r"class folder\(s\) \['x'\] .* are not among the server's classes"):
         load_site(_config(sites), 0, info, odd)
+    with pytest.raises(DataError, match=r"data_dir's train/ folders.*set image-folder.classes"):
+        load_site(_config(sites), 0, info, odd)
+    named = _config(
+        sites, **{"image-folder": {"channels": 1, "image_size": 8, "classes": list("0123456789")}}
+    )
+    with pytest.raises(DataError, match=r"are not in the option classes \(0, 1"):
+        load_site(named, 0, info, odd)
 
 
 def test_site_data_unlike_the_servers_is_refused_naming_the_difference() -> None:
@@ -332,3 +344,225 @@ def test_site_folders_write_a_segmentation_partition_as_mask_folders(tmp_path, c
         site = load_dataset("mask-folder", tmp_path / "out" / f"site-{k}", image_size=16, classes=["bg", "t"])
         own = shared.dataset.train.subset(np.sort(shared.split.client_train[k]))
         assert site.train.x.equal(own.x) and site.train.y.equal(own.y)
+
+
+def _idx_files(folder: Path, images: np.ndarray, labels: np.ndarray, n_train: int) -> None:
+    """MNIST's four gzip IDX files under `folder/mnist/`: the first `n_train` records train, the rest test."""
+    import gzip
+    import struct
+
+    (folder / "mnist").mkdir(parents=True)
+    parts = {"train": slice(0, n_train), "t10k": slice(n_train, None)}
+    for part, cut in parts.items():
+        for kind, array, magic in (("images-idx3", images[cut], 2051), ("labels-idx1", labels[cut], 2049)):
+            with gzip.open(folder / "mnist" / f"{part}-{kind}-ubyte.gz", "wb") as out:
+                out.write(struct.pack(">I", magic) + b"".join(struct.pack(">I", s) for s in array.shape))
+                out.write(np.ascontiguousarray(array, dtype=np.uint8).tobytes())
+
+
+def test_sites_read_their_own_mnist_files_which_no_published_checksum_matches(tmp_path) -> None:
+    """A site's (and the server's) IDX files are its own records, not the published MNIST: their format is
+    checked, not their md5 against the published files'."""
+    digits = load_digits()
+    images = np.kron(np.clip(digits.images * 16, 0, 255), np.ones((3, 3))).astype(np.uint8)  # 24 x 24
+    images = np.pad(images, ((0, 0), (2, 2), (2, 2)))  # 28 x 28, as MNIST's
+    labels = digits.target.astype(np.uint8)
+    _idx_files(tmp_path / "server", images[:200], labels[:200], 100)
+    for k in range(2):
+        mine = slice(200 + 150 * k, 350 + 150 * k)
+        _idx_files(tmp_path / f"site-{k}", images[mine], labels[mine], 120)
+    config = build_config(
+        RunConfig(),
+        {
+            "algorithm": "fedavg",
+            "dataset": "mnist",
+            "data_dir": str(tmp_path / "server"),
+            "site_data_dir": str(tmp_path / "site-{site}"),
+            "clients": 2,
+            "model": "small-cnn",
+        },
+    )
+    data = validate_setup(config)
+    assert data.client_sizes() == [108, 108] and len(data.dataset.test) == 100
+    assert data.sites[1].dataset.train.x.shape[1:] == (1, 28, 28)
+
+
+def test_a_resumes_dry_run_refuses_a_site_whose_records_changed_as_the_resume_does(sites, tmp_path) -> None:
+    import shutil
+
+    from algorithm_helpers import run_until_crash
+    from fedistill.algorithms.classic.fedavg import FedAvgServer
+    from fedistill.engine.dry_run import plan_resume
+
+    copy = tmp_path / "data"
+    shutil.copytree(sites, copy)
+    run_until_crash(_config(copy, rounds=3), FedAvgServer, tmp_path / "run", crash_round=2)
+    assert "continues after round 1" in plan_resume(tmp_path / "run")
+    Image.fromarray(np.full((8, 8), 90, np.uint8)).save(copy / "site-1" / "train" / "7" / "extra.png")
+    with pytest.raises(ConfigError, match="site 1's records differ from those the run began with"):
+        plan_resume(tmp_path / "run")
+
+
+def _brats_site(folder: Path, subjects: int, seed: int) -> None:
+    """`subjects` BraTS 2018 subjects of 24 x 24 x 8 voxels under `folder/brats/HGG/`, each a tumour cube."""
+    import nibabel as nib
+
+    yy, xx = np.mgrid[:24, :24]
+    disk = ((yy - 12) ** 2 + (xx - 12) ** 2 < 100)[:, :, None]
+    for i in range(subjects):
+        name = f"Brats18_{seed}_{i}"
+        (folder / "brats" / "HGG" / name).mkdir(parents=True)
+        rng = np.random.default_rng(seed * 10 + i)
+        volume = np.where(disk, 100 + rng.random((24, 24, 8)) * 50, 0).astype(np.float32)
+        seg = np.zeros((24, 24, 8), np.uint8)
+        seg[8 : 10 + i, 8 : 10 + i, 2 : 4 + i] = 2
+        for modality, data in (
+            ("t1", volume),
+            ("t1ce", volume),
+            ("t2", volume),
+            ("flair", volume),
+            ("seg", seg),
+        ):
+            image = nib.Nifti1Image(data, np.diag([10.0, 10.0, 10.0, 1.0]))
+            nib.save(image, str(folder / "brats" / "HGG" / name / f"{name}_{modality}.nii.gz"))
+
+
+def test_per_pixel_sites_with_different_subject_counts_run_and_plot_each_sites_count(tmp_path) -> None:
+    """A segmentation site's partition groups are its own subjects, none another site's: the partition plot
+    shows each site's slice count (it stopped the run when the sites held different numbers of subjects)."""
+    for where, subjects, seed in (("server", 3, 0), ("site-0", 4, 1), ("site-1", 3, 2)):
+        _brats_site(tmp_path / where, subjects, seed)
+    config = _config(
+        tmp_path,
+        dataset="brats",
+        data_dir=str(tmp_path / "server"),
+        clients=2,
+        rounds=1,
+        model="unet",
+        brats={"image_size": 16},
+        fedavg={"local_steps": 1},
+    )
+    summary = run_suite(config, tmp_path / "run", progress=False)[0]
+    assert summary["partition"]["method"] == "own-data" and len(summary["partition"]["sizes"]) == 2
+    assert (tmp_path / "run" / "fedavg" / "plots" / "partition.png").exists()
+
+
+def test_a_flower_nodes_missing_data_dir_is_named_as_its_own_not_as_site_data_dirs(sites, tmp_path) -> None:
+    """A node whose node config names a folder that is not there is told to fix its data-dir: the run's
+    site_data_dir was never read."""
+    config = _config(sites)
+    info = validate_setup(config).dataset.info
+    with pytest.raises(DataError, match=r"site 1's .*nope does not exist \(its node config's data-dir"):
+        load_site(config, 1, info, tmp_path / "nope")
+    with pytest.raises(DataError, match=r"site 5's folder .*site-5 does not exist \(site_data_dir = "):
+        load_site(config, 5, info)
+
+
+def test_the_servers_test_set_read_from_a_hello_is_the_nodes_own_copy(sites) -> None:
+    """A received message's arrays are read-only; the node's harness copies them (torch warned of
+    undefined behaviour on every node, and a tensor written in place would have written into them)."""
+    import warnings
+
+    from fedistill.engine.site_data import EVALUATION_SET, harness_from, site_greeting
+
+    hello = site_greeting(validate_setup(_config(sites)).dataset)
+    arrays = {name: np.array(value) for name, value in hello.arrays[EVALUATION_SET].items()}
+    for value in arrays.values():
+        value.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        harness = harness_from(arrays, hello.scalars["config"])
+    assert not np.shares_memory(harness.test.x.numpy(), arrays["x"])
+    assert harness.test.x.numpy().flags.writeable
+
+
+@pytest.mark.parametrize(
+    ("site_data_dir", "named"),
+    [
+        ("site-0", "has no {site}, so every site would read the same folder"),
+        ("site-{site}", "site 3's folder"),
+    ],
+)
+def test_a_flower_simulations_site_folders_are_checked_before_its_folder_as_in_process(
+    sites, tmp_path, site_data_dir, named
+) -> None:
+    """A simulation's nodes read site_data_dir alone (no node has a data-dir of its own): a path without
+    {site}, or a site folder that is not there, is named before the run's folder is made, as in-process
+    (only a deployment's nodes may each name their own folder)."""
+    pytest.importorskip("flwr")
+    from fedistill.engine.dry_run import plan_new
+    from fedistill.engine.launch import start_suite
+
+    config = _config(sites, transport="flower", clients=4, site_data_dir=str(sites / site_data_dir))
+    config = config.replace(out=str(tmp_path / "out"))
+    for attempt in (plan_new, start_suite):
+        with pytest.raises((ConfigError, DataError), match=named):
+            attempt(config)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_site_data_dir_naming_one_sites_folder_is_answered_with_the_path_for_every_site(sites) -> None:
+    """`site-0` for `site-{site}`: the line suggests the path with the number made `{site}`."""
+    with pytest.raises(ConfigError, match=r"has no \{site\}.*write e\.g\. '.*/sites\d*/site-\{site\}' \("):
+        validate_setup(_config(sites, site_data_dir=str(sites / "site-0")))
+
+
+def test_a_server_reading_a_sites_folder_is_named_in_process_and_on_flower(sites, tmp_path) -> None:
+    """data_dir naming a site's folder would make that site's records the server's validation and test
+    data; in-process and over Flower alike the run stops naming the site, before any round."""
+    from flower_local_grid import run_on_grid
+
+    folder = {"channels": 1, "image_size": 8, "classes": [str(d) for d in range(10)]}
+    config = _config(sites, data_dir=str(sites / "site-1"), rounds=1, **{"image-folder": folder})
+    with pytest.raises(DataError, match=r"site 1 holds the server's training records"):
+        run_suite(config, tmp_path / "here", progress=False)
+    assert not (tmp_path / "here").exists()
+    with pytest.raises(FederationError, match=r"node of partition 1 holds the server.s training records"):
+        run_on_grid(config, tmp_path / "there", _grid(config, tmp_path))
+
+
+def test_a_site_without_training_records_is_named_not_answered_with_fewer_clients(tmp_path) -> None:
+    """A site whose files hold no training record is named; before, the split's own line told the user to
+    lower `clients`, naming no site."""
+    digits = load_digits()
+    images = np.pad(np.kron(digits.images * 16, np.ones((3, 3))), ((0, 0), (2, 2), (2, 2))).astype(np.uint8)
+    labels = digits.target.astype(np.uint8)
+    _idx_files(tmp_path / "server", images[:200], labels[:200], 100)
+    _idx_files(tmp_path / "site-0", images[200:300], labels[200:300], 80)
+    _idx_files(tmp_path / "site-1", images[300:320], labels[300:320], 0)  # its test part alone
+    keys = {"dataset": "mnist", "data_dir": str(tmp_path / "server"), "clients": 2, "model": "small-cnn"}
+    config = build_config(RunConfig(), {**keys, "site_data_dir": str(tmp_path / "site-{site}")})
+    with pytest.raises(DataError, match=r"site 1's folder .*site-1 holds no training records"):
+        validate_setup(config)
+    # the server's folder too: its training part is its validation holdout
+    config = config.replace(data_dir=str(tmp_path / "site-1"))
+    with pytest.raises(DataError, match=r"the server's data_dir .*site-1 holds no training records"):
+        validate_setup(config)
+
+
+def test_a_sites_files_the_loader_refuses_are_named_with_the_site(tmp_path) -> None:
+    """A loader's line about a site's files names the site: `BraTS needs at least 2 subjects` said
+    nothing of which of the sites holds one."""
+    for where, subjects, seed in (("server", 3, 0), ("site-0", 3, 1), ("site-1", 1, 2)):
+        _brats_site(tmp_path / where, subjects, seed)
+    config = _config(tmp_path, dataset="brats", data_dir=str(tmp_path / "server"), clients=2, model="unet")
+    with pytest.raises(DataError, match=r"site 1's folder .*site-1: BraTS needs at least 2 subjects"):
+        validate_setup(config)
+
+
+def test_a_segmentation_site_holds_out_whole_subjects_of_its_own_for_validation(tmp_path) -> None:
+    """Neighbouring slices of one subject are nearly one sample: a site holding its own volumes validates
+    on whole subjects it does not train on (val_mode auto), as a natural site of a shared dataset does."""
+    for where, subjects, seed in (("server", 3, 0), ("site-0", 6, 1), ("site-1", 3, 2)):
+        _brats_site(tmp_path / where, subjects, seed)
+    config = _config(
+        tmp_path, dataset="brats", data_dir=str(tmp_path / "server"), clients=2, val_fraction=0.3,
+        model="unet", brats={"image_size": 16},
+    )  # fmt: skip
+    data = validate_setup(config)
+    site = data.sites[0]
+    subjects = np.asarray(site.dataset.train_groups)  # BraTS: each subject its own group (its size rank)
+    held, kept = set(subjects[site.split.client_val[0]]), set(subjects[site.split.client_train[0]])
+    assert held and kept and not held & kept
+    server = np.asarray(data.dataset.train_groups)
+    assert not set(server[data.split.server_val]) & set(server[data.split.client_train[0]])

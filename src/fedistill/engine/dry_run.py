@@ -24,6 +24,7 @@ from fedistill.engine import suite_dir as folder
 from fedistill.engine.launch import check_transport, new_suite_dir
 from fedistill.engine.resume import check_finished_settings, check_same_settings, resume_point
 from fedistill.engine.setup import Prepared, Resolved, canonical_dataset, resolve, validate_setup
+from fedistill.engine.site_data import check_sites
 from fedistill.engine.summary import read_summary
 from fedistill.errors import ConfigError, RunDirError
 
@@ -36,7 +37,7 @@ def plan_new(config: RunConfig, resume_hint: str = "") -> str:
     `resume_hint` as `start_suite` takes it."""
     config = canonical_dataset(config)
     suite_dir = new_suite_dir(config, resume_hint)
-    data = validate_setup(config.replace(download=False))  # a dry run fetches no file
+    data = validate_setup(config.replace(download=False), simulation=True)  # a dry run fetches no file
     folder.check_creatable(suite_dir)
     check_transport(config)
     where = str(suite_dir) if config.name else f"{suite_dir} (the time it starts; -2, -3, ... if taken)"
@@ -51,7 +52,7 @@ def plan_resume(run_dir: Path, device: str | None = None) -> str:
     config = canonical_dataset(read_config(suite_dir / "config.toml"))
     if device is not None:
         config = config.replace(device=device)
-    data = validate_setup(config.replace(download=False), resume=True)
+    data = validate_setup(config.replace(download=False), resume=True, simulation=True)
     folder.check_unlocked(suite_dir)  # the lock a resume would take
     folder.check_algorithms_kept(suite_dir, config.algorithms)
     check_transport(config)
@@ -80,6 +81,7 @@ def _resume_state(run_dir: Path, config: RunConfig, data: Prepared) -> str:
         raise ConfigError(
             f"{run_dir}: the saved partition differs from the one this config makes; cannot resume"
         )
+    check_sites(data, run_dir)  # a site's own records, as the resume checks them
     return f"{damaged}continues after round {int(state['runner']['round'])} (from {checkpoint.name})"
 
 

@@ -31,7 +31,7 @@ def run_suite(
     config = canonical_dataset(config)  # config.toml and the summaries name the dataset one way
     if resume:
         folder.check_algorithms_kept(suite_dir, config.algorithms)
-    data = validate_setup(config, resume=resume) if data is None else data
+    data = validate_setup(config, resume=resume, simulation=True) if data is None else data
     check_transport(config)
     if config.transport == "flower":
         from fedistill.engine.flower.simulation import run_simulation_suite
@@ -74,7 +74,7 @@ def start_suite(
     the directory before the run begins."""
     config = canonical_dataset(config)  # the default name spells the dataset one way
     suite_dir = new_suite_dir(config, resume_hint)
-    data = validate_setup(config)  # nothing is written before the setup is valid
+    data = validate_setup(config, simulation=True)  # nothing is written before the setup is valid
     if not config.name:  # a run started in the same second may hold the default name: take the next
         suite_dir = folder.claim(suite_dir)
     folder.create(suite_dir)
@@ -105,7 +105,7 @@ def continue_suite(
     config = read_config(suite_dir / "config.toml")
     if device is not None:
         config = config.replace(device=device)
-    data = validate_setup(config, resume=True)
+    data = validate_setup(config, resume=True, simulation=True)
     if started is not None:
         started(suite_dir)
     with folder.locked(suite_dir):

@@ -37,7 +37,7 @@ from fedistill.engine.resume import (
 )
 from fedistill.engine.rundir import MetricsWriter
 from fedistill.engine.setup import Prepared, client_contexts, resolve, score_first, source_names
-from fedistill.engine.site_data import check_sites, save_sites, site_greeting
+from fedistill.engine.site_data import check_sites, data_hash, save_sites, site_greeting
 from fedistill.engine.summary import write_summary
 from fedistill.engine.tracking import start_tracking
 from fedistill.errors import ConfigError, FederationError, RunDirError
@@ -115,10 +115,11 @@ def run_algorithm(
             counts = data.train_counts()  # None: the sites' own data, on their Flower nodes
             if counts is not None:
                 how = "own data" if data.own_data else f"{config.partition} (alpha={config.alpha})"
+                names = task_of(config, data.dataset.info).partition_names(data.dataset) or None
                 plot_partition(
                     counts,
                     run_dir / "plots" / "partition.png",
-                    class_names=task_of(config, data.dataset.info).partition_names(data.dataset) or None,
+                    class_names=("samples",) if counts.shape[1] == 1 and data.own_data else names,
                     title=f"{config.dataset}: {how}, {config.clients} clients",
                 )
         else:  # an edited key is named first: a new seed or alpha also makes another partition
@@ -407,4 +408,5 @@ def _fleet(
         # split to compare but takes the server's dataset facts and test set (site_data.py)
         split_hash=None if data.own_data else data.split.hash(),
         greeting=site_greeting(data.dataset) if data.own_data else None,
+        server_hash=data_hash(data.dataset.train) if data.own_data else None,
     )

@@ -8,6 +8,7 @@ import numpy as np
 
 from fedistill.data.base import LoadedDataset
 from fedistill.data.partition import FederatedSplit
+from fedistill.tasks import task_class
 
 
 @dataclass
@@ -28,7 +29,12 @@ class Prepared:
         return None if self.own_data else [len(idx) for idx in self.split.client_train]
 
     def train_counts(self) -> np.ndarray | None:
-        """Each client's training samples per class (clients x classes), where this process knows them."""
+        """Each client's training samples per class (clients x classes), where this process knows them; for
+        per-pixel sites with their own data, each site's count alone (clients x 1): what a per-pixel split
+        counts are the site's own subjects, which no other site shares."""
         if self.sites is not None:
-            return np.concatenate([site.split.train_counts for site in self.sites])
+            counts = [site.split.train_counts for site in self.sites]
+            if task_class(self.dataset.info).per_pixel:
+                return np.array([[int(c.sum())] for c in counts], dtype=np.int64)
+            return np.concatenate(counts)
         return None if self.own_data else self.split.train_counts

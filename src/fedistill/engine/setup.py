@@ -148,14 +148,21 @@ def canonical_dataset(config: RunConfig) -> RunConfig:
 
 def prepare_data(config: RunConfig) -> Prepared:
     """Load the run's dataset, with its options, and split it among the clients as the config says; with
-    `site_data_dir`, the server's own data, split into its validation holdout and the rest."""
+    `site_data_dir`, the server's own data, split into its validation holdout and the rest, its files not
+    checked against the published dataset's md5s (they are the deployment's own records)."""
     config = canonical_dataset(config)
-    if own_data(config):
-        prepared = prepare_data(server_split_config(config))
-        return Prepared(prepared.dataset, prepared.split, own_data=True)
+    own = own_data(config)
+    if own:
+        config = server_split_config(config)
+    options = config.options.get(config.dataset, {})
     dataset = load_dataset(
-        config.dataset, config.data_dir, download=config.download, **config.options.get(config.dataset, {})
+        config.dataset, config.data_dir, download=config.download, verify=not own, **options
     )
+    if own and not len(dataset.train):
+        raise DataError(
+            f"the server's data_dir {config.data_dir} holds no training records; with site_data_dir, "
+            "val_fraction of them are the server's validation split: give it some"
+        )
     task = task_class(dataset.info)
     train_labels, test_labels, num_labels = task.partition_labels(dataset)
     split = make_split(
@@ -171,7 +178,7 @@ def prepare_data(config: RunConfig) -> Prepared:
         subjects=dataset.train_subject_ids,
         **config.options.get("partition_options", {}),
     )
-    return Prepared(dataset, split)
+    return Prepared(dataset, split, own_data=own)
 
 
 def check_sections(config: RunConfig, *, resume: bool = False) -> None:
@@ -231,10 +238,12 @@ def check_algorithm(resolved: Resolved) -> None:
         check_run(resolved.config)
 
 
-def validate_setup(config: RunConfig, *, resume: bool = False) -> Prepared:
+def validate_setup(config: RunConfig, *, resume: bool = False, simulation: bool = False) -> Prepared:
     """Everything a user's input can get wrong, checked before a run writes anything: names, config
     tables, every running algorithm's options, its models, the dataset files and the partition; `resume`:
-    the config of a run folder (a mistake it already ran with may only be warned of)."""
+    the config of a run folder (a mistake it already ran with may only be warned of). `simulation`: with
+    transport = flower, this process starts Flower's simulation, whose nodes read `site_data_dir` alone
+    (a deployment's SuperNodes may each name their own data-dir)."""
     config = canonical_dataset(config)
     check_sections(config, resume=resume)
     devices.resolve(config.device)  # a device this machine lacks is a mistake named before any work
@@ -244,7 +253,7 @@ def validate_setup(config: RunConfig, *, resume: bool = False) -> Prepared:
     for resolved in running.values():
         check_algorithm(resolved)
     on_flower = config.transport == "flower"
-    check_site_data(config, per_node_folders=on_flower)
+    check_site_data(config, per_node_folders=on_flower and not simulation)
     if own_data(config) and on_flower:
         for name, resolved in running.items():
             if resolved.algorithm.pooled:
@@ -257,7 +266,7 @@ def validate_setup(config: RunConfig, *, resume: bool = False) -> Prepared:
     task = task_of(config, info)
     check_sets(task, info, data.dataset, config.dataset)
     if own_data(config) and not on_flower:  # a Flower node loads its own site (engine/flower/node.py)
-        data = Prepared(data.dataset, data.split, _load_sites(config, task, info), own_data=True)
+        data = Prepared(data.dataset, data.split, _load_sites(config, task, data.dataset), own_data=True)
     for name, resolved in running.items():
         algorithm, model = resolved.algorithm, resolved.config.model
         if task.name not in algorithm.tasks:
@@ -304,15 +313,22 @@ def check_sets(task: Task, info: Any, dataset: LoadedDataset, what: str) -> None
             raise DataError(str(exc)) from exc
 
 
-def _load_sites(config: RunConfig, task: Task, info: Any) -> list[Prepared]:
+def _load_sites(config: RunConfig, task: Task, server: LoadedDataset) -> list[Prepared]:
     """Every site's own data, in-process (site_data.py), each checked as the server's are; two sites holding
-    the same training records (one folder read twice) are a mistake named here."""
+    the same training records (one folder read twice), or a site the server's (data_dir names a site's
+    folder), are mistakes named here."""
     sites: list[Prepared] = []
     seen: dict[str, int] = {}
+    servers = data_hash(server.train)
     for k in range(config.clients):
-        site = load_site(config, k, info)
+        site = load_site(config, k, server.info)
         check_sets(task, site.dataset.info, site.dataset, f"site {k}'s")
         fingerprint = data_hash(site.dataset.train)
+        if fingerprint == servers:
+            raise DataError(
+                f"site {k} holds the server's training records (data_dir = {config.data_dir!r}), which would "
+                "make them the server's validation and test data too; give the server a folder of its own"
+            )
         if fingerprint in seen:
             raise DataError(
                 f"sites {seen[fingerprint]} and {k} hold the same training records (site_data_dir = "

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -65,12 +66,25 @@ def site_folder(config: RunConfig, site: int, node_dir: str | None = None) -> Pa
 
 
 def check_site_data(config: RunConfig, *, per_node_folders: bool = False) -> None:
-    """What `site_data_dir` rules out before any data are read: a dataset that reads no files (every site
-    would hold the same records), and, where the sites' folders come from the path alone (in-process, a
-    Flower simulation), a path without `{site}` (every site would read one folder). `per_node_folders`: a
-    Flower deployment, whose nodes may each name their own folder."""
+    """What `site_data_dir` rules out before any data are read: a partition's keys (the folders are the
+    partition), a dataset that reads no files (every site would hold the same records), and, where the
+    sites' folders come from the path alone (in-process, a Flower simulation), a path without `{site}`
+    (every site would read one folder) and a site folder that is not there. `per_node_folders`: a Flower
+    deployment, whose nodes may each name their own folder."""
     if not own_data(config):
         return
+    defaults = RunConfig()
+    for key in ("partition", "alpha"):  # set, they would seem to shape sites whose folders are given
+        if getattr(config, key) != getattr(defaults, key):
+            raise ConfigError(
+                f"{key} = {getattr(config, key)!r} does not apply with site_data_dir: each site's folder is "
+                "its part of the data; leave partition, alpha and [partition_options] out"
+            )
+    if config.options.get("partition_options"):
+        raise ConfigError(
+            "[partition_options] does not apply with site_data_dir: each site's folder is its part of the "
+            "data; leave the table out"
+        )
     name = canonical_dataset_name(config.dataset)
     entry = DATASETS.get(name)
     if entry is not None and entry.subdir is None:
@@ -79,11 +93,20 @@ def check_site_data(config: RunConfig, *, per_node_folders: bool = False) -> Non
             "sites with their own data need a dataset read from files (image-folder, for a site's own images)"
         )
     if SITE not in config.site_data_dir and not per_node_folders:
+        path = Path(config.site_data_dir)
+        number = re.search(r"\d+$", path.name)  # one site's folder, e.g. sites/site-0
+        example = path.parent / (path.name[: number.start()] + SITE) if number else path / "site-{site}"
         raise ConfigError(
             f"site_data_dir = {config.site_data_dir!r} has no {SITE}, so every site would read the same "
-            f"folder; write e.g. {str(Path(config.site_data_dir) / 'site-{site}')!r} (site 0 reads "
-            f"{str(Path(config.site_data_dir) / 'site-0')!r}), or give each Flower node its own data-dir"
+            f"folder; write e.g. {str(example)!r} (site 0 reads {str(example).replace(SITE, '0')!r}), or "
+            "give each Flower node its own data-dir"
         )
+    for site in range(0 if per_node_folders else config.clients):
+        if not site_folder(config, site).is_dir():
+            raise DataError(
+                f"site {site}'s folder {site_folder(config, site)} does not exist "
+                f"(site_data_dir = {config.site_data_dir!r})"
+            )
 
 
 def agreed_info(own: DatasetInfo, server: DatasetInfo, where: str) -> DatasetInfo:
@@ -113,13 +136,29 @@ def load_site(config: RunConfig, site: int, server: DatasetInfo, folder: Path | 
     folder = folder or site_folder(config, site)
     where = f"site {site}'s folder {folder}"
     if not folder.is_dir():
-        raise DataError(f"{where} does not exist (site_data_dir = {config.site_data_dir!r})")
+        named = f"site_data_dir = {config.site_data_dir!r}"
+        if folder != site_folder(config, site):  # a Flower node's own data-dir
+            named = "its node config's data-dir; the run's site_data_dir is not read where a node has one"
+        raise DataError(f"{where} does not exist ({named})")
     name = canonical_dataset_name(config.dataset)
     options = dict(config.options.get(config.dataset, config.options.get(name, {})))
-    if "classes" in DATASETS[name].options and "classes" not in options:
+    servers = "classes" in DATASETS[name].options and "classes" not in options
+    if servers:
         options["classes"] = list(server.class_names)  # a site may have no case of some class
-    dataset = load_dataset(name, folder, download=False, **options)
+    try:  # the site's own records: no published file's md5 can match them (their format is still checked)
+        dataset = load_dataset(name, folder, download=False, verify=False, **options)
+    except DataError as exc:  # named with the site: a loader's line may not say which folder it read
+        line = str(exc)
+        if servers and "the option classes" in line:  # the server's classes, not an option the user set
+            line = (
+                line.replace("in the option classes", "among the server's classes")
+                + f"; the server's are its data_dir's train/ folders: where they lack a class, set "
+                f"{config.dataset}.classes to every class name, in label order"
+            )
+        raise DataError(f"{where}: {line}") from None
     dataset = dataclasses.replace(dataset, info=agreed_info(dataset.info, server, where))
+    if not len(dataset.train):
+        raise DataError(f"{where} holds no training records; give the site some, or leave it out (clients)")
     task = task_class(dataset.info)
     train_labels, test_labels, num_labels = task.partition_labels(dataset)
     own = server_split_config(config)  # one part holding everything: the holdout is the only cut
@@ -182,7 +221,8 @@ def site_greeting(dataset: LoadedDataset) -> Message:
 def harness_from(arrays: dict[str, Any], config: dict[str, Any]) -> LoadedDataset:
     """The server's dataset facts and test set, as `harness_parts` sent them (no training records)."""
     info = DatasetInfo.from_json(str(config[DATASET_INFO]))
-    tensors = {name: torch.as_tensor(np.asarray(value)) for name, value in arrays.items()}
+    # a copy: a received message's arrays are read-only
+    tensors = {name: torch.as_tensor(np.array(value)) for name, value in arrays.items()}
     test = ImageSet(tensors["x"], tensors["y"])
     return LoadedDataset(
         info=info,

@@ -74,7 +74,7 @@ def execute(job: Job) -> Outcome:
                 resume_suite(job.folder, progress=False)
             status = "resumed"
         else:
-            data = validate_setup(job.config)  # nothing is written before the setup is valid
+            data = validate_setup(job.config, simulation=True)  # nothing is written before it is valid
             suite_dir.create(job.folder)
             with suite_dir.locked(job.folder):
                 run_suite(job.config, job.folder, progress=False, data=data)

@@ -239,7 +239,7 @@ def site_hello(
     harness_from(arrays, scalars)  # what it cannot read is refused before it is kept
     stem = harness_stem(context, state_root)
     stem.parent.mkdir(parents=True, exist_ok=True)
-    kept = {"arrays": {name: torch.as_tensor(np.asarray(value)) for name, value in arrays.items()}}
+    kept = {"arrays": {name: torch.as_tensor(np.array(value)) for name, value in arrays.items()}}
     save_state({**kept, "config": {key: str(value) for key, value in scalars.items()}}, stem)
     site, _ = node_site(context, config, pid, state_root)
     reply = {

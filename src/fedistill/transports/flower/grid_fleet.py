@@ -54,6 +54,7 @@ class GridFleet(Fleet):
         poll_s: float = 0.02,
         split_hash: str | None = None,
         greeting: Message | None = None,
+        server_hash: str | None = None,
     ) -> None:
         super().__init__(ledger)
         self.grid = grid
@@ -64,6 +65,8 @@ class GridFleet(Fleet):
         self.split_hash = split_hash
         #: the HELLO of a run whose sites hold their own data (the server's facts and test set for them)
         self.greeting = greeting
+        #: the fingerprint of the server's own training records, which no site may hold
+        self.server_hash = server_hash
         #: each site's training-sample count, as its node reported it, where sites hold their own data
         self.site_sizes: list[int] | None = None
         self.node_of = self._discover(expected_clients, connect_timeout)
@@ -125,10 +128,9 @@ class GridFleet(Fleet):
             "options it read, differ from the server's; give every node the same data under its data-dir"
         )
 
-    @staticmethod
-    def _own_data(replies: list[Message | None]) -> list[int]:
+    def _own_data(self, replies: list[Message | None]) -> list[int]:
         """Each site's training-sample count from its HELLO reply (partition order); two sites whose records
-        are the same (one folder read twice) stop the run."""
+        are the same (one folder read twice), or a site holding the server's, stop the run."""
         sizes, seen = [], {}
         for pid, reply in enumerate(replies):
             assert reply is not None  # _discover stopped on any missing reply
@@ -137,6 +139,11 @@ class GridFleet(Fleet):
                 raise FederationError(
                     f"Flower node of partition {pid} did not say what data it holds; it runs an older "
                     "fedistill than the server: install the same version on every node"
+                )
+            if fingerprint == self.server_hash:
+                raise FederationError(
+                    f"the Flower node of partition {pid} holds the server's training records: the server's "
+                    "data_dir would make them its validation and test data too; give it a folder of its own"
                 )
             if fingerprint in seen:
                 raise FederationError(
