@@ -566,3 +566,16 @@ def test_a_segmentation_site_holds_out_whole_subjects_of_its_own_for_validation(
     assert held and kept and not held & kept
     server = np.asarray(data.dataset.train_groups)
     assert not set(server[data.split.server_val]) & set(server[data.split.client_train[0]])
+
+
+def test_a_server_test_set_over_the_message_cap_is_refused_before_a_flower_run_starts(
+    sites, tmp_path
+) -> None:
+    """The start-up message carries the server's test set (300 images of 64 bytes and their labels, about
+    21 KiB) to every site: like any message it is held to max_message_mb, before any folder is made."""
+    from flower_local_grid import run_on_grid
+
+    config = _config(sites, rounds=1, max_message_mb=0.01)
+    with pytest.raises(ConfigError, match=r"test set, .* is 0.02 MiB, over max_message_mb = 0.01"):
+        run_on_grid(config, tmp_path / "run", _grid(config, tmp_path))
+    assert not (tmp_path / "run").exists()

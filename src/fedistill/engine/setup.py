@@ -27,6 +27,7 @@ from fedistill.data.registry import canonical_dataset_name, dataset_options, loa
 from fedistill.engine.key_homes import key_homes
 from fedistill.engine.prepared import Prepared
 from fedistill.engine.site_data import (
+    check_greeting_size,
     check_site_data,
     data_hash,
     load_site,
@@ -267,6 +268,8 @@ def validate_setup(config: RunConfig, *, resume: bool = False, simulation: bool 
     check_sets(task, info, data.dataset, config.dataset)
     if own_data(config) and not on_flower:  # a Flower node loads its own site (engine/flower/node.py)
         data = Prepared(data.dataset, data.split, _load_sites(config, task, data.dataset), own_data=True)
+    if own_data(config) and on_flower:  # the start-up message carries the server's test set
+        check_greeting_size(data.dataset, config.max_message_mb)
     for name, resolved in running.items():
         algorithm, model = resolved.algorithm, resolved.config.model
         if task.name not in algorithm.tasks:

@@ -264,3 +264,14 @@ def check_sites(data: Prepared, run_dir: Path) -> None:
             )
     if len(saved) != len(data.sites):
         raise ConfigError(f"{run_dir}: the run began with {len(saved)} sites, not {len(data.sites)}")
+
+
+def check_greeting_size(dataset: LoadedDataset, max_message_mb: float) -> None:
+    """The server's start-up message to sites with their own data (its test set) fits `max_message_mb`,
+    which every message is held to; else one line saying how large it is, before anything is written."""
+    size = site_greeting(dataset).nbytes
+    if size > max_message_mb * 2**20:
+        raise ConfigError(
+            f"the server's test set, which its start-up message carries to every site holding its own data, "
+            f"is {size / 2**20:.2f} MiB, over max_message_mb = {max_message_mb:g}: raise max_message_mb"
+        )
