@@ -574,9 +574,13 @@ def test_a_sigterm_to_the_whole_job_stops_a_run_as_one_to_its_main_process_does(
 def test_the_command_line_puts_back_the_sigterm_handler_it_found(tmp_path):
     """SIGTERM stops a run only while the command line runs it: a program that calls `main` (or the
     library) keeps its own handler afterwards."""
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    assert main(_run(tmp_path, "--name", "r")) == 0
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    # start from the default whatever an earlier test in this worker left (Ray, when a simulation ran here)
+    earlier = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        assert main(_run(tmp_path, "--name", "r")) == 0
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, earlier)
 
 
 # --- config and dataset options ------------------------------------------------------------------------
