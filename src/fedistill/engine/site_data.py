@@ -50,6 +50,21 @@ DATASET_INFO = "dataset_info"
 GROUP_NAMES = "group_names"
 #: The dataset facts a site's own data must share with the server's; the rest (mean, std) it takes from them.
 AGREED = ("name", "task", "channels", "image_size", "num_classes", "class_names", "text")
+#: For each dataset whose sites take the server's classes when the config names none: how its loader's line
+#: about the option `classes` reads once they are the server's, where the server's come from, and the order
+#: in which the option lists them.
+SERVER_CLASSES = {
+    "image-folder": (
+        {"in the option classes": "among the server's classes"},
+        "its data_dir's train/ folders",
+        "in label order",
+    ),
+    "mask-folder": (
+        {"there are": "the server has", "; name them all in the option classes, by value": ""},
+        "the largest value in its data_dir's training masks",
+        "by value",
+    ),
+}
 
 
 def own_data(config: RunConfig) -> bool:
@@ -150,10 +165,12 @@ def load_site(config: RunConfig, site: int, server: DatasetInfo, folder: Path | 
     except DataError as exc:  # named with the site: a loader's line may not say which folder it read
         line = str(exc)
         if servers and "the option classes" in line:  # the server's classes, not an option the user set
-            line = (
-                line.replace("in the option classes", "among the server's classes")
-                + f"; the server's are its data_dir's train/ folders: where they lack a class, set "
-                f"{config.dataset}.classes to every class name, in label order"
+            rewrites, source, order = SERVER_CLASSES[name]
+            for said, meant in rewrites.items():
+                line = line.replace(said, meant, 1)
+            line += (
+                f"; the server's come from {source}: where they lack a class, set "
+                f"{config.dataset}.classes to every class name, {order}"
             )
         raise DataError(f"{where}: {line}") from None
     dataset = dataclasses.replace(dataset, info=agreed_info(dataset.info, server, where))
