@@ -157,14 +157,15 @@ def load_site(config: RunConfig, site: int, server: DatasetInfo, folder: Path | 
         raise DataError(f"{where} does not exist ({named})")
     name = canonical_dataset_name(config.dataset)
     options = dict(config.options.get(config.dataset, config.options.get(name, {})))
-    servers = "classes" in DATASETS[name].options and "classes" not in options
-    if servers:
+    classes_from_server = "classes" in DATASETS[name].options and "classes" not in options
+    if classes_from_server:
         options["classes"] = list(server.class_names)  # a site may have no case of some class
     try:  # the site's own records: no published file's md5 can match them (their format is still checked)
         dataset = load_dataset(name, folder, download=False, verify=False, **options)
     except DataError as exc:  # named with the site: a loader's line may not say which folder it read
         line = str(exc)
-        if servers and "the option classes" in line:  # the server's classes, not an option the user set
+        # the server's classes stood in for an option the user did not set: the line says so
+        if classes_from_server and "the option classes" in line:
             rewrites, source, order = SERVER_CLASSES[name]
             for said, meant in rewrites.items():
                 line = line.replace(said, meant, 1)
@@ -178,23 +179,23 @@ def load_site(config: RunConfig, site: int, server: DatasetInfo, folder: Path | 
         raise DataError(f"{where} holds no training records; give the site some, or leave it out (clients)")
     task = task_class(dataset.info)
     train_labels, test_labels, num_labels = task.partition_labels(dataset)
-    own = server_split_config(config)  # one part holding everything: the holdout is the only cut
+    one_part = own_split_config(config)  # one part holding everything: the holdout is the only cut
     split = make_split(
         train_labels,
         test_labels,
         1,
-        method=own.partition,
+        method=one_part.partition,
         alpha=None,
         seed=derive_seed(config.seed, "site", site),
         num_classes=num_labels,
         val_fraction=config.val_fraction,
-        val_mode=validation_mode(own, task.per_pixel),  # per-pixel sets: whole subjects, as natural sites
+        val_mode=validation_mode(one_part, task.per_pixel),  # per-pixel sets: whole subjects of its own
         subjects=dataset.train_subject_ids,
     )
     return Prepared(dataset, split)
 
 
-def server_split_config(config: RunConfig) -> RunConfig:
+def own_split_config(config: RunConfig) -> RunConfig:
     """The config a party splits its own data with (the server, and each site in load_site): one `natural`
     part holding every record, so that the validation holdout is the only cut, of whole subjects on a
     per-pixel set (`validation_mode`), as a natural site's (the partition is where the data live)."""
@@ -236,7 +237,7 @@ def site_greeting(dataset: LoadedDataset) -> Message:
 
 
 def harness_from(arrays: dict[str, Any], config: dict[str, Any]) -> LoadedDataset:
-    """The server's dataset facts and test set, as `harness_parts` sent them (no training records)."""
+    """The server's dataset facts and test set, as `site_greeting` sent them (no training records)."""
     info = DatasetInfo.from_json(str(config[DATASET_INFO]))
     # a copy: a received message's arrays are read-only
     tensors = {name: torch.as_tensor(np.array(value)) for name, value in arrays.items()}
