@@ -1,9 +1,12 @@
 """The server's `Fleet` over a Flower `Grid` (simulation engine or SuperLink).
 
 Clients are addressed by partition id, as in-process; a `query.hello` at start-up asks every node
-for its partition id. Every request and reply is recorded in the ledger and every reply checked on
-receipt exactly as in-process. Every wait has a deadline: a node that does not answer in time
-becomes an error reply ("timed out"), and the algorithm decides whether it can go on without it.
+for its partition id (and the hash of the split its copy of the data gives; where sites hold their own
+data, it carries the server's dataset facts and test set instead, and each node answers with its
+training-record count and their fingerprint). Every request and reply is recorded in the ledger and
+every reply checked on receipt exactly as in-process. Every wait has a deadline: a node that does not
+answer in time becomes an error reply ("timed out"), and the algorithm decides whether it can go on
+without it.
 """
 
 from __future__ import annotations
