@@ -579,3 +579,30 @@ def test_a_server_test_set_over_the_message_cap_is_refused_before_a_flower_run_s
     with pytest.raises(ConfigError, match=r"test set, .* is 0.02 MiB, over max_message_mb = 0.01"):
         run_on_grid(config, tmp_path / "run", _grid(config, tmp_path))
     assert not (tmp_path / "run").exists()
+
+
+def _mask_folder(root: Path, values: tuple[int, ...]) -> None:
+    """A mask-folder of 8x8 images, one mask per image, each mask holding one of `values` beside 0."""
+    for part in ("train", "test"):
+        (root / part / "images").mkdir(parents=True)
+        (root / part / "masks").mkdir(parents=True)
+        for i, value in enumerate(values):
+            Image.fromarray(np.full((8, 8), 40 * i, np.uint8)).save(root / part / "images" / f"{i}.png")
+            mask = np.zeros((8, 8), np.uint8)
+            mask[2:6, 2:6] = value
+            Image.fromarray(mask).save(root / part / "masks" / f"{i}.png")
+
+
+def test_a_mask_folder_site_with_a_value_the_server_lacks_is_told_of_mask_values(tmp_path) -> None:
+    """A mask-folder's classes are the values of its masks: a site's mask beyond the server's classes is
+    told where the server's came from and that `classes` names them by value, not of image-folder's
+    train/ folders and label order."""
+    _mask_folder(tmp_path / "server", (1, 2, 1, 2))
+    _mask_folder(tmp_path / "site-0", (1, 3, 1, 3))
+    config = _config(tmp_path, dataset="mask-folder", clients=1, model="unet")
+    info = validate_setup(config.replace(site_data_dir="")).dataset.info
+    with pytest.raises(DataError) as caught:
+        load_site(config, 0, info, tmp_path / "site-0")
+    line = str(caught.value)
+    assert "holds the value 3" in line and "mask-folder.classes" in line and "by value" in line
+    assert "train/ folders" not in line and "label order" not in line and "among the server's" not in line

@@ -32,8 +32,8 @@ from fedistill.engine.site_data import (
     data_hash,
     load_site,
     own_data,
+    own_split_config,
     pooled,
-    server_split_config,
     validation_mode,
 )
 from fedistill.engine.tracking import trackers_for
@@ -154,7 +154,7 @@ def prepare_data(config: RunConfig) -> Prepared:
     config = canonical_dataset(config)
     own = own_data(config)
     if own:
-        config = server_split_config(config)
+        config = own_split_config(config)
     options = config.options.get(config.dataset, {})
     dataset = load_dataset(
         config.dataset, config.data_dir, download=config.download, verify=not own, **options
@@ -322,12 +322,12 @@ def _load_sites(config: RunConfig, task: Task, server: LoadedDataset) -> list[Pr
     folder), are mistakes named here."""
     sites: list[Prepared] = []
     seen: dict[str, int] = {}
-    servers = data_hash(server.train)
+    server_fingerprint = data_hash(server.train)
     for k in range(config.clients):
         site = load_site(config, k, server.info)
         check_sets(task, site.dataset.info, site.dataset, f"site {k}'s")
         fingerprint = data_hash(site.dataset.train)
-        if fingerprint == servers:
+        if fingerprint == server_fingerprint:
             raise DataError(
                 f"site {k} holds the server's training records (data_dir = {config.data_dir!r}), which would "
                 "make them the server's validation and test data too; give the server a folder of its own"

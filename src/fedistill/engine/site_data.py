@@ -50,6 +50,21 @@ DATASET_INFO = "dataset_info"
 GROUP_NAMES = "group_names"
 #: The dataset facts a site's own data must share with the server's; the rest (mean, std) it takes from them.
 AGREED = ("name", "task", "channels", "image_size", "num_classes", "class_names", "text")
+#: For each dataset whose sites take the server's classes when the config names none: how its loader's line
+#: about the option `classes` reads once they are the server's, where the server's come from, and the order
+#: in which the option lists them.
+SERVER_CLASSES = {
+    "image-folder": (
+        {"in the option classes": "among the server's classes"},
+        "its data_dir's train/ folders",
+        "in label order",
+    ),
+    "mask-folder": (
+        {"there are": "the server has", "; name them all in the option classes, by value": ""},
+        "the largest value in its data_dir's training masks",
+        "by value",
+    ),
+}
 
 
 def own_data(config: RunConfig) -> bool:
@@ -142,18 +157,21 @@ def load_site(config: RunConfig, site: int, server: DatasetInfo, folder: Path | 
         raise DataError(f"{where} does not exist ({named})")
     name = canonical_dataset_name(config.dataset)
     options = dict(config.options.get(config.dataset, config.options.get(name, {})))
-    servers = "classes" in DATASETS[name].options and "classes" not in options
-    if servers:
+    classes_from_server = "classes" in DATASETS[name].options and "classes" not in options
+    if classes_from_server:
         options["classes"] = list(server.class_names)  # a site may have no case of some class
     try:  # the site's own records: no published file's md5 can match them (their format is still checked)
         dataset = load_dataset(name, folder, download=False, verify=False, **options)
     except DataError as exc:  # named with the site: a loader's line may not say which folder it read
         line = str(exc)
-        if servers and "the option classes" in line:  # the server's classes, not an option the user set
-            line = (
-                line.replace("in the option classes", "among the server's classes")
-                + f"; the server's are its data_dir's train/ folders: where they lack a class, set "
-                f"{config.dataset}.classes to every class name, in label order"
+        # the server's classes stood in for an option the user did not set: the line says so
+        if classes_from_server and "the option classes" in line:
+            rewrites, source, order = SERVER_CLASSES[name]
+            for said, meant in rewrites.items():
+                line = line.replace(said, meant, 1)
+            line += (
+                f"; the server's come from {source}: where they lack a class, set "
+                f"{config.dataset}.classes to every class name, {order}"
             )
         raise DataError(f"{where}: {line}") from None
     dataset = dataclasses.replace(dataset, info=agreed_info(dataset.info, server, where))
@@ -161,23 +179,23 @@ def load_site(config: RunConfig, site: int, server: DatasetInfo, folder: Path | 
         raise DataError(f"{where} holds no training records; give the site some, or leave it out (clients)")
     task = task_class(dataset.info)
     train_labels, test_labels, num_labels = task.partition_labels(dataset)
-    own = server_split_config(config)  # one part holding everything: the holdout is the only cut
+    one_part = own_split_config(config)  # one part holding everything: the holdout is the only cut
     split = make_split(
         train_labels,
         test_labels,
         1,
-        method=own.partition,
+        method=one_part.partition,
         alpha=None,
         seed=derive_seed(config.seed, "site", site),
         num_classes=num_labels,
         val_fraction=config.val_fraction,
-        val_mode=validation_mode(own, task.per_pixel),  # per-pixel sets: whole subjects, as natural sites
+        val_mode=validation_mode(one_part, task.per_pixel),  # per-pixel sets: whole subjects of its own
         subjects=dataset.train_subject_ids,
     )
     return Prepared(dataset, split)
 
 
-def server_split_config(config: RunConfig) -> RunConfig:
+def own_split_config(config: RunConfig) -> RunConfig:
     """The config a party splits its own data with (the server, and each site in load_site): one `natural`
     part holding every record, so that the validation holdout is the only cut, of whole subjects on a
     per-pixel set (`validation_mode`), as a natural site's (the partition is where the data live)."""
@@ -219,7 +237,7 @@ def site_greeting(dataset: LoadedDataset) -> Message:
 
 
 def harness_from(arrays: dict[str, Any], config: dict[str, Any]) -> LoadedDataset:
-    """The server's dataset facts and test set, as `harness_parts` sent them (no training records)."""
+    """The server's dataset facts and test set, as `site_greeting` sent them (no training records)."""
     info = DatasetInfo.from_json(str(config[DATASET_INFO]))
     # a copy: a received message's arrays are read-only
     tensors = {name: torch.as_tensor(np.array(value)) for name, value in arrays.items()}

@@ -1,9 +1,12 @@
 """The server's `Fleet` over a Flower `Grid` (simulation engine or SuperLink).
 
 Clients are addressed by partition id, as in-process; a `query.hello` at start-up asks every node
-for its partition id. Every request and reply is recorded in the ledger and every reply checked on
-receipt exactly as in-process. Every wait has a deadline: a node that does not answer in time
-becomes an error reply ("timed out"), and the algorithm decides whether it can go on without it.
+for its partition id (and the hash of the split its copy of the data gives; where sites hold their own
+data, it carries the server's dataset facts and test set instead, and each node answers with its
+training-record count and their fingerprint). Every request and reply is recorded in the ledger and
+every reply checked on receipt exactly as in-process. Every wait has a deadline: a node that does not
+answer in time becomes an error reply ("timed out"), and the algorithm decides whether it can go on
+without it.
 """
 
 from __future__ import annotations
@@ -105,7 +108,8 @@ class GridFleet(Fleet):
         if sorted(node_of) != list(range(expected)):
             raise FederationError(f"expected partitions 0..{expected - 1}, the nodes hold {sorted(node_of)}")
         if self.greeting is not None:
-            self.site_sizes = self._own_data([replies[node][0] for _, node in sorted(node_of.items())])
+            in_order = [replies[node][0] for _, node in sorted(node_of.items())]
+            self.site_sizes = self._checked_site_sizes(in_order)
         for pid, node in sorted(node_of.items()):
             self.record_request(pid, hello, None)
             self.record_reply(Reply(pid, replies[node][0]), HELLO, None)
@@ -128,7 +132,7 @@ class GridFleet(Fleet):
             "options it read, differ from the server's; give every node the same data under its data-dir"
         )
 
-    def _own_data(self, replies: list[Message | None]) -> list[int]:
+    def _checked_site_sizes(self, replies: list[Message | None]) -> list[int]:
         """Each site's training-sample count from its HELLO reply (partition order); two sites whose records
         are the same (one folder read twice), or a site holding the server's, stop the run."""
         sizes, seen = [], {}
