@@ -152,3 +152,15 @@ def test_sites_with_their_own_tiles_learn_real_nuclei_beyond_the_trivial_answers
     everything = 2 * share / (1 + share)  # Dice of marking every pixel a nucleus (pooled; per tile lower)
     assert summary["partition"]["method"] == "own-data" and summary["clients"] == 2
     assert summary["final"]["test_dice"] > everything + 0.3, (summary["final"]["test_dice"], everything)
+
+
+def test_a_jpeg_mask_is_refused_rather_than_read_as_hundreds_of_classes(tmp_path) -> None:
+    """JPEG compression moves pixel values near an edge: a 0/255 mask saved as JPEG holds 1, 2, 254, ...,
+    each of which would be read as a class of its own."""
+    root = tmp_path / "d"
+    for part in ("train", "test"):
+        mask = np.zeros((32, 32), np.uint8)
+        mask[5:20, 7:25] = 255
+        _pair(root, part, "a", np.full((32, 32), 90, np.uint8), mask, mask_ext="jpg")
+    with pytest.raises(DataError, match=r"a\.jpg is a JPEG.*save masks as PNG or TIFF"):
+        load_dataset("mask-folder", root, image_size=16)

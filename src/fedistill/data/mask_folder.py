@@ -5,8 +5,9 @@ extensions may differ, e.g. a JPEG scan and a PNG mask), and the same under `tes
 as `image-folder` and `fedistill predict` read them (`fedistill.data.image_files`) and resized to a square
 `image_size`; masks keep their values, resized by nearest neighbour: each value a class (0 the background),
 a palette PNG's indices included. A mask holding only 0 and 255 (the usual binary mask saved as an 8-bit
-image) is read as background and class 1. Pathology tiles, dermoscopy, X-ray or ultrasound frames, or
-slices a user cut from volumes all fit; 3D volumes do not (the BraTS layout reads those).
+image) is read as background and class 1. A JPEG mask is refused: its compression makes values no class
+has. Pathology tiles, dermoscopy, X-ray or ultrasound frames, or slices a user cut from volumes all fit; 3D
+volumes do not (the BraTS layout reads those).
 
 Options: `channels` (1, default, or 3), `image_size` (default 64), and `classes`: the class names by value,
 `classes[0]` the background; by default the largest value in the training masks gives the count, named
@@ -28,6 +29,8 @@ from fedistill.data.image_folder import IMAGE_SUFFIXES, checked_classes
 from fedistill.errors import ConfigError, DataError
 
 LAYOUT = "<data_dir>/train/images/<name>.png|jpg|tif|... and <data_dir>/train/masks/<name>.png|tif; test/ too"
+#: Mask files refused: lossy compression moves a label's value (a 0/255 mask's edges hold 1, 2, 254, ...).
+LOSSY_SUFFIXES = frozenset({".jpg", ".jpeg"})
 
 
 def load_mask_folder(
@@ -115,7 +118,14 @@ def _files(folder: Path) -> dict[str, Path]:
 
 def _read_mask(path: Path) -> np.ndarray:
     """A mask's values (H, W) as stored: no scaling; a palette image's indices; a grey image saved as RGB
-    read from one channel, a colour mask refused."""
+    read from one channel, a colour mask refused; a JPEG refused (its compression makes values no class
+    has)."""
+    if path.suffix.lower() in LOSSY_SUFFIXES:
+        raise DataError(
+            f"mask-folder: {path} is a JPEG, whose compression changes pixel values near every edge, so its "
+            "mask would hold classes that are not there; save masks as PNG or TIFF (a 0/255 JPEG mask: set "
+            "each pixel >= 128 to 255 and the rest to 0 first)"
+        )
     try:
         if path.suffix.lower() in (".tif", ".tiff"):
             array = np.asarray(tifffile.imread(path))
