@@ -164,3 +164,17 @@ def test_a_jpeg_mask_is_refused_rather_than_read_as_hundreds_of_classes(tmp_path
         _pair(root, part, "a", np.full((32, 32), 90, np.uint8), mask, mask_ext="jpg")
     with pytest.raises(DataError, match=r"a\.jpg is a JPEG.*save masks as PNG or TIFF"):
         load_dataset("mask-folder", root, image_size=16)
+
+
+def test_an_lzw_compressed_tiff_mask_is_read_as_an_lzw_tiff_image_is(tmp_path) -> None:
+    """LZW, the usual compression of TIFF masks, needs the optional imagecodecs package in tifffile; the
+    images fall back to Pillow there, and so do the masks."""
+    root = tmp_path / "d"
+    for part in ("train", "test"):
+        mask = np.zeros((16, 16), np.uint8)
+        mask[4:8, 4:8] = 2
+        _pair(root, part, "a", np.full((16, 16), 90, np.uint8), mask)
+        Image.fromarray(mask).save(root / part / "masks" / "a.tif", compression="tiff_lzw")
+        (root / part / "masks" / "a.png").unlink()
+    data = load_dataset("mask-folder", root, image_size=16)
+    assert data.train.y.max() == 2 and int((data.train.y == 2).sum()) == 16

@@ -19,12 +19,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import tifffile
 import torch
 from PIL import Image
 
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset, is_plain_int
-from fedistill.data.image_files import IMAGE_READ_ERRORS, model_image
+from fedistill.data.image_files import IMAGE_READ_ERRORS, model_image, read_tiff
 from fedistill.data.image_folder import IMAGE_SUFFIXES, checked_classes
 from fedistill.errors import ConfigError, DataError
 
@@ -128,7 +127,7 @@ def _read_mask(path: Path) -> np.ndarray:
         )
     try:
         if path.suffix.lower() in (".tif", ".tiff"):
-            array = np.asarray(tifffile.imread(path))
+            array = read_tiff(path)  # as an image is read: Pillow where tifffile lacks the codec (LZW)
         else:
             with Image.open(path) as image:
                 array = np.asarray(image.convert("L") if image.mode == "1" else image)
