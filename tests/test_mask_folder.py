@@ -178,3 +178,15 @@ def test_an_lzw_compressed_tiff_mask_is_read_as_an_lzw_tiff_image_is(tmp_path) -
         (root / part / "masks" / "a.png").unlink()
     data = load_dataset("mask-folder", root, image_size=16)
     assert data.train.y.max() == 2 and int((data.train.y == 2).sum()) == 16
+
+
+def test_a_grey_mask_with_an_alpha_channel_keeps_its_grey_values(tmp_path) -> None:
+    root = tmp_path / "d"
+    for part in ("train", "test"):
+        mask = np.zeros((16, 16), np.uint8)
+        mask[4:8, 4:8] = 1
+        _pair(root, part, "a", np.full((16, 16), 90, np.uint8), mask)
+        alpha = np.full((16, 16), 255, np.uint8)
+        Image.fromarray(np.dstack([mask, alpha]), "LA").save(root / part / "masks" / "a.png")
+    data = load_dataset("mask-folder", root, image_size=16)
+    assert data.info.num_classes == 2 and int(data.train.y.sum()) == 16

@@ -117,8 +117,8 @@ def _files(folder: Path) -> dict[str, Path]:
 
 def _read_mask(path: Path) -> np.ndarray:
     """A mask's values (H, W) as stored: no scaling; a palette image's indices; a grey image saved as RGB
-    read from one channel, a colour mask refused; a JPEG refused (its compression makes values no class
-    has)."""
+    read from one channel (an alpha channel dropped), a colour mask refused; a JPEG refused (its compression
+    makes values no class has)."""
     if path.suffix.lower() in LOSSY_SUFFIXES:
         raise DataError(
             f"mask-folder: {path} is a JPEG, whose compression changes pixel values near every edge, so its "
@@ -134,7 +134,9 @@ def _read_mask(path: Path) -> np.ndarray:
     except IMAGE_READ_ERRORS as e:
         raise DataError(f"mask-folder: cannot read mask {path} ({e}); replace the file") from e
     if array.ndim == 3:
-        if not (array[:, :, :3] == array[:, :, :1]).all():
+        if array.shape[2] in (2, 4):  # grey or RGB with alpha: the alpha channel is no class
+            array = array[:, :, :-1]
+        if not (array == array[:, :, :1]).all():
             raise DataError(
                 f"mask-folder: {path} is a colour mask; save each pixel's class as one value (0: background)"
             )
