@@ -579,3 +579,22 @@ def test_a_server_test_set_over_the_message_cap_is_refused_before_a_flower_run_s
     with pytest.raises(ConfigError, match=r"test set, .* is 0.02 MiB, over max_message_mb = 0.01"):
         run_on_grid(config, tmp_path / "run", _grid(config, tmp_path))
     assert not (tmp_path / "run").exists()
+
+
+def test_site_folders_keep_a_label_order_that_is_not_alphabetical(tmp_path, capsys) -> None:
+    """Folders read back sorted by name: a set whose classes are not in alphabetical order gets the classes
+    option in its command, so every label means what it meant in the dataset written."""
+    import shlex
+
+    rng = np.random.default_rng(0)
+    for part, n in (("train", 24), ("test", 6)):
+        for c, name in enumerate(("zebra", "ant")):
+            (tmp_path / "own" / part / name).mkdir(parents=True)
+            for i in range(n):
+                pixels = rng.integers(0, 100, (8, 8), dtype=np.uint8) + 120 * c
+                Image.fromarray(pixels.astype(np.uint8)).save(tmp_path / "own" / part / name / f"{i}.png")
+    argv = ["deploy", "site-folders", "--out", str(tmp_path / "out"), "--dataset", "image-folder"]
+    argv += ["--data-dir", str(tmp_path / "own"), "--clients", "2", "--set", "image-folder.image_size=8"]
+    assert main([*argv, "--set", 'image-folder.classes=["zebra","ant"]']) == 0
+    command = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 'image-folder.classes=["zebra","ant"]' in command  # without it, label 0 would be "ant"
