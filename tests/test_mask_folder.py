@@ -190,3 +190,22 @@ def test_a_grey_mask_with_an_alpha_channel_keeps_its_grey_values(tmp_path) -> No
         Image.fromarray(np.dstack([mask, alpha]), "LA").save(root / part / "masks" / "a.png")
     data = load_dataset("mask-folder", root, image_size=16)
     assert data.info.num_classes == 2 and int(data.train.y.sum()) == 16
+
+
+def test_a_sites_mask_beyond_the_servers_classes_says_where_the_servers_classes_come_from(tmp_path) -> None:
+    """A site's mask may hold a value the server's masks lack; the server's classes, which the site takes,
+    come from its training masks' largest value (not from folders, nor from an option the user set)."""
+    from fedistill.engine.site_data import load_site
+
+    server = load_dataset("mask-folder", _squares(tmp_path / "server", values=(1,)), image_size=16)
+    _squares(tmp_path / "site-0", values=(1, 2))
+    keys = {"dataset": "mask-folder", "data_dir": str(tmp_path / "server"), "clients": 1}
+    config = build_config(RunConfig(), {**keys, "site_data_dir": str(tmp_path / "site-{site}")})
+    with pytest.raises(DataError) as caught:
+        load_site(config, 0, server.info)
+    assert str(caught.value) == (
+        f"site 0's folder {tmp_path / 'site-0'}: mask-folder: a mask under {tmp_path / 'site-0'} holds the "
+        "value 2, but the server has 2 classes (background, class-1), from the largest value in its "
+        "data_dir's training masks: where they lack a class, set mask-folder.classes to every class name, "
+        "by value"
+    )

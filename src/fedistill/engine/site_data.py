@@ -150,11 +150,7 @@ def load_site(config: RunConfig, site: int, server: DatasetInfo, folder: Path | 
     except DataError as exc:  # named with the site: a loader's line may not say which folder it read
         line = str(exc)
         if servers and "the option classes" in line:  # the server's classes, not an option the user set
-            line = (
-                line.replace("in the option classes", "among the server's classes")
-                + f"; the server's are its data_dir's train/ folders: where they lack a class, set "
-                f"{config.dataset}.classes to every class name, in label order"
-            )
+            line = _servers_classes(line, name, config.dataset)
         raise DataError(f"{where}: {line}") from None
     dataset = dataclasses.replace(dataset, info=agreed_info(dataset.info, server, where))
     if not len(dataset.train):
@@ -175,6 +171,23 @@ def load_site(config: RunConfig, site: int, server: DatasetInfo, folder: Path | 
         subjects=dataset.train_subject_ids,
     )
     return Prepared(dataset, split)
+
+
+def _servers_classes(line: str, name: str, dataset: str) -> str:
+    """A loader's refusal of a class beyond the option classes, where the server's classes stood in for the
+    option: said as the server's, with where they come from (an image folder's train/ folders, a mask
+    folder's largest training mask value)."""
+    if name == "mask-folder":
+        line = line.replace(", but there are", ", but the server has").split("; name them all")[0]
+        return (
+            f"{line}, from the largest value in its data_dir's training masks: where they lack a class, set "
+            f"{dataset}.classes to every class name, by value"
+        )
+    return (
+        line.replace("in the option classes", "among the server's classes")
+        + f"; the server's are its data_dir's train/ folders: where they lack a class, set {dataset}.classes "
+        "to every class name, in label order"
+    )
 
 
 def server_split_config(config: RunConfig) -> RunConfig:
