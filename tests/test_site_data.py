@@ -584,6 +584,21 @@ def test_a_server_test_set_over_the_message_cap_is_refused_before_a_flower_run_s
 def test_site_folders_keep_a_label_order_that_is_not_alphabetical(tmp_path, capsys) -> None:
     """Folders read back sorted by name: a set whose classes are not in alphabetical order gets the classes
     option in its command, so every label means what it meant in the dataset written."""
+    command = _site_folders_command(tmp_path, capsys, 'image-folder.classes=["zebra","ant"]')
+    assert 'image-folder.classes=["zebra","ant"]' in command  # without it, label 0 would be "ant"
+
+
+def test_site_folders_keep_the_datasets_training_augmentation(tmp_path, capsys) -> None:
+    """A set trained with random crops and flips (CIFAR's) is read back with them, not without."""
+    command = _site_folders_command(
+        tmp_path, capsys, "image-folder.crop_padding=2", "image-folder.horizontal_flip=true"
+    )
+    assert "image-folder.crop_padding=2" in command and "image-folder.horizontal_flip=true" in command
+
+
+def _site_folders_command(tmp_path: Path, capsys, *sets: str) -> list[str]:
+    """The command `fedistill deploy site-folders` prints for an image folder of two classes, zebra and ant
+    (`sets`: its options)."""
     import shlex
 
     rng = np.random.default_rng(0)
@@ -595,6 +610,5 @@ def test_site_folders_keep_a_label_order_that_is_not_alphabetical(tmp_path, caps
                 Image.fromarray(pixels.astype(np.uint8)).save(tmp_path / "own" / part / name / f"{i}.png")
     argv = ["deploy", "site-folders", "--out", str(tmp_path / "out"), "--dataset", "image-folder"]
     argv += ["--data-dir", str(tmp_path / "own"), "--clients", "2", "--set", "image-folder.image_size=8"]
-    assert main([*argv, "--set", 'image-folder.classes=["zebra","ant"]']) == 0
-    command = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
-    assert 'image-folder.classes=["zebra","ant"]' in command  # without it, label 0 would be "ant"
+    assert main([*argv, *(item for s in sets for item in ("--set", s))]) == 0
+    return shlex.split(capsys.readouterr().out.strip().splitlines()[-1])

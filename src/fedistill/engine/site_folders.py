@@ -151,6 +151,10 @@ def _summary(config: RunConfig, out: Path, data: Prepared, classes: list[str] | 
         "--data-dir", str(out / "server"), "--site-data-dir", str(out / "site-{site}"),
         "--set", f"{name}.channels={info.channels}", "--set", f"{name}.image_size={info.image_size}",
     ]  # fmt: skip
+    if info.crop_padding and name == "image-folder":  # the augmentation its runs train with (CIFAR's)
+        command += ["--set", f"{name}.crop_padding={info.crop_padding}"]
+    if info.horizontal_flip and name == "image-folder":
+        command += ["--set", f"{name}.horizontal_flip=true"]
     if classes is not None:  # the server's holdout may lack a class, or sort otherwise: all, in label order
         command += ["--set", f"{name}.classes=[" + ",".join(f'"{c}"' for c in classes) + "]"]
     return (
