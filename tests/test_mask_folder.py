@@ -152,3 +152,60 @@ def test_sites_with_their_own_tiles_learn_real_nuclei_beyond_the_trivial_answers
     everything = 2 * share / (1 + share)  # Dice of marking every pixel a nucleus (pooled; per tile lower)
     assert summary["partition"]["method"] == "own-data" and summary["clients"] == 2
     assert summary["final"]["test_dice"] > everything + 0.3, (summary["final"]["test_dice"], everything)
+
+
+def test_a_jpeg_mask_is_refused_rather_than_read_as_hundreds_of_classes(tmp_path) -> None:
+    """JPEG compression moves pixel values near an edge: a 0/255 mask saved as JPEG holds 1, 2, 254, ...,
+    each of which would be read as a class of its own."""
+    root = tmp_path / "d"
+    for part in ("train", "test"):
+        mask = np.zeros((32, 32), np.uint8)
+        mask[5:20, 7:25] = 255
+        _pair(root, part, "a", np.full((32, 32), 90, np.uint8), mask, mask_ext="jpg")
+    with pytest.raises(DataError, match=r"a\.jpg is a JPEG.*save masks as PNG or TIFF"):
+        load_dataset("mask-folder", root, image_size=16)
+
+
+def test_an_lzw_compressed_tiff_mask_is_read_as_an_lzw_tiff_image_is(tmp_path) -> None:
+    """LZW, the usual compression of TIFF masks, needs the optional imagecodecs package in tifffile; the
+    images fall back to Pillow there, and so do the masks."""
+    root = tmp_path / "d"
+    for part in ("train", "test"):
+        mask = np.zeros((16, 16), np.uint8)
+        mask[4:8, 4:8] = 2
+        _pair(root, part, "a", np.full((16, 16), 90, np.uint8), mask)
+        Image.fromarray(mask).save(root / part / "masks" / "a.tif", compression="tiff_lzw")
+        (root / part / "masks" / "a.png").unlink()
+    data = load_dataset("mask-folder", root, image_size=16)
+    assert data.train.y.max() == 2 and int((data.train.y == 2).sum()) == 16
+
+
+def test_a_grey_mask_with_an_alpha_channel_keeps_its_grey_values(tmp_path) -> None:
+    root = tmp_path / "d"
+    for part in ("train", "test"):
+        mask = np.zeros((16, 16), np.uint8)
+        mask[4:8, 4:8] = 1
+        _pair(root, part, "a", np.full((16, 16), 90, np.uint8), mask)
+        alpha = np.full((16, 16), 255, np.uint8)
+        Image.fromarray(np.dstack([mask, alpha]), "LA").save(root / part / "masks" / "a.png")
+    data = load_dataset("mask-folder", root, image_size=16)
+    assert data.info.num_classes == 2 and int(data.train.y.sum()) == 16
+
+
+def test_a_sites_mask_beyond_the_servers_classes_says_where_the_servers_classes_come_from(tmp_path) -> None:
+    """A site's mask may hold a value the server's masks lack; the server's classes, which the site takes,
+    come from its training masks' largest value (not from folders, nor from an option the user set)."""
+    from fedistill.engine.site_data import load_site
+
+    server = load_dataset("mask-folder", _squares(tmp_path / "server", values=(1,)), image_size=16)
+    _squares(tmp_path / "site-0", values=(1, 2))
+    keys = {"dataset": "mask-folder", "data_dir": str(tmp_path / "server"), "clients": 1}
+    config = build_config(RunConfig(), {**keys, "site_data_dir": str(tmp_path / "site-{site}")})
+    with pytest.raises(DataError) as caught:
+        load_site(config, 0, server.info)
+    assert str(caught.value) == (
+        f"site 0's folder {tmp_path / 'site-0'}: mask-folder: a mask under {tmp_path / 'site-0'} holds the "
+        "value 2, but the server has 2 classes (background, class-1); the server's come from the largest "
+        "value in its data_dir's training masks: where they lack a class, set mask-folder.classes to every "
+        "class name, by value"
+    )

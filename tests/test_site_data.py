@@ -581,28 +581,34 @@ def test_a_server_test_set_over_the_message_cap_is_refused_before_a_flower_run_s
     assert not (tmp_path / "run").exists()
 
 
-def _mask_folder(root: Path, values: tuple[int, ...]) -> None:
-    """A mask-folder of 8x8 images, one mask per image, each mask holding one of `values` beside 0."""
-    for part in ("train", "test"):
-        (root / part / "images").mkdir(parents=True)
-        (root / part / "masks").mkdir(parents=True)
-        for i, value in enumerate(values):
-            Image.fromarray(np.full((8, 8), 40 * i, np.uint8)).save(root / part / "images" / f"{i}.png")
-            mask = np.zeros((8, 8), np.uint8)
-            mask[2:6, 2:6] = value
-            Image.fromarray(mask).save(root / part / "masks" / f"{i}.png")
+def test_site_folders_keep_a_label_order_that_is_not_alphabetical(tmp_path, capsys) -> None:
+    """Folders read back sorted by name: a set whose classes are not in alphabetical order gets the classes
+    option in its command, so every label means what it meant in the dataset written."""
+    command = _site_folders_command(tmp_path, capsys, 'image-folder.classes=["zebra","ant"]')
+    assert 'image-folder.classes=["zebra","ant"]' in command  # without it, label 0 would be "ant"
 
 
-def test_a_mask_folder_site_with_a_value_the_server_lacks_is_told_of_mask_values(tmp_path) -> None:
-    """A mask-folder's classes are the values of its masks: a site's mask beyond the server's classes is
-    told where the server's came from and that `classes` names them by value, not of image-folder's
-    train/ folders and label order."""
-    _mask_folder(tmp_path / "server", (1, 2, 1, 2))
-    _mask_folder(tmp_path / "site-0", (1, 3, 1, 3))
-    config = _config(tmp_path, dataset="mask-folder", clients=1, model="unet")
-    info = validate_setup(config.replace(site_data_dir="")).dataset.info
-    with pytest.raises(DataError) as caught:
-        load_site(config, 0, info, tmp_path / "site-0")
-    line = str(caught.value)
-    assert "holds the value 3" in line and "mask-folder.classes" in line and "by value" in line
-    assert "train/ folders" not in line and "label order" not in line and "among the server's" not in line
+def test_site_folders_keep_the_datasets_training_augmentation(tmp_path, capsys) -> None:
+    """A set trained with random crops and flips (CIFAR's) is read back with them, not without."""
+    command = _site_folders_command(
+        tmp_path, capsys, "image-folder.crop_padding=2", "image-folder.horizontal_flip=true"
+    )
+    assert "image-folder.crop_padding=2" in command and "image-folder.horizontal_flip=true" in command
+
+
+def _site_folders_command(tmp_path: Path, capsys, *sets: str) -> list[str]:
+    """The command `fedistill deploy site-folders` prints for an image folder of two classes, zebra and ant
+    (`sets`: its options)."""
+    import shlex
+
+    rng = np.random.default_rng(0)
+    for part, n in (("train", 24), ("test", 6)):
+        for c, name in enumerate(("zebra", "ant")):
+            (tmp_path / "own" / part / name).mkdir(parents=True)
+            for i in range(n):
+                pixels = rng.integers(0, 100, (8, 8), dtype=np.uint8) + 120 * c
+                Image.fromarray(pixels.astype(np.uint8)).save(tmp_path / "own" / part / name / f"{i}.png")
+    argv = ["deploy", "site-folders", "--out", str(tmp_path / "out"), "--dataset", "image-folder"]
+    argv += ["--data-dir", str(tmp_path / "own"), "--clients", "2", "--set", "image-folder.image_size=8"]
+    assert main([*argv, *(item for s in sets for item in ("--set", s))]) == 0
+    return shlex.split(capsys.readouterr().out.strip().splitlines()[-1])

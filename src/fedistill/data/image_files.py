@@ -43,7 +43,7 @@ def read_image(path: Path) -> np.ndarray:
     """The image at `path` as uint8 (H, W, C); DataError when it cannot be read or is no 2D image."""
     try:
         tiff = path.suffix.lower() in (".tif", ".tiff")
-        array = _read_tiff(path) if tiff else _read_with_pillow(path)
+        array = read_tiff(path) if tiff else _read_with_pillow(path)
     except IMAGE_READ_ERRORS as e:
         raise DataError(f"cannot read image {path} ({e}); replace the file or move it elsewhere") from e
     if array.ndim == 2:
@@ -57,7 +57,7 @@ def read_image(path: Path) -> np.ndarray:
     return to_uint8(array)
 
 
-def _read_tiff(path: Path) -> np.ndarray:
+def read_tiff(path: Path) -> np.ndarray:
     """A one-page TIFF's pixels: tifffile, or Pillow where tifffile lacks the codec (LZW or JPEG
     compression needs the optional imagecodecs package there; Pillow decodes both, and the training
     loaders read such files through it)."""

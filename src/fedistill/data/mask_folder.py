@@ -5,8 +5,9 @@ extensions may differ, e.g. a JPEG scan and a PNG mask), and the same under `tes
 as `image-folder` and `fedistill predict` read them (`fedistill.data.image_files`) and resized to a square
 `image_size`; masks keep their values, resized by nearest neighbour: each value a class (0 the background),
 a palette PNG's indices included. A mask holding only 0 and 255 (the usual binary mask saved as an 8-bit
-image) is read as background and class 1. Pathology tiles, dermoscopy, X-ray or ultrasound frames, or
-slices a user cut from volumes all fit; 3D volumes do not (the BraTS layout reads those).
+image) is read as background and class 1. A JPEG mask is refused: its compression makes values no class
+has. Pathology tiles, dermoscopy, X-ray or ultrasound frames, or slices a user cut from volumes all fit; 3D
+volumes do not (the BraTS layout reads those).
 
 Options: `channels` (1, default, or 3), `image_size` (default 64), and `classes`: the class names by value,
 `classes[0]` the background; by default the largest value in the training masks gives the count, named
@@ -18,16 +19,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import tifffile
 import torch
 from PIL import Image
 
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset, is_plain_int
-from fedistill.data.image_files import IMAGE_READ_ERRORS, model_image
+from fedistill.data.image_files import IMAGE_READ_ERRORS, model_image, read_tiff
 from fedistill.data.image_folder import IMAGE_SUFFIXES, checked_classes
 from fedistill.errors import ConfigError, DataError
 
 LAYOUT = "<data_dir>/train/images/<name>.png|jpg|tif|... and <data_dir>/train/masks/<name>.png|tif; test/ too"
+#: Mask files refused: lossy compression moves a label's value (a 0/255 mask's edges hold 1, 2, 254, ...).
+LOSSY_SUFFIXES = frozenset({".jpg", ".jpeg"})
 
 
 def load_mask_folder(
@@ -115,17 +117,26 @@ def _files(folder: Path) -> dict[str, Path]:
 
 def _read_mask(path: Path) -> np.ndarray:
     """A mask's values (H, W) as stored: no scaling; a palette image's indices; a grey image saved as RGB
-    read from one channel, a colour mask refused."""
+    read from one channel (an alpha channel dropped), a colour mask refused; a JPEG refused (its compression
+    makes values no class has)."""
+    if path.suffix.lower() in LOSSY_SUFFIXES:
+        raise DataError(
+            f"mask-folder: {path} is a JPEG, whose compression changes pixel values near every edge, so its "
+            "mask would hold classes that are not there; save masks as PNG or TIFF (a 0/255 JPEG mask: set "
+            "each pixel >= 128 to 255 and the rest to 0 first)"
+        )
     try:
         if path.suffix.lower() in (".tif", ".tiff"):
-            array = np.asarray(tifffile.imread(path))
+            array = read_tiff(path)  # as an image is read: Pillow where tifffile lacks the codec (LZW)
         else:
             with Image.open(path) as image:
                 array = np.asarray(image.convert("L") if image.mode == "1" else image)
     except IMAGE_READ_ERRORS as e:
         raise DataError(f"mask-folder: cannot read mask {path} ({e}); replace the file") from e
     if array.ndim == 3:
-        if not (array[:, :, :3] == array[:, :, :1]).all():
+        if array.shape[2] in (2, 4):  # grey or RGB with alpha: the alpha channel is no class
+            array = array[:, :, :-1]
+        if not (array == array[:, :, :1]).all():
             raise DataError(
                 f"mask-folder: {path} is a colour mask; save each pixel's class as one value (0: background)"
             )

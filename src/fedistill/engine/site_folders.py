@@ -86,8 +86,10 @@ def write_site_folders(config: RunConfig, out: Path, *, progress: bool = True) -
             (_write_masks if masks else _write)(folder, images, indices, names, bar)
     if masks:  # the server's masks may lack a class: name them all, by value
         return _summary(config, out, data, names)
+    # image-folder reads the server's train/ folders, sorted, as the classes: where they lack one or sort
+    # otherwise than the labels, the command names them all, in label order
     server_names = sorted({names[int(c)] for c in data.dataset.train.y[data.split.server_val].tolist()})
-    return _summary(config, out, data, names if len(server_names) < len(names) else None)
+    return _summary(config, out, data, names if server_names != names else None)
 
 
 def _class_folders(class_names: tuple[str, ...]) -> list[str]:
@@ -149,7 +151,11 @@ def _summary(config: RunConfig, out: Path, data: Prepared, classes: list[str] | 
         "--data-dir", str(out / "server"), "--site-data-dir", str(out / "site-{site}"),
         "--set", f"{name}.channels={info.channels}", "--set", f"{name}.image_size={info.image_size}",
     ]  # fmt: skip
-    if classes is not None:  # the server's holdout may lack a class: name them all, in label order
+    if info.crop_padding and name == "image-folder":  # the augmentation its runs train with (CIFAR's)
+        command += ["--set", f"{name}.crop_padding={info.crop_padding}"]
+    if info.horizontal_flip and name == "image-folder":
+        command += ["--set", f"{name}.horizontal_flip=true"]
+    if classes is not None:  # the server's holdout may lack a class, or sort otherwise: all, in label order
         command += ["--set", f"{name}.classes=[" + ",".join(f'"{c}"' for c in classes) + "]"]
     return (
         f"{config.dataset}, {partition_text(how, brackets=True)}, seed {config.seed}, written to {out}:\n"
