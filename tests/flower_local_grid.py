@@ -89,3 +89,18 @@ def run_on_grid(config, suite_dir, grid, **kwargs):
     config = config.replace(transport="flower")
     kwargs.setdefault("progress", False)
     return run_algorithms(config, suite_dir, validate_setup(config), grid=grid, **kwargs)
+
+
+def traffic(run_dir):
+    """Bytes per (direction, client, kind, type) from a run's ledger, without the transport's hello (only a
+    Flower run has one), so that a Flower run's traffic compares with an in-process run's."""
+    from collections import Counter
+
+    from fedistill.federation.ledger import read_ledger
+
+    totals: Counter = Counter()
+    for record in read_ledger(run_dir / "ledger.jsonl"):
+        if record["type"] != "query.hello":
+            for kind, size in record["kinds"].items():
+                totals[(record["direction"], record["client"], kind, record["type"])] += size
+    return totals

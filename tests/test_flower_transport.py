@@ -22,7 +22,7 @@ from fedistill.errors import FederationError
 from fedistill.federation.ledger import read_ledger
 from fedistill.federation.messages import Message
 from fedistill.transports.flower.codec import from_records, header_of, to_records
-from flower_local_grid import LocalGrid, run_on_grid
+from flower_local_grid import LocalGrid, run_on_grid, traffic
 
 SMALL_FEDIOD = {
     "teacher_epochs": 2,
@@ -42,16 +42,6 @@ def _config(**keys) -> RunConfig:
         "fediod": SMALL_FEDIOD,
     }
     return build_config(RunConfig(), {**base, **keys})
-
-
-def _traffic(run_dir: Path) -> Counter:
-    """Bytes per (direction, client, kind, type) from the ledger, without the transport's hello."""
-    totals: Counter = Counter()
-    for record in read_ledger(run_dir / "ledger.jsonl"):
-        if record["type"] != "query.hello":
-            for kind, size in record["kinds"].items():
-                totals[(record["direction"], record["client"], kind, record["type"])] += size
-    return totals
 
 
 def test_codec_round_trip_is_lossless() -> None:
@@ -108,7 +98,7 @@ def test_fedavg_and_fediod_over_a_flower_grid_match_in_process(tmp_path) -> None
         assert a["algorithm"] == b["algorithm"] and b["transport"] == "flower"
         assert b["final"]["test_accuracy"] == pytest.approx(a["final"]["test_accuracy"], abs=1e-6)
         name = a["algorithm"]
-        assert _traffic(tmp_path / "flower" / name) == _traffic(tmp_path / "inprocess" / name)
+        assert traffic(tmp_path / "flower" / name) == traffic(tmp_path / "inprocess" / name)
     # the hello is in the ledger: every client told the server which partition it holds
     hello = [
         r for r in read_ledger(tmp_path / "flower" / "fedavg" / "ledger.jsonl") if r["type"] == "query.hello"
@@ -128,7 +118,7 @@ def test_feddf_and_the_partial_sharing_baselines_over_a_flower_grid_match_in_pro
             if key in a["final"]:
                 assert b["final"][key] == pytest.approx(a["final"][key], abs=1e-6), (a["algorithm"], key)
         name = a["algorithm"]
-        assert _traffic(tmp_path / "flower" / name) == _traffic(tmp_path / "inprocess" / name)
+        assert traffic(tmp_path / "flower" / name) == traffic(tmp_path / "inprocess" / name)
 
 
 def test_client_state_survives_a_fresh_process_per_message(tmp_path) -> None:
@@ -175,7 +165,7 @@ def test_flower_simulation_engine_gives_the_in_process_results(tmp_path) -> None
     there = run_suite(config.replace(transport="flower"), tmp_path / "flower", progress=False)
     for a, b in zip(here, there, strict=True):
         assert b["final"]["test_accuracy"] == pytest.approx(a["final"]["test_accuracy"], abs=1e-6)
-        assert _traffic(tmp_path / "flower" / a["algorithm"]) == _traffic(
+        assert traffic(tmp_path / "flower" / a["algorithm"]) == traffic(
             tmp_path / "inprocess" / a["algorithm"]
         )
 
@@ -262,7 +252,7 @@ def test_forwarding_client_app_and_node_workers_give_the_in_process_results(tmp_
     assert stopped == [True, True, True]
     for a, b in zip(here, there, strict=True):
         assert b["final"]["test_accuracy"] == pytest.approx(a["final"]["test_accuracy"], abs=1e-6)
-        assert _traffic(tmp_path / "flower" / a["algorithm"]) == _traffic(
+        assert traffic(tmp_path / "flower" / a["algorithm"]) == traffic(
             tmp_path / "inprocess" / a["algorithm"]
         )
     for folder in sorted(nodes.glob("worker-node-*")):  # one worker per node served every message

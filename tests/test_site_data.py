@@ -3,7 +3,6 @@ its test and validation data; in-process and over Flower alike."""
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -71,16 +70,6 @@ def _config(root: Path, **keys) -> RunConfig:
     if keys.get("dataset", "image-folder") != "image-folder":
         del base["image-folder"]
     return build_config(RunConfig(), {**base, **keys})
-
-
-def _traffic(run_dir: Path) -> Counter:
-    """Bytes per (direction, client, kind, type) from the ledger, without the transport's hello."""
-    totals: Counter = Counter()
-    for record in read_ledger(run_dir / "ledger.jsonl"):
-        if record["type"] != "query.hello":
-            for kind, size in record["kinds"].items():
-                totals[(record["direction"], record["client"], kind, record["type"])] += size
-    return totals
 
 
 def test_a_site_reads_only_its_own_folder_with_the_servers_labels_and_normalisation(sites) -> None:
@@ -201,7 +190,7 @@ def test_each_flower_node_reads_its_own_folder_and_gives_the_in_process_results(
     """Nodes given their folders in their node configs (a deployment; the run's site_data_dir names no
     folder that exists) train FedAvg and FedIOD to the in-process metrics with the same bytes; the HELLO
     carried the server's dataset facts and test set out and each site's count and fingerprint back."""
-    from flower_local_grid import run_on_grid
+    from flower_local_grid import run_on_grid, traffic
 
     config = _config(sites, algorithm="fedavg,fediod")
     here = run_suite(config, tmp_path / "inprocess", progress=False)
@@ -212,7 +201,7 @@ def test_each_flower_node_reads_its_own_folder_and_gives_the_in_process_results(
         assert b["transport"] == "flower" and b["partition"]["sizes"] == [108, 108, 108]
         assert b["final"]["test_accuracy"] == pytest.approx(a["final"]["test_accuracy"], abs=1e-6)
         name = a["algorithm"]
-        assert _traffic(tmp_path / "flower" / name) == _traffic(tmp_path / "inprocess" / name)
+        assert traffic(tmp_path / "flower" / name) == traffic(tmp_path / "inprocess" / name)
     hello = [
         r for r in read_ledger(tmp_path / "flower" / "fediod" / "ledger.jsonl") if r["type"] == "query.hello"
     ]

@@ -33,6 +33,14 @@ def _entries(folder: Path) -> list[Path]:
         raise DataError(f"image-folder: cannot list {folder}: {e.strerror or e}") from e
 
 
+def channel_statistics(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and standard deviation of uint8 images (N, C, H, W) on the 0..1 scale, what a user's
+    own images are normalised by; a constant-colour channel's deviation is held at 1e-3 (no division by 0)."""
+    pixels = images.double().div(255.0).transpose(0, 1).reshape(images.shape[1], -1)
+    std = pixels.std(dim=1).clamp_min(1e-3)
+    return tuple(float(m) for m in pixels.mean(dim=1)), tuple(float(s) for s in std)
+
+
 def checked_classes(classes: object, dataset: str = "image-folder") -> tuple[str, ...] | None:
     """The option `classes`: two or more distinct names (no '/': an image folder's are folder names), in
     label order; None when not given."""
@@ -175,15 +183,14 @@ def load_image_folder(
     label_of = {name: i for i, name in enumerate(names)}
     train = _load_split(root / "train", train_classes, label_of, channels, image_size)
     test = _load_split(root / "test", test_classes, label_of, channels, image_size)
-    pixels = train.x.double().div(255.0).transpose(0, 1).reshape(channels, -1)
-    std = pixels.std(dim=1).clamp_min(1e-3)  # a constant-colour channel must not divide by zero
+    mean, std = channel_statistics(train.x)
     info = DatasetInfo(
         name="image-folder",
         channels=channels,
         image_size=image_size,
         num_classes=len(names),
-        mean=tuple(float(m) for m in pixels.mean(dim=1)),
-        std=tuple(float(s) for s in std),
+        mean=mean,
+        std=std,
         crop_padding=crop_padding,
         horizontal_flip=horizontal_flip,
         class_names=names,

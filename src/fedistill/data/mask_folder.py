@@ -24,7 +24,7 @@ from PIL import Image
 
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset, is_plain_int
 from fedistill.data.image_files import IMAGE_READ_ERRORS, model_image, read_tiff
-from fedistill.data.image_folder import IMAGE_SUFFIXES, checked_classes
+from fedistill.data.image_folder import IMAGE_SUFFIXES, channel_statistics, checked_classes
 from fedistill.errors import ConfigError, DataError
 
 LAYOUT = "<data_dir>/train/images/<name>.png|jpg|tif|... and <data_dir>/train/masks/<name>.png|tif; test/ too"
@@ -61,14 +61,14 @@ def load_mask_folder(
             f"mask-folder: a mask under {root} holds the value {largest}, but there are {len(names)} classes "
             f"({', '.join(names)}); name them all in the option classes, by value"
         )
-    pixels = train_x.double().div(255.0).transpose(0, 1).reshape(channels, -1)
+    mean, std = channel_statistics(train_x)
     info = DatasetInfo(
         name="mask-folder",
         channels=channels,
         image_size=image_size,
         num_classes=len(names),
-        mean=tuple(float(m) for m in pixels.mean(dim=1)),
-        std=tuple(float(s) for s in pixels.std(dim=1).clamp_min(1e-3)),
+        mean=mean,
+        std=std,
         class_names=tuple(names),
         task="semantic-segmentation",
     )

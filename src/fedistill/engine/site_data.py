@@ -36,15 +36,13 @@ from fedistill.data.partition import make_split
 from fedistill.data.registry import canonical_dataset_name, load_dataset
 from fedistill.engine.prepared import Prepared
 from fedistill.errors import ConfigError, DataError
-from fedistill.federation.messages import Message
+from fedistill.federation.messages import HELLO, Message
 from fedistill.seeding import derive_seed
 from fedistill.tasks import task_class
 
 #: The placeholder in `site_data_dir` that becomes each site's number.
 SITE = "{site}"
-#: The transport's start-up exchange (transports/flower/grid_fleet.py), the content kind of the server's
-#: test set in it, and its config scalars' names.
-HELLO = "query.hello"
+#: The content kind of the server's test set in the transport's start-up HELLO, and its config scalars' names.
 EVALUATION_SET = "evaluation-set"
 DATASET_INFO = "dataset_info"
 GROUP_NAMES = "group_names"

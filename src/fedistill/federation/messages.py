@@ -37,6 +37,11 @@ def quiet_read_only_arrays() -> None:
         warnings.filterwarnings("ignore", message=NOT_WRITABLE, category=UserWarning)
 
 
+#: The transport's start-up exchange on Flower: each node names its partition (transports/flower/
+#: grid_fleet.py); where sites hold their own data it carries the server's dataset facts and test set
+#: (engine/site_data.py).
+HELLO = "query.hello"
+
 #: Every content kind a message may carry. The ledger summarises bytes per kind.
 CONTENT_KINDS = frozenset(
     {

@@ -22,13 +22,12 @@ from fedistill import interrupt
 from fedistill.errors import FederationError
 from fedistill.federation.fleet import Fleet, Reply
 from fedistill.federation.ledger import Ledger
-from fedistill.federation.messages import DEFAULT_MAX_BYTES, Message, check_on_receipt
+from fedistill.federation.messages import DEFAULT_MAX_BYTES, HELLO, Message, check_on_receipt
 from fedistill.federation.reply_spec import Expectation
 from fedistill.transports.flower.codec import from_records, to_records
 
 log = logging.getLogger(__name__)
 
-HELLO = "query.hello"
 #: the scalar (content kind "config") in a node's HELLO reply: the hash of the split its data gives
 SPLIT_HASH = "split_hash"
 #: where sites hold their own data: the scalar (content kind "config") in a node's HELLO reply holding the
