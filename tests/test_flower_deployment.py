@@ -219,6 +219,55 @@ def test_deployment_with_node_workers_matches_inprocess(tmp_path, reference_root
     report(request, started, flwr_run_s=round(run_s, 1), **facts)
 
 
+def _digit_sites(root: Path) -> Path:
+    """The digits as image folders a consortium would hold: the server's (`server/`: validation and test
+    images) and two sites' own (`site-0/`: digits 0-6, `site-1/`: 3-9), none holding another's records."""
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images, labels = np.clip(digits.images * 16, 0, 255).astype(np.uint8), digits.target
+    order = np.random.default_rng(0).permutation(len(labels))
+    held = {"server/test": order[:200], "server/train": order[200:300]}
+    for k, classes in enumerate(((0, 1, 2, 3, 4, 5, 6), (3, 4, 5, 6, 7, 8, 9))):
+        mine = [i for i in order[300 + k :: 2] if labels[i] in classes]
+        held[f"site-{k}/train"], held[f"site-{k}/test"] = mine[:150], mine[150:180]
+    for part, indices in held.items():
+        for i in indices:
+            (root / part / str(labels[i])).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(images[i]).save(root / part / str(labels[i]) / f"{i:04d}.png")
+    return root
+
+
+@pytest.mark.timeout(600)
+def test_deployment_with_each_site_reading_its_own_folder_matches_inprocess(
+    tmp_path, reference_root, request
+):
+    """site_data_dir: each SuperNode reads only its own folder, named in its node config (a path no other
+    process knows), and the run matches the same sites read in-process from site_data_dir's folders."""
+    started = time.monotonic()
+    data = _digit_sites(tmp_path / "data")
+    folders = f"site_data_dir={data}/site-{{site}} data_dir={data / 'server'}"
+    overrides = {
+        "algorithm": "fedavg", "dataset": "image-folder", "model": "small-cnn", "clients": 2, "rounds": 2,
+        "set": f"{folders} image-folder.channels=1 image-folder.image_size=8",
+    }  # fmt: skip
+    for i in range(2):  # each hospital's scans where only its own node looks
+        shutil.copytree(data / f"site-{i}", tmp_path / f"hospital-{i}" / "scans")
+    runs, name = tmp_path / "runs", "deploy-own-data"
+    algorithm_dir = runs / name / "fedavg"
+    own = {"node_config": lambda i: {"data-dir": str(tmp_path / f"hospital-{i}" / "scans")}}
+    with deployment(tmp_path, 2, False, **own) as dep:
+        run_s = dep.flwr_run(
+            {**overrides, "out": str(runs), "name": name}, timeout=360, summary=algorithm_dir / "summary.json"
+        )
+    facts = compare(algorithm_dir, reference_run(overrides, reference_root), tol=1e-6)
+    got = json.loads((algorithm_dir / "summary.json").read_text(encoding="utf-8"))
+    assert got["partition"]["method"] == "own-data" and len(got["partition"]["sizes"]) == 2
+    report(request, started, flwr_run_s=round(run_s, 1), **facts)
+
+
 @pytest.mark.timeout(600)
 def test_a_killed_supernode_is_dropped_and_the_run_goes_on(tmp_path, request):
     """Kill one SuperNode after round 1: the server notices (offline node or timeout), records the
