@@ -234,11 +234,15 @@ def site_greeting(dataset: LoadedDataset) -> Message:
     return Message.build(HELLO, arrays={EVALUATION_SET: arrays}, scalars={"config": config})
 
 
+def _own_tensor(value: Any) -> torch.Tensor:
+    """A tensor of its own: a copy of a received message's read-only array; a tensor as it is."""
+    return value if isinstance(value, torch.Tensor) else torch.from_numpy(np.array(value))
+
+
 def harness_from(arrays: dict[str, Any], config: dict[str, Any]) -> LoadedDataset:
     """The server's dataset facts and test set, as `site_greeting` sent them (no training records)."""
     info = DatasetInfo.from_json(str(config[DATASET_INFO]))
-    # a copy: a received message's arrays are read-only
-    tensors = {name: torch.as_tensor(np.array(value)) for name, value in arrays.items()}
+    tensors = {name: _own_tensor(value) for name, value in arrays.items()}
     test = ImageSet(tensors["x"], tensors["y"])
     return LoadedDataset(
         info=info,
