@@ -209,3 +209,24 @@ def test_a_sites_mask_beyond_the_servers_classes_says_where_the_servers_classes_
         "value in its data_dir's training masks: where they lack a class, set mask-folder.classes to every "
         "class name, by value"
     )
+
+
+def test_an_instance_map_is_refused_naming_foreground_which_reads_its_objects(tmp_path) -> None:
+    """A nuclei set's masks hold one id per object (hundreds of values): read value by value they were
+    hundreds of classes without a word; now the line names `foreground`, which reads every object as one
+    class against the background."""
+    root = tmp_path / "d"
+    for part in ("train", "test"):
+        ids = np.zeros((48, 48), np.uint16)
+        for k in range(40):  # 40 objects, ids 1..40, each a 2 x 2 square
+            row, col = divmod(k, 8)
+            ids[row * 6 + 1 : row * 6 + 3, col * 6 + 1 : col * 6 + 3] = k + 1
+        _pair(root, part, "a", np.where(ids > 0, 220, 30).astype(np.uint8), ids, mask_ext="tif")
+    with pytest.raises(
+        DataError, match=r"read as 41 classes: an instance map .* mask-folder.foreground = true"
+    ):
+        load_dataset("mask-folder", root, image_size=48)
+    objects = load_dataset("mask-folder", root, image_size=48, foreground=True)
+    assert objects.info.num_classes == 2 and int(objects.train.y.sum()) == 40 * 4
+    with pytest.raises(ConfigError, match="mask-folder option foreground must be true or false"):
+        load_dataset("mask-folder", root, image_size=48, foreground="false")

@@ -166,7 +166,7 @@ DATASETS: dict[str, DatasetEntry] = {
             f"mask-folder reads your own 2D images and their label masks from data_dir with the layout "
             f"{MASK_LAYOUT}; each mask value is a class (0 the background; 0/255 masks read as 0/1)."
         ),
-        options=("channels", "image_size", "classes"),
+        options=("channels", "image_size", "classes", "foreground"),
     ),
     "brats": DatasetEntry(
         "brats",

@@ -9,9 +9,11 @@ image) is read as background and class 1. A JPEG mask is refused: its compressio
 has. Pathology tiles, dermoscopy, X-ray or ultrasound frames, or slices a user cut from volumes all fit; 3D
 volumes do not (the BraTS layout reads those).
 
-Options: `channels` (1, default, or 3), `image_size` (default 64), and `classes`: the class names by value,
+Options: `channels` (1, default, or 3), `image_size` (default 64), `classes`: the class names by value,
 `classes[0]` the background; by default the largest value in the training masks gives the count, named
-`background`, `class-1`, ... A site holding its own data (site_data_dir) takes the server's classes.
+`background`, `class-1`, ... (more than `MOST_CLASSES` unnamed is taken for an instance map and refused), and
+`foreground`: every value above 0 one class, for instance maps (one id per object, as nuclei sets store
+them). A site holding its own data (site_data_dir) takes the server's classes.
 """
 
 from __future__ import annotations
@@ -38,23 +40,34 @@ def load_mask_folder(
     channels: int = 1,
     image_size: int = 64,
     classes: list[str] | tuple[str, ...] | None = None,
+    foreground: bool = False,
 ) -> LoadedDataset:
-    """Load `data_dir/{train,test}/{images,masks}`; mean/std are per channel over the training images."""
+    """Load `data_dir/{train,test}/{images,masks}`; mean/std are per channel over the training images.
+    `foreground`: every value above 0 is one class (an instance map, one id per object, read as objects
+    against the background)."""
     if not is_plain_int(channels) or channels not in (1, 3):
         raise ConfigError(f"mask-folder option channels must be 1 or 3, got {channels!r}")
     if not is_plain_int(image_size) or image_size < 4:
         raise ConfigError(f"mask-folder option image_size must be an integer >= 4, got {image_size!r}")
+    if not isinstance(foreground, bool):  # "false" from --set would read as true
+        raise ConfigError(f"mask-folder option foreground must be true or false, got {foreground!r}")
     names = checked_classes(classes, "mask-folder")
     root = Path(data_dir)
     if not root.is_dir():
         raise DataError(f"mask-folder: data_dir {root} is not a folder; expected the layout {LAYOUT}")
     train_x, train_masks = _load_part(root / "train", channels, image_size)
     test_x, test_masks = _load_part(root / "test", channels, image_size)
-    binary = all(set(np.unique(m).tolist()) <= {0, 255} for m in (*train_masks, *test_masks))
+    binary = foreground or all(set(np.unique(m).tolist()) <= {0, 255} for m in (*train_masks, *test_masks))
     train_y, test_y = (_labels(masks, binary) for masks in (train_masks, test_masks))
     largest = max(int(train_y.max()), int(test_y.max()))  # neither part is empty (_files)
     if names is None:
         count = max(int(train_y.max()) + 1, 2)
+        if count > MOST_CLASSES:
+            raise DataError(
+                f"mask-folder: the masks under {root / 'train'} hold values up to {count - 1}, read as "
+                f"{count} classes: an instance map (one id per object)? set mask-folder.foreground = true to "
+                "read every object as one class, or name the classes (mask-folder.classes, by value)"
+            )
         names = ("background", *(f"class-{c}" for c in range(1, count)))
     if largest >= len(names):
         raise DataError(
@@ -73,6 +86,11 @@ def load_mask_folder(
         task="semantic-segmentation",
     )
     return LoadedDataset(info=info, train=ImageSet(train_x, train_y), test=ImageSet(test_x, test_y))
+
+
+#: More classes than this, with no `classes` option naming them, is taken for an instance map (refused with
+#: the options that read it); a semantic mask of so many unnamed classes is rare.
+MOST_CLASSES = 32
 
 
 def _load_part(part: Path, channels: int, image_size: int) -> tuple[torch.Tensor, list[np.ndarray]]:
