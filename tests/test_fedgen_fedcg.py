@@ -389,6 +389,17 @@ def test_fedcg_server_distillation_objective_by_hand():
     assert loss == pytest.approx(sum(a * math.log(a / b) for a, b in zip(p, q, strict=True)) / 3, rel=1e-6)
 
 
+class _LabelTable(torch.nn.Module):
+    """A generator G(y) = rows[y], whatever the noise: the client objectives' hand-computed cases."""
+
+    def __init__(self, rows: list[list[float]]) -> None:
+        super().__init__()
+        self.rows = torch.tensor(rows)
+
+    def forward(self, labels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        return self.rows[labels]
+
+
 def test_fedgen_client_objective_by_hand(monkeypatch):
     """A FedGen client's loss: CE(f(x), y) + (B_g/B)·α·CE(head(G(ŷ)), ŷ) + β·KL(softmax(head(G(y))) ‖
     softmax(f(x))), batch means, read at the first step on a model and a generator written down."""
@@ -405,14 +416,6 @@ def test_fedgen_client_objective_by_hand(monkeypatch):
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.tensor([[1.0, 0.0]]).expand(len(x), 2)
-
-    class Table(nn.Module):
-        """G(y) = rows[y], whatever the noise."""
-
-        rows = torch.tensor([[0.0, 1.0], [2.0, 0.0], [1.0, 1.0]])
-
-        def forward(self, labels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-            return self.rows[labels]
 
     class Model(nn.Module):
         def __init__(self) -> None:
@@ -431,8 +434,9 @@ def test_fedgen_client_objective_by_hand(monkeypatch):
                          weight_decay=0.0, augment=False)  # fmt: skip
     seen = []
     monkeypatch.setattr(fedgen_client, "check_finite", lambda loss, *_: seen.append(loss.item()))
+    table = _LabelTable([[0.0, 1.0], [2.0, 0.0], [1.0, 1.0]])  # G(y) = rows[y]
     train_regularized(
-        model, Table(), data, info, spec, torch.Generator().manual_seed(0), torch.Generator(),
+        model, table, data, info, spec, torch.Generator().manual_seed(0), torch.Generator(),
         alpha=0.5, beta=3.0, label_probs=torch.tensor([0.0, 1.0, 0.0]), generator_batch_size=4,
     )  # fmt: skip
 
@@ -475,14 +479,6 @@ def test_fedcg_client_objective_by_hand(monkeypatch):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.h.expand(len(x), 2)
 
-    class Table(nn.Module):
-        """Ĝ(y) = rows[y], whatever the noise."""
-
-        rows = torch.tensor([[0.0, 2.0], [3.0, 1.0], [1.0, -1.0]])
-
-        def forward(self, labels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-            return self.rows[labels]
-
     class Model(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -498,7 +494,14 @@ def test_fedcg_client_objective_by_hand(monkeypatch):
     seen = []
     monkeypatch.setattr(fedcg_client, "check_finite", lambda loss, *_: seen.append(loss.item()))
     metrics, cache = fedcg_client.train_toward_generator(
-        model, Table(), data, info, spec, torch.Generator().manual_seed(0), torch.Generator(), gamma=0.25
+        model,
+        _LabelTable([[0.0, 2.0], [3.0, 1.0], [1.0, -1.0]]),
+        data,
+        info,
+        spec,
+        torch.Generator().manual_seed(0),
+        torch.Generator(),
+        gamma=0.25,
     )
 
     logits = [
