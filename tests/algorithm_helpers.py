@@ -111,6 +111,14 @@ def check_resume_after_crash(
     return out / "crashed" / algorithm
 
 
+#: FedIOD options small enough for a test that compares two runs of it (transports, site data).
+SMALL_FEDIOD = {
+    "teacher_epochs": 2,
+    "iters_per_epoch": 3,
+    "generator_width": 16,
+    "discriminator_width": 16,
+    "student_steps": 2,
+}
 #: The smallest FedIOD run that exercises every message type (3 clients, 2 epochs of 2 G-steps), with
 #: the paper's settings (the protocol tests check its arithmetic; the default preset has its own tests).
 TINY_FEDIOD = {

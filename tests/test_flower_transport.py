@@ -14,6 +14,7 @@ pytest.importorskip("flwr")
 
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
+from algorithm_helpers import SMALL_FEDIOD
 from fedistill.config import RunConfig, build_config
 from fedistill.engine.flower import node as flower_node
 from fedistill.engine.flower.apps import make_client_app
@@ -23,14 +24,6 @@ from fedistill.federation.ledger import read_ledger
 from fedistill.federation.messages import Message
 from fedistill.transports.flower.codec import from_records, header_of, to_records
 from flower_local_grid import LocalGrid, run_on_grid, traffic
-
-SMALL_FEDIOD = {
-    "teacher_epochs": 2,
-    "iters_per_epoch": 3,
-    "generator_width": 16,
-    "discriminator_width": 16,
-    "student_steps": 2,
-}
 
 
 def _config(**keys) -> RunConfig:

@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 from sklearn.datasets import load_digits
 
+from algorithm_helpers import SMALL_FEDIOD
 from fedistill.cli import main
 from fedistill.config import RunConfig, build_config
 from fedistill.data.base import DatasetInfo
@@ -21,13 +22,6 @@ from fedistill.federation.ledger import read_ledger
 
 #: Which digit classes each of the three sites holds: skewed, and site 2 has no case of 0-4.
 SITE_CLASSES = ((0, 1, 2, 3, 4, 5, 6), (0, 1, 2, 3, 7, 8, 9), (5, 6, 7, 8, 9))
-SMALL_FEDIOD = {
-    "teacher_epochs": 2,
-    "iters_per_epoch": 3,
-    "generator_width": 16,
-    "discriminator_width": 16,
-    "student_steps": 2,
-}
 
 
 def _write(folder: Path, images: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> None:
