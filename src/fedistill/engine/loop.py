@@ -37,7 +37,7 @@ from fedistill.engine.resume import (
 )
 from fedistill.engine.rundir import MetricsWriter
 from fedistill.engine.setup import Prepared, client_contexts, resolve, score_first, source_names
-from fedistill.engine.site_data import check_sites, data_hash, save_sites, site_greeting
+from fedistill.engine.site_data import check_sites, save_sites, site_greeting
 from fedistill.engine.summary import write_summary
 from fedistill.engine.tracking import start_tracking
 from fedistill.errors import ConfigError, FederationError, RunDirError
@@ -407,6 +407,6 @@ def _fleet(
         # only a Flower node rebuilds the split, so only then compared; a site with its own data has no
         # split to compare but takes the server's dataset facts and test set (site_data.py)
         split_hash=None if data.own_data else data.split.hash(),
-        greeting=site_greeting(data.dataset) if data.own_data else None,
-        server_hash=data_hash(data.dataset.train) if data.own_data else None,
+        greeting=(data.greeting or site_greeting(data.dataset)) if data.own_data else None,
+        server_hash=data.records_hash if data.own_data else None,
     )

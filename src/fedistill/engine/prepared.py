@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from fedistill.data.base import LoadedDataset
 from fedistill.data.partition import FederatedSplit
+from fedistill.federation.messages import Message
 from fedistill.tasks import task_class
 
 
@@ -21,6 +24,18 @@ class Prepared:
     split: FederatedSplit
     sites: list[Prepared] | None = None
     own_data: bool = False  # the sites hold their own records: `split` is the server's data alone
+    #: on Flower, the start-up message carrying the server's test set to sites with their own data (built and
+    #: checked against max_message_mb once, by validate_setup)
+    greeting: Message | None = None
+
+    @functools.cached_property
+    def records_hash(self) -> str:
+        """A fingerprint of the training records (computed once), so that two sites reading one folder, or a
+        site reading the server's, are found out, and a resume finds a site whose records changed."""
+        digest = hashlib.sha256()
+        for tensor in (self.dataset.train.x, self.dataset.train.y):
+            digest.update(np.ascontiguousarray(tensor.numpy()).tobytes())
+        return digest.hexdigest()
 
     def client_sizes(self) -> list[int] | None:
         """Each client's training-sample count, where this process knows them."""

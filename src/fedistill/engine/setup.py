@@ -27,9 +27,8 @@ from fedistill.data.registry import canonical_dataset_name, dataset_options, loa
 from fedistill.engine.key_homes import key_homes
 from fedistill.engine.prepared import Prepared
 from fedistill.engine.site_data import (
-    check_greeting_size,
     check_site_data,
-    data_hash,
+    checked_greeting,
     load_site,
     own_data,
     own_split_config,
@@ -267,9 +266,9 @@ def validate_setup(config: RunConfig, *, resume: bool = False, simulation: bool 
     task = task_of(config, info)
     check_sets(task, info, data.dataset, config.dataset)
     if own_data(config) and not on_flower:  # a Flower node loads its own site (engine/flower/node.py)
-        data = Prepared(data.dataset, data.split, _load_sites(config, task, data.dataset), own_data=True)
+        data = Prepared(data.dataset, data.split, _load_sites(config, task, data), own_data=True)
     if own_data(config) and on_flower:  # the start-up message carries the server's test set
-        check_greeting_size(data.dataset, config.max_message_mb)
+        data = dataclasses.replace(data, greeting=checked_greeting(data.dataset, config.max_message_mb))
     for name, resolved in running.items():
         algorithm, model = resolved.algorithm, resolved.config.model
         if task.name not in algorithm.tasks:
@@ -316,18 +315,17 @@ def check_sets(task: Task, info: Any, dataset: LoadedDataset, what: str) -> None
             raise DataError(str(exc)) from exc
 
 
-def _load_sites(config: RunConfig, task: Task, server: LoadedDataset) -> list[Prepared]:
+def _load_sites(config: RunConfig, task: Task, server: Prepared) -> list[Prepared]:
     """Every site's own data, in-process (site_data.py), each checked as the server's are; two sites holding
     the same training records (one folder read twice), or a site the server's (data_dir names a site's
     folder), are mistakes named here."""
     sites: list[Prepared] = []
     seen: dict[str, int] = {}
-    server_fingerprint = data_hash(server.train)
     for k in range(config.clients):
-        site = load_site(config, k, server.info)
+        site = load_site(config, k, server.dataset.info)
         check_sets(task, site.dataset.info, site.dataset, f"site {k}'s")
-        fingerprint = data_hash(site.dataset.train)
-        if fingerprint == server_fingerprint:
+        fingerprint = site.records_hash
+        if fingerprint == server.records_hash:
             raise DataError(
                 f"site {k} holds the server's training records (data_dir = {config.data_dir!r}), which would "
                 "make them the server's validation and test data too; give the server a folder of its own"

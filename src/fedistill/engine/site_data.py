@@ -20,7 +20,6 @@ sites are handed the same objects.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -209,14 +208,6 @@ def validation_mode(config: RunConfig, per_pixel: bool) -> str:
     return "subjects" if per_pixel and config.partition == "natural" else "random"
 
 
-def data_hash(images: ImageSet) -> str:
-    """A fingerprint of a site's training records, so that two sites reading one folder are found out."""
-    digest = hashlib.sha256()
-    for tensor in (images.x, images.y):
-        digest.update(np.ascontiguousarray(tensor.numpy()).tobytes())
-    return digest.hexdigest()
-
-
 def pooled(sites: list[Prepared]) -> ImageSet:
     """Every site's training records in one set, in site order (a pooled baseline's data, in-process)."""
     parts = [site.dataset.train.subset(site.split.client_train[0]) for site in sites]
@@ -261,7 +252,7 @@ SITES_FILE = "sites.json"
 
 def site_fingerprints(data: Prepared) -> list[str]:
     """Each site's training records and split, as one hash per site (in-process sites only)."""
-    return [f"{data_hash(site.dataset.train)}:{site.split.hash()}" for site in data.sites or []]
+    return [f"{site.records_hash}:{site.split.hash()}" for site in data.sites or []]
 
 
 def save_sites(data: Prepared, run_dir: Path) -> None:
@@ -286,12 +277,13 @@ def check_sites(data: Prepared, run_dir: Path) -> None:
         raise ConfigError(f"{run_dir}: the run began with {len(saved)} sites, not {len(data.sites)}")
 
 
-def check_greeting_size(dataset: LoadedDataset, max_message_mb: float) -> None:
-    """The server's start-up message to sites with their own data (its test set) fits `max_message_mb`,
-    which every message is held to; else one line saying how large it is, before anything is written."""
-    size = site_greeting(dataset).nbytes
-    if size > max_message_mb * 2**20:
+def checked_greeting(dataset: LoadedDataset, max_message_mb: float) -> Message:
+    """The server's start-up message to sites with their own data (`site_greeting`), held to
+    `max_message_mb` like every message: one line saying how large it is, before anything is written."""
+    greeting = site_greeting(dataset)
+    if greeting.nbytes > max_message_mb * 2**20:
         raise ConfigError(
             f"the server's test set, which its start-up message carries to every site holding its own data, "
-            f"is {size / 2**20:.2f} MiB, over max_message_mb = {max_message_mb:g}: raise max_message_mb"
+            f"is {greeting.nbytes / 2**20:.2f} MiB, over max_message_mb = {max_message_mb:g}: raise it"
         )
+    return greeting

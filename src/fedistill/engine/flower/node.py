@@ -46,7 +46,6 @@ from fedistill.engine.setup import Prepared, check_sets, client_context, prepare
 from fedistill.engine.site_data import (
     DATASET_INFO,
     EVALUATION_SET,
-    data_hash,
     harness_from,
     load_site,
     own_data,
@@ -244,7 +243,7 @@ def site_hello(
     site, _ = node_site(context, config, pid, state_root)
     reply = {
         "metrics": {"partition_id": pid, "num_samples": len(site.split.client_train[0])},
-        "config": {DATA_HASH: data_hash(site.dataset.train)},
+        "config": {DATA_HASH: site.records_hash},
     }
     return Message.build(HELLO, scalars=reply)
 
