@@ -230,3 +230,9 @@ def test_an_instance_map_is_refused_naming_foreground_which_reads_its_objects(tm
     assert objects.info.num_classes == 2 and int(objects.train.y.sum()) == 40 * 4
     with pytest.raises(ConfigError, match="mask-folder option foreground must be true or false"):
         load_dataset("mask-folder", root, image_size=48, foreground="false")
+
+
+def test_image_folder_pointed_at_a_mask_folder_names_mask_folder(tmp_path) -> None:
+    """images/ and masks/ read as two classes would train a classifier of scans against their masks."""
+    with pytest.raises(DataError, match="holds images/ and masks/, the layout of mask-folder"):
+        load_dataset("image-folder", _squares(tmp_path / "d"), channels=1, image_size=16)

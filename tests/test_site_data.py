@@ -595,3 +595,12 @@ def _site_folders_command(tmp_path: Path, capsys, *sets: str) -> list[str]:
     argv += ["--data-dir", str(tmp_path / "own"), "--clients", "2", "--set", "image-folder.image_size=8"]
     assert main([*argv, *(item for s in sets for item in ("--set", s))]) == 0
     return shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_site_folders_name_a_table_of_another_dataset_as_a_run_does(tmp_path, capsys) -> None:
+    """`--set mask-folder.image_size=9` on digits was silently ignored by site-folders; a run refuses it."""
+    argv = ["deploy", "site-folders", "--out", str(tmp_path / "out"), "--clients", "2"]
+    assert main([*argv, "--set", "mask-folder.image_size=9"]) == 2
+    said = capsys.readouterr().err
+    assert "sets options of dataset 'mask-folder', but the run uses dataset 'digits'" in said
+    assert not (tmp_path / "out").exists()

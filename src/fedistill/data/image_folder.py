@@ -157,6 +157,11 @@ def load_image_folder(
     root = Path(data_dir)
     _check_root(root)
     train_classes = _class_dirs(root / "train")
+    if set(train_classes) == {"images", "masks"}:  # else a classifier of scans against their masks
+        raise DataError(
+            f"image-folder: {root / 'train'} holds images/ and masks/, the layout of mask-folder "
+            "(segmentation): use --dataset mask-folder, or put each class's images in a folder named after it"
+        )
     test_classes = _class_dirs(root / "test")
     known = set(train_classes) if names is None else set(names)
     for part, found in (("train", train_classes), ("test", test_classes)):

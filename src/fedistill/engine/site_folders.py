@@ -30,7 +30,7 @@ from tqdm import tqdm
 from fedistill.config import RunConfig, build_config, load_toml, parse_assignment
 from fedistill.data.base import ImageSet
 from fedistill.engine.key_homes import key_homes
-from fedistill.engine.setup import Prepared, prepare_data
+from fedistill.engine.setup import Prepared, check_sections, prepare_data
 from fedistill.engine.summary import partition_text
 from fedistill.errors import ConfigError, DataError
 
@@ -62,6 +62,7 @@ def run_command(args: argparse.Namespace) -> int:
 def write_site_folders(config: RunConfig, out: Path, *, progress: bool = True) -> str:
     """Write the partition `config` makes as a server folder and one folder per site; the command that
     trains on them."""
+    check_sections(config)  # a table of another dataset, a misspelt one: named, as a run names them
     if config.site_data_dir:
         raise ConfigError("site_data_dir is set: those data are per site already; leave it out")
     data = prepare_data(config)
