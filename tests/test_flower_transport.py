@@ -478,6 +478,16 @@ def test_the_simulation_gives_ray_the_usable_cores_and_each_node_its_threads(mon
     assert backend["client_resources"]["num_cpus"] == per_node
 
 
+def test_the_simulation_gives_a_stopping_run_minutes_before_ray_declares_its_node_dead() -> None:
+    """A whole job's SIGTERM (SLURM, systemd) stops Ray's node with the run; with Ray's 5 missed health
+    checks 3 s apart its driver ended the process with exit 1 (not the stop's 143, without its line)
+    while the run was still shutting Ray down under load."""
+    from fedistill.transports.flower import simulation
+
+    system_config = simulation.backend_config(Path("ray-root"))["init_args"]["_system_config"]
+    assert system_config["health_check_failure_threshold"] * 3 >= 120  # seconds, at Ray's 3 s period
+
+
 @pytest.mark.parametrize("value", ["two", 2.5, -1, True])
 def test_a_wrong_thread_count_in_a_node_config_is_named_in_one_line(value) -> None:
     """int() cut 2.5 to 2 and named no key for 'two'; 0 reached torch.set_num_threads, which refused it
