@@ -488,6 +488,15 @@ def test_the_simulation_gives_a_stopping_run_minutes_before_ray_declares_its_nod
     assert system_config["health_check_failure_threshold"] * 3 >= 120  # seconds, at Ray's 3 s period
 
 
+def test_a_simulation_stops_well_within_a_schedulers_grace_period() -> None:
+    """With Ray's control process gone (the whole job signalled), Ray's shutdown spent 5 s trying to send
+    it task events, half of the run's 11 s stop; a scheduler kills a job after its grace period."""
+    from fedistill.transports.flower import simulation
+
+    system_config = simulation.backend_config(Path("ray-root"))["init_args"]["_system_config"]
+    assert system_config["task_events_shutdown_flush_timeout_ms"] <= 1000
+
+
 @pytest.mark.parametrize("value", ["two", 2.5, -1, True])
 def test_a_wrong_thread_count_in_a_node_config_is_named_in_one_line(value) -> None:
     """int() cut 2.5 to 2 and named no key for 'two'; 0 reached torch.set_num_threads, which refused it

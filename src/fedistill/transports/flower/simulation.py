@@ -25,18 +25,22 @@ def usable_cores() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-# Ray's control process declares the (one, local) node dead after this many missed health checks, 3 s
-# apart (Ray's default: 5), and Ray's driver then ends this process at once with exit code 1. A scheduler's
-# SIGTERM to the whole job stops Ray's node before the run: the run's own stop, which shuts Ray down, takes
-# 10-12 s on an idle two-core machine and longer on a loaded one, and must not lose that race.
+# A scheduler's SIGTERM to the whole job (SLURM, systemd) stops Ray's processes with the run, whose own stop
+# then shuts Ray down. Ray's control process declares the (one, local) node dead after this many missed
+# health checks, 3 s apart (Ray's default: 5), and Ray's driver then ends this process at once with exit
+# code 1: the stop must not lose that race on a loaded machine.
 RAY_HEALTH_CHECK_FAILURES = 60
+# How long Ray's shutdown tries to send its task events (for Ray's dashboard, not used here) to a control
+# process that may be gone: Ray's default of 5 s was half of such a stop (11 s, now 4 s on two idle cores),
+# and a scheduler kills a job that has not stopped within its grace period (often 30 s).
+RAY_EVENTS_FLUSH_MS = 200
 
 
 def backend_config(ray_root: Path, threads: int = 1) -> dict[str, Any]:
     """`threads` CPUs per virtual node (the torch threads each node trains on, at most the usable cores),
     so Ray runs as many nodes at once as the cores hold; Ray without its dashboard, quiet, with its
-    session under `ray_root` (how its processes are found when they must be ended), and slow to declare
-    its node dead (see RAY_HEALTH_CHECK_FAILURES)."""
+    session under `ray_root` (how its processes are found when they must be ended), slow to declare its
+    node dead and quick to shut down (see RAY_HEALTH_CHECK_FAILURES)."""
     cpus = usable_cores()
     return {
         "client_resources": {"num_cpus": max(1, min(int(threads), cpus)), "num_gpus": 0.0},
@@ -46,7 +50,10 @@ def backend_config(ray_root: Path, threads: int = 1) -> dict[str, Any]:
             "logging_level": "error",
             "log_to_driver": False,
             "_temp_dir": str(ray_root),
-            "_system_config": {"health_check_failure_threshold": RAY_HEALTH_CHECK_FAILURES},
+            "_system_config": {
+                "health_check_failure_threshold": RAY_HEALTH_CHECK_FAILURES,
+                "task_events_shutdown_flush_timeout_ms": RAY_EVENTS_FLUSH_MS,
+            },
         },
     }
 
