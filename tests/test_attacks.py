@@ -357,7 +357,7 @@ def test_label_inference_on_hand_built_last_layer_gradients() -> None:
     # two classes: the rows are opposite, so the paper's rule (the negative row sum) decides
     grad = (torch.tensor([0.3, 0.7]) - torch.tensor([0.0, 1.0]))[:, None] * torch.tensor([[1.0, 2.0]])
     assert infer_labels(grad).tolist() == [1]
-    # a batch: the classes whose row sums are negative, most negative first
+    # a batch of 2: the two most negative row sums, most negative first
     grad = torch.tensor([[0.2, 0.1], [-0.5, -0.4], [0.3, 0.0], [-0.1, -0.1]])
     assert infer_labels(grad, batch_size=2).tolist() == [1, 3]
 
@@ -387,3 +387,20 @@ def test_a_step_size_or_labels_that_cannot_work_are_named() -> None:
             dlg_attack(model, grads, (1, 1, 8, 8), NUM_CLASSES, iterations=1, lr=lr)
     with pytest.raises(ValueError, match=r"labels must be integer class indices, got torch.float32"):
         idlg_attack(model, grads, (1, 1, 8, 8), NUM_CLASSES, iterations=1, labels=torch.tensor([1.7]))
+
+
+def test_batch_label_inference_gives_the_batch_size_most_negative_rows_as_idlg_uses() -> None:
+    """`infer_labels(grad, B)` returned every class with a negative row sum (2 here, for a batch of 3)
+    while `idlg_attack` took the B most negative; both now give the B most negative, most negative first."""
+    from fedistill.privacy.attacks import _labels_from_gradient
+
+    # row sums -3, 1, -1, 2: classes 0 and 2 sum below zero; a batch of 3 needs one more, class 1
+    grad = torch.tensor([[-2.0, -1.0], [0.5, 0.5], [-1.5, 0.5], [1.0, 1.0]])
+    assert infer_labels(grad, batch_size=3).tolist() == [0, 2, 1]
+    assert infer_labels(grad, batch_size=2).tolist() == [0, 2]
+    model = nn.Linear(2, 4, bias=False)
+    for batch in (2, 3, 4):
+        expected = infer_labels(grad, batch_size=batch).tolist()
+        assert _labels_from_gradient(model, [grad], 4, batch, None).tolist() == expected
+    with pytest.raises(ValueError, match=r"a batch of 5 is larger than the 4 classes"):
+        infer_labels(grad, batch_size=5)

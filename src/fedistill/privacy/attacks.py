@@ -130,9 +130,13 @@ def infer_labels(last_weight_grad: torch.Tensor, batch_size: int = 1) -> torch.T
     class's row is the one pointing against all the others, whatever the sign of ``h``: exact for three
     classes or more. (The paper's "the row that sums below zero" assumes ``h >= 0``, after Sigmoid or
     ReLU; a head whose last layer follows a linear one breaks it, and it then names the most likely wrong
-    class.) With two classes the two rows are opposite and the paper's rule decides. For
-    ``batch_size > 1`` this returns the classes whose row sum is negative, most negative first: the usual
-    heuristic, which misses repeated labels and can include classes the model is very unsure about.
+    class.) With two classes the two rows are opposite and the paper's rule decides.
+
+    For ``batch_size = B > 1`` this returns ``B`` distinct classes, the most negative row sums first: the
+    labels `idlg_attack` gives its ``B`` dummies. With ``h >= 0`` a negative row sum means the class is in
+    the batch, so the negative rows come first; where fewer than ``B`` rows are negative (repeated labels,
+    or a class outweighed by the other samples' predictions) the rest are the least positive rows, guesses.
+    One label per class: ``B`` may not exceed the classes.
     """
     if last_weight_grad.dim() != 2:
         raise ValueError(f"expected a 2-D weight gradient, got shape {tuple(last_weight_grad.shape)}")
@@ -146,8 +150,12 @@ def infer_labels(last_weight_grad: torch.Tensor, batch_size: int = 1) -> torch.T
         if len(alone) == 1:
             return alone[0].nonzero().reshape(1)
         return row_sums.argmin().reshape(1)
-    order = row_sums.argsort()
-    return order[row_sums[order] < 0]
+    if batch_size > last_weight_grad.shape[0]:
+        raise ValueError(
+            f"iDLG reads at most one label per class: a batch of {batch_size} is larger than the "
+            f"{last_weight_grad.shape[0]} classes; pass labels="
+        )
+    return row_sums.argsort()[:batch_size]
 
 
 def dlg_attack(
@@ -295,15 +303,7 @@ def _labels_from_gradient(
                 "pass labels= or last_weight="
             )
         index = candidates[-1]
-    grad = grads[index]
-    if batch == 1:
-        return infer_labels(grad, 1)
-    if batch > grad.shape[0]:
-        raise ValueError(
-            f"iDLG reads at most one label per class: a batch of {batch} is larger than the "
-            f"{grad.shape[0]} classes; pass labels="
-        )
-    return grad.sum(dim=1).argsort()[:batch]
+    return infer_labels(grads[index], batch)
 
 
 @contextlib.contextmanager
