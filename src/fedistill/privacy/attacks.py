@@ -211,14 +211,16 @@ def idlg_attack(
 ) -> AttackResult:
     """iDLG: read the label off the last layer's gradient, then optimise only the input.
 
-    The last layer's weight is the last matched 2-D parameter with ``num_classes`` rows, or the parameter
-    named ``last_weight``. For ``B > 1`` the ``B`` classes with the most negative row sums are used (see
-    `infer_labels`; one label per class, so ``B`` may not exceed the classes); pass ``labels`` to skip
-    inference. Other arguments as in `dlg_attack`.
+    The last layer is the ``nn.Linear`` whose output is the model's output (found by running the model once
+    on a zero input in eval mode), or the parameter named ``last_weight``. A reply without that layer's
+    gradient raises `NoLastLayerError`. Where no ``nn.Linear`` gives the output (a functional head), the
+    one observed 2-D gradient with ``num_classes`` rows is used, and several are refused by name. For
+    ``B > 1`` the ``B`` classes with the most negative row sums are used (`infer_labels`; ``B`` may not
+    exceed the classes); pass ``labels`` to skip inference. Other arguments as in `dlg_attack`.
     """
     batch = _batch_size(input_shape)
     if labels is None:
-        labels = _labels_from_gradient(model, observed, num_classes, batch, last_weight)
+        labels = _labels_from_gradient(model, observed, num_classes, input_shape, last_weight)
     elif labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         raise ValueError(f"labels must be integer class indices, got {labels.dtype}")
     like = _align(model, observed)[1][0]
@@ -288,22 +290,68 @@ def _align(model: nn.Module, observed: Gradients) -> tuple[list[str], list[nn.Pa
 
 
 def _labels_from_gradient(
-    model: nn.Module, observed: Gradients, num_classes: int, batch: int, last_weight: str | None
+    model: nn.Module,
+    observed: Gradients,
+    num_classes: int,
+    input_shape: Sequence[int],
+    last_weight: str | None,
 ) -> torch.Tensor:
     names, params, grads = _align(model, observed)
-    if last_weight is not None:
-        if last_weight not in names:
-            raise KeyError(f"last_weight {last_weight!r} is not among the observed gradients")
-        index = names.index(last_weight)
-    else:
-        candidates = [i for i, p in enumerate(params) if p.dim() == 2 and p.shape[0] == num_classes]
+    if last_weight is not None and last_weight not in names:
+        raise KeyError(f"last_weight {last_weight!r} is not among the observed gradients")
+    if last_weight is None:
+        last_weight = _output_layer_weight(model, input_shape, params[0])
+    if last_weight is None:
+        candidates = [
+            n for n, p in zip(names, params, strict=True) if p.dim() == 2 and p.shape[0] == num_classes
+        ]
         if not candidates:
             raise NoLastLayerError(
                 f"no last layer: no observed 2-D gradient has {num_classes} rows to read labels from; "
                 "pass labels= or last_weight="
             )
-        index = candidates[-1]
-    return infer_labels(grads[index], batch)
+        if len(candidates) > 1:
+            raise ValueError(
+                "cannot tell the last layer: no nn.Linear gives the model's output, and the observed "
+                f"gradients of {', '.join(repr(n) for n in candidates)} all have {num_classes} rows; "
+                "pass last_weight= or labels="
+            )
+        last_weight = candidates[0]
+    elif last_weight not in names:
+        raise NoLastLayerError(
+            f"no last layer: the observed gradients hold none of the model's output layer {last_weight!r} "
+            "to read labels from; pass labels="
+        )
+    return infer_labels(grads[names.index(last_weight)], _batch_size(input_shape))
+
+
+def _output_layer_weight(model: nn.Module, input_shape: Sequence[int], like: torch.Tensor) -> str | None:
+    """The parameter name of the weight of the ``nn.Linear`` whose output is the model's output, or None
+    when no ``nn.Linear`` gives it. The model runs once on one zero input, in eval mode (its mode restored;
+    eval leaves BatchNorm's statistics alone)."""
+    outputs: list[tuple[nn.Linear, torch.Tensor]] = []
+
+    def hook(module: nn.Module, _inputs: object, out: torch.Tensor) -> None:
+        outputs.append((module, out))  # type: ignore[arg-type]
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.Linear)]
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(torch.zeros((1, *input_shape[1:]), dtype=like.dtype, device=like.device))
+    finally:
+        for m, training in modes:
+            m.training = training
+        for handle in handles:
+            handle.remove()
+    if not isinstance(out, torch.Tensor):
+        return None
+    # the same storage and size: the layer's output itself, or a view of it (a reshape, an identity)
+    last = [m for m, o in outputs if o.data_ptr() == out.data_ptr() and o.numel() == out.numel()]
+    if not last:
+        return None
+    return next((name for name, p in model.named_parameters() if p is last[-1].weight), None)
 
 
 @contextlib.contextmanager
