@@ -45,7 +45,7 @@ from fedistill.reproduce.privacy_attacks import (
     run_dataset_variant,
     save_grids,
 )
-from fedistill.reproduce.privacy_report import NOTES, cell, write_report
+from fedistill.reproduce.privacy_report import NOTES, cell, images_note, write_report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default="relu,sigmoid,dlg")
     parser.add_argument("--methods", default="fedavg,fedper,lgfedavg,fedmdcg,fediod")
     parser.add_argument(
-        "--images", type=int, default=8, help="private images attacked per dataset and setting"
+        "--images",
+        type=int,
+        default=8,
+        help="private images attacked per dataset and setting (multi-step FedAvg and FedMD-CG attack whole "
+        "clients only, FedIOD at least 2: a row that attacked another number says so)",
     )
     parser.add_argument(
         "--multi-steps", type=int, default=4, help="local steps of the multi-step FedAvg update"
@@ -106,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 setting: {
                     "scores": {a: s.summary() for a, s in entry["scores"].items()},
                     "kinds_sent": entry.get("kinds", []),
+                    **({"images": entry["images"]} if "images" in entry else {}),
                     **(
                         {"gradient_check_max": entry["gradient_check_max"]}
                         if entry.get("gradient_check_max") is not None
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{a} {cell(s)}" + (f" ({s['note'].removeprefix('n/a: ')})" if s.get("note") else "")
                     for a, s in entry["scores"].items()
                 )
-                print(f"  {setting}: {cells}", flush=True)
+                print(f"  {setting}: {cells}{images_note(setting, entry, vars(args))}", flush=True)
     settings_line = (
         f"images={args.images}, multi-step FedAvg={max(1, min(args.multi_steps, args.images))} steps of batch 1, "
         f"DLG/iDLG {args.iterations} L-BFGS steps, FedIOD inversion {args.fediod_iterations} Adam steps "

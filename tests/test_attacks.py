@@ -14,6 +14,7 @@ from torch import nn
 
 from fedistill.metrics.image_quality import best_match_psnr, psnr, save_image_grid, ssim
 from fedistill.privacy.attacks import (
+    NoLastLayerError,
     dlg_attack,
     idlg_attack,
     infer_labels,
@@ -133,7 +134,7 @@ def test_idlg_reads_every_label_off_the_dlg_variant_of_the_project_lenet() -> No
     for i in range(10):
         x, y = to_float(digits.train.x[i : i + 1], digits.info), digits.train.y[i : i + 1]
         grads = client_gradient(model, x, y)
-        assert _labels_from_gradient(model, grads, 10, 1, None).tolist() == y.tolist()
+        assert _labels_from_gradient(model, grads, 10, x.shape, None).tolist() == y.tolist()
 
 
 def test_idlg_reconstructs_with_the_inferred_label() -> None:
@@ -357,7 +358,7 @@ def test_label_inference_on_hand_built_last_layer_gradients() -> None:
     # two classes: the rows are opposite, so the paper's rule (the negative row sum) decides
     grad = (torch.tensor([0.3, 0.7]) - torch.tensor([0.0, 1.0]))[:, None] * torch.tensor([[1.0, 2.0]])
     assert infer_labels(grad).tolist() == [1]
-    # a batch: the classes whose row sums are negative, most negative first
+    # a batch of 2: the two most negative row sums, most negative first
     grad = torch.tensor([[0.2, 0.1], [-0.5, -0.4], [0.3, 0.0], [-0.1, -0.1]])
     assert infer_labels(grad, batch_size=2).tolist() == [1, 3]
 
@@ -387,3 +388,69 @@ def test_a_step_size_or_labels_that_cannot_work_are_named() -> None:
             dlg_attack(model, grads, (1, 1, 8, 8), NUM_CLASSES, iterations=1, lr=lr)
     with pytest.raises(ValueError, match=r"labels must be integer class indices, got torch.float32"):
         idlg_attack(model, grads, (1, 1, 8, 8), NUM_CLASSES, iterations=1, labels=torch.tensor([1.7]))
+
+
+def test_batch_label_inference_gives_the_batch_size_most_negative_rows_as_idlg_uses() -> None:
+    """`infer_labels(grad, B)` returned every class with a negative row sum (2 here, for a batch of 3)
+    while `idlg_attack` took the B most negative; both now give the B most negative, most negative first."""
+    from fedistill.privacy.attacks import _labels_from_gradient
+
+    # row sums -3, 1, -1, 2: classes 0 and 2 sum below zero; a batch of 3 needs one more, class 1
+    grad = torch.tensor([[-2.0, -1.0], [0.5, 0.5], [-1.5, 0.5], [1.0, 1.0]])
+    assert infer_labels(grad, batch_size=3).tolist() == [0, 2, 1]
+    assert infer_labels(grad, batch_size=2).tolist() == [0, 2]
+    model = nn.Linear(2, 4, bias=False)
+    for batch in (2, 3, 4):
+        expected = infer_labels(grad, batch_size=batch).tolist()
+        assert _labels_from_gradient(model, [grad], 4, (batch, 2), None).tolist() == expected
+    with pytest.raises(ValueError, match=r"a batch of 5 is larger than the 4 classes"):
+        infer_labels(grad, batch_size=5)
+
+
+class _HeadFirst(nn.Module):
+    """A hidden layer as wide as the classes, registered after the classifier: the last 2-D parameter with
+    NUM_CLASSES rows is then the hidden layer's, not the classifier's."""
+
+    def __init__(self, functional_head: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.functional_head = functional_head
+        if functional_head:
+            self.head = nn.Parameter(torch.randn(NUM_CLASSES, NUM_CLASSES) * 0.3)
+        else:
+            self.classifier = nn.Linear(NUM_CLASSES, NUM_CLASSES)
+        self.features = nn.Sequential(nn.Flatten(), nn.Linear(64, NUM_CLASSES), nn.Sigmoid())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.features(x)
+        return F.linear(h, self.head) if self.functional_head else self.classifier(h)
+
+
+def test_idlg_reads_the_label_off_the_layer_that_gives_the_outputs() -> None:
+    """iDLG took the last 2-D gradient with NUM_CLASSES rows, here a hidden layer, and read wrong labels;
+    it now reads the layer whose output is the model's output."""
+    from fedistill.privacy.attacks import _labels_from_gradient
+
+    model = _HeadFirst()
+    shape = (1, 1, 8, 8)
+    for label in range(NUM_CLASSES):
+        grads = client_gradient(model, structured_image(60 + label), torch.tensor([label]))
+        assert _labels_from_gradient(model, grads, NUM_CLASSES, shape, None).tolist() == [label]
+    # a reply without the output layer holds no label, even with another NUM_CLASSES-row gradient in it
+    named = dict(zip((n for n, _ in model.named_parameters()), grads, strict=True))
+    hidden = {n: g for n, g in named.items() if n.startswith("features.")}
+    with pytest.raises(NoLastLayerError, match=r"classifier\.weight"):
+        idlg_attack(model, hidden, shape, NUM_CLASSES, iterations=1)
+
+
+def test_idlg_refuses_to_guess_between_several_possible_last_layers() -> None:
+    """When no layer's output is the model's output (a functional head) and two gradients have
+    NUM_CLASSES rows, the lookup names both and asks for last_weight= instead of taking the last one."""
+    from fedistill.privacy.attacks import _labels_from_gradient
+
+    model = _HeadFirst(functional_head=True)
+    shape = (1, 1, 8, 8)
+    grads = client_gradient(model, structured_image(70), torch.tensor([4]))
+    with pytest.raises(ValueError, match=r"'head', 'features\.1\.weight'.*pass last_weight="):
+        _labels_from_gradient(model, grads, NUM_CLASSES, shape, None)
+    assert _labels_from_gradient(model, grads, NUM_CLASSES, shape, "head").tolist() == [4]

@@ -335,3 +335,45 @@ def test_a_perfect_reconstruction_is_written_as_valid_json_and_read_as_infinite(
         assert cell(back) == "∞ / 0.75"
     finite = Score([20.0, 30.0], [1.0, 0.5]).summary()
     assert (finite["psnr_mean"], "psnr_infinite" in finite, cell(finite)) == (25.0, False, "25.0 / 0.75")
+
+
+def test_every_row_states_how_many_images_it_attacked(tmp_path) -> None:
+    """Multi-step FedAvg attacks whole clients of `--multi-steps` images and FedMD-CG batches of 2: with
+    `--images 3 --multi-steps 2` both attacked 2 images while the report said 3 for every setting. Each
+    row now carries the count it attacked, and the report names it where it differs from `--images`."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import privacy_attacks
+
+    args = ["--datasets", "digits", "--variants", "dlg", "--methods", "fedavg,fedmdcg", "--images", "3"]
+    assert (
+        privacy_attacks.main([*args, "--multi-steps", "2", "--iterations", "1", "--out", str(tmp_path)]) == 0
+    )
+    results = json.loads((tmp_path / "privacy_attacks.json").read_text())["results"]["digits"]["dlg"]
+    attacked = {setting: entry["images"] for setting, entry in results.items() if "images" in entry}
+    assert attacked == {
+        "fedavg-1step": 3,
+        "fedavg-multistep": 2,
+        "fedmdcg/known-extractor": 2,
+        "fedmdcg/unknown-extractor": 2,
+    }
+    rows = {
+        line.split("|")[1].strip(" `"): line
+        for line in (tmp_path / "privacy_attacks.md").read_text().splitlines()
+        if line.startswith("| `")
+    }
+    assert "images attacked" not in rows["fedavg-1step"]
+    assert "2 images attacked, not 3: whole clients of 2 steps" in rows["fedavg-multistep"]
+    for knowledge in ("known", "unknown"):
+        assert "2 images attacked, not 3: whole batches of 2" in rows[f"fedmdcg/{knowledge}-extractor"]
+    # FedIOD on one image attacks two (its D-step needs a batch of 2); a row that attacked none is n/a
+    from fedistill.reproduce.privacy_report import images_note
+
+    one = {"images": 1, "multi_steps": 4}
+    assert images_note("fediod/dstep-inversion", {"images": 2}, one) == (
+        "; 2 images attacked, not 1: its D-step needs a batch of 2 or more"
+    )
+    assert images_note("fedmdcg/known-extractor", {"images": 0}, one) == ""

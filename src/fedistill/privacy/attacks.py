@@ -130,9 +130,13 @@ def infer_labels(last_weight_grad: torch.Tensor, batch_size: int = 1) -> torch.T
     class's row is the one pointing against all the others, whatever the sign of ``h``: exact for three
     classes or more. (The paper's "the row that sums below zero" assumes ``h >= 0``, after Sigmoid or
     ReLU; a head whose last layer follows a linear one breaks it, and it then names the most likely wrong
-    class.) With two classes the two rows are opposite and the paper's rule decides. For
-    ``batch_size > 1`` this returns the classes whose row sum is negative, most negative first: the usual
-    heuristic, which misses repeated labels and can include classes the model is very unsure about.
+    class.) With two classes the two rows are opposite and the paper's rule decides.
+
+    For ``batch_size = B > 1`` this returns ``B`` distinct classes, the most negative row sums first: the
+    labels `idlg_attack` gives its ``B`` dummies. With ``h >= 0`` a negative row sum means the class is in
+    the batch, so the negative rows come first; where fewer than ``B`` rows are negative (repeated labels,
+    or a class outweighed by the other samples' predictions) the rest are the least positive rows, guesses.
+    One label per class: ``B`` may not exceed the classes.
     """
     if last_weight_grad.dim() != 2:
         raise ValueError(f"expected a 2-D weight gradient, got shape {tuple(last_weight_grad.shape)}")
@@ -146,8 +150,12 @@ def infer_labels(last_weight_grad: torch.Tensor, batch_size: int = 1) -> torch.T
         if len(alone) == 1:
             return alone[0].nonzero().reshape(1)
         return row_sums.argmin().reshape(1)
-    order = row_sums.argsort()
-    return order[row_sums[order] < 0]
+    if batch_size > last_weight_grad.shape[0]:
+        raise ValueError(
+            f"iDLG reads at most one label per class: a batch of {batch_size} is larger than the "
+            f"{last_weight_grad.shape[0]} classes; pass labels="
+        )
+    return row_sums.argsort()[:batch_size]
 
 
 def dlg_attack(
@@ -203,14 +211,16 @@ def idlg_attack(
 ) -> AttackResult:
     """iDLG: read the label off the last layer's gradient, then optimise only the input.
 
-    The last layer's weight is the last matched 2-D parameter with ``num_classes`` rows, or the parameter
-    named ``last_weight``. For ``B > 1`` the ``B`` classes with the most negative row sums are used (see
-    `infer_labels`; one label per class, so ``B`` may not exceed the classes); pass ``labels`` to skip
-    inference. Other arguments as in `dlg_attack`.
+    The last layer is the ``nn.Linear`` whose output is the model's output (found by running the model once
+    on a zero input in eval mode), or the parameter named ``last_weight``. A reply without that layer's
+    gradient raises `NoLastLayerError`. Where no ``nn.Linear`` gives the output (a functional head), the
+    one observed 2-D gradient with ``num_classes`` rows is used, and several are refused by name. For
+    ``B > 1`` the ``B`` classes with the most negative row sums are used (`infer_labels`; ``B`` may not
+    exceed the classes); pass ``labels`` to skip inference. Other arguments as in `dlg_attack`.
     """
     batch = _batch_size(input_shape)
     if labels is None:
-        labels = _labels_from_gradient(model, observed, num_classes, batch, last_weight)
+        labels = _labels_from_gradient(model, observed, num_classes, input_shape, last_weight)
     elif labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
         raise ValueError(f"labels must be integer class indices, got {labels.dtype}")
     like = _align(model, observed)[1][0]
@@ -280,30 +290,68 @@ def _align(model: nn.Module, observed: Gradients) -> tuple[list[str], list[nn.Pa
 
 
 def _labels_from_gradient(
-    model: nn.Module, observed: Gradients, num_classes: int, batch: int, last_weight: str | None
+    model: nn.Module,
+    observed: Gradients,
+    num_classes: int,
+    input_shape: Sequence[int],
+    last_weight: str | None,
 ) -> torch.Tensor:
     names, params, grads = _align(model, observed)
-    if last_weight is not None:
-        if last_weight not in names:
-            raise KeyError(f"last_weight {last_weight!r} is not among the observed gradients")
-        index = names.index(last_weight)
-    else:
-        candidates = [i for i, p in enumerate(params) if p.dim() == 2 and p.shape[0] == num_classes]
+    if last_weight is not None and last_weight not in names:
+        raise KeyError(f"last_weight {last_weight!r} is not among the observed gradients")
+    if last_weight is None:
+        last_weight = _output_layer_weight(model, input_shape, params[0])
+    if last_weight is None:
+        candidates = [
+            n for n, p in zip(names, params, strict=True) if p.dim() == 2 and p.shape[0] == num_classes
+        ]
         if not candidates:
             raise NoLastLayerError(
                 f"no last layer: no observed 2-D gradient has {num_classes} rows to read labels from; "
                 "pass labels= or last_weight="
             )
-        index = candidates[-1]
-    grad = grads[index]
-    if batch == 1:
-        return infer_labels(grad, 1)
-    if batch > grad.shape[0]:
-        raise ValueError(
-            f"iDLG reads at most one label per class: a batch of {batch} is larger than the "
-            f"{grad.shape[0]} classes; pass labels="
+        if len(candidates) > 1:
+            raise ValueError(
+                "cannot tell the last layer: no nn.Linear gives the model's output, and the observed "
+                f"gradients of {', '.join(repr(n) for n in candidates)} all have {num_classes} rows; "
+                "pass last_weight= or labels="
+            )
+        last_weight = candidates[0]
+    elif last_weight not in names:
+        raise NoLastLayerError(
+            f"no last layer: the observed gradients hold none of the model's output layer {last_weight!r} "
+            "to read labels from; pass labels="
         )
-    return grad.sum(dim=1).argsort()[:batch]
+    return infer_labels(grads[names.index(last_weight)], _batch_size(input_shape))
+
+
+def _output_layer_weight(model: nn.Module, input_shape: Sequence[int], like: torch.Tensor) -> str | None:
+    """The parameter name of the weight of the ``nn.Linear`` whose output is the model's output, or None
+    when no ``nn.Linear`` gives it. The model runs once on one zero input, in eval mode (its mode restored;
+    eval leaves BatchNorm's statistics alone)."""
+    outputs: list[tuple[nn.Linear, torch.Tensor]] = []
+
+    def hook(module: nn.Module, _inputs: object, out: torch.Tensor) -> None:
+        outputs.append((module, out))  # type: ignore[arg-type]
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.Linear)]
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(torch.zeros((1, *input_shape[1:]), dtype=like.dtype, device=like.device))
+    finally:
+        for m, training in modes:
+            m.training = training
+        for handle in handles:
+            handle.remove()
+    if not isinstance(out, torch.Tensor):
+        return None
+    # the same storage and size: the layer's output itself, or a view of it (a reshape, an identity)
+    last = [m for m, o in outputs if o.data_ptr() == out.data_ptr() and o.numel() == out.numel()]
+    if not last:
+        return None
+    return next((name for name, p in model.named_parameters() if p is last[-1].weight), None)
 
 
 @contextlib.contextmanager

@@ -88,7 +88,11 @@ OBSERVED = {
 
 def run_dataset_variant(setup: Setup) -> dict[str, Any]:
     """Every asked setting on one dataset and variant (`setup.args`: `images`, `multi_steps`, `methods`),
-    each on private images of its own, then the mean-image reference against every attacked image."""
+    each on private images of its own, then the mean-image reference against every attacked image.
+
+    Each attacked setting records ``images``, the number it attacked: fewer than ``images`` where whole
+    clients do not fit (multi-step FedAvg: clients of ``multi_steps`` images; FedMD-CG: batches of 2), more
+    for FedIOD on one image (its D-step needs a batch of 2)."""
     args = setup.args
     n = args.images
     steps = max(1, min(args.multi_steps, n))
@@ -102,6 +106,7 @@ def run_dataset_variant(setup: Setup) -> dict[str, Any]:
         results[setting] = {
             "scores": scores,
             "truth": torch.cat([e["truth"] for e in entries]),
+            "images": sum(len(e["truth"]) for e in entries),
             "gradient_check_max": max(checks) if checks else None,
             "kinds": entries[0]["kinds"],
         }
@@ -119,7 +124,11 @@ def run_dataset_variant(setup: Setup) -> dict[str, Any]:
                 note = "n/a: FedMD-CG's setting needs images >= 2 (a batch of 2)"
                 for knowledge in ("known", "unknown"):
                     scores = {a: Score([], [], note=note) for a in ("dlg", "idlg")}
-                    results[f"{algorithm}/{knowledge}-{private_part}"] = {"scores": scores, "kinds": []}
+                    results[f"{algorithm}/{knowledge}-{private_part}"] = {
+                        "scores": scores,
+                        "images": 0,
+                        "kinds": [],
+                    }
                 continue
             out, offset = partial_setting(setup, algorithm, n // batch, batch, offset)
             for knowledge in ("known", "unknown"):
@@ -130,6 +139,7 @@ def run_dataset_variant(setup: Setup) -> dict[str, Any]:
             results[f"fediod/{name}"] = {
                 "scores": {"attack": entry["score"]},
                 "truth": entry["truth"],
+                "images": len(entry["truth"]),
                 "replay_error": entry.get("replay_error"),
                 "kinds": entry["kinds"],
             }

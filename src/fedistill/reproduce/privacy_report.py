@@ -21,6 +21,24 @@ def cell(summary: dict[str, Any] | None) -> str:
     return f"{summary['psnr_mean']:.1f} / {summary['ssim_mean']:.2f}"
 
 
+def images_note(setting: str, entry: dict[str, Any], settings: dict[str, Any]) -> str:
+    """``"; N images attacked, not M: why"`` for a setting that attacked another number of images than
+    ``settings["images"]`` asked (whole clients only: multi-step FedAvg's of ``multi_steps`` images,
+    FedMD-CG's batches of 2; FedIOD's D-step needs 2), else ``""``; also ``""`` for a setting that
+    attacked none (its cells are n/a and say why)."""
+    attacked, asked = entry.get("images"), settings["images"]
+    if not attacked or attacked == asked:
+        return ""
+    steps = max(1, min(settings["multi_steps"], asked))
+    why = {
+        "fedavg-multistep": f"whole clients of {steps} steps",
+        "fedmdcg": "whole batches of 2",
+        "fediod": "its D-step needs a batch of 2 or more",
+    }
+    reason = why.get(setting, why.get(setting.split("/")[0], ""))
+    return f"; {attacked} images attacked, not {asked}" + (f": {reason}" if reason else "")
+
+
 def write_report(data: dict[str, Any], path_md: Path) -> None:
     """The Markdown report of a results record (`data`, as the JSON holds it) at ``path_md``."""
     args = data["settings"]
@@ -28,7 +46,8 @@ def write_report(data: dict[str, Any], path_md: Path) -> None:
         "# Gradient inversion against what clients send",
         "",
         "`benchmarks/privacy_attacks.py`; FedMD-CG's Table 2 (DLG PSNR) extended with FedIOD. "
-        f"{args['images']} private images per dataset and setting; cells are **PSNR dB / SSIM** of the "
+        f"{args['images']} private images per dataset and setting (a row that attacked another number "
+        "says so); cells are **PSNR dB / SSIM** of the "
         "reconstruction against the client's actual batch (best one-to-one match, images in [0, 1]), mean "
         "over images. Higher = more leakage. Compare every cell with `reference/mean-image` (an attacker "
         "who knows only the data distribution): at or below it nothing was recovered.",
@@ -65,6 +84,8 @@ def write_report(data: dict[str, Any], path_md: Path) -> None:
             if not any(setting in by_variant[v] for v in variants):
                 continue
             cells = []
+            # the same images for every variant: the first variant's count speaks for the row
+            note = images_note(setting, by_variant[variants[0]].get(setting, {}), args)
             for v in variants:
                 entry = by_variant[v].get(setting)
                 if entry is None:
@@ -81,7 +102,7 @@ def write_report(data: dict[str, Any], path_md: Path) -> None:
                 or setting.endswith("unknown-extractor")
             )
             lines.append(
-                f"| `{setting}` | {OBSERVED[setting]} | "
+                f"| `{setting}` | {OBSERVED[setting]}{note} | "
                 + " | ".join(cells)
                 + f" | {paper if show_paper else ''} |"
             )
