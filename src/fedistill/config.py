@@ -66,7 +66,9 @@ class RunConfig:
     # seconds a Flower server waits for every site's node to connect (a deployment's sites may start later)
     connect_timeout: float = 300.0
     max_message_mb: float = 512.0  # size cap on one message in MiB (2^20 bytes; printed sizes are MB of 10^6)
-    threads: int = 0  # torch intra-op threads; 0: leave torch's default
+    # torch intra-op threads; 0: leave torch's default. At most MAX_THREADS on any machine, so a run made on a
+    # large one resumes on a small one (more threads than cores only runs slower)
+    threads: int = 0
     device: str = "auto"  # auto (CUDA, else MPS, else CPU) | cpu | cuda | cuda:N | mps (fedistill/devices.py)
     stage1_cache: bool = True  # reuse a site's stage-1 model when a run needs exactly it (stage1.py)
     cache_dir: str = ""  # where sites keep stage-1 models; "": `.cache` beside the run directory (in --out)
@@ -96,6 +98,11 @@ class RunConfig:
 
 
 _COMMON = {f.name: f for f in fields(RunConfig) if f.name != "options"}
+
+#: The most `threads` a run may name: more than any CPU has cores, and a fixed bound rather than this
+#: machine's core count, so a config accepted on one machine is accepted (and resumes) on every other. Each
+#: thread is an OS thread; 100000 of them exhausted the process's memory and crashed a later import.
+MAX_THREADS = 1024
 #: Keys whose options have a table of their own: a TOML file cannot hold `partition = "iid"` and a
 #: `[partition]` table, and config.toml must hold both.
 TABLE_HINTS = {
@@ -312,6 +319,11 @@ def validate(config: RunConfig) -> None:
         ),
         (c.max_message_mb > 0, f"max_message_mb must be > 0, got {c.max_message_mb}"),
         (c.threads >= 0, f"threads = {c.threads}: use 0 (torch's default) or a positive number of threads"),
+        (
+            c.threads <= MAX_THREADS,
+            f"threads = {c.threads}: at most {MAX_THREADS} (more than any CPU has cores; each thread is an "
+            "OS thread, and a count this large exhausts memory)",
+        ),
         (c.augment in ("auto", "on", "off"), f"augment must be auto, on or off, got {c.augment!r}"),
         (
             c.val_mode in ("auto", "random", "tail", "subjects"),
