@@ -54,6 +54,8 @@ class RunConfig:
     momentum: float = 0.0
     weight_decay: float = 0.0
     augment: str = "auto"  # auto (the dataset's usual augmentation) | on | off
+    # the one seed of the run (partition, initialisation, sampling, client order): a whole number in
+    # 0..2**63 - 1, the largest a TOML file such as config.toml holds
     seed: int = 0
     out: str = "runs"
     # run directory name; empty: <dataset>-<time> (the local date and time it started; -2, -3, ... added
@@ -103,6 +105,9 @@ _COMMON = {f.name: f for f in fields(RunConfig) if f.name != "options"}
 #: machine's core count, so a config accepted on one machine is accepted (and resumes) on every other. Each
 #: thread is an OS thread; 100000 of them exhausted the process's memory and crashed a later import.
 MAX_THREADS = 1024
+
+#: The largest seed: TOML integers are signed 64-bit, and a run's config.toml holds its seed.
+MAX_SEED = 2**63 - 1
 #: Keys whose options have a table of their own: a TOML file cannot hold `partition = "iid"` and a
 #: `[partition]` table, and config.toml must hold both.
 TABLE_HINTS = {
@@ -323,6 +328,11 @@ def validate(config: RunConfig) -> None:
             c.threads <= MAX_THREADS,
             f"threads = {c.threads}: at most {MAX_THREADS} (more than any CPU has cores; each thread is an "
             "OS thread, and a count this large exhausts memory)",
+        ),
+        (
+            0 <= c.seed <= MAX_SEED,
+            f"seed = {c.seed}: use a whole number in 0..{MAX_SEED} (TOML integers are signed 64-bit, and "
+            "config.toml must hold the seed)",
         ),
         (c.augment in ("auto", "on", "off"), f"augment must be auto, on or off, got {c.augment!r}"),
         (
