@@ -68,8 +68,8 @@ class RunConfig:
     # seconds a Flower server waits for every site's node to connect (a deployment's sites may start later)
     connect_timeout: float = 300.0
     max_message_mb: float = 512.0  # size cap on one message in MiB (2^20 bytes; printed sizes are MB of 10^6)
-    # torch intra-op threads; 0: leave torch's default. At most MAX_THREADS on any machine, so a run made on a
-    # large one resumes on a small one (more threads than cores only runs slower)
+    # torch intra-op threads, 0 (torch's default) to 1024: a fixed bound rather than this machine's cores, so
+    # a run made on a large machine resumes on a small one (more threads than cores only runs slower)
     threads: int = 0
     device: str = "auto"  # auto (CUDA, else MPS, else CPU) | cpu | cuda | cuda:N | mps (fedistill/devices.py)
     stage1_cache: bool = True  # reuse a site's stage-1 model when a run needs exactly it (stage1.py)
