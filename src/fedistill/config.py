@@ -101,13 +101,13 @@ class RunConfig:
 
 _COMMON = {f.name: f for f in fields(RunConfig) if f.name != "options"}
 
-#: The most `threads` a run may name: more than any CPU has cores, and a fixed bound rather than this
-#: machine's core count, so a config accepted on one machine is accepted (and resumes) on every other. Each
-#: thread is an OS thread; 100000 of them exhausted the process's memory and crashed a later import.
+#: The most `threads` a run may name: more than any CPU has cores, and fixed (not this machine's cores) so a
+#: config accepted on one machine resumes on any other. 100000 OS threads exhausted a process's memory.
 MAX_THREADS = 1024
 
 #: The largest seed: TOML integers are signed 64-bit, and a run's config.toml holds its seed.
 MAX_SEED = 2**63 - 1
+
 #: Keys whose options have a table of their own: a TOML file cannot hold `partition = "iid"` and a
 #: `[partition]` table, and config.toml must hold both.
 TABLE_HINTS = {
@@ -391,22 +391,26 @@ def options_for(
     return options
 
 
-def check_dataset_table(config: RunConfig, takes: Collection[str], homes: Homes | None = None) -> None:
-    """A key of the dataset's table that the dataset does not take (`takes`) but the top level or another
-    table of `homes` does is refused with where it belongs; any other key is left to the loader's error."""
+def check_dataset_table(
+    config: RunConfig, takes: Collection[str], homes: Homes | None = None, table: str = ""
+) -> None:
+    """A key of the dataset's table (named as written: `table`, an alias such as fmnist) that the dataset does
+    not take (`takes`) but another table of `homes` or the top level does is refused naming where it goes."""
     name = config.dataset
+    written = table or name
+    alias = "" if written == name else f" ([{written}] is the table of dataset {name} under an alias)"
     for key, value in config.options.get(name, {}).items():
         if key in takes:
             continue
         if key in _COMMON:
             raise ConfigError(
-                f"{name}.{key}: {key} is a common key, not an option of dataset {name}: write "
-                f"{key}={toml_literal(value)} at the top level, outside [{name}]"
+                f"{written}.{key}: {key} is a common key, not an option of dataset {name}{alias}: write "
+                f"{key}={toml_literal(value)} at the top level, outside [{written}]"
             )
         where = _where(key, value, homes, (config.algorithm, name), table=name)
         if where:
             raise ConfigError(
-                f"unknown config key '{name}.{key}': dataset {name} has no option {key}; {where}"
+                f"unknown config key '{written}.{key}': dataset {name} has no option {key}{alias}; {where}"
             )
 
 
