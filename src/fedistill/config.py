@@ -104,7 +104,6 @@ _COMMON = {f.name: f for f in fields(RunConfig) if f.name != "options"}
 #: The most `threads` a run may name: more than any CPU has cores, and fixed (not this machine's cores) so a
 #: config accepted on one machine resumes on any other. 100000 OS threads exhausted a process's memory.
 MAX_THREADS = 1024
-
 #: The largest seed: TOML integers are signed 64-bit, and a run's config.toml holds its seed.
 MAX_SEED = 2**63 - 1
 
