@@ -6,8 +6,10 @@ import pytest
 os.environ.setdefault("MPLBACKEND", "Agg")
 # Tiny models: one thread is as fast and immune to oversubscription. Set, not defaulted: the runs that tests
 # start as processes (threads = 0: torch's default, from this variable) must do the arithmetic of the runs
-# in this one, which an exported OMP_NUM_THREADS=4 changed in the last bits.
+# in this one, which an exported OMP_NUM_THREADS=4 changed in the last bits. MKL_NUM_THREADS too: torch reads
+# it after OMP_NUM_THREADS, so an exported MKL_NUM_THREADS=4 gave a child process 4 threads.
 os.environ["OMP_NUM_THREADS"] = "1"
+os.environ["MKL_NUM_THREADS"] = "1"
 
 import torch
 

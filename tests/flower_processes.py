@@ -71,6 +71,7 @@ def flower_env(home: Path, token: str) -> dict[str, str]:
             "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
             "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
             "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",  # torch reads it after OMP_NUM_THREADS (conftest.py)
             "MPLBACKEND": "Agg",
             "PYTHONUNBUFFERED": "1",
             MARKER: token,

@@ -314,3 +314,31 @@ def test_a_text_key_set_to_digits_on_the_command_line_keeps_the_text():
     assert parse_assignment("name='quoted'") == ("name", "quoted")
     with pytest.raises(ConfigError, match="name must be str, got 2024"):
         build_config(RunConfig(), {"name": 2024})
+
+
+@pytest.mark.parametrize("seed", [2**63, 2**64, 10**30, -1])
+def test_a_seed_toml_cannot_carry_is_refused_naming_the_range(seed):
+    """TOML integers are signed 64-bit: a larger seed was accepted and written to a config.toml that other
+    TOML readers refuse (and a resume reads it back); a negative one is outside what a seed means here."""
+    with pytest.raises(ConfigError, match=rf"^seed = {seed}: .*0\.\.{2**63 - 1}"):
+        build_config(RunConfig(), {"seed": seed})
+
+
+def test_the_largest_seed_round_trips_through_config_toml(tmp_path):
+    config = build_config(RunConfig(), {"seed": 2**63 - 1})
+    write_config(config, tmp_path / "config.toml")
+    assert read_config(tmp_path / "config.toml").seed == 2**63 - 1
+
+
+@pytest.mark.parametrize("flags", [["--seed", str(2**64)], ["--set", f"seed={2**64}"]])
+def test_a_too_large_seed_is_one_line_from_the_command_line(tmp_path, capsys, flags):
+    from fedistill.cli import main
+
+    out = tmp_path / "runs"
+    code = main(
+        ["run", "--clients", "2", "--rounds", "1", "--model", "mlp", "--quiet", "--out", str(out), *flags]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.splitlines() == [err]
+    assert err.startswith(f"fedistill: error: seed = {2**64}")
+    assert not out.exists()

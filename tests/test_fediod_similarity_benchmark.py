@@ -103,3 +103,34 @@ def test_a_run_whose_data_is_not_under_data_dir_is_named_in_one_line(bench, tiny
     message = str(stop.value.code)
     assert "\n" not in message and message.startswith(f"{run}: image-folder:")
     assert message.endswith("check --data-dir (the folder the run read its data from)")
+
+
+def test_an_exact_dlg_reconstruction_is_null_and_counted_and_the_report_says_so(
+    bench, tiny_run, tmp_path, monkeypatch
+) -> None:
+    """An exact reconstruction has an infinite PSNR: its mean reached the JSON only as a bare null (no
+    count, as privacy_attacks.json keeps in psnr_infinite) and the report printed `inf dB`."""
+    import dataclasses
+
+    real = similarity_study.merge
+
+    def exact(scores):
+        merged = real(scores)
+        return dataclasses.replace(merged, psnr=[math.inf] * len(merged.psnr))
+
+    monkeypatch.setattr(similarity_study, "merge", exact)
+    argv = ["--run", str(tiny_run), "--synthetic", "64", "--dlg-images", "1", "--dlg-iterations", "2",
+            "--feature-epochs", "1", "--clients", "0", "--out", str(tmp_path)]  # fmt: skip
+    assert bench.main(argv) == 0
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")
+
+    data = json.loads((tmp_path / "fediod_similarity_digits.json").read_text(), parse_constant=refuse)
+    (row,) = data["runs"][0]["results"]
+    dlg = row["dlg"]
+    assert dlg["psnr"] == [None] and dlg["psnr_mean"] is None and dlg["psnr_infinite"] == 1
+    assert dlg["idlg_psnr_mean"] is None and dlg["idlg_psnr_infinite"] == 1
+    text = (tmp_path / "fediod_similarity_digits.md").read_text()
+    assert "inf dB" not in text and "| 0 | 1 | ∞ |" in text
+    assert "PSNR ∞ (1 of 1 images reconstructed exactly)" in text

@@ -117,3 +117,20 @@ def test_a_run_the_server_stops_logs_why_in_one_line(tmp_path, monkeypatch, capl
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors and errors[0].startswith("fedistill: run stopped: only 1 of 2 clients")
     assert "\n" not in errors[0]
+
+
+def test_a_deployment_run_again_without_an_algorithm_it_ran_is_refused(tmp_path):
+    """A deployment's ServerApp run again into its run's folder (as after a failure) went on without an
+    algorithm its config no longer named, leaving that algorithm's folder beside a config.toml that does not
+    name it; it is refused as `fedistill run --resume` refuses it, before anything is written."""
+    both = build_config(_config(), {"algorithm": "fedavg,standalone"})
+    run_dir = tmp_path / "run"
+    grid = LocalGrid(apps.make_client_app(both, state_root=tmp_path / "nodes"), both.clients)
+    apps.make_server_app(both, run_dir, [])(grid, _context())
+    before = (run_dir / "config.toml").read_text()
+    fewer = _config()
+    grid = LocalGrid(apps.make_client_app(fewer, state_root=tmp_path / "nodes"), fewer.clients)
+    with pytest.raises(ConfigError, match=r"config.toml no longer names standalone"):
+        apps.make_server_app(fewer, run_dir)(grid, _context())
+    assert (run_dir / "config.toml").read_text() == before
+    assert recorded_failure(run_dir)["status"] == "refused"

@@ -514,6 +514,19 @@ def test_a_wrong_thread_count_in_a_node_config_is_named_in_one_line(value) -> No
     assert node_threads(SimpleNamespace(node_config={}), RunConfig()) == 1
 
 
+def test_a_node_config_thread_count_has_the_run_s_bound() -> None:
+    """A node's own `threads` is held to the bound the run's key has (MAX_THREADS), not only the run's."""
+    from types import SimpleNamespace
+
+    from fedistill.config import MAX_THREADS
+    from fedistill.engine.flower.node import node_threads
+    from fedistill.errors import ConfigError
+
+    assert node_threads(SimpleNamespace(node_config={"threads": MAX_THREADS}), RunConfig()) == MAX_THREADS
+    with pytest.raises(ConfigError, match=rf"^node config threads must be .* <= {MAX_THREADS}"):
+        node_threads(SimpleNamespace(node_config={"threads": 100000}), RunConfig())
+
+
 def test_a_missing_ray_is_one_line_before_flower_is_started(monkeypatch, tmp_path) -> None:
     """Without Ray (flwr installed without its simulation extra) Flower's run_simulation logged its own
     message and exited the process (sys.exit, then os._exit after a grace period) instead of fedistill's

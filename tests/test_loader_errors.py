@@ -95,3 +95,16 @@ def test_a_monuseg_tile_found_twice_is_named_instead_of_one_copy_read_silently(t
         (tmp_path / folder / "TCGA-1.xml").write_text("<Annotations/>")
     with pytest.raises(DataError, match=r"MoNuSeg tile TCGA-1 is found twice: .*a/TCGA-1.tif.*b/TCGA-1.tif"):
         find_tiles(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("brats-mri", 2), ("brats-mri", "x"), ("ixi", 0.0), ("ixi", True)]
+)
+def test_a_wrong_test_fraction_names_its_dataset_before_any_file_is_read(tmp_path, capsys, name, value):
+    """An MRI loader's test_fraction error names the dataset, as every dataset option's error does, and
+    comes before the missing files are looked for."""
+    argv = ["run", "--dry-run", "--dataset", name, "--model", "unet-fastmri", "--algorithm", "fedavg"]
+    argv += ["--data-dir", str(tmp_path), "--set", f"{name}.test_fraction={value!r}".replace("True", "true")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"fedistill: error: {name} option test_fraction must be a number in (0, 1), got {value!r}"

@@ -67,6 +67,19 @@ def test_a_dataset_named_by_an_alias_is_the_table_it_names(tmp_path, capsys):
     assert "write fmnist.image_size=28 or put it under [fmnist]" in err
 
 
+@pytest.mark.parametrize("dataset", ["fmnist", "fashion-mnist"])
+def test_a_common_key_in_an_alias_table_names_the_table_as_written(tmp_path, capsys, dataset):
+    """`[fmnist] rounds = 3` was refused as `fashion-mnist.rounds ... outside [fashion-mnist]`, a table the
+    config never wrote, while `[fmnist]` itself is accepted as the dataset's table: the line names the
+    table as written and says whose alias it is."""
+    err = _refused(
+        tmp_path, capsys, "--algorithm", "fedavg", "--dataset", dataset, "--set", "fmnist.rounds=3"
+    )
+    assert err.startswith("fedistill: error: fmnist.rounds: rounds is a common key"), err
+    assert "[fmnist] is the table of dataset fashion-mnist" in err
+    assert "outside [fmnist]" in err and "[fashion-mnist]" not in err
+
+
 def test_a_model_option_at_the_top_level_names_model_options(tmp_path, capsys):
     """[model_options] is a table of every run: no "this run does not use" for it."""
     err = _refused(tmp_path, capsys, "--algorithm", "fedavg", "--set", "width=2")

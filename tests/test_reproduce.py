@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import fedistill.errors
+from fedistill.config import read_config
 from fedistill.machine import describe, machine
 from fedistill.reproduce import command, execute, targets
 from fedistill.reproduce.plan import plan
@@ -281,6 +282,38 @@ def test_a_target_runs_writes_its_table_and_reuses_finished_runs(tiny, tmp_path,
     assert table["rows"][0]["verdict"] == OUTSIDE and table["rows"][0]["mean"] == fedavg["mean"]
     assert "1 outside tolerance" in (markdown := (folder / "table.md").read_text(encoding="utf-8"))
     assert "\nRuns: 1 reused.\n" in markdown
+
+
+def test_a_run_left_to_torch_s_threads_is_not_reused_at_another_thread_count(tmp_path, capsys, monkeypatch):
+    """A config that leaves `threads = 0` runs at the process's thread count (`--jobs 1`) or cores / N
+    (`--jobs N`), and the count changes the numbers (a convolution's gradient sums in another order): a
+    run made at one count was reused at another, its digest blind to it. The count is now written into
+    the run's config, so its folder (and digest) says it."""
+    import torch
+
+    config = tmp_path / "tiny.toml"
+    config.write_text('algorithm = "fedavg"\n', encoding="utf-8")
+    sets = tuple(s for s in TINY if not s.startswith("threads="))
+    scale = Scale((Run("suite", str(config), sets),), (Row("FedAvg", "suite", "fedavg"),))
+    target = Target("tiny", "a tiny table", "no paper, test only", (ACCURACY,), {"ci": scale})
+    monkeypatch.setattr(targets, "all_targets", lambda: {"tiny": target})
+    out = tmp_path / "out"
+    assert reproduce(capsys, "tiny", "--out", str(out))[0] == 0
+    (one,) = (out / "reproduce" / "tiny-ci" / "runs").iterdir()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        code, _, err = reproduce(capsys, "tiny", "--out", str(out))
+        assert code == 0 and "suite seed 0: ran" in err, err
+        assert reproduce(capsys, "tiny", "--out", str(out))[2].count("reused") == 1  # and reused at 2
+    finally:
+        torch.set_num_threads(before)
+    (two,) = {p for p in (out / "reproduce" / "tiny-ci" / "runs").iterdir() if p != one}
+    assert (
+        read_config(one / "config.toml").threads == before and read_config(two / "config.toml").threads == 2
+    )
+    workers = plan(target, "ci", tmp_path, "data", threads=3)
+    assert [job.config.threads for job in workers] == [3]  # cores / N of `--jobs N`, in the config
 
 
 def test_a_finished_run_that_other_code_made_is_set_aside_and_run_again(tiny, tmp_path, capsys, caplog):

@@ -579,14 +579,29 @@ def test_site_folders_keep_the_datasets_training_augmentation(tmp_path, capsys) 
     assert "image-folder.crop_padding=2" in command and "image-folder.horizontal_flip=true" in command
 
 
-def _site_folders_command(tmp_path: Path, capsys, *sets: str) -> list[str]:
+def test_site_folders_quote_class_names_as_toml_and_the_shell_read_them(tmp_path, capsys) -> None:
+    """Class names went into the printed classes option between bare double quotes: a name holding `"` or
+    a backslash made TOML that did not parse (the option then read as text). They are TOML strings now."""
+    from fedistill.config import parse_assignment
+
+    names = ('say "hi"', "back\\slash")
+    classes = "[" + ", ".join(f"'{name}'" for name in names) + "]"  # TOML literal strings: no escapes
+    command = _site_folders_command(tmp_path, capsys, f"image-folder.classes={classes}", names=names)
+    given = [command[i + 1] for i, item in enumerate(command) if item == "--set"]
+    option = next(item for item in given if item.startswith("image-folder.classes="))
+    assert parse_assignment(option) == ("image-folder.classes", list(names))
+
+
+def _site_folders_command(
+    tmp_path: Path, capsys, *sets: str, names: tuple[str, str] = ("zebra", "ant")
+) -> list[str]:
     """The command `fedistill deploy site-folders` prints for an image folder of two classes, zebra and ant
-    (`sets`: its options)."""
+    unless `names` says otherwise (`sets`: its options)."""
     import shlex
 
     rng = np.random.default_rng(0)
     for part, n in (("train", 24), ("test", 6)):
-        for c, name in enumerate(("zebra", "ant")):
+        for c, name in enumerate(names):
             (tmp_path / "own" / part / name).mkdir(parents=True)
             for i in range(n):
                 pixels = rng.integers(0, 100, (8, 8), dtype=np.uint8) + 120 * c

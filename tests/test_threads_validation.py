@@ -30,3 +30,21 @@ def test_zero_is_the_default_and_positive_counts_are_counts(value):
 def test_anything_else_is_refused(value):
     with pytest.raises(ConfigError, match="threads"):
         build_config(RunConfig(), {"threads": value})
+
+
+def test_an_absurd_thread_count_is_one_line_before_anything_starts(tmp_path, capsys):
+    """threads=100000 started that many OS threads and crashed later inside matplotlib's import."""
+    out = tmp_path / "runs"
+    code = main(["run", *FAST, "--out", str(out), "--set", "threads=100000"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.splitlines() == [err]
+    assert err.startswith("fedistill: error: threads = 100000") and "1024" in err
+    assert not out.exists()
+
+
+def test_the_bound_does_not_depend_on_this_machine():
+    """A run made on a large machine resumes on a small one: the bound is fixed, not the core count."""
+    assert build_config(RunConfig(), {"threads": 1024}).threads == 1024
+    with pytest.raises(ConfigError, match="threads = 1025"):
+        build_config(RunConfig(), {"threads": 1025})

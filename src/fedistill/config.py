@@ -54,6 +54,8 @@ class RunConfig:
     momentum: float = 0.0
     weight_decay: float = 0.0
     augment: str = "auto"  # auto (the dataset's usual augmentation) | on | off
+    # the one seed of the run (partition, initialisation, sampling, client order): a whole number in
+    # 0..2**63 - 1, the largest a TOML file such as config.toml holds
     seed: int = 0
     out: str = "runs"
     # run directory name; empty: <dataset>-<time> (the local date and time it started; -2, -3, ... added
@@ -66,7 +68,9 @@ class RunConfig:
     # seconds a Flower server waits for every site's node to connect (a deployment's sites may start later)
     connect_timeout: float = 300.0
     max_message_mb: float = 512.0  # size cap on one message in MiB (2^20 bytes; printed sizes are MB of 10^6)
-    threads: int = 0  # torch intra-op threads; 0: leave torch's default
+    # torch intra-op threads, 0 (torch's default) to 1024: a fixed bound rather than this machine's cores, so
+    # a run made on a large machine resumes on a small one (more threads than cores only runs slower)
+    threads: int = 0
     device: str = "auto"  # auto (CUDA, else MPS, else CPU) | cpu | cuda | cuda:N | mps (fedistill/devices.py)
     stage1_cache: bool = True  # reuse a site's stage-1 model when a run needs exactly it (stage1.py)
     cache_dir: str = ""  # where sites keep stage-1 models; "": `.cache` beside the run directory (in --out)
@@ -96,6 +100,13 @@ class RunConfig:
 
 
 _COMMON = {f.name: f for f in fields(RunConfig) if f.name != "options"}
+
+#: The most `threads` a run may name: more than any CPU has cores, and fixed (not this machine's cores) so a
+#: config accepted on one machine resumes on any other. 100000 OS threads exhausted a process's memory.
+MAX_THREADS = 1024
+#: The largest seed: TOML integers are signed 64-bit, and a run's config.toml holds its seed.
+MAX_SEED = 2**63 - 1
+
 #: Keys whose options have a table of their own: a TOML file cannot hold `partition = "iid"` and a
 #: `[partition]` table, and config.toml must hold both.
 TABLE_HINTS = {
@@ -312,6 +323,16 @@ def validate(config: RunConfig) -> None:
         ),
         (c.max_message_mb > 0, f"max_message_mb must be > 0, got {c.max_message_mb}"),
         (c.threads >= 0, f"threads = {c.threads}: use 0 (torch's default) or a positive number of threads"),
+        (
+            c.threads <= MAX_THREADS,
+            f"threads = {c.threads}: at most {MAX_THREADS} (more than any CPU has cores; each thread is an "
+            "OS thread, and a count this large exhausts memory)",
+        ),
+        (
+            0 <= c.seed <= MAX_SEED,
+            f"seed = {c.seed}: use a whole number in 0..{MAX_SEED} (TOML integers are signed 64-bit, and "
+            "config.toml must hold the seed)",
+        ),
         (c.augment in ("auto", "on", "off"), f"augment must be auto, on or off, got {c.augment!r}"),
         (
             c.val_mode in ("auto", "random", "tail", "subjects"),
@@ -369,22 +390,26 @@ def options_for(
     return options
 
 
-def check_dataset_table(config: RunConfig, takes: Collection[str], homes: Homes | None = None) -> None:
-    """A key of the dataset's table that the dataset does not take (`takes`) but the top level or another
-    table of `homes` does is refused with where it belongs; any other key is left to the loader's error."""
+def check_dataset_table(
+    config: RunConfig, takes: Collection[str], homes: Homes | None = None, table: str = ""
+) -> None:
+    """A key of the dataset's table (named as written: `table`, an alias such as fmnist) that the dataset does
+    not take (`takes`) but another table of `homes` or the top level does is refused naming where it goes."""
     name = config.dataset
+    written = table or name
+    alias = "" if written == name else f" ([{written}] is the table of dataset {name} under an alias)"
     for key, value in config.options.get(name, {}).items():
         if key in takes:
             continue
         if key in _COMMON:
             raise ConfigError(
-                f"{name}.{key}: {key} is a common key, not an option of dataset {name}: write "
-                f"{key}={toml_literal(value)} at the top level, outside [{name}]"
+                f"{written}.{key}: {key} is a common key, not an option of dataset {name}{alias}: write "
+                f"{key}={toml_literal(value)} at the top level, outside [{written}]"
             )
         where = _where(key, value, homes, (config.algorithm, name), table=name)
         if where:
             raise ConfigError(
-                f"unknown config key '{name}.{key}': dataset {name} has no option {key}; {where}"
+                f"unknown config key '{written}.{key}': dataset {name} has no option {key}{alias}; {where}"
             )
 
 

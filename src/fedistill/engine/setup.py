@@ -126,7 +126,8 @@ def _dataset_of(name: str) -> str | None:
 def canonical_dataset(config: RunConfig) -> RunConfig:
     """`config` with its dataset, and the dataset's options table, under the registered name (`sst-2`,
     `[sst-2]` -> `sst2`, `[sst2]`): the table is then found whichever spelling each used, and run names,
-    summaries and config.toml spell it one way. A config that already does is returned as it is; an
+    summaries and config.toml spell it one way; a table under an alias is checked here, where the name it
+    was written under is still known. A config that already does is returned as it is; an
     unknown name is left for the loader's error."""
     name = _dataset_of(config.dataset)
     if name is None:
@@ -143,7 +144,10 @@ def canonical_dataset(config: RunConfig) -> RunConfig:
     options = {section: values for section, values in config.options.items() if section not in aliases}
     if aliases:
         options[name] = config.options[aliases[0]]
-    return config.replace(dataset=name, options=options)
+    canonical = config.replace(dataset=name, options=options)
+    if aliases:  # a misplaced key is named in the table the config wrote, not in one it never did
+        check_dataset_table(canonical, dataset_options(name), key_homes, table=aliases[0])
+    return canonical
 
 
 def prepare_data(config: RunConfig) -> Prepared:

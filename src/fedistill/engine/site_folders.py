@@ -27,7 +27,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from fedistill.config import RunConfig, build_config, load_toml, parse_assignment
+from fedistill.config import RunConfig, build_config, load_toml, parse_assignment, toml_literal
 from fedistill.data.base import ImageSet
 from fedistill.engine.key_homes import key_homes
 from fedistill.engine.setup import Prepared, check_sections, prepare_data
@@ -157,7 +157,8 @@ def _summary(config: RunConfig, out: Path, data: Prepared, classes: list[str] | 
     if info.horizontal_flip and name == "image-folder":
         command += ["--set", f"{name}.horizontal_flip=true"]
     if classes is not None:  # the server's holdout may lack a class, or sort otherwise: all, in label order
-        command += ["--set", f"{name}.classes=[" + ",".join(f'"{c}"' for c in classes) + "]"]
+        listed = ",".join(toml_literal(c) for c in classes)  # TOML strings: quotes, backslashes escaped
+        command += ["--set", f"{name}.classes=[{listed}]"]
     return (
         f"{config.dataset}, {partition_text(how, brackets=True)}, seed {config.seed}, written to {out}:\n"
         f"  server: {len(split.server_val)} validation and {len(data.dataset.test)} test images\n"

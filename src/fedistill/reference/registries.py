@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fedistill.algorithms.registry import ALGORITHMS, algorithm_names
-from fedistill.data.catalog import DATASETS
+from fedistill.data.catalog import ALIASES, DATASETS
 from fedistill.data.partition import PARTITIONERS
 from fedistill.data.registry import dataset_names, describe_files
 from fedistill.models.registry import _MODELS, model_names
@@ -88,6 +88,14 @@ def datasets_markdown() -> str:
     body = []
     for entry in entries()["datasets"]:
         body += [f"## `{entry.name}`", ""]
+        aliases = [alias for alias, name in ALIASES.items() if name == entry.name]
+        if aliases:
+            spelt = ", ".join(f"`{alias}`" for alias in aliases)
+            body += [
+                f"Also spelt {spelt}, in `dataset` and as its table's name: one dataset, one table "
+                f"(two spellings of its table in one config are refused).",
+                "",
+            ]
         if entry.options:
             body += [f"Options (table `[{entry.name}]`): {_options(entry)}.", ""]
         body += ["```text", entry.doc, "```", ""]

@@ -92,6 +92,7 @@ def parse_seeds(text: str | None) -> tuple[int, ...] | None:
 
 
 def reproduce(args: argparse.Namespace) -> int:
+    from fedistill.reproduce import worker_pool
     from fedistill.reproduce.execute import execute_all, state
     from fedistill.reproduce.needed_data import require_data
     from fedistill.reproduce.plan import plan
@@ -109,7 +110,9 @@ def reproduce(args: argparse.Namespace) -> int:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
     _say_if_seeds_replace_recorded(target, args.scale, seeds)
     folder = Path(args.out) / "reproduce" / f"{target.name}-{args.scale}"
-    jobs = plan(target, args.scale, folder / "runs", args.data_dir, seeds)
+    # a run leaving `threads` to torch gets the count it will run on in its config, and so in its digest
+    threads = worker_pool.run_threads(args.jobs)
+    jobs = plan(target, args.scale, folder / "runs", args.data_dir, seeds, threads=threads)
     require_data(
         [job for job in jobs if state(job) != "finished"], args.data_dir
     )  # a finished run reads none

@@ -38,18 +38,31 @@ def digest(config: RunConfig) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
-def resolve(run: Run, seed: int, runs_dir: Path, data_dir: str) -> Job:
-    """The run's config file, its `sets`, then the seed and the data folder; its folder under `runs_dir`."""
+def resolve(run: Run, seed: int, runs_dir: Path, data_dir: str, threads: int = 0) -> Job:
+    """The run's config file, its `sets`, then the seed and the data folder; its folder under `runs_dir`.
+    `threads` (> 0): the torch threads an in-process run that leaves `threads = 0` will run on, written
+    into its config, so that the digest tells runs of another thread count apart (the count changes the
+    numbers: a convolution's gradient sums in another order)."""
     layers = [load_toml(run.config_path()), dict(parse_assignment(s) for s in run.sets)]
     config = build_config(RunConfig(), *layers, {"seed": seed, "data_dir": data_dir})
+    if threads > 0 and config.threads == 0 and config.transport == "inprocess":
+        config = config.replace(threads=threads)
     folder = runs_dir / f"{run.name}-seed{seed}-{digest(config)}"
     config = config.replace(out=str(runs_dir), name=folder.name)
     return Job(run.name, seed, config, folder)
 
 
 def plan(
-    target: Target, scale: str, runs_dir: Path, data_dir: str, seeds: tuple[int, ...] | None = None
+    target: Target,
+    scale: str,
+    runs_dir: Path,
+    data_dir: str,
+    seeds: tuple[int, ...] | None = None,
+    *,
+    threads: int = 0,
 ) -> list[Job]:
-    """Every (run, seed) of the target at `scale`; `seeds` replace every run's own."""
+    """Every (run, seed) of the target at `scale`; `seeds` replace every run's own; `threads`: see
+    `resolve`."""
     spec = target.scales[scale]
-    return [resolve(run, seed, runs_dir, data_dir) for run in spec.runs for seed in spec.seeds_of(run, seeds)]
+    runs = [(run, seed) for run in spec.runs for seed in spec.seeds_of(run, seeds)]
+    return [resolve(run, seed, runs_dir, data_dir, threads) for run, seed in runs]

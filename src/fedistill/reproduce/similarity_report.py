@@ -88,15 +88,24 @@ def _distance_reading(entry: dict[str, Any], fed: list[dict[str, Any]]) -> list[
     ]
 
 
+def dlg_psnr(d: dict[str, Any]) -> str:
+    """A DLG row's mean PSNR in dB: ∞ where an image was reconstructed exactly (`psnr_infinite`)."""
+    return "∞" if d.get("psnr_infinite") else fmt(d["psnr_mean"], ".1f")
+
+
 def _dlg_reading(dlg: list[dict[str, Any]], fed: list[dict[str, Any]]) -> list[str]:
-    psnr, ref = np.mean([d["psnr_mean"] for d in dlg]), np.mean([d["mean_image_psnr_mean"] for d in dlg])
+    exact, images = sum(d.get("psnr_infinite", 0) for d in dlg), sum(d["images"] for d in dlg)
+    finite = [d["psnr_mean"] for d in dlg if d["psnr_mean"] is not None]
+    psnr = math.inf if exact else float(np.mean(finite)) if finite else math.nan
+    ref = np.mean([d["mean_image_psnr_mean"] for d in dlg])
+    said = f"∞ ({exact} of {images} images reconstructed exactly)" if exact else f"{psnr:.1f} dB"
     sim = [d["similarity"] for d in dlg]
     d_pix, d_mem = np.mean([s["pixel_nn_mean"] for s in sim]), np.mean([s["memorised_pixel"] for s in sim])
     f_pix, f_mem = (
         np.mean([f["pixel_nn_mean_synthetic"] for f in fed]),
         np.mean([f["memorised_pixel"] for f in fed]),
     )
-    if psnr <= ref + 3:
+    if not psnr > ref + 3:  # NaN (no finite PSNR) reads as recovering little, as before
         verdict = "DLG recovered little beyond the data prior here."
     elif f_mem <= 0.05 < d_mem:
         verdict = (
@@ -106,7 +115,7 @@ def _dlg_reading(dlg: list[dict[str, Any]], fed: list[dict[str, Any]]) -> list[s
     else:
         verdict = "DLG recovers the images, and FedIOD's synthetic data too exceed the 0.05 reference share."
     lines = [
-        f"* DLG on FedAvg's single-image update ({sum(d['images'] for d in dlg)} images): PSNR {psnr:.1f} dB "
+        f"* DLG on FedAvg's single-image update ({images} images): PSNR {said} "
         f"against the true image (mean-image reference {ref:.1f} dB), pixel NN distance {d_pix:.3g} (FedIOD "
         f"synthetic {f_pix:.3g}), memorisation share {d_mem:.2f} (FedIOD {f_mem:.2f}): {verdict}"
     ]
@@ -168,7 +177,7 @@ def run_tables(entry: dict[str, Any]) -> list[str]:
     for r in (r for r in entry["results"] if "dlg" in r):
         d, s = r["dlg"], r["dlg"]["similarity"]
         lines.append(
-            f"| {r['client']} | {d['images']} | {d['psnr_mean']:.1f} | {d['mean_image_psnr_mean']:.1f} "
+            f"| {r['client']} | {d['images']} | {dlg_psnr(d)} | {d['mean_image_psnr_mean']:.1f} "
             f"| {fmt(d['label_accuracy'], '.2f')} | {fmt(s['pixel_nn_mean'])} | {fmt(s['feature_nn_mean'])} "
             f"| {s['memorised_pixel']:.3f} | {s['memorised_feature']:.3f} | {fmt(s['fid'])} "
             f"| {fmt(s['fid_held_out_same_n'])} |"

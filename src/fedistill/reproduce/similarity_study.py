@@ -191,12 +191,15 @@ def dlg_row(
     truth01 = model_input_to_unit(torch.cat([e["truth"] for e in entries]), run.info)
     mean01 = to_unit(run.data.dataset.train).mean(0, keepdim=True)  # uint8 / 255, or [0, 1] floats
     mean_image = [score(t[None], mean01)[0][0] for t in truth01]
+    scored, idlg_scored = dlg.summary(), idlg.summary()  # an exact reconstruction: null, counted
     return {
         "images": images,
-        "psnr": dlg.psnr,
-        "psnr_mean": float(np.mean(dlg.psnr)),
+        "psnr": scored["psnr"],
+        "psnr_mean": scored["psnr_mean"],
+        **({"psnr_infinite": scored["psnr_infinite"]} if "psnr_infinite" in scored else {}),
         "mean_image_psnr_mean": float(np.mean(mean_image)),
-        "idlg_psnr_mean": float(np.mean(idlg.psnr)) if idlg.psnr else None,
+        "idlg_psnr_mean": idlg_scored["psnr_mean"],
+        **({"idlg_psnr_infinite": idlg_scored["psnr_infinite"]} if "psnr_infinite" in idlg_scored else {}),
         "label_accuracy": dlg.label_accuracy,
         "gradient_check_max": max(e["gradient_check"] for e in entries),
         "diverged": dlg.note,

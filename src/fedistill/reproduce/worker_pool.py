@@ -41,6 +41,14 @@ def threads_per_worker(workers: int, cores: int | None = None) -> int:
     return max(1, (cores or usable_cores()) // max(1, workers))
 
 
+def run_threads(workers: int) -> int:
+    """The torch threads a run that leaves `threads = 0` runs on under `reproduce --jobs workers`: this
+    process's own count for one at a time (the runs go in this process), else `threads_per_worker`."""
+    import torch
+
+    return torch.get_num_threads() if workers <= 1 else threads_per_worker(workers)
+
+
 def start_worker(parent: int, threads: int) -> None:
     """A pool initializer: end with `parent` (`end_with_parent`) and run torch on `threads` threads. A run
     whose config names its threads still sets them itself."""

@@ -29,6 +29,7 @@ from fedistill.engine.key_homes import key_homes
 from fedistill.engine.setup import canonical_dataset, validate_setup
 from fedistill.engine.site_data import own_data
 from fedistill.engine.suite import default_name, run_algorithms
+from fedistill.engine.suite_dir import check_algorithms_kept
 from fedistill.errors import ConfigError, FederationError, UserError
 from fedistill.federation.messages import Message, check_on_receipt
 from fedistill.transports.flower.codec import from_records, header_of, to_records
@@ -157,6 +158,8 @@ def make_server_app(
                 run_config.name or default_name(run_config)
             )
             run_config = run_config.replace(transport="flower")
+            if target.is_dir():  # run again into its folder (a retry after a failure): as --resume checks
+                check_algorithms_kept(target, run_config.algorithms)
             data = validate_setup(run_config, resume=resume)
             enrolment_file = enrolment or (enrolment_from_environment() if read_environment else None)
             grid = enrolled(grid, enrolment_file, run_config.clients)

@@ -38,7 +38,7 @@ from flwr.app import ConfigRecord, Context
 from fedistill import devices
 from fedistill.algorithms.shared.stage1 import cache_folder
 from fedistill.algorithms.shared.training import task_of
-from fedistill.config import RunConfig
+from fedistill.config import MAX_THREADS, RunConfig
 from fedistill.data.base import LoadedDataset
 from fedistill.engine.checkpoint import load_state, save_state
 from fedistill.engine.flower.heap import release_free_memory
@@ -136,19 +136,30 @@ def client_cache(context: Context) -> int:
     return _whole_number(context.node_config, "client-cache", CLIENT_CACHE, minimum=0, note=" (0: all)")
 
 
-def _whole_number(node_config: Any, key: str, default: Any, *, minimum: int, note: str = "") -> int:
-    """A node config value that must be a whole number >= `minimum`; one clear line naming the key
-    otherwise (int() cut 1.5 to 1 and named no key for 'abc')."""
+def _whole_number(
+    node_config: Any, key: str, default: Any, *, minimum: int, note: str = "", maximum: int | None = None
+) -> int:
+    """A node config value that must be a whole number >= `minimum` (and <= `maximum`, if given); one clear
+    line naming the key otherwise (int() cut 1.5 to 1 and named no key for 'abc')."""
     value = node_config.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"node config {key} must be a whole number >= {minimum}{note}, got {value!r}")
+    wrong = isinstance(value, bool) or not isinstance(value, int) or value < minimum
+    if wrong or (maximum is not None and value > maximum):
+        most = f" and <= {maximum}" if maximum is not None else ""
+        raise ConfigError(f"node config {key} must be a whole number >= {minimum}{most}{note}, got {value!r}")
     return value
 
 
 def node_threads(context: Context, config: RunConfig) -> int:
     """The torch threads this node trains on: the node config's `threads`, else the run's; 0 means one,
-    as for the run's `threads` on Flower (one clear line for anything but a whole number >= 0)."""
-    return _whole_number(context.node_config, "threads", config.threads, minimum=0, note=" (0: one)") or 1
+    as for the run's `threads` on Flower (one clear line for anything but a whole number in 0..MAX_THREADS,
+    the run's own bound)."""
+    node_config = context.node_config
+    return (
+        _whole_number(
+            node_config, "threads", config.threads, minimum=0, maximum=MAX_THREADS, note=" (0: one)"
+        )
+        or 1
+    )
 
 
 def partition_of(context: Context, config: RunConfig, assigned: int | None = None) -> int:
