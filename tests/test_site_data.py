@@ -253,6 +253,42 @@ def test_a_resume_continues_to_the_uninterrupted_result_and_refuses_a_site_whose
     assert resume_suite(tmp_path / "edited", progress=False)[0]["rounds_done"] == 4
 
 
+def test_a_flower_resume_refuses_a_node_whose_records_changed_as_the_in_process_resume_does(
+    sites, tmp_path
+) -> None:
+    """The nodes' HELLO answers (each site's record count and fingerprint) are kept in sites.json when a
+    Flower run begins, and a resume refuses a node whose records changed since, naming its site; before,
+    only an in-process run kept them, and a Flower resume went on over the changed records."""
+    import json
+    import shutil
+
+    from fedistill.algorithms.classic.fedavg import FedAvgServer
+    from flower_local_grid import run_on_grid
+
+    copy = tmp_path / "data"
+    shutil.copytree(sites, copy)
+    config = _config(copy, rounds=3)
+    run_round = FedAvgServer.run_round
+
+    def crash(self, fleet, round):
+        if round == 2:
+            raise RuntimeError("simulated crash")
+        return run_round(self, fleet, round)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FedAvgServer, "run_round", crash)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            run_on_grid(config, tmp_path / "run", _grid(config, tmp_path))
+    assert len(json.loads((tmp_path / "run" / "fedavg" / "sites.json").read_text())) == 3
+    extra = copy / "site-1" / "train" / "7" / "extra.png"
+    Image.fromarray(np.full((8, 8), 90, np.uint8)).save(extra)
+    with pytest.raises(ConfigError, match=r"site 1's records differ from those the run began with"):
+        run_on_grid(config, tmp_path / "run", _grid(config, tmp_path), resume=True)
+    extra.unlink()
+    (summary,) = run_on_grid(config, tmp_path / "run", _grid(config, tmp_path), resume=True)
+    assert summary["rounds_done"] == 3
+
+
 def test_an_image_folders_classes_option_fixes_the_label_order_and_allows_missing_folders(sites) -> None:
     from fedistill.data.registry import load_dataset
 

@@ -37,7 +37,7 @@ from fedistill.engine.resume import (
 )
 from fedistill.engine.rundir import MetricsWriter
 from fedistill.engine.setup import Prepared, client_contexts, resolve, score_first, source_names
-from fedistill.engine.site_data import check_sites, save_sites, site_greeting
+from fedistill.engine.site_data import check_sites, node_sites, save_sites, site_greeting
 from fedistill.engine.summary import write_summary
 from fedistill.engine.tracking import start_tracking
 from fedistill.errors import ConfigError, FederationError, RunDirError
@@ -196,6 +196,8 @@ def _loop(
         # None unless config.track names trackers; a new run under a used name is no resume of it
         tracking = start_tracking(config, run_dir, resume=state is not None or restarted)
         fleet = _fleet(config, algorithm, clients, ledger, grid, run_dir, data)
+        if grid is not None and data.own_data:  # the sites' records as their nodes' HELLO answers say
+            node_sites(fleet.site_hashes, run_dir, resumed=state is not None)
         # the versions of the code that starts the run, not of whatever is on disk when it ends
         ran_with, ran_on = versions(), machine()
         machines_so_far = history_after(runner_state.get("machines", []), ran_on)  # this start's machine last

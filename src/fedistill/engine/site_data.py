@@ -245,36 +245,64 @@ def harness_from(arrays: dict[str, Any], config: dict[str, Any]) -> LoadedDatase
     )
 
 
-#: The file in a run folder holding each in-process site's data fingerprint, so that a resume finds a site
-#: whose folder changed (the saved partition is the server's data alone).
+#: The file in a run folder holding each site's data fingerprint (in-process from the sites' data, on Flower
+#: from their nodes' start-up HELLO answers), so that a resume finds a site whose folder changed (the saved
+#: partition is the server's data alone).
 SITES_FILE = "sites.json"
+
+
+def fingerprint(records: str, split: str | None) -> str:
+    """A site's fingerprint: the hash of its training records and that of its split of them."""
+    return f"{records}:{split}"
 
 
 def site_fingerprints(data: Prepared) -> list[str]:
     """Each site's training records and split, as one hash per site (in-process sites only)."""
-    return [f"{site.records_hash}:{site.split.hash()}" for site in data.sites or []]
+    return [fingerprint(site.records_hash, site.split.hash()) for site in data.sites or []]
 
 
 def save_sites(data: Prepared, run_dir: Path) -> None:
     """Record the sites' fingerprints beside the saved partition, where this process holds the sites."""
     if data.sites is not None:
-        (run_dir / SITES_FILE).write_text(json.dumps(site_fingerprints(data)), encoding="utf-8")
+        _write_sites(site_fingerprints(data), run_dir)
 
 
 def check_sites(data: Prepared, run_dir: Path) -> None:
     """A resume's sites hold what they held when the run began; else one line naming the first that
     changed (a site's records or the split of them)."""
+    if data.sites is not None:
+        _compare_sites(site_fingerprints(data), run_dir)
+
+
+def node_sites(hashes: list[tuple[str, str | None]], run_dir: Path, *, resumed: bool) -> None:
+    """On Flower, the sites' fingerprints as their nodes answered the start-up HELLO (the hashes of each
+    site's records and split, in partition order): recorded when the run begins, and on a resume compared
+    with those it began with, as `check_sites` compares an in-process run's."""
+    found = [fingerprint(records, split) for records, split in hashes]
+    if resumed:
+        _compare_sites(found, run_dir)
+    else:
+        _write_sites(found, run_dir)
+
+
+def _write_sites(fingerprints: list[str], run_dir: Path) -> None:
+    (run_dir / SITES_FILE).write_text(json.dumps(fingerprints), encoding="utf-8")
+
+
+def _compare_sites(fingerprints: list[str], run_dir: Path) -> None:
+    """One line naming the first site whose fingerprint is not the one recorded when the run began (a run
+    folder from before the record passes)."""
     path = run_dir / SITES_FILE
-    if data.sites is None or not path.exists():
+    if not path.exists():
         return
     saved = json.loads(path.read_text(encoding="utf-8"))
-    for k, (before, now) in enumerate(zip(saved, site_fingerprints(data), strict=False)):
+    for k, (before, now) in enumerate(zip(saved, fingerprints, strict=False)):
         if before != now:
             raise ConfigError(
                 f"{run_dir}: site {k}'s records differ from those the run began with; cannot resume"
             )
-    if len(saved) != len(data.sites):
-        raise ConfigError(f"{run_dir}: the run began with {len(saved)} sites, not {len(data.sites)}")
+    if len(saved) != len(fingerprints):
+        raise ConfigError(f"{run_dir}: the run began with {len(saved)} sites, not {len(fingerprints)}")
 
 
 def checked_greeting(dataset: LoadedDataset, max_message_mb: float) -> Message:
