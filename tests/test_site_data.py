@@ -289,6 +289,34 @@ def test_a_flower_resume_refuses_a_node_whose_records_changed_as_the_in_process_
     assert summary["rounds_done"] == 3
 
 
+def test_partition_json_describes_each_sites_own_records_in_process_and_on_flower(sites, tmp_path) -> None:
+    """An own-data run's partition.json says what each site holds (its training, validation and local test
+    counts, its class counts where this process read them) and the server's validation and test counts,
+    under the method own-data; before, it described the server's one-part split alone. A resume still reads
+    the server's split from it."""
+    import json
+
+    from fedistill.data.partition import load_split
+    from flower_local_grid import run_on_grid
+
+    config = _config(sites, rounds=1)
+    here = run_suite(config, tmp_path / "here", progress=False)
+    meta = json.loads((tmp_path / "here" / "fedavg" / "partition.json").read_text())
+    assert meta["method"] == "own-data" and meta["num_clients"] == 3 and meta["alpha"] is None
+    assert meta["client_train_sizes"] == [108, 108, 108] and meta["client_val_sizes"] == [12, 12, 12]
+    assert meta["client_test_sizes"] == [30, 30, 30]
+    assert meta["server_val_size"] == 10 and meta["server_test_size"] == 300
+    counts = np.array(meta["train_counts"])
+    assert counts.shape == (3, 10) and counts.sum(axis=1).tolist() == [108, 108, 108]
+    assert counts[2, :5].sum() == 0  # site 2 holds no case of 0-4
+    assert meta["hash"] == here[0]["partition"]["hash"] == load_split(tmp_path / "here" / "fedavg").hash()
+    run_on_grid(config, tmp_path / "there", _grid(config, tmp_path))
+    meta = json.loads((tmp_path / "there" / "fedavg" / "partition.json").read_text())
+    assert meta["method"] == "own-data" and meta["client_train_sizes"] == [108, 108, 108]
+    assert meta["train_counts"] is None and meta["client_test_sizes"] is None  # the nodes counted only those
+    assert meta["server_val_size"] == 10 and meta["server_test_size"] == 300
+
+
 def test_an_image_folders_classes_option_fixes_the_label_order_and_allows_missing_folders(sites) -> None:
     from fedistill.data.registry import load_dataset
 

@@ -31,7 +31,7 @@ import torch
 from fedistill.config import RunConfig
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
 from fedistill.data.catalog import DATASETS
-from fedistill.data.partition import make_split
+from fedistill.data.partition import make_split, save_split
 from fedistill.data.registry import canonical_dataset_name, load_dataset
 from fedistill.engine.prepared import Prepared
 from fedistill.errors import ConfigError, DataError
@@ -274,15 +274,51 @@ def check_sites(data: Prepared, run_dir: Path) -> None:
         _compare_sites(site_fingerprints(data), run_dir)
 
 
-def node_sites(hashes: list[tuple[str, str | None]], run_dir: Path, *, resumed: bool) -> None:
-    """On Flower, the sites' fingerprints as their nodes answered the start-up HELLO (the hashes of each
-    site's records and split, in partition order): recorded when the run begins, and on a resume compared
-    with those it began with, as `check_sites` compares an in-process run's."""
-    found = [fingerprint(records, split) for records, split in hashes]
+def node_sites(config: RunConfig, data: Prepared, run_dir: Path, fleet: Any, *, resumed: bool) -> None:
+    """On Flower, the sites as their nodes answered the start-up HELLO (`fleet.site_hashes`: the hashes of
+    each site's records and split, in partition order; `fleet.site_sizes`): their fingerprints recorded
+    with their counts when the run begins, and on a resume compared with those it began with, as
+    `check_sites` compares an in-process run's."""
+    found = [fingerprint(records, split) for records, split in fleet.site_hashes]
     if resumed:
         _compare_sites(found, run_dir)
     else:
         _write_sites(found, run_dir)
+        save_partition(config, data, run_dir, fleet.site_sizes)
+
+
+def save_partition(config: RunConfig, data: Prepared, run_dir: Path, sizes: list[int] | None = None) -> None:
+    """The run's `partition.npz` and `partition.json`: the split as it always was, or, where the sites hold
+    their own records, what a user needs to know of them (`own_partition`) around the server's split."""
+    save_split(data.split, run_dir, own_partition(config, data, sizes) if data.own_data else None)
+
+
+def own_partition(config: RunConfig, data: Prepared, sizes: list[int] | None = None) -> dict[str, Any]:
+    """What `partition.json` says of sites holding their own records: each site's training, validation and
+    local test counts and its class counts where this process read the sites (`sizes`: the training counts
+    the Flower nodes reported; what no process here counted is null), and the server's validation and test
+    counts; the server's own split (the one the resume checks) is its `split`."""
+    sites, split = data.sites, data.split
+    counts = data.train_counts() if not task_class(data.dataset.info).per_pixel else None
+    return {
+        "format": "fedistill-partition",
+        "version": 1,
+        "method": "own-data",
+        "alpha": None,
+        "num_classes": split.num_classes,
+        "num_clients": config.clients,
+        "site_data_dir": config.site_data_dir,
+        "val_fraction": split.val_fraction,
+        "val_mode": split.val_mode,
+        "hash": split.hash(),
+        "client_train_sizes": data.client_sizes() or sizes,
+        "client_val_sizes": None if sites is None else [int(s.split.client_val[0].size) for s in sites],
+        "client_test_sizes": None if sites is None else [int(s.split.client_test[0].size) for s in sites],
+        "server_train_size": int(split.client_train[0].size),
+        "server_val_size": int(split.server_val.size),
+        "server_test_size": len(data.dataset.test),
+        "train_counts": None if counts is None else counts.tolist(),
+    }
 
 
 def _write_sites(fingerprints: list[str], run_dir: Path) -> None:
