@@ -317,6 +317,29 @@ def test_partition_json_describes_each_sites_own_records_in_process_and_on_flowe
     assert meta["server_val_size"] == 10 and meta["server_test_size"] == 300
 
 
+def test_a_server_holding_only_a_test_set_serves_when_it_holds_out_no_validation_split(
+    sites, tmp_path
+) -> None:
+    """With val_fraction = 0 nothing of the server's training part is used, so a server folder of test/ alone
+    serves (its classes its test folders', its normalisation measured on its test images); with
+    val_fraction > 0 the line says its validation split is cut from its train/ folder. Before, both stopped
+    on the loader's missing train/ folder."""
+    import shutil
+
+    server = tmp_path / "server"
+    shutil.copytree(sites / "server" / "test", server / "test")
+    config = _config(sites, data_dir=str(server), rounds=1)
+    with pytest.raises(DataError, match=r"split \(val_fraction = 0.1\) is cut from its train/ folder"):
+        validate_setup(config)
+    data = validate_setup(config.replace(val_fraction=0.0))
+    assert len(data.dataset.train) == 0 and data.dataset.info.class_names == tuple(str(d) for d in range(10))
+    (summary,) = run_suite(config.replace(val_fraction=0.0), tmp_path / "run", progress=False)
+    assert summary["partition"]["sizes"] == [120, 120, 120] and summary["rounds_done"] == 1
+    with pytest.raises(ConfigError, match=r"drop_worst needs the server's validation split"):
+        options = {**config.options, "fedavg": {"drop_worst": True}}
+        validate_setup(config.replace(val_fraction=0.0, options=options))
+
+
 def test_an_image_folders_classes_option_fixes_the_label_order_and_allows_missing_folders(sites) -> None:
     from fedistill.data.registry import load_dataset
 
@@ -581,10 +604,12 @@ def test_a_site_without_training_records_is_named_not_answered_with_fewer_client
     config = build_config(RunConfig(), {**keys, "site_data_dir": str(tmp_path / "site-{site}")})
     with pytest.raises(DataError, match=r"site 1's folder .*site-1 holds no training records"):
         validate_setup(config)
-    # the server's folder too: its training part is its validation holdout
-    config = config.replace(data_dir=str(tmp_path / "site-1"))
-    with pytest.raises(DataError, match=r"the server's data_dir .*site-1 holds no training records"):
+    # the server's folder too, where its validation split is cut from its training part; with none cut, a
+    # test set alone serves
+    config = config.replace(data_dir=str(tmp_path / "site-1"), clients=1)
+    with pytest.raises(DataError, match=r"is cut from its train/ folder.*site-1 holds no training records"):
         validate_setup(config)
+    assert len(validate_setup(config.replace(val_fraction=0.0)).dataset.test) == 20
 
 
 def test_a_sites_files_the_loader_refuses_are_named_with_the_site(tmp_path) -> None:

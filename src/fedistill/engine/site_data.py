@@ -31,7 +31,7 @@ import torch
 from fedistill.config import RunConfig
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
 from fedistill.data.catalog import DATASETS
-from fedistill.data.partition import make_split, save_split
+from fedistill.data.partition import FederatedSplit, make_split, save_split
 from fedistill.data.registry import canonical_dataset_name, load_dataset
 from fedistill.engine.prepared import Prepared
 from fedistill.errors import ConfigError, DataError
@@ -198,6 +198,27 @@ def own_split_config(config: RunConfig) -> RunConfig:
     per-pixel set (`validation_mode`), as a natural site's (the partition is where the data live)."""
     options = {**config.options, "partition_options": {}}
     return config.replace(clients=1, partition="natural", site_data_dir="", options=options)
+
+
+def test_alone_split(
+    config: RunConfig, test_labels: np.ndarray, num_labels: int, val_mode: str
+) -> FederatedSplit:
+    """The server's split where its folder holds a test set alone (`val_fraction = 0`): no training record
+    to hold out or keep, its whole test set its one part's."""
+    empty = np.zeros(0, dtype=np.int64)
+    return FederatedSplit(
+        method="natural",
+        alpha=None,
+        seed=derive_seed(config.seed, "partition"),
+        num_classes=int(num_labels),
+        client_train=[empty],
+        client_val=[empty],
+        server_val=empty,
+        client_test=[np.arange(len(test_labels), dtype=np.int64)],
+        train_counts=np.zeros((1, int(num_labels)), dtype=np.int64),
+        val_fraction=0.0,
+        val_mode=val_mode,
+    )
 
 
 def validation_mode(config: RunConfig, per_pixel: bool) -> str:
