@@ -393,6 +393,22 @@ def test_site_folders_write_a_partition_as_the_folders_a_consortium_holds_and_it
     )
 
 
+def test_site_folders_without_a_validation_holdout_print_a_command_that_runs(tmp_path, capsys) -> None:
+    """With val_fraction = 0 the server's folder holds its test set alone, which only a run holding out no
+    validation split reads: the printed command says val_fraction = 0 (before, it left it at its default,
+    and the run stopped on the server's missing training records)."""
+    import shlex
+
+    out = tmp_path / "consortium"
+    argv = ["deploy", "site-folders", "--out", str(out), "--clients", "2", "--set", "val_fraction=0"]
+    assert main(argv) == 0
+    assert not (out / "server" / "train").exists()
+    command = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "val_fraction=0" in command
+    argv = [*command[1:], "--algorithm", "fedavg", "--model", "small-cnn", "--rounds", "1", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "runs"), "--name", "own"]) == 0
+
+
 def test_site_folders_write_a_segmentation_partition_as_mask_folders(tmp_path, capsys) -> None:
     """A semantic segmentation set's natural sites become mask folders (images and masks, pixel for pixel),
     and the command printed reads them as mask-folder with the set's class names."""
