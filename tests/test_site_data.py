@@ -591,6 +591,9 @@ def test_a_site_data_dir_naming_one_sites_folder_is_answered_with_the_path_for_e
     """`site-0` for `site-{site}`: the line suggests the path with the number made `{site}`."""
     with pytest.raises(ConfigError, match=r"has no \{site\}.*write e\.g\. '.*/sites\d*/site-\{site\}' \("):
         validate_setup(_config(sites, site_data_dir=str(sites / "site-0")))
+    # one site reads one folder: a path without {site} is no mistake there (it was refused as one)
+    data = validate_setup(_config(sites, site_data_dir=str(sites / "site-1"), clients=1))
+    assert data.client_sizes() == [108]
 
 
 def test_a_server_reading_a_sites_folder_is_named_in_process_and_on_flower(sites, tmp_path) -> None:

@@ -81,7 +81,7 @@ def check_site_data(config: RunConfig, *, per_node_folders: bool = False) -> Non
     """What `site_data_dir` rules out before any data are read: a partition's keys (the folders are the
     partition), a dataset that reads no files (every site would hold the same records), and, where the
     sites' folders come from the path alone (in-process, a Flower simulation), a path without `{site}`
-    (every site would read one folder) and a site folder that is not there. `per_node_folders`: a Flower
+    (several sites would read one folder) and a site folder that is not there. `per_node_folders`: a Flower
     deployment, whose nodes may each name their own folder."""
     if not own_data(config):
         return
@@ -104,7 +104,7 @@ def check_site_data(config: RunConfig, *, per_node_folders: bool = False) -> Non
             f"site_data_dir: dataset {name!r} reads no files, so every site would hold the same records; "
             "sites with their own data need a dataset read from files (image-folder, for a site's own images)"
         )
-    if SITE not in config.site_data_dir and not per_node_folders:
+    if SITE not in config.site_data_dir and not per_node_folders and config.clients > 1:
         path = Path(config.site_data_dir)
         number = re.search(r"\d+$", path.name)  # one site's folder, e.g. sites/site-0
         example = path.parent / (path.name[: number.start()] + SITE) if number else path / "site-{site}"
