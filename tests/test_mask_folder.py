@@ -206,8 +206,8 @@ def test_a_sites_mask_beyond_the_servers_classes_says_where_the_servers_classes_
     assert str(caught.value) == (
         f"site 0's folder {tmp_path / 'site-0'}: mask-folder: a mask under {tmp_path / 'site-0'} holds the "
         "value 2, but the server has 2 classes (background, class-1); the server's come from the largest "
-        "value in its data_dir's training masks: where they lack a class, set mask-folder.classes to every "
-        "class name, by value"
+        "value in its data_dir's training masks (its test masks where it has no train/): where they lack a "
+        "class, set mask-folder.classes to every class name, by value"
     )
 
 

@@ -143,6 +143,10 @@ def test_a_site_whose_classes_the_server_does_not_know_is_refused_naming_them(si
     )
     with pytest.raises(DataError, match=r"are not in the option classes \(0, 1"):
         load_site(named, 0, info, odd)
+    # the line also says where a server holding a test set alone (val_fraction = 0) reads its classes: its
+    # test/ folders (it named only train/ folders, which such a server does not have)
+    with pytest.raises(DataError, match=r"train/ folders \(its test/ folders where it has no train/\)"):
+        load_site(_config(sites), 0, info, odd)
 
 
 def test_site_data_unlike_the_servers_is_refused_naming_the_difference() -> None:

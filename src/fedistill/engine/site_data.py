@@ -53,12 +53,12 @@ AGREED = ("name", "task", "channels", "image_size", "num_classes", "class_names"
 SERVER_CLASSES = {
     "image-folder": (
         {"in the option classes": "among the server's classes"},
-        "its data_dir's train/ folders",
+        "its data_dir's train/ folders (its test/ folders where it has no train/)",
         "in label order",
     ),
     "mask-folder": (
         {"there are": "the server has", "; name them all in the option classes, by value": ""},
-        "the largest value in its data_dir's training masks",
+        "the largest value in its data_dir's training masks (its test masks where it has no train/)",
         "by value",
     ),
 }
