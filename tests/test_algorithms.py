@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fedistill.config import RunConfig, build_config
+from fedistill.data.partition import load_split
 from fedistill.engine.launch import resume_suite, run_suite
 from fedistill.engine.rundir import read_jsonl
 from fedistill.federation.ledger import DOWN, UP, read_ledger
@@ -79,6 +80,14 @@ def test_run_directory_contents(digits_suite):
     summary = json.loads((run / "summary.json").read_text())
     partition = json.loads((run / "partition.json").read_text())
     assert summary["partition"]["hash"] == partition["hash"]
+    # the split itself, key for key as it always was (a run whose sites hold their own data writes another)
+    assert (run / "partition.json").read_text() == json.dumps(load_split(run).to_json(), indent=1) + "\n"
+    assert list(partition) == [
+        "format", "version", "method", "alpha", "seed", "num_classes", "num_clients", "options",
+        "val_fraction", "val_mode", "hash", "client_train_sizes", "client_val_sizes", "server_val_size",
+        "client_test_sizes", "train_counts",
+    ]  # fmt: skip
+    assert partition["method"] == "dirichlet" and len(partition["train_counts"]) == 5
     for key in ("test_accuracy", "wall_time_s", "peak_memory_mb", "versions", "seed", "communication"):
         assert key in summary
     assert summary["device_name"] == "cpu"  # the device a run used, by name (on a GPU: the card)

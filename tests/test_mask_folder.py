@@ -206,8 +206,8 @@ def test_a_sites_mask_beyond_the_servers_classes_says_where_the_servers_classes_
     assert str(caught.value) == (
         f"site 0's folder {tmp_path / 'site-0'}: mask-folder: a mask under {tmp_path / 'site-0'} holds the "
         "value 2, but the server has 2 classes (background, class-1); the server's come from the largest "
-        "value in its data_dir's training masks: where they lack a class, set mask-folder.classes to every "
-        "class name, by value"
+        "value in its data_dir's training masks (its test masks where it has no train/): where they lack a "
+        "class, set mask-folder.classes to every class name, by value"
     )
 
 
@@ -236,3 +236,32 @@ def test_image_folder_pointed_at_a_mask_folder_names_mask_folder(tmp_path) -> No
     """images/ and masks/ read as two classes would train a classifier of scans against their masks."""
     with pytest.raises(DataError, match="holds images/ and masks/, the layout of mask-folder"):
         load_dataset("image-folder", _squares(tmp_path / "d"), channels=1, image_size=16)
+
+
+def test_a_server_of_test_masks_alone_serves_sites_that_hold_out_no_validation_split(tmp_path) -> None:
+    """With val_fraction = 0 a mask-folder server holding test/ alone serves: its classes come from its test
+    masks, its normalisation from its test images; before, its missing train/ stopped the run."""
+    import shutil
+
+    _squares(tmp_path / "full", values=(1, 2))
+    shutil.copytree(tmp_path / "full" / "test", tmp_path / "server" / "test")
+    _squares(tmp_path / "site-0", values=(1, 2), n=3)
+    _squares(tmp_path / "site-1", values=(1, 2), n=4)
+    keys = {
+        "algorithm": "fedavg",
+        "dataset": "mask-folder",
+        "data_dir": str(tmp_path / "server"),
+        "site_data_dir": str(tmp_path / "site-{site}"),
+        "clients": 2,
+        "rounds": 1,
+        "val_fraction": 0.0,
+        "model": "unet",
+        "threads": 1,
+        "mask-folder": {"image_size": 16},
+        "model_options": {"width": 4, "depth": 2},
+    }
+    (summary,) = run_suite(build_config(RunConfig(), keys), tmp_path / "run", progress=False)
+    assert summary["partition"]["sizes"] == [3, 4] and summary["rounds_done"] == 1
+    server = load_dataset("mask-folder", tmp_path / "server", image_size=16, test_alone=True)
+    assert len(server.train) == 0 and server.train.y.shape[1:] == (16, 16)
+    assert server.info.class_names == ("background", "class-1", "class-2")

@@ -143,6 +143,10 @@ def test_a_site_whose_classes_the_server_does_not_know_is_refused_naming_them(si
     )
     with pytest.raises(DataError, match=r"are not in the option classes \(0, 1"):
         load_site(named, 0, info, odd)
+    # the line also says where a server holding a test set alone (val_fraction = 0) reads its classes: its
+    # test/ folders (it named only train/ folders, which such a server does not have)
+    with pytest.raises(DataError, match=r"train/ folders \(its test/ folders where it has no train/\)"):
+        load_site(_config(sites), 0, info, odd)
 
 
 def test_site_data_unlike_the_servers_is_refused_naming_the_difference() -> None:
@@ -253,6 +257,93 @@ def test_a_resume_continues_to_the_uninterrupted_result_and_refuses_a_site_whose
     assert resume_suite(tmp_path / "edited", progress=False)[0]["rounds_done"] == 4
 
 
+def test_a_flower_resume_refuses_a_node_whose_records_changed_as_the_in_process_resume_does(
+    sites, tmp_path
+) -> None:
+    """The nodes' HELLO answers (each site's record count and fingerprint) are kept in sites.json when a
+    Flower run begins, and a resume refuses a node whose records changed since, naming its site; before,
+    only an in-process run kept them, and a Flower resume went on over the changed records."""
+    import json
+    import shutil
+
+    from fedistill.algorithms.classic.fedavg import FedAvgServer
+    from flower_local_grid import run_on_grid
+
+    copy = tmp_path / "data"
+    shutil.copytree(sites, copy)
+    config = _config(copy, rounds=3)
+    run_round = FedAvgServer.run_round
+
+    def crash(self, fleet, round):
+        if round == 2:
+            raise RuntimeError("simulated crash")
+        return run_round(self, fleet, round)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FedAvgServer, "run_round", crash)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            run_on_grid(config, tmp_path / "run", _grid(config, tmp_path))
+    assert len(json.loads((tmp_path / "run" / "fedavg" / "sites.json").read_text())) == 3
+    extra = copy / "site-1" / "train" / "7" / "extra.png"
+    Image.fromarray(np.full((8, 8), 90, np.uint8)).save(extra)
+    with pytest.raises(ConfigError, match=r"site 1's records differ from those the run began with"):
+        run_on_grid(config, tmp_path / "run", _grid(config, tmp_path), resume=True)
+    extra.unlink()
+    (summary,) = run_on_grid(config, tmp_path / "run", _grid(config, tmp_path), resume=True)
+    assert summary["rounds_done"] == 3
+
+
+def test_partition_json_describes_each_sites_own_records_in_process_and_on_flower(sites, tmp_path) -> None:
+    """An own-data run's partition.json says what each site holds (its training, validation and local test
+    counts, its class counts where this process read them) and the server's validation and test counts,
+    under the method own-data; before, it described the server's one-part split alone. A resume still reads
+    the server's split from it."""
+    import json
+
+    from fedistill.data.partition import load_split
+    from flower_local_grid import run_on_grid
+
+    config = _config(sites, rounds=1)
+    here = run_suite(config, tmp_path / "here", progress=False)
+    meta = json.loads((tmp_path / "here" / "fedavg" / "partition.json").read_text())
+    assert meta["method"] == "own-data" and meta["num_clients"] == 3 and meta["alpha"] is None
+    assert meta["client_train_sizes"] == [108, 108, 108] and meta["client_val_sizes"] == [12, 12, 12]
+    assert meta["client_test_sizes"] == [30, 30, 30]
+    assert meta["server_val_size"] == 10 and meta["server_test_size"] == 300
+    counts = np.array(meta["train_counts"])
+    assert counts.shape == (3, 10) and counts.sum(axis=1).tolist() == [108, 108, 108]
+    assert counts[2, :5].sum() == 0  # site 2 holds no case of 0-4
+    assert meta["hash"] == here[0]["partition"]["hash"] == load_split(tmp_path / "here" / "fedavg").hash()
+    run_on_grid(config, tmp_path / "there", _grid(config, tmp_path))
+    meta = json.loads((tmp_path / "there" / "fedavg" / "partition.json").read_text())
+    assert meta["method"] == "own-data" and meta["client_train_sizes"] == [108, 108, 108]
+    assert meta["train_counts"] is None and meta["client_test_sizes"] is None  # the nodes counted only those
+    assert meta["server_val_size"] == 10 and meta["server_test_size"] == 300
+
+
+def test_a_server_holding_only_a_test_set_serves_when_it_holds_out_no_validation_split(
+    sites, tmp_path
+) -> None:
+    """With val_fraction = 0 nothing of the server's training part is used, so a server folder of test/ alone
+    serves (its classes its test folders', its normalisation measured on its test images); with
+    val_fraction > 0 the line says its validation split is cut from its train/ folder. Before, both stopped
+    on the loader's missing train/ folder."""
+    import shutil
+
+    server = tmp_path / "server"
+    shutil.copytree(sites / "server" / "test", server / "test")
+    config = _config(sites, data_dir=str(server), rounds=1)
+    with pytest.raises(DataError, match=r"split \(val_fraction = 0.1\) is cut from its train/ folder"):
+        validate_setup(config)
+    data = validate_setup(config.replace(val_fraction=0.0))
+    assert len(data.dataset.train) == 0 and data.dataset.info.class_names == tuple(str(d) for d in range(10))
+    (summary,) = run_suite(config.replace(val_fraction=0.0), tmp_path / "run", progress=False)
+    assert summary["partition"]["sizes"] == [120, 120, 120] and summary["rounds_done"] == 1
+    with pytest.raises(ConfigError, match=r"drop_worst needs the server's validation split"):
+        options = {**config.options, "fedavg": {"drop_worst": True}}
+        validate_setup(config.replace(val_fraction=0.0, options=options))
+
+
 def test_an_image_folders_classes_option_fixes_the_label_order_and_allows_missing_folders(sites) -> None:
     from fedistill.data.registry import load_dataset
 
@@ -304,6 +395,22 @@ def test_site_folders_write_a_partition_as_the_folders_a_consortium_holds_and_it
     assert (
         "consortium is not empty: site-folders writes into a new or empty folder" in capsys.readouterr().err
     )
+
+
+def test_site_folders_without_a_validation_holdout_print_a_command_that_runs(tmp_path, capsys) -> None:
+    """With val_fraction = 0 the server's folder holds its test set alone, which only a run holding out no
+    validation split reads: the printed command says val_fraction = 0 (before, it left it at its default,
+    and the run stopped on the server's missing training records)."""
+    import shlex
+
+    out = tmp_path / "consortium"
+    argv = ["deploy", "site-folders", "--out", str(out), "--clients", "2", "--set", "val_fraction=0"]
+    assert main(argv) == 0
+    assert not (out / "server" / "train").exists()
+    command = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "val_fraction=0" in command
+    argv = [*command[1:], "--algorithm", "fedavg", "--model", "small-cnn", "--rounds", "1", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "runs"), "--name", "own"]) == 0
 
 
 def test_site_folders_write_a_segmentation_partition_as_mask_folders(tmp_path, capsys) -> None:
@@ -488,6 +595,9 @@ def test_a_site_data_dir_naming_one_sites_folder_is_answered_with_the_path_for_e
     """`site-0` for `site-{site}`: the line suggests the path with the number made `{site}`."""
     with pytest.raises(ConfigError, match=r"has no \{site\}.*write e\.g\. '.*/sites\d*/site-\{site\}' \("):
         validate_setup(_config(sites, site_data_dir=str(sites / "site-0")))
+    # one site reads one folder: a path without {site} is no mistake there (it was refused as one)
+    data = validate_setup(_config(sites, site_data_dir=str(sites / "site-1"), clients=1))
+    assert data.client_sizes() == [108]
 
 
 def test_a_server_reading_a_sites_folder_is_named_in_process_and_on_flower(sites, tmp_path) -> None:
@@ -517,10 +627,12 @@ def test_a_site_without_training_records_is_named_not_answered_with_fewer_client
     config = build_config(RunConfig(), {**keys, "site_data_dir": str(tmp_path / "site-{site}")})
     with pytest.raises(DataError, match=r"site 1's folder .*site-1 holds no training records"):
         validate_setup(config)
-    # the server's folder too: its training part is its validation holdout
-    config = config.replace(data_dir=str(tmp_path / "site-1"))
-    with pytest.raises(DataError, match=r"the server's data_dir .*site-1 holds no training records"):
+    # the server's folder too, where its validation split is cut from its training part; with none cut, a
+    # test set alone serves
+    config = config.replace(data_dir=str(tmp_path / "site-1"), clients=1)
+    with pytest.raises(DataError, match=r"is cut from its train/ folder.*site-1 holds no training records"):
         validate_setup(config)
+    assert len(validate_setup(config.replace(val_fraction=0.0)).dataset.test) == 20
 
 
 def test_a_sites_files_the_loader_refuses_are_named_with_the_site(tmp_path) -> None:

@@ -59,6 +59,9 @@ class DatasetEntry:
     load: Callable[..., LoadedDataset]  # (folder, download, verify, **options)
     describe: Callable[[str], str]  # (folder shown to the user) -> which files go where
     options: tuple[str, ...] = ()
+    #: the loader reads a folder holding a test set alone (`test_alone=True`: an empty training set), as the
+    #: server of sites with their own data may hold when it holds out no validation split
+    test_alone: bool = False
 
 
 def _describe_cifar(
@@ -158,6 +161,7 @@ DATASETS: dict[str, DatasetEntry] = {
             "class folder names sorted alphabetically give the labels (or the option classes, in order)."
         ),
         options=("channels", "image_size", "crop_padding", "horizontal_flip", "classes"),
+        test_alone=True,
     ),
     "mask-folder": DatasetEntry(
         "",
@@ -167,6 +171,7 @@ DATASETS: dict[str, DatasetEntry] = {
             f"{MASK_LAYOUT}; each mask value is a class (0 the background; 0/255 masks read as 0/1)."
         ),
         options=("channels", "image_size", "classes", "foreground"),
+        test_alone=True,
     ),
     "brats": DatasetEntry(
         "brats",

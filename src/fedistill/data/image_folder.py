@@ -136,10 +136,13 @@ def load_image_folder(
     crop_padding: int = 0,
     horizontal_flip: bool = False,
     classes: list[str] | tuple[str, ...] | None = None,
+    test_alone: bool = False,
 ) -> LoadedDataset:
     """Load `data_dir/train` and `data_dir/test`; mean/std are per channel over the training images.
     `classes`: every class name in label order, where a folder may lack some of them (a site that has no
-    case of one); without it the train/ folder names, sorted, are the classes."""
+    case of one); without it the train/ folder names, sorted, are the classes. `test_alone`: a folder with
+    test/ and no train/ is a test set alone (a server that holds out no validation split): the training set
+    is empty, the classes are test/'s folder names and mean/std are measured on the test images."""
     if not is_plain_int(channels) or channels not in (1, 3):
         raise ConfigError(f"image-folder option channels must be 1 or 3, got {channels!r}")
     if not is_plain_int(image_size) or image_size < 1:
@@ -155,15 +158,18 @@ def load_image_folder(
         )
     names = checked_classes(classes)
     root = Path(data_dir)
-    _check_root(root)
-    train_classes = _class_dirs(root / "train")
+    alone = test_alone and root.is_dir() and not (root / "train").exists() and (root / "test").is_dir()
+    if not alone:
+        _check_root(root)
+    train_classes = {} if alone else _class_dirs(root / "train")
     if set(train_classes) == {"images", "masks"}:  # else a classifier of scans against their masks
         raise DataError(
             f"image-folder: {root / 'train'} holds images/ and masks/, the layout of mask-folder "
             "(segmentation): use --dataset mask-folder, or put each class's images in a folder named after it"
         )
     test_classes = _class_dirs(root / "test")
-    known = set(train_classes) if names is None else set(names)
+    named = test_classes if alone else train_classes  # the folders the classes are read from
+    known = set(named) if names is None else set(names)
     for part, found in (("train", train_classes), ("test", test_classes)):
         unknown = sorted(set(found) - known)
         if unknown and names is not None:
@@ -179,16 +185,19 @@ def load_image_folder(
     for class_dir in train_classes.values():
         if not _image_files(class_dir):
             raise DataError(f"image-folder: training class folder {class_dir} {_no_images(class_dir)}")
-    if names is None and len(train_classes) < 2:
+    if names is None and len(named) < 2:
         raise DataError(
-            f"image-folder: {root / 'train'} holds {len(train_classes)} class folder(s) "
-            f"({', '.join(train_classes) or 'none'}); a classifier needs at least 2"
+            f"image-folder: {root / ('test' if alone else 'train')} holds {len(named)} class folder(s) "
+            f"({', '.join(named) or 'none'}); a classifier needs at least 2"
         )
-    names = names or tuple(train_classes)
+    names = names or tuple(named)
     label_of = {name: i for i, name in enumerate(names)}
-    train = _load_split(root / "train", train_classes, label_of, channels, image_size)
     test = _load_split(root / "test", test_classes, label_of, channels, image_size)
-    mean, std = channel_statistics(train.x)
+    if alone:
+        train = ImageSet(test.x[:0], test.y[:0])
+    else:
+        train = _load_split(root / "train", train_classes, label_of, channels, image_size)
+    mean, std = channel_statistics(test.x if alone else train.x)
     info = DatasetInfo(
         name="image-folder",
         channels=channels,

@@ -41,10 +41,13 @@ def load_mask_folder(
     image_size: int = 64,
     classes: list[str] | tuple[str, ...] | None = None,
     foreground: bool = False,
+    test_alone: bool = False,
 ) -> LoadedDataset:
     """Load `data_dir/{train,test}/{images,masks}`; mean/std are per channel over the training images.
     `foreground`: every value above 0 is one class (an instance map, one id per object, read as objects
-    against the background)."""
+    against the background). `test_alone`: a folder with test/ and no train/ is a test set alone (a server
+    that holds out no validation split): the training set is empty, and the class count and mean/std are
+    read from the test masks and images."""
     if not is_plain_int(channels) or channels not in (1, 3):
         raise ConfigError(f"mask-folder option channels must be 1 or 3, got {channels!r}")
     if not is_plain_int(image_size) or image_size < 4:
@@ -55,16 +58,19 @@ def load_mask_folder(
     root = Path(data_dir)
     if not root.is_dir():
         raise DataError(f"mask-folder: data_dir {root} is not a folder; expected the layout {LAYOUT}")
-    train_x, train_masks = _load_part(root / "train", channels, image_size)
+    alone = test_alone and not (root / "train").exists() and (root / "test").is_dir()
     test_x, test_masks = _load_part(root / "test", channels, image_size)
+    train_x, train_masks = (test_x[:0], []) if alone else _load_part(root / "train", channels, image_size)
     binary = foreground or all(set(np.unique(m).tolist()) <= {0, 255} for m in (*train_masks, *test_masks))
-    train_y, test_y = (_labels(masks, binary) for masks in (train_masks, test_masks))
-    largest = max(int(train_y.max()), int(test_y.max()))  # neither part is empty (_files)
+    test_y = _labels(test_masks, binary)
+    train_y = test_y[:0] if alone else _labels(train_masks, binary)
+    largest = max(int(train_y.max()) if len(train_y) else 0, int(test_y.max()))  # test/ is never empty
+    part, read = ("test", test_y) if alone else ("train", train_y)  # where the classes are counted
     if names is None:
-        count = max(int(train_y.max()) + 1, 2)
+        count = max(int(read.max()) + 1, 2)
         if count > MOST_CLASSES:
             raise DataError(
-                f"mask-folder: the masks under {root / 'train'} hold values up to {count - 1}, read as "
+                f"mask-folder: the masks under {root / part} hold values up to {count - 1}, read as "
                 f"{count} classes: an instance map (one id per object)? set mask-folder.foreground = true to "
                 "read every object as one class, or name the classes (mask-folder.classes, by value)"
             )
@@ -74,7 +80,7 @@ def load_mask_folder(
             f"mask-folder: a mask under {root} holds the value {largest}, but there are {len(names)} classes "
             f"({', '.join(names)}); name them all in the option classes, by value"
         )
-    mean, std = channel_statistics(train_x)
+    mean, std = channel_statistics(test_x if alone else train_x)
     info = DatasetInfo(
         name="mask-folder",
         channels=channels,

@@ -77,6 +77,7 @@ def load_dataset(
     *,
     download: bool = False,
     verify: bool = True,
+    test_alone: bool = False,
     **options: object,
 ) -> LoadedDataset:
     """Load dataset `name` (see `dataset_names()`); `options` are dataset-specific (digits: crop_padding;
@@ -85,7 +86,9 @@ def load_dataset(
     fedistill.data.medical; the text sets: see fedistill.data.text).
 
     `download` fetches missing files (md5-checked) for the datasets that have a canonical URL;
-    `verify=False` skips the md5 check of local files (their format is still checked).
+    `verify=False` skips the md5 check of local files (their format is still checked); `test_alone=True` lets
+    a dataset whose loader can (`DatasetEntry.test_alone`: the image and mask folders) read a folder holding
+    a test set alone, with an empty training set (other datasets read their files as always).
     """
     key = canonical_dataset_name(name)
     entry = DATASETS[key]
@@ -100,6 +103,8 @@ def load_dataset(
             f"dataset {key!r} needs files and no data directory was given (--data-dir).\n"
             + describe_files(key)
         )
+    if test_alone and entry.test_alone:
+        options = {**options, "test_alone": True}
     root = Path(data_dir).expanduser()
     return entry.load(root / entry.subdir if entry.subdir else root, download, verify, **options)
 

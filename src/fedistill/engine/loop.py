@@ -25,7 +25,7 @@ from fedistill.algorithms.shared.oracle import ORACLE_LABEL, ORACLE_METRIC
 from fedistill.algorithms.shared.stage1 import cache_folder
 from fedistill.algorithms.shared.training import evaluate_model, task_of
 from fedistill.config import RunConfig, write_config
-from fedistill.data.partition import load_split, save_split
+from fedistill.data.partition import load_split
 from fedistill.engine.checkpoint import save_model, sweep_temporaries, write_checkpoint
 from fedistill.engine.floor import floor_scores
 from fedistill.engine.resume import (
@@ -37,7 +37,7 @@ from fedistill.engine.resume import (
 )
 from fedistill.engine.rundir import MetricsWriter
 from fedistill.engine.setup import Prepared, client_contexts, resolve, score_first, source_names
-from fedistill.engine.site_data import check_sites, save_sites, site_greeting
+from fedistill.engine.site_data import check_sites, node_sites, save_partition, save_sites, site_greeting
 from fedistill.engine.summary import write_summary
 from fedistill.engine.tracking import start_tracking
 from fedistill.errors import ConfigError, FederationError, RunDirError
@@ -110,7 +110,7 @@ def run_algorithm(
             )  # fmt: skip
         if checkpoint is None:
             write_config(config, run_dir / "config.toml")
-            save_split(data.split, run_dir)
+            save_partition(config, data, run_dir)  # on Flower, written again once the nodes have answered
             save_sites(data, run_dir)
             counts = data.train_counts()  # None: the sites' own data, on their Flower nodes
             if counts is not None:
@@ -196,6 +196,8 @@ def _loop(
         # None unless config.track names trackers; a new run under a used name is no resume of it
         tracking = start_tracking(config, run_dir, resume=state is not None or restarted)
         fleet = _fleet(config, algorithm, clients, ledger, grid, run_dir, data)
+        if grid is not None and data.own_data:  # the sites as their nodes' HELLO answers describe them
+            node_sites(config, data, run_dir, fleet, resumed=state is not None)
         # the versions of the code that starts the run, not of whatever is on disk when it ends
         ran_with, ran_on = versions(), machine()
         machines_so_far = history_after(runner_state.get("machines", []), ran_on)  # this start's machine last

@@ -33,6 +33,7 @@ from fedistill.engine.site_data import (
     own_data,
     own_split_config,
     pooled,
+    test_alone_split,
     validation_mode,
 )
 from fedistill.engine.tracking import trackers_for
@@ -153,22 +154,27 @@ def canonical_dataset(config: RunConfig) -> RunConfig:
 def prepare_data(config: RunConfig) -> Prepared:
     """Load the run's dataset, with its options, and split it among the clients as the config says; with
     `site_data_dir`, the server's own data, split into its validation holdout and the rest, its files not
-    checked against the published dataset's md5s (they are the deployment's own records)."""
+    checked against the published dataset's md5s (they are the deployment's own records); with
+    `val_fraction = 0` the server's folder may hold a test set alone."""
     config = canonical_dataset(config)
     own = own_data(config)
     if own:
         config = own_split_config(config)
     options = config.options.get(config.dataset, {})
     dataset = load_dataset(
-        config.dataset, config.data_dir, download=config.download, verify=not own, **options
+        config.dataset, config.data_dir, download=config.download, verify=not own, test_alone=own, **options
     )
-    if own and not len(dataset.train):
+    if own and not len(dataset.train) and config.val_fraction > 0:
         raise DataError(
-            f"the server's data_dir {config.data_dir} holds no training records; with site_data_dir, "
-            "val_fraction of them are the server's validation split: give it some"
+            f"the server's validation split (val_fraction = {config.val_fraction:g}) is cut from its train/ "
+            f"folder (its training records), and data_dir {config.data_dir} holds no training records: give "
+            "it some, or set val_fraction = 0 (no method then selects on the server's validation split)"
         )
     task = task_class(dataset.info)
     train_labels, test_labels, num_labels = task.partition_labels(dataset)
+    if own and not len(dataset.train):  # a test set alone: no holdout to cut, nothing else to split
+        mode = validation_mode(config, task.per_pixel)
+        return Prepared(dataset, test_alone_split(config, test_labels, num_labels, mode), own_data=True)
     split = make_split(
         train_labels,
         test_labels,

@@ -31,7 +31,7 @@ import torch
 from fedistill.config import RunConfig
 from fedistill.data.base import DatasetInfo, ImageSet, LoadedDataset
 from fedistill.data.catalog import DATASETS
-from fedistill.data.partition import make_split
+from fedistill.data.partition import FederatedSplit, make_split, save_split
 from fedistill.data.registry import canonical_dataset_name, load_dataset
 from fedistill.engine.prepared import Prepared
 from fedistill.errors import ConfigError, DataError
@@ -53,12 +53,12 @@ AGREED = ("name", "task", "channels", "image_size", "num_classes", "class_names"
 SERVER_CLASSES = {
     "image-folder": (
         {"in the option classes": "among the server's classes"},
-        "its data_dir's train/ folders",
+        "its data_dir's train/ folders (its test/ folders where it has no train/)",
         "in label order",
     ),
     "mask-folder": (
         {"there are": "the server has", "; name them all in the option classes, by value": ""},
-        "the largest value in its data_dir's training masks",
+        "the largest value in its data_dir's training masks (its test masks where it has no train/)",
         "by value",
     ),
 }
@@ -81,7 +81,7 @@ def check_site_data(config: RunConfig, *, per_node_folders: bool = False) -> Non
     """What `site_data_dir` rules out before any data are read: a partition's keys (the folders are the
     partition), a dataset that reads no files (every site would hold the same records), and, where the
     sites' folders come from the path alone (in-process, a Flower simulation), a path without `{site}`
-    (every site would read one folder) and a site folder that is not there. `per_node_folders`: a Flower
+    (several sites would read one folder) and a site folder that is not there. `per_node_folders`: a Flower
     deployment, whose nodes may each name their own folder."""
     if not own_data(config):
         return
@@ -104,7 +104,7 @@ def check_site_data(config: RunConfig, *, per_node_folders: bool = False) -> Non
             f"site_data_dir: dataset {name!r} reads no files, so every site would hold the same records; "
             "sites with their own data need a dataset read from files (image-folder, for a site's own images)"
         )
-    if SITE not in config.site_data_dir and not per_node_folders:
+    if SITE not in config.site_data_dir and not per_node_folders and config.clients > 1:
         path = Path(config.site_data_dir)
         number = re.search(r"\d+$", path.name)  # one site's folder, e.g. sites/site-0
         example = path.parent / (path.name[: number.start()] + SITE) if number else path / "site-{site}"
@@ -200,6 +200,27 @@ def own_split_config(config: RunConfig) -> RunConfig:
     return config.replace(clients=1, partition="natural", site_data_dir="", options=options)
 
 
+def test_alone_split(
+    config: RunConfig, test_labels: np.ndarray, num_labels: int, val_mode: str
+) -> FederatedSplit:
+    """The server's split where its folder holds a test set alone (`val_fraction = 0`): no training record
+    to hold out or keep, its whole test set its one part's."""
+    empty = np.zeros(0, dtype=np.int64)
+    return FederatedSplit(
+        method="natural",
+        alpha=None,
+        seed=derive_seed(config.seed, "partition"),
+        num_classes=int(num_labels),
+        client_train=[empty],
+        client_val=[empty],
+        server_val=empty,
+        client_test=[np.arange(len(test_labels), dtype=np.int64)],
+        train_counts=np.zeros((1, int(num_labels)), dtype=np.int64),
+        val_fraction=0.0,
+        val_mode=val_mode,
+    )
+
+
 def validation_mode(config: RunConfig, per_pixel: bool) -> str:
     """`val_mode = "auto"`: whole subjects of each site where the sites are a per-pixel set's natural
     groups (neighbouring slices of one subject are nearly the same sample), else a random holdout."""
@@ -245,36 +266,100 @@ def harness_from(arrays: dict[str, Any], config: dict[str, Any]) -> LoadedDatase
     )
 
 
-#: The file in a run folder holding each in-process site's data fingerprint, so that a resume finds a site
-#: whose folder changed (the saved partition is the server's data alone).
+#: The file in a run folder holding each site's data fingerprint (in-process from the sites' data, on Flower
+#: from their nodes' start-up HELLO answers), so that a resume finds a site whose folder changed (the saved
+#: partition is the server's data alone).
 SITES_FILE = "sites.json"
+
+
+def fingerprint(records: str, split: str | None) -> str:
+    """A site's fingerprint: the hash of its training records and that of its split of them."""
+    return f"{records}:{split}"
 
 
 def site_fingerprints(data: Prepared) -> list[str]:
     """Each site's training records and split, as one hash per site (in-process sites only)."""
-    return [f"{site.records_hash}:{site.split.hash()}" for site in data.sites or []]
+    return [fingerprint(site.records_hash, site.split.hash()) for site in data.sites or []]
 
 
 def save_sites(data: Prepared, run_dir: Path) -> None:
     """Record the sites' fingerprints beside the saved partition, where this process holds the sites."""
     if data.sites is not None:
-        (run_dir / SITES_FILE).write_text(json.dumps(site_fingerprints(data)), encoding="utf-8")
+        _write_sites(site_fingerprints(data), run_dir)
 
 
 def check_sites(data: Prepared, run_dir: Path) -> None:
     """A resume's sites hold what they held when the run began; else one line naming the first that
     changed (a site's records or the split of them)."""
+    if data.sites is not None:
+        _compare_sites(site_fingerprints(data), run_dir)
+
+
+def node_sites(config: RunConfig, data: Prepared, run_dir: Path, fleet: Any, *, resumed: bool) -> None:
+    """On Flower, the sites as their nodes answered the start-up HELLO (`fleet.site_hashes`: the hashes of
+    each site's records and split, in partition order; `fleet.site_sizes`): their fingerprints recorded
+    with their counts when the run begins, and on a resume compared with those it began with, as
+    `check_sites` compares an in-process run's."""
+    found = [fingerprint(records, split) for records, split in fleet.site_hashes]
+    if resumed:
+        _compare_sites(found, run_dir)
+    else:
+        _write_sites(found, run_dir)
+        save_partition(config, data, run_dir, fleet.site_sizes)
+
+
+def save_partition(config: RunConfig, data: Prepared, run_dir: Path, sizes: list[int] | None = None) -> None:
+    """The run's `partition.npz` and `partition.json`: the split as it always was, or, where the sites hold
+    their own records, what a user needs to know of them (`own_partition`) around the server's split."""
+    save_split(data.split, run_dir, own_partition(config, data, sizes) if data.own_data else None)
+
+
+def own_partition(config: RunConfig, data: Prepared, sizes: list[int] | None = None) -> dict[str, Any]:
+    """What `partition.json` says of sites holding their own records: each site's training, validation and
+    local test counts and its class counts where this process read the sites (`sizes`: the training counts
+    the Flower nodes reported; what no process here counted is null), and the server's validation and test
+    counts; the server's own split (the one the resume checks) is its `split`."""
+    sites, split = data.sites, data.split
+    counts = data.train_counts() if not task_class(data.dataset.info).per_pixel else None
+    return {
+        "format": "fedistill-partition",
+        "version": 1,
+        "method": "own-data",
+        "alpha": None,
+        "num_classes": split.num_classes,
+        "num_clients": config.clients,
+        "site_data_dir": config.site_data_dir,
+        "val_fraction": split.val_fraction,
+        "val_mode": split.val_mode,
+        "hash": split.hash(),
+        "client_train_sizes": data.client_sizes() or sizes,
+        "client_val_sizes": None if sites is None else [int(s.split.client_val[0].size) for s in sites],
+        "client_test_sizes": None if sites is None else [int(s.split.client_test[0].size) for s in sites],
+        "server_train_size": int(split.client_train[0].size),
+        "server_val_size": int(split.server_val.size),
+        "server_test_size": len(data.dataset.test),
+        "train_counts": None if counts is None else counts.tolist(),
+    }
+
+
+def _write_sites(fingerprints: list[str], run_dir: Path) -> None:
+    (run_dir / SITES_FILE).write_text(json.dumps(fingerprints), encoding="utf-8")
+
+
+def _compare_sites(fingerprints: list[str], run_dir: Path) -> None:
+    """One line naming the first site whose fingerprint is not the one recorded when the run began (a run
+    folder from before the record passes)."""
     path = run_dir / SITES_FILE
-    if data.sites is None or not path.exists():
+    if not path.exists():
         return
     saved = json.loads(path.read_text(encoding="utf-8"))
-    for k, (before, now) in enumerate(zip(saved, site_fingerprints(data), strict=False)):
+    for k, (before, now) in enumerate(zip(saved, fingerprints, strict=False)):
         if before != now:
             raise ConfigError(
                 f"{run_dir}: site {k}'s records differ from those the run began with; cannot resume"
             )
-    if len(saved) != len(data.sites):
-        raise ConfigError(f"{run_dir}: the run began with {len(saved)} sites, not {len(data.sites)}")
+    if len(saved) != len(fingerprints):
+        raise ConfigError(f"{run_dir}: the run began with {len(saved)} sites, not {len(fingerprints)}")
 
 
 def checked_greeting(dataset: LoadedDataset, max_message_mb: float) -> Message:

@@ -7,7 +7,8 @@ The run's partition (the same keys and seed as `fedistill run`) is cut as a run 
 exactly as loaded, as image folders (`train/<class>/*.png`, `test/<class>/*.png`) or, for a semantic
 segmentation set, as mask folders (`train/images/*.png` with `train/masks/*.png`, a class per pixel):
 
-    DIR/server/train   the validation holdout (the server's labelled data; a run holds out val_fraction of it)
+    DIR/server/train   the validation holdout (the server's labelled data; a run holds out val_fraction of it;
+                       none with val_fraction = 0, and the printed command then says val_fraction = 0)
     DIR/server/test    the whole test set, which scores every model
     DIR/site-K/train   site K's training records (a run holds out val_fraction of them)
     DIR/site-K/test    site K's shard of the test set (its local test set)
@@ -84,7 +85,8 @@ def write_site_folders(config: RunConfig, out: Path, *, progress: bool = True) -
     masks = info.task == "semantic-segmentation"
     with tqdm(total=total, unit="image", desc="site folders", disable=not progress) as bar:
         for folder, images, indices in parts:
-            (_write_masks if masks else _write)(folder, images, indices, names, bar)
+            if len(indices):  # an empty part is no folder (a mask folder's would be refused as empty)
+                (_write_masks if masks else _write)(folder, images, indices, names, bar)
     if masks:  # the server's masks may lack a class: name them all, by value
         return _summary(config, out, data, names)
     # image-folder reads the server's train/ folders, sorted, as the classes: where they lack one or sort
@@ -159,6 +161,8 @@ def _summary(config: RunConfig, out: Path, data: Prepared, classes: list[str] | 
     if classes is not None:  # the server's holdout may lack a class, or sort otherwise: all, in label order
         listed = ",".join(toml_literal(c) for c in classes)  # TOML strings: quotes, backslashes escaped
         command += ["--set", f"{name}.classes=[{listed}]"]
+    if not len(split.server_val):  # the server's folder holds a test set alone, which needs no holdout
+        command += ["--set", "val_fraction=0"]
     return (
         f"{config.dataset}, {partition_text(how, brackets=True)}, seed {config.seed}, written to {out}:\n"
         f"  server: {len(split.server_val)} validation and {len(data.dataset.test)} test images\n"

@@ -162,14 +162,17 @@ def make_split(
     )
 
 
-def save_split(split: FederatedSplit, directory: str | Path) -> None:
-    """Write ``partition.npz`` (int64 index arrays) and ``partition.json`` (sizes, counts, hash)."""
+def save_split(split: FederatedSplit, directory: str | Path, described: dict[str, Any] | None = None) -> None:
+    """Write ``partition.npz`` (int64 index arrays) and ``partition.json`` (sizes, counts, hash).
+    `described`: what ``partition.json`` says instead where the data were partitioned before the run (sites
+    holding their own records: each site's counts), with the split's own record under its key ``split``."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     np.savez(buffer, **dict(split.arrays()))
     disk.write_bytes(directory / "partition.npz", buffer.getvalue())
-    disk.write_text(directory / "partition.json", json.dumps(split.to_json(), indent=1) + "\n")
+    meta = split.to_json() if described is None else {**described, "split": split.to_json()}
+    disk.write_text(directory / "partition.json", json.dumps(meta, indent=1) + "\n")
 
 
 def load_split(directory: str | Path) -> FederatedSplit:
@@ -181,6 +184,7 @@ def load_split(directory: str | Path) -> FederatedSplit:
             raise DataError(f"{path} does not exist; create the split first (save_split)")
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta = meta.get("split", meta)  # a described partition keeps the split's record there (save_split)
         k = int(meta["num_clients"])
         with np.load(npz_path, allow_pickle=False) as npz:
             arrays = {name: npz[name].astype(np.int64) for name in npz.files}

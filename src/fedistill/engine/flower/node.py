@@ -55,7 +55,7 @@ from fedistill.errors import ConfigError, FederationError
 from fedistill.federation.client import ClientLogic
 from fedistill.federation.messages import Message
 from fedistill.transports.flower.forward import VERSIONS, node_state_dir
-from fedistill.transports.flower.grid_fleet import DATA_HASH, HELLO
+from fedistill.transports.flower.grid_fleet import DATA_HASH, HELLO, SPLIT_HASH
 
 
 @dataclass
@@ -239,7 +239,8 @@ def site_hello(
 ) -> Message:
     """The HELLO reply of a site holding its own data: what the server sent is kept (a site whose data
     disagree with its facts fails here, naming the difference), and the reply says how many training
-    records the site holds and their fingerprint (two sites reading one folder are found out)."""
+    records the site holds, their fingerprint (two sites reading one folder are found out) and the hash of
+    its split of them (a resume finds a site whose records changed)."""
     arrays, scalars = request.arrays.get(EVALUATION_SET), request.scalars.get("config", {})
     if arrays is None or DATASET_INFO not in scalars:
         raise FederationError(
@@ -254,7 +255,7 @@ def site_hello(
     site, _ = node_site(context, config, pid, state_root)
     reply = {
         "metrics": {"partition_id": pid, "num_samples": len(site.split.client_train[0])},
-        "config": {DATA_HASH: site.records_hash},
+        "config": {DATA_HASH: site.records_hash, SPLIT_HASH: site.split.hash()},
     }
     return Message.build(HELLO, scalars=reply)
 

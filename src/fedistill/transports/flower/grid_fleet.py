@@ -3,10 +3,10 @@
 Clients are addressed by partition id, as in-process; a `query.hello` at start-up asks every node
 for its partition id (and the hash of the split its copy of the data gives; where sites hold their own
 data, it carries the server's dataset facts and test set instead, and each node answers with its
-training-record count and their fingerprint). Every request and reply is recorded in the ledger and
-every reply checked on receipt exactly as in-process. Every wait has a deadline: a node that does not
-answer in time becomes an error reply ("timed out"), and the algorithm decides whether it can go on
-without it.
+training-record count, their fingerprint and the hash of its split of them). Every request and reply is
+recorded in the ledger and every reply checked on receipt exactly as in-process. Every wait has a
+deadline: a node that does not answer in time becomes an error reply ("timed out"), and the algorithm
+decides whether it can go on without it.
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ class GridFleet(Fleet):
         self.server_hash = server_hash
         #: each site's training-sample count, as its node reported it, where sites hold their own data
         self.site_sizes: list[int] | None = None
+        #: each site's (training-record hash, split hash), as its node reported them, in partition order
+        self.site_hashes: list[tuple[str, str | None]] | None = None
         self.node_of = self._discover(expected_clients, connect_timeout)
 
     @property
@@ -133,8 +135,9 @@ class GridFleet(Fleet):
 
     def _checked_site_sizes(self, replies: list[Message | None]) -> list[int]:
         """Each site's training-sample count from its HELLO reply (partition order); two sites whose records
-        are the same (one folder read twice), or a site holding the server's, stop the run."""
-        sizes, seen = [], {}
+        are the same (one folder read twice), or a site holding the server's, stop the run; each site's hashes
+        of its records and its split are kept (`site_hashes`), for a resume to compare."""
+        sizes, seen, hashes = [], {}, []
         for pid, reply in enumerate(replies):
             assert reply is not None  # _discover stopped on any missing reply
             fingerprint = reply.scalars.get("config", {}).get(DATA_HASH)
@@ -154,7 +157,9 @@ class GridFleet(Fleet):
                     "records: each site's data-dir (or site_data_dir's {site}) must name its own folder"
                 )
             seen[fingerprint] = pid
+            hashes.append((str(fingerprint), reply.scalars.get("config", {}).get(SPLIT_HASH)))
             sizes.append(int(reply.scalars.get("metrics", {}).get("num_samples", 0)))
+        self.site_hashes = hashes
         return sizes
 
     # --- the Fleet interface ---------------------------------------------------------------------
