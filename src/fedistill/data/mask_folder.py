@@ -60,20 +60,7 @@ def load_mask_folder(
     binary = foreground or all(set(np.unique(m).tolist()) <= {0, 255} for m in (*train_masks, *test_masks))
     train_y, test_y = (_labels(masks, binary) for masks in (train_masks, test_masks))
     largest = max(int(train_y.max()), int(test_y.max()))  # neither part is empty (_files)
-    if names is None:
-        count = max(int(train_y.max()) + 1, 2)
-        if count > MOST_CLASSES:
-            raise DataError(
-                f"mask-folder: the masks under {root / 'train'} hold values up to {count - 1}, read as "
-                f"{count} classes: an instance map (one id per object)? set mask-folder.foreground = true to "
-                "read every object as one class, or name the classes (mask-folder.classes, by value)"
-            )
-        names = ("background", *(f"class-{c}" for c in range(1, count)))
-    if largest >= len(names):
-        raise DataError(
-            f"mask-folder: a mask under {root} holds the value {largest}, but there are {len(names)} classes "
-            f"({', '.join(names)}); name them all in the option classes, by value"
-        )
+    names = class_names(names, int(train_y.max()), largest, "mask-folder", root, root / "train")
     mean, std = channel_statistics(train_x)
     info = DatasetInfo(
         name="mask-folder",
@@ -91,6 +78,36 @@ def load_mask_folder(
 #: More classes than this, with no `classes` option naming them, is taken for an instance map (refused with
 #: the options that read it); a semantic mask of so many unnamed classes is rare.
 MOST_CLASSES = 32
+
+
+def class_names(
+    names: tuple[str, ...] | None,
+    train_largest: int,
+    largest: int,
+    dataset: str,
+    root: Path,
+    train_root: Path,
+    what: str = "mask",
+) -> tuple[str, ...]:
+    """The class names by value: the option `classes` (`names`), or by default `background`, `class-1`, ...
+    up to the largest value in the training masks (`train_largest`; more than MOST_CLASSES is taken for an
+    instance map and refused); a value (`largest`, of train and test) without a name is refused. `root` and
+    `train_root` are the folders the errors name: the data's, and its training masks'."""
+    if names is None:
+        count = max(train_largest + 1, 2)
+        if count > MOST_CLASSES:
+            raise DataError(
+                f"{dataset}: the {what}s under {train_root} hold values up to {count - 1}, read as "
+                f"{count} classes: an instance map (one id per object)? set {dataset}.foreground = true to "
+                f"read every object as one class, or name the classes ({dataset}.classes, by value)"
+            )
+        names = ("background", *(f"class-{c}" for c in range(1, count)))
+    if largest >= len(names):
+        raise DataError(
+            f"{dataset}: a {what} under {root} holds the value {largest}, but there are {len(names)} classes "
+            f"({', '.join(names)}); name them all in the option classes, by value"
+        )
+    return tuple(names)
 
 
 def _load_part(part: Path, channels: int, image_size: int) -> tuple[torch.Tensor, list[np.ndarray]]:
