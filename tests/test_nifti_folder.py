@@ -237,6 +237,28 @@ def test_test_fraction_with_a_test_folder_and_a_value_without_a_class_are_refuse
     assert three.info.num_classes == 3 and int(three.test.y.max()) == 2
 
 
+def test_unlabelled_test_cases_a_misplaced_label_and_an_empty_test_set(tmp_path, caplog) -> None:
+    """The Decathlon's imagesTs/ without labelsTs/ is left out (logged) and cases are held out instead; a
+    label volume whose affine places its voxels elsewhere than its image's is read, with a warning; test
+    cases that label nothing are refused, as there is nothing to score."""
+    root = _msd(tmp_path / "d", cases=3)
+    _save(root / "imagesTs" / "case_009.nii.gz", _synthetic_case(9)[0])
+    _save(root / "labelsTr" / "case_001.nii.gz", _synthetic_case(1)[1], np.diag([1.0, 1.5, 3.0, 1.0]) * 1.01)
+    with caplog.at_level(logging.INFO):
+        data = load_dataset("nifti-folder", root, image_size=16)
+    assert "imagesTs has no labelsTs/ beside it: its cases are not used" in caplog.text
+    assert (
+        "labelsTr/case_001.nii.gz and its image" in caplog.text
+        and "place their voxels differently" in caplog.text
+    )
+    assert "case_009" not in data.group_names and len(data.test) > 0
+    _save(root / "labelsTr" / "case_001.nii.gz", np.zeros(SHAPE, np.uint8))  # the held-out case: nothing
+    with pytest.raises(
+        DataError, match=r"no test case \(case_001\) labels a voxel above 0; nothing to score"
+    ):
+        load_dataset("nifti-folder", root, image_size=16)
+
+
 class Threshold(nn.Module):
     """Class 1 where the normalised input exceeds 0.5: its answer can be computed by hand."""
 

@@ -34,7 +34,9 @@ import math
 import re
 from pathlib import Path
 
+import nibabel as nib
 import numpy as np
+from nibabel.orientations import inv_ornt_aff, io_orientation
 
 from fedistill.data.base import LoadedDataset, is_plain_int
 from fedistill.data.image_folder import checked_classes
@@ -162,6 +164,9 @@ def load_nifti_folder(
         raise DataError(
             f"{NAME}: no training case under {train_dirs[1]} labels a voxel above 0; nothing to learn"
         )
+    if not any(len(s.images) for s, _ in test):
+        shown = ", ".join(list(test_cases)[:3]) + (", ..." if len(test_cases) > 3 else "")
+        raise DataError(f"{NAME}: no test case ({shown}) labels a voxel above 0; nothing to score")
     return slice_dataset(NAME, [s for s, _ in train], [s for s, _ in test], image_size, class_names=names)
 
 
@@ -186,6 +191,8 @@ def _layout(root: Path) -> tuple[Path, Parts, Parts | None]:
                 f"{NAME}: {root / 'imagesTr'} has no {root / 'labelsTr'} beside it; expected {LAYOUT}"
             )
         test = (root / "imagesTs", root / "labelsTs") if (root / "labelsTs").is_dir() else None
+        if test is None and (root / "imagesTs").is_dir():
+            log.info("%s: %s has no labelsTs/ beside it: its cases are not used", NAME, root / "imagesTs")
         return root, (root / "imagesTr", root / "labelsTr"), test
     if (root / "train").is_dir():
         test = (root / "test" / "images", root / "test" / "masks") if (root / "test").is_dir() else None
@@ -304,6 +311,25 @@ def _read(path: Path) -> tuple[np.ndarray, tuple[float, float, float]]:
         ) from None
 
 
+def _same_grid(image_path: Path, label_path: Path) -> None:
+    """Log a label volume whose grid (its voxels' places, in RAS order) differs from its image's by more
+    than 0.01 mm: read voxel for voxel, it may not lie on the scan (nnU-Net warns of the same)."""
+    grids = []
+    for path in (image_path, label_path):
+        image = nib.load(str(path))
+        grids.append(image.affine @ inv_ornt_aff(io_orientation(image.affine), image.shape[:3]))
+    if not np.allclose(grids[0], grids[1], rtol=0.0, atol=0.01):
+        log.warning(
+            "%s: %s and its image %s place their voxels differently (affines %s and %s); read voxel for "
+            "voxel, as nnU-Net reads them",
+            NAME,
+            label_path,
+            image_path,
+            np.round(grids[1], 3).tolist(),
+            np.round(grids[0], 3).tolist(),
+        )
+
+
 def _case(
     name: str,
     image_path: Path,
@@ -325,6 +351,7 @@ def _case(
         raise DataError(
             f"{NAME}: {label_path} holds values other than whole numbers >= 0; not a label volume"
         )
+    _same_grid(image_path, label_path)
     labels = axial_slices(label).astype(np.int64)
     if foreground:
         labels = (labels > 0).astype(np.int64)
