@@ -24,6 +24,7 @@ FILE_DATASETS = (
     "brats-mri",
     "mri-cross-site",
     "brain-t1-sites",
+    "nifti-folder",
 )
 
 #: Folders that exist but hold nothing a loader can read, one level further in.
@@ -34,6 +35,7 @@ NESTED_EMPTY = {
     "brats-mri": ("brats/MICCAI_BraTS2020_TrainingData",),
     "nuclei-cross-site": ("cpm17", "monuseg", "tnbc"),
     "mri-cross-site": ("fastmri", "brats", "ixi"),
+    "nifti-folder": ("imagesTr", "labelsTr"),
 }
 
 

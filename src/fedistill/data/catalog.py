@@ -187,6 +187,12 @@ DATASETS: dict[str, DatasetEntry] = {
             "intensity",
         ),
     ),
+    "nifti-folder": DatasetEntry(
+        "",
+        _medical("nifti_folder", "load_nifti_folder"),
+        _medical_text("nifti_folder"),
+        options=("image_size", "window", "classes", "foreground", "slices", "channel", "test_fraction"),
+    ),
     "monuseg": DatasetEntry(
         "monuseg",
         _medical("monuseg", "load_monuseg"),

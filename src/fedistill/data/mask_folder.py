@@ -66,20 +66,7 @@ def load_mask_folder(
     train_y = test_y[:0] if alone else _labels(train_masks, binary)
     largest = max(int(train_y.max()) if len(train_y) else 0, int(test_y.max()))  # test/ is never empty
     part, read = ("test", test_y) if alone else ("train", train_y)  # where the classes are counted
-    if names is None:
-        count = max(int(read.max()) + 1, 2)
-        if count > MOST_CLASSES:
-            raise DataError(
-                f"mask-folder: the masks under {root / part} hold values up to {count - 1}, read as "
-                f"{count} classes: an instance map (one id per object)? set mask-folder.foreground = true to "
-                "read every object as one class, or name the classes (mask-folder.classes, by value)"
-            )
-        names = ("background", *(f"class-{c}" for c in range(1, count)))
-    if largest >= len(names):
-        raise DataError(
-            f"mask-folder: a mask under {root} holds the value {largest}, but there are {len(names)} classes "
-            f"({', '.join(names)}); name them all in the option classes, by value"
-        )
+    names = class_names(names, int(read.max()), largest, "mask-folder", root, root / part)
     mean, std = channel_statistics(test_x if alone else train_x)
     info = DatasetInfo(
         name="mask-folder",
@@ -97,6 +84,36 @@ def load_mask_folder(
 #: More classes than this, with no `classes` option naming them, is taken for an instance map (refused with
 #: the options that read it); a semantic mask of so many unnamed classes is rare.
 MOST_CLASSES = 32
+
+
+def class_names(
+    names: tuple[str, ...] | None,
+    train_largest: int,
+    largest: int,
+    dataset: str,
+    root: Path,
+    train_root: Path,
+    what: str = "mask",
+) -> tuple[str, ...]:
+    """The class names by value: the option `classes` (`names`), or by default `background`, `class-1`, ...
+    up to the largest value in the training masks (`train_largest`; more than MOST_CLASSES is taken for an
+    instance map and refused); a value (`largest`, of train and test) without a name is refused. `root` and
+    `train_root` are the folders the errors name: the data's, and its training masks'."""
+    if names is None:
+        count = max(train_largest + 1, 2)
+        if count > MOST_CLASSES:
+            raise DataError(
+                f"{dataset}: the {what}s under {train_root} hold values up to {count - 1}, read as "
+                f"{count} classes: an instance map (one id per object)? set {dataset}.foreground = true to "
+                f"read every object as one class, or name the classes ({dataset}.classes, by value)"
+            )
+        names = ("background", *(f"class-{c}" for c in range(1, count)))
+    if largest >= len(names):
+        raise DataError(
+            f"{dataset}: a {what} under {root} holds the value {largest}, but there are {len(names)} classes "
+            f"({', '.join(names)}); name them all in the option classes, by value"
+        )
+    return tuple(names)
 
 
 def _load_part(part: Path, channels: int, image_size: int) -> tuple[torch.Tensor, list[np.ndarray]]:

@@ -61,6 +61,11 @@ SERVER_CLASSES = {
         "the largest value in its data_dir's training masks (its test masks where it has no train/)",
         "by value",
     ),
+    "nifti-folder": (
+        {"there are": "the server has", "; name them all in the option classes, by value": ""},
+        "its data_dir's dataset.json or the largest value in its training label volumes",
+        "by value",
+    ),
 }
 
 

@@ -8,13 +8,14 @@ probabilities are stitched back and turned into instances by the same post-proce
 metrics use (`instances_from_three_class`); the instance map (uint16 PNG, 0 = background) is then
 resized back to the image's size.
 
-A NIfTI volume goes through the BraTS loader's steps: axial slices of the canonical volume, intensities
-scaled per volume (the 0.5th-99.5th percentiles of its non-zero voxels, or each slice by its maximum when
-the run's BraTS data used `intensity = "slice-max"`; the semi-synthetic lesion sets' brains span 0..0.75
-as their hosts'), the slices placed on BraTS' 240 mm field of view and resized to `image_size`. The
-models learned skull-stripped brains: a scan that keeps the head is first brain-extracted when asked
-(`skull_strip`, `fedistill predict --skull-strip`). Every slice is predicted, and the class map is
-taken back through the same steps to the volume's grid and voxel order.
+A NIfTI volume given to a model trained on `nifti-folder` goes through that loader's own steps
+(`nifti_folder.scaled_slices`, `model_slices`); any other goes through the BraTS loader's steps: axial
+slices of the canonical volume, intensities scaled per volume (the 0.5th-99.5th percentiles of its
+non-zero voxels, or each slice by its maximum when the run's BraTS data used `intensity = "slice-max"`;
+the semi-synthetic lesion sets' brains span 0..0.75 as their hosts'), the slices placed on BraTS' 240 mm
+field of view and resized to `image_size`. The models learned skull-stripped brains: a scan that keeps the
+head is first brain-extracted when asked (`skull_strip`, `fedistill predict --skull-strip`). Every slice is
+predicted, and the class map is taken back through the same steps to the volume's grid and voxel order.
 """
 
 from __future__ import annotations
@@ -28,14 +29,17 @@ import torch.nn.functional as F
 
 from fedistill.data.medical.brain_extraction import extract_brain, extraction_rule
 from fedistill.data.medical.brain_synthetic import HOST_SCALED, scan_scale
+from fedistill.data.medical.nifti_folder import NAME as NIFTI_FOLDER
+from fedistill.data.medical.nifti_folder import checked_window, scaled_slices
 from fedistill.data.medical.patches import extract_patches, stitch
 from fedistill.data.medical.volumes import (
+    FIELD_OF_VIEW_MM,
     axial_slices,
     resize_images,
     scale_to_uint8,
     to_field_of_view,
 )
-from fedistill.errors import DataError
+from fedistill.errors import ConfigError, DataError
 from fedistill.inference.forward import Trained, chunks, dataset_options, outputs
 from fedistill.inference.images import model_image, nearest_resize, read_image, to_channels, write_labels
 from fedistill.inference.inputs import InputFile
@@ -138,14 +142,24 @@ def segment_volume(
     model: Trained, path: Path, answer: Path, batch_size: int, skull_strip: bool | str = False
 ) -> None:
     """The class of every voxel of the NIfTI volume at `path`, written to `answer` (uint8); `skull_strip`:
-    brain extraction first, for a scan that keeps the head (`scan_to_uint8`)."""
+    brain extraction first, for a scan that keeps the head (`scan_to_uint8`). A model trained on
+    nifti-folder gets the volume as that loader made its slices (`nifti_folder.scaled_slices`, with the
+    run's `window`), on the field of view of the volume's larger side; the brain sets on BraTS' 240 mm."""
     volume = read_nifti(path)
     zooms = volume.canonical_zooms
-    images = axial_slices(volume.canonical)
-    spacing = (zooms[1], zooms[0])  # rows run along y, columns along x
-    scaled = scan_to_uint8(model, images, spacing, str(path), skull_strip)
-    on_view = to_field_of_view(scaled, spacing)
+    if model.config.dataset == NIFTI_FOLDER:
+        if skull_strip:
+            raise ConfigError(
+                f"--skull-strip applies to models trained on brain sets; {NIFTI_FOLDER} reads scans as given"
+            )
+        window = checked_window(dataset_options(model).get("window"))
+        scaled, spacing, field = scaled_slices(volume.canonical, zooms, window, str(path))
+    else:
+        images = axial_slices(volume.canonical)
+        spacing, field = (zooms[1], zooms[0]), FIELD_OF_VIEW_MM  # rows run along y, columns along x
+        scaled = scan_to_uint8(model, images, spacing, str(path), skull_strip)
+    on_view = to_field_of_view(scaled, spacing, field)
     small = resize_images(on_view, model.info.image_size)
     labels = outputs(model, torch.from_numpy(small)[:, None], batch_size).argmax(1).numpy()
-    labels = from_field_of_view(nearest_resize(labels, on_view.shape[1:]), images.shape[1:])
+    labels = from_field_of_view(nearest_resize(labels, on_view.shape[1:]), scaled.shape[1:])
     write_like(volume, volume.from_canonical(from_axial(labels)).astype(np.uint8), answer)

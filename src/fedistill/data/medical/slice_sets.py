@@ -34,9 +34,9 @@ class SubjectSlices:
 
     name: str
     images: np.ndarray  # (n, S, S) uint8
-    masks: np.ndarray  # (n, S, S) bool, whole tumour
+    masks: np.ndarray  # (n, S, S) bool, whole tumour (or int64 classes, for several)
     slices: np.ndarray  # (n,) the axial index of each slice in its volume
-    tumour_voxels: int  # the whole volume's tumour size, which ranks the training subjects
+    tumour_voxels: int  # the whole volume's tumour (foreground) size, which ranks the training subjects
 
 
 def subject_slices(
@@ -85,9 +85,10 @@ def slice_dataset(
     test: list[SubjectSlices],
     image_size: int,
     extra_test_meta: dict[str, np.ndarray] | None = None,
+    class_names: tuple[str, ...] = TUMOUR_CLASSES,
 ) -> LoadedDataset:
     """The LoadedDataset: groups = training subjects' size ranks, test_meta subject (index into the test
-    subjects, in order) and slice (axial index in that subject's volume)."""
+    subjects, in order) and slice (axial index in that subject's volume); `class_names` by mask value."""
     for subject in (*train, *test):
         if len(subject.images) == 0:
             log.info(
@@ -104,11 +105,11 @@ def slice_dataset(
         name=name,
         channels=1,
         image_size=image_size,
-        num_classes=2,
+        num_classes=len(class_names),
         mean=(mean,),
         std=(std,),
         horizontal_flip=False,  # the batch augmentation flips images only, never their per-pixel targets
-        class_names=TUMOUR_CLASSES,
+        class_names=tuple(class_names),
         task="semantic-segmentation",
     )
     test_meta = {

@@ -70,10 +70,12 @@ def scale_to_uint8(volume: np.ndarray, brain: np.ndarray, mode: str, source: str
     return np.round(np.clip(scaled, 0.0, 1.0) * 255.0).astype(np.uint8)
 
 
-def to_field_of_view(stack: np.ndarray, spacing_mm: tuple[float, float]) -> np.ndarray:
-    """Centre-pad (or crop) slices (N, H, W) of the given row/column spacing to the square 240 mm field of
-    view, in their own pixels (so 1 mm data becomes 240×240)."""
-    target = [round(FIELD_OF_VIEW_MM / s) for s in spacing_mm]
+def to_field_of_view(
+    stack: np.ndarray, spacing_mm: tuple[float, float], field_of_view_mm: float = FIELD_OF_VIEW_MM
+) -> np.ndarray:
+    """Centre-pad (or crop) slices (N, H, W) of the given row/column spacing to a square field of view of
+    `field_of_view_mm` (BraTS' 240 mm by default), in their own pixels (so 1 mm data becomes 240×240)."""
+    target = [round(field_of_view_mm / s) for s in spacing_mm]
     out = stack
     for axis, size in zip((1, 2), target, strict=True):
         have = out.shape[axis]
@@ -104,6 +106,22 @@ def resize_masks(stack: np.ndarray, size: int) -> np.ndarray:
     x = torch.from_numpy(np.ascontiguousarray(stack, dtype=np.float32))[:, None]
     y = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
     return (y[:, 0] >= 0.5).numpy()
+
+
+def resize_labels(stack: np.ndarray, size: int) -> np.ndarray:
+    """Label maps (N, H, W) of whole numbers to (N, size, size), values kept: each new pixel takes the value
+    covering most of its area (bilinear with antialiasing, per value); a tie goes to a foreground value, as
+    `resize_masks` keeps a half-covered pixel."""
+    if stack.shape[1:] == (size, size):
+        return stack.astype(np.int64)
+    values = [int(v) for v in np.unique(stack) if v != 0]
+    if not values:
+        return np.zeros((stack.shape[0], size, size), np.int64)
+    x = torch.from_numpy(np.stack([stack == v for v in values], axis=1).astype(np.float32))
+    y = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+    background = 1.0 - y.sum(dim=1, keepdim=True)
+    best = torch.cat([y, background], dim=1).argmax(dim=1).numpy()  # the first largest: foreground on a tie
+    return np.asarray([*values, 0], np.int64)[best]
 
 
 def select_slices(
