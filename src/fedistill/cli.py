@@ -391,7 +391,11 @@ def main(argv: list[str] | None = None) -> int:
         handlers[args.command] = importlib.import_module(MODULE_COMMANDS[args.command][0]).run_command
     _CURRENT_RUN.clear()  # a message names only this command's run
     # a scheduler's SIGTERM stops a run as Ctrl-C does, here only: a library call keeps its program's
-    stops = interrupt.sigterm_as_interrupt() if args.command in STOPPED_BY_SIGTERM else nullcontext()
+    stops = (
+        interrupt.sigterm_as_interrupt(lambda: _stopped_by_sigterm(args))
+        if args.command in STOPPED_BY_SIGTERM
+        else nullcontext()
+    )
     try:
         with stops:
             code = handlers[args.command](args)
@@ -416,10 +420,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         if interrupt.terminated():  # 128 + 15, what a scheduler expects of a job it stopped
-            print(f"fedistill: stopped by SIGTERM{_after_interrupt(args)}", file=sys.stderr)
+            print(_stopped_by_sigterm(args), file=sys.stderr)
             return 128 + signal.SIGTERM
         print(f"fedistill: interrupted{_after_interrupt(args)}", file=sys.stderr)
         return 130
+
+
+def _stopped_by_sigterm(args: argparse.Namespace) -> str:
+    """The last line of a command SIGTERM stopped."""
+    return f"fedistill: stopped by SIGTERM{_after_interrupt(args)}"
 
 
 def _after_interrupt(args: argparse.Namespace) -> str:

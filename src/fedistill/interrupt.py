@@ -7,7 +7,9 @@ checkpointable point and the engine shuts down normally. A second Ctrl-C ends th
 
 The command line also takes SIGTERM, how batch schedulers (SLURM, Kubernetes, systemd) stop a job, as the
 first Ctrl-C (`sigterm_as_interrupt`): the same stop, then exit code 143. A library call keeps its
-program's SIGTERM handler.
+program's SIGTERM handler. Where a stop after the step cannot be counted on (`sigterm_ends_at_once`: a
+Flower simulation, whose Ray processes a scheduler's SIGTERM reaches too), SIGTERM ends the process at once
+with the stop's last line and 143; the run's last checkpoint holds, as after any abrupt end.
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 _requested = threading.Event()
 _lock = threading.Lock()
 _depth = 0  # how many deferred_to_run_loop bodies are running: only the outermost owns the handler
 _terminated = threading.Event()  # SIGTERM came while sigterm_as_interrupt was in place
+_at_once = threading.Event()  # SIGTERM ends the process at once (sigterm_ends_at_once)
+_last_line: list[Callable[[], str]] = []  # what the command says when SIGTERM stops it (sigterm_as_interrupt)
 
 STOPPING = "fedistill: stopping after this step (Ctrl-C again: at once)"
 STOPPING_ON_SIGTERM = "fedistill: stopping after this step (SIGTERM; again: at once)"
@@ -57,8 +61,14 @@ def _on_sigint(signum: int, frame: object) -> None:
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
-    """The first Ctrl-C's stop: the run loop's request where it waits for one, else KeyboardInterrupt."""
+    """The first Ctrl-C's stop: the run loop's request where it waits for one, else KeyboardInterrupt;
+    under `sigterm_ends_at_once`, the end of the process."""
     _terminated.set()
+    if _at_once.is_set():
+        said = _last_line[-1]() if _last_line else "fedistill: stopped by SIGTERM"
+        print(said, file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(128 + signum)
     if _depth:
         _on_sigint(signum, frame)
         return
@@ -76,8 +86,9 @@ def takes_sigterm() -> bool:
 
 
 @contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """While the body runs, SIGTERM stops the run as the first Ctrl-C does and `terminated()` says so.
+def sigterm_as_interrupt(last_line: Callable[[], str] | None = None) -> Iterator[None]:
+    """While the body runs, SIGTERM stops the run as the first Ctrl-C does and `terminated()` says so;
+    `last_line()` is what the command then says, should SIGTERM end it at once (`sigterm_ends_at_once`).
 
     For the command line only: a program that calls the library keeps its own handlers. The handler that
     was there is put back afterwards."""
@@ -86,10 +97,33 @@ def sigterm_as_interrupt() -> Iterator[None]:
         return
     _terminated.clear()
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    if last_line is not None:
+        _last_line.append(last_line)
     try:
         yield
     finally:
+        if last_line is not None:
+            _last_line.remove(last_line)
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+@contextmanager
+def sigterm_ends_at_once() -> Iterator[None]:
+    """While the body runs, the command line's SIGTERM ends the process at once, saying the stop's last line,
+    with exit code 143. Why: a scheduler (SLURM, systemd) sends SIGTERM to every process of a job, and a
+    Flower simulation's Ray processes are in it; Ray's driver, in this process, then exits it with code 1
+    on its own (from C++, nothing to catch) once it finds its node gone, which under load came before the
+    stop after the step had finished. The last checkpoint holds (they are written atomically), so
+    `--resume` goes on from it, as after any abrupt end. Nothing changes where the command line does not
+    take SIGTERM (a library caller's handler stays)."""
+    if not takes_sigterm() or _at_once.is_set():
+        yield
+        return
+    _at_once.set()
+    try:
+        yield
+    finally:
+        _at_once.clear()
 
 
 @contextmanager

@@ -114,7 +114,12 @@ def simulate(server_app: Any, client_app: Any, num_supernodes: int, home: Path, 
     if own_home:
         os.environ["FLWR_HOME"] = str(home)
     try:
-        with interrupt.deferred_to_run_loop(), sigterm_kept_from_ray(), own_ray_session() as ray_root:
+        with (
+            interrupt.deferred_to_run_loop(),
+            sigterm_kept_from_ray(),
+            interrupt.sigterm_ends_at_once(),
+            own_ray_session() as ray_root,
+        ):
             run_simulation(
                 server_app=server_app,
                 client_app=client_app,
