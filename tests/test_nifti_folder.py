@@ -417,3 +417,25 @@ def test_two_real_patients_as_a_decathlon_folder(tmp_path) -> None:
     data = load_dataset("nifti-folder", tmp_path, image_size=64)
     assert (len(data.train), len(data.test)) == (7, 3)
     assert data.group_names == ("lesion_brain1",) and data.info.num_classes == 2
+
+
+@pytest.mark.parametrize("layout", ["decathlon", "train-test"])
+def test_a_server_folder_holding_test_cases_alone_serves_with_no_validation_split(tmp_path, layout) -> None:
+    from fedistill.engine.setup import prepare_data
+
+    _sites(tmp_path)
+    server = tmp_path / "server"
+    for i in range(2):  # the server's cases become its test set, with no training part
+        image, label = _synthetic_case(i)
+        images, labels = ("imagesTs", "labelsTs") if layout == "decathlon" else ("test/images", "test/masks")
+        _save(server / "alone" / images / f"case_{i:03d}.nii.gz", image)
+        _save(server / "alone" / labels / f"case_{i:03d}.nii.gz", label)
+    keys = {"dataset": "nifti-folder", "data_dir": str(server / "alone"), "clients": 2, "val_fraction": 0.0}
+    keys["nifti-folder"] = {"image_size": 16}
+    config = build_config(RunConfig(), {**keys, "site_data_dir": str(tmp_path / "site-{site}")})
+    prepared = prepare_data(config)
+    counts = [_labelled_slices(_synthetic_case(i)[1]) for i in range(2)]
+    assert len(prepared.dataset.train) == 0 and len(prepared.dataset.test) == sum(counts)
+    assert prepared.dataset.info.class_names == ("background", "class-1")
+    with pytest.raises(DataError, match="holds neither imagesTr/ nor train/"):  # not as a run's only data
+        load_dataset("nifti-folder", server / "alone", image_size=16)
