@@ -180,6 +180,8 @@ def _refusal(tmp_path: Path, spoil: str) -> Path:
         _save(root / "labelsTr" / "case_001.nii.gz", np.zeros((24, 20, 11), np.uint8))
     elif spoil == "4-D":
         _save(root / "imagesTr" / "case_001.nii.gz", np.zeros((*SHAPE, 4), np.float32))
+    elif spoil == "2-D":  # one slice saved alone: no channels to pick
+        _save(root / "imagesTr" / "case_001.nii.gz", np.zeros(SHAPE[:2], np.float32))
     elif spoil == "no cases":
         for path in (root / "imagesTr").iterdir():
             path.unlink()
@@ -196,6 +198,7 @@ def _refusal(tmp_path: Path, spoil: str) -> Path:
         ("missing label", r"image .*case_001.nii.gz has no label volume .*labelsTr/case_001.nii.gz"),
         ("shape", r"labelsTr/case_001.nii.gz is \(24, 20, 11\) voxels .* but its image .* is \(24, 20, 12\)"),
         ("4-D", r"4-D image of shape \(24, 20, 12, 4\).*store one file per channel, nnU-Net's"),
+        ("2-D", r"2-D image of shape \(24, 20\); expected one 3-D volume; 2D images with masks are read by"),
         ("no cases", r"imagesTr holds no NIfTI volumes"),
         ("fractional label", r"case_001.nii.gz holds values other than whole numbers >= 0"),
         ("region labels", r"labels 'whole': \[1, 2\], neither the Decathlon's"),

@@ -314,8 +314,11 @@ def _read(path: Path) -> tuple[np.ndarray, tuple[float, float, float]]:
     try:
         return read_volume(path)
     except DataError as e:
-        if "-D image" not in str(e):
+        dimensions = re.search(r"holds a (\d+)-D image", str(e))
+        if dimensions is None:
             raise
+        if int(dimensions[1]) < 3:  # a single slice: no channels to pick
+            raise DataError(f"{NAME}: {e}; 2D images with masks are read by mask-folder") from None
         raise DataError(
             f"{NAME}: {e}; a file of several volumes (channels) is not read: store one file per channel, "
             f"nnU-Net's <case>_0000.nii.gz, <case>_0001.nii.gz, ..., and pick one with {NAME}.channel"
