@@ -89,8 +89,10 @@ def test_nnunet_channel_files_and_its_dataset_json_form(tmp_path) -> None:
     assert torch.equal(first.train.y, second.train.y)
     inside = first.train.y.bool()
     assert first.train.x[:, 0][inside].float().mean() > 200 > second.train.x[:, 0][inside].float().mean()
-    with pytest.raises(DataError, match=r"case case_000 under .* has no channel 2 \(case_000_0002.nii.gz"):
+    missing = r"case case_000 under .* has no channel 2 \(case_000_0002.nii.gz"
+    with pytest.raises(DataError, match=missing) as e:
         load_dataset("nifti-folder", root, image_size=16, channel=2)
+    assert str(e.value).endswith("it has 0000, 0001); set nifti-folder.channel to one every case has (0, 1)")
 
 
 def test_the_train_test_layout_with_uncompressed_files(tmp_path) -> None:

@@ -238,11 +238,14 @@ def _cases(images_dir: Path, labels_dir: Path, channel: int) -> dict[str, tuple[
         for stem, path in images.items():
             match = CHANNEL.match(stem)
             by_case.setdefault(match[1], {})[int(match[2])] = path
+        shared = sorted(set.intersection(*(set(channels) for channels in by_case.values())))
         for case, channels in by_case.items():
             if channel not in channels:
+                fix = f"set {NAME}.channel to one every case has ({_numbers(shared)})"
+                fix = fix if shared else "the cases share no channel: give each case the same channel files"
                 raise DataError(
                     f"{NAME}: case {case} under {images_dir} has no channel {channel} ({case}_{channel:04d}"
-                    f".nii.gz; it has {', '.join(f'{c:04d}' for c in sorted(channels))}); set {NAME}.channel"
+                    f".nii.gz; it has {', '.join(f'{c:04d}' for c in sorted(channels))}); {fix}"
                 )
         chosen = {case: channels[channel] for case, channels in by_case.items()}
     elif channel != 0:
@@ -258,6 +261,13 @@ def _cases(images_dir: Path, labels_dir: Path, channel: int) -> dict[str, tuple[
             raise DataError(f"{NAME}: image {image} has no label volume {labels_dir / case}.nii.gz (or .nii)")
         out[case] = (image, labels[case])
     return out
+
+
+def _numbers(values: list[int]) -> str:
+    """Sorted channel numbers as a line says them: "0 to 3" for a run, else "0, 2"."""
+    if len(values) > 2 and values == list(range(values[0], values[-1] + 1)):
+        return f"{values[0]} to {values[-1]}"
+    return ", ".join(str(v) for v in values)
 
 
 def _held_out(
