@@ -195,3 +195,11 @@ def test_an_option_value_toml_cannot_hold_is_shown_as_python_writes_it():
     assert toml_literal(None) == "None"
     assert toml_literal(("a", 1)) == '["a", 1]'
     assert toml_literal('a"b') == '"a\\"b"'
+
+
+def test_dry_run_names_alpha_only_for_a_partition_that_draws_with_it(tmp_path, capsys):
+    argv = ["run", *FAST, "--algorithm", "fedavg", "--out", str(tmp_path), "--dry-run"]
+    assert main([*argv, "--partition", "iid"]) == 0
+    plan = capsys.readouterr().out
+    assert "partition: 3 clients, iid; training samples" in plan  # "iid, alpha 0.5" reads as a skewed split
+    assert ", alpha" not in plan

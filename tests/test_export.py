@@ -421,3 +421,22 @@ def test_the_card_counts_one_client_and_one_round_in_the_singular(run_dir, tmp_p
     assert "- trained by 1 client over 1 round (seed" in card_markdown(card)
     card["clients"], card["method"]["rounds"] = 3, 2
     assert "- trained by 3 clients over 2 rounds (seed" in card_markdown(card)
+
+
+@pytest.mark.parametrize("window", [None, [-160, 240]])
+def test_the_card_of_a_nifti_folder_model_says_how_a_volume_becomes_its_slices(window):
+    """Its preprocessing began at uint8 slices, leaving out how a NIfTI volume became them (orientation,
+    the intensity window or percentiles, the field of view): an ONNX user could not feed it a scan."""
+    import dataclasses
+
+    from fedistill.inference.model_card import preprocessing
+
+    model = _dense_model("unet", *DENSE["unet"])
+    table = {"image_size": 16} if window is None else {"image_size": 16, "window": window}
+    config = RunConfig().replace(dataset="nifti-folder", options={"nifti-folder": table})
+    pre = preprocessing(dataclasses.replace(model, config=config))
+    assert "closest RAS orientation" in pre["volumes"] and "axial slices" in pre["volumes"]
+    assert "larger physical side" in pre["volumes"]
+    scale = "window [-160.0, 240.0]" if window else "0.5th-99.5th percentiles"
+    assert scale in pre["volumes"]
+    assert "volumes" not in preprocessing(model)  # a model of 2D images: nothing about volumes

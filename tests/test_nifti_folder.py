@@ -89,8 +89,10 @@ def test_nnunet_channel_files_and_its_dataset_json_form(tmp_path) -> None:
     assert torch.equal(first.train.y, second.train.y)
     inside = first.train.y.bool()
     assert first.train.x[:, 0][inside].float().mean() > 200 > second.train.x[:, 0][inside].float().mean()
-    with pytest.raises(DataError, match=r"case case_000 under .* has no channel 2 \(case_000_0002.nii.gz"):
+    missing = r"case case_000 under .* has no channel 2 \(case_000_0002.nii.gz"
+    with pytest.raises(DataError, match=missing) as e:
         load_dataset("nifti-folder", root, image_size=16, channel=2)
+    assert str(e.value).endswith("it has 0000, 0001); set nifti-folder.channel to one every case has (0, 1)")
 
 
 def test_the_train_test_layout_with_uncompressed_files(tmp_path) -> None:
@@ -180,6 +182,8 @@ def _refusal(tmp_path: Path, spoil: str) -> Path:
         _save(root / "labelsTr" / "case_001.nii.gz", np.zeros((24, 20, 11), np.uint8))
     elif spoil == "4-D":
         _save(root / "imagesTr" / "case_001.nii.gz", np.zeros((*SHAPE, 4), np.float32))
+    elif spoil == "2-D":  # one slice saved alone: no channels to pick
+        _save(root / "imagesTr" / "case_001.nii.gz", np.zeros(SHAPE[:2], np.float32))
     elif spoil == "no cases":
         for path in (root / "imagesTr").iterdir():
             path.unlink()
@@ -196,6 +200,7 @@ def _refusal(tmp_path: Path, spoil: str) -> Path:
         ("missing label", r"image .*case_001.nii.gz has no label volume .*labelsTr/case_001.nii.gz"),
         ("shape", r"labelsTr/case_001.nii.gz is \(24, 20, 11\) voxels .* but its image .* is \(24, 20, 12\)"),
         ("4-D", r"4-D image of shape \(24, 20, 12, 4\).*store one file per channel, nnU-Net's"),
+        ("2-D", r"2-D image of shape \(24, 20\); expected one 3-D volume; 2D images with masks are read by"),
         ("no cases", r"imagesTr holds no NIfTI volumes"),
         ("fractional label", r"case_001.nii.gz holds values other than whole numbers >= 0"),
         ("region labels", r"labels 'whole': \[1, 2\], neither the Decathlon's"),
@@ -417,3 +422,25 @@ def test_two_real_patients_as_a_decathlon_folder(tmp_path) -> None:
     data = load_dataset("nifti-folder", tmp_path, image_size=64)
     assert (len(data.train), len(data.test)) == (7, 3)
     assert data.group_names == ("lesion_brain1",) and data.info.num_classes == 2
+
+
+@pytest.mark.parametrize("layout", ["decathlon", "train-test"])
+def test_a_server_folder_holding_test_cases_alone_serves_with_no_validation_split(tmp_path, layout) -> None:
+    from fedistill.engine.setup import prepare_data
+
+    _sites(tmp_path)
+    server = tmp_path / "server"
+    for i in range(2):  # the server's cases become its test set, with no training part
+        image, label = _synthetic_case(i)
+        images, labels = ("imagesTs", "labelsTs") if layout == "decathlon" else ("test/images", "test/masks")
+        _save(server / "alone" / images / f"case_{i:03d}.nii.gz", image)
+        _save(server / "alone" / labels / f"case_{i:03d}.nii.gz", label)
+    keys = {"dataset": "nifti-folder", "data_dir": str(server / "alone"), "clients": 2, "val_fraction": 0.0}
+    keys["nifti-folder"] = {"image_size": 16}
+    config = build_config(RunConfig(), {**keys, "site_data_dir": str(tmp_path / "site-{site}")})
+    prepared = prepare_data(config)
+    counts = [_labelled_slices(_synthetic_case(i)[1]) for i in range(2)]
+    assert len(prepared.dataset.train) == 0 and len(prepared.dataset.test) == sum(counts)
+    assert prepared.dataset.info.class_names == ("background", "class-1")
+    with pytest.raises(DataError, match="holds neither imagesTr/ nor train/"):  # not as a run's only data
+        load_dataset("nifti-folder", server / "alone", image_size=16)

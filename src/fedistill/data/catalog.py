@@ -192,6 +192,7 @@ DATASETS: dict[str, DatasetEntry] = {
         _medical("nifti_folder", "load_nifti_folder"),
         _medical_text("nifti_folder"),
         options=("image_size", "window", "classes", "foreground", "slices", "channel", "test_fraction"),
+        test_alone=True,
     ),
     "monuseg": DatasetEntry(
         "monuseg",

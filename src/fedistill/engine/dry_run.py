@@ -19,6 +19,7 @@ import torch
 from fedistill import devices
 from fedistill.algorithms.shared.training import new_model
 from fedistill.config import RunConfig, for_algorithm, read_config, toml_literal
+from fedistill.data.partition import DIRICHLET
 from fedistill.data.partition.split import load_split
 from fedistill.engine import suite_dir as folder
 from fedistill.engine.launch import check_transport, new_suite_dir
@@ -103,7 +104,9 @@ def _plan(config: RunConfig, data: Prepared, where: str) -> str:
     train, test = data.dataset.train, data.dataset.test
     held = "the server's: " if data.own_data else ""
     lines.append(f"dataset: {config.dataset} ({held}train {len(train):,}, test {len(test):,})")
-    how = f"{config.partition}, alpha {config.alpha}"
+    how = config.partition  # alpha only where the partition draws with it: "iid, alpha 0.5" reads as skewed
+    if config.partition in DIRICHLET:
+        how += f", alpha {config.alpha}"
     if data.own_data:
         how = f"each site's own data ({config.site_data_dir})"
     sizes = _client_sizes(data)

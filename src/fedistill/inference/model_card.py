@@ -122,6 +122,7 @@ def preprocessing(model: TrainedModel) -> dict[str, Any]:
             "std": list(info.std),
         }
     return {
+        **_volume_steps(model),
         "input": "float32 (N, channels, image_size, image_size)",
         "scale": "uint8 images divided by 255; float images taken to be in [0, 1]",
         "normalise": "(x - mean) / std per channel",
@@ -130,6 +131,27 @@ def preprocessing(model: TrainedModel) -> dict[str, Any]:
         "mean": list(info.mean),
         "std": list(info.std),
         "class_names": list(info.class_names),
+    }
+
+
+def _volume_steps(model: TrainedModel) -> dict[str, str]:
+    """How a NIfTI volume became a nifti-folder model's uint8 slices (`nifti_folder.scaled_slices`,
+    `model_slices`, as `fedistill predict` applies them); nothing for a model of any other dataset."""
+    from fedistill.data.medical.nifti_folder import NAME, checked_window
+
+    if model.config.dataset != NAME:
+        return {}
+    window = checked_window(model.config.options.get(NAME, {}).get("window"))
+    scale = (
+        f"clipped to the window [{window[0]}, {window[1]}] and mapped to 0..255"
+        if window
+        else "each volume's 0.5th-99.5th percentiles of its voxels above its minimum mapped to 0..255"
+    )
+    return {
+        "volumes": f"NIfTI volumes turned to the closest RAS orientation and cut into axial slices; {scale} "
+        "(rounded to uint8); each slice centred on a square field of view as wide as the volume's larger "
+        "physical side, resized to image_size (bilinear, antialiased); a predicted label slice goes back "
+        "the same way (nearest) onto the volume's grid"
     }
 
 

@@ -131,8 +131,12 @@ def load_nifti_folder(
     slices: str = "labelled",
     channel: int = 0,
     test_fraction: object = None,
+    test_alone: bool = False,
 ) -> LoadedDataset:
-    """The cases under `folder` as 2D axial slices and their label maps (see the module's docstring)."""
+    """The cases under `folder` as 2D axial slices and their label maps (see the module's docstring).
+    `test_alone`: a folder holding test cases alone (imagesTs/ + labelsTs/, or test/, and no training
+    folder) is a test set with an empty training set (a server that holds out no validation split); the
+    classes are then read from its test label volumes."""
     image_size = opt.positive_int(NAME, "image_size", image_size, minimum=8)
     window = checked_window(window)
     names = checked_classes(classes, NAME)
@@ -141,8 +145,8 @@ def load_nifti_folder(
     channel = opt.positive_int(NAME, "channel", channel, minimum=0)
     if test_fraction is not None:
         test_fraction = opt.positive_float(NAME, "test_fraction", test_fraction, maximum=0.9)
-    base, train_dirs, test_dirs = _layout(Path(folder))
-    train_cases = _cases(*train_dirs, channel)
+    base, train_dirs, test_dirs = _layout(Path(folder), test_alone)
+    train_cases = _cases(*train_dirs, channel) if train_dirs is not None else {}
     if test_dirs is None:
         train_cases, test_cases = _held_out(
             train_cases, TEST_FRACTION if test_fraction is None else test_fraction
@@ -157,10 +161,12 @@ def load_nifti_folder(
         names = _json_names(base / "dataset.json")
     train = [_case(c, *paths, window, foreground, rule, image_size) for c, paths in train_cases.items()]
     test = [_case(c, *paths, window, foreground, rule, image_size) for c, paths in test_cases.items()]
-    train_largest = max(largest for _, largest in train)
-    largest = max([train_largest, *(largest for _, largest in test)])
-    names = class_names(names, train_largest, largest, NAME, base, train_dirs[1], what="label volume")
-    if not any(len(s.images) for s, _ in train):
+    test_largest = max(largest for _, largest in test)
+    train_largest = max(largest for _, largest in train) if train else test_largest
+    read_from = train_dirs[1] if train_dirs is not None else test_dirs[1]
+    largest = max(train_largest, test_largest)
+    names = class_names(names, train_largest, largest, NAME, base, read_from, what="label volume")
+    if train_dirs is not None and not any(len(s.images) for s, _ in train):
         raise DataError(
             f"{NAME}: no training case under {train_dirs[1]} labels a voxel above 0; nothing to learn"
         )
@@ -173,8 +179,9 @@ def load_nifti_folder(
 Parts = tuple[Path, Path]
 
 
-def _layout(root: Path) -> tuple[Path, Parts, Parts | None]:
-    """The data's own folder, its training (images, labels) folders, and its test ones (None: held out)."""
+def _layout(root: Path, test_alone: bool = False) -> tuple[Path, Parts | None, Parts | None]:
+    """The data's own folder, its training (images, labels) folders (None: a test set alone, where
+    `test_alone` allows one), and its test ones (None: held out)."""
     if not root.is_dir():
         raise DataError(f"{NAME}: data_dir {root} is not a folder; expected the layout {LAYOUT}")
     if not (root / "imagesTr").is_dir() and not (root / "train").is_dir():
@@ -197,6 +204,10 @@ def _layout(root: Path) -> tuple[Path, Parts, Parts | None]:
     if (root / "train").is_dir():
         test = (root / "test" / "images", root / "test" / "masks") if (root / "test").is_dir() else None
         return root, (root / "train" / "images", root / "train" / "masks"), test
+    if test_alone and (root / "labelsTs").is_dir():
+        return root, None, (root / "imagesTs", root / "labelsTs")
+    if test_alone and (root / "test").is_dir():
+        return root, None, (root / "test" / "images", root / "test" / "masks")
     raise DataError(f"{NAME}: {root} holds neither imagesTr/ nor train/; expected the layout {LAYOUT}")
 
 
@@ -227,11 +238,14 @@ def _cases(images_dir: Path, labels_dir: Path, channel: int) -> dict[str, tuple[
         for stem, path in images.items():
             match = CHANNEL.match(stem)
             by_case.setdefault(match[1], {})[int(match[2])] = path
+        shared = sorted(set.intersection(*(set(channels) for channels in by_case.values())))
         for case, channels in by_case.items():
             if channel not in channels:
+                fix = f"set {NAME}.channel to one every case has ({_numbers(shared)})"
+                fix = fix if shared else "the cases share no channel: give each case the same channel files"
                 raise DataError(
                     f"{NAME}: case {case} under {images_dir} has no channel {channel} ({case}_{channel:04d}"
-                    f".nii.gz; it has {', '.join(f'{c:04d}' for c in sorted(channels))}); set {NAME}.channel"
+                    f".nii.gz; it has {', '.join(f'{c:04d}' for c in sorted(channels))}); {fix}"
                 )
         chosen = {case: channels[channel] for case, channels in by_case.items()}
     elif channel != 0:
@@ -247,6 +261,13 @@ def _cases(images_dir: Path, labels_dir: Path, channel: int) -> dict[str, tuple[
             raise DataError(f"{NAME}: image {image} has no label volume {labels_dir / case}.nii.gz (or .nii)")
         out[case] = (image, labels[case])
     return out
+
+
+def _numbers(values: list[int]) -> str:
+    """Sorted channel numbers as a line says them: "0 to 3" for a run, else "0, 2"."""
+    if len(values) > 2 and values == list(range(values[0], values[-1] + 1)):
+        return f"{values[0]} to {values[-1]}"
+    return ", ".join(str(v) for v in values)
 
 
 def _held_out(
@@ -303,8 +324,11 @@ def _read(path: Path) -> tuple[np.ndarray, tuple[float, float, float]]:
     try:
         return read_volume(path)
     except DataError as e:
-        if "-D image" not in str(e):
+        dimensions = re.search(r"holds a (\d+)-D image", str(e))
+        if dimensions is None:
             raise
+        if int(dimensions[1]) < 3:  # a single slice: no channels to pick
+            raise DataError(f"{NAME}: {e}; 2D images with masks are read by mask-folder") from None
         raise DataError(
             f"{NAME}: {e}; a file of several volumes (channels) is not read: store one file per channel, "
             f"nnU-Net's <case>_0000.nii.gz, <case>_0001.nii.gz, ..., and pick one with {NAME}.channel"
