@@ -138,3 +138,15 @@ def test_a_fixed_threshold_scores_the_run_at_it_and_an_algorithm_without_counts_
     check_algorithm(make_task(SEMANTIC, {"decision_threshold": 0.3}), plain)
     with pytest.raises(ConfigError, match="decision_threshold"):
         check_algorithm(make_task(SEMANTIC, {"decision_threshold": "validation"}), plain)
+
+
+def test_an_exported_models_card_says_the_threshold_its_logits_are_read_at():
+    from types import SimpleNamespace as Model
+
+    from fedistill.inference.model_card import output_description
+
+    at = make_task(SEMANTIC, {"decision_threshold": 0.35})
+    for format in ("safetensors", "onnx"):
+        text = output_description(Model(task=at), format)
+        assert "0.35" in text and f"{math.log(0.35 / 0.65):.4f}" in text
+    assert "argmax" in output_description(Model(task=make_task(SEMANTIC)), "onnx")
