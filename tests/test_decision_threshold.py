@@ -150,3 +150,17 @@ def test_an_exported_models_card_says_the_threshold_its_logits_are_read_at():
         text = output_description(Model(task=at), format)
         assert "0.35" in text and f"{math.log(0.35 / 0.65):.4f}" in text
     assert "argmax" in output_description(Model(task=make_task(SEMANTIC)), "onnx")
+
+
+def test_over_a_flower_grid_the_sites_count_and_the_run_chooses_as_in_process(tmp_path):
+    pytest.importorskip("flwr")
+    from fedistill.engine.flower.apps import make_client_app
+    from flower_local_grid import LocalGrid, run_on_grid
+
+    config = _config("fedavg", "validation")
+    here = run_suite(config, tmp_path / "inprocess", progress=False)[0]
+    grid = LocalGrid(make_client_app(config, state_root=tmp_path / "nodes"), config.clients)
+    there = run_on_grid(config, tmp_path / "flower", grid)[0]
+    assert there["transport"] == "flower"
+    assert there["final"]["decision_threshold"] == here["final"]["decision_threshold"]
+    assert there["final"]["test_dice"] == pytest.approx(here["final"]["test_dice"], abs=1e-6)
