@@ -42,8 +42,8 @@ def output_description(model: TrainedModel, format: str) -> str:
     from fedistill.tasks.reconstruction import Reconstruction
 
     task = model.task
-    threshold = getattr(task, "decision_threshold", 0.5)
-    if task.name == "semantic-segmentation" and isinstance(threshold, float) and threshold != 0.5:
+    threshold = getattr(task, "decision_threshold", 0.5)  # a two-class segmentation's (instances: 0.5)
+    if isinstance(threshold, float) and threshold != 0.5:
         margin = math.log(threshold / (1 - threshold))
         return (
             f"per-pixel logits (N, 2, H, W): a pixel is foreground where its softmax foreground probability "
