@@ -325,3 +325,20 @@ def test_figures_name_a_run_that_saved_no_model(tmp_path):
     config = build_config(RunConfig(), {"algorithm": "fediod", "dataset": "digits", "model": "small-cnn"})
     with pytest.raises(SystemExit, match=r"models/student\.safetensors.*did the run finish"):
         saved_models(tmp_path / "fediod", "fediod", config, None)
+
+
+def test_a_model_with_a_validation_chosen_threshold_is_scored_at_it(tables, tmp_path):
+    """A run with `task.decision_threshold = "validation"` scores its final test Dice at the threshold its
+    sites' validation counts chose; the tables scored its saved model at argmax and called them different."""
+    if not (SHARED / "brain-mri" / "lesion_brain1_image.nii.gz").is_file():
+        pytest.skip("the shared brain images are not on this machine")
+    tiny = ["--tables", "2", "--methods", "fedavg", "--out", str(tmp_path / "runs"),
+            "--results", str(tmp_path), "--data-dir", str(SHARED), "--sampled-sites", "1",
+            "--t2-clients", "2", "--t2-image-size", "32", "--t2-subjects", "8,2",
+            "--t2-epochs", "2", "--t2-rounds", "2", "--width", "4", "--depth", "2",
+            "--set", "task.decision_threshold='validation'"]  # fmt: skip
+    assert tables.main(tiny) == 0
+    row = json.loads((tmp_path / "segmentation_table2.json").read_text())["rows"]["fedavg"]
+    run = next((tmp_path / "runs").glob("*/fedavg"))
+    assert json.loads((run / "summary.json").read_text())["final"]["decision_threshold"] != 0.5
+    assert row["matches_run_summary"]

@@ -26,6 +26,7 @@ from fedistill.algorithms.shared.stage1 import cache_folder
 from fedistill.algorithms.shared.training import evaluate_model, task_of
 from fedistill.config import RunConfig, write_config
 from fedistill.data.partition import load_split
+from fedistill.engine import decision_threshold
 from fedistill.engine.checkpoint import save_model, sweep_temporaries, write_checkpoint
 from fedistill.engine.floor import floor_scores
 from fedistill.engine.resume import (
@@ -153,6 +154,7 @@ def _loop(
     info, test = data.dataset.info, data.dataset.test
     task, test_sources = task_of(config, info), source_names(data.dataset)
     headline = f"test_{task.headline}"
+    decision_threshold.check_algorithm(task, algorithm)
     if grid is None:
         contexts = client_contexts(
             config, algorithm, options, data, cache_folder(config, beside=run_dir.parent.parent)
@@ -292,6 +294,11 @@ def _loop(
                 parts |= {f"client_{cid:03d}": c.state_dict() for cid, c in clients.items()}
                 write_checkpoint(run_dir / "checkpoints", f"round_{round:05d}", parts)
         final = server.final_evaluate(fleet, last_eval)
+        task, final = decision_threshold.decide(
+            task, config, options, server, fleet, final,
+            lambda model, t: evaluate_model(model, test, info, task=t, meta=data.dataset.test_meta,
+                                            groups=test_sources),
+        )  # fmt: skip
         final_oracle = oracle()
     finally:
         bar.close()

@@ -7,6 +7,7 @@ preprocessing its inputs need."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 from pathlib import Path
@@ -41,6 +42,13 @@ def output_description(model: TrainedModel, format: str) -> str:
     from fedistill.tasks.reconstruction import Reconstruction
 
     task = model.task
+    threshold = getattr(task, "decision_threshold", 0.5)  # a two-class segmentation's (instances: 0.5)
+    if isinstance(threshold, float) and threshold != 0.5:
+        margin = math.log(threshold / (1 - threshold))
+        return (
+            f"per-pixel logits (N, 2, H, W): a pixel is foreground where its softmax foreground probability "
+            f"exceeds the run's decision threshold {threshold}, i.e. z_1 - z_0 > {margin:.4f}"
+        )
     if format != "safetensors" or not isinstance(task, Reconstruction):
         return OUTPUTS.get(task.name, "the model's outputs")
     if task.standalone(model.module) is model.module:  # no residual, no output scale: the image itself

@@ -60,7 +60,7 @@ def segment_images(
     for part in chunks(len(files), batch_size):
         read = [model_image(f.path, info.channels, info.image_size) for f in files[part]]
         images = torch.from_numpy(np.stack([image for image, _ in read]))
-        labels = outputs(model, images, batch_size).argmax(1).numpy()
+        labels = model.task.decode(outputs(model, images, batch_size)).numpy()  # its decision threshold
         for (_, shape), label, answer in zip(read, labels, answers[part], strict=True):
             write_labels(answer, nearest_resize(label, shape))
 
@@ -160,6 +160,6 @@ def segment_volume(
         scaled = scan_to_uint8(model, images, spacing, str(path), skull_strip)
     on_view = to_field_of_view(scaled, spacing, field)
     small = resize_images(on_view, model.info.image_size)
-    labels = outputs(model, torch.from_numpy(small)[:, None], batch_size).argmax(1).numpy()
+    labels = model.task.decode(outputs(model, torch.from_numpy(small)[:, None], batch_size)).numpy()
     labels = from_field_of_view(nearest_resize(labels, on_view.shape[1:]), scaled.shape[1:])
     write_like(volume, volume.from_canonical(from_axial(labels)).astype(np.uint8), answer)

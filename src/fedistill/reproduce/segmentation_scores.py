@@ -9,6 +9,7 @@ the same metric, the two must agree; each row says whether they did.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -75,6 +76,9 @@ def score(run: Path, method: str, args: argparse.Namespace) -> tuple[list[dict[s
     config = read_config(run / "config.toml")
     data = load_dataset(config.dataset, args.data_dir, **config.options.get(config.dataset, {}))
     task = task_of(config, data.info)
+    chosen = json.loads((run / "summary.json").read_text())["final"].get("decision_threshold")
+    if chosen is not None:  # `decision_threshold = "validation"`: the threshold the run chose and saved
+        task = dataclasses.replace(task, decision_threshold=chosen)
     real = real_patients(config, args) if config.dataset == "brats-synthetic-lesions" else None
     results = []
     for net in saved_models(run, method, config, data):

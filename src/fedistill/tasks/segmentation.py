@@ -28,6 +28,7 @@ from fedistill.data.base import DatasetInfo, ImageSet
 from fedistill.errors import ConfigError
 from fedistill.metrics.instances import aji, instances_from_three_class, object_dice
 from fedistill.metrics.segmentation import SegmentationScores
+from fedistill.metrics.thresholds import foreground_above
 from fedistill.tasks.base import Inputs, Task
 from fedistill.tasks.conditions import LabelMask, NucleiForeground
 from fedistill.tasks.per_pixel_batches import per_pixel_batches
@@ -64,8 +65,14 @@ class SemanticSegmentation(Task):
     loss_kind: str = "ce+dice"  # ce+dice: cross-entropy + dice_weight * soft Dice | ce: cross-entropy alone
     dice_weight: float = 1.0  # the soft Dice term's weight beside the cross-entropy (0: cross-entropy alone)
     hd95: bool = True  # HD95 costs a distance transform per image; off for quick runs
+    # two classes only: the foreground probability above which a pixel is foreground (0.5: argmax), or
+    # "validation": the one of 0.05, 0.10, ..., 0.95 with the best pooled Dice on the sites' validation
+    # splits, from the pixel counts they report after the last round (metrics/thresholds.py); the exported
+    # model records the number, and predict applies it
+    decision_threshold: float | str = 0.5
 
     def __post_init__(self) -> None:
+        check_threshold(self.decision_threshold)
         if self.loss_kind not in SEMANTIC_LOSSES:
             raise ConfigError(
                 f"task.loss_kind must be one of {', '.join(SEMANTIC_LOSSES)}, got {self.loss_kind!r}"
@@ -81,6 +88,22 @@ class SemanticSegmentation(Task):
                 "segmentation counts the background as a class: a binary mask needs num_classes = 2 "
                 "(background 0, foreground 1), not one sigmoid channel"
             )
+        if self.decision_threshold != 0.5 and info.num_classes != 2:
+            raise ConfigError(
+                f"task.decision_threshold is for two classes; dataset {info.name!r} has {info.num_classes}"
+            )
+
+    def decode(self, outputs: torch.Tensor) -> torch.Tensor:
+        """The class per pixel: argmax, or with a decision threshold other than 0.5 on two classes the
+        foreground where its probability passes it."""
+        threshold = self.decision_threshold
+        if isinstance(threshold, str) or threshold == 0.5:  # "validation" before its choice: argmax
+            return outputs.argmax(1)
+        if outputs.shape[1] != 2:
+            raise ConfigError(
+                f"task.decision_threshold {threshold} is for two classes; this net outputs {outputs.shape[1]}"
+            )
+        return foreground_above(outputs, float(threshold)).to(torch.int64)
 
     def usual_augment(self, info: DatasetInfo) -> bool:
         return True  # the paper's segmentation nets train with random rotations and flips
@@ -133,7 +156,7 @@ class SemanticSegmentation(Task):
         outputs = outputs.detach().cpu()
         loss = self.loss(outputs, self.pixel_targets(data.y)).item()
         scores = SegmentationScores(compute_hd95=self.hd95)
-        truth, predicted = (data.y > 0).numpy(), (outputs.argmax(1) > 0).numpy()
+        truth, predicted = (data.y > 0).numpy(), (self.decode(outputs) > 0).numpy()
         scores.update(truth, predicted, _group_list(groups, len(data)))
         return _segmentation_metrics(scores, loss, len(data))
 
@@ -171,6 +194,8 @@ class InstanceSegmentation(SemanticSegmentation):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.decision_threshold != 0.5:
+            raise ConfigError("task.decision_threshold is for two-class segmentation, not nuclei instances")
         if not (self.foreground_weight > 0 and self.contour_weight > 0):
             raise ConfigError("task.foreground_weight and task.contour_weight must be > 0")
 
@@ -229,6 +254,18 @@ class InstanceSegmentation(SemanticSegmentation):
             metrics[f"object_dice_{group}"] = float(np.mean([v[0] for v in values]))
             metrics[f"aji_{group}"] = float(np.mean([v[1] for v in values]))
         return metrics
+
+
+def check_threshold(value: object) -> None:
+    """ConfigError unless `value` is a decision threshold: a number strictly between 0 and 1, or
+    "validation"."""
+    if value == "validation":
+        return
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number and 0 < value < 1):
+        raise ConfigError(
+            f'task.decision_threshold must be a number between 0 and 1 or "validation", got {value!r}'
+        )
 
 
 def _group_list(groups: Sequence[str] | None, n: int) -> list[str | None]:

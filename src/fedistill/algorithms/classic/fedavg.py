@@ -47,6 +47,7 @@ from fedistill.algorithms.base import (
 )
 from fedistill.algorithms.classic.fedavg_options import FedAvgMOptions, FedAvgOptions, FedProxOptions
 from fedistill.algorithms.classic.local_model import LocalModel
+from fedistill.algorithms.shared.decision_threshold import ThresholdCounts
 from fedistill.algorithms.shared.drop_worst import accuracy, drop_worst_weights, predict_logits
 from fedistill.algorithms.shared.sampling import mean_metric, sample_clients, sampling_rate
 from fedistill.algorithms.shared.training import (
@@ -91,7 +92,7 @@ def dp_of(options: Any) -> DPConfig | None:
     return dp if isinstance(dp, DPConfig) and dp.enabled else None
 
 
-class FedAvgClient(ClientLogic):
+class FedAvgClient(ClientLogic, ThresholdCounts):
     """Trains the received global model on private data and returns the trained parameters."""
 
     def __init__(self, ctx: ClientContext, model_name: str | None = None) -> None:

@@ -25,6 +25,7 @@ from fedistill.algorithms.base import (
     clone_state,
     register,
 )
+from fedistill.algorithms.shared.decision_threshold import ThresholdCounts
 from fedistill.algorithms.shared.oracle import average_local_models
 from fedistill.algorithms.shared.training import (
     LocalTraining,
@@ -43,7 +44,7 @@ from fedistill.federation.reply_spec import TRAIN_LOSS, TRAIN_METRICS, ReplySpec
 from fedistill.seeding import torch_generator
 
 
-class StandaloneClient(ClientLogic):
+class StandaloneClient(ClientLogic, ThresholdCounts):
     """Keeps its model and optimiser across rounds; answers with metrics only."""
 
     def __init__(self, ctx: ClientContext) -> None:

@@ -60,10 +60,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedistill import devices
-from fedistill.algorithms.base import (
-    ClientContext,
-    clone_state,
-)
+from fedistill.algorithms.base import ClientContext, clone_state
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod.generate_request import (
     condition_masks,
@@ -87,6 +84,7 @@ from fedistill.algorithms.fediod.sites_together import (
 from fedistill.algorithms.fediod.task_view import TaskView
 from fedistill.algorithms.fediod.wire import evaluation_encodings, wire_encodings
 from fedistill.algorithms.shared.bn_matching import batchnorm_statistics_loss
+from fedistill.algorithms.shared.decision_threshold import ThresholdCounts
 from fedistill.algorithms.shared.mask_upload import site_masks
 from fedistill.algorithms.shared.stage1 import train_teacher
 from fedistill.algorithms.shared.training import evaluate_model, new_model, task_of
@@ -108,7 +106,7 @@ from fedistill.seeding import torch_generator
 log = logging.getLogger(__name__)
 
 
-class FedIODClient(ClientLogic):
+class FedIODClient(ClientLogic, ThresholdCounts):
     """One site: trains T_k once, then answers the server's queries with its frozen T_k and D_k."""
 
     def __init__(self, ctx: ClientContext) -> None:

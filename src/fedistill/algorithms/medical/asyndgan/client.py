@@ -15,6 +15,7 @@ from fedistill import devices
 from fedistill.algorithms.base import ClientContext, clone_state
 from fedistill.algorithms.medical.asyndgan.options import AsynDGANOptions
 from fedistill.algorithms.shared import gan_losses as L
+from fedistill.algorithms.shared.decision_threshold import ThresholdCounts
 from fedistill.algorithms.shared.mask_upload import site_masks
 from fedistill.algorithms.shared.schedules import set_lr
 from fedistill.algorithms.shared.training import evaluate_model, new_model, task_of
@@ -46,7 +47,7 @@ def to_unit_range(x: torch.Tensor, info: DatasetInfo) -> torch.Tensor:
     return x * std + mean
 
 
-class AsynDGANClient(ClientLogic):
+class AsynDGANClient(ClientLogic, ThresholdCounts):
     """One site: D_k on (mask, real image) pairs of its own data against G's (mask, G(mask)) pairs."""
 
     def __init__(self, ctx: ClientContext) -> None:
