@@ -111,6 +111,18 @@ def check_resume_after_crash(
     return out / "crashed" / algorithm
 
 
+#: Two sites of semi-synthetic lesion slices (8 training subjects) at 32 px, a small U-Net: the
+#: per-pixel tests' run.
+SMALL_LESIONS = {
+    "dataset": "mni152-synthetic-lesions",
+    "mni152-synthetic-lesions": {"image_size": 32, "train_subjects": 8, "test_subjects": 2},
+    "model": "unet",
+    "model_options": {"width": 4, "depth": 2},
+    "partition": "natural",
+    "clients": 2,
+    "batch_size": 8,
+}
+
 #: FedIOD options small enough for a test that compares two runs of it (transports, site data).
 SMALL_FEDIOD = {
     "teacher_epochs": 2,

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from algorithm_helpers import check_resume_after_crash, make_client, run_recording
+from algorithm_helpers import SMALL_LESIONS, check_resume_after_crash, make_client, run_recording
 from conftest import SHARED_DATA
 from fedistill import devices
 from fedistill.algorithms.base import ServerContext
@@ -33,14 +33,8 @@ from fedistill.seeding import torch_generator
 from fedistill.transports.inprocess import InProcessFleet
 
 SEGMENTATION = {
-    "dataset": "mni152-synthetic-lesions",
-    "mni152-synthetic-lesions": {"image_size": 32, "train_subjects": 8, "test_subjects": 2},
-    "model": "unet",
-    "model_options": {"width": 4, "depth": 2},
-    "partition": "natural",
-    "clients": 2,
+    **SMALL_LESIONS,
     "rounds": 2,
-    "batch_size": 8,
     "optimizer": "adam",
     "lr": 2e-3,
     "task": {"hd95": False},

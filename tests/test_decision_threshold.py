@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 from safetensors import safe_open
 
+from algorithm_helpers import SMALL_LESIONS
 from fedistill.config import RunConfig, build_config
 from fedistill.data.base import DatasetInfo
 from fedistill.engine.decision_threshold import check_algorithm
@@ -73,14 +74,8 @@ def test_the_task_decodes_at_its_threshold_and_argmax_at_the_default():
 
 def _config(algorithm: str, threshold: object) -> RunConfig:
     layer = {
-        "dataset": "mni152-synthetic-lesions",
-        "mni152-synthetic-lesions": {"image_size": 32, "train_subjects": 8, "test_subjects": 2},
-        "model": "unet",
-        "model_options": {"width": 4, "depth": 2},
-        "partition": "natural",
-        "clients": 2,
+        **SMALL_LESIONS,
         "rounds": 1,
-        "batch_size": 8,
         "task": {"hd95": False, "decision_threshold": threshold},
     }
     return build_config(RunConfig(), layer, {"algorithm": algorithm})

@@ -10,7 +10,7 @@ import logging
 import pytest
 import torch
 
-from algorithm_helpers import fediod_parts
+from algorithm_helpers import SMALL_LESIONS, fediod_parts
 from fedistill.algorithms.fediod import losses as L
 from fedistill.algorithms.fediod import wire as wire_module
 from fedistill.algorithms.fediod.task_view import TaskView
@@ -26,14 +26,8 @@ from fedistill.tasks import InstanceSegmentation, SemanticSegmentation
 from fedistill.transports.inprocess import InProcessFleet
 
 SEGMENTATION = {
-    "dataset": "mni152-synthetic-lesions",
-    "mni152-synthetic-lesions": {"image_size": 32, "train_subjects": 8, "test_subjects": 2},
-    "model": "unet",
-    "model_options": {"width": 4, "depth": 2},
-    "partition": "natural",
-    "clients": 2,
+    **SMALL_LESIONS,
     "rounds": 2,
-    "batch_size": 8,
     "optimizer": "adam",
     "lr": 2e-3,
     "task": {"hd95": False},
