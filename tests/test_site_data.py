@@ -246,8 +246,10 @@ def test_a_resume_continues_to_the_uninterrupted_result_and_refuses_a_site_whose
     run_until_crash(config, FedAvgServer, tmp_path / "edited", crash_round=3)
     extra = copy / "site-1" / "train" / "7" / "extra.png"
     Image.fromarray(np.full((8, 8), 90, np.uint8)).save(extra)
-    with pytest.raises(ConfigError, match="site 1's records differ from those the run began with"):
+    with pytest.raises(ConfigError, match="site 1's records differ from those the run began with") as e:
         resume_suite(tmp_path / "edited", progress=False)
+    # what to do about it: the resume cannot know which of the site's files changed, only that they did
+    assert "Put site 1's folder back as it was, or start a new run" in str(e.value)
     extra.unlink()
     # the sites' folders moved: the resume reads them at their new place, their records unchanged
     moved = tmp_path / "moved"

@@ -361,7 +361,9 @@ def _compare_sites(fingerprints: list[str], run_dir: Path) -> None:
     for k, (before, now) in enumerate(zip(saved, fingerprints, strict=False)):
         if before != now:
             raise ConfigError(
-                f"{run_dir}: site {k}'s records differ from those the run began with; cannot resume"
+                f"{run_dir}: site {k}'s records differ from those the run began with; cannot resume. Put "
+                f"site {k}'s folder back as it was, or start a new run (another --name) on the records as "
+                "they are now"
             )
     if len(saved) != len(fingerprints):
         raise ConfigError(f"{run_dir}: the run began with {len(saved)} sites, not {len(fingerprints)}")
