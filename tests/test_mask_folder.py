@@ -265,3 +265,33 @@ def test_a_server_of_test_masks_alone_serves_sites_that_hold_out_no_validation_s
     server = load_dataset("mask-folder", tmp_path / "server", image_size=16, test_alone=True)
     assert len(server.train) == 0 and server.train.y.shape[1:] == (16, 16)
     assert server.info.class_names == ("background", "class-1", "class-2")
+
+
+def test_a_mask_folder_model_given_a_nifti_volume_is_told_it_learned_images(tmp_path) -> None:
+    """A model of 2D images knows nothing of how a volume would become its slices (orientation, intensity
+    window, field of view): it went through the brain sets' steps and answered without a word."""
+    import nibabel as nib
+
+    from fedistill.inference.loading import load_model
+    from fedistill.inference.predict import predict_path
+
+    _squares(tmp_path / "data")
+    keys = {
+        "algorithm": "fedavg",
+        "dataset": "mask-folder",
+        "data_dir": str(tmp_path / "data"),
+        "clients": 1,
+        "rounds": 1,
+        "model": "unet",
+        "threads": 1,
+        "mask-folder": {"image_size": 16},
+        "model_options": {"width": 4, "depth": 2},
+    }
+    run_suite(build_config(RunConfig(), keys), tmp_path / "run", progress=False)
+    volume = np.zeros((16, 16, 3), np.float32)
+    volume[4:10, 4:10] = 100.0
+    nib.save(nib.Nifti1Image(volume, np.eye(4)), str(tmp_path / "scan.nii.gz"))
+    model = load_model(tmp_path / "run", "fedavg")
+    with pytest.raises(ConfigError, match=r"learned 2D images of mask-folder, not volumes.*nifti-folder"):
+        predict_path(model, tmp_path / "scan.nii.gz", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -36,6 +36,9 @@ ACCEPTS: dict[str, dict[str, str]] = {
 }
 #: The answer's suffix for each input kind ("" keeps the input's).
 ANSWER_SUFFIX = {"image": ".png", "nifti": "", "hdf5": ""}
+#: Datasets of 2D images whose segmentation models are given no NIfTI volume: nothing records how one
+#: would become their slices (a brain set's steps would be applied in silence).
+IMAGES_ONLY = ("mask-folder",)
 DEFAULT_CSV = "predictions.csv"
 
 
@@ -83,6 +86,13 @@ def predict_path(
     files = find_inputs(input_path, output if model.task.per_pixel else None)
     check_kinds(files, accepted, f"the {model.task.name} model of {model.algorithm!r}")
     volumes = any(f.kind == "nifti" for f in files)
+    if volumes and model.config.dataset in IMAGES_ONLY:
+        raise ConfigError(
+            f"the model of {model.algorithm!r} learned 2D images of {model.config.dataset}, not volumes: it "
+            "does not know how a volume becomes its slices (orientation, intensities, field of view). Give "
+            "it images (PNG, TIFF); to segment NIfTI volumes, train on nifti-folder, which cuts them into "
+            "slices as predict then does"
+        )
     if extraction_rule(skull_strip) and (model.task.outputs_images or not volumes):
         raise ConfigError("--skull-strip applies to NIfTI volumes given to a segmentation model")
     if not model.task.per_pixel:
