@@ -31,7 +31,7 @@ def usable_cores() -> int:
 # code 1: the stop must not lose that race on a loaded machine.
 RAY_HEALTH_CHECK_FAILURES = 60
 # How long Ray's shutdown tries to send its task events (for Ray's dashboard, not used here) to a control
-# process that may be gone: Ray's default of 5 s was half of such a stop (11 s, now 4 s on two idle cores),
+# process that may be gone: with Ray's default such a stop took 11 s on two idle cores, with 0.2 s 4 s,
 # and a scheduler kills a job that has not stopped within its grace period (often 30 s).
 RAY_EVENTS_FLUSH_MS = 200
 
