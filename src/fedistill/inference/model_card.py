@@ -7,7 +7,6 @@ preprocessing its inputs need."""
 from __future__ import annotations
 
 import json
-import math
 import re
 import subprocess
 from pathlib import Path
@@ -18,6 +17,7 @@ from fedistill.engine.summary import metric_text, partition_text
 from fedistill.federation.ledger import DOWN, UP
 from fedistill.inference.selection import which_model
 from fedistill.inference.trained_model import TrainedModel
+from fedistill.metrics.thresholds import logit_margin
 
 CARD_SUFFIXES = (".card.json", ".card.md")
 UNKNOWN_COMMIT = (
@@ -44,7 +44,7 @@ def output_description(model: TrainedModel, format: str) -> str:
     task = model.task
     threshold = getattr(task, "decision_threshold", 0.5)  # a two-class segmentation's (instances: 0.5)
     if isinstance(threshold, float) and threshold != 0.5:
-        margin = math.log(threshold / (1 - threshold))
+        margin = logit_margin(threshold)
         return (
             f"per-pixel logits (N, 2, H, W): a pixel is foreground where its softmax foreground probability "
             f"exceeds the run's decision threshold {threshold}, i.e. z_1 - z_0 > {margin:.4f}"

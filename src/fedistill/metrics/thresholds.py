@@ -20,10 +20,15 @@ import torch
 THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))
 
 
+def logit_margin(threshold: float) -> float:
+    """The logit difference z_1 - z_0 at which softmax's p_1 equals `threshold`: log(t / (1 - t))."""
+    return math.log(threshold / (1.0 - threshold))
+
+
 def foreground_above(outputs: torch.Tensor, threshold: float) -> torch.Tensor:
     """Where two-class per-pixel logits (N, 2, H, W) give the foreground a probability above `threshold`:
-    softmax's p_1 > t is z_1 - z_0 > log(t / (1 - t)), so at 0.5 it is argmax's answer, ties included."""
-    return outputs[:, 1] - outputs[:, 0] > math.log(threshold / (1.0 - threshold))
+    softmax's p_1 > t is z_1 - z_0 > `logit_margin(t)`, so at 0.5 it is argmax's answer, ties included."""
+    return outputs[:, 1] - outputs[:, 0] > logit_margin(threshold)
 
 
 def threshold_counts(outputs: torch.Tensor, truth: torch.Tensor) -> np.ndarray:
