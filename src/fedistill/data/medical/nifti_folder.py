@@ -44,6 +44,7 @@ from fedistill.data.mask_folder import class_names
 from fedistill.data.medical import options as opt
 from fedistill.data.medical.slice_sets import SubjectSlices, slice_dataset
 from fedistill.data.medical.volumes import (
+    NotOneVolumeError,
     axial_slices,
     read_volume,
     resize_images,
@@ -323,11 +324,8 @@ def _json_names(path: Path) -> tuple[str, ...] | None:
 def _read(path: Path) -> tuple[np.ndarray, tuple[float, float, float]]:
     try:
         return read_volume(path)
-    except DataError as e:
-        dimensions = re.search(r"holds a (\d+)-D image", str(e))
-        if dimensions is None:
-            raise
-        if int(dimensions[1]) < 3:  # a single slice: no channels to pick
+    except NotOneVolumeError as e:
+        if e.ndim < 3:  # a single slice: no channels to pick
             raise DataError(f"{NAME}: {e}; 2D images with masks are read by mask-folder") from None
         raise DataError(
             f"{NAME}: {e}; a file of several volumes (channels) is not read: store one file per channel, "

@@ -27,6 +27,15 @@ MARGIN_MM = 20.0  # the "margin" rule: 20 slices of 1 mm either side of the tumo
 MIN_BRAIN_FRACTION = 0.01  # the "brain" rule: at least 1% of the slice is brain
 
 
+class NotOneVolumeError(DataError):
+    """A NIfTI file that holds no single 3-D volume; `ndim` says what it holds (2: one slice, 4: several
+    volumes), for a loader to say what to do about it."""
+
+    def __init__(self, message: str, ndim: int = 0) -> None:  # a default: exceptions are pickled by args
+        super().__init__(message)
+        self.ndim = ndim
+
+
 def read_volume(path: Path) -> tuple[np.ndarray, tuple[float, float, float]]:
     """A 3-D float32 volume in RAS orientation and its voxel size in mm (x, y, z)."""
     try:
@@ -44,7 +53,9 @@ def read_volume(path: Path) -> tuple[np.ndarray, tuple[float, float, float]]:
     if data.ndim == 4 and data.shape[3] == 1:
         data = data[..., 0]
     if data.ndim != 3:
-        raise DataError(f"{path} holds a {data.ndim}-D image of shape {data.shape}; expected one 3-D volume")
+        raise NotOneVolumeError(
+            f"{path} holds a {data.ndim}-D image of shape {data.shape}; expected one 3-D volume", data.ndim
+        )
     if not np.isfinite(data).all():  # else scaled to 0 in silence: black voxels, or background labels
         raise DataError(f"{path}: the volume holds NaN or infinite values; replace the file")
     return data, (zooms[0], zooms[1], zooms[2])
