@@ -12,6 +12,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from torch import nn
 
 from conftest import SHARED_DATA
@@ -317,6 +318,11 @@ def test_predict_scales_a_volume_as_the_loader_did_and_answers_on_its_grid(tmp_p
     np.testing.assert_array_equal(labels, truth.astype(np.uint8))
     with pytest.raises(ConfigError, match="--skull-strip applies to models trained on brain sets"):
         predict_path(model, source, tmp_path / "again", skull_strip=True)
+    # refused before any answer is written, also for a folder whose images come first
+    Image.fromarray(np.zeros((24, 20), np.uint8)).save(tmp_path / "in" / "a-slice.png")
+    with pytest.raises(ConfigError, match="--skull-strip applies to models trained on brain sets"):
+        predict_path(model, tmp_path / "in", tmp_path / "mixed", skull_strip=True)
+    assert not (tmp_path / "mixed").exists() or not any((tmp_path / "mixed").rglob("*.png"))
 
 
 def _sites(root: Path) -> None:

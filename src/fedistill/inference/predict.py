@@ -39,6 +39,8 @@ ANSWER_SUFFIX = {"image": ".png", "nifti": "", "hdf5": ""}
 #: Datasets of 2D images whose segmentation models are given no NIfTI volume: nothing records how one
 #: would become their slices (a brain set's steps would be applied in silence).
 IMAGES_ONLY = ("mask-folder",)
+#: Datasets of the user's own volumes, read as given: their models learned no brain extraction.
+SCANS_AS_GIVEN = ("nifti-folder",)
 DEFAULT_CSV = "predictions.csv"
 
 
@@ -95,6 +97,11 @@ def predict_path(
         )
     if extraction_rule(skull_strip) and (model.task.outputs_images or not volumes):
         raise ConfigError("--skull-strip applies to NIfTI volumes given to a segmentation model")
+    if extraction_rule(skull_strip) and model.config.dataset in SCANS_AS_GIVEN:
+        raise ConfigError(
+            "--skull-strip applies to models trained on brain sets; "
+            f"{model.config.dataset} reads scans as given"
+        )
     if not model.task.per_pixel:
         named = output.suffix.lower() == ".csv" and not output.is_dir()
         if not named and output.exists() and not output.is_dir():

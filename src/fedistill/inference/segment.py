@@ -39,7 +39,7 @@ from fedistill.data.medical.volumes import (
     scale_to_uint8,
     to_field_of_view,
 )
-from fedistill.errors import ConfigError, DataError
+from fedistill.errors import DataError
 from fedistill.inference.forward import Trained, chunks, dataset_options, outputs
 from fedistill.inference.images import model_image, nearest_resize, read_image, to_channels, write_labels
 from fedistill.inference.inputs import InputFile
@@ -147,11 +147,7 @@ def segment_volume(
     run's `window`), on the field of view of the volume's larger side; the brain sets on BraTS' 240 mm."""
     volume = read_nifti(path)
     zooms = volume.canonical_zooms
-    if model.config.dataset == NIFTI_FOLDER:
-        if skull_strip:
-            raise ConfigError(
-                f"--skull-strip applies to models trained on brain sets; {NIFTI_FOLDER} reads scans as given"
-            )
+    if model.config.dataset == NIFTI_FOLDER:  # --skull-strip refused before any answer (predict_path)
         window = checked_window(dataset_options(model).get("window"))
         scaled, spacing, field = scaled_slices(volume.canonical, zooms, window, str(path))
     else:
