@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import nibabel as nib
@@ -79,13 +80,15 @@ def test_a_decathlon_folder_gives_labelled_slices_one_group_per_case_and_its_cla
     assert len(every.train) == 3 * SHAPE[2] and len(every.test) == SHAPE[2]
 
 
-def test_nnunet_channel_files_and_its_dataset_json_form(tmp_path) -> None:
+def test_nnunet_channel_files_and_its_dataset_json_form(tmp_path, caplog) -> None:
     root = _msd(tmp_path / "d", cases=3, suffix="_0000", labels={"background": 0, "blob": 1})
     for i in range(3):  # a second channel: the first one inverted
         image = nib.load(str(root / "imagesTr" / f"case_{i:03d}_0000.nii.gz")).get_fdata()
         _save(root / "imagesTr" / f"case_{i:03d}_0001.nii.gz", (400.0 - image).astype(np.float32))
     first = load_dataset("nifti-folder", root, image_size=16)
-    second = load_dataset("nifti-folder", root, image_size=16, channel=1)
+    with caplog.at_level(logging.INFO):
+        second = load_dataset("nifti-folder", root, image_size=16, channel=1)
+    assert "nifti-folder: channel 1 read from each case's <case>_0001 file" in caplog.text
     assert first.info.class_names == ("background", "blob")
     assert torch.equal(first.train.y, second.train.y)
     inside = first.train.y.bool()
@@ -94,6 +97,147 @@ def test_nnunet_channel_files_and_its_dataset_json_form(tmp_path) -> None:
     with pytest.raises(DataError, match=missing) as e:
         load_dataset("nifti-folder", root, image_size=16, channel=2)
     assert str(e.value).endswith("it has 0000, 0001); set nifti-folder.channel to one every case has (0, 1)")
+
+
+# Task01_BrainTumour's dataset.json: its four MR sequences, in the order of each image file's 4th axis
+MODALITIES = {"0": "FLAIR", "1": "T1w", "2": "t1gd", "3": "T2w"}
+LPS = np.diag([-1.0, -1.0, 1.0, 1.0])
+
+
+def _stored_lps(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The same voxels stored right-to-left and anterior-to-back, with the affine that says so."""
+    shift = np.eye(4)
+    shift[:2, 3] = [-(n - 1) for n in data.shape[:2]]
+    return np.ascontiguousarray(data[::-1, ::-1]), RAS @ LPS @ shift
+
+
+def _four_d(root: Path, cases: int = 3, shown: int = 1, channels: dict | None = MODALITIES) -> Path:
+    """A Decathlon folder as Task01_BrainTumour's, stored LPS: each case one 4-D image file (X, Y, Z, 4)
+    whose blob shows in channel `shown` alone (the others: the tissue without it) and a 3-D label file."""
+    for i in range(cases):
+        image, label = _synthetic_case(i)
+        stack = np.stack([np.where(label > 0, 100.0, image) * (1 + c) for c in range(4)], axis=-1)
+        stack[..., shown] = image
+        _save(root / "imagesTr" / f"case_{i:03d}.nii.gz", *_stored_lps(stack.astype(np.float32)))
+        _save(root / "labelsTr" / f"case_{i:03d}.nii.gz", *_stored_lps(label))
+    if channels is not None:
+        key = "modality" if channels is MODALITIES else "channel_names"
+        json_text = json.dumps({"labels": {"0": "background", "1": "tumour"}, key: channels})
+        (root / "dataset.json").write_text(json_text, encoding="utf-8")
+    return root
+
+
+def test_a_decathlon_4d_file_gives_the_channel_asked_for_as_a_3d_file_of_it_would(tmp_path, caplog) -> None:
+    """Channel 1 of 4-D files stored LPS gives exactly the slices of 3-D RAS files of that channel; the
+    read is logged once, with the channel's name in dataset.json."""
+    four = _four_d(tmp_path / "Task01_BrainTumour")
+    three = _msd(tmp_path / "three", cases=3)  # channel 1's volumes, stored RAS
+    with caplog.at_level(logging.INFO):
+        picked = load_dataset("nifti-folder", four, image_size=16, channel=1)
+    plain = load_dataset("nifti-folder", three, image_size=16)
+    assert torch.equal(picked.train.x, plain.train.x) and torch.equal(picked.train.y, plain.train.y)
+    assert torch.equal(picked.test.x, plain.test.x) and picked.info.class_names == ("background", "tumour")
+    read = [r.getMessage() for r in caplog.records if "read from" in r.getMessage()]
+    assert read == [
+        "nifti-folder: channel 1 (T1w, dataset.json's modality) read from each case's 4-D image file of 4 "
+        "volumes"
+    ]
+    flair = load_dataset("nifti-folder", four, image_size=16)  # channel 0: the blob does not show
+    inside = picked.train.y.bool()
+    assert picked.train.x[:, 0][inside].float().mean() > 200 > flair.train.x[:, 0][inside].float().mean()
+
+
+def test_read_volume_reads_a_channel_of_a_4d_file_as_the_3d_file_of_it(tmp_path) -> None:
+    from fedistill.data.medical.volumes import read_volume
+
+    stack = np.random.default_rng(0).random((6, 20, 24, 3)).astype(np.float32)
+    four = _save(tmp_path / "four.nii.gz", stack, OBLIQUE)
+    for channel in range(3):
+        alone = _save(
+            tmp_path / f"alone_{channel}.nii.gz", np.ascontiguousarray(stack[..., channel]), OBLIQUE
+        )
+        volume, zooms = read_volume(four, channel)
+        expected, expected_zooms = read_volume(alone)
+        np.testing.assert_array_equal(volume, expected)
+        assert volume.shape == (20, 24, 6) and zooms == expected_zooms == (10.0, 10.0, 3.0)
+    with pytest.raises(DataError, match=r"four.nii.gz holds 3 volumes; it has no volume 3"):
+        read_volume(four, 3)
+    with pytest.raises(DataError, match=r"alone_0.nii.gz holds one volume \(3-D\); it has no volume 1"):
+        read_volume(tmp_path / "alone_0.nii.gz", 1)
+
+
+def _spoiled_4d(root: Path, spoil: str) -> Path:
+    _four_d(root, channels={"0": "T2", "1": "ADC"} if spoil == "nnU-Net names" else MODALITIES)
+    if spoil == "no dataset.json":
+        (root / "dataset.json").unlink()
+    elif spoil == "a 3-D case":
+        _save(root / "imagesTr" / "case_001.nii.gz", _synthetic_case(1)[0])
+    elif spoil == "4-D label":
+        _save(root / "labelsTr" / "case_001.nii.gz", np.zeros((*SHAPE, 2), np.uint8))
+    elif spoil == "3-D files":
+        shutil.rmtree(root)
+        _msd(root, cases=3)
+    elif spoil == "3-D test cases":
+        _msd(root, cases=0, test=4)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("spoil", "channel", "words"),
+    [
+        (
+            "",
+            4,
+            "{d}/imagesTr/case_000.nii.gz holds 4 volumes, so nifti-folder.channel = 4 picks none; set it "
+            "to one of 0 to 3 (dataset.json's modality: 0 FLAIR, 1 T1w, 2 t1gd, 3 T2w)",
+        ),
+        (
+            "nnU-Net names",
+            4,
+            "{d}/imagesTr/case_000.nii.gz "
+            "holds 4 volumes, so nifti-folder.channel = 4 picks none; set it to one of 0 to 3 "
+            "(dataset.json's channel_names: 0 T2, 1 ADC)",
+        ),
+        (
+            "no dataset.json",
+            7,
+            "{d}/imagesTr/case_000.nii.gz "
+            "holds 4 volumes, so nifti-folder.channel = 7 picks none; set it to one of 0 to 3",
+        ),
+        (
+            "a 3-D case",
+            1,
+            "the image files under {d}/imagesTr hold different numbers of volumes "
+            "(case_000.nii.gz 4, case_001.nii.gz 1); give every case the same channels",
+        ),
+        (
+            "4-D label",
+            1,
+            "{d}/labelsTr/case_001.nii.gz holds a 4-D image of shape (24, 20, 12, 2); expected "
+            "one 3-D volume; a label file holds one label volume, which the image's channels share",
+        ),
+        (
+            "3-D test cases",
+            0,
+            "the image files under {d}/imagesTr hold 4 volumes each but those under "
+            "{d}/imagesTs 1; give the test cases the same channels",
+        ),
+        (
+            "3-D files",
+            1,
+            "{d}/imagesTr/case_000.nii.gz holds one volume (a 3-D image), so nifti-folder.channel "
+            "= 1 picks none; leave it out, or give each case's channels in one 4-D file or as nnU-Net's "
+            "<case>_0001.nii.gz files",
+        ),
+    ],
+)
+def test_a_4d_folder_it_cannot_read_is_one_line_naming_the_files_and_channels(
+    tmp_path, spoil, channel, words
+):
+    root = _spoiled_4d(tmp_path / "d", spoil)
+    with pytest.raises(DataError) as caught:
+        load_dataset("nifti-folder", root, image_size=16, channel=channel)
+    assert str(caught.value) == "nifti-folder: " + words.format(d=root)
 
 
 def test_the_train_test_layout_with_uncompressed_files(tmp_path) -> None:
@@ -181,7 +325,7 @@ def _refusal(tmp_path: Path, spoil: str) -> Path:
         (root / "labelsTr" / "case_001.nii.gz").unlink()
     elif spoil == "shape":
         _save(root / "labelsTr" / "case_001.nii.gz", np.zeros((24, 20, 11), np.uint8))
-    elif spoil == "4-D":
+    elif spoil == "4-D":  # one case's channels in one file, the others' a volume each
         _save(root / "imagesTr" / "case_001.nii.gz", np.zeros((*SHAPE, 4), np.float32))
     elif spoil == "2-D":  # one slice saved alone: no channels to pick
         _save(root / "imagesTr" / "case_001.nii.gz", np.zeros(SHAPE[:2], np.float32))
@@ -200,7 +344,7 @@ def _refusal(tmp_path: Path, spoil: str) -> Path:
     [
         ("missing label", r"image .*case_001.nii.gz has no label volume .*labelsTr/case_001.nii.gz"),
         ("shape", r"labelsTr/case_001.nii.gz is \(24, 20, 11\) voxels .* but its image .* is \(24, 20, 12\)"),
-        ("4-D", r"4-D image of shape \(24, 20, 12, 4\).*store one file per channel, nnU-Net's"),
+        ("4-D", r"imagesTr hold different numbers of volumes \(case_000.nii.gz 1, case_001.nii.gz 4\); give"),
         ("2-D", r"2-D image of shape \(24, 20\); expected one 3-D volume; 2D images with masks are read by"),
         ("no cases", r"imagesTr holds no NIfTI volumes"),
         ("fractional label", r"case_001.nii.gz holds values other than whole numbers >= 0"),
@@ -219,7 +363,6 @@ def test_a_folder_it_cannot_read_is_one_line_naming_the_files(tmp_path, spoil, w
         ({"bogus": 1}, ConfigError, "bogus"),
         ({"window": [240, -160]}, ConfigError, "window must be two numbers"),
         ({"slices": "tumour"}, ConfigError, "slices must be one of labelled, all"),
-        ({"channel": 1}, ConfigError, "channel = 1 picks <case>_0001.nii.gz, but"),
         ({"test_fraction": 1.5}, ConfigError, "test_fraction must be at most 0.9"),
         ({"classes": ["background"]}, ConfigError, "classes must list two or more"),
     ],

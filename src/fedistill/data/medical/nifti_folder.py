@@ -2,8 +2,10 @@
 
 Layouts (uncompressed `.nii` works wherever `.nii.gz` is named; files starting with "." are ignored, as
 the `._*` files macOS leaves in the Medical Segmentation Decathlon's archives):
-  Medical Segmentation Decathlon / nnU-Net: `imagesTr/<case>.nii.gz` (or nnU-Net's `<case>_0000.nii.gz`, one
-    file per channel: the option `channel` picks `_000N`) with `labelsTr/<case>.nii.gz`; the test cases in
+  Medical Segmentation Decathlon / nnU-Net: `imagesTr/<case>.nii.gz` with `labelsTr/<case>.nii.gz` (3-D);
+    a case's channels in one 4-D file, as the Decathlon releases them (Task01_BrainTumour: FLAIR, T1w, t1gd,
+    T2w, named in dataset.json's "modality"), or in nnU-Net's `<case>_0000.nii.gz`, `<case>_0001.nii.gz`,
+    ...: the option `channel` picks one (a volume of the 4th axis, read alone; or `_000N`); the test cases in
     `imagesTs/` + `labelsTs/` when `labelsTs/` exists, else `test_fraction` of the training cases, evenly
     spread over their sorted names (logged). The folder itself, or the one folder below it that holds
     `imagesTr/` (a Decathlon task's own `Task09_Spleen/`). `dataset.json`'s "labels" name the classes, as
@@ -51,6 +53,7 @@ from fedistill.data.medical.volumes import (
     resize_labels,
     scale_to_uint8,
     to_field_of_view,
+    volume_count,
 )
 from fedistill.errors import ConfigError, DataError
 
@@ -147,7 +150,8 @@ def load_nifti_folder(
     if test_fraction is not None:
         test_fraction = opt.positive_float(NAME, "test_fraction", test_fraction, maximum=0.9)
     base, train_dirs, test_dirs = _layout(Path(folder), test_alone)
-    train_cases = _cases(*train_dirs, channel) if train_dirs is not None else {}
+    channel_names = _channel_names(base / "dataset.json")
+    train_cases, volumes = _cases(*train_dirs, channel, channel_names) if train_dirs else ({}, None)
     if test_dirs is None:
         train_cases, test_cases = _held_out(
             train_cases, TEST_FRACTION if test_fraction is None else test_fraction
@@ -157,11 +161,22 @@ def load_nifti_folder(
             f"{NAME} option test_fraction does not apply: {test_dirs[1]} holds the test cases; leave it out"
         )
     else:
-        test_cases = _cases(*test_dirs, channel)
+        test_cases, test_volumes = _cases(*test_dirs, channel, channel_names)
+        if volumes is not None and (test_volumes or 1) != (volumes or 1):  # 0, nnU-Net's files: 1 each
+            raise DataError(
+                f"{NAME}: the image files under {train_dirs[0]} hold {volumes or 1} volumes each but those "
+                f"under {test_dirs[0]} {test_volumes or 1}; give the test cases the same channels"
+            )
+        volumes = test_volumes if volumes is None else volumes
+    if volumes != 1:  # say which channel is read, and its name
+        where = f"<case>_{channel:04d} file" if volumes == 0 else f"4-D image file of {volumes} volumes"
+        named = f" ({channel_names[1][channel]}, {channel_names[0]})" if channel in channel_names[1] else ""
+        log.info("%s: channel %d%s read from each case's %s", NAME, channel, named, where)
     if names is None and not foreground:
         names = _json_names(base / "dataset.json")
-    train = [_case(c, *paths, window, foreground, rule, image_size) for c, paths in train_cases.items()]
-    test = [_case(c, *paths, window, foreground, rule, image_size) for c, paths in test_cases.items()]
+    steps = (window, foreground, rule, image_size, channel if volumes else 0)  # nnU-Net's file: its only one
+    train = [_case(c, *paths, *steps) for c, paths in train_cases.items()]
+    test = [_case(c, *paths, *steps) for c, paths in test_cases.items()]
     test_largest = max(largest for _, largest in test)
     train_largest = max(largest for _, largest in train) if train else test_largest
     read_from = train_dirs[1] if train_dirs is not None else test_dirs[1]
@@ -228,8 +243,11 @@ def _volumes(folder: Path) -> dict[str, Path]:
     return found
 
 
-def _cases(images_dir: Path, labels_dir: Path, channel: int) -> dict[str, tuple[Path, Path]]:
-    """{case: (image, label)} by case name; nnU-Net's `<case>_000N` files give channel `channel`."""
+def _cases(
+    images_dir: Path, labels_dir: Path, channel: int, channel_names: tuple[str, dict[int, str]]
+) -> tuple[dict[str, tuple[Path, Path]], int]:
+    """{case: (image, label)} by case name and the volumes in each image file: 0 for nnU-Net's
+    `<case>_000N` files (giving channel `channel`), else a 4-D file's 4th axis (`channel` is read), or 1."""
     images, labels = _volumes(images_dir), _volumes(labels_dir)
     if not images:
         raise DataError(f"{NAME}: {images_dir} holds no NIfTI volumes (.nii.gz, .nii); expected {LAYOUT}")
@@ -248,20 +266,45 @@ def _cases(images_dir: Path, labels_dir: Path, channel: int) -> dict[str, tuple[
                     f"{NAME}: case {case} under {images_dir} has no channel {channel} ({case}_{channel:04d}"
                     f".nii.gz; it has {', '.join(f'{c:04d}' for c in sorted(channels))}); {fix}"
                 )
-        chosen = {case: channels[channel] for case, channels in by_case.items()}
-    elif channel != 0:
-        raise ConfigError(
-            f"{NAME} option channel = {channel} picks <case>_{channel:04d}.nii.gz, but the volumes under "
-            f"{images_dir} carry no such channel suffix; leave it out"
-        )
+        chosen, volumes = {case: channels[channel] for case, channels in by_case.items()}, 0
     else:
-        chosen = images
+        chosen, volumes = images, _volumes_each(images_dir, images, channel, channel_names)
     out = {}
     for case, image in sorted(chosen.items()):
         if case not in labels:
             raise DataError(f"{NAME}: image {image} has no label volume {labels_dir / case}.nii.gz (or .nii)")
         out[case] = (image, labels[case])
-    return out
+    return out, volumes
+
+
+def _volumes_each(
+    images_dir: Path, images: dict[str, Path], channel: int, channel_names: tuple[str, dict[int, str]]
+) -> int:
+    """The volumes every image file holds, from their headers; different counts, or no `channel`, refused."""
+    first: dict[int, Path] = {}  # the first file of each count
+    for path in images.values():
+        first.setdefault(volume_count(path), path)
+    if len(first) > 1:
+        shown = ", ".join(f"{path.name} {count}" for count, path in first.items())
+        raise DataError(
+            f"{NAME}: the image files under {images_dir} hold different numbers of volumes ({shown}); give "
+            "every case the same channels"
+        )
+    ((count, path),) = first.items()
+    if count == 1 and channel > 0:
+        raise DataError(
+            f"{NAME}: {path} holds one volume (a 3-D image), so {NAME}.channel = {channel} picks none; "
+            "leave it out, or give each case's channels in one 4-D file or as nnU-Net's "
+            f"<case>_{channel:04d}.nii.gz files"
+        )
+    if channel >= count:
+        key, names = channel_names
+        named = f" ({key}: {', '.join(f'{c} {n}' for c, n in sorted(names.items()))})" if names else ""
+        raise DataError(
+            f"{NAME}: {path} holds {count} volumes, so {NAME}.channel = {channel} picks none; set it to one "
+            f"of {_numbers(list(range(count)))}{named}"
+        )
+    return count
 
 
 def _numbers(values: list[int]) -> str:
@@ -294,6 +337,22 @@ def _held_out(
     return {n: cases[n] for n in names if n not in picked}, {n: cases[n] for n in names if n in picked}
 
 
+def _channel_names(path: Path) -> tuple[str, dict[int, str]]:
+    """Where dataset.json names the image channels (the Decathlon's "modality", nnU-Net v2's
+    "channel_names") and their names by number, for messages: ("", {}) without (a broken file is refused
+    where its labels are read)."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return "", {}
+    for key in ("modality", "channel_names"):
+        names = found.get(key) if isinstance(found, dict) else None
+        if isinstance(names, dict):
+            named = {int(k): str(v) for k, v in names.items() if str(k).strip().isdigit()}
+            return f"{path.name}'s {key}", named
+    return "", {}
+
+
 def _json_names(path: Path) -> tuple[str, ...] | None:
     """The class names by value of a `dataset.json`'s "labels" (Decathlon's or nnU-Net v2's), or None."""
     if not path.is_file():
@@ -321,16 +380,18 @@ def _json_names(path: Path) -> tuple[str, ...] | None:
     return tuple(by_value.get(v, "background" if v == 0 else f"class-{v}") for v in range(max(by_value) + 1))
 
 
-def _read(path: Path) -> tuple[np.ndarray, tuple[float, float, float]]:
+def _read(path: Path, channel: int | None = None) -> tuple[np.ndarray, tuple[float, float, float]]:
+    """An image's volume `channel` (of a 4-D file), or with None a label volume, which must be 3-D."""
     try:
-        return read_volume(path)
+        return read_volume(path, channel)
     except NotOneVolumeError as e:
         if e.ndim < 3:  # a single slice: no channels to pick
             raise DataError(f"{NAME}: {e}; 2D images with masks are read by mask-folder") from None
-        raise DataError(
-            f"{NAME}: {e}; a file of several volumes (channels) is not read: store one file per channel, "
-            f"nnU-Net's <case>_0000.nii.gz, <case>_0001.nii.gz, ..., and pick one with {NAME}.channel"
-        ) from None
+        if channel is None:
+            raise DataError(
+                f"{NAME}: {e}; a label file holds one label volume, which the image's channels share"
+            ) from None
+        raise DataError(f"{NAME}: {e}") from None
 
 
 def _same_grid(image_path: Path, label_path: Path) -> None:
@@ -360,9 +421,10 @@ def _case(
     foreground: bool,
     rule: str,
     size: int,
+    channel: int,
 ) -> tuple[SubjectSlices, int]:
     """One case's kept slices and label maps, and the largest label value in its volume."""
-    volume, zooms = _read(image_path)
+    volume, zooms = _read(image_path, channel)
     label, _ = _read(label_path)
     if label.shape != volume.shape:
         raise DataError(

@@ -36,19 +36,41 @@ class NotOneVolumeError(DataError):
         self.ndim = ndim
 
 
-def read_volume(path: Path) -> tuple[np.ndarray, tuple[float, float, float]]:
-    """A 3-D float32 volume in RAS orientation and its voxel size in mm (x, y, z)."""
+READ_ERRORS = (OSError, EOFError, ValueError, zlib.error, ImageFileError, HeaderDataError)
+
+
+def volume_count(path: Path) -> int:
+    """How many volumes a NIfTI file holds, from its header alone: a 4-D file's 4th axis, else 1."""
     try:
-        image = nib.as_closest_canonical(nib.load(str(path)))
+        shape = nib.load(str(path)).shape
+    except READ_ERRORS as e:
+        raise DataError(f"cannot read NIfTI volume {path} ({e}); replace the file") from e
+    return shape[3] if len(shape) == 4 else 1
+
+
+def read_volume(path: Path, channel: int | None = None) -> tuple[np.ndarray, tuple[float, float, float]]:
+    """A 3-D float32 volume in RAS orientation and its voxel size in mm (x, y, z). `channel`: of a file of
+    several volumes (a 4-D file, as the Medical Segmentation Decathlon stores a case's MR sequences) the
+    one to read, sliced from the file alone and oriented as a 3-D file of it; a 3-D file is channel 0."""
+    try:
+        image = nib.load(str(path))
         stored = image.get_data_dtype()
         if stored.kind not in "biuf":  # RGB (a record of channels) or complex voxels
             raise DataError(
                 f"{path} holds voxels of type {''.join(stored.names or ()) or stored.name}; expected one "
                 "real number per voxel (a grey-level scan or a label map)"
             )
+        count = image.shape[3] if len(image.shape) == 4 else 1
+        if channel is not None and len(image.shape) in (3, 4):
+            if channel >= count:
+                held = f"{count} volumes" if count > 1 else "one volume (3-D)"
+                raise DataError(f"{path} holds {held}; it has no volume {channel}")
+            if count > 1:  # that volume alone read from the file, as a 3-D image of the file's geometry
+                image = type(image)(image.dataobj[..., channel], image.affine, image.header)
+        image = nib.as_closest_canonical(image)
         data = np.asarray(image.dataobj, dtype=np.float32)
         zooms = tuple(float(z) for z in image.header.get_zooms()[:3])
-    except (OSError, EOFError, ValueError, zlib.error, ImageFileError, HeaderDataError) as e:
+    except READ_ERRORS as e:
         raise DataError(f"cannot read NIfTI volume {path} ({e}); replace the file") from e
     if data.ndim == 4 and data.shape[3] == 1:
         data = data[..., 0]
