@@ -440,3 +440,7 @@ def test_the_card_of_a_nifti_folder_model_says_how_a_volume_becomes_its_slices(w
     scale = "window [-160.0, 240.0]" if window else "0.5th-99.5th percentiles"
     assert scale in pre["volumes"]
     assert "volumes" not in preprocessing(model)  # a model of 2D images: nothing about volumes
+    assert "of a 4-D file (several volumes along its 4th axis) volume 0 alone" in pre["volumes"]
+    config = config.replace(options={"nifti-folder": {**table, "channel": 2}})
+    pre = preprocessing(dataclasses.replace(model, config=config))
+    assert "of a 4-D file (several volumes along its 4th axis) volume 2 alone" in pre["volumes"]

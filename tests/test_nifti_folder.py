@@ -468,6 +468,43 @@ def test_predict_scales_a_volume_as_the_loader_did_and_answers_on_its_grid(tmp_p
     assert not (tmp_path / "mixed").exists() or not any((tmp_path / "mixed").rglob("*.png"))
 
 
+def test_predict_reads_the_runs_channel_of_a_4d_file_and_answers_a_3d_label_volume_on_its_grid(tmp_path):
+    """The blob shows in channel 1 of a 4-D scan (6, 20, 24, 4) stored oblique; a model trained on channel 1
+    finds it there and answers one 3-D label volume with the scan's affine; its channel 1 given alone as a
+    3-D file gets the same answer; a model of channel 4 is refused, naming the file and its count."""
+    from fedistill.inference.predict import predict_path
+
+    rng = np.random.default_rng(0)
+    tissue = (100.0 + 10.0 * rng.normal(size=(6, 20, 24))).astype(np.float32)
+    truth = np.zeros(tissue.shape, bool)
+    truth[1:5, 4:12, 10:20] = True
+    stack = np.stack([tissue * (1 + c) for c in range(4)], axis=-1)
+    stack[..., 1][truth] += 200.0
+    stack[:, :2] = 0.0
+    source = _save(tmp_path / "in" / "BRATS_001.nii.gz", stack, OBLIQUE)
+    _save(tmp_path / "alone" / "t1w.nii.gz", np.ascontiguousarray(stack[..., 1]), OBLIQUE)
+    info = DatasetInfo("nifti-folder", 1, 24, 2, (0.0,), (1.0,), task="semantic-segmentation")
+    options = {"nifti-folder": {"channel": 1}}
+    model = Standin(Threshold(), info, RunConfig(dataset="nifti-folder", options=options))
+    predict_path(model, source, tmp_path / "out")
+    predict_path(model, tmp_path / "alone", tmp_path / "out")
+    answer = nib.load(str(tmp_path / "out" / "BRATS_001.nii.gz"))
+    labels = np.asarray(answer.dataobj)
+    assert labels.shape == truth.shape and answer.header["dim"][0] == 3 and labels.dtype == np.uint8
+    np.testing.assert_array_equal(answer.affine, OBLIQUE)
+    assert answer.header.get_zooms() == (3.0, 10.0, 10.0)
+    np.testing.assert_array_equal(labels, truth.astype(np.uint8))
+    alone = np.asarray(nib.load(str(tmp_path / "out" / "t1w.nii.gz")).dataobj)
+    np.testing.assert_array_equal(alone, labels)
+    model.config = RunConfig(dataset="nifti-folder", options={"nifti-folder": {"channel": 4}})
+    with pytest.raises(DataError) as caught:
+        predict_path(model, source, tmp_path / "none")
+    assert str(caught.value) == (
+        f"{source} holds 4 volumes, none of them the model's channel 4 (its run's nifti-folder.channel); "
+        "give it a scan of that channel"
+    )
+
+
 def _sites(root: Path) -> None:
     """A server folder and two sites', each a Decathlon folder of synthetic cases."""
     seeds = {"server": range(0, 4), "site-0": range(4, 10), "site-1": range(10, 16)}

@@ -149,7 +149,8 @@ def _volume_steps(model: TrainedModel) -> dict[str, str]:
 
     if model.config.dataset != NAME:
         return {}
-    window = checked_window(model.config.options.get(NAME, {}).get("window"))
+    options = model.config.options.get(NAME, {})
+    window = checked_window(options.get("window"))
     scale = (
         f"clipped to the window [{window[0]}, {window[1]}] and mapped to 0..255"
         if window
@@ -159,7 +160,8 @@ def _volume_steps(model: TrainedModel) -> dict[str, str]:
         "volumes": f"NIfTI volumes turned to the closest RAS orientation and cut into axial slices; {scale} "
         "(rounded to uint8); each slice centred on a square field of view as wide as the volume's larger "
         "physical side, resized to image_size (bilinear, antialiased); a predicted label slice goes back "
-        "the same way (nearest) onto the volume's grid"
+        "the same way (nearest) onto the volume's grid; of a 4-D file (several volumes along its 4th axis) "
+        f"volume {options.get('channel', 0)} alone is read, the run's channel, and a 3-D file is taken as it"
     }
 
 

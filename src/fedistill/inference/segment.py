@@ -9,13 +9,14 @@ metrics use (`instances_from_three_class`); the instance map (uint16 PNG, 0 = ba
 resized back to the image's size.
 
 A NIfTI volume given to a model trained on `nifti-folder` goes through that loader's own steps
-(`nifti_folder.scaled_slices`, `model_slices`); any other goes through the BraTS loader's steps: axial
-slices of the canonical volume, intensities scaled per volume (the 0.5th-99.5th percentiles of its
-non-zero voxels, or each slice by its maximum when the run's BraTS data used `intensity = "slice-max"`;
-the semi-synthetic lesion sets' brains span 0..0.75 as their hosts'), the slices placed on BraTS' 240 mm
-field of view and resized to `image_size`. The models learned skull-stripped brains: a scan that keeps the
-head is first brain-extracted when asked (`skull_strip`, `fedistill predict --skull-strip`). Every slice is
-predicted, and the class map is taken back through the same steps to the volume's grid and voxel order.
+(`nifti_folder.scaled_slices`, `model_slices`; of a 4-D file the run's `channel` alone); any other goes
+through the BraTS loader's steps: axial slices of the canonical volume, intensities scaled per volume
+(the 0.5th-99.5th percentiles of its non-zero voxels, or each slice by its maximum when the run's BraTS
+data used `intensity = "slice-max"`; the semi-synthetic lesion sets' brains span 0..0.75 as their
+hosts'), the slices placed on BraTS' 240 mm field of view and resized to `image_size`. The models learned
+skull-stripped brains: a scan that keeps the head is first brain-extracted when asked (`skull_strip`,
+`fedistill predict --skull-strip`). Every slice is predicted, and the class map is taken back through the
+same steps to the volume's grid and voxel order.
 """
 
 from __future__ import annotations
@@ -144,10 +145,12 @@ def segment_volume(
     """The class of every voxel of the NIfTI volume at `path`, written to `answer` (uint8); `skull_strip`:
     brain extraction first, for a scan that keeps the head (`scan_to_uint8`). A model trained on
     nifti-folder gets the volume as that loader made its slices (`nifti_folder.scaled_slices`, with the
-    run's `window`), on the field of view of the volume's larger side; the brain sets on BraTS' 240 mm."""
-    volume = read_nifti(path)
+    run's `window`; of a 4-D file its `channel`), on the field of view of the volume's larger side; the
+    brain sets on BraTS' 240 mm."""
+    nifti_folder = model.config.dataset == NIFTI_FOLDER
+    volume = read_nifti(path, int(dataset_options(model).get("channel", 0)) if nifti_folder else None)
     zooms = volume.canonical_zooms
-    if model.config.dataset == NIFTI_FOLDER:  # --skull-strip refused before any answer (predict_path)
+    if nifti_folder:  # --skull-strip refused before any answer (predict_path)
         window = checked_window(dataset_options(model).get("window"))
         scaled, spacing, field = scaled_slices(volume.canonical, zooms, window, str(path))
     else:

@@ -9,16 +9,14 @@ dropped), so a viewer lays it exactly over the input.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import nibabel as nib
 import numpy as np
-from nibabel.filebasedimages import ImageFileError
 from nibabel.orientations import apply_orientation, axcodes2ornt, io_orientation, ornt_transform
-from nibabel.spatialimages import HeaderDataError
 
+from fedistill.data.medical.volumes import READ_ERRORS
 from fedistill.errors import DataError
 
 
@@ -50,13 +48,22 @@ class NiftiVolume:
         return apply_orientation(data, ornt_transform(axcodes2ornt("RAS"), self.orientation))
 
 
-def read_nifti(path: Path) -> NiftiVolume:
-    """The 3D volume at `path` (a 4D one with a single volume too); DataError naming the file otherwise."""
+def read_nifti(path: Path, channel: int | None = None) -> NiftiVolume:
+    """The 3D volume at `path` (a 4D one with a single volume too); `channel`: of a 4-D file of several
+    volumes (a Decathlon case's channels) the one to read, alone, as a nifti-folder run read its own (a 3-D
+    file is taken as that channel); DataError naming the file otherwise."""
     try:
         image = nib.load(str(path))
-        data = np.asarray(image.dataobj, dtype=np.float32)
+        count = image.shape[3] if len(image.shape) == 4 else 1
+        if channel is not None and count > 1 and channel >= count:
+            raise DataError(
+                f"{path} holds {count} volumes, none of them the model's channel {channel} (its run's "
+                "nifti-folder.channel); give it a scan of that channel"
+            )
+        picked = image.dataobj[..., channel] if channel is not None and count > 1 else image.dataobj
+        data = np.asarray(picked, dtype=np.float32)
         orientation = io_orientation(image.affine)
-    except (OSError, EOFError, ValueError, zlib.error, ImageFileError, HeaderDataError) as e:
+    except READ_ERRORS as e:
         raise DataError(f"cannot read NIfTI volume {path} ({e}); replace the file") from e
     if data.ndim == 4 and data.shape[3] == 1:
         data = data[..., 0]
@@ -72,11 +79,12 @@ def read_nifti(path: Path) -> NiftiVolume:
 def write_like(volume: NiftiVolume, data: np.ndarray, path: Path) -> None:
     """`data` (in the file's voxel order) as a NIfTI file with the input's affine and header; the header's
     data type becomes `data`'s and its intensity scaling is dropped (labels and images are stored as is),
-    and for labels (integers) its display range (cal_min, cal_max) too."""
+    and for labels (integers) its display range (cal_min, cal_max) too. The answer to a 4-D file of one
+    volume keeps its 4th axis; to a file of several (one channel read), it is one 3-D volume."""
     if data.shape != volume.stored.shape:
         raise ValueError(f"answer of shape {data.shape} for a volume of shape {volume.stored.shape}")
     header = volume.image.header.copy()
-    if len(header.get_data_shape()) == 4:
+    if header.get_data_shape()[3:] == (1,):
         data = data[..., None]
     header.set_data_dtype(data.dtype)
     header.set_slope_inter(1.0, 0.0)
