@@ -37,6 +37,8 @@ class RunConfig:
     model: str = "resnet8"
     norm: str = "auto"  # auto (the model's own: batch; instance for unet-fastmri) | batch | group | none
     group_norm_groups: int = 2
+    # true: after the last round, the exported model's BatchNorm statistics recomputed on the sites' data
+    recalibrate_norm: bool = False
     private_init: str = "shared"  # shared | client: where the part a method keeps private starts
     clients: int = 10
     partition: str = "dirichlet"
@@ -88,13 +90,12 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as config.toml writes it: the common keys, then each options table; `track` only when
-        set."""
+        """The config as config.toml writes it: the common keys, then each options table; `track`,
+        `site_data_dir` and `recalibrate_norm` only when set (runs without them save as they did before)."""
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}
-        if not self.track:  # watching a run is not part of what it computes: untracked runs save as before
-            del data["track"]
-        if not self.site_data_dir:  # runs on a shared dataset save as before the key existed
-            del data["site_data_dir"]
+        for key in ("track", "site_data_dir", "recalibrate_norm"):
+            if not data[key]:
+                del data[key]
         data.update({name: dict(values) for name, values in sorted(self.options.items())})
         return data
 
@@ -416,7 +417,7 @@ def check_dataset_table(
 #: Common keys an algorithm's table may override for that algorithm alone (per-method settings).
 PER_ALGORITHM_KEYS = frozenset(
     {"model", "rounds", "local_epochs", "local_steps", "batch_size", "optimizer", "lr", "momentum",
-     "weight_decay", "augment", "norm"}
+     "weight_decay", "augment", "norm", "recalibrate_norm"}
 )  # fmt: skip
 
 

@@ -26,7 +26,7 @@ from fedistill.algorithms.shared.stage1 import cache_folder
 from fedistill.algorithms.shared.training import evaluate_model, task_of
 from fedistill.config import RunConfig, write_config
 from fedistill.data.partition import load_split
-from fedistill.engine import decision_threshold
+from fedistill.engine import decision_threshold, norm_statistics
 from fedistill.engine.checkpoint import save_model, sweep_temporaries, write_checkpoint
 from fedistill.engine.floor import floor_scores
 from fedistill.engine.resume import (
@@ -47,6 +47,7 @@ from fedistill.federation.ledger import Ledger
 from fedistill.machine import appended, history_after, machine
 from fedistill.plots import plot_learning_curves, plot_partition
 from fedistill.privacy import journal as privacy_journal
+from fedistill.tasks import Task
 from fedistill.transports.inprocess import InProcessFleet
 from fedistill.version import __version__, code_fingerprint
 
@@ -155,6 +156,7 @@ def _loop(
     task, test_sources = task_of(config, info), source_names(data.dataset)
     headline = f"test_{task.headline}"
     decision_threshold.check_algorithm(task, algorithm)
+    norm_statistics.check_algorithm(config, algorithm, options)
     if grid is None:
         contexts = client_contexts(
             config, algorithm, options, data, cache_folder(config, beside=run_dir.parent.parent)
@@ -294,11 +296,14 @@ def _loop(
                 parts |= {f"client_{cid:03d}": c.state_dict() for cid, c in clients.items()}
                 write_checkpoint(run_dir / "checkpoints", f"round_{round:05d}", parts)
         final = server.final_evaluate(fleet, last_eval)
-        task, final = decision_threshold.decide(
-            task, config, options, server, fleet, final,
-            lambda model, t: evaluate_model(model, test, info, task=t, meta=data.dataset.test_meta,
-                                            groups=test_sources),
-        )  # fmt: skip
+
+        def score(model: torch.nn.Module, scored: Task) -> dict[str, float]:
+            meta = data.dataset.test_meta
+            return evaluate_model(model, test, info, task=scored, meta=meta, groups=test_sources)
+
+        # the statistics first: the threshold is chosen for the model as it is exported
+        final = norm_statistics.recalibrated(config, options, server, fleet, task, final, score)
+        task, final = decision_threshold.decide(task, config, options, server, fleet, final, score)
         final_oracle = oracle()
     finally:
         bar.close()

@@ -24,6 +24,7 @@ from fedistill.config import RunConfig, check_dataset_table, for_algorithm, opti
 from fedistill.data.base import LoadedDataset
 from fedistill.data.partition import make_split
 from fedistill.data.registry import canonical_dataset_name, dataset_options, load_dataset
+from fedistill.engine import norm_statistics
 from fedistill.engine.key_homes import key_homes
 from fedistill.engine.prepared import Prepared
 from fedistill.engine.site_data import (
@@ -243,6 +244,7 @@ def check_algorithm(resolved: Resolved) -> None:
     """What a running algorithm's setup can get wrong without the data: its models (`check_models`) and
     what its options rule out together with the run's common keys (the options' `check_run`, if any)."""
     check_models(resolved)
+    norm_statistics.check_algorithm(resolved.config, resolved.algorithm, resolved.options)
     check_run = getattr(resolved.options, "check_run", None)
     if check_run is not None:
         check_run(resolved.config)

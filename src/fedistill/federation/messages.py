@@ -57,6 +57,7 @@ CONTENT_KINDS = frozenset(
         "votes",  # quantised model outputs: one-hot votes or few-bit probabilities (PATE-style)
         "label-masks",  # per-pixel label masks (a site's private labels when it sends them)
         "latent-features",  # a model's intermediate features of private inputs (FL-MRCM's target site)
+        "activation-statistics",  # per-channel moments of a model's activations over private inputs
         "metrics",  # evaluation or training numbers
         "config",  # instructions: round, learning rate, number of steps, ...
     }

@@ -49,6 +49,7 @@ from fedistill.algorithms.classic.fedavg_options import FedAvgMOptions, FedAvgOp
 from fedistill.algorithms.classic.local_model import LocalModel
 from fedistill.algorithms.shared.decision_threshold import ThresholdCounts
 from fedistill.algorithms.shared.drop_worst import accuracy, drop_worst_weights, predict_logits
+from fedistill.algorithms.shared.norm_statistics import NormStatistics
 from fedistill.algorithms.shared.sampling import mean_metric, sample_clients, sampling_rate
 from fedistill.algorithms.shared.training import (
     LocalTraining,
@@ -92,7 +93,7 @@ def dp_of(options: Any) -> DPConfig | None:
     return dp if isinstance(dp, DPConfig) and dp.enabled else None
 
 
-class FedAvgClient(ClientLogic, ThresholdCounts):
+class FedAvgClient(ClientLogic, ThresholdCounts, NormStatistics):
     """Trains the received global model on private data and returns the trained parameters."""
 
     def __init__(self, ctx: ClientContext, model_name: str | None = None) -> None:

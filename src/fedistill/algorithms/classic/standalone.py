@@ -26,6 +26,7 @@ from fedistill.algorithms.base import (
     register,
 )
 from fedistill.algorithms.shared.decision_threshold import ThresholdCounts
+from fedistill.algorithms.shared.norm_statistics import NormStatistics
 from fedistill.algorithms.shared.oracle import average_local_models
 from fedistill.algorithms.shared.training import (
     LocalTraining,
@@ -144,7 +145,7 @@ class StandaloneServer(ServerLogic):
 MODEL_QUERY = "query.model"
 
 
-class CentralizedClient(StandaloneClient):
+class CentralizedClient(StandaloneClient, NormStatistics):
     """Standalone's client on the pooled data, which also hands its trained model over when asked."""
 
     @handles(MODEL_QUERY, read_only=True)

@@ -43,6 +43,9 @@ FEW_VALIDATION_SAMPLES = 50
 class FedDFServer(ServerLogic):
     """One model per architecture group, fused each round from the ensemble of every received model."""
 
+    #: Why `recalibrate_norm` does not apply (engine/norm_statistics.py), though its sites could answer
+    not_recalibrated = "its fused models learn last from the server's distillation data"
+
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         config, info = ctx.config, ctx.info

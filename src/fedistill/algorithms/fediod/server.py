@@ -80,6 +80,9 @@ class FedIODServer(StudentSteps, GeneratorStep, ServerLogic):
     """FedIOD's server: after stage 1 (the sites train their teachers), each distillation epoch alternates
     generator steps and student steps."""
 
+    #: Why `recalibrate_norm` does not apply (engine/norm_statistics.py)
+    not_recalibrated = "its student learned from the generator's images"
+
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         config, info = ctx.config, ctx.info

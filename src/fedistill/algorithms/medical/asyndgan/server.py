@@ -51,6 +51,9 @@ class AsynDGANServer(ServerLogic):
     """AsynDGAN's server: the central generator learns from the sites' discriminators, and a segmenter is
     trained on its pairs."""
 
+    #: Why `recalibrate_norm` does not apply (engine/norm_statistics.py)
+    not_recalibrated = "its segmenter learned from the generator's images"
+
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
         config, info = ctx.config, ctx.info
