@@ -223,6 +223,13 @@ def test_centralized_recalibrates_over_its_pooled_data(tmp_path):
     assert summary["final"]["norm_statistics_samples"] == sum(len(i) for i in data.split.client_train)
     records = read_ledger(tmp_path / "centralized" / "ledger.jsonl")
     assert [r["direction"] for r in records if r["type"] == "evaluate.norm_statistics"] == [DOWN, UP]
+    # the segmentation tables score the model Centralized exports, not its checkpoint's (averaged) one
+    from fedistill.reproduce.segmentation_scores import saved_models
+
+    scored = saved_models(tmp_path / "centralized", "centralized", _config("centralized"), data.dataset)
+    exported = norm_layers(load_model(tmp_path, "centralized").module)
+    for name, layer in norm_layers(scored[0]).items():
+        assert torch.equal(exported[name].running_var, layer.running_var)
 
 
 def test_over_a_flower_grid_the_sites_answer_and_the_run_ends_as_in_process(recalibrated_run, tmp_path):

@@ -33,14 +33,18 @@ from fedistill.reproduce.segmentation_plan import SAVED
 
 
 def saved_models(run: Path, method: str, config: RunConfig, data: LoadedDataset) -> list[nn.Module]:
-    """The models a run saved: one (FedAvg, AsynDGAN, FedIOD, Centralized) or one per site (Standalone,
-    site order = client id = the natural partition's order)."""
+    """The models a run saved: one (FedAvg, AsynDGAN, FedIOD, Centralized: its exported model, or in runs
+    from before it exported one its last checkpoint's) or one per site (Standalone, site order = client id
+    = the natural partition's order)."""
 
     def model(state: dict[str, torch.Tensor]) -> nn.Module:
         net = new_model(config, data.info)
         net.load_state_dict(state)
         return net.eval()
 
+    exported = run / "models" / "global.safetensors"
+    if method == "centralized" and exported.is_file():  # what it exports (`recalibrate_norm` changes it)
+        return [model(load_file(str(exported)))]
     if method in SAVED:
         path = run / "models" / f"{SAVED[method]}.safetensors"
         if not path.is_file():  # the run stopped before it exported its model
