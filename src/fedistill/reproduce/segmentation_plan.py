@@ -2,7 +2,8 @@
 
 Table 2 (brain lesions): `brats-synthetic-lesions`, K = 10 sites holding subjects sorted by lesion size
 (`partition = "natural"`, Chang et al.'s split), one U-Net for every method: Standalone (mean ± std over
-the sites' models), Centralized, FedAvg, AsynDGAN and FedIOD, Dice, sensitivity, specificity and HD95
+the sites' models), Centralized, FedAvg, AsynDGAN and FedIOD, and FedAvg with its BatchNorm statistics
+recomputed at the sites after the last round (`recalibrate_norm`), Dice, sensitivity, specificity and HD95
 per test slice; each model also meets the two real lesion patients of `brain-lesions-real` (contrast T1,
 skull on, 6.5 mm slices: a domain shift for models trained on skull-stripped T1 hosts with T2-like
 painted lesions). One more FedIOD run draws its masks from the server's prior
@@ -15,7 +16,8 @@ epoch with `--lean-pool-steps` S-steps each (20 x 5: the student's 100 updates p
 
 Table 4 / 8 (nuclei): `nuclei-synthetic-sites`, three stained sites built from 125 real nuclei, one
 site each; Dice, object Dice, AJI and HD95 on whole test images per test site and averaged over the
-sites, for FedAvg, AsynDGAN, FedIOD, Centralized and each site's Standalone model (Table 8).
+sites, for FedAvg (also recalibrated), AsynDGAN, FedIOD, Centralized and each site's Standalone model
+(Table 8).
 
 The protocol every method shares: the same model and initialisation, the same partition and the same
 number of local epochs per site (`--*-epochs`: Standalone, FedAvg and Centralized in rounds of
@@ -27,8 +29,9 @@ sites' validation splits; the others report their last round).
 
 Every model is scored again here from the files its run saved, by one function, so every row is
 measured alike (the runs' own summaries evaluate Standalone per patch on the nuclei): FedAvg's
-`models/global`, AsynDGAN's `models/segmenter`, FedIOD's `models/student` (its selected student), and
-Standalone's and Centralized's site models from their last checkpoint. Where a run's summary reports
+and Centralized's `models/global` (Centralized's last checkpoint in runs from before it exported one),
+AsynDGAN's `models/segmenter`, FedIOD's `models/student` (its selected student), and Standalone's site
+models from their last checkpoint. Where a run's summary reports
 the same metric, the two must agree; the JSON says whether they did.
 
     python benchmarks/segmentation_tables.py [--tables 2,4] [--methods ...] [--reuse]
@@ -61,6 +64,7 @@ METHODS = (
     "standalone",
     "centralized",
     "fedavg",
+    "fedavg-recalibrated",
     "asyndgan",
     "fediod",
     "fediod-default",
@@ -82,6 +86,7 @@ LABELS = {
     "standalone": "Standalone",
     "centralized": "Centralized",
     "fedavg": "FedAvg",
+    "fedavg-recalibrated": "FedAvg, BatchNorm statistics recomputed at the sites",
     "asyndgan": "AsynDGAN",
     "fediod": "FedIOD",
     "fediod-default": "FedIOD, default settings",
@@ -96,7 +101,7 @@ LABELS = {
 REAL_SCORING = {"real_skull": "stripped", "real_intensity": "brain-median"}
 
 
-SAVED = {"fedavg": "global", "asyndgan": "segmenter"}
+SAVED = {"fedavg": "global", "fedavg-recalibrated": "global", "asyndgan": "segmenter"}
 SAVED |= {m: "student" for m in METHODS if m.startswith("fediod")}
 
 
@@ -269,6 +274,8 @@ def plan(table: Table, args: argparse.Namespace, train_samples: int) -> list[Run
         "standalone": ("standalone", table.rounds, local, ()),
         "centralized": ("centralized", table.rounds, local, ()),
         "fedavg": ("fedavg", table.rounds, local, ()),
+        # the averaged model's BatchNorm statistics replaced by the sites' pooled ones after the last round
+        "fedavg-recalibrated": ("fedavg", table.rounds, local, ("recalibrate_norm=true",)),
         "asyndgan": ("asyndgan", table.distill_epochs, base, asyndgan),
         "fediod": ("fediod", table.distill_epochs, base, fediod),
         "fediod-default": ("fediod", table.distill_epochs, base, distil),

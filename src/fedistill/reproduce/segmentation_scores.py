@@ -1,8 +1,9 @@
 """Every segmentation model scored again from the files its run saved, by one function, so every row of
 the tables is measured alike (the runs' own summaries evaluate Standalone per patch on the nuclei).
 
-FedAvg's `models/global`, AsynDGAN's `models/segmenter`, FedIOD's `models/student` (its selected student),
-and Standalone's and Centralized's site models from their last checkpoint. Where a run's summary reports
+FedAvg's and Centralized's `models/global` (Centralized's last checkpoint in runs from before it exported
+one), AsynDGAN's `models/segmenter`, FedIOD's `models/student` (its selected student), and Standalone's
+site models from their last checkpoint. Where a run's summary reports
 the same metric, the two must agree; each row says whether they did.
 """
 
