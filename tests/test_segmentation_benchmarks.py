@@ -233,6 +233,9 @@ def test_table4_rows_per_test_site_and_table8_per_trained_site(tables, tmp_path)
     rows["standalone"]["trained_on"] = list(sites)
     text = tables.write(table, rows, args).read_text()
     assert text.count("| **FedIOD** | average | 50.00 | 50.00 | 50.00 | 0.50 |") == 1
+    averages = [line.split(" | ")[0][4:-2] for line in text.splitlines() if " | average | " in line]
+    trained = {segmentation_plan.LABELS[m] for m in table.methods if m != "standalone"}
+    assert trained <= set(averages)  # every trained method's row, the recalibrated FedAvg's too
     assert (
         sum(line.startswith(f"| {sites[0]} | ") for line in text.splitlines()) == 3
     )  # Table 8: one per test site

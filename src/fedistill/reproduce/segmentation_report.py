@@ -332,7 +332,7 @@ def table4_lines(
         "",
         *header,
     ]
-    for method in ("centralized", "fedavg", "asyndgan", "fediod", "fediod-default"):
+    for method in ("centralized", "fedavg", "fedavg-recalibrated", "asyndgan", "fediod", "fediod-default"):
         if method not in rows:
             continue
         metrics = rows[method]["sites"][0]
