@@ -245,3 +245,18 @@ def test_over_a_flower_grid_the_sites_answer_and_the_run_ends_as_in_process(reca
     assert there["final"]["norm_statistics_samples"] == here["final"]["norm_statistics_samples"]
     assert there["final"]["test_dice"] == pytest.approx(here["final"]["test_dice"], abs=1e-6)
     assert there["final"]["test_loss"] == pytest.approx(here["final"]["test_loss"], abs=1e-6)
+
+
+def test_the_model_card_says_the_statistics_were_recomputed_at_the_sites(recalibrated_run):
+    from fedistill.inference.model_card import card_markdown, model_card
+
+    summary, out = recalibrated_run
+    model = load_model(out, "fedavg")
+    card = model_card(model, summary, out / "global.safetensors", "safetensors")
+    samples = summary["final"]["norm_statistics_samples"]
+    said = f"recomputed after the last round over the sites' training data ({int(samples)} samples)"
+    assert card["model"]["batchnorm_statistics"] == said
+    assert f"- BatchNorm statistics: {said}" in card_markdown(card)
+    plain = model_card(model, summary | {"final": {}}, out / "global.safetensors", "safetensors")
+    assert plain["model"]["batchnorm_statistics"] is None
+    assert "BatchNorm statistics" not in card_markdown(plain)

@@ -280,6 +280,7 @@ def model_card(
             "parameters": sum(p.numel() for p in model.module.parameters()),
             "input_shape": ["N", *model.input_shape],
             "output": output_description(model, format),
+            "batchnorm_statistics": _norm_statistics(model, summary["final"]),
         },
         "method": {
             "algorithm": summary["algorithm"],
@@ -303,6 +304,15 @@ def model_card(
     }
 
 
+def _norm_statistics(model: TrainedModel, final: dict[str, Any]) -> str | None:
+    """How the exported global model's BatchNorm statistics came to be, when not by training alone
+    (`recalibrate_norm`: the engine's norm_statistics step)."""
+    samples = final.get("norm_statistics_samples")
+    if samples is None or model.name != "global":
+        return None
+    return f"recomputed after the last round over the sites' training data ({int(samples)} samples)"
+
+
 def card_markdown(card: dict[str, Any]) -> str:
     """The model card as Markdown: the model, how it was trained, what left the sites, privacy, results and
     preprocessing."""
@@ -317,6 +327,7 @@ def card_markdown(card: dict[str, Any]) -> str:
         f"task: {m['task']}; {m['parameters']:,} parameters",
         f"- input: {tuple(m['input_shape'])}; output: {m['output']}",
         f"- which model: {m['selection']}",
+        *([f"- BatchNorm statistics: {m['batchnorm_statistics']}"] if m.get("batchnorm_statistics") else []),
         f"- trained by {_count(card['clients'], 'client')} over {_count(method['rounds'], 'round')} "
         f"(seed {method['seed']})",
         f"- partition: {partition_text(part, brackets=True)}, hash `{part['hash']}`",
