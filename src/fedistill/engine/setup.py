@@ -22,6 +22,8 @@ from fedistill.algorithms.shared.option_checks import check_model_names, named_m
 from fedistill.algorithms.shared.training import task_of
 from fedistill.config import RunConfig, check_dataset_table, for_algorithm, options_for
 from fedistill.data.base import LoadedDataset
+from fedistill.data.medical.nifti_folder import NAME as NIFTI_FOLDER
+from fedistill.data.medical.nifti_folder import SPREAD_CASES
 from fedistill.data.partition import make_split
 from fedistill.data.registry import canonical_dataset_name, dataset_options, load_dataset
 from fedistill.engine import norm_statistics
@@ -38,7 +40,7 @@ from fedistill.engine.site_data import (
     validation_mode,
 )
 from fedistill.engine.tracking import trackers_for
-from fedistill.errors import ConfigError, DataError, UserError, unknown_name
+from fedistill.errors import ConfigError, DataError, PartitionError, UserError, unknown_name
 from fedistill.models import check_model_norm, check_model_options, model_names
 from fedistill.seeding import derive_seed
 from fedistill.tasks import Task, task_class
@@ -176,19 +178,27 @@ def prepare_data(config: RunConfig) -> Prepared:
     if own and not len(dataset.train):  # a test set alone: no holdout to cut, nothing else to split
         mode = validation_mode(config, task.per_pixel)
         return Prepared(dataset, test_alone_split(config, test_labels, num_labels, mode), own_data=True)
-    split = make_split(
-        train_labels,
-        test_labels,
-        config.clients,
-        method=config.partition,
-        alpha=config.alpha,
-        seed=derive_seed(config.seed, "partition"),
-        num_classes=num_labels,
-        val_fraction=config.val_fraction,
-        val_mode=validation_mode(config, task.per_pixel),
-        subjects=dataset.train_subject_ids,
-        **config.options.get("partition_options", {}),
-    )
+    spread = config.dataset == NIFTI_FOLDER and config.partition != "natural" and config.clients > 1
+    try:
+        split = make_split(
+            train_labels,
+            test_labels,
+            config.clients,
+            method=config.partition,
+            alpha=config.alpha,
+            seed=derive_seed(config.seed, "partition"),
+            num_classes=num_labels,
+            val_fraction=config.val_fraction,
+            val_mode=validation_mode(config, task.per_pixel),
+            subjects=dataset.train_subject_ids,
+            **config.options.get("partition_options", {}),
+        )
+    except PartitionError as e:
+        if not spread:
+            raise
+        raise PartitionError(f"{e}; {NIFTI_FOLDER}: {SPREAD_CASES}") from None
+    if spread:
+        log.warning("%s: %s", NIFTI_FOLDER, SPREAD_CASES)
     return Prepared(dataset, split, own_data=own)
 
 

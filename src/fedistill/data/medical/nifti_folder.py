@@ -68,6 +68,11 @@ SLICE_RULES = ("labelled", "all")
 TEST_FRACTION = 0.2
 #: nnU-Net's channel suffix: `<case>_0000` is channel 0 of case `<case>`.
 CHANNEL = re.compile(r"^(.+)_(\d{4})$")
+#: What a partition other than `natural` does to the cases of a run's sites, and the fix.
+SPREAD_CASES = (
+    "the slices of one case are spread over several sites (a partition other than natural cuts slices, "
+    'not cases); partition = "natural" (--partition natural) gives each site whole cases'
+)
 
 
 def describe(folder: str) -> str:
