@@ -655,3 +655,28 @@ def test_the_default_partition_names_natural_where_it_fails_and_warns_where_it_s
         prepare_data(more.replace(partition="natural"))
         prepare_data(few.replace(partition="natural"))
     assert not [r for r in caplog.records if "spread" in r.getMessage()]
+
+
+@pytest.mark.parametrize(("layout", "folder"), [("decathlon", "imagesTr/"), ("train-test", "train/")])
+def test_a_server_of_test_cases_alone_with_a_validation_split_names_its_own_layouts_folder(
+    tmp_path, layout, folder
+) -> None:
+    from fedistill.engine.setup import prepare_data
+
+    images, labels = ("imagesTs", "labelsTs") if layout == "decathlon" else ("test/images", "test/masks")
+    for i in range(2):
+        image, label = _synthetic_case(i)
+        _save(tmp_path / "server" / images / f"case_{i:03d}.nii.gz", image)
+        _save(tmp_path / "server" / labels / f"case_{i:03d}.nii.gz", label)
+    keys = {
+        "dataset": "nifti-folder",
+        "data_dir": str(tmp_path / "server"),
+        "clients": 2,
+        "val_fraction": 0.1,
+    }
+    keys["nifti-folder"] = {"image_size": 16}
+    config = build_config(RunConfig(), {**keys, "site_data_dir": str(tmp_path / "site-{site}")})
+    with pytest.raises(DataError, match=r"val_fraction = 0\.1") as error:
+        prepare_data(config)
+    assert f"cut from its {folder}" in str(error.value)
+    assert (" train/" in str(error.value)) == (folder == "train/"), str(error.value)

@@ -168,10 +168,12 @@ def prepare_data(config: RunConfig) -> Prepared:
         config.dataset, config.data_dir, download=config.download, verify=not own, test_alone=own, **options
     )
     if own and not len(dataset.train) and config.val_fraction > 0:
+        decathlon = config.dataset == NIFTI_FOLDER and (Path(config.data_dir) / "labelsTs").is_dir()
+        folder = "imagesTr/ + labelsTr/ folders" if decathlon else "train/ folder"  # as its test set's layout
         raise DataError(
-            f"the server's validation split (val_fraction = {config.val_fraction:g}) is cut from its train/ "
-            f"folder (its training records), and data_dir {config.data_dir} holds no training records: give "
-            "it some, or set val_fraction = 0 (no method then selects on the server's validation split)"
+            f"the server's validation split (val_fraction = {config.val_fraction:g}) is cut from its "
+            f"{folder} (its training records), and data_dir {config.data_dir} holds no training records: "
+            "give it some, or set val_fraction = 0 (no method then selects on the server's validation split)"
         )
     task = task_class(dataset.info)
     train_labels, test_labels, num_labels = task.partition_labels(dataset)
