@@ -680,3 +680,19 @@ def test_a_server_of_test_cases_alone_with_a_validation_split_names_its_own_layo
         prepare_data(config)
     assert f"cut from its {folder}" in str(error.value)
     assert (" train/" in str(error.value)) == (folder == "train/"), str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("labels", "named"),
+    [
+        ({"0": "background", "1": "spleen"}, "spleen"),  # the Decathlon's form
+        ({"background": 0, "tumour": 2}, "tumour"),  # nnU-Net v2's, one value above 0 named
+        ({"0": "background", "1": "edema", "2": "tumour"}, "class-1"),  # two classes: no one name
+        ({"background": 0, "whole tumour": [1, 2]}, "class-1"),  # nnU-Net's regions: not read
+        (None, "class-1"),  # no dataset.json
+    ],
+)
+def test_foreground_takes_the_name_of_dataset_jsons_one_foreground_class(tmp_path, labels, named) -> None:
+    root = _msd(tmp_path / "data", cases=3, test=1, labels=labels)
+    data = load_dataset("nifti-folder", root, image_size=16, foreground=True)
+    assert data.info.class_names == ("background", named)

@@ -29,6 +29,26 @@ def named_channels(path: Path) -> tuple[str, dict[int, str]]:
 
 def label_names(path: Path) -> tuple[str, ...] | None:
     """The class names by value of a `dataset.json`'s "labels" (Decathlon's or nnU-Net v2's), or None."""
+    by_value = _labels(path)
+    if by_value is None:
+        return None
+    return tuple(by_value.get(v, "background" if v == 0 else f"class-{v}") for v in range(max(by_value) + 1))
+
+
+def foreground_name(path: Path) -> str | None:
+    """The name of the one value above 0 a `dataset.json`'s "labels" name, for `foreground = true` (every
+    value above 0 one class); None where it names none or several, or cannot be read as names by value
+    (nnU-Net's overlapping regions, which that option reads as one class, are no error)."""
+    try:
+        by_value = _labels(path) or {}
+    except DataError:
+        return None
+    above = [name for value, name in by_value.items() if value > 0]
+    return above[0] if len(above) == 1 else None
+
+
+def _labels(path: Path) -> dict[int, str] | None:
+    """A `dataset.json`'s "labels" as {value: name}, or None without a file or labels."""
     if not path.is_file():
         return None
     try:
@@ -51,4 +71,4 @@ def label_names(path: Path) -> tuple[str, ...] | None:
         if number in by_value or not name:
             raise DataError(f"{NAME}: {path} names the label value {number} twice, or with no name")
         by_value[number] = name
-    return tuple(by_value.get(v, "background" if v == 0 else f"class-{v}") for v in range(max(by_value) + 1))
+    return by_value

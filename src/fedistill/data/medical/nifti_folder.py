@@ -22,10 +22,11 @@ volume's larger physical side (anisotropic pixels become square) and resized to 
 with antialiasing; labels per value by the area each covers, values kept).
 
 Classes as mask-folder reads them (the option `classes`, by value; `foreground`: every value above 0 one
-class); slices: `labelled` (default: the slices with any foreground, as BraTS' protocol keeps its tumour
-slices; a slice with neither truth nor prediction scores Dice 1, so empty slices would inflate it) or
-`all`. Each training case is a group, ranked by its foreground volume (as slice_sets ranks subjects), so
-`partition = "natural"` gives each site whole cases and validation holds out whole cases.
+class, named as dataset.json names its one value above 0 where it names just one); slices: `labelled`
+(default: the slices with any foreground, as BraTS' protocol keeps its tumour slices; a slice with neither
+truth nor prediction scores Dice 1, so empty slices would inflate it) or `all`. Each training case is a
+group, ranked by its foreground volume (as slice_sets ranks subjects), so `partition = "natural"` gives
+each site whole cases and validation holds out whole cases.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from fedistill.data.base import LoadedDataset
 from fedistill.data.image_folder import checked_classes
 from fedistill.data.mask_folder import class_names
 from fedistill.data.medical import options as opt
-from fedistill.data.medical.dataset_json import NAME, label_names, named_channels
+from fedistill.data.medical.dataset_json import NAME, foreground_name, label_names, named_channels
 from fedistill.data.medical.slice_sets import SubjectSlices, slice_dataset
 from fedistill.data.medical.volumes import (
     NotOneVolumeError,
@@ -178,6 +179,8 @@ def load_nifti_folder(
         log.info("%s: channel %d%s read from each case's %s", NAME, channel, named, where)
     if names is None and not foreground:
         names = label_names(base / "dataset.json")
+    elif names is None and (named := foreground_name(base / "dataset.json")) is not None:
+        names = ("background", named)
     steps = (window, foreground, rule, image_size, channel if volumes else 0)  # nnU-Net's file: its only one
     train = [_case(c, *paths, *steps) for c, paths in train_cases.items()]
     test = [_case(c, *paths, *steps) for c, paths in test_cases.items()]
