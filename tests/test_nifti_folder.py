@@ -22,7 +22,7 @@ from fedistill.data.base import DatasetInfo
 from fedistill.data.medical.nifti_folder import model_slices, scaled_slices
 from fedistill.data.registry import load_dataset
 from fedistill.data.transforms import to_float
-from fedistill.errors import ConfigError, DataError
+from fedistill.errors import ConfigError, DataError, PartitionError
 from fedistill.tasks import make_task
 
 SHAPE = (24, 20, 12)  # X, Y, Z voxels
@@ -630,3 +630,69 @@ def test_a_server_folder_holding_test_cases_alone_serves_with_no_validation_spli
     assert prepared.dataset.info.class_names == ("background", "class-1")
     with pytest.raises(DataError, match="holds neither imagesTr/ nor train/"):  # not as a run's only data
         load_dataset("nifti-folder", server / "alone", image_size=16)
+
+
+def test_the_default_partition_names_natural_where_it_fails_and_warns_where_it_spreads_cases(
+    tmp_path, caplog
+) -> None:
+    """The run's default partition (dirichlet) cuts slices, not cases: with few cases it cannot give each
+    site a validation shard, and the error names `--partition natural`; where it runs, one warning says the
+    slices of a case are spread over sites; `natural` gives whole cases, without that warning."""
+    from fedistill.engine.setup import prepare_data
+
+    keys = {"dataset": "nifti-folder", "clients": 2, "nifti-folder": {"image_size": 16}}
+    few = build_config(RunConfig(), {**keys, "data_dir": str(_msd(tmp_path / "few", cases=4, test=1))})
+    assert few.partition == "dirichlet"
+    with pytest.raises(PartitionError, match=r"validation shard.*--partition natural"):
+        prepare_data(few)
+    more = build_config(RunConfig(), {**keys, "data_dir": str(_msd(tmp_path / "more", cases=8, test=1))})
+    with caplog.at_level(logging.WARNING, logger="fedistill"):
+        prepare_data(more)
+    spread = [r.getMessage() for r in caplog.records if "spread" in r.getMessage()]
+    assert len(spread) == 1 and 'partition = "natural"' in spread[0], spread
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fedistill"):
+        prepare_data(more.replace(partition="natural"))
+        prepare_data(few.replace(partition="natural"))
+    assert not [r for r in caplog.records if "spread" in r.getMessage()]
+
+
+@pytest.mark.parametrize(("layout", "folder"), [("decathlon", "imagesTr/"), ("train-test", "train/")])
+def test_a_server_of_test_cases_alone_with_a_validation_split_names_its_own_layouts_folder(
+    tmp_path, layout, folder
+) -> None:
+    from fedistill.engine.setup import prepare_data
+
+    images, labels = ("imagesTs", "labelsTs") if layout == "decathlon" else ("test/images", "test/masks")
+    for i in range(2):
+        image, label = _synthetic_case(i)
+        _save(tmp_path / "server" / images / f"case_{i:03d}.nii.gz", image)
+        _save(tmp_path / "server" / labels / f"case_{i:03d}.nii.gz", label)
+    keys = {
+        "dataset": "nifti-folder",
+        "data_dir": str(tmp_path / "server"),
+        "clients": 2,
+        "val_fraction": 0.1,
+    }
+    keys["nifti-folder"] = {"image_size": 16}
+    config = build_config(RunConfig(), {**keys, "site_data_dir": str(tmp_path / "site-{site}")})
+    with pytest.raises(DataError, match=r"val_fraction = 0\.1") as error:
+        prepare_data(config)
+    assert f"cut from its {folder}" in str(error.value)
+    assert (" train/" in str(error.value)) == (folder == "train/"), str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("labels", "named"),
+    [
+        ({"0": "background", "1": "spleen"}, "spleen"),  # the Decathlon's form
+        ({"background": 0, "tumour": 2}, "tumour"),  # nnU-Net v2's, one value above 0 named
+        ({"0": "background", "1": "edema", "2": "tumour"}, "class-1"),  # two classes: no one name
+        ({"background": 0, "whole tumour": [1, 2]}, "class-1"),  # nnU-Net's regions: not read
+        (None, "class-1"),  # no dataset.json
+    ],
+)
+def test_foreground_takes_the_name_of_dataset_jsons_one_foreground_class(tmp_path, labels, named) -> None:
+    root = _msd(tmp_path / "data", cases=3, test=1, labels=labels)
+    data = load_dataset("nifti-folder", root, image_size=16, foreground=True)
+    assert data.info.class_names == ("background", named)

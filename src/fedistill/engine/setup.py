@@ -22,6 +22,8 @@ from fedistill.algorithms.shared.option_checks import check_model_names, named_m
 from fedistill.algorithms.shared.training import task_of
 from fedistill.config import RunConfig, check_dataset_table, for_algorithm, options_for
 from fedistill.data.base import LoadedDataset
+from fedistill.data.medical.nifti_folder import NAME as NIFTI_FOLDER
+from fedistill.data.medical.nifti_folder import SPREAD_CASES
 from fedistill.data.partition import make_split
 from fedistill.data.registry import canonical_dataset_name, dataset_options, load_dataset
 from fedistill.engine import norm_statistics
@@ -38,7 +40,7 @@ from fedistill.engine.site_data import (
     validation_mode,
 )
 from fedistill.engine.tracking import trackers_for
-from fedistill.errors import ConfigError, DataError, UserError, unknown_name
+from fedistill.errors import ConfigError, DataError, PartitionError, UserError, unknown_name
 from fedistill.models import check_model_norm, check_model_options, model_names
 from fedistill.seeding import derive_seed
 from fedistill.tasks import Task, task_class
@@ -166,29 +168,39 @@ def prepare_data(config: RunConfig) -> Prepared:
         config.dataset, config.data_dir, download=config.download, verify=not own, test_alone=own, **options
     )
     if own and not len(dataset.train) and config.val_fraction > 0:
+        decathlon = config.dataset == NIFTI_FOLDER and (Path(config.data_dir) / "labelsTs").is_dir()
+        folder = "imagesTr/ + labelsTr/ folders" if decathlon else "train/ folder"  # as its test set's layout
         raise DataError(
-            f"the server's validation split (val_fraction = {config.val_fraction:g}) is cut from its train/ "
-            f"folder (its training records), and data_dir {config.data_dir} holds no training records: give "
-            "it some, or set val_fraction = 0 (no method then selects on the server's validation split)"
+            f"the server's validation split (val_fraction = {config.val_fraction:g}) is cut from its "
+            f"{folder} (its training records), and data_dir {config.data_dir} holds no training records: "
+            "give it some, or set val_fraction = 0 (no method then selects on the server's validation split)"
         )
     task = task_class(dataset.info)
     train_labels, test_labels, num_labels = task.partition_labels(dataset)
     if own and not len(dataset.train):  # a test set alone: no holdout to cut, nothing else to split
         mode = validation_mode(config, task.per_pixel)
         return Prepared(dataset, test_alone_split(config, test_labels, num_labels, mode), own_data=True)
-    split = make_split(
-        train_labels,
-        test_labels,
-        config.clients,
-        method=config.partition,
-        alpha=config.alpha,
-        seed=derive_seed(config.seed, "partition"),
-        num_classes=num_labels,
-        val_fraction=config.val_fraction,
-        val_mode=validation_mode(config, task.per_pixel),
-        subjects=dataset.train_subject_ids,
-        **config.options.get("partition_options", {}),
-    )
+    spread = config.dataset == NIFTI_FOLDER and config.partition != "natural" and config.clients > 1
+    try:
+        split = make_split(
+            train_labels,
+            test_labels,
+            config.clients,
+            method=config.partition,
+            alpha=config.alpha,
+            seed=derive_seed(config.seed, "partition"),
+            num_classes=num_labels,
+            val_fraction=config.val_fraction,
+            val_mode=validation_mode(config, task.per_pixel),
+            subjects=dataset.train_subject_ids,
+            **config.options.get("partition_options", {}),
+        )
+    except PartitionError as e:
+        if not spread:
+            raise
+        raise PartitionError(f"{e}; {NIFTI_FOLDER}: {SPREAD_CASES}") from None
+    if spread:
+        log.warning("%s: %s", NIFTI_FOLDER, SPREAD_CASES)
     return Prepared(dataset, split, own_data=own)
 
 

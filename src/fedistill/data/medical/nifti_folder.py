@@ -22,15 +22,15 @@ volume's larger physical side (anisotropic pixels become square) and resized to 
 with antialiasing; labels per value by the area each covers, values kept).
 
 Classes as mask-folder reads them (the option `classes`, by value; `foreground`: every value above 0 one
-class); slices: `labelled` (default: the slices with any foreground, as BraTS' protocol keeps its tumour
-slices; a slice with neither truth nor prediction scores Dice 1, so empty slices would inflate it) or
-`all`. Each training case is a group, ranked by its foreground volume (as slice_sets ranks subjects), so
-`partition = "natural"` gives each site whole cases and validation holds out whole cases.
+class, named as dataset.json names its one value above 0 where it names just one); slices: `labelled`
+(default: the slices with any foreground, as BraTS' protocol keeps its tumour slices; a slice with neither
+truth nor prediction scores Dice 1, so empty slices would inflate it) or `all`. Each training case is a
+group, ranked by its foreground volume (as slice_sets ranks subjects), so `partition = "natural"` gives
+each site whole cases and validation holds out whole cases.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -40,10 +40,11 @@ import nibabel as nib
 import numpy as np
 from nibabel.orientations import inv_ornt_aff, io_orientation
 
-from fedistill.data.base import LoadedDataset, is_plain_int
+from fedistill.data.base import LoadedDataset
 from fedistill.data.image_folder import checked_classes
 from fedistill.data.mask_folder import class_names
 from fedistill.data.medical import options as opt
+from fedistill.data.medical.dataset_json import NAME, foreground_name, label_names, named_channels
 from fedistill.data.medical.slice_sets import SubjectSlices, slice_dataset
 from fedistill.data.medical.volumes import (
     NotOneVolumeError,
@@ -59,7 +60,6 @@ from fedistill.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-NAME = "nifti-folder"
 LAYOUT = (
     "<data_dir>/imagesTr/<case>.nii.gz (or <case>_0000.nii.gz) with <data_dir>/labelsTr/<case>.nii.gz, "
     "optionally imagesTs/ + labelsTs/ and dataset.json (Medical Segmentation Decathlon, nnU-Net); or "
@@ -69,6 +69,11 @@ SLICE_RULES = ("labelled", "all")
 TEST_FRACTION = 0.2
 #: nnU-Net's channel suffix: `<case>_0000` is channel 0 of case `<case>`.
 CHANNEL = re.compile(r"^(.+)_(\d{4})$")
+#: What a partition other than `natural` does to the cases of a run's sites, and the fix.
+SPREAD_CASES = (
+    "the slices of one case are spread over several sites (a partition other than natural cuts slices, "
+    'not cases); partition = "natural" (--partition natural) gives each site whole cases'
+)
 
 
 def describe(folder: str) -> str:
@@ -150,7 +155,7 @@ def load_nifti_folder(
     if test_fraction is not None:
         test_fraction = opt.positive_float(NAME, "test_fraction", test_fraction, maximum=0.9)
     base, train_dirs, test_dirs = _layout(Path(folder), test_alone)
-    channel_names = _channel_names(base / "dataset.json")
+    channel_names = named_channels(base / "dataset.json")
     train_cases, volumes = _cases(*train_dirs, channel, channel_names) if train_dirs else ({}, None)
     if test_dirs is None:
         train_cases, test_cases = _held_out(
@@ -173,7 +178,9 @@ def load_nifti_folder(
         named = f" ({channel_names[1][channel]}, {channel_names[0]})" if channel in channel_names[1] else ""
         log.info("%s: channel %d%s read from each case's %s", NAME, channel, named, where)
     if names is None and not foreground:
-        names = _json_names(base / "dataset.json")
+        names = label_names(base / "dataset.json")
+    elif names is None and (named := foreground_name(base / "dataset.json")) is not None:
+        names = ("background", named)
     steps = (window, foreground, rule, image_size, channel if volumes else 0)  # nnU-Net's file: its only one
     train = [_case(c, *paths, *steps) for c, paths in train_cases.items()]
     test = [_case(c, *paths, *steps) for c, paths in test_cases.items()]
@@ -335,49 +342,6 @@ def _held_out(
         ", ".join(sorted(picked)),
     )
     return {n: cases[n] for n in names if n not in picked}, {n: cases[n] for n in names if n in picked}
-
-
-def _channel_names(path: Path) -> tuple[str, dict[int, str]]:
-    """Where dataset.json names the image channels (the Decathlon's "modality", nnU-Net v2's
-    "channel_names") and their names by number, for messages: ("", {}) without (a broken file is refused
-    where its labels are read)."""
-    try:
-        found = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return "", {}
-    for key in ("modality", "channel_names"):
-        names = found.get(key) if isinstance(found, dict) else None
-        if isinstance(names, dict):
-            named = {int(k): str(v) for k, v in names.items() if str(k).strip().isdigit()}
-            return f"{path.name}'s {key}", named
-    return "", {}
-
-
-def _json_names(path: Path) -> tuple[str, ...] | None:
-    """The class names by value of a `dataset.json`'s "labels" (Decathlon's or nnU-Net v2's), or None."""
-    if not path.is_file():
-        return None
-    try:
-        labels = json.loads(path.read_text(encoding="utf-8")).get("labels")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:
-        raise DataError(f"{NAME}: cannot read {path} ({e}); fix it, or move it away") from e
-    if not isinstance(labels, dict) or not labels:
-        return None
-    by_value: dict[int, str] = {}
-    for key, value in labels.items():
-        if isinstance(value, str) and key.strip().isdigit():  # the Decathlon's {"1": "spleen"}
-            number, name = int(key), value.strip()
-        elif is_plain_int(value) and value >= 0:  # nnU-Net v2's {"spleen": 1}
-            number, name = int(value), key.strip()
-        else:
-            raise DataError(
-                f'{NAME}: {path} labels {key!r}: {value!r}, neither the Decathlon\'s "1": "name" nor '
-                f'nnU-Net\'s "name": 1 (region-based labels overlap); set {NAME}.classes by value'
-            )
-        if number in by_value or not name:
-            raise DataError(f"{NAME}: {path} names the label value {number} twice, or with no name")
-        by_value[number] = name
-    return tuple(by_value.get(v, "background" if v == 0 else f"class-{v}") for v in range(max(by_value) + 1))
 
 
 def _read(path: Path, channel: int | None = None) -> tuple[np.ndarray, tuple[float, float, float]]:
