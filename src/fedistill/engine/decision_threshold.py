@@ -26,6 +26,12 @@ log = logging.getLogger(__name__)
 THRESHOLDED = ("global", "student", "segmenter")
 
 
+def exported_architecture(config: RunConfig, options: Any, name: str) -> str:
+    """The architecture of the exported model `name`: a student's own (FedIOD's `student` option) or the
+    run's model; what a site builds to load the parameters it is sent."""
+    return (getattr(options, "student", "") or config.model) if name == "student" else config.model
+
+
 def wants_validation(task: Task) -> bool:
     return getattr(task, "decision_threshold", 0.5) == "validation"
 
@@ -59,7 +65,7 @@ def decide(
     if name is None:
         log.warning("decision_threshold: the run exports no model to choose a threshold for; 0.5 stays")
         return dataclasses.replace(task, decision_threshold=0.5), final
-    architecture = (getattr(options, "student", "") or config.model) if name == "student" else config.model
+    architecture = exported_architecture(config, options, name)
     threshold = validation_threshold(fleet, models[name], architecture, config.timeout or None)
     chosen = dataclasses.replace(task, decision_threshold=threshold)
     log.info("decision threshold chosen on the sites' validation splits: %s", threshold)

@@ -15,7 +15,7 @@ from fedistill.algorithms.base import Algorithm, ServerLogic
 from fedistill.algorithms.shared.norm_statistics import NormStatistics, norm_layers, recalibrate
 from fedistill.algorithms.shared.training import test_metrics
 from fedistill.config import RunConfig
-from fedistill.engine.decision_threshold import THRESHOLDED
+from fedistill.engine.decision_threshold import THRESHOLDED, exported_architecture
 from fedistill.errors import ConfigError
 from fedistill.federation.fleet import Fleet
 from fedistill.models.registry import builds_batchnorm
@@ -66,7 +66,8 @@ def recalibrated(
     if name is None:
         log.warning("recalibrate_norm: the run exports no model with BatchNorm layers; nothing recomputed")
         return final
-    architecture = (getattr(options, "student", "") or config.model) if name == "student" else config.model
-    samples = recalibrate(fleet, models[name], architecture, config.timeout or None)
+    samples = recalibrate(
+        fleet, models[name], exported_architecture(config, options, name), config.timeout or None
+    )
     log.info("BatchNorm statistics of %s recomputed over the sites' %d training samples", name, samples)
     return final | test_metrics(score(models[name], task)) | {"norm_statistics_samples": samples}
