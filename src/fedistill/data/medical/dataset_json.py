@@ -1,4 +1,4 @@
-"""dataset.json's class and channel names (Decathlon, nnU-Net), kept apart so nifti_folder.py has room."""
+"""A Decathlon or nnU-Net `dataset.json`: the class names of its labels, the names of its image channels."""
 
 from __future__ import annotations
 
