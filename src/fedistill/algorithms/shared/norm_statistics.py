@@ -1,7 +1,7 @@
 """`recalibrate_norm = true`: the sites' side, and the server's request.
 
-FedAvg averages the sites' BatchNorm running statistics with the weights; each site's describe its own
-data under its own weights, and on non-IID sites their average matches neither the pooled data nor the
+FedAvg averages the sites' BatchNorm running statistics with the weights; each site's statistics describe
+its own data under its own weights, and on non-IID sites their average matches neither the pooled data nor the
 final weights (Li et al. 2016, AdaBN; Zhong et al. 2023, FixBN). So, after the last round, the server sends
 the model it exports to every site (`evaluate.norm_statistics`: the model's parameters and its
 architecture's name). Each site runs it over its training split in batches of the run's size, in order,
