@@ -14,7 +14,7 @@ from torch import nn
 
 from algorithm_helpers import SMALL_LESIONS
 from fedistill.algorithms.shared import norm_statistics
-from fedistill.algorithms.shared.norm_statistics import norm_layers, pooled, site_moments, write_statistics
+from fedistill.algorithms.shared.norm_statistics import pooled, site_moments, write_statistics
 from fedistill.algorithms.shared.training import task_of
 from fedistill.config import RunConfig, build_config
 from fedistill.data.base import DatasetInfo, ImageSet
@@ -25,6 +25,7 @@ from fedistill.engine.setup import prepare_data, resolve, validate_setup
 from fedistill.errors import ConfigError
 from fedistill.federation.ledger import DOWN, UP, read_ledger
 from fedistill.inference.loading import load_model
+from fedistill.models.norm import norm_layers
 from fedistill.tasks import make_task
 
 SEMANTIC = DatasetInfo("brats", 1, 4, 2, (0.0,), (1.0,), task="semantic-segmentation")

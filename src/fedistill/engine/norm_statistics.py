@@ -12,12 +12,13 @@ from typing import Any
 from torch import nn
 
 from fedistill.algorithms.base import Algorithm, ServerLogic
-from fedistill.algorithms.shared.norm_statistics import NormStatistics, norm_layers, recalibrate
+from fedistill.algorithms.shared.norm_statistics import NormStatistics, recalibrate
 from fedistill.algorithms.shared.training import test_metrics
 from fedistill.config import RunConfig
 from fedistill.engine.decision_threshold import THRESHOLDED, exported_architecture
 from fedistill.errors import ConfigError
 from fedistill.federation.fleet import Fleet
+from fedistill.models.norm import norm_layers
 from fedistill.models.registry import builds_batchnorm
 from fedistill.tasks import Task
 

@@ -10,6 +10,7 @@ without affine parameters or running statistics), the norm of fastMRI's U-Net an
 from __future__ import annotations
 
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedistill.errors import ConfigError
 from fedistill.models.base import unknown_choice
@@ -42,3 +43,9 @@ def make_norm2d(norm: str, channels: int, *, groups: int) -> nn.Module:
     if norm == "instance":
         return nn.InstanceNorm2d(channels)  # affine=False, no running statistics: as pix2pix and fastMRI
     return nn.Identity()
+
+
+def norm_layers(model: nn.Module) -> dict[str, _BatchNorm]:
+    """The model's BatchNorm layers that keep running statistics, by module name: the layers whose
+    statistics a synthetic batch is matched to or a federation recomputes."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, _BatchNorm) and m.track_running_stats}

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from fedistill.models.norm import norm_layers
+
 
 @contextmanager
 def batchnorm_statistics_loss(
@@ -44,11 +46,7 @@ def batchnorm_statistics_loss(
             + torch.linalg.vector_norm(var - module.running_var)
         )
 
-    handles = [
-        m.register_forward_hook(hook)
-        for m in model.modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
-    ]
+    handles = [m.register_forward_hook(hook) for m in norm_layers(model).values()]
     try:
         yield terms
     finally:

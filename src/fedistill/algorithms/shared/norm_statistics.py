@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedistill.algorithms.shared.training import new_model, task_of
 from fedistill.data.base import DatasetInfo, ImageSet
@@ -32,16 +31,12 @@ from fedistill.federation.client import handles
 from fedistill.federation.fleet import Fleet, successful
 from fedistill.federation.messages import ArraySpec, Message
 from fedistill.federation.reply_spec import NUM_SAMPLES, ReplySpec
+from fedistill.models.norm import norm_layers
 from fedistill.tasks import Task
 
 NORM_QUERY = "evaluate.norm_statistics"
 KIND = "activation-statistics"
 PARTS = ("mean", "square")  # what a site sends of each layer's input, per channel: E[x] and E[x^2]
-
-
-def norm_layers(model: nn.Module) -> dict[str, _BatchNorm]:
-    """The model's BatchNorm layers that keep running statistics, by module name."""
-    return {n: m for n, m in model.named_modules() if isinstance(m, _BatchNorm) and m.track_running_stats}
 
 
 @torch.no_grad()
