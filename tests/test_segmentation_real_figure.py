@@ -17,7 +17,12 @@ from fedistill.data.base import DatasetInfo
 from fedistill.engine.checkpoint import save_model
 from fedistill.inference import load_model
 from fedistill.inference.segment import segment_volume
-from fedistill.reproduce.segmentation_real_figure import largest_lesion_slices, main, real_patients_figure
+from fedistill.reproduce.segmentation_real_figure import (
+    find_runs,
+    largest_lesion_slices,
+    main,
+    real_patients_figure,
+)
 
 BRAIN_MRI = SHARED_DATA / "brain-mri"
 PATIENTS = ("lesion_brain1", "lesion_brain2")
@@ -92,6 +97,21 @@ def test_figure_of_the_real_patients_writes_png_and_dice_per_method_per_slice(tm
     assert tissue["figure"] == "segmentation_real_patients_tissue.png"
     assert (out / "segmentation_real_patients_tissue.json").is_file()
     assert json.loads((out / "segmentation_real_patients.json").read_text()) == written
+
+
+def test_runs_of_one_algorithm_are_told_apart_by_the_tables_method(tmp_path):
+    """Table 2's FedAvg runs (plain and recalibrated) share the algorithm folder `fedavg`; each is found,
+    under its table label, and a run folder not named by the tables keeps its algorithm's name."""
+    plain = _tiny_run(tmp_path, "seg2-brats-synthetic-lesions-64px-K10-seed0-fedavg-a3f63a6b", 0)
+    again = _tiny_run(tmp_path, "seg2-brats-synthetic-lesions-64px-K10-seed0-fedavg-recalibrated-6039dbeb", 1)
+    other = tmp_path / "elsewhere"
+    _tiny_run(other, "my-run", 2)
+
+    assert find_runs(tmp_path) == {
+        "FedAvg": (plain, "fedavg"),
+        "FedAvg, BatchNorm statistics recomputed at the sites": (again, "fedavg"),
+    }
+    assert find_runs(other) == {"FedAvg": (other / "my-run", "fedavg")}
 
 
 def test_whole_head_and_a_brain_extraction_rule_are_refused_together(tmp_path, capsys):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import sys
 import tempfile
 import tomllib
@@ -333,12 +334,22 @@ def run_record(run_dir: Path, algorithm: str) -> dict[str, Any]:
     return {"run": where, "algorithm": algorithm, "config": config}
 
 
+#: `segmentation_plan.Table.run_name`'s tail: the table's method, then the digest of the run's settings
+RUN_METHOD = re.compile(r"-seed\d+-(?P<method>[a-z-]+)-[0-9a-f]{8}$")
+
+
 def find_runs(runs_dir: Path) -> dict[str, tuple[Path, str]]:
     """Every method folder with a summary in the run folders under `runs_dir`, labelled and in the
-    segmentation tables' order."""
-    found = {p.parent.name: p.parent.parent for p in sorted(Path(runs_dir).glob("*/*/summary.json"))}
+    segmentation tables' order. A run folder the tables named is known by its method (so FedIOD's
+    variants, or FedAvg with and without recalibration, each keep their own column); any other by its
+    algorithm."""
+    found: dict[str, tuple[Path, str]] = {}
+    for summary in sorted(Path(runs_dir).glob("*/*/summary.json")):
+        run, algorithm = summary.parent.parent, summary.parent.name
+        named = RUN_METHOD.search(run.name)
+        found[named["method"] if named and named["method"] in LABELS else algorithm] = (run, algorithm)
     known = [m for m in ORDER if m in found] + sorted(m for m in found if m not in ORDER)
-    return {LABELS.get(m, m): (found[m], m) for m in known}
+    return {LABELS.get(m, m): found[m] for m in known}
 
 
 def main(argv: Sequence[str] | None, load: Loader, segment: Segmenter) -> int:
