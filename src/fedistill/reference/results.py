@@ -151,6 +151,7 @@ PAGES = (
             "fediod_dense_communication_uniform-reconstruction",
             "lesion_randomisation",
             "brain_extraction",
+            "batchnorm_statistics",
         ),
         figures=(
             "segmentation_figure5.png",
