@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -479,3 +480,32 @@ def test_a_learning_curve_stars_the_model_its_run_kept_and_names_its_units(tmp_p
     assert plots.axis_label("test_psnr") == "test psnr (dB)" and plots.axis_label("loss") == "loss"
     plots.plot_learning_curves({"fedavg": rows}, tmp_path / "d.png", metrics=("test_accuracy",))
     assert not [line for line in figures[1].axes[0].get_lines() if line.get_marker() == "*"]
+
+
+def test_a_partition_that_cuts_slices_warns_that_a_volumes_slices_are_spread_over_sites(caplog):
+    """Slices of brain volumes (the semi-synthetic lesions' subjects) under the default partition: one
+    warning names the subjects and `--partition natural`, which gives each site whole subjects, silently."""
+    from conftest import SHARED_DATA
+    from fedistill.config import RunConfig, build_config
+    from fedistill.engine.setup import prepare_data
+
+    if not (SHARED_DATA / "brain-mri" / "mni152_2009a_t1.nii.gz").is_file():
+        pytest.skip(f"the MNI152 brain is not under {SHARED_DATA}")
+    keys = {
+        "dataset": "mni152-synthetic-lesions",
+        "data_dir": str(SHARED_DATA),
+        "mni152-synthetic-lesions": {"image_size": 32, "train_subjects": 8, "test_subjects": 2},
+        "clients": 2,
+    }
+    config = build_config(RunConfig(), keys)
+    assert config.partition == "dirichlet"
+    with caplog.at_level(logging.WARNING, logger="fedistill"):
+        prepare_data(config)
+    spread = [r.getMessage() for r in caplog.records if "spread" in r.getMessage()]
+    assert len(spread) == 1, spread
+    assert "mni152-synthetic-lesions: the slices of one subject" in spread[0]
+    assert 'partition = "natural"' in spread[0] and "whole subjects" in spread[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fedistill"):
+        prepare_data(config.replace(partition="natural"))
+    assert not [r for r in caplog.records if "spread" in r.getMessage()]

@@ -137,7 +137,22 @@ class LoadedDataset:
     # The subject (volume, whole image) of each training sample, where a group holds several: a site that
     # is one source of many subjects validates on whole subjects of its own, not on a slab across two.
     train_subject_ids: np.ndarray | None = None
+    # What one natural group's samples are the parts of, where they belong together ("subject", "case": the
+    # slices of one volume); a partition other than `natural` cuts samples, not groups, and the run says so.
+    whole_groups: str = ""
     # Per-test-sample facts a task's metrics need, each an array of len(test): "subject" (the volume or
     # whole image a slice or patch came from: per-volume data range, stitching patches back), "row" and
     # "col" (a patch's top-left corner in its whole image), "height" and "width" (the whole image's size).
     test_meta: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def spread_over_sites(self, partition: str, clients: int) -> str:
+        """What a partition other than `natural` does to groups whose samples belong together (the slices
+        of one volume), and the fix; "" where it does not apply."""
+        unit = self.whole_groups
+        if not unit or partition == "natural" or clients < 2:
+            return ""
+        return (
+            f"{self.info.name}: the slices of one {unit} are spread over several sites (partition "
+            f'{partition!r} cuts slices, not {unit}s); partition = "natural" (--partition natural) gives '
+            f"each site whole {unit}s"
+        )

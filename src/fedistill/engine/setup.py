@@ -23,7 +23,6 @@ from fedistill.algorithms.shared.training import task_of
 from fedistill.config import RunConfig, check_dataset_table, for_algorithm, options_for
 from fedistill.data.base import LoadedDataset
 from fedistill.data.medical.nifti_folder import NAME as NIFTI_FOLDER
-from fedistill.data.medical.nifti_folder import SPREAD_CASES
 from fedistill.data.partition import make_split
 from fedistill.data.registry import canonical_dataset_name, dataset_options, load_dataset
 from fedistill.engine import norm_statistics
@@ -180,7 +179,7 @@ def prepare_data(config: RunConfig) -> Prepared:
     if own and not len(dataset.train):  # a test set alone: no holdout to cut, nothing else to split
         mode = validation_mode(config, task.per_pixel)
         return Prepared(dataset, test_alone_split(config, test_labels, num_labels, mode), own_data=True)
-    spread = config.dataset == NIFTI_FOLDER and config.partition != "natural" and config.clients > 1
+    spread = dataset.spread_over_sites(config.partition, config.clients)
     try:
         split = make_split(
             train_labels,
@@ -198,9 +197,9 @@ def prepare_data(config: RunConfig) -> Prepared:
     except PartitionError as e:
         if not spread:
             raise
-        raise PartitionError(f"{e}; {NIFTI_FOLDER}: {SPREAD_CASES}") from None
+        raise PartitionError(f"{e}; {spread}") from None
     if spread:
-        log.warning("%s: %s", NIFTI_FOLDER, SPREAD_CASES)
+        log.warning("%s", spread)
     return Prepared(dataset, split, own_data=own)
 
 

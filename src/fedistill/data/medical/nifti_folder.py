@@ -69,11 +69,6 @@ SLICE_RULES = ("labelled", "all")
 TEST_FRACTION = 0.2
 #: nnU-Net's channel suffix: `<case>_0000` is channel 0 of case `<case>`.
 CHANNEL = re.compile(r"^(.+)_(\d{4})$")
-#: What a partition other than `natural` does to the cases of a run's sites, and the fix.
-SPREAD_CASES = (
-    "the slices of one case are spread over several sites (a partition other than natural cuts slices, "
-    'not cases); partition = "natural" (--partition natural) gives each site whole cases'
-)
 
 
 def describe(folder: str) -> str:
@@ -196,7 +191,9 @@ def load_nifti_folder(
     if not any(len(s.images) for s, _ in test):
         shown = ", ".join(list(test_cases)[:3]) + (", ..." if len(test_cases) > 3 else "")
         raise DataError(f"{NAME}: no test case ({shown}) labels a voxel above 0; nothing to score")
-    return slice_dataset(NAME, [s for s, _ in train], [s for s, _ in test], image_size, class_names=names)
+    return slice_dataset(
+        NAME, [s for s, _ in train], [s for s, _ in test], image_size, class_names=names, unit="case"
+    )
 
 
 Parts = tuple[Path, Path]

@@ -86,9 +86,11 @@ def slice_dataset(
     image_size: int,
     extra_test_meta: dict[str, np.ndarray] | None = None,
     class_names: tuple[str, ...] = TUMOUR_CLASSES,
+    unit: str = "subject",
 ) -> LoadedDataset:
     """The LoadedDataset: groups = training subjects' size ranks, test_meta subject (index into the test
-    subjects, in order) and slice (axial index in that subject's volume); `class_names` by mask value."""
+    subjects, in order) and slice (axial index in that subject's volume); `class_names` by mask value;
+    `unit` what a subject is called (nnU-Net's folders: "case")."""
     for subject in (*train, *test):
         if len(subject.images) == 0:
             log.info(
@@ -125,4 +127,5 @@ def slice_dataset(
         test_groups=None,
         group_names=tuple(by_rank),
         test_meta=test_meta,
+        whole_groups=unit,
     )
