@@ -141,3 +141,15 @@ def test_a_run_outside_the_checkout_is_cited_under_out_and_read_back(tmp_path):
     inside = REPOSITORY / "benchmarks" / "runs" / "x" / "fedavg"
     assert paths.display_path(inside) == "benchmarks/runs/x/fedavg"
     assert paths.recorded_path("benchmarks/runs/x/fedavg", tmp_path) == inside
+
+
+def test_a_record_written_beside_the_default_one_keeps_its_results_folder_in_its_command():
+    """`--results benchmarks/results/<sub>` is part of what to type to remake that record (without it the
+    command overwrites the default record); any other folder is the machine's and is left out."""
+    from fedistill.reproduce.arguments import shown_arguments
+
+    argv = ["--tables", "2", "--out", "runs/x", "--results", "benchmarks/results/segmentation_128px"]
+    assert shown_arguments(argv) == ["--tables", "2", "--results", "benchmarks/results/segmentation_128px"]
+    assert shown_arguments(["--results=benchmarks/results/sub"]) == ["--results=benchmarks/results/sub"]
+    assert shown_arguments(["--results", "/tmp/scratch", "--seed", "1"]) == ["--seed", "1"]
+    assert shown_arguments(["--results", "benchmarks/results/../../x"]) == []

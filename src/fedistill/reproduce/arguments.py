@@ -24,16 +24,27 @@ MACHINE_PATHS = ("--out", "--results", "--data-dir")
 
 def shown_arguments(argv: Sequence[str], folders: Sequence[str] = MACHINE_PATHS) -> list[str]:
     """The command line as a record cites it: the `folders` options left out, in both spellings
-    (`--out X` and `--out=X`), since they are one machine's."""
-    kept, skip = [], False
-    for item in argv:
+    (`--out X` and `--out=X`), since they are one machine's; but `--results` into a folder of the
+    checkout's own results (`benchmarks/results/<sub>`) is kept, as without it the command would overwrite
+    the default record."""
+    kept: list[str] = []
+    skip = False
+    for i, item in enumerate(argv):
+        flag, equals, value = item.partition("=")
         if skip:
             skip = False
-        elif item in folders:
+        elif item in folders:  # `--out X`: X is the next item
             skip = True
-        elif not item.startswith(tuple(f"{flag}=" for flag in folders)):
+            following = argv[i + 1] if i + 1 < len(argv) else ""
+            kept += [item, following] if _published(item, following) else []
+        elif not (equals and flag in folders) or _published(flag, value):
             kept.append(item)
     return kept
+
+
+def _published(flag: str, value: str) -> bool:
+    """`--results benchmarks/results/<sub>`: a record kept beside the default ones."""
+    return flag == "--results" and value.startswith("benchmarks/results/") and ".." not in value.split("/")
 
 
 def fediod_parser(doc: str | None) -> argparse.ArgumentParser:
