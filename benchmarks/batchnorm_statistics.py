@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import copy
 import sys
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,8 +39,8 @@ from torch import nn
 from fedistill import machine
 from fedistill.algorithms.shared.norm_statistics import pooled, site_moments, write_statistics
 from fedistill.algorithms.shared.training import evaluate_model, task_of
-from fedistill.config import read_config
-from fedistill.data.base import ImageSet
+from fedistill.config import RunConfig, read_config
+from fedistill.data.base import ImageSet, LoadedDataset
 from fedistill.data.registry import load_dataset
 from fedistill.engine.checkpoint import latest_checkpoint, read_checkpoint
 from fedistill.models.norm import norm_layers
@@ -49,6 +49,7 @@ from fedistill.reproduce.paths import RESULTS
 from fedistill.reproduce.segmentation_real_figure import find_runs
 from fedistill.reproduce.segmentation_scores import saved_models
 from fedistill.reproduce.tables import write_table
+from fedistill.tasks import Task
 from fedistill.tasks.per_pixel_batches import joint_flip_rotate
 
 #: table label: algorithm, for the models trained on the sites' data
@@ -88,49 +89,72 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def scorer(folder: Path) -> tuple[Callable[[nn.Module], dict[str, float]], object, object, object]:
-    config = read_config(folder / "config.toml")
-    data = load_dataset(config.dataset, config.data_dir, **config.options.get(config.dataset, {}))
-    task = task_of(config, data.info)
+@dataclass
+class Setting:
+    """A run's config, its dataset (loaded once for every run of the same data) and its task."""
 
-    def score(model: nn.Module) -> dict[str, float]:
-        metrics = evaluate_model(model.eval(), data.test, data.info, task=task)
+    config: RunConfig
+    data: LoadedDataset
+    task: Task
+
+    def score(self, model: nn.Module) -> dict[str, float]:
+        metrics = evaluate_model(model.eval(), self.data.test, self.data.info, task=self.task)
         return {"dice": 100 * metrics["dice"], "hd95": metrics["hd95"]}
 
-    return score, config, data, task
+
+_DATASETS: dict[str, LoadedDataset] = {}
+
+
+def setting(folder: Path) -> Setting:
+    config = read_config(folder / "config.toml")
+    options = config.options.get(config.dataset, {})
+    key = repr((config.dataset, config.data_dir, sorted(options.items())))
+    if key not in _DATASETS:
+        _DATASETS[key] = load_dataset(config.dataset, config.data_dir, **options)
+    data = _DATASETS[key]
+    return Setting(config, data, task_of(config, data.info))
+
+
+def with_pooled_statistics(model: nn.Module, at: Setting, images: ImageSet) -> tuple[nn.Module, dict]:
+    """A copy of `model` with each BatchNorm layer's mean and variance over `images` (as `recalibrate_norm`
+    pools them), and those statistics."""
+    again = copy.deepcopy(model)
+    moments = site_moments(again, at.task, images, at.data.info, at.config.batch_size)
+    statistics, _ = pooled([(moments, len(images))], norm_layers(again))
+    write_statistics(again, statistics)
+    return again, statistics
 
 
 def site_trained_row(folder: Path, algorithm: str, label: str, seed: int) -> dict:
-    score, config, data, task = scorer(folder)
-    (model,) = saved_models(folder, algorithm, config, data)
-    train = data.train
+    at = setting(folder)
+    (model,) = saved_models(folder, algorithm, at.config, at.data)
+    train = at.data.train
     generator = torch.Generator().manual_seed(seed)
     turned = [joint_flip_rotate(train.x, train.y, generator) for _ in range(TURNED_DRAWS)]
     turned_set = ImageSet(torch.cat([x for x, _ in turned]), torch.cat([y for _, y in turned]))
     stored = {n: (layer.running_mean.double().numpy(), layer.running_var.double().numpy())
               for n, layer in norm_layers(model).items()}  # fmt: skip
-    row = {"label": label, "run": folder.parent.name, "samples": len(train), "stored": score(model)}
-    for key, images in (("pooled", train), ("pooled_turned", turned_set)):
-        again = copy.deepcopy(model)
-        statistics, _ = pooled(
-            [(site_moments(again, task, images, data.info, config.batch_size), len(images))],
-            norm_layers(again),
-        )
-        write_statistics(again, statistics)
-        row[key] = score(again)
-        if key == "pooled":
-            row["stored_vs_pooled"] = distance(stored, statistics)
+    pooled_model, statistics = with_pooled_statistics(model, at, train)
+    row = {
+        "label": label,
+        "run": folder.parent.name,
+        "samples": len(train),
+        "stored": at.score(model),
+        "pooled": at.score(pooled_model),
+        "pooled_turned": at.score(with_pooled_statistics(model, at, turned_set)[0]),
+        "stored_vs_pooled": distance(stored, statistics),
+    }
 
     def epochs(count: int):  # shuffled, augmented batches as training drew them
         generator = torch.Generator().manual_seed(seed)
         for _ in range(count):
-            batches = task.batches(train, data.info, config.batch_size, shuffle=True, generator=generator,
-                                   augment=True, drop_last=True)  # fmt: skip
+            batches = at.task.batches(train, at.data.info, at.config.batch_size, shuffle=True,
+                                      generator=generator, augment=True, drop_last=True)  # fmt: skip
             yield from (x for x, _ in batches)
 
-    row["batch_mean"] = score(cumulative(copy.deepcopy(model), epochs(1), task.predict))
-    row["moving_average"] = score(
-        cumulative(copy.deepcopy(model), epochs(AVERAGE_EPOCHS), task.predict, MOMENTUM)
+    row["batch_mean"] = at.score(cumulative(copy.deepcopy(model), epochs(1), at.task.predict))
+    row["moving_average"] = at.score(
+        cumulative(copy.deepcopy(model), epochs(AVERAGE_EPOCHS), at.task.predict, MOMENTUM)
     )
     return row
 
@@ -142,13 +166,13 @@ def student_row(folder: Path, label: str) -> dict | None:
     pool = read_checkpoint(checkpoint)["server"].get("pool") if checkpoint is not None else None
     if not pool or pool.get("x") is None:
         return None
-    score, config, data, _ = scorer(folder)
-    (student,) = saved_models(folder, "fediod", config, data)
+    at = setting(folder)
+    (student,) = saved_models(folder, "fediod", at.config, at.data)
     x = pool["x"]
-    row = {"label": label, "run": folder.parent.name, "samples": len(x), "stored": score(student)}
+    row = {"label": label, "run": folder.parent.name, "samples": len(x), "stored": at.score(student)}
     stop = len(x) - len(x) % POOL_BATCH
     batches = (x[i : i + POOL_BATCH] for i in range(0, stop, POOL_BATCH))
-    row["pool_batch_mean"] = score(cumulative(copy.deepcopy(student), batches, lambda m, b: m(b)))
+    row["pool_batch_mean"] = at.score(cumulative(copy.deepcopy(student), batches, lambda m, b: m(b)))
     return row
 
 

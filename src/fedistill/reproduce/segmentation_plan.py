@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import resource
 import sys
 from collections.abc import Sequence
@@ -128,6 +129,16 @@ class Table:
         size = self.dataset_options.get("patch_size", self.dataset_options.get("image_size"))
         digest = settings_digest([method, self.clients, seed, *settings])
         return f"seg{self.number}-{self.dataset}-{size}px-K{self.clients}-seed{seed}-{method}-{digest}"
+
+
+#: `Table.run_name`'s tail: the table's method, then the digest of the run's settings
+RUN_METHOD = re.compile(r"-seed\d+-(?P<method>[a-z-]+)-[0-9a-f]{8}$")
+
+
+def method_of_run(folder_name: str) -> str | None:
+    """The table method a run folder named by `Table.run_name` ran, or None for any other folder."""
+    named = RUN_METHOD.search(folder_name)
+    return named["method"] if named and named["method"] in METHODS else None
 
 
 @dataclass(frozen=True)

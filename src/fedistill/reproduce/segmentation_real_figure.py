@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import sys
 import tempfile
 import tomllib
@@ -56,7 +55,7 @@ from fedistill.metrics.segmentation import dice
 from fedistill.reproduce.arguments import benchmark_parser
 from fedistill.reproduce.paths import CHECKOUT, RESULTS
 from fedistill.reproduce.segmentation_figures import ORDER, PREDICTED, TRUE, contour, new_figure
-from fedistill.reproduce.segmentation_plan import LABELS
+from fedistill.reproduce.segmentation_plan import LABELS, method_of_run
 from fedistill.reproduce.segmentation_scores import median_site, saved_models
 from fedistill.tasks import Task
 
@@ -334,10 +333,6 @@ def run_record(run_dir: Path, algorithm: str) -> dict[str, Any]:
     return {"run": where, "algorithm": algorithm, "config": config}
 
 
-#: `segmentation_plan.Table.run_name`'s tail: the table's method, then the digest of the run's settings
-RUN_METHOD = re.compile(r"-seed\d+-(?P<method>[a-z-]+)-[0-9a-f]{8}$")
-
-
 def find_runs(runs_dir: Path) -> dict[str, tuple[Path, str]]:
     """Every method folder with a summary in the run folders under `runs_dir`, labelled and in the
     segmentation tables' order. A run folder the tables named is known by its method (so FedIOD's
@@ -346,8 +341,7 @@ def find_runs(runs_dir: Path) -> dict[str, tuple[Path, str]]:
     found: dict[str, tuple[Path, str]] = {}
     for summary in sorted(Path(runs_dir).glob("*/*/summary.json")):
         run, algorithm = summary.parent.parent, summary.parent.name
-        named = RUN_METHOD.search(run.name)
-        found[named["method"] if named and named["method"] in LABELS else algorithm] = (run, algorithm)
+        found[method_of_run(run.name) or algorithm] = (run, algorithm)
     known = [m for m in ORDER if m in found] + sorted(m for m in found if m not in ORDER)
     return {LABELS.get(m, m): found[m] for m in known}
 
