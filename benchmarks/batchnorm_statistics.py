@@ -163,7 +163,8 @@ def student_row(folder: Path, label: str) -> dict | None:
     """FedIOD's selected student with its own statistics and with those of the replay pool (None: the run
     keeps no pool)."""
     checkpoint = latest_checkpoint(folder / "checkpoints")
-    pool = read_checkpoint(checkpoint)["server"].get("pool") if checkpoint is not None else None
+    server = read_checkpoint(checkpoint).get("server", {}) if checkpoint is not None else {}
+    pool = server.get("pool")
     if not pool or pool.get("x") is None:
         return None
     at = setting(folder)

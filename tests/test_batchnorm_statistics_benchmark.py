@@ -55,3 +55,11 @@ def test_distance_is_zero_for_the_same_statistics_and_in_standard_deviations_oth
     moved = bench.distance({"bn": (mean + 1.0, variance * np.e)}, {"bn": (mean, variance)})
     assert moved["mean_in_std"] == pytest.approx(0.5)  # 1 over a standard deviation of 2
     assert moved["abs_log_var_ratio"] == pytest.approx(1.0)
+
+
+def test_a_run_whose_checkpoint_holds_no_server_part_has_no_pool_row(tmp_path):
+    from fedistill.engine.checkpoint import write_checkpoint
+
+    run = tmp_path / "fediod-run"
+    write_checkpoint(run / "checkpoints", "round-0001", {"client_0": {"model": {"w": torch.zeros(1)}}})
+    assert bench.student_row(run, "FedIOD") is None  # not a KeyError

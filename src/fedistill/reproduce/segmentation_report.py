@@ -332,9 +332,7 @@ def table4_lines(
         "",
         *header,
     ]
-    for method in ("centralized", "fedavg", "fedavg-recalibrated", "asyndgan", "fediod", "fediod-default"):
-        if method not in rows:
-            continue
+    for method in (m for m in rows if m != "standalone"):  # Standalone's models: Table 8 below
         metrics = rows[method]["sites"][0]
         per_site = [site_metrics(metrics, s) for s in sites]
         for site, values in zip(sites, per_site, strict=True):
